@@ -1,0 +1,278 @@
+//! # Error handling
+//!
+//! Two classes, as in every relay that must not lose data:
+//! - **transient**: a connection lost, a confirm that did not come, a nack, a returned
+//!   (unroutable) message. Nothing after the failure was acknowledged, so the supervisor tears
+//!   the session down and resumes from the slot after a backoff.
+//! - **definite**: the configuration or the data is wrong (wal_level, a missing publication or
+//!   slot, an invalidated slot, a row that cannot be mapped). Retrying cannot help: the relay
+//!   stops with a message that names the object or row and the fix, having acknowledged nothing
+//!   past it.
+//!
+//! A slot held by another process is its own case: this relay is a standby and waits.
+
+use crate::mapper::MapError;
+use crate::pgoutput::DecodeError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    // ---- definite: configuration and provisioning ----
+    #[error("{0}")]
+    Config(String),
+
+    #[error("Cannot read the {what} from {path}")]
+    SecretFile {
+        what: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error(
+        "PostgreSQL has wal_level = '{actual}', but logical replication needs wal_level = \
+         'logical'. Fix: ALTER SYSTEM SET wal_level = 'logical'; then restart PostgreSQL \
+         (or run `outbox-relay poll`, which needs no slot)"
+    )]
+    WalLevel { actual: String },
+
+    #[error(
+        "The publication \"{publication}\" does not exist. Fix: run `outbox-relay setup`, or \
+         CREATE PUBLICATION {publication} FOR TABLE {table} WITH (publish = 'insert')"
+    )]
+    PublicationMissing { publication: String, table: String },
+
+    #[error(
+        "The publication \"{publication}\" does not include the table {table}. Fix: ALTER \
+         PUBLICATION {publication} ADD TABLE {table}"
+    )]
+    PublicationDoesNotCoverTable { publication: String, table: String },
+
+    #[error(
+        "The replication slot \"{slot}\" does not exist. Fix: run `outbox-relay setup` (it \
+         creates the slot after the publication). Rows inserted while no slot existed are not \
+         in any slot: re-publish them with `outbox-relay resync --since <time>`"
+    )]
+    SlotMissing { slot: String },
+
+    #[error("The replication slot \"{slot}\" {problem}")]
+    SlotUnusable { slot: String, problem: String },
+
+    #[error(
+        "The replication slot \"{slot}\" was invalidated (wal_status = 'lost'): PostgreSQL \
+         removed WAL it still needed, so messages committed after {confirmed_flush} may be \
+         missing. The relay will not recreate the slot silently. Recover: `outbox-relay \
+         teardown --yes`, `outbox-relay setup`, then `outbox-relay resync --since <time of the \
+         last delivered message>`; consider raising max_slot_wal_keep_size"
+    )]
+    SlotLost {
+        slot: String,
+        confirmed_flush: String,
+    },
+
+    #[error(
+        "The table {table} does not exist. Fix: run `outbox-relay setup` or create it from sql/"
+    )]
+    TableMissing { table: String },
+
+    // ---- definite: data ----
+    #[error("Cannot decode the replication stream")]
+    Decode(#[from] DecodeError),
+
+    #[error(transparent)]
+    Map(#[from] MapError),
+
+    // ---- standby ----
+    #[error("The replication slot \"{slot}\" is in use by process {pid}")]
+    SlotInUse { slot: String, pid: String },
+
+    // ---- transient ----
+    #[error("PostgreSQL error")]
+    Database(#[from] tokio_postgres::Error),
+
+    #[error("Replication stream error")]
+    Replication(#[source] pgwire_replication::PgWireError),
+
+    #[error("RabbitMQ error")]
+    Broker(#[from] lapin::Error),
+
+    #[error("RabbitMQ did not confirm message {message_id} within {seconds} s; reconnecting")]
+    ConfirmTimeout { message_id: String, seconds: u64 },
+
+    #[error("RabbitMQ rejected (nacked) message {message_id}; it will be retried")]
+    Nacked { message_id: String },
+
+    #[error(
+        "RabbitMQ returned message {message_id} as unroutable ({reply_code} {reply_text}): no \
+         queue is bound to exchange \"{exchange}\" for routing key \"{routing_key}\". Fix: bind \
+         a queue; the relay retries and does not move past this message"
+    )]
+    Returned {
+        message_id: String,
+        exchange: String,
+        routing_key: String,
+        reply_code: u16,
+        reply_text: String,
+    },
+
+    #[error(
+        "The exchange \"{exchange}\" does not exist on the broker. Fix: run `outbox-relay \
+         setup` (it declares a durable topic exchange) or declare it; the relay retries"
+    )]
+    ExchangeMissing { exchange: String },
+
+    #[error("Unexpected replication stream content: {0}")]
+    Protocol(String),
+
+    #[error("The replication stream ended unexpectedly")]
+    StreamEnded,
+
+    #[error("Internal task failed: {0}")]
+    Task(String),
+}
+
+/// What the supervisor does after a session ends with an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// Reconnect after a backoff and resume from the slot.
+    Retry,
+    /// Another process holds the slot: wait as a standby and retry.
+    Standby,
+    /// Stop the relay: retrying cannot help.
+    Stop,
+}
+
+impl RelayError {
+    pub fn recovery(&self) -> Recovery {
+        use RelayError::*;
+        match self {
+            Config(_)
+            | SecretFile { .. }
+            | WalLevel { .. }
+            | PublicationMissing { .. }
+            | PublicationDoesNotCoverTable { .. }
+            | SlotMissing { .. }
+            | SlotUnusable { .. }
+            | SlotLost { .. }
+            | TableMissing { .. }
+            | Decode(_)
+            | Map(_) => Recovery::Stop,
+            SlotInUse { .. } => Recovery::Standby,
+            Database(e) => database_recovery(e),
+            Replication(e) => replication_recovery(e),
+            Broker(_)
+            | ExchangeMissing { .. }
+            | ConfirmTimeout { .. }
+            | Nacked { .. }
+            | Returned { .. }
+            | StreamEnded
+            | Protocol(_)
+            | Task(_) => Recovery::Retry,
+        }
+    }
+
+    /// The message the pipeline stopped on, if a message was the cause: the next session
+    /// publishes with a window of 1 until it is confirmed.
+    pub fn stuck_message_id(&self) -> Option<&str> {
+        match self {
+            RelayError::ConfirmTimeout { message_id, .. }
+            | RelayError::Nacked { message_id }
+            | RelayError::Returned { message_id, .. } => Some(message_id),
+            _ => None,
+        }
+    }
+
+    /// A short label for logs and the reconnect metric.
+    pub fn cause(&self) -> &'static str {
+        use RelayError::*;
+        match self {
+            Database(_) => "database",
+            Replication(_) => "replication",
+            Broker(_) => "broker",
+            ConfirmTimeout { .. } => "confirm_timeout",
+            Nacked { .. } => "nack",
+            Returned { .. } => "unroutable",
+            ExchangeMissing { .. } => "exchange_missing",
+            StreamEnded => "stream_ended",
+            SlotInUse { .. } => "standby",
+            _ => "other",
+        }
+    }
+}
+
+/// SQLSTATE classes that retrying can fix: connection exceptions, operator intervention
+/// (shutdown, crash recovery), insufficient resources.
+fn database_recovery(e: &tokio_postgres::Error) -> Recovery {
+    match e.code() {
+        None => Recovery::Retry,
+        Some(code) => {
+            let class = &code.code()[..2];
+            if matches!(class, "08" | "57" | "53" | "40") {
+                Recovery::Retry
+            } else {
+                Recovery::Stop
+            }
+        }
+    }
+}
+
+fn replication_recovery(e: &pgwire_replication::PgWireError) -> Recovery {
+    use pgwire_replication::PgWireError::*;
+    match e {
+        Server(_) => match replication_sqlstate(e).unwrap_or("") {
+            "55006" => Recovery::Standby,
+            s if s.starts_with("08") || s.starts_with("57") || s.starts_with("53") => {
+                Recovery::Retry
+            }
+            "" => Recovery::Retry,
+            _ => Recovery::Stop,
+        },
+        Auth(_) | Tls(_) | MessageTooLarge { .. } => Recovery::Stop,
+        _ => Recovery::Retry,
+    }
+}
+
+/// The SQLSTATE of a replication error, when the server sent one (the crate renders the
+/// server's ErrorResponse as text ending in "(SQLSTATE xxxxx)").
+pub fn replication_sqlstate(e: &pgwire_replication::PgWireError) -> Option<&str> {
+    match e {
+        pgwire_replication::PgWireError::Server(message) => message
+            .split("SQLSTATE ")
+            .nth(1)
+            .and_then(|rest| rest.get(..5)),
+        _ => None,
+    }
+}
+
+/// An error and its sources, one line (`a: b: c`), for logs.
+pub fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_in_use_is_standby_and_auth_stops() {
+        let e = RelayError::Replication(pgwire_replication::PgWireError::Server(
+            "replication slot \"s\" is active for PID 42 (SQLSTATE 55006)".into(),
+        ));
+        assert_eq!(e.recovery(), Recovery::Standby);
+        let e = RelayError::Replication(pgwire_replication::PgWireError::Auth("no".into()));
+        assert_eq!(e.recovery(), Recovery::Stop);
+        let e = RelayError::Replication(pgwire_replication::PgWireError::Server(
+            "terminating connection due to administrator command (SQLSTATE 57P01)".into(),
+        ));
+        assert_eq!(e.recovery(), Recovery::Retry);
+    }
+}

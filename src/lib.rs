@@ -1,0 +1,17 @@
+//! outbox-relay: delivers the rows of a PostgreSQL transactional outbox to RabbitMQ.
+//!
+//! Follow one row from the slot to the broker by opening the modules in order:
+//! `pgoutput` (decode the replication stream), `mapper` (row -> AMQP message), `publish`
+//! (the broker connection and the in-order confirm queue), `wal` (the replication session,
+//! LSN feedback, and the supervisor that restarts it). `setup` provisions; `config` and
+//! `error` hold the flags and the two error classes.
+
+pub mod backoff;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod mapper;
+pub mod pgoutput;
+pub mod publish;
+pub mod setup;
+pub mod wal;

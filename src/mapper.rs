@@ -1,0 +1,807 @@
+//! Row -> AMQP message, per the message contract (DESIGN.md section 2).
+//!
+//! Values arrive as text shaped by the session settings pinned on the replication connection
+//! (ISO dates in UTC, hex bytea), so parsing them here is exact. The body is a slice of the
+//! replication buffer: no payload byte is copied between the socket and the broker's frame.
+//!
+//! Mapping errors are definite: the relay stops before acknowledging the row and names it.
+
+use std::fmt;
+
+use bytes::Bytes;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::BasicProperties;
+use pgwire_replication::Lsn;
+
+use crate::pgoutput::{Relation, Tuple, TupleValue};
+
+/// Column names of the outbox table (DESIGN.md section 2).
+pub mod columns {
+    pub const ID: &str = "id";
+    pub const EVENT_TYPE: &str = "event_type";
+    pub const PAYLOAD: &str = "payload";
+    pub const HEADERS: &str = "headers";
+    pub const CREATED_AT: &str = "created_at";
+    pub const EXCHANGE: &str = "exchange";
+    pub const ROUTING_KEY: &str = "routing_key";
+    pub const AGGREGATE_TYPE: &str = "aggregate_type";
+    pub const AGGREGATE_ID: &str = "aggregate_id";
+}
+
+/// Headers the relay adds to every message.
+pub mod headers {
+    /// Commit LSN of the row's transaction (`X/Y`).
+    pub const LSN: &str = "x-outbox-lsn";
+    /// Commit LSN and position in the transaction: increases along the stream, so a consumer
+    /// can drop a replayed duplicate by comparing it with the last one it saw.
+    pub const SEQ: &str = "x-outbox-seq";
+    pub const AGGREGATE_TYPE: &str = "x-aggregate-type";
+    pub const AGGREGATE_ID: &str = "x-aggregate-id";
+}
+
+mod type_oid {
+    pub const BYTEA: u32 = 17;
+    pub const JSON: u32 = 114;
+    pub const UUID: u32 = 2950;
+    pub const JSONB: u32 = 3802;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyKind {
+    Json,
+    Jsonb,
+    Bytea,
+    Text,
+}
+
+impl BodyKind {
+    fn from_type(oid: u32) -> Self {
+        match oid {
+            type_oid::JSON => BodyKind::Json,
+            type_oid::JSONB => BodyKind::Jsonb,
+            type_oid::BYTEA => BodyKind::Bytea,
+            _ => BodyKind::Text,
+        }
+    }
+
+    fn content_type(self) -> &'static str {
+        match self {
+            BodyKind::Json | BodyKind::Jsonb => "application/json",
+            BodyKind::Bytea => "application/octet-stream",
+            BodyKind::Text => "text/plain; charset=utf-8",
+        }
+    }
+}
+
+/// Where the contract's columns sit in one version of the outbox table's Relation.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    table: String,
+    width: usize,
+    id: usize,
+    id_is_uuid: bool,
+    event_type: usize,
+    payload: Option<(usize, BodyKind)>,
+    headers: Option<usize>,
+    created_at: Option<usize>,
+    exchange: Option<usize>,
+    routing_key: Option<usize>,
+    aggregate_type: Option<usize>,
+    aggregate_id: Option<usize>,
+}
+
+impl Layout {
+    /// Builds the layout from a Relation message; a new Relation (schema change) builds a new one.
+    pub fn for_relation(relation: &Relation) -> Result<Self, MapError> {
+        let table = relation.qualified_name();
+        let required = |name: &'static str| {
+            relation
+                .column_index(name)
+                .ok_or_else(|| MapError::MissingColumn {
+                    table: table.clone(),
+                    column: name,
+                })
+        };
+        let id = required(columns::ID)?;
+        let event_type = required(columns::EVENT_TYPE)?;
+        let payload = relation.column_index(columns::PAYLOAD).map(|i| {
+            let kind = BodyKind::from_type(relation.columns[i].type_oid);
+            (i, kind)
+        });
+        Ok(Layout {
+            width: relation.columns.len(),
+            id,
+            id_is_uuid: relation.columns[id].type_oid == type_oid::UUID,
+            event_type,
+            payload,
+            headers: relation.column_index(columns::HEADERS),
+            created_at: relation.column_index(columns::CREATED_AT),
+            exchange: relation.column_index(columns::EXCHANGE),
+            routing_key: relation.column_index(columns::ROUTING_KEY),
+            aggregate_type: relation.column_index(columns::AGGREGATE_TYPE),
+            aggregate_id: relation.column_index(columns::AGGREGATE_ID),
+            table,
+        })
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+}
+
+/// A row's place in the stream: its transaction's commit LSN and its index in the transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub commit_lsn: Lsn,
+    pub index: u32,
+}
+
+impl Position {
+    /// `x-outbox-seq`: fixed-width hex of the commit LSN and the index, so that comparing two
+    /// values as strings orders them along the stream.
+    pub fn seq(&self) -> String {
+        format!("{:016X}-{:08X}", self.commit_lsn.as_u64(), self.index)
+    }
+}
+
+/// One message ready for `basic_publish`.
+#[derive(Debug, Clone)]
+pub struct OutboxMessage {
+    pub message_id: String,
+    pub exchange: ShortString,
+    pub routing_key: ShortString,
+    pub properties: BasicProperties,
+    pub body: Bytes,
+}
+
+#[derive(Debug, Clone)]
+pub struct Mapper {
+    default_exchange: ShortString,
+    max_message_size: usize,
+}
+
+/// Identifies a row in error messages: its id when readable, else its stream position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowRef {
+    pub id: Option<String>,
+    pub position: Position,
+}
+
+impl fmt::Display for RowRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.id {
+            Some(id) => write!(f, "row id {id}"),
+            None => write!(f, "row without a readable id"),
+        }?;
+        write!(
+            f,
+            " (transaction committed at {}, row {})",
+            self.position.commit_lsn, self.position.index
+        )
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    #[error(
+        "The outbox table {table} has no column \"{column}\", which every message needs. Fix: \
+         add the column (see sql/) or point --table at the outbox table"
+    )]
+    MissingColumn { table: String, column: &'static str },
+
+    #[error(
+        "Cannot publish {row}: column \"{column}\" is NULL, but the message needs a value. Fix: \
+         make the column NOT NULL or correct the row; the relay stops before it and acknowledges \
+         nothing past it"
+    )]
+    Null { row: RowRef, column: &'static str },
+
+    #[error(
+        "Cannot publish {row}: column \"{column}\" arrived as an unchanged TOAST value in an \
+         INSERT, which carries no data. Fix: check the table's replica identity and that \
+         nothing rewrites outbox rows"
+    )]
+    UnchangedToast { row: RowRef, column: String },
+
+    #[error(
+        "Cannot publish {row}: its body is {size} bytes, over the broker's limit of {limit} \
+         bytes (--max-message-size, RabbitMQ max_message_size). Fix: store large payloads \
+         elsewhere and send a reference, or raise both limits"
+    )]
+    TooLarge {
+        row: RowRef,
+        size: usize,
+        limit: usize,
+    },
+
+    #[error("Cannot publish {row}: column \"{column}\" {problem}")]
+    Invalid {
+        row: RowRef,
+        column: &'static str,
+        problem: String,
+    },
+}
+
+impl MapError {
+    /// The id of the row this error is about, for the stuck-message report.
+    pub fn row_id(&self) -> Option<&str> {
+        match self {
+            MapError::MissingColumn { .. } => None,
+            MapError::Null { row, .. }
+            | MapError::UnchangedToast { row, .. }
+            | MapError::TooLarge { row, .. }
+            | MapError::Invalid { row, .. } => row.id.as_deref(),
+        }
+    }
+}
+
+impl Mapper {
+    pub fn new(default_exchange: &str, max_message_size: usize) -> Result<Self, String> {
+        let default_exchange = ShortString::try_new(default_exchange)
+            .map_err(|_| format!("Exchange name \"{default_exchange}\" is over 255 bytes"))?;
+        Ok(Self {
+            default_exchange,
+            max_message_size,
+        })
+    }
+
+    pub fn map(
+        &self,
+        layout: &Layout,
+        tuple: &Tuple,
+        position: Position,
+    ) -> Result<OutboxMessage, MapError> {
+        let values = &tuple.0;
+        let id = text_value(values.get(layout.id)).and_then(|v| match v {
+            Value::Text(t) => Some(t.to_string()),
+            Value::Raw(raw) if layout.id_is_uuid && raw.len() == 16 => Some(uuid_text(raw)),
+            Value::Raw(_) => None,
+        });
+        let row = || RowRef {
+            id: id.clone(),
+            position,
+        };
+        if values.len() != layout.width {
+            return Err(MapError::Invalid {
+                row: row(),
+                column: columns::ID,
+                problem: format!(
+                    "is in a row of {} columns, but the table's Relation has {}",
+                    values.len(),
+                    layout.width
+                ),
+            });
+        }
+        // Unchanged TOAST carries no data; an INSERT always has the full row, so it is a bug
+        // upstream, and publishing a message without its value would lose data.
+        if let Some(i) = values
+            .iter()
+            .position(|v| matches!(v, TupleValue::UnchangedToast))
+        {
+            return Err(MapError::UnchangedToast {
+                row: row(),
+                column: format!("#{}", i + 1),
+            });
+        }
+        let Some(message_id) = id.clone() else {
+            return Err(MapError::Null {
+                row: row(),
+                column: columns::ID,
+            });
+        };
+        let event_type = required_str(values, layout.event_type, columns::EVENT_TYPE, &row)?;
+
+        let body = match layout.payload {
+            None => Bytes::new(),
+            Some((i, kind)) => match &values[i] {
+                TupleValue::Null => Bytes::new(),
+                TupleValue::Text(text) if kind == BodyKind::Bytea => decode_bytea_hex(text)
+                    .map_err(|problem| MapError::Invalid {
+                        row: row(),
+                        column: columns::PAYLOAD,
+                        problem,
+                    })?,
+                TupleValue::Text(text) => text.clone(),
+                // Binary jsonb starts with a version byte (1) before the JSON text.
+                TupleValue::Binary(raw) if kind == BodyKind::Jsonb => raw.slice(1.min(raw.len())..),
+                TupleValue::Binary(raw) => raw.clone(),
+                TupleValue::UnchangedToast => unreachable_toast(),
+            },
+        };
+        if body.len() > self.max_message_size {
+            return Err(MapError::TooLarge {
+                row: row(),
+                size: body.len(),
+                limit: self.max_message_size,
+            });
+        }
+
+        let exchange = match optional_str(values, layout.exchange, columns::EXCHANGE, &row)? {
+            Some(name) => short(name, columns::EXCHANGE, &row)?,
+            None => self.default_exchange.clone(),
+        };
+        let routing_key =
+            match optional_str(values, layout.routing_key, columns::ROUTING_KEY, &row)? {
+                Some(key) => short(key, columns::ROUTING_KEY, &row)?,
+                None => short(event_type, columns::EVENT_TYPE, &row)?,
+            };
+
+        let mut table = match layout.headers {
+            Some(i) => header_table(&values[i], &row)?,
+            None => FieldTable::default(),
+        };
+        table.insert(
+            headers::LSN.into(),
+            AMQPValue::LongString(LongString::from(position.commit_lsn.to_string())),
+        );
+        table.insert(
+            headers::SEQ.into(),
+            AMQPValue::LongString(LongString::from(position.seq())),
+        );
+        for (column, header, index) in [
+            (
+                columns::AGGREGATE_TYPE,
+                headers::AGGREGATE_TYPE,
+                layout.aggregate_type,
+            ),
+            (
+                columns::AGGREGATE_ID,
+                headers::AGGREGATE_ID,
+                layout.aggregate_id,
+            ),
+        ] {
+            if let Some(value) = optional_str(values, index, column, &row)? {
+                table.insert(header.into(), AMQPValue::LongString(value.into()));
+            }
+        }
+
+        let mut properties = BasicProperties::default()
+            .with_message_id(short(&message_id, columns::ID, &row)?)
+            .with_type(short(event_type, columns::EVENT_TYPE, &row)?)
+            .with_delivery_mode(2)
+            .with_headers(table);
+        if let Some((_, kind)) = layout.payload {
+            properties = properties.with_content_type(kind.content_type().into());
+        }
+        if let Some(created_at) =
+            optional_str(values, layout.created_at, columns::CREATED_AT, &row)?
+        {
+            let seconds = parse_timestamptz(created_at).map_err(|problem| MapError::Invalid {
+                row: row(),
+                column: columns::CREATED_AT,
+                problem,
+            })?;
+            properties = properties.with_timestamp(seconds);
+        }
+
+        Ok(OutboxMessage {
+            message_id,
+            exchange,
+            routing_key,
+            properties,
+            body,
+        })
+    }
+}
+
+fn unreachable_toast() -> Bytes {
+    // Rejected above for every column; kept total instead of panicking.
+    Bytes::new()
+}
+
+enum Value<'a> {
+    Text(&'a str),
+    Raw(&'a Bytes),
+}
+
+fn text_value(value: Option<&TupleValue>) -> Option<Value<'_>> {
+    match value? {
+        TupleValue::Text(bytes) => std::str::from_utf8(bytes).ok().map(Value::Text),
+        TupleValue::Binary(bytes) => Some(Value::Raw(bytes)),
+        TupleValue::Null | TupleValue::UnchangedToast => None,
+    }
+}
+
+fn optional_str<'a>(
+    values: &'a [TupleValue],
+    index: Option<usize>,
+    column: &'static str,
+    row: &dyn Fn() -> RowRef,
+) -> Result<Option<&'a str>, MapError> {
+    let Some(index) = index else {
+        return Ok(None);
+    };
+    match &values[index] {
+        TupleValue::Null => Ok(None),
+        TupleValue::Text(bytes) | TupleValue::Binary(bytes) => std::str::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| MapError::Invalid {
+                row: row(),
+                column,
+                problem: "is not valid UTF-8 text".into(),
+            }),
+        TupleValue::UnchangedToast => Ok(None),
+    }
+}
+
+fn required_str<'a>(
+    values: &'a [TupleValue],
+    index: usize,
+    column: &'static str,
+    row: &dyn Fn() -> RowRef,
+) -> Result<&'a str, MapError> {
+    optional_str(values, Some(index), column, row)?
+        .ok_or_else(|| MapError::Null { row: row(), column })
+}
+
+fn short(
+    value: &str,
+    column: &'static str,
+    row: &dyn Fn() -> RowRef,
+) -> Result<ShortString, MapError> {
+    ShortString::try_new(value).map_err(|_| MapError::Invalid {
+        row: row(),
+        column,
+        problem: format!(
+            "is {} bytes long; AMQP allows at most 255 here",
+            value.len()
+        ),
+    })
+}
+
+/// The `headers` jsonb column: an object whose string, number and bool values become AMQP
+/// headers; nested values are passed as their JSON text, nulls are left out.
+fn header_table(value: &TupleValue, row: &dyn Fn() -> RowRef) -> Result<FieldTable, MapError> {
+    let invalid = |problem: String| MapError::Invalid {
+        row: row(),
+        column: columns::HEADERS,
+        problem,
+    };
+    let bytes = match value {
+        TupleValue::Null | TupleValue::UnchangedToast => return Ok(FieldTable::default()),
+        TupleValue::Text(bytes) => bytes.clone(),
+        TupleValue::Binary(bytes) => bytes.slice(1.min(bytes.len())..),
+    };
+    let parsed: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| invalid(format!("is not JSON: {e}")))?;
+    let serde_json::Value::Object(object) = parsed else {
+        return Err(invalid(
+            "must be a JSON object of header names to values".into(),
+        ));
+    };
+    let mut table = FieldTable::default();
+    for (name, value) in object {
+        let name = ShortString::try_new(name)
+            .map_err(|_| invalid("has a header name over 255 bytes".into()))?;
+        let value = match value {
+            serde_json::Value::Null => continue,
+            serde_json::Value::Bool(b) => AMQPValue::Boolean(b),
+            serde_json::Value::Number(n) => match n.as_i64() {
+                Some(i) => AMQPValue::LongLongInt(i),
+                None => AMQPValue::Double(n.as_f64().unwrap_or(f64::NAN)),
+            },
+            serde_json::Value::String(s) => AMQPValue::LongString(s.into()),
+            nested => AMQPValue::LongString(nested.to_string().into()),
+        };
+        table.insert(name, value);
+    }
+    Ok(table)
+}
+
+/// bytea in `bytea_output = hex`: `\x` followed by two hex digits a byte.
+fn decode_bytea_hex(text: &[u8]) -> Result<Bytes, String> {
+    let hex = text
+        .strip_prefix(b"\\x")
+        .ok_or_else(|| "is not in hex bytea format (\\x...)".to_string())?;
+    if hex.len() % 2 != 0 {
+        return Err("has an odd number of hex digits".into());
+    }
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Ok(c - b'0'),
+        b'a'..=b'f' => Ok(c - b'a' + 10),
+        b'A'..=b'F' => Ok(c - b'A' + 10),
+        _ => Err(format!("has a non-hex character {:?}", c as char)),
+    };
+    let mut out = Vec::with_capacity(hex.len() / 2);
+    for pair in hex.chunks_exact(2) {
+        out.push(digit(pair[0])? << 4 | digit(pair[1])?);
+    }
+    Ok(Bytes::from(out))
+}
+
+fn uuid_text(raw: &[u8]) -> String {
+    let mut s = String::with_capacity(36);
+    for (i, b) in raw.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// Seconds since the Unix epoch of a timestamptz in ISO output (`2026-11-30 06:26:09.5+00`,
+/// the pinned DateStyle). AMQP timestamps have one-second resolution.
+pub fn parse_timestamptz(text: &str) -> Result<u64, String> {
+    let bad = || format!("is not an ISO timestamp with time zone: {text:?}");
+    let (date, rest) = text.split_once(' ').ok_or_else(bad)?;
+    let mut date_parts = date.splitn(3, '-');
+    let next_num = |parts: &mut std::str::SplitN<'_, char>| -> Result<i64, String> {
+        parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)
+    };
+    let year = next_num(&mut date_parts)?;
+    let month = next_num(&mut date_parts)?;
+    let day = next_num(&mut date_parts)?;
+    // The offset starts at the last '+' or '-' of the time part.
+    let offset_at = rest.rfind(['+', '-']).ok_or_else(bad)?;
+    let (time, offset) = rest.split_at(offset_at);
+    let mut time_parts = time.splitn(3, ':');
+    let hour: i64 = time_parts
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(bad)?;
+    let minute: i64 = time_parts
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(bad)?;
+    let second: i64 = time_parts
+        .next()
+        .and_then(|p| p.split('.').next())
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(bad)?;
+    let sign = if offset.starts_with('-') { -1 } else { 1 };
+    let mut offset_parts = offset[1..].splitn(3, ':');
+    let offset_hours: i64 = offset_parts
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(bad)?;
+    let offset_minutes: i64 = offset_parts
+        .next()
+        .map_or(Ok(0), |p| p.parse())
+        .map_err(|_| bad())?;
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 24
+        || minute > 59
+        || second > 60
+    {
+        return Err(bad());
+    }
+    let days = days_from_civil(year, month, day);
+    let local = days * 86_400 + hour * 3_600 + minute * 60 + second;
+    let utc = local - sign * (offset_hours * 3_600 + offset_minutes * 60);
+    u64::try_from(utc).map_err(|_| format!("is before 1970: {text:?}"))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pgoutput::Column;
+
+    fn column(name: &str, type_oid: u32) -> Column {
+        Column {
+            flags: 0,
+            name: name.into(),
+            type_oid,
+            type_modifier: -1,
+        }
+    }
+
+    fn outbox_relation() -> Relation {
+        Relation {
+            oid: 16384,
+            namespace: "public".into(),
+            name: "outbox".into(),
+            replica_identity: b'd',
+            columns: vec![
+                column("id", type_oid::UUID),
+                column("event_type", 25),
+                column("payload", type_oid::JSONB),
+                column("headers", type_oid::JSONB),
+                column("created_at", 1184),
+                column("exchange", 25),
+                column("routing_key", 25),
+                column("aggregate_type", 25),
+                column("aggregate_id", 25),
+            ],
+        }
+    }
+
+    fn text(s: &str) -> TupleValue {
+        TupleValue::Text(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    fn row(values: Vec<TupleValue>) -> Tuple {
+        Tuple(values)
+    }
+
+    fn pos() -> Position {
+        Position {
+            commit_lsn: Lsn::from_u64(0x16B6C50),
+            index: 3,
+        }
+    }
+    const ID: &str = "2b0b6f3e-8a6c-4a43-9a4f-0c1d2e3f4a5b";
+
+    fn full_row() -> Tuple {
+        row(vec![
+            text(ID),
+            text("OrderCreated"),
+            text(r#"{"order_id": 42}"#),
+            text(r#"{"tenant": "a", "attempt": 2, "vip": true, "nested": {"x": 1}, "gone": null}"#),
+            text("2026-11-30 06:26:09.123456+00"),
+            TupleValue::Null,
+            TupleValue::Null,
+            text("order"),
+            text("42"),
+        ])
+    }
+
+    fn mapper() -> Mapper {
+        Mapper::new("outbox", 1024).expect("mapper")
+    }
+
+    #[test]
+    fn maps_a_full_row_per_the_contract() {
+        let layout = Layout::for_relation(&outbox_relation()).expect("layout");
+        let m = mapper().map(&layout, &full_row(), pos()).expect("maps");
+        assert_eq!(m.message_id, ID);
+        assert_eq!(m.exchange.as_str(), "outbox");
+        assert_eq!(m.routing_key.as_str(), "OrderCreated");
+        assert_eq!(&m.body[..], br#"{"order_id": 42}"#);
+        let p = &m.properties;
+        assert_eq!(p.message_id().as_ref().map(|s| s.as_str()), Some(ID));
+        assert_eq!(p.kind().as_ref().map(|s| s.as_str()), Some("OrderCreated"));
+        assert_eq!(*p.delivery_mode(), Some(2));
+        assert_eq!(
+            p.content_type().as_ref().map(|s| s.as_str()),
+            Some("application/json")
+        );
+        assert_eq!(*p.timestamp(), Some(1_796_019_969));
+        let h = p.headers().as_ref().expect("headers").inner();
+        assert_eq!(h.get("tenant"), Some(&AMQPValue::LongString("a".into())));
+        assert_eq!(h.get("attempt"), Some(&AMQPValue::LongLongInt(2)));
+        assert_eq!(h.get("vip"), Some(&AMQPValue::Boolean(true)));
+        assert_eq!(
+            h.get("nested"),
+            Some(&AMQPValue::LongString(r#"{"x":1}"#.into()))
+        );
+        assert!(!h.contains_key("gone"));
+        assert_eq!(
+            h.get(headers::LSN),
+            Some(&AMQPValue::LongString("0/16B6C50".into()))
+        );
+        assert_eq!(
+            h.get(headers::SEQ),
+            Some(&AMQPValue::LongString("00000000016B6C50-00000003".into()))
+        );
+        assert_eq!(
+            h.get(headers::AGGREGATE_ID),
+            Some(&AMQPValue::LongString("42".into()))
+        );
+    }
+
+    #[test]
+    fn row_columns_override_exchange_and_routing_key() {
+        let layout = Layout::for_relation(&outbox_relation()).expect("layout");
+        let mut r = full_row();
+        r.0[5] = text("billing");
+        r.0[6] = text("orders.eu.created");
+        let m = mapper().map(&layout, &r, pos()).expect("maps");
+        assert_eq!(m.exchange.as_str(), "billing");
+        assert_eq!(m.routing_key.as_str(), "orders.eu.created");
+    }
+
+    #[test]
+    fn seq_orders_along_the_stream() {
+        let a = Position {
+            commit_lsn: Lsn::from_u64(0xFF),
+            index: 9,
+        }
+        .seq();
+        let b = Position {
+            commit_lsn: Lsn::from_u64(0x100),
+            index: 0,
+        }
+        .seq();
+        let c = Position {
+            commit_lsn: Lsn::from_u64(0x100),
+            index: 1,
+        }
+        .seq();
+        assert!(a < b && b < c);
+    }
+
+    #[test]
+    fn errors_name_the_row() {
+        let layout = Layout::for_relation(&outbox_relation()).expect("layout");
+        let mut r = full_row();
+        r.0[1] = TupleValue::Null;
+        let e = mapper()
+            .map(&layout, &r, pos())
+            .expect_err("null event_type");
+        assert!(e.to_string().contains(ID), "{e}");
+        assert!(e.to_string().contains("event_type"), "{e}");
+        assert_eq!(e.row_id(), Some(ID));
+
+        let mut r = full_row();
+        r.0[2] = TupleValue::UnchangedToast;
+        let e = mapper().map(&layout, &r, pos()).expect_err("toast");
+        assert!(matches!(e, MapError::UnchangedToast { .. }), "{e}");
+
+        let mut r = full_row();
+        r.0[2] = text(&"x".repeat(2000));
+        let e = mapper().map(&layout, &r, pos()).expect_err("too large");
+        assert!(matches!(e, MapError::TooLarge { size: 2000, .. }), "{e}");
+
+        let mut r = full_row();
+        r.0[1] = text(&"e".repeat(300));
+        let e = mapper().map(&layout, &r, pos()).expect_err("long type");
+        assert!(e.to_string().contains("255"), "{e}");
+
+        let mut r = full_row();
+        r.0[3] = text("[1,2]");
+        assert!(mapper().map(&layout, &r, pos()).is_err());
+    }
+
+    #[test]
+    fn missing_required_column_is_named() {
+        let mut rel = outbox_relation();
+        rel.columns.retain(|c| c.name != "event_type");
+        let e = Layout::for_relation(&rel).expect_err("no event_type");
+        assert!(e.to_string().contains("event_type"), "{e}");
+    }
+
+    #[test]
+    fn bytea_and_text_payloads() {
+        let mut rel = outbox_relation();
+        rel.columns[2].type_oid = type_oid::BYTEA;
+        let layout = Layout::for_relation(&rel).expect("layout");
+        let mut r = full_row();
+        r.0[2] = text("\\x00ff10");
+        let m = mapper().map(&layout, &r, pos()).expect("maps");
+        assert_eq!(&m.body[..], &[0x00, 0xff, 0x10]);
+        assert_eq!(
+            m.properties.content_type().as_ref().map(|s| s.as_str()),
+            Some("application/octet-stream")
+        );
+        r.0[2] = text("\\x0");
+        assert!(mapper().map(&layout, &r, pos()).is_err());
+
+        rel.columns[2].type_oid = 25;
+        let layout = Layout::for_relation(&rel).expect("layout");
+        r.0[2] = text("plain \\x text");
+        let m = mapper().map(&layout, &r, pos()).expect("maps");
+        assert_eq!(&m.body[..], b"plain \\x text");
+    }
+
+    #[test]
+    fn timestamps_parse_with_offsets() {
+        assert_eq!(parse_timestamptz("1970-01-01 00:00:00+00"), Ok(0));
+        assert_eq!(parse_timestamptz("1970-01-01 01:00:00+01"), Ok(0));
+        assert_eq!(parse_timestamptz("1970-01-01 00:00:00-00:30"), Ok(1800));
+        assert_eq!(
+            parse_timestamptz("2000-02-29 12:00:00.999999+00"),
+            Ok(951_825_600)
+        );
+        assert!(parse_timestamptz("yesterday").is_err());
+        assert!(parse_timestamptz("2000-13-01 00:00:00+00").is_err());
+    }
+
+    #[test]
+    fn uuid_binary_renders_canonically() {
+        let raw: Vec<u8> = (0u8..16).collect();
+        assert_eq!(uuid_text(&raw), "00010203-0405-0607-0809-0a0b0c0d0e0f");
+    }
+}

@@ -1,0 +1,140 @@
+//! Checks before streaming, each a definite error with its fix.
+//!
+//! They exist because PostgreSQL reports some problems late or vaguely: in PG15 a missing
+//! publication passes START_REPLICATION and fails only with the first decoded change (42704),
+//! and a slot invalidated by `max_slot_wal_keep_size` must never be recreated silently, since
+//! the messages in the gap would be lost without anyone noticing.
+
+use pgwire_replication::Lsn;
+use tokio_postgres::Client;
+
+use crate::config::OutboxNames;
+use crate::error::RelayError;
+
+/// What the checks learned about the slot.
+#[derive(Debug, Clone)]
+pub struct SlotState {
+    /// The slot's confirmed_flush_lsn: where streaming resumes.
+    pub confirmed_flush: Lsn,
+}
+
+pub async fn check_wal_level(client: &Client) -> Result<(), RelayError> {
+    let row = client.query_one("SHOW wal_level", &[]).await?;
+    let level: String = row.get(0);
+    if level != "logical" {
+        return Err(RelayError::WalLevel { actual: level });
+    }
+    Ok(())
+}
+
+pub async fn check_table(client: &Client, names: &OutboxNames) -> Result<(), RelayError> {
+    let (schema, table) = names.table_parts();
+    let exists = client
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = $1 AND tablename = $2",
+            &[&schema, &table],
+        )
+        .await?;
+    match exists {
+        Some(_) => Ok(()),
+        None => Err(RelayError::TableMissing {
+            table: names.table.clone(),
+        }),
+    }
+}
+
+pub async fn check_publication(client: &Client, names: &OutboxNames) -> Result<(), RelayError> {
+    let (schema, table) = names.table_parts();
+    let publication = client
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = $1",
+            &[&names.publication],
+        )
+        .await?;
+    if publication.is_none() {
+        return Err(RelayError::PublicationMissing {
+            publication: names.publication.clone(),
+            table: names.table.clone(),
+        });
+    }
+    let covered = client
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_publication_tables \
+             WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+            &[&names.publication, &schema, &table],
+        )
+        .await?;
+    if covered.is_none() {
+        return Err(RelayError::PublicationDoesNotCoverTable {
+            publication: names.publication.clone(),
+            table: names.table.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// The slot must exist in this database, use pgoutput, not be lost, and not be held by
+/// another process (then this relay is a standby).
+pub async fn check_slot(client: &Client, slot: &str) -> Result<SlotState, RelayError> {
+    let row = client
+        .query_opt(
+            "SELECT plugin, slot_type, database = current_database(), wal_status, \
+                    active_pid, confirmed_flush_lsn::text \
+             FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Err(RelayError::SlotMissing {
+            slot: slot.to_string(),
+        });
+    };
+    let plugin: Option<String> = row.get(0);
+    let slot_type: String = row.get(1);
+    let same_database: Option<bool> = row.get(2);
+    let wal_status: Option<String> = row.get(3);
+    let active_pid: Option<i32> = row.get(4);
+    let confirmed_flush: Option<String> = row.get(5);
+    let unusable = |problem: String| RelayError::SlotUnusable {
+        slot: slot.to_string(),
+        problem,
+    };
+    if slot_type != "logical" || plugin.as_deref() != Some("pgoutput") {
+        return Err(unusable(format!(
+            "is a {slot_type} slot with plugin {}, but the relay needs a logical slot with \
+             plugin pgoutput. Fix: choose another --slot name, or drop it and run `outbox-relay setup`",
+            plugin.as_deref().unwrap_or("none")
+        )));
+    }
+    if same_database != Some(true) {
+        return Err(unusable(
+            "belongs to another database than the one in the database URL. Fix: connect to \
+             the slot's database or choose another --slot name"
+                .into(),
+        ));
+    }
+    if wal_status.as_deref() == Some("lost") {
+        return Err(RelayError::SlotLost {
+            slot: slot.to_string(),
+            confirmed_flush: confirmed_flush.unwrap_or_else(|| "its last position".into()),
+        });
+    }
+    if let Some(pid) = active_pid {
+        return Err(RelayError::SlotInUse {
+            slot: slot.to_string(),
+            pid: pid.to_string(),
+        });
+    }
+    let confirmed_flush = confirmed_flush
+        .as_deref()
+        .and_then(|text| Lsn::parse(text).ok())
+        .unwrap_or(Lsn::ZERO);
+    Ok(SlotState { confirmed_flush })
+}
+
+/// All checks `run` makes before it starts streaming.
+pub async fn check_all(client: &Client, names: &OutboxNames) -> Result<SlotState, RelayError> {
+    check_wal_level(client).await?;
+    check_publication(client, names).await?;
+    check_slot(client, &names.slot).await
+}

@@ -1,0 +1,489 @@
+//! One replication session: from START_REPLICATION to the first failure or a graceful stop.
+//!
+//! Two tasks, joined by bounded channels so that nothing piles up:
+//!
+//! ```text
+//!            events (bounded)              items (bounded)
+//!  tracker ───────────────────> publisher ─────────────────> tracker
+//!  (owns the replication         decode, map, basic_publish    awaits confirms IN ORDER,
+//!   client: recv, feedback)      under the in-flight window    update_applied_lsn at ack points
+//! ```
+//!
+//! The tracker owns the replication client, so it is the only caller of
+//! `update_applied_lsn`. It reads the stream only to hand events to the publisher, which
+//! turns them back into publishes and ack points in stream order; an ack point therefore
+//! always sits behind everything received before it, including events still in a channel.
+//! That is what makes acknowledging an idle keepalive's WAL end safe (DESIGN.md invariant 3).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::Confirmation;
+use lapin::PublisherConfirm;
+use pgwire_replication::{FeedbackObserver, Lsn, PgWireError, ReplicationClient, ReplicationEvent};
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{OutboxNames, Tuning};
+use crate::db;
+use crate::error::{replication_sqlstate, RelayError};
+use crate::mapper::{Mapper, Position};
+use crate::pgoutput::{self, LogicalMessage};
+use crate::publish::queue::{ConfirmQueue, Failure};
+use crate::publish::Broker;
+use crate::wal::preflight;
+use crate::wal::relations::{Known, RelationCache};
+
+/// Events the replication client may buffer. Small: events there are in flight but invisible
+/// to the tracker, and a large buffer hides rows (DESIGN.md section 7).
+const CLIENT_EVENT_BUFFER: usize = 256;
+/// Events handed from the tracker to the publisher.
+const EVENT_CHANNEL: usize = 256;
+/// Publishes and ack points handed from the publisher to the tracker.
+const ITEM_CHANNEL: usize = 1024;
+/// How long a stopping session waits for its last acknowledged position to reach PostgreSQL.
+const FINAL_FEEDBACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What every session of one `run` shares.
+pub struct SessionContext {
+    pub database_url: String,
+    pub amqp_url: String,
+    pub names: OutboxNames,
+    pub tuning: Tuning,
+    pub mapper: Mapper,
+}
+
+/// Runs one session. `stuck` names a message that failed in an earlier session: until the
+/// broker confirms it, publishing uses a window of 1 so a stuck message does not drag a full
+/// window of re-publishes along on every retry. Cleared here once it is confirmed.
+pub async fn run(
+    ctx: &SessionContext,
+    stuck: &mut Option<String>,
+    shutdown: CancellationToken,
+) -> Result<(), RelayError> {
+    let database = db::connect(&ctx.database_url).await?;
+    let slot = preflight::check_all(&database, &ctx.names).await?;
+    drop(database);
+
+    let broker = Arc::new(Broker::connect(&ctx.amqp_url).await?);
+    broker.declare_exchange(&ctx.names.exchange, true).await?;
+
+    let feedback_sent = Arc::new(Notify::new());
+    let observer = {
+        let feedback_sent = Arc::clone(&feedback_sent);
+        FeedbackObserver::new(move |_| feedback_sent.notify_one())
+    };
+    let config =
+        db::replication_config(&ctx.database_url, &ctx.names.slot, &ctx.names.publication)?
+            .with_start_lsn(slot.confirmed_flush)
+            .with_status_interval(ctx.tuning.status_interval())
+            .with_buffer_size(CLIENT_EVENT_BUFFER)
+            .with_feedback_observer(observer);
+    let mut client = ReplicationClient::connect(config)
+        .await
+        .map_err(|e| stream_error(e, &ctx.names))?;
+    client
+        .wait_started()
+        .await
+        .map_err(|e| stream_error(e, &ctx.names))?;
+    tracing::info!(
+        slot = %ctx.names.slot,
+        from = %slot.confirmed_flush,
+        window = if stuck.is_some() { 1 } else { ctx.tuning.max_in_flight },
+        "streaming"
+    );
+
+    let full_window = ctx.tuning.max_in_flight as usize;
+    let window = Arc::new(Semaphore::new(if stuck.is_some() {
+        1
+    } else {
+        full_window
+    }));
+    let (events_tx, events_rx) = mpsc::channel(EVENT_CHANNEL);
+    let (items_tx, items_rx) = mpsc::channel(ITEM_CHANNEL);
+    let (schema, table) = ctx.names.table_parts();
+    let publisher = Publisher {
+        broker: Arc::clone(&broker),
+        mapper: ctx.mapper.clone(),
+        relations: RelationCache::new(schema, table),
+        window: Arc::clone(&window),
+        items: items_tx,
+    };
+    let publisher = tokio::spawn(publisher.run(events_rx, shutdown));
+
+    let tracker = Tracker {
+        client,
+        queue: ConfirmQueue::new(slot.confirmed_flush),
+        window,
+        full_window,
+        stuck,
+        blocked: broker.blocked(),
+        confirm_timeout: ctx.tuning.confirm_timeout(),
+        feedback_sent,
+        names: &ctx.names,
+    };
+    let tracked = tracker.run(events_tx, items_rx).await;
+    let published = match tracked {
+        Err(e) => {
+            publisher.abort();
+            Err(e)
+        }
+        Ok(()) => publisher
+            .await
+            .unwrap_or_else(|e| Err(RelayError::Task(e.to_string()))),
+    };
+    broker.close().await;
+    published
+}
+
+/// Maps a replication error to what it means for this relay.
+fn stream_error(e: PgWireError, names: &OutboxNames) -> RelayError {
+    let message = e.to_string();
+    match replication_sqlstate(&e) {
+        Some("55006") => RelayError::SlotInUse {
+            slot: names.slot.clone(),
+            pid: message
+                .split("PID ")
+                .nth(1)
+                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+                .unwrap_or("unknown")
+                .to_string(),
+        },
+        Some("55000") if message.contains("invalidated") => RelayError::SlotLost {
+            slot: names.slot.clone(),
+            confirmed_flush: "its last position".into(),
+        },
+        Some("42704") if message.contains("publication") => RelayError::PublicationMissing {
+            publication: names.publication.clone(),
+            table: names.table.clone(),
+        },
+        Some("42704") if message.contains("slot") => RelayError::SlotMissing {
+            slot: names.slot.clone(),
+        },
+        _ => RelayError::Replication(e),
+    }
+}
+
+/// What the publisher hands the tracker, in stream order.
+enum Item {
+    Publish {
+        message_id: String,
+        pending: InFlight,
+    },
+    AckPoint(Lsn),
+}
+
+/// An unconfirmed publish: its confirm, and its place in the window (released on settle).
+struct InFlight {
+    confirm: PublisherConfirm,
+    _window: OwnedSemaphorePermit,
+}
+
+struct Publisher {
+    broker: Arc<Broker>,
+    mapper: Mapper,
+    relations: RelationCache,
+    window: Arc<Semaphore>,
+    items: mpsc::Sender<Item>,
+}
+
+/// The transaction being published: its commit LSN (from Begin) and the next row's index.
+struct Transaction {
+    commit_lsn: Lsn,
+    next_index: u32,
+}
+
+/// Why the publisher stopped early: the tracker went away (it reports its own reason).
+struct TrackerGone;
+
+impl Publisher {
+    async fn run(
+        mut self,
+        mut events: mpsc::Receiver<ReplicationEvent>,
+        shutdown: CancellationToken,
+    ) -> Result<(), RelayError> {
+        let mut transaction: Option<Transaction> = None;
+        loop {
+            // A stop request is honoured only between transactions: the current one finishes,
+            // so a restart after a graceful stop publishes no duplicate.
+            let event = if transaction.is_none() {
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => {
+                        tracing::info!("stopping between transactions");
+                        return Ok(());
+                    }
+                    event = events.recv() => event,
+                }
+            } else {
+                events.recv().await
+            };
+            let Some(event) = event else {
+                return Ok(());
+            };
+            let step = match event {
+                ReplicationEvent::Begin { final_lsn, .. } => {
+                    transaction = Some(Transaction {
+                        commit_lsn: final_lsn,
+                        next_index: 0,
+                    });
+                    Ok(())
+                }
+                ReplicationEvent::Commit { end_lsn, .. } => {
+                    transaction = None;
+                    self.ack_point(end_lsn).await
+                }
+                // Outside a transaction, everything before a keepalive or a non-transactional
+                // message has been received: its LSN is an ack point.
+                ReplicationEvent::KeepAlive { wal_end, .. } if transaction.is_none() => {
+                    self.ack_point(wal_end).await
+                }
+                ReplicationEvent::Message {
+                    transactional: false,
+                    lsn,
+                    ..
+                } if transaction.is_none() => self.ack_point(lsn).await,
+                ReplicationEvent::XLogData { data, .. } => {
+                    match self.on_data(&data, transaction.as_mut()).await? {
+                        Some(()) => Ok(()),
+                        None => Err(TrackerGone),
+                    }
+                }
+                _ => Ok(()),
+            };
+            if step.is_err() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Decodes one pgoutput message and publishes it if it is an outbox row. `None` when the
+    /// tracker is gone.
+    async fn on_data(
+        &mut self,
+        data: &bytes::Bytes,
+        transaction: Option<&mut Transaction>,
+    ) -> Result<Option<()>, RelayError> {
+        match pgoutput::decode(data)? {
+            LogicalMessage::Relation(relation) => self.relations.update(&relation)?,
+            LogicalMessage::Insert(insert) => {
+                let Some(transaction) = transaction else {
+                    return Err(RelayError::Protocol(
+                        "an Insert arrived outside a transaction".into(),
+                    ));
+                };
+                let Known::Outbox(layout) = self.relations.get(insert.relation_oid)? else {
+                    return Ok(Some(()));
+                };
+                let position = Position {
+                    commit_lsn: transaction.commit_lsn,
+                    index: transaction.next_index,
+                };
+                transaction.next_index += 1;
+                let message = self.mapper.map(layout, &insert.tuple, position)?;
+                let Ok(permit) = Arc::clone(&self.window).acquire_owned().await else {
+                    return Ok(None);
+                };
+                let message_id = message.message_id.clone();
+                let confirm = self.broker.publish(message).await?;
+                let item = Item::Publish {
+                    message_id,
+                    pending: InFlight {
+                        confirm,
+                        _window: permit,
+                    },
+                };
+                if self.items.send(item).await.is_err() {
+                    return Ok(None);
+                }
+            }
+            // Type, Origin, Truncate and tags we do not use carry nothing to publish.
+            _ => {}
+        }
+        Ok(Some(()))
+    }
+
+    async fn ack_point(&self, lsn: Lsn) -> Result<(), TrackerGone> {
+        self.items
+            .send(Item::AckPoint(lsn))
+            .await
+            .map_err(|_| TrackerGone)
+    }
+}
+
+struct Tracker<'a> {
+    client: ReplicationClient,
+    queue: ConfirmQueue<InFlight>,
+    window: Arc<Semaphore>,
+    full_window: usize,
+    stuck: &'a mut Option<String>,
+    blocked: watch::Receiver<bool>,
+    confirm_timeout: Duration,
+    feedback_sent: Arc<Notify>,
+    names: &'a OutboxNames,
+}
+
+impl Tracker<'_> {
+    /// Runs until the publisher has stopped and every publish it handed over is settled
+    /// (`Ok`), or until the first failure (`Err`: nothing after it was acknowledged).
+    async fn run(
+        self,
+        events: mpsc::Sender<ReplicationEvent>,
+        mut items: mpsc::Receiver<Item>,
+    ) -> Result<(), RelayError> {
+        let Tracker {
+            mut client,
+            mut queue,
+            window,
+            full_window,
+            stuck,
+            mut blocked,
+            confirm_timeout,
+            feedback_sent,
+            names,
+        } = self;
+        let mut items_open = true;
+        let mut reading = true;
+        let mut blocked_open = true;
+        let mut front_since = Instant::now();
+        loop {
+            if let Some(lsn) = queue.advance() {
+                client.update_applied_lsn(lsn);
+            }
+            if !items_open && queue.is_empty() {
+                break;
+            }
+            let has_front = queue.front_mut().is_some();
+            let timing = has_front && !*blocked.borrow();
+            let deadline = front_since + confirm_timeout;
+            tokio::select! {
+                biased;
+
+                confirmation = async {
+                    match queue.front_mut() {
+                        Some(front) => (&mut front.confirm).await,
+                        None => std::future::pending().await,
+                    }
+                }, if has_front => {
+                    let acked = match confirmation? {
+                        Confirmation::Ack(returned) => {
+                            record_return(&mut queue, returned);
+                            true
+                        }
+                        Confirmation::Nack(returned) => {
+                            record_return(&mut queue, returned);
+                            false
+                        }
+                        Confirmation::NotRequested => {
+                            return Err(RelayError::Task("publisher confirms are not enabled".into()));
+                        }
+                    };
+                    front_since = Instant::now();
+                    match queue.settle_front(acked) {
+                        Some(Ok((message_id, _))) if stuck.as_deref() == Some(message_id.as_str()) => {
+                            tracing::info!(%message_id, "stuck message delivered; full window again");
+                            window.add_permits(full_window.saturating_sub(1));
+                            *stuck = None;
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(failure)) => return Err(failure_error(failure)),
+                        None => {}
+                    }
+                }
+
+                item = items.recv(), if items_open => match item {
+                    Some(Item::Publish { message_id, pending }) => {
+                        if !has_front {
+                            front_since = Instant::now();
+                        }
+                        queue.push_publish(message_id, pending);
+                    }
+                    Some(Item::AckPoint(lsn)) => queue.push_ack_point(lsn),
+                    None => items_open = false,
+                },
+
+                _ = tokio::time::sleep_until(deadline), if timing => {
+                    return Err(RelayError::ConfirmTimeout {
+                        message_id: queue.front_message_id().unwrap_or_default().to_string(),
+                        seconds: confirm_timeout.as_secs(),
+                    });
+                }
+
+                changed = blocked.changed(), if blocked_open => {
+                    // The timeout restarts when the broker unblocks: waiting while blocked is
+                    // the broker's choice, not a lost confirm.
+                    blocked_open = changed.is_ok();
+                    front_since = Instant::now();
+                }
+
+                forwarded = async {
+                    let permit = events.reserve().await.ok()?;
+                    Some((permit, client.recv().await))
+                }, if reading => match forwarded {
+                    None => reading = false,
+                    Some((permit, Ok(Some(event)))) => permit.send(event),
+                    Some((_, Ok(None))) => return Err(RelayError::StreamEnded),
+                    Some((_, Err(e))) => return Err(stream_error(e, names)),
+                },
+            }
+        }
+        // Everything handed over is settled: make sure PostgreSQL heard the final position,
+        // then end the stream cleanly (the crate's stop does not flush pending feedback).
+        let target = queue.acknowledged();
+        let metrics = client.metrics();
+        let flushed = tokio::time::timeout(FINAL_FEEDBACK_TIMEOUT, async {
+            while metrics.last_applied_lsn() < target {
+                feedback_sent.notified().await;
+            }
+        })
+        .await;
+        if flushed.is_err() {
+            tracing::warn!(%target, "final acknowledged position not confirmed sent; a restart may replay a little");
+        }
+        tracing::info!(acknowledged = %target, "session stopped");
+        client.stop();
+        let _ = tokio::time::timeout(FINAL_FEEDBACK_TIMEOUT, client.shutdown()).await;
+        Ok(())
+    }
+}
+
+fn record_return<P>(
+    queue: &mut ConfirmQueue<P>,
+    returned: Option<lapin::message::BasicReturnMessage>,
+) {
+    let Some(returned) = returned else {
+        return;
+    };
+    let properties = &returned.delivery.properties;
+    let message_id = properties
+        .message_id()
+        .as_ref()
+        .map(|id| id.as_str().to_string())
+        .unwrap_or_default();
+    queue.record_return(
+        message_id,
+        crate::publish::queue::Returned {
+            exchange: returned.delivery.exchange.as_str().to_string(),
+            routing_key: returned.delivery.routing_key.as_str().to_string(),
+            reply_code: returned.reply_code,
+            reply_text: returned.reply_text.as_str().to_string(),
+        },
+    );
+}
+
+fn failure_error(failure: Failure) -> RelayError {
+    match failure {
+        Failure::Nacked { message_id } => RelayError::Nacked { message_id },
+        Failure::Returned {
+            message_id,
+            returned,
+        } => RelayError::Returned {
+            message_id,
+            exchange: returned.exchange,
+            routing_key: returned.routing_key,
+            reply_code: returned.reply_code,
+            reply_text: returned.reply_text,
+        },
+    }
+}
