@@ -49,7 +49,7 @@ fn init_logging(format: LogFormat) {
         "lapin::returned_messages=off",
         "amq_protocol=warn",
         "pgwire_replication=info",
-        "tokio_postgres=info",
+        "tokio_postgres=warn",
     ] {
         if let Ok(directive) = directive.parse() {
             filter = filter.add_directive(directive);

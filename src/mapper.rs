@@ -160,11 +160,12 @@ pub struct Mapper {
     max_message_size: usize,
 }
 
-/// Identifies a row in error messages: its id when readable, else its stream position.
+/// Identifies a row in error messages: its id when readable, and its stream position when it
+/// came from the WAL (polling mode reads rows from the table: no position).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowRef {
     pub id: Option<String>,
-    pub position: Position,
+    pub position: Option<Position>,
 }
 
 impl fmt::Display for RowRef {
@@ -173,11 +174,14 @@ impl fmt::Display for RowRef {
             Some(id) => write!(f, "row id {id}"),
             None => write!(f, "row without a readable id"),
         }?;
-        write!(
-            f,
-            " (transaction committed at {}, row {})",
-            self.position.commit_lsn, self.position.index
-        )
+        match &self.position {
+            Some(position) => write!(
+                f,
+                " (transaction committed at {}, row {})",
+                position.commit_lsn, position.index
+            ),
+            None => Ok(()),
+        }
     }
 }
 
@@ -249,7 +253,7 @@ impl Mapper {
         &self,
         layout: &Layout,
         tuple: &Tuple,
-        position: Position,
+        position: Option<Position>,
     ) -> Result<OutboxMessage, MapError> {
         let values = &tuple.0;
         let id = text_value(values.get(layout.id)).and_then(|v| match v {
@@ -330,14 +334,16 @@ impl Mapper {
             Some(i) => header_table(&values[i], &row)?,
             None => FieldTable::default(),
         };
-        table.insert(
-            headers::LSN.into(),
-            AMQPValue::LongString(LongString::from(position.commit_lsn.to_string())),
-        );
-        table.insert(
-            headers::SEQ.into(),
-            AMQPValue::LongString(LongString::from(position.seq())),
-        );
+        if let Some(position) = position {
+            table.insert(
+                headers::LSN.into(),
+                AMQPValue::LongString(LongString::from(position.commit_lsn.to_string())),
+            );
+            table.insert(
+                headers::SEQ.into(),
+                AMQPValue::LongString(LongString::from(position.seq())),
+            );
+        }
         for (column, header, index) in [
             (
                 columns::AGGREGATE_TYPE,
@@ -655,7 +661,7 @@ mod tests {
     #[test]
     fn maps_a_full_row_per_the_contract() {
         let layout = Layout::for_relation(&outbox_relation()).expect("layout");
-        let m = mapper().map(&layout, &full_row(), pos()).expect("maps");
+        let m = mapper().map(&layout, &full_row(), Some(pos())).expect("maps");
         assert_eq!(m.message_id, ID);
         assert_eq!(m.exchange.as_str(), "outbox");
         assert_eq!(m.routing_key.as_str(), "OrderCreated");
@@ -698,7 +704,7 @@ mod tests {
         let mut r = full_row();
         r.0[5] = text("billing");
         r.0[6] = text("orders.eu.created");
-        let m = mapper().map(&layout, &r, pos()).expect("maps");
+        let m = mapper().map(&layout, &r, Some(pos())).expect("maps");
         assert_eq!(m.exchange.as_str(), "billing");
         assert_eq!(m.routing_key.as_str(), "orders.eu.created");
     }
@@ -729,7 +735,7 @@ mod tests {
         let mut r = full_row();
         r.0[1] = TupleValue::Null;
         let e = mapper()
-            .map(&layout, &r, pos())
+            .map(&layout, &r, Some(pos()))
             .expect_err("null event_type");
         assert!(e.to_string().contains(ID), "{e}");
         assert!(e.to_string().contains("event_type"), "{e}");
@@ -737,22 +743,22 @@ mod tests {
 
         let mut r = full_row();
         r.0[2] = TupleValue::UnchangedToast;
-        let e = mapper().map(&layout, &r, pos()).expect_err("toast");
+        let e = mapper().map(&layout, &r, Some(pos())).expect_err("toast");
         assert!(matches!(e, MapError::UnchangedToast { .. }), "{e}");
 
         let mut r = full_row();
         r.0[2] = text(&"x".repeat(2000));
-        let e = mapper().map(&layout, &r, pos()).expect_err("too large");
+        let e = mapper().map(&layout, &r, Some(pos())).expect_err("too large");
         assert!(matches!(e, MapError::TooLarge { size: 2000, .. }), "{e}");
 
         let mut r = full_row();
         r.0[1] = text(&"e".repeat(300));
-        let e = mapper().map(&layout, &r, pos()).expect_err("long type");
+        let e = mapper().map(&layout, &r, Some(pos())).expect_err("long type");
         assert!(e.to_string().contains("255"), "{e}");
 
         let mut r = full_row();
         r.0[3] = text("[1,2]");
-        assert!(mapper().map(&layout, &r, pos()).is_err());
+        assert!(mapper().map(&layout, &r, Some(pos())).is_err());
     }
 
     #[test]
@@ -770,19 +776,19 @@ mod tests {
         let layout = Layout::for_relation(&rel).expect("layout");
         let mut r = full_row();
         r.0[2] = text("\\x00ff10");
-        let m = mapper().map(&layout, &r, pos()).expect("maps");
+        let m = mapper().map(&layout, &r, Some(pos())).expect("maps");
         assert_eq!(&m.body[..], &[0x00, 0xff, 0x10]);
         assert_eq!(
             m.properties.content_type().as_ref().map(|s| s.as_str()),
             Some("application/octet-stream")
         );
         r.0[2] = text("\\x0");
-        assert!(mapper().map(&layout, &r, pos()).is_err());
+        assert!(mapper().map(&layout, &r, Some(pos())).is_err());
 
         rel.columns[2].type_oid = 25;
         let layout = Layout::for_relation(&rel).expect("layout");
         r.0[2] = text("plain \\x text");
-        let m = mapper().map(&layout, &r, pos()).expect("maps");
+        let m = mapper().map(&layout, &r, Some(pos())).expect("maps");
         assert_eq!(&m.body[..], b"plain \\x text");
     }
 

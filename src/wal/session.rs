@@ -281,7 +281,7 @@ impl Publisher {
                     index: transaction.next_index,
                 };
                 transaction.next_index += 1;
-                let message = self.mapper.map(layout, &insert.tuple, position)?;
+                let message = self.mapper.map(layout, &insert.tuple, Some(position))?;
                 let Ok(permit) = Arc::clone(&self.window).acquire_owned().await else {
                     return Ok(None);
                 };
