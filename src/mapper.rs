@@ -661,7 +661,9 @@ mod tests {
     #[test]
     fn maps_a_full_row_per_the_contract() {
         let layout = Layout::for_relation(&outbox_relation()).expect("layout");
-        let m = mapper().map(&layout, &full_row(), Some(pos())).expect("maps");
+        let m = mapper()
+            .map(&layout, &full_row(), Some(pos()))
+            .expect("maps");
         assert_eq!(m.message_id, ID);
         assert_eq!(m.exchange.as_str(), "outbox");
         assert_eq!(m.routing_key.as_str(), "OrderCreated");
@@ -748,12 +750,16 @@ mod tests {
 
         let mut r = full_row();
         r.0[2] = text(&"x".repeat(2000));
-        let e = mapper().map(&layout, &r, Some(pos())).expect_err("too large");
+        let e = mapper()
+            .map(&layout, &r, Some(pos()))
+            .expect_err("too large");
         assert!(matches!(e, MapError::TooLarge { size: 2000, .. }), "{e}");
 
         let mut r = full_row();
         r.0[1] = text(&"e".repeat(300));
-        let e = mapper().map(&layout, &r, Some(pos())).expect_err("long type");
+        let e = mapper()
+            .map(&layout, &r, Some(pos()))
+            .expect_err("long type");
         assert!(e.to_string().contains("255"), "{e}");
 
         let mut r = full_row();

@@ -44,6 +44,8 @@ const EVENT_CHANNEL: usize = 256;
 const ITEM_CHANNEL: usize = 1024;
 /// How long a stopping session waits for its last acknowledged position to reach PostgreSQL.
 const FINAL_FEEDBACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// The same after a failure: a little, since the session is being torn down anyway.
+const FAILURE_FEEDBACK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What every session of one `run` shares.
 pub struct SessionContext {
@@ -347,104 +349,129 @@ impl Tracker<'_> {
         let mut reading = true;
         let mut blocked_open = true;
         let mut front_since = Instant::now();
-        loop {
-            if let Some(lsn) = queue.advance() {
-                client.update_applied_lsn(lsn);
-            }
-            if !items_open && queue.is_empty() {
-                break;
-            }
-            let has_front = queue.front_mut().is_some();
-            let timing = has_front && !*blocked.borrow();
-            let deadline = front_since + confirm_timeout;
-            tokio::select! {
-                biased;
-
-                confirmation = async {
-                    match queue.front_mut() {
-                        Some(front) => (&mut front.confirm).await,
-                        None => std::future::pending().await,
-                    }
-                }, if has_front => {
-                    let acked = match confirmation? {
-                        Confirmation::Ack(returned) => {
-                            record_return(&mut queue, returned);
-                            true
-                        }
-                        Confirmation::Nack(returned) => {
-                            record_return(&mut queue, returned);
-                            false
-                        }
-                        Confirmation::NotRequested => {
-                            return Err(RelayError::Task("publisher confirms are not enabled".into()));
-                        }
-                    };
-                    front_since = Instant::now();
-                    match queue.settle_front(acked) {
-                        Some(Ok((message_id, _))) if stuck.as_deref() == Some(message_id.as_str()) => {
-                            tracing::info!(%message_id, "stuck message delivered; full window again");
-                            window.add_permits(full_window.saturating_sub(1));
-                            *stuck = None;
-                        }
-                        Some(Ok(_)) => {}
-                        Some(Err(failure)) => return Err(failure_error(failure)),
-                        None => {}
-                    }
+        // The loop's own `return`s leave this block, not the function: whatever ended it, the
+        // position acknowledged so far is flushed below while the stream is still up, which
+        // keeps the replay after a broker failure small.
+        let outcome: Result<(), RelayError> = async {
+            loop {
+                if let Some(lsn) = queue.advance() {
+                    client.update_applied_lsn(lsn);
                 }
+                if !items_open && queue.is_empty() {
+                    break;
+                }
+                let has_front = queue.front_mut().is_some();
+                let timing = has_front && !*blocked.borrow();
+                let deadline = front_since + confirm_timeout;
+                tokio::select! {
+                    biased;
 
-                item = items.recv(), if items_open => match item {
-                    Some(Item::Publish { message_id, pending }) => {
-                        if !has_front {
-                            front_since = Instant::now();
+                    confirmation = async {
+                        match queue.front_mut() {
+                            Some(front) => (&mut front.confirm).await,
+                            None => std::future::pending().await,
                         }
-                        queue.push_publish(message_id, pending);
+                    }, if has_front => {
+                        let acked = match confirmation? {
+                            Confirmation::Ack(returned) => {
+                                record_return(&mut queue, returned);
+                                true
+                            }
+                            Confirmation::Nack(returned) => {
+                                record_return(&mut queue, returned);
+                                false
+                            }
+                            Confirmation::NotRequested => {
+                                return Err(RelayError::Task("publisher confirms are not enabled".into()));
+                            }
+                        };
+                        front_since = Instant::now();
+                        match queue.settle_front(acked) {
+                            Some(Ok((message_id, _))) if stuck.as_deref() == Some(message_id.as_str()) => {
+                                tracing::info!(%message_id, "stuck message delivered; full window again");
+                                window.add_permits(full_window.saturating_sub(1));
+                                *stuck = None;
+                            }
+                            Some(Ok(_)) => {}
+                            Some(Err(failure)) => return Err(failure_error(failure)),
+                            None => {}
+                        }
                     }
-                    Some(Item::AckPoint(lsn)) => queue.push_ack_point(lsn),
-                    None => items_open = false,
-                },
 
-                _ = tokio::time::sleep_until(deadline), if timing => {
-                    return Err(RelayError::ConfirmTimeout {
-                        message_id: queue.front_message_id().unwrap_or_default().to_string(),
-                        seconds: confirm_timeout.as_secs(),
-                    });
+                    item = items.recv(), if items_open => match item {
+                        Some(Item::Publish { message_id, pending }) => {
+                            if !has_front {
+                                front_since = Instant::now();
+                            }
+                            queue.push_publish(message_id, pending);
+                        }
+                        Some(Item::AckPoint(lsn)) => queue.push_ack_point(lsn),
+                        None => items_open = false,
+                    },
+
+                    _ = tokio::time::sleep_until(deadline), if timing => {
+                        return Err(RelayError::ConfirmTimeout {
+                            message_id: queue.front_message_id().unwrap_or_default().to_string(),
+                            seconds: confirm_timeout.as_secs(),
+                        });
+                    }
+
+                    changed = blocked.changed(), if blocked_open => {
+                        // The timeout restarts when the broker unblocks: waiting while blocked is
+                        // the broker's choice, not a lost confirm.
+                        blocked_open = changed.is_ok();
+                        front_since = Instant::now();
+                    }
+
+                    forwarded = async {
+                        let permit = events.reserve().await.ok()?;
+                        Some((permit, client.recv().await))
+                    }, if reading => match forwarded {
+                        None => reading = false,
+                        Some((permit, Ok(Some(event)))) => permit.send(event),
+                        Some((_, Ok(None))) => return Err(RelayError::StreamEnded),
+                        Some((_, Err(e))) => return Err(stream_error(e, names)),
+                    },
                 }
-
-                changed = blocked.changed(), if blocked_open => {
-                    // The timeout restarts when the broker unblocks: waiting while blocked is
-                    // the broker's choice, not a lost confirm.
-                    blocked_open = changed.is_ok();
-                    front_since = Instant::now();
-                }
-
-                forwarded = async {
-                    let permit = events.reserve().await.ok()?;
-                    Some((permit, client.recv().await))
-                }, if reading => match forwarded {
-                    None => reading = false,
-                    Some((permit, Ok(Some(event)))) => permit.send(event),
-                    Some((_, Ok(None))) => return Err(RelayError::StreamEnded),
-                    Some((_, Err(e))) => return Err(stream_error(e, names)),
-                },
             }
+            Ok(())
         }
-        // Everything handed over is settled: make sure PostgreSQL heard the final position,
-        // then end the stream cleanly (the crate's stop does not flush pending feedback).
-        let target = queue.acknowledged();
-        let metrics = client.metrics();
-        let flushed = tokio::time::timeout(FINAL_FEEDBACK_TIMEOUT, async {
-            while metrics.last_applied_lsn() < target {
-                feedback_sent.notified().await;
-            }
-        })
         .await;
-        if flushed.is_err() {
-            tracing::warn!(%target, "final acknowledged position not confirmed sent; a restart may replay a little");
+        let target = queue.acknowledged();
+        let stream_alive = !matches!(
+            outcome,
+            Err(RelayError::Replication(_)
+                | RelayError::StreamEnded
+                | RelayError::SlotInUse { .. }
+                | RelayError::SlotLost { .. }
+                | RelayError::SlotMissing { .. }
+                | RelayError::PublicationMissing { .. })
+        );
+        if stream_alive {
+            // The crate's stop does not flush pending feedback: wait until PostgreSQL heard the
+            // final position, then end the stream cleanly.
+            let wait = if outcome.is_ok() {
+                FINAL_FEEDBACK_TIMEOUT
+            } else {
+                FAILURE_FEEDBACK_TIMEOUT
+            };
+            let metrics = client.metrics();
+            let flushed = tokio::time::timeout(wait, async {
+                while metrics.last_applied_lsn() < target {
+                    feedback_sent.notified().await;
+                }
+            })
+            .await;
+            if flushed.is_err() {
+                tracing::warn!(%target, "acknowledged position not confirmed sent; a restart may replay a little");
+            }
         }
-        tracing::info!(acknowledged = %target, "session stopped");
         client.stop();
-        let _ = tokio::time::timeout(FINAL_FEEDBACK_TIMEOUT, client.shutdown()).await;
-        Ok(())
+        if outcome.is_ok() {
+            tracing::info!(acknowledged = %target, "session stopped");
+            let _ = tokio::time::timeout(FINAL_FEEDBACK_TIMEOUT, client.shutdown()).await;
+        }
+        outcome
     }
 }
 

@@ -1,0 +1,369 @@
+//! AMQP helpers: declare a bound queue, publish with confirms, and consume a queue into
+//! a list a test can wait on.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// Connects on the current tokio runtime.
+pub async fn amqp_connect(url: &str) -> Connection {
+    Connection::connect(url, ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e:?}"))
+}
+
+/// Declares `exchange` as a durable topic exchange (a no-op if it exists with those
+/// properties), a durable `queue`, and binds them with `binding_key` (`#` for all).
+pub async fn declare_bound_queue(url: &str, exchange: &str, queue: &str, binding_key: &str) {
+    declare_bound_queue_with_args(url, exchange, queue, binding_key, FieldTable::default()).await;
+}
+
+/// [`declare_bound_queue`] with queue arguments (e.g. `x-max-length`, `x-overflow`).
+pub async fn declare_bound_queue_with_args(
+    url: &str,
+    exchange: &str,
+    queue: &str,
+    binding_key: &str,
+    arguments: FieldTable,
+) {
+    let connection = amqp_connect(url).await;
+    let channel = connection.create_channel().await.expect("create channel");
+    channel
+        .exchange_declare(
+            exchange.into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("declare exchange {exchange}: {e:?}"));
+    channel
+        .queue_declare(queue.into(), QueueDeclareOptions::durable(), arguments)
+        .await
+        .unwrap_or_else(|e| panic!("declare queue {queue}: {e:?}"));
+    channel
+        .queue_bind(
+            queue.into(),
+            exchange.into(),
+            binding_key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("bind {queue} to {exchange} ({binding_key}): {e:?}"));
+    let _ = connection.close(200, "OK".into()).await;
+}
+
+/// Deletes `queue` with its messages (a no-op if it does not exist).
+pub async fn delete_queue(url: &str, queue: &str) {
+    let connection = amqp_connect(url).await;
+    let channel = connection.create_channel().await.expect("create channel");
+    channel
+        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete queue {queue}: {e:?}"));
+    let _ = connection.close(200, "OK".into()).await;
+}
+
+/// Messages ready in `queue` (passive declare; panics if the queue does not exist).
+pub async fn queue_message_count(url: &str, queue: &str) -> u32 {
+    let connection = amqp_connect(url).await;
+    let channel = connection.create_channel().await.expect("create channel");
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("passive declare of queue {queue}: {e:?}"));
+    let _ = connection.close(200, "OK".into()).await;
+    declared.message_count()
+}
+
+/// Publishes `(message_id, body)` pairs as persistent, mandatory messages on one
+/// confirm-mode channel and waits for every confirm; panics on a nack or a return.
+pub async fn publish_confirmed(
+    url: &str,
+    exchange: &str,
+    routing_key: &str,
+    messages: &[(&str, &[u8])],
+) {
+    let connection = amqp_connect(url).await;
+    let channel = connection.create_channel().await.expect("create channel");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm_select");
+    let mut confirms = Vec::new();
+    for (id, body) in messages {
+        let properties = BasicProperties::default()
+            .with_message_id((*id).into())
+            .with_delivery_mode(2);
+        let confirm = channel
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                body,
+                properties,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("publish {id}: {e:?}"));
+        confirms.push((*id, confirm));
+    }
+    for (id, confirm) in confirms {
+        let confirmation = confirm
+            .await
+            .unwrap_or_else(|e| panic!("confirm of {id}: {e:?}"));
+        assert!(confirmation.is_ack(), "message {id} was nacked");
+        assert!(
+            confirmation.take_message().is_none(),
+            "a message was returned (unroutable) while confirming {id}"
+        );
+    }
+    let _ = connection.close(200, "OK".into()).await;
+}
+
+/// One delivery as a test sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Received {
+    pub body: Vec<u8>,
+    pub message_id: Option<String>,
+    /// The AMQP `type` property.
+    pub kind: Option<String>,
+    pub exchange: String,
+    pub routing_key: String,
+    /// Header values as JSON: strings, numbers, booleans; nested tables as objects.
+    pub headers: BTreeMap<String, serde_json::Value>,
+    /// Seconds since the Unix epoch.
+    pub timestamp: Option<u64>,
+    pub content_type: Option<String>,
+    pub delivery_mode: Option<u8>,
+    pub redelivered: bool,
+}
+
+impl Received {
+    /// The body parsed as JSON; panics if it is not.
+    pub fn body_json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body of {:?} is not JSON ({e}): {}",
+                self.message_id,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    pub fn header_str(&self, name: &str) -> Option<&str> {
+        self.headers.get(name)?.as_str()
+    }
+
+    pub fn header_u64(&self, name: &str) -> Option<u64> {
+        self.headers.get(name)?.as_u64()
+    }
+
+    fn from_delivery(delivery: lapin::message::Delivery, keep_content: bool) -> Received {
+        let p = &delivery.properties;
+        let headers = match (keep_content, p.headers()) {
+            (true, Some(table)) => table
+                .inner()
+                .iter()
+                .map(|(k, v)| (k.as_str().to_string(), amqp_to_json(v)))
+                .collect(),
+            _ => BTreeMap::new(),
+        };
+        Received {
+            message_id: p.message_id().as_ref().map(|s| s.as_str().to_string()),
+            kind: p.kind().as_ref().map(|s| s.as_str().to_string()),
+            exchange: delivery.exchange.as_str().to_string(),
+            routing_key: delivery.routing_key.as_str().to_string(),
+            headers,
+            timestamp: *p.timestamp(),
+            content_type: p.content_type().as_ref().map(|s| s.as_str().to_string()),
+            delivery_mode: *p.delivery_mode(),
+            redelivered: delivery.redelivered,
+            body: if keep_content {
+                delivery.data
+            } else {
+                Vec::new()
+            },
+        }
+    }
+}
+
+/// Converts an AMQP field value to JSON (byte arrays and long strings as lossy UTF-8).
+pub fn amqp_to_json(value: &AMQPValue) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        AMQPValue::Boolean(b) => Value::Bool(*b),
+        AMQPValue::ShortShortInt(v) => (*v).into(),
+        AMQPValue::ShortShortUInt(v) => (*v).into(),
+        AMQPValue::ShortInt(v) => (*v).into(),
+        AMQPValue::ShortUInt(v) => (*v).into(),
+        AMQPValue::LongInt(v) => (*v).into(),
+        AMQPValue::LongUInt(v) => (*v).into(),
+        AMQPValue::LongLongInt(v) => (*v).into(),
+        AMQPValue::Float(v) => f64::from(*v).into(),
+        AMQPValue::Double(v) => (*v).into(),
+        AMQPValue::DecimalValue(d) => Value::String(format!("{}e-{}", d.value, d.scale)),
+        AMQPValue::ShortString(s) => Value::String(s.as_str().to_string()),
+        AMQPValue::LongString(s) => Value::String(String::from_utf8_lossy(s.as_bytes()).into()),
+        AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(amqp_to_json).collect()),
+        AMQPValue::Timestamp(t) => (*t).into(),
+        AMQPValue::FieldTable(t) => Value::Object(
+            t.inner()
+                .iter()
+                .map(|(k, v)| (k.as_str().to_string(), amqp_to_json(v)))
+                .collect(),
+        ),
+        AMQPValue::ByteArray(b) => Value::String(String::from_utf8_lossy(b.as_slice()).into()),
+        AMQPValue::Void => Value::Null,
+    }
+}
+
+/// Consumes a queue (auto-ack) in a task on the current runtime and collects what
+/// arrives, in arrival order. The test awaits a count or a quiet period, then asserts.
+pub struct Consumer {
+    connection: Connection,
+    rx: mpsc::UnboundedReceiver<Result<Received, String>>,
+    received: Vec<Received>,
+    error: Option<String>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Consumer {
+    /// Starts consuming `queue` (which must exist), keeping bodies and headers.
+    pub async fn start(url: &str, queue: &str) -> Consumer {
+        Self::start_with(url, queue, true).await
+    }
+
+    /// Like [`Consumer::start`]; with `keep_content` false only the properties other than
+    /// headers are kept (for runs of a million messages).
+    pub async fn start_with(url: &str, queue: &str, keep_content: bool) -> Consumer {
+        let connection = amqp_connect(url).await;
+        let channel = connection.create_channel().await.expect("create channel");
+        let mut stream = channel
+            .basic_consume(
+                queue.into(),
+                "".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("consume {queue}: {e:?}"));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            // Keeps the channel alive as long as the task runs.
+            let _channel = channel;
+            while let Some(delivery) = stream.next().await {
+                let item = delivery
+                    .map(|d| Received::from_delivery(d, keep_content))
+                    .map_err(|e| format!("{e:?}"));
+                let failed = item.is_err();
+                if tx.send(item).is_err() || failed {
+                    break;
+                }
+            }
+        });
+        Consumer {
+            connection,
+            rx,
+            received: Vec::new(),
+            error: None,
+            task,
+        }
+    }
+
+    /// Waits until at least `n` messages have arrived in total, the consumer fails, or
+    /// `timeout` passes; returns everything received so far.
+    pub async fn wait_for(&mut self, n: usize, timeout: Duration) -> &[Received] {
+        let deadline = Instant::now() + timeout;
+        while self.received.len() < n && self.error.is_none() {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(item)) => self.push(item),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        self.drain_ready();
+        &self.received
+    }
+
+    /// Waits until no message has arrived for `quiet` (or `max` passes); returns
+    /// everything received so far. Use it to see that no extra message follows.
+    pub async fn wait_quiet(&mut self, quiet: Duration, max: Duration) -> &[Received] {
+        let deadline = Instant::now() + max;
+        while self.error.is_none() {
+            let until = (Instant::now() + quiet).min(deadline);
+            match tokio::time::timeout_at(until, self.rx.recv()).await {
+                Ok(Some(item)) => self.push(item),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        self.drain_ready();
+        &self.received
+    }
+
+    /// What has arrived so far (without waiting).
+    pub fn received(&mut self) -> &[Received] {
+        self.drain_ready();
+        &self.received
+    }
+
+    /// Takes what has arrived so far, leaving the list empty.
+    pub fn take(&mut self) -> Vec<Received> {
+        self.drain_ready();
+        std::mem::take(&mut self.received)
+    }
+
+    /// The error that ended consumption (e.g. the broker went away), if any.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    /// Closes the connection (unconsumed messages stay in the queue).
+    pub async fn close(self) {
+        self.task.abort();
+        let _ = self.connection.close(200, "OK".into()).await;
+    }
+
+    fn drain_ready(&mut self) {
+        while let Ok(item) = self.rx.try_recv() {
+            self.push(item);
+        }
+    }
+
+    fn push(&mut self, item: Result<Received, String>) {
+        match item {
+            Ok(received) => self.received.push(received),
+            Err(e) => self.error = Some(e),
+        }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,170 @@
+//! A provisioned outbox for one test: its own database, slot, exchange and bound queue,
+//! provisioned by the relay's own `setup`, plus writers that insert like an application.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use super::amqp::declare_bound_queue;
+use super::pg::{pg_connect, slot_confirmed_flush};
+use super::relay::{relay_bin, RelayProcess};
+use super::{services, unique_name};
+
+pub struct Outbox {
+    pub db_url: String,
+    pub amqp_url: String,
+    pub slot: String,
+    pub exchange: String,
+    /// Bound to `exchange` with `#`: receives every message.
+    pub queue: String,
+    pub client: Client,
+}
+
+impl Outbox {
+    /// A fresh database on the shared services, provisioned with `outbox-relay setup`.
+    pub async fn new(prefix: &str) -> Outbox {
+        let s = services();
+        Self::on(&s.pg.url("postgres"), &s.rabbit.url(), prefix).await
+    }
+
+    /// Like [`Outbox::new`], on the given servers (fault tests own theirs).
+    pub async fn on(server_url: &str, amqp_url: &str, prefix: &str) -> Outbox {
+        let name = unique_name(prefix);
+        let admin = pg_connect(server_url).await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap_or_else(|e| panic!("create database {name}: {e:?}"));
+        let db_url = super::pg::replace_url_database(server_url, &name);
+        let outbox = Outbox {
+            client: pg_connect(&db_url).await,
+            db_url,
+            amqp_url: amqp_url.to_string(),
+            slot: format!("{name}_slot"),
+            exchange: format!("{name}_x"),
+            queue: format!("{name}_q"),
+        };
+        let setup = outbox.run_command(&["setup"]);
+        assert!(
+            setup.status.success(),
+            "setup failed: {}{}",
+            String::from_utf8_lossy(&setup.stdout),
+            String::from_utf8_lossy(&setup.stderr)
+        );
+        declare_bound_queue(&outbox.amqp_url, &outbox.exchange, &outbox.queue, "#").await;
+        outbox
+    }
+
+    /// The connection flags every command of this outbox needs.
+    pub fn flags(&self) -> Vec<String> {
+        [
+            ("--database-url", &self.db_url),
+            ("--amqp-url", &self.amqp_url),
+            ("--slot", &self.slot),
+            ("--exchange", &self.exchange),
+        ]
+        .iter()
+        .flat_map(|(flag, value)| [flag.to_string(), value.to_string()])
+        .collect()
+    }
+
+    /// Runs `outbox-relay <args> <flags>` to completion.
+    pub fn run_command(&self, args: &[&str]) -> Output {
+        Command::new(relay_bin())
+            .args(args)
+            .args(self.flags())
+            .env_remove("DATABASE_URL")
+            .env_remove("AMQP_URL")
+            .output()
+            .expect("run outbox-relay")
+    }
+
+    /// Starts `outbox-relay run` with this outbox's flags and `extra` ones.
+    pub fn spawn_relay(&self, extra: &[&str]) -> RelayProcess {
+        let mut args: Vec<String> = vec!["run".into()];
+        args.extend(self.flags());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        RelayProcess::spawn(&args, &[("RUST_LOG", "info,outbox_relay=debug")])
+    }
+
+    pub async fn confirmed_flush(&self) -> u64 {
+        slot_confirmed_flush(&self.client, &self.slot).await
+    }
+
+    /// Waits until the slot's confirmed_flush_lsn reaches `lsn`; false on timeout.
+    pub async fn wait_confirmed_flush(&self, lsn: u64, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.confirmed_flush().await >= lsn {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Inserts one row in its own transaction; returns its id.
+    pub async fn insert(&self, event_type: &str, payload: &str) -> String {
+        let row = self
+            .client
+            .query_one(
+                "INSERT INTO outbox (event_type, payload) VALUES ($1, $2::text::jsonb) RETURNING id::text",
+                &[&event_type, &payload],
+            )
+            .await
+            .expect("insert");
+        row.get(0)
+    }
+
+    /// `rows` single-row transactions from `writers` connections; returns the ids.
+    pub async fn seed_single_row_transactions(&self, rows: usize, writers: usize) -> Vec<String> {
+        write_concurrently(&self.db_url, writers, rows, 1).await
+    }
+}
+
+/// `writers` connections insert `total` rows between them, in transactions of 1 to
+/// `max_txn_rows` rows (sizes vary deterministically). Returns every committed id.
+pub async fn write_concurrently(
+    db_url: &str,
+    writers: usize,
+    total: usize,
+    max_txn_rows: usize,
+) -> Vec<String> {
+    let mut tasks = Vec::new();
+    for writer in 0..writers {
+        let share = total / writers + usize::from(writer < total % writers);
+        let db_url = db_url.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut client = pg_connect(&db_url).await;
+            let mut ids = Vec::with_capacity(share);
+            let mut seed = writer as u64 * 7919 + 1;
+            while ids.len() < share {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let size = (1 + (seed >> 33) as usize % max_txn_rows).min(share - ids.len());
+                let txn = client.transaction().await.expect("begin");
+                for _ in 0..size {
+                    let payload = format!(r#"{{"writer": {writer}, "n": {}}}"#, ids.len());
+                    let row = txn
+                        .query_one(
+                            "INSERT INTO outbox (event_type, payload) VALUES ('TestEvent', $1::text::jsonb) RETURNING id::text",
+                            &[&payload],
+                        )
+                        .await
+                        .expect("insert");
+                    ids.push(row.get::<_, String>(0));
+                }
+                txn.commit().await.expect("commit");
+            }
+            ids
+        }));
+    }
+    let mut all = Vec::with_capacity(total);
+    for task in tasks {
+        all.extend(task.await.expect("writer task"));
+    }
+    all
+}

@@ -1,0 +1,574 @@
+//! A private PostgreSQL for tests, and the `test_decoding` oracle.
+//!
+//! The server runs from the installed binaries as the `postgres` user (initdb refuses
+//! root) in a temp dir that holds the data dir, the unix socket and the server log.
+//! fsync stays on: the crash tests stop it with `-m immediate` and rely on recovery.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tokio_postgres::{Client, NoTls};
+
+use super::{chown_to, free_port, is_root, spawn_watchdog, tail_file};
+
+/// Where Debian puts the PostgreSQL 15 server binaries; `OUTBOX_TEST_PG_BIN` overrides.
+pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// The server binaries' directory: `OUTBOX_TEST_PG_BIN` or [`PG_BIN`].
+pub fn pg_bin() -> String {
+    std::env::var("OUTBOX_TEST_PG_BIN").unwrap_or_else(|_| PG_BIN.to_string())
+}
+
+/// A PostgreSQL server: a private one started by the harness, or an external one named
+/// by `OUTBOX_TEST_DATABASE_URL` (then the stop/start methods panic).
+pub struct PgServer {
+    kind: Kind,
+}
+
+enum Kind {
+    Private(Private),
+    External {
+        /// The URL as given, for its credentials, host, port and parameters.
+        base_url: String,
+        port: u16,
+    },
+}
+
+struct Private {
+    port: u16,
+    /// Owned by `postgres`: holds `data/`, the socket and `postgres.log`.
+    dir: PathBuf,
+    state: Mutex<PrivateState>,
+}
+
+struct PrivateState {
+    /// Dropping it removes the directory; `None` once shut down.
+    tempdir: Option<tempfile::TempDir>,
+    running: bool,
+    watchdog: Option<Child>,
+}
+
+impl PgServer {
+    /// initdb and start a private server on a free port with `wal_level=logical`, 50
+    /// replication slots and WAL senders, plus `extra_settings` (written after the
+    /// defaults into postgresql.conf, so they override them). About 1 s.
+    pub fn start(extra_settings: &[(&str, &str)]) -> PgServer {
+        let started = Instant::now();
+        let tempdir = tempfile::Builder::new()
+            .prefix("outbox-test-pg-")
+            .tempdir()
+            .expect("create a temp dir for postgres");
+        let dir = tempdir.path().to_path_buf();
+        chown_to(&dir, "postgres");
+        let data = dir.join("data");
+
+        let out = pg_command("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C"])
+            // Syncing initdb's output only matters if the machine crashes.
+            .args(["--no-sync", "--no-instructions"])
+            .output()
+            .expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed in {}:\n{}",
+            data.display(),
+            output_text(&out)
+        );
+
+        let mut conf = String::from("\n# outbox-relay test harness\n");
+        let defaults = [
+            ("listen_addresses", "127.0.0.1"),
+            (
+                "unix_socket_directories",
+                dir.to_str().expect("utf-8 temp dir"),
+            ),
+            ("wal_level", "logical"),
+            ("max_replication_slots", "200"),
+            ("max_wal_senders", "200"),
+            ("max_connections", "200"),
+            ("log_line_prefix", "%m [%p] %q%a "),
+        ];
+        for (name, value) in defaults.iter().chain(extra_settings) {
+            conf += &format!("{name} = '{}'\n", value.replace('\'', "''"));
+        }
+        let conf_path = data.join("postgresql.conf");
+        let mut existing = std::fs::read_to_string(&conf_path).expect("read postgresql.conf");
+        existing += &conf;
+        std::fs::write(&conf_path, existing).expect("write postgresql.conf");
+
+        // Started before the server, so that a test process killed during the start
+        // does not leave it behind.
+        let cleanup = format!(
+            "{as_postgres}{bin}/pg_ctl -D {data} stop -m immediate; rm -rf {dir}",
+            as_postgres = if is_root() {
+                "runuser -u postgres -- "
+            } else {
+                ""
+            },
+            bin = pg_bin(),
+            data = super::shell_quote(data.to_str().unwrap()),
+            dir = super::shell_quote(dir.to_str().unwrap()),
+        );
+        let mut watchdog = spawn_watchdog(&cleanup);
+
+        // The port was free a moment ago; another process may take it first: retry.
+        let mut last_error = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let private = Private {
+                port,
+                dir: dir.clone(),
+                state: Mutex::new(PrivateState {
+                    tempdir: None,
+                    running: false,
+                    watchdog: None,
+                }),
+            };
+            match private.pg_ctl_start() {
+                Ok(()) => {
+                    {
+                        let mut state = private.state.lock().unwrap();
+                        state.tempdir = Some(tempdir);
+                        state.running = true;
+                        state.watchdog = watchdog.take();
+                    }
+                    eprintln!(
+                        "harness: postgres on port {port} ready in {:?} ({})",
+                        started.elapsed(),
+                        dir.display()
+                    );
+                    return PgServer {
+                        kind: Kind::Private(private),
+                    };
+                }
+                Err(e) => last_error = e,
+            }
+        }
+        if let Some(mut watchdog) = watchdog {
+            let _ = watchdog.kill();
+            let _ = watchdog.wait();
+        }
+        panic!(
+            "postgres failed to start in {}:\n{last_error}",
+            dir.display()
+        );
+    }
+
+    /// An existing server named by a URL; `url(db)` swaps in the database name.
+    pub fn external(url: &str) -> PgServer {
+        let port = url_port(url).unwrap_or(5432);
+        PgServer {
+            kind: Kind::External {
+                base_url: url.to_string(),
+                port,
+            },
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        match &self.kind {
+            Kind::Private(p) => p.port,
+            Kind::External { port, .. } => *port,
+        }
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/db` (for an external server: its URL with the
+    /// database replaced).
+    pub fn url(&self, db: &str) -> String {
+        match &self.kind {
+            Kind::Private(p) => format!("postgres://postgres@127.0.0.1:{}/{db}", p.port),
+            Kind::External { base_url, .. } => replace_url_database(base_url, db),
+        }
+    }
+
+    /// The directory holding `data/`, the socket and `postgres.log` (private servers).
+    pub fn dir(&self) -> &Path {
+        &self.private("dir").dir
+    }
+
+    /// The server log (private servers).
+    pub fn log_path(&self) -> PathBuf {
+        self.private("log_path").dir.join("postgres.log")
+    }
+
+    /// A connected client; the connection task runs on the current tokio runtime.
+    pub async fn client(&self, db: &str) -> Client {
+        pg_connect(&self.url(db)).await
+    }
+
+    /// Creates a fresh database and returns its URL.
+    pub async fn create_database(&self, name: &str) -> String {
+        let admin = self.client("postgres").await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {}", quote_ident(name)))
+            .await
+            .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e:?}"));
+        self.url(name)
+    }
+
+    /// [`Self::create_database`] for code outside a runtime.
+    pub fn create_database_blocking(&self, name: &str) -> String {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("build a runtime")
+                    .block_on(self.create_database(name))
+            })
+            .join()
+            .expect("create_database panicked")
+        })
+    }
+
+    /// Crash: `pg_ctl stop -m immediate` (no checkpoint; recovery at the next start).
+    pub fn stop_immediate(&self) {
+        self.private("stop_immediate").pg_ctl_stop("immediate");
+    }
+
+    /// Clean stop: `pg_ctl stop -m fast`.
+    pub fn stop(&self) {
+        self.private("stop").pg_ctl_stop("fast");
+    }
+
+    /// Starts the stopped server again on the same port and data dir.
+    pub fn start_again(&self) {
+        let p = self.private("start_again");
+        if let Err(e) = p.pg_ctl_start() {
+            panic!("postgres failed to start again: {e}");
+        }
+        p.state.lock().unwrap().running = true;
+    }
+
+    /// Stops the server (immediate) and removes its directory; idempotent. Drop and the
+    /// shared services' exit handler call it.
+    pub fn shutdown(&self) {
+        if let Kind::Private(p) = &self.kind {
+            let mut state = p.state.lock().unwrap_or_else(|e| e.into_inner());
+            if state.tempdir.is_none() {
+                return;
+            }
+            // Even if we think it is stopped: a failed start_again may have left it up.
+            let _ = p.pg_ctl(&["stop", "-m", "immediate"]);
+            state.running = false;
+            if let Some(mut watchdog) = state.watchdog.take() {
+                let _ = watchdog.kill();
+                let _ = watchdog.wait();
+            }
+            state.tempdir.take();
+        }
+    }
+
+    fn private(&self, what: &str) -> &Private {
+        match &self.kind {
+            Kind::Private(p) => p,
+            Kind::External { .. } => panic!(
+                "PgServer::{what} needs a private server; this one is external \
+                 ({}): fault tests must use PgServer::start",
+                super::DATABASE_URL_ENV
+            ),
+        }
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Private {
+    fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    fn pg_ctl(&self, args: &[&str]) -> Output {
+        pg_command("pg_ctl")
+            .arg("-D")
+            .arg(self.data())
+            .args(args)
+            .output()
+            .expect("run pg_ctl")
+    }
+
+    fn pg_ctl_start(&self) -> Result<(), String> {
+        let log = self.dir.join("postgres.log");
+        let port = self.port.to_string();
+        let out = pg_command("pg_ctl")
+            .arg("-D")
+            .arg(self.data())
+            .arg("-l")
+            .arg(&log)
+            .args(["-o", &format!("-p {port}"), "-w", "-t", "120", "start"])
+            .output()
+            .expect("run pg_ctl start");
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "pg_ctl start (port {port}) failed:\n{}\n--- {} (tail) ---\n{}",
+                output_text(&out),
+                log.display(),
+                tail_file(&log, 30)
+            ))
+        }
+    }
+
+    fn pg_ctl_stop(&self, mode: &str) {
+        let out = self.pg_ctl(&["stop", "-m", mode, "-w", "-t", "60"]);
+        assert!(
+            out.status.success(),
+            "pg_ctl stop -m {mode} failed:\n{}",
+            output_text(&out)
+        );
+        self.state.lock().unwrap().running = false;
+    }
+}
+
+/// A server binary, run as `postgres` when we are root.
+fn pg_command(binary: &str) -> Command {
+    let path = format!("{}/{binary}", pg_bin());
+    let mut cmd = if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--", &path]);
+        c
+    } else {
+        Command::new(path)
+    };
+    // runuser keeps the cwd; postgres cannot read /root.
+    cmd.current_dir("/");
+    cmd
+}
+
+fn output_text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Connects and spawns the connection task on the current tokio runtime.
+pub async fn pg_connect(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e:?}"));
+    tokio::spawn(async move {
+        // Errors after a server crash are expected in fault tests.
+        let _ = connection.await;
+    });
+    client
+}
+
+/// `"name"`, with embedded quotes doubled.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+pub fn url_port(url: &str) -> Option<u16> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?']).next()?;
+    let host_port = authority.rsplit('@').next()?;
+    host_port.rsplit_once(':')?.1.parse().ok()
+}
+
+/// `scheme://authority/db?params` with the database replaced.
+pub fn replace_url_database(url: &str, db: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
+    let end_of_authority = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end_of_authority);
+    let params = tail.find('?').map(|i| &tail[i..]).unwrap_or("");
+    format!("{scheme}://{authority}/{db}{params}")
+}
+
+// ---------------------------------------------------------------------------------
+// LSNs and slots
+
+/// Parses `X/Y` (hex) into a u64.
+pub fn parse_lsn(text: &str) -> u64 {
+    let (hi, lo) = text
+        .split_once('/')
+        .unwrap_or_else(|| panic!("not an LSN: {text:?}"));
+    let hi = u64::from_str_radix(hi, 16).unwrap_or_else(|_| panic!("not an LSN: {text:?}"));
+    let lo = u64::from_str_radix(lo, 16).unwrap_or_else(|_| panic!("not an LSN: {text:?}"));
+    (hi << 32) | lo
+}
+
+/// Formats a u64 LSN as `X/Y`.
+pub fn format_lsn(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
+}
+
+/// `pg_current_wal_lsn()`.
+pub async fn current_wal_lsn(client: &Client) -> u64 {
+    let row = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .expect("pg_current_wal_lsn");
+    parse_lsn(row.get(0))
+}
+
+/// The slot's `confirmed_flush_lsn`; panics if the slot does not exist.
+pub async fn slot_confirmed_flush(client: &Client, slot: &str) -> u64 {
+    let rows = client
+        .query(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .expect("query pg_replication_slots");
+    let row = rows
+        .first()
+        .unwrap_or_else(|| panic!("replication slot {slot} does not exist"));
+    let lsn: Option<&str> = row.get(0);
+    parse_lsn(lsn.unwrap_or_else(|| panic!("slot {slot} has no confirmed_flush_lsn")))
+}
+
+/// Creates a logical slot with the `test_decoding` plugin: the commit-order oracle.
+/// Create it before the writers start; it sees every transaction committed after it.
+pub async fn create_test_decoding_slot(client: &Client, name: &str) {
+    client
+        .execute(
+            "SELECT pg_create_logical_replication_slot($1, 'test_decoding')",
+            &[&name],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create test_decoding slot {name}: {e:?}"));
+}
+
+/// One committed transaction as `test_decoding` saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Txn {
+    pub xid: u64,
+    /// End of the commit record: what a relay acknowledges for this transaction.
+    pub end_lsn: u64,
+    /// Row changes in commit order.
+    pub changes: Vec<Change>,
+}
+
+/// One row change of a transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// Schema-qualified, as test_decoding prints it: `public.outbox`.
+    pub table: String,
+    /// `INSERT`, `UPDATE`, `DELETE` or `TRUNCATE`.
+    pub op: String,
+    /// The text of the column named `id`, if the change has one.
+    pub id: Option<String>,
+}
+
+impl Txn {
+    /// The `id`s of the rows this transaction inserted into `table` (e.g. `public.outbox`).
+    pub fn inserted_ids(&self, table: &str) -> Vec<String> {
+        self.changes
+            .iter()
+            .filter(|c| c.table == table && c.op == "INSERT")
+            .filter_map(|c| c.id.clone())
+            .collect()
+    }
+}
+
+/// Every transaction committed since the slot was created (or last consumed), in commit
+/// order, without consuming them (`pg_logical_slot_peek_changes`, empty transactions
+/// skipped). Lines other than BEGIN/COMMIT/table changes (e.g. logical messages) are
+/// ignored.
+pub async fn read_test_decoding(client: &Client, slot: &str) -> Vec<Txn> {
+    let rows = client
+        .query(
+            "SELECT lsn::text, xid::text::bigint, data \
+             FROM pg_logical_slot_peek_changes($1, NULL, NULL, 'skip-empty-xacts', '1')",
+            &[&slot],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("peek test_decoding slot {slot}: {e:?}"));
+    let lines: Vec<(u64, u64, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                parse_lsn(r.get::<_, &str>(0)),
+                r.get::<_, i64>(1) as u64,
+                r.get::<_, String>(2),
+            )
+        })
+        .collect();
+    parse_test_decoding(lines.iter().map(|(l, x, d)| (*l, *x, d.as_str())))
+}
+
+/// Parses `test_decoding` output lines `(lsn, xid, data)` into transactions.
+pub fn parse_test_decoding<'a>(lines: impl IntoIterator<Item = (u64, u64, &'a str)>) -> Vec<Txn> {
+    let mut txns = Vec::new();
+    let mut current: Option<Txn> = None;
+    for (lsn, xid, data) in lines {
+        if data.starts_with("BEGIN") {
+            current = Some(Txn {
+                xid,
+                end_lsn: 0,
+                changes: Vec::new(),
+            });
+        } else if data.starts_with("COMMIT") {
+            if let Some(mut txn) = current.take() {
+                txn.end_lsn = lsn;
+                txns.push(txn);
+            }
+        } else if let Some(rest) = data.strip_prefix("table ") {
+            let Some(txn) = current.as_mut() else {
+                continue;
+            };
+            // "public.outbox: INSERT: id[uuid]:'…' event_type[text]:'…'"
+            let Some((table, rest)) = rest.split_once(": ") else {
+                continue;
+            };
+            let (op, columns) = rest
+                .split_once(": ")
+                .unwrap_or((rest.trim_end_matches(':'), ""));
+            let id = column_value(columns, "id");
+            txn.changes.push(Change {
+                table: table.to_string(),
+                op: op.to_string(),
+                id,
+            });
+        }
+    }
+    txns
+}
+
+/// The text of column `wanted` in a test_decoding column list
+/// `name[type]:value name[type]:value …`, where a value is `'quoted'` (with `''`
+/// escapes), `null` or a bare token. `None` if absent or the list does not parse.
+pub fn column_value(mut columns: &str, wanted: &str) -> Option<String> {
+    while !columns.is_empty() {
+        let (name, rest) = columns.split_once('[')?;
+        let (_type, rest) = rest.split_once("]:")?;
+        let (value, rest) = if let Some(quoted) = rest.strip_prefix('\'') {
+            let mut value = String::new();
+            let mut end = None;
+            let mut chars = quoted.char_indices().peekable();
+            while let Some((i, c)) = chars.next() {
+                if c == '\'' {
+                    if matches!(chars.peek(), Some((_, '\''))) {
+                        chars.next();
+                        value.push('\'');
+                    } else {
+                        end = Some(i + 1);
+                        break;
+                    }
+                } else {
+                    value.push(c);
+                }
+            }
+            (value, &quoted[end?..])
+        } else {
+            let end = rest.find(' ').unwrap_or(rest.len());
+            (rest[..end].to_string(), &rest[end..])
+        };
+        if name == wanted {
+            return Some(value);
+        }
+        columns = rest.trim_start_matches(' ');
+    }
+    None
+}

@@ -1,0 +1,201 @@
+//! The `outbox-relay` binary as a child process, its output in a log file.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The relay binary cargo built for this integration test crate.
+pub fn relay_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_outbox-relay")
+}
+
+/// A running `outbox-relay`. Every method takes `&self`. Drop kills it (SIGKILL) and,
+/// if the test is panicking, prints the tail of its log.
+pub struct RelayProcess {
+    pid: u32,
+    /// The child and, once reaped, its exit status.
+    child: Mutex<(Child, Option<ExitStatus>)>,
+    log_path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl RelayProcess {
+    /// Spawns the relay with `args` and `env` (added to the inherited environment, from
+    /// which `DATABASE_URL`, `AMQP_URL` and every `OUTBOX_*` variable are removed so the
+    /// relay sees only what the test gives it). stdout and stderr go to one log file.
+    pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> RelayProcess {
+        Self::spawn_bin(Path::new(relay_bin()), args, env)
+    }
+
+    /// [`RelayProcess::spawn`] with another binary.
+    pub fn spawn_bin(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> RelayProcess {
+        let dir = tempfile::Builder::new()
+            .prefix("outbox-test-relay-")
+            .tempdir()
+            .expect("create a temp dir for the relay log");
+        let log_path = dir.path().join("relay.log");
+        let log = File::create(&log_path).expect("create relay.log");
+        let mut command = Command::new(bin);
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy();
+            if key == "DATABASE_URL" || key == "AMQP_URL" || key.starts_with("OUTBOX_") {
+                command.env_remove(key.as_ref());
+            }
+        }
+        command
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone the log file"))
+            .stderr(log);
+        let child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+        RelayProcess {
+            pid: child.id(),
+            child: Mutex::new((child, None)),
+            log_path,
+            _dir: dir,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// Everything the relay has written so far.
+    pub fn log(&self) -> String {
+        std::fs::read(&self.log_path)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    pub fn sigterm(&self) {
+        self.signal(libc::SIGTERM);
+    }
+
+    pub fn sigint(&self) {
+        self.signal(libc::SIGINT);
+    }
+
+    /// SIGKILL, and reap it.
+    pub fn kill9(&self) {
+        let mut guard = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        let (child, exit) = &mut *guard;
+        if exit.is_none() {
+            let _ = child.kill();
+            *exit = child.wait().ok();
+        }
+    }
+
+    /// The exit status if it has exited (reaps it).
+    pub fn try_exit(&self) -> Option<ExitStatus> {
+        let mut guard = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        let (child, exit) = &mut *guard;
+        if exit.is_none() {
+            *exit = child.try_wait().ok().flatten();
+        }
+        *exit
+    }
+
+    /// Waits (polling, without blocking the runtime) until the relay exits or `timeout`
+    /// passes.
+    pub async fn wait_exit(&self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.try_exit() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// [`RelayProcess::wait_exit`] for code outside a runtime.
+    pub fn wait_exit_blocking(&self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.try_exit() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits (polling the log file, without blocking the runtime) until the log contains
+    /// `needle`; false after `timeout` or if the relay exits without writing it.
+    pub async fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let exited = self.try_exit().is_some();
+            if self.log().contains(needle) {
+                return true;
+            }
+            if exited || Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// [`RelayProcess::wait_for_log`] for code outside a runtime.
+    pub fn wait_for_log_blocking(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let exited = self.try_exit().is_some();
+            if self.log().contains(needle) {
+                return true;
+            }
+            if exited || Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Peak resident set size (VmHWM) in KiB; `None` once the process has exited.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        // Held while signalling, so the child cannot be reaped (and its pid reused) first.
+        let guard = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.1.is_none() {
+            // SAFETY: kill(2) of our own child, not yet reaped.
+            unsafe { libc::kill(self.pid as libc::pid_t, signal) };
+        }
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- outbox-relay log ({}), last 60 lines ---\n{}\n--- end of relay log ---",
+                self.log_path.display(),
+                super::tail_file(&self.log_path, 60)
+            );
+        }
+    }
+}
