@@ -7,6 +7,7 @@
 //! `error` hold the flags and the two error classes.
 
 pub mod backoff;
+pub mod bench;
 pub mod config;
 pub mod db;
 pub mod error;

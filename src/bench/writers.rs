@@ -1,0 +1,242 @@
+//! Concurrent outbox writers: N connections inserting rows in transactions of varying size,
+//! the way an application writes its outbox.
+//!
+//! The writers share one row budget: each claims the size of its next transaction from it
+//! before `BEGIN`, so exactly `rows` rows are committed in total, whatever the interleaving.
+//! Transaction sizes come from a small seeded generator, so a run is repeatable. Every row's
+//! id (`RETURNING id`) is recorded with its transaction's commit time only after `COMMIT`
+//! succeeded: the list is what a relay must deliver.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_postgres::NoTls;
+
+use crate::db::{parse_url, quote_ident};
+
+/// What the writers insert, and how much.
+#[derive(Debug, Clone)]
+pub struct WriterOptions {
+    /// Concurrent connections.
+    pub writers: u32,
+    /// Rows committed in total, over all writers.
+    pub rows: u64,
+    /// Each transaction inserts 1..=max_txn_rows rows.
+    pub max_txn_rows: u32,
+    /// The outbox table, optionally schema-qualified.
+    pub table: String,
+    /// The `event_type` of every row (the routing key of its message).
+    pub event_type: String,
+    /// Seeds the transaction sizes; writer `w` uses `seed ^ w`.
+    pub seed: u64,
+}
+
+/// One committed row.
+#[derive(Debug, Clone)]
+pub struct CommittedRow {
+    /// The row's `id` as text: the message's `message_id`.
+    pub id: String,
+    pub writer: u32,
+    /// When its transaction's `COMMIT` returned.
+    pub committed_at: Instant,
+}
+
+/// Everything the writers committed.
+#[derive(Debug, Default)]
+pub struct Written {
+    /// Each writer's rows in commit order, writers one after another.
+    pub rows: Vec<CommittedRow>,
+    pub transactions: u64,
+    /// When the first `BEGIN` was sent.
+    pub started: Option<Instant>,
+}
+
+impl Written {
+    pub fn first_commit(&self) -> Option<Instant> {
+        self.rows.iter().map(|r| r.committed_at).min()
+    }
+
+    pub fn last_commit(&self) -> Option<Instant> {
+        self.rows.iter().map(|r| r.committed_at).max()
+    }
+}
+
+/// Runs the writers until `options.rows` rows are committed; fails on the first error.
+pub async fn write(database_url: &str, options: &WriterOptions) -> Result<Written> {
+    if options.writers == 0 || options.max_txn_rows == 0 {
+        bail!("writers and max-txn-rows must be at least 1");
+    }
+    let sql = insert_sql(&options.table);
+    let budget = Arc::new(AtomicU64::new(options.rows));
+    // Connect everyone first, so the first commits are not staggered by connection setup.
+    let mut clients = Vec::new();
+    for w in 0..options.writers {
+        clients.push(connect(database_url, w).await?);
+    }
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    for (w, client) in (0u32..).zip(clients) {
+        let writer = Writer {
+            id: w,
+            client,
+            sql: sql.clone(),
+            event_type: options.event_type.clone(),
+            max_txn_rows: options.max_txn_rows,
+            sizes: SplitMix64(options.seed ^ u64::from(w)),
+            budget: Arc::clone(&budget),
+        };
+        tasks.spawn(writer.run());
+    }
+    let mut written = Written {
+        started: Some(started),
+        ..Written::default()
+    };
+    while let Some(joined) = tasks.join_next().await {
+        let (rows, transactions) = joined.context("a writer task panicked")??;
+        written.rows.extend(rows);
+        written.transactions += transactions;
+    }
+    Ok(written)
+}
+
+/// `INSERT … RETURNING id::text` for one row; `$1` event type, `$2` writer, `$3` row number.
+fn insert_sql(table: &str) -> String {
+    let qualified = match table.split_once('.') {
+        Some((schema, name)) => format!("{}.{}", quote_ident(schema), quote_ident(name)),
+        None => quote_ident(table),
+    };
+    format!(
+        "INSERT INTO {qualified} (event_type, payload) \
+         VALUES ($1, jsonb_build_object('writer', $2::int, 'n', $3::bigint)) \
+         RETURNING id::text"
+    )
+}
+
+async fn connect(url: &str, writer: u32) -> Result<tokio_postgres::Client> {
+    let mut config = parse_url(url)?;
+    config.application_name(format!("outbox-bench-writer-{writer}"));
+    config.connect_timeout(Duration::from_secs(10));
+    let (client, connection) = config
+        .connect(NoTls)
+        .await
+        .with_context(|| format!("writer {writer} cannot connect to PostgreSQL"))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "writer connection ended");
+        }
+    });
+    Ok(client)
+}
+
+struct Writer {
+    id: u32,
+    client: tokio_postgres::Client,
+    sql: String,
+    event_type: String,
+    max_txn_rows: u32,
+    sizes: SplitMix64,
+    budget: Arc<AtomicU64>,
+}
+
+impl Writer {
+    /// Commits transactions until the shared budget is spent; returns its rows and how many
+    /// transactions it committed.
+    async fn run(mut self) -> Result<(Vec<CommittedRow>, u64)> {
+        let statement = self
+            .client
+            .prepare(&self.sql)
+            .await
+            .with_context(|| format!("writer {} cannot prepare the insert", self.id))?;
+        let mut rows = Vec::new();
+        let mut transactions = 0u64;
+        let writer = i32::try_from(self.id)?;
+        let mut n: i64 = 0;
+        loop {
+            let wanted = 1 + self.sizes.next() % u64::from(self.max_txn_rows);
+            let size = claim(&self.budget, wanted);
+            if size == 0 {
+                return Ok((rows, transactions));
+            }
+            let txn = self.client.transaction().await?;
+            let mut ids = Vec::with_capacity(size as usize);
+            for _ in 0..size {
+                n += 1;
+                let row = txn
+                    .query_one(&statement, &[&self.event_type, &writer, &n])
+                    .await
+                    .with_context(|| format!("writer {} cannot insert", self.id))?;
+                ids.push(row.try_get::<_, String>(0)?);
+            }
+            txn.commit()
+                .await
+                .with_context(|| format!("writer {} cannot commit", self.id))?;
+            let committed_at = Instant::now();
+            transactions += 1;
+            rows.extend(ids.into_iter().map(|id| CommittedRow {
+                id,
+                writer: self.id,
+                committed_at,
+            }));
+        }
+    }
+}
+
+/// Takes up to `wanted` rows from the budget; 0 once it is spent.
+fn claim(budget: &AtomicU64, wanted: u64) -> u64 {
+    match budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+        (left > 0).then(|| left - left.min(wanted))
+    }) {
+        Ok(left) => left.min(wanted),
+        Err(_) => 0,
+    }
+}
+
+/// SplitMix64: a tiny, well-mixed, seedable generator (enough for transaction sizes).
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_is_spent_exactly() {
+        let budget = AtomicU64::new(10);
+        assert_eq!(claim(&budget, 4), 4);
+        assert_eq!(claim(&budget, 4), 4);
+        assert_eq!(claim(&budget, 4), 2);
+        assert_eq!(claim(&budget, 4), 0);
+    }
+
+    #[test]
+    fn sizes_are_repeatable_and_spread() {
+        let sizes = |seed| {
+            let mut g = SplitMix64(seed);
+            (0..1000).map(|_| 1 + g.next() % 10).collect::<Vec<_>>()
+        };
+        assert_eq!(sizes(7), sizes(7));
+        assert_ne!(sizes(7), sizes(8));
+        for size in 1..=10 {
+            assert!(sizes(7).contains(&size), "size {size} never drawn");
+        }
+    }
+
+    #[test]
+    fn table_names_are_quoted() {
+        assert!(insert_sql("outbox").contains("INTO \"outbox\" "));
+        assert!(insert_sql("app.Events").contains("INTO \"app\".\"Events\" "));
+    }
+}
