@@ -8,6 +8,9 @@
 
 pub mod queue;
 
+use std::future::Future;
+use std::pin::Pin;
+
 use futures_util::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::FieldTable;
@@ -16,6 +19,11 @@ use tokio::sync::watch;
 
 use crate::error::RelayError;
 use crate::mapper::OutboxMessage;
+
+/// A publish whose frames are queued on the connection: resolves to its confirm future once
+/// they are written.
+pub type Publishing =
+    Pin<Box<dyn Future<Output = Result<PublisherConfirm, lapin::Error>> + Send + 'static>>;
 
 pub struct Broker {
     connection: Connection,
@@ -91,21 +99,28 @@ impl Broker {
         }
     }
 
-    /// Publishes one message (mandatory, so an unroutable one comes back); resolves once the
-    /// frames are handed to the connection. The returned future resolves with the confirm.
-    pub async fn publish(&self, message: OutboxMessage) -> Result<PublisherConfirm, lapin::Error> {
-        self.channel
-            .basic_publish(
-                message.exchange,
-                message.routing_key,
-                BasicPublishOptions {
-                    mandatory: true,
-                    immediate: false,
-                },
-                &message.body,
-                message.properties,
-            )
-            .await
+    /// Publishes one message (mandatory, so an unroutable one comes back).
+    ///
+    /// The first poll of the returned future takes the message's delivery tag and queues its
+    /// frames on the connection; it then resolves, once the frames are written, to the confirm
+    /// future. Polling it once and moving on keeps many publishes in flight without waiting
+    /// for the connection's writer after each one.
+    pub fn publish(&self, message: OutboxMessage) -> Publishing {
+        let channel = self.channel.clone();
+        Box::pin(async move {
+            channel
+                .basic_publish(
+                    message.exchange,
+                    message.routing_key,
+                    BasicPublishOptions {
+                        mandatory: true,
+                        immediate: false,
+                    },
+                    &message.body,
+                    message.properties,
+                )
+                .await
+        })
     }
 
     pub async fn close(&self) {

@@ -16,6 +16,7 @@
 //! That is what makes acknowledging an idle keepalive's WAL end safe (DESIGN.md invariant 3).
 
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use lapin::Confirmation;
@@ -31,7 +32,7 @@ use crate::error::{replication_sqlstate, RelayError};
 use crate::mapper::{Mapper, Position};
 use crate::pgoutput::{self, LogicalMessage};
 use crate::publish::queue::{ConfirmQueue, Failure};
-use crate::publish::Broker;
+use crate::publish::{Broker, Publishing};
 use crate::wal::preflight;
 use crate::wal::relations::{Known, RelationCache};
 
@@ -176,10 +177,32 @@ enum Item {
     AckPoint(Lsn),
 }
 
-/// An unconfirmed publish: its confirm, and its place in the window (released on settle).
+/// An unconfirmed publish: where it is, and its place in the window (released on settle).
 struct InFlight {
-    confirm: PublisherConfirm,
+    stage: Stage,
     _window: OwnedSemaphorePermit,
+}
+
+enum Stage {
+    /// Frames queued on the connection, not yet written.
+    Writing(Publishing),
+    /// Written; the broker's answer is pending.
+    Confirming(PublisherConfirm),
+}
+
+impl InFlight {
+    /// The broker's answer. Cancel-safe: progress is kept in `stage`.
+    async fn confirmation(&mut self) -> Result<Confirmation, lapin::Error> {
+        loop {
+            match &mut self.stage {
+                Stage::Writing(publishing) => {
+                    let confirm = publishing.await?;
+                    self.stage = Stage::Confirming(confirm);
+                }
+                Stage::Confirming(confirm) => return confirm.await,
+            }
+        }
+    }
 }
 
 struct Publisher {
@@ -288,11 +311,16 @@ impl Publisher {
                     return Ok(None);
                 };
                 let message_id = message.message_id.clone();
-                let confirm = self.broker.publish(message).await?;
+                let mut publishing = self.broker.publish(message);
+                // One poll queues the frames in stream order; the tracker awaits the rest.
+                let stage = match futures_util::poll!(&mut publishing) {
+                    Poll::Ready(confirm) => Stage::Confirming(confirm?),
+                    Poll::Pending => Stage::Writing(publishing),
+                };
                 let item = Item::Publish {
                     message_id,
                     pending: InFlight {
-                        confirm,
+                        stage,
                         _window: permit,
                     },
                 };
@@ -368,7 +396,7 @@ impl Tracker<'_> {
 
                     confirmation = async {
                         match queue.front_mut() {
-                            Some(front) => (&mut front.confirm).await,
+                            Some(front) => front.confirmation().await,
                             None => std::future::pending().await,
                         }
                     }, if has_front => {
