@@ -41,6 +41,18 @@ pub enum Command {
     Setup(SetupArgs),
     /// Run the WAL-mode relay: stream the slot and publish every inserted row.
     Run(RunArgs),
+    /// Run the polling relay: workers claim unpublished rows with SELECT … FOR UPDATE SKIP
+    /// LOCKED, publish them and mark them published (no slot; docs/polling.md).
+    Poll(PollArgs),
+    /// Show the slot (lag, retained WAL, wal_status, active pid), the outbox backlog and the
+    /// message a running relay is stuck on. Exits 2 when the slot is missing or lost (a probe).
+    Status(StatusArgs),
+    /// Drop the slot and the publication. Asks for --yes: the relay stops delivering, and an
+    /// abandoned slot pins WAL on the primary until it is dropped.
+    Teardown(TeardownArgs),
+    /// Re-publish the rows still in the table created at or after --since, in created_at
+    /// order, for rows no slot will deliver (inserted before the slot existed, or lost with it).
+    Resync(ResyncArgs),
 }
 
 /// Where the database and the broker are.
@@ -147,6 +159,16 @@ pub struct SetupArgs {
     /// Print the provisioning SQL for these names and exit, without connecting (for DBAs).
     #[arg(long)]
     pub print_sql: bool,
+    /// What to provision for: `wal` (publication and slot) or `poll` (the partial index the
+    /// claim query needs; no wal_level check, no publication, no slot).
+    #[arg(long, env = "OUTBOX_MODE", value_enum, default_value_t = Mode::Wal)]
+    pub mode: Mode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    Wal,
+    Poll,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -157,6 +179,10 @@ pub struct RunArgs {
     pub names: OutboxNames,
     #[command(flatten)]
     pub tuning: Tuning,
+    #[command(flatten)]
+    pub observability: ObservabilityArgs,
+    #[command(flatten)]
+    pub cleanup: CleanupArgs,
 }
 
 /// Throughput, latency and failure-handling knobs of the WAL relay.
@@ -172,6 +198,13 @@ pub struct Tuning {
     #[arg(long, env = "OUTBOX_STATUS_INTERVAL_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub status_interval_ms: u64,
 
+    #[command(flatten)]
+    pub delivery: Delivery,
+}
+
+/// The knobs WAL and polling mode share: confirms, message size, reconnects, shutdown.
+#[derive(Debug, Clone, Args)]
+pub struct Delivery {
     /// Seconds a published message may wait for its broker confirm before the relay gives up on
     /// the connection and reconnects (paused while the broker blocks publishers).
     #[arg(long, env = "OUTBOX_CONFIRM_TIMEOUT_SECS", default_value_t = 30)]
@@ -189,12 +222,35 @@ pub struct Tuning {
     /// Seconds a graceful shutdown may spend finishing the current transaction.
     #[arg(long, env = "OUTBOX_SHUTDOWN_TIMEOUT_SECS", default_value_t = 30)]
     pub shutdown_timeout_secs: u64,
+
+    /// Seconds between WAL heartbeats (pg_logical_emit_message): they prove the replication
+    /// stream is alive end to end, let an idle slot advance, and measure heartbeat lag. With
+    /// none seen for 3 intervals the stream is reconnected. 0 disables them.
+    #[arg(long, env = "OUTBOX_HEARTBEAT_INTERVAL_SECS", default_value_t = 10)]
+    pub heartbeat_interval_secs: u64,
 }
 
 impl Tuning {
+    /// `None` when heartbeats are disabled.
+    pub fn heartbeat_interval(&self) -> Option<Duration> {
+        (self.heartbeat_interval_secs > 0)
+            .then(|| Duration::from_secs(self.heartbeat_interval_secs))
+    }
     pub fn status_interval(&self) -> Duration {
         Duration::from_millis(self.status_interval_ms)
     }
+}
+
+/// The shared knobs read as `tuning.confirm_timeout()`, `tuning.max_message_size`, as before
+/// they were split out for polling mode.
+impl std::ops::Deref for Tuning {
+    type Target = Delivery;
+    fn deref(&self) -> &Delivery {
+        &self.delivery
+    }
+}
+
+impl Delivery {
     pub fn confirm_timeout(&self) -> Duration {
         Duration::from_secs(self.confirm_timeout_secs)
     }
@@ -204,6 +260,166 @@ impl Tuning {
     pub fn shutdown_timeout(&self) -> Duration {
         Duration::from_secs(self.shutdown_timeout_secs)
     }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PollArgs {
+    #[command(flatten)]
+    pub connections: Connections,
+    #[command(flatten)]
+    pub names: OutboxNames,
+
+    /// Workers, each with its own database and broker connection, claiming batches in parallel.
+    /// After a crash up to workers × batch size rows can be published again.
+    #[arg(long, env = "OUTBOX_WORKERS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub workers: u32,
+
+    /// Rows a worker claims, publishes and marks in one transaction.
+    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub batch_size: u32,
+
+    /// How long a worker waits after a poll that found no rows (e.g. 1s, 250ms, 1m).
+    /// With --listen this is the fallback for notifications missed while disconnected.
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+
+    /// LISTEN for notifications on --listen-channel and wake a worker on each one; the
+    /// application sends NOTIFY after its commit (docs/polling.md).
+    #[arg(long, env = "OUTBOX_LISTEN")]
+    pub listen: bool,
+
+    /// The channel --listen listens on.
+    #[arg(long, env = "OUTBOX_LISTEN_CHANNEL", default_value = "outbox")]
+    pub listen_channel: String,
+
+    /// How often published rows older than --retention are deleted (0 turns cleanup off).
+    #[arg(long, env = "OUTBOX_CLEANUP_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub cleanup_interval: Duration,
+
+    /// How long a published row is kept before cleanup deletes it (by published_at).
+    #[arg(long, env = "OUTBOX_RETENTION", default_value = "1h", value_parser = parse_duration)]
+    pub retention: Duration,
+
+    /// Rows one cleanup DELETE removes (small batches keep lock times short).
+    #[arg(long, env = "OUTBOX_CLEANUP_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub cleanup_batch: u32,
+
+    #[command(flatten)]
+    pub delivery: Delivery,
+}
+
+/// `run`'s HTTP endpoints and slot poller (src/observability.rs, docs/operations.md).
+#[derive(Debug, Clone, Args)]
+pub struct ObservabilityArgs {
+    /// Address for /metrics, /healthz and /readyz (IP:port; in a container 0.0.0.0:9187 so
+    /// probes reach it). Empty or `off` turns the endpoints off.
+    #[arg(long, env = "OUTBOX_METRICS_ADDR", default_value = DEFAULT_METRICS_ADDR, value_parser = parse_metrics_addr)]
+    pub metrics_addr: MetricsAddr,
+
+    /// How often the slot's lag, retained WAL and wal_status are read from
+    /// pg_replication_slots (e.g. 5s; 0 turns the poller off).
+    #[arg(long, env = "OUTBOX_SLOT_POLL_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub slot_poll_interval: Duration,
+}
+
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9187";
+
+/// Where the metrics endpoints listen; `None` when turned off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsAddr(pub Option<std::net::SocketAddr>);
+
+/// An `IP:port`, or empty / `off` for none.
+pub fn parse_metrics_addr(text: &str) -> Result<MetricsAddr, String> {
+    let text = text.trim();
+    if text.is_empty() || text.eq_ignore_ascii_case("off") {
+        return Ok(MetricsAddr(None));
+    }
+    text.parse()
+        .map(|addr| MetricsAddr(Some(addr)))
+        .map_err(|_| {
+            format!("{text:?} is not an address such as 127.0.0.1:9187 or 0.0.0.0:9187 (or off)")
+        })
+}
+
+/// WAL mode's cleanup job (src/cleanup.rs): deletes delivered rows in small batches.
+#[derive(Debug, Clone, Args)]
+pub struct CleanupArgs {
+    /// How often rows older than --retention and than the last acknowledged commit are
+    /// deleted (0 turns cleanup off). Only the relay that holds the slot runs it.
+    #[arg(long, env = "OUTBOX_CLEANUP_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub cleanup_interval: Duration,
+
+    /// How long a row is kept (by created_at) before cleanup may delete it; `resync --since`
+    /// can re-publish rows this far back.
+    #[arg(long, env = "OUTBOX_RETENTION", default_value = "1h", value_parser = parse_duration)]
+    pub retention: Duration,
+
+    /// Rows one cleanup DELETE removes (small batches keep lock times short).
+    #[arg(long, env = "OUTBOX_CLEANUP_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub cleanup_batch: u32,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub connections: Connections,
+    #[command(flatten)]
+    pub names: OutboxNames,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// A running relay's --metrics-addr: its /readyz tells the message it is stuck on, if any.
+    #[arg(long, env = "OUTBOX_METRICS_ADDR", default_value = DEFAULT_METRICS_ADDR, value_parser = parse_metrics_addr)]
+    pub metrics_addr: MetricsAddr,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TeardownArgs {
+    #[command(flatten)]
+    pub connections: Connections,
+    #[command(flatten)]
+    pub names: OutboxNames,
+    /// Really drop the slot and the publication.
+    #[arg(long)]
+    pub yes: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ResyncArgs {
+    #[command(flatten)]
+    pub connections: Connections,
+    #[command(flatten)]
+    pub names: OutboxNames,
+    /// Re-publish rows with created_at at or after this RFC 3339 time, e.g.
+    /// 2024-05-01T12:00:00Z or 2024-05-01T14:00:00.5+02:00.
+    #[arg(long)]
+    pub since: String,
+    #[command(flatten)]
+    pub delivery: Delivery,
+}
+
+/// A duration: a number with a unit (`ms`, `s`, `m`, `h`), or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 1s, 250ms, 5m or 1h"))?;
+    let seconds = match unit.trim() {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?}: use ms, s, m or h"
+            ))
+        }
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
 #[cfg(test)]
@@ -227,6 +443,61 @@ mod tests {
         assert_eq!(run.names.publication, "outbox_pub");
         assert_eq!(run.names.exchange, "outbox");
         assert!(run.tuning.status_interval() <= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn poll_defaults_match_the_issue() {
+        let cli = Cli::try_parse_from(["outbox-relay", "poll", "--database-url", "postgres://x"])
+            .expect("parses");
+        let Command::Poll(poll) = cli.command else {
+            panic!("expected poll");
+        };
+        assert_eq!(poll.workers, 1);
+        assert_eq!(poll.batch_size, 500);
+        assert_eq!(poll.poll_interval, Duration::from_secs(1));
+        assert!(!poll.listen);
+        assert_eq!(poll.listen_channel, "outbox");
+        assert_eq!(poll.retention, Duration::from_secs(3600));
+        assert_eq!(poll.delivery.confirm_timeout(), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn run_observability_and_cleanup_defaults() {
+        let cli = Cli::try_parse_from(["outbox-relay", "run", "--database-url", "postgres://x"])
+            .expect("parses");
+        let Command::Run(run) = cli.command else {
+            panic!("expected run");
+        };
+        assert_eq!(
+            run.observability.metrics_addr,
+            MetricsAddr(Some("127.0.0.1:9187".parse().expect("addr")))
+        );
+        assert_eq!(run.observability.slot_poll_interval, Duration::from_secs(5));
+        assert_eq!(run.cleanup.cleanup_interval, Duration::from_secs(60));
+        assert_eq!(run.cleanup.retention, Duration::from_secs(3600));
+        assert_eq!(run.cleanup.cleanup_batch, 1000);
+    }
+
+    #[test]
+    fn metrics_addr_can_be_turned_off() {
+        assert_eq!(parse_metrics_addr("off"), Ok(MetricsAddr(None)));
+        assert_eq!(parse_metrics_addr(""), Ok(MetricsAddr(None)));
+        assert_eq!(
+            parse_metrics_addr("0.0.0.0:9187"),
+            Ok(MetricsAddr(Some("0.0.0.0:9187".parse().expect("addr"))))
+        );
+        assert!(parse_metrics_addr("localhost").is_err());
+    }
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("60"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5d").is_err());
     }
 
     #[test]

@@ -16,6 +16,9 @@ pub const PINNED_SESSION_SETTINGS: &str =
 
 pub const APPLICATION_NAME: &str = "outbox-relay";
 
+/// How long establishing any connection (PostgreSQL, replication, RabbitMQ) may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
 pub fn parse_url(url: &str) -> Result<Config, RelayError> {
     url.parse::<Config>().map_err(|e| {
         // The parser's message may quote the URL; say only what is wrong with it.
@@ -35,9 +38,16 @@ pub async fn connect(url: &str) -> Result<Client, RelayError> {
     let mut config = parse_url(url)?;
     config.application_name(APPLICATION_NAME);
     if config.get_connect_timeout().is_none() {
-        config.connect_timeout(Duration::from_secs(10));
+        config.connect_timeout(CONNECT_TIMEOUT);
     }
-    let (client, connection) = config.connect(NoTls).await?;
+    // connect_timeout bounds the TCP connect only: a server (or a network) that accepts and
+    // then goes silent would hold the startup handshake forever.
+    let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls))
+        .await
+        .map_err(|_| RelayError::ConnectTimeout {
+            what: "PostgreSQL",
+            seconds: CONNECT_TIMEOUT.as_secs(),
+        })??;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "database connection ended");

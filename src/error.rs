@@ -74,6 +74,33 @@ pub enum RelayError {
     )]
     TableMissing { table: String },
 
+    #[error(
+        "The database role {} may not use replication: it lacks the REPLICATION attribute. \
+         Fix: ALTER ROLE {} REPLICATION (sql/role.sql has the least-privilege role), and allow \
+         its replication connection in pg_hba.conf with a line for the database name (logical \
+         replication connections match the database, not the `replication` keyword)",
+        role.as_deref().map(|r| format!("\"{r}\"")).unwrap_or_else(|| "of the database URL".into()),
+        role.as_deref().unwrap_or("<role>")
+    )]
+    NoReplicationPrivilege { role: Option<String> },
+
+    #[error(
+        "The replication slot \"{slot}\" is in use by process {pid} (a running relay): stop it \
+         first, then run teardown again"
+    )]
+    SlotActive { slot: String, pid: String },
+
+    #[error(
+        "The role may not drop the publication \"{publication}\" (owned by {owner}): only its \
+         owner or a superuser can. {slot_note} Ask the owner to run: DROP PUBLICATION \
+         \"{publication}\";"
+    )]
+    PublicationNotOwned {
+        publication: String,
+        owner: String,
+        slot_note: String,
+    },
+
     // ---- definite: data ----
     #[error("Cannot decode the replication stream")]
     Decode(#[from] DecodeError),
@@ -91,6 +118,12 @@ pub enum RelayError {
 
     #[error("Replication stream error")]
     Replication(#[source] pgwire_replication::PgWireError),
+
+    #[error("Connecting to {what} took longer than {seconds} s; retrying")]
+    ConnectTimeout { what: &'static str, seconds: u64 },
+
+    #[error("PostgreSQL did not answer within {seconds} s; reconnecting")]
+    DatabaseTimeout { seconds: u64 },
 
     #[error("RabbitMQ error")]
     Broker(#[from] lapin::Error),
@@ -123,6 +156,12 @@ pub enum RelayError {
     #[error("Unexpected replication stream content: {0}")]
     Protocol(String),
 
+    #[error(
+        "Nothing arrived on the replication stream for {seconds} s, not even the relay's own \
+         heartbeats: the connection is presumed dead; reconnecting"
+    )]
+    StreamSilent { seconds: u64 },
+
     #[error("The replication stream ended unexpectedly")]
     StreamEnded,
 
@@ -154,17 +193,23 @@ impl RelayError {
             | SlotUnusable { .. }
             | SlotLost { .. }
             | TableMissing { .. }
+            | NoReplicationPrivilege { .. }
+            | SlotActive { .. }
+            | PublicationNotOwned { .. }
             | Decode(_)
             | Map(_) => Recovery::Stop,
             SlotInUse { .. } => Recovery::Standby,
             Database(e) => database_recovery(e),
             Replication(e) => replication_recovery(e),
             Broker(_)
+            | DatabaseTimeout { .. }
+            | ConnectTimeout { .. }
             | ExchangeMissing { .. }
             | ConfirmTimeout { .. }
             | Nacked { .. }
             | Returned { .. }
             | StreamEnded
+            | StreamSilent { .. }
             | Protocol(_)
             | Task(_) => Recovery::Retry,
         }
@@ -185,7 +230,8 @@ impl RelayError {
     pub fn cause(&self) -> &'static str {
         use RelayError::*;
         match self {
-            Database(_) => "database",
+            Database(_) | DatabaseTimeout { .. } => "database",
+            ConnectTimeout { .. } => "connect_timeout",
             Replication(_) => "replication",
             Broker(_) => "broker",
             ConfirmTimeout { .. } => "confirm_timeout",
@@ -193,8 +239,37 @@ impl RelayError {
             Returned { .. } => "unroutable",
             ExchangeMissing { .. } => "exchange_missing",
             StreamEnded => "stream_ended",
+            StreamSilent { .. } => "no_heartbeat",
             SlotInUse { .. } => "standby",
             _ => "other",
+        }
+    }
+}
+
+impl RelayError {
+    /// Replaces PostgreSQL's terse refusals that have a known fix with an error that names
+    /// it: a role without REPLICATION (SQLSTATE 42501 on a replication connection, or on
+    /// slot functions) becomes [`RelayError::NoReplicationPrivilege`]. `role` is the URL's
+    /// user, when known.
+    pub fn clarify(self, role: Option<&str>) -> RelayError {
+        let lacks_replication = |sqlstate: Option<&str>, message: &str| {
+            sqlstate == Some("42501") && message.contains("replication role")
+        };
+        let clarified = match &self {
+            RelayError::Database(e) => e
+                .as_db_error()
+                .is_some_and(|db| lacks_replication(Some(db.code().code()), db.message())),
+            RelayError::Replication(e) => {
+                lacks_replication(replication_sqlstate(e), &e.to_string())
+            }
+            _ => false,
+        };
+        if clarified {
+            RelayError::NoReplicationPrivilege {
+                role: role.map(str::to_string),
+            }
+        } else {
+            self
         }
     }
 }
@@ -261,6 +336,24 @@ pub fn chain(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_replication_privilege_names_the_fix() {
+        let e = RelayError::Replication(pgwire_replication::PgWireError::Server(
+            "must be superuser or replication role to start walsender (SQLSTATE 42501)".into(),
+        ))
+        .clarify(Some("app_relay"));
+        assert_eq!(e.recovery(), Recovery::Stop);
+        let text = e.to_string();
+        assert!(text.contains("REPLICATION"), "{text}");
+        assert!(text.contains("ALTER ROLE app_relay REPLICATION"), "{text}");
+        assert!(text.contains("pg_hba.conf"), "{text}");
+        let other = RelayError::Replication(pgwire_replication::PgWireError::Server(
+            "permission denied for table outbox (SQLSTATE 42501)".into(),
+        ))
+        .clarify(None);
+        assert!(matches!(other, RelayError::Replication(_)));
+    }
 
     #[test]
     fn slot_in_use_is_standby_and_auth_stops() {

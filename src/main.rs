@@ -1,5 +1,6 @@
 //! The binary: flags, logging, signals; everything else is in the library.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -8,7 +9,7 @@ use tracing_subscriber::EnvFilter;
 
 use outbox_relay::config::{Cli, Command, LogFormat};
 use outbox_relay::error::chain;
-use outbox_relay::{setup, wal};
+use outbox_relay::{ops, poll, setup, wal};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -20,6 +21,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // `status` exits 2 when the slot is missing or lost, so that it can serve as a probe.
+    let mut exit_code = ExitCode::SUCCESS;
     let result = runtime.block_on(async {
         match cli.command {
             Command::Setup(args) => setup::run(args).await,
@@ -28,11 +31,24 @@ fn main() -> ExitCode {
                 tokio::spawn(stop_on_signal(shutdown.clone()));
                 wal::run(args, shutdown).await
             }
+            Command::Poll(args) => {
+                let shutdown = CancellationToken::new();
+                tokio::spawn(stop_on_signal(shutdown.clone()));
+                poll::run(args, shutdown).await
+            }
+            Command::Status(args) => ops::status::run(args).await.map(|probe| {
+                if probe == ops::status::Probe::SlotProblem {
+                    exit_code = ExitCode::from(2);
+                }
+            }),
+            Command::Teardown(args) => ops::teardown::run(args).await,
+            Command::Resync(args) => ops::resync::run(args).await,
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => exit_code,
         Err(e) => {
+            let e = e.clarify(None);
             tracing::error!(error = %chain(&e), "stopped");
             eprintln!("error: {}", chain(&e));
             ExitCode::FAILURE
@@ -55,8 +71,10 @@ fn init_logging(format: LogFormat) {
             filter = filter.add_directive(directive);
         }
     }
+    // Colours only for a person at a terminal, never into a log file.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

@@ -579,6 +579,23 @@ pub fn parse_timestamptz(text: &str) -> Result<u64, String> {
     u64::try_from(utc).map_err(|_| format!("is before 1970: {text:?}"))
 }
 
+/// A row read with SQL instead of decoded from the stream (polling mode, `resync`), every
+/// column selected as `::text` under the session settings pinned for the stream (ISO dates in
+/// UTC, hex bytea): the tuple the decoder would have produced, so that one mapping serves
+/// both. Pair it with a `Relation` naming the selected columns with their real type OIDs.
+pub fn text_tuple(row: &tokio_postgres::Row) -> Result<Tuple, tokio_postgres::Error> {
+    (0..row.len())
+        .map(|i| {
+            let value: Option<&str> = row.try_get(i)?;
+            Ok(match value {
+                None => TupleValue::Null,
+                Some(text) => TupleValue::Text(Bytes::copy_from_slice(text.as_bytes())),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Tuple)
+}
+
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
 fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let y = if month <= 2 { year - 1 } else { year };

@@ -8,6 +8,12 @@
 
 pub mod queue;
 
+use std::task::Poll;
+
+use lapin::Confirmation;
+
+use queue::{ConfirmQueue, Failure, Returned};
+
 use std::future::Future;
 use std::pin::Pin;
 
@@ -25,6 +31,9 @@ use crate::mapper::OutboxMessage;
 pub type Publishing =
     Pin<Box<dyn Future<Output = Result<PublisherConfirm, lapin::Error>> + Send + 'static>>;
 
+/// How long a polite close may wait for the broker's close-ok.
+const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub struct Broker {
     connection: Connection,
     channel: Channel,
@@ -36,9 +45,17 @@ impl Broker {
     pub async fn connect(url: &str) -> Result<Self, RelayError> {
         let properties =
             ConnectionProperties::default().with_connection_name("outbox-relay".into());
-        let connection = Connection::connect(url, properties)
-            .await
-            .map_err(RelayError::Broker)?;
+        // A broker (or network) that accepts and goes silent would hold the handshake forever.
+        let connection = tokio::time::timeout(
+            crate::db::CONNECT_TIMEOUT,
+            Connection::connect(url, properties),
+        )
+        .await
+        .map_err(|_| RelayError::ConnectTimeout {
+            what: "RabbitMQ",
+            seconds: crate::db::CONNECT_TIMEOUT.as_secs(),
+        })?
+        .map_err(RelayError::Broker)?;
         let (blocked_tx, blocked) = watch::channel(false);
         let mut events = connection.events_listener();
         tokio::spawn(async move {
@@ -123,15 +140,97 @@ impl Broker {
         })
     }
 
+    /// Closes the connection politely, but never waits long: after a failure the broker may
+    /// not answer at all.
     pub async fn close(&self) {
-        let _ = self
-            .connection
-            .close(200, "outbox-relay stopping".into())
-            .await;
+        let closing = self.connection.close(200, "outbox-relay stopping".into());
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, closing).await;
     }
 }
 
 fn is_not_found(e: &lapin::Error) -> bool {
     // A passive declare of a missing exchange fails with channel error 404 NOT_FOUND.
     e.to_string().contains("NOT_FOUND") || e.to_string().contains("404")
+}
+
+/// A publish in flight: its frames still being written, or waiting for the broker's answer.
+pub enum Stage {
+    Writing(Publishing),
+    Confirming(PublisherConfirm),
+}
+
+impl Stage {
+    /// Starts publishing `message`: one poll takes its delivery tag and queues its frames, so
+    /// calling this in stream order keeps delivery tags in stream order.
+    pub async fn start(broker: &Broker, message: OutboxMessage) -> Result<Stage, lapin::Error> {
+        let mut publishing = broker.publish(message);
+        Ok(match futures_util::poll!(&mut publishing) {
+            Poll::Ready(confirm) => Stage::Confirming(confirm?),
+            Poll::Pending => Stage::Writing(publishing),
+        })
+    }
+
+    /// The broker's answer. Cancel-safe: progress is kept in the stage.
+    pub async fn confirmation(&mut self) -> Result<Confirmation, lapin::Error> {
+        loop {
+            match self {
+                Stage::Writing(publishing) => {
+                    let confirm = publishing.await?;
+                    *self = Stage::Confirming(confirm);
+                }
+                Stage::Confirming(confirm) => return confirm.await,
+            }
+        }
+    }
+}
+
+/// Feeds the broker's answer for the front publish into `queue`: the settled publish's id and
+/// what was kept for it, or the error that stops the pipeline. A return carried by this
+/// confirm is recorded for whichever publish it names (lapin 4 may attach it to another).
+pub fn settle_front<P>(
+    queue: &mut ConfirmQueue<P>,
+    confirmation: Result<Confirmation, lapin::Error>,
+) -> Result<Option<(String, P)>, RelayError> {
+    let (acked, returned) = match confirmation? {
+        Confirmation::Ack(returned) => (true, returned),
+        Confirmation::Nack(returned) => (false, returned),
+        Confirmation::NotRequested => {
+            return Err(RelayError::Task(
+                "publisher confirms are not enabled".into(),
+            ))
+        }
+    };
+    if let Some(returned) = returned {
+        let message_id = returned
+            .delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.as_str().to_string())
+            .unwrap_or_default();
+        queue.record_return(
+            message_id,
+            Returned {
+                exchange: returned.delivery.exchange.as_str().to_string(),
+                routing_key: returned.delivery.routing_key.as_str().to_string(),
+                reply_code: returned.reply_code,
+                reply_text: returned.reply_text.as_str().to_string(),
+            },
+        );
+    }
+    match queue.settle_front(acked) {
+        None => Ok(None),
+        Some(Ok(settled)) => Ok(Some(settled)),
+        Some(Err(Failure::Nacked { message_id })) => Err(RelayError::Nacked { message_id }),
+        Some(Err(Failure::Returned {
+            message_id,
+            returned,
+        })) => Err(RelayError::Returned {
+            message_id,
+            exchange: returned.exchange,
+            routing_key: returned.routing_key,
+            reply_code: returned.reply_code,
+            reply_text: returned.reply_text,
+        }),
+    }
 }

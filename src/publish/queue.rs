@@ -44,9 +44,21 @@ pub struct Returned {
     pub reply_text: String,
 }
 
+/// What an ack point is, for what the relay reports once it is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// A transaction's commit; its commit time in microseconds since 2000-01-01 (PostgreSQL's
+    /// epoch), as the stream reports it.
+    Commit { commit_time: i64 },
+    /// A keepalive's WAL end, or someone else's non-transactional message.
+    Idle,
+    /// One of this relay's own heartbeats, sent at this Unix time in microseconds.
+    Heartbeat { sent_at: u64 },
+}
+
 enum Entry<P> {
     Publish { message_id: String, pending: P },
-    AckPoint(Lsn),
+    AckPoint(Lsn, Mark),
 }
 
 /// `P` is what the tracker keeps for an unconfirmed publish (its confirm future and window
@@ -56,6 +68,8 @@ pub struct ConfirmQueue<P> {
     returned: HashMap<String, Returned>,
     in_flight: usize,
     acknowledged: Lsn,
+    last_commit_time: Option<i64>,
+    last_heartbeat: Option<u64>,
 }
 
 impl<P> ConfirmQueue<P> {
@@ -66,6 +80,8 @@ impl<P> ConfirmQueue<P> {
             returned: HashMap::new(),
             in_flight: 0,
             acknowledged,
+            last_commit_time: None,
+            last_heartbeat: None,
         }
     }
 
@@ -77,16 +93,21 @@ impl<P> ConfirmQueue<P> {
         });
     }
 
-    pub fn push_ack_point(&mut self, lsn: Lsn) {
-        self.entries.push_back(Entry::AckPoint(lsn));
+    pub fn push_ack_point(&mut self, lsn: Lsn, mark: Mark) {
+        self.entries.push_back(Entry::AckPoint(lsn, mark));
     }
 
     /// Pops the ack points at the front (all their predecessors are settled) and returns the
     /// new acknowledged LSN if it moved forward.
     pub fn advance(&mut self) -> Option<Lsn> {
         let before = self.acknowledged;
-        while let Some(Entry::AckPoint(lsn)) = self.entries.front() {
+        while let Some(Entry::AckPoint(lsn, mark)) = self.entries.front() {
             self.acknowledged = self.acknowledged.max(*lsn);
+            match *mark {
+                Mark::Commit { commit_time } => self.last_commit_time = Some(commit_time),
+                Mark::Heartbeat { sent_at } => self.last_heartbeat = Some(sent_at),
+                Mark::Idle => {}
+            }
             self.entries.pop_front();
         }
         (self.acknowledged > before).then_some(self.acknowledged)
@@ -152,11 +173,24 @@ impl<P> ConfirmQueue<P> {
     pub fn acknowledged(&self) -> Lsn {
         self.acknowledged
     }
+
+    /// Commit time of the newest acknowledged transaction (µs since 2000-01-01).
+    pub fn acknowledged_commit_time(&self) -> Option<i64> {
+        self.last_commit_time
+    }
+
+    /// Send time of the newest acknowledged own heartbeat (Unix µs): heartbeat lag is now
+    /// minus this.
+    pub fn acknowledged_heartbeat(&self) -> Option<u64> {
+        self.last_heartbeat
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const COMMIT: Mark = Mark::Commit { commit_time: 7 };
 
     fn lsn(n: u64) -> Lsn {
         Lsn::from_u64(n)
@@ -176,7 +210,7 @@ mod tests {
         let mut q = ConfirmQueue::new(lsn(10));
         q.push_publish("a".into(), ());
         q.push_publish("b".into(), ());
-        q.push_ack_point(lsn(100));
+        q.push_ack_point(lsn(100), COMMIT);
         assert_eq!(q.advance(), None);
         assert!(q.settle_front(true).expect("front").is_ok());
         assert_eq!(q.advance(), None, "b is not confirmed yet");
@@ -191,8 +225,8 @@ mod tests {
         // acknowledged LSN to its WAL end: it sits behind them.
         let mut q = ConfirmQueue::new(lsn(10));
         q.push_publish("a".into(), ());
-        q.push_ack_point(lsn(100));
-        q.push_ack_point(lsn(500)); // keepalive WAL end
+        q.push_ack_point(lsn(100), COMMIT);
+        q.push_ack_point(lsn(500), Mark::Idle); // keepalive WAL end
         assert_eq!(q.advance(), None);
         assert_eq!(q.acknowledged(), lsn(10));
         q.settle_front(true).expect("front").expect("acked");
@@ -202,9 +236,9 @@ mod tests {
     #[test]
     fn idle_keepalive_advances_at_once() {
         let mut q: ConfirmQueue<()> = ConfirmQueue::new(lsn(10));
-        q.push_ack_point(lsn(300));
+        q.push_ack_point(lsn(300), Mark::Idle);
         assert_eq!(q.advance(), Some(lsn(300)));
-        q.push_ack_point(lsn(200));
+        q.push_ack_point(lsn(200), Mark::Idle);
         assert_eq!(q.advance(), None, "never moves backwards");
     }
 
@@ -212,7 +246,7 @@ mod tests {
     fn nack_stops_the_queue() {
         let mut q = ConfirmQueue::new(lsn(10));
         q.push_publish("a".into(), ());
-        q.push_ack_point(lsn(100));
+        q.push_ack_point(lsn(100), COMMIT);
         assert_eq!(
             q.settle_front(false).expect("front").map(|_| ()),
             Err(Failure::Nacked {
@@ -229,9 +263,9 @@ mod tests {
         let mut q = ConfirmQueue::new(lsn(10));
         q.push_publish("a".into(), ());
         q.push_publish("b".into(), ());
-        q.push_ack_point(lsn(100));
+        q.push_ack_point(lsn(100), COMMIT);
         q.push_publish("c".into(), ());
-        q.push_ack_point(lsn(200));
+        q.push_ack_point(lsn(200), Mark::Idle);
         q.record_return("c".into(), returned());
         q.settle_front(true).expect("front").expect("a delivered");
         q.settle_front(true).expect("front").expect("b delivered");
@@ -247,10 +281,30 @@ mod tests {
     }
 
     #[test]
+    fn reports_the_newest_acknowledged_commit_and_heartbeat() {
+        let mut q = ConfirmQueue::new(lsn(0));
+        q.push_ack_point(lsn(10), Mark::Heartbeat { sent_at: 1 });
+        q.push_publish("a".into(), ());
+        q.push_ack_point(lsn(20), Mark::Commit { commit_time: 5 });
+        q.push_ack_point(lsn(30), Mark::Heartbeat { sent_at: 2 });
+        q.advance();
+        assert_eq!(q.acknowledged_heartbeat(), Some(1));
+        assert_eq!(
+            q.acknowledged_commit_time(),
+            None,
+            "behind an unconfirmed publish"
+        );
+        q.settle_front(true).expect("front").expect("acked");
+        assert_eq!(q.advance(), Some(lsn(30)));
+        assert_eq!(q.acknowledged_commit_time(), Some(5));
+        assert_eq!(q.acknowledged_heartbeat(), Some(2));
+    }
+
+    #[test]
     fn counts_in_flight_publishes() {
         let mut q = ConfirmQueue::new(lsn(0));
         q.push_publish("a".into(), 1);
-        q.push_ack_point(lsn(1));
+        q.push_ack_point(lsn(1), COMMIT);
         q.push_publish("b".into(), 2);
         assert_eq!(q.in_flight(), 2);
         assert_eq!(q.front_message_id(), Some("a"));

@@ -13,6 +13,7 @@
 //! confirmed, its position is safe to acknowledge (a transaction still open commits later and
 //! is replayed in full).
 
+pub mod heartbeat;
 pub mod preflight;
 pub mod relations;
 pub mod session;
@@ -26,6 +27,7 @@ use crate::backoff::Backoff;
 use crate::config::RunArgs;
 use crate::error::{chain, Recovery, RelayError};
 use crate::mapper::Mapper;
+use crate::observability::{self, NotReady};
 use session::SessionContext;
 
 /// How often a standby retries a slot held by another process.
@@ -37,12 +39,31 @@ const HEALTHY_SESSION: Duration = Duration::from_secs(60);
 pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
     let mapper = Mapper::new(&args.names.exchange, args.tuning.max_message_size)
         .map_err(RelayError::Config)?;
+    // The endpoints and the slot poller live as long as this function: through a graceful
+    // stop, and on while the sessions reconnect.
+    let observing = CancellationToken::new();
+    let _stop_observing = observing.clone().drop_guard();
+    let database_url = args.connections.database_url()?;
+    let health = observability::start(
+        args.observability.metrics_addr.0,
+        &database_url,
+        &args.names.slot,
+        args.observability.slot_poll_interval,
+        &observing,
+    );
+    let role = crate::db::parse_url(&database_url)
+        .ok()
+        .and_then(|config| config.get_user().map(str::to_string));
     let ctx = SessionContext {
-        database_url: args.connections.database_url()?,
+        database_url,
         amqp_url: args.connections.amqp_url()?,
         names: args.names,
         tuning: args.tuning,
         mapper,
+        heartbeat: heartbeat::Heartbeat::new(),
+        health: health.clone(),
+        metrics: observability::RelayMetrics::new(),
+        cleanup: args.cleanup,
     };
     let mut backoff = Backoff::new(Duration::from_millis(500), ctx.tuning.max_backoff());
     let mut stuck: Option<String> = None;
@@ -66,8 +87,9 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         };
         let error = match result {
             Ok(()) => return Ok(()),
-            Err(error) => error,
+            Err(error) => error.clarify(role.as_deref()),
         };
+        health.set_not_ready(NotReady::after(&error));
         let delay = match error.recovery() {
             Recovery::Stop => return Err(error),
             Recovery::Standby => {
@@ -85,6 +107,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
                 if let Some(id) = error.stuck_message_id() {
                     stuck = Some(id.to_string());
                 }
+                observability::count_reconnect(error.cause());
                 let delay = backoff.next_delay();
                 tracing::warn!(
                     cause = error.cause(),

@@ -16,23 +16,22 @@
 //! That is what makes acknowledging an idle keepalive's WAL end safe (DESIGN.md invariant 3).
 
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
-use lapin::Confirmation;
-use lapin::PublisherConfirm;
 use pgwire_replication::{FeedbackObserver, Lsn, PgWireError, ReplicationClient, ReplicationEvent};
 use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{OutboxNames, Tuning};
+use crate::config::{CleanupArgs, OutboxNames, Tuning};
 use crate::db;
 use crate::error::{replication_sqlstate, RelayError};
 use crate::mapper::{Mapper, Position};
+use crate::observability::{pg_timestamp, Health, RelayMetrics};
 use crate::pgoutput::{self, LogicalMessage};
-use crate::publish::queue::{ConfirmQueue, Failure};
-use crate::publish::{Broker, Publishing};
+use crate::publish::queue::{ConfirmQueue, Mark};
+use crate::publish::{settle_front, Broker, Stage};
+use crate::wal::heartbeat::{self, Heartbeat};
 use crate::wal::preflight;
 use crate::wal::relations::{Known, RelationCache};
 
@@ -55,6 +54,10 @@ pub struct SessionContext {
     pub names: OutboxNames,
     pub tuning: Tuning,
     pub mapper: Mapper,
+    pub heartbeat: Heartbeat,
+    pub health: Health,
+    pub metrics: RelayMetrics,
+    pub cleanup: CleanupArgs,
 }
 
 /// Runs one session. `stuck` names a message that failed in an earlier session: until the
@@ -86,16 +89,35 @@ pub async fn run(
     let mut client = ReplicationClient::connect(config)
         .await
         .map_err(|e| stream_error(e, &ctx.names))?;
-    client
-        .wait_started()
-        .await
-        .map_err(|e| stream_error(e, &ctx.names))?;
+    // Connecting and START_REPLICATION run in the crate's worker: bound the wait, since a
+    // server that accepts and goes silent would otherwise hold this session forever.
+    match tokio::time::timeout(db::CONNECT_TIMEOUT, client.wait_started()).await {
+        Ok(started) => started.map_err(|e| stream_error(e, &ctx.names))?,
+        Err(_) => {
+            client.abort();
+            return Err(RelayError::ConnectTimeout {
+                what: "the PostgreSQL replication connection",
+                seconds: db::CONNECT_TIMEOUT.as_secs(),
+            });
+        }
+    }
     tracing::info!(
         slot = %ctx.names.slot,
         from = %slot.confirmed_flush,
         window = if stuck.is_some() { 1 } else { ctx.tuning.max_in_flight },
         "streaming"
     );
+    ctx.health.set_ready();
+    ctx.health.set_stuck(stuck.as_deref());
+    ctx.health.set_broker_blocked(*broker.blocked().borrow());
+    // Only the relay that holds the slot deletes delivered rows; it stops with the session.
+    let _cleanup = AbortOnDrop(tokio::spawn(crate::cleanup::run_cleanup(
+        ctx.database_url.clone(),
+        ctx.names.clone(),
+        ctx.cleanup.clone(),
+        ctx.health.clone(),
+        CancellationToken::new(),
+    )));
 
     let full_window = ctx.tuning.max_in_flight as usize;
     let window = Arc::new(Semaphore::new(if stuck.is_some() {
@@ -112,8 +134,18 @@ pub async fn run(
         relations: RelationCache::new(schema, table),
         window: Arc::clone(&window),
         items: items_tx,
+        heartbeat: ctx.heartbeat.clone(),
+        metrics: ctx.metrics.clone(),
     };
     let publisher = tokio::spawn(publisher.run(events_rx, shutdown));
+    // Heartbeats are written only while this session streams; dropping the guard stops them.
+    let _heartbeats = ctx.tuning.heartbeat_interval().map(|interval| {
+        AbortOnDrop(tokio::spawn(heartbeat::emit(
+            ctx.database_url.clone(),
+            ctx.heartbeat.clone(),
+            interval,
+        )))
+    });
 
     let tracker = Tracker {
         client,
@@ -123,8 +155,11 @@ pub async fn run(
         stuck,
         blocked: broker.blocked(),
         confirm_timeout: ctx.tuning.confirm_timeout(),
+        silence_limit: ctx.tuning.heartbeat_interval().map(|i| i * 3),
         feedback_sent,
         names: &ctx.names,
+        health: ctx.health.clone(),
+        metrics: ctx.metrics.clone(),
     };
     let tracked = tracker.run(events_tx, items_rx).await;
     let published = match tracked {
@@ -174,35 +209,15 @@ enum Item {
         message_id: String,
         pending: InFlight,
     },
-    AckPoint(Lsn),
+    AckPoint(Lsn, Mark),
 }
 
-/// An unconfirmed publish: where it is, and its place in the window (released on settle).
+/// An unconfirmed publish, and its place in the window (released on settle).
 struct InFlight {
     stage: Stage,
+    /// Its transaction's commit time (µs since 2000), for the commit-to-confirm latency.
+    commit_time: i64,
     _window: OwnedSemaphorePermit,
-}
-
-enum Stage {
-    /// Frames queued on the connection, not yet written.
-    Writing(Publishing),
-    /// Written; the broker's answer is pending.
-    Confirming(PublisherConfirm),
-}
-
-impl InFlight {
-    /// The broker's answer. Cancel-safe: progress is kept in `stage`.
-    async fn confirmation(&mut self) -> Result<Confirmation, lapin::Error> {
-        loop {
-            match &mut self.stage {
-                Stage::Writing(publishing) => {
-                    let confirm = publishing.await?;
-                    self.stage = Stage::Confirming(confirm);
-                }
-                Stage::Confirming(confirm) => return confirm.await,
-            }
-        }
-    }
 }
 
 struct Publisher {
@@ -211,11 +226,14 @@ struct Publisher {
     relations: RelationCache,
     window: Arc<Semaphore>,
     items: mpsc::Sender<Item>,
+    heartbeat: Heartbeat,
+    metrics: RelayMetrics,
 }
 
 /// The transaction being published: its commit LSN (from Begin) and the next row's index.
 struct Transaction {
     commit_lsn: Lsn,
+    commit_time: i64,
     next_index: u32,
 }
 
@@ -248,27 +266,48 @@ impl Publisher {
                 return Ok(());
             };
             let step = match event {
-                ReplicationEvent::Begin { final_lsn, .. } => {
+                ReplicationEvent::Begin {
+                    final_lsn,
+                    commit_time_micros,
+                    ..
+                } => {
                     transaction = Some(Transaction {
                         commit_lsn: final_lsn,
+                        commit_time: commit_time_micros,
                         next_index: 0,
                     });
                     Ok(())
                 }
-                ReplicationEvent::Commit { end_lsn, .. } => {
+                ReplicationEvent::Commit {
+                    end_lsn,
+                    commit_time_micros,
+                    ..
+                } => {
                     transaction = None;
-                    self.ack_point(end_lsn).await
+                    let mark = Mark::Commit {
+                        commit_time: commit_time_micros,
+                    };
+                    self.ack_point(end_lsn, mark).await
                 }
                 // Outside a transaction, everything before a keepalive or a non-transactional
                 // message has been received: its LSN is an ack point.
                 ReplicationEvent::KeepAlive { wal_end, .. } if transaction.is_none() => {
-                    self.ack_point(wal_end).await
+                    self.ack_point(wal_end, Mark::Idle).await
                 }
+                // Logical messages are never published; our own heartbeats are marked so that
+                // their acknowledgement measures heartbeat lag.
                 ReplicationEvent::Message {
                     transactional: false,
                     lsn,
-                    ..
-                } if transaction.is_none() => self.ack_point(lsn).await,
+                    prefix,
+                    content,
+                } if transaction.is_none() => {
+                    let mark = match self.heartbeat.parse_own(&prefix, &content) {
+                        Some(sent_at) => Mark::Heartbeat { sent_at },
+                        None => Mark::Idle,
+                    };
+                    self.ack_point(lsn, mark).await
+                }
                 ReplicationEvent::XLogData { data, .. } => {
                     match self.on_data(&data, transaction.as_mut()).await? {
                         Some(()) => Ok(()),
@@ -311,19 +350,17 @@ impl Publisher {
                     return Ok(None);
                 };
                 let message_id = message.message_id.clone();
-                let mut publishing = self.broker.publish(message);
-                // One poll queues the frames in stream order; the tracker awaits the rest.
-                let stage = match futures_util::poll!(&mut publishing) {
-                    Poll::Ready(confirm) => Stage::Confirming(confirm?),
-                    Poll::Pending => Stage::Writing(publishing),
-                };
+                // Frames queued in stream order; the tracker awaits the write and the confirm.
+                let stage = Stage::start(&self.broker, message).await?;
                 let item = Item::Publish {
                     message_id,
                     pending: InFlight {
                         stage,
+                        commit_time: transaction.commit_time,
                         _window: permit,
                     },
                 };
+                self.metrics.published.increment(1);
                 if self.items.send(item).await.is_err() {
                     return Ok(None);
                 }
@@ -334,9 +371,9 @@ impl Publisher {
         Ok(Some(()))
     }
 
-    async fn ack_point(&self, lsn: Lsn) -> Result<(), TrackerGone> {
+    async fn ack_point(&self, lsn: Lsn, mark: Mark) -> Result<(), TrackerGone> {
         self.items
-            .send(Item::AckPoint(lsn))
+            .send(Item::AckPoint(lsn, mark))
             .await
             .map_err(|_| TrackerGone)
     }
@@ -350,8 +387,13 @@ struct Tracker<'a> {
     stuck: &'a mut Option<String>,
     blocked: watch::Receiver<bool>,
     confirm_timeout: Duration,
+    /// With heartbeats on, the stream is dead if nothing arrives for this long while the
+    /// tracker is waiting on it (not while the publisher holds it back).
+    silence_limit: Option<Duration>,
     feedback_sent: Arc<Notify>,
     names: &'a OutboxNames,
+    health: Health,
+    metrics: RelayMetrics,
 }
 
 impl Tracker<'_> {
@@ -370,9 +412,15 @@ impl Tracker<'_> {
             stuck,
             mut blocked,
             confirm_timeout,
+            silence_limit,
             feedback_sent,
             names,
+            health,
+            metrics,
         } = self;
+        // Since when the tracker has been waiting on the stream with room to forward: set when
+        // it starts waiting, cleared by any event and whenever the publisher is behind.
+        let mut waiting_since: Option<Instant> = None;
         let mut items_open = true;
         let mut reading = true;
         let mut blocked_open = true;
@@ -384,10 +432,29 @@ impl Tracker<'_> {
             loop {
                 if let Some(lsn) = queue.advance() {
                     client.update_applied_lsn(lsn);
+                    health.record_acknowledged(
+                        lsn.as_u64(),
+                        queue.acknowledged_commit_time().map(pg_timestamp),
+                    );
+                    if let Some(sent_at) = queue.acknowledged_heartbeat() {
+                        health.record_heartbeat_acknowledged(
+                            std::time::UNIX_EPOCH + Duration::from_micros(sent_at),
+                        );
+                    }
+                    metrics.in_flight.set(queue.in_flight() as f64);
                 }
                 if !items_open && queue.is_empty() {
                     break;
                 }
+                if !reading || events.capacity() == 0 {
+                    waiting_since = None;
+                } else if waiting_since.is_none() {
+                    waiting_since = Some(Instant::now());
+                }
+                let silence_deadline = match (waiting_since, silence_limit) {
+                    (Some(since), Some(limit)) => Some(since + limit),
+                    _ => None,
+                };
                 let has_front = queue.front_mut().is_some();
                 let timing = has_front && !*blocked.borrow();
                 let deadline = front_since + confirm_timeout;
@@ -396,33 +463,27 @@ impl Tracker<'_> {
 
                     confirmation = async {
                         match queue.front_mut() {
-                            Some(front) => front.confirmation().await,
+                            Some(front) => front.stage.confirmation().await,
                             None => std::future::pending().await,
                         }
                     }, if has_front => {
-                        let acked = match confirmation? {
-                            Confirmation::Ack(returned) => {
-                                record_return(&mut queue, returned);
-                                true
-                            }
-                            Confirmation::Nack(returned) => {
-                                record_return(&mut queue, returned);
-                                false
-                            }
-                            Confirmation::NotRequested => {
-                                return Err(RelayError::Task("publisher confirms are not enabled".into()));
-                            }
-                        };
                         front_since = Instant::now();
-                        match queue.settle_front(acked) {
-                            Some(Ok((message_id, _))) if stuck.as_deref() == Some(message_id.as_str()) => {
+                        let settled = settle_front(&mut queue, confirmation).inspect_err(|e| {
+                            match e {
+                                RelayError::Nacked { .. } => metrics.nacked.increment(1),
+                                RelayError::Returned { .. } => metrics.returned.increment(1),
+                                _ => {}
+                            }
+                        })?;
+                        if let Some((message_id, in_flight)) = settled {
+                            metrics.confirmed.increment(1);
+                            metrics.observe_commit_to_confirm(pg_timestamp(in_flight.commit_time));
+                            if stuck.as_deref() == Some(message_id.as_str()) {
                                 tracing::info!(%message_id, "stuck message delivered; full window again");
                                 window.add_permits(full_window.saturating_sub(1));
                                 *stuck = None;
+                                health.set_stuck(None);
                             }
-                            Some(Ok(_)) => {}
-                            Some(Err(failure)) => return Err(failure_error(failure)),
-                            None => {}
                         }
                     }
 
@@ -433,7 +494,7 @@ impl Tracker<'_> {
                             }
                             queue.push_publish(message_id, pending);
                         }
-                        Some(Item::AckPoint(lsn)) => queue.push_ack_point(lsn),
+                        Some(Item::AckPoint(lsn, mark)) => queue.push_ack_point(lsn, mark),
                         None => items_open = false,
                     },
 
@@ -449,6 +510,13 @@ impl Tracker<'_> {
                         // the broker's choice, not a lost confirm.
                         blocked_open = changed.is_ok();
                         front_since = Instant::now();
+                        health.set_broker_blocked(*blocked.borrow());
+                    }
+
+                    _ = sleep_until_some(silence_deadline), if silence_deadline.is_some() => {
+                        return Err(RelayError::StreamSilent {
+                            seconds: silence_limit.unwrap_or_default().as_secs(),
+                        });
                     }
 
                     forwarded = async {
@@ -456,7 +524,10 @@ impl Tracker<'_> {
                         Some((permit, client.recv().await))
                     }, if reading => match forwarded {
                         None => reading = false,
-                        Some((permit, Ok(Some(event)))) => permit.send(event),
+                        Some((permit, Ok(Some(event)))) => {
+                            waiting_since = None;
+                            permit.send(event);
+                        }
                         Some((_, Ok(None))) => return Err(RelayError::StreamEnded),
                         Some((_, Err(e))) => return Err(stream_error(e, names)),
                     },
@@ -470,6 +541,7 @@ impl Tracker<'_> {
             outcome,
             Err(RelayError::Replication(_)
                 | RelayError::StreamEnded
+                | RelayError::StreamSilent { .. }
                 | RelayError::SlotInUse { .. }
                 | RelayError::SlotLost { .. }
                 | RelayError::SlotMissing { .. }
@@ -494,7 +566,12 @@ impl Tracker<'_> {
                 tracing::warn!(%target, "acknowledged position not confirmed sent; a restart may replay a little");
             }
         }
-        client.stop();
+        if stream_alive {
+            client.stop();
+        } else {
+            // The worker may sit on a dead socket: do not wait for it.
+            client.abort();
+        }
         if outcome.is_ok() {
             tracing::info!(acknowledged = %target, "session stopped");
             let _ = tokio::time::timeout(FINAL_FEEDBACK_TIMEOUT, client.shutdown()).await;
@@ -503,42 +580,18 @@ impl Tracker<'_> {
     }
 }
 
-fn record_return<P>(
-    queue: &mut ConfirmQueue<P>,
-    returned: Option<lapin::message::BasicReturnMessage>,
-) {
-    let Some(returned) = returned else {
-        return;
-    };
-    let properties = &returned.delivery.properties;
-    let message_id = properties
-        .message_id()
-        .as_ref()
-        .map(|id| id.as_str().to_string())
-        .unwrap_or_default();
-    queue.record_return(
-        message_id,
-        crate::publish::queue::Returned {
-            exchange: returned.delivery.exchange.as_str().to_string(),
-            routing_key: returned.delivery.routing_key.as_str().to_string(),
-            reply_code: returned.reply_code,
-            reply_text: returned.reply_text.as_str().to_string(),
-        },
-    );
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
 }
 
-fn failure_error(failure: Failure) -> RelayError {
-    match failure {
-        Failure::Nacked { message_id } => RelayError::Nacked { message_id },
-        Failure::Returned {
-            message_id,
-            returned,
-        } => RelayError::Returned {
-            message_id,
-            exchange: returned.exchange,
-            routing_key: returned.routing_key,
-            reply_code: returned.reply_code,
-            reply_text: returned.reply_text,
-        },
+/// Aborts a session-scoped task when the session ends, however it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

@@ -21,6 +21,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod amqp;
+pub mod faults;
 pub mod outbox;
 pub mod pg;
 pub mod proxy;

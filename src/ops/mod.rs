@@ -1,0 +1,16 @@
+//! The operator's commands besides `setup`, `run` and `poll`: `status` (a probe of the slot and
+//! the backlog), `teardown` (drop the slot and the publication) and `resync` (re-publish rows
+//! from the table for what no slot will deliver). docs/operations.md says when to use which.
+
+pub mod resync;
+pub mod status;
+pub mod teardown;
+
+use crate::config::OutboxNames;
+use crate::db::quote_ident;
+
+/// `"schema"."table"` for SQL text.
+fn qualified_table(names: &OutboxNames) -> String {
+    let (schema, table) = names.table_parts();
+    format!("{}.{}", quote_ident(schema), quote_ident(table))
+}

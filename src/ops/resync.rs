@@ -1,0 +1,412 @@
+//! `outbox-relay resync --since <time>`: re-publishes rows from the table.
+//!
+//! For the rows no slot will ever deliver: those inserted before the slot existed, and those
+//! committed while a lost slot could not decode them (docs/operations.md, "Recovering from a
+//! lost slot"). Rows still in the table with `created_at >= since` are published again in
+//! `created_at` order (rows of one transaction share a created_at; they go in id order), with
+//! the same message id as before, so consumers that deduplicate on `message_id` drop what they
+//! already have. Rows the cleanup job already deleted are gone: resync can only reach back as
+//! far as `--retention`.
+//!
+//! Rows are read from one snapshot (a read-only repeatable-read transaction) through a
+//! portal, a batch at a time, mapped by the same mapper as the stream (values as text under
+//! the same session settings), published pipelined, and each batch's confirms awaited in
+//! order before the next batch is read. Any nack, return or missing confirm stops the command
+//! with the message named; what was confirmed before it is printed, and running the command
+//! again publishes from `since` again.
+
+use std::time::Duration;
+
+use lapin::{Confirmation, PublisherConfirm};
+use pgwire_replication::Lsn;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_postgres::{Client, IsolationLevel};
+
+use crate::config::{OutboxNames, ResyncArgs};
+use crate::db::{self, quote_ident};
+use crate::error::RelayError;
+use crate::mapper::{columns, text_tuple, Layout, Mapper};
+use crate::pgoutput::{Column, Relation};
+// The text shapes the mapper parses, as polling mode pins them.
+use crate::poll::table::SESSION_SETTINGS;
+use crate::publish::queue::{ConfirmQueue, Failure, Returned};
+use crate::publish::Broker;
+
+use super::qualified_table;
+
+/// Rows read, mapped and published per round trip.
+const BATCH: i32 = 1000;
+
+/// The contract columns resync reads when the table has them (DESIGN.md section 2).
+const READ: [&str; 9] = [
+    columns::ID,
+    columns::EVENT_TYPE,
+    columns::PAYLOAD,
+    columns::HEADERS,
+    columns::CREATED_AT,
+    columns::EXCHANGE,
+    columns::ROUTING_KEY,
+    columns::AGGREGATE_TYPE,
+    columns::AGGREGATE_ID,
+];
+
+pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
+    check_rfc3339(&args.since).map_err(RelayError::Config)?;
+    let names = &args.names;
+    let mapper =
+        Mapper::new(&names.exchange, args.delivery.max_message_size).map_err(RelayError::Config)?;
+    let mut client = db::connect(&args.connections.database_url()?).await?;
+    client.batch_execute(SESSION_SETTINGS).await?;
+    let (relation, layout) = describe(&client, names).await?;
+    let broker = Broker::connect(&args.connections.amqp_url()?).await?;
+    broker.declare_exchange(&names.exchange, true).await?;
+
+    let transaction = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
+    let statement = transaction.prepare(&select_sql(names, &relation)).await?;
+    let portal = transaction.bind(&statement, &[&args.since]).await?;
+    let mut published: u64 = 0;
+    let mut first: Option<String> = None;
+    let mut last: Option<String> = None;
+    let created_index = relation
+        .column_index(columns::CREATED_AT)
+        .unwrap_or_default();
+    loop {
+        let rows = transaction.query_portal(&portal, BATCH).await?;
+        if rows.is_empty() {
+            break;
+        }
+        // Map the whole batch first: a row that cannot be mapped stops resync naming it,
+        // with nothing of its batch published.
+        let mut messages = Vec::with_capacity(rows.len());
+        for row in &rows {
+            messages.push(mapper.map(&layout, &text_tuple(row)?, None)?);
+        }
+        let mut queue = ConfirmQueue::new(Lsn::ZERO);
+        for message in messages {
+            let message_id = message.message_id.clone();
+            let confirm = broker.publish(message).await?;
+            queue.push_publish(message_id, confirm);
+        }
+        let confirmed = await_confirms(
+            &mut queue,
+            broker.blocked(),
+            args.delivery.confirm_timeout(),
+        )
+        .await;
+        if let Err(e) = confirmed {
+            println!("resync stopped after {published} confirmed messages");
+            broker.close().await;
+            return Err(e);
+        }
+        published += rows.len() as u64;
+        first = first.or_else(|| {
+            rows.first()
+                .and_then(|r| r.get::<_, Option<String>>(created_index))
+        });
+        last = rows
+            .last()
+            .and_then(|r| r.get::<_, Option<String>>(created_index));
+        if rows.len() < BATCH as usize {
+            break;
+        }
+    }
+    transaction.commit().await?;
+    broker.close().await;
+    match (first, last) {
+        (Some(first), Some(last)) => println!(
+            "resync: published {published} messages (created_at from {first} to {last}), each \
+             confirmed by the broker"
+        ),
+        _ => println!(
+            "resync: published {published} messages (no row has created_at >= {})",
+            args.since
+        ),
+    }
+    Ok(())
+}
+
+/// The outbox table's contract columns with their type OIDs, as a Relation the mapper
+/// understands (so jsonb stays JSON and bytea is decoded from hex).
+async fn describe(client: &Client, names: &OutboxNames) -> Result<(Relation, Layout), RelayError> {
+    let (schema, table) = names.table_parts();
+    let rows = client
+        .query(
+            "SELECT a.attname::text, a.atttypid \
+             FROM pg_catalog.pg_attribute a \
+             JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p') \
+               AND a.attnum > 0 AND NOT a.attisdropped \
+             ORDER BY a.attnum",
+            &[&schema, &table],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Err(RelayError::TableMissing {
+            table: names.table.clone(),
+        });
+    }
+    let columns: Vec<Column> = rows
+        .iter()
+        .map(|row| (row.get::<_, String>(0), row.get::<_, u32>(1)))
+        .filter(|(name, _)| READ.contains(&name.as_str()))
+        .map(|(name, type_oid)| Column {
+            flags: 0,
+            name,
+            type_oid,
+            type_modifier: -1,
+        })
+        .collect();
+    if !columns.iter().any(|c| c.name == columns::CREATED_AT) {
+        return Err(RelayError::Config(format!(
+            "The outbox table {} has no column \"created_at\": resync selects rows by it",
+            names.table
+        )));
+    }
+    let relation = Relation {
+        oid: 0,
+        namespace: schema.to_string(),
+        name: table.to_string(),
+        replica_identity: b'd',
+        columns,
+    };
+    let layout = Layout::for_relation(&relation)?;
+    Ok((relation, layout))
+}
+
+/// Every contract column as text, rows from `$1` (RFC 3339 text) on, in created_at order.
+/// The ORDER BY names the table's columns: a bare `created_at` would sort the text output.
+fn select_sql(names: &OutboxNames, relation: &Relation) -> String {
+    let table = qualified_table(names);
+    let select: Vec<String> = relation
+        .columns
+        .iter()
+        .map(|c| format!("{}::text", quote_ident(&c.name)))
+        .collect();
+    let created = quote_ident(columns::CREATED_AT);
+    let id = quote_ident(columns::ID);
+    format!(
+        "SELECT {} FROM {table} WHERE {table}.{created} >= $1::text::timestamptz \
+         ORDER BY {table}.{created}, {table}.{id}",
+        select.join(", ")
+    )
+}
+
+/// Accepts an RFC 3339 date-time (`2024-05-01T12:00:00Z`, `…12:00:00.250+02:00`; a space
+/// may stand for the `T`). An offset is required, so the time means one instant whatever
+/// the server's time zone; PostgreSQL then parses it exactly.
+pub fn check_rfc3339(text: &str) -> Result<(), String> {
+    let error = || {
+        format!(
+            "--since {text:?} is not an RFC 3339 time such as 2024-05-01T12:00:00Z or \
+             2024-05-01T14:00:00.5+02:00 (a UTC offset is required)"
+        )
+    };
+    let bytes = text.as_bytes();
+    let digits = |range: std::ops::Range<usize>| {
+        bytes
+            .get(range)
+            .is_some_and(|b| b.iter().all(u8::is_ascii_digit))
+    };
+    let number = |range: std::ops::Range<usize>| -> u32 {
+        text.get(range)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(u32::MAX)
+    };
+    let fixed = digits(0..4)
+        && bytes.get(4) == Some(&b'-')
+        && digits(5..7)
+        && bytes.get(7) == Some(&b'-')
+        && digits(8..10)
+        && matches!(bytes.get(10), Some(b'T' | b't' | b' '))
+        && digits(11..13)
+        && bytes.get(13) == Some(&b':')
+        && digits(14..16)
+        && bytes.get(16) == Some(&b':')
+        && digits(17..19);
+    if !fixed
+        || !(1..=12).contains(&number(5..7))
+        || !(1..=31).contains(&number(8..10))
+        || number(11..13) > 23
+        || number(14..16) > 59
+        || number(17..19) > 60
+    {
+        return Err(error());
+    }
+    let mut rest = &text[19..];
+    if let Some(fraction) = rest.strip_prefix('.') {
+        let end = fraction
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(fraction.len());
+        if end == 0 {
+            return Err(error());
+        }
+        rest = &fraction[end..];
+    }
+    let offset_ok = match rest.as_bytes() {
+        [b'Z' | b'z'] => true,
+        [b'+' | b'-', h1, h2, b':', m1, m2] => {
+            [h1, h2, m1, m2].iter().all(|b| b.is_ascii_digit())
+                && number_of(&[*h1, *h2]) <= 23
+                && number_of(&[*m1, *m2]) <= 59
+        }
+        _ => false,
+    };
+    if offset_ok {
+        Ok(())
+    } else {
+        Err(error())
+    }
+}
+
+fn number_of(two: &[u8; 2]) -> u32 {
+    u32::from(two[0] - b'0') * 10 + u32::from(two[1] - b'0')
+}
+
+// The confirm wait below is the one polling mode's worker has (src/poll/worker.rs); both
+// belong next to `ConfirmQueue` in `publish/` once the modes share them.
+
+/// Awaits the confirms of a batch in publish order. Any nack, any return (matched to its
+/// publish by message id, whichever confirm carried it), a closed channel or a confirm that
+/// does not come within `timeout` (paused while the broker blocks publishers) fails it.
+async fn await_confirms(
+    queue: &mut ConfirmQueue<PublisherConfirm>,
+    mut blocked: watch::Receiver<bool>,
+    timeout: Duration,
+) -> Result<(), RelayError> {
+    let mut blocked_open = true;
+    let mut front_since = Instant::now();
+    while queue.front_mut().is_some() {
+        let timing = !*blocked.borrow();
+        let deadline = front_since + timeout;
+        tokio::select! {
+            biased;
+            confirmation = async {
+                match queue.front_mut() {
+                    Some(confirm) => confirm.await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let (acked, returned) = match confirmation? {
+                    Confirmation::Ack(returned) => (true, returned),
+                    Confirmation::Nack(returned) => (false, returned),
+                    Confirmation::NotRequested => {
+                        return Err(RelayError::Task("publisher confirms are not enabled".into()));
+                    }
+                };
+                if let Some(returned) = returned {
+                    let message_id = returned
+                        .delivery
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .map(|id| id.as_str().to_string())
+                        .unwrap_or_default();
+                    queue.record_return(
+                        message_id,
+                        Returned {
+                            exchange: returned.delivery.exchange.as_str().to_string(),
+                            routing_key: returned.delivery.routing_key.as_str().to_string(),
+                            reply_code: returned.reply_code,
+                            reply_text: returned.reply_text.as_str().to_string(),
+                        },
+                    );
+                }
+                front_since = Instant::now();
+                match queue.settle_front(acked) {
+                    Some(Err(Failure::Nacked { message_id })) => {
+                        return Err(RelayError::Nacked { message_id });
+                    }
+                    Some(Err(Failure::Returned { message_id, returned })) => {
+                        return Err(RelayError::Returned {
+                            message_id,
+                            exchange: returned.exchange,
+                            routing_key: returned.routing_key,
+                            reply_code: returned.reply_code,
+                            reply_text: returned.reply_text,
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            changed = blocked.changed(), if blocked_open => {
+                blocked_open = changed.is_ok();
+                front_since = Instant::now();
+            }
+            () = tokio::time::sleep_until(deadline), if timing => {
+                return Err(RelayError::ConfirmTimeout {
+                    message_id: queue.front_message_id().unwrap_or_default().to_string(),
+                    seconds: timeout.as_secs(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_times_are_checked() {
+        for good in [
+            "2024-05-01T12:00:00Z",
+            "2024-05-01t12:00:00z",
+            "2024-05-01 12:00:00+02:00",
+            "2024-05-01T12:00:00.123456-07:30",
+        ] {
+            assert_eq!(check_rfc3339(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "2024-05-01",
+            "2024-05-01T12:00:00",
+            "yesterday",
+            "2024-13-01T12:00:00Z",
+            "2024-05-01T12:00:00.Z",
+            "2024-05-01T12:00:00+0200",
+            "2024-05-01T25:00:00Z",
+        ] {
+            assert!(check_rfc3339(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn select_orders_by_the_table_columns() {
+        let names = OutboxNames {
+            table: "outbox".into(),
+            publication: String::new(),
+            slot: String::new(),
+            exchange: String::new(),
+        };
+        let relation = Relation {
+            oid: 0,
+            namespace: "public".into(),
+            name: "outbox".into(),
+            replica_identity: b'd',
+            columns: [columns::ID, columns::EVENT_TYPE, columns::CREATED_AT]
+                .iter()
+                .map(|name| Column {
+                    flags: 0,
+                    name: name.to_string(),
+                    type_oid: 25,
+                    type_modifier: -1,
+                })
+                .collect(),
+        };
+        let sql = select_sql(&names, &relation);
+        assert_eq!(
+            sql,
+            "SELECT \"id\"::text, \"event_type\"::text, \"created_at\"::text FROM \
+             \"public\".\"outbox\" WHERE \"public\".\"outbox\".\"created_at\" >= \
+             $1::text::timestamptz ORDER BY \"public\".\"outbox\".\"created_at\", \
+             \"public\".\"outbox\".\"id\""
+        );
+    }
+}

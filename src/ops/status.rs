@@ -1,0 +1,369 @@
+//! `outbox-relay status`: what an operator asks first. Is the slot there, is someone reading
+//! it, how far behind is it, how much WAL does it hold on the primary, how close is it to
+//! being invalidated, how many rows wait in the table, and is the relay stuck on a message.
+//!
+//! Everything but the stuck message comes from PostgreSQL. Which message the relay is stuck
+//! on is state of a running relay, not of the database: it is read from that relay's
+//! `/readyz` at `--metrics-addr`, and reported as unknown when no relay answers there.
+//!
+//! Exit code 2 when the slot is missing or lost, so that the command serves as a probe.
+
+use std::net::SocketAddr;
+
+use serde::Serialize;
+use tokio_postgres::Client;
+
+use crate::config::StatusArgs;
+use crate::db::{self, quote_ident};
+use crate::error::{chain, RelayError};
+use crate::mapper::columns;
+use crate::observability::{http_get, read_slot, SlotReport};
+
+use super::qualified_table;
+
+/// The probe's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// The slot exists and is not lost.
+    Healthy,
+    /// The slot is missing or lost: exit code 2.
+    SlotProblem,
+}
+
+/// Everything `status` reports; `--json` prints it as is.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub slot: String,
+    /// `ok`, `missing` or `lost`.
+    pub slot_state: &'static str,
+    pub active_pid: Option<i32>,
+    pub lag_bytes: Option<i64>,
+    pub retained_wal_bytes: Option<i64>,
+    pub wal_status: Option<String>,
+    /// `null` while max_slot_wal_keep_size is unlimited.
+    pub safe_wal_size_bytes: Option<i64>,
+    pub confirmed_flush_lsn: Option<String>,
+    pub restart_lsn: Option<String>,
+    pub current_wal_lsn: Option<String>,
+    pub table: String,
+    pub outbox_rows: Option<i64>,
+    pub oldest_row_age_seconds: Option<f64>,
+    /// Why the table could not be read, if it could not.
+    pub table_error: Option<String>,
+    /// The address whose `/readyz` was asked.
+    pub relay_addr: Option<String>,
+    /// The running relay's `/readyz` line (`ready`, `standby`, `stuck message …`), `null`
+    /// when no relay answered.
+    pub relay_readiness: Option<String>,
+    /// Whether the stuck message is known: only a running relay knows it.
+    pub stuck_message_known: bool,
+    pub stuck_message_id: Option<String>,
+}
+
+impl Status {
+    pub fn probe(&self) -> Probe {
+        if self.slot_state == "ok" {
+            Probe::Healthy
+        } else {
+            Probe::SlotProblem
+        }
+    }
+}
+
+pub async fn run(args: StatusArgs) -> Result<Probe, RelayError> {
+    let client = db::connect(&args.connections.database_url()?).await?;
+    let status = gather(&client, &args).await?;
+    if args.json {
+        let text = serde_json::to_string_pretty(&status)
+            .map_err(|e| RelayError::Task(format!("cannot render the status as JSON: {e}")))?;
+        println!("{text}");
+    } else {
+        print!("{}", render(&status));
+    }
+    Ok(status.probe())
+}
+
+/// Reads the slot, the table and the running relay's readiness.
+pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayError> {
+    let names = &args.names;
+    let report = read_slot(client, &names.slot).await?;
+    let slot_state = match &report {
+        None => "missing",
+        Some(report) if report.is_lost() => "lost",
+        Some(_) => "ok",
+    };
+    let (outbox_rows, oldest_row_age_seconds, table_error) = match backlog(client, args).await {
+        Ok((rows, age)) => (Some(rows), age, None),
+        Err(e) => (None, None, Some(chain(&e))),
+    };
+    let addr: Option<SocketAddr> = args.metrics_addr.0;
+    let readiness = match addr {
+        Some(addr) => match http_get(addr, "/readyz").await {
+            Ok((_, body)) => Some(body.trim().to_string()),
+            Err(_) => None,
+        },
+        None => None,
+    };
+    let stuck_message_id = readiness
+        .as_deref()
+        .and_then(|line| line.strip_prefix("stuck message "))
+        .map(str::to_string);
+    let SlotReport {
+        active_pid,
+        wal_status,
+        safe_wal_size_bytes,
+        confirmed_flush_lsn,
+        restart_lsn,
+        lag_bytes,
+        retained_wal_bytes,
+        current_wal_lsn,
+        ..
+    } = report.unwrap_or_else(|| SlotReport {
+        slot: names.slot.clone(),
+        plugin: None,
+        active_pid: None,
+        wal_status: None,
+        safe_wal_size_bytes: None,
+        confirmed_flush_lsn: None,
+        restart_lsn: None,
+        lag_bytes: None,
+        retained_wal_bytes: None,
+        current_wal_lsn: String::new(),
+    });
+    Ok(Status {
+        slot: names.slot.clone(),
+        slot_state,
+        active_pid,
+        lag_bytes,
+        retained_wal_bytes,
+        wal_status,
+        safe_wal_size_bytes,
+        confirmed_flush_lsn,
+        restart_lsn,
+        current_wal_lsn: (!current_wal_lsn.is_empty()).then_some(current_wal_lsn),
+        table: names.table.clone(),
+        outbox_rows,
+        oldest_row_age_seconds,
+        table_error,
+        relay_addr: addr.map(|a| a.to_string()),
+        stuck_message_known: readiness.is_some(),
+        relay_readiness: readiness,
+        stuck_message_id,
+    })
+}
+
+/// Rows in the table and the age of the oldest (min(created_at) reads the index).
+async fn backlog(client: &Client, args: &StatusArgs) -> Result<(i64, Option<f64>), RelayError> {
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT count(*), extract(epoch FROM now() - min({}))::float8 FROM {}",
+                quote_ident(columns::CREATED_AT),
+                qualified_table(&args.names)
+            ),
+            &[],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// The human table.
+pub fn render(status: &Status) -> String {
+    let mut lines: Vec<(&str, String)> = Vec::new();
+    let bytes = |value: Option<i64>| match value {
+        Some(v) => human_bytes(v),
+        None => "unknown".into(),
+    };
+    let slot_line = match status.slot_state {
+        "missing" => format!(
+            "{} MISSING: run `outbox-relay setup`; rows inserted while no slot existed need \
+             `outbox-relay resync --since <time>`",
+            status.slot
+        ),
+        "lost" => format!(
+            "{} LOST (invalidated by max_slot_wal_keep_size): messages may be missing. Recover \
+             with teardown, setup and resync --since (docs/operations.md)",
+            status.slot
+        ),
+        _ => status.slot.clone(),
+    };
+    lines.push(("slot", slot_line));
+    if status.slot_state != "missing" {
+        lines.push((
+            "active pid",
+            status
+                .active_pid
+                .map(|pid| pid.to_string())
+                .unwrap_or_else(|| "none (no relay is streaming)".into()),
+        ));
+        lines.push(("lag", bytes(status.lag_bytes)));
+        lines.push(("retained WAL", bytes(status.retained_wal_bytes)));
+        lines.push((
+            "wal_status",
+            status
+                .wal_status
+                .clone()
+                .unwrap_or_else(|| "unknown".into()),
+        ));
+        lines.push((
+            "safe_wal_size",
+            match status.safe_wal_size_bytes {
+                Some(v) => human_bytes(v),
+                None => "unlimited (max_slot_wal_keep_size = -1)".into(),
+            },
+        ));
+        lines.push((
+            "confirmed_flush_lsn",
+            status.confirmed_flush_lsn.clone().unwrap_or_default(),
+        ));
+        lines.push((
+            "restart_lsn",
+            status.restart_lsn.clone().unwrap_or_default(),
+        ));
+    }
+    match (&status.outbox_rows, &status.table_error) {
+        (Some(rows), _) => {
+            lines.push(("outbox rows", format!("{rows} in {}", status.table)));
+            lines.push((
+                "oldest row age",
+                status
+                    .oldest_row_age_seconds
+                    .map(human_age)
+                    .unwrap_or_else(|| "no rows".into()),
+            ));
+        }
+        (None, error) => lines.push((
+            "outbox rows",
+            format!(
+                "unknown: {}",
+                error.as_deref().unwrap_or("the table could not be read")
+            ),
+        )),
+    }
+    let addr = status.relay_addr.as_deref().unwrap_or("off");
+    match &status.relay_readiness {
+        Some(readiness) => {
+            lines.push(("relay", format!("{readiness} (/readyz at {addr})")));
+            lines.push((
+                "stuck message",
+                status
+                    .stuck_message_id
+                    .clone()
+                    .unwrap_or_else(|| "none".into()),
+            ));
+        }
+        None => {
+            lines.push(("relay", format!("no answer at {addr} (--metrics-addr)")));
+            lines.push((
+                "stuck message",
+                "unknown (only a running relay knows it)".into(),
+            ));
+        }
+    }
+    let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    lines
+        .iter()
+        .map(|(key, value)| format!("{key:<width$}  {value}\n"))
+        .collect()
+}
+
+fn human_bytes(value: i64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if value.unsigned_abs() < 1024 {
+        return format!("{value} bytes");
+    }
+    let mut scaled = value as f64;
+    let mut unit = "bytes";
+    for next in UNITS {
+        if scaled.abs() < 1024.0 {
+            break;
+        }
+        scaled /= 1024.0;
+        unit = next;
+    }
+    format!("{scaled:.1} {unit} ({value} bytes)")
+}
+
+fn human_age(seconds: f64) -> String {
+    let total = seconds.max(0.0).round() as u64;
+    let (days, rest) = (total / 86_400, total % 86_400);
+    let (hours, rest) = (rest / 3_600, rest % 3_600);
+    let (minutes, seconds) = (rest / 60, rest % 60);
+    match (days, hours, minutes) {
+        (0, 0, 0) => format!("{seconds}s"),
+        (0, 0, _) => format!("{minutes}m {seconds}s"),
+        (0, _, _) => format!("{hours}h {minutes}m"),
+        _ => format!("{days}d {hours}h"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status() -> Status {
+        Status {
+            slot: "outbox_slot".into(),
+            slot_state: "ok",
+            active_pid: Some(4242),
+            lag_bytes: Some(3 * 1024 * 1024),
+            retained_wal_bytes: Some(100),
+            wal_status: Some("reserved".into()),
+            safe_wal_size_bytes: None,
+            confirmed_flush_lsn: Some("0/16B3748".into()),
+            restart_lsn: Some("0/16B3710".into()),
+            current_wal_lsn: Some("0/16B3800".into()),
+            table: "outbox".into(),
+            outbox_rows: Some(12),
+            oldest_row_age_seconds: Some(192.4),
+            table_error: None,
+            relay_addr: Some("127.0.0.1:9187".into()),
+            relay_readiness: Some("stuck message 0f9c".into()),
+            stuck_message_known: true,
+            stuck_message_id: Some("0f9c".into()),
+        }
+    }
+
+    #[test]
+    fn table_shows_every_field() {
+        let text = render(&status());
+        for expected in [
+            "slot                 outbox_slot\n",
+            "active pid           4242\n",
+            "lag                  3.0 MiB (3145728 bytes)\n",
+            "retained WAL         100 bytes\n",
+            "wal_status           reserved\n",
+            "safe_wal_size        unlimited",
+            "confirmed_flush_lsn  0/16B3748\n",
+            "restart_lsn          0/16B3710\n",
+            "outbox rows          12 in outbox\n",
+            "oldest row age       3m 12s\n",
+            "stuck message        0f9c\n",
+        ] {
+            assert!(text.contains(expected), "{expected:?} missing in:\n{text}");
+        }
+        assert_eq!(status().probe(), Probe::Healthy);
+    }
+
+    #[test]
+    fn missing_slot_is_a_probe_failure_and_says_what_to_do() {
+        let mut s = status();
+        s.slot_state = "missing";
+        s.relay_readiness = None;
+        s.stuck_message_known = false;
+        assert_eq!(s.probe(), Probe::SlotProblem);
+        let text = render(&s);
+        assert!(text.contains("MISSING: run `outbox-relay setup`"), "{text}");
+        assert!(
+            text.contains("unknown (only a running relay knows it)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn ages_read_naturally() {
+        assert_eq!(human_age(5.2), "5s");
+        assert_eq!(human_age(3_700.0), "1h 1m");
+        assert_eq!(human_age(90_000.0), "1d 1h");
+    }
+}

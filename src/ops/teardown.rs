@@ -1,0 +1,117 @@
+//! `outbox-relay teardown --yes`: drops the slot, then the publication.
+//!
+//! A slot nobody reads is the classic way a logical replication consumer takes a primary
+//! down: it pins every WAL segment written since its confirmed position until the disk fills
+//! (or `max_slot_wal_keep_size` invalidates it). A relay that is retired for good must
+//! therefore take its slot with it. The reverse danger is dropping a slot that is still
+//! needed: rows committed from then on reach no slot. Hence `--yes`, and a refusal while a
+//! process streams from the slot.
+//!
+//! The slot goes first: it is what pins WAL, and a role may be allowed to drop it (every
+//! REPLICATION role may) but not the publication (only its owner may). The table and the
+//! exchange stay: they hold the application's data and other consumers' bindings.
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::Client;
+
+use crate::config::TeardownArgs;
+use crate::db::{self, quote_ident};
+use crate::error::RelayError;
+use crate::observability::read_slot;
+
+pub async fn run(args: TeardownArgs) -> Result<(), RelayError> {
+    let names = &args.names;
+    if !args.yes {
+        return Err(RelayError::Config(format!(
+            "Teardown drops the replication slot \"{}\" and the publication \"{}\": rows \
+             committed afterwards reach no slot (only `outbox-relay resync --since` can publish \
+             them later). Do drop a slot you no longer use, though: an abandoned slot pins WAL \
+             on the primary until it is dropped, and can fill its disk. Run again with --yes \
+             to drop both",
+            names.slot, names.publication
+        )));
+    }
+    let client = db::connect(&args.connections.database_url()?).await?;
+    let slot_note = drop_slot(&client, &names.slot).await?;
+    drop_publication(&client, &names.publication, &slot_note).await?;
+    println!(
+        "teardown complete; left in place: the table {} and the exchange {}",
+        names.table, names.exchange
+    );
+    Ok(())
+}
+
+/// Drops the slot unless a process streams from it. Returns a sentence saying what happened.
+async fn drop_slot(client: &Client, slot: &str) -> Result<String, RelayError> {
+    let Some(report) = read_slot(client, slot).await? else {
+        println!("slot {slot}: does not exist");
+        return Ok(format!("The slot \"{slot}\" did not exist."));
+    };
+    if let Some(pid) = report.active_pid {
+        return Err(RelayError::SlotActive {
+            slot: slot.to_string(),
+            pid: pid.to_string(),
+        });
+    }
+    match client
+        .execute("SELECT pg_catalog.pg_drop_replication_slot($1)", &[&slot])
+        .await
+    {
+        Ok(_) => {
+            println!("slot {slot}: dropped (the WAL it held can be recycled)");
+            Ok(format!("The slot \"{slot}\" was dropped."))
+        }
+        // A relay started between the check and the drop.
+        Err(e) if e.code() == Some(&SqlState::OBJECT_IN_USE) => Err(RelayError::SlotActive {
+            slot: slot.to_string(),
+            pid: e
+                .as_db_error()
+                .and_then(|db| db.message().split("PID ").nth(1).map(str::to_string))
+                .unwrap_or_else(|| "unknown".into()),
+        }),
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {
+            println!("slot {slot}: does not exist");
+            Ok(format!("The slot \"{slot}\" did not exist."))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn drop_publication(
+    client: &Client,
+    publication: &str,
+    slot_note: &str,
+) -> Result<(), RelayError> {
+    let owner: Option<String> = client
+        .query_opt(
+            "SELECT pg_catalog.pg_get_userbyid(pubowner)::text FROM pg_catalog.pg_publication \
+             WHERE pubname = $1",
+            &[&publication],
+        )
+        .await?
+        .map(|row| row.get(0));
+    let Some(owner) = owner else {
+        println!("publication {publication}: does not exist");
+        return Ok(());
+    };
+    let dropped = client
+        .batch_execute(&format!(
+            "DROP PUBLICATION IF EXISTS {}",
+            quote_ident(publication)
+        ))
+        .await;
+    match dropped {
+        Ok(()) => {
+            println!("publication {publication}: dropped");
+            Ok(())
+        }
+        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+            Err(RelayError::PublicationNotOwned {
+                publication: publication.to_string(),
+                owner,
+                slot_note: slot_note.to_string(),
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,59 @@
+//! Polling mode's cleanup: deletes rows published longer ago than the retention, in small
+//! batches (short lock times), oldest first through the created_at index. Unpublished rows
+//! are never deleted, however old: they are the evidence of a stuck message.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::db;
+use crate::error::{chain, RelayError};
+
+use super::table::OutboxTable;
+use super::worker::bounded;
+use super::Shared;
+
+/// Runs a cleanup round every `interval` until `shutdown`; a failed round is logged and the
+/// next one tries again (cleanup never stops the relay).
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    interval: Duration,
+    retention: Duration,
+    batch: u32,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        match round(&shared, retention, batch, &shutdown).await {
+            Ok(0) => tracing::debug!("cleanup: nothing to delete"),
+            Ok(deleted) => tracing::info!(deleted, "cleanup deleted published rows"),
+            Err(e) => tracing::warn!(error = %chain(&e), "cleanup failed; retrying next interval"),
+        }
+    }
+}
+
+async fn round(
+    shared: &Shared,
+    retention: Duration,
+    batch: u32,
+    shutdown: &CancellationToken,
+) -> Result<u64, RelayError> {
+    let client = bounded(db::connect(&shared.database_url)).await?;
+    let table = bounded(OutboxTable::discover(&client, &shared.names)).await?;
+    let delete = bounded(client.prepare(&table.cleanup_sql(batch))).await?;
+    let seconds = retention.as_secs_f64();
+    let mut total = 0;
+    loop {
+        let deleted = bounded(client.execute(&delete, &[&seconds])).await?;
+        total += deleted;
+        shared.stats.deleted.fetch_add(deleted, Ordering::Relaxed);
+        if deleted < u64::from(batch) || shutdown.is_cancelled() {
+            return Ok(total);
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! `--listen`: one dedicated connection LISTENs and wakes an idle worker per notification.
+//!
+//! Notifications are a latency hint, never the source of truth: one sent while this
+//! connection was down is lost, so workers keep their fallback poll, and after every
+//! (re)connect the listener wakes the idle workers once to pick up what it may have missed.
+//! The application sends `NOTIFY` after its commit (docs/polling.md explains why not from a
+//! trigger inside the transaction).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::task::JoinHandle;
+use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::db::{self, quote_ident};
+use crate::error::{chain, RelayError};
+
+use super::Shared;
+
+/// Listens until `shutdown`, reconnecting with backoff; never stops the relay.
+pub(crate) async fn run(shared: Arc<Shared>, channel: String, shutdown: CancellationToken) {
+    let mut backoff = Backoff::new(Duration::from_millis(500), shared.delivery.max_backoff());
+    loop {
+        let error = tokio::select! {
+            () = shutdown.cancelled() => return,
+            ended = listen(&shared, &channel, &mut backoff) => ended,
+        };
+        let delay = backoff.next_delay();
+        tracing::warn!(
+            error = %chain(&error),
+            retry_in_ms = delay.as_millis() as u64,
+            "notification connection lost; workers fall back to polling until it is back"
+        );
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// One LISTEN connection, until it fails.
+async fn listen(shared: &Arc<Shared>, channel: &str, backoff: &mut Backoff) -> RelayError {
+    match listen_inner(shared, channel, backoff).await {
+        Ok(()) => RelayError::Task("the notification connection ended".into()),
+        Err(e) => e,
+    }
+}
+
+async fn listen_inner(
+    shared: &Arc<Shared>,
+    channel: &str,
+    backoff: &mut Backoff,
+) -> Result<(), RelayError> {
+    let mut config = db::parse_url(&shared.database_url)?;
+    config.application_name(db::APPLICATION_NAME);
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    let (client, mut connection) = config.connect(NoTls).await?;
+    let wake = Arc::clone(shared);
+    let mut driver = AbortOnDrop(tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message? {
+                AsyncMessage::Notification(_) => {
+                    wake.stats.notifications.fetch_add(1, Ordering::Relaxed);
+                    wake.wake.notify_one();
+                }
+                AsyncMessage::Notice(notice) => {
+                    tracing::debug!(notice = %notice.message(), "notice on the notification connection");
+                }
+                _ => {}
+            }
+        }
+        Ok::<(), tokio_postgres::Error>(())
+    }));
+    client
+        .batch_execute(&format!("LISTEN {}", quote_ident(channel)))
+        .await?;
+    // Whatever was notified while nobody listened: idle workers look once.
+    shared.wake.notify_waiters();
+    backoff.reset();
+    tracing::info!(channel, "listening for notifications");
+    let ended = (&mut driver.0).await;
+    drop(client);
+    match ended {
+        Ok(result) => result.map_err(RelayError::Database),
+        Err(e) => Err(RelayError::Task(e.to_string())),
+    }
+}
+
+/// Aborts the connection's driver task when the listener stops.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,197 @@
+//! Polling mode: the Polling Publisher pattern, for databases that cannot (or should not) run
+//! a logical replication slot.
+//!
+//! ```text
+//!  worker 1..N (each its own PG + AMQP connection)          listener (--listen)
+//!   loop: BEGIN; claim n rows FOR UPDATE SKIP LOCKED;        LISTEN outbox; each NOTIFY
+//!         publish; await all confirms;                       wakes one idle worker
+//!         UPDATE published_at; COMMIT
+//!   rows found → again at once; none: wait for                cleanup (every --cleanup-interval)
+//!   --poll-interval or a wake-up                              deletes old published rows
+//! ```
+//!
+//! Why it is safe: a claimed row is locked by its worker's transaction until COMMIT, and
+//! COMMIT comes only after the broker confirmed every message of the batch. Any failure
+//! drops the transaction, so the rows are unpublished again and another poll takes them;
+//! SKIP LOCKED keeps workers (and other relay processes) from claiming the same row, and a
+//! row published meanwhile fails the claim's recheck of `published_at IS NULL`.
+//!
+//! What it does not give: a global order (workers publish batches in parallel), and exactly
+//! once after a crash (a batch confirmed but not committed is published again: at most
+//! workers × batch size rows). It writes (`published_at`), so it runs on the primary.
+
+mod cleanup;
+mod listen;
+pub mod table;
+mod worker;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Delivery, OutboxNames, PollArgs};
+use crate::error::{chain, RelayError};
+use crate::mapper::Mapper;
+
+/// Counters of one `poll` run, kept so that they can be exported as metrics.
+#[derive(Debug, Default)]
+pub struct PollStats {
+    /// Claim queries run.
+    pub polls: AtomicU64,
+    /// Claim queries that found no row.
+    pub empty_polls: AtomicU64,
+    /// Batches published, confirmed and committed.
+    pub batches: AtomicU64,
+    /// Rows published, confirmed and marked.
+    pub published: AtomicU64,
+    /// The largest batch committed.
+    pub largest_batch: AtomicU64,
+    /// Microseconds spent in claim queries, in total (÷ polls = mean poll latency).
+    pub claim_micros: AtomicU64,
+    /// Worker sessions that failed (each rolled back its batch).
+    pub failures: AtomicU64,
+    /// Notifications received with --listen.
+    pub notifications: AtomicU64,
+    /// Published rows deleted by cleanup.
+    pub deleted: AtomicU64,
+}
+
+impl PollStats {
+    fn log_summary(&self) {
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        tracing::info!(
+            published = get(&self.published),
+            batches = get(&self.batches),
+            polls = get(&self.polls),
+            empty_polls = get(&self.empty_polls),
+            failures = get(&self.failures),
+            notifications = get(&self.notifications),
+            deleted = get(&self.deleted),
+            "polling stopped"
+        );
+    }
+}
+
+/// What the workers, the listener and the cleanup share.
+pub(crate) struct Shared {
+    database_url: String,
+    amqp_url: String,
+    names: OutboxNames,
+    mapper: Mapper,
+    workers: u32,
+    batch_size: u32,
+    poll_interval: Duration,
+    delivery: Delivery,
+    /// Wakes idle workers: one per notification, one more after each full batch.
+    wake: Notify,
+    /// Whether a worker has looked for the claim index yet (one warning per run).
+    index_checked: AtomicBool,
+    stats: Arc<PollStats>,
+}
+
+/// Runs the polling relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
+pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
+    run_with_stats(args, Arc::new(PollStats::default()), shutdown).await
+}
+
+/// [`run`], counting into `stats` (for an exporter).
+pub async fn run_with_stats(
+    args: PollArgs,
+    stats: Arc<PollStats>,
+    shutdown: CancellationToken,
+) -> Result<(), RelayError> {
+    let mapper = Mapper::new(&args.names.exchange, args.delivery.max_message_size)
+        .map_err(RelayError::Config)?;
+    let shared = Arc::new(Shared {
+        database_url: args.connections.database_url()?,
+        amqp_url: args.connections.amqp_url()?,
+        names: args.names,
+        mapper,
+        workers: args.workers,
+        batch_size: args.batch_size,
+        poll_interval: args.poll_interval,
+        delivery: args.delivery,
+        wake: Notify::new(),
+        index_checked: AtomicBool::new(false),
+        stats: Arc::clone(&stats),
+    });
+    tracing::info!(
+        table = %shared.names.table,
+        workers = shared.workers,
+        batch_size = shared.batch_size,
+        poll_interval_ms = shared.poll_interval.as_millis() as u64,
+        listen = args.listen,
+        "polling"
+    );
+
+    // Cancelled by the caller's shutdown, or by a worker's definite error: either way every
+    // worker finishes the batch in hand and stops.
+    let stop = shutdown.child_token();
+    let mut workers = JoinSet::new();
+    for worker in 0..shared.workers as usize {
+        workers.spawn(worker::run(Arc::clone(&shared), worker, stop.clone()));
+    }
+    let mut background = JoinSet::new();
+    if args.listen {
+        background.spawn(listen::run(
+            Arc::clone(&shared),
+            args.listen_channel,
+            stop.clone(),
+        ));
+    }
+    if !args.cleanup_interval.is_zero() {
+        background.spawn(cleanup::run(
+            Arc::clone(&shared),
+            args.cleanup_interval,
+            args.retention,
+            args.cleanup_batch,
+            stop.clone(),
+        ));
+    }
+
+    let mut outcome = Ok(());
+    let mut deadline: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            joined = workers.join_next() => {
+                let error = match joined {
+                    None => break,
+                    Some(Ok(Ok(()))) => continue,
+                    Some(Ok(Err(error))) => error,
+                    Some(Err(panicked)) => RelayError::Task(panicked.to_string()),
+                };
+                if outcome.is_ok() {
+                    tracing::error!(error = %chain(&error), "stopping all workers");
+                    outcome = Err(error);
+                }
+                stop.cancel();
+            }
+            () = stop.cancelled(), if deadline.is_none() => {
+                deadline = Some(Instant::now() + shared.delivery.shutdown_timeout());
+            }
+            () = sleep_until(deadline), if deadline.is_some() => {
+                tracing::warn!(
+                    "shutdown timed out; unfinished batches roll back and are published again \
+                     by the next poll"
+                );
+                workers.abort_all();
+                break;
+            }
+        }
+    }
+    background.abort_all();
+    stats.log_summary();
+    outcome
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}

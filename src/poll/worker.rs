@@ -1,0 +1,310 @@
+//! One polling worker: its own database and broker connections, one batch per transaction.
+//!
+//! ```text
+//!  BEGIN
+//!  SELECT … WHERE published_at IS NULL ORDER BY created_at LIMIT n FOR UPDATE SKIP LOCKED
+//!  map every row (a row that cannot be mapped stops the relay, naming it: nothing published)
+//!  basic_publish each, pipelined ─┐
+//!  await every confirm, in order ◄┘  a nack, a return, a timeout or a lost connection:
+//!                                    drop both connections = ROLLBACK, rows stay unpublished
+//!  UPDATE … SET published_at = now() WHERE id = ANY($1)
+//!  COMMIT
+//! ```
+//!
+//! The invariant: a row is marked published only in a transaction that commits after the
+//! broker confirmed its message. A crash between the last confirm and COMMIT publishes the
+//! batch again: at most workers × batch size duplicates. Crash-only, like WAL mode: any
+//! failure ends the session; the next one reconnects after a backoff and claims afresh.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgwire_replication::Lsn;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_postgres::{Client, Statement};
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::db;
+use crate::error::{chain, Recovery, RelayError};
+use crate::publish::queue::ConfirmQueue;
+use crate::publish::{settle_front, Broker, Stage};
+
+use super::table::{OutboxTable, SESSION_SETTINGS};
+use super::Shared;
+
+/// How long closing the broker connection may take when a session ends (it may be dead).
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest wait for one answer from PostgreSQL. A connection that silently stopped answering
+/// never fails TCP on its own; without a bound the worker would wait forever. Generous, so
+/// that a slow claim on a table without the claim index still completes.
+pub(crate) const DB_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What outlives one session of a worker.
+#[derive(Default)]
+struct State {
+    /// The last session failed: claim one row at a time until a batch commits, so that a
+    /// message the broker keeps refusing does not drag a full batch of re-publishes along on
+    /// every retry.
+    probing: bool,
+    /// A batch committed in the last session: the next failure starts the backoff afresh.
+    progressed: bool,
+}
+
+/// Runs one worker until `shutdown` (`Ok`, after finishing the batch in hand) or a definite
+/// error (`Err`).
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    worker: usize,
+    shutdown: CancellationToken,
+) -> Result<(), RelayError> {
+    let mut backoff = Backoff::new(Duration::from_millis(500), shared.delivery.max_backoff());
+    let mut state = State::default();
+    loop {
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+        state.progressed = false;
+        let error = match session(&shared, worker, &mut state, &shutdown).await {
+            Ok(()) => return Ok(()),
+            Err(error) => error,
+        };
+        shared.stats.failures.fetch_add(1, Ordering::Relaxed);
+        if error.recovery() == Recovery::Stop {
+            return Err(error);
+        }
+        if state.progressed {
+            backoff.reset();
+        }
+        state.probing = true;
+        let delay = backoff.next_delay();
+        tracing::warn!(
+            worker,
+            cause = error.cause(),
+            error = %chain(&error),
+            retry_in_ms = delay.as_millis() as u64,
+            "batch failed and rolled back (its rows stay unpublished); retrying"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.cancelled() => return Ok(()),
+        }
+    }
+}
+
+/// The connections and statements of one session.
+struct Session<'a> {
+    shared: &'a Shared,
+    client: Client,
+    broker: Broker,
+    table: OutboxTable,
+    claim_batch: Statement,
+    claim_one: Statement,
+    mark: Statement,
+}
+
+async fn session(
+    shared: &Shared,
+    worker: usize,
+    state: &mut State,
+    shutdown: &CancellationToken,
+) -> Result<(), RelayError> {
+    let client = bounded(db::connect(&shared.database_url)).await?;
+    bounded(client.batch_execute(SESSION_SETTINGS)).await?;
+    let table = bounded(OutboxTable::discover(&client, &shared.names)).await?;
+    if !shared.index_checked.swap(true, Ordering::Relaxed)
+        && !bounded(table.has_claim_index(&client)).await?
+    {
+        tracing::warn!(
+            table = %shared.names.table,
+            "no partial index on (created_at) WHERE published_at IS NULL: every claim reads \
+             past the published rows still in the table. Fix: `outbox-relay setup --mode poll` \
+             (sql/outbox_poll.sql)"
+        );
+    }
+    let claim_batch = bounded(client.prepare(&table.claim_sql(shared.batch_size))).await?;
+    let claim_one = bounded(client.prepare(&table.claim_sql(1))).await?;
+    let mark = bounded(client.prepare(&table.mark_sql())).await?;
+    let broker = Broker::connect(&shared.amqp_url).await?;
+    let mut session = Session {
+        shared,
+        client,
+        broker,
+        table,
+        claim_batch,
+        claim_one,
+        mark,
+    };
+    let result = session.run(worker, state, shutdown).await;
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, session.broker.close()).await;
+    result
+}
+
+impl Session<'_> {
+    async fn run(
+        &mut self,
+        worker: usize,
+        state: &mut State,
+        shutdown: &CancellationToken,
+    ) -> Result<(), RelayError> {
+        self.broker
+            .declare_exchange(&self.shared.names.exchange, true)
+            .await?;
+        tracing::debug!(worker, "worker connected");
+        loop {
+            // A stop request is honoured between batches: the batch in hand commits first.
+            if shutdown.is_cancelled() {
+                return Ok(());
+            }
+            let probing = state.probing;
+            let limit = if probing { 1 } else { self.shared.batch_size };
+            let claimed = self.batch(worker, limit).await?;
+            if claimed > 0 {
+                state.progressed = true;
+                state.probing = false;
+                // A full batch suggests a backlog: get an idle peer going too.
+                if claimed == limit as usize && !probing && self.shared.workers > 1 {
+                    self.shared.wake.notify_one();
+                }
+                // Only an empty poll waits: rows may have arrived while this batch ran.
+                continue;
+            }
+            tracing::debug!(worker, "no unpublished rows; waiting for rows");
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return Ok(()),
+                () = self.shared.wake.notified() => {}
+                () = tokio::time::sleep(self.shared.poll_interval) => {}
+            }
+        }
+    }
+
+    /// One transaction: claim up to `limit` rows, publish them, await every confirm, mark
+    /// them, commit. Returns how many rows it published.
+    async fn batch(&mut self, worker: usize, limit: u32) -> Result<usize, RelayError> {
+        let stats = &self.shared.stats;
+        let claim = if limit == 1 {
+            &self.claim_one
+        } else {
+            &self.claim_batch
+        };
+        let transaction = bounded(self.client.transaction()).await?;
+        let polled = Instant::now();
+        let rows = bounded(transaction.query(claim, &[])).await?;
+        stats.polls.fetch_add(1, Ordering::Relaxed);
+        stats
+            .claim_micros
+            .fetch_add(polled.elapsed().as_micros() as u64, Ordering::Relaxed);
+        if rows.is_empty() {
+            stats.empty_polls.fetch_add(1, Ordering::Relaxed);
+            bounded(transaction.commit()).await?;
+            return Ok(0);
+        }
+
+        // Map the whole batch before publishing any of it: a row that cannot be mapped stops
+        // the relay (a definite error naming the row) with nothing of its batch published.
+        let mut messages = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let tuple = self.table.tuple(row)?;
+            messages.push(self.shared.mapper.map(self.table.layout(), &tuple, None)?);
+        }
+        let ids: Vec<String> = messages.iter().map(|m| m.message_id.clone()).collect();
+
+        let claimed = polled.elapsed();
+        let mut queue = ConfirmQueue::new(Lsn::ZERO);
+        for message in messages {
+            let message_id = message.message_id.clone();
+            // Frames queued in batch order; the confirm loop awaits the rest.
+            let stage = Stage::start(&self.broker, message).await?;
+            queue.push_publish(message_id, stage);
+        }
+        await_confirms(
+            &mut queue,
+            self.broker.blocked(),
+            self.shared.delivery.confirm_timeout(),
+        )
+        .await?;
+
+        let marked = bounded(transaction.execute(&self.mark, &[&ids])).await?;
+        if marked != ids.len() as u64 {
+            tracing::warn!(
+                claimed = ids.len(),
+                marked,
+                "marked a different number of rows than claimed (are ids unique?)"
+            );
+        }
+        bounded(transaction.commit()).await?;
+        tracing::debug!(
+            worker,
+            rows = ids.len(),
+            claim_ms = claimed.as_millis() as u64,
+            total_ms = polled.elapsed().as_millis() as u64,
+            "batch published"
+        );
+        stats.batches.fetch_add(1, Ordering::Relaxed);
+        stats
+            .published
+            .fetch_add(ids.len() as u64, Ordering::Relaxed);
+        stats
+            .largest_batch
+            .fetch_max(ids.len() as u64, Ordering::Relaxed);
+        Ok(ids.len())
+    }
+}
+
+/// Awaits one database operation for at most [`DB_TIMEOUT`].
+pub(crate) async fn bounded<T, E>(
+    operation: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, RelayError>
+where
+    RelayError: From<E>,
+{
+    match tokio::time::timeout(DB_TIMEOUT, operation).await {
+        Ok(result) => result.map_err(RelayError::from),
+        Err(_) => Err(RelayError::DatabaseTimeout {
+            seconds: DB_TIMEOUT.as_secs(),
+        }),
+    }
+}
+
+/// Awaits the confirms of a batch in publish order. Any nack, any return (matched to its
+/// publish by message id, whichever confirm carried it), a closed channel or a confirm that
+/// does not come within `timeout` (paused while the broker blocks publishers) fails the batch.
+async fn await_confirms(
+    queue: &mut ConfirmQueue<Stage>,
+    mut blocked: watch::Receiver<bool>,
+    timeout: Duration,
+) -> Result<(), RelayError> {
+    let mut blocked_open = true;
+    let mut front_since = Instant::now();
+    while queue.front_mut().is_some() {
+        let timing = !*blocked.borrow();
+        let deadline = front_since + timeout;
+        tokio::select! {
+            biased;
+            confirmation = async {
+                match queue.front_mut() {
+                    Some(stage) => stage.confirmation().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                front_since = Instant::now();
+                settle_front(queue, confirmation)?;
+            }
+            changed = blocked.changed(), if blocked_open => {
+                // Waiting while the broker blocks publishers is its choice, not a lost confirm.
+                blocked_open = changed.is_ok();
+                front_since = Instant::now();
+            }
+            () = tokio::time::sleep_until(deadline), if timing => {
+                return Err(RelayError::ConfirmTimeout {
+                    message_id: queue.front_message_id().unwrap_or_default().to_string(),
+                    seconds: timeout.as_secs(),
+                });
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,947 @@
+//! Operating the relay, against a real PostgreSQL and RabbitMQ: the HTTP endpoints and the
+//! slot metrics, `status`, `teardown`, `resync`, the cleanup job, the least-privilege role
+//! and what the logs must never contain.
+//!
+//! Oracles come from outside the relay: `pg_replication_slots` read by the test itself, the
+//! queue's contents, the table's rows, and `EXPLAIN`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Output;
+use std::time::{Duration, SystemTime};
+
+use common::outbox::Outbox;
+use common::{
+    declare_bound_queue, free_port, parse_lsn, pg_connect, services, unique_name, Consumer,
+    RelayProcess, DATABASE_URL_ENV,
+};
+use outbox_relay::config::OutboxNames;
+use tokio_postgres::Client;
+
+// ---------------------------------------------------------------------------------------
+// helpers
+
+/// `GET path` on 127.0.0.1:`port` with a plain socket: status code and body.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}
+
+/// Polls `GET path` until `wanted` holds for the answer; the last answer either way.
+async fn wait_http(
+    port: u16,
+    path: &str,
+    timeout: Duration,
+    wanted: impl Fn(&(u16, String)) -> bool,
+) -> Option<(u16, String)> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let answer = http_get(port, path);
+        if answer.as_ref().is_some_and(&wanted) || tokio::time::Instant::now() >= deadline {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The value of the sample `series` (`name` or `name{labels}`) in Prometheus text.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let rest = line.strip_prefix(series)?.strip_prefix(' ')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// One reading of the slot by the test itself.
+#[derive(Debug, Clone, Copy)]
+struct SlotReading {
+    current: u64,
+    confirmed_flush: u64,
+    restart: u64,
+}
+
+async fn read_slot(client: &Client, slot: &str) -> SlotReading {
+    let row = client
+        .query_one(
+            "SELECT pg_current_wal_lsn()::text, confirmed_flush_lsn::text, restart_lsn::text \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .expect("read pg_replication_slots");
+    SlotReading {
+        current: parse_lsn(row.get(0)),
+        confirmed_flush: parse_lsn(row.get(1)),
+        restart: parse_lsn(row.get(2)),
+    }
+}
+
+async fn active_pid(client: &Client, slot: &str) -> Option<i32> {
+    client
+        .query_opt(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .expect("read pg_replication_slots")
+        .and_then(|row| row.get(0))
+}
+
+async fn slot_exists(client: &Client, slot: &str) -> bool {
+    client
+        .query_opt(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .expect("read pg_replication_slots")
+        .is_some()
+}
+
+async fn publication_exists(client: &Client, publication: &str) -> bool {
+    client
+        .query_opt(
+            "SELECT 1 FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .expect("read pg_publication")
+        .is_some()
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Waits until `f` is true; false after `timeout`.
+async fn eventually<F, Fut>(timeout: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if f().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn names(outbox: &Outbox) -> OutboxNames {
+    OutboxNames {
+        table: "outbox".into(),
+        publication: "outbox_pub".into(),
+        slot: outbox.slot.clone(),
+        exchange: outbox.exchange.clone(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// endpoints, metrics and status
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_serve_health_readiness_and_slot_lag_that_matches_postgres() {
+    let outbox = Outbox::new("ops_http").await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let relay = outbox.spawn_relay(&["--metrics-addr", &addr, "--slot-poll-interval", "200ms"]);
+
+    let healthz = wait_http(port, "/healthz", Duration::from_secs(30), |a| a.0 == 200).await;
+    assert_eq!(healthz, Some((200, "ok\n".into())), "log:\n{}", relay.log());
+
+    let id = outbox.insert("OpsEvent", r#"{"n": 1}"#).await;
+    let received = consumer.wait_for(1, Duration::from_secs(30)).await;
+    assert_eq!(received.len(), 1, "the row is delivered");
+    assert_eq!(received[0].message_id.as_deref(), Some(id.as_str()));
+
+    let ready = wait_http(port, "/readyz", Duration::from_secs(30), |a| a.0 == 200).await;
+    assert_eq!(
+        ready,
+        Some((200, "ready\n".into())),
+        "streaming with the broker channel open; log:\n{}",
+        relay.log()
+    );
+    let (status, _) = http_get(port, "/nothing").expect("answer");
+    assert_eq!(status, 404);
+
+    // Every metric is described once, with its type.
+    let (status, metrics) = http_get(port, "/metrics").expect("metrics");
+    assert_eq!(status, 200);
+    for line in [
+        "# TYPE outbox_relay_slot_lag_bytes gauge",
+        "# TYPE outbox_relay_slot_retained_wal_bytes gauge",
+        "# TYPE outbox_relay_slot_safe_wal_size_bytes gauge",
+        "# TYPE outbox_relay_messages_published_total counter",
+        "# TYPE outbox_relay_cleanup_deleted_rows_total counter",
+        "# HELP outbox_relay_slot_lag_bytes ",
+    ] {
+        assert!(metrics.contains(line), "{line:?} missing in:\n{metrics}");
+    }
+    assert_eq!(sample(&metrics, "outbox_relay_ready"), Some(1.0));
+
+    // Slot lag and retained WAL match pg_replication_slots: read the slot (A), wait for two
+    // more polls (the second one started after A), scrape, read the slot again (B). Both
+    // positions only grow, so the poll's values lie between what A and B allow.
+    for _ in 0..3 {
+        // Make the values move between rounds.
+        outbox.insert("OpsEvent", r#"{"n": 2}"#).await;
+        let before = read_slot(&outbox.client, &outbox.slot).await;
+        let polls = |metrics: &str| sample(metrics, "outbox_relay_slot_polls_total").unwrap_or(0.0);
+        let start = polls(&http_get(port, "/metrics").expect("metrics").1);
+        let scraped = wait_http(port, "/metrics", Duration::from_secs(30), |(_, body)| {
+            polls(body) >= start + 2.0
+        })
+        .await
+        .expect("metrics")
+        .1;
+        let after = read_slot(&outbox.client, &outbox.slot).await;
+        let lag = sample(&scraped, "outbox_relay_slot_lag_bytes").expect("lag") as i128;
+        let retained =
+            sample(&scraped, "outbox_relay_slot_retained_wal_bytes").expect("retained") as i128;
+        let bounds = |current: fn(&SlotReading) -> u64, slot_position: fn(&SlotReading) -> u64| {
+            (
+                current(&before) as i128 - slot_position(&after) as i128,
+                current(&after) as i128 - slot_position(&before) as i128,
+            )
+        };
+        let (low, high) = bounds(|r| r.current, |r| r.confirmed_flush);
+        assert!(
+            (low..=high).contains(&lag),
+            "slot lag {lag} outside [{low}, {high}] ({before:?} .. {after:?})"
+        );
+        let (low, high) = bounds(|r| r.current, |r| r.restart);
+        assert!(
+            (low..=high).contains(&retained),
+            "retained WAL {retained} outside [{low}, {high}] ({before:?} .. {after:?})"
+        );
+        assert!(retained >= 0 && lag >= 0);
+        // This poll started while the relay was streaming.
+        assert_eq!(
+            sample(
+                &scraped,
+                "outbox_relay_slot_wal_status{status=\"reserved\"}"
+            ),
+            Some(1.0),
+            "{scraped}"
+        );
+        assert_eq!(
+            sample(&scraped, "outbox_relay_slot_wal_status{status=\"lost\"}"),
+            Some(0.0)
+        );
+        assert_eq!(sample(&scraped, "outbox_relay_slot_active"), Some(1.0));
+    }
+
+    // `status` reads the same slot and asks this relay whether it is stuck.
+    let pid = active_pid(&outbox.client, &outbox.slot)
+        .await
+        .expect("the relay holds the slot");
+    let out = outbox.run_command(&["status", "--metrics-addr", &addr]);
+    let table = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    println!("{table}");
+    for expected in [
+        format!("slot                 {}\n", outbox.slot),
+        format!("active pid           {pid}\n"),
+        "wal_status           reserved\n".to_string(),
+        format!("relay                ready (/readyz at {addr})\n"),
+        "stuck message        none\n".to_string(),
+        "outbox rows          4 in outbox\n".to_string(),
+    ] {
+        assert!(
+            table.contains(&expected),
+            "{expected:?} missing in:\n{table}"
+        );
+    }
+    for field in [
+        "lag  ",
+        "retained WAL",
+        "safe_wal_size",
+        "confirmed_flush_lsn",
+        "restart_lsn",
+        "oldest row age",
+    ] {
+        assert!(table.contains(field), "{field:?} missing in:\n{table}");
+    }
+    let out = outbox.run_command(&["status", "--json", "--metrics-addr", &addr]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("status --json");
+    assert_eq!(json["slot_state"], "ok");
+    assert_eq!(json["active_pid"], pid);
+    assert_eq!(json["outbox_rows"], 4);
+    assert_eq!(json["stuck_message_known"], true);
+    assert_eq!(json["stuck_message_id"], serde_json::Value::Null);
+    assert!(json["lag_bytes"].as_i64().is_some_and(|lag| lag >= 0));
+
+    relay.sigterm();
+    assert!(
+        relay.wait_exit(Duration::from_secs(30)).await.is_some(),
+        "the relay stops on SIGTERM"
+    );
+    // With no relay answering, the stuck message is unknown, not "none".
+    let out = outbox.run_command(&["status", "--json", "--metrics-addr", &addr]);
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("status --json");
+    assert_eq!(json["stuck_message_known"], false, "{json}");
+    assert_eq!(json["active_pid"], serde_json::Value::Null);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_exits_2_when_the_slot_is_missing() {
+    let outbox = Outbox::new("ops_missing").await;
+    outbox
+        .client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
+        .await
+        .expect("drop the slot");
+    let out = outbox.run_command(&["status", "--metrics-addr", "off"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        stdout(&out).contains("MISSING: run `outbox-relay setup`"),
+        "{}",
+        text(&out)
+    );
+    let out = outbox.run_command(&["status", "--json", "--metrics-addr", "off"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("status --json");
+    assert_eq!(json["slot_state"], "missing");
+}
+
+/// A slot invalidated by max_slot_wal_keep_size needs a server of its own: the setting is
+/// server-wide and would invalidate the other tests' slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_exits_2_when_the_slot_is_lost() {
+    if std::env::var(DATABASE_URL_ENV).is_ok_and(|url| !url.is_empty()) {
+        eprintln!("skipped: needs a private server to invalidate a slot");
+        return;
+    }
+    let pg = common::PgServer::start(&[("max_slot_wal_keep_size", "1MB")]);
+    let db_url = pg.create_database(&unique_name("ops_lost")).await;
+    let client = pg_connect(&db_url).await;
+    let slot = unique_name("lost_slot");
+    client
+        .execute(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&slot],
+        )
+        .await
+        .expect("create slot");
+    client
+        .batch_execute("CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), event_type text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())")
+        .await
+        .expect("create table");
+    // Write WAL past the limit and checkpoint until the slot is invalidated.
+    let lost = eventually(Duration::from_secs(60), || async {
+        client
+            .batch_execute(
+                "INSERT INTO outbox (event_type) SELECT 'x' FROM generate_series(1, 20000); \
+                 SELECT pg_switch_wal(); CHECKPOINT;",
+            )
+            .await
+            .expect("write WAL");
+        let status: Option<String> = client
+            .query_one(
+                "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .expect("wal_status")
+            .get(0);
+        status.as_deref() == Some("lost")
+    })
+    .await;
+    assert!(lost, "the slot is invalidated");
+
+    let out = std::process::Command::new(common::relay::relay_bin())
+        .args(["status", "--database-url", &db_url, "--slot", &slot])
+        .args(["--metrics-addr", "off"])
+        .output()
+        .expect("run status");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let table = stdout(&out);
+    println!("{table}");
+    assert!(table.contains("LOST"), "{table}");
+    assert!(table.contains("wal_status           lost"), "{table}");
+}
+
+// ---------------------------------------------------------------------------------------
+// teardown and resync
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn teardown_asks_for_yes_and_refuses_while_a_relay_streams() {
+    let outbox = Outbox::new("ops_teardown").await;
+
+    let out = outbox.run_command(&["teardown"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("an abandoned slot pins WAL"),
+        "explains why: {}",
+        text(&out)
+    );
+    assert!(slot_exists(&outbox.client, &outbox.slot).await);
+
+    let relay = outbox.spawn_relay(&["--metrics-addr", "off"]);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            active_pid(&outbox.client, &outbox.slot).await.is_some()
+        })
+        .await,
+        "the relay streams; log:\n{}",
+        relay.log()
+    );
+    let pid = active_pid(&outbox.client, &outbox.slot).await.expect("pid");
+    let out = outbox.run_command(&["teardown", "--yes"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("in use by process {pid}")),
+        "names the pid: {}",
+        text(&out)
+    );
+    assert!(slot_exists(&outbox.client, &outbox.slot).await);
+
+    relay.sigterm();
+    assert!(relay.wait_exit(Duration::from_secs(30)).await.is_some());
+    let out = outbox.run_command(&["teardown", "--yes"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!slot_exists(&outbox.client, &outbox.slot).await);
+    assert!(!publication_exists(&outbox.client, "outbox_pub").await);
+    // Again: nothing left to drop is not an error.
+    let out = outbox.run_command(&["teardown", "--yes"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(stdout(&out).contains("does not exist"), "{}", text(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resync_republishes_exactly_the_rows_from_that_time_on() {
+    let outbox = Outbox::new("ops_resync").await;
+    // No slot: rows inserted now are in no slot, ever.
+    let out = outbox.run_command(&["teardown", "--yes"]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let mut before = Vec::new();
+    for n in 0..3 {
+        before.push(outbox.insert("Before", &format!(r#"{{"n": {n}}}"#)).await);
+    }
+    let since: String = outbox
+        .client
+        .query_one(
+            "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', \
+             'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+            &[],
+        )
+        .await
+        .expect("now")
+        .get(0);
+    let mut after = Vec::new();
+    for n in 0..5 {
+        after.push(outbox.insert("After", &format!(r#"{{"n": {n}}}"#)).await);
+    }
+    // One transaction of two rows: same created_at.
+    {
+        let mut client = pg_connect(&outbox.db_url).await;
+        let txn = client.transaction().await.expect("begin");
+        for n in 5..7 {
+            let row = txn
+                .query_one(
+                    "INSERT INTO outbox (event_type, payload) VALUES ('After', $1::text::jsonb) \
+                     RETURNING id::text",
+                    &[&format!(r#"{{"n": {n}}}"#)],
+                )
+                .await
+                .expect("insert");
+            after.push(row.get(0));
+        }
+        txn.commit().await.expect("commit");
+    }
+    let setup = outbox.run_command(&["setup"]);
+    assert!(setup.status.success(), "{}", text(&setup));
+
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let out = outbox.run_command(&["resync", "--since", &since]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        stdout(&out).contains(&format!("published {} messages", after.len())),
+        "{}",
+        text(&out)
+    );
+    consumer
+        .wait_for(after.len(), Duration::from_secs(30))
+        .await;
+    let received = consumer
+        .wait_quiet(Duration::from_millis(500), Duration::from_secs(10))
+        .await;
+    let got: Vec<&str> = received
+        .iter()
+        .map(|r| r.message_id.as_deref().expect("message_id"))
+        .collect();
+    // created_at order; the two rows of the last transaction share a created_at, so they
+    // come in id order.
+    let expected_order: Vec<String> = outbox
+        .client
+        .query(
+            "SELECT id::text FROM outbox WHERE created_at >= $1::text::timestamptz \
+             ORDER BY created_at, id",
+            &[&since],
+        )
+        .await
+        .expect("expected order")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let mut expected_set = after.clone();
+    expected_set.sort();
+    let mut expected_sorted = expected_order.clone();
+    expected_sorted.sort();
+    assert_eq!(
+        expected_sorted, expected_set,
+        "the oracle sees the rows after `since`"
+    );
+    assert_eq!(
+        got, expected_order,
+        "exactly the rows from `since` on, in created_at order"
+    );
+    assert!(got.iter().all(|id| !before.iter().any(|b| b == id)));
+    assert_eq!(received[0].kind.as_deref(), Some("After"));
+    assert_eq!(received[0].body_json()["n"], 0, "payload intact");
+
+    let out = outbox.run_command(&["resync", "--since", "yesterday"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("RFC 3339"), "{}", text(&out));
+}
+
+// ---------------------------------------------------------------------------------------
+// cleanup
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_deletes_only_rows_past_retention_and_the_last_acknowledged_commit() {
+    let outbox = Outbox::new("ops_cleanup").await;
+    // Ages in minutes; retention 60 minutes; the last acknowledged commit 150 minutes ago.
+    let ages = [
+        ("old", 300),
+        ("old", 290),
+        ("old", 280),
+        ("old", 270),
+        ("old", 160),
+        ("after_ack", 140),
+        ("after_ack", 100),
+        ("young", 30),
+        ("young", 1),
+    ];
+    for (kind, minutes) in ages {
+        outbox
+            .client
+            .execute(
+                "INSERT INTO outbox (event_type, created_at) \
+                 VALUES ($1, now() - $2::int * interval '1 minute')",
+                &[&kind, &minutes],
+            )
+            .await
+            .expect("insert");
+    }
+    let acknowledged: SystemTime = outbox
+        .client
+        .query_one("SELECT now() - interval '150 minutes'", &[])
+        .await
+        .expect("time")
+        .get(0);
+    // Batches of 2: 2 + 2 + 1, the loop stops after the short one.
+    let deleted = outbox_relay::cleanup::delete_batch(
+        &outbox.client,
+        &names(&outbox),
+        Duration::from_secs(3600),
+        acknowledged,
+        2,
+    )
+    .await
+    .expect("cleanup");
+    assert_eq!(deleted, 5);
+    let left: Vec<String> = outbox
+        .client
+        .query("SELECT event_type FROM outbox ORDER BY created_at", &[])
+        .await
+        .expect("rows")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(left, ["after_ack", "after_ack", "young", "young"]);
+
+    // A relay that acknowledged more recently lets the rows past retention go, never the
+    // young ones.
+    let deleted = outbox_relay::cleanup::delete_batch(
+        &outbox.client,
+        &names(&outbox),
+        Duration::from_secs(3600),
+        SystemTime::now() + Duration::from_secs(3600),
+        1000,
+    )
+    .await
+    .expect("cleanup");
+    assert_eq!(deleted, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_statement_reads_the_created_at_index_not_the_table() {
+    let outbox = Outbox::new("ops_explain").await;
+    outbox
+        .client
+        .batch_execute(
+            "INSERT INTO outbox (event_type, payload, created_at) \
+             SELECT 'Seeded', '{\"n\": 1}', now() - i * interval '1 second' \
+             FROM generate_series(1, 100000) AS i; \
+             ANALYZE outbox;",
+        )
+        .await
+        .expect("seed");
+    let seq_scan_allowed: String = outbox
+        .client
+        .query_one("SHOW enable_seqscan", &[])
+        .await
+        .expect("show")
+        .get(0);
+    assert_eq!(seq_scan_allowed, "on", "the planner is free to choose");
+    let sql = outbox_relay::cleanup::delete_sql(&names(&outbox), 1000);
+    // The worst case for the index: nearly every row qualifies.
+    let retention = 60.0f64;
+    let acknowledged = SystemTime::now() + Duration::from_secs(3600);
+    let plan: Vec<String> = outbox
+        .client
+        .query(&format!("EXPLAIN {sql}"), &[&retention, &acknowledged])
+        .await
+        .expect("explain")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    println!("{plan}");
+    assert!(!plan.contains("Seq Scan"), "no sequential scan:\n{plan}");
+    assert!(
+        plan.contains("outbox_created_at_idx"),
+        "reads the created_at index:\n{plan}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// security
+
+/// The password of the least-privilege role: every URL-special character it can hold.
+const PASSWORD: &str = "p@ss:w/rd%";
+/// The same, percent-encoded for the URL.
+const PASSWORD_IN_URL: &str = "p%40ss%3Aw%2Frd%25";
+
+/// pg_hba.conf is one file per server: one test edits it at a time.
+static PG_HBA: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A database whose table and publication a superuser created (sql/outbox.sql's table and
+/// publication steps), and a relay role made by sql/role.sql with [`PASSWORD`], allowed in
+/// by exactly the pg_hba.conf line the script documents (password required; every other
+/// line for this role rejects, so the test fails if that line did not match).
+struct RoleOutbox {
+    outbox: Outbox,
+    role: String,
+    /// The superuser's URL of the same database.
+    admin_url: String,
+}
+
+async fn role_outbox(prefix: &str, replication: bool) -> Option<RoleOutbox> {
+    if std::env::var(DATABASE_URL_ENV).is_ok_and(|url| !url.is_empty()) {
+        eprintln!("skipped: needs the harness's own server to edit pg_hba.conf");
+        return None;
+    }
+    let s = services();
+    let db = unique_name(prefix);
+    let admin_url = s.pg.create_database(&db).await;
+    let admin = pg_connect(&admin_url).await;
+    let role = unique_name(&format!("{prefix}_role"));
+    let names = OutboxNames {
+        table: "outbox".into(),
+        publication: "outbox_pub".into(),
+        slot: format!("{db}_slot"),
+        exchange: format!("{db}_x"),
+    };
+    for step in [
+        outbox_relay::setup::table_step(&names),
+        outbox_relay::setup::publication_step(&names),
+    ] {
+        admin.batch_execute(&step.sql).await.expect("DBA step");
+    }
+
+    let mut script = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/sql/role.sql"))
+        .expect("read sql/role.sql")
+        .replace("outbox_relay", &role)
+        .replace("ON DATABASE app", &format!("ON DATABASE {db}"));
+    if !replication {
+        script = script.replace("LOGIN REPLICATION", "LOGIN");
+    }
+    admin.batch_execute(&script).await.expect("sql/role.sql");
+    admin
+        .batch_execute(&format!(
+            "ALTER ROLE {role} PASSWORD '{}'",
+            PASSWORD.replace('\'', "''")
+        ))
+        .await
+        .expect("set password");
+
+    {
+        let _one_at_a_time = PG_HBA.lock().await;
+        let path = s.pg.dir().join("data").join("pg_hba.conf");
+        let existing = std::fs::read_to_string(&path).expect("read pg_hba.conf");
+        // The line sql/role.sql documents, then a reject for anything else this role tries.
+        let lines = format!(
+            "host {db} {role} 127.0.0.1/32 scram-sha-256\nhost all {role} 127.0.0.1/32 reject\n"
+        );
+        std::fs::write(&path, lines + &existing).expect("write pg_hba.conf");
+        admin
+            .batch_execute("SELECT pg_reload_conf()")
+            .await
+            .expect("reload");
+    }
+    // The reload is asynchronous: wait until a wrong password is refused.
+    let port = s.pg.port();
+    let wrong = format!("postgres://{role}:wrong@127.0.0.1:{port}/{db}");
+    let refused = eventually(Duration::from_secs(30), || async {
+        match tokio_postgres::connect(&wrong, tokio_postgres::NoTls).await {
+            Ok(_) => false,
+            Err(e) => e.code().is_some(),
+        }
+    })
+    .await;
+    assert!(refused, "pg_hba.conf requires the password");
+
+    let role_url = format!("postgres://{role}:{PASSWORD_IN_URL}@127.0.0.1:{port}/{db}");
+    let outbox = Outbox {
+        db_url: role_url,
+        amqp_url: s.rabbit.url(),
+        slot: names.slot,
+        exchange: names.exchange,
+        queue: format!("{db}_q"),
+        client: admin,
+    };
+    Some(RoleOutbox {
+        outbox,
+        role,
+        admin_url,
+    })
+}
+
+/// `outbox-relay run` as the role, logging at trace level, metrics off.
+fn spawn_traced_relay(outbox: &Outbox) -> RelayProcess {
+    let mut args: Vec<String> = vec!["run".into()];
+    args.extend(outbox.flags());
+    args.extend(["--metrics-addr".into(), "off".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    RelayProcess::spawn(&args, &[("RUST_LOG", "trace")])
+}
+
+fn assert_no_password(what: &str, text: &str) {
+    assert!(
+        !text.contains(PASSWORD),
+        "{what} contains the password:\n{text}"
+    );
+    assert!(
+        !text.contains(PASSWORD_IN_URL),
+        "{what} contains the percent-encoded password:\n{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_privilege_role_sets_up_and_runs_but_cannot_drop_the_dba_publication() {
+    let Some(fixture) = role_outbox("ops_role", true).await else {
+        return;
+    };
+    let outbox = &fixture.outbox;
+    let setup = outbox.run_command(&["setup", "--no-create-table"]);
+    assert!(setup.status.success(), "{}", text(&setup));
+    assert!(
+        stdout(&setup).contains("created (pgoutput)"),
+        "{}",
+        text(&setup)
+    );
+    declare_bound_queue(&outbox.amqp_url, &outbox.exchange, &outbox.queue, "#").await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+
+    let relay = spawn_traced_relay(outbox);
+    let id = outbox.insert("RoleEvent", r#"{"ok": true}"#).await;
+    let received = consumer.wait_for(1, Duration::from_secs(30)).await;
+    assert_eq!(
+        received.first().and_then(|r| r.message_id.as_deref()),
+        Some(id.as_str()),
+        "the role's relay delivers; log:\n{}",
+        relay.log()
+    );
+    let slot_owner: String = outbox
+        .client
+        .query_one(
+            "SELECT usename::text FROM pg_stat_replication WHERE pid = \
+             (SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1)",
+            &[&outbox.slot],
+        )
+        .await
+        .expect("walsender")
+        .get(0);
+    assert_eq!(
+        slot_owner, fixture.role,
+        "streaming as the least-privilege role"
+    );
+    relay.sigterm();
+    assert!(relay.wait_exit(Duration::from_secs(30)).await.is_some());
+    assert_no_password("the relay's trace log", &relay.log());
+
+    let out = outbox.run_command(&["status", "--metrics-addr", "off"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    // The publication belongs to the DBA: the slot goes, the publication stays, and the
+    // message says who must drop it.
+    let out = outbox.run_command(&["teardown", "--yes"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let message = text(&out);
+    assert!(
+        message.contains("may not drop the publication \"outbox_pub\" (owned by postgres)"),
+        "{message}"
+    );
+    assert!(message.contains("was dropped"), "{message}");
+    let admin = pg_connect(&fixture.admin_url).await;
+    assert!(
+        !slot_exists(&admin, &outbox.slot).await,
+        "the slot is dropped"
+    );
+    assert!(publication_exists(&admin, "outbox_pub").await);
+    assert_no_password("teardown's output", &message);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_never_reach_the_log_at_trace_level() {
+    let Some(fixture) = role_outbox("ops_secret", true).await else {
+        return;
+    };
+    let outbox = &fixture.outbox;
+    let setup = outbox.run_command(&["setup", "--no-create-table"]);
+    assert!(setup.status.success(), "{}", text(&setup));
+    assert_no_password("setup's output", &text(&setup));
+    declare_bound_queue(&outbox.amqp_url, &outbox.exchange, &outbox.queue, "#").await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+
+    // The URL comes from the environment here, as in production.
+    let mut args: Vec<String> = vec!["run".into()];
+    args.extend(
+        outbox
+            .flags()
+            .chunks(2)
+            .filter(|pair| pair[0] != "--database-url")
+            .flatten()
+            .cloned(),
+    );
+    args.extend(["--metrics-addr".into(), "off".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let relay = RelayProcess::spawn(
+        &args,
+        &[("RUST_LOG", "trace"), ("DATABASE_URL", &outbox.db_url)],
+    );
+    outbox.insert("SecretEvent", r#"{"n": 1}"#).await;
+    assert_eq!(
+        consumer.wait_for(1, Duration::from_secs(30)).await.len(),
+        1,
+        "delivered with the password from the URL; log:\n{}",
+        relay.log()
+    );
+    relay.sigterm();
+    assert!(relay.wait_exit(Duration::from_secs(30)).await.is_some());
+    let log = relay.log();
+    assert!(
+        log.contains("TRACE") || log.contains("DEBUG"),
+        "trace logging is on"
+    );
+    assert_no_password("the relay's trace log", &log);
+
+    // A wrong password: the error says what failed, not with what.
+    let wrong_url = outbox
+        .db_url
+        .replace(PASSWORD_IN_URL, "p%40ss%3Aw%2Frd%25x");
+    let out = std::process::Command::new(common::relay::relay_bin())
+        .args([
+            "status",
+            "--database-url",
+            &wrong_url,
+            "--metrics-addr",
+            "off",
+        ])
+        .env("RUST_LOG", "trace")
+        .output()
+        .expect("status");
+    assert!(!out.status.success());
+    assert_no_password("a failed login's output", &text(&out));
+    assert!(
+        !text(&out).contains("p%40ss%3Aw%2Frd%25x"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_replication_gets_a_clear_error() {
+    let Some(fixture) = role_outbox("ops_norepl", false).await else {
+        return;
+    };
+    let outbox = &fixture.outbox;
+    // setup creates the slot, which needs REPLICATION.
+    let out = outbox.run_command(&["setup", "--no-create-table"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let message = text(&out);
+    assert!(
+        message.contains("lacks the REPLICATION attribute"),
+        "{message}"
+    );
+    assert!(message.contains("ALTER ROLE"), "{message}");
+
+    // With the slot made by a superuser, `run` fails at the replication connection.
+    outbox
+        .client
+        .execute(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&outbox.slot],
+        )
+        .await
+        .expect("create slot");
+    declare_bound_queue(&outbox.amqp_url, &outbox.exchange, &outbox.queue, "#").await;
+    let relay = spawn_traced_relay(outbox);
+    let exit = relay.wait_exit(Duration::from_secs(60)).await;
+    assert!(
+        exit.is_some_and(|status| !status.success()),
+        "stops (retrying cannot help); log:\n{}",
+        relay.log()
+    );
+    let log = relay.log();
+    assert!(
+        log.contains(&format!(
+            "The database role \"{}\" may not use replication",
+            fixture.role
+        )),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("ALTER ROLE {} REPLICATION", fixture.role)),
+        "{log}"
+    );
+}

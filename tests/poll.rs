@@ -1,0 +1,776 @@
+//! Polling mode against real PostgreSQL and RabbitMQ (issue 4's acceptance list).
+//!
+//! Oracles come from outside the relay: the queue (what arrived, how often) and the table
+//! (which rows are marked published). "Everything arrived" is established by a sentinel:
+//! after the relay has exited, the test publishes one confirmed message to the same queue;
+//! the queue is FIFO with one consumer, so when the sentinel arrives, everything the relay
+//! ever published has arrived too, and counting duplicates needs no quiet period.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{
+    declare_bound_queue, pg_connect, queue_message_count, services, unique_name, Consumer,
+    RabbitServer, Received, RelayProcess,
+};
+use outbox_relay::config::OutboxNames;
+use outbox_relay::poll::table::OutboxTable;
+use outbox_relay::setup;
+use tokio_postgres::Client;
+
+/// Generous bounds for events that normally take a fraction of them.
+const DEADLINE: Duration = Duration::from_secs(180);
+const EXIT: Duration = Duration::from_secs(60);
+
+/// One test's outbox: its own database, exchange and queue (bound with `#`).
+struct Outbox {
+    db_url: String,
+    amqp_url: String,
+    exchange: String,
+    queue: String,
+}
+
+impl Outbox {
+    /// A fresh database with the outbox table and the claim index created by setup's own
+    /// SQL, and a queue bound to every routing key of a fresh exchange on `amqp_url`.
+    async fn new(prefix: &str, amqp_url: &str) -> Outbox {
+        let db_url = services().pg.create_database(&unique_name(prefix)).await;
+        let exchange = unique_name(&format!("{prefix}_ex"));
+        let client = pg_connect(&db_url).await;
+        client
+            .batch_execute(&setup::poll_script(&names(&exchange)))
+            .await
+            .expect("run the polling setup SQL");
+        let queue = unique_name(&format!("{prefix}_q"));
+        declare_bound_queue(amqp_url, &exchange, &queue, "#").await;
+        Outbox {
+            db_url,
+            amqp_url: amqp_url.to_string(),
+            exchange,
+            queue,
+        }
+    }
+
+    async fn client(&self) -> Client {
+        pg_connect(&self.db_url).await
+    }
+
+    /// `outbox-relay poll` on this outbox with `args`.
+    fn spawn_poll(&self, args: &[&str]) -> RelayProcess {
+        self.spawn_poll_env(args, &[])
+    }
+
+    fn spawn_poll_env(&self, args: &[&str], env: &[(&str, &str)]) -> RelayProcess {
+        let mut all = vec!["poll", "--exchange", &self.exchange];
+        all.extend_from_slice(args);
+        // Plain log lines: the tests read fields such as `worker=2` from them.
+        let mut vars = vec![
+            ("DATABASE_URL", self.db_url.as_str()),
+            ("AMQP_URL", self.amqp_url.as_str()),
+            ("NO_COLOR", "1"),
+        ];
+        vars.extend_from_slice(env);
+        RelayProcess::spawn(&all, &vars)
+    }
+
+    /// Drains the queue through `consumer` up to a sentinel published now: call it once no
+    /// relay runs, and it returns everything any relay published (plus what was received).
+    async fn drain(&self, consumer: &mut Consumer) -> Vec<Received> {
+        let sentinel = unique_name("sentinel");
+        common::amqp::publish_confirmed(
+            &self.amqp_url,
+            &self.exchange,
+            "test.sentinel",
+            &[(&sentinel, b"")],
+        )
+        .await;
+        let mut checked = 0;
+        loop {
+            let got = consumer.received();
+            if got[checked..]
+                .iter()
+                .any(|m| m.message_id.as_deref() == Some(&sentinel))
+            {
+                break;
+            }
+            checked = got.len();
+            let got = consumer.wait_for(checked + 1, DEADLINE).await;
+            assert!(
+                got.len() > checked,
+                "the sentinel did not arrive within {DEADLINE:?} (consumer error: {:?})",
+                consumer.error()
+            );
+        }
+        consumer
+            .take()
+            .into_iter()
+            .filter(|m| m.message_id.as_deref() != Some(&sentinel))
+            .collect()
+    }
+}
+
+fn names(exchange: &str) -> OutboxNames {
+    OutboxNames {
+        table: "outbox".into(),
+        publication: "unused".into(),
+        slot: "unused".into(),
+        exchange: exchange.into(),
+    }
+}
+
+/// Inserts `count` rows in one transaction; returns their ids.
+async fn insert_rows(client: &Client, writer: i32, first: i32, count: i32) -> Vec<String> {
+    client
+        .query(
+            "INSERT INTO outbox (event_type, payload, aggregate_id) \
+             SELECT 'order.created', jsonb_build_object('writer', $1::int4, 'n', g), $1::int4::text \
+             FROM generate_series($2::int4, $3::int4) g RETURNING id::text",
+            &[&writer, &first, &(first + count - 1)],
+        )
+        .await
+        .expect("insert outbox rows")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// Seeds `total` rows in transactions of `per_transaction`.
+async fn seed(client: &Client, total: i32, per_transaction: i32) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut n = 0;
+    while n < total {
+        let count = per_transaction.min(total - n);
+        ids.extend(insert_rows(client, 0, n, count).await);
+        n += count;
+    }
+    ids
+}
+
+async fn count(client: &Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.expect(sql).get(0)
+}
+
+async fn unpublished(client: &Client) -> i64 {
+    count(
+        client,
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+    )
+    .await
+}
+
+async fn published(client: &Client) -> i64 {
+    count(
+        client,
+        "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
+    )
+    .await
+}
+
+async fn published_ids(client: &Client) -> HashSet<String> {
+    client
+        .query(
+            "SELECT id::text FROM outbox WHERE published_at IS NOT NULL",
+            &[],
+        )
+        .await
+        .expect("published ids")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// Waits, checking the table, until `condition` holds for `sql`'s count.
+async fn wait_count(client: &Client, sql: &str, condition: impl Fn(i64) -> bool) -> i64 {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let n = count(client, sql).await;
+        if condition(n) {
+            return n;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{sql} stayed at {n} for {DEADLINE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How often each message id arrived.
+fn tally(received: &[Received]) -> HashMap<String, usize> {
+    let mut seen = HashMap::new();
+    for message in received {
+        let id = message.message_id.clone().expect("every message has an id");
+        *seen.entry(id).or_insert(0) += 1;
+    }
+    seen
+}
+
+/// Sends SIGTERM and expects a clean exit (the batch in hand is finished first).
+async fn stop(relay: &RelayProcess) {
+    relay.sigterm();
+    let status = relay.wait_exit(EXIT).await.expect("poll exits on SIGTERM");
+    assert!(
+        status.success(),
+        "poll exited with {status}:\n{}",
+        relay.log()
+    );
+}
+
+/// `published=N` from the relay's final "polling stopped" line.
+fn published_by(relay: &RelayProcess) -> u64 {
+    let log = relay.log();
+    let line = log
+        .lines()
+        .rfind(|l| l.contains("polling stopped"))
+        .unwrap_or_else(|| panic!("no summary line in:\n{log}"));
+    let value = line
+        .split("published=")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok());
+    value.unwrap_or_else(|| panic!("no published= in {line}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_thousand_rows_from_concurrent_writers_arrive_once_each_with_five_workers() {
+    let amqp = services().rabbit.url();
+    let outbox = Outbox::new("poll_many", &amqp).await;
+    let mut consumer = Consumer::start_with(&amqp, &outbox.queue, false).await;
+    let relay = outbox.spawn_poll(&["--workers", "5", "--poll-interval", "100ms"]);
+
+    // Four writers, 5,000 rows each, in transactions of 1 to 250 rows, while the relay runs.
+    let mut writers = Vec::new();
+    for writer in 0..4 {
+        let url = outbox.db_url.clone();
+        writers.push(tokio::spawn(async move {
+            let client = pg_connect(&url).await;
+            let mut ids = Vec::new();
+            let mut n = 0;
+            for size in [1, 3, 10, 37, 100, 250].iter().cycle() {
+                if n >= 5_000 {
+                    break;
+                }
+                let size = (*size).min(5_000 - n);
+                ids.extend(insert_rows(&client, writer, n, size).await);
+                n += size;
+            }
+            ids
+        }));
+    }
+    let mut inserted = HashSet::new();
+    for writer in writers {
+        inserted.extend(writer.await.expect("writer"));
+    }
+    assert_eq!(inserted.len(), 20_000);
+
+    let got = consumer.wait_for(20_000, DEADLINE).await.len();
+    assert!(got >= 20_000, "only {got} of 20000 arrived");
+    stop(&relay).await;
+    let received = outbox.drain(&mut consumer).await;
+
+    let seen = tally(&received);
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{} rows arrived more than once",
+        twice.len()
+    );
+    let seen: HashSet<String> = seen.into_keys().collect();
+    assert_eq!(seen, inserted, "the queue holds exactly the inserted rows");
+    assert_eq!(unpublished(&outbox.client().await).await, 0);
+    assert_eq!(published_by(&relay), 20_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_poll_processes_with_three_workers_each_publish_every_row_once() {
+    let amqp = services().rabbit.url();
+    let outbox = Outbox::new("poll_two", &amqp).await;
+    let client = outbox.client().await;
+    let inserted: HashSet<String> = seed(&client, 10_000, 100).await.into_iter().collect();
+    let mut consumer = Consumer::start_with(&amqp, &outbox.queue, false).await;
+
+    let args = ["--workers", "3", "--batch-size", "100"];
+    let first = outbox.spawn_poll(&args);
+    let second = outbox.spawn_poll(&args);
+    let got = consumer.wait_for(10_000, DEADLINE).await.len();
+    assert!(got >= 10_000, "only {got} of 10000 arrived");
+    stop(&first).await;
+    stop(&second).await;
+    let received = outbox.drain(&mut consumer).await;
+
+    let seen = tally(&received);
+    assert_eq!(received.len(), 10_000, "no row published twice");
+    assert_eq!(
+        seen.into_keys().collect::<HashSet<_>>(),
+        inserted,
+        "none lost"
+    );
+    assert_eq!(unpublished(&client).await, 0);
+    let (a, b) = (published_by(&first), published_by(&second));
+    eprintln!("first process published {a}, second {b}");
+    assert_eq!(a + b, 10_000);
+    assert!(a > 0 && b > 0, "both processes took part ({a}, {b})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_backlog_loses_nothing_and_duplicates_at_most_workers_times_batch() {
+    const WORKERS: usize = 2;
+    const BATCH: usize = 200;
+    let amqp = services().rabbit.url();
+    let outbox = Outbox::new("poll_kill", &amqp).await;
+    let client = outbox.client().await;
+    let inserted: HashSet<String> = seed(&client, 20_000, 500).await.into_iter().collect();
+    let mut consumer = Consumer::start_with(&amqp, &outbox.queue, false).await;
+
+    let args = ["--workers", "2", "--batch-size", "200"];
+    let relay = outbox.spawn_poll(&args);
+    let done = wait_count(
+        &client,
+        "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
+        |n| n >= 2_000,
+    )
+    .await;
+    relay.kill9();
+    let at_kill = published(&client).await;
+    eprintln!("killed with -9 after {done}+ rows marked ({at_kill} at the kill)");
+    assert!(at_kill < 20_000, "the kill must land mid-backlog");
+
+    let relay = outbox.spawn_poll(&args);
+    wait_count(
+        &client,
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+        |n| n == 0,
+    )
+    .await;
+    stop(&relay).await;
+    let received = outbox.drain(&mut consumer).await;
+
+    let seen = tally(&received);
+    let duplicates = received.len() - seen.len();
+    eprintln!(
+        "kill -9 mid-backlog: {} messages for {} rows, {duplicates} duplicates (bound {})",
+        received.len(),
+        seen.len(),
+        WORKERS * BATCH
+    );
+    assert_eq!(
+        seen.into_keys().collect::<HashSet<_>>(),
+        inserted,
+        "zero lost"
+    );
+    assert!(duplicates <= WORKERS * BATCH, "{duplicates} duplicates");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_down_for_ten_seconds_marks_nothing_published_and_everything_arrives_after() {
+    const WORKERS: usize = 3;
+    let rabbit = Arc::new(
+        tokio::task::spawn_blocking(RabbitServer::start)
+            .await
+            .expect("start a private rabbitmq"),
+    );
+    let outbox = Outbox::new("poll_broker", &rabbit.url()).await;
+    let client = outbox.client().await;
+    let mut inserted: HashSet<String> = seed(&client, 3_000, 100).await.into_iter().collect();
+
+    // A writer keeps inserting through the outage.
+    let writing = Arc::new(AtomicBool::new(true));
+    let writer = {
+        let url = outbox.db_url.clone();
+        let writing = Arc::clone(&writing);
+        tokio::spawn(async move {
+            let client = pg_connect(&url).await;
+            let mut ids = Vec::new();
+            let mut n = 0;
+            while writing.load(Ordering::Relaxed) {
+                ids.extend(insert_rows(&client, 1, n, 10).await);
+                n += 10;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            ids
+        })
+    };
+
+    let relay = outbox.spawn_poll(&[
+        "--workers",
+        "3",
+        "--batch-size",
+        "50",
+        "--poll-interval",
+        "200ms",
+        "--max-backoff-secs",
+        "2",
+        "--confirm-timeout-secs",
+        "5",
+    ]);
+    wait_count(
+        &client,
+        "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
+        |n| n >= 1_000,
+    )
+    .await;
+
+    let log_at_kill = relay.log().len();
+    {
+        let rabbit = Arc::clone(&rabbit);
+        tokio::task::spawn_blocking(move || rabbit.kill9())
+            .await
+            .expect("kill rabbitmq");
+    }
+    // Once every worker has failed since the kill, no batch can commit until the broker is
+    // back: the rows marked published must not change during the outage.
+    let failed_workers = |log: &str| -> HashSet<String> {
+        log[log_at_kill.min(log.len())..]
+            .lines()
+            .filter(|l| l.contains("batch failed"))
+            .filter_map(|l| l.split("worker=").nth(1))
+            .filter_map(|rest| rest.split(' ').next())
+            .map(str::to_string)
+            .collect()
+    };
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while failed_workers(&relay.log()).len() < WORKERS {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not every worker noticed the broker going away:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let marked_during = published_ids(&client).await;
+    tokio::time::sleep(Duration::from_secs(10)).await; // the outage itself
+    assert_eq!(
+        published_ids(&client).await,
+        marked_during,
+        "rows were marked published while the broker was down"
+    );
+    assert!(unpublished(&client).await > 0, "rows waited for the broker");
+
+    {
+        let rabbit = Arc::clone(&rabbit);
+        tokio::task::spawn_blocking(move || rabbit.restart())
+            .await
+            .expect("restart rabbitmq");
+    }
+    writing.store(false, Ordering::Relaxed);
+    inserted.extend(writer.await.expect("writer"));
+    wait_count(
+        &client,
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+        |n| n == 0,
+    )
+    .await;
+    stop(&relay).await;
+
+    let mut consumer = Consumer::start_with(&rabbit.url(), &outbox.queue, false).await;
+    let received = outbox.drain(&mut consumer).await;
+    let seen = tally(&received);
+    eprintln!(
+        "broker outage: {} rows, {} messages, {} duplicates",
+        inserted.len(),
+        received.len(),
+        received.len() - seen.len()
+    );
+    let seen: HashSet<String> = seen.into_keys().collect();
+    assert_eq!(
+        seen, inserted,
+        "every row arrived, each marked only after its confirm"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_delivers_a_notified_row_long_before_the_fallback_poll() {
+    let amqp = services().rabbit.url();
+    let db_url = services()
+        .pg
+        .create_database(&unique_name("poll_listen"))
+        .await;
+    let exchange = unique_name("poll_listen_ex");
+    // Provision with the binary itself: table, claim index, exchange.
+    let setup = RelayProcess::spawn(
+        &["setup", "--mode", "poll", "--exchange", &exchange],
+        &[("DATABASE_URL", &db_url), ("AMQP_URL", &amqp)],
+    );
+    let status = setup.wait_exit(EXIT).await.expect("setup exits");
+    assert!(status.success(), "setup failed:\n{}", setup.log());
+    assert!(
+        setup.log().contains("outbox_unpublished_idx"),
+        "{}",
+        setup.log()
+    );
+    let queue = unique_name("poll_listen_q");
+    declare_bound_queue(&amqp, &exchange, &queue, "#").await;
+    let outbox = Outbox {
+        db_url,
+        amqp_url: amqp.clone(),
+        exchange,
+        queue,
+    };
+    let mut consumer = Consumer::start(&amqp, &outbox.queue).await;
+    let relay = outbox.spawn_poll_env(
+        &["--listen", "--poll-interval", "60s"],
+        &[("RUST_LOG", "info,outbox_relay::poll=debug")],
+    );
+
+    // Wait until LISTEN is active and the worker has polled since (and found nothing): from
+    // then on only a notification, or the poll 60 s later, makes it look again.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let log = relay.log();
+        let idle_after_listen = log
+            .find("listening for notifications")
+            .is_some_and(|at| log[at..].contains("waiting for rows"));
+        if idle_after_listen {
+            break;
+        }
+        assert!(relay.try_exit().is_none(), "poll exited:\n{log}");
+        assert!(tokio::time::Instant::now() < deadline, "not idle:\n{log}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let client = outbox.client().await;
+    let row = client
+        .query_one(
+            "INSERT INTO outbox (event_type, payload, headers, aggregate_type, aggregate_id) \
+             VALUES ('order.paid', '{\"order_id\": 42, \"note\": \"it''s paid\"}', \
+                     '{\"tenant\": \"acme\", \"attempt\": 2}', 'order', '42') \
+             RETURNING id::text, floor(extract(epoch FROM created_at))::int8",
+            &[],
+        )
+        .await
+        .expect("insert");
+    let (id, created): (String, i64) = (row.get(0), row.get(1));
+    // After the commit (autocommit), as docs/polling.md tells applications to do.
+    client.batch_execute("NOTIFY outbox").await.expect("notify");
+
+    let got = consumer.wait_for(1, Duration::from_secs(5)).await;
+    assert_eq!(
+        got.len(),
+        1,
+        "not delivered within 5 s of the NOTIFY:\n{}",
+        relay.log()
+    );
+    let message = &got[0];
+    assert_eq!(message.message_id.as_deref(), Some(id.as_str()));
+    assert_eq!(message.kind.as_deref(), Some("order.paid"));
+    assert_eq!(message.routing_key, "order.paid");
+    assert_eq!(message.exchange, outbox.exchange);
+    assert_eq!(
+        message.body_json(),
+        serde_json::json!({"order_id": 42, "note": "it's paid"})
+    );
+    assert_eq!(message.content_type.as_deref(), Some("application/json"));
+    assert_eq!(message.delivery_mode, Some(2));
+    assert_eq!(message.timestamp, Some(created as u64));
+    assert_eq!(message.header_str("tenant"), Some("acme"));
+    assert_eq!(message.header_u64("attempt"), Some(2));
+    assert_eq!(message.header_str("x-aggregate-id"), Some("42"));
+    assert_eq!(message.header_str("x-aggregate-type"), Some("order"));
+    wait_count(
+        &client,
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+        |n| n == 0,
+    )
+    .await;
+    stop(&relay).await;
+}
+
+#[tokio::test]
+async fn claim_query_uses_the_partial_index_on_a_mostly_published_table() {
+    let db_url = services()
+        .pg
+        .create_database(&unique_name("poll_explain"))
+        .await;
+    let client = pg_connect(&db_url).await;
+    client
+        .batch_execute(&setup::poll_script(&names("outbox")))
+        .await
+        .expect("setup SQL");
+    client
+        .batch_execute(
+            "INSERT INTO outbox (event_type, payload, created_at, published_at) \
+             SELECT 'order.created', jsonb_build_object('n', g), \
+                    now() - (100000 - g) * interval '1 second', \
+                    CASE WHEN g <= 99000 THEN now() END \
+             FROM generate_series(1, 100000) g; \
+             ANALYZE outbox;",
+        )
+        .await
+        .expect("seed 100,000 rows");
+
+    let table = OutboxTable::discover(&client, &names("outbox"))
+        .await
+        .expect("discover");
+    for limit in [1, 500] {
+        let plan: Vec<String> = client
+            .query(&format!("EXPLAIN {}", table.claim_sql(limit)), &[])
+            .await
+            .expect("explain")
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let plan = plan.join("\n");
+        eprintln!("claim query plan (LIMIT {limit}):\n{plan}");
+        assert!(!plan.contains("Seq Scan on outbox"), "{plan}");
+        // Read in created_at order from the index and stop at the limit: no Sort of the
+        // whole backlog.
+        assert!(!plan.contains("Sort"), "{plan}");
+        assert!(plan.contains("outbox_unpublished_idx"), "{plan}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_that_cannot_be_mapped_stops_the_relay_naming_it_and_publishes_nothing() {
+    let amqp = services().rabbit.url();
+    let outbox = Outbox::new("poll_bad", &amqp).await;
+    let client = outbox.client().await;
+    let bad: String = client
+        .query_one(
+            "INSERT INTO outbox (event_type, headers, created_at) \
+             VALUES ('order.created', '[1, 2]', now() - interval '1 minute') RETURNING id::text",
+            &[],
+        )
+        .await
+        .expect("insert")
+        .get(0);
+    insert_rows(&client, 0, 0, 5).await;
+
+    let relay = outbox.spawn_poll(&[]);
+    let status = relay.wait_exit(EXIT).await.expect("poll stops");
+    assert!(!status.success(), "a definite error exits non-zero");
+    let log = relay.log();
+    assert!(log.contains(&bad), "the error names the row:\n{log}");
+    assert!(log.contains("headers"), "and the column:\n{log}");
+    assert_eq!(
+        published(&client).await,
+        0,
+        "its batch rolled back, nothing marked"
+    );
+    assert_eq!(queue_message_count(&amqp, &outbox.queue).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unroutable_row_stays_unpublished_until_a_queue_is_bound() {
+    let amqp = services().rabbit.url();
+    let db_url = services()
+        .pg
+        .create_database(&unique_name("poll_unroutable"))
+        .await;
+    let exchange = unique_name("poll_unroutable_ex");
+    let client = pg_connect(&db_url).await;
+    client
+        .batch_execute(&setup::poll_script(&names(&exchange)))
+        .await
+        .expect("setup SQL");
+    let routed = unique_name("poll_routed_q");
+    declare_bound_queue(&amqp, &exchange, &routed, "order.#").await;
+    let stray: String = client
+        .query_one(
+            "INSERT INTO outbox (event_type, created_at) \
+             VALUES ('nobody.listens', now() - interval '1 minute') RETURNING id::text",
+            &[],
+        )
+        .await
+        .expect("insert")
+        .get(0);
+    insert_rows(&client, 0, 0, 3).await;
+
+    let outbox = Outbox {
+        db_url,
+        amqp_url: amqp.clone(),
+        exchange: exchange.clone(),
+        queue: routed,
+    };
+    let relay = outbox.spawn_poll(&["--max-backoff-secs", "1"]);
+    // Returned twice: the first batch, then the retry that claims only the oldest row.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while relay.log().matches("as unroutable").count() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no return reported:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(relay.log().contains(&stray), "{}", relay.log());
+    let unmarked: i64 = client
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE id::text = $1 AND published_at IS NULL",
+            &[&stray],
+        )
+        .await
+        .expect("query")
+        .get(0);
+    assert_eq!(unmarked, 1, "a returned message is never marked published");
+
+    let late = unique_name("poll_late_q");
+    declare_bound_queue(&amqp, &exchange, &late, "nobody.#").await;
+    let mut consumer = Consumer::start(&amqp, &late).await;
+    let got = consumer.wait_for(1, DEADLINE).await;
+    assert_eq!(got[0].message_id.as_deref(), Some(stray.as_str()));
+    wait_count(
+        &client,
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+        |n| n == 0,
+    )
+    .await;
+    stop(&relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_deletes_only_rows_published_longer_ago_than_the_retention() {
+    let amqp = services().rabbit.url();
+    let outbox = Outbox::new("poll_cleanup", &amqp).await;
+    let client = outbox.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox (event_type, created_at, published_at) \
+             SELECT 'old.published', now() - interval '3 hours', now() - interval '2 hours' \
+             FROM generate_series(1, 2500); \
+             INSERT INTO outbox (event_type, created_at, published_at) \
+             SELECT 'recent.published', now() - interval '3 hours', now() - interval '10 minutes' \
+             FROM generate_series(1, 10); \
+             INSERT INTO outbox (event_type, created_at) \
+             SELECT 'old.unpublished', now() - interval '3 hours' FROM generate_series(1, 10);",
+        )
+        .await
+        .expect("seed");
+    let relay = outbox.spawn_poll(&[
+        "--cleanup-interval",
+        "100ms",
+        "--retention",
+        "1h",
+        "--cleanup-batch",
+        "1000",
+    ]);
+    wait_count(
+        &client,
+        "SELECT count(*) FROM outbox WHERE event_type = 'old.published'",
+        |n| n == 0,
+    )
+    .await;
+    stop(&relay).await;
+    let left: Vec<(String, i64)> = client
+        .query(
+            "SELECT event_type, count(*) FROM outbox GROUP BY 1 ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("count")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(
+        left,
+        [
+            ("old.unpublished".to_string(), 10),
+            ("recent.published".to_string(), 10)
+        ],
+        "rows within the retention, and rows published just now, are kept"
+    );
+    assert!(relay.log().contains("cleanup deleted"), "{}", relay.log());
+}
