@@ -15,12 +15,7 @@
 //! with the message named; what was confirmed before it is printed, and running the command
 //! again publishes from `since` again.
 
-use std::time::Duration;
-
-use lapin::{Confirmation, PublisherConfirm};
 use pgwire_replication::Lsn;
-use tokio::sync::watch;
-use tokio::time::Instant;
 use tokio_postgres::{Client, IsolationLevel};
 
 use crate::config::{OutboxNames, ResyncArgs};
@@ -30,8 +25,8 @@ use crate::mapper::{columns, text_tuple, Layout, Mapper};
 use crate::pgoutput::{Column, Relation};
 // The text shapes the mapper parses, as polling mode pins them.
 use crate::poll::table::SESSION_SETTINGS;
-use crate::publish::queue::{ConfirmQueue, Failure, Returned};
-use crate::publish::Broker;
+use crate::publish::queue::ConfirmQueue;
+use crate::publish::{await_confirms, Broker, Stage};
 
 use super::qualified_table;
 
@@ -90,8 +85,8 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         let mut queue = ConfirmQueue::new(Lsn::ZERO);
         for message in messages {
             let message_id = message.message_id.clone();
-            let confirm = broker.publish(message).await?;
-            queue.push_publish(message_id, confirm);
+            let stage = Stage::start(&broker, message).await?;
+            queue.push_publish(message_id, stage);
         }
         let confirmed = await_confirms(
             &mut queue,
@@ -269,86 +264,8 @@ fn number_of(two: &[u8; 2]) -> u32 {
     u32::from(two[0] - b'0') * 10 + u32::from(two[1] - b'0')
 }
 
-// The confirm wait below is the one polling mode's worker has (src/poll/worker.rs); both
-// belong next to `ConfirmQueue` in `publish/` once the modes share them.
-
-/// Awaits the confirms of a batch in publish order. Any nack, any return (matched to its
-/// publish by message id, whichever confirm carried it), a closed channel or a confirm that
-/// does not come within `timeout` (paused while the broker blocks publishers) fails it.
-async fn await_confirms(
-    queue: &mut ConfirmQueue<PublisherConfirm>,
-    mut blocked: watch::Receiver<bool>,
-    timeout: Duration,
-) -> Result<(), RelayError> {
-    let mut blocked_open = true;
-    let mut front_since = Instant::now();
-    while queue.front_mut().is_some() {
-        let timing = !*blocked.borrow();
-        let deadline = front_since + timeout;
-        tokio::select! {
-            biased;
-            confirmation = async {
-                match queue.front_mut() {
-                    Some(confirm) => confirm.await,
-                    None => std::future::pending().await,
-                }
-            } => {
-                let (acked, returned) = match confirmation? {
-                    Confirmation::Ack(returned) => (true, returned),
-                    Confirmation::Nack(returned) => (false, returned),
-                    Confirmation::NotRequested => {
-                        return Err(RelayError::Task("publisher confirms are not enabled".into()));
-                    }
-                };
-                if let Some(returned) = returned {
-                    let message_id = returned
-                        .delivery
-                        .properties
-                        .message_id()
-                        .as_ref()
-                        .map(|id| id.as_str().to_string())
-                        .unwrap_or_default();
-                    queue.record_return(
-                        message_id,
-                        Returned {
-                            exchange: returned.delivery.exchange.as_str().to_string(),
-                            routing_key: returned.delivery.routing_key.as_str().to_string(),
-                            reply_code: returned.reply_code,
-                            reply_text: returned.reply_text.as_str().to_string(),
-                        },
-                    );
-                }
-                front_since = Instant::now();
-                match queue.settle_front(acked) {
-                    Some(Err(Failure::Nacked { message_id })) => {
-                        return Err(RelayError::Nacked { message_id });
-                    }
-                    Some(Err(Failure::Returned { message_id, returned })) => {
-                        return Err(RelayError::Returned {
-                            message_id,
-                            exchange: returned.exchange,
-                            routing_key: returned.routing_key,
-                            reply_code: returned.reply_code,
-                            reply_text: returned.reply_text,
-                        });
-                    }
-                    _ => {}
-                }
-            }
-            changed = blocked.changed(), if blocked_open => {
-                blocked_open = changed.is_ok();
-                front_since = Instant::now();
-            }
-            () = tokio::time::sleep_until(deadline), if timing => {
-                return Err(RelayError::ConfirmTimeout {
-                    message_id: queue.front_message_id().unwrap_or_default().to_string(),
-                    seconds: timeout.as_secs(),
-                });
-            }
-        }
-    }
-    Ok(())
-}
+// The confirm wait below is the loop polling mode's worker has (src/poll/worker.rs); it
+// belongs next to `settle_front` in `publish/` once both can share it.
 
 #[cfg(test)]
 mod tests {

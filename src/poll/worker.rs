@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pgwire_replication::Lsn;
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_postgres::{Client, Statement};
 use tokio_util::sync::CancellationToken;
@@ -30,7 +29,7 @@ use crate::backoff::Backoff;
 use crate::db;
 use crate::error::{chain, Recovery, RelayError};
 use crate::publish::queue::ConfirmQueue;
-use crate::publish::{settle_front, Broker, Stage};
+use crate::publish::{await_confirms, Broker, Stage};
 
 use super::table::{OutboxTable, SESSION_SETTINGS};
 use super::Shared;
@@ -267,44 +266,4 @@ where
             seconds: DB_TIMEOUT.as_secs(),
         }),
     }
-}
-
-/// Awaits the confirms of a batch in publish order. Any nack, any return (matched to its
-/// publish by message id, whichever confirm carried it), a closed channel or a confirm that
-/// does not come within `timeout` (paused while the broker blocks publishers) fails the batch.
-async fn await_confirms(
-    queue: &mut ConfirmQueue<Stage>,
-    mut blocked: watch::Receiver<bool>,
-    timeout: Duration,
-) -> Result<(), RelayError> {
-    let mut blocked_open = true;
-    let mut front_since = Instant::now();
-    while queue.front_mut().is_some() {
-        let timing = !*blocked.borrow();
-        let deadline = front_since + timeout;
-        tokio::select! {
-            biased;
-            confirmation = async {
-                match queue.front_mut() {
-                    Some(stage) => stage.confirmation().await,
-                    None => std::future::pending().await,
-                }
-            } => {
-                front_since = Instant::now();
-                settle_front(queue, confirmation)?;
-            }
-            changed = blocked.changed(), if blocked_open => {
-                // Waiting while the broker blocks publishers is its choice, not a lost confirm.
-                blocked_open = changed.is_ok();
-                front_since = Instant::now();
-            }
-            () = tokio::time::sleep_until(deadline), if timing => {
-                return Err(RelayError::ConfirmTimeout {
-                    message_id: queue.front_message_id().unwrap_or_default().to_string(),
-                    seconds: timeout.as_secs(),
-                });
-            }
-        }
-    }
-    Ok(())
 }

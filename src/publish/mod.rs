@@ -9,6 +9,9 @@
 pub mod queue;
 
 use std::task::Poll;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use lapin::Confirmation;
 
@@ -233,4 +236,44 @@ pub fn settle_front<P>(
             reply_text: returned.reply_text,
         }),
     }
+}
+
+/// Awaits the confirms of a batch in publish order. Any nack, any return (matched to its
+/// publish by message id, whichever confirm carried it), a closed channel or a confirm that
+/// does not come within `timeout` (paused while the broker blocks publishers) fails the batch.
+pub async fn await_confirms(
+    queue: &mut ConfirmQueue<Stage>,
+    mut blocked: watch::Receiver<bool>,
+    timeout: Duration,
+) -> Result<(), RelayError> {
+    let mut blocked_open = true;
+    let mut front_since = Instant::now();
+    while queue.front_mut().is_some() {
+        let timing = !*blocked.borrow();
+        let deadline = front_since + timeout;
+        tokio::select! {
+            biased;
+            confirmation = async {
+                match queue.front_mut() {
+                    Some(stage) => stage.confirmation().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                front_since = Instant::now();
+                settle_front(queue, confirmation)?;
+            }
+            changed = blocked.changed(), if blocked_open => {
+                // Waiting while the broker blocks publishers is its choice, not a lost confirm.
+                blocked_open = changed.is_ok();
+                front_since = Instant::now();
+            }
+            () = tokio::time::sleep_until(deadline), if timing => {
+                return Err(RelayError::ConfirmTimeout {
+                    message_id: queue.front_message_id().unwrap_or_default().to_string(),
+                    seconds: timeout.as_secs(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
