@@ -136,18 +136,7 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
     preflight::check_wal_level(&client).await?;
     println!("wal_level: logical");
 
-    let table_existed = preflight::check_table(&client, names).await.is_ok();
-    if args.no_create_table {
-        preflight::check_table(&client, names).await?;
-        println!("table {}: exists (not managed by setup)", names.table);
-    } else {
-        client.batch_execute(&table_step(names).sql).await?;
-        println!(
-            "table {}: {}",
-            names.table,
-            created_or_existed(table_existed)
-        );
-    }
+    ensure_table(&client, &args).await?;
 
     let publication_existed = preflight::check_publication(&client, names).await;
     match publication_existed {
@@ -193,18 +182,7 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
         return Ok(());
     }
     let client = db::connect(&args.connections.database_url()?).await?;
-    let table_existed = preflight::check_table(&client, names).await.is_ok();
-    if args.no_create_table {
-        preflight::check_table(&client, names).await?;
-        println!("table {}: exists (not managed by setup)", names.table);
-    } else {
-        client.batch_execute(&table_step(names).sql).await?;
-        println!(
-            "table {}: {}",
-            names.table,
-            created_or_existed(table_existed)
-        );
-    }
+    ensure_table(&client, &args).await?;
     let index = poll_index_step(names);
     client.batch_execute(&index.sql).await?;
     println!("{}: ensured (WHERE published_at IS NULL)", index.object);
@@ -214,6 +192,24 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
     broker.close().await;
     println!("exchange {}: declared (durable topic)", names.exchange);
     println!("setup complete");
+    Ok(())
+}
+
+/// Creates the outbox table if missing, or with `--no-create-table` only checks it exists.
+async fn ensure_table(client: &tokio_postgres::Client, args: &SetupArgs) -> Result<(), RelayError> {
+    let names = &args.names;
+    let table_existed = preflight::check_table(client, names).await.is_ok();
+    if args.no_create_table {
+        preflight::check_table(client, names).await?;
+        println!("table {}: exists (not managed by setup)", names.table);
+    } else {
+        client.batch_execute(&table_step(names).sql).await?;
+        println!(
+            "table {}: {}",
+            names.table,
+            created_or_existed(table_existed)
+        );
+    }
     Ok(())
 }
 
