@@ -163,6 +163,8 @@ pub struct SetupArgs {
     /// claim query needs; no wal_level check, no publication, no slot).
     #[arg(long, env = "OUTBOX_MODE", value_enum, default_value_t = Mode::Wal)]
     pub mode: Mode,
+    #[command(flatten)]
+    pub dead_letter: DeadLetterArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -183,6 +185,64 @@ pub struct RunArgs {
     pub observability: ObservabilityArgs,
     #[command(flatten)]
     pub cleanup: CleanupArgs,
+    #[command(flatten)]
+    pub dead_letter: DeadLetterArgs,
+}
+
+/// What happens to a message the broker will not route or accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnUnroutable {
+    /// Stop at it: nothing after it is acknowledged; retry until it can be delivered.
+    Halt,
+    /// Publish it to --dead-letter-exchange with the reason in headers, then move on.
+    DeadLetter,
+}
+
+/// The dead-letter policy (src/dead_letter.rs, docs/operations.md).
+#[derive(Debug, Clone, Args)]
+pub struct DeadLetterArgs {
+    /// What to do with a message the broker returns as unroutable (no binding for its routing
+    /// key), or one that cannot be published at all (over --max-message-size, or a row that
+    /// cannot be mapped): `halt` stops delivery at it until it can be delivered; `dead-letter`
+    /// publishes it to --dead-letter-exchange with the reason in headers, and once the broker
+    /// confirms that, moves on.
+    #[arg(long, env = "OUTBOX_ON_UNROUTABLE", value_enum, default_value_t = OnUnroutable::Halt)]
+    pub on_unroutable: OnUnroutable,
+
+    /// The exchange dead letters go to (required with --on-unroutable dead-letter). `setup`
+    /// declares it as a durable topic exchange; dead letters keep their routing key, so bind
+    /// a queue with `#` to receive them all.
+    #[arg(long, env = "OUTBOX_DEAD_LETTER_EXCHANGE")]
+    pub dead_letter_exchange: Option<String>,
+}
+
+impl DeadLetterArgs {
+    /// The dead-letter exchange when the policy is `dead-letter`, `None` under `halt`.
+    /// `exchange` is the main exchange, which the dead letters must not go back to.
+    pub fn exchange(&self, exchange: &str) -> Result<Option<String>, RelayError> {
+        if self.on_unroutable == OnUnroutable::Halt {
+            return Ok(None);
+        }
+        match self.dead_letter_exchange.as_deref().map(str::trim) {
+            None | Some("") => Err(RelayError::Config(
+                "--on-unroutable dead-letter needs the exchange to send dead letters to. Fix: \
+                 set --dead-letter-exchange (or OUTBOX_DEAD_LETTER_EXCHANGE), and run \
+                 `outbox-relay setup` with both flags to declare it"
+                    .into(),
+            )),
+            Some(name) if name == exchange => Err(RelayError::Config(format!(
+                "--dead-letter-exchange is \"{name}\", the exchange messages are published to: \
+                 a message it cannot route would come back unroutable again. Fix: name another \
+                 exchange, e.g. \"{exchange}.dead-letter\""
+            ))),
+            Some(name) if name.len() > 255 => Err(RelayError::Config(format!(
+                "--dead-letter-exchange is {} bytes long; AMQP allows at most 255. Fix: use a \
+                 shorter name",
+                name.len()
+            ))),
+            Some(name) => Ok(Some(name.to_string())),
+        }
+    }
 }
 
 /// Throughput, latency and failure-handling knobs of the WAL relay.
@@ -306,6 +366,9 @@ pub struct PollArgs {
 
     #[command(flatten)]
     pub delivery: Delivery,
+
+    #[command(flatten)]
+    pub dead_letter: DeadLetterArgs,
 }
 
 /// `run`'s HTTP endpoints and slot poller (src/observability.rs, docs/operations.md).
@@ -528,5 +591,40 @@ mod tests {
             "postgres://from-file"
         );
         assert!(secret("x", "--x", &None, &None).is_err());
+    }
+
+    #[test]
+    fn dead_letter_policy_defaults_to_halt_and_needs_an_exchange() {
+        let run = |extra: &[&str]| {
+            let mut args = vec!["outbox-relay", "run", "--database-url", "postgres://x"];
+            args.extend_from_slice(extra);
+            let Command::Run(run) = Cli::try_parse_from(args).expect("parses").command else {
+                panic!("expected run");
+            };
+            run.dead_letter
+        };
+        let halt = run(&[]);
+        assert_eq!(halt.on_unroutable, OnUnroutable::Halt);
+        assert_eq!(halt.exchange("outbox").expect("halt"), None);
+        let dead_letter = run(&["--on-unroutable", "dead-letter"]);
+        let e = dead_letter.exchange("outbox").expect_err("no exchange");
+        assert!(e.to_string().contains("--dead-letter-exchange"), "{e}");
+        let same = run(&[
+            "--on-unroutable",
+            "dead-letter",
+            "--dead-letter-exchange",
+            "outbox",
+        ]);
+        assert!(same.exchange("outbox").is_err());
+        let dlx = run(&[
+            "--on-unroutable",
+            "dead-letter",
+            "--dead-letter-exchange",
+            "outbox.dlx",
+        ]);
+        assert_eq!(
+            dlx.exchange("outbox").expect("dead-letter"),
+            Some("outbox.dlx".to_string())
+        );
     }
 }

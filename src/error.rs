@@ -9,6 +9,10 @@
 //!   stops with a message that names the object or row and the fix, having acknowledged nothing
 //!   past it.
 //!
+//! Under `--on-unroutable dead-letter` a returned message, and a row too large or unmappable,
+//! are neither: they go to the dead-letter exchange (`dead_letter`). Only a dead letter that
+//! cannot be delivered there either is an error again (transient: the relay retries).
+//!
 //! A slot held by another process is its own case: this relay is a standby and waits.
 
 use crate::mapper::MapError;
@@ -148,8 +152,24 @@ pub enum RelayError {
     },
 
     #[error(
+        "RabbitMQ returned the dead letter of message {message_id} as unroutable ({reply_code} \
+         {reply_text}): no queue is bound to the dead-letter exchange \"{exchange}\" for \
+         routing key \"{routing_key}\". Fix: bind a queue to \"{exchange}\" (with `#` for \
+         every dead letter); the relay retries and does not move past this message"
+    )]
+    DeadLetterReturned {
+        message_id: String,
+        exchange: String,
+        routing_key: String,
+        reply_code: u16,
+        reply_text: String,
+    },
+
+    #[error(
         "The exchange \"{exchange}\" does not exist on the broker. Fix: run `outbox-relay \
-         setup` (it declares a durable topic exchange) or declare it; the relay retries"
+         setup` with the same flags (it declares the exchange and, under `--on-unroutable \
+         dead-letter`, the dead-letter exchange, both durable topic exchanges) or declare it; \
+         the relay retries"
     )]
     ExchangeMissing { exchange: String },
 
@@ -208,6 +228,7 @@ impl RelayError {
             | ConfirmTimeout { .. }
             | Nacked { .. }
             | Returned { .. }
+            | DeadLetterReturned { .. }
             | StreamEnded
             | StreamSilent { .. }
             | Protocol(_)
@@ -221,7 +242,8 @@ impl RelayError {
         match self {
             RelayError::ConfirmTimeout { message_id, .. }
             | RelayError::Nacked { message_id }
-            | RelayError::Returned { message_id, .. } => Some(message_id),
+            | RelayError::Returned { message_id, .. }
+            | RelayError::DeadLetterReturned { message_id, .. } => Some(message_id),
             _ => None,
         }
     }
@@ -237,6 +259,7 @@ impl RelayError {
             ConfirmTimeout { .. } => "confirm_timeout",
             Nacked { .. } => "nack",
             Returned { .. } => "unroutable",
+            DeadLetterReturned { .. } => "dead_letter_unroutable",
             ExchangeMissing { .. } => "exchange_missing",
             StreamEnded => "stream_ended",
             StreamSilent { .. } => "no_heartbeat",

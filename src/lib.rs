@@ -14,6 +14,7 @@ pub mod bench;
 pub mod cleanup;
 pub mod config;
 pub mod db;
+pub mod dead_letter;
 pub mod error;
 pub mod mapper;
 pub mod observability;

@@ -13,6 +13,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 use pgwire_replication::Lsn;
 
+use crate::dead_letter::{self, Reason};
 use crate::pgoutput::{Relation, Tuple, TupleValue};
 
 /// Column names of the outbox table (DESIGN.md section 2).
@@ -239,6 +240,28 @@ impl MapError {
     }
 }
 
+impl MapError {
+    /// What is wrong with the row, without the row reference and the advice (the text of an
+    /// `unmappable` dead-letter reason).
+    pub fn problem(&self) -> String {
+        match self {
+            MapError::MissingColumn { table, column } => {
+                format!("the table {table} has no column \"{column}\"")
+            }
+            MapError::Null { column, .. } => format!("column \"{column}\" is NULL"),
+            MapError::UnchangedToast { column, .. } => {
+                format!("column {column} arrived as an unchanged TOAST value")
+            }
+            MapError::TooLarge { size, limit, .. } => {
+                format!("body of {size} bytes is over the limit of {limit}")
+            }
+            MapError::Invalid {
+                column, problem, ..
+            } => format!("column \"{column}\" {problem}"),
+        }
+    }
+}
+
 impl Mapper {
     pub fn new(default_exchange: &str, max_message_size: usize) -> Result<Self, String> {
         let default_exchange = ShortString::try_new(default_exchange)
@@ -295,23 +318,7 @@ impl Mapper {
         };
         let event_type = required_str(values, layout.event_type, columns::EVENT_TYPE, &row)?;
 
-        let body = match layout.payload {
-            None => Bytes::new(),
-            Some((i, kind)) => match &values[i] {
-                TupleValue::Null => Bytes::new(),
-                TupleValue::Text(text) if kind == BodyKind::Bytea => decode_bytea_hex(text)
-                    .map_err(|problem| MapError::Invalid {
-                        row: row(),
-                        column: columns::PAYLOAD,
-                        problem,
-                    })?,
-                TupleValue::Text(text) => text.clone(),
-                // Binary jsonb starts with a version byte (1) before the JSON text.
-                TupleValue::Binary(raw) if kind == BodyKind::Jsonb => raw.slice(1.min(raw.len())..),
-                TupleValue::Binary(raw) => raw.clone(),
-                TupleValue::UnchangedToast => unreachable_toast(),
-            },
-        };
+        let body = body(layout, values, &row)?;
         if body.len() > self.max_message_size {
             return Err(MapError::TooLarge {
                 row: row(),
@@ -334,16 +341,7 @@ impl Mapper {
             Some(i) => header_table(&values[i], &row)?,
             None => FieldTable::default(),
         };
-        if let Some(position) = position {
-            table.insert(
-                headers::LSN.into(),
-                AMQPValue::LongString(LongString::from(position.commit_lsn.to_string())),
-            );
-            table.insert(
-                headers::SEQ.into(),
-                AMQPValue::LongString(LongString::from(position.seq())),
-            );
-        }
+        insert_stream_headers(&mut table, position);
         for (column, header, index) in [
             (
                 columns::AGGREGATE_TYPE,
@@ -381,6 +379,149 @@ impl Mapper {
         }
 
         Ok(OutboxMessage {
+            message_id,
+            exchange,
+            routing_key,
+            properties,
+            body,
+        })
+    }
+}
+
+/// `x-outbox-lsn` and `x-outbox-seq`, for a row from the stream.
+fn insert_stream_headers(table: &mut FieldTable, position: Option<Position>) {
+    if let Some(position) = position {
+        table.insert(
+            headers::LSN.into(),
+            AMQPValue::LongString(LongString::from(position.commit_lsn.to_string())),
+        );
+        table.insert(
+            headers::SEQ.into(),
+            AMQPValue::LongString(LongString::from(position.seq())),
+        );
+    }
+}
+
+/// The message body: the payload column's bytes (hex bytea decoded), empty when NULL or absent.
+fn body(
+    layout: &Layout,
+    values: &[TupleValue],
+    row: &dyn Fn() -> RowRef,
+) -> Result<Bytes, MapError> {
+    let Some((i, kind)) = layout.payload else {
+        return Ok(Bytes::new());
+    };
+    Ok(match values.get(i) {
+        None | Some(TupleValue::Null) => Bytes::new(),
+        Some(TupleValue::Text(text)) if kind == BodyKind::Bytea => {
+            decode_bytea_hex(text).map_err(|problem| MapError::Invalid {
+                row: row(),
+                column: columns::PAYLOAD,
+                problem,
+            })?
+        }
+        Some(TupleValue::Text(text)) => text.clone(),
+        // Binary jsonb starts with a version byte (1) before the JSON text.
+        Some(TupleValue::Binary(raw)) if kind == BodyKind::Jsonb => raw.slice(1.min(raw.len())..),
+        Some(TupleValue::Binary(raw)) => raw.clone(),
+        Some(TupleValue::UnchangedToast) => unreachable_toast(),
+    })
+}
+
+impl Mapper {
+    /// [`map`](Self::map), or under the dead-letter policy (`dead_letter_exchange` given) the
+    /// dead letter of a row that cannot be published (too large, or unmappable), with why.
+    /// A row without a readable id is never dead-lettered: nothing would identify it, so it
+    /// stops the relay like any mapping error.
+    pub fn map_or_dead_letter(
+        &self,
+        layout: &Layout,
+        tuple: &Tuple,
+        position: Option<Position>,
+        dead_letter_exchange: Option<&ShortString>,
+    ) -> Result<(OutboxMessage, Option<Reason>), MapError> {
+        let error = match self.map(layout, tuple, position) {
+            Ok(message) => return Ok((message, None)),
+            Err(error) => error,
+        };
+        let Some(dead_letter_exchange) = dead_letter_exchange else {
+            return Err(error);
+        };
+        let Some(original) = self.salvage(layout, tuple, position, &error) else {
+            return Err(error);
+        };
+        let reason = match &error {
+            MapError::TooLarge { size, limit, .. } => Reason::TooLarge {
+                size: *size,
+                limit: *limit,
+            },
+            other => Reason::Unmappable {
+                error: other.problem(),
+            },
+        };
+        let message = dead_letter::dead_letter(dead_letter_exchange, original, &reason);
+        Ok((message, Some(reason)))
+    }
+
+    /// What can be told of a row `map` rejected: its id, its destination and stream headers
+    /// when readable, and its body when that is within the size limit (else empty). `None`
+    /// when the row has no usable id or does not match its Relation.
+    fn salvage(
+        &self,
+        layout: &Layout,
+        tuple: &Tuple,
+        position: Option<Position>,
+        error: &MapError,
+    ) -> Option<OutboxMessage> {
+        let values = &tuple.0;
+        if values.len() != layout.width {
+            return None;
+        }
+        let message_id = error.row_id()?.to_string();
+        let id = ShortString::try_new(message_id.as_str()).ok()?;
+        let row = || RowRef {
+            id: Some(message_id.clone()),
+            position,
+        };
+        let readable = |index: Option<usize>, column| {
+            optional_str(values, index, column, &row)
+                .ok()
+                .flatten()
+                .and_then(|text| ShortString::try_new(text).ok())
+        };
+        let event_type = readable(Some(layout.event_type), columns::EVENT_TYPE);
+        let exchange = readable(layout.exchange, columns::EXCHANGE)
+            .unwrap_or_else(|| self.default_exchange.clone());
+        let routing_key = readable(layout.routing_key, columns::ROUTING_KEY)
+            .or_else(|| event_type.clone())
+            .unwrap_or_default();
+        let body = body(layout, values, &row)
+            .or_else(|_| match layout.payload.and_then(|(i, _)| values.get(i)) {
+                Some(TupleValue::Text(raw) | TupleValue::Binary(raw)) => Ok(raw.clone()),
+                _ => Err(()),
+            })
+            .unwrap_or_default();
+        let body = if body.len() > self.max_message_size {
+            Bytes::new()
+        } else {
+            body
+        };
+        let mut table = layout
+            .headers
+            .and_then(|i| header_table(&values[i], &row).ok())
+            .unwrap_or_default();
+        insert_stream_headers(&mut table, position);
+        let mut properties = BasicProperties::default()
+            .with_message_id(id)
+            .with_delivery_mode(2)
+            .with_headers(table);
+        if let Some(event_type) = event_type {
+            properties = properties.with_type(event_type);
+        }
+        if let Some((_, kind)) = layout.payload {
+            properties = properties.with_content_type(kind.content_type().into());
+        }
+        Some(OutboxMessage {
             message_id,
             exchange,
             routing_key,
@@ -832,5 +973,82 @@ mod tests {
     fn uuid_binary_renders_canonically() {
         let raw: Vec<u8> = (0u8..16).collect();
         assert_eq!(uuid_text(&raw), "00010203-0405-0607-0809-0a0b0c0d0e0f");
+    }
+
+    #[test]
+    fn unpublishable_rows_become_dead_letters_only_under_the_policy() {
+        use crate::dead_letter::headers as dl;
+        let layout = Layout::for_relation(&outbox_relation()).expect("layout");
+        let dlx: ShortString = "dlx".into();
+        let header = |m: &OutboxMessage, name: &str| {
+            m.properties
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get(name).cloned())
+        };
+
+        let (m, reason) = mapper()
+            .map_or_dead_letter(&layout, &full_row(), Some(pos()), Some(&dlx))
+            .expect("maps");
+        assert_eq!((m.exchange.as_str(), reason), ("outbox", None));
+
+        // Too large: the body is dropped, its size kept; destination and stream headers kept.
+        let mut big = full_row();
+        big.0[2] = text(&"x".repeat(2000));
+        assert!(mapper()
+            .map_or_dead_letter(&layout, &big, Some(pos()), None)
+            .is_err());
+        let (m, reason) = mapper()
+            .map_or_dead_letter(&layout, &big, Some(pos()), Some(&dlx))
+            .expect("dead letter");
+        assert_eq!(
+            reason,
+            Some(Reason::TooLarge {
+                size: 2000,
+                limit: 1024
+            })
+        );
+        assert_eq!(m.exchange.as_str(), "dlx");
+        assert_eq!(m.routing_key.as_str(), "OrderCreated");
+        assert_eq!(m.message_id, ID);
+        assert!(m.body.is_empty());
+        assert_eq!(
+            header(&m, dl::ORIGINAL_SIZE),
+            Some(AMQPValue::LongLongInt(2000))
+        );
+        assert_eq!(
+            header(&m, dl::ORIGINAL_EXCHANGE),
+            Some(AMQPValue::LongString("outbox".into()))
+        );
+        assert_eq!(
+            header(&m, headers::SEQ),
+            Some(AMQPValue::LongString("00000000016B6C50-00000003".into()))
+        );
+
+        // Unmappable: the payload travels (it is within the limit), the reason names the column.
+        let mut null_type = full_row();
+        null_type.0[1] = TupleValue::Null;
+        let (m, reason) = mapper()
+            .map_or_dead_letter(&layout, &null_type, Some(pos()), Some(&dlx))
+            .expect("dead letter");
+        let Some(Reason::Unmappable { error }) = reason else {
+            panic!("unmappable expected");
+        };
+        assert_eq!(error, "column \"event_type\" is NULL");
+        assert_eq!(&m.body[..], br#"{"order_id": 42}"#);
+        assert_eq!(m.routing_key.as_str(), "", "no event type to route by");
+        assert_eq!(
+            header(&m, dl::REASON),
+            Some(AMQPValue::LongString(
+                "unmappable: column \"event_type\" is NULL".into()
+            ))
+        );
+
+        // No id: nothing would identify the dead letter, so the row still stops the relay.
+        let mut no_id = full_row();
+        no_id.0[0] = TupleValue::Null;
+        assert!(mapper()
+            .map_or_dead_letter(&layout, &no_id, Some(pos()), Some(&dlx))
+            .is_err());
     }
 }

@@ -59,6 +59,9 @@ pub const MESSAGES_CONFIRMED_TOTAL: &str = "outbox_relay_messages_confirmed_tota
 pub const MESSAGES_NACKED_TOTAL: &str = "outbox_relay_messages_nacked_total";
 /// Messages the broker returned as unroutable (basic.return of a mandatory publish).
 pub const MESSAGES_RETURNED_TOTAL: &str = "outbox_relay_messages_returned_total";
+/// Messages sent to the dead-letter exchange (`--on-unroutable dead-letter`) and confirmed
+/// there, by reason (`unroutable`, `too_large`, `unmappable`).
+pub const DEAD_LETTERED_TOTAL: &str = "outbox_relay_messages_dead_lettered_total";
 /// Messages published and not yet confirmed.
 pub const MESSAGES_IN_FLIGHT: &str = "outbox_relay_messages_in_flight";
 /// Seconds from a transaction's commit (its timestamp in the stream) to the broker's
@@ -82,6 +85,10 @@ pub const READY: &str = "outbox_relay_ready";
 
 /// Label of [`RECONNECTS_TOTAL`].
 pub const CAUSE_LABEL: &str = "cause";
+/// Label of [`DEAD_LETTERED_TOTAL`].
+pub const REASON_LABEL: &str = "reason";
+/// Its values ([`crate::dead_letter::Reason::label`]).
+pub const DEAD_LETTER_REASONS: [&str; 3] = ["unroutable", "too_large", "unmappable"];
 /// Label of [`SLOT_WAL_STATUS`].
 pub const STATUS_LABEL: &str = "status";
 /// The values `pg_replication_slots.wal_status` takes in PostgreSQL 15.
@@ -133,6 +140,10 @@ pub fn describe() {
     describe_counter!(
         MESSAGES_RETURNED_TOTAL,
         "Messages the broker returned as unroutable"
+    );
+    describe_counter!(
+        DEAD_LETTERED_TOTAL,
+        "Messages the dead-letter exchange confirmed instead of their own, by reason"
     );
     describe_gauge!(
         MESSAGES_IN_FLIGHT,
@@ -204,6 +215,9 @@ pub fn recorder() -> PrometheusHandle {
                 CLEANUP_DELETED_ROWS_TOTAL,
             ] {
                 metrics::counter!(name).absolute(0);
+            }
+            for reason in DEAD_LETTER_REASONS {
+                metrics::counter!(DEAD_LETTERED_TOTAL, REASON_LABEL => reason).absolute(0);
             }
             metrics::gauge!(MESSAGES_IN_FLIGHT).set(0.0);
             metrics::gauge!(STANDBY).set(0.0);

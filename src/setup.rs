@@ -125,6 +125,8 @@ pub fn script(names: &OutboxNames) -> String {
 
 pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
     let names = &args.names;
+    // A bad dead-letter configuration is reported before anything is provisioned.
+    args.dead_letter.exchange(&names.exchange)?;
     if args.mode == Mode::Poll {
         return run_poll(args).await;
     }
@@ -166,10 +168,7 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
         Err(e) => return Err(e),
     }
 
-    let broker = Broker::connect(&args.connections.amqp_url()?).await?;
-    broker.declare_exchange(&names.exchange, false).await?;
-    broker.close().await;
-    println!("exchange {}: declared (durable topic)", names.exchange);
+    declare_exchanges(&args).await?;
     println!("setup complete");
     Ok(())
 }
@@ -187,11 +186,27 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
     client.batch_execute(&index.sql).await?;
     println!("{}: ensured (WHERE published_at IS NULL)", index.object);
 
+    declare_exchanges(&args).await?;
+    println!("setup complete");
+    Ok(())
+}
+
+/// Declares the exchange and, under the dead-letter policy, the dead-letter exchange: both
+/// durable topic exchanges (dead letters keep their routing key; bind `#` to get them all).
+async fn declare_exchanges(args: &SetupArgs) -> Result<(), RelayError> {
+    let names = &args.names;
+    let dead_letter = args.dead_letter.exchange(&names.exchange)?;
     let broker = Broker::connect(&args.connections.amqp_url()?).await?;
     broker.declare_exchange(&names.exchange, false).await?;
-    broker.close().await;
     println!("exchange {}: declared (durable topic)", names.exchange);
-    println!("setup complete");
+    if let Some(dead_letter) = dead_letter {
+        broker.declare_exchange(&dead_letter, false).await?;
+        println!(
+            "dead-letter exchange {dead_letter}: declared (durable topic; bind a queue with `#` \
+             to keep every dead letter)"
+        );
+    }
+    broker.close().await;
     Ok(())
 }
 

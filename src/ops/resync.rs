@@ -88,12 +88,7 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
             let stage = Stage::start(&broker, message).await?;
             queue.push_publish(message_id, stage);
         }
-        let confirmed = await_confirms(
-            &mut queue,
-            broker.blocked(),
-            args.delivery.confirm_timeout(),
-        )
-        .await;
+        let confirmed = await_confirms(&mut queue, &broker, args.delivery.confirm_timeout()).await;
         if let Err(e) = confirmed {
             println!("resync stopped after {published} confirmed messages");
             broker.close().await;

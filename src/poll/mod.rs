@@ -83,6 +83,8 @@ pub(crate) struct Shared {
     amqp_url: String,
     names: OutboxNames,
     mapper: Mapper,
+    /// The dead-letter exchange under `--on-unroutable dead-letter`; `None` under halt.
+    dead_letter_exchange: Option<String>,
     workers: u32,
     batch_size: u32,
     poll_interval: Duration,
@@ -107,11 +109,13 @@ pub async fn run_with_stats(
 ) -> Result<(), RelayError> {
     let mapper = Mapper::new(&args.names.exchange, args.delivery.max_message_size)
         .map_err(RelayError::Config)?;
+    let dead_letter_exchange = args.dead_letter.exchange(&args.names.exchange)?;
     let shared = Arc::new(Shared {
         database_url: args.connections.database_url()?,
         amqp_url: args.connections.amqp_url()?,
         names: args.names,
         mapper,
+        dead_letter_exchange,
         workers: args.workers,
         batch_size: args.batch_size,
         poll_interval: args.poll_interval,

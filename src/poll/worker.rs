@@ -7,6 +7,9 @@
 //!  basic_publish each, pipelined ─┐
 //!  await every confirm, in order ◄┘  a nack, a return, a timeout or a lost connection:
 //!                                    drop both connections = ROLLBACK, rows stay unpublished
+//!                                    (dead-letter policy: a returned, too large or unmappable
+//!                                    row goes to the dead-letter exchange instead, and counts
+//!                                    as published once that is confirmed)
 //!  UPDATE … SET published_at = now() WHERE id = ANY($1)
 //!  COMMIT
 //! ```
@@ -151,6 +154,9 @@ impl Session<'_> {
         self.broker
             .declare_exchange(&self.shared.names.exchange, true)
             .await?;
+        if let Some(exchange) = &self.shared.dead_letter_exchange {
+            self.broker.enable_dead_letters(exchange).await?;
+        }
         tracing::debug!(worker, "worker connected");
         loop {
             // A stop request is honoured between batches: the batch in hand commits first.
@@ -203,25 +209,34 @@ impl Session<'_> {
         }
 
         // Map the whole batch before publishing any of it: a row that cannot be mapped stops
-        // the relay (a definite error naming the row) with nothing of its batch published.
+        // the relay (a definite error naming the row) with nothing of its batch published,
+        // unless the dead-letter policy sends it to the dead-letter exchange.
         let mut messages = Vec::with_capacity(rows.len());
         for row in &rows {
             let tuple = self.table.tuple(row)?;
-            messages.push(self.shared.mapper.map(self.table.layout(), &tuple, None)?);
+            messages.push(self.shared.mapper.map_or_dead_letter(
+                self.table.layout(),
+                &tuple,
+                None,
+                self.broker.dead_letter_exchange(),
+            )?);
         }
-        let ids: Vec<String> = messages.iter().map(|m| m.message_id.clone()).collect();
+        let ids: Vec<String> = messages.iter().map(|(m, _)| m.message_id.clone()).collect();
 
         let claimed = polled.elapsed();
         let mut queue = ConfirmQueue::new(Lsn::ZERO);
-        for message in messages {
+        for (message, dead_letter) in messages {
             let message_id = message.message_id.clone();
             // Frames queued in batch order; the confirm loop awaits the rest.
             let stage = Stage::start(&self.broker, message).await?;
-            queue.push_publish(message_id, stage);
+            match dead_letter {
+                None => queue.push_publish(message_id, stage),
+                Some(reason) => queue.push_dead_letter(message_id, reason, stage),
+            }
         }
         await_confirms(
             &mut queue,
-            self.broker.blocked(),
+            &self.broker,
             self.shared.delivery.confirm_timeout(),
         )
         .await?;

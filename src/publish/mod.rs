@@ -5,6 +5,12 @@
 //! confirm is failed, the session is rebuilt, and the slot replays from the last acknowledged
 //! position. A blocked connection (broker memory or disk alarm) is reported on a watch so
 //! that confirm timeouts can pause instead of reconnecting in a loop.
+//!
+//! Under the dead-letter policy a returned message is re-published to the dead-letter
+//! exchange on a channel of its own, one dead letter at a time: lapin may attach a return to
+//! another confirm of the same channel, and a dead letter's return reported on a later
+//! publish's confirm would be seen too late. Alone on its channel, a dead letter's return
+//! comes with its own confirm.
 
 pub mod queue;
 
@@ -15,7 +21,7 @@ use tokio::time::Instant;
 
 use lapin::Confirmation;
 
-use queue::{ConfirmQueue, Failure, Returned};
+use queue::{ConfirmQueue, Failure, Returned, Settled};
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,8 +32,10 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind, PublisherConfirm};
 use tokio::sync::watch;
 
+use crate::dead_letter::{self, ReturnedContent};
 use crate::error::RelayError;
 use crate::mapper::OutboxMessage;
+use crate::observability::{DEAD_LETTERED_TOTAL, REASON_LABEL};
 
 /// A publish whose frames are queued on the connection: resolves to its confirm future once
 /// they are written.
@@ -41,6 +49,14 @@ pub struct Broker {
     connection: Connection,
     channel: Channel,
     blocked: watch::Receiver<bool>,
+    dead_letters: Option<DeadLetters>,
+}
+
+/// Where dead letters go under the dead-letter policy.
+struct DeadLetters {
+    exchange: lapin::types::ShortString,
+    /// Confirm mode, one publish outstanding at a time (see the module comment).
+    channel: Channel,
 }
 
 impl Broker {
@@ -84,7 +100,31 @@ impl Broker {
             connection,
             channel,
             blocked,
+            dead_letters: None,
         })
+    }
+
+    /// Turns on the dead-letter policy: checks that `exchange` exists (passively) and opens
+    /// the channel dead letters are published on.
+    pub async fn enable_dead_letters(&mut self, exchange: &str) -> Result<(), RelayError> {
+        self.declare_exchange(exchange, true).await?;
+        let name = lapin::types::ShortString::try_new(exchange).map_err(|_| {
+            RelayError::Config(format!("Exchange name {exchange:?} is over 255 bytes"))
+        })?;
+        let channel = self.connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        self.dead_letters = Some(DeadLetters {
+            exchange: name,
+            channel,
+        });
+        Ok(())
+    }
+
+    /// The dead-letter exchange, when the dead-letter policy is on.
+    pub fn dead_letter_exchange(&self) -> Option<&lapin::types::ShortString> {
+        self.dead_letters.as_ref().map(|d| &d.exchange)
     }
 
     /// `true` while the broker blocks this connection's publishes.
@@ -126,21 +166,7 @@ impl Broker {
     /// future. Polling it once and moving on keeps many publishes in flight without waiting
     /// for the connection's writer after each one.
     pub fn publish(&self, message: OutboxMessage) -> Publishing {
-        let channel = self.channel.clone();
-        Box::pin(async move {
-            channel
-                .basic_publish(
-                    message.exchange,
-                    message.routing_key,
-                    BasicPublishOptions {
-                        mandatory: true,
-                        immediate: false,
-                    },
-                    &message.body,
-                    message.properties,
-                )
-                .await
-        })
+        publish_on(self.channel.clone(), message)
     }
 
     /// Closes the connection politely, but never waits long: after a failure the broker may
@@ -149,6 +175,24 @@ impl Broker {
         let closing = self.connection.close(200, "outbox-relay stopping".into());
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, closing).await;
     }
+}
+
+/// [`Broker::publish`] on `channel`.
+fn publish_on(channel: Channel, message: OutboxMessage) -> Publishing {
+    Box::pin(async move {
+        channel
+            .basic_publish(
+                message.exchange,
+                message.routing_key,
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                &message.body,
+                message.properties,
+            )
+            .await
+    })
 }
 
 fn is_not_found(e: &lapin::Error) -> bool {
@@ -166,7 +210,10 @@ impl Stage {
     /// Starts publishing `message`: one poll takes its delivery tag and queues its frames, so
     /// calling this in stream order keeps delivery tags in stream order.
     pub async fn start(broker: &Broker, message: OutboxMessage) -> Result<Stage, lapin::Error> {
-        let mut publishing = broker.publish(message);
+        Self::started(broker.publish(message)).await
+    }
+
+    async fn started(mut publishing: Publishing) -> Result<Stage, lapin::Error> {
         Ok(match futures_util::poll!(&mut publishing) {
             Poll::Ready(confirm) => Stage::Confirming(confirm?),
             Poll::Pending => Stage::Writing(publishing),
@@ -187,13 +234,26 @@ impl Stage {
     }
 }
 
-/// Feeds the broker's answer for the front publish into `queue`: the settled publish's id and
-/// what was kept for it, or the error that stops the pipeline. A return carried by this
-/// confirm is recorded for whichever publish it names (lapin 4 may attach it to another).
-pub fn settle_front<P>(
+/// What [`settle_front`] did with the front publish.
+pub enum Settle<P> {
+    /// The front is not a publish (ack points first).
+    Waiting,
+    /// Settled: confirmed, or its dead letter confirmed.
+    Settled(Settled<P>),
+    /// Returned as unroutable and re-published to the dead-letter exchange: it stays at the
+    /// front, now awaiting its dead letter's confirm.
+    DeadLettering,
+}
+
+/// Feeds the broker's answer for the front publish into `queue`: the settled publish, or the
+/// error that stops the pipeline. A return carried by this confirm is recorded for whichever
+/// publish it names (lapin 4 may attach it to another). Under the dead-letter policy a
+/// returned front is re-published to the dead-letter exchange instead of failing.
+pub async fn settle_front<P: AsMut<Stage>>(
     queue: &mut ConfirmQueue<P>,
     confirmation: Result<Confirmation, lapin::Error>,
-) -> Result<Option<(String, P)>, RelayError> {
+    broker: &Broker,
+) -> Result<Settle<P>, RelayError> {
     let (acked, returned) = match confirmation? {
         Confirmation::Ack(returned) => (true, returned),
         Confirmation::Nack(returned) => (false, returned),
@@ -204,8 +264,8 @@ pub fn settle_front<P>(
         }
     };
     if let Some(returned) = returned {
-        let message_id = returned
-            .delivery
+        let delivery = returned.delivery;
+        let message_id = delivery
             .properties
             .message_id()
             .as_ref()
@@ -214,21 +274,62 @@ pub fn settle_front<P>(
         queue.record_return(
             message_id,
             Returned {
-                exchange: returned.delivery.exchange.as_str().to_string(),
-                routing_key: returned.delivery.routing_key.as_str().to_string(),
+                exchange: delivery.exchange.as_str().to_string(),
+                routing_key: delivery.routing_key.as_str().to_string(),
                 reply_code: returned.reply_code,
                 reply_text: returned.reply_text.as_str().to_string(),
+                content: ReturnedContent {
+                    properties: delivery.properties,
+                    body: delivery.data.into(),
+                },
             },
         );
     }
     match queue.settle_front(acked) {
-        None => Ok(None),
-        Some(Ok(settled)) => Ok(Some(settled)),
+        None => Ok(Settle::Waiting),
+        Some(Ok(settled)) => {
+            if let Some(reason) = &settled.dead_lettered {
+                metrics::counter!(DEAD_LETTERED_TOTAL, REASON_LABEL => reason.label()).increment(1);
+                tracing::warn!(
+                    message_id = %settled.message_id,
+                    reason = %reason,
+                    "message dead-lettered: the dead-letter exchange confirmed it"
+                );
+            }
+            Ok(Settle::Settled(settled))
+        }
         Some(Err(Failure::Nacked { message_id })) => Err(RelayError::Nacked { message_id }),
         Some(Err(Failure::Returned {
             message_id,
             returned,
-        })) => Err(RelayError::Returned {
+        })) => match &broker.dead_letters {
+            Some(dead_letters) => {
+                let reason = returned.reason();
+                let message = dead_letter::for_returned(
+                    &dead_letters.exchange,
+                    message_id,
+                    returned.content,
+                    &reason,
+                );
+                let stage =
+                    Stage::started(publish_on(dead_letters.channel.clone(), message)).await?;
+                if let Some(front) = queue.dead_letter_front(reason) {
+                    *front.as_mut() = stage;
+                }
+                Ok(Settle::DeadLettering)
+            }
+            None => Err(RelayError::Returned {
+                message_id,
+                exchange: returned.exchange,
+                routing_key: returned.routing_key,
+                reply_code: returned.reply_code,
+                reply_text: returned.reply_text,
+            }),
+        },
+        Some(Err(Failure::DeadLetterReturned {
+            message_id,
+            returned,
+        })) => Err(RelayError::DeadLetterReturned {
             message_id,
             exchange: returned.exchange,
             routing_key: returned.routing_key,
@@ -238,14 +339,22 @@ pub fn settle_front<P>(
     }
 }
 
+impl AsMut<Stage> for Stage {
+    fn as_mut(&mut self) -> &mut Stage {
+        self
+    }
+}
+
 /// Awaits the confirms of a batch in publish order. Any nack, any return (matched to its
-/// publish by message id, whichever confirm carried it), a closed channel or a confirm that
-/// does not come within `timeout` (paused while the broker blocks publishers) fails the batch.
+/// publish by message id, whichever confirm carried it) unless the dead-letter policy sends
+/// it to the dead-letter exchange, a closed channel or a confirm that does not come within
+/// `timeout` (paused while the broker blocks publishers) fails the batch.
 pub async fn await_confirms(
     queue: &mut ConfirmQueue<Stage>,
-    mut blocked: watch::Receiver<bool>,
+    broker: &Broker,
     timeout: Duration,
 ) -> Result<(), RelayError> {
+    let mut blocked = broker.blocked();
     let mut blocked_open = true;
     let mut front_since = Instant::now();
     while queue.front_mut().is_some() {
@@ -260,7 +369,7 @@ pub async fn await_confirms(
                 }
             } => {
                 front_since = Instant::now();
-                settle_front(queue, confirmation)?;
+                settle_front(queue, confirmation, broker).await?;
             }
             changed = blocked.changed(), if blocked_open => {
                 // Waiting while the broker blocks publishers is its choice, not a lost confirm.

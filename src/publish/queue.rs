@@ -17,14 +17,22 @@
 //! returns are matched to publishes by message id, and a publish reported returned fails when
 //! it reaches the front, whichever confirm carried the report.
 //!
+//! Under the dead-letter policy a publish can be a dead letter: pushed as one (a row that
+//! cannot be published), or turned into one at the front when the broker returned it (its
+//! re-publish to the dead-letter exchange replaces what the tracker awaits). Either way it
+//! stays at the front, holding back everything behind it, until that publish is confirmed;
+//! a dead letter that is itself returned or nacked stops the queue like any publish.
+//!
 //! Pure and synchronous: the tracker task awaits the front's confirm and feeds the outcome in.
 
 use std::collections::{HashMap, VecDeque};
 
 use pgwire_replication::Lsn;
 
-/// Why the queue stopped at a publish.
-#[derive(Debug, Clone, PartialEq, Eq)]
+use crate::dead_letter::{Reason, ReturnedContent};
+
+/// Why the queue stopped at a publish. The publish stays at the front.
+#[derive(Debug, Clone, PartialEq)]
 pub enum Failure {
     Nacked {
         message_id: String,
@@ -33,15 +41,43 @@ pub enum Failure {
         message_id: String,
         returned: Returned,
     },
+    /// The dead letter of this message was returned: the dead-letter exchange cannot route
+    /// it either.
+    DeadLetterReturned {
+        message_id: String,
+        returned: Returned,
+    },
 }
 
-/// What the broker said when it returned a message (basic.return).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the broker said when it returned a message (basic.return), and the message.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Returned {
     pub exchange: String,
     pub routing_key: String,
     pub reply_code: u16,
     pub reply_text: String,
+    pub content: ReturnedContent,
+}
+
+impl Returned {
+    /// The dead-letter reason for this return.
+    pub fn reason(&self) -> Reason {
+        Reason::Unroutable {
+            reply_code: self.reply_code,
+            reply_text: self.reply_text.clone(),
+            exchange: self.exchange.clone(),
+            routing_key: self.routing_key.clone(),
+        }
+    }
+}
+
+/// A publish the broker settled: delivered, or delivered to the dead-letter exchange.
+#[derive(Debug, PartialEq)]
+pub struct Settled<P> {
+    pub message_id: String,
+    pub pending: P,
+    /// `Some` when what the broker confirmed was the message's dead letter.
+    pub dead_lettered: Option<Reason>,
 }
 
 /// What an ack point is, for what the relay reports once it is acknowledged.
@@ -57,7 +93,12 @@ pub enum Mark {
 }
 
 enum Entry<P> {
-    Publish { message_id: String, pending: P },
+    Publish {
+        message_id: String,
+        pending: P,
+        /// `Some` when `pending` is the message's dead letter.
+        dead_letter: Option<Reason>,
+    },
     AckPoint(Lsn, Mark),
 }
 
@@ -90,6 +131,17 @@ impl<P> ConfirmQueue<P> {
         self.entries.push_back(Entry::Publish {
             message_id,
             pending,
+            dead_letter: None,
+        });
+    }
+
+    /// A publish that is the dead letter of a message that could not be published (`reason`).
+    pub fn push_dead_letter(&mut self, message_id: String, reason: Reason, pending: P) {
+        self.in_flight += 1;
+        self.entries.push_back(Entry::Publish {
+            message_id,
+            pending,
+            dead_letter: Some(reason),
         });
     }
 
@@ -136,30 +188,68 @@ impl<P> ConfirmQueue<P> {
     }
 
     /// The broker answered the front publish: `acked` true for basic.ack. Returns the settled
-    /// publish's id and what the tracker kept for it, or the failure that stops the queue;
-    /// `None` when the front is not a publish (call [`advance`](Self::advance) first).
-    pub fn settle_front(&mut self, acked: bool) -> Option<Result<(String, P), Failure>> {
-        if !matches!(self.entries.front(), Some(Entry::Publish { .. })) {
+    /// publish (popped), or the failure that stops the queue (the publish stays at the
+    /// front); `None` when the front is not a publish (call [`advance`](Self::advance) first).
+    pub fn settle_front(&mut self, acked: bool) -> Option<Result<Settled<P>, Failure>> {
+        let Some(Entry::Publish {
+            message_id,
+            dead_letter,
+            ..
+        }) = self.entries.front()
+        else {
             return None;
+        };
+        if let Some(returned) = self.returned.remove(message_id) {
+            let message_id = message_id.clone();
+            return Some(Err(if dead_letter.is_some() {
+                Failure::DeadLetterReturned {
+                    message_id,
+                    returned,
+                }
+            } else {
+                Failure::Returned {
+                    message_id,
+                    returned,
+                }
+            }));
+        }
+        if !acked {
+            return Some(Err(Failure::Nacked {
+                message_id: message_id.clone(),
+            }));
         }
         let Some(Entry::Publish {
             message_id,
             pending,
+            dead_letter,
         }) = self.entries.pop_front()
         else {
             return None;
         };
         self.in_flight -= 1;
-        if let Some(returned) = self.returned.remove(&message_id) {
-            return Some(Err(Failure::Returned {
-                message_id,
-                returned,
-            }));
+        Some(Ok(Settled {
+            message_id,
+            pending,
+            dead_lettered: dead_letter,
+        }))
+    }
+
+    /// The front publish was returned ([`Failure::Returned`]) and is being re-published to
+    /// the dead-letter exchange: it becomes a dead letter for `reason` and stays at the front.
+    /// Returns what the tracker keeps for it, to swap in the re-publish; `None` unless the
+    /// front is a publish that is not a dead letter already.
+    pub fn dead_letter_front(&mut self, reason: Reason) -> Option<&mut P> {
+        match self.entries.front_mut() {
+            Some(Entry::Publish {
+                pending,
+                dead_letter,
+                ..
+            }) if dead_letter.is_none() => {
+                *dead_letter = Some(reason);
+                Some(pending)
+            }
+            _ => None,
         }
-        if !acked {
-            return Some(Err(Failure::Nacked { message_id }));
-        }
-        Some(Ok((message_id, pending)))
     }
 
     pub fn in_flight(&self) -> usize {
@@ -202,6 +292,10 @@ mod tests {
             routing_key: "Nobody".into(),
             reply_code: 312,
             reply_text: "NO_ROUTE".into(),
+            content: ReturnedContent {
+                properties: Default::default(),
+                body: Default::default(),
+            },
         }
     }
 
@@ -310,9 +404,107 @@ mod tests {
         assert_eq!(q.front_message_id(), Some("a"));
         assert_eq!(
             q.settle_front(true).expect("front").expect("ok"),
-            ("a".to_string(), 1)
+            Settled {
+                message_id: "a".to_string(),
+                pending: 1,
+                dead_lettered: None
+            }
         );
         assert!(q.settle_front(true).is_none(), "ack point at the front");
         assert_eq!(q.in_flight(), 1);
+    }
+
+    #[test]
+    fn returned_front_turned_dead_letter_holds_the_queue_until_its_confirm() {
+        // "a" is returned; under the dead-letter policy it is re-published to the dead-letter
+        // exchange and stays at the front: "b" behind it is confirmed meanwhile, yet nothing
+        // is acknowledged until the dead letter's confirm settles "a".
+        let mut q = ConfirmQueue::new(lsn(10));
+        q.push_publish("a".into(), "original");
+        q.push_ack_point(lsn(100), COMMIT);
+        q.push_publish("b".into(), "b");
+        q.push_ack_point(lsn(200), COMMIT);
+        q.record_return("a".into(), returned());
+        let failed = q.settle_front(true).expect("front");
+        assert!(matches!(failed, Err(Failure::Returned { .. })));
+        assert_eq!(
+            q.front_message_id(),
+            Some("a"),
+            "a failure stays at the front"
+        );
+        let reason = returned().reason();
+        *q.dead_letter_front(reason.clone()).expect("front publish") = "dead letter";
+        assert!(
+            q.dead_letter_front(reason.clone()).is_none(),
+            "a dead letter is never dead-lettered again"
+        );
+        assert_eq!(q.advance(), None);
+        assert_eq!(q.front_mut(), Some(&mut "dead letter"));
+        assert_eq!(
+            q.settle_front(true)
+                .expect("front")
+                .expect("dead letter confirmed"),
+            Settled {
+                message_id: "a".into(),
+                pending: "dead letter",
+                dead_lettered: Some(reason)
+            }
+        );
+        assert_eq!(q.advance(), Some(lsn(100)));
+        q.settle_front(true).expect("front").expect("b");
+        assert_eq!(q.advance(), Some(lsn(200)));
+        assert_eq!(q.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_returned_dead_letter_stops_the_queue() {
+        let mut q = ConfirmQueue::new(lsn(10));
+        let reason = Reason::TooLarge { size: 9, limit: 8 };
+        q.push_dead_letter("a".into(), reason, ());
+        q.push_ack_point(lsn(100), COMMIT);
+        q.record_return("a".into(), returned());
+        assert_eq!(
+            q.settle_front(true).expect("front").map(|_| ()),
+            Err(Failure::DeadLetterReturned {
+                message_id: "a".into(),
+                returned: returned()
+            })
+        );
+        assert_eq!(q.advance(), None);
+        assert_eq!(q.acknowledged(), lsn(10));
+    }
+
+    #[test]
+    fn a_nacked_dead_letter_stops_the_queue() {
+        let mut q = ConfirmQueue::new(lsn(10));
+        q.push_publish("a".into(), ());
+        q.push_ack_point(lsn(100), COMMIT);
+        q.record_return("a".into(), returned());
+        assert!(q.settle_front(true).expect("front").is_err());
+        assert!(q.dead_letter_front(returned().reason()).is_some());
+        assert_eq!(
+            q.settle_front(false).expect("front").map(|_| ()),
+            Err(Failure::Nacked {
+                message_id: "a".into()
+            })
+        );
+        assert_eq!(q.advance(), None);
+    }
+
+    #[test]
+    fn a_pushed_dead_letter_settles_in_order_with_its_reason() {
+        let mut q = ConfirmQueue::new(lsn(10));
+        q.push_publish("a".into(), ());
+        let reason = Reason::Unmappable {
+            error: "column \"event_type\" is NULL".into(),
+        };
+        q.push_dead_letter("b".into(), reason.clone(), ());
+        q.push_ack_point(lsn(100), COMMIT);
+        let a = q.settle_front(true).expect("front").expect("a");
+        assert_eq!(a.dead_lettered, None);
+        assert_eq!(q.advance(), None, "b is not confirmed yet");
+        let b = q.settle_front(true).expect("front").expect("b");
+        assert_eq!(b.dead_lettered, Some(reason));
+        assert_eq!(q.advance(), Some(lsn(100)));
     }
 }

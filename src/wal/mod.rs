@@ -39,6 +39,7 @@ const HEALTHY_SESSION: Duration = Duration::from_secs(60);
 pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
     let mapper = Mapper::new(&args.names.exchange, args.tuning.max_message_size)
         .map_err(RelayError::Config)?;
+    let dead_letter_exchange = args.dead_letter.exchange(&args.names.exchange)?;
     // The endpoints and the slot poller live as long as this function: through a graceful
     // stop, and on while the sessions reconnect.
     let observing = CancellationToken::new();
@@ -64,6 +65,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         health: health.clone(),
         metrics: observability::RelayMetrics::new(),
         cleanup: args.cleanup,
+        dead_letter_exchange,
     };
     let mut backoff = Backoff::new(Duration::from_millis(500), ctx.tuning.max_backoff());
     let mut stuck: Option<String> = None;

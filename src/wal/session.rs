@@ -25,12 +25,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{CleanupArgs, OutboxNames, Tuning};
 use crate::db;
+use crate::dead_letter::Reason;
 use crate::error::{replication_sqlstate, RelayError};
 use crate::mapper::{Mapper, Position};
 use crate::observability::{pg_timestamp, Health, RelayMetrics};
 use crate::pgoutput::{self, LogicalMessage};
 use crate::publish::queue::{ConfirmQueue, Mark};
-use crate::publish::{settle_front, Broker, Stage};
+use crate::publish::{settle_front, Broker, Settle, Stage};
 use crate::wal::heartbeat::{self, Heartbeat};
 use crate::wal::preflight;
 use crate::wal::relations::{Known, RelationCache};
@@ -58,6 +59,8 @@ pub struct SessionContext {
     pub health: Health,
     pub metrics: RelayMetrics,
     pub cleanup: CleanupArgs,
+    /// The dead-letter exchange under `--on-unroutable dead-letter`; `None` under halt.
+    pub dead_letter_exchange: Option<String>,
 }
 
 /// Runs one session. `stuck` names a message that failed in an earlier session: until the
@@ -72,8 +75,12 @@ pub async fn run(
     let slot = preflight::check_all(&database, &ctx.names).await?;
     drop(database);
 
-    let broker = Arc::new(Broker::connect(&ctx.amqp_url).await?);
+    let mut broker = Broker::connect(&ctx.amqp_url).await?;
     broker.declare_exchange(&ctx.names.exchange, true).await?;
+    if let Some(exchange) = &ctx.dead_letter_exchange {
+        broker.enable_dead_letters(exchange).await?;
+    }
+    let broker = Arc::new(broker);
 
     let feedback_sent = Arc::new(Notify::new());
     let observer = {
@@ -160,6 +167,7 @@ pub async fn run(
         names: &ctx.names,
         health: ctx.health.clone(),
         metrics: ctx.metrics.clone(),
+        broker: &broker,
     };
     let tracked = tracker.run(events_tx, items_rx).await;
     let published = match tracked {
@@ -208,6 +216,8 @@ enum Item {
     Publish {
         message_id: String,
         pending: InFlight,
+        /// `Some` for the dead letter of a row that cannot be published.
+        dead_letter: Option<Reason>,
     },
     AckPoint(Lsn, Mark),
 }
@@ -218,6 +228,12 @@ struct InFlight {
     /// Its transaction's commit time (µs since 2000), for the commit-to-confirm latency.
     commit_time: i64,
     _window: OwnedSemaphorePermit,
+}
+
+impl AsMut<Stage> for InFlight {
+    fn as_mut(&mut self) -> &mut Stage {
+        &mut self.stage
+    }
 }
 
 struct Publisher {
@@ -345,7 +361,12 @@ impl Publisher {
                     index: transaction.next_index,
                 };
                 transaction.next_index += 1;
-                let message = self.mapper.map(layout, &insert.tuple, Some(position))?;
+                let (message, dead_letter) = self.mapper.map_or_dead_letter(
+                    layout,
+                    &insert.tuple,
+                    Some(position),
+                    self.broker.dead_letter_exchange(),
+                )?;
                 let Ok(permit) = Arc::clone(&self.window).acquire_owned().await else {
                     return Ok(None);
                 };
@@ -359,6 +380,7 @@ impl Publisher {
                         commit_time: transaction.commit_time,
                         _window: permit,
                     },
+                    dead_letter,
                 };
                 self.metrics.published.increment(1);
                 if self.items.send(item).await.is_err() {
@@ -394,6 +416,8 @@ struct Tracker<'a> {
     names: &'a OutboxNames,
     health: Health,
     metrics: RelayMetrics,
+    /// Where a returned message is re-published under the dead-letter policy.
+    broker: &'a Broker,
 }
 
 impl Tracker<'_> {
@@ -417,6 +441,7 @@ impl Tracker<'_> {
             names,
             health,
             metrics,
+            broker,
         } = self;
         // Since when the tracker has been waiting on the stream with room to forward: set when
         // it starts waiting, cleared by any event and whenever the publisher is behind.
@@ -468,16 +493,25 @@ impl Tracker<'_> {
                         }
                     }, if has_front => {
                         front_since = Instant::now();
-                        let settled = settle_front(&mut queue, confirmation).inspect_err(|e| {
-                            match e {
+                        let settled = settle_front(&mut queue, confirmation, broker)
+                            .await
+                            .inspect_err(|e| match e {
                                 RelayError::Nacked { .. } => metrics.nacked.increment(1),
-                                RelayError::Returned { .. } => metrics.returned.increment(1),
+                                RelayError::Returned { .. }
+                                | RelayError::DeadLetterReturned { .. } => {
+                                    metrics.returned.increment(1)
+                                }
                                 _ => {}
+                            })?;
+                        if let Settle::DeadLettering = settled {
+                            metrics.returned.increment(1);
+                        }
+                        if let Settle::Settled(settled) = settled {
+                            let message_id = settled.message_id;
+                            if settled.dead_lettered.is_none() {
+                                metrics.confirmed.increment(1);
                             }
-                        })?;
-                        if let Some((message_id, in_flight)) = settled {
-                            metrics.confirmed.increment(1);
-                            metrics.observe_commit_to_confirm(pg_timestamp(in_flight.commit_time));
+                            metrics.observe_commit_to_confirm(pg_timestamp(settled.pending.commit_time));
                             if stuck.as_deref() == Some(message_id.as_str()) {
                                 tracing::info!(%message_id, "stuck message delivered; full window again");
                                 window.add_permits(full_window.saturating_sub(1));
@@ -488,11 +522,14 @@ impl Tracker<'_> {
                     }
 
                     item = items.recv(), if items_open => match item {
-                        Some(Item::Publish { message_id, pending }) => {
+                        Some(Item::Publish { message_id, pending, dead_letter }) => {
                             if !has_front {
                                 front_since = Instant::now();
                             }
-                            queue.push_publish(message_id, pending);
+                            match dead_letter {
+                                None => queue.push_publish(message_id, pending),
+                                Some(reason) => queue.push_dead_letter(message_id, reason, pending),
+                            }
                         }
                         Some(Item::AckPoint(lsn, mark)) => queue.push_ack_point(lsn, mark),
                         None => items_open = false,

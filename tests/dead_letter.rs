@@ -1,0 +1,588 @@
+//! The dead-letter policy (issue 3's acceptance 5; issue 5's scenarios 13 and 19 under
+//! `--on-unroutable dead-letter`), against real PostgreSQL and RabbitMQ.
+//!
+//! Oracles come from outside the relay: the `test_decoding` slot (which transaction ends
+//! where), the slot's `confirmed_flush_lsn`, the queues bound to the exchange and to the
+//! dead-letter exchange, and the relay's own HTTP endpoints and `status` command for what it
+//! reports.
+
+mod common;
+
+use std::time::Duration;
+
+use common::faults::{
+    bind_queue, http_get, ids_of, metric_value, sessions, stop_relay, unbind_queue, wait_for_ids,
+    wait_for_log_count, Oracle,
+};
+use common::outbox::Outbox;
+use common::{declare_bound_queue, unique_name, Consumer, Received, RelayProcess};
+use lapin::options::ExchangeDeclareOptions;
+use lapin::types::FieldTable;
+use lapin::ExchangeKind;
+
+const MINUTE: Duration = Duration::from_secs(60);
+const DEAD_LETTERED: &str = "outbox_relay_messages_dead_lettered_total";
+
+/// An outbox whose queue receives only `Good.#` and `Later.#`, provisioned by `setup` with
+/// the dead-letter policy, and a queue bound with `#` to the dead-letter exchange.
+struct DeadLetterOutbox {
+    outbox: Outbox,
+    dead_letter_exchange: String,
+    dead_letter_queue: String,
+}
+
+impl DeadLetterOutbox {
+    async fn new(prefix: &str) -> DeadLetterOutbox {
+        let outbox = Outbox::new(prefix).await;
+        routed_only(&outbox).await;
+        let dead_letter_exchange = format!("{}.dead-letter", outbox.exchange);
+        let setup = outbox.run_command(&[
+            "setup",
+            "--on-unroutable",
+            "dead-letter",
+            "--dead-letter-exchange",
+            &dead_letter_exchange,
+        ]);
+        let stdout = String::from_utf8_lossy(&setup.stdout).into_owned();
+        assert!(
+            setup.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&setup.stderr)
+        );
+        assert!(
+            stdout.contains(&format!(
+                "dead-letter exchange {dead_letter_exchange}: declared"
+            )),
+            "{stdout}"
+        );
+        assert!(
+            exchange_exists(&outbox.amqp_url, &dead_letter_exchange).await,
+            "setup declared the dead-letter exchange"
+        );
+        let dead_letter_queue = unique_name("dlq");
+        declare_bound_queue(
+            &outbox.amqp_url,
+            &dead_letter_exchange,
+            &dead_letter_queue,
+            "#",
+        )
+        .await;
+        DeadLetterOutbox {
+            outbox,
+            dead_letter_exchange,
+            dead_letter_queue,
+        }
+    }
+
+    fn policy(&self) -> [&str; 4] {
+        [
+            "--on-unroutable",
+            "dead-letter",
+            "--dead-letter-exchange",
+            &self.dead_letter_exchange,
+        ]
+    }
+}
+
+/// Rebinds the outbox's queue from `#` to `Good.#` and `Later.#` only: other event types are
+/// unroutable.
+async fn routed_only(outbox: &Outbox) {
+    for key in ["Good.#", "Later.#"] {
+        bind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, key).await;
+    }
+    unbind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
+}
+
+/// Whether `exchange` exists (a passive declare, on a connection of its own).
+async fn exchange_exists(url: &str, exchange: &str) -> bool {
+    let connection = common::amqp::amqp_connect(url).await;
+    let channel = connection.create_channel().await.expect("create channel");
+    let declared = channel
+        .exchange_declare(
+            exchange.into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    let _ = connection.close(200, "OK".into()).await;
+    declared.is_ok()
+}
+
+/// A relay with `extra` flags serving /metrics and /readyz on a port of its own.
+fn spawn_observed(outbox: &Outbox, extra: &[&str]) -> (RelayProcess, u16) {
+    let port = common::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut args = vec!["--metrics-addr", addr.as_str(), "--max-backoff-secs", "1"];
+    args.extend_from_slice(extra);
+    (outbox.spawn_relay(&args), port)
+}
+
+async fn metric(port: u16, sample: &str) -> Option<f64> {
+    let (_, metrics) = http_get(port, "/metrics").await.expect("/metrics answers");
+    metric_value(&metrics, sample)
+}
+
+fn dead_lettered(reason: &str) -> String {
+    format!("{DEAD_LETTERED}{{reason=\"{reason}\"}}")
+}
+
+/// The one delivery of `id` among `received`.
+fn only<'a>(received: &'a [Received], id: &str) -> &'a Received {
+    let found: Vec<&Received> = received
+        .iter()
+        .filter(|r| r.message_id.as_deref() == Some(id))
+        .collect();
+    assert_eq!(found.len(), 1, "{id} arrived once: {received:#?}");
+    found[0]
+}
+
+/// Inserts one row of `event_type` with `payload` (JSON text); returns its id.
+async fn insert(outbox: &Outbox, event_type: &str, payload: &str) -> String {
+    outbox.insert(event_type, payload).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unroutable_event_type_goes_to_the_dead_letter_exchange_and_the_slot_moves_past_it() {
+    let dl = DeadLetterOutbox::new("dl_unroutable").await;
+    let outbox = &dl.outbox;
+    let oracle = Oracle::create(outbox).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dl.dead_letter_queue).await;
+
+    let good = insert(outbox, "Good.one", r#"{"n": 1}"#).await;
+    // A payload marker that must never reach the log.
+    let bad = insert(outbox, "Nobody.listens", r#"{"secret": "dl-payload-7f3a"}"#).await;
+    // A transaction with the unroutable row between two routable ones.
+    let txn: Vec<String> = {
+        let rows = outbox
+            .client
+            .query(
+                "INSERT INTO outbox (event_type, payload) VALUES \
+                 ('Later.a', '{\"n\": 2}'), ('Nobody.listens', '{\"n\": 3}'), ('Later.b', '{\"n\": 4}') \
+                 RETURNING id::text",
+                &[],
+            )
+            .await
+            .expect("insert a transaction");
+        rows.iter().map(|r| r.get(0)).collect()
+    };
+    let later = insert(outbox, "Later.c", r#"{"n": 5}"#).await;
+
+    let (relay, port) = spawn_observed(outbox, &dl.policy());
+    let delivered = [good.clone(), txn[0].clone(), txn[2].clone(), later.clone()];
+    assert!(
+        wait_for_ids(&mut consumer, &delivered, MINUTE).await,
+        "routable rows delivered; log:\n{}",
+        relay.log()
+    );
+    let dead = [bad.clone(), txn[1].clone()];
+    assert!(
+        wait_for_ids(&mut dead_letters, &dead, MINUTE).await,
+        "unroutable rows dead-lettered; log:\n{}",
+        relay.log()
+    );
+    // The slot moves past the dead-lettered rows: the last transaction is acknowledged.
+    let last = oracle.transaction_of(&outbox.client, &later).await;
+    assert!(
+        outbox.wait_confirmed_flush(last.end_lsn, MINUTE).await,
+        "the slot reaches {} past the dead letters; log:\n{}",
+        common::format_lsn(last.end_lsn),
+        relay.log()
+    );
+
+    let received = dead_letters.received().to_vec();
+    let letter = only(&received, &bad);
+    assert_eq!(letter.exchange, dl.dead_letter_exchange);
+    assert_eq!(letter.routing_key, "Nobody.listens");
+    assert_eq!(letter.kind.as_deref(), Some("Nobody.listens"));
+    assert_eq!(
+        letter.header_str("x-outbox-dead-letter-reason"),
+        Some(
+            format!(
+                "unroutable: NO_ROUTE 312 exchange={} routing_key=Nobody.listens",
+                outbox.exchange
+            )
+            .as_str()
+        )
+    );
+    assert_eq!(
+        letter.header_str("x-outbox-original-exchange"),
+        Some(outbox.exchange.as_str())
+    );
+    assert_eq!(
+        letter.header_str("x-outbox-original-routing-key"),
+        Some("Nobody.listens")
+    );
+    assert!(letter.header_str("x-outbox-lsn").is_some(), "{letter:?}");
+    assert!(letter.header_str("x-outbox-seq").is_some(), "{letter:?}");
+    assert_eq!(
+        letter.body_json(),
+        serde_json::json!({"secret": "dl-payload-7f3a"})
+    );
+    assert_eq!(letter.delivery_mode, Some(2));
+    only(&received, &txn[1]);
+
+    // In commit order on the main queue, and nothing dead-lettered arrived there.
+    assert_eq!(
+        ids_of(consumer.received()),
+        delivered.iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    assert_eq!(metric(port, &dead_lettered("unroutable")).await, Some(2.0));
+    assert_eq!(metric(port, &dead_lettered("too_large")).await, Some(0.0));
+    assert_eq!(
+        http_get(port, "/readyz").await.map(|(status, _)| status),
+        Some(200)
+    );
+    assert_eq!(sessions(&relay), 1, "no reconnect; log:\n{}", relay.log());
+    let log = relay.log();
+    let warned = log
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("dead-lettered") && l.contains(&bad));
+    let warned = warned.unwrap_or_else(|| panic!("a WARN line names {bad}; log:\n{log}"));
+    assert!(warned.contains("unroutable"), "{warned}");
+    assert!(!log.contains("dl-payload-7f3a"), "no payload in the log");
+    stop_relay(&relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_halt_an_unroutable_event_type_blocks_delivery_until_a_binding_exists() {
+    let outbox = Outbox::new("dl_halt").await;
+    routed_only(&outbox).await;
+    let oracle = Oracle::create(&outbox).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let good = insert(&outbox, "Good.one", "{}").await;
+    let stuck = insert(&outbox, "Nobody.listens", "{}").await;
+    let later = insert(&outbox, "Later.one", "{}").await;
+
+    let (relay, port) = spawn_observed(&outbox, &[]);
+    // Returned, retried with a window of 1 and returned again: it does not move past it.
+    assert!(
+        wait_for_log_count(&relay, &format!("returned message {stuck}"), 2, MINUTE).await,
+        "log:\n{}",
+        relay.log()
+    );
+    assert!(
+        wait_for_ids(&mut consumer, std::slice::from_ref(&good), MINUTE).await,
+        "the row before it is delivered"
+    );
+    let (status, body) = http_get(port, "/readyz").await.expect("/readyz answers");
+    assert_eq!(
+        (status, body.trim()),
+        (503, format!("stuck message {stuck}").as_str())
+    );
+    assert!(
+        metric(port, "outbox_relay_blocked_on_message_seconds")
+            .await
+            .is_some(),
+        "blocked-on-message gauge exported"
+    );
+    let (_, metrics) = http_get(port, "/metrics").await.expect("/metrics answers");
+    assert!(
+        common::faults::metric_sum(&metrics, "outbox_relay_messages_returned_total") >= Some(2.0),
+        "{metrics}"
+    );
+    let addr = format!("127.0.0.1:{port}");
+    let shown = outbox.run_command(&["status", "--metrics-addr", &addr]);
+    let table = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        table.contains(&stuck),
+        "status shows the stuck message: {table}{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    assert!(
+        !ids_of(consumer.received()).contains(&later.as_str()),
+        "nothing after it is delivered"
+    );
+    let stuck_txn = oracle.transaction_of(&outbox.client, &stuck).await;
+    assert!(
+        outbox.confirmed_flush().await < stuck_txn.end_lsn,
+        "nothing acknowledged past the returned message"
+    );
+
+    bind_queue(
+        &outbox.amqp_url,
+        &outbox.queue,
+        &outbox.exchange,
+        "Nobody.#",
+    )
+    .await;
+    assert!(
+        wait_for_ids(&mut consumer, &[stuck.clone(), later.clone()], MINUTE).await,
+        "delivery resumes once bound; log:\n{}",
+        relay.log()
+    );
+    let last = oracle.transaction_of(&outbox.client, &later).await;
+    assert!(outbox.wait_confirmed_flush(last.end_lsn, MINUTE).await);
+    let deadline = tokio::time::Instant::now() + MINUTE;
+    while http_get(port, "/readyz").await.map(|(s, _)| s) != Some(200) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz 200 once delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop_relay(&relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_large_and_unmappable_rows_go_to_the_dead_letter_exchange_before_publishing() {
+    let dl = DeadLetterOutbox::new("dl_badrows").await;
+    let outbox = &dl.outbox;
+    outbox
+        .client
+        .batch_execute("ALTER TABLE outbox ALTER COLUMN event_type DROP NOT NULL")
+        .await
+        .expect("drop NOT NULL");
+    let oracle = Oracle::create(outbox).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dl.dead_letter_queue).await;
+    let good = insert(outbox, "Good.one", "{}").await;
+    let (huge, size): (String, i32) = {
+        let row = outbox
+            .client
+            .query_one(
+                "INSERT INTO outbox (event_type, payload) \
+                 VALUES ('Good.huge', jsonb_build_object('blob', repeat('x', 20 * 1024 * 1024))) \
+                 RETURNING id::text, octet_length(payload::text)",
+                &[],
+            )
+            .await
+            .expect("insert 20 MB payload");
+        (row.get(0), row.get(1))
+    };
+    let null_type: String = outbox
+        .client
+        .query_one(
+            "INSERT INTO outbox (event_type, payload) VALUES (NULL, '{\"n\": 7}') RETURNING id::text",
+            &[],
+        )
+        .await
+        .expect("insert NULL event_type")
+        .get(0);
+    let later = insert(outbox, "Later.one", "{}").await;
+
+    let mut flags = dl.policy().to_vec();
+    flags.extend(["--max-message-size", "16777216"]);
+    let (relay, port) = spawn_observed(outbox, &flags);
+    assert!(
+        wait_for_ids(&mut consumer, &[good.clone(), later.clone()], MINUTE).await,
+        "the rows around them are delivered; log:\n{}",
+        relay.log()
+    );
+    assert!(
+        wait_for_ids(
+            &mut dead_letters,
+            &[huge.clone(), null_type.clone()],
+            MINUTE
+        )
+        .await,
+        "both bad rows dead-lettered; log:\n{}",
+        relay.log()
+    );
+    let last = oracle.transaction_of(&outbox.client, &later).await;
+    assert!(
+        outbox.wait_confirmed_flush(last.end_lsn, MINUTE).await,
+        "the slot moves past them; log:\n{}",
+        relay.log()
+    );
+
+    let received = dead_letters.received().to_vec();
+    let too_large = only(&received, &huge);
+    assert!(too_large.body.is_empty(), "the body is dropped");
+    // The mapper measures the body as it arrives: jsonb text, the size PostgreSQL reports.
+    assert_eq!(
+        too_large.header_u64("x-outbox-original-size"),
+        Some(size as u64)
+    );
+    assert_eq!(
+        too_large.header_str("x-outbox-dead-letter-reason"),
+        Some(format!("too large: {size} bytes > limit 16777216").as_str())
+    );
+    assert_eq!(too_large.routing_key, "Good.huge");
+    assert_eq!(
+        too_large.header_str("x-outbox-original-exchange"),
+        Some(outbox.exchange.as_str())
+    );
+    assert!(too_large.header_str("x-outbox-seq").is_some());
+
+    let unmappable = only(&received, &null_type);
+    assert_eq!(
+        unmappable.header_str("x-outbox-dead-letter-reason"),
+        Some("unmappable: column \"event_type\" is NULL")
+    );
+    assert_eq!(unmappable.body_json(), serde_json::json!({"n": 7}));
+    assert_eq!(unmappable.kind, None);
+
+    assert_eq!(
+        ids_of(consumer.received()),
+        [good.as_str(), later.as_str()],
+        "neither bad row reached the exchange"
+    );
+    assert_eq!(metric(port, &dead_lettered("too_large")).await, Some(1.0));
+    assert_eq!(metric(port, &dead_lettered("unmappable")).await, Some(1.0));
+    assert!(
+        !relay.log().contains("RabbitMQ error"),
+        "the broker never saw the 20 MB body; log:\n{}",
+        relay.log()
+    );
+    assert_eq!(sessions(&relay), 1, "no reconnect; log:\n{}", relay.log());
+    stop_relay(&relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_exchange_without_a_binding_halts_naming_it_until_one_exists() {
+    let outbox = Outbox::new("dl_unbound").await;
+    routed_only(&outbox).await;
+    let dead_letter_exchange = format!("{}.dead-letter", outbox.exchange);
+    common::faults::declare_exchange(&outbox.amqp_url, &dead_letter_exchange).await;
+    let oracle = Oracle::create(&outbox).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let stuck = insert(&outbox, "Nobody.listens", "{}").await;
+    let later = insert(&outbox, "Later.one", "{}").await;
+    let (relay, port) = spawn_observed(
+        &outbox,
+        &[
+            "--on-unroutable",
+            "dead-letter",
+            "--dead-letter-exchange",
+            &dead_letter_exchange,
+        ],
+    );
+    let named = format!("dead-letter exchange \"{dead_letter_exchange}\"");
+    assert!(
+        wait_for_log_count(&relay, &named, 2, MINUTE).await,
+        "the error names the dead-letter exchange, on every retry; log:\n{}",
+        relay.log()
+    );
+    assert!(relay.log().contains(&stuck), "and the message");
+    let (status, body) = http_get(port, "/readyz").await.expect("/readyz answers");
+    assert_eq!(
+        (status, body.trim()),
+        (503, format!("stuck message {stuck}").as_str())
+    );
+    assert_eq!(metric(port, &dead_lettered("unroutable")).await, Some(0.0));
+    let stuck_txn = oracle.transaction_of(&outbox.client, &stuck).await;
+    assert!(
+        outbox.confirmed_flush().await < stuck_txn.end_lsn,
+        "nothing acknowledged past a message the dead-letter exchange did not take"
+    );
+    assert!(!ids_of(consumer.received()).contains(&later.as_str()));
+
+    let dead_letter_queue = unique_name("dlq");
+    declare_bound_queue(
+        &outbox.amqp_url,
+        &dead_letter_exchange,
+        &dead_letter_queue,
+        "#",
+    )
+    .await;
+    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
+    assert!(
+        wait_for_ids(&mut dead_letters, std::slice::from_ref(&stuck), MINUTE).await,
+        "dead-lettered once the dead-letter exchange has a binding; log:\n{}",
+        relay.log()
+    );
+    assert!(wait_for_ids(&mut consumer, std::slice::from_ref(&later), MINUTE).await);
+    let last = oracle.transaction_of(&outbox.client, &later).await;
+    assert!(outbox.wait_confirmed_flush(last.end_lsn, MINUTE).await);
+    stop_relay(&relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_dead_letters_a_returned_row_and_commits_the_batch_with_it() {
+    let dl = DeadLetterOutbox::new("dl_poll").await;
+    let outbox = &dl.outbox;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dl.dead_letter_queue).await;
+    let good = insert(outbox, "Good.one", "{}").await;
+    let bad = insert(outbox, "Nobody.listens", r#"{"n": 2}"#).await;
+    let later = insert(outbox, "Later.one", "{}").await;
+
+    let mut args: Vec<String> = vec!["poll".into()];
+    args.extend(outbox.flags());
+    args.extend(dl.policy().iter().map(|s| s.to_string()));
+    args.extend(["--poll-interval".into(), "100ms".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let relay = RelayProcess::spawn(&args, &[("RUST_LOG", "info,outbox_relay=debug")]);
+
+    assert!(
+        wait_for_ids(&mut consumer, &[good.clone(), later.clone()], MINUTE).await,
+        "log:\n{}",
+        relay.log()
+    );
+    assert!(
+        wait_for_ids(&mut dead_letters, std::slice::from_ref(&bad), MINUTE).await,
+        "log:\n{}",
+        relay.log()
+    );
+    let letter = only(dead_letters.received(), &bad);
+    assert_eq!(
+        letter.header_str("x-outbox-dead-letter-reason"),
+        Some(
+            format!(
+                "unroutable: NO_ROUTE 312 exchange={} routing_key=Nobody.listens",
+                outbox.exchange
+            )
+            .as_str()
+        )
+    );
+    assert_eq!(letter.body_json(), serde_json::json!({"n": 2}));
+    // The batch commits with the dead-lettered row marked published, like the others.
+    let deadline = tokio::time::Instant::now() + MINUTE;
+    loop {
+        let unpublished: i64 = outbox
+            .client
+            .query_one(
+                "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        if unpublished == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{unpublished} rows left unpublished; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !relay.log().contains("rolled back"),
+        "no batch failed; log:\n{}",
+        relay.log()
+    );
+    stop_relay(&relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_policy_without_an_exchange_is_a_clear_config_error() {
+    // Checked before connecting to anything: nothing listens at these addresses.
+    let run = RelayProcess::spawn(
+        &[
+            "run",
+            "--database-url",
+            "postgres://relay@127.0.0.1:1/outbox",
+            "--amqp-url",
+            "amqp://127.0.0.1:1",
+            "--metrics-addr",
+            "off",
+            "--on-unroutable",
+            "dead-letter",
+        ],
+        &[],
+    );
+    let status = run.wait_exit(MINUTE).await.expect("exits");
+    assert!(!status.success());
+    let log = run.log();
+    assert!(
+        log.contains("--dead-letter-exchange") && log.contains("OUTBOX_DEAD_LETTER_EXCHANGE"),
+        "names the missing flag and its variable: {log}"
+    );
+}
