@@ -24,11 +24,10 @@ const MINUTE: Duration = Duration::from_secs(60);
 const DEAD_LETTERED: &str = "outbox_relay_messages_dead_lettered_total";
 
 /// An outbox whose queue receives only `Good.#` and `Later.#`, provisioned by `setup` with
-/// the dead-letter policy, and a queue bound with `#` to the dead-letter exchange.
+/// the dead-letter policy (no queue is bound to the dead-letter exchange yet).
 struct DeadLetterOutbox {
     outbox: Outbox,
     dead_letter_exchange: String,
-    dead_letter_queue: String,
 }
 
 impl DeadLetterOutbox {
@@ -59,19 +58,23 @@ impl DeadLetterOutbox {
             exchange_exists(&outbox.amqp_url, &dead_letter_exchange).await,
             "setup declared the dead-letter exchange"
         );
-        let dead_letter_queue = unique_name("dlq");
-        declare_bound_queue(
-            &outbox.amqp_url,
-            &dead_letter_exchange,
-            &dead_letter_queue,
-            "#",
-        )
-        .await;
         DeadLetterOutbox {
             outbox,
             dead_letter_exchange,
-            dead_letter_queue,
         }
+    }
+
+    /// Binds a fresh durable queue to the dead-letter exchange with `#`; returns its name.
+    async fn bind_dead_letter_queue(&self) -> String {
+        let queue = unique_name("dlq");
+        declare_bound_queue(
+            &self.outbox.amqp_url,
+            &self.dead_letter_exchange,
+            &queue,
+            "#",
+        )
+        .await;
+        queue
     }
 
     fn policy(&self) -> [&str; 4] {
@@ -151,7 +154,8 @@ async fn unroutable_event_type_goes_to_the_dead_letter_exchange_and_the_slot_mov
     let outbox = &dl.outbox;
     let oracle = Oracle::create(outbox).await;
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
-    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dl.dead_letter_queue).await;
+    let dead_letter_queue = dl.bind_dead_letter_queue().await;
+    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
 
     let good = insert(outbox, "Good.one", r#"{"n": 1}"#).await;
     // A payload marker that must never reach the log.
@@ -337,7 +341,8 @@ async fn too_large_and_unmappable_rows_go_to_the_dead_letter_exchange_before_pub
         .expect("drop NOT NULL");
     let oracle = Oracle::create(outbox).await;
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
-    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dl.dead_letter_queue).await;
+    let dead_letter_queue = dl.bind_dead_letter_queue().await;
+    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
     let good = insert(outbox, "Good.one", "{}").await;
     let (huge, size): (String, i32) = {
         let row = outbox
@@ -433,24 +438,14 @@ async fn too_large_and_unmappable_rows_go_to_the_dead_letter_exchange_before_pub
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_exchange_without_a_binding_halts_naming_it_until_one_exists() {
-    let outbox = Outbox::new("dl_unbound").await;
-    routed_only(&outbox).await;
-    let dead_letter_exchange = format!("{}.dead-letter", outbox.exchange);
-    common::faults::declare_exchange(&outbox.amqp_url, &dead_letter_exchange).await;
-    let oracle = Oracle::create(&outbox).await;
+    let dl = DeadLetterOutbox::new("dl_unbound").await;
+    let outbox = &dl.outbox;
+    let oracle = Oracle::create(outbox).await;
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
-    let stuck = insert(&outbox, "Nobody.listens", "{}").await;
-    let later = insert(&outbox, "Later.one", "{}").await;
-    let (relay, port) = spawn_observed(
-        &outbox,
-        &[
-            "--on-unroutable",
-            "dead-letter",
-            "--dead-letter-exchange",
-            &dead_letter_exchange,
-        ],
-    );
-    let named = format!("dead-letter exchange \"{dead_letter_exchange}\"");
+    let stuck = insert(outbox, "Nobody.listens", "{}").await;
+    let later = insert(outbox, "Later.one", "{}").await;
+    let (relay, port) = spawn_observed(outbox, &dl.policy());
+    let named = format!("dead-letter exchange \"{}\"", dl.dead_letter_exchange);
     assert!(
         wait_for_log_count(&relay, &named, 2, MINUTE).await,
         "the error names the dead-letter exchange, on every retry; log:\n{}",
@@ -469,14 +464,7 @@ async fn a_dead_letter_exchange_without_a_binding_halts_naming_it_until_one_exis
         "nothing acknowledged past a message the dead-letter exchange did not take"
     );
 
-    let dead_letter_queue = unique_name("dlq");
-    declare_bound_queue(
-        &outbox.amqp_url,
-        &dead_letter_exchange,
-        &dead_letter_queue,
-        "#",
-    )
-    .await;
+    let dead_letter_queue = dl.bind_dead_letter_queue().await;
     let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
     assert!(
         wait_for_ids(&mut dead_letters, std::slice::from_ref(&stuck), MINUTE).await,
@@ -494,7 +482,8 @@ async fn polling_dead_letters_a_returned_row_and_commits_the_batch_with_it() {
     let dl = DeadLetterOutbox::new("dl_poll").await;
     let outbox = &dl.outbox;
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
-    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dl.dead_letter_queue).await;
+    let dead_letter_queue = dl.bind_dead_letter_queue().await;
+    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
     let good = insert(outbox, "Good.one", "{}").await;
     let bad = insert(outbox, "Nobody.listens", r#"{"n": 2}"#).await;
     let later = insert(outbox, "Later.one", "{}").await;
