@@ -8,8 +8,8 @@
 //!
 //! Exit code 2 when the slot is missing or lost, so that the command serves as a probe. With
 //! `--mode poll` (polling mode has no slot) the slot is not read, and exit code 2 means the
-//! table cannot be read or lacks `published_at`. The unsent backlog (`published_at IS NULL`)
-//! is shown in either mode when the table has that column.
+//! table cannot be read or lacks `published_at`, and the unsent backlog
+//! (`published_at IS NULL`: WAL mode never sets it) is shown.
 
 use std::net::SocketAddr;
 
@@ -54,9 +54,9 @@ pub struct Status {
     pub table: String,
     pub outbox_rows: Option<i64>,
     pub oldest_row_age_seconds: Option<f64>,
-    /// Rows with `published_at IS NULL` (`null` when the table has no such column).
+    /// Poll mode: rows with `published_at IS NULL` (`null` in WAL mode).
     pub unsent_rows: Option<i64>,
-    /// Age of the oldest unsent row (`null` when none, or no such column).
+    /// Poll mode: age of the oldest unsent row (`null` when none, and in WAL mode).
     pub oldest_unsent_age_seconds: Option<f64>,
     /// Why the table could not be read, if it could not.
     pub table_error: Option<String>,
@@ -112,12 +112,16 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         Ok((rows, age)) => (Some(rows), age, None),
         Err(e) => (None, None, Some(chain(&e))),
     };
-    let unsent = match read_backlog(client, names).await {
-        Ok(unsent) => unsent,
-        Err(e) => {
-            table_error.get_or_insert_with(|| chain(&e));
-            None
-        }
+    // Only in poll mode: WAL mode never writes published_at, so there every row is "unsent".
+    let unsent = match poll {
+        false => None,
+        true => match read_backlog(client, names).await {
+            Ok(unsent) => unsent,
+            Err(e) => {
+                table_error.get_or_insert_with(|| chain(&e));
+                None
+            }
+        },
     };
     if poll && unsent.is_none() && table_error.is_none() {
         table_error = Some(format!(
