@@ -646,9 +646,10 @@ pub enum WorkerState {
 }
 
 /// Polling mode's readiness: every worker reports its own state, and the relay is ready
-/// while at least one worker has its database and broker connections up and unblocked
-/// (it delivers, if more slowly). Otherwise `/readyz` names why: broker blocked if a
-/// connected worker is blocked, else the reason of the first worker that is down.
+/// while at least one worker has its database and broker connections up (it delivers, if
+/// more slowly) and none is blocked. A broker alarm blocks every connection that publishes,
+/// so one blocked worker means the others are blocked at their next publish: "broker
+/// blocked" wins. Otherwise `/readyz` gives the reason of the first worker that is down.
 #[derive(Clone)]
 pub struct WorkerHealth {
     health: Health,
@@ -692,11 +693,11 @@ impl WorkerHealth {
 
 /// The workers' states as one readiness.
 fn combined(workers: &[WorkerState]) -> Result<(), NotReady> {
-    if workers.contains(&WorkerState::Up { blocked: false }) {
-        return Ok(());
-    }
     if workers.contains(&WorkerState::Up { blocked: true }) {
         return Err(NotReady::BrokerBlocked);
+    }
+    if workers.contains(&WorkerState::Up { blocked: false }) {
+        return Ok(());
     }
     workers
         .iter()
@@ -1170,7 +1171,10 @@ mod tests {
         assert_eq!(health.readiness(), Ok(()));
         workers.set(1, WorkerState::Up { blocked: true });
         assert_eq!(health.readiness(), Err(NotReady::BrokerBlocked));
+        // An alarm blocks every publisher: an idle peer is blocked at its next publish.
         workers.set(2, WorkerState::Up { blocked: false });
+        assert_eq!(health.readiness(), Err(NotReady::BrokerBlocked));
+        workers.set(1, WorkerState::Up { blocked: false });
         assert_eq!(health.readiness(), Ok(()));
         for worker in 0..3 {
             workers.set(worker, WorkerState::Down(NotReady::BrokerDown));

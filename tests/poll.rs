@@ -1017,3 +1017,63 @@ async fn idle_query_rate_fixed_versus_adaptive_poll_interval() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_alarm_reads_broker_blocked_and_delivery_resumes_without_a_reconnect() {
+    use common::faults::{metric_sum, metric_value};
+    let rabbit = tokio::task::spawn_blocking(RabbitServer::start)
+        .await
+        .expect("start a private rabbitmq");
+    let outbox = Outbox::new("poll_alarm", &rabbit.url()).await;
+    let client = outbox.client().await;
+    let mut consumer = Consumer::start_with(&rabbit.url(), &outbox.queue, false).await;
+    let port = common::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let relay = outbox.spawn_poll(&[
+        "--workers",
+        "2",
+        "--metrics-addr",
+        &addr,
+        "--confirm-timeout-secs",
+        "3",
+    ]);
+    wait_http(port, "/readyz", |status, _| status == 200).await;
+
+    let set =
+        tokio::task::block_in_place(|| rabbit.ctl(&["set_vm_memory_high_watermark", "0.0000001"]));
+    assert!(
+        set.status.success(),
+        "set_vm_memory_high_watermark: {set:?}"
+    );
+    // The broker blocks a connection when it next publishes: the worker that claims this row.
+    let ids = insert_rows(&client, 0, 0, 1).await;
+    wait_http(port, "/readyz", |status, body| {
+        status == 503 && body == "broker blocked\n"
+    })
+    .await;
+    let metrics = wait_http(port, "/metrics", |_, _| true).await;
+    assert_eq!(
+        metric_value(&metrics, "outbox_relay_broker_blocked"),
+        Some(1.0)
+    );
+    assert_eq!(
+        unpublished(&client).await,
+        1,
+        "nothing marked while blocked"
+    );
+
+    let clear =
+        tokio::task::block_in_place(|| rabbit.ctl(&["set_vm_memory_high_watermark", "0.4"]));
+    assert!(clear.status.success(), "clear the alarm: {clear:?}");
+    wait_http(port, "/readyz", |status, _| status == 200).await;
+    let got = consumer.wait_for(1, DEADLINE).await;
+    assert_eq!(got[0].message_id.as_deref(), Some(ids[0].as_str()));
+    let metrics = wait_http(port, "/metrics", |_, _| true).await;
+    // The confirm timeout (3 s) paused while the broker blocked: no session was restarted.
+    assert_eq!(
+        metric_sum(&metrics, "outbox_relay_reconnects_total").unwrap_or(0.0),
+        0.0,
+        "{metrics}"
+    );
+    stop(&relay).await;
+}
