@@ -46,6 +46,7 @@ pub enum Command {
     Poll(PollArgs),
     /// Show the slot (lag, retained WAL, wal_status, active pid), the outbox backlog and the
     /// message a running relay is stuck on. Exits 2 when the slot is missing or lost (a probe).
+    /// With --mode poll: no slot; unsent rows and the oldest unsent row's age instead.
     Status(StatusArgs),
     /// Drop the slot and the publication. Asks for --yes: the relay stops delivering, and an
     /// abandoned slot pins WAL on the primary until it is dropped.
@@ -144,6 +145,16 @@ impl OutboxNames {
             Some((schema, table)) => (schema, table),
             None => ("public", self.table.as_str()),
         }
+    }
+
+    /// `"schema"."table"`, quoted for SQL text.
+    pub fn qualified_table(&self) -> String {
+        let (schema, table) = self.table_parts();
+        format!(
+            "{}.{}",
+            crate::db::quote_ident(schema),
+            crate::db::quote_ident(table)
+        )
     }
 }
 
@@ -338,10 +349,22 @@ pub struct PollArgs {
     #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub batch_size: u32,
 
-    /// How long a worker waits after a poll that found no rows (e.g. 1s, 250ms, 1m).
-    /// With --listen this is the fallback for notifications missed while disconnected.
-    #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration)]
-    pub poll_interval: Duration,
+    /// A fixed wait after every poll that found no rows (e.g. 1s, 250ms, 1m): shorthand for
+    /// --poll-interval-min and --poll-interval-max both set to it (no back-off).
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL", value_parser = parse_duration, conflicts_with_all = ["poll_interval_min", "poll_interval_max"])]
+    pub poll_interval: Option<Duration>,
+
+    /// The wait after the first empty poll; each further empty poll doubles it up to
+    /// --poll-interval-max, and a poll that finds rows resets it. A notification (--listen)
+    /// wakes a waiting worker at once.
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL_MIN", default_value = "100ms", value_parser = parse_duration)]
+    pub poll_interval_min: Duration,
+
+    /// The longest wait between two empty polls: what an idle outbox costs (one claim
+    /// transaction per worker per interval) and, without --listen, the worst delay of a row
+    /// written after a quiet spell.
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL_MAX", default_value = "1s", value_parser = parse_duration)]
+    pub poll_interval_max: Duration,
 
     /// LISTEN for notifications on --listen-channel and wake a worker on each one; the
     /// application sends NOTIFY after its commit (docs/polling.md).
@@ -365,19 +388,48 @@ pub struct PollArgs {
     pub cleanup_batch: u32,
 
     #[command(flatten)]
+    pub endpoints: EndpointArgs,
+
+    /// How often the backlog (unsent rows) and the oldest unsent row's age are read for
+    /// /metrics, through the claim index (e.g. 5s; 0 turns it off).
+    #[arg(long, env = "OUTBOX_BACKLOG_POLL_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub backlog_poll_interval: Duration,
+
+    #[command(flatten)]
     pub delivery: Delivery,
 
     #[command(flatten)]
     pub dead_letter: DeadLetterArgs,
 }
 
-/// `run`'s HTTP endpoints and slot poller (src/observability.rs, docs/operations.md).
+impl PollArgs {
+    /// The shortest and longest wait after an empty poll: --poll-interval for both, else
+    /// --poll-interval-min and --poll-interval-max (a max below the min is raised to it).
+    pub fn poll_intervals(&self) -> (Duration, Duration) {
+        match self.poll_interval {
+            Some(fixed) => (fixed, fixed),
+            None => (
+                self.poll_interval_min,
+                self.poll_interval_max.max(self.poll_interval_min),
+            ),
+        }
+    }
+}
+
+/// The HTTP endpoints, in both modes (src/observability.rs, docs/operations.md).
 #[derive(Debug, Clone, Args)]
-pub struct ObservabilityArgs {
+pub struct EndpointArgs {
     /// Address for /metrics, /healthz and /readyz (IP:port; in a container 0.0.0.0:9187 so
     /// probes reach it). Empty or `off` turns the endpoints off.
     #[arg(long, env = "OUTBOX_METRICS_ADDR", default_value = DEFAULT_METRICS_ADDR, value_parser = parse_metrics_addr)]
     pub metrics_addr: MetricsAddr,
+}
+
+/// `run`'s HTTP endpoints and slot poller (src/observability.rs, docs/operations.md).
+#[derive(Debug, Clone, Args)]
+pub struct ObservabilityArgs {
+    #[command(flatten)]
+    pub endpoints: EndpointArgs,
 
     /// How often the slot's lag, retained WAL and wal_status are read from
     /// pg_replication_slots (e.g. 5s; 0 turns the poller off).
@@ -431,6 +483,11 @@ pub struct StatusArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Which relay the outbox is for: `wal` (the slot must exist: exit 2 when it is missing
+    /// or lost) or `poll` (no slot is read; exit 2 when the table cannot be read or has no
+    /// published_at column).
+    #[arg(long, env = "OUTBOX_MODE", value_enum, default_value_t = Mode::Wal)]
+    pub mode: Mode,
     /// A running relay's --metrics-addr: its /readyz tells the message it is stuck on, if any.
     #[arg(long, env = "OUTBOX_METRICS_ADDR", default_value = DEFAULT_METRICS_ADDR, value_parser = parse_metrics_addr)]
     pub metrics_addr: MetricsAddr,
@@ -517,11 +574,36 @@ mod tests {
         };
         assert_eq!(poll.workers, 1);
         assert_eq!(poll.batch_size, 500);
-        assert_eq!(poll.poll_interval, Duration::from_secs(1));
+        assert_eq!(
+            poll.poll_intervals(),
+            (Duration::from_millis(100), Duration::from_secs(1))
+        );
         assert!(!poll.listen);
         assert_eq!(poll.listen_channel, "outbox");
         assert_eq!(poll.retention, Duration::from_secs(3600));
         assert_eq!(poll.delivery.confirm_timeout(), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_fixed_poll_interval_sets_both_bounds_and_excludes_them() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["outbox-relay", "poll", "--database-url", "postgres://x"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv).map(|cli| match cli.command {
+                Command::Poll(poll) => poll.poll_intervals(),
+                _ => panic!("expected poll"),
+            })
+        };
+        let fixed = Duration::from_millis(250);
+        assert_eq!(
+            parse(&["--poll-interval", "250ms"]).ok(),
+            Some((fixed, fixed))
+        );
+        assert_eq!(
+            parse(&["--poll-interval-min", "50ms", "--poll-interval-max", "30s"]).ok(),
+            Some((Duration::from_millis(50), Duration::from_secs(30)))
+        );
+        assert!(parse(&["--poll-interval", "1s", "--poll-interval-max", "5s"]).is_err());
     }
 
     #[test]
@@ -532,7 +614,7 @@ mod tests {
             panic!("expected run");
         };
         assert_eq!(
-            run.observability.metrics_addr,
+            run.observability.endpoints.metrics_addr,
             MetricsAddr(Some("127.0.0.1:9187".parse().expect("addr")))
         );
         assert_eq!(run.observability.slot_poll_interval, Duration::from_secs(5));

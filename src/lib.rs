@@ -7,7 +7,8 @@
 //! that claim rows from the table instead of the slot, sharing the mapper and publisher.
 //! `setup` provisions; `config` and `error` hold the flags and the two error classes.
 //! `observability` (metrics, `/healthz`, `/readyz`, the slot poller), `cleanup` (deleting
-//! delivered rows) and `ops` (`status`, `teardown`, `resync`) are for running it.
+//! delivered rows) and `ops` (`status`, `teardown`, `resync`) are for running it;
+//! `failpoint` opens crash windows for the fault tests.
 
 pub mod backoff;
 pub mod bench;
@@ -16,6 +17,7 @@ pub mod config;
 pub mod db;
 pub mod dead_letter;
 pub mod error;
+pub mod failpoint;
 pub mod mapper;
 pub mod observability;
 pub mod ops;

@@ -9,11 +9,15 @@ use tracing_subscriber::EnvFilter;
 
 use outbox_relay::config::{Cli, Command, LogFormat};
 use outbox_relay::error::chain;
-use outbox_relay::{ops, poll, setup, wal};
+use outbox_relay::{failpoint, ops, poll, setup, wal};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
+    if let Err(e) = failpoint::init_from_env() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -21,7 +25,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // `status` exits 2 when the slot is missing or lost, so that it can serve as a probe.
+    // `status` exits 2 when the slot is missing or lost (poll mode: the table cannot be
+    // read), so that it can serve as a probe.
     let mut exit_code = ExitCode::SUCCESS;
     let result = runtime.block_on(async {
         match cli.command {
@@ -37,7 +42,7 @@ fn main() -> ExitCode {
                 poll::run(args, shutdown).await
             }
             Command::Status(args) => ops::status::run(args).await.map(|probe| {
-                if probe == ops::status::Probe::SlotProblem {
+                if probe != ops::status::Probe::Healthy {
                     exit_code = ExitCode::from(2);
                 }
             }),

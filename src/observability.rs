@@ -83,6 +83,26 @@ pub const BROKER_BLOCKED: &str = "outbox_relay_broker_blocked";
 /// 1 while /readyz answers 200, 0 otherwise (alert on this rather than probing /readyz).
 pub const READY: &str = "outbox_relay_ready";
 
+// Polling mode (`poll`): what the workers do, and what waits in the table.
+
+/// Claim queries run by the polling workers.
+pub const POLLS_TOTAL: &str = "outbox_relay_polls_total";
+/// Claim queries that found no unsent row.
+pub const EMPTY_POLLS_TOTAL: &str = "outbox_relay_empty_polls_total";
+/// Seconds from a batch's claim to its COMMIT (claim, publish, confirms, mark), per batch
+/// that found rows.
+pub const POLL_BATCH_SECONDS: &str = "outbox_relay_poll_batch_seconds";
+/// Rows per committed batch.
+pub const POLL_BATCH_ROWS: &str = "outbox_relay_poll_batch_rows";
+/// Unsent rows (`published_at IS NULL`), read every `--backlog-poll-interval`.
+pub const BACKLOG_ROWS: &str = "outbox_relay_backlog_rows";
+/// Age of the oldest unsent row (0 when none), read with [`BACKLOG_ROWS`].
+pub const OLDEST_UNSENT_AGE_SECONDS: &str = "outbox_relay_oldest_unsent_age_seconds";
+/// Backlog reads that failed (the gauges keep their last value); the poller reconnects.
+pub const BACKLOG_POLL_ERRORS_TOTAL: &str = "outbox_relay_backlog_poll_errors_total";
+/// Notifications received on the --listen channel.
+pub const NOTIFICATIONS_TOTAL: &str = "outbox_relay_notifications_total";
+
 /// Label of [`RECONNECTS_TOTAL`].
 pub const CAUSE_LABEL: &str = "cause";
 /// Label of [`DEAD_LETTERED_TOTAL`].
@@ -97,6 +117,11 @@ pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost
 /// Buckets of [`COMMIT_TO_CONFIRM_SECONDS`]: milliseconds when healthy, minutes after an outage.
 const LATENCY_BUCKETS: [f64; 16] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// Buckets of [`POLL_BATCH_ROWS`]: up to the largest `--batch-size`.
+const BATCH_ROWS_BUCKETS: [f64; 13] = [
+    1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0, 10000.0, 100000.0,
 ];
 
 /// Describes every metric (help text and unit) on the installed recorder.
@@ -178,6 +203,26 @@ pub fn describe() {
         "1 while the broker blocks publishing (connection.blocked)"
     );
     describe_gauge!(READY, "1 while /readyz answers 200");
+    describe_counter!(POLLS_TOTAL, "Claim queries run by the polling workers");
+    describe_counter!(EMPTY_POLLS_TOTAL, "Claim queries that found no unsent row");
+    describe_histogram!(
+        POLL_BATCH_SECONDS,
+        Unit::Seconds,
+        "Seconds from a batch's claim to its commit (publish and confirms included)"
+    );
+    describe_histogram!(POLL_BATCH_ROWS, Unit::Count, "Rows per committed batch");
+    describe_gauge!(
+        BACKLOG_ROWS,
+        Unit::Count,
+        "Unsent outbox rows (published_at IS NULL)"
+    );
+    describe_gauge!(
+        OLDEST_UNSENT_AGE_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest unsent outbox row (0: none)"
+    );
+    describe_counter!(BACKLOG_POLL_ERRORS_TOTAL, "Failed reads of the backlog");
+    describe_counter!(NOTIFICATIONS_TOTAL, "Notifications received with --listen");
 }
 
 static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -187,17 +232,22 @@ static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
 pub fn recorder() -> PrometheusHandle {
     RECORDER
         .get_or_init(|| {
-            let builder = PrometheusBuilder::new();
-            let builder = match builder.set_buckets_for_metric(
-                Matcher::Full(COMMIT_TO_CONFIRM_SECONDS.to_string()),
-                &LATENCY_BUCKETS,
-            ) {
-                Ok(builder) => builder,
-                Err(e) => {
-                    tracing::warn!(error = %e, "latency buckets rejected; exporting a summary");
-                    PrometheusBuilder::new()
-                }
-            };
+            let buckets: [(&str, &[f64]); 3] = [
+                (COMMIT_TO_CONFIRM_SECONDS, &LATENCY_BUCKETS),
+                (POLL_BATCH_SECONDS, &LATENCY_BUCKETS),
+                (POLL_BATCH_ROWS, &BATCH_ROWS_BUCKETS),
+            ];
+            let mut builder = PrometheusBuilder::new();
+            for (name, values) in buckets {
+                builder = match builder.set_buckets_for_metric(Matcher::Full(name.into()), values)
+                {
+                    Ok(builder) => builder,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "histogram buckets rejected; exporting summaries");
+                        PrometheusBuilder::new()
+                    }
+                };
+            }
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             if let Err(e) = metrics::set_global_recorder(recorder) {
@@ -213,6 +263,10 @@ pub fn recorder() -> PrometheusHandle {
                 MESSAGES_NACKED_TOTAL,
                 MESSAGES_RETURNED_TOTAL,
                 CLEANUP_DELETED_ROWS_TOTAL,
+                POLLS_TOTAL,
+                EMPTY_POLLS_TOTAL,
+                BACKLOG_POLL_ERRORS_TOTAL,
+                NOTIFICATIONS_TOTAL,
             ] {
                 metrics::counter!(name).absolute(0);
             }
@@ -267,6 +321,67 @@ impl RelayMetrics {
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
         self.commit_to_confirm.record(seconds);
+    }
+}
+
+impl RelayMetrics {
+    /// Counts the outcome of a batch of `published` messages whose confirms were awaited
+    /// together (polling mode): `unsettled` of them were still waiting when `outcome` came
+    /// (0 on success; a nacked or returned message is settled, and counted as such). Each
+    /// raised the in-flight gauge when it was published.
+    pub fn record_batch_confirms(
+        &self,
+        published: usize,
+        unsettled: usize,
+        outcome: &Result<(), RelayError>,
+    ) {
+        self.in_flight.decrement(published as f64);
+        let failed = match outcome {
+            Ok(()) => 0,
+            Err(RelayError::Nacked { .. }) => {
+                self.nacked.increment(1);
+                1
+            }
+            Err(RelayError::Returned { .. }) => {
+                self.returned.increment(1);
+                1
+            }
+            Err(_) => 0,
+        };
+        let confirmed = published.saturating_sub(unsettled + failed);
+        self.confirmed.increment(confirmed as u64);
+    }
+}
+
+/// Polling mode's metric handles, resolved once (call after [`recorder`]). Cheap to clone.
+#[derive(Clone)]
+pub struct PollMetrics {
+    pub relay: RelayMetrics,
+    pub polls: Counter,
+    pub empty_polls: Counter,
+    pub batch_seconds: Histogram,
+    pub batch_rows: Histogram,
+    pub cleanup_deleted: Counter,
+    pub notifications: Counter,
+}
+
+impl Default for PollMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PollMetrics {
+    pub fn new() -> Self {
+        Self {
+            relay: RelayMetrics::new(),
+            polls: metrics::counter!(POLLS_TOTAL),
+            empty_polls: metrics::counter!(EMPTY_POLLS_TOTAL),
+            batch_seconds: metrics::histogram!(POLL_BATCH_SECONDS),
+            batch_rows: metrics::histogram!(POLL_BATCH_ROWS),
+            cleanup_deleted: metrics::counter!(CLEANUP_DELETED_ROWS_TOTAL),
+            notifications: metrics::counter!(NOTIFICATIONS_TOTAL),
+        }
     }
 }
 
@@ -337,6 +452,9 @@ impl NotReady {
             RelayError::SlotLost { .. } => NotReady::SlotLost,
             RelayError::StreamSilent { .. } => NotReady::NoHeartbeat,
             RelayError::Broker(_) | RelayError::ExchangeMissing { .. } => NotReady::BrokerDown,
+            RelayError::ConnectTimeout { what, .. } if *what == crate::publish::RABBITMQ => {
+                NotReady::BrokerDown
+            }
             _ => NotReady::DatabaseDown,
         }
     }
@@ -528,6 +646,80 @@ fn set_stuck(state: &mut HealthState, message_id: Option<&str>) {
             }
         }
     }
+}
+
+/// What one polling worker reports about its connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerState {
+    /// Connecting for the first time.
+    Starting,
+    /// Both connections up; `blocked` while the broker blocks this connection's publishes.
+    Up { blocked: bool },
+    /// The last session failed (this is why); reconnecting.
+    Down(NotReady),
+}
+
+/// Polling mode's readiness: every worker reports its own state, and the relay is ready
+/// while at least one worker has its database and broker connections up (it delivers, if
+/// more slowly) and none is blocked. A broker alarm blocks every connection that publishes,
+/// so one blocked worker means the others are blocked at their next publish: "broker
+/// blocked" wins. Otherwise `/readyz` gives the reason of the first worker that is down.
+#[derive(Clone)]
+pub struct WorkerHealth {
+    health: Health,
+    workers: Arc<Mutex<Vec<WorkerState>>>,
+}
+
+impl WorkerHealth {
+    pub fn new(health: Health, workers: usize) -> Self {
+        Self {
+            health,
+            workers: Arc::new(Mutex::new(vec![WorkerState::Starting; workers])),
+        }
+    }
+
+    /// Records `worker`'s state and updates the process's [`Health`].
+    pub fn set(&self, worker: usize, state: WorkerState) {
+        let mut workers = self.workers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = workers.get_mut(worker) {
+            *slot = state;
+        }
+        // Applied under the lock, so that two workers' updates land in order.
+        match combined(&workers) {
+            Ok(()) => {
+                self.health.set_broker_blocked(false);
+                self.health.set_stuck(None);
+                self.health.set_ready();
+            }
+            Err(NotReady::BrokerBlocked) => {
+                self.health.set_stuck(None);
+                self.health.set_ready();
+                self.health.set_broker_blocked(true);
+            }
+            Err(NotReady::Starting) => {}
+            Err(reason) => {
+                self.health.set_broker_blocked(false);
+                self.health.set_not_ready(reason);
+            }
+        }
+    }
+}
+
+/// The workers' states as one readiness.
+fn combined(workers: &[WorkerState]) -> Result<(), NotReady> {
+    if workers.contains(&WorkerState::Up { blocked: true }) {
+        return Err(NotReady::BrokerBlocked);
+    }
+    if workers.contains(&WorkerState::Up { blocked: false }) {
+        return Ok(());
+    }
+    workers
+        .iter()
+        .find_map(|w| match w {
+            WorkerState::Down(reason) => Some(reason.clone()),
+            _ => None,
+        })
+        .map_or(Err(NotReady::Starting), Err)
 }
 
 // ---- HTTP ----
@@ -788,9 +980,8 @@ pub fn record_slot(report: &SlotReport) {
     }
 }
 
-/// Reads the slot every `interval` on its own ordinary connection until `shutdown`, setting
-/// the slot gauges and telling `health` when the slot is lost. Errors are counted and logged
-/// (once per outage); the next round reconnects.
+/// Reads the slot every `interval` until `shutdown`, setting the slot gauges and telling
+/// `health` when the slot is lost.
 pub async fn run_slot_poller(
     database_url: String,
     slot: String,
@@ -799,51 +990,86 @@ pub async fn run_slot_poller(
     shutdown: CancellationToken,
 ) {
     let polls = metrics::counter!(SLOT_POLLS_TOTAL);
-    let errors = metrics::counter!(SLOT_POLL_ERRORS_TOTAL);
-    let mut client: Option<Client> = None;
-    let mut failing = false;
     let mut missing_logged = false;
+    let name = slot.clone();
+    let read = move |client: Arc<Client>| {
+        let slot = slot.clone();
+        async move { read_slot(&client, &slot).await }
+    };
+    let record = move |report: Option<SlotReport>| {
+        polls.increment(1);
+        match report {
+            Some(report) => {
+                record_slot(&report);
+                health.set_slot_lost(report.is_lost());
+                missing_logged = false;
+            }
+            None if !missing_logged => {
+                tracing::warn!(slot = %name, "slot poller: the replication slot does not exist");
+                missing_logged = true;
+            }
+            None => {}
+        }
+    };
+    let errors = metrics::counter!(SLOT_POLL_ERRORS_TOTAL);
+    run_periodically(
+        database_url,
+        interval,
+        "slot poller",
+        errors,
+        shutdown,
+        read,
+        record,
+    )
+    .await;
+}
+
+/// Runs `read` every `interval` on an ordinary connection of its own until `shutdown`, and
+/// hands each result to `record`. The connection is kept while it works and replaced after a
+/// failure; a read that hangs (a black-holed connection) is abandoned after
+/// max(`interval`, 10 s), so it cannot stop the next ones. Failures are counted on `errors`
+/// and logged once per outage, naming `what`.
+pub async fn run_periodically<T, Read, Fut>(
+    database_url: String,
+    interval: Duration,
+    what: &'static str,
+    errors: Counter,
+    shutdown: CancellationToken,
+    mut read: Read,
+    mut record: impl FnMut(T),
+) where
+    Read: FnMut(Arc<Client>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, RelayError>>,
+{
+    let bound = interval.max(Duration::from_secs(10));
+    let mut client: Option<Arc<Client>> = None;
+    let mut failing = false;
     loop {
         let round = async {
             let connected = match client.take() {
                 Some(c) if !c.is_closed() => c,
-                _ => db::connect(&database_url).await?,
+                _ => Arc::new(db::connect(&database_url).await?),
             };
-            let report = read_slot(&connected, &slot).await;
+            let outcome = read(Arc::clone(&connected)).await;
             client = Some(connected);
-            report
+            outcome
         };
-        // A poll that hangs (a black-holed connection) must not stop the next ones.
-        let outcome = match tokio::time::timeout(interval.max(Duration::from_secs(10)), round).await
-        {
+        let outcome = match tokio::time::timeout(bound, round).await {
             Ok(outcome) => outcome,
-            Err(_) => {
-                client = None;
-                Err(RelayError::DatabaseTimeout {
-                    seconds: interval.max(Duration::from_secs(10)).as_secs(),
-                })
-            }
+            Err(_) => Err(RelayError::DatabaseTimeout {
+                seconds: bound.as_secs(),
+            }),
         };
         match outcome {
-            Ok(Some(report)) => {
-                record_slot(&report);
-                health.set_slot_lost(report.is_lost());
-                polls.increment(1);
+            Ok(value) => {
+                record(value);
                 failing = false;
-                missing_logged = false;
-            }
-            Ok(None) => {
-                polls.increment(1);
-                if !missing_logged {
-                    tracing::warn!(%slot, "slot poller: the replication slot does not exist");
-                    missing_logged = true;
-                }
             }
             Err(e) => {
                 errors.increment(1);
                 client = None;
                 if !failing {
-                    tracing::warn!(error = %chain(&e), "slot poller failed; retrying");
+                    tracing::warn!(error = %chain(&e), "{what} failed; retrying");
                     failing = true;
                 }
             }
@@ -864,15 +1090,7 @@ pub fn start(
     slot_poll_interval: Duration,
     shutdown: &CancellationToken,
 ) -> Health {
-    let health = Health::new();
-    let metrics = recorder();
-    if let Some(addr) = addr {
-        let endpoints = Endpoints {
-            metrics,
-            health: health.clone(),
-        };
-        tokio::spawn(serve_on(addr, endpoints, shutdown.clone()));
-    }
+    let health = start_endpoints(addr, shutdown);
     if !slot_poll_interval.is_zero() {
         tokio::spawn(run_slot_poller(
             database_url.to_string(),
@@ -881,6 +1099,21 @@ pub fn start(
             health.clone(),
             shutdown.clone(),
         ));
+    }
+    health
+}
+
+/// Installs the recorder and serves `/metrics`, `/healthz` and `/readyz` on `addr` (unless
+/// `None`) until `shutdown`, in either mode. Returns the health behind `/readyz`.
+pub fn start_endpoints(addr: Option<SocketAddr>, shutdown: &CancellationToken) -> Health {
+    let health = Health::new();
+    let metrics = recorder();
+    if let Some(addr) = addr {
+        let endpoints = Endpoints {
+            metrics,
+            health: health.clone(),
+        };
+        tokio::spawn(serve_on(addr, endpoints, shutdown.clone()));
     }
     health
 }
@@ -939,6 +1172,55 @@ mod tests {
         health.set_heartbeat_stale(false);
         health.set_stuck(None);
         assert_eq!(health.readiness(), Ok(()));
+    }
+
+    #[test]
+    fn polling_is_ready_while_one_worker_is_up() {
+        let health = Health::new();
+        let workers = WorkerHealth::new(health.clone(), 3);
+        assert_eq!(health.readiness(), Err(NotReady::Starting));
+        workers.set(0, WorkerState::Down(NotReady::DatabaseDown));
+        assert_eq!(health.readiness(), Err(NotReady::DatabaseDown));
+        workers.set(1, WorkerState::Up { blocked: false });
+        assert_eq!(health.readiness(), Ok(()));
+        workers.set(1, WorkerState::Up { blocked: true });
+        assert_eq!(health.readiness(), Err(NotReady::BrokerBlocked));
+        // An alarm blocks every publisher: an idle peer is blocked at its next publish.
+        workers.set(2, WorkerState::Up { blocked: false });
+        assert_eq!(health.readiness(), Err(NotReady::BrokerBlocked));
+        workers.set(1, WorkerState::Up { blocked: false });
+        assert_eq!(health.readiness(), Ok(()));
+        for worker in 0..3 {
+            workers.set(worker, WorkerState::Down(NotReady::BrokerDown));
+        }
+        assert_eq!(health.readiness().unwrap_err().to_string(), "broker down");
+        workers.set(0, WorkerState::Up { blocked: false });
+        assert_eq!(health.readiness(), Ok(()));
+    }
+
+    #[test]
+    fn batch_confirms_count_what_the_broker_answered() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let m = RelayMetrics::new();
+            m.in_flight.increment(10.0);
+            m.record_batch_confirms(10, 0, &Ok(()));
+            m.in_flight.increment(5.0);
+            let nacked = Err(RelayError::Nacked {
+                message_id: "x".into(),
+            });
+            // Two confirmed, the third nacked, two still waiting.
+            m.record_batch_confirms(5, 2, &nacked);
+        });
+        let text = handle.render();
+        for expected in [
+            "outbox_relay_messages_confirmed_total 12",
+            "outbox_relay_messages_nacked_total 1",
+            "outbox_relay_messages_in_flight 0",
+        ] {
+            assert!(text.contains(expected), "{expected} in:\n{text}");
+        }
     }
 
     #[test]
@@ -1075,6 +1357,14 @@ mod tests {
             STANDBY,
             BROKER_BLOCKED,
             READY,
+            POLLS_TOTAL,
+            EMPTY_POLLS_TOTAL,
+            POLL_BATCH_SECONDS,
+            POLL_BATCH_ROWS,
+            BACKLOG_ROWS,
+            OLDEST_UNSENT_AGE_SECONDS,
+            BACKLOG_POLL_ERRORS_TOTAL,
+            NOTIFICATIONS_TOTAL,
         ];
         let unique: std::collections::HashSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len());
@@ -1084,7 +1374,12 @@ mod tests {
         let used: std::collections::HashSet<&str> = dashboard
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .filter(|word| word.starts_with("outbox_relay_"))
-            .map(|word| word.strip_suffix("_bucket").unwrap_or(word))
+            .map(|word| {
+                ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|suffix| word.strip_suffix(suffix))
+                    .unwrap_or(word)
+            })
             .collect();
         for name in &used {
             assert!(
@@ -1097,6 +1392,8 @@ mod tests {
             SLOT_RETAINED_WAL_BYTES,
             HEARTBEAT_LAG_SECONDS,
             READY,
+            BACKLOG_ROWS,
+            OLDEST_UNSENT_AGE_SECONDS,
         ] {
             assert!(used.contains(name), "the dashboard lacks {name}");
         }

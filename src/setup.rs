@@ -23,15 +23,10 @@ pub struct Step {
     pub sql: String,
 }
 
-fn qualified_table(names: &OutboxNames) -> String {
-    let (schema, table) = names.table_parts();
-    format!("{}.{}", quote_ident(schema), quote_ident(table))
-}
-
 /// The outbox table and its `created_at` index (DESIGN.md section 2).
 pub fn table_step(names: &OutboxNames) -> Step {
     let (_, table) = names.table_parts();
-    let qualified = qualified_table(names);
+    let qualified = names.qualified_table();
     let index = quote_ident(&format!("{table}_created_at_idx"));
     Step {
         object: format!("table {}", names.table),
@@ -56,7 +51,7 @@ pub fn table_step(names: &OutboxNames) -> Step {
 /// The insert-only publication on the outbox table.
 pub fn publication_step(names: &OutboxNames) -> Step {
     let publication = quote_ident(&names.publication);
-    let qualified = qualified_table(names);
+    let qualified = names.qualified_table();
     Step {
         object: format!("publication {}", names.publication),
         sql: format!(
@@ -91,7 +86,7 @@ pub fn poll_index_step(names: &OutboxNames) -> Step {
         object: format!("index {table}_unpublished_idx"),
         sql: format!(
             "CREATE INDEX IF NOT EXISTS {index} ON {} (created_at) WHERE published_at IS NULL;",
-            qualified_table(names)
+            names.qualified_table()
         ),
     }
 }

@@ -5,8 +5,8 @@
 //! - **L0**: every id the `test_decoding` oracle saw committed arrives (lost = 0);
 //! - **DUP**: duplicates counted and, where a bound is stated, within it (W = max in-flight,
 //!   T = status interval, X = confirmed rows of the transaction open at the fault): relay
-//!   crash ≤ W + rate×T + X; broker connection loss ≤ W + X; a PostgreSQL crash has no tight
-//!   bound and is reported;
+//!   crash ≤ W + rate×T + X; broker connection loss ≤ W + X; polling mode ≤ workers × batch
+//!   per crash; a PostgreSQL crash has no tight bound and is reported;
 //! - **ACK**: every row of each transaction at or below the slot's `confirmed_flush_lsn` is
 //!   already in the queue.
 //!
@@ -16,15 +16,19 @@
 //! `tests/big_transaction.rs`.
 //!
 //! `OUTBOX_TEST_KILLS` sets scenario 1's kill count (default 3; the run is 20).
+//! Crash windows that timing cannot hit are opened with the relay's failpoints
+//! (`OUTBOX_FAILPOINTS`, src/failpoint.rs): scenario 21 aborts a polling worker just before
+//! its COMMIT.
 
 mod common;
 
+use std::collections::HashSet;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::faults::{
-    bind_queue, check_ack, connect_retrying, declare_exchange, delete_exchange, http_get, ids_of,
-    log_count, log_lines, metric_sum, metric_value, probe, report, sessions, slot_state,
+    barrier, bind_queue, check_ack, connect_retrying, declare_exchange, delete_exchange, http_get,
+    ids_of, log_count, log_lines, metric_sum, metric_value, probe, report, sessions, slot_state,
     spawn_relay_via, stop_relay, unbind_queue, wait_for_ids, wait_for_log_count, wait_new_session,
     Oracle, Tally, Writers, SESSION_STARTED,
 };
@@ -1861,4 +1865,123 @@ async fn s20_second_relay_waits_as_standby_and_takes_over_when_the_first_stops()
         0,
         "the first stopped gracefully; the standby never published alongside it"
     );
+}
+
+// ---------------------------------------------------------------------------------
+// 21. Polling mode: a crash between the last confirm and COMMIT
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s21_polling_crash_between_confirms_and_commit_twice_loses_nothing() {
+    use std::os::unix::process::ExitStatusExt;
+    const WORKERS: usize = 5;
+    const BATCH: usize = 100;
+    const ROWS: usize = 6_000;
+    let pair = shared().await;
+    let outbox = Outbox::on_poll(&pair.pg.url("postgres"), &pair.rabbit.url(), "pollcrash").await;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    // The backlog, committed before the relay starts: its ids are the committed set.
+    let committed = write_concurrently(&outbox.db_url, 4, ROWS, MAX_TXN_ROWS).await;
+    let (workers, batch) = (WORKERS.to_string(), BATCH.to_string());
+    let flags = [
+        "--workers",
+        workers.as_str(),
+        "--batch-size",
+        batch.as_str(),
+    ];
+
+    // Each crashing run aborts at the Nth batch to reach COMMIT (counted over its workers),
+    // with every confirm of that batch in. With the relay dead, a barrier flushes the queue:
+    // the rows that arrived during the run but are still unsent in the table are the ones
+    // the crash duplicates (confirmed, not committed).
+    let mut per_crash = Vec::new();
+    for hit in [3, 5] {
+        let start = consumer.received().len();
+        let spec = format!("poll-before-commit=abort@{hit}");
+        let relay = outbox.spawn_poll(&flags, &[("OUTBOX_FAILPOINTS", spec.as_str())]);
+        let status = relay
+            .wait_exit(MINUTE)
+            .await
+            .unwrap_or_else(|| panic!("the failpoint did not fire; log:\n{}", relay.log()));
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGABRT),
+            "{status}; log:\n{}",
+            relay.log()
+        );
+        assert!(relay.log().contains("failpoint poll-before-commit fired"));
+        barrier(&mut consumer, &outbox.amqp_url, &outbox.queue).await;
+        let unsent = unsent_ids(&outbox.client).await;
+        assert!(!unsent.is_empty(), "the crash must land mid-backlog");
+        let arrived: HashSet<&str> = ids_of(&consumer.received()[start..]).into_iter().collect();
+        per_crash.push(arrived.iter().filter(|id| unsent.contains(**id)).count());
+    }
+    let restarted = Instant::now();
+    let relay = outbox.spawn_poll(&flags, &[]);
+    assert!(
+        wait_for_ids(&mut consumer, &committed, Duration::from_secs(180)).await,
+        "L0: not every committed row arrived; log:\n{}",
+        relay.log()
+    );
+    let drained = restarted.elapsed();
+    stop_relay(&relay).await;
+    assert!(
+        unsent_ids(&outbox.client).await.is_empty(),
+        "every row marked published"
+    );
+    barrier(&mut consumer, &outbox.amqp_url, &outbox.queue).await;
+    let tally = Tally::of(consumer.received());
+
+    assert!(
+        tally.lost(&committed).is_empty(),
+        "L0: lost {:?}",
+        tally.lost(&committed)
+    );
+    assert!(
+        tally.unknown(&committed).is_empty(),
+        "messages for rows never committed: {:?}",
+        tally.unknown(&committed)
+    );
+    report(
+        "s21 polling crash before COMMIT",
+        &[
+            ("crashes", per_crash.len().to_string()),
+            ("rows", committed.len().to_string()),
+            ("lost", "0".into()),
+            ("duplicates", tally.duplicates().to_string()),
+            ("per crash", format!("{per_crash:?}")),
+            ("bound per crash", (WORKERS * BATCH).to_string()),
+            ("restart → backlog drained", secs(drained)),
+        ],
+    );
+    assert_eq!(
+        tally.duplicates(),
+        per_crash.iter().sum::<usize>(),
+        "each row confirmed but not committed at a crash arrives once more, nothing else"
+    );
+    for (crash, duplicates) in per_crash.iter().enumerate() {
+        // The aborting worker's whole batch was confirmed, so it is published again: that
+        // proves the failpoint sits after the confirms.
+        assert!(
+            *duplicates >= BATCH,
+            "crash {crash}: {duplicates} duplicates, expected at least the aborted batch"
+        );
+        assert!(
+            *duplicates <= WORKERS * BATCH,
+            "DUP: crash {crash} duplicated {duplicates} rows, bound workers × batch = {}",
+            WORKERS * BATCH
+        );
+    }
+}
+
+async fn unsent_ids(client: &tokio_postgres::Client) -> HashSet<String> {
+    client
+        .query(
+            "SELECT id::text FROM outbox WHERE published_at IS NULL",
+            &[],
+        )
+        .await
+        .expect("read unsent ids")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
 }

@@ -395,7 +395,11 @@ async fn broker_down_for_ten_seconds_marks_nothing_published_and_everything_arri
         })
     };
 
+    let port = common::free_port();
+    let addr = format!("127.0.0.1:{port}");
     let relay = outbox.spawn_poll(&[
+        "--metrics-addr",
+        &addr,
         "--workers",
         "3",
         "--batch-size",
@@ -441,6 +445,11 @@ async fn broker_down_for_ten_seconds_marks_nothing_published_and_everything_arri
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // No worker can have its broker connection up: /readyz says why.
+    let (status, reason) = common::faults::http_get(port, "/readyz")
+        .await
+        .expect("/readyz answers");
+    assert_eq!((status, reason.as_str()), (503, "broker down\n"));
     let marked_during = published_ids(&client).await;
     tokio::time::sleep(Duration::from_secs(10)).await; // the outage itself
     assert_eq!(
@@ -458,6 +467,10 @@ async fn broker_down_for_ten_seconds_marks_nothing_published_and_everything_arri
     }
     writing.store(false, Ordering::Relaxed);
     inserted.extend(writer.await.expect("writer"));
+    wait_http(port, "/readyz", |status, _| status == 200).await;
+    let metrics = wait_http(port, "/metrics", |_, _| true).await;
+    let reconnects = common::faults::metric_sum(&metrics, "outbox_relay_reconnects_total");
+    assert!(reconnects.is_some_and(|n| n >= WORKERS as f64), "{metrics}");
     wait_count(
         &client,
         "SELECT count(*) FROM outbox WHERE published_at IS NULL",
@@ -773,4 +786,294 @@ async fn cleanup_deletes_only_rows_published_longer_ago_than_the_retention() {
         "rows within the retention, and rows published just now, are kept"
     );
     assert!(relay.log().contains("cleanup deleted"), "{}", relay.log());
+}
+
+/// `GET path` on a relay's metrics port, polled until `accept` holds; the last body.
+async fn wait_http(port: u16, path: &str, accept: impl Fn(u16, &str) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let answer = common::faults::http_get(port, path).await;
+        if let Some((status, body)) = &answer {
+            if accept(*status, body) {
+                return body.clone();
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{path} never satisfied the test; last answer {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_mode_serves_metrics_readyz_and_status_with_the_unsent_backlog() {
+    use common::faults::metric_value;
+    let amqp = services().rabbit.url();
+    let outbox = Outbox::new("poll_metrics", &amqp).await;
+    let client = outbox.client().await;
+    let mut inserted: HashSet<String> = seed(&client, 1_000, 100).await.into_iter().collect();
+    // Three rows a test transaction holds locked: the workers skip them (SKIP LOCKED), so
+    // they stay unsent, a backlog the test controls.
+    let held = insert_rows(&client, 9, 0, 3).await;
+    inserted.extend(held.iter().cloned());
+    let mut locker = outbox.client().await;
+    let holding = locker.transaction().await.expect("begin");
+    let locked = holding
+        .query(
+            "SELECT id FROM outbox WHERE id::text = ANY($1) FOR UPDATE",
+            &[&held],
+        )
+        .await
+        .expect("lock the held rows");
+    assert_eq!(locked.len(), 3);
+
+    let mut consumer = Consumer::start_with(&amqp, &outbox.queue, false).await;
+    let port = common::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let relay = outbox.spawn_poll(&[
+        "--workers",
+        "2",
+        "--batch-size",
+        "100",
+        "--metrics-addr",
+        &addr,
+        "--backlog-poll-interval",
+        "100ms",
+    ]);
+    let ready = wait_http(port, "/readyz", |status, _| status == 200).await;
+    assert_eq!(ready, "ready\n");
+    wait_count(
+        &client,
+        "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
+        |n| n == 1_000,
+    )
+    .await;
+    // The backlog gauge is read from the table on its own schedule: it settles at the held
+    // rows, and the workers, having drained the rest, poll empty.
+    let metrics = wait_http(port, "/metrics", |_, body| {
+        metric_value(body, "outbox_relay_backlog_rows") == Some(3.0)
+            && metric_value(body, "outbox_relay_empty_polls_total").is_some_and(|n| n >= 1.0)
+    })
+    .await;
+    let value = |name: &str| metric_value(&metrics, name).unwrap_or(f64::NAN);
+    assert_eq!(value("outbox_relay_messages_published_total"), 1_000.0);
+    assert_eq!(value("outbox_relay_messages_confirmed_total"), 1_000.0);
+    assert_eq!(value("outbox_relay_messages_in_flight"), 0.0);
+    assert_eq!(value("outbox_relay_poll_batch_rows_sum"), 1_000.0);
+    assert_eq!(
+        value("outbox_relay_poll_batch_seconds_count"),
+        value("outbox_relay_poll_batch_rows_count")
+    );
+    assert!(value("outbox_relay_polls_total") > value("outbox_relay_poll_batch_rows_count"));
+    assert!(
+        value("outbox_relay_oldest_unsent_age_seconds") > 0.0,
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("outbox_relay_poll_batch_seconds_bucket{le=\"0.1\"}"),
+        "{metrics}"
+    );
+
+    // `status --mode poll` sees the same backlog, reads the relay's /readyz, and a missing
+    // slot is no error; without --mode poll it is (exit 2).
+    let status = |extra: &[&str]| {
+        let mut args = vec!["status", "--metrics-addr", addr.as_str()];
+        args.extend_from_slice(extra);
+        std::process::Command::new(common::relay::relay_bin())
+            .args(&args)
+            .env("DATABASE_URL", &outbox.db_url)
+            .env_remove("OUTBOX_MODE")
+            .output()
+            .expect("run status")
+    };
+    let output = status(&["--mode", "poll", "--json"]);
+    assert!(output.status.success(), "{output:?}");
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("status JSON");
+    assert_eq!(json["mode"], "poll");
+    assert_eq!(json["unsent_rows"], 3);
+    assert!(
+        json["oldest_unsent_age_seconds"]
+            .as_f64()
+            .is_some_and(|age| age > 0.0),
+        "{json}"
+    );
+    assert_eq!(json["relay_readiness"], "ready");
+    let text = String::from_utf8_lossy(&status(&["--mode", "poll"]).stdout).into_owned();
+    assert!(
+        text.contains("unsent rows") && text.contains("3 (published_at IS NULL)"),
+        "{text}"
+    );
+    assert_eq!(
+        status(&[]).status.code(),
+        Some(2),
+        "WAL mode: the slot is missing"
+    );
+
+    // Released, the held rows go out with the next poll and the gauge follows.
+    holding.rollback().await.expect("release the held rows");
+    wait_http(port, "/metrics", |_, body| {
+        metric_value(body, "outbox_relay_backlog_rows") == Some(0.0)
+            && metric_value(body, "outbox_relay_oldest_unsent_age_seconds") == Some(0.0)
+    })
+    .await;
+    stop(&relay).await;
+    let received = outbox.drain(&mut consumer).await;
+    assert_eq!(received.len(), inserted.len(), "each row once");
+    assert_eq!(
+        tally(&received).into_keys().collect::<HashSet<_>>(),
+        inserted
+    );
+}
+
+#[test]
+fn a_failpoint_name_that_does_not_exist_stops_the_relay_naming_the_valid_ones() {
+    let relay = RelayProcess::spawn(
+        &["poll", "--database-url", "postgres://127.0.0.1:1/none"],
+        &[("OUTBOX_FAILPOINTS", "poll-before-comit=abort")],
+    );
+    let status = relay
+        .wait_exit_blocking(EXIT)
+        .expect("the relay exits at once");
+    assert!(!status.success());
+    let log = relay.log();
+    assert!(
+        log.contains("unknown failpoint \"poll-before-comit\"")
+            && log.contains("poll-before-commit"),
+        "{log}"
+    );
+}
+
+/// Transactions committed in `db` so far, from pg_stat_database (what an idle relay costs
+/// the server, counted by the server).
+async fn xact_commits(client: &Client) -> i64 {
+    client
+        .query_one(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+            &[],
+        )
+        .await
+        .expect("read pg_stat_database")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement for docs/polling.md (about 4 minutes): cargo test --test poll -- --ignored --nocapture idle_query_rate"]
+async fn idle_query_rate_fixed_versus_adaptive_poll_interval() {
+    use common::faults::metric_value;
+    const WINDOW: Duration = Duration::from_secs(30);
+    let amqp = services().rabbit.url();
+    let configs: [(&str, &[&str]); 4] = [
+        ("fixed --poll-interval 100ms", &["--poll-interval", "100ms"]),
+        (
+            "fixed --poll-interval 1s (the old default)",
+            &["--poll-interval", "1s"],
+        ),
+        ("adaptive 100ms..1s (the default)", &[]),
+        (
+            "adaptive 100ms..10s with --listen",
+            &["--poll-interval-max", "10s", "--listen"],
+        ),
+    ];
+    for (label, extra) in configs {
+        let outbox = Outbox::new("poll_idle", &amqp).await;
+        let client = outbox.client().await;
+        let port = common::free_port();
+        let addr = format!("127.0.0.1:{port}");
+        // Only the workers: no backlog poller, no cleanup in the window.
+        let mut args = vec![
+            "--workers",
+            "5",
+            "--metrics-addr",
+            &addr,
+            "--backlog-poll-interval",
+            "0",
+            "--cleanup-interval",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        let relay = outbox.spawn_poll(&args);
+        wait_http(port, "/readyz", |status, _| status == 200).await;
+        // Past the back-off's ramp (100 ms doubling to 10 s takes under 13 s), and past
+        // the statistics' flush delay of the connections (up to 10 s when idle).
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        let polls = |body: &str| metric_value(body, "outbox_relay_polls_total").unwrap_or(0.0);
+        let before = (
+            xact_commits(&client).await,
+            polls(&wait_http(port, "/metrics", |_, _| true).await),
+        );
+        tokio::time::sleep(WINDOW).await;
+        let after = (
+            xact_commits(&client).await,
+            polls(&wait_http(port, "/metrics", |_, _| true).await),
+        );
+        stop(&relay).await;
+        let seconds = WINDOW.as_secs_f64();
+        // The two xact_commit reads are transactions of their own: one is inside the window.
+        println!(
+            "IDLE {label}: 5 workers, {:.2} claim queries/s, {:.2} transactions/s (pg_stat_database)",
+            (after.1 - before.1) / seconds,
+            (after.0 - before.0 - 1) as f64 / seconds
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_alarm_reads_broker_blocked_and_delivery_resumes_without_a_reconnect() {
+    use common::faults::{metric_sum, metric_value};
+    let rabbit = tokio::task::spawn_blocking(RabbitServer::start)
+        .await
+        .expect("start a private rabbitmq");
+    let outbox = Outbox::new("poll_alarm", &rabbit.url()).await;
+    let client = outbox.client().await;
+    let mut consumer = Consumer::start_with(&rabbit.url(), &outbox.queue, false).await;
+    let port = common::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let relay = outbox.spawn_poll(&[
+        "--workers",
+        "2",
+        "--metrics-addr",
+        &addr,
+        "--confirm-timeout-secs",
+        "3",
+    ]);
+    wait_http(port, "/readyz", |status, _| status == 200).await;
+
+    let set =
+        tokio::task::block_in_place(|| rabbit.ctl(&["set_vm_memory_high_watermark", "0.0000001"]));
+    assert!(
+        set.status.success(),
+        "set_vm_memory_high_watermark: {set:?}"
+    );
+    // The broker blocks a connection when it next publishes: the worker that claims this row.
+    let ids = insert_rows(&client, 0, 0, 1).await;
+    wait_http(port, "/readyz", |status, body| {
+        status == 503 && body == "broker blocked\n"
+    })
+    .await;
+    let metrics = wait_http(port, "/metrics", |_, _| true).await;
+    assert_eq!(
+        metric_value(&metrics, "outbox_relay_broker_blocked"),
+        Some(1.0)
+    );
+    assert_eq!(
+        unpublished(&client).await,
+        1,
+        "nothing marked while blocked"
+    );
+
+    let clear =
+        tokio::task::block_in_place(|| rabbit.ctl(&["set_vm_memory_high_watermark", "0.4"]));
+    assert!(clear.status.success(), "clear the alarm: {clear:?}");
+    wait_http(port, "/readyz", |status, _| status == 200).await;
+    let got = consumer.wait_for(1, DEADLINE).await;
+    assert_eq!(got[0].message_id.as_deref(), Some(ids[0].as_str()));
+    let metrics = wait_http(port, "/metrics", |_, _| true).await;
+    // The confirm timeout (3 s) paused while the broker blocked: no session was restarted.
+    assert_eq!(
+        metric_sum(&metrics, "outbox_relay_reconnects_total").unwrap_or(0.0),
+        0.0,
+        "{metrics}"
+    );
+    stop(&relay).await;
 }

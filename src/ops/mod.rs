@@ -5,12 +5,3 @@
 pub mod resync;
 pub mod status;
 pub mod teardown;
-
-use crate::config::OutboxNames;
-use crate::db::quote_ident;
-
-/// `"schema"."table"` for SQL text.
-fn qualified_table(names: &OutboxNames) -> String {
-    let (schema, table) = names.table_parts();
-    format!("{}.{}", quote_ident(schema), quote_ident(table))
-}

@@ -28,8 +28,6 @@ use crate::poll::table::SESSION_SETTINGS;
 use crate::publish::queue::ConfirmQueue;
 use crate::publish::{await_confirms, Broker, Stage};
 
-use super::qualified_table;
-
 /// Rows read, mapped and published per round trip.
 const BATCH: i32 = 1000;
 
@@ -173,7 +171,7 @@ async fn describe(client: &Client, names: &OutboxNames) -> Result<(Relation, Lay
 /// Every contract column as text, rows from `$1` (RFC 3339 text) on, in created_at order.
 /// The ORDER BY names the table's columns: a bare `created_at` would sort the text output.
 fn select_sql(names: &OutboxNames, relation: &Relation) -> String {
-    let table = qualified_table(names);
+    let table = names.qualified_table();
     let select: Vec<String> = relation
         .columns
         .iter()

@@ -6,20 +6,22 @@
 //! on is state of a running relay, not of the database: it is read from that relay's
 //! `/readyz` at `--metrics-addr`, and reported as unknown when no relay answers there.
 //!
-//! Exit code 2 when the slot is missing or lost, so that the command serves as a probe.
+//! Exit code 2 when the slot is missing or lost, so that the command serves as a probe. With
+//! `--mode poll` (polling mode has no slot) the slot is not read, and exit code 2 means the
+//! table cannot be read or lacks `published_at`, and the unsent backlog
+//! (`published_at IS NULL`: WAL mode never sets it) is shown.
 
 use std::net::SocketAddr;
 
 use serde::Serialize;
 use tokio_postgres::Client;
 
-use crate::config::StatusArgs;
+use crate::config::{Mode, StatusArgs};
 use crate::db::{self, quote_ident};
 use crate::error::{chain, RelayError};
 use crate::mapper::columns;
 use crate::observability::{http_get, read_slot, SlotReport};
-
-use super::qualified_table;
+use crate::poll::table::{read_backlog, Backlog};
 
 /// The probe's verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,13 +30,17 @@ pub enum Probe {
     Healthy,
     /// The slot is missing or lost: exit code 2.
     SlotProblem,
+    /// Poll mode: the table cannot be read or has no published_at column: exit code 2.
+    TableProblem,
 }
 
 /// Everything `status` reports; `--json` prints it as is.
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
+    /// `wal` or `poll` (`--mode`).
+    pub mode: &'static str,
     pub slot: String,
-    /// `ok`, `missing` or `lost`.
+    /// `ok`, `missing` or `lost`; `unused` in poll mode (the slot is not read).
     pub slot_state: &'static str,
     pub active_pid: Option<i32>,
     pub lag_bytes: Option<i64>,
@@ -48,6 +54,10 @@ pub struct Status {
     pub table: String,
     pub outbox_rows: Option<i64>,
     pub oldest_row_age_seconds: Option<f64>,
+    /// Poll mode: rows with `published_at IS NULL` (`null` in WAL mode).
+    pub unsent_rows: Option<i64>,
+    /// Poll mode: age of the oldest unsent row (`null` when none, and in WAL mode).
+    pub oldest_unsent_age_seconds: Option<f64>,
     /// Why the table could not be read, if it could not.
     pub table_error: Option<String>,
     /// The address whose `/readyz` was asked.
@@ -62,10 +72,10 @@ pub struct Status {
 
 impl Status {
     pub fn probe(&self) -> Probe {
-        if self.slot_state == "ok" {
-            Probe::Healthy
-        } else {
-            Probe::SlotProblem
+        match (self.mode, self.slot_state) {
+            ("poll", _) if self.table_error.is_some() => Probe::TableProblem,
+            ("poll", _) | (_, "ok") => Probe::Healthy,
+            _ => Probe::SlotProblem,
         }
     }
 }
@@ -86,16 +96,40 @@ pub async fn run(args: StatusArgs) -> Result<Probe, RelayError> {
 /// Reads the slot, the table and the running relay's readiness.
 pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayError> {
     let names = &args.names;
-    let report = read_slot(client, &names.slot).await?;
+    let poll = args.mode == Mode::Poll;
+    let report = if poll {
+        None
+    } else {
+        read_slot(client, &names.slot).await?
+    };
     let slot_state = match &report {
+        _ if poll => "unused",
         None => "missing",
         Some(report) if report.is_lost() => "lost",
         Some(_) => "ok",
     };
-    let (outbox_rows, oldest_row_age_seconds, table_error) = match backlog(client, args).await {
+    let (outbox_rows, oldest_row_age_seconds, mut table_error) = match backlog(client, args).await {
         Ok((rows, age)) => (Some(rows), age, None),
         Err(e) => (None, None, Some(chain(&e))),
     };
+    // Only in poll mode: WAL mode never writes published_at, so there every row is "unsent".
+    let unsent = match poll {
+        false => None,
+        true => match read_backlog(client, names).await {
+            Ok(unsent) => unsent,
+            Err(e) => {
+                table_error.get_or_insert_with(|| chain(&e));
+                None
+            }
+        },
+    };
+    if poll && unsent.is_none() && table_error.is_none() {
+        table_error = Some(format!(
+            "{} has no published_at column, which polling mode needs: run `outbox-relay \
+             setup --mode poll`",
+            names.table
+        ));
+    }
     let addr: Option<SocketAddr> = args.metrics_addr.0;
     let readiness = match addr {
         Some(addr) => match http_get(addr, "/readyz").await {
@@ -131,6 +165,7 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         current_wal_lsn: String::new(),
     });
     Ok(Status {
+        mode: if poll { "poll" } else { "wal" },
         slot: names.slot.clone(),
         slot_state,
         active_pid,
@@ -144,6 +179,8 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         table: names.table.clone(),
         outbox_rows,
         oldest_row_age_seconds,
+        unsent_rows: unsent.map(|b: Backlog| b.unsent_rows),
+        oldest_unsent_age_seconds: unsent.and_then(|b| b.oldest_unsent_age_seconds),
         table_error,
         relay_addr: addr.map(|a| a.to_string()),
         stuck_message_known: readiness.is_some(),
@@ -159,7 +196,7 @@ async fn backlog(client: &Client, args: &StatusArgs) -> Result<(i64, Option<f64>
             &format!(
                 "SELECT count(*), extract(epoch FROM now() - min({}))::float8 FROM {}",
                 quote_ident(columns::CREATED_AT),
-                qualified_table(&args.names)
+                args.names.qualified_table()
             ),
             &[],
         )
@@ -185,10 +222,11 @@ pub fn render(status: &Status) -> String {
              with teardown, setup and resync --since (docs/operations.md)",
             status.slot
         ),
+        "unused" => "not used (--mode poll)".into(),
         _ => status.slot.clone(),
     };
     lines.push(("slot", slot_line));
-    if status.slot_state != "missing" {
+    if status.slot_state != "missing" && status.slot_state != "unused" {
         lines.push((
             "active pid",
             status
@@ -231,6 +269,16 @@ pub fn render(status: &Status) -> String {
                     .map(human_age)
                     .unwrap_or_else(|| "no rows".into()),
             ));
+            if let Some(unsent) = status.unsent_rows {
+                lines.push(("unsent rows", format!("{unsent} (published_at IS NULL)")));
+                lines.push((
+                    "oldest unsent age",
+                    status
+                        .oldest_unsent_age_seconds
+                        .map(human_age)
+                        .unwrap_or_else(|| "no unsent rows".into()),
+                ));
+            }
         }
         (None, error) => lines.push((
             "outbox rows",
@@ -239,6 +287,9 @@ pub fn render(status: &Status) -> String {
                 error.as_deref().unwrap_or("the table could not be read")
             ),
         )),
+    }
+    if let (Some(_), Some(error)) = (&status.outbox_rows, &status.table_error) {
+        lines.push(("table problem", error.clone()));
     }
     let addr = status.relay_addr.as_deref().unwrap_or("off");
     match &status.relay_readiness {
@@ -303,6 +354,7 @@ mod tests {
 
     fn status() -> Status {
         Status {
+            mode: "wal",
             slot: "outbox_slot".into(),
             slot_state: "ok",
             active_pid: Some(4242),
@@ -316,6 +368,8 @@ mod tests {
             table: "outbox".into(),
             outbox_rows: Some(12),
             oldest_row_age_seconds: Some(192.4),
+            unsent_rows: None,
+            oldest_unsent_age_seconds: None,
             table_error: None,
             relay_addr: Some("127.0.0.1:9187".into()),
             relay_readiness: Some("stuck message 0f9c".into()),
@@ -358,6 +412,30 @@ mod tests {
             text.contains("unknown (only a running relay knows it)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn poll_mode_shows_the_unsent_backlog_and_ignores_the_slot() {
+        let mut s = status();
+        s.mode = "poll";
+        s.slot_state = "unused";
+        s.unsent_rows = Some(7);
+        s.oldest_unsent_age_seconds = Some(65.0);
+        assert_eq!(s.probe(), Probe::Healthy);
+        let text = render(&s);
+        // The widest key without the slot lines is "oldest unsent age" (17).
+        for (key, value) in [
+            ("slot", "not used (--mode poll)"),
+            ("unsent rows", "7 (published_at IS NULL)"),
+            ("oldest unsent age", "1m 5s"),
+        ] {
+            let expected = format!("{key:<17}  {value}\n");
+            assert!(text.contains(&expected), "{expected:?} missing in:\n{text}");
+        }
+        assert!(!text.contains("wal_status"), "{text}");
+        s.table_error = Some("no published_at column".into());
+        assert_eq!(s.probe(), Probe::TableProblem);
+        assert!(render(&s).contains("table problem      no published_at"));
     }
 
     #[test]

@@ -2,7 +2,6 @@
 //! batches (short lock times), oldest first through the created_at index. Unpublished rows
 //! are never deleted, however old: they are the evidence of a stuck message.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,7 +50,7 @@ async fn round(
     loop {
         let deleted = bounded(client.execute(&delete, &[&seconds])).await?;
         total += deleted;
-        shared.stats.deleted.fetch_add(deleted, Ordering::Relaxed);
+        shared.stats.record_deleted(deleted);
         if deleted < u64::from(batch) || shutdown.is_cancelled() {
             return Ok(total);
         }

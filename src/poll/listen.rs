@@ -6,12 +6,10 @@
 //! The application sends `NOTIFY` after its commit (docs/polling.md explains why not from a
 //! trigger inside the transaction).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 
@@ -19,7 +17,7 @@ use crate::backoff::Backoff;
 use crate::db::{self, quote_ident};
 use crate::error::{chain, RelayError};
 
-use super::Shared;
+use super::{AbortOnDrop, Shared};
 
 /// Listens until `shutdown`, reconnecting with backoff; never stops the relay.
 pub(crate) async fn run(shared: Arc<Shared>, channel: String, shutdown: CancellationToken) {
@@ -67,7 +65,7 @@ async fn listen_inner(
         while let Some(message) = messages.next().await {
             match message? {
                 AsyncMessage::Notification(_) => {
-                    wake.stats.notifications.fetch_add(1, Ordering::Relaxed);
+                    wake.stats.record_notification();
                     wake.wake.notify_one();
                 }
                 AsyncMessage::Notice(notice) => {
@@ -90,14 +88,5 @@ async fn listen_inner(
     match ended {
         Ok(result) => result.map_err(RelayError::Database),
         Err(e) => Err(RelayError::Task(e.to_string())),
-    }
-}
-
-/// Aborts the connection's driver task when the listener stops.
-struct AbortOnDrop<T>(JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

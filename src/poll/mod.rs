@@ -7,8 +7,14 @@
 //!         publish; await all confirms;                       wakes one idle worker
 //!         UPDATE published_at; COMMIT
 //!   rows found → again at once; none: wait for                cleanup (every --cleanup-interval)
-//!   --poll-interval or a wake-up                              deletes old published rows
+//!   the idle wait or a wake-up                                deletes old published rows
+//!                                                             backlog poller (metrics)
 //! ```
+//!
+//! The idle wait adapts: --poll-interval-min after the first empty poll, doubling with each
+//! further one up to --poll-interval-max, back to the min as soon as a poll finds rows. An
+//! idle outbox then costs one claim transaction per worker per max interval, while a busy
+//! one is polled again at once and a quiet one within the min of its last rows.
 //!
 //! Why it is safe: a claimed row is locked by its worker's transaction until COMMIT, and
 //! COMMIT comes only after the broker confirmed every message of the batch. Any failure
@@ -20,6 +26,7 @@
 //! once after a crash (a batch confirmed but not committed is published again: at most
 //! workers × batch size rows). It writes (`published_at`), so it runs on the primary.
 
+mod backlog;
 mod cleanup;
 mod listen;
 pub mod table;
@@ -34,12 +41,14 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use tokio::task::JoinHandle;
+
 use crate::config::{Delivery, OutboxNames, PollArgs};
 use crate::error::{chain, RelayError};
 use crate::mapper::Mapper;
+use crate::observability::{self, PollMetrics, WorkerHealth};
 
-/// Counters of one `poll` run, kept so that they can be exported as metrics.
-#[derive(Debug, Default)]
+/// Counters of one `poll` run for its summary log line; each is also exported as a metric.
 pub struct PollStats {
     /// Claim queries run.
     pub polls: AtomicU64,
@@ -59,9 +68,60 @@ pub struct PollStats {
     pub notifications: AtomicU64,
     /// Published rows deleted by cleanup.
     pub deleted: AtomicU64,
+    metrics: PollMetrics,
 }
 
 impl PollStats {
+    /// Counters at zero, exporting through `metrics`.
+    pub fn new(metrics: PollMetrics) -> Self {
+        Self {
+            polls: AtomicU64::new(0),
+            empty_polls: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            published: AtomicU64::new(0),
+            largest_batch: AtomicU64::new(0),
+            claim_micros: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            notifications: AtomicU64::new(0),
+            deleted: AtomicU64::new(0),
+            metrics,
+        }
+    }
+
+    /// One claim query that found `rows` rows and took `claim`.
+    fn record_poll(&self, rows: usize, claim: Duration) {
+        self.polls.fetch_add(1, Ordering::Relaxed);
+        self.metrics.polls.increment(1);
+        self.claim_micros
+            .fetch_add(claim.as_micros() as u64, Ordering::Relaxed);
+        if rows == 0 {
+            self.empty_polls.fetch_add(1, Ordering::Relaxed);
+            self.metrics.empty_polls.increment(1);
+        }
+    }
+
+    /// One batch of `rows` committed, `claim_to_commit` after its claim started.
+    fn record_batch(&self, rows: usize, claim_to_commit: Duration) {
+        let rows = rows as u64;
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.published.fetch_add(rows, Ordering::Relaxed);
+        self.largest_batch.fetch_max(rows, Ordering::Relaxed);
+        self.metrics.batch_rows.record(rows as f64);
+        self.metrics
+            .batch_seconds
+            .record(claim_to_commit.as_secs_f64());
+    }
+
+    fn record_notification(&self) {
+        self.notifications.fetch_add(1, Ordering::Relaxed);
+        self.metrics.notifications.increment(1);
+    }
+
+    fn record_deleted(&self, rows: u64) {
+        self.deleted.fetch_add(rows, Ordering::Relaxed);
+        self.metrics.cleanup_deleted.increment(rows);
+    }
+
     fn log_summary(&self) {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         tracing::info!(
@@ -87,29 +147,29 @@ pub(crate) struct Shared {
     dead_letter_exchange: Option<String>,
     workers: u32,
     batch_size: u32,
-    poll_interval: Duration,
+    /// The wait after the first empty poll, doubling with each further one up to the max.
+    poll_interval_min: Duration,
+    poll_interval_max: Duration,
     delivery: Delivery,
     /// Wakes idle workers: one per notification, one more after each full batch.
     wake: Notify,
     /// Whether a worker has looked for the claim index yet (one warning per run).
     index_checked: AtomicBool,
-    stats: Arc<PollStats>,
+    stats: PollStats,
+    /// Each worker's connections, for /readyz.
+    health: WorkerHealth,
 }
 
 /// Runs the polling relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
 pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
-    run_with_stats(args, Arc::new(PollStats::default()), shutdown).await
-}
-
-/// [`run`], counting into `stats` (for an exporter).
-pub async fn run_with_stats(
-    args: PollArgs,
-    stats: Arc<PollStats>,
-    shutdown: CancellationToken,
-) -> Result<(), RelayError> {
     let mapper = Mapper::new(&args.names.exchange, args.delivery.max_message_size)
         .map_err(RelayError::Config)?;
     let dead_letter_exchange = args.dead_letter.exchange(&args.names.exchange)?;
+    // The endpoints and the backlog poller outlive the workers' graceful stop.
+    let observing = CancellationToken::new();
+    let _stop_observing = observing.clone().drop_guard();
+    let health = observability::start_endpoints(args.endpoints.metrics_addr.0, &observing);
+    let (poll_interval_min, poll_interval_max) = args.poll_intervals();
     let shared = Arc::new(Shared {
         database_url: args.connections.database_url()?,
         amqp_url: args.connections.amqp_url()?,
@@ -118,20 +178,31 @@ pub async fn run_with_stats(
         dead_letter_exchange,
         workers: args.workers,
         batch_size: args.batch_size,
-        poll_interval: args.poll_interval,
+        poll_interval_min,
+        poll_interval_max,
         delivery: args.delivery,
         wake: Notify::new(),
         index_checked: AtomicBool::new(false),
-        stats: Arc::clone(&stats),
+        stats: PollStats::new(PollMetrics::new()),
+        health: WorkerHealth::new(health, args.workers as usize),
     });
     tracing::info!(
         table = %shared.names.table,
         workers = shared.workers,
         batch_size = shared.batch_size,
-        poll_interval_ms = shared.poll_interval.as_millis() as u64,
+        poll_interval_min_ms = poll_interval_min.as_millis() as u64,
+        poll_interval_max_ms = poll_interval_max.as_millis() as u64,
         listen = args.listen,
         "polling"
     );
+    if !args.backlog_poll_interval.is_zero() {
+        tokio::spawn(backlog::run(
+            shared.database_url.clone(),
+            shared.names.clone(),
+            args.backlog_poll_interval,
+            observing.clone(),
+        ));
+    }
 
     // Cancelled by the caller's shutdown, or by a worker's definite error: either way every
     // worker finishes the batch in hand and stops.
@@ -189,8 +260,17 @@ pub async fn run_with_stats(
         }
     }
     background.abort_all();
-    stats.log_summary();
+    shared.stats.log_summary();
     outcome
+}
+
+/// Aborts a task when dropped: the helper tasks of a session or connection end with it.
+pub(crate) struct AbortOnDrop<T>(pub(crate) JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

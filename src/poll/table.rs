@@ -36,6 +36,50 @@ const READ: [&str; 9] = [
     columns::AGGREGATE_ID,
 ];
 
+/// The rows polling mode has not sent yet (`published_at IS NULL`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Backlog {
+    pub unsent_rows: i64,
+    /// `None` when there is no unsent row.
+    pub oldest_unsent_age_seconds: Option<f64>,
+}
+
+/// Reads the backlog; `None` when the table has no `published_at` column (a WAL-mode
+/// table). Both aggregates read only the claim index's entries (the unsent rows):
+/// `min(created_at)` its first one, so the query stays cheap however many sent rows the
+/// table keeps.
+pub async fn read_backlog(
+    client: &Client,
+    names: &OutboxNames,
+) -> Result<Option<Backlog>, RelayError> {
+    let table = names.qualified_table();
+    let has_column = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
+             WHERE attrelid = $1::text::regclass AND attname = $2 AND attnum > 0 \
+               AND NOT attisdropped)",
+            &[&table, &PUBLISHED_AT],
+        )
+        .await?;
+    if !has_column.get::<_, bool>(0) {
+        return Ok(None);
+    }
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT count(*), extract(epoch FROM now() - min({created}))::float8 \
+                 FROM {table} WHERE {PUBLISHED_AT} IS NULL",
+                created = quote_ident(columns::CREATED_AT),
+            ),
+            &[],
+        )
+        .await?;
+    Ok(Some(Backlog {
+        unsent_rows: row.get(0),
+        oldest_unsent_age_seconds: row.get(1),
+    }))
+}
+
 /// What polling mode knows about the outbox table, learned from the catalog on each connect
 /// (a schema change is picked up at the next reconnect).
 #[derive(Debug, Clone)]
@@ -113,7 +157,7 @@ impl OutboxTable {
             .map(|(_, _, sql_type)| sql_type.clone())
             .unwrap_or_else(|| "text".into());
         Ok(Self {
-            qualified: format!("{}.{}", quote_ident(schema), quote_ident(table)),
+            qualified: names.qualified_table(),
             relation,
             id_type,
             layout,

@@ -31,11 +31,13 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::db;
 use crate::error::{chain, Recovery, RelayError};
+use crate::failpoint::{failpoint, POLL_BEFORE_COMMIT};
+use crate::observability::{count_reconnect, NotReady, WorkerState};
 use crate::publish::queue::ConfirmQueue;
 use crate::publish::{await_confirms, Broker, Stage};
 
 use super::table::{OutboxTable, SESSION_SETTINGS};
-use super::Shared;
+use super::{AbortOnDrop, Shared};
 
 /// How long closing the broker connection may take when a session ends (it may be dead).
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -74,9 +76,13 @@ pub(crate) async fn run(
             Err(error) => error,
         };
         shared.stats.failures.fetch_add(1, Ordering::Relaxed);
+        shared
+            .health
+            .set(worker, WorkerState::Down(NotReady::after(&error)));
         if error.recovery() == Recovery::Stop {
             return Err(error);
         }
+        count_reconnect(error.cause());
         if state.progressed {
             backoff.reset();
         }
@@ -158,6 +164,12 @@ impl Session<'_> {
             self.broker.enable_dead_letters(exchange).await?;
         }
         tracing::debug!(worker, "worker connected");
+        let _reporting = AbortOnDrop(tokio::spawn(report_blocked(
+            self.shared.health.clone(),
+            worker,
+            self.broker.blocked(),
+        )));
+        let mut idle = Backoff::new(self.shared.poll_interval_min, self.shared.poll_interval_max);
         loop {
             // A stop request is honoured between batches: the batch in hand commits first.
             if shutdown.is_cancelled() {
@@ -174,14 +186,23 @@ impl Session<'_> {
                     self.shared.wake.notify_one();
                 }
                 // Only an empty poll waits: rows may have arrived while this batch ran.
+                idle.reset();
                 continue;
             }
-            tracing::debug!(worker, "no unpublished rows; waiting for rows");
+            let wait = idle.next_delay();
+            tracing::debug!(
+                worker,
+                wait_ms = wait.as_millis() as u64,
+                "no unpublished rows; waiting for rows"
+            );
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return Ok(()),
+                // An idle worker would notice a dead broker connection only at its next
+                // batch: end the session now, so it reconnects and /readyz says so.
+                error = self.broker.lost() => return Err(error),
                 () = self.shared.wake.notified() => {}
-                () = tokio::time::sleep(self.shared.poll_interval) => {}
+                () = tokio::time::sleep(wait) => {}
             }
         }
     }
@@ -198,12 +219,8 @@ impl Session<'_> {
         let transaction = bounded(self.client.transaction()).await?;
         let polled = Instant::now();
         let rows = bounded(transaction.query(claim, &[])).await?;
-        stats.polls.fetch_add(1, Ordering::Relaxed);
-        stats
-            .claim_micros
-            .fetch_add(polled.elapsed().as_micros() as u64, Ordering::Relaxed);
+        stats.record_poll(rows.len(), polled.elapsed());
         if rows.is_empty() {
-            stats.empty_polls.fetch_add(1, Ordering::Relaxed);
             bounded(transaction.commit()).await?;
             return Ok(0);
         }
@@ -225,21 +242,31 @@ impl Session<'_> {
 
         let claimed = polled.elapsed();
         let mut queue = ConfirmQueue::new(Lsn::ZERO);
-        for (message, dead_letter) in messages {
-            let message_id = message.message_id.clone();
-            // Frames queued in batch order; the confirm loop awaits the rest.
-            let stage = Stage::start(&self.broker, message).await?;
-            match dead_letter {
-                None => queue.push_publish(message_id, stage),
-                Some(reason) => queue.push_dead_letter(message_id, reason, stage),
+        let metrics = &stats.metrics.relay;
+        let mut published = 0;
+        let confirmed = async {
+            for (message, dead_letter) in messages {
+                let message_id = message.message_id.clone();
+                // Frames queued in batch order; the confirm loop awaits the rest.
+                let stage = Stage::start(&self.broker, message).await?;
+                match dead_letter {
+                    None => queue.push_publish(message_id, stage),
+                    Some(reason) => queue.push_dead_letter(message_id, reason, stage),
+                }
+                published += 1;
+                metrics.published.increment(1);
+                metrics.in_flight.increment(1.0);
             }
+            await_confirms(
+                &mut queue,
+                &self.broker,
+                self.shared.delivery.confirm_timeout(),
+            )
+            .await
         }
-        await_confirms(
-            &mut queue,
-            &self.broker,
-            self.shared.delivery.confirm_timeout(),
-        )
-        .await?;
+        .await;
+        metrics.record_batch_confirms(published, queue.in_flight(), &confirmed);
+        confirmed?;
 
         let marked = bounded(transaction.execute(&self.mark, &[&ids])).await?;
         if marked != ids.len() as u64 {
@@ -249,6 +276,8 @@ impl Session<'_> {
                 "marked a different number of rows than claimed (are ids unique?)"
             );
         }
+        // Every confirm is in and the rows are marked: a crash here publishes the batch again.
+        failpoint(POLL_BEFORE_COMMIT);
         bounded(transaction.commit()).await?;
         tracing::debug!(
             worker,
@@ -257,14 +286,24 @@ impl Session<'_> {
             total_ms = polled.elapsed().as_millis() as u64,
             "batch published"
         );
-        stats.batches.fetch_add(1, Ordering::Relaxed);
-        stats
-            .published
-            .fetch_add(ids.len() as u64, Ordering::Relaxed);
-        stats
-            .largest_batch
-            .fetch_max(ids.len() as u64, Ordering::Relaxed);
+        stats.record_batch(ids.len(), polled.elapsed());
         Ok(ids.len())
+    }
+}
+
+/// Reports the worker up, and blocked or not, for as long as its session runs: the broker
+/// blocks and unblocks a connection whenever its alarms say so, mid-batch or idle.
+async fn report_blocked(
+    health: crate::observability::WorkerHealth,
+    worker: usize,
+    mut blocked: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let now = *blocked.borrow_and_update();
+        health.set(worker, WorkerState::Up { blocked: now });
+        if blocked.changed().await.is_err() {
+            return;
+        }
     }
 }
 

@@ -42,6 +42,9 @@ use crate::observability::{DEAD_LETTERED_TOTAL, REASON_LABEL};
 pub type Publishing =
     Pin<Box<dyn Future<Output = Result<PublisherConfirm, lapin::Error>> + Send + 'static>>;
 
+/// What a broker connect timeout names ([`RelayError::ConnectTimeout`]).
+pub const RABBITMQ: &str = "RabbitMQ";
+
 /// How long a polite close may wait for the broker's close-ok.
 const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -50,6 +53,8 @@ pub struct Broker {
     channel: Channel,
     blocked: watch::Receiver<bool>,
     dead_letters: Option<DeadLetters>,
+    /// The connection's error, once it failed.
+    lost: watch::Receiver<Option<lapin::Error>>,
 }
 
 /// Where dead letters go under the dead-letter policy.
@@ -71,11 +76,12 @@ impl Broker {
         )
         .await
         .map_err(|_| RelayError::ConnectTimeout {
-            what: "RabbitMQ",
+            what: RABBITMQ,
             seconds: crate::db::CONNECT_TIMEOUT.as_secs(),
         })?
         .map_err(RelayError::Broker)?;
         let (blocked_tx, blocked) = watch::channel(false);
+        let (lost_tx, lost) = watch::channel(None);
         let mut events = connection.events_listener();
         tokio::spawn(async move {
             while let Some(event) = events.next().await {
@@ -87,6 +93,9 @@ impl Broker {
                     lapin::Event::ConnectionUnblocked => {
                         tracing::info!("broker unblocked publishing");
                         blocked_tx.send_replace(false);
+                    }
+                    lapin::Event::Error(error) => {
+                        lost_tx.send_replace(Some(error));
                     }
                     _ => {}
                 }
@@ -101,6 +110,7 @@ impl Broker {
             channel,
             blocked,
             dead_letters: None,
+            lost,
         })
     }
 
@@ -130,6 +140,21 @@ impl Broker {
     /// `true` while the broker blocks this connection's publishes.
     pub fn blocked(&self) -> watch::Receiver<bool> {
         self.blocked.clone()
+    }
+
+    /// Resolves to the connection's error once it fails (never, while it works): lets a
+    /// user that is not publishing notice a dead broker connection without a publish.
+    pub async fn lost(&self) -> RelayError {
+        let mut lost = self.lost.clone();
+        // Err: the event stream ended with the connection object; its users see that.
+        let error = match lost.wait_for(Option::is_some).await {
+            Ok(error) => error.clone(),
+            Err(_) => None,
+        };
+        match error {
+            Some(error) => RelayError::Broker(error),
+            None => std::future::pending().await,
+        }
     }
 
     /// Declares the durable topic exchange (setup), or with `passive` only checks that it

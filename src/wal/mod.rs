@@ -46,7 +46,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
     let _stop_observing = observing.clone().drop_guard();
     let database_url = args.connections.database_url()?;
     let health = observability::start(
-        args.observability.metrics_addr.0,
+        args.observability.endpoints.metrics_addr.0,
         &database_url,
         &args.names.slot,
         args.observability.slot_poll_interval,

@@ -30,6 +30,16 @@ impl Outbox {
 
     /// Like [`Outbox::new`], on the given servers (fault tests own theirs).
     pub async fn on(server_url: &str, amqp_url: &str, prefix: &str) -> Outbox {
+        Self::provision(server_url, amqp_url, prefix, &["setup"]).await
+    }
+
+    /// Like [`Outbox::on`], provisioned for polling mode (`setup --mode poll`: the table with
+    /// `published_at` and the claim index; no publication, no slot).
+    pub async fn on_poll(server_url: &str, amqp_url: &str, prefix: &str) -> Outbox {
+        Self::provision(server_url, amqp_url, prefix, &["setup", "--mode", "poll"]).await
+    }
+
+    async fn provision(server_url: &str, amqp_url: &str, prefix: &str, setup: &[&str]) -> Outbox {
         let name = unique_name(prefix);
         let admin = pg_connect(server_url).await;
         admin
@@ -45,7 +55,7 @@ impl Outbox {
             exchange: format!("{name}_x"),
             queue: format!("{name}_q"),
         };
-        let setup = outbox.run_command(&["setup"]);
+        let setup = outbox.run_command(setup);
         assert!(
             setup.status.success(),
             "setup failed: {}{}",
@@ -87,6 +97,17 @@ impl Outbox {
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         RelayProcess::spawn(&args, &[("RUST_LOG", "info,outbox_relay=debug")])
+    }
+
+    /// Starts `outbox-relay poll` with this outbox's flags, `extra` ones and `env`.
+    pub fn spawn_poll(&self, extra: &[&str], env: &[(&str, &str)]) -> RelayProcess {
+        let mut args: Vec<String> = vec!["poll".into()];
+        args.extend(self.flags());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut vars = vec![("RUST_LOG", "info,outbox_relay=debug")];
+        vars.extend_from_slice(env);
+        RelayProcess::spawn(&args, &vars)
     }
 
     pub async fn confirmed_flush(&self) -> u64 {

@@ -1,0 +1,50 @@
+//! The backlog poller: how many rows wait unsent and how old the oldest is, read on an
+//! ordinary connection of its own every `--backlog-poll-interval` for /metrics. The numbers
+//! come from the table, not from the workers, so they keep growing while every worker is
+//! stuck or disconnected, which is when they matter.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::OutboxNames;
+use crate::observability::{
+    run_periodically, BACKLOG_POLL_ERRORS_TOTAL, BACKLOG_ROWS, OLDEST_UNSENT_AGE_SECONDS,
+};
+
+use super::table::{read_backlog, Backlog};
+
+/// Reads the backlog every `interval` until `shutdown`.
+pub(crate) async fn run(
+    database_url: String,
+    names: OutboxNames,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    let rows = metrics::gauge!(BACKLOG_ROWS);
+    let age = metrics::gauge!(OLDEST_UNSENT_AGE_SECONDS);
+    let read = move |client: Arc<Client>| {
+        let names = names.clone();
+        async move { read_backlog(&client, &names).await }
+    };
+    let record = move |backlog: Option<Backlog>| {
+        // None: no published_at column; the workers stop with an error that names it.
+        if let Some(backlog) = backlog {
+            rows.set(backlog.unsent_rows as f64);
+            age.set(backlog.oldest_unsent_age_seconds.unwrap_or(0.0).max(0.0));
+        }
+    };
+    let errors = metrics::counter!(BACKLOG_POLL_ERRORS_TOTAL);
+    run_periodically(
+        database_url,
+        interval,
+        "backlog poller",
+        errors,
+        shutdown,
+        read,
+        record,
+    )
+    .await;
+}
