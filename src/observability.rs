@@ -323,6 +323,9 @@ impl NotReady {
             RelayError::SlotLost { .. } => NotReady::SlotLost,
             RelayError::StreamSilent { .. } => NotReady::NoHeartbeat,
             RelayError::Broker(_) | RelayError::ExchangeMissing { .. } => NotReady::BrokerDown,
+            RelayError::ConnectTimeout { what, .. } if *what == crate::publish::BROKER => {
+                NotReady::BrokerDown
+            }
             _ => NotReady::DatabaseDown,
         }
     }
@@ -987,6 +990,16 @@ mod tests {
             pid: "1".into(),
         };
         assert_eq!(NotReady::after(&standby), NotReady::Standby);
+        let broker_timeout = RelayError::ConnectTimeout {
+            what: crate::publish::BROKER,
+            seconds: 15,
+        };
+        assert_eq!(NotReady::after(&broker_timeout), NotReady::BrokerDown);
+        let database_timeout = RelayError::ConnectTimeout {
+            what: "PostgreSQL",
+            seconds: 15,
+        };
+        assert_eq!(NotReady::after(&database_timeout), NotReady::DatabaseDown);
     }
 
     async fn get(addr: SocketAddr, request: &str) -> String {

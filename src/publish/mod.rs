@@ -37,6 +37,9 @@ pub type Publishing =
 /// How long a polite close may wait for the broker's close-ok.
 const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How errors name the broker (and how readiness tells its timeouts from the database's).
+pub const BROKER: &str = "RabbitMQ";
+
 pub struct Broker {
     connection: Connection,
     channel: Channel,
@@ -55,7 +58,7 @@ impl Broker {
         )
         .await
         .map_err(|_| RelayError::ConnectTimeout {
-            what: "RabbitMQ",
+            what: BROKER,
             seconds: crate::db::CONNECT_TIMEOUT.as_secs(),
         })?
         .map_err(RelayError::Broker)?;

@@ -86,13 +86,18 @@ pub async fn run(
             .with_status_interval(ctx.tuning.status_interval())
             .with_buffer_size(CLIENT_EVENT_BUFFER)
             .with_feedback_observer(observer);
+    let tls = config.tls.clone();
+    let start_error = |e: PgWireError| match e {
+        PgWireError::Tls(_) => RelayError::pg_tls(e, &tls),
+        e => stream_error(e, &ctx.names),
+    };
     let mut client = ReplicationClient::connect(config)
         .await
-        .map_err(|e| stream_error(e, &ctx.names))?;
+        .map_err(start_error)?;
     // Connecting and START_REPLICATION run in the crate's worker: bound the wait, since a
     // server that accepts and goes silent would otherwise hold this session forever.
     match tokio::time::timeout(db::CONNECT_TIMEOUT, client.wait_started()).await {
-        Ok(started) => started.map_err(|e| stream_error(e, &ctx.names))?,
+        Ok(started) => started.map_err(start_error)?,
         Err(_) => {
             client.abort();
             return Err(RelayError::ConnectTimeout {
