@@ -163,6 +163,7 @@ pub async fn run(
         silence_limit: ctx.tuning.heartbeat_interval().map(|i| i * 3),
         feedback_sent,
         names: &ctx.names,
+        database_url: &ctx.database_url,
         health: ctx.health.clone(),
         metrics: ctx.metrics.clone(),
     };
@@ -397,6 +398,8 @@ struct Tracker<'a> {
     silence_limit: Option<Duration>,
     feedback_sent: Arc<Notify>,
     names: &'a OutboxNames,
+    /// For the final check that the slot took the last acknowledged position.
+    database_url: &'a str,
     health: Health,
     metrics: RelayMetrics,
 }
@@ -420,6 +423,7 @@ impl Tracker<'_> {
             silence_limit,
             feedback_sent,
             names,
+            database_url,
             health,
             metrics,
         } = self;
@@ -569,6 +573,10 @@ impl Tracker<'_> {
             .await;
             if flushed.is_err() {
                 tracing::warn!(%target, "acknowledged position not confirmed sent; a restart may replay a little");
+            } else if outcome.is_ok()
+                && !slot_reached(database_url, &names.slot, target, FINAL_FEEDBACK_TIMEOUT).await
+            {
+                tracing::warn!(%target, "the slot did not confirm the final position; a restart may replay a little");
             }
         }
         if stream_alive {
@@ -583,6 +591,34 @@ impl Tracker<'_> {
         }
         outcome
     }
+}
+
+/// Waits until the slot's confirmed_flush_lsn is at `target`: false after `timeout` or on
+/// any error. A sent status update is only bytes in a socket: the walsender reads them
+/// between its own writes, and closing the connection while it still sends (the relay has
+/// stopped reading) makes the kernel reset it, which discards whatever it had not read yet —
+/// the final position included. A standby would then replay what was already delivered.
+async fn slot_reached(database_url: &str, slot: &str, target: Lsn, timeout: Duration) -> bool {
+    let check = async {
+        let client = db::connect(database_url).await?;
+        let target = target.to_string();
+        loop {
+            let reached: Option<bool> = client
+                .query_opt(
+                    "SELECT confirmed_flush_lsn >= $2::text::pg_lsn \
+                     FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+                    &[&slot, &target],
+                )
+                .await?
+                .and_then(|row| row.get(0));
+            if reached != Some(false) {
+                // Reached, or no slot to tell (the next session reports that).
+                return Ok::<_, RelayError>(reached.is_some());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    matches!(tokio::time::timeout(timeout, check).await, Ok(Ok(true)))
 }
 
 async fn sleep_until_some(deadline: Option<Instant>) {
