@@ -1864,7 +1864,7 @@ async fn s20_second_relay_waits_as_standby_and_takes_over_when_the_first_stops()
 }
 
 // ---------------------------------------------------------------------------------
-// 21. Broker down: what an operator sees (issue 3, acceptance 1)
+// 22. Broker down: what an operator sees (issue 3, acceptance 1)
 
 const HEARTBEAT_LAG: &str = "outbox_relay_heartbeat_lag_seconds";
 
@@ -1900,7 +1900,7 @@ async fn wait_readyz(port: u16, timeout: Duration, wanted: (u16, &str)) -> Optio
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s21_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_recover() {
+async fn s22_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_recover() {
     let pair = shared().await;
     let rabbit = blocking(RabbitServer::start);
     let outbox = Outbox::on(&pair.pg.url("postgres"), &rabbit.url(), "brokerdown").await;
@@ -2011,7 +2011,7 @@ async fn s21_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_rec
     let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
     report(
-        "s21 broker down",
+        "s22 broker down",
         &[
             ("rows", committed.len().to_string()),
             ("lost", "0".into()),
@@ -2034,23 +2034,49 @@ async fn s21_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_rec
 }
 
 // ---------------------------------------------------------------------------------
-// 22. Standby takeover under load (issue 3, acceptance 2)
+// 23. Standby takeover under load (issue 3, acceptance 2)
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stop {
     Sigterm,
     Kill9,
+    /// The active relay's host vanishes: its PostgreSQL connections (through the proxy)
+    /// go silent, nothing is closed.
+    HostLost,
 }
+
+/// `wal_sender_timeout` of the PostgreSQL in the host-lost case (the default is 60 s).
+const HOST_LOST_WAL_SENDER_TIMEOUT: &str = "5s";
 
 /// 20,000 rows from writers; relay A streams, relay B waits as a standby; A is stopped
 /// halfway; B takes over and everything arrives. Prints how long the takeover took.
 async fn standby_takeover(stop: Stop, prefix: &str) {
     const ROWS: usize = 20_000;
     let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), prefix).await;
+    let own_pg = (stop == Stop::HostLost).then(|| {
+        blocking(|| PgServer::start(&[("wal_sender_timeout", HOST_LOST_WAL_SENDER_TIMEOUT)]))
+    });
+    let pg = own_pg.as_ref().unwrap_or(&pair.pg);
+    let outbox = Outbox::on(&pg.url("postgres"), &pair.rabbit.url(), prefix).await;
     let oracle = Oracle::create(&outbox).await;
     let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
-    let (active, active_port) = spawn_observed_relay(&outbox, &[]);
+    let proxy =
+        (stop == Stop::HostLost).then(|| TcpProxy::start(&format!("127.0.0.1:{}", pg.port())));
+    let (active, active_port) = match &proxy {
+        None => spawn_observed_relay(&outbox, &[]),
+        Some(proxy) => {
+            let port = common::free_port();
+            let addr = format!("127.0.0.1:{port}");
+            let db_url = db_url_at(&outbox, proxy.port());
+            let relay = spawn_relay_via(
+                &outbox,
+                &db_url,
+                &outbox.amqp_url,
+                &["--metrics-addr", &addr],
+            );
+            (relay, port)
+        }
+    };
     assert!(
         wait_ready(active_port, MINUTE).await,
         "log:\n{}",
@@ -2076,14 +2102,21 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
         standby.log()
     );
     let stopped = Instant::now();
-    match stop {
-        Stop::Sigterm => active.sigterm(),
-        Stop::Kill9 => active.kill9(),
+    match (stop, &proxy) {
+        (Stop::Sigterm, _) => active.sigterm(),
+        (Stop::Kill9, _) => active.kill9(),
+        (Stop::HostLost, proxy) => proxy.as_ref().expect("proxy").set_modes(Mode::BlackHole),
     }
-    let exited = active
-        .wait_exit(MINUTE)
-        .await
-        .map(|status| (status, stopped.elapsed()));
+    let exited = async {
+        if stop == Stop::HostLost {
+            return None;
+        }
+        let status = active
+            .wait_exit(MINUTE)
+            .await
+            .expect("the active relay exits");
+        Some((status, stopped.elapsed()))
+    };
     // The moments of the takeover, each polled every 50 ms or so.
     let slot_released = async {
         loop {
@@ -2106,18 +2139,21 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
         .await;
         stopped.elapsed()
     };
-    let (released, streaming, first_confirm) =
-        tokio::join!(slot_released, streaming, first_confirm);
+    let (exited, released, streaming, first_confirm) =
+        tokio::join!(exited, slot_released, streaming, first_confirm);
     let streaming = streaming
         .unwrap_or_else(|| panic!("the standby did not take over; log:\n{}", standby.log()));
-    let (status, exited) = exited.expect("the active relay exits");
-    if stop == Stop::Sigterm {
-        assert!(
-            status.success(),
-            "exit after SIGTERM: {status}; log:\n{}",
-            active.log()
-        );
+    if let Some((status, _)) = exited {
+        if stop == Stop::Sigterm {
+            assert!(
+                status.success(),
+                "exit after SIGTERM: {status}; log:\n{}",
+                active.log()
+            );
+        }
     }
+    // The lost host's relay cannot reach PostgreSQL any more; end it for a clean tally.
+    active.kill9();
     assert!(
         wait_ready(standby_port, MINUTE).await,
         "log:\n{}",
@@ -2128,12 +2164,15 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
     let (committed, tally) =
         finish(&outbox.client, &outbox, &oracle, &mut consumer, &standby).await;
     report(
-        &format!("s22 standby takeover after {stop:?}"),
+        &format!("s23 standby takeover after {stop:?}"),
         &[
             ("rows", committed.len().to_string()),
             ("lost", "0".into()),
             ("duplicates", tally.duplicates().to_string()),
-            ("active exited after", secs(exited)),
+            (
+                "active exited after",
+                exited.map_or("— (still running)".into(), |(_, t)| secs(t)),
+            ),
             ("slot released after", secs(released)),
             ("standby streaming after", secs(streaming)),
             ("standby's first confirm after", secs(first_confirm)),
@@ -2152,11 +2191,18 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s22a_standby_takes_over_after_sigterm_halfway_through_20000_rows() {
+async fn s23a_standby_takes_over_after_sigterm_halfway_through_20000_rows() {
     standby_takeover(Stop::Sigterm, "takeover_term").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s22b_standby_takes_over_after_kill_9_halfway_through_20000_rows() {
+async fn s23b_standby_takes_over_after_kill_9_halfway_through_20000_rows() {
     standby_takeover(Stop::Kill9, "takeover_kill").await;
+}
+
+/// Takeover is bounded by PostgreSQL noticing the dead walsender connection: here by
+/// wal_sender_timeout (5 s in this test, 60 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s23c_standby_takes_over_when_the_active_relays_host_vanishes() {
+    standby_takeover(Stop::HostLost, "takeover_lost").await;
 }
