@@ -1,10 +1,18 @@
 //! Ordinary PostgreSQL connections, and the replication connection's settings derived from the
 //! same URL so the two can never point at different servers.
+//!
+//! TLS follows libpq's `sslmode` and `sslrootcert` in the URL, for both connections.
+//! tokio-postgres knows neither `verify-ca`/`verify-full` nor `sslrootcert`, so the two are
+//! taken out of the URL here, and the ordinary connection is upgraded by the same code that
+//! upgrades the replication connection (pgwire-replication's rustls handshake), then handed
+//! to tokio-postgres as an already-encrypted stream: one TLS policy, one place.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use pgwire_replication::{ReplicationConfig, TlsConfig};
-use tokio_postgres::config::Host;
+use pgwire_replication::tls::rustls::maybe_upgrade_to_tls;
+use pgwire_replication::{ReplicationConfig, SslMode, TlsConfig};
+use tokio_postgres::config::{Host, SslMode as DriverSslMode};
 use tokio_postgres::{Client, Config, NoTls};
 
 use crate::error::RelayError;
@@ -20,6 +28,11 @@ pub const APPLICATION_NAME: &str = "outbox-relay";
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 
 pub fn parse_url(url: &str) -> Result<Config, RelayError> {
+    let (rest, _) = split_tls(url)?;
+    parse_driver_url(&rest)
+}
+
+fn parse_driver_url(url: &str) -> Result<Config, RelayError> {
     url.parse::<Config>().map_err(|e| {
         // The parser's message may quote the URL; say only what is wrong with it.
         RelayError::Config(format!(
@@ -33,27 +46,161 @@ fn redact_parse_error(message: &str) -> &str {
     message.split(':').next().unwrap_or("invalid")
 }
 
+/// The URL's `sslmode` and `sslrootcert` as the TLS settings of both connections, and the
+/// URL without them (for tokio-postgres). Without `sslmode` the relay behaves like libpq:
+/// `prefer` (TLS if the server offers it, unverified; plain otherwise). As in libpq,
+/// `require` with a `sslrootcert` verifies the chain like `verify-ca`.
+fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
+    let mut mode = None;
+    let mut root_cert = None;
+    let mut take = |key: &str, value: &str| match key {
+        "sslmode" => {
+            mode = Some(value.to_string());
+            true
+        }
+        "sslrootcert" => {
+            root_cert = Some(PathBuf::from(value));
+            true
+        }
+        _ => false,
+    };
+    let rest = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        match url.split_once('?') {
+            None => url.to_string(),
+            Some((base, query)) => {
+                let kept: Vec<&str> = query
+                    .split('&')
+                    .filter(|pair| {
+                        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                        !take(key, &percent_decode(value))
+                    })
+                    .collect();
+                if kept.is_empty() {
+                    base.to_string()
+                } else {
+                    format!("{base}?{}", kept.join("&"))
+                }
+            }
+        }
+    } else {
+        // key=value form: these two values need no quoting in practice (a mode name, a
+        // path without spaces); a quoted one stays in and tokio-postgres reports it.
+        url.split_whitespace()
+            .filter(|pair| {
+                let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                !take(key, value)
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let tls = match mode.as_deref().unwrap_or("prefer") {
+        "disable" => TlsConfig::disabled(),
+        "allow" | "prefer" => TlsConfig {
+            mode: SslMode::Prefer,
+            ..TlsConfig::disabled()
+        },
+        "require" if root_cert.is_none() => TlsConfig::require(),
+        "require" | "verify-ca" => TlsConfig::verify_ca(root_cert),
+        "verify-full" => TlsConfig::verify_full(root_cert),
+        other => {
+            return Err(RelayError::Config(format!(
+                "The database URL has sslmode={other}, which PostgreSQL does not know. Use \
+                 disable, prefer, require, verify-ca or verify-full"
+            )))
+        }
+    };
+    Ok((rest, tls))
+}
+
+/// Undoes `%XX` escapes in a URL query value (a CA path may carry them).
+fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The URL's first host: a TCP name or address, or a Unix socket directory.
+fn first_host(config: &Config) -> Host {
+    config
+        .get_hosts()
+        .first()
+        .cloned()
+        .unwrap_or_else(|| Host::Tcp("localhost".to_string()))
+}
+
 /// Opens an ordinary connection; its driver task ends with the connection.
 pub async fn connect(url: &str) -> Result<Client, RelayError> {
-    let mut config = parse_url(url)?;
+    let (rest, tls) = split_tls(url)?;
+    let mut config = parse_driver_url(&rest)?;
     config.application_name(APPLICATION_NAME);
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT);
     }
     // connect_timeout bounds the TCP connect only: a server (or a network) that accepts and
     // then goes silent would hold the startup handshake forever.
-    let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls))
+    tokio::time::timeout(CONNECT_TIMEOUT, open(config, &tls))
         .await
         .map_err(|_| RelayError::ConnectTimeout {
             what: "PostgreSQL",
             seconds: CONNECT_TIMEOUT.as_secs(),
-        })??;
+        })?
+}
+
+async fn open(mut config: Config, tls: &TlsConfig) -> Result<Client, RelayError> {
+    let host = match first_host(&config) {
+        // libpq ignores sslmode on Unix sockets, and so does the relay.
+        Host::Tcp(host) if tls.mode != SslMode::Disable => host,
+        _ => {
+            config.ssl_mode(DriverSslMode::Disable);
+            let (client, connection) = config.connect(NoTls).await?;
+            spawn_driver(connection);
+            return Ok(client);
+        }
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|source| RelayError::DatabaseConnect {
+            host: host.clone(),
+            port,
+            source,
+        })?;
+    let _ = tcp.set_nodelay(true);
+    let stream = maybe_upgrade_to_tls(tcp, tls, &host)
+        .await
+        .map_err(|e| RelayError::pg_tls(e, tls))?;
+    // The stream already is what sslmode asked for: tokio-postgres must not negotiate again.
+    config.ssl_mode(DriverSslMode::Disable);
+    let (client, connection) = config.connect_raw(stream, NoTls).await?;
+    spawn_driver(connection);
+    Ok(client)
+}
+
+fn spawn_driver(
+    connection: impl std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
+) {
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "database connection ended");
         }
     });
-    Ok(client)
 }
 
 /// The replication connection's configuration for `slot` and `publication`.
@@ -62,11 +209,12 @@ pub fn replication_config(
     slot: &str,
     publication: &str,
 ) -> Result<ReplicationConfig, RelayError> {
-    let config = parse_url(url)?;
-    let host = match config.get_hosts().first() {
-        Some(Host::Tcp(host)) => host.clone(),
-        Some(Host::Unix(path)) => path.display().to_string(),
-        None => "localhost".to_string(),
+    let (rest, tls) = split_tls(url)?;
+    let config = parse_driver_url(&rest)?;
+    let (host, tls) = match first_host(&config) {
+        Host::Tcp(host) => (host, tls),
+        // libpq ignores sslmode on Unix sockets; the crate refuses TLS there.
+        Host::Unix(path) => (path.display().to_string(), TlsConfig::disabled()),
     };
     let port = config.get_ports().first().copied().unwrap_or(5432);
     let user = config
@@ -81,7 +229,7 @@ pub fn replication_config(
     Ok(
         ReplicationConfig::new(host, user, password, database, slot, publication)
             .with_port(port)
-            .with_tls(TlsConfig::disabled())
+            .with_tls(tls)
             .with_options(PINNED_SESSION_SETTINGS)
             .with_application_name(APPLICATION_NAME),
     )
@@ -117,6 +265,52 @@ mod tests {
         assert_eq!(c.database, "app");
         assert_eq!(c.slot, "outbox_slot");
         assert_eq!(c.options.as_deref(), Some(PINNED_SESSION_SETTINGS));
+    }
+
+    #[test]
+    fn sslmode_and_sslrootcert_come_out_of_the_url_for_both_connections() {
+        let (rest, tls) = split_tls(
+            "postgres://relay:pw@db.example/app?sslmode=verify-full&connect_timeout=5&sslrootcert=/etc/ca%20dir/ca.pem",
+        )
+        .expect("parses");
+        assert_eq!(rest, "postgres://relay:pw@db.example/app?connect_timeout=5");
+        assert_eq!(tls.mode, SslMode::VerifyFull);
+        assert_eq!(tls.ca_pem_path, Some(PathBuf::from("/etc/ca dir/ca.pem")));
+        parse_url("postgres://relay@db/app?sslmode=verify-ca")
+            .expect("the driver accepts the rest");
+
+        let c =
+            replication_config("postgres://r@db/app?sslmode=require", "s", "p").expect("config");
+        assert_eq!(c.tls.mode, SslMode::Require);
+        // Unix sockets never use TLS (as in libpq).
+        let c = replication_config("postgres://r@%2Frun%2Fpg/app?sslmode=require", "s", "p")
+            .expect("config");
+        assert_eq!(c.tls.mode, SslMode::Disable);
+    }
+
+    #[test]
+    fn sslmodes_follow_libpq() {
+        let mode = |url: &str| split_tls(url).map(|(_, tls)| (tls.mode, tls.ca_pem_path));
+        assert_eq!(
+            mode("postgres://r@db/app").expect("default"),
+            (SslMode::Prefer, None)
+        );
+        assert_eq!(
+            mode("postgres://r@db/app?sslmode=disable").expect("disable"),
+            (SslMode::Disable, None)
+        );
+        // require with a CA verifies the chain, as libpq does.
+        assert_eq!(
+            mode("postgres://r@db/app?sslmode=require&sslrootcert=ca.pem").expect("require"),
+            (SslMode::VerifyCa, Some(PathBuf::from("ca.pem")))
+        );
+        assert_eq!(
+            mode("host=db user=r sslmode=verify-full sslrootcert=/ca.pem").expect("key=value"),
+            (SslMode::VerifyFull, Some(PathBuf::from("/ca.pem")))
+        );
+        let e = split_tls("postgres://r@db/app?sslmode=verify").expect_err("unknown mode");
+        assert!(e.to_string().contains("sslmode=verify,"), "{e}");
+        assert!(e.to_string().contains("verify-full"), "{e}");
     }
 
     #[test]

@@ -105,6 +105,9 @@ pub enum RelayError {
         slot_note: String,
     },
 
+    #[error("Cannot set up TLS with PostgreSQL ({reason}). {hint}")]
+    PgTls { reason: String, hint: &'static str },
+
     // ---- definite: data ----
     #[error("Cannot decode the replication stream")]
     Decode(#[from] DecodeError),
@@ -119,6 +122,14 @@ pub enum RelayError {
     // ---- transient ----
     #[error("PostgreSQL error")]
     Database(#[from] tokio_postgres::Error),
+
+    #[error("Cannot reach PostgreSQL at {host}:{port}")]
+    DatabaseConnect {
+        host: String,
+        port: u16,
+        #[source]
+        source: std::io::Error,
+    },
 
     #[error("Replication stream error")]
     Replication(#[source] pgwire_replication::PgWireError),
@@ -219,9 +230,11 @@ impl RelayError {
             | Decode(_)
             | Map(_) => Recovery::Stop,
             SlotInUse { .. } => Recovery::Standby,
+            PgTls { reason, .. } => tls_recovery(reason),
             Database(e) => database_recovery(e),
             Replication(e) => replication_recovery(e),
             Broker(_)
+            | DatabaseConnect { .. }
             | DatabaseTimeout { .. }
             | ConnectTimeout { .. }
             | ExchangeMissing { .. }
@@ -252,7 +265,8 @@ impl RelayError {
     pub fn cause(&self) -> &'static str {
         use RelayError::*;
         match self {
-            Database(_) | DatabaseTimeout { .. } => "database",
+            Database(_) | DatabaseConnect { .. } | DatabaseTimeout { .. } => "database",
+            PgTls { .. } => "tls",
             ConnectTimeout { .. } => "connect_timeout",
             Replication(_) => "replication",
             Broker(_) => "broker",
@@ -294,6 +308,58 @@ impl RelayError {
         } else {
             self
         }
+    }
+}
+
+impl RelayError {
+    /// A failed TLS setup on either PostgreSQL connection, with the fix for the usual
+    /// causes. `tls` is what the URL's sslmode and sslrootcert asked for.
+    pub fn pg_tls(
+        error: pgwire_replication::PgWireError,
+        tls: &pgwire_replication::TlsConfig,
+    ) -> RelayError {
+        let reason = match error {
+            pgwire_replication::PgWireError::Tls(reason) => reason,
+            other => other.to_string(),
+        };
+        let hint = if reason.contains("UnknownIssuer") || reason.contains("BadSignature") {
+            if tls.ca_pem_path.is_some() {
+                "The server's certificate is not signed by the CA in sslrootcert. Fix: set \
+                 sslrootcert in the database URL to the CA that signed the server's certificate"
+            } else {
+                "The server's certificate is not signed by a well-known CA. Fix: add \
+                 sslrootcert=/path/to/ca.pem (the CA that signed it) to the database URL"
+            }
+        } else if reason.contains("NotValidForName") {
+            "The server's certificate does not name the host in the database URL. Fix: connect \
+             by a name the certificate lists, or use sslmode=verify-ca"
+        } else if reason.contains("SSLRequest rejected") {
+            "The server does not accept TLS connections. Fix: enable ssl on the server, or \
+             lower sslmode in the database URL (prefer uses TLS only when offered)"
+        } else if reason.contains("CA PEM") || reason.contains("CA certificates") {
+            "Fix: sslrootcert in the database URL must name a readable PEM file holding the CA \
+             certificate"
+        } else {
+            "Fix: check sslmode and sslrootcert in the database URL"
+        };
+        RelayError::PgTls { reason, hint }
+    }
+}
+
+/// A certificate or configuration problem stays until someone fixes it; anything else (a
+/// connection reset during the handshake) may pass.
+fn tls_recovery(reason: &str) -> Recovery {
+    let definite = [
+        "certificate",
+        "Certificate",
+        "config error",
+        "SSLRequest rejected",
+        "Unix domain",
+    ];
+    if definite.iter().any(|needle| reason.contains(needle)) {
+        Recovery::Stop
+    } else {
+        Recovery::Retry
     }
 }
 

@@ -1283,6 +1283,16 @@ mod tests {
             pid: "1".into(),
         };
         assert_eq!(NotReady::after(&standby), NotReady::Standby);
+        let broker_timeout = RelayError::ConnectTimeout {
+            what: crate::publish::RABBITMQ,
+            seconds: 15,
+        };
+        assert_eq!(NotReady::after(&broker_timeout), NotReady::BrokerDown);
+        let database_timeout = RelayError::ConnectTimeout {
+            what: "PostgreSQL",
+            seconds: 15,
+        };
+        assert_eq!(NotReady::after(&database_timeout), NotReady::DatabaseDown);
     }
 
     async fn get(addr: SocketAddr, request: &str) -> String {

@@ -28,9 +28,9 @@ use std::time::Duration;
 
 use common::faults::{
     barrier, bind_queue, check_ack, connect_retrying, declare_exchange, delete_exchange, http_get,
-    ids_of, log_count, log_lines, metric_sum, metric_value, probe, report, sessions, slot_state,
-    spawn_relay_via, stop_relay, unbind_queue, wait_for_ids, wait_for_log_count, wait_new_session,
-    Oracle, Tally, Writers, SESSION_STARTED,
+    ids_of, log_count, log_lines, metric_sum, metric_value, probe, report, scrape_slot_gauges,
+    sessions, slot_state, spawn_relay_via, stop_relay, unbind_queue, wait_for_ids,
+    wait_for_log_count, wait_new_session, Oracle, Tally, Writers, SESSION_STARTED,
 };
 use common::outbox::{write_concurrently, Outbox};
 use common::{
@@ -1984,4 +1984,348 @@ async fn unsent_ids(client: &tokio_postgres::Client) -> HashSet<String> {
         .iter()
         .map(|row| row.get(0))
         .collect()
+}
+
+// ---------------------------------------------------------------------------------
+// 22. Broker down: what an operator sees (issue 3, acceptance 1)
+
+const HEARTBEAT_LAG: &str = "outbox_relay_heartbeat_lag_seconds";
+
+/// Scrapes until `wanted` holds for the text of `/metrics`; the last scrape either way.
+async fn wait_metrics(port: u16, timeout: Duration, wanted: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let metrics = http_get(port, "/metrics").await.map(|(_, body)| body);
+        match metrics {
+            Some(metrics) if wanted(&metrics) || Instant::now() >= deadline => return metrics,
+            None if Instant::now() >= deadline => panic!("/metrics does not answer"),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// Waits until `/readyz` gives `wanted` (the relay may not listen yet); the last answer
+/// either way.
+async fn wait_readyz(port: u16, timeout: Duration, wanted: (u16, &str)) -> Option<(u16, String)> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let answer = http_get(port, "/readyz")
+            .await
+            .map(|(status, body)| (status, body.trim().to_string()));
+        let matches = answer
+            .as_ref()
+            .is_some_and(|(status, body)| (*status, body.as_str()) == wanted);
+        if matches || Instant::now() >= deadline {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s22_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_recover() {
+    let pair = shared().await;
+    let rabbit = blocking(RabbitServer::start);
+    let outbox = Outbox::on(&pair.pg.url("postgres"), &rabbit.url(), "brokerdown").await;
+    let oracle = Oracle::create(&outbox).await;
+    let (relay, port) = spawn_observed_relay(
+        &outbox,
+        &[
+            "--heartbeat-interval-secs",
+            "1",
+            "--slot-poll-interval",
+            "200ms",
+            FAST_BACKOFF[0],
+            FAST_BACKOFF[1],
+        ],
+    );
+    assert!(
+        wait_ready(port, MINUTE).await,
+        "/readyz: {:?}; log:\n{}",
+        readyz(port).await,
+        relay.log()
+    );
+    // A heartbeat made the round trip, so its lag is measured.
+    let metrics = wait_metrics(port, MINUTE, |m| metric_value(m, HEARTBEAT_LAG).is_some()).await;
+    let healthy_heartbeat = metric_value(&metrics, HEARTBEAT_LAG).expect("heartbeat lag");
+    let writers = Writers::start(&outbox.db_url, 1, MAX_TXN_ROWS, Duration::from_millis(20));
+    assert!(writers.wait_committed(100, MINUTE).await);
+
+    let killed = Instant::now();
+    blocking(|| rabbit.kill9());
+    let answer = wait_readyz(port, MINUTE, (503, "broker down")).await;
+    assert_eq!(
+        answer,
+        Some((503, "broker down".to_string())),
+        "log:\n{}",
+        relay.log()
+    );
+    let reported_after = killed.elapsed();
+
+    // While the broker is down: nothing is acknowledged, and every scrape shows more slot
+    // lag (a row was inserted since the last) and more heartbeat lag (time passed and no
+    // heartbeat can come back) than the one before, each matching PostgreSQL.
+    let mut previous: Option<(i128, f64)> = None;
+    for _ in 0..4 {
+        outbox.insert("WhileBrokerDown", "{}").await;
+        let scrape = scrape_slot_gauges(&outbox.client, &outbox.slot, port).await;
+        assert_eq!(
+            scrape.before.confirmed_flush, scrape.after.confirmed_flush,
+            "nothing is acknowledged while the broker is down"
+        );
+        let heartbeat = metric_value(&scrape.metrics, HEARTBEAT_LAG).expect("heartbeat lag");
+        assert_eq!(
+            metric_value(&scrape.metrics, "outbox_relay_ready"),
+            Some(0.0)
+        );
+        assert_eq!(readyz(port).await, (503, "broker down".to_string()));
+        if let Some((lag, previous_heartbeat)) = previous {
+            assert!(
+                scrape.lag > lag,
+                "slot lag rises: {lag} then {}",
+                scrape.lag
+            );
+            assert!(
+                heartbeat > previous_heartbeat,
+                "heartbeat lag rises: {previous_heartbeat} then {heartbeat}"
+            );
+        }
+        previous = Some((scrape.lag, heartbeat));
+    }
+    let (outage_lag, outage_heartbeat) = previous.expect("samples");
+    let (_, metrics) = http_get(port, "/metrics").await.expect("/metrics");
+    let broker_reconnects = metrics
+        .lines()
+        .find(|l| l.starts_with("outbox_relay_reconnects_total{cause=\"broker\"}"))
+        .map(String::from);
+    assert!(
+        broker_reconnects.is_some(),
+        "reconnects are counted by cause:\n{metrics}"
+    );
+
+    let restarting = Instant::now();
+    blocking(|| rabbit.restart());
+    assert!(
+        wait_ready(port, MINUTE).await,
+        "/readyz answers 200 once the broker is back: {:?}; log:\n{}",
+        readyz(port).await,
+        relay.log()
+    );
+    let ready_after = restarting.elapsed();
+    // Both lags fall back below what the outage reached (writers are still writing).
+    let metrics = wait_metrics(port, MINUTE, |m| {
+        metric_value(m, HEARTBEAT_LAG).is_some_and(|h| h < outage_heartbeat)
+            && metric_value(m, "outbox_relay_slot_lag_bytes")
+                .is_some_and(|l| (l as i128) < outage_lag)
+    })
+    .await;
+    let recovered_after = restarting.elapsed();
+    let heartbeat = metric_value(&metrics, HEARTBEAT_LAG).expect("heartbeat lag");
+    let lag = metric_value(&metrics, "outbox_relay_slot_lag_bytes").expect("slot lag") as i128;
+    assert!(
+        heartbeat < outage_heartbeat && lag < outage_lag,
+        "after the broker returned: heartbeat lag {heartbeat} (outage {outage_heartbeat}), \
+         slot lag {lag} (outage {outage_lag}); log:\n{}",
+        relay.log()
+    );
+    // And they still match PostgreSQL.
+    let scrape = scrape_slot_gauges(&outbox.client, &outbox.slot, port).await;
+    writers.stop().await;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
+    report(
+        "s22 broker down",
+        &[
+            ("rows", committed.len().to_string()),
+            ("lost", "0".into()),
+            ("duplicates", tally.duplicates().to_string()),
+            ("readyz 'broker down' after", secs(reported_after)),
+            ("heartbeat lag healthy", format!("{healthy_heartbeat:.2} s")),
+            (
+                "heartbeat lag in outage",
+                format!("{outage_heartbeat:.2} s"),
+            ),
+            ("slot lag in outage", format!("{outage_lag} B")),
+            ("ready after restart begun", secs(ready_after)),
+            ("lags back after restart begun", secs(recovered_after)),
+            (
+                "after",
+                format!("heartbeat {heartbeat:.2} s, slot lag {} B", scrape.lag),
+            ),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// 23. Standby takeover under load (issue 3, acceptance 2)
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Sigterm,
+    Kill9,
+    /// The active relay's host vanishes: its PostgreSQL connections (through the proxy)
+    /// go silent, nothing is closed.
+    HostLost,
+}
+
+/// `wal_sender_timeout` of the PostgreSQL in the host-lost case (the default is 60 s).
+const HOST_LOST_WAL_SENDER_TIMEOUT: &str = "5s";
+
+/// 20,000 rows from writers; relay A streams, relay B waits as a standby; A is stopped
+/// halfway; B takes over and everything arrives. Prints how long the takeover took.
+async fn standby_takeover(stop: Stop, prefix: &str) {
+    const ROWS: usize = 20_000;
+    let pair = shared().await;
+    let own_pg = (stop == Stop::HostLost).then(|| {
+        blocking(|| PgServer::start(&[("wal_sender_timeout", HOST_LOST_WAL_SENDER_TIMEOUT)]))
+    });
+    let pg = own_pg.as_ref().unwrap_or(&pair.pg);
+    let outbox = Outbox::on(&pg.url("postgres"), &pair.rabbit.url(), prefix).await;
+    let oracle = Oracle::create(&outbox).await;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let proxy =
+        (stop == Stop::HostLost).then(|| TcpProxy::start(&format!("127.0.0.1:{}", pg.port())));
+    let (active, active_port) = match &proxy {
+        None => spawn_observed_relay(&outbox, &[]),
+        Some(proxy) => {
+            let port = common::free_port();
+            let addr = format!("127.0.0.1:{port}");
+            let db_url = db_url_at(&outbox, proxy.port());
+            let relay = spawn_relay_via(
+                &outbox,
+                &db_url,
+                &outbox.amqp_url,
+                &["--metrics-addr", &addr],
+            );
+            (relay, port)
+        }
+    };
+    assert!(
+        wait_ready(active_port, MINUTE).await,
+        "log:\n{}",
+        active.log()
+    );
+    let (standby, standby_port) = spawn_observed_relay(&outbox, &[]);
+    let answer = wait_readyz(standby_port, MINUTE, (503, "standby")).await;
+    assert_eq!(
+        answer,
+        Some((503, "standby".to_string())),
+        "log:\n{}",
+        standby.log()
+    );
+    let metrics = wait_metrics(standby_port, MINUTE, |_| true).await;
+    assert_eq!(metric_value(&metrics, "outbox_relay_standby"), Some(1.0));
+
+    let writers = Writers::start(&outbox.db_url, 4, MAX_TXN_ROWS, Duration::from_millis(1));
+    assert!(writers.wait_committed(ROWS / 2, 5 * MINUTE).await);
+    assert_eq!(
+        sessions(&standby),
+        0,
+        "the standby never streamed while the active relay ran; log:\n{}",
+        standby.log()
+    );
+    let stopped = Instant::now();
+    match (stop, &proxy) {
+        (Stop::Sigterm, _) => active.sigterm(),
+        (Stop::Kill9, _) => active.kill9(),
+        (Stop::HostLost, proxy) => proxy.as_ref().expect("proxy").set_modes(Mode::BlackHole),
+    }
+    let exited = async {
+        if stop == Stop::HostLost {
+            return None;
+        }
+        let status = active
+            .wait_exit(MINUTE)
+            .await
+            .expect("the active relay exits");
+        Some((status, stopped.elapsed()))
+    };
+    // The moments of the takeover, each polled every 50 ms or so.
+    let slot_released = async {
+        loop {
+            if let Some((_, _, None)) = slot_state(&outbox.client, &outbox.slot).await {
+                return stopped.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let streaming = async {
+        standby
+            .wait_for_log(SESSION_STARTED, 2 * MINUTE)
+            .await
+            .then(|| stopped.elapsed())
+    };
+    let first_confirm = async {
+        wait_metrics(standby_port, 2 * MINUTE, |m| {
+            metric_value(m, "outbox_relay_messages_confirmed_total").is_some_and(|n| n >= 1.0)
+        })
+        .await;
+        stopped.elapsed()
+    };
+    let (exited, released, streaming, first_confirm) =
+        tokio::join!(exited, slot_released, streaming, first_confirm);
+    let streaming = streaming
+        .unwrap_or_else(|| panic!("the standby did not take over; log:\n{}", standby.log()));
+    if let Some((status, _)) = exited {
+        if stop == Stop::Sigterm {
+            assert!(
+                status.success(),
+                "exit after SIGTERM: {status}; log:\n{}",
+                active.log()
+            );
+        }
+    }
+    // The lost host's relay cannot reach PostgreSQL any more; end it for a clean tally.
+    active.kill9();
+    assert!(
+        wait_ready(standby_port, MINUTE).await,
+        "log:\n{}",
+        standby.log()
+    );
+    assert!(writers.wait_committed(ROWS, 5 * MINUTE).await);
+    writers.stop().await;
+    let (committed, tally) =
+        finish(&outbox.client, &outbox, &oracle, &mut consumer, &standby).await;
+    report(
+        &format!("s23 standby takeover after {stop:?}"),
+        &[
+            ("rows", committed.len().to_string()),
+            ("lost", "0".into()),
+            ("duplicates", tally.duplicates().to_string()),
+            (
+                "active exited after",
+                exited.map_or("— (still running)".into(), |(_, t)| secs(t)),
+            ),
+            ("slot released after", secs(released)),
+            ("standby streaming after", secs(streaming)),
+            ("standby's first confirm after", secs(first_confirm)),
+        ],
+    );
+    println!(
+        "takeover after {stop:?}: the standby streamed {} and confirmed its first message {} \
+         after the active relay was stopped",
+        secs(streaming),
+        secs(first_confirm)
+    );
+    if stop == Stop::Sigterm {
+        // A graceful stop acknowledged everything the broker confirmed.
+        assert_eq!(tally.duplicates(), 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s23a_standby_takes_over_after_sigterm_halfway_through_20000_rows() {
+    standby_takeover(Stop::Sigterm, "takeover_term").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s23b_standby_takes_over_after_kill_9_halfway_through_20000_rows() {
+    standby_takeover(Stop::Kill9, "takeover_kill").await;
+}
+
+/// Takeover is bounded by PostgreSQL noticing the dead walsender connection: here by
+/// wal_sender_timeout (5 s in this test, 60 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s23c_standby_takes_over_when_the_active_relays_host_vanishes() {
+    standby_takeover(Stop::HostLost, "takeover_lost").await;
 }

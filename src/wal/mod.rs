@@ -30,8 +30,12 @@ use crate::mapper::Mapper;
 use crate::observability::{self, NotReady};
 use session::SessionContext;
 
-/// How often a standby retries a slot held by another process.
+/// How often a standby retries a slot held by another process, at the latest.
 const STANDBY_RETRY: Duration = Duration::from_secs(5);
+/// How often a standby looks whether the slot's holder has gone, between retries: the
+/// takeover then follows the release of the slot within this much, not within a retry
+/// interval, for the price of one small query on an ordinary connection.
+const STANDBY_WATCH: Duration = Duration::from_millis(250);
 /// A session that ran this long was healthy: the next failure starts the backoff afresh.
 const HEALTHY_SESSION: Duration = Duration::from_secs(60);
 
@@ -92,6 +96,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
             Err(error) => error.clarify(role.as_deref()),
         };
         health.set_not_ready(NotReady::after(&error));
+        let standby = error.recovery() == Recovery::Standby;
         let delay = match error.recovery() {
             Recovery::Stop => return Err(error),
             Recovery::Standby => {
@@ -120,9 +125,45 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
                 delay
             }
         };
+        let wait = async {
+            if standby {
+                wait_for_free_slot(&ctx.database_url, &ctx.names.slot, delay).await;
+            } else {
+                tokio::time::sleep(delay).await;
+            }
+        };
         tokio::select! {
-            () = tokio::time::sleep(delay) => {}
+            () = wait => {}
             () = shutdown.cancelled() => return Ok(()),
         }
+    }
+}
+
+/// Returns once no process holds `slot` (or it is gone: the next session says so), and
+/// after `at_most` in any case, e.g. when the database cannot be asked.
+async fn wait_for_free_slot(database_url: &str, slot: &str, at_most: Duration) {
+    let deadline = Instant::now() + at_most;
+    let watch = async {
+        let client = crate::db::connect(database_url).await?;
+        loop {
+            let row = client
+                .query_opt(
+                    "SELECT active_pid FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+                    &[&slot],
+                )
+                .await?;
+            if row.is_none_or(|row| row.get::<_, Option<i32>>(0).is_none()) {
+                return Ok::<_, RelayError>(());
+            }
+            tokio::time::sleep(STANDBY_WATCH).await;
+        }
+    };
+    match tokio::time::timeout_at(deadline, watch).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(error = %chain(&e), "standby: cannot watch the slot; retrying later");
+            tokio::time::sleep_until(deadline).await;
+        }
+        Err(_) => {}
     }
 }

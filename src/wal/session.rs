@@ -93,13 +93,18 @@ pub async fn run(
             .with_status_interval(ctx.tuning.status_interval())
             .with_buffer_size(CLIENT_EVENT_BUFFER)
             .with_feedback_observer(observer);
+    let tls = config.tls.clone();
+    let start_error = |e: PgWireError| match e {
+        PgWireError::Tls(_) => RelayError::pg_tls(e, &tls),
+        e => stream_error(e, &ctx.names),
+    };
     let mut client = ReplicationClient::connect(config)
         .await
-        .map_err(|e| stream_error(e, &ctx.names))?;
+        .map_err(start_error)?;
     // Connecting and START_REPLICATION run in the crate's worker: bound the wait, since a
     // server that accepts and goes silent would otherwise hold this session forever.
     match tokio::time::timeout(db::CONNECT_TIMEOUT, client.wait_started()).await {
-        Ok(started) => started.map_err(|e| stream_error(e, &ctx.names))?,
+        Ok(started) => started.map_err(start_error)?,
         Err(_) => {
             client.abort();
             return Err(RelayError::ConnectTimeout {
@@ -165,6 +170,7 @@ pub async fn run(
         silence_limit: ctx.tuning.heartbeat_interval().map(|i| i * 3),
         feedback_sent,
         names: &ctx.names,
+        database_url: &ctx.database_url,
         health: ctx.health.clone(),
         metrics: ctx.metrics.clone(),
         broker: &broker,
@@ -414,6 +420,8 @@ struct Tracker<'a> {
     silence_limit: Option<Duration>,
     feedback_sent: Arc<Notify>,
     names: &'a OutboxNames,
+    /// For the final check that the slot took the last acknowledged position.
+    database_url: &'a str,
     health: Health,
     metrics: RelayMetrics,
     /// Where a returned message is re-published under the dead-letter policy.
@@ -439,6 +447,7 @@ impl Tracker<'_> {
             silence_limit,
             feedback_sent,
             names,
+            database_url,
             health,
             metrics,
             broker,
@@ -601,6 +610,10 @@ impl Tracker<'_> {
             .await;
             if flushed.is_err() {
                 tracing::warn!(%target, "acknowledged position not confirmed sent; a restart may replay a little");
+            } else if outcome.is_ok()
+                && !slot_reached(database_url, &names.slot, target, FINAL_FEEDBACK_TIMEOUT).await
+            {
+                tracing::warn!(%target, "the slot did not confirm the final position; a restart may replay a little");
             }
         }
         if stream_alive {
@@ -615,6 +628,34 @@ impl Tracker<'_> {
         }
         outcome
     }
+}
+
+/// Waits until the slot's confirmed_flush_lsn is at `target`: false after `timeout` or on
+/// any error. A sent status update is only bytes in a socket: the walsender reads them
+/// between its own writes, and closing the connection while it still sends (the relay has
+/// stopped reading) makes the kernel reset it, which discards whatever it had not read yet —
+/// the final position included. A standby would then replay what was already delivered.
+async fn slot_reached(database_url: &str, slot: &str, target: Lsn, timeout: Duration) -> bool {
+    let check = async {
+        let client = db::connect(database_url).await?;
+        let target = target.to_string();
+        loop {
+            let reached: Option<bool> = client
+                .query_opt(
+                    "SELECT confirmed_flush_lsn >= $2::text::pg_lsn \
+                     FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+                    &[&slot, &target],
+                )
+                .await?
+                .and_then(|row| row.get(0));
+            if reached != Some(false) {
+                // Reached, or no slot to tell (the next session reports that).
+                return Ok::<_, RelayError>(reached.is_some());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    matches!(tokio::time::timeout(timeout, check).await, Ok(Ok(true)))
 }
 
 async fn sleep_until_some(deadline: Option<Instant>) {

@@ -641,3 +641,97 @@ pub fn metric_sum(metrics: &str, name: &str) -> Option<f64> {
         .collect();
     (!values.is_empty()).then(|| values.iter().sum())
 }
+
+// ---------------------------------------------------------------------------------
+// The slot gauges against PostgreSQL
+
+/// The positions of one reading of a slot, by the test itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotReading {
+    pub current: u64,
+    pub confirmed_flush: u64,
+    pub restart: u64,
+}
+
+impl SlotReading {
+    pub async fn read(client: &Client, slot: &str) -> SlotReading {
+        let row = client
+            .query_one(
+                "SELECT pg_current_wal_lsn()::text, confirmed_flush_lsn::text, restart_lsn::text \
+                 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .expect("read pg_replication_slots");
+        SlotReading {
+            current: super::pg::parse_lsn(row.get(0)),
+            confirmed_flush: super::pg::parse_lsn(row.get(1)),
+            restart: super::pg::parse_lsn(row.get(2)),
+        }
+    }
+}
+
+/// One scrape of the relay's slot gauges, checked against `pg_replication_slots`.
+#[derive(Debug)]
+pub struct SlotScrape {
+    pub metrics: String,
+    pub lag: i128,
+    pub retained: i128,
+    pub before: SlotReading,
+    pub after: SlotReading,
+}
+
+/// Reads the slot (A), waits until the relay (`/metrics` on `port`) has finished two more
+/// slot polls (so the second one started after A), scrapes, and reads the slot again (B).
+/// Every position only grows, so the scraped slot lag must lie in
+/// [A.current − B.confirmed_flush, B.current − A.confirmed_flush], and the retained WAL
+/// likewise with restart_lsn: the values come from one poll of the same view, not from the
+/// relay's own idea of its position.
+pub async fn scrape_slot_gauges(client: &Client, slot: &str, port: u16) -> SlotScrape {
+    let polls = |metrics: &str| metric_value(metrics, "outbox_relay_slot_polls_total");
+    let scrape = || async {
+        http_get(port, "/metrics")
+            .await
+            .expect("/metrics answers")
+            .1
+    };
+    let before = SlotReading::read(client, slot).await;
+    let start = polls(&scrape().await).unwrap_or(0.0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        let metrics = scrape().await;
+        if polls(&metrics).unwrap_or(0.0) >= start + 2.0 {
+            break metrics;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot poller made no 2 polls in 30 s:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let after = SlotReading::read(client, slot).await;
+    let gauge = |name: &str| -> i128 {
+        metric_value(&metrics, name).unwrap_or_else(|| panic!("{name} missing in:\n{metrics}"))
+            as i128
+    };
+    let lag = gauge("outbox_relay_slot_lag_bytes");
+    let retained = gauge("outbox_relay_slot_retained_wal_bytes");
+    let between = |value: i128, position: fn(&SlotReading) -> u64| {
+        let low = before.current as i128 - position(&after) as i128;
+        let high = after.current as i128 - position(&before) as i128;
+        assert!(
+            (low..=high).contains(&value),
+            "{value} outside [{low}, {high}] ({before:?} .. {after:?})"
+        );
+    };
+    between(lag, |r| r.confirmed_flush);
+    between(retained, |r| r.restart);
+    assert!(lag >= 0 && retained >= 0);
+    SlotScrape {
+        metrics,
+        lag,
+        retained,
+        before,
+        after,
+    }
+}

@@ -27,6 +27,7 @@ pub mod pg;
 pub mod proxy;
 pub mod rabbit;
 pub mod relay;
+pub mod tls;
 
 use std::collections::HashSet;
 use std::net::{TcpListener, TcpStream};
