@@ -11,11 +11,6 @@ use outbox_relay::config::{Cli, Command, LogFormat};
 use outbox_relay::error::chain;
 use outbox_relay::{failpoint, ops, poll, setup, wal};
 
-// Per-message allocations are small and short-lived; mimalloc serves them with less CPU than
-// glibc malloc (measured in docs/benchmarks.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
