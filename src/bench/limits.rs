@@ -129,10 +129,12 @@ pub async fn broker_alone(
         prefetch: 1000,
         delete_on_close: true,
     };
-    let mut consumer = QueueConsumer::start(amqp_url, &spec).await?;
     let broker = Broker::connect(amqp_url)
         .await
         .context("the broker-alone publisher cannot connect")?;
+    // What `outbox-relay setup` declares: this may run before any setup did.
+    broker.declare_exchange(exchange, false).await?;
+    let mut consumer = QueueConsumer::start(amqp_url, &spec).await?;
     let mut queue = ConfirmQueue::<Stage>::new(Lsn::from_u64(0));
     let mut ticks = rate.map(|rate| {
         let mut ticks = tokio::time::interval(Duration::from_secs(1) / rate.max(1));

@@ -608,7 +608,6 @@ impl Bench {
         self.seed(&o, rows, 1).await?;
         let expected = self.committed_ids(&o).await?;
         let deadline = Instant::now() + CRASH_TIMEOUT;
-        let started = Instant::now();
         let relay = self.start_relay(setup, &o, "crash-1").await?;
         let mut counter = Distinct::default();
         let kill_at = ((rows as f64) * KILL_AT) as usize;
@@ -619,7 +618,10 @@ impl Bench {
             counter.add(consumer.arrivals());
         }
         relay.kill().await?;
-        let killed_after = started.elapsed();
+        // The delivery rate while the relay ran, from its first delivery (startup excluded).
+        let delivering = counter.first.map_or(Duration::ZERO, |first| {
+            Instant::now().saturating_duration_since(first)
+        });
         let received_before_kill = counter.count() as u64;
         let relay = self.start_relay(setup, &o, "crash-2").await?;
         while counter.count() < expected.len() {
@@ -644,7 +646,7 @@ impl Bench {
         let lost = (expected.len() - seen.len()) as u64;
         let duplicate_bound = match setup {
             Setup::Wal { window } => {
-                let rate = per_sec(received_before_kill, killed_after.as_secs_f64());
+                let rate = per_sec(received_before_kill, delivering.as_secs_f64());
                 let feedback = rate * self.args.status_interval_ms as f64 / 1000.0;
                 // + 1: the confirmed rows of the open transaction (one row each here).
                 Some(u64::from(window) + feedback.ceil() as u64 + 1)
@@ -820,11 +822,13 @@ async fn collect(
     Ok(Report::analyze(written, &arrivals))
 }
 
-/// Distinct message ids received so far, and when the newest distinct one arrived.
+/// Distinct message ids received so far, and when the first and the newest distinct one
+/// arrived.
 #[derive(Default)]
 struct Distinct {
     ids: HashSet<String>,
     seen: usize,
+    first: Option<Instant>,
     last: Option<Instant>,
 }
 
@@ -833,6 +837,7 @@ impl Distinct {
         for a in &arrivals[self.seen..] {
             if let Some(id) = &a.message_id {
                 if self.ids.insert(id.clone()) {
+                    self.first.get_or_insert(a.received_at);
                     self.last = Some(a.received_at);
                 }
             }
