@@ -24,70 +24,13 @@ WRITERS=${DEMO_WRITERS:-8}
 MAX_TXN_ROWS=${DEMO_MAX_TXN_ROWS:-10}
 TIMEOUT_SECS=${DEMO_TIMEOUT_SECS:-90}
 
-say() { printf '==> %s\n' "$*"; }
-die() {
-    printf 'error: %s\n' "$*" >&2
-    exit 1
-}
-indent() { sed -u 's/^/    /'; }
-
-if [ "$(id -u)" != 0 ] && ! command -v sudo >/dev/null 2>&1; then
-    die "run this as root, or install sudo"
-fi
-# shellcheck source=scripts/lib/services.sh
-. "$REPO/scripts/lib/services.sh"
-
-# --- 1. packages -------------------------------------------------------------------------
-missing=()
-svc_pg_bin >/dev/null 2>&1 || missing+=(postgresql)
-[ -x /usr/sbin/rabbitmq-server ] || missing+=(rabbitmq-server)
-command -v cc >/dev/null 2>&1 || missing+=(build-essential)
-if [ ${#missing[@]} -gt 0 ]; then
-    say "installing ${missing[*]} with apt"
-    $SUDO apt-get update -q
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
-fi
-
-# --- 2. build ----------------------------------------------------------------------------
-# Under `sudo scripts/demo.sh`, build as the user who ran sudo: their cargo, and a target/
-# they still own afterwards.
-build_as=()
-if [ "$(id -u)" = 0 ] && [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
-    build_as=(runuser -u "$SUDO_USER" --)
-fi
-in_repo() {
-    # shellcheck disable=SC2016 # expanded by the inner shell, as the building user
-    "${build_as[@]}" bash -c 'if [ -f "$HOME/.cargo/env" ]; then . "$HOME/.cargo/env"; fi
-        cd "$0" && exec "$@"' "$REPO" "$@"
-}
-if ! in_repo cargo --version >/dev/null 2>&1; then
-    cat >&2 <<'EOF'
-error: cargo not found. Install Rust with rustup, then run this script again:
-    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y
-    . "$HOME/.cargo/env"
-EOF
-    exit 1
-fi
-say "building the release binaries (cargo build --release --bins)"
-build_started=$SECONDS
-in_repo cargo build --release --bins
-say "built in $((SECONDS - build_started)) s"
-BIN=$REPO/target/release
-RELAY=$BIN/outbox-relay
-BENCH=$BIN/outbox-bench
-
-# --- 3. private servers ------------------------------------------------------------------
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/outbox-demo.XXXXXX")
-chmod 755 "$WORK"
-RELAY_LOG=$WORK/relay.log
 RELAY_PID=
-EPMD_WAS_RUNNING=
-svc_port_open 4369 && EPMD_WAS_RUNNING=yes
 
-cleanup() {
-    local status=$?
-    trap - EXIT INT TERM
-    set +e
+# shellcheck source=scripts/lib/stack.sh
+. "$REPO/scripts/lib/stack.sh"
+
+# Called by the cleanup on any exit, before the servers go.
+stack_on_exit() {
     if [ -n "$RELAY_PID" ] && kill -0 "$RELAY_PID" 2>/dev/null; then
         say "stopping the relay"
         kill -TERM "$RELAY_PID" 2>/dev/null || true
@@ -97,46 +40,22 @@ cleanup() {
         done
         kill -KILL "$RELAY_PID" 2>/dev/null || true
     fi
-    if [ -n "${RABBIT_DIR:-}" ] || [ -n "${PG_DIR:-}" ]; then
-        say "stopping and removing the private RabbitMQ and PostgreSQL"
+    if [ "$1" = 0 ]; then
+        say "done; the relay's log: ${RELAY_LOG:-}"
     fi
-    if [ "$status" != 0 ]; then
-        # Keep the servers' logs next to the relay's for a look at what went wrong.
-        [ -n "${PG_DIR:-}" ] && $SUDO cat "$PG_DIR/postgres.log" >"$WORK/postgres.log" 2>/dev/null
-        [ -n "${RABBIT_DIR:-}" ] && $SUDO cat "$RABBIT_DIR/log/$RABBIT_NODE.log" >"$WORK/rabbitmq.log" 2>/dev/null
-    fi
-    svc_rabbit_stop
-    svc_pg_stop
-    $SUDO rm -rf "$WORK/pg" "$WORK/rabbit"
-    # The node starts epmd if none ran; stop it again (it refuses while a node is registered).
-    if [ -z "$EPMD_WAS_RUNNING" ] && svc_port_open 4369; then
-        $SUDO runuser -u rabbitmq -- epmd -kill >/dev/null 2>&1
-    fi
-    if [ "$status" = 0 ]; then
-        rm -f "$WORK/initdb.log" "$WORK/rabbit-startup.log"
-        say "done; the relay's log: $RELAY_LOG"
-    else
-        printf 'demo failed (exit %s); logs kept in %s\n' "$status" "$WORK" >&2
-    fi
-    exit "$status"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-# With output through a pipe (`demo.sh | tee log`), Ctrl-C also ends the reader: a write
-# must then fail (and exit through the cleanup), not kill this script with SIGPIPE.
-trap '' PIPE
 
-say "starting a private PostgreSQL"
-svc_pg_start "$WORK" || die "cannot start PostgreSQL"
-say "PostgreSQL $PG_URL (wal_level=logical, data in $PG_DIR)"
-say "starting a private RabbitMQ node (about 10 s)"
-rabbit_started=$SECONDS
-svc_rabbit_start "$WORK" || die "cannot start RabbitMQ"
-say "RabbitMQ node $RABBIT_NODE on 127.0.0.1:$RABBIT_PORT (ready in $((SECONDS - rabbit_started)) s)"
+# --- 1. packages -------------------------------------------------------------------------
+stack_packages
 
-# The URLs go through the environment, not argv, as a deployment would pass secrets.
-export DATABASE_URL=$PG_URL AMQP_URL=$RABBIT_URL
+# --- 2. build ----------------------------------------------------------------------------
+stack_build
+RELAY=$BIN/outbox-relay
+BENCH=$BIN/outbox-bench
+
+# --- 3. private servers ------------------------------------------------------------------
+stack_start demo
+RELAY_LOG=$WORK/relay.log
 
 # --- 4. the relay ------------------------------------------------------------------------
 say "outbox-relay setup"

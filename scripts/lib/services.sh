@@ -6,7 +6,7 @@
 # on free ports, and leaves the system's own servers (5432, 5672) alone. Privileged steps go
 # through $SUDO (empty when running as root, "sudo" otherwise).
 #
-#   svc_pg_start WORKDIR        -> PG_PORT, PG_DIR, PG_URL
+#   svc_pg_start WORKDIR        -> PG_PORT, PG_DIR, PG_URL (SVC_PG_CONF: extra settings)
 #   svc_pg_stop
 #   svc_rabbit_start WORKDIR    -> RABBIT_NODE, RABBIT_PORT, RABBIT_DIR, RABBIT_URL
 #   svc_rabbit_stop
@@ -75,6 +75,7 @@ unix_socket_directories = '$PG_DIR'
 wal_level = logical
 max_replication_slots = 10
 max_wal_senders = 10
+${SVC_PG_CONF:-}
 EOF
     # The port was free a moment ago; something else may take it first: retry.
     for attempt in 1 2 3 4 5; do

@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions,
-    QueueBindOptions, QueueDeclareOptions, QueuePurgeOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
@@ -51,6 +51,8 @@ pub struct QueueSpec {
     /// Drop what the queue holds before consuming (leftovers of an earlier run).
     pub purge: bool,
     pub prefetch: u16,
+    /// Delete the queue on [`QueueConsumer::close`] (a benchmark's throwaway queue).
+    pub delete_on_close: bool,
 }
 
 /// A running consumer. Arrivals accumulate in the order they were received.
@@ -63,6 +65,8 @@ pub struct QueueConsumer {
     task: Option<JoinHandle<Result<()>>>,
     /// Messages the purge removed.
     purged: u32,
+    /// The queue to delete on close, if any.
+    delete: Option<String>,
 }
 
 impl QueueConsumer {
@@ -98,6 +102,7 @@ impl QueueConsumer {
             stop,
             task: Some(task),
             purged,
+            delete: spec.delete_on_close.then(|| spec.queue.clone()),
         })
     }
 
@@ -152,6 +157,14 @@ impl QueueConsumer {
                 .is_err()
             {
                 task.abort();
+            }
+        }
+        if let Some(queue) = self.delete.take() {
+            if let (Ok(channel), Ok(name)) = (self.connection.create_channel().await, short(&queue))
+            {
+                let _ = channel
+                    .queue_delete(name, QueueDeleteOptions::default())
+                    .await;
             }
         }
         let _ = self

@@ -74,6 +74,7 @@ pub async fn run(args: &DemoArgs) -> Result<Report> {
         binding_key: "#".into(),
         purge: true,
         prefetch: 1000,
+        delete_on_close: false,
     };
     let mut consumer = QueueConsumer::start(&args.amqp_url, &spec).await?;
     println!(
@@ -88,12 +89,14 @@ pub async fn run(args: &DemoArgs) -> Result<Report> {
         args.writers, args.rows, args.table, args.max_txn_rows
     );
     let options = WriterOptions {
-        writers: args.writers,
-        rows: args.rows,
-        max_txn_rows: args.max_txn_rows,
-        table: args.table.clone(),
-        event_type: "DemoEvent".into(),
         seed: args.seed,
+        ..WriterOptions::new(
+            args.writers,
+            args.rows,
+            args.max_txn_rows,
+            &args.table,
+            "DemoEvent",
+        )
     };
     let written = tokio::time::timeout_at(deadline, writers::write(&args.database_url, &options))
         .await

@@ -5,10 +5,19 @@
 //!   receive time.
 //! - [`report`]: compares the two: missing, duplicates, commit order, rate, latency.
 //! - [`demo`]: the `demo` subcommand built from those three.
+//! - [`suite`]: the `bench` subcommand (issue 6, docs/benchmarks.md): the relay as a child
+//!   process ([`relay`], its CPU and memory from [`procfs`]), the limits it is set against
+//!   ([`limits`]: broker alone, decoding alone), and the figures ([`results`]: JSON and
+//!   Markdown).
 //!
 //! A tool, not the daemon: errors are `anyhow`, with context saying what failed.
 
 pub mod consumer;
 pub mod demo;
+pub mod limits;
+pub mod procfs;
+pub mod relay;
 pub mod report;
+pub mod results;
+pub mod suite;
 pub mod writers;

@@ -45,6 +45,8 @@ pub struct Report {
 /// Commit-to-first-receipt latency over the rows that arrived.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Latency {
+    pub samples: usize,
+    pub avg: Duration,
     pub p50: Duration,
     pub p99: Duration,
     pub max: Duration,
@@ -143,11 +145,15 @@ fn order(arrivals: &[Arrival]) -> (usize, usize) {
 }
 
 impl Latency {
-    fn of(mut samples: Vec<Duration>) -> Option<Latency> {
+    /// Average, nearest-rank percentiles and maximum; `None` without samples.
+    pub fn of(mut samples: Vec<Duration>) -> Option<Latency> {
         samples.sort_unstable();
         let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
         let max = *samples.last()?;
+        let total: Duration = samples.iter().sum();
         Some(Latency {
+            samples: samples.len(),
+            avg: total / samples.len() as u32,
             p50: at(0.50),
             p99: at(0.99),
             max,
@@ -200,7 +206,8 @@ impl fmt::Display for Report {
         if let Some(l) = self.latency {
             writeln!(
                 f,
-                "latency:           p50 {}, p99 {}, max {} (commit to receipt)",
+                "latency:           avg {}, p50 {}, p99 {}, max {} (commit to receipt)",
+                millis(l.avg),
                 millis(l.p50),
                 millis(l.p99),
                 millis(l.max)
@@ -258,6 +265,22 @@ mod tests {
         assert_eq!(r.span, Some(Duration::from_millis(20)));
         assert_eq!(r.rate().map(|x| x.round()), Some(100.0));
         assert_eq!(r.latency.map(|l| l.max), Some(Duration::from_millis(20)));
+    }
+
+    #[test]
+    fn latency_percentiles_by_nearest_rank() {
+        let ms = Duration::from_millis;
+        let l = Latency::of((1..=100).rev().map(ms).collect()).expect("samples");
+        assert_eq!(l.samples, 100);
+        assert_eq!(l.p50, ms(51));
+        assert_eq!(l.p99, ms(99));
+        assert_eq!(l.max, ms(100));
+        assert_eq!(l.avg, Duration::from_micros(50_500));
+        assert_eq!(
+            Latency::of(vec![ms(7)]).map(|l| (l.p50, l.p99)),
+            Some((ms(7), ms(7)))
+        );
+        assert_eq!(Latency::of(Vec::new()), None);
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! the way an application writes its outbox.
 //!
 //! The writers share one row budget: each claims the size of its next transaction from it
-//! before `BEGIN`, so exactly `rows` rows are committed in total, whatever the interleaving.
+//! before `BEGIN`, so exactly `rows` rows are committed in total, whatever the interleaving
+//! (or fewer, when a deadline stops them first). A writer can be paced (one transaction per
+//! tick) and can send `NOTIFY` after each commit, as an application waking a polling relay.
 //! Transaction sizes come from a small seeded generator, so a run is repeatable. Every row's
 //! id (`RETURNING id`) is recorded with its transaction's commit time only after `COMMIT`
 //! succeeded: the list is what a relay must deliver.
@@ -33,6 +35,37 @@ pub struct WriterOptions {
     pub event_type: String,
     /// Seeds the transaction sizes; writer `w` uses `seed ^ w`.
     pub seed: u64,
+    /// Each writer commits at most one transaction per this interval (a fixed rate).
+    pub pace: Option<Duration>,
+    /// No transaction starts at or after this instant.
+    pub until: Option<Instant>,
+    /// `NOTIFY` this channel after each commit (a separate statement, outside the transaction).
+    pub notify: Option<String>,
+    /// Length of the `note` padding in each payload; [`ORDER_NOTE_LEN`] makes a ~200-byte order.
+    pub note_len: u32,
+}
+
+/// Padding that makes a writer's payload, and the benchmark's seeded rows, about 200 bytes of
+/// JSON: the reference benchmark's message size.
+pub const ORDER_NOTE_LEN: u32 = 130;
+
+impl WriterOptions {
+    /// `rows` rows from `writers` connections in 1..=`max_txn_rows`-row transactions, as fast as
+    /// they can, with small payloads.
+    pub fn new(writers: u32, rows: u64, max_txn_rows: u32, table: &str, event_type: &str) -> Self {
+        WriterOptions {
+            writers,
+            rows,
+            max_txn_rows,
+            table: table.to_string(),
+            event_type: event_type.to_string(),
+            seed: 1,
+            pace: None,
+            until: None,
+            notify: None,
+            note_len: 0,
+        }
+    }
 }
 
 /// One committed row.
@@ -71,6 +104,10 @@ pub async fn write(database_url: &str, options: &WriterOptions) -> Result<Writte
         bail!("writers and max-txn-rows must be at least 1");
     }
     let sql = insert_sql(&options.table);
+    let notify = options
+        .notify
+        .as_ref()
+        .map(|channel| format!("NOTIFY {}", quote_ident(channel)));
     let budget = Arc::new(AtomicU64::new(options.rows));
     // Connect everyone first, so the first commits are not staggered by connection setup.
     let mut clients = Vec::new();
@@ -88,6 +125,10 @@ pub async fn write(database_url: &str, options: &WriterOptions) -> Result<Writte
             max_txn_rows: options.max_txn_rows,
             sizes: SplitMix64(options.seed ^ u64::from(w)),
             budget: Arc::clone(&budget),
+            pace: options.pace,
+            until: options.until,
+            notify: notify.clone(),
+            note: "x".repeat(options.note_len as usize),
         };
         tasks.spawn(writer.run());
     }
@@ -103,7 +144,8 @@ pub async fn write(database_url: &str, options: &WriterOptions) -> Result<Writte
     Ok(written)
 }
 
-/// `INSERT … RETURNING id::text` for one row; `$1` event type, `$2` writer, `$3` row number.
+/// `INSERT … RETURNING id::text` for one row; `$1` event type, `$2` writer, `$3` row number,
+/// `$4` the padding note.
 fn insert_sql(table: &str) -> String {
     let qualified = match table.split_once('.') {
         Some((schema, name)) => format!("{}.{}", quote_ident(schema), quote_ident(name)),
@@ -111,7 +153,7 @@ fn insert_sql(table: &str) -> String {
     };
     format!(
         "INSERT INTO {qualified} (event_type, payload) \
-         VALUES ($1, jsonb_build_object('writer', $2::int, 'n', $3::bigint)) \
+         VALUES ($1, jsonb_build_object('writer', $2::int, 'n', $3::bigint, 'note', $4::text)) \
          RETURNING id::text"
     )
 }
@@ -140,6 +182,10 @@ struct Writer {
     max_txn_rows: u32,
     sizes: SplitMix64,
     budget: Arc<AtomicU64>,
+    pace: Option<Duration>,
+    until: Option<Instant>,
+    notify: Option<String>,
+    note: String,
 }
 
 impl Writer {
@@ -155,7 +201,19 @@ impl Writer {
         let mut transactions = 0u64;
         let writer = i32::try_from(self.id)?;
         let mut n: i64 = 0;
+        let mut ticks = self.pace.map(|every| {
+            let mut ticks = tokio::time::interval(every);
+            // A late tick pushes the next one back instead of making it up in a burst.
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks
+        });
         loop {
+            if let Some(ticks) = ticks.as_mut() {
+                ticks.tick().await;
+            }
+            if self.until.is_some_and(|until| Instant::now() >= until) {
+                return Ok((rows, transactions));
+            }
             let wanted = 1 + self.sizes.next() % u64::from(self.max_txn_rows);
             let size = claim(&self.budget, wanted);
             if size == 0 {
@@ -166,7 +224,7 @@ impl Writer {
             for _ in 0..size {
                 n += 1;
                 let row = txn
-                    .query_one(&statement, &[&self.event_type, &writer, &n])
+                    .query_one(&statement, &[&self.event_type, &writer, &n, &self.note])
                     .await
                     .with_context(|| format!("writer {} cannot insert", self.id))?;
                 ids.push(row.try_get::<_, String>(0)?);
@@ -175,6 +233,12 @@ impl Writer {
                 .await
                 .with_context(|| format!("writer {} cannot commit", self.id))?;
             let committed_at = Instant::now();
+            if let Some(notify) = &self.notify {
+                self.client
+                    .batch_execute(notify)
+                    .await
+                    .with_context(|| format!("writer {} cannot notify", self.id))?;
+            }
             transactions += 1;
             rows.extend(ids.into_iter().map(|id| CommittedRow {
                 id,

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 use outbox_relay::bench::demo::{self, DemoArgs};
+use outbox_relay::bench::suite::{self, BenchArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -24,6 +25,11 @@ enum Command {
     /// Commit rows with concurrent writers and check that the relay delivers each of them, in
     /// commit order. Exits 0 when no row is missing, 1 otherwise.
     Demo(DemoArgs),
+    /// Run the benchmark of docs/benchmarks.md against the relay binary: backlog drain,
+    /// latency at a fixed rate and under load, crash, the broker-alone and decoding-alone
+    /// limits, resources and a --max-in-flight sweep. Prints a Markdown report; --out also
+    /// writes it and the figures as JSON.
+    Bench(BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,5 +61,43 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Bench(args) => {
+            let out = args.out.clone();
+            let results = match runtime.block_on(suite::run(args)) {
+                Ok(results) => results,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let markdown = results.markdown();
+            print!("{markdown}");
+            if let Some(prefix) = out {
+                if let Err(e) = write_results(&prefix, &results, &markdown) {
+                    eprintln!("error: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            ExitCode::SUCCESS
+        }
     }
+}
+
+/// PREFIX.json (the figures) and PREFIX.md (the report).
+fn write_results(
+    prefix: &std::path::Path,
+    results: &outbox_relay::bench::results::Results,
+    markdown: &str,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let json = prefix.with_extension("json");
+    let md = prefix.with_extension("md");
+    if let Some(dir) = prefix.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    std::fs::write(&json, serde_json::to_string_pretty(results)?)
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    std::fs::write(&md, markdown).with_context(|| format!("cannot write {}", md.display()))?;
+    eprintln!("bench: wrote {} and {}", json.display(), md.display());
+    Ok(())
 }

@@ -38,7 +38,7 @@ use crate::wal::relations::{Known, RelationCache};
 
 /// Events the replication client may buffer. Small: events there are in flight but invisible
 /// to the tracker, and a large buffer hides rows (DESIGN.md section 7).
-const CLIENT_EVENT_BUFFER: usize = 256;
+pub const CLIENT_EVENT_BUFFER: usize = 256;
 /// Events handed from the tracker to the publisher.
 const EVENT_CHANNEL: usize = 256;
 /// Publishes and ack points handed from the publisher to the tracker.

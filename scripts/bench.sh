@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The benchmark of docs/benchmarks.md, on one Debian 12 machine, with nothing else running:
+#
+#   scripts/bench.sh            full scale (200,000-row backlogs, 30 s loads; tens of minutes)
+#   scripts/bench.sh --quick    reduced scale, every scenario (a few minutes)
+#
+# Installs PostgreSQL and RabbitMQ if missing, builds the release binaries, starts a private
+# PostgreSQL and RabbitMQ node on free ports (servers on 5432/5672 are left alone), runs
+# `outbox-bench bench` against target/release/outbox-relay, and removes both servers on any
+# exit. Prints the Markdown report and writes it with the figures as JSON to
+# target/bench/<UTC timestamp>.{md,json}; relay logs go to target/bench/<timestamp>/.
+#
+# Any other argument is passed to `outbox-bench bench` (e.g. --rows 50000, --sweep 1024,4096,
+# --max-in-flight 4096; `target/release/outbox-bench bench --help` lists them).
+
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+OUT=$REPO/target/bench/$STAMP
+
+# shellcheck source=scripts/lib/stack.sh
+. "$REPO/scripts/lib/stack.sh"
+
+# 100 concurrent writers plus relay workers, the consumer and the bench's own connections
+# exceed the default 100 connections.
+STACK_PG_CONF="max_connections = 300"
+
+stack_packages
+stack_build
+stack_start bench
+
+rabbit_version=$($SUDO /usr/sbin/rabbitmqctl -n "$RABBIT_NODE" version 2>/dev/null || echo unknown)
+commit=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [ -n "$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+    commit="$commit+dirty"
+fi
+mkdir -p "$OUT"
+say "outbox-bench bench $* (relay $commit, RabbitMQ $rabbit_version; logs in $OUT)"
+"$BIN/outbox-bench" bench \
+    --relay-bin "$BIN/outbox-relay" \
+    --work-dir "$OUT" \
+    --out "$OUT" \
+    --rabbitmq-version "$rabbit_version" \
+    --relay-commit "$commit" \
+    --started-at "$STAMP" \
+    "$@"

@@ -1,0 +1,275 @@
+//! The two limits a relay figure is set against, measured in the same run.
+//!
+//! - Broker alone: the relay's own publisher (`publish::Broker`, `Stage`, the in-order
+//!   `ConfirmQueue`) sending messages the relay's mapper built from a synthetic outbox row —
+//!   same size, persistence, `mandatory`, exchange and kind of durable queue — with the same
+//!   confirm window, received by the same consumer. No PostgreSQL.
+//! - Decoding alone: the slot drained with pgwire-replication, our pgoutput decoder and the
+//!   mapper, nothing published: what the relay does minus the broker.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
+use tokio::time::Instant;
+
+use super::consumer::{QueueConsumer, QueueSpec};
+use super::report::{Latency, Report};
+use super::writers::{CommittedRow, Written, ORDER_NOTE_LEN};
+use crate::db;
+use crate::mapper::{Layout, Mapper, OutboxMessage, Position};
+use crate::pgoutput::{self, Column, LogicalMessage, Relation, Tuple, TupleValue};
+use crate::publish::queue::ConfirmQueue;
+use crate::publish::{settle_front, Broker, Stage};
+use crate::wal::relations::{Known, RelationCache};
+
+/// How long a limit run may wait for its last message.
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Synthetic outbox rows, mapped by the relay's own mapper: the broker-alone messages carry
+/// exactly the properties and headers a relayed row does.
+pub struct SyntheticRows {
+    layout: Layout,
+    mapper: Mapper,
+    event_type: String,
+    created_at: Bytes,
+}
+
+mod type_oid {
+    pub const UUID: u32 = 2950;
+    pub const TEXT: u32 = 25;
+    pub const JSONB: u32 = 3802;
+    pub const TIMESTAMPTZ: u32 = 1184;
+}
+
+impl SyntheticRows {
+    pub fn new(exchange: &str, event_type: &str) -> Result<SyntheticRows> {
+        let column = |name: &str, type_oid: u32| Column {
+            flags: 0,
+            name: name.into(),
+            type_oid,
+            type_modifier: -1,
+        };
+        let relation = Relation {
+            oid: 1,
+            namespace: "public".into(),
+            name: "outbox".into(),
+            replica_identity: b'd',
+            columns: vec![
+                column("id", type_oid::UUID),
+                column("event_type", type_oid::TEXT),
+                column("payload", type_oid::JSONB),
+                column("created_at", type_oid::TIMESTAMPTZ),
+            ],
+        };
+        Ok(SyntheticRows {
+            layout: Layout::for_relation(&relation)?,
+            mapper: Mapper::new(exchange, usize::MAX).map_err(anyhow::Error::msg)?,
+            event_type: event_type.to_string(),
+            created_at: Bytes::from_static(b"2026-01-01 00:00:00.123456+00"),
+        })
+    }
+
+    /// Row `n` as the relay would publish it (the payload shaped like a seeded order).
+    pub fn message(&self, n: u64) -> Result<OutboxMessage> {
+        let id = format!("00000000-0000-4000-8000-{n:012x}");
+        let payload = format!(
+            "{{\"note\": \"{}\", \"total_cents\": {}, \"order_id\": {n}, \"status\": \"created\", \
+             \"currency\": \"EUR\", \"customer_id\": {}}}",
+            "x".repeat(ORDER_NOTE_LEN as usize),
+            (n * 7919) % 100_000,
+            n % 9973
+        );
+        let tuple = Tuple(vec![
+            TupleValue::Text(Bytes::from(id)),
+            TupleValue::Text(Bytes::from(self.event_type.clone())),
+            TupleValue::Text(Bytes::from(payload)),
+            TupleValue::Text(self.created_at.clone()),
+        ]);
+        let position = Position {
+            commit_lsn: Lsn::from_u64(n + 1),
+            index: 0,
+        };
+        Ok(self.mapper.map(&self.layout, &tuple, Some(position))?)
+    }
+}
+
+/// What the broker-alone publisher measured.
+#[derive(Debug, Clone)]
+pub struct BrokerRun {
+    pub messages: u64,
+    /// Messages per second, from the first publish to the last confirm.
+    pub confirmed_per_sec: f64,
+    /// Messages per second, from the first publish to the consumer's last receipt.
+    pub received_per_sec: f64,
+    /// Publish-to-receipt latency (paced runs).
+    pub latency: Option<Latency>,
+    pub missing: usize,
+}
+
+/// Publishes `messages` synthetic messages through the relay's publisher with `window`
+/// unconfirmed at most; paced at `rate` per second if given, as fast as confirms allow if not.
+/// The consumer reads `queue`, bound to `exchange` with the messages' routing key.
+pub async fn broker_alone(
+    amqp_url: &str,
+    exchange: &str,
+    queue: &str,
+    window: usize,
+    messages: u64,
+    rate: Option<u32>,
+) -> Result<BrokerRun> {
+    let event_type = format!("bench.{queue}");
+    let rows = SyntheticRows::new(exchange, &event_type)?;
+    let spec = QueueSpec {
+        exchange: exchange.to_string(),
+        queue: queue.to_string(),
+        binding_key: event_type,
+        purge: true,
+        prefetch: 1000,
+        delete_on_close: true,
+    };
+    let broker = Broker::connect(amqp_url)
+        .await
+        .context("the broker-alone publisher cannot connect")?;
+    // What `outbox-relay setup` declares: this may run before any setup did.
+    broker.declare_exchange(exchange, false).await?;
+    let mut consumer = QueueConsumer::start(amqp_url, &spec).await?;
+    let mut queue = ConfirmQueue::<Stage>::new(Lsn::from_u64(0));
+    let mut ticks = rate.map(|rate| {
+        let mut ticks = tokio::time::interval(Duration::from_secs(1) / rate.max(1));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks
+    });
+    let mut written = Written::default();
+    let started = Instant::now();
+    written.started = Some(started);
+    let mut sent = 0u64;
+    let mut last_confirm = started;
+    while sent < messages || queue.in_flight() > 0 {
+        let can_send = sent < messages && queue.in_flight() < window;
+        let has_front = queue.front_mut().is_some();
+        tokio::select! {
+            biased;
+            confirmation = async {
+                match queue.front_mut() {
+                    Some(stage) => stage.confirmation().await,
+                    None => std::future::pending().await,
+                }
+            }, if has_front => {
+                settle_front(&mut queue, confirmation)?;
+                last_confirm = Instant::now();
+            }
+            () = async {
+                if let Some(ticks) = ticks.as_mut() {
+                    ticks.tick().await;
+                }
+            }, if can_send => {
+                let message = rows.message(sent)?;
+                let id = message.message_id.clone();
+                // Taken right before the publish, as a writer takes it right after COMMIT.
+                let at = Instant::now();
+                let stage = Stage::start(&broker, message).await?;
+                queue.push_publish(id.clone(), stage);
+                written.rows.push(CommittedRow { id, writer: 0, committed_at: at });
+                sent += 1;
+            }
+        }
+    }
+    broker.close().await;
+    written.transactions = sent;
+    let deadline = Instant::now() + TIMEOUT;
+    let mut received = 0;
+    while received < written.rows.len() {
+        if !consumer.wait_for_more(deadline).await? {
+            break;
+        }
+        received = consumer.arrivals().len();
+    }
+    let arrivals = consumer.close().await;
+    let report = Report::analyze(&written, &arrivals);
+    let per_sec = |end: Instant| {
+        let seconds = end.saturating_duration_since(started).as_secs_f64();
+        if seconds > 0.0 {
+            messages as f64 / seconds
+        } else {
+            0.0
+        }
+    };
+    let last_receipt = arrivals.iter().map(|a| a.received_at).max();
+    Ok(BrokerRun {
+        messages,
+        confirmed_per_sec: per_sec(last_confirm),
+        received_per_sec: last_receipt.map(per_sec).unwrap_or(0.0),
+        latency: report.latency,
+        missing: report.missing,
+    })
+}
+
+/// What draining the slot without publishing measured.
+#[derive(Debug, Clone)]
+pub struct DecodeRun {
+    pub rows: u64,
+    pub seconds: f64,
+    pub rows_per_sec: f64,
+}
+
+/// Streams `slot` from its confirmed position until `rows` outbox rows were decoded and mapped,
+/// publishing nothing. The slot is left where it was (nothing is acknowledged).
+pub async fn decode_alone(
+    database_url: &str,
+    slot: &str,
+    publication: &str,
+    table: &str,
+    exchange: &str,
+    rows: u64,
+) -> Result<DecodeRun> {
+    let config = db::replication_config(database_url, slot, publication)?
+        .with_buffer_size(crate::wal::session::CLIENT_EVENT_BUFFER);
+    let mut client = ReplicationClient::connect(config).await?;
+    client.wait_started().await?;
+    let started = Instant::now();
+    let mapper = Mapper::new(exchange, usize::MAX).map_err(anyhow::Error::msg)?;
+    let mut relations = RelationCache::new("public", table);
+    let mut commit_lsn = Lsn::from_u64(0);
+    let mut index = 0u32;
+    let mut decoded = 0u64;
+    let deadline = started + TIMEOUT;
+    while decoded < rows {
+        let event = tokio::time::timeout_at(deadline, client.recv())
+            .await
+            .context("decoding alone timed out")??;
+        match event {
+            Some(ReplicationEvent::Begin { final_lsn, .. }) => {
+                commit_lsn = final_lsn;
+                index = 0;
+            }
+            Some(ReplicationEvent::XLogData { data, .. }) => match pgoutput::decode(&data)? {
+                LogicalMessage::Relation(relation) => relations.update(&relation)?,
+                LogicalMessage::Insert(insert) => {
+                    if let Known::Outbox(layout) = relations.get(insert.relation_oid)? {
+                        let position = Position { commit_lsn, index };
+                        index += 1;
+                        let message = mapper.map(layout, &insert.tuple, Some(position))?;
+                        std::hint::black_box(message);
+                        decoded += 1;
+                    }
+                }
+                _ => {}
+            },
+            Some(_) => {}
+            None => bail!("the replication stream ended after {decoded} rows"),
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    client.abort();
+    Ok(DecodeRun {
+        rows,
+        seconds,
+        rows_per_sec: if seconds > 0.0 {
+            rows as f64 / seconds
+        } else {
+            0.0
+        },
+    })
+}

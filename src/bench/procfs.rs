@@ -1,0 +1,90 @@
+//! A child process's CPU time and peak memory, read from Linux's /proc.
+//!
+//! CPU: `utime` + `stime` (fields 14 and 15 of `/proc/<pid>/stat`, in clock ticks). The
+//! second field, the command name, is in parentheses and may itself hold spaces or `)`, so
+//! fields are counted after the LAST `)`. Peak memory: `VmHWM` of `/proc/<pid>/status`, the
+//! high-water mark of the resident set, which the kernel keeps for the process's lifetime.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+/// `USER_HZ`: the unit of the times in /proc. Fixed at 100 by the kernel's ABI on every
+/// architecture Linux reports it for (`getconf CLK_TCK`), whatever the kernel's own HZ.
+const TICKS_PER_SECOND: u64 = 100;
+
+/// What a process has used so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// User plus system CPU time.
+    pub cpu: Duration,
+    /// Peak resident set size, in KiB.
+    pub peak_rss_kib: u64,
+}
+
+/// Reads the usage of a live process.
+pub fn usage(pid: u32) -> Result<Usage> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("cannot read /proc/{pid}/stat"))?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("cannot read /proc/{pid}/status"))?;
+    Ok(Usage {
+        cpu: cpu_time(&stat)?,
+        peak_rss_kib: peak_rss_kib(&status)?,
+    })
+}
+
+/// `utime + stime` from the text of `/proc/<pid>/stat`.
+pub fn cpu_time(stat: &str) -> Result<Duration> {
+    let Some((_, after_name)) = stat.rsplit_once(')') else {
+        bail!("no command name in /proc stat line {stat:?}");
+    };
+    // After the name: field 3 (state) onwards; utime and stime are fields 14 and 15.
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let tick = |index: usize, name: &str| -> Result<u64> {
+        fields
+            .get(index)
+            .and_then(|f| f.parse::<u64>().ok())
+            .with_context(|| format!("no {name} in /proc stat line {stat:?}"))
+    };
+    let ticks = tick(11, "utime")? + tick(12, "stime")?;
+    Ok(Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND))
+}
+
+/// `VmHWM` in KiB from the text of `/proc/<pid>/status`.
+pub fn peak_rss_kib(status: &str) -> Result<u64> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmHWM line in /proc status")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_counts_after_the_last_parenthesis() {
+        // A command name with a space and a ')' must not shift the fields.
+        let stat = "4242 (out) box) S 1 4242 4242 0 -1 4194304 1500 0 0 0 250 37 0 0 20 0 9 0 \
+                    123 456789 2048 18446744073709551615";
+        assert_eq!(cpu_time(stat).expect("parses"), Duration::from_millis(2870));
+        assert!(cpu_time("4242 no name here").is_err());
+        assert!(cpu_time("4242 (x) S 1 2").is_err());
+    }
+
+    #[test]
+    fn peak_rss_from_vmhwm() {
+        let status =
+            "Name:\toutbox-relay\nVmPeak:\t  100000 kB\nVmHWM:\t   23456 kB\nVmRSS:\t 20000 kB\n";
+        assert_eq!(peak_rss_kib(status).expect("parses"), 23456);
+        assert!(peak_rss_kib("Name:\tx\n").is_err());
+    }
+
+    #[test]
+    fn this_process_can_be_read() {
+        let usage = usage(std::process::id()).expect("own /proc entry");
+        assert!(usage.peak_rss_kib > 0);
+    }
+}

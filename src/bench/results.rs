@@ -1,0 +1,729 @@
+//! The benchmark's figures (serialised as JSON for tracking across commits) and their Markdown
+//! rendering: the reference table's shape first, then the detail behind each column.
+//!
+//! Pure data and formatting; `suite` fills it in.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::report::Latency;
+
+/// The relay setups the reference compares.
+pub const MODES: [&str; 3] = ["1 polling worker", "5 polling workers", "WAL reader"];
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Results {
+    pub machine: Machine,
+    pub scale: Scale,
+    /// One per entry of [`MODES`], in that order.
+    pub modes: Vec<ModeResults>,
+    pub notify: Option<NotifyResults>,
+    pub limits: Limits,
+    pub sweep: Vec<SweepRow>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Machine {
+    pub cores: usize,
+    pub memory_mib: u64,
+    pub kernel: String,
+    pub postgres: String,
+    pub postgres_settings: Vec<(String, String)>,
+    pub rabbitmq: String,
+    pub relay_commit: String,
+    pub started_at: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Scale {
+    pub name: String,
+    pub drain_rows: u64,
+    pub drain_window_secs: u64,
+    pub latency_rate: u32,
+    pub latency_secs: u64,
+    pub load_writers: u32,
+    pub load_secs: u64,
+    pub crash_rows: u64,
+    pub sweep_rows: u64,
+    pub max_in_flight: u32,
+    pub status_interval_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ModeResults {
+    pub mode: String,
+    /// Backlog of single-row transactions.
+    pub drain: Option<Drain>,
+    /// The same backlog in 1,000-row transactions.
+    pub drain_batched: Option<Drain>,
+    pub latency: Option<LatencyRun>,
+    pub load: Option<LoadRun>,
+    pub crash: Option<Crash>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Drain {
+    pub rows: u64,
+    pub transaction_rows: u64,
+    /// Distinct messages received within the window.
+    pub received: u64,
+    /// From the relay's start to the last receipt (or to the window's end).
+    pub seconds: f64,
+    pub msgs_per_sec: f64,
+    pub complete: bool,
+    pub cpu_seconds: f64,
+    pub cpu_seconds_per_100k: f64,
+    pub peak_rss_mib: f64,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct LatencyMs {
+    pub samples: usize,
+    pub avg: f64,
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl From<Latency> for LatencyMs {
+    fn from(l: Latency) -> LatencyMs {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+        LatencyMs {
+            samples: l.samples,
+            avg: ms(l.avg),
+            p50: ms(l.p50),
+            p99: ms(l.p99),
+            max: ms(l.max),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LatencyRun {
+    pub rate: u32,
+    pub rows: u64,
+    pub missing: u64,
+    pub latency: Option<LatencyMs>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LoadRun {
+    pub writers: u32,
+    pub seconds: u64,
+    pub committed: u64,
+    pub orders_per_sec: f64,
+    /// Committed rows the consumer had not received when the wait ended.
+    pub missing: u64,
+    pub latency: Option<LatencyMs>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Crash {
+    pub rows: u64,
+    /// Distinct messages received when the relay was killed.
+    pub received_before_kill: u64,
+    pub lost: u64,
+    pub duplicates: u64,
+    /// WAL mode's bound: max_in_flight + rate × status interval + open transaction rows.
+    pub duplicate_bound: Option<u64>,
+}
+
+/// Writer throughput at 100 concurrent writers: no relay (the ceiling), a trigger sending
+/// NOTIFY inside every transaction, and NOTIFY sent after each commit (both with poll --listen).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NotifyResults {
+    pub ceiling: LoadRun,
+    pub trigger: LoadRun,
+    pub after_commit: LoadRun,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Limits {
+    /// Broker alone at each window of the sweep (and the default).
+    pub broker: Vec<BrokerLimit>,
+    pub broker_latency: Option<LatencyMs>,
+    pub broker_latency_rate: u32,
+    pub decode: Option<DecodeLimit>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BrokerLimit {
+    pub window: u32,
+    pub messages: u64,
+    pub confirmed_per_sec: f64,
+    pub received_per_sec: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DecodeLimit {
+    pub rows: u64,
+    pub rows_per_sec: f64,
+    pub method: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SweepRow {
+    pub window: u32,
+    pub drain_msgs_per_sec: f64,
+    pub p99_ms: Option<f64>,
+    pub crash_lost: u64,
+    pub crash_duplicates: u64,
+    pub duplicate_bound: u64,
+    pub broker_msgs_per_sec: f64,
+}
+
+impl Limits {
+    pub fn broker_at(&self, window: u32) -> Option<&BrokerLimit> {
+        self.broker.iter().find(|b| b.window == window)
+    }
+
+    pub fn best_broker(&self) -> Option<f64> {
+        self.broker
+            .iter()
+            .map(|b| b.received_per_sec)
+            .reduce(f64::max)
+    }
+
+    /// The lower of broker-alone at `window` and decoding alone: what a relay could reach.
+    pub fn lower(&self, window: u32) -> Option<f64> {
+        let broker = self.broker_at(window).map(|b| b.received_per_sec);
+        let decode = self.decode.as_ref().map(|d| d.rows_per_sec);
+        match (broker, decode) {
+            (Some(b), Some(d)) => Some(b.min(d)),
+            (b, d) => b.or(d),
+        }
+    }
+}
+
+fn int(x: f64) -> String {
+    let n = x.round() as i64;
+    let digits = n.abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 {
+        out.insert(0, '-');
+    }
+    out
+}
+
+fn ms(x: f64) -> String {
+    if x >= 1000.0 {
+        format!("{:.2} s", x / 1000.0)
+    } else if x >= 10.0 {
+        format!("{x:.0} ms")
+    } else {
+        format!("{x:.2} ms")
+    }
+}
+
+fn ratio(x: f64) -> String {
+    format!("{:.0} %", x * 100.0)
+}
+
+fn or_dash<T>(value: Option<T>, f: impl Fn(T) -> String) -> String {
+    value.map(f).unwrap_or_else(|| "—".into())
+}
+
+fn drain_cell(d: Option<&Drain>) -> String {
+    or_dash(d, |d| {
+        let mut cell = int(d.msgs_per_sec);
+        if !d.complete {
+            let _ = write!(
+                cell,
+                " ({} of {} in {:.0} s)",
+                int(d.received as f64),
+                int(d.rows as f64),
+                d.seconds
+            );
+        }
+        cell
+    })
+}
+
+impl Results {
+    pub fn wal(&self) -> Option<&ModeResults> {
+        self.modes.iter().find(|m| m.mode == MODES[2])
+    }
+
+    /// The whole report in Markdown.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let w = self.scale.max_in_flight;
+        let m = &self.machine;
+        let settings: Vec<String> = m
+            .postgres_settings
+            .iter()
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "Run {} of relay {}: {} cores, {} MiB, Linux {}; PostgreSQL {} ({}); RabbitMQ {}. \
+             Scale {}: backlogs of {} rows, drain window {} s, {} rows/s for {} s, {} writers \
+             for {} s; WAL --max-in-flight {}, --status-interval-ms {}.\n",
+            m.started_at,
+            m.relay_commit,
+            m.cores,
+            m.memory_mib,
+            m.kernel,
+            m.postgres,
+            settings.join(", "),
+            m.rabbitmq,
+            self.scale.name,
+            int(self.scale.drain_rows as f64),
+            self.scale.drain_window_secs,
+            self.scale.latency_rate,
+            self.scale.latency_secs,
+            self.scale.load_writers,
+            self.scale.load_secs,
+            int(f64::from(w)),
+            self.scale.status_interval_ms
+        );
+        let _ = writeln!(s, "### Reference table ({} scale)\n", self.scale.name);
+        let _ = writeln!(
+            s,
+            "| Setup | MPS, backlog of {} single-row txns | MPS, 1,000-row txns | ÷ limit | Avg commit→consumer, {} orders/s | Avg commit→consumer, {} users | Orders/s, {} users | CPU s / 100k msgs | Peak RSS |",
+            int(self.scale.drain_rows as f64),
+            self.scale.latency_rate,
+            self.scale.load_writers,
+            self.scale.load_writers
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+        let lower = self.limits.lower(w);
+        for m in &self.modes {
+            let drain = m.drain.as_ref();
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                m.mode,
+                drain_cell(drain),
+                drain_cell(m.drain_batched.as_ref()),
+                or_dash(drain.zip(lower), |(d, l)| ratio(d.msgs_per_sec / l)),
+                or_dash(m.latency.as_ref().and_then(|l| l.latency), |l| ms(l.avg)),
+                or_dash(m.load.as_ref().and_then(|l| l.latency), |l| ms(l.avg)),
+                or_dash(m.load.as_ref(), |l| int(l.orders_per_sec)),
+                or_dash(drain, |d| format!("{:.2}", d.cpu_seconds_per_100k)),
+                or_dash(drain, |d| format!("{:.1} MiB", d.peak_rss_mib)),
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n÷ limit: drain MPS over the lower of broker alone at the relay's window ({}) and \
+             decoding alone, both measured in this run.\n",
+            int(f64::from(w))
+        );
+
+        let _ = writeln!(s, "### Limits (same run)\n");
+        let _ = writeln!(s, "| Limit | Figure |\n|---|---|");
+        for b in &self.limits.broker {
+            let _ = writeln!(
+                s,
+                "| Broker alone, window {} ({} msgs) | {} msgs/s received ({} confirmed) |",
+                int(f64::from(b.window)),
+                int(b.messages as f64),
+                int(b.received_per_sec),
+                int(b.confirmed_per_sec)
+            );
+        }
+        if let Some(l) = self.limits.broker_latency {
+            let _ = writeln!(
+                s,
+                "| Broker alone, publish→consumer at {} msgs/s | avg {}, p50 {}, p99 {}, max {} |",
+                self.limits.broker_latency_rate,
+                ms(l.avg),
+                ms(l.p50),
+                ms(l.p99),
+                ms(l.max)
+            );
+        }
+        if let Some(d) = &self.limits.decode {
+            let _ = writeln!(
+                s,
+                "| Decoding alone ({}), {} rows | {} rows/s |",
+                d.method,
+                int(d.rows as f64),
+                int(d.rows_per_sec)
+            );
+        }
+
+        let _ = writeln!(s, "\n### Latency, commit→consumer\n");
+        let _ = writeln!(
+            s,
+            "| Setup | Load | Rows | avg | p50 | p99 | max | ÷ broker p50 | ÷ broker p99 | Missing |\n|---|---|---|---|---|---|---|---|---|---|"
+        );
+        let broker = self.limits.broker_latency;
+        for m in &self.modes {
+            let runs = [
+                m.latency.as_ref().map(|l| {
+                    (
+                        format!("{} rows/s, 1 writer", l.rate),
+                        l.rows,
+                        l.latency,
+                        l.missing,
+                    )
+                }),
+                m.load.as_ref().map(|l| {
+                    (
+                        format!("{} writers, {} s", l.writers, l.seconds),
+                        l.committed,
+                        l.latency,
+                        l.missing,
+                    )
+                }),
+            ];
+            for (load, rows, latency, missing) in runs.into_iter().flatten() {
+                let _ = writeln!(
+                    s,
+                    "| {} | {load} | {} | {} | {} | {} | {} | {} | {} | {missing} |",
+                    m.mode,
+                    int(rows as f64),
+                    or_dash(latency, |l| ms(l.avg)),
+                    or_dash(latency, |l| ms(l.p50)),
+                    or_dash(latency, |l| ms(l.p99)),
+                    or_dash(latency, |l| ms(l.max)),
+                    or_dash(latency.zip(broker), |(l, b)| format!(
+                        "{:.2}×",
+                        l.p50 / b.p50
+                    )),
+                    or_dash(latency.zip(broker), |(l, b)| format!(
+                        "{:.2}×",
+                        l.p99 / b.p99
+                    )),
+                );
+            }
+        }
+
+        if let Some(n) = &self.notify {
+            let _ = writeln!(
+                s,
+                "\n### Writers at {} users: the NOTIFY trap\n",
+                self.scale.load_writers
+            );
+            let _ = writeln!(
+                s,
+                "| Variant | Orders/s | ÷ ceiling | Avg commit→consumer |\n|---|---|---|---|"
+            );
+            let ceiling = n.ceiling.orders_per_sec;
+            for (name, run) in [
+                ("No relay (ceiling)", &n.ceiling),
+                ("NOTIFY in a trigger, poll ×5 --listen", &n.trigger),
+                ("NOTIFY after commit, poll ×5 --listen", &n.after_commit),
+            ] {
+                let _ = writeln!(
+                    s,
+                    "| {name} | {} | {} | {} |",
+                    int(run.orders_per_sec),
+                    if ceiling > 0.0 {
+                        ratio(run.orders_per_sec / ceiling)
+                    } else {
+                        "—".into()
+                    },
+                    or_dash(run.latency, |l| ms(l.avg))
+                );
+            }
+        }
+
+        let _ = writeln!(
+            s,
+            "\n### Crash: kill -9 partway through the backlog, restart\n"
+        );
+        let _ = writeln!(s, "| Setup | Rows | Received before kill | Lost | Duplicates | WAL bound |\n|---|---|---|---|---|---|");
+        for m in &self.modes {
+            if let Some(c) = &m.crash {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    m.mode,
+                    int(c.rows as f64),
+                    int(c.received_before_kill as f64),
+                    c.lost,
+                    int(c.duplicates as f64),
+                    or_dash(c.duplicate_bound, |b| int(b as f64))
+                );
+            }
+        }
+
+        if !self.sweep.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n### WAL reader: --max-in-flight sweep ({} rows)\n",
+                int(self.scale.sweep_rows as f64)
+            );
+            let _ = writeln!(s, "| max_in_flight | Drain MPS | Broker alone MPS | ÷ broker | p99 at {} rows/s | Crash lost | Crash duplicates | Bound |\n|---|---|---|---|---|---|---|---|", self.scale.latency_rate);
+            for r in &self.sweep {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                    int(f64::from(r.window)),
+                    int(r.drain_msgs_per_sec),
+                    int(r.broker_msgs_per_sec),
+                    if r.broker_msgs_per_sec > 0.0 {
+                        ratio(r.drain_msgs_per_sec / r.broker_msgs_per_sec)
+                    } else {
+                        "—".into()
+                    },
+                    or_dash(r.p99_ms, ms),
+                    r.crash_lost,
+                    int(r.crash_duplicates as f64),
+                    int(r.duplicate_bound as f64)
+                );
+            }
+        }
+
+        let targets = self.targets();
+        if !targets.is_empty() {
+            let _ = writeln!(s, "\n### WAL targets (issue 6)\n");
+            for (met, text) in targets {
+                let _ = writeln!(s, "- {} {text}", if met { "met:" } else { "**missed:**" });
+            }
+        }
+        s
+    }
+
+    /// Each WAL target of issue 6 with whether this run met it.
+    pub fn targets(&self) -> Vec<(bool, String)> {
+        let mut out = Vec::new();
+        let Some(wal) = self.wal() else {
+            return out;
+        };
+        let w = self.scale.max_in_flight;
+        if let (Some(d), Some(b)) = (wal.drain.as_ref(), self.limits.broker_at(w)) {
+            let r = d.msgs_per_sec / b.received_per_sec;
+            out.push((
+                r >= 0.90,
+                format!(
+                    "drain ≥ 90 % of broker alone at window {w}: {} of {} = {}",
+                    int(d.msgs_per_sec),
+                    int(b.received_per_sec),
+                    ratio(r)
+                ),
+            ));
+        }
+        if let (Some(d), Some(best)) = (wal.drain.as_ref(), self.limits.best_broker()) {
+            let r = d.msgs_per_sec / best;
+            out.push((
+                r >= 0.85,
+                format!(
+                    "drain ≥ 85 % of the best broker-alone figure: {} of {} = {}",
+                    int(d.msgs_per_sec),
+                    int(best),
+                    ratio(r)
+                ),
+            ));
+        }
+        if let (Some(l), Some(b)) = (
+            wal.latency.as_ref().and_then(|l| l.latency),
+            self.limits.broker_latency,
+        ) {
+            out.push((
+                l.p50 <= 1.5 * b.p50,
+                format!(
+                    "p50 ≤ 1.5× broker alone: {} vs {} = {:.2}×",
+                    ms(l.p50),
+                    ms(b.p50),
+                    l.p50 / b.p50
+                ),
+            ));
+            out.push((
+                l.p99 <= 3.0 * b.p99,
+                format!(
+                    "p99 ≤ 3× broker alone: {} vs {} = {:.2}×",
+                    ms(l.p99),
+                    ms(b.p99),
+                    l.p99 / b.p99
+                ),
+            ));
+        }
+        if let Some(c) = &wal.crash {
+            out.push((c.lost == 0, format!("crash: zero lost ({})", c.lost)));
+            if let Some(bound) = c.duplicate_bound {
+                out.push((
+                    c.duplicates <= bound,
+                    format!(
+                        "crash duplicates within the bound: {} ≤ {}",
+                        int(c.duplicates as f64),
+                        int(bound as f64)
+                    ),
+                ));
+            }
+            let reference = 4536.0 * c.rows as f64 / 200_000.0;
+            out.push((
+                (c.duplicates as f64) < reference,
+                format!("crash duplicates below the reference's polling workers (4,536 per 200,000, here {}): {}", int(reference), int(c.duplicates as f64)),
+            ));
+        }
+        for r in &self.sweep {
+            if r.crash_lost > 0 || r.crash_duplicates > r.duplicate_bound {
+                out.push((
+                    false,
+                    format!(
+                        "sweep window {}: lost {}, duplicates {} (bound {})",
+                        r.window, r.crash_lost, r.crash_duplicates, r.duplicate_bound
+                    ),
+                ));
+            }
+        }
+        if let Some(d) = &wal.drain {
+            out.push((
+                d.peak_rss_mib <= 64.0,
+                format!(
+                    "peak RSS ≤ 64 MiB during the drain: {:.1} MiB",
+                    d.peak_rss_mib
+                ),
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Results {
+        let drain = Drain {
+            rows: 200_000,
+            transaction_rows: 1,
+            received: 200_000,
+            seconds: 10.0,
+            msgs_per_sec: 20_000.0,
+            complete: true,
+            cpu_seconds: 4.0,
+            cpu_seconds_per_100k: 2.0,
+            peak_rss_mib: 20.5,
+        };
+        let latency = LatencyMs {
+            samples: 100,
+            avg: 1.2,
+            p50: 1.0,
+            p99: 4.0,
+            max: 9.0,
+        };
+        let mut results = Results {
+            scale: Scale {
+                name: "full".into(),
+                drain_rows: 200_000,
+                latency_rate: 100,
+                load_writers: 100,
+                max_in_flight: 1024,
+                crash_rows: 200_000,
+                ..Scale::default()
+            },
+            limits: Limits {
+                broker: vec![BrokerLimit {
+                    window: 1024,
+                    messages: 1000,
+                    confirmed_per_sec: 21_000.0,
+                    received_per_sec: 20_500.0,
+                }],
+                broker_latency: Some(LatencyMs {
+                    samples: 100,
+                    avg: 0.8,
+                    p50: 0.8,
+                    p99: 1.0,
+                    max: 2.0,
+                }),
+                broker_latency_rate: 100,
+                decode: Some(DecodeLimit {
+                    rows: 1000,
+                    rows_per_sec: 80_000.0,
+                    method: "m".into(),
+                }),
+            },
+            ..Results::default()
+        };
+        for mode in MODES {
+            results.modes.push(ModeResults {
+                mode: mode.into(),
+                drain: Some(drain.clone()),
+                drain_batched: Some(Drain {
+                    complete: false,
+                    received: 1500,
+                    seconds: 60.0,
+                    ..drain.clone()
+                }),
+                latency: Some(LatencyRun {
+                    rate: 100,
+                    rows: 100,
+                    missing: 0,
+                    latency: Some(latency),
+                }),
+                load: None,
+                crash: Some(Crash {
+                    rows: 200_000,
+                    received_before_kill: 90_000,
+                    lost: 0,
+                    duplicates: 1200,
+                    duplicate_bound: Some(3000),
+                }),
+            });
+        }
+        results
+    }
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(int(0.0), "0");
+        assert_eq!(int(999.4), "999");
+        assert_eq!(int(1234.0), "1,234");
+        assert_eq!(int(1_234_567.0), "1,234,567");
+        assert_eq!(int(-4536.0), "-4,536");
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_mode_and_every_column() {
+        let text = sample().markdown();
+        let header = text
+            .lines()
+            .find(|l| l.starts_with("| Setup | MPS"))
+            .expect("header");
+        let columns = header.matches('|').count();
+        for mode in MODES {
+            let row = text
+                .lines()
+                .find(|l| l.starts_with(&format!("| {mode} | 20,000")))
+                .expect(mode);
+            assert_eq!(row.matches('|').count(), columns, "{row}");
+            // 20,000 of min(20,500, 80,000) and the incomplete batched drain says how far it got.
+            assert!(row.contains("| 98 % |"), "{row}");
+            assert!(row.contains("1,500 of 200,000 in 60 s"), "{row}");
+            assert!(
+                row.contains("| 1.20 ms |") && row.contains("20.5 MiB"),
+                "{row}"
+            );
+        }
+        assert!(text.contains("Broker alone, window 1,024"), "{text}");
+    }
+
+    #[test]
+    fn targets_say_met_and_missed() {
+        let results = sample();
+        let targets = results.targets();
+        let find = |prefix: &str| {
+            targets
+                .iter()
+                .find(|(_, t)| t.starts_with(prefix))
+                .map(|(met, _)| *met)
+        };
+        assert_eq!(find("drain ≥ 90 %"), Some(true));
+        // 1.0 vs 0.8 ms is 1.25×; 4.0 vs 1.0 ms is 4×.
+        assert_eq!(find("p50 ≤ 1.5×"), Some(true));
+        assert_eq!(find("p99 ≤ 3×"), Some(false));
+        assert_eq!(find("crash: zero lost"), Some(true));
+        assert_eq!(find("crash duplicates below"), Some(true));
+        assert_eq!(find("peak RSS"), Some(true));
+    }
+
+    #[test]
+    fn json_has_the_same_figures() {
+        let json = serde_json::to_value(sample()).expect("serialises");
+        assert_eq!(json["modes"][2]["mode"], "WAL reader");
+        assert_eq!(json["modes"][2]["drain"]["msgs_per_sec"], 20_000.0);
+        assert_eq!(json["limits"]["broker"][0]["window"], 1024);
+    }
+}

@@ -1,0 +1,859 @@
+//! `outbox-bench bench`: the benchmark of issue 6, every scenario in one run against a
+//! PostgreSQL and a RabbitMQ given by URL (scripts/bench.sh starts private ones).
+//!
+//! Each measurement gets fresh objects (table, publication, slot, queue, routing key) and
+//! drops them afterwards, so no run sees another's rows or keeps WAL pinned. The relay under
+//! test is the release binary, run with its normal CLI as a child process; the writers and the
+//! consumer run in this process, so commit and receipt times come from the same clock.
+//! Every figure is judged from outside the relay: ids committed (or read back from the table)
+//! against messages the consumer received. docs/benchmarks.md explains the columns.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use tokio::time::Instant;
+use tokio_postgres::Client;
+
+use super::consumer::{QueueConsumer, QueueSpec};
+use super::limits;
+use super::relay::{RelayBinary, RelayProcess};
+use super::report::Report;
+use super::results::{
+    BrokerLimit, Crash, DecodeLimit, Drain, LatencyMs, LatencyRun, LoadRun, Machine, ModeResults,
+    NotifyResults, Results, Scale, SweepRow, MODES,
+};
+use super::writers::{self, WriterOptions, ORDER_NOTE_LEN};
+use crate::db::{self, quote_ident, quote_literal};
+
+/// The relay is killed once this share of the crash backlog has arrived.
+const KILL_AT: f64 = 0.4;
+/// After the last expected message, how long to keep listening for trailing duplicates.
+const QUIET: Duration = Duration::from_secs(1);
+/// How long committed rows may take to arrive after the writers stopped.
+const CATCH_UP: Duration = Duration::from_secs(120);
+/// How long a crash run may take to deliver its whole backlog.
+const CRASH_TIMEOUT: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// PostgreSQL URL (a superuser: the benchmark creates and drops tables, slots, triggers).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+
+    /// RabbitMQ URL.
+    #[arg(long, env = "AMQP_URL", hide_env_values = true)]
+    pub amqp_url: String,
+
+    /// The relay under test (a release build).
+    #[arg(long, default_value = "target/release/outbox-relay")]
+    pub relay_bin: PathBuf,
+
+    /// Reduced scale for development: every scenario, a few minutes.
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Backlog rows of the drain, crash and decoding runs (default 200,000; quick 10,000).
+    #[arg(long)]
+    pub rows: Option<u64>,
+
+    /// Longest a drain may run before its rate is taken, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub drain_window_secs: u64,
+
+    /// The relay's --max-in-flight in every WAL run outside the sweep.
+    #[arg(long, default_value_t = 1024)]
+    pub max_in_flight: u32,
+
+    /// The relay's --status-interval-ms (WAL mode), for the duplicate bound.
+    #[arg(long, default_value_t = 100)]
+    pub status_interval_ms: u64,
+
+    /// The --max-in-flight values of the sweep (comma-separated; empty to skip the sweep).
+    #[arg(long, value_delimiter = ',', default_value = "256,1024,4096,16384")]
+    pub sweep: Vec<u32>,
+
+    /// Backlog rows of each sweep run (default: --rows).
+    #[arg(long)]
+    pub sweep_rows: Option<u64>,
+
+    /// Where the relay logs go.
+    #[arg(long, default_value = "target/bench")]
+    pub work_dir: PathBuf,
+
+    /// Write the results to PREFIX.json and PREFIX.md.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+
+    /// The exchange (declared by `outbox-relay setup`).
+    #[arg(long, default_value = "outbox")]
+    pub exchange: String,
+
+    /// Recorded with the machine: the RabbitMQ version (the script asks rabbitmqctl).
+    #[arg(long, default_value = "")]
+    pub rabbitmq_version: String,
+
+    /// Recorded with the machine: the commit of the relay under test.
+    #[arg(long, default_value = "")]
+    pub relay_commit: String,
+
+    /// Recorded with the machine: when the run started.
+    #[arg(long, default_value = "")]
+    pub started_at: String,
+}
+
+/// How a relay is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Setup {
+    Poll { workers: u32, listen: bool },
+    Wal { window: u32 },
+}
+
+impl Setup {
+    fn of_mode(index: usize, window: u32) -> Setup {
+        match index {
+            0 => Setup::Poll {
+                workers: 1,
+                listen: false,
+            },
+            1 => Setup::Poll {
+                workers: 5,
+                listen: false,
+            },
+            _ => Setup::Wal { window },
+        }
+    }
+}
+
+/// One measurement's objects; dropped by [`Bench::drop_objects`].
+struct Objects {
+    table: String,
+    publication: String,
+    slot: String,
+    queue: String,
+    event_type: String,
+    wal: bool,
+}
+
+struct Bench {
+    args: BenchArgs,
+    scale: Scale,
+    relay: RelayBinary,
+    admin: Client,
+    runs: u32,
+}
+
+/// Runs the whole suite, printing progress to stderr; returns the figures.
+pub async fn run(args: BenchArgs) -> Result<Results> {
+    let rows = args
+        .rows
+        .unwrap_or(if args.quick { 10_000 } else { 200_000 });
+    let scale = Scale {
+        name: if args.quick { "quick" } else { "full" }.into(),
+        drain_rows: rows,
+        drain_window_secs: args.drain_window_secs,
+        latency_rate: 100,
+        latency_secs: if args.quick { 3 } else { 30 },
+        load_writers: 100,
+        load_secs: if args.quick { 3 } else { 30 },
+        crash_rows: rows,
+        sweep_rows: args.sweep_rows.unwrap_or(rows),
+        max_in_flight: args.max_in_flight,
+        status_interval_ms: args.status_interval_ms,
+    };
+    std::fs::create_dir_all(&args.work_dir)
+        .with_context(|| format!("cannot create {}", args.work_dir.display()))?;
+    let relay = RelayBinary {
+        path: args.relay_bin.clone(),
+        database_url: args.database_url.clone(),
+        amqp_url: args.amqp_url.clone(),
+        log_dir: args.work_dir.clone(),
+    };
+    if !relay.path.is_file() {
+        anyhow::bail!(
+            "no relay binary at {}: build it with `cargo build --release` or pass --relay-bin",
+            relay.path.display()
+        );
+    }
+    let admin = db::connect(&args.database_url).await?;
+    let mut bench = Bench {
+        args,
+        scale,
+        relay,
+        admin,
+        runs: 0,
+    };
+    let mut results = Results {
+        machine: bench.machine().await?,
+        scale: bench.scale.clone(),
+        ..Results::default()
+    };
+    bench.limits(&mut results).await?;
+    for (index, mode) in MODES.iter().enumerate() {
+        let setup = Setup::of_mode(index, bench.scale.max_in_flight);
+        let rows = bench.scale.drain_rows;
+        let mut m = ModeResults {
+            mode: mode.to_string(),
+            ..ModeResults::default()
+        };
+        m.drain = Some(bench.drain(setup, rows, 1).await?);
+        m.drain_batched = Some(bench.drain(setup, rows, 1000).await?);
+        m.latency = Some(bench.latency(setup).await?);
+        m.load = Some(bench.load(Some(setup), Notify::None).await?);
+        m.crash = Some(bench.crash(setup, bench.scale.crash_rows).await?);
+        results.modes.push(m);
+    }
+    let listen = Setup::Poll {
+        workers: 5,
+        listen: true,
+    };
+    results.notify = Some(NotifyResults {
+        ceiling: bench.load(None, Notify::None).await?,
+        trigger: bench.load(Some(listen), Notify::Trigger).await?,
+        after_commit: bench.load(Some(listen), Notify::AfterCommit).await?,
+    });
+    bench.sweep(&mut results).await?;
+    Ok(results)
+}
+
+/// How writers wake a listening polling relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Notify {
+    None,
+    /// A trigger calls pg_notify for every inserted row, inside the transaction.
+    Trigger,
+    /// The writer sends NOTIFY after its COMMIT returned.
+    AfterCommit,
+}
+
+/// The channel `poll --listen` listens on by default.
+const LISTEN_CHANNEL: &str = "outbox";
+
+impl Bench {
+    fn say(&self, text: &str) {
+        eprintln!("bench: {text}");
+    }
+
+    async fn machine(&self) -> Result<Machine> {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let memory_kib: u64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0);
+        let version: String = self
+            .admin
+            .query_one("SHOW server_version", &[])
+            .await?
+            .try_get(0)?;
+        let settings = self
+            .admin
+            .query(
+                "SELECT name, setting || COALESCE(unit, '') FROM pg_settings WHERE name IN \
+                 ('shared_buffers', 'synchronous_commit', 'fsync', 'wal_level', 'max_wal_size', \
+                 'checkpoint_timeout', 'max_connections', 'wal_sender_timeout') ORDER BY name",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<Vec<(String, String)>, tokio_postgres::Error>>()?;
+        Ok(Machine {
+            cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            memory_mib: memory_kib / 1024,
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+            postgres: version,
+            postgres_settings: settings,
+            rabbitmq: self.args.rabbitmq_version.clone(),
+            relay_commit: self.args.relay_commit.clone(),
+            started_at: self.args.started_at.clone(),
+        })
+    }
+
+    /// Fresh names, and `outbox-relay setup` for them (WAL: table, publication, slot,
+    /// exchange; poll: table and claim index).
+    async fn objects(&mut self, wal: bool) -> Result<Objects> {
+        self.runs += 1;
+        let k = self.runs;
+        let objects = Objects {
+            table: format!("bench_{k}"),
+            publication: format!("bench_{k}_pub"),
+            slot: format!("bench_{k}_slot"),
+            queue: format!("bench_{k}"),
+            event_type: format!("bench.{k}"),
+            wal,
+        };
+        let mut args = vec!["setup".to_string()];
+        args.extend(self.names(&objects));
+        if !wal {
+            args.extend(["--mode".into(), "poll".into()]);
+        }
+        self.relay.run_once(&args).await?;
+        Ok(objects)
+    }
+
+    fn names(&self, o: &Objects) -> Vec<String> {
+        let mut args = vec![
+            "--table".to_string(),
+            o.table.clone(),
+            "--exchange".into(),
+            self.args.exchange.clone(),
+        ];
+        if o.wal {
+            args.extend([
+                "--publication".into(),
+                o.publication.clone(),
+                "--slot".into(),
+                o.slot.clone(),
+            ]);
+        }
+        args
+    }
+
+    async fn drop_objects(&self, o: Objects) -> Result<()> {
+        if o.wal {
+            self.admin
+                .execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                     WHERE slot_name = $1",
+                    &[&o.slot],
+                )
+                .await
+                .with_context(|| format!("cannot drop slot {}", o.slot))?;
+            self.admin
+                .batch_execute(&format!(
+                    "DROP PUBLICATION IF EXISTS {}",
+                    quote_ident(&o.publication)
+                ))
+                .await?;
+        }
+        self.admin
+            .batch_execute(&format!("DROP TABLE IF EXISTS {}", quote_ident(&o.table)))
+            .await?;
+        Ok(())
+    }
+
+    async fn consumer(&self, o: &Objects) -> Result<QueueConsumer> {
+        let spec = QueueSpec {
+            exchange: self.args.exchange.clone(),
+            queue: o.queue.clone(),
+            binding_key: o.event_type.clone(),
+            purge: true,
+            prefetch: 1000,
+            delete_on_close: true,
+        };
+        QueueConsumer::start(&self.args.amqp_url, &spec).await
+    }
+
+    async fn start_relay(&self, setup: Setup, o: &Objects, name: &str) -> Result<RelayProcess> {
+        let mut args = Vec::new();
+        match setup {
+            Setup::Wal { window } => {
+                args.push("run".to_string());
+                args.extend(self.names(o));
+                args.extend([
+                    "--max-in-flight".into(),
+                    window.to_string(),
+                    "--status-interval-ms".into(),
+                    self.args.status_interval_ms.to_string(),
+                    // No port to clash with; cleanup would only add deletes to the measurement.
+                    "--metrics-addr".into(),
+                    "off".into(),
+                    "--cleanup-interval".into(),
+                    "0".into(),
+                ]);
+            }
+            Setup::Poll { workers, listen } => {
+                args.push("poll".to_string());
+                args.extend(self.names(o));
+                args.extend([
+                    "--workers".into(),
+                    workers.to_string(),
+                    "--cleanup-interval".into(),
+                    "0".into(),
+                ]);
+                if listen {
+                    args.push("--listen".into());
+                }
+            }
+        }
+        self.relay
+            .spawn(&format!("relay-{}-{name}", o.table), &args)
+            .await
+    }
+
+    /// Commits `rows` rows into the table in `transaction_rows`-row transactions, server side
+    /// (one DO block committing as it goes: it writes the same WAL as an application's
+    /// transactions, much faster than a client round trip per row). Payloads are ~200-byte
+    /// orders shaped like the writers' and the broker-alone messages.
+    async fn seed(&self, o: &Objects, rows: u64, transaction_rows: u64) -> Result<()> {
+        let started = Instant::now();
+        let client = db::connect(&self.args.database_url).await?;
+        // Durability of the seed is not what is measured; the WAL it writes is the same.
+        client.batch_execute("SET synchronous_commit = off").await?;
+        let sql = format!(
+            "DO $$ BEGIN FOR i IN 1..{rows} LOOP \
+               INSERT INTO {table} (event_type, payload) VALUES ({event_type}, \
+                 jsonb_build_object('order_id', i, 'customer_id', i % 9973, 'status', 'created', \
+                   'currency', 'EUR', 'total_cents', (i * 7919) % 100000, \
+                   'note', repeat('x', {ORDER_NOTE_LEN}))); \
+               IF i % {transaction_rows} = 0 THEN COMMIT; END IF; \
+             END LOOP; END $$",
+            table = quote_ident(&o.table),
+            event_type = quote_literal(&o.event_type),
+        );
+        client
+            .batch_execute(&sql)
+            .await
+            .with_context(|| format!("cannot seed {}", o.table))?;
+        self.say(&format!(
+            "seeded {rows} rows in {transaction_rows}-row transactions in {:.1} s",
+            started.elapsed().as_secs_f64()
+        ));
+        Ok(())
+    }
+
+    /// Every id in the table: what the relay must deliver.
+    async fn committed_ids(&self, o: &Objects) -> Result<HashSet<String>> {
+        let rows = self
+            .admin
+            .query(
+                &format!("SELECT id::text FROM {}", quote_ident(&o.table)),
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| r.try_get::<_, String>(0).map_err(Into::into))
+            .collect()
+    }
+
+    /// Scenario 1: a backlog of `rows` rows, then the relay; msgs/s received until all arrived
+    /// or the window ended, and the relay's CPU and peak RSS meanwhile.
+    async fn drain(&mut self, setup: Setup, rows: u64, transaction_rows: u64) -> Result<Drain> {
+        let o = self.objects(matches!(setup, Setup::Wal { .. })).await?;
+        self.say(&format!(
+            "drain: {setup:?}, {rows} rows in {transaction_rows}-row transactions ({})",
+            o.table
+        ));
+        let mut consumer = self.consumer(&o).await?;
+        self.seed(&o, rows, transaction_rows).await?;
+        let started = Instant::now();
+        let mut relay = self.start_relay(setup, &o, "drain").await?;
+        let window_end = started + Duration::from_secs(self.args.drain_window_secs);
+        let mut counter = Distinct::default();
+        while (counter.count() as u64) < rows {
+            if !consumer.wait_for_more(window_end).await? {
+                break;
+            }
+            counter.add(consumer.arrivals());
+        }
+        let usage = relay.usage()?;
+        let received = counter.count() as u64;
+        let complete = received >= rows;
+        let end = if complete {
+            counter.last.unwrap_or(window_end)
+        } else {
+            window_end
+        };
+        relay.stop().await?;
+        consumer.close().await;
+        self.drop_objects(o).await?;
+        let seconds = end.saturating_duration_since(started).as_secs_f64();
+        let cpu_seconds = usage.cpu.as_secs_f64();
+        let drain = Drain {
+            rows,
+            transaction_rows,
+            received,
+            seconds,
+            msgs_per_sec: per_sec(received, seconds),
+            complete,
+            cpu_seconds,
+            cpu_seconds_per_100k: if received > 0 {
+                cpu_seconds * 100_000.0 / received as f64
+            } else {
+                0.0
+            },
+            peak_rss_mib: usage.peak_rss_kib as f64 / 1024.0,
+        };
+        self.say(&format!(
+            "  {:.0} msgs/s ({received} in {seconds:.2} s), cpu {cpu_seconds:.2} s, peak rss {:.1} MiB",
+            drain.msgs_per_sec, drain.peak_rss_mib
+        ));
+        Ok(drain)
+    }
+
+    /// Scenario 2: one writer at a fixed rate, one row per transaction.
+    async fn latency(&mut self, setup: Setup) -> Result<LatencyRun> {
+        let rate = self.scale.latency_rate;
+        let rows = u64::from(rate) * self.scale.latency_secs;
+        let o = self.objects(matches!(setup, Setup::Wal { .. })).await?;
+        self.say(&format!(
+            "latency: {setup:?}, {rate} rows/s for {} s",
+            self.scale.latency_secs
+        ));
+        let consumer = self.consumer(&o).await?;
+        let mut relay = self.start_relay(setup, &o, "latency").await?;
+        relay.ready().await?;
+        let options = WriterOptions {
+            pace: Some(Duration::from_secs(1) / rate),
+            note_len: ORDER_NOTE_LEN,
+            ..WriterOptions::new(1, rows, 1, &o.table, &o.event_type)
+        };
+        let written = writers::write(&self.args.database_url, &options).await?;
+        let report = collect(consumer, &written, CATCH_UP).await?;
+        relay.stop().await?;
+        self.drop_objects(o).await?;
+        let latency = report.latency.map(LatencyMs::from);
+        if let Some(l) = latency {
+            self.say(&format!(
+                "  avg {:.2} ms, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+                l.avg, l.p50, l.p99, l.max
+            ));
+        }
+        Ok(LatencyRun {
+            rate,
+            rows: written.rows.len() as u64,
+            missing: report.missing as u64,
+            latency,
+        })
+    }
+
+    /// Scenario 3: 100 writers as fast as they can for the load window, with a relay (or none:
+    /// the ceiling), optionally waking a listening poller with NOTIFY.
+    async fn load(&mut self, setup: Option<Setup>, notify: Notify) -> Result<LoadRun> {
+        let wal = matches!(setup, Some(Setup::Wal { .. }));
+        let o = self.objects(wal).await?;
+        let writers_n = self.scale.load_writers;
+        self.say(&format!(
+            "load: {setup:?}, {notify:?}, {writers_n} writers for {} s",
+            self.scale.load_secs
+        ));
+        if notify == Notify::Trigger {
+            let function = quote_ident(&format!("{}_notify", o.table));
+            self.admin
+                .batch_execute(&format!(
+                    "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                     BEGIN PERFORM pg_notify({channel}, ''); RETURN NEW; END $$; \
+                     CREATE TRIGGER notify AFTER INSERT ON {table} \
+                     FOR EACH ROW EXECUTE FUNCTION {function}();",
+                    channel = quote_literal(LISTEN_CHANNEL),
+                    table = quote_ident(&o.table),
+                ))
+                .await
+                .context("cannot create the NOTIFY trigger")?;
+        }
+        let mut running = None;
+        if let Some(setup) = setup {
+            let consumer = self.consumer(&o).await?;
+            let mut relay = self.start_relay(setup, &o, "load").await?;
+            relay.ready().await?;
+            running = Some((consumer, relay));
+        }
+        let options = WriterOptions {
+            until: Some(Instant::now() + Duration::from_secs(self.scale.load_secs)),
+            notify: (notify == Notify::AfterCommit).then(|| LISTEN_CHANNEL.to_string()),
+            note_len: ORDER_NOTE_LEN,
+            ..WriterOptions::new(writers_n, u64::MAX, 1, &o.table, &o.event_type)
+        };
+        let written = writers::write(&self.args.database_url, &options).await?;
+        let committed = written.rows.len() as u64;
+        let seconds = match (written.started, written.last_commit()) {
+            (Some(start), Some(last)) => last.saturating_duration_since(start).as_secs_f64(),
+            _ => 0.0,
+        };
+        let mut run = LoadRun {
+            writers: writers_n,
+            seconds: self.scale.load_secs,
+            committed,
+            orders_per_sec: per_sec(committed, seconds),
+            missing: 0,
+            latency: None,
+        };
+        if let Some((consumer, relay)) = running {
+            let report = collect(consumer, &written, CATCH_UP).await?;
+            relay.stop().await?;
+            run.missing = report.missing as u64;
+            run.latency = report.latency.map(LatencyMs::from);
+        }
+        if notify == Notify::Trigger {
+            let function = quote_ident(&format!("{}_notify", o.table));
+            self.drop_objects(o).await?;
+            self.admin
+                .batch_execute(&format!("DROP FUNCTION IF EXISTS {function}()"))
+                .await?;
+        } else {
+            self.drop_objects(o).await?;
+        }
+        self.say(&format!(
+            "  {:.0} orders/s committed; avg commit→consumer {}; {} missing",
+            run.orders_per_sec,
+            run.latency
+                .map_or("—".to_string(), |l| format!("{:.2} ms", l.avg)),
+            run.missing
+        ));
+        Ok(run)
+    }
+
+    /// Scenario 4: kill -9 the relay partway through a backlog, restart it, count what the
+    /// consumer got against the ids in the table.
+    async fn crash(&mut self, setup: Setup, rows: u64) -> Result<Crash> {
+        let o = self.objects(matches!(setup, Setup::Wal { .. })).await?;
+        self.say(&format!("crash: {setup:?}, {rows} rows ({})", o.table));
+        let mut consumer = self.consumer(&o).await?;
+        self.seed(&o, rows, 1).await?;
+        let expected = self.committed_ids(&o).await?;
+        let deadline = Instant::now() + CRASH_TIMEOUT;
+        let relay = self.start_relay(setup, &o, "crash-1").await?;
+        let mut counter = Distinct::default();
+        let kill_at = ((rows as f64) * KILL_AT) as usize;
+        while counter.count() < kill_at {
+            if !consumer.wait_for_more(deadline).await? {
+                anyhow::bail!("the crash backlog stalled before the kill point");
+            }
+            counter.add(consumer.arrivals());
+        }
+        relay.kill().await?;
+        // The delivery rate while the relay ran, from its first delivery (startup excluded).
+        let delivering = counter.first.map_or(Duration::ZERO, |first| {
+            Instant::now().saturating_duration_since(first)
+        });
+        let received_before_kill = counter.count() as u64;
+        let relay = self.start_relay(setup, &o, "crash-2").await?;
+        while counter.count() < expected.len() {
+            if !consumer.wait_for_more(deadline).await? {
+                break;
+            }
+            counter.add(consumer.arrivals());
+        }
+        relay.stop().await?;
+        consumer
+            .wait_quiet(QUIET, Instant::now() + QUIET * 5)
+            .await?;
+        let arrivals = consumer.close().await;
+        self.drop_objects(o).await?;
+        let mut seen = HashSet::with_capacity(expected.len());
+        let mut duplicates = 0u64;
+        for id in arrivals.iter().filter_map(|a| a.message_id.as_deref()) {
+            if expected.contains(id) && !seen.insert(id) {
+                duplicates += 1;
+            }
+        }
+        let lost = (expected.len() - seen.len()) as u64;
+        let duplicate_bound = match setup {
+            Setup::Wal { window } => {
+                let rate = per_sec(received_before_kill, delivering.as_secs_f64());
+                let feedback = rate * self.args.status_interval_ms as f64 / 1000.0;
+                // + 1: the confirmed rows of the open transaction (one row each here).
+                Some(u64::from(window) + feedback.ceil() as u64 + 1)
+            }
+            Setup::Poll { .. } => None,
+        };
+        self.say(&format!(
+            "  killed after {received_before_kill} received; lost {lost}, duplicates {duplicates}{}",
+            duplicate_bound.map_or(String::new(), |b| format!(" (bound {b})"))
+        ));
+        Ok(Crash {
+            rows,
+            received_before_kill,
+            lost,
+            duplicates,
+            duplicate_bound,
+        })
+    }
+
+    /// Scenario 5: broker alone at every window, its latency at the writer's rate, and
+    /// decoding alone.
+    async fn limits(&mut self, results: &mut Results) -> Result<()> {
+        let mut windows: Vec<u32> = self.args.sweep.clone();
+        if !windows.contains(&self.args.max_in_flight) {
+            windows.push(self.args.max_in_flight);
+        }
+        windows.sort_unstable();
+        for window in windows {
+            self.runs += 1;
+            let queue = format!("bench_{}", self.runs);
+            self.say(&format!(
+                "broker alone: window {window}, {} messages",
+                self.scale.drain_rows
+            ));
+            let run = limits::broker_alone(
+                &self.args.amqp_url,
+                &self.args.exchange,
+                &queue,
+                window as usize,
+                self.scale.drain_rows,
+                None,
+            )
+            .await?;
+            self.say(&format!(
+                "  {:.0} msgs/s received, {:.0} confirmed",
+                run.received_per_sec, run.confirmed_per_sec
+            ));
+            results.limits.broker.push(BrokerLimit {
+                window,
+                messages: run.messages,
+                confirmed_per_sec: run.confirmed_per_sec,
+                received_per_sec: run.received_per_sec,
+            });
+        }
+        self.runs += 1;
+        let queue = format!("bench_{}", self.runs);
+        let rate = self.scale.latency_rate;
+        self.say(&format!(
+            "broker alone: {rate} msgs/s for {} s",
+            self.scale.latency_secs
+        ));
+        let paced = limits::broker_alone(
+            &self.args.amqp_url,
+            &self.args.exchange,
+            &queue,
+            self.args.max_in_flight as usize,
+            u64::from(rate) * self.scale.latency_secs,
+            Some(rate),
+        )
+        .await?;
+        results.limits.broker_latency = paced.latency.map(LatencyMs::from);
+        results.limits.broker_latency_rate = rate;
+        if let Some(l) = results.limits.broker_latency {
+            self.say(&format!(
+                "  publish→consumer p50 {:.2} ms, p99 {:.2} ms",
+                l.p50, l.p99
+            ));
+        }
+
+        let o = self.objects(true).await?;
+        let rows = self.scale.drain_rows;
+        self.say(&format!("decoding alone: {rows} rows"));
+        self.seed(&o, rows, 1).await?;
+        let decoded = limits::decode_alone(
+            &self.args.database_url,
+            &o.slot,
+            &o.publication,
+            &o.table,
+            &self.args.exchange,
+            rows,
+        )
+        .await?;
+        self.drop_objects(o).await?;
+        self.say(&format!("  {:.0} rows/s", decoded.rows_per_sec));
+        results.limits.decode = Some(DecodeLimit {
+            rows,
+            rows_per_sec: decoded.rows_per_sec,
+            method: "pgwire-replication + our decoder and mapper, nothing published".into(),
+        });
+        Ok(())
+    }
+
+    /// Scenario 6's sweep: WAL drain, p99 at the fixed rate and crash duplicates at each
+    /// --max-in-flight (the default's figures are reused when the backlog is the same).
+    async fn sweep(&mut self, results: &mut Results) -> Result<()> {
+        let rows = self.scale.sweep_rows;
+        for window in self.args.sweep.clone() {
+            let wal = results
+                .wal()
+                .filter(|_| window == self.args.max_in_flight && rows == self.scale.drain_rows);
+            let (drain, latency, crash) = match wal {
+                Some(m) => (m.drain.clone(), m.latency.clone(), m.crash.clone()),
+                None => (None, None, None),
+            };
+            let setup = Setup::Wal { window };
+            let drain = match drain {
+                Some(d) => d,
+                None => self.drain(setup, rows, 1).await?,
+            };
+            let latency = match latency {
+                Some(l) => l,
+                None => self.latency(setup).await?,
+            };
+            let crash = match crash {
+                Some(c) => c,
+                None => self.crash(setup, rows).await?,
+            };
+            results.sweep.push(SweepRow {
+                window,
+                drain_msgs_per_sec: drain.msgs_per_sec,
+                p99_ms: latency.latency.map(|l| l.p99),
+                crash_lost: crash.lost,
+                crash_duplicates: crash.duplicates,
+                duplicate_bound: crash.duplicate_bound.unwrap_or(0),
+                broker_msgs_per_sec: results
+                    .limits
+                    .broker_at(window)
+                    .map_or(0.0, |b| b.received_per_sec),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Waits until every written row arrived (at most `catch_up` after the writers stopped), then
+/// a moment for trailing duplicates; closes the consumer and compares.
+async fn collect(
+    mut consumer: QueueConsumer,
+    written: &writers::Written,
+    catch_up: Duration,
+) -> Result<Report> {
+    let deadline = Instant::now() + catch_up;
+    let mut outstanding: HashSet<&str> = written.rows.iter().map(|r| r.id.as_str()).collect();
+    let mut seen = 0;
+    loop {
+        let arrivals = consumer.arrivals();
+        for a in &arrivals[seen..] {
+            if let Some(id) = a.message_id.as_deref() {
+                outstanding.remove(id);
+            }
+        }
+        seen = arrivals.len();
+        if outstanding.is_empty() || !consumer.wait_for_more(deadline).await? {
+            break;
+        }
+    }
+    if outstanding.is_empty() {
+        consumer
+            .wait_quiet(Duration::from_millis(200), Instant::now() + QUIET)
+            .await?;
+    }
+    let arrivals = consumer.close().await;
+    Ok(Report::analyze(written, &arrivals))
+}
+
+/// Distinct message ids received so far, and when the first and the newest distinct one
+/// arrived.
+#[derive(Default)]
+struct Distinct {
+    ids: HashSet<String>,
+    seen: usize,
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+impl Distinct {
+    fn add(&mut self, arrivals: &[super::consumer::Arrival]) {
+        for a in &arrivals[self.seen..] {
+            if let Some(id) = &a.message_id {
+                if self.ids.insert(id.clone()) {
+                    self.first.get_or_insert(a.received_at);
+                    self.last = Some(a.received_at);
+                }
+            }
+        }
+        self.seen = arrivals.len();
+    }
+
+    fn count(&self) -> usize {
+        self.ids.len()
+    }
+}
+
+fn per_sec(count: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        count as f64 / seconds
+    } else {
+        0.0
+    }
+}
