@@ -5,7 +5,8 @@
 # removes them on any exit (failure and Ctrl-C included).
 #
 #   stack_packages              apt-get install what is missing
-#   stack_build                 cargo build --release --bins -> BIN (target/release)
+#   stack_build                 cargo build --release --bins -> BIN (target/release, or
+#                               $CARGO_TARGET_DIR/release)
 #   stack_start NAME            private PostgreSQL + RabbitMQ in a temp dir -> WORK, PG_URL,
 #                               RABBIT_URL (see services.sh); exports DATABASE_URL, AMQP_URL
 #
@@ -62,7 +63,8 @@ EOF
     say "building the release binaries (cargo build --release --bins)"
     stack_in_repo cargo build --release --bins
     say "built in $((SECONDS - started)) s"
-    BIN=$REPO/target/release
+    # Cargo puts them under CARGO_TARGET_DIR when it is set.
+    BIN=${CARGO_TARGET_DIR:-$REPO/target}/release
 }
 
 stack_cleanup() {

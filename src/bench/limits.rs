@@ -157,7 +157,7 @@ pub async fn broker_alone(
                     None => std::future::pending().await,
                 }
             }, if has_front => {
-                settle_front(&mut queue, confirmation)?;
+                settle_front(&mut queue, confirmation, &broker).await?;
                 last_confirm = Instant::now();
             }
             () = async {
