@@ -24,7 +24,7 @@ use crate::error::RelayError;
 use crate::mapper::{columns, text_tuple, Layout, Mapper};
 use crate::pgoutput::{Column, Relation};
 // The text shapes the mapper parses, as polling mode pins them.
-use crate::poll::table::SESSION_SETTINGS;
+use crate::poll::table::{table_columns, SESSION_SETTINGS};
 use crate::publish::queue::ConfirmQueue;
 use crate::publish::{await_confirms, Broker, Stage};
 
@@ -123,26 +123,10 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
 /// understands (so jsonb stays JSON and bytea is decoded from hex).
 async fn describe(client: &Client, names: &OutboxNames) -> Result<(Relation, Layout), RelayError> {
     let (schema, table) = names.table_parts();
-    let rows = client
-        .query(
-            "SELECT a.attname::text, a.atttypid \
-             FROM pg_catalog.pg_attribute a \
-             JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
-             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p') \
-               AND a.attnum > 0 AND NOT a.attisdropped \
-             ORDER BY a.attnum",
-            &[&schema, &table],
-        )
-        .await?;
-    if rows.is_empty() {
-        return Err(RelayError::TableMissing {
-            table: names.table.clone(),
-        });
-    }
-    let columns: Vec<Column> = rows
-        .iter()
-        .map(|row| (row.get::<_, String>(0), row.get::<_, u32>(1)))
+    let columns: Vec<Column> = table_columns(client, names)
+        .await?
+        .into_iter()
+        .map(|(name, type_oid, _)| (name, type_oid))
         .filter(|(name, _)| READ.contains(&name.as_str()))
         .map(|(name, type_oid)| Column {
             flags: 0,

@@ -93,32 +93,42 @@ pub struct OutboxTable {
     layout: Layout,
 }
 
+/// The table's columns in order: name, type OID and type name. `TableMissing` when the table
+/// does not exist. Shared by polling and `resync`, which both read rows with SQL.
+pub async fn table_columns(
+    client: &Client,
+    names: &OutboxNames,
+) -> Result<Vec<(String, u32, String)>, RelayError> {
+    let (schema, table) = names.table_parts();
+    let rows = client
+        .query(
+            "SELECT a.attname::text, a.atttypid, pg_catalog.format_type(a.atttypid, NULL) \
+             FROM pg_catalog.pg_attribute a \
+             JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p') \
+               AND a.attnum > 0 AND NOT a.attisdropped \
+             ORDER BY a.attnum",
+            &[&schema, &table],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Err(RelayError::TableMissing {
+            table: names.table.clone(),
+        });
+    }
+    Ok(rows
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect())
+}
+
 impl OutboxTable {
     /// Reads the table's columns. Definite errors: the table is missing, or lacks a column
     /// polling needs (`id`, `event_type`, `created_at` to claim in order, `published_at`).
     pub async fn discover(client: &Client, names: &OutboxNames) -> Result<Self, RelayError> {
         let (schema, table) = names.table_parts();
-        let rows = client
-            .query(
-                "SELECT a.attname::text, a.atttypid, pg_catalog.format_type(a.atttypid, NULL) \
-                 FROM pg_catalog.pg_attribute a \
-                 JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
-                 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p') \
-                   AND a.attnum > 0 AND NOT a.attisdropped \
-                 ORDER BY a.attnum",
-                &[&schema, &table],
-            )
-            .await?;
-        if rows.is_empty() {
-            return Err(RelayError::TableMissing {
-                table: names.table.clone(),
-            });
-        }
-        let all: Vec<(String, u32, String)> = rows
-            .iter()
-            .map(|row| (row.get(0), row.get(1), row.get(2)))
-            .collect();
+        let all = table_columns(client, names).await?;
         for needed in [columns::CREATED_AT, PUBLISHED_AT] {
             if !all.iter().any(|(name, _, _)| name == needed) {
                 return Err(RelayError::Config(format!(
