@@ -15,7 +15,6 @@ pub mod bench;
 pub mod cleanup;
 pub mod config;
 pub mod db;
-pub mod dead_letter;
 pub mod error;
 pub mod failpoint;
 pub mod mapper;
@@ -26,3 +25,6 @@ pub mod poll;
 pub mod publish;
 pub mod setup;
 pub mod wal;
+
+// Where the mapper and the tests found it before it moved to the delivery side.
+pub use publish::dead_letter;

@@ -1,7 +1,7 @@
 //! The two limits a relay figure is set against, measured in the same run.
 //!
-//! - Broker alone: the relay's own publisher (`publish::Broker`, `Stage`, the in-order
-//!   `ConfirmQueue`) sending messages the relay's mapper built from a synthetic outbox row —
+//! - Broker alone: the relay's own delivery loop (`publish::deliver`: the broker
+//!   connection, the in-flight window and the in-order confirm queue) sending messages the relay's mapper built from a synthetic outbox row —
 //!   same size, persistence, `mandatory`, exchange and kind of durable queue — with the same
 //!   confirm window, received by the same consumer. No PostgreSQL.
 //! - Decoding alone: the slot drained with pgwire-replication, our pgoutput decoder and the
@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::consumer::{QueueConsumer, QueueSpec};
@@ -19,9 +20,9 @@ use super::report::{Latency, Report};
 use super::writers::{CommittedRow, Written, ORDER_NOTE_LEN};
 use crate::db;
 use crate::mapper::{Layout, Mapper, OutboxMessage, Position};
+use crate::observability::RelayMetrics;
 use crate::pgoutput::{self, Column, LogicalMessage, Relation, Tuple, TupleValue};
-use crate::publish::queue::ConfirmQueue;
-use crate::publish::{settle_front, Broker, Stage};
+use crate::publish::{deliver, Acked, Broker, DeliveryOptions, Input};
 use crate::wal::relations::{Known, RelationCache};
 
 /// How long a limit run may wait for its last message.
@@ -135,7 +136,6 @@ pub async fn broker_alone(
     // What `outbox-relay setup` declares: this may run before any setup did.
     broker.declare_exchange(exchange, false).await?;
     let mut consumer = QueueConsumer::start(amqp_url, &spec).await?;
-    let mut queue = ConfirmQueue::<Stage>::new(Lsn::from_u64(0));
     let mut ticks = rate.map(|rate| {
         let mut ticks = tokio::time::interval(Duration::from_secs(1) / rate.max(1));
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -144,38 +144,49 @@ pub async fn broker_alone(
     let mut written = Written::default();
     let started = Instant::now();
     written.started = Some(started);
+    // The relay's own delivery loop, fed one message at a time: the window is its.
+    let (inputs, inputs_rx) = mpsc::channel(1);
+    let options = DeliveryOptions {
+        window,
+        confirm_timeout: TIMEOUT,
+    };
+    let (acked, _) = watch::channel(Acked::<()>::new(None));
+    let metrics = RelayMetrics::new();
     let mut sent = 0u64;
-    let mut last_confirm = started;
-    while sent < messages || queue.in_flight() > 0 {
-        let can_send = sent < messages && queue.in_flight() < window;
-        let has_front = queue.front_mut().is_some();
-        tokio::select! {
-            biased;
-            confirmation = async {
-                match queue.front_mut() {
-                    Some(stage) => stage.confirmation().await,
-                    None => std::future::pending().await,
-                }
-            }, if has_front => {
-                settle_front(&mut queue, confirmation, &broker).await?;
-                last_confirm = Instant::now();
+    let produce = async {
+        let inputs = inputs;
+        while sent < messages {
+            if let Some(ticks) = ticks.as_mut() {
+                ticks.tick().await;
             }
-            () = async {
-                if let Some(ticks) = ticks.as_mut() {
-                    ticks.tick().await;
-                }
-            }, if can_send => {
-                let message = rows.message(sent)?;
-                let id = message.message_id.clone();
-                // Taken right before the publish, as a writer takes it right after COMMIT.
-                let at = Instant::now();
-                let stage = Stage::start(&broker, message).await?;
-                queue.push_publish(id.clone(), stage);
-                written.rows.push(CommittedRow { id, writer: 0, committed_at: at });
-                sent += 1;
+            let message = rows.message(sent)?;
+            let id = message.message_id.clone();
+            // Taken as the publish is handed over, as a writer takes it right after COMMIT.
+            let at = Instant::now();
+            let input = Input::Publish {
+                message,
+                dead_letter: None,
+                committed_at: None,
+            };
+            if inputs.send(input).await.is_err() {
+                break;
             }
+            written.rows.push(CommittedRow {
+                id,
+                writer: 0,
+                committed_at: at,
+            });
+            sent += 1;
         }
-    }
+        Ok::<_, anyhow::Error>(())
+    };
+    let (produced, delivered) = tokio::join!(
+        produce,
+        deliver(&broker, &options, &metrics, inputs_rx, &acked)
+    );
+    let last_confirm = Instant::now();
+    produced?;
+    delivered?;
     broker.close().await;
     written.transactions = sent;
     let deadline = Instant::now() + TIMEOUT;

@@ -15,7 +15,6 @@
 //! with the message named; what was confirmed before it is printed, and running the command
 //! again publishes from `since` again.
 
-use pgwire_replication::Lsn;
 use tokio_postgres::{Client, IsolationLevel};
 
 use crate::config::{OutboxNames, ResyncArgs};
@@ -24,9 +23,9 @@ use crate::error::RelayError;
 use crate::mapper::{columns, text_tuple, Layout, Mapper};
 use crate::pgoutput::{Column, Relation};
 // The text shapes the mapper parses, as polling mode pins them.
+use crate::observability::RelayMetrics;
 use crate::poll::table::{table_columns, SESSION_SETTINGS};
-use crate::publish::queue::ConfirmQueue;
-use crate::publish::{await_confirms, Broker, Stage};
+use crate::publish::{deliver_batch, Broker};
 
 /// Rows read, mapped and published per round trip.
 const BATCH: i32 = 1000;
@@ -80,13 +79,14 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         for row in &rows {
             messages.push(mapper.map(&layout, &text_tuple(row)?, None)?);
         }
-        let mut queue = ConfirmQueue::new(Lsn::ZERO);
-        for message in messages {
-            let message_id = message.message_id.clone();
-            let stage = Stage::start(&broker, message).await?;
-            queue.push_publish(message_id, stage);
-        }
-        let confirmed = await_confirms(&mut queue, &broker, args.delivery.confirm_timeout()).await;
+        let messages = messages.into_iter().map(|m| (m, None)).collect();
+        let confirmed = deliver_batch(
+            &broker,
+            messages,
+            args.delivery.confirm_timeout(),
+            &RelayMetrics::new(),
+        )
+        .await;
         if let Err(e) = confirmed {
             println!("resync stopped after {published} confirmed messages");
             broker.close().await;
@@ -240,9 +240,6 @@ pub fn check_rfc3339(text: &str) -> Result<(), String> {
 fn number_of(two: &[u8; 2]) -> u32 {
     u32::from(two[0] - b'0') * 10 + u32::from(two[1] - b'0')
 }
-
-// The confirm wait below is the loop polling mode's worker has (src/poll/worker.rs); it
-// belongs next to `settle_front` in `publish/` once both can share it.
 
 #[cfg(test)]
 mod tests {

@@ -17,7 +17,8 @@ use crate::backoff::Backoff;
 use crate::db::{self, quote_ident};
 use crate::error::{chain, RelayError};
 
-use super::{AbortOnDrop, Shared};
+use super::Shared;
+use tokio_util::task::AbortOnDropHandle;
 
 /// Listens until `shutdown`, reconnecting with backoff; never stops the relay.
 pub(crate) async fn run(shared: Arc<Shared>, channel: String, shutdown: CancellationToken) {
@@ -60,7 +61,7 @@ async fn listen_inner(
     }
     let (client, mut connection) = config.connect(NoTls).await?;
     let wake = Arc::clone(shared);
-    let mut driver = AbortOnDrop(tokio::spawn(async move {
+    let mut driver = AbortOnDropHandle::new(tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(message) = messages.next().await {
             match message? {
@@ -83,7 +84,7 @@ async fn listen_inner(
     shared.wake.notify_waiters();
     backoff.reset();
     tracing::info!(channel, "listening for notifications");
-    let ended = (&mut driver.0).await;
+    let ended = (&mut driver).await;
     drop(client);
     match ended {
         Ok(result) => result.map_err(RelayError::Database),

@@ -41,8 +41,6 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use tokio::task::JoinHandle;
-
 use crate::config::{Delivery, OutboxNames, PollArgs};
 use crate::error::{chain, RelayError};
 use crate::mapper::Mapper;
@@ -262,15 +260,6 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
     background.abort_all();
     shared.stats.log_summary();
     outcome
-}
-
-/// Aborts a task when dropped: the helper tasks of a session or connection end with it.
-pub(crate) struct AbortOnDrop<T>(pub(crate) JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

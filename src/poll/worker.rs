@@ -23,21 +23,20 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pgwire_replication::Lsn;
 use tokio::time::Instant;
 use tokio_postgres::{Client, Statement};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::backoff::Backoff;
 use crate::db;
 use crate::error::{chain, Recovery, RelayError};
 use crate::failpoint::{failpoint, POLL_BEFORE_COMMIT};
 use crate::observability::{count_reconnect, NotReady, WorkerState};
-use crate::publish::queue::ConfirmQueue;
-use crate::publish::{await_confirms, Broker, Stage};
+use crate::publish::{deliver_batch, Broker};
 
 use super::table::{OutboxTable, SESSION_SETTINGS};
-use super::{AbortOnDrop, Shared};
+use super::Shared;
 
 /// How long closing the broker connection may take when a session ends (it may be dead).
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -164,7 +163,7 @@ impl Session<'_> {
             self.broker.enable_dead_letters(exchange).await?;
         }
         tracing::debug!(worker, "worker connected");
-        let _reporting = AbortOnDrop(tokio::spawn(report_blocked(
+        let _reporting = AbortOnDropHandle::new(tokio::spawn(report_blocked(
             self.shared.health.clone(),
             worker,
             self.broker.blocked(),
@@ -241,32 +240,13 @@ impl Session<'_> {
         let ids: Vec<String> = messages.iter().map(|(m, _)| m.message_id.clone()).collect();
 
         let claimed = polled.elapsed();
-        let mut queue = ConfirmQueue::new(Lsn::ZERO);
-        let metrics = &stats.metrics.relay;
-        let mut published = 0;
-        let confirmed = async {
-            for (message, dead_letter) in messages {
-                let message_id = message.message_id.clone();
-                // Frames queued in batch order; the confirm loop awaits the rest.
-                let stage = Stage::start(&self.broker, message).await?;
-                match dead_letter {
-                    None => queue.push_publish(message_id, stage),
-                    Some(reason) => queue.push_dead_letter(message_id, reason, stage),
-                }
-                published += 1;
-                metrics.published.increment(1);
-                metrics.in_flight.increment(1.0);
-            }
-            await_confirms(
-                &mut queue,
-                &self.broker,
-                self.shared.delivery.confirm_timeout(),
-            )
-            .await
-        }
-        .await;
-        metrics.record_batch_confirms(published, queue.in_flight(), &confirmed);
-        confirmed?;
+        deliver_batch(
+            &self.broker,
+            messages,
+            self.shared.delivery.confirm_timeout(),
+            &self.shared.stats.metrics.relay,
+        )
+        .await?;
 
         let marked = bounded(transaction.execute(&self.mark, &[&ids])).await?;
         if marked != ids.len() as u64 {

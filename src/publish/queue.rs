@@ -1,9 +1,10 @@
-//! The in-order confirm queue: which LSN may be acknowledged to PostgreSQL.
+//! The in-order confirm queue: which ack point may be acknowledged to the source.
 //!
-//! Publishes and ack points enter in stream order. An ack point is a commit's end LSN, or a
-//! keepalive's WAL end / a non-transactional message's LSN received outside any transaction.
-//! The acknowledged LSN is the newest ack point all of whose predecessors the broker acked
-//! without returning them:
+//! Publishes and ack points enter in source order. An ack point carries a token that the
+//! source gives back its meaning: for WAL mode a position (a commit's end LSN, or a
+//! keepalive's WAL end / a non-transactional message's LSN received outside any
+//! transaction), for polling mode the end of a batch. The acknowledged token is the newest
+//! ack point all of whose predecessors the broker acked without returning them:
 //!
 //! ```text
 //!   front                                                  back
@@ -12,24 +13,36 @@
 //! ```
 //!
 //! A nack, or a return of a publish, stops the queue at that publish: nothing after it is ever
-//! acknowledged by this queue; the session restarts and the slot replays from the last ack.
+//! acknowledged by this queue; the source restarts from its last acknowledged token.
 //! lapin 4 may attach a return to an earlier confirm than the returned publish's own, so
 //! returns are matched to publishes by message id, and a publish reported returned fails when
 //! it reaches the front, whichever confirm carried the report.
 //!
 //! Under the dead-letter policy a publish can be a dead letter: pushed as one (a row that
 //! cannot be published), or turned into one at the front when the broker returned it (its
-//! re-publish to the dead-letter exchange replaces what the tracker awaits). Either way it
-//! stays at the front, holding back everything behind it, until that publish is confirmed;
+//! re-publish to the dead-letter exchange replaces what the delivery task awaits). Either way
+//! it stays at the front, holding back everything behind it, until that publish is confirmed;
 //! a dead letter that is itself returned or nacked stops the queue like any publish.
 //!
-//! Pure and synchronous: the tracker task awaits the front's confirm and feeds the outcome in.
+//! Pure and synchronous: the delivery task awaits the front's confirm and feeds the outcome
+//! in. It never looks inside a token: it only orders tokens and folds those acknowledged
+//! together.
 
 use std::collections::{HashMap, VecDeque};
 
-use pgwire_replication::Lsn;
+use super::dead_letter::{Reason, ReturnedContent};
 
-use crate::dead_letter::{Reason, ReturnedContent};
+/// What an ack point carries. Ack points acknowledged together fold into one, oldest first:
+/// `fold` keeps what the source needs of both (WAL mode: the highest position and the newest
+/// commit time).
+pub trait AckToken {
+    fn fold(&mut self, newer: Self);
+}
+
+/// Polling mode and resync acknowledge a whole batch: the token says nothing more.
+impl AckToken for () {
+    fn fold(&mut self, _newer: Self) {}
+}
 
 /// Why the queue stopped at a publish. The publish stays at the front.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,49 +93,38 @@ pub struct Settled<P> {
     pub dead_lettered: Option<Reason>,
 }
 
-/// What an ack point is, for what the relay reports once it is acknowledged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mark {
-    /// A transaction's commit; its commit time in microseconds since 2000-01-01 (PostgreSQL's
-    /// epoch), as the stream reports it.
-    Commit { commit_time: i64 },
-    /// A keepalive's WAL end, or someone else's non-transactional message.
-    Idle,
-    /// One of this relay's own heartbeats, sent at this Unix time in microseconds.
-    Heartbeat { sent_at: u64 },
-}
-
-enum Entry<P> {
+enum Entry<T, P> {
     Publish {
         message_id: String,
         pending: P,
         /// `Some` when `pending` is the message's dead letter.
         dead_letter: Option<Reason>,
     },
-    AckPoint(Lsn, Mark),
+    AckPoint(T),
 }
 
-/// `P` is what the tracker keeps for an unconfirmed publish (its confirm future and window
-/// permit); the queue only orders it.
-pub struct ConfirmQueue<P> {
-    entries: VecDeque<Entry<P>>,
+/// `T` is the ack points' token; `P` is what the delivery task keeps for an unconfirmed
+/// publish (its confirm future); the queue only orders them.
+pub struct ConfirmQueue<T, P> {
+    entries: VecDeque<Entry<T, P>>,
     returned: HashMap<String, Returned>,
     in_flight: usize,
-    acknowledged: Lsn,
-    last_commit_time: Option<i64>,
-    last_heartbeat: Option<u64>,
+    acknowledged: Option<T>,
 }
 
-impl<P> ConfirmQueue<P> {
-    /// `acknowledged`: the position the slot already has (the ack points can only move it on).
-    pub fn new(acknowledged: Lsn) -> Self {
+impl<T: AckToken, P> Default for ConfirmQueue<T, P> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: AckToken, P> ConfirmQueue<T, P> {
+    pub fn new() -> Self {
         Self {
             entries: VecDeque::new(),
             returned: HashMap::new(),
             in_flight: 0,
-            acknowledged,
-            last_commit_time: None,
-            last_heartbeat: None,
+            acknowledged: None,
         }
     }
 
@@ -145,24 +147,29 @@ impl<P> ConfirmQueue<P> {
         });
     }
 
-    pub fn push_ack_point(&mut self, lsn: Lsn, mark: Mark) {
-        self.entries.push_back(Entry::AckPoint(lsn, mark));
+    pub fn push_ack_point(&mut self, token: T) {
+        self.entries.push_back(Entry::AckPoint(token));
     }
 
-    /// Pops the ack points at the front (all their predecessors are settled) and returns the
-    /// new acknowledged LSN if it moved forward.
-    pub fn advance(&mut self) -> Option<Lsn> {
-        let before = self.acknowledged;
-        while let Some(Entry::AckPoint(lsn, mark)) = self.entries.front() {
-            self.acknowledged = self.acknowledged.max(*lsn);
-            match *mark {
-                Mark::Commit { commit_time } => self.last_commit_time = Some(commit_time),
-                Mark::Heartbeat { sent_at } => self.last_heartbeat = Some(sent_at),
-                Mark::Idle => {}
+    /// Pops the ack points at the front (all their predecessors are settled) and folds them
+    /// into the acknowledged token: `true` if there were any.
+    pub fn advance(&mut self) -> bool {
+        let mut moved = false;
+        while matches!(self.entries.front(), Some(Entry::AckPoint(_))) {
+            if let Some(Entry::AckPoint(token)) = self.entries.pop_front() {
+                match &mut self.acknowledged {
+                    Some(acknowledged) => acknowledged.fold(token),
+                    None => self.acknowledged = Some(token),
+                }
+                moved = true;
             }
-            self.entries.pop_front();
         }
-        (self.acknowledged > before).then_some(self.acknowledged)
+        moved
+    }
+
+    /// Everything acknowledged so far, folded into one token; `None` before the first.
+    pub fn acknowledged(&self) -> Option<&T> {
+        self.acknowledged.as_ref()
     }
 
     /// The oldest unsettled publish, once [`advance`](Self::advance) has removed the ack points
@@ -236,8 +243,8 @@ impl<P> ConfirmQueue<P> {
 
     /// The front publish was returned ([`Failure::Returned`]) and is being re-published to
     /// the dead-letter exchange: it becomes a dead letter for `reason` and stays at the front.
-    /// Returns what the tracker keeps for it, to swap in the re-publish; `None` unless the
-    /// front is a publish that is not a dead letter already.
+    /// Returns what the delivery task keeps for it, to swap in the re-publish; `None` unless
+    /// the front is a publish that is not a dead letter already.
     pub fn dead_letter_front(&mut self, reason: Reason) -> Option<&mut P> {
         match self.entries.front_mut() {
             Some(Entry::Publish {
@@ -259,31 +266,32 @@ impl<P> ConfirmQueue<P> {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
-
-    pub fn acknowledged(&self) -> Lsn {
-        self.acknowledged
-    }
-
-    /// Commit time of the newest acknowledged transaction (µs since 2000-01-01).
-    pub fn acknowledged_commit_time(&self) -> Option<i64> {
-        self.last_commit_time
-    }
-
-    /// Send time of the newest acknowledged own heartbeat (Unix µs): heartbeat lag is now
-    /// minus this.
-    pub fn acknowledged_heartbeat(&self) -> Option<u64> {
-        self.last_heartbeat
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const COMMIT: Mark = Mark::Commit { commit_time: 7 };
+    /// A position like WAL mode's: folding keeps the highest.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    struct Pos(u64);
 
-    fn lsn(n: u64) -> Lsn {
-        Lsn::from_u64(n)
+    impl AckToken for Pos {
+        fn fold(&mut self, newer: Self) {
+            self.0 = self.0.max(newer.0);
+        }
+    }
+
+    /// Advances `q`; the new acknowledged position if it moved forward.
+    fn advance<P>(q: &mut ConfirmQueue<Pos, P>) -> Option<u64> {
+        let before = acknowledged(q);
+        q.advance();
+        let after = acknowledged(q);
+        (after > before).then_some(after).flatten()
+    }
+
+    fn acknowledged<P>(q: &ConfirmQueue<Pos, P>) -> Option<u64> {
+        q.acknowledged().map(|p| p.0)
     }
 
     fn returned() -> Returned {
@@ -301,15 +309,15 @@ mod tests {
 
     #[test]
     fn acknowledges_a_commit_only_after_all_its_publishes() {
-        let mut q = ConfirmQueue::new(lsn(10));
+        let mut q = ConfirmQueue::new();
         q.push_publish("a".into(), ());
         q.push_publish("b".into(), ());
-        q.push_ack_point(lsn(100), COMMIT);
-        assert_eq!(q.advance(), None);
+        q.push_ack_point(Pos(100));
+        assert_eq!(advance(&mut q), None);
         assert!(q.settle_front(true).expect("front").is_ok());
-        assert_eq!(q.advance(), None, "b is not confirmed yet");
+        assert_eq!(advance(&mut q), None, "b is not confirmed yet");
         assert!(q.settle_front(true).expect("front").is_ok());
-        assert_eq!(q.advance(), Some(lsn(100)));
+        assert_eq!(advance(&mut q), Some(100));
         assert!(q.is_empty());
     }
 
@@ -317,53 +325,53 @@ mod tests {
     fn keepalive_behind_unconfirmed_messages_waits_for_them() {
         // A keepalive asking for a reply while messages are unconfirmed must not move the
         // acknowledged LSN to its WAL end: it sits behind them.
-        let mut q = ConfirmQueue::new(lsn(10));
+        let mut q = ConfirmQueue::new();
         q.push_publish("a".into(), ());
-        q.push_ack_point(lsn(100), COMMIT);
-        q.push_ack_point(lsn(500), Mark::Idle); // keepalive WAL end
-        assert_eq!(q.advance(), None);
-        assert_eq!(q.acknowledged(), lsn(10));
+        q.push_ack_point(Pos(100));
+        q.push_ack_point(Pos(500)); // keepalive WAL end
+        assert_eq!(advance(&mut q), None);
+        assert_eq!(acknowledged(&q), None);
         q.settle_front(true).expect("front").expect("acked");
-        assert_eq!(q.advance(), Some(lsn(500)));
+        assert_eq!(advance(&mut q), Some(500));
     }
 
     #[test]
     fn idle_keepalive_advances_at_once() {
-        let mut q: ConfirmQueue<()> = ConfirmQueue::new(lsn(10));
-        q.push_ack_point(lsn(300), Mark::Idle);
-        assert_eq!(q.advance(), Some(lsn(300)));
-        q.push_ack_point(lsn(200), Mark::Idle);
-        assert_eq!(q.advance(), None, "never moves backwards");
+        let mut q: ConfirmQueue<Pos, ()> = ConfirmQueue::new();
+        q.push_ack_point(Pos(300));
+        assert_eq!(advance(&mut q), Some(300));
+        q.push_ack_point(Pos(200));
+        assert_eq!(advance(&mut q), None, "never moves backwards");
     }
 
     #[test]
     fn nack_stops_the_queue() {
-        let mut q = ConfirmQueue::new(lsn(10));
+        let mut q = ConfirmQueue::new();
         q.push_publish("a".into(), ());
-        q.push_ack_point(lsn(100), COMMIT);
+        q.push_ack_point(Pos(100));
         assert_eq!(
             q.settle_front(false).expect("front").map(|_| ()),
             Err(Failure::Nacked {
                 message_id: "a".into()
             })
         );
-        assert_eq!(q.acknowledged(), lsn(10));
+        assert_eq!(acknowledged(&q), None);
     }
 
     #[test]
     fn return_reported_on_an_earlier_confirm_fails_the_returned_publish() {
         // lapin attaches the return of "c" to the confirm of "a": "a" and "b" are still
         // delivered, the commit after them is acknowledged, and the queue stops at "c".
-        let mut q = ConfirmQueue::new(lsn(10));
+        let mut q = ConfirmQueue::new();
         q.push_publish("a".into(), ());
         q.push_publish("b".into(), ());
-        q.push_ack_point(lsn(100), COMMIT);
+        q.push_ack_point(Pos(100));
         q.push_publish("c".into(), ());
-        q.push_ack_point(lsn(200), Mark::Idle);
+        q.push_ack_point(Pos(200));
         q.record_return("c".into(), returned());
         q.settle_front(true).expect("front").expect("a delivered");
         q.settle_front(true).expect("front").expect("b delivered");
-        assert_eq!(q.advance(), Some(lsn(100)));
+        assert_eq!(advance(&mut q), Some(100));
         assert_eq!(
             q.settle_front(true).expect("front").map(|_| ()),
             Err(Failure::Returned {
@@ -371,34 +379,14 @@ mod tests {
                 returned: returned()
             })
         );
-        assert_eq!(q.acknowledged(), lsn(100));
-    }
-
-    #[test]
-    fn reports_the_newest_acknowledged_commit_and_heartbeat() {
-        let mut q = ConfirmQueue::new(lsn(0));
-        q.push_ack_point(lsn(10), Mark::Heartbeat { sent_at: 1 });
-        q.push_publish("a".into(), ());
-        q.push_ack_point(lsn(20), Mark::Commit { commit_time: 5 });
-        q.push_ack_point(lsn(30), Mark::Heartbeat { sent_at: 2 });
-        q.advance();
-        assert_eq!(q.acknowledged_heartbeat(), Some(1));
-        assert_eq!(
-            q.acknowledged_commit_time(),
-            None,
-            "behind an unconfirmed publish"
-        );
-        q.settle_front(true).expect("front").expect("acked");
-        assert_eq!(q.advance(), Some(lsn(30)));
-        assert_eq!(q.acknowledged_commit_time(), Some(5));
-        assert_eq!(q.acknowledged_heartbeat(), Some(2));
+        assert_eq!(acknowledged(&q), None);
     }
 
     #[test]
     fn counts_in_flight_publishes() {
-        let mut q = ConfirmQueue::new(lsn(0));
+        let mut q = ConfirmQueue::new();
         q.push_publish("a".into(), 1);
-        q.push_ack_point(lsn(1), COMMIT);
+        q.push_ack_point(Pos(1));
         q.push_publish("b".into(), 2);
         assert_eq!(q.in_flight(), 2);
         assert_eq!(q.front_message_id(), Some("a"));
@@ -419,11 +407,11 @@ mod tests {
         // "a" is returned; under the dead-letter policy it is re-published to the dead-letter
         // exchange and stays at the front: "b" behind it is confirmed meanwhile, yet nothing
         // is acknowledged until the dead letter's confirm settles "a".
-        let mut q = ConfirmQueue::new(lsn(10));
+        let mut q = ConfirmQueue::new();
         q.push_publish("a".into(), "original");
-        q.push_ack_point(lsn(100), COMMIT);
+        q.push_ack_point(Pos(100));
         q.push_publish("b".into(), "b");
-        q.push_ack_point(lsn(200), COMMIT);
+        q.push_ack_point(Pos(200));
         q.record_return("a".into(), returned());
         let failed = q.settle_front(true).expect("front");
         assert!(matches!(failed, Err(Failure::Returned { .. })));
@@ -438,7 +426,7 @@ mod tests {
             q.dead_letter_front(reason.clone()).is_none(),
             "a dead letter is never dead-lettered again"
         );
-        assert_eq!(q.advance(), None);
+        assert_eq!(advance(&mut q), None);
         assert_eq!(q.front_mut(), Some(&mut "dead letter"));
         assert_eq!(
             q.settle_front(true)
@@ -450,18 +438,18 @@ mod tests {
                 dead_lettered: Some(reason)
             }
         );
-        assert_eq!(q.advance(), Some(lsn(100)));
+        assert_eq!(advance(&mut q), Some(100));
         q.settle_front(true).expect("front").expect("b");
-        assert_eq!(q.advance(), Some(lsn(200)));
+        assert_eq!(advance(&mut q), Some(200));
         assert_eq!(q.in_flight(), 0);
     }
 
     #[test]
     fn a_returned_dead_letter_stops_the_queue() {
-        let mut q = ConfirmQueue::new(lsn(10));
+        let mut q = ConfirmQueue::new();
         let reason = Reason::TooLarge { size: 9, limit: 8 };
         q.push_dead_letter("a".into(), reason, ());
-        q.push_ack_point(lsn(100), COMMIT);
+        q.push_ack_point(Pos(100));
         q.record_return("a".into(), returned());
         assert_eq!(
             q.settle_front(true).expect("front").map(|_| ()),
@@ -470,15 +458,15 @@ mod tests {
                 returned: returned()
             })
         );
-        assert_eq!(q.advance(), None);
-        assert_eq!(q.acknowledged(), lsn(10));
+        assert_eq!(advance(&mut q), None);
+        assert_eq!(acknowledged(&q), None);
     }
 
     #[test]
     fn a_nacked_dead_letter_stops_the_queue() {
-        let mut q = ConfirmQueue::new(lsn(10));
+        let mut q = ConfirmQueue::new();
         q.push_publish("a".into(), ());
-        q.push_ack_point(lsn(100), COMMIT);
+        q.push_ack_point(Pos(100));
         q.record_return("a".into(), returned());
         assert!(q.settle_front(true).expect("front").is_err());
         assert!(q.dead_letter_front(returned().reason()).is_some());
@@ -488,23 +476,23 @@ mod tests {
                 message_id: "a".into()
             })
         );
-        assert_eq!(q.advance(), None);
+        assert_eq!(advance(&mut q), None);
     }
 
     #[test]
     fn a_pushed_dead_letter_settles_in_order_with_its_reason() {
-        let mut q = ConfirmQueue::new(lsn(10));
+        let mut q = ConfirmQueue::new();
         q.push_publish("a".into(), ());
         let reason = Reason::Unmappable {
             error: "column \"event_type\" is NULL".into(),
         };
         q.push_dead_letter("b".into(), reason.clone(), ());
-        q.push_ack_point(lsn(100), COMMIT);
+        q.push_ack_point(Pos(100));
         let a = q.settle_front(true).expect("front").expect("a");
         assert_eq!(a.dead_lettered, None);
-        assert_eq!(q.advance(), None, "b is not confirmed yet");
+        assert_eq!(advance(&mut q), None, "b is not confirmed yet");
         let b = q.settle_front(true).expect("front").expect("b");
         assert_eq!(b.dead_lettered, Some(reason));
-        assert_eq!(q.advance(), Some(lsn(100)));
+        assert_eq!(advance(&mut q), Some(100));
     }
 }

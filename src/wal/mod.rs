@@ -14,9 +14,12 @@
 //! is replayed in full).
 
 pub mod heartbeat;
+pub mod position;
 pub mod preflight;
 pub mod relations;
 pub mod session;
+pub mod source;
+pub mod stream;
 
 use std::time::Duration;
 

@@ -1,0 +1,252 @@
+//! The broker connection: one confirm-mode channel for publishing, mandatory persistent
+//! messages, and a second channel for dead letters under the dead-letter policy.
+//!
+//! Owns the lapin connection and nothing else: no ordering, no acknowledgement (that is
+//! [`super::delivery`]). It never relies on lapin's auto-recovery: after any channel or
+//! connection error every pending confirm fails, and its user rebuilds the session. A blocked
+//! connection (broker memory or disk alarm) is reported on a watch so that confirm timeouts
+//! can pause instead of reconnecting in a loop.
+//!
+//! Dead letters go out on a channel of their own, one at a time: lapin may attach a return to
+//! another confirm of the same channel, and a dead letter's return reported on a later
+//! publish's confirm would be seen too late. Alone on its channel, a dead letter's return
+//! comes with its own confirm.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
+use futures_util::StreamExt;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{
+    Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind, PublisherConfirm,
+};
+use tokio::sync::watch;
+
+use crate::error::RelayError;
+use crate::mapper::OutboxMessage;
+
+/// A publish whose frames are queued on the connection: resolves to its confirm future once
+/// they are written.
+pub type Publishing =
+    Pin<Box<dyn Future<Output = Result<PublisherConfirm, lapin::Error>> + Send + 'static>>;
+
+/// What a broker connect timeout names ([`RelayError::ConnectTimeout`]).
+pub const RABBITMQ: &str = "RabbitMQ";
+
+/// How long a polite close may wait for the broker's close-ok.
+const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+pub struct Broker {
+    connection: Connection,
+    channel: Channel,
+    blocked: watch::Receiver<bool>,
+    pub(super) dead_letters: Option<DeadLetters>,
+    /// The connection's error, once it failed.
+    lost: watch::Receiver<Option<lapin::Error>>,
+}
+
+/// Where dead letters go under the dead-letter policy.
+pub(super) struct DeadLetters {
+    pub(super) exchange: lapin::types::ShortString,
+    /// Confirm mode, one publish outstanding at a time (see the module comment).
+    pub(super) channel: Channel,
+}
+
+impl Broker {
+    /// Connects and opens the publishing channel in confirm mode.
+    pub async fn connect(url: &str) -> Result<Self, RelayError> {
+        let properties =
+            ConnectionProperties::default().with_connection_name("outbox-relay".into());
+        // A broker (or network) that accepts and goes silent would hold the handshake forever.
+        let connection = tokio::time::timeout(
+            crate::db::CONNECT_TIMEOUT,
+            Connection::connect(url, properties),
+        )
+        .await
+        .map_err(|_| RelayError::ConnectTimeout {
+            what: RABBITMQ,
+            seconds: crate::db::CONNECT_TIMEOUT.as_secs(),
+        })?
+        .map_err(RelayError::Broker)?;
+        let (blocked_tx, blocked) = watch::channel(false);
+        let (lost_tx, lost) = watch::channel(None);
+        let mut events = connection.events_listener();
+        tokio::spawn(async move {
+            while let Some(event) = events.next().await {
+                match event {
+                    lapin::Event::ConnectionBlocked(reason) => {
+                        tracing::warn!(%reason, "broker blocked publishing; confirm timeouts paused");
+                        blocked_tx.send_replace(true);
+                    }
+                    lapin::Event::ConnectionUnblocked => {
+                        tracing::info!("broker unblocked publishing");
+                        blocked_tx.send_replace(false);
+                    }
+                    lapin::Event::Error(error) => {
+                        lost_tx.send_replace(Some(error));
+                    }
+                    _ => {}
+                }
+            }
+        });
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        Ok(Self {
+            connection,
+            channel,
+            blocked,
+            dead_letters: None,
+            lost,
+        })
+    }
+
+    /// Turns on the dead-letter policy: checks that `exchange` exists (passively) and opens
+    /// the channel dead letters are published on.
+    pub async fn enable_dead_letters(&mut self, exchange: &str) -> Result<(), RelayError> {
+        self.declare_exchange(exchange, true).await?;
+        let name = lapin::types::ShortString::try_new(exchange).map_err(|_| {
+            RelayError::Config(format!("Exchange name {exchange:?} is over 255 bytes"))
+        })?;
+        let channel = self.connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        self.dead_letters = Some(DeadLetters {
+            exchange: name,
+            channel,
+        });
+        Ok(())
+    }
+
+    /// The dead-letter exchange, when the dead-letter policy is on.
+    pub fn dead_letter_exchange(&self) -> Option<&lapin::types::ShortString> {
+        self.dead_letters.as_ref().map(|d| &d.exchange)
+    }
+
+    /// `true` while the broker blocks this connection's publishes.
+    pub fn blocked(&self) -> watch::Receiver<bool> {
+        self.blocked.clone()
+    }
+
+    /// Resolves to the connection's error once it fails (never, while it works): lets a
+    /// user that is not publishing notice a dead broker connection without a publish.
+    pub async fn lost(&self) -> RelayError {
+        let mut lost = self.lost.clone();
+        // Err: the event stream ended with the connection object; its users see that.
+        let error = match lost.wait_for(Option::is_some).await {
+            Ok(error) => error.clone(),
+            Err(_) => None,
+        };
+        match error {
+            Some(error) => RelayError::Broker(error),
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Declares the durable topic exchange (setup), or with `passive` only checks that it
+    /// exists (run), on a throwaway channel: a failed declare closes its channel.
+    pub async fn declare_exchange(&self, exchange: &str, passive: bool) -> Result<(), RelayError> {
+        let channel = self.connection.create_channel().await?;
+        let options = ExchangeDeclareOptions {
+            passive,
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        let name = lapin::types::ShortString::try_new(exchange).map_err(|_| {
+            RelayError::Config(format!("Exchange name {exchange:?} is over 255 bytes"))
+        })?;
+        let declared = channel
+            .exchange_declare(name, ExchangeKind::Topic, options, FieldTable::default())
+            .await;
+        match declared {
+            Ok(()) => {
+                let _ = channel.close(200, "done".into()).await;
+                Ok(())
+            }
+            Err(e) if passive && is_not_found(&e) => Err(RelayError::ExchangeMissing {
+                exchange: exchange.to_string(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Publishes one message (mandatory, so an unroutable one comes back).
+    ///
+    /// The first poll of the returned future takes the message's delivery tag and queues its
+    /// frames on the connection; it then resolves, once the frames are written, to the confirm
+    /// future. Polling it once and moving on keeps many publishes in flight without waiting
+    /// for the connection's writer after each one.
+    pub fn publish(&self, message: OutboxMessage) -> Publishing {
+        publish_on(self.channel.clone(), message)
+    }
+
+    /// Closes the connection politely, but never waits long: after a failure the broker may
+    /// not answer at all.
+    pub async fn close(&self) {
+        let closing = self.connection.close(200, "outbox-relay stopping".into());
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, closing).await;
+    }
+}
+
+/// [`Broker::publish`] on `channel`.
+pub(super) fn publish_on(channel: Channel, message: OutboxMessage) -> Publishing {
+    Box::pin(async move {
+        channel
+            .basic_publish(
+                message.exchange,
+                message.routing_key,
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                &message.body,
+                message.properties,
+            )
+            .await
+    })
+}
+
+/// AMQP reply code 404 NOT_FOUND: what a passive declare of a missing exchange fails with.
+const NOT_FOUND: u16 = 404;
+
+fn is_not_found(e: &lapin::Error) -> bool {
+    matches!(e.kind(), lapin::ErrorKind::ProtocolError(error) if error.get_id() == NOT_FOUND)
+}
+
+/// A publish in flight: its frames still being written, or waiting for the broker's answer.
+pub enum Stage {
+    Writing(Publishing),
+    Confirming(PublisherConfirm),
+}
+
+impl Stage {
+    /// Starts publishing `message`: one poll takes its delivery tag and queues its frames, so
+    /// calling this in stream order keeps delivery tags in stream order.
+    pub async fn start(broker: &Broker, message: OutboxMessage) -> Result<Stage, lapin::Error> {
+        Self::started(broker.publish(message)).await
+    }
+
+    pub(super) async fn started(mut publishing: Publishing) -> Result<Stage, lapin::Error> {
+        Ok(match futures_util::poll!(&mut publishing) {
+            Poll::Ready(confirm) => Stage::Confirming(confirm?),
+            Poll::Pending => Stage::Writing(publishing),
+        })
+    }
+
+    /// The broker's answer. Cancel-safe: progress is kept in the stage.
+    pub async fn confirmation(&mut self) -> Result<Confirmation, lapin::Error> {
+        loop {
+            match self {
+                Stage::Writing(publishing) => {
+                    let confirm = publishing.await?;
+                    *self = Stage::Confirming(confirm);
+                }
+                Stage::Confirming(confirm) => return confirm.await,
+            }
+        }
+    }
+}

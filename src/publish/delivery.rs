@@ -1,0 +1,338 @@
+//! The delivery task: the one loop that publishes, awaits confirms in order, handles returns
+//! and dead letters, and hands back how far its source may consider messages delivered.
+//!
+//! ```text
+//!  source ── Input::Publish / Input::AckPoint(T) ──▶ delivery ── basic_publish ──▶ RabbitMQ
+//!  (WAL reader, poll worker,  (bounded channel)       ConfirmQueue<T, _>   ◀── ack/nack/return
+//!   resync, benchmark)  ◀── Acked { token: T } (watch) ── acknowledged prefix
+//! ```
+//!
+//! Owns the in-flight window (at most `window` unconfirmed publishes: it reads no input while
+//! the window is full, which is what holds the source back), the confirm queue, the confirm
+//! timeout (paused while the broker blocks publishers) and the dead-letter re-publishes. It
+//! never knows what a token means: a WAL position, a polling batch, nothing. It must never
+//! report a token before every publish ahead of it is confirmed without a return, and it
+//! stops at the first nack, return (under halt), closed channel or timeout: nothing after
+//! the failure is ever acknowledged.
+//!
+//! After a failure the source may name a stuck message: the window is 1 until that message is
+//! confirmed, so a message the broker keeps refusing does not drag a full window of
+//! re-publishes along on every retry.
+
+use std::time::{Duration, SystemTime};
+
+use lapin::Confirmation;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::broker::{publish_on, Broker, Stage};
+use super::dead_letter::{self, Reason, ReturnedContent};
+use super::queue::{AckToken, ConfirmQueue, Failure, Returned, Settled};
+use crate::error::RelayError;
+use crate::mapper::OutboxMessage;
+use crate::observability::{RelayMetrics, DEAD_LETTERED_TOTAL, REASON_LABEL};
+
+/// What a source hands the delivery task, in source order.
+// Nearly every input is a publish: boxing it would add an allocation per message to save
+// channel slots that are mostly publishes anyway.
+#[allow(clippy::large_enum_variant)]
+pub enum Input<T> {
+    Publish {
+        message: OutboxMessage,
+        /// `Some` when `message` is the dead letter of a message that cannot be published.
+        dead_letter: Option<Reason>,
+        /// When its transaction committed, for the commit-to-confirm latency.
+        committed_at: Option<SystemTime>,
+    },
+    /// Everything before this point: acknowledge `T` once all of it is confirmed.
+    AckPoint(T),
+}
+
+/// What the delivery task reports back (on a watch: a source reads the newest value).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Acked<T> {
+    /// Every ack point acknowledged so far, folded; `None` before the first.
+    pub token: Option<T>,
+    /// The stuck message this delivery started with, until the broker confirms it.
+    pub stuck: Option<String>,
+}
+
+impl<T> Acked<T> {
+    pub fn new(stuck: Option<String>) -> Self {
+        Self { token: None, stuck }
+    }
+}
+
+pub struct DeliveryOptions {
+    /// Most unconfirmed publishes at once.
+    pub window: usize,
+    /// How long the front publish may wait for its confirm (paused while blocked).
+    pub confirm_timeout: Duration,
+}
+
+/// An unconfirmed publish.
+struct InFlight {
+    stage: Stage,
+    committed_at: Option<SystemTime>,
+}
+
+impl AsMut<Stage> for InFlight {
+    fn as_mut(&mut self) -> &mut Stage {
+        &mut self.stage
+    }
+}
+
+/// Runs until `input` is closed and every publish taken from it is settled (`Ok`), or until
+/// the first failure (`Err`). `acked` starts as [`Acked::new`] with the stuck message, if
+/// any, and is updated as ack points are acknowledged.
+pub async fn deliver<T: AckToken + Clone>(
+    broker: &Broker,
+    options: &DeliveryOptions,
+    metrics: &RelayMetrics,
+    mut input: mpsc::Receiver<Input<T>>,
+    acked: &watch::Sender<Acked<T>>,
+) -> Result<(), RelayError> {
+    let mut queue: ConfirmQueue<T, InFlight> = ConfirmQueue::new();
+    let mut window = if acked.borrow().stuck.is_some() {
+        1
+    } else {
+        options.window
+    };
+    let mut blocked = broker.blocked();
+    let mut blocked_open = true;
+    let mut input_open = true;
+    let mut front_since = Instant::now();
+    let outcome = loop {
+        if queue.advance() {
+            let token = queue.acknowledged().cloned();
+            acked.send_modify(|acked| acked.token = token);
+        }
+        if !input_open && queue.is_empty() {
+            break Ok(());
+        }
+        let has_front = queue.front_mut().is_some();
+        let room = queue.in_flight() < window;
+        let timing = has_front && !*blocked.borrow();
+        let deadline = front_since + options.confirm_timeout;
+        tokio::select! {
+            biased;
+
+            confirmation = async {
+                match queue.front_mut() {
+                    Some(front) => front.stage.confirmation().await,
+                    None => std::future::pending().await,
+                }
+            }, if has_front => {
+                front_since = Instant::now();
+                let settled = match settle_front(&mut queue, confirmation, broker).await {
+                    Ok(settled) => settled,
+                    Err(e) => {
+                        match e {
+                            RelayError::Nacked { .. } => metrics.nacked.increment(1),
+                            RelayError::Returned { .. } | RelayError::DeadLetterReturned { .. } => {
+                                metrics.returned.increment(1)
+                            }
+                            _ => {}
+                        }
+                        break Err(e);
+                    }
+                };
+                match settled {
+                    Settle::Waiting => {}
+                    Settle::DeadLettering => metrics.returned.increment(1),
+                    Settle::Settled(settled) => {
+                        metrics.in_flight.decrement(1.0);
+                        if settled.dead_lettered.is_none() {
+                            metrics.confirmed.increment(1);
+                        }
+                        if let Some(committed_at) = settled.pending.committed_at {
+                            metrics.observe_commit_to_confirm(committed_at);
+                        }
+                        if acked.borrow().stuck.as_deref() == Some(settled.message_id.as_str()) {
+                            tracing::info!(message_id = %settled.message_id, "stuck message delivered; full window again");
+                            window = options.window;
+                            acked.send_modify(|acked| acked.stuck = None);
+                        }
+                    }
+                }
+            }
+
+            item = input.recv(), if input_open && room => match item {
+                Some(Input::Publish { message, dead_letter, committed_at }) => {
+                    if !has_front {
+                        front_since = Instant::now();
+                    }
+                    let message_id = message.message_id.clone();
+                    // One poll queues the frames: publishing in input order keeps delivery
+                    // tags in input order.
+                    let stage = match Stage::start(broker, message).await {
+                        Ok(stage) => stage,
+                        Err(e) => break Err(e.into()),
+                    };
+                    metrics.published.increment(1);
+                    metrics.in_flight.increment(1.0);
+                    let pending = InFlight { stage, committed_at };
+                    match dead_letter {
+                        None => queue.push_publish(message_id, pending),
+                        Some(reason) => queue.push_dead_letter(message_id, reason, pending),
+                    }
+                }
+                Some(Input::AckPoint(token)) => queue.push_ack_point(token),
+                None => input_open = false,
+            },
+
+            () = tokio::time::sleep_until(deadline), if timing => {
+                break Err(RelayError::ConfirmTimeout {
+                    message_id: queue.front_message_id().unwrap_or_default().to_string(),
+                    seconds: options.confirm_timeout.as_secs(),
+                });
+            }
+
+            changed = blocked.changed(), if blocked_open => {
+                // The timeout restarts when the broker unblocks: waiting while blocked is the
+                // broker's choice, not a lost confirm.
+                blocked_open = changed.is_ok();
+                front_since = Instant::now();
+            }
+        }
+    };
+    metrics.in_flight.decrement(queue.in_flight() as f64);
+    outcome
+}
+
+/// Publishes a batch and returns once the broker confirmed every message of it (dead letters
+/// included), or with the first failure: polling mode's and resync's whole delivery.
+pub async fn deliver_batch(
+    broker: &Broker,
+    messages: Vec<(OutboxMessage, Option<Reason>)>,
+    confirm_timeout: Duration,
+    metrics: &RelayMetrics,
+) -> Result<(), RelayError> {
+    // Room for the whole batch and its ack point: the batch is queued before it is awaited.
+    let (inputs, inputs_rx) = mpsc::channel(messages.len() + 1);
+    for (message, dead_letter) in messages {
+        let input = Input::Publish {
+            message,
+            dead_letter,
+            committed_at: None,
+        };
+        if inputs.try_send(input).is_err() {
+            return Err(RelayError::Task("a batch outgrew its channel".into()));
+        }
+    }
+    if inputs.try_send(Input::AckPoint(())).is_err() {
+        return Err(RelayError::Task("a batch outgrew its channel".into()));
+    }
+    drop(inputs);
+    let options = DeliveryOptions {
+        window: usize::MAX,
+        confirm_timeout,
+    };
+    let (acked, _) = watch::channel(Acked::new(None));
+    deliver(broker, &options, metrics, inputs_rx, &acked).await
+}
+
+/// What [`settle_front`] did with the front publish.
+enum Settle<P> {
+    /// The front is not a publish (ack points first).
+    Waiting,
+    /// Settled: confirmed, or its dead letter confirmed.
+    Settled(Settled<P>),
+    /// Returned as unroutable and re-published to the dead-letter exchange: it stays at the
+    /// front, now awaiting its dead letter's confirm.
+    DeadLettering,
+}
+
+/// Feeds the broker's answer for the front publish into `queue`: the settled publish, or the
+/// error that stops the pipeline. A return carried by this confirm is recorded for whichever
+/// publish it names (lapin 4 may attach it to another). Under the dead-letter policy a
+/// returned front is re-published to the dead-letter exchange instead of failing.
+async fn settle_front<T: AckToken, P: AsMut<Stage>>(
+    queue: &mut ConfirmQueue<T, P>,
+    confirmation: Result<Confirmation, lapin::Error>,
+    broker: &Broker,
+) -> Result<Settle<P>, RelayError> {
+    let (acked, returned) = match confirmation? {
+        Confirmation::Ack(returned) => (true, returned),
+        Confirmation::Nack(returned) => (false, returned),
+        Confirmation::NotRequested => {
+            return Err(RelayError::Task(
+                "publisher confirms are not enabled".into(),
+            ))
+        }
+    };
+    if let Some(returned) = returned {
+        let delivery = returned.delivery;
+        let message_id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.as_str().to_string())
+            .unwrap_or_default();
+        queue.record_return(
+            message_id,
+            Returned {
+                exchange: delivery.exchange.as_str().to_string(),
+                routing_key: delivery.routing_key.as_str().to_string(),
+                reply_code: returned.reply_code,
+                reply_text: returned.reply_text.as_str().to_string(),
+                content: ReturnedContent {
+                    properties: delivery.properties,
+                    body: delivery.data.into(),
+                },
+            },
+        );
+    }
+    match queue.settle_front(acked) {
+        None => Ok(Settle::Waiting),
+        Some(Ok(settled)) => {
+            if let Some(reason) = &settled.dead_lettered {
+                metrics::counter!(DEAD_LETTERED_TOTAL, REASON_LABEL => reason.label()).increment(1);
+                tracing::warn!(
+                    message_id = %settled.message_id,
+                    reason = %reason,
+                    "message dead-lettered: the dead-letter exchange confirmed it"
+                );
+            }
+            Ok(Settle::Settled(settled))
+        }
+        Some(Err(Failure::Nacked { message_id })) => Err(RelayError::Nacked { message_id }),
+        Some(Err(Failure::Returned {
+            message_id,
+            returned,
+        })) => match &broker.dead_letters {
+            Some(dead_letters) => {
+                let reason = returned.reason();
+                let message = dead_letter::for_returned(
+                    &dead_letters.exchange,
+                    message_id,
+                    returned.content,
+                    &reason,
+                );
+                let stage =
+                    Stage::started(publish_on(dead_letters.channel.clone(), message)).await?;
+                if let Some(front) = queue.dead_letter_front(reason) {
+                    *front.as_mut() = stage;
+                }
+                Ok(Settle::DeadLettering)
+            }
+            None => Err(RelayError::Returned {
+                message_id,
+                exchange: returned.exchange,
+                routing_key: returned.routing_key,
+                reply_code: returned.reply_code,
+                reply_text: returned.reply_text,
+            }),
+        },
+        Some(Err(Failure::DeadLetterReturned {
+            message_id,
+            returned,
+        })) => Err(RelayError::DeadLetterReturned {
+            message_id,
+            exchange: returned.exchange,
+            routing_key: returned.routing_key,
+            reply_code: returned.reply_code,
+            reply_text: returned.reply_text,
+        }),
+    }
+}

@@ -1,0 +1,155 @@
+//! What the replication stream means for delivery: each event in, at most one delivery
+//! input out, in stream order.
+//!
+//! ```text
+//!  Begin            -> (remember the commit LSN and time; rows are numbered from 0)
+//!  Relation         -> relation cache (by OID)
+//!  Insert (outbox)  -> mapper -> Input::Publish            (x-outbox-lsn / x-outbox-seq)
+//!  Commit           -> Input::AckPoint(commit end)
+//!  KeepAlive, non-transactional Message, outside a transaction
+//!                   -> Input::AckPoint(WAL end / message LSN)   (idle advance)
+//! ```
+//!
+//! Synchronous and free of I/O: the stream reader calls it between `recv`s, the delivery task
+//! does the publishing. It must never emit an ack point inside a transaction: a keepalive
+//! there says nothing about the rows still to come.
+
+use lapin::types::ShortString;
+use pgwire_replication::{Lsn, ReplicationEvent};
+
+use crate::error::RelayError;
+use crate::mapper::{Mapper, Position as RowPosition};
+use crate::observability::pg_timestamp;
+use crate::pgoutput::{self, LogicalMessage};
+use crate::publish::Input;
+use crate::wal::heartbeat::Heartbeat;
+use crate::wal::position::AckPosition;
+use crate::wal::relations::{Known, RelationCache};
+
+pub struct Source {
+    mapper: Mapper,
+    relations: RelationCache,
+    heartbeat: Heartbeat,
+    /// Where dead letters go, under the dead-letter policy.
+    dead_letter_exchange: Option<ShortString>,
+    transaction: Option<Transaction>,
+}
+
+/// The transaction being read: its commit LSN (from Begin) and the next row's index.
+struct Transaction {
+    commit_lsn: Lsn,
+    commit_time: i64,
+    next_index: u32,
+}
+
+impl Source {
+    pub fn new(
+        mapper: Mapper,
+        relations: RelationCache,
+        heartbeat: Heartbeat,
+        dead_letter_exchange: Option<ShortString>,
+    ) -> Self {
+        Self {
+            mapper,
+            relations,
+            heartbeat,
+            dead_letter_exchange,
+            transaction: None,
+        }
+    }
+
+    /// `true` between a Begin and its Commit: a graceful stop waits for the Commit.
+    pub fn in_transaction(&self) -> bool {
+        self.transaction.is_some()
+    }
+
+    /// The delivery input this event makes, if any. An error is definite (a row that cannot
+    /// be mapped, malformed input): nothing of this event may be acknowledged.
+    pub fn on_event(
+        &mut self,
+        event: ReplicationEvent,
+    ) -> Result<Option<Input<AckPosition>>, RelayError> {
+        Ok(match event {
+            ReplicationEvent::Begin {
+                final_lsn,
+                commit_time_micros,
+                ..
+            } => {
+                self.transaction = Some(Transaction {
+                    commit_lsn: final_lsn,
+                    commit_time: commit_time_micros,
+                    next_index: 0,
+                });
+                None
+            }
+            ReplicationEvent::Commit {
+                end_lsn,
+                commit_time_micros,
+                ..
+            } => {
+                self.transaction = None;
+                Some(Input::AckPoint(AckPosition::commit(
+                    end_lsn,
+                    commit_time_micros,
+                )))
+            }
+            // Outside a transaction, everything before a keepalive or a non-transactional
+            // message has been received: its LSN is an ack point.
+            ReplicationEvent::KeepAlive { wal_end, .. } if self.transaction.is_none() => {
+                Some(Input::AckPoint(AckPosition::idle(wal_end)))
+            }
+            // Logical messages are never published; our own heartbeats are marked so that
+            // their acknowledgement measures heartbeat lag.
+            ReplicationEvent::Message {
+                transactional: false,
+                lsn,
+                prefix,
+                content,
+            } if self.transaction.is_none() => Some(Input::AckPoint(
+                match self.heartbeat.parse_own(&prefix, &content) {
+                    Some(sent_at) => AckPosition::heartbeat(lsn, sent_at),
+                    None => AckPosition::idle(lsn),
+                },
+            )),
+            ReplicationEvent::XLogData { data, .. } => self.on_data(&data)?,
+            _ => None,
+        })
+    }
+
+    /// Decodes one pgoutput message; an outbox row becomes a publish.
+    fn on_data(&mut self, data: &bytes::Bytes) -> Result<Option<Input<AckPosition>>, RelayError> {
+        let insert = match pgoutput::decode(data)? {
+            LogicalMessage::Relation(relation) => {
+                self.relations.update(&relation)?;
+                return Ok(None);
+            }
+            LogicalMessage::Insert(insert) => insert,
+            // Type, Origin, Truncate and tags we do not use carry nothing to publish.
+            _ => return Ok(None),
+        };
+        let Some(transaction) = self.transaction.as_mut() else {
+            return Err(RelayError::Protocol(
+                "an Insert arrived outside a transaction".into(),
+            ));
+        };
+        let Known::Outbox(layout) = self.relations.get(insert.relation_oid)? else {
+            return Ok(None);
+        };
+        let position = RowPosition {
+            commit_lsn: transaction.commit_lsn,
+            index: transaction.next_index,
+        };
+        transaction.next_index += 1;
+        let (message, dead_letter) = self.mapper.map_or_dead_letter(
+            layout,
+            &insert.tuple,
+            Some(position),
+            self.dead_letter_exchange.as_ref(),
+        )?;
+        Ok(Some(Input::Publish {
+            message,
+            dead_letter,
+            committed_at: Some(pg_timestamp(transaction.commit_time)),
+        }))
+    }
+}
