@@ -379,7 +379,7 @@ mod tests {
                 returned: returned()
             })
         );
-        assert_eq!(acknowledged(&q), None);
+        assert_eq!(acknowledged(&q), Some(100));
     }
 
     #[test]
