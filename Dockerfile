@@ -1,30 +1,53 @@
 # syntax=docker/dockerfile:1
 #
-# outbox-relay image: `outbox-relay` (the entrypoint) and `outbox-bench`.
+# The outbox-relay image ships the relay only (the default, last stage):
 #   docker build -t outbox-relay .
 #   docker run --rm -e DATABASE_URL=... -e AMQP_URL=... outbox-relay run
+#
+# The benchmark tool (crates/outbox-bench) has its own image, the `bench` stage; the compose
+# file's `demo` service uses it for the end-to-end check:
+#   docker build --target bench -t outbox-bench .
+#   docker run --rm -e DATABASE_URL=... -e AMQP_URL=... outbox-bench demo
 #
 # The builder is pinned to bookworm, like the runtime: a binary built on a newer Debian
 # (rust:1 follows the latest release) needs a newer glibc than bookworm-slim has.
 
 FROM rust:1-bookworm AS builder
 WORKDIR /src
-# The whole tree (less .dockerignore): whatever the manifest names (tests, benches, a README
-# included as docs) must exist for cargo to load it.
+# The whole tree (less .dockerignore): cargo loads every workspace member's manifest, and
+# whatever a manifest names (tests, benches, a README included as docs) must exist.
 COPY . .
-# The cache mounts keep the registry and compiled dependencies between builds; the
-# binaries are copied out of the cached target dir in the same step.
+
+# Each build stage names one package, so the relay's image never compiles the benchmark.
+# The cache mounts keep the registry and compiled dependencies between builds; the binary is
+# copied out of the cached target dir (stripped) in the same step.
+FROM builder AS relay-build
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bins \
-    && install -m 0755 target/release/outbox-relay target/release/outbox-bench /usr/local/bin/
+    cargo build --release --locked -p outbox-relay --bin outbox-relay \
+    && install -s -m 0755 target/release/outbox-relay /usr/local/bin/
 
-FROM debian:bookworm-slim
+FROM builder AS bench-build
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p outbox-bench --bin outbox-bench \
+    && install -s -m 0755 target/release/outbox-bench /usr/local/bin/
+
+FROM debian:bookworm-slim AS runtime
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin outbox
-COPY --from=builder /usr/local/bin/outbox-relay /usr/local/bin/outbox-bench /usr/local/bin/
 USER 10001:10001
+
+# The benchmark tool: `docker build --target bench`.
+FROM runtime AS bench
+COPY --from=bench-build /usr/local/bin/outbox-bench /usr/local/bin/
+ENTRYPOINT ["outbox-bench"]
+CMD ["demo"]
+
+# The relay: the default target, so it stays last.
+FROM runtime AS relay
+COPY --from=relay-build /usr/local/bin/outbox-relay /usr/local/bin/
 ENTRYPOINT ["outbox-relay"]
 CMD ["run"]

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The full check: formatting, clippy, and every test target against private PostgreSQL
-# and RabbitMQ instances that the test harness starts itself (tests/common/).
+# The full check of the whole workspace (the relay, crates/outbox-bench, crates/outbox-testkit):
+# formatting, clippy, and every test target against private PostgreSQL and RabbitMQ instances
+# that the test harness starts itself. One cargo run per step covers every member, in the
+# workspace's one target dir.
 #
 # On Debian it first installs the server packages if they are missing. A fresh
 # rabbitmq-server package starts a system node: harmless, the tests use their own.
@@ -38,6 +40,6 @@ fi
 export RUST_BACKTRACE=1
 
 cargo fmt --all -- --check
-cargo clippy --all-targets -- -D warnings
+cargo clippy --workspace --all-targets -- -D warnings
 # Plain cargo test (not nextest): the tests of one binary share one server pair.
-cargo test --all-targets
+cargo test --workspace --all-targets

@@ -11,7 +11,6 @@
 //! `failpoint` opens crash windows for the fault tests.
 
 pub mod backoff;
-pub mod bench;
 pub mod cleanup;
 pub mod config;
 pub mod db;

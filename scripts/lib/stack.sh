@@ -5,8 +5,8 @@
 # removes them on any exit (failure and Ctrl-C included).
 #
 #   stack_packages              apt-get install what is missing
-#   stack_build                 cargo build --release --bins -> BIN (target/release, or
-#                               $CARGO_TARGET_DIR/release)
+#   stack_build                 cargo build --release of outbox-relay and outbox-bench -> BIN
+#                               (target/release, or $CARGO_TARGET_DIR/release)
 #   stack_start NAME            private PostgreSQL + RabbitMQ in a temp dir -> WORK, PG_URL,
 #                               RABBIT_URL (see services.sh); exports DATABASE_URL, AMQP_URL
 #
@@ -60,8 +60,9 @@ error: cargo not found. Install Rust with rustup, then run this script again:
 EOF
         exit 1
     fi
-    say "building the release binaries (cargo build --release --bins)"
-    stack_in_repo cargo build --release --bins
+    say "building the release binaries (cargo build --release -p outbox-relay -p outbox-bench)"
+    # Both packages by name: a plain `cargo build` at the workspace root builds the relay only.
+    stack_in_repo cargo build --release -p outbox-relay -p outbox-bench
     say "built in $((SECONDS - started)) s"
     # Cargo puts them under CARGO_TARGET_DIR when it is set.
     BIN=${CARGO_TARGET_DIR:-$REPO/target}/release

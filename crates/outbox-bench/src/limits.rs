@@ -15,15 +15,15 @@ use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::consumer::{QueueConsumer, QueueSpec};
-use super::report::{Latency, Report};
-use super::writers::{CommittedRow, Written, ORDER_NOTE_LEN};
-use crate::db;
-use crate::mapper::{Layout, Mapper, OutboxMessage, Position};
-use crate::observability::RelayMetrics;
-use crate::pgoutput::{self, Column, LogicalMessage, Relation, Tuple, TupleValue};
-use crate::publish::{deliver, Acked, Broker, DeliveryOptions, Input};
-use crate::wal::relations::{Known, RelationCache};
+use crate::consumer::{QueueConsumer, QueueSpec};
+use crate::report::{Latency, Report};
+use crate::writers::{CommittedRow, Written, ORDER_NOTE_LEN};
+use outbox_relay::db;
+use outbox_relay::mapper::{Layout, Mapper, OutboxMessage, Position};
+use outbox_relay::observability::RelayMetrics;
+use outbox_relay::pgoutput::{self, Column, LogicalMessage, Relation, Tuple, TupleValue};
+use outbox_relay::publish::{deliver, Acked, Broker, DeliveryOptions, Input};
+use outbox_relay::wal::relations::{Known, RelationCache};
 
 /// How long a limit run may wait for its last message.
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -236,7 +236,7 @@ pub async fn decode_alone(
     rows: u64,
 ) -> Result<DecodeRun> {
     let config = db::replication_config(database_url, slot, publication)?
-        .with_buffer_size(crate::wal::session::CLIENT_EVENT_BUFFER);
+        .with_buffer_size(outbox_relay::wal::session::CLIENT_EVENT_BUFFER);
     let mut client = ReplicationClient::connect(config).await?;
     client.wait_started().await?;
     let started = Instant::now();

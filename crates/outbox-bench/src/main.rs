@@ -1,12 +1,13 @@
-//! `outbox-bench`: end-to-end checks and measurements of a running relay (src/bench/).
+//! `outbox-bench`: end-to-end checks and measurements of a running relay (the modules are in
+//! this crate's library, src/lib.rs); this file only parses the command line and writes the report.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use outbox_relay::bench::demo::{self, DemoArgs};
-use outbox_relay::bench::suite::{self, BenchArgs};
+use outbox_bench::demo::{self, DemoArgs};
+use outbox_bench::suite::{self, BenchArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -86,7 +87,7 @@ fn main() -> ExitCode {
 /// PREFIX.json (the figures) and PREFIX.md (the report).
 fn write_results(
     prefix: &std::path::Path,
-    results: &outbox_relay::bench::results::Results,
+    results: &outbox_bench::results::Results,
     markdown: &str,
 ) -> anyhow::Result<()> {
     use anyhow::Context;

@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
-use super::procfs::{self, Usage};
+use crate::procfs::{self, Usage};
 
 /// How long the relay may take to say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::consumer::Arrival;
-use super::writers::Written;
+use crate::consumer::Arrival;
+use crate::writers::Written;
 
 /// How many missing ids the report names.
 const MISSING_SHOWN: usize = 5;
@@ -224,7 +224,7 @@ fn millis(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::writers::CommittedRow;
+    use crate::writers::CommittedRow;
 
     fn written(t0: Instant, ids: &[&str]) -> Written {
         Written {

@@ -10,7 +10,9 @@
 //!   ([`limits`]: broker alone, decoding alone), and the figures ([`results`]: JSON and
 //!   Markdown).
 //!
-//! A tool, not the daemon: errors are `anyhow`, with context saying what failed.
+//! A tool, not the daemon: errors are `anyhow`, with context saying what failed. It reaches
+//! the relay through `outbox_relay`'s public API and runs its binary as a child process; the
+//! relay must never depend on this crate, so the product's build and image leave it out.
 
 pub mod consumer;
 pub mod demo;

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::mapper::headers;
+use outbox_relay::mapper::headers;
 
 /// Acknowledge (multiple) after this many unacknowledged deliveries…
 const ACK_BATCH: u32 = 256;

@@ -11,9 +11,9 @@ use anyhow::{Context, Result};
 use clap::Args;
 use tokio::time::Instant;
 
-use super::consumer::{QueueConsumer, QueueSpec};
-use super::report::Report;
-use super::writers::{self, WriterOptions};
+use crate::consumer::{QueueConsumer, QueueSpec};
+use crate::report::Report;
+use crate::writers::{self, WriterOptions};
 
 /// How long to keep listening after the last expected message, for trailing duplicates.
 const QUIET: Duration = Duration::from_millis(300);

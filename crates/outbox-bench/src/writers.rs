@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_postgres::NoTls;
 
-use crate::db::{parse_url, quote_ident};
+use outbox_relay::db::{parse_url, quote_ident};
 
 /// What the writers insert, and how much.
 #[derive(Debug, Clone)]

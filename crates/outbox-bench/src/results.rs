@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::report::Latency;
+use crate::report::Latency;
 
 /// The relay setups the reference compares.
 pub const MODES: [&str; 3] = ["1 polling worker", "5 polling workers", "WAL reader"];

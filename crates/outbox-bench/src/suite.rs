@@ -17,16 +17,16 @@ use clap::Args;
 use tokio::time::Instant;
 use tokio_postgres::Client;
 
-use super::consumer::{QueueConsumer, QueueSpec};
-use super::limits;
-use super::relay::{RelayBinary, RelayProcess};
-use super::report::Report;
-use super::results::{
+use crate::consumer::{QueueConsumer, QueueSpec};
+use crate::limits;
+use crate::relay::{RelayBinary, RelayProcess};
+use crate::report::Report;
+use crate::results::{
     BrokerLimit, Crash, DecodeLimit, Drain, LatencyMs, LatencyRun, LoadRun, Machine, ModeResults,
     NotifyResults, Results, Scale, SweepRow, MODES,
 };
-use super::writers::{self, WriterOptions, ORDER_NOTE_LEN};
-use crate::db::{self, quote_ident, quote_literal};
+use crate::writers::{self, WriterOptions, ORDER_NOTE_LEN};
+use outbox_relay::db::{self, quote_ident, quote_literal};
 
 /// The relay is killed once this share of the crash backlog has arrived.
 const KILL_AT: f64 = 0.4;
@@ -833,7 +833,7 @@ struct Distinct {
 }
 
 impl Distinct {
-    fn add(&mut self, arrivals: &[super::consumer::Arrival]) {
+    fn add(&mut self, arrivals: &[crate::consumer::Arrival]) {
         for a in &arrivals[self.seen..] {
             if let Some(id) = &a.message_id {
                 if self.ids.insert(id.clone()) {
