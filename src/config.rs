@@ -552,6 +552,59 @@ mod tests {
         Cli::command().debug_assert();
     }
 
+    /// What `outbox-relay [COMMAND] -h` and `--help` print, every command, with the values of
+    /// any `[env: NAME=value]` the environment sets left out (the names stay).
+    fn help_texts() -> String {
+        let commands = ["", "setup", "run", "poll", "status", "teardown", "resync"];
+        let mut out = String::new();
+        for command in commands {
+            for flag in ["-h", "--help"] {
+                let argv = ["outbox-relay", command, flag];
+                let argv = argv.iter().filter(|a| !a.is_empty());
+                let help = match Cli::try_parse_from(argv) {
+                    Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => e.render(),
+                    _ => panic!("{command} {flag} must print help"),
+                };
+                out.push_str(&format!("==== outbox-relay {command} {flag}\n"));
+                out.push_str(&without_env_values(&help.to_string()));
+            }
+        }
+        out
+    }
+
+    fn without_env_values(text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(at) = rest.find("[env: ") {
+            let (before, env) = rest.split_at(at);
+            out.push_str(before);
+            let end = env.find(']').unwrap_or(env.len());
+            let name_end = env[..end].find('=').unwrap_or(end);
+            out.push_str(&env[..name_end]);
+            rest = &env[end..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// The command line is an interface: a refactoring of the flag structs must not change a
+    /// flag's name, environment variable, default or help. `src/snapshots/cli_help.txt` is
+    /// the help as it was; regenerate it (OUTBOX_UPDATE_HELP_SNAPSHOT=1) only when a flag is
+    /// meant to change.
+    #[test]
+    fn help_of_every_command_is_unchanged() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/snapshots/cli_help.txt");
+        let actual = help_texts();
+        if std::env::var_os("OUTBOX_UPDATE_HELP_SNAPSHOT").is_some() {
+            std::fs::write(path, &actual).expect("write the snapshot");
+        }
+        let expected = std::fs::read_to_string(path).expect("read the snapshot");
+        for (line, (want, got)) in expected.lines().zip(actual.lines()).enumerate() {
+            assert_eq!(got, want, "help differs at line {} of {path}", line + 1);
+        }
+        assert_eq!(actual.lines().count(), expected.lines().count(), "{path}");
+    }
+
     #[test]
     fn run_defaults_match_the_design() {
         let cli = Cli::try_parse_from(["outbox-relay", "run", "--database-url", "postgres://x"])
