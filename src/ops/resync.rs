@@ -16,33 +16,18 @@
 //! again publishes from `since` again.
 
 use pgwire_replication::Lsn;
-use tokio_postgres::{Client, IsolationLevel};
+use tokio_postgres::IsolationLevel;
 
 use crate::config::{OutboxNames, ResyncArgs};
 use crate::db::{self, quote_ident};
 use crate::error::RelayError;
-use crate::mapper::{columns, text_tuple, Layout, Mapper};
-use crate::pgoutput::{Column, Relation};
-// The text shapes the mapper parses, as polling mode pins them.
-use crate::poll::table::{table_columns, SESSION_SETTINGS};
+use crate::mapper::Mapper;
+use crate::outbox_table::{columns, TextRelation};
 use crate::publish::queue::ConfirmQueue;
 use crate::publish::{await_confirms, Broker, Stage};
 
 /// Rows read, mapped and published per round trip.
 const BATCH: i32 = 1000;
-
-/// The contract columns resync reads when the table has them (DESIGN.md section 2).
-const READ: [&str; 9] = [
-    columns::ID,
-    columns::EVENT_TYPE,
-    columns::PAYLOAD,
-    columns::HEADERS,
-    columns::CREATED_AT,
-    columns::EXCHANGE,
-    columns::ROUTING_KEY,
-    columns::AGGREGATE_TYPE,
-    columns::AGGREGATE_ID,
-];
 
 pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     check_rfc3339(&args.since).map_err(RelayError::Config)?;
@@ -50,8 +35,15 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     let mapper =
         Mapper::new(&names.exchange, args.delivery.max_message_size).map_err(RelayError::Config)?;
     let mut client = db::connect(&args.connections.database_url()?).await?;
-    client.batch_execute(SESSION_SETTINGS).await?;
-    let (relation, layout) = describe(&client, names).await?;
+    // The text shapes the mapper parses, as the replication connection pins them.
+    client.batch_execute(db::PINNED_SET_STATEMENTS).await?;
+    let text = TextRelation::discover(&client, names, &[columns::CREATED_AT], |_| {
+        RelayError::Config(format!(
+            "The outbox table {} has no column \"created_at\": resync selects rows by it",
+            names.table
+        ))
+    })
+    .await?;
     let broker = Broker::connect(&args.connections.amqp_url()?).await?;
     broker.declare_exchange(&names.exchange, true).await?;
 
@@ -61,12 +53,13 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         .read_only(true)
         .start()
         .await?;
-    let statement = transaction.prepare(&select_sql(names, &relation)).await?;
+    let statement = transaction.prepare(&select_sql(names, &text)).await?;
     let portal = transaction.bind(&statement, &[&args.since]).await?;
     let mut published: u64 = 0;
     let mut first: Option<String> = None;
     let mut last: Option<String> = None;
-    let created_index = relation
+    let created_index = text
+        .relation()
         .column_index(columns::CREATED_AT)
         .unwrap_or_default();
     loop {
@@ -78,7 +71,7 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         // with nothing of its batch published.
         let mut messages = Vec::with_capacity(rows.len());
         for row in &rows {
-            messages.push(mapper.map(&layout, &text_tuple(row)?, None)?);
+            messages.push(mapper.map(text.layout(), &text.tuple(row)?, None)?);
         }
         let mut queue = ConfirmQueue::new(Lsn::ZERO);
         for message in messages {
@@ -119,54 +112,16 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     Ok(())
 }
 
-/// The outbox table's contract columns with their type OIDs, as a Relation the mapper
-/// understands (so jsonb stays JSON and bytea is decoded from hex).
-async fn describe(client: &Client, names: &OutboxNames) -> Result<(Relation, Layout), RelayError> {
-    let (schema, table) = names.table_parts();
-    let columns: Vec<Column> = table_columns(client, names)
-        .await?
-        .into_iter()
-        .map(|(name, type_oid, _)| (name, type_oid))
-        .filter(|(name, _)| READ.contains(&name.as_str()))
-        .map(|(name, type_oid)| Column {
-            flags: 0,
-            name,
-            type_oid,
-            type_modifier: -1,
-        })
-        .collect();
-    if !columns.iter().any(|c| c.name == columns::CREATED_AT) {
-        return Err(RelayError::Config(format!(
-            "The outbox table {} has no column \"created_at\": resync selects rows by it",
-            names.table
-        )));
-    }
-    let relation = Relation {
-        oid: 0,
-        namespace: schema.to_string(),
-        name: table.to_string(),
-        replica_identity: b'd',
-        columns,
-    };
-    let layout = Layout::for_relation(&relation)?;
-    Ok((relation, layout))
-}
-
 /// Every contract column as text, rows from `$1` (RFC 3339 text) on, in created_at order.
 /// The ORDER BY names the table's columns: a bare `created_at` would sort the text output.
-fn select_sql(names: &OutboxNames, relation: &Relation) -> String {
+fn select_sql(names: &OutboxNames, text: &TextRelation) -> String {
     let table = names.qualified_table();
-    let select: Vec<String> = relation
-        .columns
-        .iter()
-        .map(|c| format!("{}::text", quote_ident(&c.name)))
-        .collect();
     let created = quote_ident(columns::CREATED_AT);
     let id = quote_ident(columns::ID);
     format!(
         "SELECT {} FROM {table} WHERE {table}.{created} >= $1::text::timestamptz \
          ORDER BY {table}.{created}, {table}.{id}",
-        select.join(", ")
+        text.select_list()
     )
 }
 
@@ -247,6 +202,7 @@ fn number_of(two: &[u8; 2]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pgoutput::{Column, Relation};
 
     #[test]
     fn rfc3339_times_are_checked() {
@@ -294,7 +250,8 @@ mod tests {
                 })
                 .collect(),
         };
-        let sql = select_sql(&names, &relation);
+        let text = TextRelation::new(relation, "text".into()).expect("id and event_type");
+        let sql = select_sql(&names, &text);
         assert_eq!(
             sql,
             "SELECT \"id\"::text, \"event_type\"::text, \"created_at\"::text FROM \
