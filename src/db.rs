@@ -311,6 +311,30 @@ mod tests {
     }
 
     #[test]
+    fn both_spellings_of_the_pinned_settings_come_from_one_list() {
+        assert_eq!(
+            PINNED_SESSION_SETTINGS,
+            "-c datestyle=ISO -c timezone=UTC -c bytea_output=hex -c extra_float_digits=3"
+        );
+        assert_eq!(
+            PINNED_SET_STATEMENTS,
+            "SET datestyle = 'ISO'; SET timezone = 'UTC'; SET bytea_output = 'hex'; \
+             SET extra_float_digits = '3';"
+        );
+    }
+
+    #[test]
+    fn query_values_are_percent_decoded_as_libpq_does() {
+        let ca = |url: &str| split_tls(url).map(|(_, tls)| tls.ca_pem_path);
+        // `+` stays a plus (a form would make it a space); a stray `%` stays as it is.
+        assert_eq!(
+            ca("postgres://r@db/app?sslmode=verify-ca&sslrootcert=/ca/a+b%2Bc%zz.pem")
+                .expect("parses"),
+            Some(PathBuf::from("/ca/a+b+c%zz.pem"))
+        );
+    }
+
+    #[test]
     fn quoting() {
         assert_eq!(quote_ident("we\"ird"), "\"we\"\"ird\"");
         assert_eq!(quote_literal("it's"), "'it''s'");

@@ -868,7 +868,14 @@ mod tests {
             Some("application/octet-stream")
         );
         r.0[2] = text("\\x0");
-        assert!(mapper().map(&layout, &r, Some(pos())).is_err());
+        let e = mapper().map(&layout, &r, Some(pos())).expect_err("odd");
+        assert!(e.to_string().contains("odd number of hex digits"), "{e}");
+        r.0[2] = text("\\x0g");
+        let e = mapper().map(&layout, &r, Some(pos())).expect_err("not hex");
+        assert!(e.to_string().contains("non-hex character 'g'"), "{e}");
+        r.0[2] = text("00ff");
+        let e = mapper().map(&layout, &r, Some(pos())).expect_err("no \\x");
+        assert!(e.to_string().contains("hex bytea format"), "{e}");
 
         rel.columns[2].type_oid = 25;
         let layout = Layout::for_relation(&rel).expect("layout");
@@ -886,6 +893,15 @@ mod tests {
             parse_timestamptz("2000-02-29 12:00:00.999999+00"),
             Ok(951_825_600)
         );
+        assert_eq!(
+            parse_timestamptz("2024-01-02 08:34:05.123456+05:30"),
+            Ok(1_704_164_645)
+        );
+        assert_eq!(
+            parse_timestamptz("2024-01-02 03:04:05+00"),
+            Ok(1_704_164_645)
+        );
+        assert!(parse_timestamptz("1969-12-31 23:59:59+00").is_err());
         assert!(parse_timestamptz("yesterday").is_err());
         assert!(parse_timestamptz("2000-13-01 00:00:00+00").is_err());
     }
