@@ -129,71 +129,15 @@ fn select_sql(names: &OutboxNames, text: &TextRelation) -> String {
 /// may stand for the `T`). An offset is required, so the time means one instant whatever
 /// the server's time zone; PostgreSQL then parses it exactly.
 pub fn check_rfc3339(text: &str) -> Result<(), String> {
-    let error = || {
-        format!(
+    // `time` takes any one character between date and time; PostgreSQL only these.
+    let separator = matches!(text.as_bytes().get(10), Some(b'T' | b't' | b' '));
+    match time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339) {
+        Ok(_) if separator => Ok(()),
+        _ => Err(format!(
             "--since {text:?} is not an RFC 3339 time such as 2024-05-01T12:00:00Z or \
              2024-05-01T14:00:00.5+02:00 (a UTC offset is required)"
-        )
-    };
-    let bytes = text.as_bytes();
-    let digits = |range: std::ops::Range<usize>| {
-        bytes
-            .get(range)
-            .is_some_and(|b| b.iter().all(u8::is_ascii_digit))
-    };
-    let number = |range: std::ops::Range<usize>| -> u32 {
-        text.get(range)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(u32::MAX)
-    };
-    let fixed = digits(0..4)
-        && bytes.get(4) == Some(&b'-')
-        && digits(5..7)
-        && bytes.get(7) == Some(&b'-')
-        && digits(8..10)
-        && matches!(bytes.get(10), Some(b'T' | b't' | b' '))
-        && digits(11..13)
-        && bytes.get(13) == Some(&b':')
-        && digits(14..16)
-        && bytes.get(16) == Some(&b':')
-        && digits(17..19);
-    if !fixed
-        || !(1..=12).contains(&number(5..7))
-        || !(1..=31).contains(&number(8..10))
-        || number(11..13) > 23
-        || number(14..16) > 59
-        || number(17..19) > 60
-    {
-        return Err(error());
+        )),
     }
-    let mut rest = &text[19..];
-    if let Some(fraction) = rest.strip_prefix('.') {
-        let end = fraction
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(fraction.len());
-        if end == 0 {
-            return Err(error());
-        }
-        rest = &fraction[end..];
-    }
-    let offset_ok = match rest.as_bytes() {
-        [b'Z' | b'z'] => true,
-        [b'+' | b'-', h1, h2, b':', m1, m2] => {
-            [h1, h2, m1, m2].iter().all(|b| b.is_ascii_digit())
-                && number_of(&[*h1, *h2]) <= 23
-                && number_of(&[*m1, *m2]) <= 59
-        }
-        _ => false,
-    };
-    if offset_ok {
-        Ok(())
-    } else {
-        Err(error())
-    }
-}
-
-fn number_of(two: &[u8; 2]) -> u32 {
-    u32::from(two[0] - b'0') * 10 + u32::from(two[1] - b'0')
 }
 
 // The confirm wait below is the loop polling mode's worker has (src/poll/worker.rs); it
@@ -222,6 +166,7 @@ mod tests {
             "2024-05-01T12:00:00.Z",
             "2024-05-01T12:00:00+0200",
             "2024-05-01T25:00:00Z",
+            "2024-05-01X12:00:00Z",
         ] {
             assert!(check_rfc3339(bad).is_err(), "{bad}");
         }
