@@ -1,6 +1,8 @@
 //! The SQL polling mode runs on the outbox table: claim a batch, mark it published, delete
 //! what was published long enough ago, read the backlog. Which columns it reads and how a row
-//! becomes a tuple for the mapper is `outbox_table`'s, shared with `resync`.
+//! becomes a tuple for the mapper is `outbox_table`'s, shared with `resync`: this module
+//! must never read the catalog for columns or convert rows itself, or the two ways of reading
+//! the table drift apart.
 
 use tokio_postgres::{Client, Row};
 
