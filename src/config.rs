@@ -159,6 +159,10 @@ impl OutboxNames {
 }
 
 #[derive(Debug, Clone, Args)]
+#[command(mut_arg("mode", |arg| arg.help(
+    "What to provision for: `wal` (publication and slot) or `poll` (the partial index the \
+     claim query needs; no wal_level check, no publication, no slot)"
+)))]
 pub struct SetupArgs {
     #[command(flatten)]
     pub connections: Connections,
@@ -170,10 +174,8 @@ pub struct SetupArgs {
     /// Print the provisioning SQL for these names and exit, without connecting (for DBAs).
     #[arg(long)]
     pub print_sql: bool,
-    /// What to provision for: `wal` (publication and slot) or `poll` (the partial index the
-    /// claim query needs; no wal_level check, no publication, no slot).
-    #[arg(long, env = "OUTBOX_MODE", value_enum, default_value_t = Mode::Wal)]
-    pub mode: Mode,
+    #[command(flatten)]
+    pub mode: ModeArgs,
     #[command(flatten)]
     pub dead_letter: DeadLetterArgs,
 }
@@ -182,6 +184,15 @@ pub struct SetupArgs {
 pub enum Mode {
     Wal,
     Poll,
+}
+
+/// `--mode`, for the commands that serve both relays (`setup`, `status`); each says in its
+/// help what the mode changes for it.
+#[derive(Debug, Clone, Args)]
+pub struct ModeArgs {
+    /// Which relay the outbox is for: `wal` or `poll`.
+    #[arg(long, env = "OUTBOX_MODE", value_enum, default_value_t = Mode::Wal)]
+    pub mode: Mode,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -334,6 +345,14 @@ impl Delivery {
 }
 
 #[derive(Debug, Clone, Args)]
+#[command(
+    mut_arg("cleanup_interval", |arg| arg.help(
+        "How often published rows older than --retention are deleted (0 turns cleanup off)"
+    )),
+    mut_arg("retention", |arg| arg.help(
+        "How long a published row is kept before cleanup deletes it (by published_at)"
+    )),
+)]
 pub struct PollArgs {
     #[command(flatten)]
     pub connections: Connections,
@@ -375,17 +394,9 @@ pub struct PollArgs {
     #[arg(long, env = "OUTBOX_LISTEN_CHANNEL", default_value = "outbox")]
     pub listen_channel: String,
 
-    /// How often published rows older than --retention are deleted (0 turns cleanup off).
-    #[arg(long, env = "OUTBOX_CLEANUP_INTERVAL", default_value = "1m", value_parser = parse_duration)]
-    pub cleanup_interval: Duration,
-
-    /// How long a published row is kept before cleanup deletes it (by published_at).
-    #[arg(long, env = "OUTBOX_RETENTION", default_value = "1h", value_parser = parse_duration)]
-    pub retention: Duration,
-
-    /// Rows one cleanup DELETE removes (small batches keep lock times short).
-    #[arg(long, env = "OUTBOX_CLEANUP_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub cleanup_batch: u32,
+    // Polling mode deletes rows by published_at (src/poll/cleanup.rs).
+    #[command(flatten)]
+    pub cleanup: CleanupArgs,
 
     #[command(flatten)]
     pub endpoints: EndpointArgs,
@@ -456,7 +467,8 @@ pub fn parse_metrics_addr(text: &str) -> Result<MetricsAddr, String> {
         })
 }
 
-/// WAL mode's cleanup job (src/cleanup.rs): deletes delivered rows in small batches.
+/// The cleanup job: deletes delivered rows in small batches. The help here is WAL mode's
+/// (src/cleanup.rs); `poll` says in its own words what its cleanup deletes.
 #[derive(Debug, Clone, Args)]
 pub struct CleanupArgs {
     /// How often rows older than --retention and than the last acknowledged commit are
@@ -475,6 +487,16 @@ pub struct CleanupArgs {
 }
 
 #[derive(Debug, Clone, Args)]
+#[command(
+    mut_arg("mode", |arg| arg.help(
+        "Which relay the outbox is for: `wal` (the slot must exist: exit 2 when it is missing \
+         or lost) or `poll` (no slot is read; exit 2 when the table cannot be read or has no \
+         published_at column)"
+    )),
+    mut_arg("metrics_addr", |arg| arg.help(
+        "A running relay's --metrics-addr: its /readyz tells the message it is stuck on, if any"
+    )),
+)]
 pub struct StatusArgs {
     #[command(flatten)]
     pub connections: Connections,
@@ -483,14 +505,10 @@ pub struct StatusArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// Which relay the outbox is for: `wal` (the slot must exist: exit 2 when it is missing
-    /// or lost) or `poll` (no slot is read; exit 2 when the table cannot be read or has no
-    /// published_at column).
-    #[arg(long, env = "OUTBOX_MODE", value_enum, default_value_t = Mode::Wal)]
-    pub mode: Mode,
-    /// A running relay's --metrics-addr: its /readyz tells the message it is stuck on, if any.
-    #[arg(long, env = "OUTBOX_METRICS_ADDR", default_value = DEFAULT_METRICS_ADDR, value_parser = parse_metrics_addr)]
-    pub metrics_addr: MetricsAddr,
+    #[command(flatten)]
+    pub mode: ModeArgs,
+    #[command(flatten)]
+    pub endpoints: EndpointArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -518,28 +536,28 @@ pub struct ResyncArgs {
     pub delivery: Delivery,
 }
 
-/// A duration: a number with a unit (`ms`, `s`, `m`, `h`), or a bare number of seconds.
+/// A duration: humantime's spellings (`250ms`, `5m`, `1h 30m`, `2days`), and what the relay
+/// accepted before humantime, which humantime does not: a bare number of seconds (`60`) and a
+/// decimal count of one unit (`1.5s`, `0.5 h`).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
+    if let Ok(duration) = humantime::parse_duration(text) {
+        return Ok(duration);
+    }
     let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let value: f64 = number
+    let count: f64 = number
         .parse()
         .map_err(|_| format!("{text:?} is not a duration such as 1s, 250ms, 5m or 1h"))?;
-    let seconds = match unit.trim() {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" | "min" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {text:?}: use ms, s, m or h"
-            ))
-        }
+    let unit = match unit.trim() {
+        "" => Duration::from_secs(1),
+        unit => humantime::parse_duration(&format!("1{unit}")).map_err(|_| {
+            format!("unknown unit {unit:?} in {text:?}: use ms, s, m or h (or min, d, w)")
+        })?,
     };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+    Duration::try_from_secs_f64(unit.as_secs_f64() * count).map_err(|e| format!("{text:?}: {e}"))
 }
 
 #[cfg(test)]
@@ -550,6 +568,59 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// What `outbox-relay [COMMAND] -h` and `--help` print, every command, with the values of
+    /// any `[env: NAME=value]` the environment sets left out (the names stay).
+    fn help_texts() -> String {
+        let commands = ["", "setup", "run", "poll", "status", "teardown", "resync"];
+        let mut out = String::new();
+        for command in commands {
+            for flag in ["-h", "--help"] {
+                let argv = ["outbox-relay", command, flag];
+                let argv = argv.iter().filter(|a| !a.is_empty());
+                let help = match Cli::try_parse_from(argv) {
+                    Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => e.render(),
+                    _ => panic!("{command} {flag} must print help"),
+                };
+                out.push_str(&format!("==== outbox-relay {command} {flag}\n"));
+                out.push_str(&without_env_values(&help.to_string()));
+            }
+        }
+        out
+    }
+
+    fn without_env_values(text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(at) = rest.find("[env: ") {
+            let (before, env) = rest.split_at(at);
+            out.push_str(before);
+            let end = env.find(']').unwrap_or(env.len());
+            let name_end = env[..end].find('=').unwrap_or(end);
+            out.push_str(&env[..name_end]);
+            rest = &env[end..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// The command line is an interface: a refactoring of the flag structs must not change a
+    /// flag's name, environment variable, default or help. `src/snapshots/cli_help.txt` is
+    /// the help as it was; regenerate it (OUTBOX_UPDATE_HELP_SNAPSHOT=1) only when a flag is
+    /// meant to change.
+    #[test]
+    fn help_of_every_command_is_unchanged() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/snapshots/cli_help.txt");
+        let actual = help_texts();
+        if std::env::var_os("OUTBOX_UPDATE_HELP_SNAPSHOT").is_some() {
+            std::fs::write(path, &actual).expect("write the snapshot");
+        }
+        let expected = std::fs::read_to_string(path).expect("read the snapshot");
+        for (line, (want, got)) in expected.lines().zip(actual.lines()).enumerate() {
+            assert_eq!(got, want, "help differs at line {} of {path}", line + 1);
+        }
+        assert_eq!(actual.lines().count(), expected.lines().count(), "{path}");
     }
 
     #[test]
@@ -580,7 +651,7 @@ mod tests {
         );
         assert!(!poll.listen);
         assert_eq!(poll.listen_channel, "outbox");
-        assert_eq!(poll.retention, Duration::from_secs(3600));
+        assert_eq!(poll.cleanup.retention, Duration::from_secs(3600));
         assert_eq!(poll.delivery.confirm_timeout(), Duration::from_secs(30));
     }
 
@@ -642,7 +713,60 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("5d").is_err());
+        // Before humantime, days were an unknown unit; an unknown unit still is.
+        assert!(parse_duration("5x").is_err());
+    }
+
+    /// Every spelling the hand-written parser accepted still means what it meant.
+    #[test]
+    fn durations_keep_every_spelling_accepted_before_humantime_and_add_its_own() {
+        let ms = Duration::from_millis;
+        for (text, expected) in [
+            // A bare number is seconds, decimals included.
+            ("0", ms(0)),
+            ("60", ms(60_000)),
+            ("1.5", ms(1500)),
+            (".5", ms(500)),
+            ("2.", ms(2000)),
+            // Each unit, whole and decimal, with and without a space before it.
+            ("250ms", ms(250)),
+            ("0.5ms", Duration::from_micros(500)),
+            ("1s", ms(1000)),
+            ("1.5s", ms(1500)),
+            ("1.5 s", ms(1500)),
+            ("2m", ms(120_000)),
+            ("2 m", ms(120_000)),
+            ("1.5m", ms(90_000)),
+            ("3min", ms(180_000)),
+            ("0.5min", ms(30_000)),
+            ("1h", ms(3_600_000)),
+            ("0.5h", ms(1_800_000)),
+            ("0.5 h", ms(1_800_000)),
+            // Surrounding spaces.
+            ("  5s  ", ms(5000)),
+            (" 10 ", ms(10_000)),
+            // And humantime's own spellings.
+            ("1h 30m", ms(5_400_000)),
+            ("1min 5s", ms(65_000)),
+            ("2days", ms(172_800_000)),
+            ("7d", ms(604_800_000)),
+        ] {
+            assert_eq!(parse_duration(text), Ok(expected), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn duration_errors_say_what_is_accepted() {
+        let e = parse_duration("soon").expect_err("not a number");
+        assert!(e.contains("1s, 250ms, 5m or 1h"), "{e}");
+        let e = parse_duration("1.5x").expect_err("unknown unit");
+        assert!(
+            e.contains("unknown unit \"x\"") && e.contains("ms, s, m or h"),
+            "{e}"
+        );
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("1e400h").is_err());
     }
 
     #[test]

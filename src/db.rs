@@ -10,6 +10,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+// Values only: libpq decodes `%XX` in a URI's parameters but, unlike a form, not `+`.
+use percent_encoding::percent_decode_str;
 use pgwire_replication::tls::rustls::maybe_upgrade_to_tls;
 use pgwire_replication::{ReplicationConfig, SslMode, TlsConfig};
 use tokio_postgres::config::{Host, SslMode as DriverSslMode};
@@ -17,10 +19,27 @@ use tokio_postgres::{Client, Config, NoTls};
 
 use crate::error::RelayError;
 
-/// Session settings pinned on the replication connection: protocol 1 sends column values as
-/// text shaped by them (DESIGN.md section 2), and the mapper parses exactly these shapes.
-pub const PINNED_SESSION_SETTINGS: &str =
-    "-c datestyle=ISO -c timezone=UTC -c bytea_output=hex -c extra_float_digits=3";
+/// Both spellings of one list of session settings, so they cannot drift apart.
+macro_rules! pinned_session_settings {
+    ($name:literal = $value:literal $(, $names:literal = $values:literal)* $(,)?) => {
+        /// Session settings pinned on the replication connection, as its startup options:
+        /// protocol 1 sends column values as text shaped by them (DESIGN.md section 2), and
+        /// the mapper parses exactly these shapes.
+        pub const PINNED_SESSION_SETTINGS: &str =
+            concat!("-c ", $name, "=", $value $(, " -c ", $names, "=", $values)*);
+        /// The same settings as SET statements, for the ordinary connections whose rows the
+        /// mapper reads as text (polling mode, `resync`).
+        pub const PINNED_SET_STATEMENTS: &str =
+            concat!("SET ", $name, " = '", $value, "';" $(, " SET ", $names, " = '", $values, "';")*);
+    };
+}
+
+pinned_session_settings!(
+    "datestyle" = "ISO",
+    "timezone" = "UTC",
+    "bytea_output" = "hex",
+    "extra_float_digits" = "3",
+);
 
 pub const APPLICATION_NAME: &str = "outbox-relay";
 
@@ -34,16 +53,12 @@ pub fn parse_url(url: &str) -> Result<Config, RelayError> {
 
 fn parse_driver_url(url: &str) -> Result<Config, RelayError> {
     url.parse::<Config>().map_err(|e| {
-        // The parser's message may quote the URL; say only what is wrong with it.
+        // The error's own text names only the kind of problem; its source (left out) may
+        // quote part of the URL, and the URL may hold a password.
         RelayError::Config(format!(
-            "The database URL is not valid ({}). Expected postgres://user:password@host:port/database",
-            redact_parse_error(&e.to_string())
+            "The database URL is not valid ({e}). Expected postgres://user:password@host:port/database"
         ))
     })
-}
-
-fn redact_parse_error(message: &str) -> &str {
-    message.split(':').next().unwrap_or("invalid")
 }
 
 /// The URL's `sslmode` and `sslrootcert` as the TLS settings of both connections, and the
@@ -72,7 +87,7 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
                     .split('&')
                     .filter(|pair| {
                         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-                        !take(key, &percent_decode(value))
+                        !take(key, &percent_decode_str(value).decode_utf8_lossy())
                     })
                     .collect();
                 if kept.is_empty() {
@@ -110,30 +125,6 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
         }
     };
     Ok((rest, tls))
-}
-
-/// Undoes `%XX` escapes in a URL query value (a CA path may carry them).
-fn percent_decode(value: &str) -> String {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The URL's first host: a TCP name or address, or a Unix socket directory.
@@ -317,6 +308,30 @@ mod tests {
     fn invalid_url_error_does_not_echo_the_url() {
         let e = parse_url("postgres://user:s3cret@host:notaport/db").expect_err("bad port");
         assert!(!e.to_string().contains("s3cret"), "{e}");
+    }
+
+    #[test]
+    fn both_spellings_of_the_pinned_settings_come_from_one_list() {
+        assert_eq!(
+            PINNED_SESSION_SETTINGS,
+            "-c datestyle=ISO -c timezone=UTC -c bytea_output=hex -c extra_float_digits=3"
+        );
+        assert_eq!(
+            PINNED_SET_STATEMENTS,
+            "SET datestyle = 'ISO'; SET timezone = 'UTC'; SET bytea_output = 'hex'; \
+             SET extra_float_digits = '3';"
+        );
+    }
+
+    #[test]
+    fn query_values_are_percent_decoded_as_libpq_does() {
+        let ca = |url: &str| split_tls(url).map(|(_, tls)| tls.ca_pem_path);
+        // `+` stays a plus (a form would make it a space); a stray `%` stays as it is.
+        assert_eq!(
+            ca("postgres://r@db/app?sslmode=verify-ca&sslrootcert=/ca/a+b%2Bc%zz.pem")
+                .expect("parses"),
+            Some(PathBuf::from("/ca/a+b+c%zz.pem"))
+        );
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! delivered rows) and `ops` (`status`, `teardown`, `resync`) are for running it;
 //! `failpoint` opens crash windows for the fault tests.
 
+#![forbid(unsafe_code)]
+
 pub mod backoff;
 pub mod cleanup;
 pub mod config;
@@ -19,6 +21,7 @@ pub mod failpoint;
 pub mod mapper;
 pub mod observability;
 pub mod ops;
+pub mod outbox_table;
 pub mod pgoutput;
 pub mod poll;
 pub mod publish;

@@ -1,5 +1,7 @@
 //! The binary: flags, logging, signals; everything else is in the library.
 
+#![forbid(unsafe_code)]
+
 use std::io::IsTerminal;
 use std::process::ExitCode;
 

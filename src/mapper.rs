@@ -16,18 +16,9 @@ use pgwire_replication::Lsn;
 use crate::dead_letter::{self, Reason};
 use crate::pgoutput::{Relation, Tuple, TupleValue};
 
-/// Column names of the outbox table (DESIGN.md section 2).
-pub mod columns {
-    pub const ID: &str = "id";
-    pub const EVENT_TYPE: &str = "event_type";
-    pub const PAYLOAD: &str = "payload";
-    pub const HEADERS: &str = "headers";
-    pub const CREATED_AT: &str = "created_at";
-    pub const EXCHANGE: &str = "exchange";
-    pub const ROUTING_KEY: &str = "routing_key";
-    pub const AGGREGATE_TYPE: &str = "aggregate_type";
-    pub const AGGREGATE_ID: &str = "aggregate_id";
-}
+/// The outbox table's column names, kept with the table (`outbox_table`) and re-exported
+/// here for the modules that name them while mapping or deleting rows.
+pub use crate::outbox_table::columns;
 
 /// Headers the relay adds to every message.
 pub mod headers {
@@ -281,7 +272,7 @@ impl Mapper {
         let values = &tuple.0;
         let id = text_value(values.get(layout.id)).and_then(|v| match v {
             Value::Text(t) => Some(t.to_string()),
-            Value::Raw(raw) if layout.id_is_uuid && raw.len() == 16 => Some(uuid_text(raw)),
+            Value::Raw(raw) if layout.id_is_uuid => uuid_text(raw),
             Value::Raw(_) => None,
         });
         let row = || RowRef {
@@ -635,117 +626,47 @@ fn header_table(value: &TupleValue, row: &dyn Fn() -> RowRef) -> Result<FieldTab
     Ok(table)
 }
 
-/// bytea in `bytea_output = hex`: `\x` followed by two hex digits a byte.
+/// bytea in `bytea_output = hex`: `\\x` followed by two hex digits a byte.
 fn decode_bytea_hex(text: &[u8]) -> Result<Bytes, String> {
-    let hex = text
+    let digits = text
         .strip_prefix(b"\\x")
         .ok_or_else(|| "is not in hex bytea format (\\x...)".to_string())?;
-    if hex.len() % 2 != 0 {
-        return Err("has an odd number of hex digits".into());
-    }
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Ok(c - b'0'),
-        b'a'..=b'f' => Ok(c - b'a' + 10),
-        b'A'..=b'F' => Ok(c - b'A' + 10),
-        _ => Err(format!("has a non-hex character {:?}", c as char)),
-    };
-    let mut out = Vec::with_capacity(hex.len() / 2);
-    for pair in hex.chunks_exact(2) {
-        out.push(digit(pair[0])? << 4 | digit(pair[1])?);
-    }
+    let mut out = vec![0; digits.len() / 2];
+    hex::decode_to_slice(digits, &mut out).map_err(|e| match e {
+        hex::FromHexError::OddLength => "has an odd number of hex digits".to_string(),
+        hex::FromHexError::InvalidHexCharacter { c, .. } => {
+            format!("has a non-hex character {c:?}")
+        }
+        // The output is sized from the input: only the two above can happen.
+        other => format!("is not valid hex: {other}"),
+    })?;
     Ok(Bytes::from(out))
 }
 
-fn uuid_text(raw: &[u8]) -> String {
-    let mut s = String::with_capacity(36);
-    for (i, b) in raw.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            s.push('-');
-        }
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
+/// A binary uuid (16 bytes) in its canonical text form; `None` for any other length.
+fn uuid_text(raw: &[u8]) -> Option<String> {
+    let uuid = uuid::Uuid::from_slice(raw).ok()?;
+    // Encoded on the stack, then one allocation of exactly 36 bytes.
+    Some(
+        uuid.hyphenated()
+            .encode_lower(&mut uuid::Uuid::encode_buffer())
+            .to_owned(),
+    )
 }
 
-/// Seconds since the Unix epoch of a timestamptz in ISO output (`2026-11-30 06:26:09.5+00`,
-/// the pinned DateStyle). AMQP timestamps have one-second resolution.
+/// timestamptz as PostgreSQL prints it under `datestyle = ISO`: `2026-11-30 06:26:09.5+00`,
+/// the fraction optional, the offset in hours with optional minutes and seconds (`+05:30`).
+const ISO_TIMESTAMPTZ: &[time::format_description::BorrowedFormatItem<'static>] = time::macros::format_description!(
+    "[year]-[month]-[day] [hour]:[minute]:[second][optional [.[subsecond]]]\
+         [offset_hour sign:mandatory][optional [:[offset_minute]]][optional [:[offset_second]]]"
+);
+
+/// Seconds since the Unix epoch of a timestamptz in ISO output (the pinned DateStyle). AMQP
+/// timestamps have one-second resolution.
 pub fn parse_timestamptz(text: &str) -> Result<u64, String> {
-    let bad = || format!("is not an ISO timestamp with time zone: {text:?}");
-    let (date, rest) = text.split_once(' ').ok_or_else(bad)?;
-    let mut date_parts = date.splitn(3, '-');
-    let next_num = |parts: &mut std::str::SplitN<'_, char>| -> Result<i64, String> {
-        parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)
-    };
-    let year = next_num(&mut date_parts)?;
-    let month = next_num(&mut date_parts)?;
-    let day = next_num(&mut date_parts)?;
-    // The offset starts at the last '+' or '-' of the time part.
-    let offset_at = rest.rfind(['+', '-']).ok_or_else(bad)?;
-    let (time, offset) = rest.split_at(offset_at);
-    let mut time_parts = time.splitn(3, ':');
-    let hour: i64 = time_parts
-        .next()
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(bad)?;
-    let minute: i64 = time_parts
-        .next()
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(bad)?;
-    let second: i64 = time_parts
-        .next()
-        .and_then(|p| p.split('.').next())
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(bad)?;
-    let sign = if offset.starts_with('-') { -1 } else { 1 };
-    let mut offset_parts = offset[1..].splitn(3, ':');
-    let offset_hours: i64 = offset_parts
-        .next()
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(bad)?;
-    let offset_minutes: i64 = offset_parts
-        .next()
-        .map_or(Ok(0), |p| p.parse())
-        .map_err(|_| bad())?;
-    if !(1..=12).contains(&month)
-        || !(1..=31).contains(&day)
-        || hour > 24
-        || minute > 59
-        || second > 60
-    {
-        return Err(bad());
-    }
-    let days = days_from_civil(year, month, day);
-    let local = days * 86_400 + hour * 3_600 + minute * 60 + second;
-    let utc = local - sign * (offset_hours * 3_600 + offset_minutes * 60);
-    u64::try_from(utc).map_err(|_| format!("is before 1970: {text:?}"))
-}
-
-/// A row read with SQL instead of decoded from the stream (polling mode, `resync`), every
-/// column selected as `::text` under the session settings pinned for the stream (ISO dates in
-/// UTC, hex bytea): the tuple the decoder would have produced, so that one mapping serves
-/// both. Pair it with a `Relation` naming the selected columns with their real type OIDs.
-pub fn text_tuple(row: &tokio_postgres::Row) -> Result<Tuple, tokio_postgres::Error> {
-    (0..row.len())
-        .map(|i| {
-            let value: Option<&str> = row.try_get(i)?;
-            Ok(match value {
-                None => TupleValue::Null,
-                Some(text) => TupleValue::Text(Bytes::copy_from_slice(text.as_bytes())),
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Tuple)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    let at = time::OffsetDateTime::parse(text, ISO_TIMESTAMPTZ)
+        .map_err(|_| format!("is not an ISO timestamp with time zone: {text:?}"))?;
+    u64::try_from(at.unix_timestamp()).map_err(|_| format!("is before 1970: {text:?}"))
 }
 
 #[cfg(test)]
@@ -947,7 +868,14 @@ mod tests {
             Some("application/octet-stream")
         );
         r.0[2] = text("\\x0");
-        assert!(mapper().map(&layout, &r, Some(pos())).is_err());
+        let e = mapper().map(&layout, &r, Some(pos())).expect_err("odd");
+        assert!(e.to_string().contains("odd number of hex digits"), "{e}");
+        r.0[2] = text("\\x0g");
+        let e = mapper().map(&layout, &r, Some(pos())).expect_err("not hex");
+        assert!(e.to_string().contains("non-hex character 'g'"), "{e}");
+        r.0[2] = text("00ff");
+        let e = mapper().map(&layout, &r, Some(pos())).expect_err("no \\x");
+        assert!(e.to_string().contains("hex bytea format"), "{e}");
 
         rel.columns[2].type_oid = 25;
         let layout = Layout::for_relation(&rel).expect("layout");
@@ -965,6 +893,15 @@ mod tests {
             parse_timestamptz("2000-02-29 12:00:00.999999+00"),
             Ok(951_825_600)
         );
+        assert_eq!(
+            parse_timestamptz("2024-01-02 08:34:05.123456+05:30"),
+            Ok(1_704_164_645)
+        );
+        assert_eq!(
+            parse_timestamptz("2024-01-02 03:04:05+00"),
+            Ok(1_704_164_645)
+        );
+        assert!(parse_timestamptz("1969-12-31 23:59:59+00").is_err());
         assert!(parse_timestamptz("yesterday").is_err());
         assert!(parse_timestamptz("2000-13-01 00:00:00+00").is_err());
     }
@@ -972,7 +909,11 @@ mod tests {
     #[test]
     fn uuid_binary_renders_canonically() {
         let raw: Vec<u8> = (0u8..16).collect();
-        assert_eq!(uuid_text(&raw), "00010203-0405-0607-0809-0a0b0c0d0e0f");
+        assert_eq!(
+            uuid_text(&raw).as_deref(),
+            Some("00010203-0405-0607-0809-0a0b0c0d0e0f")
+        );
+        assert_eq!(uuid_text(&raw[1..]), None);
     }
 
     #[test]

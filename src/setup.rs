@@ -122,7 +122,7 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
     let names = &args.names;
     // A bad dead-letter configuration is reported before anything is provisioned.
     args.dead_letter.exchange(&names.exchange)?;
-    if args.mode == Mode::Poll {
+    if args.mode.mode == Mode::Poll {
         return run_poll(args).await;
     }
     if args.print_sql {

@@ -15,33 +15,18 @@
 //! with the message named; what was confirmed before it is printed, and running the command
 //! again publishes from `since` again.
 
-use tokio_postgres::{Client, IsolationLevel};
+use tokio_postgres::IsolationLevel;
 
 use crate::config::{OutboxNames, ResyncArgs};
 use crate::db::{self, quote_ident};
 use crate::error::RelayError;
-use crate::mapper::{columns, text_tuple, Layout, Mapper};
-use crate::pgoutput::{Column, Relation};
-// The text shapes the mapper parses, as polling mode pins them.
+use crate::mapper::Mapper;
 use crate::observability::RelayMetrics;
-use crate::poll::table::{table_columns, SESSION_SETTINGS};
+use crate::outbox_table::{columns, TextRelation};
 use crate::publish::{deliver_batch, Broker};
 
 /// Rows read, mapped and published per round trip.
 const BATCH: i32 = 1000;
-
-/// The contract columns resync reads when the table has them (DESIGN.md section 2).
-const READ: [&str; 9] = [
-    columns::ID,
-    columns::EVENT_TYPE,
-    columns::PAYLOAD,
-    columns::HEADERS,
-    columns::CREATED_AT,
-    columns::EXCHANGE,
-    columns::ROUTING_KEY,
-    columns::AGGREGATE_TYPE,
-    columns::AGGREGATE_ID,
-];
 
 pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     check_rfc3339(&args.since).map_err(RelayError::Config)?;
@@ -49,8 +34,15 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     let mapper =
         Mapper::new(&names.exchange, args.delivery.max_message_size).map_err(RelayError::Config)?;
     let mut client = db::connect(&args.connections.database_url()?).await?;
-    client.batch_execute(SESSION_SETTINGS).await?;
-    let (relation, layout) = describe(&client, names).await?;
+    // The text shapes the mapper parses, as the replication connection pins them.
+    client.batch_execute(db::PINNED_SET_STATEMENTS).await?;
+    let text = TextRelation::discover(&client, names, &[columns::CREATED_AT], |_| {
+        RelayError::Config(format!(
+            "The outbox table {} has no column \"created_at\": resync selects rows by it",
+            names.table
+        ))
+    })
+    .await?;
     let broker = Broker::connect(&args.connections.amqp_url()?).await?;
     broker.declare_exchange(&names.exchange, true).await?;
 
@@ -60,12 +52,13 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         .read_only(true)
         .start()
         .await?;
-    let statement = transaction.prepare(&select_sql(names, &relation)).await?;
+    let statement = transaction.prepare(&select_sql(names, &text)).await?;
     let portal = transaction.bind(&statement, &[&args.since]).await?;
     let mut published: u64 = 0;
     let mut first: Option<String> = None;
     let mut last: Option<String> = None;
-    let created_index = relation
+    let created_index = text
+        .relation()
         .column_index(columns::CREATED_AT)
         .unwrap_or_default();
     loop {
@@ -77,7 +70,7 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         // with nothing of its batch published.
         let mut messages = Vec::with_capacity(rows.len());
         for row in &rows {
-            messages.push(mapper.map(&layout, &text_tuple(row)?, None)?);
+            messages.push(mapper.map(text.layout(), &text.tuple(row)?, None)?);
         }
         let messages = messages.into_iter().map(|m| (m, None)).collect();
         let confirmed = deliver_batch(
@@ -119,54 +112,16 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     Ok(())
 }
 
-/// The outbox table's contract columns with their type OIDs, as a Relation the mapper
-/// understands (so jsonb stays JSON and bytea is decoded from hex).
-async fn describe(client: &Client, names: &OutboxNames) -> Result<(Relation, Layout), RelayError> {
-    let (schema, table) = names.table_parts();
-    let columns: Vec<Column> = table_columns(client, names)
-        .await?
-        .into_iter()
-        .map(|(name, type_oid, _)| (name, type_oid))
-        .filter(|(name, _)| READ.contains(&name.as_str()))
-        .map(|(name, type_oid)| Column {
-            flags: 0,
-            name,
-            type_oid,
-            type_modifier: -1,
-        })
-        .collect();
-    if !columns.iter().any(|c| c.name == columns::CREATED_AT) {
-        return Err(RelayError::Config(format!(
-            "The outbox table {} has no column \"created_at\": resync selects rows by it",
-            names.table
-        )));
-    }
-    let relation = Relation {
-        oid: 0,
-        namespace: schema.to_string(),
-        name: table.to_string(),
-        replica_identity: b'd',
-        columns,
-    };
-    let layout = Layout::for_relation(&relation)?;
-    Ok((relation, layout))
-}
-
 /// Every contract column as text, rows from `$1` (RFC 3339 text) on, in created_at order.
 /// The ORDER BY names the table's columns: a bare `created_at` would sort the text output.
-fn select_sql(names: &OutboxNames, relation: &Relation) -> String {
+fn select_sql(names: &OutboxNames, text: &TextRelation) -> String {
     let table = names.qualified_table();
-    let select: Vec<String> = relation
-        .columns
-        .iter()
-        .map(|c| format!("{}::text", quote_ident(&c.name)))
-        .collect();
     let created = quote_ident(columns::CREATED_AT);
     let id = quote_ident(columns::ID);
     format!(
         "SELECT {} FROM {table} WHERE {table}.{created} >= $1::text::timestamptz \
          ORDER BY {table}.{created}, {table}.{id}",
-        select.join(", ")
+        text.select_list()
     )
 }
 
@@ -174,76 +129,21 @@ fn select_sql(names: &OutboxNames, relation: &Relation) -> String {
 /// may stand for the `T`). An offset is required, so the time means one instant whatever
 /// the server's time zone; PostgreSQL then parses it exactly.
 pub fn check_rfc3339(text: &str) -> Result<(), String> {
-    let error = || {
-        format!(
+    // `time` takes any one character between date and time; PostgreSQL only these.
+    let separator = matches!(text.as_bytes().get(10), Some(b'T' | b't' | b' '));
+    match time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339) {
+        Ok(_) if separator => Ok(()),
+        _ => Err(format!(
             "--since {text:?} is not an RFC 3339 time such as 2024-05-01T12:00:00Z or \
              2024-05-01T14:00:00.5+02:00 (a UTC offset is required)"
-        )
-    };
-    let bytes = text.as_bytes();
-    let digits = |range: std::ops::Range<usize>| {
-        bytes
-            .get(range)
-            .is_some_and(|b| b.iter().all(u8::is_ascii_digit))
-    };
-    let number = |range: std::ops::Range<usize>| -> u32 {
-        text.get(range)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(u32::MAX)
-    };
-    let fixed = digits(0..4)
-        && bytes.get(4) == Some(&b'-')
-        && digits(5..7)
-        && bytes.get(7) == Some(&b'-')
-        && digits(8..10)
-        && matches!(bytes.get(10), Some(b'T' | b't' | b' '))
-        && digits(11..13)
-        && bytes.get(13) == Some(&b':')
-        && digits(14..16)
-        && bytes.get(16) == Some(&b':')
-        && digits(17..19);
-    if !fixed
-        || !(1..=12).contains(&number(5..7))
-        || !(1..=31).contains(&number(8..10))
-        || number(11..13) > 23
-        || number(14..16) > 59
-        || number(17..19) > 60
-    {
-        return Err(error());
+        )),
     }
-    let mut rest = &text[19..];
-    if let Some(fraction) = rest.strip_prefix('.') {
-        let end = fraction
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(fraction.len());
-        if end == 0 {
-            return Err(error());
-        }
-        rest = &fraction[end..];
-    }
-    let offset_ok = match rest.as_bytes() {
-        [b'Z' | b'z'] => true,
-        [b'+' | b'-', h1, h2, b':', m1, m2] => {
-            [h1, h2, m1, m2].iter().all(|b| b.is_ascii_digit())
-                && number_of(&[*h1, *h2]) <= 23
-                && number_of(&[*m1, *m2]) <= 59
-        }
-        _ => false,
-    };
-    if offset_ok {
-        Ok(())
-    } else {
-        Err(error())
-    }
-}
-
-fn number_of(two: &[u8; 2]) -> u32 {
-    u32::from(two[0] - b'0') * 10 + u32::from(two[1] - b'0')
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pgoutput::{Column, Relation};
 
     #[test]
     fn rfc3339_times_are_checked() {
@@ -263,6 +163,7 @@ mod tests {
             "2024-05-01T12:00:00.Z",
             "2024-05-01T12:00:00+0200",
             "2024-05-01T25:00:00Z",
+            "2024-05-01X12:00:00Z",
         ] {
             assert!(check_rfc3339(bad).is_err(), "{bad}");
         }
@@ -291,7 +192,8 @@ mod tests {
                 })
                 .collect(),
         };
-        let sql = select_sql(&names, &relation);
+        let text = TextRelation::new(relation, "text".into()).expect("id and event_type");
+        let sql = select_sql(&names, &text);
         assert_eq!(
             sql,
             "SELECT \"id\"::text, \"event_type\"::text, \"created_at\"::text FROM \

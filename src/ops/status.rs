@@ -96,7 +96,7 @@ pub async fn run(args: StatusArgs) -> Result<Probe, RelayError> {
 /// Reads the slot, the table and the running relay's readiness.
 pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayError> {
     let names = &args.names;
-    let poll = args.mode == Mode::Poll;
+    let poll = args.mode.mode == Mode::Poll;
     let report = if poll {
         None
     } else {
@@ -130,7 +130,7 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
             names.table
         ));
     }
-    let addr: Option<SocketAddr> = args.metrics_addr.0;
+    let addr: Option<SocketAddr> = args.endpoints.metrics_addr.0;
     let readiness = match addr {
         Some(addr) => match http_get(addr, "/readyz").await {
             Ok((_, body)) => Some(body.trim().to_string()),

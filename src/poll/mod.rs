@@ -217,12 +217,12 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
             stop.clone(),
         ));
     }
-    if !args.cleanup_interval.is_zero() {
+    if !args.cleanup.cleanup_interval.is_zero() {
         background.spawn(cleanup::run(
             Arc::clone(&shared),
-            args.cleanup_interval,
-            args.retention,
-            args.cleanup_batch,
+            args.cleanup.cleanup_interval,
+            args.cleanup.retention,
+            args.cleanup.cleanup_batch,
             stop.clone(),
         ));
     }

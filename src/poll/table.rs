@@ -1,40 +1,18 @@
-//! The outbox table as polling mode reads it, and the SQL it runs on it.
-//!
-//! Rows are read with every contract column cast to `text`, under the same session settings
-//! as the WAL mode's replication connection (ISO dates in UTC, hex bytea), and turned into the
-//! shape the decoder produces: a `Relation` naming the columns with their real type OIDs (so
-//! the mapper treats jsonb as JSON and bytea as hex) and a `Tuple` of text values. The mapper
-//! then cannot tell a polled row from a streamed one, which is the point: one mapping.
+//! The SQL polling mode runs on the outbox table: claim a batch, mark it published, delete
+//! what was published long enough ago, read the backlog. Which columns it reads and how a row
+//! becomes a tuple for the mapper is `outbox_table`'s, shared with `resync`: this module
+//! must never read the catalog for columns or convert rows itself, or the two ways of reading
+//! the table drift apart.
 
-use bytes::Bytes;
 use tokio_postgres::{Client, Row};
 
 use crate::config::OutboxNames;
 use crate::db::quote_ident;
 use crate::error::RelayError;
-use crate::mapper::{columns, Layout};
-use crate::pgoutput::{Column, Relation, Tuple, TupleValue};
-
-/// Pinned on every polling connection: the text shapes the mapper parses (the same values as
-/// `db::PINNED_SESSION_SETTINGS` pins on the replication connection).
-pub const SESSION_SETTINGS: &str = "SET datestyle = 'ISO'; SET timezone = 'UTC'; \
-                                    SET bytea_output = 'hex'; SET extra_float_digits = 3;";
-
-/// Marks a claimed row published; the claim query only returns rows where it is NULL.
-pub const PUBLISHED_AT: &str = "published_at";
-
-/// The contract columns polling mode reads when the table has them; the rest are ignored.
-const READ: [&str; 9] = [
-    columns::ID,
-    columns::EVENT_TYPE,
-    columns::PAYLOAD,
-    columns::HEADERS,
-    columns::CREATED_AT,
-    columns::EXCHANGE,
-    columns::ROUTING_KEY,
-    columns::AGGREGATE_TYPE,
-    columns::AGGREGATE_ID,
-];
+use crate::mapper::Layout;
+use crate::outbox_table::columns::{self, PUBLISHED_AT};
+use crate::outbox_table::TextRelation;
+use crate::pgoutput::Tuple;
 
 /// The rows polling mode has not sent yet (`published_at IS NULL`).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -86,96 +64,33 @@ pub async fn read_backlog(
 pub struct OutboxTable {
     /// `"schema"."table"`, quoted for SQL text.
     qualified: String,
-    /// The columns read, in SELECT order, with their type OIDs.
-    relation: Relation,
-    /// The id column's type as SQL (`uuid`, `bigint`, …), to cast the ids of a batch back.
-    id_type: String,
-    layout: Layout,
-}
-
-/// The table's columns in order: name, type OID and type name. `TableMissing` when the table
-/// does not exist. Shared by polling and `resync`, which both read rows with SQL.
-pub async fn table_columns(
-    client: &Client,
-    names: &OutboxNames,
-) -> Result<Vec<(String, u32, String)>, RelayError> {
-    let (schema, table) = names.table_parts();
-    let rows = client
-        .query(
-            "SELECT a.attname::text, a.atttypid, pg_catalog.format_type(a.atttypid, NULL) \
-             FROM pg_catalog.pg_attribute a \
-             JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
-             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p') \
-               AND a.attnum > 0 AND NOT a.attisdropped \
-             ORDER BY a.attnum",
-            &[&schema, &table],
-        )
-        .await?;
-    if rows.is_empty() {
-        return Err(RelayError::TableMissing {
-            table: names.table.clone(),
-        });
-    }
-    Ok(rows
-        .iter()
-        .map(|row| (row.get(0), row.get(1), row.get(2)))
-        .collect())
+    /// The columns read, as text.
+    text: TextRelation,
 }
 
 impl OutboxTable {
     /// Reads the table's columns. Definite errors: the table is missing, or lacks a column
     /// polling needs (`id`, `event_type`, `created_at` to claim in order, `published_at`).
     pub async fn discover(client: &Client, names: &OutboxNames) -> Result<Self, RelayError> {
-        let (schema, table) = names.table_parts();
-        let all = table_columns(client, names).await?;
-        for needed in [columns::CREATED_AT, PUBLISHED_AT] {
-            if !all.iter().any(|(name, _, _)| name == needed) {
-                return Err(RelayError::Config(format!(
-                    "The outbox table {} has no column \"{needed}\", which polling mode needs \
-                     (it claims unpublished rows in created_at order and marks them in \
-                     published_at). Fix: run `outbox-relay setup --mode poll`, or add the \
-                     column (see sql/outbox_poll.sql)",
-                    names.table
-                )));
-            }
-        }
-        let read: Vec<&(String, u32, String)> = all
-            .iter()
-            .filter(|(name, _, _)| READ.contains(&name.as_str()))
-            .collect();
-        let relation = Relation {
-            oid: 0,
-            namespace: schema.to_string(),
-            name: table.to_string(),
-            replica_identity: b'd',
-            columns: read
-                .iter()
-                .map(|(name, type_oid, _)| Column {
-                    flags: 0,
-                    name: name.clone(),
-                    type_oid: *type_oid,
-                    type_modifier: -1,
-                })
-                .collect(),
-        };
-        // Names the table and the missing column (id or event_type).
-        let layout = Layout::for_relation(&relation)?;
-        let id_type = read
-            .iter()
-            .find(|(name, _, _)| name == columns::ID)
-            .map(|(_, _, sql_type)| sql_type.clone())
-            .unwrap_or_else(|| "text".into());
+        let needs = [columns::CREATED_AT, PUBLISHED_AT];
+        let text = TextRelation::discover(client, names, &needs, |needed| {
+            RelayError::Config(format!(
+                "The outbox table {} has no column \"{needed}\", which polling mode needs \
+                 (it claims unpublished rows in created_at order and marks them in \
+                 published_at). Fix: run `outbox-relay setup --mode poll`, or add the \
+                 column (see sql/outbox_poll.sql)",
+                names.table
+            ))
+        })
+        .await?;
         Ok(Self {
             qualified: names.qualified_table(),
-            relation,
-            id_type,
-            layout,
+            text,
         })
     }
 
     pub fn layout(&self) -> &Layout {
-        &self.layout
+        self.text.layout()
     }
 
     /// The claim query: the oldest `limit` unpublished rows no other worker holds, locked
@@ -183,19 +98,13 @@ impl OutboxTable {
     /// published_at IS NULL it reads only unpublished rows. The limit is a literal so that a
     /// prepared statement never falls back to a generic plan that guesses the row count.
     pub fn claim_sql(&self, limit: u32) -> String {
-        let select: Vec<String> = self
-            .relation
-            .columns
-            .iter()
-            .map(|c| format!("{}::text", quote_ident(&c.name)))
-            .collect();
         // ORDER BY names the table's column: a bare `created_at` would mean the output
         // column `created_at::text`, and sorting that text needs a Sort of every unpublished
         // row instead of reading the index in order and stopping at the limit.
         format!(
             "SELECT {} FROM {table} WHERE {PUBLISHED_AT} IS NULL ORDER BY {table}.{} \
              LIMIT {limit} FOR UPDATE SKIP LOCKED",
-            select.join(", "),
+            self.text.select_list(),
             quote_ident(columns::CREATED_AT),
             table = self.qualified,
         )
@@ -207,7 +116,7 @@ impl OutboxTable {
             "UPDATE {} SET {PUBLISHED_AT} = now() WHERE {} = ANY($1::text[]::{}[])",
             self.qualified,
             quote_ident(columns::ID),
-            self.id_type
+            self.text.id_type()
         )
     }
 
@@ -244,15 +153,6 @@ impl OutboxTable {
 
     /// One claimed row as the decoder would have produced it: text values in column order.
     pub fn tuple(&self, row: &Row) -> Result<Tuple, RelayError> {
-        (0..self.relation.columns.len())
-            .map(|i| {
-                let value: Option<&str> = row.try_get(i)?;
-                Ok(match value {
-                    None => TupleValue::Null,
-                    Some(text) => TupleValue::Text(Bytes::copy_from_slice(text.as_bytes())),
-                })
-            })
-            .collect::<Result<Vec<_>, RelayError>>()
-            .map(Tuple)
+        self.text.tuple(row)
     }
 }

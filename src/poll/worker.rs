@@ -35,7 +35,7 @@ use crate::failpoint::{failpoint, POLL_BEFORE_COMMIT};
 use crate::observability::{count_reconnect, NotReady, WorkerState};
 use crate::publish::{deliver_batch, Broker};
 
-use super::table::{OutboxTable, SESSION_SETTINGS};
+use super::table::OutboxTable;
 use super::Shared;
 
 /// How long closing the broker connection may take when a session ends (it may be dead).
@@ -119,7 +119,7 @@ async fn session(
     shutdown: &CancellationToken,
 ) -> Result<(), RelayError> {
     let client = bounded(db::connect(&shared.database_url)).await?;
-    bounded(client.batch_execute(SESSION_SETTINGS)).await?;
+    bounded(client.batch_execute(db::PINNED_SET_STATEMENTS)).await?;
     let table = bounded(OutboxTable::discover(&client, &shared.names)).await?;
     if !shared.index_checked.swap(true, Ordering::Relaxed)
         && !bounded(table.has_claim_index(&client)).await?

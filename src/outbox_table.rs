@@ -1,0 +1,200 @@
+//! The outbox table as the relay reads it with SQL instead of from the stream (polling mode,
+//! `resync`): its column names (the message contract, DESIGN.md section 2), its columns as
+//! the catalog describes them, and a row read as text turned into the tuple the decoder
+//! would have produced.
+//!
+//! Rows are selected with every contract column cast to `text`, on a connection with the
+//! session settings the replication connection pins (`db::PINNED_SET_STATEMENTS`: ISO dates
+//! in UTC, hex bytea). Paired with a `Relation` that names the columns with their real type
+//! OIDs (so the mapper treats jsonb as JSON and bytea as hex), the mapper cannot tell such a
+//! row from a streamed one, which is the point: one mapping for every way in.
+//!
+//! This module only reads the catalog and converts rows: it never writes to the table (each
+//! mode owns the SQL that claims, marks, deletes or re-reads rows) and never decides what a
+//! row becomes (the mapper does).
+
+use bytes::Bytes;
+use tokio_postgres::{Client, Row};
+
+use crate::config::OutboxNames;
+use crate::db::quote_ident;
+use crate::error::RelayError;
+use crate::mapper::{Layout, MapError};
+use crate::pgoutput::{Column, Relation, Tuple, TupleValue};
+
+/// Column names of the outbox table (DESIGN.md section 2).
+pub mod columns {
+    pub const ID: &str = "id";
+    pub const EVENT_TYPE: &str = "event_type";
+    pub const PAYLOAD: &str = "payload";
+    pub const HEADERS: &str = "headers";
+    pub const CREATED_AT: &str = "created_at";
+    pub const EXCHANGE: &str = "exchange";
+    pub const ROUTING_KEY: &str = "routing_key";
+    pub const AGGREGATE_TYPE: &str = "aggregate_type";
+    pub const AGGREGATE_ID: &str = "aggregate_id";
+    /// Polling mode only: marks a claimed row published (NULL until then).
+    pub const PUBLISHED_AT: &str = "published_at";
+
+    /// The columns a message is made of, read when the table has them; others are ignored.
+    pub const CONTRACT: [&str; 9] = [
+        ID,
+        EVENT_TYPE,
+        PAYLOAD,
+        HEADERS,
+        CREATED_AT,
+        EXCHANGE,
+        ROUTING_KEY,
+        AGGREGATE_TYPE,
+        AGGREGATE_ID,
+    ];
+}
+
+/// One column of the table as the catalog describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableColumn {
+    pub name: String,
+    pub type_oid: u32,
+    /// The type as SQL (`uuid`, `bigint`, …).
+    pub sql_type: String,
+}
+
+/// The table's columns in order. `TableMissing` when the table does not exist.
+pub async fn table_columns(
+    client: &Client,
+    names: &OutboxNames,
+) -> Result<Vec<TableColumn>, RelayError> {
+    let (schema, table) = names.table_parts();
+    let rows = client
+        .query(
+            "SELECT a.attname::text, a.atttypid, pg_catalog.format_type(a.atttypid, NULL) \
+             FROM pg_catalog.pg_attribute a \
+             JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p') \
+               AND a.attnum > 0 AND NOT a.attisdropped \
+             ORDER BY a.attnum",
+            &[&schema, &table],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Err(RelayError::TableMissing {
+            table: names.table.clone(),
+        });
+    }
+    Ok(rows
+        .iter()
+        .map(|row| TableColumn {
+            name: row.get(0),
+            type_oid: row.get(1),
+            sql_type: row.get(2),
+        })
+        .collect())
+}
+
+/// The contract columns a table has, as the `Relation` of rows selected as text, with the
+/// mapper's `Layout` for it. Learned from the catalog on each connect: a schema change is
+/// picked up at the next one.
+#[derive(Debug, Clone)]
+pub struct TextRelation {
+    /// The columns read, in SELECT order, with their type OIDs.
+    relation: Relation,
+    layout: Layout,
+    /// The id column's type as SQL, to cast ids sent back as text.
+    id_type: String,
+}
+
+impl TextRelation {
+    /// Reads the table's columns. Definite errors: the table is missing; it lacks one of
+    /// `needs` (reported by `missing`, naming what the caller needs it for; checked first);
+    /// it lacks a column every message needs (`id`, `event_type`).
+    pub async fn discover(
+        client: &Client,
+        names: &OutboxNames,
+        needs: &[&'static str],
+        missing: impl Fn(&'static str) -> RelayError,
+    ) -> Result<Self, RelayError> {
+        let all = table_columns(client, names).await?;
+        if let Some(needed) = needs
+            .iter()
+            .find(|needed| !all.iter().any(|c| c.name == **needed))
+        {
+            return Err(missing(needed));
+        }
+        let (schema, table) = names.table_parts();
+        let read: Vec<&TableColumn> = all
+            .iter()
+            .filter(|c| columns::CONTRACT.contains(&c.name.as_str()))
+            .collect();
+        let id_type = read
+            .iter()
+            .find(|c| c.name == columns::ID)
+            .map_or_else(|| "text".to_string(), |c| c.sql_type.clone());
+        let relation = Relation {
+            oid: 0,
+            namespace: schema.to_string(),
+            name: table.to_string(),
+            replica_identity: b'd',
+            columns: read
+                .iter()
+                .map(|c| Column {
+                    flags: 0,
+                    name: c.name.clone(),
+                    type_oid: c.type_oid,
+                    type_modifier: -1,
+                })
+                .collect(),
+        };
+        Ok(Self::new(relation, id_type)?)
+    }
+
+    /// For a relation already known; `MissingColumn` (naming the table) without `id` or
+    /// `event_type`.
+    pub fn new(relation: Relation, id_type: String) -> Result<Self, MapError> {
+        let layout = Layout::for_relation(&relation)?;
+        Ok(Self {
+            relation,
+            layout,
+            id_type,
+        })
+    }
+
+    pub fn relation(&self) -> &Relation {
+        &self.relation
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The id column's type as SQL (`uuid`, `bigint`, …).
+    pub fn id_type(&self) -> &str {
+        &self.id_type
+    }
+
+    /// The SELECT list: every column read, cast to text, in the relation's order.
+    pub fn select_list(&self) -> String {
+        let select: Vec<String> = self
+            .relation
+            .columns
+            .iter()
+            .map(|c| format!("{}::text", quote_ident(&c.name)))
+            .collect();
+        select.join(", ")
+    }
+
+    /// One row selected with [`select_list`](Self::select_list), as the decoder would have
+    /// produced it: text values in column order.
+    pub fn tuple(&self, row: &Row) -> Result<Tuple, RelayError> {
+        (0..self.relation.columns.len())
+            .map(|i| {
+                let value: Option<&str> = row.try_get(i)?;
+                Ok(match value {
+                    None => TupleValue::Null,
+                    Some(text) => TupleValue::Text(Bytes::copy_from_slice(text.as_bytes())),
+                })
+            })
+            .collect::<Result<Vec<_>, RelayError>>()
+            .map(Tuple)
+    }
+}
