@@ -1,13 +1,20 @@
-//! Integration-test harness shared by the test binaries (`mod common;`).
+//! The integration-test harness of outbox-relay, shared by its test binaries (`use
+//! outbox_testkit as common;`) and the benchmark. It owns the servers and processes a test
+//! needs around the relay and the oracles that judge it from outside; it must never link
+//! the relay library (the relay runs only as its binary, see [`relay::binary`]) nor be a
+//! dependency of the product.
 //!
 //! - [`pg`]: a private PostgreSQL (initdb in a temp dir, `wal_level=logical`) and the
 //!   `test_decoding` commit-order oracle.
 //! - [`rabbit`]: a private RabbitMQ node (own node name, ports and data dir).
-//! - [`amqp`]: queue declaration and a consumer that collects deliveries.
+//! - [`amqp`]: queue and exchange topology, publishing with confirms, and a consumer that
+//!   collects deliveries.
 //! - [`proxy`]: a TCP proxy that delays, black-holes or resets connections.
-//! - [`relay`]: the `outbox-relay` binary as a child process.
-//! - [`outbox`]: an outbox provisioned by the relay's own `setup`, and writers (owned by
-//!   the WAL-mode tests).
+//! - [`relay`]: the `outbox-relay` binary as a child process, and waiting on its log.
+//! - [`http`]: `GET` on the relay's HTTP endpoints and reading Prometheus samples.
+//! - [`outbox`]: an outbox provisioned by the relay's own `setup`, and writers.
+//! - [`faults`]: crash-riding writers, the L0/DUP/ACK oracles and a queue barrier.
+//! - [`tls`]: certificates made with the `openssl` CLI.
 //!
 //! Ordinary tests share one server pair per test binary through [`services`], and give
 //! every database, slot and queue its own [`unique_name`]. Fault tests, which kill and
@@ -18,10 +25,9 @@
 //! shared ones by an `atexit` handler, and a detached watchdog stops them if the test
 //! process dies without running either.
 
-#![allow(dead_code, unused_imports)]
-
 pub mod amqp;
 pub mod faults;
+pub mod http;
 pub mod outbox;
 pub mod pg;
 pub mod proxy;
@@ -61,26 +67,49 @@ pub struct Services {
 }
 
 static SERVICES: OnceLock<Result<Services, String>> = OnceLock::new();
+static PRIVATE_SERVICES: OnceLock<Result<Services, String>> = OnceLock::new();
 
 /// The shared PostgreSQL and RabbitMQ of this test binary, started on first use (both in
 /// parallel, with blocking process calls: fine from any thread, inside a runtime or not)
-/// and stopped when the process exits.
+/// and stopped when the process exits. [`DATABASE_URL_ENV`] and [`AMQP_URL_ENV`] name
+/// existing servers to use instead.
 pub fn services() -> &'static Services {
-    let services = SERVICES.get_or_init(|| {
+    services_in(&SERVICES, true)
+}
+
+/// Like [`services`], but always a private pair, whatever the environment says: for tests
+/// that reach the servers' ports through a proxy or need servers of their own.
+pub fn private_services() -> &'static Services {
+    services_in(&PRIVATE_SERVICES, false)
+}
+
+fn services_in(
+    cell: &'static OnceLock<Result<Services, String>>,
+    external: bool,
+) -> &'static Services {
+    let services = cell.get_or_init(|| {
         let started = Instant::now();
-        let rabbit = std::thread::spawn(|| match std::env::var(AMQP_URL_ENV) {
-            Ok(url) if !url.is_empty() => RabbitServer::external(&url),
-            _ => RabbitServer::start(),
+        let url_of = move |name: &str| {
+            std::env::var(name)
+                .ok()
+                .filter(|url| external && !url.is_empty())
+        };
+        let rabbit = std::thread::spawn(move || match url_of(AMQP_URL_ENV) {
+            Some(url) => RabbitServer::external(&url),
+            None => RabbitServer::start(),
         });
-        let pg = std::panic::catch_unwind(|| match std::env::var(DATABASE_URL_ENV) {
-            Ok(url) if !url.is_empty() => PgServer::external(&url),
-            _ => PgServer::start(&[]),
+        let pg = std::panic::catch_unwind(|| match url_of(DATABASE_URL_ENV) {
+            Some(url) => PgServer::external(&url),
+            None => PgServer::start(&[]),
         });
         let rabbit = rabbit.join();
         match (pg, rabbit) {
             (Ok(pg), Ok(rabbit)) => {
+                static AT_EXIT: std::sync::Once = std::sync::Once::new();
                 // SAFETY: registering a plain `extern "C" fn` with no arguments.
-                unsafe { libc::atexit(stop_services_at_exit) };
+                AT_EXIT.call_once(|| unsafe {
+                    libc::atexit(stop_services_at_exit);
+                });
                 eprintln!(
                     "harness: shared services ready in {:?} (postgres {}, rabbitmq {})",
                     started.elapsed(),
@@ -109,9 +138,11 @@ pub fn services() -> &'static Services {
 extern "C" fn stop_services_at_exit() {
     // Nothing may unwind out of an `extern "C"` function.
     let _ = std::panic::catch_unwind(|| {
-        if let Some(Ok(services)) = SERVICES.get() {
-            services.rabbit.shutdown();
-            services.pg.shutdown();
+        for cell in [&SERVICES, &PRIVATE_SERVICES] {
+            if let Some(Ok(services)) = cell.get() {
+                services.rabbit.shutdown();
+                services.pg.shutdown();
+            }
         }
     });
 }
@@ -210,21 +241,6 @@ pub(crate) fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// uid and gid of a system user, if it exists.
-pub(crate) fn user_ids(name: &str) -> Option<(u32, u32)> {
-    let c_name = std::ffi::CString::new(name).ok()?;
-    // SAFETY: getpwnam returns a pointer to static storage or null; we copy the two
-    // fields out at once (the harness calls it from few threads, at startup).
-    unsafe {
-        let pw = libc::getpwnam(c_name.as_ptr());
-        if pw.is_null() {
-            None
-        } else {
-            Some(((*pw).pw_uid, (*pw).pw_gid))
-        }
-    }
-}
-
 /// Recursively hands `path` to `user` (no-op when not root or the user does not exist).
 pub(crate) fn chown_to(path: &std::path::Path, user: &str) {
     if !is_root() {
@@ -262,6 +278,14 @@ pub(crate) fn spawn_watchdog(cleanup: &str) -> Option<Child> {
         .process_group(0)
         .spawn()
         .ok()
+}
+
+/// Kills and reaps a watchdog from [`spawn_watchdog`]: its owner cleaned up itself.
+pub(crate) fn stop_watchdog(watchdog: Option<Child>) {
+    if let Some(mut watchdog) = watchdog {
+        let _ = watchdog.kill();
+        let _ = watchdog.wait();
+    }
 }
 
 /// Quotes a string for `sh`.
