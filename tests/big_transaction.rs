@@ -6,7 +6,7 @@
 //! to keep the suite within its budget; the 1,000,000 rows (about 1 GiB) with
 //! `OUTBOX_TEST_BIG_ROWS=1000000` (measured: see docs/reliability.md).
 
-mod common;
+use outbox_testkit as common;
 
 use std::time::Duration;
 

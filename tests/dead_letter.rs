@@ -6,19 +6,15 @@
 //! dead-letter exchange, and the relay's own HTTP endpoints and `status` command for what it
 //! reports.
 
-mod common;
+use outbox_testkit as common;
 
 use std::time::Duration;
 
-use common::faults::{
-    bind_queue, http_get, ids_of, metric_value, sessions, stop_relay, unbind_queue, wait_for_ids,
-    wait_for_log_count, Oracle,
-};
+use common::amqp::{bind_queue, exchange_exists, unbind_queue};
+use common::faults::{ids_of, wait_for_ids, Oracle};
+use common::http::{http_get, metric_value};
 use common::outbox::Outbox;
 use common::{declare_bound_queue, unique_name, Consumer, Received, RelayProcess};
-use lapin::options::ExchangeDeclareOptions;
-use lapin::types::FieldTable;
-use lapin::ExchangeKind;
 
 const MINUTE: Duration = Duration::from_secs(60);
 const DEAD_LETTERED: &str = "outbox_relay_messages_dead_lettered_total";
@@ -96,41 +92,26 @@ async fn routed_only(outbox: &Outbox) {
     unbind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
 }
 
-/// Whether `exchange` exists (a passive declare, on a connection of its own).
-async fn exchange_exists(url: &str, exchange: &str) -> bool {
-    let connection = common::amqp::amqp_connect(url).await;
-    let channel = connection.create_channel().await.expect("create channel");
-    let declared = channel
-        .exchange_declare(
-            exchange.into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await;
-    let _ = connection.close(200, "OK".into()).await;
-    declared.is_ok()
-}
-
 /// A relay with `extra` flags serving /metrics and /readyz on a port of its own.
 fn spawn_observed(outbox: &Outbox, extra: &[&str]) -> (RelayProcess, u16) {
-    let port = common::free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut args = vec!["--metrics-addr", addr.as_str(), "--max-backoff-secs", "1"];
-    args.extend_from_slice(extra);
-    (outbox.spawn_relay(&args), port)
+    outbox.spawn_observed(&[&["--max-backoff-secs", "1"], extra].concat())
 }
 
 async fn metric(port: u16, sample: &str) -> Option<f64> {
-    let (_, metrics) = http_get(port, "/metrics").await.expect("/metrics answers");
-    metric_value(&metrics, sample)
+    metric_value(&common::http::metrics(port).await, sample)
 }
 
 fn dead_lettered(reason: &str) -> String {
     format!("{DEAD_LETTERED}{{reason=\"{reason}\"}}")
+}
+
+/// `letter` says it was dead-lettered because `exchange` had no route for `Nobody.listens`.
+fn assert_unroutable_to_nobody(letter: &Received, exchange: &str) {
+    let reason = format!("unroutable: NO_ROUTE 312 exchange={exchange} routing_key=Nobody.listens");
+    assert_eq!(
+        letter.header_str("x-outbox-dead-letter-reason"),
+        Some(reason.as_str())
+    );
 }
 
 /// The one delivery of `id` among `received`.
@@ -203,16 +184,7 @@ async fn unroutable_event_type_goes_to_the_dead_letter_exchange_and_the_slot_mov
     assert_eq!(letter.exchange, dl.dead_letter_exchange);
     assert_eq!(letter.routing_key, "Nobody.listens");
     assert_eq!(letter.kind.as_deref(), Some("Nobody.listens"));
-    assert_eq!(
-        letter.header_str("x-outbox-dead-letter-reason"),
-        Some(
-            format!(
-                "unroutable: NO_ROUTE 312 exchange={} routing_key=Nobody.listens",
-                outbox.exchange
-            )
-            .as_str()
-        )
-    );
+    assert_unroutable_to_nobody(letter, &outbox.exchange);
     assert_eq!(
         letter.header_str("x-outbox-original-exchange"),
         Some(outbox.exchange.as_str())
@@ -241,7 +213,7 @@ async fn unroutable_event_type_goes_to_the_dead_letter_exchange_and_the_slot_mov
         http_get(port, "/readyz").await.map(|(status, _)| status),
         Some(200)
     );
-    assert_eq!(sessions(&relay), 1, "no reconnect; log:\n{}", relay.log());
+    assert_eq!(relay.sessions(), 1, "no reconnect; log:\n{}", relay.log());
     let log = relay.log();
     let warned = log
         .lines()
@@ -249,7 +221,7 @@ async fn unroutable_event_type_goes_to_the_dead_letter_exchange_and_the_slot_mov
     let warned = warned.unwrap_or_else(|| panic!("a WARN line names {bad}; log:\n{log}"));
     assert!(warned.contains("unroutable"), "{warned}");
     assert!(!log.contains("dl-payload-7f3a"), "no payload in the log");
-    stop_relay(&relay).await;
+    relay.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,7 +237,9 @@ async fn under_halt_an_unroutable_event_type_blocks_delivery_until_a_binding_exi
     let (relay, port) = spawn_observed(&outbox, &[]);
     // Returned, retried with a window of 1 and returned again: it does not move past it.
     assert!(
-        wait_for_log_count(&relay, &format!("returned message {stuck}"), 2, MINUTE).await,
+        relay
+            .wait_for_log_count(&format!("returned message {stuck}"), 2, MINUTE)
+            .await,
         "log:\n{}",
         relay.log()
     );
@@ -286,7 +260,7 @@ async fn under_halt_an_unroutable_event_type_blocks_delivery_until_a_binding_exi
     );
     let (_, metrics) = http_get(port, "/metrics").await.expect("/metrics answers");
     assert!(
-        common::faults::metric_sum(&metrics, "outbox_relay_messages_returned_total") >= Some(2.0),
+        common::http::metric_sum(&metrics, "outbox_relay_messages_returned_total") >= Some(2.0),
         "{metrics}"
     );
     let addr = format!("127.0.0.1:{port}");
@@ -327,7 +301,7 @@ async fn under_halt_an_unroutable_event_type_blocks_delivery_until_a_binding_exi
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    stop_relay(&relay).await;
+    relay.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -432,8 +406,8 @@ async fn too_large_and_unmappable_rows_go_to_the_dead_letter_exchange_before_pub
         "the broker never saw the 20 MB body; log:\n{}",
         relay.log()
     );
-    assert_eq!(sessions(&relay), 1, "no reconnect; log:\n{}", relay.log());
-    stop_relay(&relay).await;
+    assert_eq!(relay.sessions(), 1, "no reconnect; log:\n{}", relay.log());
+    relay.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -447,7 +421,7 @@ async fn a_dead_letter_exchange_without_a_binding_halts_naming_it_until_one_exis
     let (relay, port) = spawn_observed(outbox, &dl.policy());
     let named = format!("dead-letter exchange \"{}\"", dl.dead_letter_exchange);
     assert!(
-        wait_for_log_count(&relay, &named, 2, MINUTE).await,
+        relay.wait_for_log_count(&named, 2, MINUTE).await,
         "the error names the dead-letter exchange, on every retry; log:\n{}",
         relay.log()
     );
@@ -474,7 +448,7 @@ async fn a_dead_letter_exchange_without_a_binding_halts_naming_it_until_one_exis
     assert!(wait_for_ids(&mut consumer, std::slice::from_ref(&later), MINUTE).await);
     let last = oracle.transaction_of(&outbox.client, &later).await;
     assert!(outbox.wait_confirmed_flush(last.end_lsn, MINUTE).await);
-    stop_relay(&relay).await;
+    relay.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -506,16 +480,7 @@ async fn polling_dead_letters_a_returned_row_and_commits_the_batch_with_it() {
         relay.log()
     );
     let letter = only(dead_letters.received(), &bad);
-    assert_eq!(
-        letter.header_str("x-outbox-dead-letter-reason"),
-        Some(
-            format!(
-                "unroutable: NO_ROUTE 312 exchange={} routing_key=Nobody.listens",
-                outbox.exchange
-            )
-            .as_str()
-        )
-    );
+    assert_unroutable_to_nobody(letter, &outbox.exchange);
     assert_eq!(letter.body_json(), serde_json::json!({"n": 2}));
     // The batch commits with the dead-lettered row marked published, like the others.
     let deadline = tokio::time::Instant::now() + MINUTE;
@@ -544,7 +509,7 @@ async fn polling_dead_letters_a_returned_row_and_commits_the_batch_with_it() {
         "no batch failed; log:\n{}",
         relay.log()
     );
-    stop_relay(&relay).await;
+    relay.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,22 +20,24 @@
 //! (`OUTBOX_FAILPOINTS`, src/failpoint.rs): scenario 21 aborts a polling worker just before
 //! its COMMIT.
 
-mod common;
+use outbox_testkit as common;
 
 use std::collections::HashSet;
-use std::sync::OnceLock;
 use std::time::Duration;
 
+use common::amqp::{bind_queue, declare_exchange, delete_exchange, unbind_queue};
 use common::faults::{
-    barrier, bind_queue, check_ack, connect_retrying, declare_exchange, delete_exchange, http_get,
-    ids_of, log_count, log_lines, metric_sum, metric_value, probe, report, scrape_slot_gauges,
-    sessions, slot_state, spawn_relay_via, stop_relay, unbind_queue, wait_for_ids,
-    wait_for_log_count, wait_new_session, Oracle, Tally, Writers, SESSION_STARTED,
+    barrier, check_ack, connect_retrying, ids_of, observed_outbox, probe, report,
+    scrape_slot_gauges, slot_state, wait_for_ids, Oracle, Tally, Writers,
+};
+use common::http::{
+    http_get, metric_sum, metric_value, readyz, wait_metrics, wait_ready, wait_readyz,
 };
 use common::outbox::{write_concurrently, Outbox};
+use common::relay::SESSION_STARTED;
 use common::{
     current_wal_lsn, queue_message_count, Consumer, Direction, Mode, PgServer, RabbitServer,
-    RelayProcess, TcpProxy,
+    RelayProcess, Services, TcpProxy,
 };
 use tokio::time::Instant;
 
@@ -53,35 +55,8 @@ const MINUTE: Duration = Duration::from_secs(60);
 // Servers
 
 /// The private pair shared by the scenarios that do not kill or reconfigure a server.
-struct Pair {
-    pg: PgServer,
-    rabbit: RabbitServer,
-}
-
-static SHARED: OnceLock<Pair> = OnceLock::new();
-
-fn shared_blocking() -> &'static Pair {
-    SHARED.get_or_init(|| {
-        let rabbit = std::thread::spawn(RabbitServer::start);
-        let pg = PgServer::start(&[]);
-        let rabbit = rabbit.join().expect("the shared rabbitmq failed to start");
-        // SAFETY: registering a plain `extern "C" fn` with no arguments.
-        unsafe { libc::atexit(stop_shared) };
-        Pair { pg, rabbit }
-    })
-}
-
-extern "C" fn stop_shared() {
-    let _ = std::panic::catch_unwind(|| {
-        if let Some(pair) = SHARED.get() {
-            pair.rabbit.shutdown();
-            pair.pg.shutdown();
-        }
-    });
-}
-
-async fn shared() -> &'static Pair {
-    tokio::task::spawn_blocking(shared_blocking)
+async fn shared() -> &'static Services {
+    tokio::task::spawn_blocking(common::private_services)
         .await
         .expect("starting the shared servers panicked")
 }
@@ -122,18 +97,24 @@ fn id_after(relay: &RelayProcess, prefix: &str) -> String {
         .to_string()
 }
 
-/// Waits until the relay's /readyz answers 200; false after `timeout`.
-async fn wait_ready(metrics_port: u16, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some((200, _)) = http_get(metrics_port, "/readyz").await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+/// Waits for the relay's next session beyond `before`: how long it took. Panics with the
+/// log if none starts within `timeout`.
+async fn new_session(relay: &RelayProcess, before: usize, timeout: Duration) -> Duration {
+    let reconnected = relay.wait_new_session(before, timeout).await;
+    reconnected.unwrap_or_else(|| panic!("no new session; log:\n{}", relay.log()))
+}
+
+/// [`probe`] that must arrive: how long it took. Panics with the log, saying what the
+/// delivery came `after`, if it does not arrive within `timeout`.
+async fn delivered_after(
+    relay: &RelayProcess,
+    client: &tokio_postgres::Client,
+    consumer: &mut Consumer,
+    timeout: Duration,
+    after: &str,
+) -> Duration {
+    let (_, latency) = probe(client, consumer, timeout).await;
+    latency.unwrap_or_else(|| panic!("no delivery after {after}; log:\n{}", relay.log()))
 }
 
 fn secs(d: Duration) -> String {
@@ -157,16 +138,8 @@ async fn finish(
         committed.len(),
         relay.log()
     );
-    stop_relay(relay).await;
-    check_ack(
-        client,
-        &outbox.slot,
-        oracle,
-        consumer,
-        &outbox.amqp_url,
-        &outbox.queue,
-    )
-    .await;
+    relay.stop().await;
+    check_ack(client, outbox, oracle, consumer).await;
     let tally = Tally::of(consumer.received());
     assert!(
         tally.lost(&committed).is_empty(),
@@ -188,9 +161,8 @@ async fn finish(
 async fn s01_relay_kill_9_repeatedly_while_it_lags_with_writers_active() {
     let kills = env_usize("OUTBOX_TEST_KILLS", 3);
     let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "kills").await;
-    let oracle = Oracle::create(&outbox).await;
-    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let (outbox, oracle, mut consumer) =
+        observed_outbox(&pair.pg, &pair.rabbit, "kills", false).await;
     let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(2));
     let window = W.to_string();
     let flags = ["--max-in-flight", window.as_str()];
@@ -224,15 +196,7 @@ async fn s01_relay_kill_9_repeatedly_while_it_lags_with_writers_active() {
         relay.kill9();
         bound += W + (rate * T.as_secs_f64()).ceil() as usize + MAX_TXN_ROWS;
         // ACK with the relay dead: nothing acknowledged that the broker does not hold.
-        check_ack(
-            &outbox.client,
-            &outbox.slot,
-            &oracle,
-            &mut consumer,
-            &outbox.amqp_url,
-            &outbox.queue,
-        )
-        .await;
+        check_ack(&outbox.client, &outbox, &oracle, &mut consumer).await;
     }
 
     let relay = outbox.spawn_relay(&flags);
@@ -269,11 +233,10 @@ async fn s01_relay_kill_9_repeatedly_while_it_lags_with_writers_active() {
 async fn s03_keepalive_reply_while_confirms_lag_acknowledges_only_the_safe_lsn() {
     let pair = shared().await;
     let pg = blocking(|| PgServer::start(&[("wal_sender_timeout", "2s")]));
-    let outbox = Outbox::on(&pg.url("postgres"), &pair.rabbit.url(), "keepalive").await;
-    let oracle = Oracle::create(&outbox).await;
+    let (outbox, oracle, mut consumer) =
+        observed_outbox(&pg, &pair.rabbit, "keepalive", false).await;
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", pair.rabbit.amqp_port()));
-    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
-    let relay = spawn_relay_via(&outbox, &outbox.db_url, &amqp_url_at(proxy.port(), ""), &[]);
+    let relay = outbox.spawn_relay_via(&outbox.db_url, &amqp_url_at(proxy.port(), ""), &[]);
     let (_, first) = probe(&outbox.client, &mut consumer, MINUTE).await;
     assert!(
         first.is_some(),
@@ -295,15 +258,7 @@ async fn s03_keepalive_reply_while_confirms_lag_acknowledges_only_the_safe_lsn()
     let deadline = Instant::now() + MINUTE;
     loop {
         // ACK at this instant (panics on a violation), while the burst is in flight.
-        let ack = check_ack(
-            &outbox.client,
-            &outbox.slot,
-            &oracle,
-            &mut consumer,
-            &outbox.amqp_url,
-            &outbox.queue,
-        )
-        .await;
+        let ack = check_ack(&outbox.client, &outbox, &oracle, &mut consumer).await;
         samples += 1;
         let replied = reply_time(&outbox.client, &outbox.slot).await;
         if ack.confirmed < burst_end && replied > replied_before {
@@ -324,7 +279,7 @@ async fn s03_keepalive_reply_while_confirms_lag_acknowledges_only_the_safe_lsn()
         "PostgreSQL never got a status reply while the burst was unconfirmed ({samples} samples)"
     );
     assert_eq!(
-        log_count(&relay, "session failed"),
+        relay.log_count("session failed"),
         0,
         "the walsender kept the session (replies sent in time); log:\n{}",
         relay.log()
@@ -446,9 +401,8 @@ async fn s04_idle_outbox_releases_wal_that_other_tables_write_after_a_checkpoint
 async fn s06_multi_row_insert_and_copy_deliver_every_row_once_with_distinct_ids() {
     use futures_util::SinkExt;
     let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "copy").await;
-    let oracle = Oracle::create(&outbox).await;
-    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let (outbox, oracle, mut consumer) =
+        observed_outbox(&pair.pg, &pair.rabbit, "copy", true).await;
     let relay = outbox.spawn_relay(&[]);
 
     // Separate calls: one simple-query string with several statements is one transaction.
@@ -524,9 +478,7 @@ async fn s06_multi_row_insert_and_copy_deliver_every_row_once_with_distinct_ids(
 async fn s08_postgres_immediate_stop_and_start_mid_stream_loses_nothing() {
     let pair = shared().await;
     let pg = blocking(|| PgServer::start(&[]));
-    let outbox = Outbox::on(&pg.url("postgres"), &pair.rabbit.url(), "pgcrash").await;
-    let oracle = Oracle::create(&outbox).await;
-    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let (outbox, oracle, mut consumer) = observed_outbox(&pg, &pair.rabbit, "pgcrash", false).await;
     let relay = outbox.spawn_relay(&FAST_BACKOFF);
     let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(2));
     consumer.wait_for(1000, MINUTE).await;
@@ -535,19 +487,22 @@ async fn s08_postgres_immediate_stop_and_start_mid_stream_loses_nothing() {
 
     blocking(|| pg.stop_immediate());
     assert!(
-        wait_for_log_count(&relay, "session failed", 1, MINUTE).await,
+        relay.wait_for_log_count("session failed", 1, MINUTE).await,
         "the relay noticed the crash; log:\n{}",
         relay.log()
     );
-    let before = sessions(&relay);
+    let before = relay.sessions();
     blocking(|| pg.start_again());
     let client = connect_retrying(&outbox.db_url, MINUTE).await;
-    let reconnected = wait_new_session(&relay, before, MINUTE).await;
-    let reconnected =
-        reconnected.unwrap_or_else(|| panic!("no new session; log:\n{}", relay.log()));
-    let (_, probe_latency) = probe(&client, &mut consumer, Duration::from_secs(120)).await;
-    let probe_latency =
-        probe_latency.unwrap_or_else(|| panic!("no delivery after restart; log:\n{}", relay.log()));
+    let reconnected = new_session(&relay, before, MINUTE).await;
+    let probe_latency = delivered_after(
+        &relay,
+        &client,
+        &mut consumer,
+        Duration::from_secs(120),
+        "restart",
+    )
+    .await;
     let committed_now = writers.committed();
     assert!(
         writers.wait_committed(committed_now + 500, MINUTE).await,
@@ -567,7 +522,7 @@ async fn s08_postgres_immediate_stop_and_start_mid_stream_loses_nothing() {
             ("restart to probe delivered", secs(probe_latency)),
             (
                 "failed sessions",
-                log_count(&relay, "session failed").to_string(),
+                relay.log_count("session failed").to_string(),
             ),
         ],
     );
@@ -604,25 +559,30 @@ async fn s09_rabbitmq_kill_9_with_confirms_in_flight_duplicates_within_w_plus_x(
     let killed = Instant::now();
     blocking(|| rabbit.kill9());
     assert!(
-        wait_for_log_count(&relay, "session failed", 1, MINUTE).await,
+        relay.wait_for_log_count("session failed", 1, MINUTE).await,
         "the relay noticed the broker's death; log:\n{}",
         relay.log()
     );
-    let before = sessions(&relay);
+    let before = relay.sessions();
     let restarting = Instant::now();
     blocking(|| rabbit.restart());
     let boot = restarting.elapsed();
     assert!(
-        wait_new_session(&relay, before, MINUTE).await.is_some(),
+        relay.wait_new_session(before, MINUTE).await.is_some(),
         "no new session; log:\n{}",
         relay.log()
     );
     let reconnected = restarting.elapsed();
     let outage = killed.elapsed();
     let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
-    let (_, probe_latency) = probe(&outbox.client, &mut consumer, Duration::from_secs(120)).await;
-    let probe_latency =
-        probe_latency.unwrap_or_else(|| panic!("no delivery after restart; log:\n{}", relay.log()));
+    let probe_latency = delivered_after(
+        &relay,
+        &outbox.client,
+        &mut consumer,
+        Duration::from_secs(120),
+        "restart",
+    )
+    .await;
     writers.stop().await;
 
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
@@ -636,7 +596,7 @@ async fn s09_rabbitmq_kill_9_with_confirms_in_flight_duplicates_within_w_plus_x(
             ("bound W+X", bound.to_string()),
             (
                 "failed sessions",
-                log_count(&relay, "session failed").to_string(),
+                relay.log_count("session failed").to_string(),
             ),
             ("node boot", secs(boot)),
             ("restart begun to new session", secs(reconnected)),
@@ -661,120 +621,109 @@ async fn s09_rabbitmq_kill_9_with_confirms_in_flight_duplicates_within_w_plus_x(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s10a_broker_connection_reset_is_detected_and_nothing_is_lost() {
-    let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "amqpreset").await;
-    let oracle = Oracle::create(&outbox).await;
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", pair.rabbit.amqp_port()));
-    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
-    let window = W.to_string();
-    let relay = spawn_relay_via(
-        &outbox,
-        &outbox.db_url,
-        &amqp_url_at(proxy.port(), ""),
-        &["--max-in-flight", &window, FAST_BACKOFF[0], FAST_BACKOFF[1]],
-    );
-    let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(2));
-    consumer.wait_for(500, MINUTE).await;
-    assert!(consumer.received().len() >= 500, "log:\n{}", relay.log());
-
-    let before = sessions(&relay);
-    let cut = Instant::now();
-    proxy.reset_all();
-    assert!(
-        wait_for_log_count(&relay, "session failed", 1, MINUTE).await,
-        "reset not noticed; log:\n{}",
-        relay.log()
-    );
-    let detected = cut.elapsed();
-    let reconnected = wait_new_session(&relay, before, MINUTE).await;
-    let reconnected =
-        reconnected.unwrap_or_else(|| panic!("no new session; log:\n{}", relay.log()));
-    let (_, probe_latency) = probe(&outbox.client, &mut consumer, MINUTE).await;
-    let probe_latency = probe_latency
-        .unwrap_or_else(|| panic!("no delivery after the reset; log:\n{}", relay.log()));
-    writers.stop().await;
-    let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
-    let bound = W + MAX_TXN_ROWS;
-    report(
-        "s10a broker connection reset",
-        &[
-            ("rows", committed.len().to_string()),
-            ("lost", "0".into()),
-            ("duplicates", tally.duplicates().to_string()),
-            ("bound W+X", bound.to_string()),
-            ("detected after", secs(detected)),
-            ("reset to new session", secs(reconnected + detected)),
-            ("probe delivered after", secs(probe_latency)),
-        ],
-    );
-    assert!(
-        tally.duplicates() <= bound,
-        "DUP: {} > {bound}",
-        tally.duplicates()
-    );
+    broker_connection_cut_is_detected_and_nothing_is_lost(Cut::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s10b_broker_connection_black_hole_longer_than_the_heartbeat_is_detected() {
+    broker_connection_cut_is_detected_and_nothing_is_lost(Cut::BlackHole).await;
+}
+
+/// How scenario 10 cuts the relay's live broker connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// An RST on both sides: the relay hears of it at once.
+    Reset,
+    /// Silence longer than the heartbeat: the relay must notice on its own.
+    BlackHole,
+}
+
+/// Scenarios 10a and 10b: the broker connection is cut mid-stream with writers active; the
+/// relay notices, reconnects, loses nothing and duplicates at most W + X.
+async fn broker_connection_cut_is_detected_and_nothing_is_lost(cut: Cut) {
     let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "amqphole").await;
-    let oracle = Oracle::create(&outbox).await;
+    let prefix = match cut {
+        Cut::Reset => "amqpreset",
+        Cut::BlackHole => "amqphole",
+    };
+    let (outbox, oracle, mut consumer) =
+        observed_outbox(&pair.pg, &pair.rabbit, prefix, false).await;
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", pair.rabbit.amqp_port()));
-    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
     let window = W.to_string();
-    // A 5 s heartbeat (lapin gives up after two silent intervals) and a 5 s confirm timeout.
-    let relay = spawn_relay_via(
-        &outbox,
-        &outbox.db_url,
-        &amqp_url_at(proxy.port(), "?heartbeat=5"),
-        &[
-            "--max-in-flight",
-            &window,
-            "--confirm-timeout-secs",
-            "5",
-            FAST_BACKOFF[0],
-            FAST_BACKOFF[1],
-        ],
-    );
-    let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(5));
+    let mut flags = vec!["--max-in-flight", &window, FAST_BACKOFF[0], FAST_BACKOFF[1]];
+    let (query, writer_pause) = match cut {
+        Cut::Reset => ("", 2),
+        Cut::BlackHole => {
+            // A 5 s heartbeat (lapin gives up after two silent intervals) and a 5 s confirm
+            // timeout.
+            flags.extend(["--confirm-timeout-secs", "5"]);
+            ("?heartbeat=5", 5)
+        }
+    };
+    let amqp_url = amqp_url_at(proxy.port(), query);
+    let relay = outbox.spawn_relay_via(&outbox.db_url, &amqp_url, &flags);
+    let pause = Duration::from_millis(writer_pause);
+    let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, pause);
     consumer.wait_for(500, MINUTE).await;
     assert!(consumer.received().len() >= 500, "log:\n{}", relay.log());
 
-    proxy.set_modes(Mode::BlackHole);
-    let cut = Instant::now();
+    let sessions_before_cut = relay.sessions();
+    let started = Instant::now();
+    let unnoticed = match cut {
+        Cut::Reset => {
+            proxy.reset_all();
+            "reset not noticed"
+        }
+        Cut::BlackHole => {
+            proxy.set_modes(Mode::BlackHole);
+            "a silent black hole was not noticed within 60 s"
+        }
+    };
     assert!(
-        wait_for_log_count(&relay, "session failed", 1, MINUTE).await,
-        "a silent black hole was not noticed within 60 s; log:\n{}",
+        relay.wait_for_log_count("session failed", 1, MINUTE).await,
+        "{unnoticed}; log:\n{}",
         relay.log()
     );
-    let detected = cut.elapsed();
-    let cause = log_lines(&relay, "session failed").remove(0);
-    // Heal at once, before the next attempt (after a backoff of at least 0.4 s): a handshake
-    // into the hole is s10c's scenario.
-    let before = sessions(&relay);
-    proxy.set_modes(Mode::Pass);
-    let reconnected = wait_new_session(&relay, before, Duration::from_secs(120)).await;
-    let reconnected =
-        reconnected.unwrap_or_else(|| panic!("no new session; log:\n{}", relay.log()));
-    let (_, probe_latency) = probe(&outbox.client, &mut consumer, MINUTE).await;
-    let probe_latency =
-        probe_latency.unwrap_or_else(|| panic!("no delivery after healing; log:\n{}", relay.log()));
+    let detected = started.elapsed();
+    let cause = relay.log_lines("session failed").remove(0);
+    let (healed, reconnected, probed) = match cut {
+        Cut::Reset => {
+            let reconnected = new_session(&relay, sessions_before_cut, MINUTE).await;
+            ("reset to new session", reconnected + detected, "the reset")
+        }
+        Cut::BlackHole => {
+            // Heal at once, before the next attempt (after a backoff of at least 0.4 s): a
+            // handshake into the hole is s10c's scenario.
+            let before = relay.sessions();
+            proxy.set_modes(Mode::Pass);
+            let reconnected = new_session(&relay, before, Duration::from_secs(120)).await;
+            ("healed to new session", reconnected, "healing")
+        }
+    };
+    let client = &outbox.client;
+    let probe_latency = delivered_after(&relay, client, &mut consumer, MINUTE, probed).await;
     writers.stop().await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
     let bound = W + MAX_TXN_ROWS;
+    let scenario = match cut {
+        Cut::Reset => "s10a broker connection reset",
+        Cut::BlackHole => "s10b broker black hole",
+    };
     report(
-        "s10b broker black hole",
+        scenario,
         &[
             ("rows", committed.len().to_string()),
             ("lost", "0".into()),
             ("duplicates", tally.duplicates().to_string()),
             ("bound W+X", bound.to_string()),
             ("detected after", secs(detected)),
-            ("healed to new session", secs(reconnected)),
+            (healed, secs(reconnected)),
             ("probe delivered after", secs(probe_latency)),
         ],
     );
-    println!("s10b detection: {cause}");
+    if cut == Cut::BlackHole {
+        println!("s10b detection: {cause}");
+    }
     assert!(
         tally.duplicates() <= bound,
         "DUP: {} > {bound}",
@@ -784,50 +733,7 @@ async fn s10b_broker_connection_black_hole_longer_than_the_heartbeat_is_detected
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s10c_broker_connect_into_a_black_hole_is_abandoned_and_retried() {
-    let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "amqpconnect").await;
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", pair.rabbit.amqp_port()));
-    proxy.set_modes(Mode::BlackHole);
-    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
-    let relay = spawn_relay_via(
-        &outbox,
-        &outbox.db_url,
-        &amqp_url_at(proxy.port(), "?heartbeat=5"),
-        &[
-            "--confirm-timeout-secs",
-            "5",
-            FAST_BACKOFF[0],
-            FAST_BACKOFF[1],
-        ],
-    );
-    // The handshake goes into the hole: the relay must give up on it and try again.
-    let started = Instant::now();
-    assert!(
-        wait_for_log_count(&relay, "session failed", 1, MINUTE).await,
-        "the relay still waits on its first broker connection after 60 s (no connect \
-         timeout); log:
-{}",
-        relay.log()
-    );
-    let retried = started.elapsed();
-    let before = sessions(&relay);
-    proxy.set_modes(Mode::Pass);
-    let reconnected = wait_new_session(&relay, before, MINUTE).await;
-    let reconnected =
-        reconnected.unwrap_or_else(|| panic!("no session after healing; log:\n{}", relay.log()));
-    let (_, probe_latency) = probe(&outbox.client, &mut consumer, MINUTE).await;
-    assert!(
-        probe_latency.is_some(),
-        "no delivery after healing; log:\n{}",
-        relay.log()
-    );
-    report(
-        "s10c broker connect into a black hole",
-        &[
-            ("attempt abandoned after", secs(retried)),
-            ("healed to session", secs(reconnected)),
-        ],
-    );
+    connect_into_a_black_hole_is_abandoned_and_retried(Hole::Broker).await;
 }
 
 // ---------------------------------------------------------------------------------
@@ -837,13 +743,10 @@ async fn s10c_broker_connect_into_a_black_hole_is_abandoned_and_retried() {
 async fn s11_replication_connection_black_hole_is_noticed_and_nothing_is_lost() {
     let pair = shared().await;
     let pg = blocking(|| PgServer::start(&[("wal_sender_timeout", "2s")]));
-    let outbox = Outbox::on(&pg.url("postgres"), &pair.rabbit.url(), "pghole").await;
-    let oracle = Oracle::create(&outbox).await;
+    let (outbox, oracle, mut consumer) = observed_outbox(&pg, &pair.rabbit, "pghole", false).await;
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", pg.port()));
-    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
     // WAL heartbeats every second: the stream is declared dead after 3 silent intervals.
-    let relay = spawn_relay_via(
-        &outbox,
+    let relay = outbox.spawn_relay_via(
         &db_url_at(&outbox, proxy.port()),
         &outbox.amqp_url,
         &[
@@ -877,7 +780,9 @@ async fn s11_replication_connection_black_hole_is_noticed_and_nothing_is_lost() 
     }
     let server_gave_up = cut.elapsed();
     // ...and the relay must notice on its own: nothing arrives on that connection any more.
-    let noticed = wait_for_log_count(&relay, "session failed", 1, Duration::from_secs(30)).await;
+    let noticed = relay
+        .wait_for_log_count("session failed", 1, Duration::from_secs(30))
+        .await;
     let detected = cut.elapsed();
     assert!(
         noticed,
@@ -887,14 +792,11 @@ async fn s11_replication_connection_black_hole_is_noticed_and_nothing_is_lost() 
         relay.log()
     );
     // Heal at once, before the next attempt: a connection into the hole is s11b's scenario.
-    let before = sessions(&relay);
+    let before = relay.sessions();
     proxy.set_modes(Mode::Pass);
-    let reconnected = wait_new_session(&relay, before, Duration::from_secs(120)).await;
-    let reconnected =
-        reconnected.unwrap_or_else(|| panic!("no new session; log:\n{}", relay.log()));
-    let (_, probe_latency) = probe(&outbox.client, &mut consumer, MINUTE).await;
+    let reconnected = new_session(&relay, before, Duration::from_secs(120)).await;
     let probe_latency =
-        probe_latency.unwrap_or_else(|| panic!("no delivery after healing; log:\n{}", relay.log()));
+        delivered_after(&relay, &outbox.client, &mut consumer, MINUTE, "healing").await;
     writers.stop().await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
     report(
@@ -911,41 +813,79 @@ async fn s11_replication_connection_black_hole_is_noticed_and_nothing_is_lost() 
     );
     println!(
         "s11 detection: {}",
-        log_lines(&relay, "session failed").remove(0)
+        relay.log_lines("session failed").remove(0)
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s11b_postgres_connect_into_a_black_hole_is_abandoned_and_retried() {
+    connect_into_a_black_hole_is_abandoned_and_retried(Hole::Postgres).await;
+}
+
+/// The server whose connection a scenario sends into a black hole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hole {
+    Broker,
+    Postgres,
+}
+
+/// Scenarios 10c and 11b: the relay's first connection to one server goes into a black hole
+/// (the handshake is never answered); the relay must give up on it and try again, and
+/// deliver once the path heals.
+async fn connect_into_a_black_hole_is_abandoned_and_retried(hole: Hole) {
     let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "pgconnect").await;
-    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", pair.pg.port()));
+    let prefix = match hole {
+        Hole::Broker => "amqpconnect",
+        Hole::Postgres => "pgconnect",
+    };
+    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), prefix).await;
+    let target = match hole {
+        Hole::Broker => pair.rabbit.amqp_port(),
+        Hole::Postgres => pair.pg.port(),
+    };
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{target}"));
     proxy.set_modes(Mode::BlackHole);
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
-    let relay = spawn_relay_via(
-        &outbox,
-        &db_url_at(&outbox, proxy.port()),
-        &outbox.amqp_url,
-        &[
-            "--heartbeat-interval-secs",
-            "1",
-            FAST_BACKOFF[0],
-            FAST_BACKOFF[1],
-        ],
-    );
-    // The startup handshake goes into the hole: the relay must give up on it and try again.
+    let relay = match hole {
+        // A 5 s heartbeat and confirm timeout.
+        Hole::Broker => outbox.spawn_relay_via(
+            &outbox.db_url,
+            &amqp_url_at(proxy.port(), "?heartbeat=5"),
+            &[
+                "--confirm-timeout-secs",
+                "5",
+                FAST_BACKOFF[0],
+                FAST_BACKOFF[1],
+            ],
+        ),
+        // WAL heartbeats every second.
+        Hole::Postgres => outbox.spawn_relay_via(
+            &db_url_at(&outbox, proxy.port()),
+            &outbox.amqp_url,
+            &[
+                "--heartbeat-interval-secs",
+                "1",
+                FAST_BACKOFF[0],
+                FAST_BACKOFF[1],
+            ],
+        ),
+    };
+    let (server, scenario) = match hole {
+        Hole::Broker => ("broker", "s10c broker connect into a black hole"),
+        Hole::Postgres => ("PostgreSQL", "s11b postgres connect into a black hole"),
+    };
+    // The handshake goes into the hole: the relay must give up on it and try again.
     let started = Instant::now();
     assert!(
-        wait_for_log_count(&relay, "session failed", 1, MINUTE).await,
-        "the relay still waits on its first PostgreSQL connection after 60 s (no connect \
-         timeout); log:
-{}",
+        relay.wait_for_log_count("session failed", 1, MINUTE).await,
+        "the relay still waits on its first {server} connection after 60 s (no connect \
+         timeout); log:\n{}",
         relay.log()
     );
     let retried = started.elapsed();
-    let before = sessions(&relay);
+    let before = relay.sessions();
     proxy.set_modes(Mode::Pass);
-    let reconnected = wait_new_session(&relay, before, MINUTE).await;
+    let reconnected = relay.wait_new_session(before, MINUTE).await;
     let reconnected =
         reconnected.unwrap_or_else(|| panic!("no session after healing; log:\n{}", relay.log()));
     let (_, probe_latency) = probe(&outbox.client, &mut consumer, MINUTE).await;
@@ -955,7 +895,7 @@ async fn s11b_postgres_connect_into_a_black_hole_is_abandoned_and_retried() {
         relay.log()
     );
     report(
-        "s11b postgres connect into a black hole",
+        scenario,
         &[
             ("attempt abandoned after", secs(retried)),
             ("healed to session", secs(reconnected)),
@@ -971,9 +911,7 @@ async fn s12_broker_memory_alarm_pauses_publishing_without_a_reconnect_loop() {
     let rabbit = std::thread::spawn(RabbitServer::start);
     let pg = blocking(|| PgServer::start(&[("wal_sender_timeout", "2s")]));
     let rabbit = blocking(|| rabbit.join()).expect("rabbitmq start");
-    let outbox = Outbox::on(&pg.url("postgres"), &rabbit.url(), "alarm").await;
-    let oracle = Oracle::create(&outbox).await;
-    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let (outbox, oracle, mut consumer) = observed_outbox(&pg, &rabbit, "alarm", false).await;
     // A confirm timeout shorter than the alarm: waiting while blocked must not count.
     let relay = outbox.spawn_relay(&["--confirm-timeout-secs", "3"]);
     let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(20));
@@ -1000,7 +938,7 @@ async fn s12_broker_memory_alarm_pauses_publishing_without_a_reconnect_loop() {
     let (_, _, walsender_during) = slot_state(&outbox.client, &outbox.slot)
         .await
         .expect("slot");
-    let failures_during = log_count(&relay, "session failed");
+    let failures_during = relay.log_count("session failed");
     let delivered_during = consumer.received().len() - delivered_at_block;
     let clear = blocking(|| rabbit.ctl(&["set_vm_memory_high_watermark", "0.4"]));
     assert!(clear.status.success(), "clear the alarm: {clear:?}");
@@ -1020,9 +958,8 @@ async fn s12_broker_memory_alarm_pauses_publishing_without_a_reconnect_loop() {
         "log:\n{}",
         relay.log()
     );
-    let (_, recovery) = probe(&outbox.client, &mut consumer, MINUTE).await;
     let recovery =
-        recovery.unwrap_or_else(|| panic!("no delivery after the alarm; log:\n{}", relay.log()));
+        delivered_after(&relay, &outbox.client, &mut consumer, MINUTE, "the alarm").await;
     writers.stop().await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
     report(
@@ -1033,29 +970,11 @@ async fn s12_broker_memory_alarm_pauses_publishing_without_a_reconnect_loop() {
             ("duplicates", tally.duplicates().to_string()),
             ("blocked for", secs(blocked_for)),
             ("delivered while blocked", delivered_during.to_string()),
-            (
-                "reconnects",
-                log_count(&relay, "session failed").to_string(),
-            ),
+            ("reconnects", relay.log_count("session failed").to_string()),
             ("cleared to probe delivered", secs(recovery)),
         ],
     );
     assert_eq!(tally.duplicates(), 0, "no reconnect, so no replay");
-}
-
-/// A relay of `outbox` serving /metrics and /readyz on a port of its own.
-fn spawn_observed_relay(outbox: &Outbox, extra: &[&str]) -> (RelayProcess, u16) {
-    let port = common::free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut args = vec!["--metrics-addr", addr.as_str()];
-    args.extend_from_slice(extra);
-    (outbox.spawn_relay(&args), port)
-}
-
-/// `/readyz` as (status, first line of the body).
-async fn readyz(port: u16) -> (u16, String) {
-    let (status, body) = http_get(port, "/readyz").await.expect("/readyz answers");
-    (status, body.trim().to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1064,7 +983,7 @@ async fn s12b_broker_blocked_is_reported_by_readyz_and_a_gauge() {
     let rabbit = blocking(RabbitServer::start);
     let outbox = Outbox::on(&pair.pg.url("postgres"), &rabbit.url(), "alarmready").await;
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
-    let (relay, port) = spawn_observed_relay(&outbox, &["--confirm-timeout-secs", "3"]);
+    let (relay, port) = outbox.spawn_observed(&["--confirm-timeout-secs", "3"]);
     let (_, first) = probe(&outbox.client, &mut consumer, MINUTE).await;
     assert!(first.is_some(), "log:\n{}", relay.log());
     assert!(
@@ -1114,7 +1033,7 @@ async fn s12b_broker_blocked_is_reported_by_readyz_and_a_gauge() {
 /// failure may replay the window (W) and the open transaction's confirmed rows (X); each
 /// retry, with a window of 1, replays that transaction's rows before the stuck one again (X).
 fn assert_within_stop_bound(tally: &Tally, relay: &RelayProcess) {
-    let bound = W + MAX_TXN_ROWS * sessions(relay);
+    let bound = W + MAX_TXN_ROWS * relay.sessions();
     assert!(
         tally.duplicates() <= bound,
         "DUP: {} duplicates, bound W + X × sessions = {bound}",
@@ -1125,9 +1044,8 @@ fn assert_within_stop_bound(tally: &Tally, relay: &RelayProcess) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s13_binding_removed_while_publishing_holds_the_slot_until_rebound() {
     let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "unbind").await;
-    let oracle = Oracle::create(&outbox).await;
-    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let (outbox, oracle, mut consumer) =
+        observed_outbox(&pair.pg, &pair.rabbit, "unbind", false).await;
     let relay = outbox.spawn_relay(&FAST_BACKOFF);
     let before = write_concurrently(&outbox.db_url, 2, 200, MAX_TXN_ROWS).await;
     assert!(
@@ -1140,33 +1058,24 @@ async fn s13_binding_removed_while_publishing_holds_the_slot_until_rebound() {
     write_concurrently(&outbox.db_url, 2, 200, MAX_TXN_ROWS).await;
     // Returned, then retried (window 1) and returned again: the relay does not move past it.
     assert!(
-        wait_for_log_count(&relay, "as unroutable", 2, MINUTE).await,
+        relay.wait_for_log_count("as unroutable", 2, MINUTE).await,
         "log:\n{}",
         relay.log()
     );
     let stuck = id_after(&relay, "returned message ");
     let stuck_txn = oracle.transaction_of(&outbox.client, &stuck).await;
-    let ack = check_ack(
-        &outbox.client,
-        &outbox.slot,
-        &oracle,
-        &mut consumer,
-        &outbox.amqp_url,
-        &outbox.queue,
-    )
-    .await;
+    let ack = check_ack(&outbox.client, &outbox, &oracle, &mut consumer).await;
     assert!(
         ack.confirmed < stuck_txn.end_lsn,
         "acknowledged {} past the returned message {stuck} (its transaction ends at {})",
         common::format_lsn(ack.confirmed),
         common::format_lsn(stuck_txn.end_lsn)
     );
-    let returns = log_count(&relay, "as unroutable");
+    let returns = relay.log_count("as unroutable");
 
     bind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
-    let (_, recovery) = probe(&outbox.client, &mut consumer, MINUTE).await;
     let recovery =
-        recovery.unwrap_or_else(|| panic!("no delivery after rebinding; log:\n{}", relay.log()));
+        delivered_after(&relay, &outbox.client, &mut consumer, MINUTE, "rebinding").await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
     report(
         "s13 binding removed",
@@ -1186,7 +1095,7 @@ async fn s13b_returned_message_is_reported_by_readyz_and_metrics() {
     let pair = shared().await;
     let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "unbindready").await;
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
-    let (relay, port) = spawn_observed_relay(&outbox, &FAST_BACKOFF);
+    let (relay, port) = outbox.spawn_observed(&FAST_BACKOFF);
     let (_, first) = probe(&outbox.client, &mut consumer, MINUTE).await;
     assert!(first.is_some(), "log:\n{}", relay.log());
     assert!(
@@ -1198,7 +1107,9 @@ async fn s13b_returned_message_is_reported_by_readyz_and_metrics() {
     unbind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
     let stuck = outbox.insert("Unbound", "{}").await;
     assert!(
-        wait_for_log_count(&relay, &format!("returned message {stuck}"), 2, MINUTE).await,
+        relay
+            .wait_for_log_count(&format!("returned message {stuck}"), 2, MINUTE)
+            .await,
         "log:\n{}",
         relay.log()
     );
@@ -1226,9 +1137,8 @@ async fn s13b_returned_message_is_reported_by_readyz_and_metrics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s14_exchange_deleted_is_a_clear_error_without_advance_until_redeclared() {
     let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "noexchange").await;
-    let oracle = Oracle::create(&outbox).await;
-    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let (outbox, oracle, mut consumer) =
+        observed_outbox(&pair.pg, &pair.rabbit, "noexchange", false).await;
     let relay = outbox.spawn_relay(&FAST_BACKOFF);
     let before = write_concurrently(&outbox.db_url, 2, 200, MAX_TXN_ROWS).await;
     assert!(
@@ -1241,20 +1151,12 @@ async fn s14_exchange_deleted_is_a_clear_error_without_advance_until_redeclared(
     let after = write_concurrently(&outbox.db_url, 1, 100, MAX_TXN_ROWS).await;
     let clear = format!("exchange \"{}\" does not exist", outbox.exchange);
     assert!(
-        wait_for_log_count(&relay, &clear, 2, MINUTE).await,
+        relay.wait_for_log_count(&clear, 2, MINUTE).await,
         "a clear error naming the exchange, repeated on retry; log:\n{}",
         relay.log()
     );
     let first_after = oracle.transaction_of(&outbox.client, &after[0]).await;
-    let ack = check_ack(
-        &outbox.client,
-        &outbox.slot,
-        &oracle,
-        &mut consumer,
-        &outbox.amqp_url,
-        &outbox.queue,
-    )
-    .await;
+    let ack = check_ack(&outbox.client, &outbox, &oracle, &mut consumer).await;
     assert!(
         ack.confirmed < first_after.end_lsn,
         "acknowledged {} past rows published to the missing exchange (first ends at {})",
@@ -1269,9 +1171,14 @@ async fn s14_exchange_deleted_is_a_clear_error_without_advance_until_redeclared(
     // Deleting the exchange removed its bindings: declare and bind again.
     declare_exchange(&outbox.amqp_url, &outbox.exchange).await;
     bind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
-    let (_, recovery) = probe(&outbox.client, &mut consumer, MINUTE).await;
-    let recovery =
-        recovery.unwrap_or_else(|| panic!("no delivery after re-declaring; log:\n{}", relay.log()));
+    let recovery = delivered_after(
+        &relay,
+        &outbox.client,
+        &mut consumer,
+        MINUTE,
+        "re-declaring",
+    )
+    .await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
     report(
         "s14 exchange deleted",
@@ -1279,7 +1186,7 @@ async fn s14_exchange_deleted_is_a_clear_error_without_advance_until_redeclared(
             ("rows", committed.len().to_string()),
             ("lost", "0".into()),
             ("duplicates", tally.duplicates().to_string()),
-            ("clear errors logged", log_count(&relay, &clear).to_string()),
+            ("clear errors logged", relay.log_count(&clear).to_string()),
             ("re-declared to probe delivered", secs(recovery)),
         ],
     );
@@ -1313,7 +1220,7 @@ async fn s15_full_reject_publish_queue_nacks_back_off_and_everything_arrives_onc
     write_concurrently(&outbox.db_url, 2, 300, MAX_TXN_ROWS).await;
     let relay = outbox.spawn_relay(&FAST_BACKOFF);
     assert!(
-        wait_for_log_count(&relay, "nacked) message", 3, MINUTE).await,
+        relay.wait_for_log_count("nacked) message", 3, MINUTE).await,
         "nacked, retried, nacked again; log:\n{}",
         relay.log()
     );
@@ -1331,7 +1238,8 @@ async fn s15_full_reject_publish_queue_nacks_back_off_and_everything_arrives_onc
         CAPACITY as u32,
         "the queue is full"
     );
-    let delays: Vec<String> = log_lines(&relay, "nacked) message")
+    let delays: Vec<String> = relay
+        .log_lines("nacked) message")
         .iter()
         .filter_map(|l| l.split("retry_in_ms=").nth(1))
         .map(|rest| rest.split_whitespace().next().unwrap_or("").to_string())
@@ -1349,7 +1257,7 @@ async fn s15_full_reject_publish_queue_nacks_back_off_and_everything_arrives_onc
             ("duplicates", tally.duplicates().to_string()),
             (
                 "nacks logged",
-                log_count(&relay, "nacked) message").to_string(),
+                relay.log_count("nacked) message").to_string(),
             ),
             ("retry delays ms", delays.join("/")),
             ("drain to all delivered", secs(drained.elapsed())),
@@ -1375,7 +1283,9 @@ async fn s16_lost_slot_stops_the_relay_on_reconnect_and_start_and_is_never_recre
     unbind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
     let in_gap = outbox.insert("InTheGap", "{}").await;
     assert!(
-        wait_for_log_count(&relay, &format!("returned message {in_gap}"), 1, MINUTE).await,
+        relay
+            .wait_for_log_count(&format!("returned message {in_gap}"), 1, MINUTE)
+            .await,
         "log:\n{}",
         relay.log()
     );
@@ -1520,7 +1430,9 @@ async fn s18_added_column_maps_to_a_header_for_later_rows_only_across_a_reconnec
     unbind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
     let gate = outbox.insert("Gate", "{}").await;
     assert!(
-        wait_for_log_count(&relay, &format!("returned message {gate}"), 1, MINUTE).await,
+        relay
+            .wait_for_log_count(&format!("returned message {gate}"), 1, MINUTE)
+            .await,
         "log:\n{}",
         relay.log()
     );
@@ -1542,9 +1454,10 @@ async fn s18_added_column_maps_to_a_header_for_later_rows_only_across_a_reconnec
             .expect("insert with aggregate_id");
         held_new.push(row.get::<_, String>(0));
     }
-    let reconnects_before = sessions(&relay);
+    let reconnects_before = relay.sessions();
     assert!(
-        wait_new_session(&relay, reconnects_before, MINUTE)
+        relay
+            .wait_new_session(reconnects_before, MINUTE)
             .await
             .is_some(),
         "a reconnect while the rows are held; log:\n{}",
@@ -1595,7 +1508,7 @@ async fn s18_added_column_maps_to_a_header_for_later_rows_only_across_a_reconnec
             ("rows", committed.len().to_string()),
             ("lost", "0".into()),
             ("duplicates", tally.duplicates().to_string()),
-            ("sessions", sessions(&relay).to_string()),
+            ("sessions", relay.sessions().to_string()),
         ],
     );
 }
@@ -1606,9 +1519,8 @@ async fn s18_added_column_maps_to_a_header_for_later_rows_only_across_a_reconnec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s19a_one_megabyte_toasted_jsonb_payload_arrives_json_equal() {
     let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "toast").await;
-    let oracle = Oracle::create(&outbox).await;
-    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let (outbox, oracle, mut consumer) =
+        observed_outbox(&pair.pg, &pair.rabbit, "toast", true).await;
     let relay = outbox.spawn_relay(&[]);
     let before = outbox.insert("Small", r#"{"n": 1}"#).await;
     // md5 text compresses poorly: about 1 MB of it is stored out of line (TOAST).
@@ -1698,15 +1610,7 @@ async fn assert_stops_on_row(
     for name in names {
         assert!(line.contains(name), "the error says {name:?}: {line}");
     }
-    check_ack(
-        &outbox.client,
-        &outbox.slot,
-        oracle,
-        consumer,
-        &outbox.amqp_url,
-        &outbox.queue,
-    )
-    .await;
+    check_ack(&outbox.client, outbox, oracle, consumer).await;
     let ids = ids_of(consumer.received());
     assert!(ids.contains(&good), "the row before it is delivered");
     assert!(!ids.contains(&bad), "the bad row is not published");
@@ -1761,9 +1665,8 @@ async fn s19b_null_event_type_stops_the_relay_naming_the_row() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s19c_twenty_megabyte_payload_stops_before_publishing_naming_the_row() {
     let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "toolarge").await;
-    let oracle = Oracle::create(&outbox).await;
-    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let (outbox, oracle, mut consumer) =
+        observed_outbox(&pair.pg, &pair.rabbit, "toolarge", true).await;
     let good = outbox.insert("Good", "{}").await;
     let bad: String = outbox
         .client
@@ -1805,9 +1708,8 @@ async fn s19c_twenty_megabyte_payload_stops_before_publishing_naming_the_row() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s20_second_relay_waits_as_standby_and_takes_over_when_the_first_stops() {
     let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "standby").await;
-    let oracle = Oracle::create(&outbox).await;
-    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let (outbox, oracle, mut consumer) =
+        observed_outbox(&pair.pg, &pair.rabbit, "standby", false).await;
     let first = outbox.spawn_relay(&[]);
     assert!(
         first.wait_for_log(SESSION_STARTED, MINUTE).await,
@@ -1835,13 +1737,13 @@ async fn s20_second_relay_waits_as_standby_and_takes_over_when_the_first_stops()
     let while_both = write_concurrently(&outbox.db_url, 2, 500, MAX_TXN_ROWS).await;
     assert!(wait_for_ids(&mut consumer, &while_both, MINUTE).await);
     assert_eq!(
-        sessions(&second),
+        second.sessions(),
         0,
         "the standby never streamed while the first ran; log:\n{}",
         second.log()
     );
 
-    stop_relay(&first).await;
+    first.stop().await;
     let stopped = Instant::now();
     assert!(
         second.wait_for_log(SESSION_STARTED, MINUTE).await,
@@ -1904,7 +1806,7 @@ async fn s21_polling_crash_between_confirms_and_commit_twice_loses_nothing() {
             .unwrap_or_else(|| panic!("the failpoint did not fire; log:\n{}", relay.log()));
         assert_eq!(
             status.signal(),
-            Some(libc::SIGABRT),
+            Some(common::relay::SIGABRT),
             "{status}; log:\n{}",
             relay.log()
         );
@@ -1923,7 +1825,7 @@ async fn s21_polling_crash_between_confirms_and_commit_twice_loses_nothing() {
         relay.log()
     );
     let drained = restarted.elapsed();
-    stop_relay(&relay).await;
+    relay.stop().await;
     assert!(
         unsent_ids(&outbox.client).await.is_empty(),
         "every row marked published"
@@ -1974,15 +1876,10 @@ async fn s21_polling_crash_between_confirms_and_commit_twice_loses_nothing() {
 }
 
 async fn unsent_ids(client: &tokio_postgres::Client) -> HashSet<String> {
-    client
-        .query(
-            "SELECT id::text FROM outbox WHERE published_at IS NULL",
-            &[],
-        )
+    let sql = "SELECT id::text FROM outbox WHERE published_at IS NULL";
+    common::pg::first_column(client, sql, &[])
         .await
-        .expect("read unsent ids")
-        .iter()
-        .map(|row| row.get(0))
+        .into_iter()
         .collect()
 }
 
@@ -1991,54 +1888,20 @@ async fn unsent_ids(client: &tokio_postgres::Client) -> HashSet<String> {
 
 const HEARTBEAT_LAG: &str = "outbox_relay_heartbeat_lag_seconds";
 
-/// Scrapes until `wanted` holds for the text of `/metrics`; the last scrape either way.
-async fn wait_metrics(port: u16, timeout: Duration, wanted: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let metrics = http_get(port, "/metrics").await.map(|(_, body)| body);
-        match metrics {
-            Some(metrics) if wanted(&metrics) || Instant::now() >= deadline => return metrics,
-            None if Instant::now() >= deadline => panic!("/metrics does not answer"),
-            _ => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-}
-
-/// Waits until `/readyz` gives `wanted` (the relay may not listen yet); the last answer
-/// either way.
-async fn wait_readyz(port: u16, timeout: Duration, wanted: (u16, &str)) -> Option<(u16, String)> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let answer = http_get(port, "/readyz")
-            .await
-            .map(|(status, body)| (status, body.trim().to_string()));
-        let matches = answer
-            .as_ref()
-            .is_some_and(|(status, body)| (*status, body.as_str()) == wanted);
-        if matches || Instant::now() >= deadline {
-            return answer;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s22_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_recover() {
     let pair = shared().await;
     let rabbit = blocking(RabbitServer::start);
     let outbox = Outbox::on(&pair.pg.url("postgres"), &rabbit.url(), "brokerdown").await;
     let oracle = Oracle::create(&outbox).await;
-    let (relay, port) = spawn_observed_relay(
-        &outbox,
-        &[
-            "--heartbeat-interval-secs",
-            "1",
-            "--slot-poll-interval",
-            "200ms",
-            FAST_BACKOFF[0],
-            FAST_BACKOFF[1],
-        ],
-    );
+    let (relay, port) = outbox.spawn_observed(&[
+        "--heartbeat-interval-secs",
+        "1",
+        "--slot-poll-interval",
+        "200ms",
+        FAST_BACKOFF[0],
+        FAST_BACKOFF[1],
+    ]);
     assert!(
         wait_ready(port, MINUTE).await,
         "/readyz: {:?}; log:\n{}",
@@ -2180,23 +2043,17 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
         blocking(|| PgServer::start(&[("wal_sender_timeout", HOST_LOST_WAL_SENDER_TIMEOUT)]))
     });
     let pg = own_pg.as_ref().unwrap_or(&pair.pg);
-    let outbox = Outbox::on(&pg.url("postgres"), &pair.rabbit.url(), prefix).await;
-    let oracle = Oracle::create(&outbox).await;
-    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let (outbox, oracle, mut consumer) = observed_outbox(pg, &pair.rabbit, prefix, false).await;
     let proxy =
         (stop == Stop::HostLost).then(|| TcpProxy::start(&format!("127.0.0.1:{}", pg.port())));
     let (active, active_port) = match &proxy {
-        None => spawn_observed_relay(&outbox, &[]),
+        None => outbox.spawn_observed(&[]),
         Some(proxy) => {
             let port = common::free_port();
             let addr = format!("127.0.0.1:{port}");
             let db_url = db_url_at(&outbox, proxy.port());
-            let relay = spawn_relay_via(
-                &outbox,
-                &db_url,
-                &outbox.amqp_url,
-                &["--metrics-addr", &addr],
-            );
+            let relay =
+                outbox.spawn_relay_via(&db_url, &outbox.amqp_url, &["--metrics-addr", &addr]);
             (relay, port)
         }
     };
@@ -2205,7 +2062,7 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
         "log:\n{}",
         active.log()
     );
-    let (standby, standby_port) = spawn_observed_relay(&outbox, &[]);
+    let (standby, standby_port) = outbox.spawn_observed(&[]);
     let answer = wait_readyz(standby_port, MINUTE, (503, "standby")).await;
     assert_eq!(
         answer,
@@ -2219,7 +2076,7 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
     let writers = Writers::start(&outbox.db_url, 4, MAX_TXN_ROWS, Duration::from_millis(1));
     assert!(writers.wait_committed(ROWS / 2, 5 * MINUTE).await);
     assert_eq!(
-        sessions(&standby),
+        standby.sessions(),
         0,
         "the standby never streamed while the active relay ran; log:\n{}",
         standby.log()

@@ -2,7 +2,7 @@
 //! oracle reads a transaction back, a queue receives confirmed publishes, the proxy
 //! passes and resets PostgreSQL connections, and child processes are supervised.
 
-mod common;
+use outbox_testkit as common;
 
 use std::path::Path;
 use std::time::Duration;
@@ -172,7 +172,7 @@ fn proxy_delays_and_resets_with_rst_on_both_ends() {
 
 #[tokio::test]
 async fn child_process_log_signals_and_memory_are_observable() {
-    assert!(Path::new(common::relay::relay_bin()).exists());
+    assert!(common::relay::binary().exists());
     let child = RelayProcess::spawn_bin(
         Path::new("/bin/sh"),
         &["-c", "echo \"ready $SMOKE_VALUE\"; trap 'echo bye; exit 3' TERM; while :; do sleep 0.05; done"],

@@ -5,15 +5,15 @@
 //! Oracles come from outside the relay: `pg_replication_slots` read by the test itself, the
 //! queue's contents, the table's rows, and `EXPLAIN`.
 
-mod common;
+use outbox_testkit as common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::Output;
 use std::time::{Duration, SystemTime};
 
 use common::faults::scrape_slot_gauges;
+use common::http::{http_get, metric_value, wait_http};
 use common::outbox::Outbox;
+use common::pg::first_column;
 use common::{
     declare_bound_queue, free_port, pg_connect, services, unique_name, Consumer, RelayProcess,
     DATABASE_URL_ENV,
@@ -23,47 +23,6 @@ use tokio_postgres::Client;
 
 // ---------------------------------------------------------------------------------------
 // helpers
-
-/// `GET path` on 127.0.0.1:`port` with a plain socket: status code and body.
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n")?.1.to_string();
-    Some((status, body))
-}
-
-/// Polls `GET path` until `wanted` holds for the answer; the last answer either way.
-async fn wait_http(
-    port: u16,
-    path: &str,
-    timeout: Duration,
-    wanted: impl Fn(&(u16, String)) -> bool,
-) -> Option<(u16, String)> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let answer = http_get(port, path);
-        if answer.as_ref().is_some_and(&wanted) || tokio::time::Instant::now() >= deadline {
-            return answer;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The value of the sample `series` (`name` or `name{labels}`) in Prometheus text.
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics.lines().find_map(|line| {
-        let rest = line.strip_prefix(series)?.strip_prefix(' ')?;
-        rest.split_whitespace().next()?.parse().ok()
-    })
-}
 
 async fn active_pid(client: &Client, slot: &str) -> Option<i32> {
     client
@@ -163,11 +122,11 @@ async fn endpoints_serve_health_readiness_and_slot_lag_that_matches_postgres() {
         "streaming with the broker channel open; log:\n{}",
         relay.log()
     );
-    let (status, _) = http_get(port, "/nothing").expect("answer");
+    let (status, _) = http_get(port, "/nothing").await.expect("answer");
     assert_eq!(status, 404);
 
     // Every metric is described once, with its type.
-    let (status, metrics) = http_get(port, "/metrics").expect("metrics");
+    let (status, metrics) = http_get(port, "/metrics").await.expect("metrics");
     assert_eq!(status, 200);
     for line in [
         "# TYPE outbox_relay_slot_lag_bytes gauge",
@@ -179,7 +138,7 @@ async fn endpoints_serve_health_readiness_and_slot_lag_that_matches_postgres() {
     ] {
         assert!(metrics.contains(line), "{line:?} missing in:\n{metrics}");
     }
-    assert_eq!(sample(&metrics, "outbox_relay_ready"), Some(1.0));
+    assert_eq!(metric_value(&metrics, "outbox_relay_ready"), Some(1.0));
 
     // Slot lag and retained WAL match pg_replication_slots read around the same poll.
     for _ in 0..3 {
@@ -190,7 +149,7 @@ async fn endpoints_serve_health_readiness_and_slot_lag_that_matches_postgres() {
             .metrics;
         // This poll started while the relay was streaming.
         assert_eq!(
-            sample(
+            metric_value(
                 &scraped,
                 "outbox_relay_slot_wal_status{status=\"reserved\"}"
             ),
@@ -198,10 +157,13 @@ async fn endpoints_serve_health_readiness_and_slot_lag_that_matches_postgres() {
             "{scraped}"
         );
         assert_eq!(
-            sample(&scraped, "outbox_relay_slot_wal_status{status=\"lost\"}"),
+            metric_value(&scraped, "outbox_relay_slot_wal_status{status=\"lost\"}"),
             Some(0.0)
         );
-        assert_eq!(sample(&scraped, "outbox_relay_slot_active"), Some(1.0));
+        assert_eq!(
+            metric_value(&scraped, "outbox_relay_slot_active"),
+            Some(1.0)
+        );
     }
 
     // `status` reads the same slot and asks this relay whether it is stuck.
@@ -323,7 +285,7 @@ async fn status_exits_2_when_the_slot_is_lost() {
     .await;
     assert!(lost, "the slot is invalidated");
 
-    let out = std::process::Command::new(common::relay::relay_bin())
+    let out = std::process::Command::new(common::relay::binary())
         .args(["status", "--database-url", &db_url, "--slot", &slot])
         .args(["--metrics-addr", "off"])
         .output()
@@ -447,18 +409,13 @@ async fn resync_republishes_exactly_the_rows_from_that_time_on() {
         .collect();
     // created_at order; the two rows of the last transaction share a created_at, so they
     // come in id order.
-    let expected_order: Vec<String> = outbox
-        .client
-        .query(
-            "SELECT id::text FROM outbox WHERE created_at >= $1::text::timestamptz \
-             ORDER BY created_at, id",
-            &[&since],
-        )
-        .await
-        .expect("expected order")
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let expected_order = first_column(
+        &outbox.client,
+        "SELECT id::text FROM outbox WHERE created_at >= $1::text::timestamptz \
+         ORDER BY created_at, id",
+        &[&since],
+    )
+    .await;
     let mut expected_set = after.clone();
     expected_set.sort();
     let mut expected_sorted = expected_order.clone();
@@ -516,37 +473,31 @@ async fn cleanup_deletes_only_rows_past_retention_and_the_last_acknowledged_comm
         .expect("time")
         .get(0);
     // Batches of 2: 2 + 2 + 1, the loop stops after the short one.
-    let deleted = outbox_relay::cleanup::delete_batch(
-        &outbox.client,
-        &names(&outbox),
-        Duration::from_secs(3600),
-        acknowledged,
-        2,
-    )
-    .await
-    .expect("cleanup");
+    let names = names(&outbox);
+    let retention = Duration::from_secs(3600);
+    let delete = |acknowledged: SystemTime, batch| {
+        let deleting = outbox_relay::cleanup::delete_batch(
+            &outbox.client,
+            &names,
+            retention,
+            acknowledged,
+            batch,
+        );
+        async move { deleting.await.expect("cleanup") }
+    };
+    let deleted = delete(acknowledged, 2).await;
     assert_eq!(deleted, 5);
-    let left: Vec<String> = outbox
-        .client
-        .query("SELECT event_type FROM outbox ORDER BY created_at", &[])
-        .await
-        .expect("rows")
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let left = first_column(
+        &outbox.client,
+        "SELECT event_type FROM outbox ORDER BY created_at",
+        &[],
+    )
+    .await;
     assert_eq!(left, ["after_ack", "after_ack", "young", "young"]);
 
     // A relay that acknowledged more recently lets the rows past retention go, never the
     // young ones.
-    let deleted = outbox_relay::cleanup::delete_batch(
-        &outbox.client,
-        &names(&outbox),
-        Duration::from_secs(3600),
-        SystemTime::now() + Duration::from_secs(3600),
-        1000,
-    )
-    .await
-    .expect("cleanup");
+    let deleted = delete(SystemTime::now() + Duration::from_secs(3600), 1000).await;
     assert_eq!(deleted, 2);
 }
 
@@ -574,14 +525,8 @@ async fn cleanup_statement_reads_the_created_at_index_not_the_table() {
     // The worst case for the index: nearly every row qualifies.
     let retention = 60.0f64;
     let acknowledged = SystemTime::now() + Duration::from_secs(3600);
-    let plan: Vec<String> = outbox
-        .client
-        .query(&format!("EXPLAIN {sql}"), &[&retention, &acknowledged])
-        .await
-        .expect("explain")
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let explain = format!("EXPLAIN {sql}");
+    let plan = first_column(&outbox.client, &explain, &[&retention, &acknowledged]).await;
     let plan = plan.join("\n");
     println!("{plan}");
     assert!(!plan.contains("Seq Scan"), "no sequential scan:\n{plan}");
@@ -827,7 +772,7 @@ async fn passwords_never_reach_the_log_at_trace_level() {
     let wrong_url = outbox
         .db_url
         .replace(PASSWORD_IN_URL, "p%40ss%3Aw%2Frd%25x");
-    let out = std::process::Command::new(common::relay::relay_bin())
+    let out = std::process::Command::new(common::relay::binary())
         .args([
             "status",
             "--database-url",

@@ -6,7 +6,7 @@
 //! the queue is FIFO with one consumer, so when the sentinel arrives, everything the relay
 //! ever published has arrived too, and counting duplicates needs no quiet period.
 
-mod common;
+use outbox_testkit as common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,8 +38,7 @@ impl Outbox {
     /// A fresh database with the outbox table and the claim index created by setup's own
     /// SQL, and a queue bound to every routing key of a fresh exchange on `amqp_url`.
     async fn new(prefix: &str, amqp_url: &str) -> Outbox {
-        let db_url = services().pg.create_database(&unique_name(prefix)).await;
-        let exchange = unique_name(&format!("{prefix}_ex"));
+        let (db_url, exchange) = fresh(prefix).await;
         let client = pg_connect(&db_url).await;
         client
             .batch_execute(&setup::poll_script(&names(&exchange)))
@@ -113,6 +112,12 @@ impl Outbox {
     }
 }
 
+/// A fresh database on the shared server and a fresh exchange name, both after `prefix`.
+async fn fresh(prefix: &str) -> (String, String) {
+    let db_url = services().pg.create_database(&unique_name(prefix)).await;
+    (db_url, unique_name(&format!("{prefix}_ex")))
+}
+
 fn names(exchange: &str) -> OutboxNames {
     OutboxNames {
         table: "outbox".into(),
@@ -171,15 +176,10 @@ async fn published(client: &Client) -> i64 {
 }
 
 async fn published_ids(client: &Client) -> HashSet<String> {
-    client
-        .query(
-            "SELECT id::text FROM outbox WHERE published_at IS NOT NULL",
-            &[],
-        )
+    let sql = "SELECT id::text FROM outbox WHERE published_at IS NOT NULL";
+    common::pg::first_column(client, sql, &[])
         .await
-        .expect("published ids")
-        .iter()
-        .map(|row| row.get(0))
+        .into_iter()
         .collect()
 }
 
@@ -197,6 +197,16 @@ async fn wait_count(client: &Client, sql: &str, condition: impl Fn(i64) -> bool)
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Waits until no row is left unpublished.
+async fn wait_all_published(client: &Client) {
+    wait_count(
+        client,
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+        |n| n == 0,
+    )
+    .await;
 }
 
 /// How often each message id arrived.
@@ -340,12 +350,7 @@ async fn kill_9_mid_backlog_loses_nothing_and_duplicates_at_most_workers_times_b
     assert!(at_kill < 20_000, "the kill must land mid-backlog");
 
     let relay = outbox.spawn_poll(&args);
-    wait_count(
-        &client,
-        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
-        |n| n == 0,
-    )
-    .await;
+    wait_all_published(&client).await;
     stop(&relay).await;
     let received = outbox.drain(&mut consumer).await;
 
@@ -446,7 +451,7 @@ async fn broker_down_for_ten_seconds_marks_nothing_published_and_everything_arri
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // No worker can have its broker connection up: /readyz says why.
-    let (status, reason) = common::faults::http_get(port, "/readyz")
+    let (status, reason) = common::http::http_get(port, "/readyz")
         .await
         .expect("/readyz answers");
     assert_eq!((status, reason.as_str()), (503, "broker down\n"));
@@ -469,14 +474,9 @@ async fn broker_down_for_ten_seconds_marks_nothing_published_and_everything_arri
     inserted.extend(writer.await.expect("writer"));
     wait_http(port, "/readyz", |status, _| status == 200).await;
     let metrics = wait_http(port, "/metrics", |_, _| true).await;
-    let reconnects = common::faults::metric_sum(&metrics, "outbox_relay_reconnects_total");
+    let reconnects = common::http::metric_sum(&metrics, "outbox_relay_reconnects_total");
     assert!(reconnects.is_some_and(|n| n >= WORKERS as f64), "{metrics}");
-    wait_count(
-        &client,
-        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
-        |n| n == 0,
-    )
-    .await;
+    wait_all_published(&client).await;
     stop(&relay).await;
 
     let mut consumer = Consumer::start_with(&rabbit.url(), &outbox.queue, false).await;
@@ -498,11 +498,7 @@ async fn broker_down_for_ten_seconds_marks_nothing_published_and_everything_arri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listen_delivers_a_notified_row_long_before_the_fallback_poll() {
     let amqp = services().rabbit.url();
-    let db_url = services()
-        .pg
-        .create_database(&unique_name("poll_listen"))
-        .await;
-    let exchange = unique_name("poll_listen_ex");
+    let (db_url, exchange) = fresh("poll_listen").await;
     // Provision with the binary itself: table, claim index, exchange.
     let setup = RelayProcess::spawn(
         &["setup", "--mode", "poll", "--exchange", &exchange],
@@ -583,12 +579,7 @@ async fn listen_delivers_a_notified_row_long_before_the_fallback_poll() {
     assert_eq!(message.header_u64("attempt"), Some(2));
     assert_eq!(message.header_str("x-aggregate-id"), Some("42"));
     assert_eq!(message.header_str("x-aggregate-type"), Some("order"));
-    wait_count(
-        &client,
-        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
-        |n| n == 0,
-    )
-    .await;
+    wait_all_published(&client).await;
     stop(&relay).await;
 }
 
@@ -619,13 +610,8 @@ async fn claim_query_uses_the_partial_index_on_a_mostly_published_table() {
         .await
         .expect("discover");
     for limit in [1, 500] {
-        let plan: Vec<String> = client
-            .query(&format!("EXPLAIN {}", table.claim_sql(limit)), &[])
-            .await
-            .expect("explain")
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
+        let explain = format!("EXPLAIN {}", table.claim_sql(limit));
+        let plan = common::pg::first_column(&client, &explain, &[]).await;
         let plan = plan.join("\n");
         eprintln!("claim query plan (LIMIT {limit}):\n{plan}");
         assert!(!plan.contains("Seq Scan on outbox"), "{plan}");
@@ -669,11 +655,7 @@ async fn a_row_that_cannot_be_mapped_stops_the_relay_naming_it_and_publishes_not
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unroutable_row_stays_unpublished_until_a_queue_is_bound() {
     let amqp = services().rabbit.url();
-    let db_url = services()
-        .pg
-        .create_database(&unique_name("poll_unroutable"))
-        .await;
-    let exchange = unique_name("poll_unroutable_ex");
+    let (db_url, exchange) = fresh("poll_unroutable").await;
     let client = pg_connect(&db_url).await;
     client
         .batch_execute(&setup::poll_script(&names(&exchange)))
@@ -700,15 +682,11 @@ async fn an_unroutable_row_stays_unpublished_until_a_queue_is_bound() {
     };
     let relay = outbox.spawn_poll(&["--max-backoff-secs", "1"]);
     // Returned twice: the first batch, then the retry that claims only the oldest row.
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while relay.log().matches("as unroutable").count() < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no return reported:\n{}",
-            relay.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        relay.wait_for_log_count("as unroutable", 2, DEADLINE).await,
+        "no return reported:\n{}",
+        relay.log()
+    );
     assert!(relay.log().contains(&stray), "{}", relay.log());
     let unmarked: i64 = client
         .query_one(
@@ -725,12 +703,7 @@ async fn an_unroutable_row_stays_unpublished_until_a_queue_is_bound() {
     let mut consumer = Consumer::start(&amqp, &late).await;
     let got = consumer.wait_for(1, DEADLINE).await;
     assert_eq!(got[0].message_id.as_deref(), Some(stray.as_str()));
-    wait_count(
-        &client,
-        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
-        |n| n == 0,
-    )
-    .await;
+    wait_all_published(&client).await;
     stop(&relay).await;
 }
 
@@ -790,25 +763,17 @@ async fn cleanup_deletes_only_rows_published_longer_ago_than_the_retention() {
 
 /// `GET path` on a relay's metrics port, polled until `accept` holds; the last body.
 async fn wait_http(port: u16, path: &str, accept: impl Fn(u16, &str) -> bool) -> String {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let answer = common::faults::http_get(port, path).await;
-        if let Some((status, body)) = &answer {
-            if accept(*status, body) {
-                return body.clone();
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{path} never satisfied the test; last answer {answer:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let accepted = |(status, body): &(u16, String)| accept(*status, body);
+    let answer = common::http::wait_http(port, path, DEADLINE, accepted).await;
+    match answer {
+        Some(answer) if accepted(&answer) => answer.1,
+        _ => panic!("{path} never satisfied the test; last answer {answer:?}"),
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poll_mode_serves_metrics_readyz_and_status_with_the_unsent_backlog() {
-    use common::faults::metric_value;
+    use common::http::metric_value;
     let amqp = services().rabbit.url();
     let outbox = Outbox::new("poll_metrics", &amqp).await;
     let client = outbox.client().await;
@@ -880,7 +845,7 @@ async fn poll_mode_serves_metrics_readyz_and_status_with_the_unsent_backlog() {
     let status = |extra: &[&str]| {
         let mut args = vec!["status", "--metrics-addr", addr.as_str()];
         args.extend_from_slice(extra);
-        std::process::Command::new(common::relay::relay_bin())
+        std::process::Command::new(common::relay::binary())
             .args(&args)
             .env("DATABASE_URL", &outbox.db_url)
             .env_remove("OUTBOX_MODE")
@@ -960,7 +925,7 @@ async fn xact_commits(client: &Client) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement for docs/polling.md (about 4 minutes): cargo test --test poll -- --ignored --nocapture idle_query_rate"]
 async fn idle_query_rate_fixed_versus_adaptive_poll_interval() {
-    use common::faults::metric_value;
+    use common::http::metric_value;
     const WINDOW: Duration = Duration::from_secs(30);
     let amqp = services().rabbit.url();
     let configs: [(&str, &[&str]); 4] = [
@@ -1020,7 +985,7 @@ async fn idle_query_rate_fixed_versus_adaptive_poll_interval() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_alarm_reads_broker_blocked_and_delivery_resumes_without_a_reconnect() {
-    use common::faults::{metric_sum, metric_value};
+    use common::http::{metric_sum, metric_value};
     let rabbit = tokio::task::spawn_blocking(RabbitServer::start)
         .await
         .expect("start a private rabbitmq");

@@ -5,12 +5,12 @@
 //! The oracle for "this connection is encrypted" is PostgreSQL's own `pg_stat_ssl`, for
 //! every backend the relay opened (the walsender included), read while it streams.
 
-mod common;
+use outbox_testkit as common;
 
 use std::time::Duration;
 
-use common::faults::{spawn_relay_via, stop_relay, SESSION_STARTED};
 use common::outbox::Outbox;
+use common::relay::SESSION_STARTED;
 use common::tls::TestCerts;
 use common::{Consumer, PgServer, RabbitServer, RelayProcess};
 
@@ -41,12 +41,7 @@ async fn relay_backends(outbox: &Outbox) -> (i64, i64, i64) {
 
 /// The relay delivers a row over `url`, and every connection it holds is encrypted.
 async fn delivers_over_tls(outbox: &Outbox, consumer: &mut Consumer, url: &str) -> RelayProcess {
-    let relay = spawn_relay_via(
-        outbox,
-        url,
-        &outbox.amqp_url,
-        &["--heartbeat-interval-secs", "1"],
-    );
+    let relay = outbox.spawn_relay_via(url, &outbox.amqp_url, &["--heartbeat-interval-secs", "1"]);
     assert!(
         relay.wait_for_log(SESSION_STARTED, MINUTE).await,
         "log:\n{}",
@@ -78,7 +73,7 @@ async fn delivers_over_tls(outbox: &Outbox, consumer: &mut Consumer, url: &str) 
 
 /// The relay refuses to start over `url`, with an error containing every one of `expected`.
 async fn fails_clearly(outbox: &Outbox, url: &str, expected: &[&str]) {
-    let relay = spawn_relay_via(outbox, url, &outbox.amqp_url, &[]);
+    let relay = outbox.spawn_relay_via(url, &outbox.amqp_url, &[]);
     let status = relay
         .wait_exit(MINUTE)
         .await
@@ -115,7 +110,7 @@ async fn postgres_tls_follows_sslmode_and_sslrootcert_on_both_connections() {
         &format!("sslmode=verify-full&sslrootcert={ca}"),
     );
     let relay = delivers_over_tls(&outbox, &mut consumer, &url).await;
-    stop_relay(&relay).await;
+    relay.stop().await;
 
     // verify-full with a CA that did not sign it: a definite error naming the fix.
     let url = url_with(
@@ -148,11 +143,11 @@ async fn postgres_tls_follows_sslmode_and_sslrootcert_on_both_connections() {
     // require: encrypted, without a CA to verify against.
     let url = url_with(&outbox, "127.0.0.1", port, "sslmode=require");
     let relay = delivers_over_tls(&outbox, &mut consumer, &url).await;
-    stop_relay(&relay).await;
+    relay.stop().await;
 
     // disable: the server allows plain connections too, and the relay uses one.
     let url = url_with(&outbox, "127.0.0.1", port, "sslmode=disable");
-    let relay = spawn_relay_via(&outbox, &url, &outbox.amqp_url, &[]);
+    let relay = outbox.spawn_relay_via(&url, &outbox.amqp_url, &[]);
     assert!(
         relay.wait_for_log(SESSION_STARTED, MINUTE).await,
         "log:\n{}",
@@ -160,7 +155,7 @@ async fn postgres_tls_follows_sslmode_and_sslrootcert_on_both_connections() {
     );
     let (encrypted, _, walsenders) = relay_backends(&outbox).await;
     assert_eq!((encrypted, walsenders), (0, 1));
-    stop_relay(&relay).await;
+    relay.stop().await;
     drop(certs);
 }
 
@@ -260,5 +255,5 @@ async fn amqps_with_a_private_ca_named_by_ssl_cert_file() {
         "{listing}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    stop_relay(&relay).await;
+    relay.stop().await;
 }

@@ -4,7 +4,7 @@
 //! before the writers start, delivery from the queue itself, acknowledgement from
 //! `pg_replication_slots`.
 
-mod common;
+use outbox_testkit as common;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -421,7 +421,7 @@ async fn wal_level_replica_is_a_clear_error() {
     let server = common::PgServer::start(&[("wal_level", "replica")]);
     let url = server.url("postgres");
     for command in ["setup", "run"] {
-        let output = std::process::Command::new(common::relay::relay_bin())
+        let output = std::process::Command::new(common::relay::binary())
             .args([
                 command,
                 "--database-url",

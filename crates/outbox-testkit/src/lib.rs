@@ -1,1 +1,308 @@
-//! Placeholder for the test kit (KIT builds the real crate); lets the workspace load alone.
+//! The integration-test harness of outbox-relay, shared by its test binaries (`use
+//! outbox_testkit as common;`) and the benchmark. It owns the servers and processes a test
+//! needs around the relay and the oracles that judge it from outside; it must never link
+//! the relay library (the relay runs only as its binary, see [`relay::binary`]) nor be a
+//! dependency of the product.
+//!
+//! - [`pg`]: a private PostgreSQL (initdb in a temp dir, `wal_level=logical`) and the
+//!   `test_decoding` commit-order oracle.
+//! - [`rabbit`]: a private RabbitMQ node (own node name, ports and data dir).
+//! - [`amqp`]: queue and exchange topology, publishing with confirms, and a consumer that
+//!   collects deliveries.
+//! - [`proxy`]: a TCP proxy that delays, black-holes or resets connections.
+//! - [`relay`]: the `outbox-relay` binary as a child process, and waiting on its log.
+//! - [`http`]: `GET` on the relay's HTTP endpoints and reading Prometheus samples.
+//! - [`outbox`]: an outbox provisioned by the relay's own `setup`, and writers.
+//! - [`faults`]: crash-riding writers, the L0/DUP/ACK oracles and a queue barrier.
+//! - [`tls`]: certificates made with the `openssl` CLI.
+//!
+//! Ordinary tests share one server pair per test binary through [`services`], and give
+//! every database, slot and queue its own [`unique_name`]. Fault tests, which kill and
+//! restart servers, start private ones with [`PgServer::start`] and [`RabbitServer::start`].
+//!
+//! Servers outlive a test binary only if it is killed with SIGKILL before the cleanup
+//! watchdog notices (it checks once a second): every server is stopped by `Drop`, the
+//! shared ones by an `atexit` handler, and a detached watchdog stops them if the test
+//! process dies without running either.
+
+pub mod amqp;
+pub mod faults;
+pub mod http;
+pub mod outbox;
+pub mod pg;
+pub mod proxy;
+pub mod rabbit;
+pub mod relay;
+pub mod tls;
+
+use std::collections::HashSet;
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub use amqp::{
+    declare_bound_queue, declare_bound_queue_with_args, delete_queue, queue_message_count,
+    Consumer, Received,
+};
+pub use pg::{
+    create_test_decoding_slot, current_wal_lsn, format_lsn, parse_lsn, pg_connect,
+    read_test_decoding, slot_confirmed_flush, Change, PgServer, Txn,
+};
+pub use proxy::{Direction, Mode, TcpProxy};
+pub use rabbit::RabbitServer;
+pub use relay::RelayProcess;
+
+/// Environment variable naming an existing PostgreSQL (any database; the harness creates
+/// its own databases on that server) to use instead of a private one.
+pub const DATABASE_URL_ENV: &str = "OUTBOX_TEST_DATABASE_URL";
+/// Environment variable naming an existing RabbitMQ to use instead of a private node.
+pub const AMQP_URL_ENV: &str = "OUTBOX_TEST_AMQP_URL";
+
+/// The server pair shared by the tests of one test binary.
+pub struct Services {
+    pub pg: PgServer,
+    pub rabbit: RabbitServer,
+}
+
+static SERVICES: OnceLock<Result<Services, String>> = OnceLock::new();
+static PRIVATE_SERVICES: OnceLock<Result<Services, String>> = OnceLock::new();
+
+/// The shared PostgreSQL and RabbitMQ of this test binary, started on first use (both in
+/// parallel, with blocking process calls: fine from any thread, inside a runtime or not)
+/// and stopped when the process exits. [`DATABASE_URL_ENV`] and [`AMQP_URL_ENV`] name
+/// existing servers to use instead.
+pub fn services() -> &'static Services {
+    services_in(&SERVICES, true)
+}
+
+/// Like [`services`], but always a private pair, whatever the environment says: for tests
+/// that reach the servers' ports through a proxy or need servers of their own.
+pub fn private_services() -> &'static Services {
+    services_in(&PRIVATE_SERVICES, false)
+}
+
+fn services_in(
+    cell: &'static OnceLock<Result<Services, String>>,
+    external: bool,
+) -> &'static Services {
+    let services = cell.get_or_init(|| {
+        let started = Instant::now();
+        let url_of = move |name: &str| {
+            std::env::var(name)
+                .ok()
+                .filter(|url| external && !url.is_empty())
+        };
+        let rabbit = std::thread::spawn(move || match url_of(AMQP_URL_ENV) {
+            Some(url) => RabbitServer::external(&url),
+            None => RabbitServer::start(),
+        });
+        let pg = std::panic::catch_unwind(|| match url_of(DATABASE_URL_ENV) {
+            Some(url) => PgServer::external(&url),
+            None => PgServer::start(&[]),
+        });
+        let rabbit = rabbit.join();
+        match (pg, rabbit) {
+            (Ok(pg), Ok(rabbit)) => {
+                static AT_EXIT: std::sync::Once = std::sync::Once::new();
+                // SAFETY: registering a plain `extern "C" fn` with no arguments.
+                AT_EXIT.call_once(|| unsafe {
+                    libc::atexit(stop_services_at_exit);
+                });
+                eprintln!(
+                    "harness: shared services ready in {:?} (postgres {}, rabbitmq {})",
+                    started.elapsed(),
+                    pg.url("postgres"),
+                    rabbit.url()
+                );
+                Ok(Services { pg, rabbit })
+            }
+            // Whichever side did start is stopped by its Drop here.
+            (pg, rabbit) => Err(format!(
+                "postgres: {}; rabbitmq: {}",
+                pg.err().map(|e| panic_message(&*e)).unwrap_or("ok".into()),
+                rabbit
+                    .err()
+                    .map(|e| panic_message(&*e))
+                    .unwrap_or("ok".into()),
+            )),
+        }
+    });
+    match services {
+        Ok(services) => services,
+        Err(message) => panic!("the shared test services failed to start: {message}"),
+    }
+}
+
+extern "C" fn stop_services_at_exit() {
+    // Nothing may unwind out of an `extern "C"` function.
+    let _ = std::panic::catch_unwind(|| {
+        for cell in [&SERVICES, &PRIVATE_SERVICES] {
+            if let Some(Ok(services)) = cell.get() {
+                services.rabbit.shutdown();
+                services.pg.shutdown();
+            }
+        }
+    });
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+/// A fresh lowercase name, safe as a PostgreSQL identifier (at most 63 bytes), a
+/// replication slot name (`[a-z0-9_]`) and a queue name: `prefix_pid_counter_suffix`.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    // A short suffix that differs between runs (and between processes reusing a pid).
+    let mixed = nanos.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (n << 17);
+    let suffix = to_base36(mixed % 36u64.pow(5));
+    let mut clean: String = prefix
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '_') => c,
+            _ => '_',
+        })
+        .collect();
+    if !clean.starts_with(|c: char| c.is_ascii_lowercase()) {
+        clean.insert(0, 't');
+    }
+    let tail = format!("_{}_{n}_{suffix}", std::process::id());
+    clean.truncate(63 - tail.len());
+    clean + &tail
+}
+
+fn to_base36(mut v: u64) -> String {
+    let mut out = Vec::new();
+    loop {
+        out.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(v % 36) as usize]);
+        v /= 36;
+        if v == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8(out).expect("ascii")
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago and that this process has not
+/// handed out before. Skips the well-known ports of the system services and the range
+/// `rabbitmqctl` binds for its own distribution listener (35672-35682).
+pub fn free_port() -> u16 {
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    for _ in 0..100 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("bind an ephemeral port on 127.0.0.1")
+            .port();
+        if (35672..=35682).contains(&port) || [4369, 5432, 5672, 25672].contains(&port) {
+            continue;
+        }
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if given.get_or_insert_with(HashSet::new).insert(port) {
+            return port;
+        }
+    }
+    panic!("no free port found on 127.0.0.1 after 100 attempts");
+}
+
+/// Whether something accepts TCP connections on 127.0.0.1:`port`.
+pub fn port_is_open(port: u16) -> bool {
+    TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)).is_ok()
+}
+
+/// The last `n` lines of a text file, or a note that it could not be read.
+pub fn tail_file(path: &std::path::Path, n: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        }
+        Err(e) => format!("<cannot read {}: {e}>", path.display()),
+    }
+}
+
+/// Whether this process runs as root (then the server binaries run as their own users).
+pub(crate) fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Recursively hands `path` to `user` (no-op when not root or the user does not exist).
+pub(crate) fn chown_to(path: &std::path::Path, user: &str) {
+    if !is_root() {
+        return;
+    }
+    let status = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{user}:{user}"))
+        .arg(path)
+        .status()
+        .expect("run chown");
+    assert!(
+        status.success(),
+        "chown -R {user} {} failed",
+        path.display()
+    );
+}
+
+/// Starts a detached shell (own session, so a terminal's Ctrl-C reaches only the test)
+/// that waits for this test process to die and then runs `cleanup`. It catches the
+/// exits that skip `Drop` and `atexit` (SIGKILL, a signal's default action). The owner
+/// kills the watchdog when it cleans up itself.
+pub(crate) fn spawn_watchdog(cleanup: &str) -> Option<Child> {
+    use std::os::unix::process::CommandExt;
+    let script = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {cleanup}",
+        pid = std::process::id()
+    );
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .ok()
+}
+
+/// Kills and reaps a watchdog from [`spawn_watchdog`]: its owner cleaned up itself.
+pub(crate) fn stop_watchdog(watchdog: Option<Child>) {
+    if let Some(mut watchdog) = watchdog {
+        let _ = watchdog.kill();
+        let _ = watchdog.wait();
+    }
+}
+
+/// Quotes a string for `sh`.
+pub(crate) fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Polls `f` every `every` until it returns true or `timeout` passes.
+pub fn poll_until(timeout: Duration, every: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(every);
+    }
+}

@@ -1,14 +1,58 @@
-//! The `outbox-relay` binary as a child process, its output in a log file.
+//! The `outbox-relay` binary as a child process, its output in a log file, and waiting on
+//! that log. It owns the relay's process and environment; it must never reach into the
+//! relay's internals (a test sees only what an operator would: exit status, log, HTTP).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// The relay binary cargo built for this integration test crate.
-pub fn relay_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_outbox-relay")
+/// The relay's log filter in tests: debug for the relay, info for its dependencies.
+pub const TEST_LOG: (&str, &str) = ("RUST_LOG", "info,outbox_relay=debug");
+
+/// The signal a relay dies of when a failpoint's `abort` fires (`OUTBOX_FAILPOINTS`).
+pub const SIGABRT: i32 = libc::SIGABRT;
+
+/// What the relay logs when a session has started streaming.
+pub const SESSION_STARTED: &str = " streaming slot=";
+
+static BINARY: OnceLock<PathBuf> = OnceLock::new();
+
+/// Hands in the relay binary for this process (e.g. the benchmark's). Integration tests of
+/// the relay package need not: cargo names it to them in `CARGO_BIN_EXE_outbox-relay`.
+/// Panics if a different binary was handed in before.
+pub fn set_binary(path: impl Into<PathBuf>) {
+    let path = path.into();
+    let set = BINARY.get_or_init(|| path.clone());
+    assert_eq!(
+        *set,
+        path,
+        "the relay binary was already set to {}",
+        set.display()
+    );
+}
+
+/// The relay binary: the one handed to [`set_binary`], else `CARGO_BIN_EXE_outbox-relay`
+/// (which cargo sets when it runs the relay package's integration tests), else
+/// `outbox-relay` beside the directory of this executable (`target/<profile>/deps/..`, for
+/// a test binary started by hand).
+pub fn binary() -> &'static Path {
+    BINARY.get_or_init(|| {
+        if let Some(path) = std::env::var_os("CARGO_BIN_EXE_outbox-relay") {
+            return PathBuf::from(path);
+        }
+        let beside = std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.parent()?.join("outbox-relay")))
+            .filter(|path| path.exists());
+        beside.unwrap_or_else(|| {
+            panic!(
+                "The relay binary is unknown: run the tests with cargo, set \
+                 CARGO_BIN_EXE_outbox-relay, or call outbox_testkit::relay::set_binary first."
+            )
+        })
+    })
 }
 
 /// A running `outbox-relay`. Every method takes `&self`. Drop kills it (SIGKILL) and,
@@ -26,7 +70,7 @@ impl RelayProcess {
     /// which `DATABASE_URL`, `AMQP_URL` and every `OUTBOX_*` variable are removed so the
     /// relay sees only what the test gives it). stdout and stderr go to one log file.
     pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> RelayProcess {
-        Self::spawn_bin(Path::new(relay_bin()), args, env)
+        Self::spawn_bin(binary(), args, env)
     }
 
     /// [`RelayProcess::spawn`] with another binary.
@@ -121,25 +165,40 @@ impl RelayProcess {
 
     /// [`RelayProcess::wait_exit`] for code outside a runtime.
     pub fn wait_exit_blocking(&self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.try_exit() {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        super::poll_until(timeout, Duration::from_millis(20), || {
+            self.try_exit().is_some()
+        });
+        self.try_exit()
+    }
+
+    /// How many times `needle` occurs in the log so far.
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.log().matches(needle).count()
+    }
+
+    /// The log lines containing `needle`, for reports.
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(String::from)
+            .collect()
     }
 
     /// Waits (polling the log file, without blocking the runtime) until the log contains
     /// `needle`; false after `timeout` or if the relay exits without writing it.
     pub async fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        self.wait_for_log_count(needle, 1, timeout).await
+    }
+
+    /// Waits until `needle` occurs at least `n` times in the log; false after `timeout` or
+    /// if the relay exits first.
+    pub async fn wait_for_log_count(&self, needle: &str, n: usize, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
+            // Read the exit first: a relay that wrote the line and then exited still counts.
             let exited = self.try_exit().is_some();
-            if self.log().contains(needle) {
+            if self.log_count(needle) >= n {
                 return true;
             }
             if exited || Instant::now() >= deadline {
@@ -149,19 +208,36 @@ impl RelayProcess {
         }
     }
 
-    /// [`RelayProcess::wait_for_log`] for code outside a runtime.
-    pub fn wait_for_log_blocking(&self, needle: &str, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let exited = self.try_exit().is_some();
-            if self.log().contains(needle) {
-                return true;
-            }
-            if exited || Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    /// Sessions the relay has started so far.
+    pub fn sessions(&self) -> usize {
+        self.log_count(SESSION_STARTED)
+    }
+
+    /// Waits until the relay starts a session beyond the first `before`; how long that took.
+    pub async fn wait_new_session(&self, before: usize, timeout: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        self.wait_for_log_count(SESSION_STARTED, before + 1, timeout)
+            .await
+            .then(|| started.elapsed())
+    }
+
+    /// SIGTERM and wait for a clean exit (panics with the log otherwise).
+    pub async fn stop(&self) {
+        self.sigterm();
+        let status = self
+            .wait_exit(Duration::from_secs(45))
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "relay did not exit within 45 s of SIGTERM; log:\n{}",
+                    self.log()
+                )
+            });
+        assert!(
+            status.success(),
+            "relay exit after SIGTERM: {status}; log:\n{}",
+            self.log()
+        );
     }
 
     /// Peak resident set size (VmHWM) in KiB; `None` once the process has exited.

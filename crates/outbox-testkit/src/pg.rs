@@ -7,11 +7,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio_postgres::{Client, NoTls};
 
-use super::{chown_to, free_port, is_root, spawn_watchdog, tail_file};
+use super::{chown_to, free_port, is_root, spawn_watchdog, stop_watchdog, tail_file};
 
 /// Where Debian puts the PostgreSQL 15 server binaries; `OUTBOX_TEST_PG_BIN` overrides.
 pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
@@ -148,10 +148,7 @@ impl PgServer {
                 Err(e) => last_error = e,
             }
         }
-        if let Some(mut watchdog) = watchdog {
-            let _ = watchdog.kill();
-            let _ = watchdog.wait();
-        }
+        stop_watchdog(watchdog);
         panic!(
             "postgres failed to start in {}:\n{last_error}",
             dir.display()
@@ -255,10 +252,7 @@ impl PgServer {
             // Even if we think it is stopped: a failed start_again may have left it up.
             let _ = p.pg_ctl(&["stop", "-m", "immediate"]);
             state.running = false;
-            if let Some(mut watchdog) = state.watchdog.take() {
-                let _ = watchdog.kill();
-                let _ = watchdog.wait();
-            }
+            stop_watchdog(state.watchdog.take());
             state.tempdir.take();
         }
     }
@@ -362,6 +356,17 @@ pub async fn pg_connect(url: &str) -> Client {
         let _ = connection.await;
     });
     client
+}
+
+/// The first column of every row `sql` returns, as text (e.g. the lines of an `EXPLAIN`).
+pub async fn first_column(
+    client: &Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Vec<String> {
+    let rows = client.query(sql, params).await;
+    let rows = rows.unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    rows.iter().map(|row| row.get(0)).collect()
 }
 
 /// `"name"`, with embedded quotes doubled.

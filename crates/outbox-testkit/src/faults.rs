@@ -1,6 +1,7 @@
-//! Fault-injection helpers for `tests/faults.rs`: writers that outlive server crashes, the
-//! three invariants as oracles from outside the relay, a queue barrier, and broker topology
-//! changes made behind the relay's back.
+//! Fault-injection helpers for `tests/faults.rs` and the other fault-minded tests: writers
+//! that outlive server crashes, the three invariants as oracles from outside the relay, a
+//! queue barrier, and the slot gauges checked against `pg_replication_slots`. It must never
+//! trust what the relay says about itself where an outside oracle can answer.
 //!
 //! - **L0**: every id the `test_decoding` oracle saw committed to the outbox arrived.
 //! - **DUP**: how many arrivals were repeats ([`Tally::duplicates`]), against a stated bound.
@@ -15,17 +16,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lapin::options::{ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions};
-use lapin::types::FieldTable;
-use lapin::ExchangeKind;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_postgres::{Client, NoTls};
 
-use super::amqp::{amqp_connect, publish_confirmed, Consumer, Received};
+use super::amqp::{publish_confirmed, Consumer, Received};
+use super::http::metric_value;
 use super::outbox::Outbox;
-use super::pg::{read_test_decoding, slot_confirmed_flush, Txn};
-use super::relay::RelayProcess;
+use super::pg::{read_test_decoding, slot_confirmed_flush, PgServer, Txn};
+use super::rabbit::RabbitServer;
 
 /// The outbox table as `test_decoding` names it.
 pub const OUTBOX_TABLE: &str = "public.outbox";
@@ -213,6 +212,21 @@ impl Oracle {
     }
 }
 
+/// The setup most fault scenarios share: an outbox on `pg` and `rabbit`, its oracle created
+/// before any row is written, and a consumer of its queue (keeping bodies and headers only
+/// with `keep_content`).
+pub async fn observed_outbox(
+    pg: &PgServer,
+    rabbit: &RabbitServer,
+    prefix: &str,
+    keep_content: bool,
+) -> (Outbox, Oracle, Consumer) {
+    let outbox = Outbox::on(&pg.url("postgres"), &rabbit.url(), prefix).await;
+    let oracle = Oracle::create(&outbox).await;
+    let consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, keep_content).await;
+    (outbox, oracle, consumer)
+}
+
 // ---------------------------------------------------------------------------------
 // Tallies
 
@@ -345,16 +359,17 @@ pub struct Ack {
 
 /// The ACK invariant, at this moment: every row of each transaction ending at or below the
 /// slot's confirmed_flush_lsn is in the queue. Panics naming the first row that is not.
+/// `client` reads the slot and the oracle (the outbox's own may have died with its server).
 pub async fn check_ack(
     client: &Client,
-    slot: &str,
+    outbox: &Outbox,
     oracle: &Oracle,
     consumer: &mut Consumer,
-    amqp_url: &str,
-    queue: &str,
 ) -> Ack {
+    let slot = outbox.slot.as_str();
+    let queue = outbox.queue.as_str();
     let confirmed = slot_confirmed_flush(client, slot).await;
-    let marker = barrier(consumer, amqp_url, queue).await;
+    let marker = barrier(consumer, &outbox.amqp_url, queue).await;
     let delivered: HashSet<&str> = ids_of(&consumer.received()[..marker]).into_iter().collect();
     let mut acknowledged_rows = 0;
     for txn in oracle.transactions(client).await {
@@ -379,105 +394,7 @@ pub async fn check_ack(
 }
 
 // ---------------------------------------------------------------------------------
-// The relay
-
-/// Starts `outbox-relay run` for `outbox`, with its own database and AMQP URLs (e.g. a
-/// proxy's) and `extra` flags.
-pub fn spawn_relay_via(
-    outbox: &Outbox,
-    db_url: &str,
-    amqp_url: &str,
-    extra: &[&str],
-) -> RelayProcess {
-    let mut args = vec![
-        "run",
-        "--database-url",
-        db_url,
-        "--amqp-url",
-        amqp_url,
-        "--slot",
-        &outbox.slot,
-        "--exchange",
-        &outbox.exchange,
-    ];
-    args.extend_from_slice(extra);
-    RelayProcess::spawn(&args, &[("RUST_LOG", "info,outbox_relay=debug")])
-}
-
-/// How many times `needle` occurs in the relay's log.
-pub fn log_count(relay: &RelayProcess, needle: &str) -> usize {
-    relay.log().matches(needle).count()
-}
-
-/// Waits until `needle` occurs at least `n` times in the relay's log; false after
-/// `timeout` or if the relay exits first.
-pub async fn wait_for_log_count(
-    relay: &RelayProcess,
-    needle: &str,
-    n: usize,
-    timeout: Duration,
-) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let exited = relay.try_exit().is_some();
-        if log_count(relay, needle) >= n {
-            return true;
-        }
-        if exited || Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// What the relay logs when a session has started streaming.
-pub const SESSION_STARTED: &str = " streaming slot=";
-
-/// Sessions the relay has started so far.
-pub fn sessions(relay: &RelayProcess) -> usize {
-    log_count(relay, SESSION_STARTED)
-}
-
-/// Waits until the relay starts a session beyond the first `before`; how long that took.
-pub async fn wait_new_session(
-    relay: &RelayProcess,
-    before: usize,
-    timeout: Duration,
-) -> Option<Duration> {
-    let started = Instant::now();
-    wait_for_log_count(relay, SESSION_STARTED, before + 1, timeout)
-        .await
-        .then(|| started.elapsed())
-}
-
-/// The log lines containing `needle`, for reports.
-pub fn log_lines(relay: &RelayProcess, needle: &str) -> Vec<String> {
-    relay
-        .log()
-        .lines()
-        .filter(|l| l.contains(needle))
-        .map(String::from)
-        .collect()
-}
-
-/// SIGTERM and wait for a clean exit.
-pub async fn stop_relay(relay: &RelayProcess) {
-    relay.sigterm();
-    let status = relay
-        .wait_exit(Duration::from_secs(45))
-        .await
-        .unwrap_or_else(|| {
-            panic!(
-                "relay did not exit within 45 s of SIGTERM; log:\n{}",
-                relay.log()
-            )
-        });
-    assert!(
-        status.success(),
-        "relay exit after SIGTERM: {status}; log:\n{}",
-        relay.log()
-    );
-}
+// Probing
 
 /// Inserts one probe row and waits until it arrives: how long the relay takes to deliver a
 /// row written now. `None` if it did not arrive within `timeout`.
@@ -497,69 +414,6 @@ pub async fn probe(
     let id: String = row.get(0);
     let arrived = wait_for_ids(consumer, std::slice::from_ref(&id), timeout).await;
     (id, arrived.then(|| started.elapsed()))
-}
-
-// ---------------------------------------------------------------------------------
-// Broker topology behind the relay's back
-
-pub async fn unbind_queue(url: &str, queue: &str, exchange: &str, key: &str) {
-    let connection = amqp_connect(url).await;
-    let channel = connection.create_channel().await.expect("create channel");
-    channel
-        .queue_unbind(
-            queue.into(),
-            exchange.into(),
-            key.into(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("unbind {queue} from {exchange}: {e:?}"));
-    let _ = connection.close(200, "OK".into()).await;
-}
-
-pub async fn bind_queue(url: &str, queue: &str, exchange: &str, key: &str) {
-    let connection = amqp_connect(url).await;
-    let channel = connection.create_channel().await.expect("create channel");
-    channel
-        .queue_bind(
-            queue.into(),
-            exchange.into(),
-            key.into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("bind {queue} to {exchange}: {e:?}"));
-    let _ = connection.close(200, "OK".into()).await;
-}
-
-pub async fn delete_exchange(url: &str, exchange: &str) {
-    let connection = amqp_connect(url).await;
-    let channel = connection.create_channel().await.expect("create channel");
-    channel
-        .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("delete exchange {exchange}: {e:?}"));
-    let _ = connection.close(200, "OK".into()).await;
-}
-
-/// Declares `exchange` as `setup` does: a durable topic exchange.
-pub async fn declare_exchange(url: &str, exchange: &str) {
-    let connection = amqp_connect(url).await;
-    let channel = connection.create_channel().await.expect("create channel");
-    channel
-        .exchange_declare(
-            exchange.into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("declare exchange {exchange}: {e:?}"));
-    let _ = connection.close(200, "OK".into()).await;
 }
 
 // ---------------------------------------------------------------------------------
@@ -586,60 +440,6 @@ pub async fn slot_state(
 pub fn report(scenario: &str, figures: &[(&str, String)]) {
     let text: Vec<String> = figures.iter().map(|(k, v)| format!("{k} {v}")).collect();
     println!("FIGURES {scenario}: {}", text.join(", "));
-}
-
-// ---------------------------------------------------------------------------------
-// The relay's HTTP endpoints
-
-/// `GET path` on the relay's `--metrics-addr` (127.0.0.1:`port`): status code and body.
-/// `None` if nothing answers.
-pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()?;
-        let request =
-            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).await.ok()?;
-        Some(String::from_utf8_lossy(&response).into_owned())
-    };
-    let text = tokio::time::timeout(Duration::from_secs(5), exchange)
-        .await
-        .ok()??;
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default();
-    Some((status, body))
-}
-
-/// The value of an unlabelled sample `name` in Prometheus text, if present.
-pub fn metric_value(metrics: &str, name: &str) -> Option<f64> {
-    metrics.lines().find_map(|line| {
-        let rest = line.strip_prefix(name)?;
-        let value = rest.strip_prefix(' ')?;
-        value.trim().parse().ok()
-    })
-}
-
-/// The sum of every sample of `name` (all label sets), if any.
-pub fn metric_sum(metrics: &str, name: &str) -> Option<f64> {
-    let values: Vec<f64> = metrics
-        .lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| {
-            let rest = line.strip_prefix(name)?;
-            if !(rest.starts_with(' ') || rest.starts_with('{')) {
-                return None;
-            }
-            rest.rsplit(' ').next()?.trim().parse().ok()
-        })
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
 }
 
 // ---------------------------------------------------------------------------------
@@ -689,12 +489,7 @@ pub struct SlotScrape {
 /// relay's own idea of its position.
 pub async fn scrape_slot_gauges(client: &Client, slot: &str, port: u16) -> SlotScrape {
     let polls = |metrics: &str| metric_value(metrics, "outbox_relay_slot_polls_total");
-    let scrape = || async {
-        http_get(port, "/metrics")
-            .await
-            .expect("/metrics answers")
-            .1
-    };
+    let scrape = || super::http::metrics(port);
     let before = SlotReading::read(client, slot).await;
     let start = polls(&scrape().await).unwrap_or(0.0);
     let deadline = Instant::now() + Duration::from_secs(30);

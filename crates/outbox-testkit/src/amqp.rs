@@ -1,16 +1,20 @@
-//! AMQP helpers: declare a bound queue, publish with confirms, and consume a queue into
-//! a list a test can wait on.
+//! AMQP helpers: the topology a test declares or changes behind the relay's back, publishing
+//! with confirms, and a consumer that collects a queue into a list a test can wait on. Each
+//! topology call uses a connection of its own, so none shares a channel with the consumer
+//! (a channel error from a failed declare would close it); it must never be used by the
+//! relay's own publishing path.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
-    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -21,8 +25,67 @@ pub async fn amqp_connect(url: &str) -> Connection {
         .unwrap_or_else(|e| panic!("connect to {url}: {e:?}"))
 }
 
-/// Declares `exchange` as a durable topic exchange (a no-op if it exists with those
-/// properties), a durable `queue`, and binds them with `binding_key` (`#` for all).
+/// Runs `act` on a channel of a connection of its own, then closes the connection.
+async fn with_channel<T, F, Fut>(url: &str, act: F) -> T
+where
+    F: FnOnce(Channel) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let connection = amqp_connect(url).await;
+    let channel = connection.create_channel().await.expect("create channel");
+    let out = act(channel).await;
+    let _ = connection.close(200, "OK".into()).await;
+    out
+}
+
+/// Declares `exchange` as `setup` does: a durable topic exchange (a no-op if it exists with
+/// those properties).
+pub async fn declare_exchange(url: &str, exchange: &str) {
+    with_channel(url, |channel| async move {
+        channel
+            .exchange_declare(
+                exchange.into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("declare exchange {exchange}: {e:?}"));
+    })
+    .await;
+}
+
+/// Whether `exchange` exists (a passive declare).
+pub async fn exchange_exists(url: &str, exchange: &str) -> bool {
+    with_channel(url, |channel| async move {
+        let options = ExchangeDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let kind = ExchangeKind::Topic;
+        let declared = channel
+            .exchange_declare(exchange.into(), kind, options, FieldTable::default())
+            .await;
+        declared.is_ok()
+    })
+    .await
+}
+
+pub async fn delete_exchange(url: &str, exchange: &str) {
+    with_channel(url, |channel| async move {
+        channel
+            .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete exchange {exchange}: {e:?}"));
+    })
+    .await;
+}
+
+/// Declares `exchange` ([`declare_exchange`]), a durable `queue`, and binds them with
+/// `binding_key` (`#` for all).
 pub async fn declare_bound_queue(url: &str, exchange: &str, queue: &str, binding_key: &str) {
     declare_bound_queue_with_args(url, exchange, queue, binding_key, FieldTable::default()).await;
 }
@@ -35,65 +98,69 @@ pub async fn declare_bound_queue_with_args(
     binding_key: &str,
     arguments: FieldTable,
 ) {
-    let connection = amqp_connect(url).await;
-    let channel = connection.create_channel().await.expect("create channel");
-    channel
-        .exchange_declare(
-            exchange.into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("declare exchange {exchange}: {e:?}"));
-    channel
-        .queue_declare(queue.into(), QueueDeclareOptions::durable(), arguments)
-        .await
-        .unwrap_or_else(|e| panic!("declare queue {queue}: {e:?}"));
-    channel
-        .queue_bind(
-            queue.into(),
-            exchange.into(),
-            binding_key.into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("bind {queue} to {exchange} ({binding_key}): {e:?}"));
-    let _ = connection.close(200, "OK".into()).await;
+    declare_exchange(url, exchange).await;
+    with_channel(url, |channel| async move {
+        channel
+            .queue_declare(queue.into(), QueueDeclareOptions::durable(), arguments)
+            .await
+            .unwrap_or_else(|e| panic!("declare queue {queue}: {e:?}"));
+    })
+    .await;
+    bind_queue(url, queue, exchange, binding_key).await;
+}
+
+pub async fn bind_queue(url: &str, queue: &str, exchange: &str, key: &str) {
+    with_channel(url, |channel| async move {
+        channel
+            .queue_bind(
+                queue.into(),
+                exchange.into(),
+                key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("bind {queue} to {exchange} ({key}): {e:?}"));
+    })
+    .await;
+}
+
+pub async fn unbind_queue(url: &str, queue: &str, exchange: &str, key: &str) {
+    with_channel(url, |channel| async move {
+        let arguments = FieldTable::default();
+        channel
+            .queue_unbind(queue.into(), exchange.into(), key.into(), arguments)
+            .await
+            .unwrap_or_else(|e| panic!("unbind {queue} from {exchange} ({key}): {e:?}"));
+    })
+    .await;
 }
 
 /// Deletes `queue` with its messages (a no-op if it does not exist).
 pub async fn delete_queue(url: &str, queue: &str) {
-    let connection = amqp_connect(url).await;
-    let channel = connection.create_channel().await.expect("create channel");
-    channel
-        .queue_delete(queue.into(), QueueDeleteOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("delete queue {queue}: {e:?}"));
-    let _ = connection.close(200, "OK".into()).await;
+    with_channel(url, |channel| async move {
+        channel
+            .queue_delete(queue.into(), QueueDeleteOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete queue {queue}: {e:?}"));
+    })
+    .await;
 }
 
 /// Messages ready in `queue` (passive declare; panics if the queue does not exist).
 pub async fn queue_message_count(url: &str, queue: &str) -> u32 {
-    let connection = amqp_connect(url).await;
-    let channel = connection.create_channel().await.expect("create channel");
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("passive declare of queue {queue}: {e:?}"));
-    let _ = connection.close(200, "OK".into()).await;
-    declared.message_count()
+    with_channel(url, |channel| async move {
+        let options = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        channel
+            .queue_declare(queue.into(), options, FieldTable::default())
+            .await
+            .unwrap_or_else(|e| panic!("passive declare of queue {queue}: {e:?}"))
+            .message_count()
+    })
+    .await
 }
 
 /// Publishes `(message_id, body)` pairs as persistent, mandatory messages on one
@@ -104,43 +171,43 @@ pub async fn publish_confirmed(
     routing_key: &str,
     messages: &[(&str, &[u8])],
 ) {
-    let connection = amqp_connect(url).await;
-    let channel = connection.create_channel().await.expect("create channel");
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm_select");
-    let mut confirms = Vec::new();
-    for (id, body) in messages {
-        let properties = BasicProperties::default()
-            .with_message_id((*id).into())
-            .with_delivery_mode(2);
-        let confirm = channel
-            .basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..Default::default()
-                },
-                body,
-                properties,
-            )
+    with_channel(url, |channel| async move {
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
             .await
-            .unwrap_or_else(|e| panic!("publish {id}: {e:?}"));
-        confirms.push((*id, confirm));
-    }
-    for (id, confirm) in confirms {
-        let confirmation = confirm
-            .await
-            .unwrap_or_else(|e| panic!("confirm of {id}: {e:?}"));
-        assert!(confirmation.is_ack(), "message {id} was nacked");
-        assert!(
-            confirmation.take_message().is_none(),
-            "a message was returned (unroutable) while confirming {id}"
-        );
-    }
-    let _ = connection.close(200, "OK".into()).await;
+            .expect("confirm_select");
+        let mut confirms = Vec::new();
+        for (id, body) in messages {
+            let properties = BasicProperties::default()
+                .with_message_id((*id).into())
+                .with_delivery_mode(2);
+            let confirm = channel
+                .basic_publish(
+                    exchange.into(),
+                    routing_key.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    body,
+                    properties,
+                )
+                .await
+                .unwrap_or_else(|e| panic!("publish {id}: {e:?}"));
+            confirms.push((*id, confirm));
+        }
+        for (id, confirm) in confirms {
+            let confirmation = confirm
+                .await
+                .unwrap_or_else(|e| panic!("confirm of {id}: {e:?}"));
+            assert!(confirmation.is_ack(), "message {id} was nacked");
+            assert!(
+                confirmation.take_message().is_none(),
+                "a message was returned (unroutable) while confirming {id}"
+            );
+        }
+    })
+    .await;
 }
 
 /// One delivery as a test sees it.

@@ -1,5 +1,7 @@
 //! A provisioned outbox for one test: its own database, slot, exchange and bound queue,
-//! provisioned by the relay's own `setup`, plus writers that insert like an application.
+//! provisioned by the relay's own `setup`, the relay commands run against it, plus writers
+//! that insert like an application. It must never create the outbox's objects itself: the
+//! relay's `setup` is what a test provisions with, so the tests check what operators run.
 
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -8,7 +10,7 @@ use tokio_postgres::Client;
 
 use super::amqp::declare_bound_queue;
 use super::pg::{pg_connect, slot_confirmed_flush};
-use super::relay::{relay_bin, RelayProcess};
+use super::relay::{binary, RelayProcess, TEST_LOG};
 use super::{services, unique_name};
 
 pub struct Outbox {
@@ -68,9 +70,14 @@ impl Outbox {
 
     /// The connection flags every command of this outbox needs.
     pub fn flags(&self) -> Vec<String> {
+        self.flags_via(&self.db_url, &self.amqp_url)
+    }
+
+    /// [`Outbox::flags`] with other database and AMQP URLs (e.g. a proxy's).
+    pub fn flags_via(&self, db_url: &str, amqp_url: &str) -> Vec<String> {
         [
-            ("--database-url", &self.db_url),
-            ("--amqp-url", &self.amqp_url),
+            ("--database-url", db_url),
+            ("--amqp-url", amqp_url),
             ("--slot", &self.slot),
             ("--exchange", &self.exchange),
         ]
@@ -81,7 +88,7 @@ impl Outbox {
 
     /// Runs `outbox-relay <args> <flags>` to completion.
     pub fn run_command(&self, args: &[&str]) -> Output {
-        Command::new(relay_bin())
+        Command::new(binary())
             .args(args)
             .args(self.flags())
             .env_remove("DATABASE_URL")
@@ -90,24 +97,47 @@ impl Outbox {
             .expect("run outbox-relay")
     }
 
-    /// Starts `outbox-relay run` with this outbox's flags and `extra` ones.
-    pub fn spawn_relay(&self, extra: &[&str]) -> RelayProcess {
-        let mut args: Vec<String> = vec!["run".into()];
-        args.extend(self.flags());
+    /// Starts `outbox-relay <command>` with the flags of [`Outbox::flags_via`], `extra`
+    /// ones, and [`TEST_LOG`] plus `env`.
+    pub fn spawn(
+        &self,
+        command: &str,
+        (db_url, amqp_url): (&str, &str),
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> RelayProcess {
+        let mut args: Vec<String> = vec![command.into()];
+        args.extend(self.flags_via(db_url, amqp_url));
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        RelayProcess::spawn(&args, &[("RUST_LOG", "info,outbox_relay=debug")])
+        let mut vars = vec![TEST_LOG];
+        vars.extend_from_slice(env);
+        RelayProcess::spawn(&args, &vars)
+    }
+
+    /// Starts `outbox-relay run` with this outbox's flags and `extra` ones.
+    pub fn spawn_relay(&self, extra: &[&str]) -> RelayProcess {
+        self.spawn_relay_via(&self.db_url, &self.amqp_url, extra)
+    }
+
+    /// [`Outbox::spawn_relay`] through other database and AMQP URLs (e.g. a proxy's).
+    pub fn spawn_relay_via(&self, db_url: &str, amqp_url: &str, extra: &[&str]) -> RelayProcess {
+        self.spawn("run", (db_url, amqp_url), extra, &[])
+    }
+
+    /// [`Outbox::spawn_relay`] serving /metrics and /readyz on a free port of its own, which
+    /// it returns.
+    pub fn spawn_observed(&self, extra: &[&str]) -> (RelayProcess, u16) {
+        let port = super::free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut args = vec!["--metrics-addr", addr.as_str()];
+        args.extend_from_slice(extra);
+        (self.spawn_relay(&args), port)
     }
 
     /// Starts `outbox-relay poll` with this outbox's flags, `extra` ones and `env`.
     pub fn spawn_poll(&self, extra: &[&str], env: &[(&str, &str)]) -> RelayProcess {
-        let mut args: Vec<String> = vec!["poll".into()];
-        args.extend(self.flags());
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut vars = vec![("RUST_LOG", "info,outbox_relay=debug")];
-        vars.extend_from_slice(env);
-        RelayProcess::spawn(&args, &vars)
+        self.spawn("poll", (&self.db_url, &self.amqp_url), extra, env)
     }
 
     pub async fn confirmed_flush(&self) -> u64 {

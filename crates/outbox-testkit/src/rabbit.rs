@@ -15,7 +15,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{chown_to, free_port, port_is_open, spawn_watchdog, tail_file};
+use super::{chown_to, free_port, port_is_open, spawn_watchdog, stop_watchdog, tail_file};
 
 const RABBITMQ_SERVER: &str = "/usr/sbin/rabbitmq-server";
 const RABBITMQCTL: &str = "/usr/sbin/rabbitmqctl";
@@ -135,10 +135,7 @@ impl RabbitServer {
                 }
             }
         }
-        if let Some(mut watchdog) = watchdog {
-            let _ = watchdog.kill();
-            let _ = watchdog.wait();
-        }
+        stop_watchdog(watchdog);
         panic!("rabbitmq failed to start:\n{last_error}");
     }
 
@@ -233,10 +230,7 @@ impl RabbitServer {
                     !process_alive(pid)
                 });
             }
-            if let Some(mut watchdog) = state.watchdog.take() {
-                let _ = watchdog.kill();
-                let _ = watchdog.wait();
-            }
+            stop_watchdog(state.watchdog.take());
             state.tempdir.take();
         }
     }
