@@ -21,6 +21,7 @@ pub mod failpoint;
 pub mod mapper;
 pub mod observability;
 pub mod ops;
+pub mod periodic;
 pub mod pgoutput;
 pub mod poll;
 pub mod publish;

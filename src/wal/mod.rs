@@ -17,6 +17,7 @@ pub mod heartbeat;
 pub mod preflight;
 pub mod relations;
 pub mod session;
+pub mod slot;
 
 use std::time::Duration;
 
