@@ -19,10 +19,11 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{CleanupArgs, OutboxNames};
-use crate::db::{self, quote_ident};
-use crate::error::{chain, RelayError};
+use crate::db::quote_ident;
+use crate::error::RelayError;
 use crate::mapper::columns;
 use crate::observability::{Health, CLEANUP_DELETED_ROWS_TOTAL};
+use crate::periodic::{self, Job};
 
 /// How long one cleanup statement may take before the round gives up (and retries at the
 /// next interval).
@@ -120,54 +121,27 @@ pub async fn run_cleanup(
     health: Health,
     shutdown: CancellationToken,
 ) {
-    if args.cleanup_interval.is_zero() {
-        return;
-    }
-    let mut client: Option<Client> = None;
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(args.cleanup_interval) => {}
-        }
-        let Some(acknowledged) = health.acknowledged_commit_time() else {
-            tracing::debug!("cleanup: no transaction acknowledged yet; nothing is deleted");
-            continue;
-        };
-        let round = async {
-            let connected = match client.take() {
-                Some(c) if !c.is_closed() => c,
-                _ => bounded_connect(&database_url).await?,
+    let (retention, batch, stop) = (args.retention, args.cleanup_batch, shutdown.clone());
+    let round = move |connection: periodic::Connection| {
+        let (names, health, shutdown) = (names.clone(), health.clone(), stop.clone());
+        async move {
+            let Some(acknowledged) = health.acknowledged_commit_time() else {
+                tracing::debug!("cleanup: no transaction acknowledged yet; nothing is deleted");
+                return Ok(None);
             };
-            let deleted = delete_until(
-                &connected,
-                &names,
-                args.retention,
-                acknowledged,
-                args.cleanup_batch,
-                &shutdown,
-            )
-            .await;
-            client = Some(connected);
-            deleted
-        };
-        match round.await {
-            Ok(0) => tracing::debug!("cleanup: nothing to delete"),
-            Ok(deleted) => tracing::info!(deleted, "cleanup deleted delivered rows"),
-            Err(e) => {
-                client = None;
-                tracing::warn!(error = %chain(&e), "cleanup failed; retrying next interval");
-            }
+            let client = connection.client().await?;
+            let deleted =
+                delete_until(&client, &names, retention, acknowledged, batch, &shutdown).await?;
+            Ok(Some(deleted))
         }
-    }
-}
-
-async fn bounded_connect(database_url: &str) -> Result<Client, RelayError> {
-    match tokio::time::timeout(STATEMENT_TIMEOUT, db::connect(database_url)).await {
-        Ok(result) => result,
-        Err(_) => Err(RelayError::DatabaseTimeout {
-            seconds: STATEMENT_TIMEOUT.as_secs(),
-        }),
-    }
+    };
+    let record = |deleted: Option<u64>| match deleted {
+        None => {}
+        Some(0) => tracing::debug!("cleanup: nothing to delete"),
+        Some(deleted) => tracing::info!(deleted, "cleanup deleted delivered rows"),
+    };
+    let job = Job::cleanup(args.cleanup_interval);
+    periodic::run(&database_url, job, shutdown, round, record).await;
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ pub mod mapper;
 pub mod observability;
 pub mod ops;
 pub mod outbox_table;
+pub mod periodic;
 pub mod pgoutput;
 pub mod poll;
 pub mod publish;

@@ -20,8 +20,9 @@ use crate::config::{Mode, StatusArgs};
 use crate::db::{self, quote_ident};
 use crate::error::{chain, RelayError};
 use crate::mapper::columns;
-use crate::observability::{http_get, read_slot, SlotReport};
+use crate::observability::http_get;
 use crate::poll::table::{read_backlog, Backlog};
+use crate::wal::slot::{read_slot, SlotReport};
 
 /// The probe's verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,16 +3,13 @@
 //! come from the table, not from the workers, so they keep growing while every worker is
 //! stuck or disconnected, which is when they matter.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::OutboxNames;
-use crate::observability::{
-    run_periodically, BACKLOG_POLL_ERRORS_TOTAL, BACKLOG_ROWS, OLDEST_UNSENT_AGE_SECONDS,
-};
+use crate::observability::{BACKLOG_POLL_ERRORS_TOTAL, BACKLOG_ROWS, OLDEST_UNSENT_AGE_SECONDS};
+use crate::periodic::{self, Job};
 
 use super::table::{read_backlog, Backlog};
 
@@ -25,9 +22,9 @@ pub(crate) async fn run(
 ) {
     let rows = metrics::gauge!(BACKLOG_ROWS);
     let age = metrics::gauge!(OLDEST_UNSENT_AGE_SECONDS);
-    let read = move |client: Arc<Client>| {
+    let read = move |connection: periodic::Connection| {
         let names = names.clone();
-        async move { read_backlog(&client, &names).await }
+        async move { read_backlog(&*connection.client().await?, &names).await }
     };
     let record = move |backlog: Option<Backlog>| {
         // None: no published_at column; the workers stop with an error that names it.
@@ -37,14 +34,6 @@ pub(crate) async fn run(
         }
     };
     let errors = metrics::counter!(BACKLOG_POLL_ERRORS_TOTAL);
-    run_periodically(
-        database_url,
-        interval,
-        "backlog poller",
-        errors,
-        shutdown,
-        read,
-        record,
-    )
-    .await;
+    let job = Job::poller("backlog poller", interval, errors);
+    periodic::run(&database_url, job, shutdown, read, record).await;
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::db;
-use crate::error::{chain, RelayError};
+use crate::error::RelayError;
+use crate::periodic::{self, Job};
 
 use super::table::OutboxTable;
 use super::worker::bounded;
@@ -23,26 +23,28 @@ pub(crate) async fn run(
     batch: u32,
     shutdown: CancellationToken,
 ) {
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(interval) => {}
-        }
-        match round(&shared, retention, batch, &shutdown).await {
-            Ok(0) => tracing::debug!("cleanup: nothing to delete"),
-            Ok(deleted) => tracing::info!(deleted, "cleanup deleted published rows"),
-            Err(e) => tracing::warn!(error = %chain(&e), "cleanup failed; retrying next interval"),
-        }
-    }
+    let database_url = shared.database_url.clone();
+    let stop = shutdown.clone();
+    let round = move |connection: periodic::Connection| {
+        let (shared, shutdown) = (Arc::clone(&shared), stop.clone());
+        async move { round(&connection, &shared, retention, batch, &shutdown).await }
+    };
+    let record = |deleted: u64| match deleted {
+        0 => tracing::debug!("cleanup: nothing to delete"),
+        deleted => tracing::info!(deleted, "cleanup deleted published rows"),
+    };
+    let job = Job::cleanup(interval);
+    periodic::run(&database_url, job, shutdown, round, record).await;
 }
 
 async fn round(
+    connection: &periodic::Connection,
     shared: &Shared,
     retention: Duration,
     batch: u32,
     shutdown: &CancellationToken,
 ) -> Result<u64, RelayError> {
-    let client = bounded(db::connect(&shared.database_url)).await?;
+    let client = connection.client().await?;
     let table = bounded(OutboxTable::discover(&client, &shared.names)).await?;
     let delete = bounded(client.prepare(&table.cleanup_sql(batch))).await?;
     let seconds = retention.as_secs_f64();

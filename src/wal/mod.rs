@@ -18,6 +18,7 @@ pub mod position;
 pub mod preflight;
 pub mod relations;
 pub mod session;
+pub mod slot;
 pub mod source;
 pub mod stream;
 

@@ -1,0 +1,499 @@
+//! Every metric the relay exports: each name a constant here, described once in
+//! [`describe`], recorded through the `metrics` facade into the Prometheus recorder
+//! ([`recorder`]), plus the handles the hot paths resolve once ([`RelayMetrics`],
+//! [`PollMetrics`]).
+//!
+//! It owns the names and the recorder, not the values: whoever knows a value records it.
+//! It must never read a database or the network: the slot's gauges are set by
+//! [`crate::wal::slot`], the scrape-time gauges by [`super::health`].
+
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use metrics::{Counter, Gauge, Histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::error::RelayError;
+
+/// pg_current_wal_lsn() − the slot's confirmed_flush_lsn: WAL the relay has not acknowledged.
+pub const SLOT_LAG_BYTES: &str = "outbox_relay_slot_lag_bytes";
+/// pg_current_wal_lsn() − the slot's restart_lsn: WAL the slot keeps on the primary's disk.
+pub const SLOT_RETAINED_WAL_BYTES: &str = "outbox_relay_slot_retained_wal_bytes";
+/// 1 for the slot's current wal_status (label `status`), 0 for the others.
+pub const SLOT_WAL_STATUS: &str = "outbox_relay_slot_wal_status";
+/// The slot's safe_wal_size: WAL that can still be written before the slot is invalidated
+/// (NaN while max_slot_wal_keep_size is -1, i.e. unlimited).
+pub const SLOT_SAFE_WAL_SIZE_BYTES: &str = "outbox_relay_slot_safe_wal_size_bytes";
+/// 1 while some process streams from the slot (active_pid is set), 0 otherwise.
+pub const SLOT_ACTIVE: &str = "outbox_relay_slot_active";
+/// Slot polls that succeeded (the slot gauges are as fresh as the last one).
+pub const SLOT_POLLS_TOTAL: &str = "outbox_relay_slot_polls_total";
+/// Slot polls that failed (connection or query errors); the poller reconnects.
+pub const SLOT_POLL_ERRORS_TOTAL: &str = "outbox_relay_slot_poll_errors_total";
+/// The LSN the relay last acknowledged to PostgreSQL, as a number.
+pub const ACKNOWLEDGED_LSN: &str = "outbox_relay_acknowledged_lsn";
+/// Messages handed to the broker (basic.publish), including re-publishes after a failure.
+pub const MESSAGES_PUBLISHED_TOTAL: &str = "outbox_relay_messages_published_total";
+/// Messages the broker confirmed (basic.ack, not returned).
+pub const MESSAGES_CONFIRMED_TOTAL: &str = "outbox_relay_messages_confirmed_total";
+/// Messages the broker rejected (basic.nack).
+pub const MESSAGES_NACKED_TOTAL: &str = "outbox_relay_messages_nacked_total";
+/// Messages the broker returned as unroutable (basic.return of a mandatory publish).
+pub const MESSAGES_RETURNED_TOTAL: &str = "outbox_relay_messages_returned_total";
+/// Messages sent to the dead-letter exchange (`--on-unroutable dead-letter`) and confirmed
+/// there, by reason (`unroutable`, `too_large`, `unmappable`).
+pub const DEAD_LETTERED_TOTAL: &str = "outbox_relay_messages_dead_lettered_total";
+/// Messages published and not yet confirmed.
+pub const MESSAGES_IN_FLIGHT: &str = "outbox_relay_messages_in_flight";
+/// Seconds from a transaction's commit (its timestamp in the stream) to the broker's
+/// confirm of each of its messages.
+pub const COMMIT_TO_CONFIRM_SECONDS: &str = "outbox_relay_commit_to_confirm_seconds";
+/// Seconds since the newest own heartbeat at or below the acknowledged LSN was written:
+/// end-to-end delay of the whole path, growing while anything on it is stuck.
+pub const HEARTBEAT_LAG_SECONDS: &str = "outbox_relay_heartbeat_lag_seconds";
+/// Seconds the relay has been failing on the same message (0 when it is not stuck).
+pub const BLOCKED_ON_MESSAGE_SECONDS: &str = "outbox_relay_blocked_on_message_seconds";
+/// Session restarts, by cause (`database`, `broker`, `confirm_timeout`, `nack`, …).
+pub const RECONNECTS_TOTAL: &str = "outbox_relay_reconnects_total";
+/// Outbox rows the cleanup job deleted.
+pub const CLEANUP_DELETED_ROWS_TOTAL: &str = "outbox_relay_cleanup_deleted_rows_total";
+/// 1 while this process waits as a standby because another one holds the slot.
+pub const STANDBY: &str = "outbox_relay_standby";
+/// 1 while the broker blocks this relay's publishes (memory or disk alarm).
+pub const BROKER_BLOCKED: &str = "outbox_relay_broker_blocked";
+/// 1 while /readyz answers 200, 0 otherwise (alert on this rather than probing /readyz).
+pub const READY: &str = "outbox_relay_ready";
+
+// Polling mode (`poll`): what the workers do, and what waits in the table.
+
+/// Claim queries run by the polling workers.
+pub const POLLS_TOTAL: &str = "outbox_relay_polls_total";
+/// Claim queries that found no unsent row.
+pub const EMPTY_POLLS_TOTAL: &str = "outbox_relay_empty_polls_total";
+/// Seconds from a batch's claim to its COMMIT (claim, publish, confirms, mark), per batch
+/// that found rows.
+pub const POLL_BATCH_SECONDS: &str = "outbox_relay_poll_batch_seconds";
+/// Rows per committed batch.
+pub const POLL_BATCH_ROWS: &str = "outbox_relay_poll_batch_rows";
+/// Unsent rows (`published_at IS NULL`), read every `--backlog-poll-interval`.
+pub const BACKLOG_ROWS: &str = "outbox_relay_backlog_rows";
+/// Age of the oldest unsent row (0 when none), read with [`BACKLOG_ROWS`].
+pub const OLDEST_UNSENT_AGE_SECONDS: &str = "outbox_relay_oldest_unsent_age_seconds";
+/// Backlog reads that failed (the gauges keep their last value); the poller reconnects.
+pub const BACKLOG_POLL_ERRORS_TOTAL: &str = "outbox_relay_backlog_poll_errors_total";
+/// Notifications received on the --listen channel.
+pub const NOTIFICATIONS_TOTAL: &str = "outbox_relay_notifications_total";
+
+/// Label of [`RECONNECTS_TOTAL`].
+pub const CAUSE_LABEL: &str = "cause";
+/// Label of [`DEAD_LETTERED_TOTAL`].
+pub const REASON_LABEL: &str = "reason";
+/// Its values ([`crate::dead_letter::Reason::label`]).
+pub const DEAD_LETTER_REASONS: [&str; 3] = ["unroutable", "too_large", "unmappable"];
+/// Label of [`SLOT_WAL_STATUS`].
+pub const STATUS_LABEL: &str = "status";
+/// The values `pg_replication_slots.wal_status` takes in PostgreSQL 15.
+pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost"];
+
+/// Buckets of [`COMMIT_TO_CONFIRM_SECONDS`]: milliseconds when healthy, minutes after an outage.
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// Buckets of [`POLL_BATCH_ROWS`]: up to the largest `--batch-size`.
+const BATCH_ROWS_BUCKETS: [f64; 13] = [
+    1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0, 10000.0, 100000.0,
+];
+
+/// Describes every metric (help text and unit) on the installed recorder.
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        SLOT_LAG_BYTES,
+        Unit::Bytes,
+        "WAL not yet acknowledged by the relay: pg_current_wal_lsn() - confirmed_flush_lsn"
+    );
+    describe_gauge!(
+        SLOT_RETAINED_WAL_BYTES,
+        Unit::Bytes,
+        "WAL the slot keeps on the primary: pg_current_wal_lsn() - restart_lsn"
+    );
+    describe_gauge!(
+        SLOT_WAL_STATUS,
+        "1 for the slot's wal_status (reserved, extended, unreserved, lost), 0 for the others"
+    );
+    describe_gauge!(
+        SLOT_SAFE_WAL_SIZE_BYTES,
+        Unit::Bytes,
+        "WAL that can be written before max_slot_wal_keep_size invalidates the slot (NaN: unlimited)"
+    );
+    describe_gauge!(SLOT_ACTIVE, "1 while a process streams from the slot");
+    describe_counter!(SLOT_POLLS_TOTAL, "Successful reads of pg_replication_slots");
+    describe_counter!(
+        SLOT_POLL_ERRORS_TOTAL,
+        "Failed reads of pg_replication_slots"
+    );
+    describe_gauge!(
+        ACKNOWLEDGED_LSN,
+        "The LSN last acknowledged to PostgreSQL (confirmed by the broker up to here)"
+    );
+    describe_counter!(
+        MESSAGES_PUBLISHED_TOTAL,
+        "Messages published to the broker, re-publishes included"
+    );
+    describe_counter!(MESSAGES_CONFIRMED_TOTAL, "Messages the broker confirmed");
+    describe_counter!(MESSAGES_NACKED_TOTAL, "Messages the broker nacked");
+    describe_counter!(
+        MESSAGES_RETURNED_TOTAL,
+        "Messages the broker returned as unroutable"
+    );
+    describe_counter!(
+        DEAD_LETTERED_TOTAL,
+        "Messages the dead-letter exchange confirmed instead of their own, by reason"
+    );
+    describe_gauge!(
+        MESSAGES_IN_FLIGHT,
+        "Messages published and not yet confirmed"
+    );
+    describe_histogram!(
+        COMMIT_TO_CONFIRM_SECONDS,
+        Unit::Seconds,
+        "Seconds from a transaction's commit to the broker's confirm of its message"
+    );
+    describe_gauge!(
+        HEARTBEAT_LAG_SECONDS,
+        Unit::Seconds,
+        "Seconds since the newest heartbeat at or below the acknowledged LSN was written"
+    );
+    describe_gauge!(
+        BLOCKED_ON_MESSAGE_SECONDS,
+        Unit::Seconds,
+        "Seconds the relay has been failing on the same message (0: not stuck)"
+    );
+    describe_counter!(RECONNECTS_TOTAL, "Session restarts, by cause");
+    describe_counter!(
+        CLEANUP_DELETED_ROWS_TOTAL,
+        "Outbox rows deleted by the cleanup job"
+    );
+    describe_gauge!(
+        STANDBY,
+        "1 while waiting as a standby for a slot another process holds"
+    );
+    describe_gauge!(
+        BROKER_BLOCKED,
+        "1 while the broker blocks publishing (connection.blocked)"
+    );
+    describe_gauge!(READY, "1 while /readyz answers 200");
+    describe_counter!(POLLS_TOTAL, "Claim queries run by the polling workers");
+    describe_counter!(EMPTY_POLLS_TOTAL, "Claim queries that found no unsent row");
+    describe_histogram!(
+        POLL_BATCH_SECONDS,
+        Unit::Seconds,
+        "Seconds from a batch's claim to its commit (publish and confirms included)"
+    );
+    describe_histogram!(POLL_BATCH_ROWS, Unit::Count, "Rows per committed batch");
+    describe_gauge!(
+        BACKLOG_ROWS,
+        Unit::Count,
+        "Unsent outbox rows (published_at IS NULL)"
+    );
+    describe_gauge!(
+        OLDEST_UNSENT_AGE_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest unsent outbox row (0: none)"
+    );
+    describe_counter!(BACKLOG_POLL_ERRORS_TOTAL, "Failed reads of the backlog");
+    describe_counter!(NOTIFICATIONS_TOTAL, "Notifications received with --listen");
+}
+
+static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the Prometheus recorder as the global `metrics` recorder (once per process) and
+/// describes the metrics; later calls return the same handle.
+pub fn recorder() -> PrometheusHandle {
+    RECORDER
+        .get_or_init(|| {
+            let buckets: [(&str, &[f64]); 3] = [
+                (COMMIT_TO_CONFIRM_SECONDS, &LATENCY_BUCKETS),
+                (POLL_BATCH_SECONDS, &LATENCY_BUCKETS),
+                (POLL_BATCH_ROWS, &BATCH_ROWS_BUCKETS),
+            ];
+            let mut builder = PrometheusBuilder::new();
+            for (name, values) in buckets {
+                builder = match builder.set_buckets_for_metric(Matcher::Full(name.into()), values)
+                {
+                    Ok(builder) => builder,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "histogram buckets rejected; exporting summaries");
+                        PrometheusBuilder::new()
+                    }
+                };
+            }
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            if let Err(e) = metrics::set_global_recorder(recorder) {
+                tracing::warn!(error = %e, "another metrics recorder is installed; /metrics stays empty");
+            }
+            describe();
+            // Counters exist from the start, so that rate() sees their first increment.
+            for name in [
+                SLOT_POLLS_TOTAL,
+                SLOT_POLL_ERRORS_TOTAL,
+                MESSAGES_PUBLISHED_TOTAL,
+                MESSAGES_CONFIRMED_TOTAL,
+                MESSAGES_NACKED_TOTAL,
+                MESSAGES_RETURNED_TOTAL,
+                CLEANUP_DELETED_ROWS_TOTAL,
+                POLLS_TOTAL,
+                EMPTY_POLLS_TOTAL,
+                BACKLOG_POLL_ERRORS_TOTAL,
+                NOTIFICATIONS_TOTAL,
+            ] {
+                metrics::counter!(name).absolute(0);
+            }
+            for reason in DEAD_LETTER_REASONS {
+                metrics::counter!(DEAD_LETTERED_TOTAL, REASON_LABEL => reason).absolute(0);
+            }
+            metrics::gauge!(MESSAGES_IN_FLIGHT).set(0.0);
+            metrics::gauge!(STANDBY).set(0.0);
+            metrics::gauge!(BROKER_BLOCKED).set(0.0);
+            handle
+        })
+        .clone()
+}
+
+/// The per-message metrics of a session, resolved once (a registry lookup per message would
+/// cost more than the increment). Cheap to clone.
+#[derive(Clone)]
+pub struct RelayMetrics {
+    pub published: Counter,
+    pub confirmed: Counter,
+    pub nacked: Counter,
+    pub returned: Counter,
+    pub in_flight: Gauge,
+    pub commit_to_confirm: Histogram,
+}
+
+impl Default for RelayMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RelayMetrics {
+    /// Resolves the handles on the installed recorder: call it after [`recorder`] (or
+    /// [`super::start`]), or the handles record nowhere.
+    pub fn new() -> Self {
+        Self {
+            published: metrics::counter!(MESSAGES_PUBLISHED_TOTAL),
+            confirmed: metrics::counter!(MESSAGES_CONFIRMED_TOTAL),
+            nacked: metrics::counter!(MESSAGES_NACKED_TOTAL),
+            returned: metrics::counter!(MESSAGES_RETURNED_TOTAL),
+            in_flight: metrics::gauge!(MESSAGES_IN_FLIGHT),
+            commit_to_confirm: metrics::histogram!(COMMIT_TO_CONFIRM_SECONDS),
+        }
+    }
+
+    /// Records one confirm of a message whose transaction committed at `commit_time` (the
+    /// server's clock; a clock behind ours counts as 0).
+    pub fn observe_commit_to_confirm(&self, commit_time: SystemTime) {
+        let seconds = SystemTime::now()
+            .duration_since(commit_time)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        self.commit_to_confirm.record(seconds);
+    }
+}
+
+impl RelayMetrics {
+    /// Counts the outcome of a batch of `published` messages whose confirms were awaited
+    /// together (polling mode): `unsettled` of them were still waiting when `outcome` came
+    /// (0 on success; a nacked or returned message is settled, and counted as such). Each
+    /// raised the in-flight gauge when it was published.
+    pub fn record_batch_confirms(
+        &self,
+        published: usize,
+        unsettled: usize,
+        outcome: &Result<(), RelayError>,
+    ) {
+        self.in_flight.decrement(published as f64);
+        let failed = match outcome {
+            Ok(()) => 0,
+            Err(RelayError::Nacked { .. }) => {
+                self.nacked.increment(1);
+                1
+            }
+            Err(RelayError::Returned { .. }) => {
+                self.returned.increment(1);
+                1
+            }
+            Err(_) => 0,
+        };
+        let confirmed = published.saturating_sub(unsettled + failed);
+        self.confirmed.increment(confirmed as u64);
+    }
+}
+
+/// Polling mode's metric handles, resolved once (call after [`recorder`]). Cheap to clone.
+#[derive(Clone)]
+pub struct PollMetrics {
+    pub relay: RelayMetrics,
+    pub polls: Counter,
+    pub empty_polls: Counter,
+    pub batch_seconds: Histogram,
+    pub batch_rows: Histogram,
+    pub cleanup_deleted: Counter,
+    pub notifications: Counter,
+}
+
+impl Default for PollMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PollMetrics {
+    pub fn new() -> Self {
+        Self {
+            relay: RelayMetrics::new(),
+            polls: metrics::counter!(POLLS_TOTAL),
+            empty_polls: metrics::counter!(EMPTY_POLLS_TOTAL),
+            batch_seconds: metrics::histogram!(POLL_BATCH_SECONDS),
+            batch_rows: metrics::histogram!(POLL_BATCH_ROWS),
+            cleanup_deleted: metrics::counter!(CLEANUP_DELETED_ROWS_TOTAL),
+            notifications: metrics::counter!(NOTIFICATIONS_TOTAL),
+        }
+    }
+}
+
+/// Counts one session restart with its cause ([`RelayError::cause`]).
+pub fn count_reconnect(cause: &'static str) {
+    metrics::counter!(RECONNECTS_TOTAL, CAUSE_LABEL => cause).increment(1);
+}
+
+/// A timestamp from the replication stream (microseconds since 2000-01-01 UTC, as in
+/// Begin, Commit and keepalive messages) as a `SystemTime`.
+pub fn pg_timestamp(micros_since_2000: i64) -> SystemTime {
+    const PG_EPOCH_UNIX_SECONDS: u64 = 946_684_800;
+    let epoch = UNIX_EPOCH + Duration::from_secs(PG_EPOCH_UNIX_SECONDS);
+    let offset = Duration::from_micros(micros_since_2000.unsigned_abs());
+    if micros_since_2000 >= 0 {
+        epoch + offset
+    } else {
+        epoch - offset
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_confirms_count_what_the_broker_answered() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let m = RelayMetrics::new();
+            m.in_flight.increment(10.0);
+            m.record_batch_confirms(10, 0, &Ok(()));
+            m.in_flight.increment(5.0);
+            let nacked = Err(RelayError::Nacked {
+                message_id: "x".into(),
+            });
+            // Two confirmed, the third nacked, two still waiting.
+            m.record_batch_confirms(5, 2, &nacked);
+        });
+        let text = handle.render();
+        for expected in [
+            "outbox_relay_messages_confirmed_total 12",
+            "outbox_relay_messages_nacked_total 1",
+            "outbox_relay_messages_in_flight 0",
+        ] {
+            assert!(text.contains(expected), "{expected} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn pg_timestamps_count_from_2000() {
+        assert_eq!(
+            pg_timestamp(0)
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .ok(),
+            Some(946_684_800)
+        );
+        assert_eq!(
+            pg_timestamp(-1_000_000)
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .ok(),
+            Some(946_684_799)
+        );
+    }
+
+    #[test]
+    fn every_metric_is_prefixed_and_unique() {
+        let names = [
+            SLOT_LAG_BYTES,
+            SLOT_RETAINED_WAL_BYTES,
+            SLOT_WAL_STATUS,
+            SLOT_SAFE_WAL_SIZE_BYTES,
+            SLOT_ACTIVE,
+            SLOT_POLLS_TOTAL,
+            SLOT_POLL_ERRORS_TOTAL,
+            ACKNOWLEDGED_LSN,
+            MESSAGES_PUBLISHED_TOTAL,
+            MESSAGES_CONFIRMED_TOTAL,
+            MESSAGES_NACKED_TOTAL,
+            MESSAGES_RETURNED_TOTAL,
+            MESSAGES_IN_FLIGHT,
+            COMMIT_TO_CONFIRM_SECONDS,
+            HEARTBEAT_LAG_SECONDS,
+            BLOCKED_ON_MESSAGE_SECONDS,
+            RECONNECTS_TOTAL,
+            CLEANUP_DELETED_ROWS_TOTAL,
+            STANDBY,
+            BROKER_BLOCKED,
+            READY,
+            POLLS_TOTAL,
+            EMPTY_POLLS_TOTAL,
+            POLL_BATCH_SECONDS,
+            POLL_BATCH_ROWS,
+            BACKLOG_ROWS,
+            OLDEST_UNSENT_AGE_SECONDS,
+            BACKLOG_POLL_ERRORS_TOTAL,
+            NOTIFICATIONS_TOTAL,
+        ];
+        let unique: std::collections::HashSet<_> = names.iter().collect();
+        assert_eq!(unique.len(), names.len());
+        assert!(names.iter().all(|n| n.starts_with("outbox_relay_")));
+        // The Grafana dashboard shipped in docs/ is built on these names, and only on them.
+        let dashboard = include_str!("../../docs/grafana-dashboard.json");
+        let used: std::collections::HashSet<&str> = dashboard
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|word| word.starts_with("outbox_relay_"))
+            .map(|word| {
+                ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|suffix| word.strip_suffix(suffix))
+                    .unwrap_or(word)
+            })
+            .collect();
+        for name in &used {
+            assert!(
+                names.contains(name),
+                "the dashboard uses unknown metric {name}"
+            );
+        }
+        for name in [
+            SLOT_LAG_BYTES,
+            SLOT_RETAINED_WAL_BYTES,
+            HEARTBEAT_LAG_SECONDS,
+            READY,
+            BACKLOG_ROWS,
+            OLDEST_UNSENT_AGE_SECONDS,
+        ] {
+            assert!(used.contains(name), "the dashboard lacks {name}");
+        }
+    }
+}
