@@ -1,14 +1,25 @@
 //! outbox-relay: delivers the rows of a PostgreSQL transactional outbox to RabbitMQ.
 //!
-//! Follow one row from the slot to the broker by opening the modules in order:
-//! `pgoutput` (decode the replication stream), `mapper` (row -> AMQP message), `publish`
-//! (the broker connection and the in-order confirm queue), `wal` (the replication session,
-//! LSN feedback, and the supervisor that restarts it). `poll` is the other way in: workers
-//! that claim rows from the table instead of the slot, sharing the mapper and publisher.
-//! `setup` provisions; `config` and `error` hold the flags and the two error classes.
-//! `observability` (metrics, `/healthz`, `/readyz`, the slot poller), `cleanup` (deleting
-//! delivered rows) and `ops` (`status`, `teardown`, `resync`) are for running it;
-//! `failpoint` opens crash windows for the fault tests.
+//! Follow one row from the slot to the broker by opening the modules in order (WAL mode):
+//!
+//! 1. `wal` — the PostgreSQL side. `wal::stream` owns the replication client: it reads the
+//!    stream and tells PostgreSQL the acknowledged position, nothing else. `wal::source` turns
+//!    each event into a delivery input, using `pgoutput` (the decoder), `wal::relations` (the
+//!    relation cache) and `mapper` (row -> AMQP message); `wal::position` is the token a
+//!    position is acknowledged with. `wal::session` wires one session; `wal` (mod) restarts it.
+//! 2. `publish` — the delivery side. `publish::delivery` publishes under the in-flight window
+//!    on `publish::broker`'s channel, awaits confirms in order through `publish::queue`, sends
+//!    returned rows to `publish::dead_letter` when asked, and hands back "acknowledged up to
+//!    token T" — to the stream reader in WAL mode.
+//!
+//! `poll` is the other way in: workers that claim rows from the table (`outbox_table` reads
+//! its columns) and hand each batch to the same delivery loop; `ops::resync` does the same
+//! for a time range. `setup` provisions; `config` and `error` hold the flags and the error
+//! classes (retry, standby, stop); `db` the connections and their pinned settings.
+//! `observability` (metrics, health, the HTTP endpoints), `periodic` (timed database jobs:
+//! the slot and backlog pollers, both cleanups), `cleanup` (deleting delivered rows) and
+//! `ops` (`status`, `teardown`, `resync`) are for running it; `failpoint` opens crash windows
+//! for the fault tests.
 
 #![forbid(unsafe_code)]
 
@@ -28,6 +39,3 @@ pub mod poll;
 pub mod publish;
 pub mod setup;
 pub mod wal;
-
-// Where the mapper and the tests found it before it moved to the delivery side.
-pub use publish::dead_letter;

@@ -13,8 +13,8 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 use pgwire_replication::Lsn;
 
-use crate::dead_letter::{self, Reason};
 use crate::pgoutput::{Relation, Tuple, TupleValue};
+use crate::publish::dead_letter::{self, Reason};
 
 /// The outbox table's column names, kept with the table (`outbox_table`) and re-exported
 /// here for the modules that name them while mapping or deleting rows.
@@ -918,7 +918,7 @@ mod tests {
 
     #[test]
     fn unpublishable_rows_become_dead_letters_only_under_the_policy() {
-        use crate::dead_letter::headers as dl;
+        use crate::publish::dead_letter::headers as dl;
         let layout = Layout::for_relation(&outbox_relation()).expect("layout");
         let dlx: ShortString = "dlx".into();
         let header = |m: &OutboxMessage, name: &str| {

@@ -88,7 +88,7 @@ pub const NOTIFICATIONS_TOTAL: &str = "outbox_relay_notifications_total";
 pub const CAUSE_LABEL: &str = "cause";
 /// Label of [`DEAD_LETTERED_TOTAL`].
 pub const REASON_LABEL: &str = "reason";
-/// Its values ([`crate::dead_letter::Reason::label`]).
+/// Its values ([`crate::publish::dead_letter::Reason::label`]).
 pub const DEAD_LETTER_REASONS: [&str; 3] = ["unroutable", "too_large", "unmappable"];
 /// Label of [`SLOT_WAL_STATUS`].
 pub const STATUS_LABEL: &str = "status";

@@ -25,8 +25,6 @@ use tokio_util::sync::CancellationToken;
 pub use self::health::*;
 pub use self::http::*;
 pub use self::metrics::*;
-// `teardown` reads the slot through this path.
-pub use crate::wal::slot::read_slot;
 use crate::wal::slot::run_slot_poller;
 
 /// Starts what `run` serves besides delivering: the HTTP endpoints (unless `addr` is

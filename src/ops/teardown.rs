@@ -17,7 +17,7 @@ use tokio_postgres::Client;
 use crate::config::TeardownArgs;
 use crate::db::{self, quote_ident};
 use crate::error::RelayError;
-use crate::observability::read_slot;
+use crate::wal::slot::read_slot;
 
 pub async fn run(args: TeardownArgs) -> Result<(), RelayError> {
     let names = &args.names;

@@ -31,9 +31,10 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::config::OutboxNames;
 use crate::db;
 use crate::error::{replication_sqlstate, RelayError};
-use crate::observability::{pg_timestamp, read_slot, Health};
+use crate::observability::{pg_timestamp, Health};
 use crate::publish::{Acked, Input};
 use crate::wal::position::AckPosition;
+use crate::wal::slot::read_slot;
 use crate::wal::source::Source;
 
 /// How long a stopping session waits for its last acknowledged position to reach PostgreSQL.
