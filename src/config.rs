@@ -220,7 +220,7 @@ pub enum OnUnroutable {
     DeadLetter,
 }
 
-/// The dead-letter policy (src/dead_letter.rs, docs/operations.md).
+/// The dead-letter policy (src/publish/dead_letter.rs, docs/operations.md).
 #[derive(Debug, Clone, Args)]
 pub struct DeadLetterArgs {
     /// What to do with a message the broker returns as unroutable (no binding for its routing
@@ -427,7 +427,7 @@ impl PollArgs {
     }
 }
 
-/// The HTTP endpoints, in both modes (src/observability.rs, docs/operations.md).
+/// The HTTP endpoints, in both modes (src/observability/http.rs, docs/operations.md).
 #[derive(Debug, Clone, Args)]
 pub struct EndpointArgs {
     /// Address for /metrics, /healthz and /readyz (IP:port; in a container 0.0.0.0:9187 so
@@ -436,7 +436,8 @@ pub struct EndpointArgs {
     pub metrics_addr: MetricsAddr,
 }
 
-/// `run`'s HTTP endpoints and slot poller (src/observability.rs, docs/operations.md).
+/// `run`'s HTTP endpoints and slot poller (src/observability/http.rs, src/wal/slot.rs,
+/// docs/operations.md).
 #[derive(Debug, Clone, Args)]
 pub struct ObservabilityArgs {
     #[command(flatten)]
