@@ -1,5 +1,8 @@
 //! Exponential backoff between reconnect attempts, with jitter so that a fleet of relays
 //! restarted by one broker outage does not reconnect in lockstep.
+//!
+//! It only computes delays: it never sleeps and never decides whether to retry (the caller
+//! knows the error's class). A delay may exceed the maximum by the jitter (at most 20 %).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

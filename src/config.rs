@@ -3,6 +3,11 @@
 //! Every flag has an environment variable so the relay can be configured the way containers
 //! are; secrets (the URLs carry passwords) can also come from a file named by `*_FILE`, so they
 //! never have to appear in argv, where `ps` shows them to every user of the machine.
+//!
+//! It owns the flags, their variables, defaults and the checks that need nothing but the
+//! values. It must never connect to anything (`--help` and `setup --print-sql` work with
+//! neither server up), and the command line must not change unnoticed:
+//! `src/snapshots/cli_help.txt` pins every command's help.
 
 use std::time::Duration;
 

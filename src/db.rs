@@ -6,6 +6,10 @@
 //! taken out of the URL here, and the ordinary connection is upgraded by the same code that
 //! upgrades the replication connection (pgwire-replication's rustls handshake), then handed
 //! to tokio-postgres as an already-encrypted stream: one TLS policy, one place.
+//!
+//! It owns how the relay reaches PostgreSQL (URL, TLS, connect timeouts, the pinned session
+//! settings, identifier quoting), never what it runs there: no relay query lives here, each
+//! belongs to the module that needs it.
 
 use std::path::PathBuf;
 use std::time::Duration;

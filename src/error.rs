@@ -14,6 +14,11 @@
 //! cannot be delivered there either is an error again (transient: the relay retries).
 //!
 //! A slot held by another process is its own case: this relay is a standby and waits.
+//!
+//! This module owns that classification: [`RelayError::recovery`] is the one place an error's
+//! class is decided, and the supervisors (`wal`, `poll`) only act on it. A definite error must
+//! never be classed as retry (the relay would loop on a row it can never deliver), nor a
+//! transient one as stop (an outage would end the relay).
 
 use crate::mapper::MapError;
 use crate::pgoutput::DecodeError;

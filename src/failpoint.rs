@@ -12,6 +12,10 @@
 //! Points:
 //! - `poll-before-commit`: a polling worker after every confirm of its batch arrived and the
 //!   rows were marked, just before COMMIT (the window that duplicates a batch).
+//!
+//! It must never act unless the variable names a point, and never ignore a value it cannot
+//! read: an unknown point or action is an error at startup, so a typo cannot silently disable
+//! a test's crash.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;

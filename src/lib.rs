@@ -20,6 +20,10 @@
 //! the slot and backlog pollers, both cleanups), `cleanup` (deleting delivered rows) and
 //! `ops` (`status`, `teardown`, `resync`) are for running it; `failpoint` opens crash windows
 //! for the fault tests.
+//!
+//! The library must never hold `unsafe` code (forbidden below), and never depends on the
+//! benchmark or the test kit in crates/: they depend on it (or run its binary), not the
+//! reverse, so the product's build and image leave them out.
 
 #![forbid(unsafe_code)]
 

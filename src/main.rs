@@ -1,4 +1,8 @@
 //! The binary: flags, logging, signals; everything else is in the library.
+//!
+//! It holds no relay logic: each command is one call into the library, and `run` and `poll`
+//! get a shutdown token that SIGTERM or SIGINT cancels, so a test can run the same code with a
+//! token of its own.
 
 #![forbid(unsafe_code)]
 

@@ -5,6 +5,12 @@
 //! replication buffer: no payload byte is copied between the socket and the broker's frame.
 //!
 //! Mapping errors are definite: the relay stops before acknowledging the row and names it.
+//!
+//! Pure and synchronous: it owns the translation, no I/O. It must never make up a value the
+//! contract requires (a NULL `id` or `event_type`, an unchanged-TOAST value, a malformed
+//! column is a [`MapError`] naming the row): a message published with a wrong id or type
+//! cannot be called back. Only the optional columns have defaults (the exchange, the routing
+//! key = `event_type`).
 
 use std::fmt;
 

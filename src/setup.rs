@@ -8,6 +8,10 @@
 //! the publications that exist when those changes are decoded, so rows inserted between a slot
 //! and a later publication would be skipped (and PG15 errors on a missing publication only
 //! when the first change is decoded).
+//!
+//! It only creates what is missing: it must never drop or alter an existing object (a second
+//! run changes nothing), since the table holds the application's data and the slot the
+//! position of every undelivered message; a slot is never recreated.
 
 use std::fmt::Write as _;
 

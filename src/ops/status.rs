@@ -10,6 +10,9 @@
 //! `--mode poll` (polling mode has no slot) the slot is not read, and exit code 2 means the
 //! table cannot be read or lacks `published_at`, and the unsent backlog
 //! (`published_at IS NULL`: WAL mode never sets it) is shown.
+//!
+//! It only reads: it must never create, advance or drop anything, so an operator (or a probe
+//! every few seconds) can run it against a live relay at no risk.
 
 use std::net::SocketAddr;
 

@@ -1,6 +1,9 @@
 //! Decode errors. Each names the message kind and the wire field that was short or malformed,
 //! so a log line alone says what the server sent. `Field` and `MessageKind` are `Copy`: the
 //! decoder passes them to every read without building strings unless a read fails.
+//!
+//! A decode error is definite (the relay stops, acknowledging nothing past it): a message
+//! that cannot be read must never be skipped, since it may be a row.
 
 use std::fmt;
 

@@ -2,6 +2,9 @@
 //! ordinary connection of its own every `--backlog-poll-interval` for /metrics. The numbers
 //! come from the table, not from the workers, so they keep growing while every worker is
 //! stuck or disconnected, which is when they matter.
+//!
+//! It only reads (a count and a `min` over the unsent rows, no lock): it must never claim or
+//! mark rows, so watching the backlog cannot hold back a worker.
 
 use std::time::Duration;
 

@@ -324,7 +324,7 @@ mod tests {
     #[test]
     fn keepalive_behind_unconfirmed_messages_waits_for_them() {
         // A keepalive asking for a reply while messages are unconfirmed must not move the
-        // acknowledged LSN to its WAL end: it sits behind them.
+        // acknowledged position to its WAL end: it sits behind them.
         let mut q = ConfirmQueue::new();
         q.push_publish("a".into(), ());
         q.push_ack_point(Pos(100));

@@ -12,6 +12,17 @@
 //! "everything before this WAL position has been sent"; once everything received before it is
 //! confirmed, its position is safe to acknowledge (a transaction still open commits later and
 //! is replayed in full).
+//!
+//! This file owns the supervisor: the endpoints and the slot poller that outlive sessions,
+//! backoff, standby (waiting for another process to release the slot) and the stuck message
+//! the next session publishes alone. It never retries a definite error, and never resumes a
+//! session in place: each new one starts from the slot.
+//!
+//! A row's path through the folder: [`stream`] reads it from the replication client;
+//! [`source`] turns it into a delivery input (`pgoutput` decodes it, [`relations`] and the
+//! mapper make it a message); the input goes to `publish::delivery`, whose acknowledged
+//! [`position`] comes back to [`stream`], which sends it to PostgreSQL. [`session`] wires one
+//! session; [`preflight`], [`heartbeat`] and [`slot`] serve it.
 
 pub mod heartbeat;
 pub mod position;
