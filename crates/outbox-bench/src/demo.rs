@@ -3,6 +3,9 @@
 //!
 //! The consumer starts before the first write, so nothing the relay publishes is missed; the
 //! queue is purged first, so leftovers of an earlier run are not counted.
+//!
+//! It judges only from outside: the ids the writers committed against what the consumer
+//! received ([`crate::report`]), never what the relay says about itself.
 
 use std::collections::HashSet;
 use std::time::Duration;

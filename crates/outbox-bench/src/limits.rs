@@ -1,11 +1,15 @@
 //! The two limits a relay figure is set against, measured in the same run.
 //!
-//! - Broker alone: the relay's own delivery loop (`publish::deliver`: the broker
-//!   connection, the in-flight window and the in-order confirm queue) sending messages the relay's mapper built from a synthetic outbox row —
-//!   same size, persistence, `mandatory`, exchange and kind of durable queue — with the same
-//!   confirm window, received by the same consumer. No PostgreSQL.
+//! - Broker alone: the relay's own delivery loop (`publish::deliver`: the broker connection,
+//!   the in-flight window and the in-order confirm queue) sending messages the relay's mapper
+//!   built from a synthetic outbox row — same size, persistence, `mandatory`, exchange and kind
+//!   of durable queue — with the same confirm window, received by the same consumer. No
+//!   PostgreSQL.
 //! - Decoding alone: the slot drained with pgwire-replication, our pgoutput decoder and the
 //!   mapper, nothing published: what the relay does minus the broker.
+//!
+//! Both call the relay's own decoder, mapper and delivery loop, never copies of them: a limit
+//! is a fair ceiling only if it does what the relay does, minus one side.
 
 use std::time::Duration;
 

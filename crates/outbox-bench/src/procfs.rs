@@ -4,6 +4,9 @@
 //! second field, the command name, is in parentheses and may itself hold spaces or `)`, so
 //! fields are counted after the LAST `)`. Peak memory: `VmHWM` of `/proc/<pid>/status`, the
 //! high-water mark of the resident set, which the kernel keeps for the process's lifetime.
+//!
+//! It only reads /proc, and a figure it cannot read is an error, never a zero that would
+//! flatter the relay.
 
 use std::time::Duration;
 

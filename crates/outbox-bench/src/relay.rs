@@ -3,6 +3,9 @@
 //! Its output goes to a log file through a task that also watches for the line saying it is
 //! ready (`streaming` in WAL mode, `polling` in polling mode), so the benchmark waits for that
 //! event instead of sleeping. CPU and peak memory are read from /proc while it is alive.
+//!
+//! It owns the child process: the relay is killed when its handle is dropped, so a failed
+//! measurement never leaves a relay running (and reading a slot) behind it.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

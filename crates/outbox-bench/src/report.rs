@@ -8,6 +8,8 @@
 //!   compared with the highest seen before it);
 //! - rate: committed rows over the time from the first commit to the receipt that completed
 //!   the set; latency: from a row's commit to its first receipt.
+//!
+//! Pure: it judges the two lists only, and must never take a figure from the relay itself.
 
 use std::collections::HashMap;
 use std::fmt;

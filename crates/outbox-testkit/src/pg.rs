@@ -3,6 +3,9 @@
 //! The server runs from the installed binaries as the `postgres` user (initdb refuses
 //! root) in a temp dir that holds the data dir, the unix socket and the server log.
 //! fsync stays on: the crash tests stop it with `-m immediate` and rely on recovery.
+//!
+//! It owns its server's lifecycle; it must never stop or change a server it did not start:
+//! with `OUTBOX_TEST_DATABASE_URL` (an external server) the stop and start methods panic.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};

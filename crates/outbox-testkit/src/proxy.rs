@@ -14,6 +14,9 @@
 //!
 //! [`TcpProxy::reset_all`] closes every current connection with an RST on both sides
 //! (SO_LINGER 0, then close). New connections are accepted in every mode.
+//!
+//! It owns only the connections it accepted, and never rewrites a byte: every fault it makes
+//! is one a network makes (loss, delay, a stall, a reset).
 
 use std::collections::HashSet;
 use std::net::SocketAddr;

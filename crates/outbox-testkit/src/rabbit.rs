@@ -9,6 +9,10 @@
 //! `rabbitmq-server -detached` returns at once; the node writes its pid file ~2 s later
 //! and opens the AMQP port at the end of its boot (~5 s on these machines). The node's
 //! processes show the node name only in their environment, not on the command line.
+//!
+//! It owns its node's lifecycle; it must never touch a node it did not start: every command
+//! names this node (never the package's own), and with `OUTBOX_TEST_AMQP_URL` (an external
+//! broker) `ctl`, `kill9` and `restart` panic.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -1,6 +1,8 @@
 //! Certificates for TLS tests, made with the `openssl` CLI in a temp dir: a CA, a server
 //! certificate it signs for `localhost` (and 127.0.0.1), and an unrelated second CA that a
 //! client must refuse to trust for that server.
+//!
+//! Test material only: the keys live in the temp dir and must never be used outside a test.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
