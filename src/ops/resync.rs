@@ -14,6 +14,10 @@
 //! order before the next batch is read. Any nack, return or missing confirm stops the command
 //! with the message named; what was confirmed before it is printed, and running the command
 //! again publishes from `since` again.
+//!
+//! It only publishes: it never writes to the table (the snapshot is read-only) and never
+//! touches the slot, so it can run beside a live relay (rows the relay also delivers arrive
+//! twice, with the same message id).
 
 use tokio_postgres::IsolationLevel;
 
