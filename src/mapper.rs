@@ -9,8 +9,8 @@
 //! Pure and synchronous: it owns the translation, no I/O. It must never make up a value the
 //! contract requires (a NULL `id` or `event_type`, an unchanged-TOAST value, a malformed
 //! column is a [`MapError`] naming the row): a message published with a wrong id or type
-//! cannot be called back. Only the optional columns have defaults (the exchange, the routing
-//! key = `event_type`).
+//! cannot be called back. Only optional columns have defaults (the exchange, the routing key =
+//! `event_type`, an empty body for a NULL payload).
 
 use std::fmt;
 
