@@ -9,17 +9,22 @@
 //!
 //! It owns how the relay reaches PostgreSQL (URL, TLS, connect timeouts, the pinned session
 //! settings, identifier quoting), never what it runs there: no relay query lives here, each
-//! belongs to the module that needs it.
+//! belongs to the module that needs it. Every connection the relay opens comes from here
+//! ([`connect`], [`connect_for_notifications`] for polling's LISTEN, [`replication_config`]):
+//! none may bypass the TLS policy.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 // Values only: libpq decodes `%XX` in a URI's parameters but, unlike a form, not `+`.
+use futures_util::StreamExt;
 use percent_encoding::percent_decode_str;
 use pgwire_replication::tls::rustls::maybe_upgrade_to_tls;
 use pgwire_replication::{ReplicationConfig, SslMode, TlsConfig};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
 use tokio_postgres::config::{Host, SslMode as DriverSslMode};
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Notification};
 
 use crate::error::RelayError;
 
@@ -142,6 +147,26 @@ fn first_host(config: &Config) -> Host {
 
 /// Opens an ordinary connection; its driver task ends with the connection.
 pub async fn connect(url: &str) -> Result<Client, RelayError> {
+    connect_with(url, None).await
+}
+
+/// What a notification connection's driver hands over: each `NOTIFY` received, then the
+/// error that ended the connection (the channel closes when it ends without one).
+pub type Notifications = mpsc::Receiver<Result<Notification, tokio_postgres::Error>>;
+
+/// [`connect`], for a connection that LISTENs: the same TLS and timeouts, and the
+/// notifications its driver receives.
+pub async fn connect_for_notifications(url: &str) -> Result<(Client, Notifications), RelayError> {
+    // Notifications are wake-ups: a few in hand are plenty while the listener catches up.
+    let (notifications, received) = mpsc::channel(64);
+    let client = connect_with(url, Some(notifications)).await?;
+    Ok((client, received))
+}
+
+async fn connect_with(
+    url: &str,
+    notifications: Option<NotificationSender>,
+) -> Result<Client, RelayError> {
     let (rest, tls) = split_tls(url)?;
     let mut config = parse_driver_url(&rest)?;
     config.application_name(APPLICATION_NAME);
@@ -150,7 +175,7 @@ pub async fn connect(url: &str) -> Result<Client, RelayError> {
     }
     // connect_timeout bounds the TCP connect only: a server (or a network) that accepts and
     // then goes silent would hold the startup handshake forever.
-    tokio::time::timeout(CONNECT_TIMEOUT, open(config, &tls))
+    tokio::time::timeout(CONNECT_TIMEOUT, open(config, &tls, notifications))
         .await
         .map_err(|_| RelayError::ConnectTimeout {
             what: "PostgreSQL",
@@ -158,14 +183,20 @@ pub async fn connect(url: &str) -> Result<Client, RelayError> {
         })?
 }
 
-async fn open(mut config: Config, tls: &TlsConfig) -> Result<Client, RelayError> {
+type NotificationSender = mpsc::Sender<Result<Notification, tokio_postgres::Error>>;
+
+async fn open(
+    mut config: Config,
+    tls: &TlsConfig,
+    notifications: Option<NotificationSender>,
+) -> Result<Client, RelayError> {
     let host = match first_host(&config) {
         // libpq ignores sslmode on Unix sockets, and so does the relay.
         Host::Tcp(host) if tls.mode != SslMode::Disable => host,
         _ => {
             config.ssl_mode(DriverSslMode::Disable);
             let (client, connection) = config.connect(NoTls).await?;
-            spawn_driver(connection);
+            spawn_driver(connection, notifications);
             return Ok(client);
         }
     };
@@ -184,16 +215,42 @@ async fn open(mut config: Config, tls: &TlsConfig) -> Result<Client, RelayError>
     // The stream already is what sslmode asked for: tokio-postgres must not negotiate again.
     config.ssl_mode(DriverSslMode::Disable);
     let (client, connection) = config.connect_raw(stream, NoTls).await?;
-    spawn_driver(connection);
+    spawn_driver(connection, notifications);
     Ok(client)
 }
 
-fn spawn_driver(
-    connection: impl std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
-) {
+/// Drives a connection until it ends; with `notifications`, hands over what it receives.
+fn spawn_driver<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    notifications: Option<NotificationSender>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "database connection ended");
+        let Some(notifications) = notifications else {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "database connection ended");
+            }
+            return;
+        };
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            let handed = match message {
+                Ok(AsyncMessage::Notification(notification)) => {
+                    notifications.send(Ok(notification)).await
+                }
+                Ok(AsyncMessage::Notice(notice)) => {
+                    tracing::debug!(notice = %notice.message(), "notice on the notification connection");
+                    Ok(())
+                }
+                Ok(_) => Ok(()),
+                Err(e) => notifications.send(Err(e)).await,
+            };
+            if handed.is_err() {
+                // Nobody listens any more: the connection goes with the driver.
+                return;
+            }
         }
     });
 }

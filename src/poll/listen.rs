@@ -9,8 +9,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
@@ -18,7 +16,6 @@ use crate::db::{self, quote_ident};
 use crate::error::{chain, RelayError};
 
 use super::Shared;
-use tokio_util::task::AbortOnDropHandle;
 
 /// Listens until `shutdown`, reconnecting with backoff; never stops the relay.
 pub(crate) async fn run(shared: Arc<Shared>, channel: String, shutdown: CancellationToken) {
@@ -54,29 +51,8 @@ async fn listen_inner(
     channel: &str,
     backoff: &mut Backoff,
 ) -> Result<(), RelayError> {
-    let mut config = db::parse_url(&shared.database_url)?;
-    config.application_name(db::APPLICATION_NAME);
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(Duration::from_secs(10));
-    }
-    let (client, mut connection) = config.connect(NoTls).await?;
-    let wake = Arc::clone(shared);
-    let mut driver = AbortOnDropHandle::new(tokio::spawn(async move {
-        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(message) = messages.next().await {
-            match message? {
-                AsyncMessage::Notification(_) => {
-                    wake.stats.record_notification();
-                    wake.wake.notify_one();
-                }
-                AsyncMessage::Notice(notice) => {
-                    tracing::debug!(notice = %notice.message(), "notice on the notification connection");
-                }
-                _ => {}
-            }
-        }
-        Ok::<(), tokio_postgres::Error>(())
-    }));
+    // The same TLS and timeouts as every other connection (db.rs).
+    let (client, mut notifications) = db::connect_for_notifications(&shared.database_url).await?;
     client
         .batch_execute(&format!("LISTEN {}", quote_ident(channel)))
         .await?;
@@ -84,10 +60,11 @@ async fn listen_inner(
     shared.wake.notify_waiters();
     backoff.reset();
     tracing::info!(channel, "listening for notifications");
-    let ended = (&mut driver).await;
-    drop(client);
-    match ended {
-        Ok(result) => result.map_err(RelayError::Database),
-        Err(e) => Err(RelayError::Task(e.to_string())),
+    while let Some(received) = notifications.recv().await {
+        received?;
+        shared.stats.record_notification();
+        shared.wake.notify_one();
     }
+    drop(client);
+    Ok(())
 }
