@@ -21,6 +21,16 @@ pub struct Results {
     pub notify: Option<NotifyResults>,
     pub limits: Limits,
     pub sweep: Vec<SweepRow>,
+    /// `--ab-with`: the WAL drain of two relay binaries, alternated (the suite is not run).
+    pub ab: Vec<AbRun>,
+}
+
+/// One drain of an A/B.
+#[derive(Debug, Clone, Serialize)]
+pub struct AbRun {
+    pub binary: String,
+    pub round: u32,
+    pub drain: Drain,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -284,6 +294,10 @@ impl Results {
             int(f64::from(w)),
             self.scale.status_interval_ms
         );
+        if !self.ab.is_empty() {
+            ab_table(&mut s, &self.ab);
+            return s;
+        }
         let _ = writeln!(s, "### Reference table ({} scale)\n", self.scale.name);
         let _ = writeln!(
             s,
@@ -578,6 +592,51 @@ impl Results {
             ));
         }
         out
+    }
+}
+
+/// The A/B runs, then each binary's median drain rate and CPU per message.
+fn ab_table(s: &mut String, runs: &[AbRun]) {
+    let _ = writeln!(s, "### A/B: WAL drain, single-row transactions\n");
+    let _ = writeln!(
+        s,
+        "| Binary | Round | MPS | CPU µs / msg | Peak RSS MiB | Complete |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    for run in runs {
+        let d = &run.drain;
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.1} | {:.1} | {} |",
+            run.binary,
+            run.round,
+            int(d.msgs_per_sec),
+            d.cpu_seconds_per_100k * 10.0,
+            d.peak_rss_mib,
+            d.complete
+        );
+    }
+    let mut binaries: Vec<&str> = runs.iter().map(|r| r.binary.as_str()).collect();
+    binaries.sort_unstable();
+    binaries.dedup();
+    let _ = writeln!(s, "\n| Binary | Median MPS | Median CPU µs / msg |");
+    let _ = writeln!(s, "|---|---|---|");
+    for binary in binaries {
+        let of = |f: fn(&Drain) -> f64| {
+            let mut values: Vec<f64> = runs
+                .iter()
+                .filter(|r| r.binary == binary)
+                .map(|r| f(&r.drain))
+                .collect();
+            values.sort_by(f64::total_cmp);
+            values.get(values.len() / 2).copied().unwrap_or(0.0)
+        };
+        let _ = writeln!(
+            s,
+            "| {binary} | {} | {:.1} |",
+            int(of(|d| d.msgs_per_sec)),
+            of(|d| d.cpu_seconds_per_100k * 10.0)
+        );
     }
 }
 

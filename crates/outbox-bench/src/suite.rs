@@ -22,8 +22,8 @@ use crate::limits;
 use crate::relay::{RelayBinary, RelayProcess};
 use crate::report::Report;
 use crate::results::{
-    BrokerLimit, Crash, DecodeLimit, Drain, LatencyMs, LatencyRun, LoadRun, Machine, ModeResults,
-    NotifyResults, Results, Scale, SweepRow, MODES,
+    AbRun, BrokerLimit, Crash, DecodeLimit, Drain, LatencyMs, LatencyRun, LoadRun, Machine,
+    ModeResults, NotifyResults, Results, Scale, SweepRow, MODES,
 };
 use crate::writers::{self, WriterOptions, ORDER_NOTE_LEN};
 use outbox_relay::db::{self, quote_ident, quote_literal};
@@ -102,6 +102,16 @@ pub struct BenchArgs {
     /// Recorded with the machine: when the run started.
     #[arg(long, default_value = "")]
     pub started_at: String,
+
+    /// Instead of the suite: an A/B of the WAL drain (single-row transactions, --rows, at
+    /// --max-in-flight, with the consumer) between --relay-bin and this binary, alternating
+    /// them --ab-rounds times, in one run on the same servers.
+    #[arg(long)]
+    pub ab_with: Option<PathBuf>,
+
+    /// Rounds of the A/B (each runs both binaries once).
+    #[arg(long, default_value_t = 3)]
+    pub ab_rounds: u32,
 }
 
 /// How a relay is run.
@@ -190,6 +200,10 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
         scale: bench.scale.clone(),
         ..Results::default()
     };
+    if let Some(other) = bench.args.ab_with.clone() {
+        results.ab = bench.drain_ab(other).await?;
+        return Ok(results);
+    }
     bench.limits(&mut results).await?;
     for (index, mode) in MODES.iter().enumerate() {
         let setup = Setup::of_mode(index, bench.scale.max_in_flight);
@@ -434,6 +448,28 @@ impl Bench {
 
     /// Scenario 1: a backlog of `rows` rows, then the relay; msgs/s received until all arrived
     /// or the window ended, and the relay's CPU and peak RSS meanwhile.
+    /// The WAL drain alternately with the relay binary and `other`: A, B, A, B, …
+    async fn drain_ab(&mut self, other: PathBuf) -> Result<Vec<AbRun>> {
+        let setup = Setup::Wal {
+            window: self.scale.max_in_flight,
+        };
+        let binaries = [self.relay.path.clone(), other];
+        let mut runs = Vec::new();
+        for round in 1..=self.args.ab_rounds {
+            for binary in &binaries {
+                self.relay.path = binary.clone();
+                let drain = self.drain(setup, self.scale.drain_rows, 1).await?;
+                runs.push(AbRun {
+                    binary: binary.display().to_string(),
+                    round,
+                    drain,
+                });
+            }
+        }
+        self.relay.path = binaries[0].clone();
+        Ok(runs)
+    }
+
     async fn drain(&mut self, setup: Setup, rows: u64, transaction_rows: u64) -> Result<Drain> {
         let o = self.objects(matches!(setup, Setup::Wal { .. })).await?;
         self.say(&format!(
