@@ -145,6 +145,46 @@ async fn postgres_tls_follows_sslmode_and_sslrootcert_on_both_connections() {
     let relay = delivers_over_tls(&outbox, &mut consumer, &url).await;
     relay.stop().await;
 
+    // Polling mode with --listen: the LISTEN connection is encrypted too (it once bypassed
+    // the TLS policy and went out in plain text).
+    let polled = Outbox::on_poll(&pg.url("postgres"), &rabbit.url(), "tlspoll").await;
+    let url = url_with(
+        &polled,
+        "localhost",
+        port,
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    );
+    let relay = polled.spawn(
+        "poll",
+        (&url, &polled.amqp_url),
+        &["--listen", "--workers", "1"],
+        &[],
+    );
+    assert!(
+        relay
+            .wait_for_log("listening for notifications", MINUTE)
+            .await,
+        "log:\n{}",
+        relay.log()
+    );
+    let deadline = tokio::time::Instant::now() + MINUTE;
+    let (encrypted, all, _) = loop {
+        let counts = relay_backends(&polled).await;
+        if counts.1 >= 2 || tokio::time::Instant::now() >= deadline {
+            break counts;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        all >= 2,
+        "the worker's and the listener's connections ({all})"
+    );
+    assert_eq!(
+        encrypted, all,
+        "every polling connection uses TLS, LISTEN's too"
+    );
+    relay.stop().await;
+
     // disable: the server allows plain connections too, and the relay uses one.
     let url = url_with(&outbox, "127.0.0.1", port, "sslmode=disable");
     let relay = outbox.spawn_relay_via(&url, &outbox.amqp_url, &[]);
