@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use common::amqp::{bind_queue, declare_exchange, delete_exchange, unbind_queue};
 use common::faults::{
-    assert_nothing_lost_or_invented, assert_returned, barrier, check_ack, connect_retrying, ids_of,
-    observed_outbox, probe, report, report_tally, scrape_slot_gauges, slot_state, wait_for_ids,
-    Oracle, Tally, Writers,
+    assert_not_acknowledged, assert_nothing_lost_or_invented, assert_returned,
+    assert_stuck_on_returned, barrier, check_ack, connect_retrying, ids_of, observed_outbox, probe,
+    report, report_tally, scrape_slot_gauges, slot_state, wait_for_ids, Oracle, Tally, Writers,
 };
 use common::http::{
     http_get, metric_sum, metric_value, readyz, wait_metrics, wait_ready, wait_readyz,
@@ -1115,8 +1115,7 @@ async fn s13b_returned_message_is_reported_by_readyz_and_metrics() {
 
     unbind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
     let stuck = outbox.insert("Unbound", "{}").await;
-    assert_returned(&relay, &stuck, 2, MINUTE).await;
-    assert_eq!(readyz(port).await, (503, format!("stuck message {stuck}")));
+    assert_stuck_on_returned(&relay, port, &stuck).await;
     let metrics = common::http::metrics(port).await;
     let returned = metric_sum(&metrics, "outbox_relay_messages_returned_total");
     assert!(returned >= Some(1.0), "returns counted: {metrics}");
@@ -1214,14 +1213,7 @@ async fn s15_full_reject_publish_queue_nacks_back_off_and_everything_arrives_onc
         relay.log()
     );
     let nacked = id_after(&relay, "(nacked) message ");
-    let nacked_txn = oracle.transaction_of(&outbox.client, &nacked).await;
-    let confirmed = outbox.confirmed_flush().await;
-    assert!(
-        confirmed < nacked_txn.end_lsn,
-        "acknowledged {} past the nacked message {nacked} (its transaction ends at {})",
-        common::format_lsn(confirmed),
-        common::format_lsn(nacked_txn.end_lsn)
-    );
+    assert_not_acknowledged(&outbox, &oracle, &nacked, "the nacked message").await;
     assert_eq!(
         queue_message_count(&outbox.amqp_url, &outbox.queue).await,
         CAPACITY as u32,
@@ -1579,11 +1571,7 @@ async fn assert_stops_on_bad_row(
         !ids.contains(&later.as_str()),
         "nothing after it is published"
     );
-    let bad_txn = oracle.transaction_of(&outbox.client, &bad).await;
-    assert!(
-        outbox.confirmed_flush().await < bad_txn.end_lsn,
-        "nothing acknowledged past row {bad}"
-    );
+    assert_not_acknowledged(outbox, oracle, &bad, "the bad row").await;
     (relay, line)
 }
 

@@ -475,6 +475,47 @@ pub fn report_tally(
     report(scenario, &all);
 }
 
+/// Nothing acknowledged as far as the transaction of row `id` (`what` says which row that
+/// is): the slot's `confirmed_flush_lsn` is still before that transaction's end.
+pub async fn assert_not_acknowledged(outbox: &Outbox, oracle: &Oracle, id: &str, what: &str) {
+    let txn = oracle.transaction_of(&outbox.client, id).await;
+    let confirmed = outbox.confirmed_flush().await;
+    assert!(
+        confirmed < txn.end_lsn,
+        "acknowledged {} past {what} {id} (its transaction ends at {})",
+        super::pg::format_lsn(confirmed),
+        super::pg::format_lsn(txn.end_lsn)
+    );
+}
+
+/// Waits until the slot acknowledges the transaction of row `id`: the relay moved past
+/// everything before it. Panics with the log otherwise.
+pub async fn assert_acknowledged(
+    outbox: &Outbox,
+    oracle: &Oracle,
+    relay: &RelayProcess,
+    id: &str,
+    timeout: Duration,
+) {
+    let txn = oracle.transaction_of(&outbox.client, id).await;
+    assert!(
+        outbox.wait_confirmed_flush(txn.end_lsn, timeout).await,
+        "the slot does not reach {}, the end of row {id}'s transaction; log:\n{}",
+        super::pg::format_lsn(txn.end_lsn),
+        relay.log()
+    );
+}
+
+/// The relay holds on message `id`, which the broker returns: it logged the return twice
+/// (returned, retried with a window of 1 and returned again) and `/readyz` on `port` names it.
+pub async fn assert_stuck_on_returned(relay: &RelayProcess, port: u16, id: &str) {
+    assert_returned(relay, id, 2, Duration::from_secs(60)).await;
+    assert_eq!(
+        super::http::readyz(port).await,
+        (503, format!("stuck message {id}"))
+    );
+}
+
 /// Waits until the relay has logged `times` returns of message `id` (returned as unroutable,
 /// then retried and returned again); panics with the log otherwise.
 pub async fn assert_returned(relay: &RelayProcess, id: &str, times: usize, timeout: Duration) {

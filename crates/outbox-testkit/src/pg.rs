@@ -369,6 +369,33 @@ pub async fn first_column(
     rows.iter().map(|row| row.get(0)).collect()
 }
 
+/// The one value the one-row, one-column query `sql` returns.
+pub async fn query_value<T: tokio_postgres::types::FromSqlOwned>(client: &Client, sql: &str) -> T {
+    let row = client.query_one(sql, &[]).await;
+    row.unwrap_or_else(|e| panic!("{sql}: {e:?}")).get(0)
+}
+
+/// Polls the count `sql` returns every 20 ms until `wanted` holds: `Ok(count)`, or
+/// `Err(last count)` after `timeout`.
+pub async fn wait_count(
+    client: &Client,
+    sql: &str,
+    timeout: std::time::Duration,
+    wanted: impl Fn(i64) -> bool,
+) -> Result<i64, i64> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let n: i64 = query_value(client, sql).await;
+        if wanted(n) {
+            return Ok(n);
+        }
+        if Instant::now() >= deadline {
+            return Err(n);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// `"name"`, with embedded quotes doubled.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
