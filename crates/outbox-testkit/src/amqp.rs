@@ -386,6 +386,14 @@ impl Consumer {
         &self.received
     }
 
+    /// Waits for `n` messages (up to `timeout`), then until none has arrived for 500 ms (up to
+    /// 10 s more): everything received, with any repeat that follows, for a test to count.
+    pub async fn wait_settled(&mut self, n: usize, timeout: Duration) -> &[Received] {
+        self.wait_for(n, timeout).await;
+        self.wait_quiet(Duration::from_millis(500), Duration::from_secs(10))
+            .await
+    }
+
     /// Waits until no message has arrived for `quiet` (or `max` passes); returns
     /// everything received so far. Use it to see that no extra message follows.
     pub async fn wait_quiet(&mut self, quiet: Duration, max: Duration) -> &[Received] {
