@@ -11,8 +11,11 @@ use outbox_testkit as common;
 use std::time::Duration;
 
 use common::amqp::{bind_queue, exchange_exists, unbind_queue};
-use common::faults::{ids_of, wait_for_ids, Oracle};
-use common::http::{http_get, metric_value};
+use common::faults::{
+    assert_acknowledged, assert_not_acknowledged, assert_stuck_on_returned, ids_of, wait_for_ids,
+    Oracle,
+};
+use common::http::{http_get, metric_value, readyz, wait_ready};
 use common::outbox::Outbox;
 use common::{declare_bound_queue, unique_name, Consumer, Received, RelayProcess};
 
@@ -171,13 +174,7 @@ async fn unroutable_event_type_goes_to_the_dead_letter_exchange_and_the_slot_mov
         relay.log()
     );
     // The slot moves past the dead-lettered rows: the last transaction is acknowledged.
-    let last = oracle.transaction_of(&outbox.client, &later).await;
-    assert!(
-        outbox.wait_confirmed_flush(last.end_lsn, MINUTE).await,
-        "the slot reaches {} past the dead letters; log:\n{}",
-        common::format_lsn(last.end_lsn),
-        relay.log()
-    );
+    assert_acknowledged(outbox, &oracle, &relay, &later, MINUTE).await;
 
     let received = dead_letters.received().to_vec();
     let letter = only(&received, &bad);
@@ -236,21 +233,10 @@ async fn under_halt_an_unroutable_event_type_blocks_delivery_until_a_binding_exi
 
     let (relay, port) = spawn_observed(&outbox, &[]);
     // Returned, retried with a window of 1 and returned again: it does not move past it.
-    assert!(
-        relay
-            .wait_for_log_count(&format!("returned message {stuck}"), 2, MINUTE)
-            .await,
-        "log:\n{}",
-        relay.log()
-    );
+    assert_stuck_on_returned(&relay, port, &stuck).await;
     assert!(
         wait_for_ids(&mut consumer, std::slice::from_ref(&good), MINUTE).await,
         "the row before it is delivered"
-    );
-    let (status, body) = http_get(port, "/readyz").await.expect("/readyz answers");
-    assert_eq!(
-        (status, body.trim()),
-        (503, format!("stuck message {stuck}").as_str())
     );
     assert!(
         metric(port, "outbox_relay_blocked_on_message_seconds")
@@ -273,11 +259,7 @@ async fn under_halt_an_unroutable_event_type_blocks_delivery_until_a_binding_exi
     );
     // Rows behind it may have reached the queue (they were in flight with it): what must not
     // happen is an acknowledgement past it.
-    let stuck_txn = oracle.transaction_of(&outbox.client, &stuck).await;
-    assert!(
-        outbox.confirmed_flush().await < stuck_txn.end_lsn,
-        "nothing acknowledged past the returned message"
-    );
+    assert_not_acknowledged(&outbox, &oracle, &stuck, "the returned message").await;
 
     bind_queue(
         &outbox.amqp_url,
@@ -291,16 +273,8 @@ async fn under_halt_an_unroutable_event_type_blocks_delivery_until_a_binding_exi
         "delivery resumes once bound; log:\n{}",
         relay.log()
     );
-    let last = oracle.transaction_of(&outbox.client, &later).await;
-    assert!(outbox.wait_confirmed_flush(last.end_lsn, MINUTE).await);
-    let deadline = tokio::time::Instant::now() + MINUTE;
-    while http_get(port, "/readyz").await.map(|(s, _)| s) != Some(200) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "/readyz 200 once delivered"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert_acknowledged(&outbox, &oracle, &relay, &later, MINUTE).await;
+    assert!(wait_ready(port, MINUTE).await, "/readyz 200 once delivered");
     relay.stop().await;
 }
 
@@ -360,12 +334,8 @@ async fn too_large_and_unmappable_rows_go_to_the_dead_letter_exchange_before_pub
         "both bad rows dead-lettered; log:\n{}",
         relay.log()
     );
-    let last = oracle.transaction_of(&outbox.client, &later).await;
-    assert!(
-        outbox.wait_confirmed_flush(last.end_lsn, MINUTE).await,
-        "the slot moves past them; log:\n{}",
-        relay.log()
-    );
+    // The slot moves past them.
+    assert_acknowledged(outbox, &oracle, &relay, &later, MINUTE).await;
 
     let received = dead_letters.received().to_vec();
     let too_large = only(&received, &huge);
@@ -426,17 +396,10 @@ async fn a_dead_letter_exchange_without_a_binding_halts_naming_it_until_one_exis
         relay.log()
     );
     assert!(relay.log().contains(&stuck), "and the message");
-    let (status, body) = http_get(port, "/readyz").await.expect("/readyz answers");
-    assert_eq!(
-        (status, body.trim()),
-        (503, format!("stuck message {stuck}").as_str())
-    );
+    assert_eq!(readyz(port).await, (503, format!("stuck message {stuck}")));
     assert_eq!(metric(port, &dead_lettered("unroutable")).await, Some(0.0));
-    let stuck_txn = oracle.transaction_of(&outbox.client, &stuck).await;
-    assert!(
-        outbox.confirmed_flush().await < stuck_txn.end_lsn,
-        "nothing acknowledged past a message the dead-letter exchange did not take"
-    );
+    let what = "a message the dead-letter exchange did not take:";
+    assert_not_acknowledged(outbox, &oracle, &stuck, what).await;
 
     let dead_letter_queue = dl.bind_dead_letter_queue().await;
     let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
@@ -446,8 +409,7 @@ async fn a_dead_letter_exchange_without_a_binding_halts_naming_it_until_one_exis
         relay.log()
     );
     assert!(wait_for_ids(&mut consumer, std::slice::from_ref(&later), MINUTE).await);
-    let last = oracle.transaction_of(&outbox.client, &later).await;
-    assert!(outbox.wait_confirmed_flush(last.end_lsn, MINUTE).await);
+    assert_acknowledged(outbox, &oracle, &relay, &later, MINUTE).await;
     relay.stop().await;
 }
 
@@ -483,27 +445,13 @@ async fn polling_dead_letters_a_returned_row_and_commits_the_batch_with_it() {
     assert_unroutable_to_nobody(letter, &outbox.exchange);
     assert_eq!(letter.body_json(), serde_json::json!({"n": 2}));
     // The batch commits with the dead-lettered row marked published, like the others.
-    let deadline = tokio::time::Instant::now() + MINUTE;
-    loop {
-        let unpublished: i64 = outbox
-            .client
-            .query_one(
-                "SELECT count(*) FROM outbox WHERE published_at IS NULL",
-                &[],
-            )
-            .await
-            .expect("count")
-            .get(0);
-        if unpublished == 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{unpublished} rows left unpublished; log:\n{}",
-            relay.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let sql = "SELECT count(*) FROM outbox WHERE published_at IS NULL";
+    let left = common::pg::wait_count(&outbox.client, sql, MINUTE, |n| n == 0).await;
+    assert!(
+        left.is_ok(),
+        "{left:?} rows left unpublished; log:\n{}",
+        relay.log()
+    );
     assert!(
         !relay.log().contains("rolled back"),
         "no batch failed; log:\n{}",

@@ -27,8 +27,9 @@ use std::time::Duration;
 
 use common::amqp::{bind_queue, declare_exchange, delete_exchange, unbind_queue};
 use common::faults::{
-    barrier, check_ack, connect_retrying, ids_of, observed_outbox, probe, report,
-    scrape_slot_gauges, slot_state, wait_for_ids, Oracle, Tally, Writers,
+    assert_not_acknowledged, assert_nothing_lost_or_invented, assert_returned,
+    assert_stuck_on_returned, barrier, check_ack, connect_retrying, ids_of, observed_outbox, probe,
+    report, report_tally, scrape_slot_gauges, slot_state, wait_for_ids, Oracle, Tally, Writers,
 };
 use common::http::{
     http_get, metric_sum, metric_value, readyz, wait_metrics, wait_ready, wait_readyz,
@@ -50,6 +51,18 @@ const MAX_TXN_ROWS: usize = 10;
 /// Keeps reconnects quick where a server is down for a few seconds (the default is 30 s).
 const FAST_BACKOFF: [&str; 2] = ["--max-backoff-secs", "2"];
 const MINUTE: Duration = Duration::from_secs(60);
+/// A relay that must notice a silent broker on its own: a 5 s heartbeat (lapin gives up after
+/// two silent intervals, `BROKER_SILENCE_QUERY` on the AMQP URL) and a 5 s confirm timeout.
+const BROKER_SILENCE_QUERY: &str = "?heartbeat=5";
+const BROKER_SILENCE_FLAGS: [&str; 2] = ["--confirm-timeout-secs", "5"];
+/// A relay that must notice a silent replication connection on its own: WAL heartbeats every
+/// second, the stream declared dead after 3 silent intervals; quick reconnects.
+const PG_SILENCE_FLAGS: [&str; 4] = [
+    "--heartbeat-interval-secs",
+    "1",
+    FAST_BACKOFF[0],
+    FAST_BACKOFF[1],
+];
 
 // ---------------------------------------------------------------------------------
 // Servers
@@ -59,6 +72,44 @@ async fn shared() -> &'static Services {
     tokio::task::spawn_blocking(common::private_services)
         .await
         .expect("starting the shared servers panicked")
+}
+
+/// An outbox on the shared pair.
+async fn shared_outbox(prefix: &str) -> Outbox {
+    let pair = shared().await;
+    Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), prefix).await
+}
+
+/// [`observed_outbox`] on the shared pair.
+async fn shared_observed(prefix: &str, keep_content: bool) -> (Outbox, Oracle, Consumer) {
+    let pair = shared().await;
+    observed_outbox(&pair.pg, &pair.rabbit, prefix, keep_content).await
+}
+
+/// [`shared_observed`] for an outbox table that `ddl` changed first: the oracle starts after
+/// the change.
+async fn shared_observed_after(prefix: &str, ddl: &str) -> (Outbox, Oracle, Consumer) {
+    let outbox = shared_outbox(prefix).await;
+    outbox.client.batch_execute(ddl).await.expect(ddl);
+    let oracle = Oracle::create(&outbox).await;
+    let consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    (outbox, oracle, consumer)
+}
+
+/// Commits `rows` rows from two writers and waits until every one has arrived.
+async fn write_and_deliver(
+    outbox: &Outbox,
+    relay: &RelayProcess,
+    consumer: &mut Consumer,
+    rows: usize,
+) -> Vec<String> {
+    let ids = write_concurrently(&outbox.db_url, 2, rows, MAX_TXN_ROWS).await;
+    assert!(
+        wait_for_ids(consumer, &ids, MINUTE).await,
+        "{rows} rows not delivered; log:\n{}",
+        relay.log()
+    );
+    ids
 }
 
 /// Runs a blocking harness call (server start, kill, restart) without stalling the runtime.
@@ -117,6 +168,88 @@ async fn delivered_after(
     latency.unwrap_or_else(|| panic!("no delivery after {after}; log:\n{}", relay.log()))
 }
 
+/// Passes traffic through `proxy` again and waits for the relay's next session: how long it
+/// took.
+async fn heal(relay: &RelayProcess, proxy: &TcpProxy, timeout: Duration) -> Duration {
+    let before = relay.sessions();
+    proxy.set_modes(Mode::Pass);
+    new_session(relay, before, timeout).await
+}
+
+/// A relay serving /readyz and /metrics on the returned port, streaming: a probe arrived and
+/// /readyz answers 200.
+async fn spawn_streaming_observed(
+    outbox: &Outbox,
+    consumer: &mut Consumer,
+    flags: &[&str],
+) -> (RelayProcess, u16) {
+    let (relay, port) = outbox.spawn_observed(flags);
+    delivered_after(&relay, &outbox.client, consumer, MINUTE, "starting").await;
+    assert!(
+        wait_ready(port, MINUTE).await,
+        "/readyz answers 200 while streaming: {:?}",
+        readyz(port).await
+    );
+    (relay, port)
+}
+
+/// A relay whose replication connection goes through `proxy` and notices silence on it.
+fn spawn_relay_via_pg_proxy(outbox: &Outbox, proxy: &TcpProxy) -> RelayProcess {
+    let db_url = db_url_at(outbox, proxy.port());
+    outbox.spawn_relay_via(&db_url, &outbox.amqp_url, &PG_SILENCE_FLAGS)
+}
+
+/// Raises RabbitMQ's memory alarm (a watermark no node stays under) or clears it (back to
+/// the default 0.4).
+fn memory_alarm(rabbit: &RabbitServer, raised: bool) {
+    let watermark = if raised { "0.0000001" } else { "0.4" };
+    let set = blocking(|| rabbit.ctl(&["set_vm_memory_high_watermark", watermark]));
+    assert!(
+        set.status.success(),
+        "set_vm_memory_high_watermark {watermark}: {set:?}"
+    );
+}
+
+/// Waits for the relay to log its first failed session; `unnoticed` says what it missed if
+/// none comes within a minute.
+async fn assert_session_fails(relay: &RelayProcess, unnoticed: &str) {
+    assert!(
+        relay.wait_for_log_count("session failed", 1, MINUTE).await,
+        "{unnoticed}; log:\n{}",
+        relay.log()
+    );
+}
+
+/// ACK at this moment, and nothing acknowledged as far as the transaction of row `id` (`what`
+/// says which row that is): the relay holds the slot before it.
+async fn assert_acknowledged_only_before(
+    outbox: &Outbox,
+    oracle: &Oracle,
+    consumer: &mut Consumer,
+    id: &str,
+    what: &str,
+) {
+    let txn = oracle.transaction_of(&outbox.client, id).await;
+    let ack = check_ack(&outbox.client, outbox, oracle, consumer).await;
+    assert!(
+        ack.confirmed < txn.end_lsn,
+        "acknowledged {} past {what} {id} (its transaction ends at {})",
+        common::format_lsn(ack.confirmed),
+        common::format_lsn(txn.end_lsn)
+    );
+}
+
+/// Waits until `/readyz` on `port` answers `wanted`; panics with the relay's log otherwise.
+async fn assert_readyz_becomes(port: u16, relay: &RelayProcess, wanted: (u16, &str)) {
+    let answer = wait_readyz(port, MINUTE, wanted).await;
+    assert_eq!(
+        answer,
+        Some((wanted.0, wanted.1.to_string())),
+        "log:\n{}",
+        relay.log()
+    );
+}
+
 fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
 }
@@ -141,16 +274,7 @@ async fn finish(
     relay.stop().await;
     check_ack(client, outbox, oracle, consumer).await;
     let tally = Tally::of(consumer.received());
-    assert!(
-        tally.lost(&committed).is_empty(),
-        "L0: lost {:?}",
-        tally.lost(&committed)
-    );
-    assert!(
-        tally.unknown(&committed).is_empty(),
-        "messages for rows that never committed: {:?}",
-        tally.unknown(&committed)
-    );
+    assert_nothing_lost_or_invented(&tally, &committed);
     (committed, tally)
 }
 
@@ -160,9 +284,7 @@ async fn finish(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s01_relay_kill_9_repeatedly_while_it_lags_with_writers_active() {
     let kills = env_usize("OUTBOX_TEST_KILLS", 3);
-    let pair = shared().await;
-    let (outbox, oracle, mut consumer) =
-        observed_outbox(&pair.pg, &pair.rabbit, "kills", false).await;
+    let (outbox, oracle, mut consumer) = shared_observed("kills", false).await;
     let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(2));
     let window = W.to_string();
     let flags = ["--max-in-flight", window.as_str()];
@@ -237,12 +359,7 @@ async fn s03_keepalive_reply_while_confirms_lag_acknowledges_only_the_safe_lsn()
         observed_outbox(&pg, &pair.rabbit, "keepalive", false).await;
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", pair.rabbit.amqp_port()));
     let relay = outbox.spawn_relay_via(&outbox.db_url, &amqp_url_at(proxy.port(), ""), &[]);
-    let (_, first) = probe(&outbox.client, &mut consumer, MINUTE).await;
-    assert!(
-        first.is_some(),
-        "relay never delivered; log:\n{}",
-        relay.log()
-    );
+    delivered_after(&relay, &outbox.client, &mut consumer, MINUTE, "starting").await;
 
     // Publishes now reach the broker 3 s late, so confirms lag past wal_sender_timeout / 2:
     // the walsender asks for a reply while the burst below is unconfirmed.
@@ -285,12 +402,11 @@ async fn s03_keepalive_reply_while_confirms_lag_acknowledges_only_the_safe_lsn()
         relay.log()
     );
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
-    report(
+    report_tally(
         "s03 keepalive while confirms lag",
+        &committed,
+        &tally,
         &[
-            ("rows", committed.len().to_string()),
-            ("lost", "0".into()),
-            ("duplicates", tally.duplicates().to_string()),
             ("ACK samples", samples.to_string()),
             (
                 "replies while unconfirmed",
@@ -319,16 +435,10 @@ async fn reply_time(client: &tokio_postgres::Client, slot: &str) -> Option<f64> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s04_idle_outbox_releases_wal_that_other_tables_write_after_a_checkpoint() {
-    let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "idle").await;
+    let outbox = shared_outbox("idle").await;
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
     let relay = outbox.spawn_relay(&[]);
-    let (_, first) = probe(&outbox.client, &mut consumer, MINUTE).await;
-    assert!(
-        first.is_some(),
-        "relay never delivered; log:\n{}",
-        relay.log()
-    );
+    delivered_after(&relay, &outbox.client, &mut consumer, MINUTE, "starting").await;
     let (restart_before, _, _) = slot_state(&outbox.client, &outbox.slot)
         .await
         .expect("slot");
@@ -400,9 +510,7 @@ async fn s04_idle_outbox_releases_wal_that_other_tables_write_after_a_checkpoint
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s06_multi_row_insert_and_copy_deliver_every_row_once_with_distinct_ids() {
     use futures_util::SinkExt;
-    let pair = shared().await;
-    let (outbox, oracle, mut consumer) =
-        observed_outbox(&pair.pg, &pair.rabbit, "copy", true).await;
+    let (outbox, oracle, mut consumer) = shared_observed("copy", true).await;
     let relay = outbox.spawn_relay(&[]);
 
     // Separate calls: one simple-query string with several statements is one transaction.
@@ -461,14 +569,7 @@ async fn s06_multi_row_insert_and_copy_deliver_every_row_once_with_distinct_ids(
         .filter_map(|r| r.kind.as_deref())
         .collect();
     assert_eq!(kinds.iter().filter(|k| **k == "Copied").count(), 1000);
-    report(
-        "s06 multi-row INSERT and COPY",
-        &[
-            ("rows", committed.len().to_string()),
-            ("lost", "0".into()),
-            ("duplicates", "0".into()),
-        ],
-    );
+    report_tally("s06 multi-row INSERT and COPY", &committed, &tally, &[]);
 }
 
 // ---------------------------------------------------------------------------------
@@ -486,11 +587,7 @@ async fn s08_postgres_immediate_stop_and_start_mid_stream_loses_nothing() {
     let delivered_before = consumer.received().len();
 
     blocking(|| pg.stop_immediate());
-    assert!(
-        relay.wait_for_log_count("session failed", 1, MINUTE).await,
-        "the relay noticed the crash; log:\n{}",
-        relay.log()
-    );
+    assert_session_fails(&relay, "the relay did not notice the crash").await;
     let before = relay.sessions();
     blocking(|| pg.start_again());
     let client = connect_retrying(&outbox.db_url, MINUTE).await;
@@ -511,13 +608,12 @@ async fn s08_postgres_immediate_stop_and_start_mid_stream_loses_nothing() {
     writers.stop().await;
 
     let (committed, tally) = finish(&client, &outbox, &oracle, &mut consumer, &relay).await;
-    report(
+    report_tally(
         "s08 postgres crash",
+        &committed,
+        &tally,
         &[
-            ("rows", committed.len().to_string()),
             ("delivered before the crash", delivered_before.to_string()),
-            ("lost", "0".into()),
-            ("duplicates", tally.duplicates().to_string()),
             ("restart to new session", secs(reconnected)),
             ("restart to probe delivered", secs(probe_latency)),
             (
@@ -558,11 +654,7 @@ async fn s09_rabbitmq_kill_9_with_confirms_in_flight_duplicates_within_w_plus_x(
     }
     let killed = Instant::now();
     blocking(|| rabbit.kill9());
-    assert!(
-        relay.wait_for_log_count("session failed", 1, MINUTE).await,
-        "the relay noticed the broker's death; log:\n{}",
-        relay.log()
-    );
+    assert_session_fails(&relay, "the relay did not notice the broker's death").await;
     let before = relay.sessions();
     let restarting = Instant::now();
     blocking(|| rabbit.restart());
@@ -587,12 +679,11 @@ async fn s09_rabbitmq_kill_9_with_confirms_in_flight_duplicates_within_w_plus_x(
 
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
     let bound = W + MAX_TXN_ROWS;
-    report(
+    report_tally(
         "s09 rabbitmq kill -9",
+        &committed,
+        &tally,
         &[
-            ("rows", committed.len().to_string()),
-            ("lost", "0".into()),
-            ("duplicates", tally.duplicates().to_string()),
             ("bound W+X", bound.to_string()),
             (
                 "failed sessions",
@@ -654,10 +745,8 @@ async fn broker_connection_cut_is_detected_and_nothing_is_lost(cut: Cut) {
     let (query, writer_pause) = match cut {
         Cut::Reset => ("", 2),
         Cut::BlackHole => {
-            // A 5 s heartbeat (lapin gives up after two silent intervals) and a 5 s confirm
-            // timeout.
-            flags.extend(["--confirm-timeout-secs", "5"]);
-            ("?heartbeat=5", 5)
+            flags.extend(BROKER_SILENCE_FLAGS);
+            (BROKER_SILENCE_QUERY, 5)
         }
     };
     let amqp_url = amqp_url_at(proxy.port(), query);
@@ -679,11 +768,7 @@ async fn broker_connection_cut_is_detected_and_nothing_is_lost(cut: Cut) {
             "a silent black hole was not noticed within 60 s"
         }
     };
-    assert!(
-        relay.wait_for_log_count("session failed", 1, MINUTE).await,
-        "{unnoticed}; log:\n{}",
-        relay.log()
-    );
+    assert_session_fails(&relay, unnoticed).await;
     let detected = started.elapsed();
     let cause = relay.log_lines("session failed").remove(0);
     let (healed, reconnected, probed) = match cut {
@@ -694,9 +779,7 @@ async fn broker_connection_cut_is_detected_and_nothing_is_lost(cut: Cut) {
         Cut::BlackHole => {
             // Heal at once, before the next attempt (after a backoff of at least 0.4 s): a
             // handshake into the hole is s10c's scenario.
-            let before = relay.sessions();
-            proxy.set_modes(Mode::Pass);
-            let reconnected = new_session(&relay, before, Duration::from_secs(120)).await;
+            let reconnected = heal(&relay, &proxy, Duration::from_secs(120)).await;
             ("healed to new session", reconnected, "healing")
         }
     };
@@ -709,12 +792,11 @@ async fn broker_connection_cut_is_detected_and_nothing_is_lost(cut: Cut) {
         Cut::Reset => "s10a broker connection reset",
         Cut::BlackHole => "s10b broker black hole",
     };
-    report(
+    report_tally(
         scenario,
+        &committed,
+        &tally,
         &[
-            ("rows", committed.len().to_string()),
-            ("lost", "0".into()),
-            ("duplicates", tally.duplicates().to_string()),
             ("bound W+X", bound.to_string()),
             ("detected after", secs(detected)),
             (healed, secs(reconnected)),
@@ -745,17 +827,7 @@ async fn s11_replication_connection_black_hole_is_noticed_and_nothing_is_lost() 
     let pg = blocking(|| PgServer::start(&[("wal_sender_timeout", "2s")]));
     let (outbox, oracle, mut consumer) = observed_outbox(&pg, &pair.rabbit, "pghole", false).await;
     let proxy = TcpProxy::start(&format!("127.0.0.1:{}", pg.port()));
-    // WAL heartbeats every second: the stream is declared dead after 3 silent intervals.
-    let relay = outbox.spawn_relay_via(
-        &db_url_at(&outbox, proxy.port()),
-        &outbox.amqp_url,
-        &[
-            "--heartbeat-interval-secs",
-            "1",
-            FAST_BACKOFF[0],
-            FAST_BACKOFF[1],
-        ],
-    );
+    let relay = spawn_relay_via_pg_proxy(&outbox, &proxy);
     let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(20));
     consumer.wait_for(300, MINUTE).await;
     assert!(consumer.received().len() >= 300, "log:\n{}", relay.log());
@@ -792,19 +864,16 @@ async fn s11_replication_connection_black_hole_is_noticed_and_nothing_is_lost() 
         relay.log()
     );
     // Heal at once, before the next attempt: a connection into the hole is s11b's scenario.
-    let before = relay.sessions();
-    proxy.set_modes(Mode::Pass);
-    let reconnected = new_session(&relay, before, Duration::from_secs(120)).await;
+    let reconnected = heal(&relay, &proxy, Duration::from_secs(120)).await;
     let probe_latency =
         delivered_after(&relay, &outbox.client, &mut consumer, MINUTE, "healing").await;
     writers.stop().await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
-    report(
+    report_tally(
         "s11 replication black hole",
+        &committed,
+        &tally,
         &[
-            ("rows", committed.len().to_string()),
-            ("lost", "0".into()),
-            ("duplicates", tally.duplicates().to_string()),
             ("server gave up after", secs(server_gave_up)),
             ("relay noticed after", secs(detected)),
             ("healed to new session", secs(reconnected)),
@@ -847,28 +916,12 @@ async fn connect_into_a_black_hole_is_abandoned_and_retried(hole: Hole) {
     proxy.set_modes(Mode::BlackHole);
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
     let relay = match hole {
-        // A 5 s heartbeat and confirm timeout.
         Hole::Broker => outbox.spawn_relay_via(
             &outbox.db_url,
-            &amqp_url_at(proxy.port(), "?heartbeat=5"),
-            &[
-                "--confirm-timeout-secs",
-                "5",
-                FAST_BACKOFF[0],
-                FAST_BACKOFF[1],
-            ],
+            &amqp_url_at(proxy.port(), BROKER_SILENCE_QUERY),
+            &[&BROKER_SILENCE_FLAGS[..], &FAST_BACKOFF[..]].concat(),
         ),
-        // WAL heartbeats every second.
-        Hole::Postgres => outbox.spawn_relay_via(
-            &db_url_at(&outbox, proxy.port()),
-            &outbox.amqp_url,
-            &[
-                "--heartbeat-interval-secs",
-                "1",
-                FAST_BACKOFF[0],
-                FAST_BACKOFF[1],
-            ],
-        ),
+        Hole::Postgres => spawn_relay_via_pg_proxy(&outbox, &proxy),
     };
     let (server, scenario) = match hole {
         Hole::Broker => ("broker", "s10c broker connect into a black hole"),
@@ -876,24 +929,13 @@ async fn connect_into_a_black_hole_is_abandoned_and_retried(hole: Hole) {
     };
     // The handshake goes into the hole: the relay must give up on it and try again.
     let started = Instant::now();
-    assert!(
-        relay.wait_for_log_count("session failed", 1, MINUTE).await,
-        "the relay still waits on its first {server} connection after 60 s (no connect \
-         timeout); log:\n{}",
-        relay.log()
+    let unnoticed = format!(
+        "the relay still waits on its first {server} connection after 60 s (no connect timeout)"
     );
+    assert_session_fails(&relay, &unnoticed).await;
     let retried = started.elapsed();
-    let before = relay.sessions();
-    proxy.set_modes(Mode::Pass);
-    let reconnected = relay.wait_new_session(before, MINUTE).await;
-    let reconnected =
-        reconnected.unwrap_or_else(|| panic!("no session after healing; log:\n{}", relay.log()));
-    let (_, probe_latency) = probe(&outbox.client, &mut consumer, MINUTE).await;
-    assert!(
-        probe_latency.is_some(),
-        "no delivery after healing; log:\n{}",
-        relay.log()
-    );
+    let reconnected = heal(&relay, &proxy, MINUTE).await;
+    delivered_after(&relay, &outbox.client, &mut consumer, MINUTE, "healing").await;
     report(
         scenario,
         &[
@@ -921,11 +963,7 @@ async fn s12_broker_memory_alarm_pauses_publishing_without_a_reconnect_loop() {
         .await
         .expect("slot");
 
-    let set = blocking(|| rabbit.ctl(&["set_vm_memory_high_watermark", "0.0000001"]));
-    assert!(
-        set.status.success(),
-        "set_vm_memory_high_watermark: {set:?}"
-    );
+    memory_alarm(&rabbit, true);
     assert!(
         relay.wait_for_log("broker blocked", MINUTE).await,
         "the relay reports the block; log:\n{}",
@@ -940,8 +978,7 @@ async fn s12_broker_memory_alarm_pauses_publishing_without_a_reconnect_loop() {
         .expect("slot");
     let failures_during = relay.log_count("session failed");
     let delivered_during = consumer.received().len() - delivered_at_block;
-    let clear = blocking(|| rabbit.ctl(&["set_vm_memory_high_watermark", "0.4"]));
-    assert!(clear.status.success(), "clear the alarm: {clear:?}");
+    memory_alarm(&rabbit, false);
     let blocked_for = blocked_at.elapsed();
     assert_eq!(
         failures_during,
@@ -962,12 +999,11 @@ async fn s12_broker_memory_alarm_pauses_publishing_without_a_reconnect_loop() {
         delivered_after(&relay, &outbox.client, &mut consumer, MINUTE, "the alarm").await;
     writers.stop().await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
-    report(
+    report_tally(
         "s12 broker memory alarm",
+        &committed,
+        &tally,
         &[
-            ("rows", committed.len().to_string()),
-            ("lost", "0".into()),
-            ("duplicates", tally.duplicates().to_string()),
             ("blocked for", secs(blocked_for)),
             ("delivered while blocked", delivered_during.to_string()),
             ("reconnects", relay.log_count("session failed").to_string()),
@@ -983,20 +1019,10 @@ async fn s12b_broker_blocked_is_reported_by_readyz_and_a_gauge() {
     let rabbit = blocking(RabbitServer::start);
     let outbox = Outbox::on(&pair.pg.url("postgres"), &rabbit.url(), "alarmready").await;
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
-    let (relay, port) = outbox.spawn_observed(&["--confirm-timeout-secs", "3"]);
-    let (_, first) = probe(&outbox.client, &mut consumer, MINUTE).await;
-    assert!(first.is_some(), "log:\n{}", relay.log());
-    assert!(
-        wait_ready(port, MINUTE).await,
-        "/readyz answers 200 while streaming: {:?}",
-        readyz(port).await
-    );
+    let (relay, port) =
+        spawn_streaming_observed(&outbox, &mut consumer, &["--confirm-timeout-secs", "3"]).await;
 
-    let set = blocking(|| rabbit.ctl(&["set_vm_memory_high_watermark", "0.0000001"]));
-    assert!(
-        set.status.success(),
-        "set_vm_memory_high_watermark: {set:?}"
-    );
+    memory_alarm(&rabbit, true);
     // The broker blocks a connection when it next publishes.
     outbox.insert("WhileBlocked", "{}").await;
     assert!(
@@ -1005,21 +1031,20 @@ async fn s12b_broker_blocked_is_reported_by_readyz_and_a_gauge() {
         relay.log()
     );
     assert_eq!(readyz(port).await, (503, "broker blocked".to_string()));
-    let (_, metrics) = http_get(port, "/metrics").await.expect("/metrics answers");
+    let metrics = common::http::metrics(port).await;
     assert_eq!(
         metric_value(&metrics, "outbox_relay_broker_blocked"),
         Some(1.0),
         "{metrics}"
     );
 
-    let clear = blocking(|| rabbit.ctl(&["set_vm_memory_high_watermark", "0.4"]));
-    assert!(clear.status.success(), "clear the alarm: {clear:?}");
+    memory_alarm(&rabbit, false);
     assert!(
         wait_ready(port, MINUTE).await,
         "/readyz answers 200 once unblocked: {:?}",
         readyz(port).await
     );
-    let (_, metrics) = http_get(port, "/metrics").await.expect("/metrics answers");
+    let metrics = common::http::metrics(port).await;
     assert_eq!(
         metric_value(&metrics, "outbox_relay_broker_blocked"),
         Some(0.0)
@@ -1043,16 +1068,9 @@ fn assert_within_stop_bound(tally: &Tally, relay: &RelayProcess) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s13_binding_removed_while_publishing_holds_the_slot_until_rebound() {
-    let pair = shared().await;
-    let (outbox, oracle, mut consumer) =
-        observed_outbox(&pair.pg, &pair.rabbit, "unbind", false).await;
+    let (outbox, oracle, mut consumer) = shared_observed("unbind", false).await;
     let relay = outbox.spawn_relay(&FAST_BACKOFF);
-    let before = write_concurrently(&outbox.db_url, 2, 200, MAX_TXN_ROWS).await;
-    assert!(
-        wait_for_ids(&mut consumer, &before, MINUTE).await,
-        "log:\n{}",
-        relay.log()
-    );
+    write_and_deliver(&outbox, &relay, &mut consumer, 200).await;
 
     unbind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
     write_concurrently(&outbox.db_url, 2, 200, MAX_TXN_ROWS).await;
@@ -1063,26 +1081,25 @@ async fn s13_binding_removed_while_publishing_holds_the_slot_until_rebound() {
         relay.log()
     );
     let stuck = id_after(&relay, "returned message ");
-    let stuck_txn = oracle.transaction_of(&outbox.client, &stuck).await;
-    let ack = check_ack(&outbox.client, &outbox, &oracle, &mut consumer).await;
-    assert!(
-        ack.confirmed < stuck_txn.end_lsn,
-        "acknowledged {} past the returned message {stuck} (its transaction ends at {})",
-        common::format_lsn(ack.confirmed),
-        common::format_lsn(stuck_txn.end_lsn)
-    );
+    assert_acknowledged_only_before(
+        &outbox,
+        &oracle,
+        &mut consumer,
+        &stuck,
+        "the returned message",
+    )
+    .await;
     let returns = relay.log_count("as unroutable");
 
     bind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
     let recovery =
         delivered_after(&relay, &outbox.client, &mut consumer, MINUTE, "rebinding").await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
-    report(
+    report_tally(
         "s13 binding removed",
+        &committed,
+        &tally,
         &[
-            ("rows", committed.len().to_string()),
-            ("lost", "0".into()),
-            ("duplicates", tally.duplicates().to_string()),
             ("returns logged while unbound", returns.to_string()),
             ("rebound to probe delivered", secs(recovery)),
         ],
@@ -1092,29 +1109,14 @@ async fn s13_binding_removed_while_publishing_holds_the_slot_until_rebound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s13b_returned_message_is_reported_by_readyz_and_metrics() {
-    let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "unbindready").await;
+    let outbox = shared_outbox("unbindready").await;
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
-    let (relay, port) = outbox.spawn_observed(&FAST_BACKOFF);
-    let (_, first) = probe(&outbox.client, &mut consumer, MINUTE).await;
-    assert!(first.is_some(), "log:\n{}", relay.log());
-    assert!(
-        wait_ready(port, MINUTE).await,
-        "/readyz answers 200 while streaming: {:?}",
-        readyz(port).await
-    );
+    let (relay, port) = spawn_streaming_observed(&outbox, &mut consumer, &FAST_BACKOFF).await;
 
     unbind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
     let stuck = outbox.insert("Unbound", "{}").await;
-    assert!(
-        relay
-            .wait_for_log_count(&format!("returned message {stuck}"), 2, MINUTE)
-            .await,
-        "log:\n{}",
-        relay.log()
-    );
-    assert_eq!(readyz(port).await, (503, format!("stuck message {stuck}")));
-    let (_, metrics) = http_get(port, "/metrics").await.expect("/metrics answers");
+    assert_stuck_on_returned(&relay, port, &stuck).await;
+    let metrics = common::http::metrics(port).await;
     let returned = metric_sum(&metrics, "outbox_relay_messages_returned_total");
     assert!(returned >= Some(1.0), "returns counted: {metrics}");
     let reconnects = metric_sum(&metrics, "outbox_relay_reconnects_total");
@@ -1136,16 +1138,9 @@ async fn s13b_returned_message_is_reported_by_readyz_and_metrics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s14_exchange_deleted_is_a_clear_error_without_advance_until_redeclared() {
-    let pair = shared().await;
-    let (outbox, oracle, mut consumer) =
-        observed_outbox(&pair.pg, &pair.rabbit, "noexchange", false).await;
+    let (outbox, oracle, mut consumer) = shared_observed("noexchange", false).await;
     let relay = outbox.spawn_relay(&FAST_BACKOFF);
-    let before = write_concurrently(&outbox.db_url, 2, 200, MAX_TXN_ROWS).await;
-    assert!(
-        wait_for_ids(&mut consumer, &before, MINUTE).await,
-        "log:\n{}",
-        relay.log()
-    );
+    write_and_deliver(&outbox, &relay, &mut consumer, 200).await;
 
     delete_exchange(&outbox.amqp_url, &outbox.exchange).await;
     let after = write_concurrently(&outbox.db_url, 1, 100, MAX_TXN_ROWS).await;
@@ -1155,14 +1150,9 @@ async fn s14_exchange_deleted_is_a_clear_error_without_advance_until_redeclared(
         "a clear error naming the exchange, repeated on retry; log:\n{}",
         relay.log()
     );
-    let first_after = oracle.transaction_of(&outbox.client, &after[0]).await;
-    let ack = check_ack(&outbox.client, &outbox, &oracle, &mut consumer).await;
-    assert!(
-        ack.confirmed < first_after.end_lsn,
-        "acknowledged {} past rows published to the missing exchange (first ends at {})",
-        common::format_lsn(ack.confirmed),
-        common::format_lsn(first_after.end_lsn)
-    );
+    let first_after = &after[0];
+    let what = "the first row published to the missing exchange";
+    assert_acknowledged_only_before(&outbox, &oracle, &mut consumer, first_after, what).await;
     assert!(
         relay.try_exit().is_none(),
         "a missing exchange is retried, not fatal"
@@ -1180,12 +1170,11 @@ async fn s14_exchange_deleted_is_a_clear_error_without_advance_until_redeclared(
     )
     .await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
-    report(
+    report_tally(
         "s14 exchange deleted",
+        &committed,
+        &tally,
         &[
-            ("rows", committed.len().to_string()),
-            ("lost", "0".into()),
-            ("duplicates", tally.duplicates().to_string()),
             ("clear errors logged", relay.log_count(&clear).to_string()),
             ("re-declared to probe delivered", secs(recovery)),
         ],
@@ -1196,8 +1185,7 @@ async fn s14_exchange_deleted_is_a_clear_error_without_advance_until_redeclared(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s15_full_reject_publish_queue_nacks_back_off_and_everything_arrives_once_drained() {
     const CAPACITY: i64 = 100;
-    let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "full").await;
+    let outbox = shared_outbox("full").await;
     let oracle = Oracle::create(&outbox).await;
     common::delete_queue(&outbox.amqp_url, &outbox.queue).await;
     let mut arguments = lapin::types::FieldTable::default();
@@ -1225,14 +1213,7 @@ async fn s15_full_reject_publish_queue_nacks_back_off_and_everything_arrives_onc
         relay.log()
     );
     let nacked = id_after(&relay, "(nacked) message ");
-    let nacked_txn = oracle.transaction_of(&outbox.client, &nacked).await;
-    let confirmed = outbox.confirmed_flush().await;
-    assert!(
-        confirmed < nacked_txn.end_lsn,
-        "acknowledged {} past the nacked message {nacked} (its transaction ends at {})",
-        common::format_lsn(confirmed),
-        common::format_lsn(nacked_txn.end_lsn)
-    );
+    assert_not_acknowledged(&outbox, &oracle, &nacked, "the nacked message").await;
     assert_eq!(
         queue_message_count(&outbox.amqp_url, &outbox.queue).await,
         CAPACITY as u32,
@@ -1249,12 +1230,11 @@ async fn s15_full_reject_publish_queue_nacks_back_off_and_everything_arrives_onc
     let drained = Instant::now();
     let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
-    report(
+    report_tally(
         "s15 reject-publish queue full",
+        &committed,
+        &tally,
         &[
-            ("rows", committed.len().to_string()),
-            ("lost", "0".into()),
-            ("duplicates", tally.duplicates().to_string()),
             (
                 "nacks logged",
                 relay.log_count("nacked) message").to_string(),
@@ -1282,13 +1262,7 @@ async fn s16_lost_slot_stops_the_relay_on_reconnect_and_start_and_is_never_recre
     // The relay falls behind: a row nothing is bound for holds the slot while it retries.
     unbind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
     let in_gap = outbox.insert("InTheGap", "{}").await;
-    assert!(
-        relay
-            .wait_for_log_count(&format!("returned message {in_gap}"), 1, MINUTE)
-            .await,
-        "log:\n{}",
-        relay.log()
-    );
+    assert_returned(&relay, &in_gap, 1, MINUTE).await;
     let confirmed = outbox.confirmed_flush().await;
     // WAL beyond the slot's allowance, until a checkpoint invalidates it.
     outbox
@@ -1323,19 +1297,7 @@ async fn s16_lost_slot_stops_the_relay_on_reconnect_and_start_and_is_never_recre
     bind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
 
     // On its next reconnect the running relay stops...
-    let status = relay.wait_exit(MINUTE).await.unwrap_or_else(|| {
-        panic!(
-            "the relay kept running on a lost slot; log:\n{}",
-            relay.log()
-        )
-    });
-    assert!(!status.success(), "exits non-zero; log:\n{}", relay.log());
-    let mut messages = vec![relay
-        .log()
-        .lines()
-        .find(|l| l.starts_with("error:"))
-        .unwrap_or_else(|| panic!("no final error line; log:\n{}", relay.log()))
-        .to_string()];
+    let mut messages = vec![final_error(&relay, "a lost slot").await];
     // ...and so does every later start.
     for _ in 0..2 {
         let run = outbox.run_command(&["run"]);
@@ -1389,16 +1351,9 @@ async fn s16_lost_slot_stops_the_relay_on_reconnect_and_start_and_is_never_recre
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s18_added_column_maps_to_a_header_for_later_rows_only_across_a_reconnect() {
     const HEADER: &str = "x-aggregate-id";
-    let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "addcolumn").await;
     // The column mapped to a header is added mid-stream: start without it.
-    outbox
-        .client
-        .batch_execute("ALTER TABLE outbox DROP COLUMN aggregate_id")
-        .await
-        .expect("drop aggregate_id");
-    let oracle = Oracle::create(&outbox).await;
-    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let (outbox, oracle, mut consumer) =
+        shared_observed_after("addcolumn", "ALTER TABLE outbox DROP COLUMN aggregate_id").await;
     let relay = outbox.spawn_relay(&FAST_BACKOFF);
     let insert_old = |n: usize| {
         let client = &outbox.client;
@@ -1429,13 +1384,7 @@ async fn s18_added_column_maps_to_a_header_for_later_rows_only_across_a_reconnec
     // the schema change, and every retry is a reconnect that replays them.
     unbind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
     let gate = outbox.insert("Gate", "{}").await;
-    assert!(
-        relay
-            .wait_for_log_count(&format!("returned message {gate}"), 1, MINUTE)
-            .await,
-        "log:\n{}",
-        relay.log()
-    );
+    assert_returned(&relay, &gate, 1, MINUTE).await;
     let held_old = insert_old(20).await;
     outbox
         .client
@@ -1502,14 +1451,11 @@ async fn s18_added_column_maps_to_a_header_for_later_rows_only_across_a_reconnec
             );
         }
     }
-    report(
+    report_tally(
         "s18 ADD COLUMN mid-stream",
-        &[
-            ("rows", committed.len().to_string()),
-            ("lost", "0".into()),
-            ("duplicates", tally.duplicates().to_string()),
-            ("sessions", relay.sessions().to_string()),
-        ],
+        &committed,
+        &tally,
+        &[("sessions", relay.sessions().to_string())],
     );
 }
 
@@ -1518,9 +1464,7 @@ async fn s18_added_column_maps_to_a_header_for_later_rows_only_across_a_reconnec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s19a_one_megabyte_toasted_jsonb_payload_arrives_json_equal() {
-    let pair = shared().await;
-    let (outbox, oracle, mut consumer) =
-        observed_outbox(&pair.pg, &pair.rabbit, "toast", true).await;
+    let (outbox, oracle, mut consumer) = shared_observed("toast", true).await;
     let relay = outbox.spawn_relay(&[]);
     let before = outbox.insert("Small", r#"{"n": 1}"#).await;
     // md5 text compresses poorly: about 1 MB of it is stored out of line (TOAST).
@@ -1575,87 +1519,75 @@ async fn s19a_one_megabyte_toasted_jsonb_payload_arrives_json_equal() {
     );
 }
 
-/// Three rows in commit order: one the relay can publish, one it cannot, one after it.
-struct BadRow<'a> {
-    good: &'a str,
-    bad: &'a str,
-    later: &'a str,
-}
-
-/// A relay that must stop on a row: it exits non-zero naming the row (and `names`), the row
-/// before it is delivered, the row and everything after it are neither published nor
-/// acknowledged. Returns the error line.
-#[allow(clippy::too_many_arguments)]
-async fn assert_stops_on_row(
-    outbox: &Outbox,
-    oracle: &Oracle,
-    relay: &RelayProcess,
-    consumer: &mut Consumer,
-    rows: BadRow<'_>,
-    names: &[&str],
-) -> String {
-    let BadRow { good, bad, later } = rows;
+/// Waits for the relay to exit non-zero, as it must on `what`: its final `error:` line.
+async fn final_error(relay: &RelayProcess, what: &str) -> String {
     let status = relay
         .wait_exit(MINUTE)
         .await
-        .unwrap_or_else(|| panic!("the relay did not stop on row {bad}; log:\n{}", relay.log()));
+        .unwrap_or_else(|| panic!("the relay did not stop on {what}; log:\n{}", relay.log()));
     assert!(!status.success(), "exits non-zero; log:\n{}", relay.log());
     let log = relay.log();
-    let line = log
-        .lines()
+    log.lines()
         .find(|l| l.starts_with("error:"))
         .unwrap_or_else(|| panic!("no final error line; log:\n{log}"))
-        .to_string();
-    assert!(line.contains(bad), "the error names row {bad}: {line}");
+        .to_string()
+}
+
+/// Commits three rows, one the relay can publish, the bad one (`bad_sql` inserts it and
+/// returns its id) and one after it, then starts a relay with `flags` that must stop on the
+/// bad row: it exits non-zero naming the row (and `names`), the row before it is delivered,
+/// the row and everything after it are neither published nor acknowledged. Returns the relay
+/// and its error line.
+async fn assert_stops_on_bad_row(
+    outbox: &Outbox,
+    oracle: &Oracle,
+    consumer: &mut Consumer,
+    bad_sql: &str,
+    flags: &[&str],
+    names: &[&str],
+) -> (RelayProcess, String) {
+    let good = outbox.insert("Good", "{}").await;
+    let bad: String = outbox
+        .client
+        .query_one(bad_sql, &[])
+        .await
+        .expect("insert the bad row")
+        .get(0);
+    let later = outbox.insert("Later", "{}").await;
+    let relay = outbox.spawn_relay(flags);
+    let line = final_error(&relay, &format!("row {bad}")).await;
+    assert!(line.contains(&bad), "the error names row {bad}: {line}");
     for name in names {
         assert!(line.contains(name), "the error says {name:?}: {line}");
     }
     check_ack(&outbox.client, outbox, oracle, consumer).await;
     let ids = ids_of(consumer.received());
-    assert!(ids.contains(&good), "the row before it is delivered");
-    assert!(!ids.contains(&bad), "the bad row is not published");
-    assert!(!ids.contains(&later), "nothing after it is published");
-    let bad_txn = oracle.transaction_of(&outbox.client, bad).await;
     assert!(
-        outbox.confirmed_flush().await < bad_txn.end_lsn,
-        "nothing acknowledged past row {bad}"
+        ids.contains(&good.as_str()),
+        "the row before it is delivered"
     );
-    line
+    assert!(!ids.contains(&bad.as_str()), "the bad row is not published");
+    assert!(
+        !ids.contains(&later.as_str()),
+        "nothing after it is published"
+    );
+    assert_not_acknowledged(outbox, oracle, &bad, "the bad row").await;
+    (relay, line)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s19b_null_event_type_stops_the_relay_naming_the_row() {
-    let pair = shared().await;
-    let outbox = Outbox::on(&pair.pg.url("postgres"), &pair.rabbit.url(), "nulltype").await;
-    outbox
-        .client
-        .batch_execute("ALTER TABLE outbox ALTER COLUMN event_type DROP NOT NULL")
-        .await
-        .expect("drop NOT NULL");
-    let oracle = Oracle::create(&outbox).await;
-    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
-    let good = outbox.insert("Good", "{}").await;
-    let bad: String = outbox
-        .client
-        .query_one(
-            "INSERT INTO outbox (event_type, payload) VALUES (NULL, '{}') RETURNING id::text",
-            &[],
-        )
-        .await
-        .expect("insert NULL event_type")
-        .get(0);
-    let later = outbox.insert("Later", "{}").await;
-    let relay = outbox.spawn_relay(&[]);
-    let line = assert_stops_on_row(
+    let (outbox, oracle, mut consumer) = shared_observed_after(
+        "nulltype",
+        "ALTER TABLE outbox ALTER COLUMN event_type DROP NOT NULL",
+    )
+    .await;
+    let (_, line) = assert_stops_on_bad_row(
         &outbox,
         &oracle,
-        &relay,
         &mut consumer,
-        BadRow {
-            good: &good,
-            bad: &bad,
-            later: &later,
-        },
+        "INSERT INTO outbox (event_type, payload) VALUES (NULL, '{}') RETURNING id::text",
+        &[],
         &["event_type", "NULL"],
     )
     .await;
@@ -1664,33 +1596,15 @@ async fn s19b_null_event_type_stops_the_relay_naming_the_row() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s19c_twenty_megabyte_payload_stops_before_publishing_naming_the_row() {
-    let pair = shared().await;
-    let (outbox, oracle, mut consumer) =
-        observed_outbox(&pair.pg, &pair.rabbit, "toolarge", true).await;
-    let good = outbox.insert("Good", "{}").await;
-    let bad: String = outbox
-        .client
-        .query_one(
-            "INSERT INTO outbox (event_type, payload) \
-             VALUES ('Huge', jsonb_build_object('blob', repeat('x', 20 * 1024 * 1024))) \
-             RETURNING id::text",
-            &[],
-        )
-        .await
-        .expect("insert 20 MB payload")
-        .get(0);
-    let later = outbox.insert("Later", "{}").await;
-    let relay = outbox.spawn_relay(&["--max-message-size", "16777216"]);
-    let line = assert_stops_on_row(
+    let (outbox, oracle, mut consumer) = shared_observed("toolarge", true).await;
+    let (relay, line) = assert_stops_on_bad_row(
         &outbox,
         &oracle,
-        &relay,
         &mut consumer,
-        BadRow {
-            good: &good,
-            bad: &bad,
-            later: &later,
-        },
+        "INSERT INTO outbox (event_type, payload) \
+         VALUES ('Huge', jsonb_build_object('blob', repeat('x', 20 * 1024 * 1024))) \
+         RETURNING id::text",
+        &["--max-message-size", "16777216"],
         &["16777216"],
     )
     .await;
@@ -1707,9 +1621,7 @@ async fn s19c_twenty_megabyte_payload_stops_before_publishing_naming_the_row() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s20_second_relay_waits_as_standby_and_takes_over_when_the_first_stops() {
-    let pair = shared().await;
-    let (outbox, oracle, mut consumer) =
-        observed_outbox(&pair.pg, &pair.rabbit, "standby", false).await;
+    let (outbox, oracle, mut consumer) = shared_observed("standby", false).await;
     let first = outbox.spawn_relay(&[]);
     assert!(
         first.wait_for_log(SESSION_STARTED, MINUTE).await,
@@ -1734,8 +1646,7 @@ async fn s20_second_relay_waits_as_standby_and_takes_over_when_the_first_stops()
         "the standby names the pid holding the slot ({holder}); log:\n{}",
         second.log()
     );
-    let while_both = write_concurrently(&outbox.db_url, 2, 500, MAX_TXN_ROWS).await;
-    assert!(wait_for_ids(&mut consumer, &while_both, MINUTE).await);
+    write_and_deliver(&outbox, &first, &mut consumer, 500).await;
     assert_eq!(
         second.sessions(),
         0,
@@ -1753,14 +1664,11 @@ async fn s20_second_relay_waits_as_standby_and_takes_over_when_the_first_stops()
     let takeover = stopped.elapsed();
     write_concurrently(&outbox.db_url, 2, 500, MAX_TXN_ROWS).await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &second).await;
-    report(
+    report_tally(
         "s20 two relays",
-        &[
-            ("rows", committed.len().to_string()),
-            ("lost", "0".into()),
-            ("duplicates", tally.duplicates().to_string()),
-            ("takeover after", secs(takeover)),
-        ],
+        &committed,
+        &tally,
+        &[("takeover after", secs(takeover))],
     );
     assert_eq!(
         tally.duplicates(),
@@ -1832,17 +1740,7 @@ async fn s21_polling_crash_between_confirms_and_commit_twice_loses_nothing() {
     );
     barrier(&mut consumer, &outbox.amqp_url, &outbox.queue).await;
     let tally = Tally::of(consumer.received());
-
-    assert!(
-        tally.lost(&committed).is_empty(),
-        "L0: lost {:?}",
-        tally.lost(&committed)
-    );
-    assert!(
-        tally.unknown(&committed).is_empty(),
-        "messages for rows never committed: {:?}",
-        tally.unknown(&committed)
-    );
+    assert_nothing_lost_or_invented(&tally, &committed);
     report(
         "s21 polling crash before COMMIT",
         &[
@@ -1916,13 +1814,7 @@ async fn s22_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_rec
 
     let killed = Instant::now();
     blocking(|| rabbit.kill9());
-    let answer = wait_readyz(port, MINUTE, (503, "broker down")).await;
-    assert_eq!(
-        answer,
-        Some((503, "broker down".to_string())),
-        "log:\n{}",
-        relay.log()
-    );
+    assert_readyz_becomes(port, &relay, (503, "broker down")).await;
     let reported_after = killed.elapsed();
 
     // While the broker is down: nothing is acknowledged, and every scrape shows more slot
@@ -1996,12 +1888,11 @@ async fn s22_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_rec
     writers.stop().await;
     let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
-    report(
+    report_tally(
         "s22 broker down",
+        &committed,
+        &tally,
         &[
-            ("rows", committed.len().to_string()),
-            ("lost", "0".into()),
-            ("duplicates", tally.duplicates().to_string()),
             ("readyz 'broker down' after", secs(reported_after)),
             ("heartbeat lag healthy", format!("{healthy_heartbeat:.2} s")),
             (
@@ -2063,13 +1954,7 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
         active.log()
     );
     let (standby, standby_port) = outbox.spawn_observed(&[]);
-    let answer = wait_readyz(standby_port, MINUTE, (503, "standby")).await;
-    assert_eq!(
-        answer,
-        Some((503, "standby".to_string())),
-        "log:\n{}",
-        standby.log()
-    );
+    assert_readyz_becomes(standby_port, &standby, (503, "standby")).await;
     let metrics = wait_metrics(standby_port, MINUTE, |_| true).await;
     assert_eq!(metric_value(&metrics, "outbox_relay_standby"), Some(1.0));
 
@@ -2143,12 +2028,11 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
     writers.stop().await;
     let (committed, tally) =
         finish(&outbox.client, &outbox, &oracle, &mut consumer, &standby).await;
-    report(
+    report_tally(
         &format!("s23 standby takeover after {stop:?}"),
+        &committed,
+        &tally,
         &[
-            ("rows", committed.len().to_string()),
-            ("lost", "0".into()),
-            ("duplicates", tally.duplicates().to_string()),
             (
                 "active exited after",
                 exited.map_or("— (still running)".into(), |(_, t)| secs(t)),

@@ -355,16 +355,9 @@ async fn resync_republishes_exactly_the_rows_from_that_time_on() {
     for n in 0..3 {
         before.push(outbox.insert("Before", &format!(r#"{{"n": {n}}}"#)).await);
     }
-    let since: String = outbox
-        .client
-        .query_one(
-            "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', \
-             'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
-            &[],
-        )
-        .await
-        .expect("now")
-        .get(0);
+    let now = "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', \
+               'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')";
+    let since: String = common::pg::query_value(&outbox.client, now).await;
     let mut after = Vec::new();
     for n in 0..5 {
         after.push(outbox.insert("After", &format!(r#"{{"n": {n}}}"#)).await);
@@ -397,11 +390,8 @@ async fn resync_republishes_exactly_the_rows_from_that_time_on() {
         "{}",
         text(&out)
     );
-    consumer
-        .wait_for(after.len(), Duration::from_secs(30))
-        .await;
     let received = consumer
-        .wait_quiet(Duration::from_millis(500), Duration::from_secs(10))
+        .wait_settled(after.len(), Duration::from_secs(30))
         .await;
     let got: Vec<&str> = received
         .iter()
@@ -466,12 +456,8 @@ async fn cleanup_deletes_only_rows_past_retention_and_the_last_acknowledged_comm
             .await
             .expect("insert");
     }
-    let acknowledged: SystemTime = outbox
-        .client
-        .query_one("SELECT now() - interval '150 minutes'", &[])
-        .await
-        .expect("time")
-        .get(0);
+    let sql = "SELECT now() - interval '150 minutes'";
+    let acknowledged: SystemTime = common::pg::query_value(&outbox.client, sql).await;
     // Batches of 2: 2 + 2 + 1, the loop stops after the short one.
     let names = names(&outbox);
     let retention = Duration::from_secs(3600);
@@ -514,12 +500,8 @@ async fn cleanup_statement_reads_the_created_at_index_not_the_table() {
         )
         .await
         .expect("seed");
-    let seq_scan_allowed: String = outbox
-        .client
-        .query_one("SHOW enable_seqscan", &[])
-        .await
-        .expect("show")
-        .get(0);
+    let seq_scan_allowed: String =
+        common::pg::query_value(&outbox.client, "SHOW enable_seqscan").await;
     assert_eq!(seq_scan_allowed, "on", "the planner is free to choose");
     let sql = outbox_relay::cleanup::delete_sql(&names(&outbox), 1000);
     // The worst case for the index: nearly every row qualifies.

@@ -155,8 +155,27 @@ async fn seed(client: &Client, total: i32, per_transaction: i32) -> Vec<String> 
     ids
 }
 
+/// A fresh outbox on the shared broker with a committed backlog of `rows` rows, in
+/// transactions of `per_transaction`, and a consumer of its queue: the outbox, a client of
+/// its database, the backlog's ids and the consumer.
+async fn backlog(
+    prefix: &str,
+    rows: i32,
+    per_transaction: i32,
+) -> (Outbox, Client, HashSet<String>, Consumer) {
+    let amqp = services().rabbit.url();
+    let outbox = Outbox::new(prefix, &amqp).await;
+    let client = outbox.client().await;
+    let inserted = seed(&client, rows, per_transaction)
+        .await
+        .into_iter()
+        .collect();
+    let consumer = Consumer::start_with(&amqp, &outbox.queue, false).await;
+    (outbox, client, inserted, consumer)
+}
+
 async fn count(client: &Client, sql: &str) -> i64 {
-    client.query_one(sql, &[]).await.expect(sql).get(0)
+    common::pg::query_value(client, sql).await
 }
 
 async fn unpublished(client: &Client) -> i64 {
@@ -185,18 +204,8 @@ async fn published_ids(client: &Client) -> HashSet<String> {
 
 /// Waits, checking the table, until `condition` holds for `sql`'s count.
 async fn wait_count(client: &Client, sql: &str, condition: impl Fn(i64) -> bool) -> i64 {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let n = count(client, sql).await;
-        if condition(n) {
-            return n;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{sql} stayed at {n} for {DEADLINE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let counted = common::pg::wait_count(client, sql, DEADLINE, condition).await;
+    counted.unwrap_or_else(|n| panic!("{sql} stayed at {n} for {DEADLINE:?}"))
 }
 
 /// Waits until no row is left unpublished.
@@ -297,11 +306,7 @@ async fn twenty_thousand_rows_from_concurrent_writers_arrive_once_each_with_five
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_poll_processes_with_three_workers_each_publish_every_row_once() {
-    let amqp = services().rabbit.url();
-    let outbox = Outbox::new("poll_two", &amqp).await;
-    let client = outbox.client().await;
-    let inserted: HashSet<String> = seed(&client, 10_000, 100).await.into_iter().collect();
-    let mut consumer = Consumer::start_with(&amqp, &outbox.queue, false).await;
+    let (outbox, client, inserted, mut consumer) = backlog("poll_two", 10_000, 100).await;
 
     let args = ["--workers", "3", "--batch-size", "100"];
     let first = outbox.spawn_poll(&args);
@@ -330,11 +335,7 @@ async fn two_poll_processes_with_three_workers_each_publish_every_row_once() {
 async fn kill_9_mid_backlog_loses_nothing_and_duplicates_at_most_workers_times_batch() {
     const WORKERS: usize = 2;
     const BATCH: usize = 200;
-    let amqp = services().rabbit.url();
-    let outbox = Outbox::new("poll_kill", &amqp).await;
-    let client = outbox.client().await;
-    let inserted: HashSet<String> = seed(&client, 20_000, 500).await.into_iter().collect();
-    let mut consumer = Consumer::start_with(&amqp, &outbox.queue, false).await;
+    let (outbox, client, inserted, mut consumer) = backlog("poll_kill", 20_000, 500).await;
 
     let args = ["--workers", "2", "--batch-size", "200"];
     let relay = outbox.spawn_poll(&args);

@@ -67,12 +67,9 @@ async fn concurrent_writers_arrive_once_in_commit_order() {
         "the oracle saw every commit"
     );
 
-    consumer
-        .wait_for(expected.len(), Duration::from_secs(120))
-        .await;
     // Nothing failed, so nothing may arrive twice: wait for quiet before counting.
     let received = consumer
-        .wait_quiet(Duration::from_millis(500), Duration::from_secs(10))
+        .wait_settled(expected.len(), Duration::from_secs(120))
         .await;
     let got = received_ids(received);
     assert_eq!(
@@ -168,10 +165,7 @@ async fn rollbacks_and_other_tables_publish_nothing() {
         .await
         .expect("writes");
     let marker = outbox.insert("Marker", "{}").await;
-    consumer.wait_for(3, Duration::from_secs(30)).await;
-    let received = consumer
-        .wait_quiet(Duration::from_millis(500), Duration::from_secs(10))
-        .await;
+    let received = consumer.wait_settled(3, Duration::from_secs(30)).await;
     let kinds: Vec<&str> = received.iter().filter_map(|r| r.kind.as_deref()).collect();
     assert_eq!(kinds, ["Kept", "Kept", "Marker"], "log:\n{}", relay.log());
     assert_eq!(received[2].message_id.as_deref(), Some(marker.as_str()));
@@ -358,10 +352,7 @@ async fn sigterm_mid_stream_then_restart_publishes_no_duplicate() {
     );
 
     let _relay = outbox.spawn_relay(&[]);
-    consumer.wait_for(ROWS, Duration::from_secs(120)).await;
-    let received = consumer
-        .wait_quiet(Duration::from_millis(500), Duration::from_secs(10))
-        .await;
+    let received = consumer.wait_settled(ROWS, Duration::from_secs(120)).await;
     let counts = arrivals(received_ids(received));
     let duplicates: usize = counts.values().map(|n| n - 1).sum();
     let lost = committed

@@ -38,22 +38,30 @@ where
     out
 }
 
+/// [`with_channel`] for one topology call: its result, or a panic saying `what` failed.
+async fn channel_op<T, F, Fut>(url: &str, what: String, act: F) -> T
+where
+    F: FnOnce(Channel) -> Fut,
+    Fut: Future<Output = lapin::Result<T>>,
+{
+    let result = with_channel(url, act).await;
+    result.unwrap_or_else(|e| panic!("{what}: {e:?}"))
+}
+
 /// Declares `exchange` as `setup` does: a durable topic exchange (a no-op if it exists with
 /// those properties).
 pub async fn declare_exchange(url: &str, exchange: &str) {
-    with_channel(url, |channel| async move {
+    let options = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    let what = format!("declare exchange {exchange}");
+    channel_op(url, what, |channel| async move {
+        let kind = ExchangeKind::Topic;
+        let arguments = FieldTable::default();
         channel
-            .exchange_declare(
-                exchange.into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
+            .exchange_declare(exchange.into(), kind, options, arguments)
             .await
-            .unwrap_or_else(|e| panic!("declare exchange {exchange}: {e:?}"));
     })
     .await;
 }
@@ -75,11 +83,10 @@ pub async fn exchange_exists(url: &str, exchange: &str) -> bool {
 }
 
 pub async fn delete_exchange(url: &str, exchange: &str) {
-    with_channel(url, |channel| async move {
-        channel
-            .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
-            .await
-            .unwrap_or_else(|e| panic!("delete exchange {exchange}: {e:?}"));
+    let what = format!("delete exchange {exchange}");
+    channel_op(url, what, |channel| async move {
+        let options = ExchangeDeleteOptions::default();
+        channel.exchange_delete(exchange.into(), options).await
     })
     .await;
 }
@@ -99,68 +106,70 @@ pub async fn declare_bound_queue_with_args(
     arguments: FieldTable,
 ) {
     declare_exchange(url, exchange).await;
-    with_channel(url, |channel| async move {
+    let what = format!("declare queue {queue}");
+    channel_op(url, what, |channel| async move {
+        let options = QueueDeclareOptions::durable();
         channel
-            .queue_declare(queue.into(), QueueDeclareOptions::durable(), arguments)
+            .queue_declare(queue.into(), options, arguments)
             .await
-            .unwrap_or_else(|e| panic!("declare queue {queue}: {e:?}"));
     })
     .await;
     bind_queue(url, queue, exchange, binding_key).await;
 }
 
 pub async fn bind_queue(url: &str, queue: &str, exchange: &str, key: &str) {
-    with_channel(url, |channel| async move {
+    let what = format!("bind {queue} to {exchange} ({key})");
+    channel_op(url, what, |channel| async move {
+        let (options, arguments) = (QueueBindOptions::default(), FieldTable::default());
         channel
             .queue_bind(
                 queue.into(),
                 exchange.into(),
                 key.into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
+                options,
+                arguments,
             )
             .await
-            .unwrap_or_else(|e| panic!("bind {queue} to {exchange} ({key}): {e:?}"));
     })
     .await;
 }
 
 pub async fn unbind_queue(url: &str, queue: &str, exchange: &str, key: &str) {
-    with_channel(url, |channel| async move {
+    let what = format!("unbind {queue} from {exchange} ({key})");
+    channel_op(url, what, |channel| async move {
         let arguments = FieldTable::default();
         channel
             .queue_unbind(queue.into(), exchange.into(), key.into(), arguments)
             .await
-            .unwrap_or_else(|e| panic!("unbind {queue} from {exchange} ({key}): {e:?}"));
     })
     .await;
 }
 
 /// Deletes `queue` with its messages (a no-op if it does not exist).
 pub async fn delete_queue(url: &str, queue: &str) {
-    with_channel(url, |channel| async move {
-        channel
-            .queue_delete(queue.into(), QueueDeleteOptions::default())
-            .await
-            .unwrap_or_else(|e| panic!("delete queue {queue}: {e:?}"));
+    let what = format!("delete queue {queue}");
+    channel_op(url, what, |channel| async move {
+        let options = QueueDeleteOptions::default();
+        channel.queue_delete(queue.into(), options).await
     })
     .await;
 }
 
 /// Messages ready in `queue` (passive declare; panics if the queue does not exist).
 pub async fn queue_message_count(url: &str, queue: &str) -> u32 {
-    with_channel(url, |channel| async move {
-        let options = QueueDeclareOptions {
-            passive: true,
-            ..Default::default()
-        };
+    let options = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let what = format!("passive declare of queue {queue}");
+    let declared = channel_op(url, what, |channel| async move {
+        let arguments = FieldTable::default();
         channel
-            .queue_declare(queue.into(), options, FieldTable::default())
+            .queue_declare(queue.into(), options, arguments)
             .await
-            .unwrap_or_else(|e| panic!("passive declare of queue {queue}: {e:?}"))
-            .message_count()
     })
-    .await
+    .await;
+    declared.message_count()
 }
 
 /// Publishes `(message_id, body)` pairs as persistent, mandatory messages on one
@@ -375,6 +384,14 @@ impl Consumer {
         }
         self.drain_ready();
         &self.received
+    }
+
+    /// Waits for `n` messages (up to `timeout`), then until none has arrived for 500 ms (up to
+    /// 10 s more): everything received, with any repeat that follows, for a test to count.
+    pub async fn wait_settled(&mut self, n: usize, timeout: Duration) -> &[Received] {
+        self.wait_for(n, timeout).await;
+        self.wait_quiet(Duration::from_millis(500), Duration::from_secs(10))
+            .await
     }
 
     /// Waits until no message has arrived for `quiet` (or `max` passes); returns

@@ -25,6 +25,7 @@ use super::http::metric_value;
 use super::outbox::Outbox;
 use super::pg::{read_test_decoding, slot_confirmed_flush, PgServer, Txn};
 use super::rabbit::RabbitServer;
+use super::relay::RelayProcess;
 
 /// The outbox table as `test_decoding` names it.
 pub const OUTBOX_TABLE: &str = "public.outbox";
@@ -276,6 +277,21 @@ impl Tally {
     }
 }
 
+/// L0 on a drained queue: every committed id arrived, and nothing arrived that never
+/// committed.
+pub fn assert_nothing_lost_or_invented(tally: &Tally, committed: &[String]) {
+    assert!(
+        tally.lost(committed).is_empty(),
+        "L0: lost {:?}",
+        tally.lost(committed)
+    );
+    assert!(
+        tally.unknown(committed).is_empty(),
+        "messages for rows that never committed: {:?}",
+        tally.unknown(committed)
+    );
+}
+
 /// The message ids of `received`, markers left out.
 pub fn ids_of(received: &[Received]) -> Vec<&str> {
     received
@@ -440,6 +456,76 @@ pub async fn slot_state(
 pub fn report(scenario: &str, figures: &[(&str, String)]) {
     let text: Vec<String> = figures.iter().map(|(k, v)| format!("{k} {v}")).collect();
     println!("FIGURES {scenario}: {}", text.join(", "));
+}
+
+/// [`report`] for a scenario that ran to a full tally: rows, lost (0: the tally was checked)
+/// and duplicates first, then the scenario's own `figures`.
+pub fn report_tally(
+    scenario: &str,
+    committed: &[String],
+    tally: &Tally,
+    figures: &[(&str, String)],
+) {
+    let mut all = vec![
+        ("rows", committed.len().to_string()),
+        ("lost", "0".to_string()),
+        ("duplicates", tally.duplicates().to_string()),
+    ];
+    all.extend(figures.iter().cloned());
+    report(scenario, &all);
+}
+
+/// Nothing acknowledged as far as the transaction of row `id` (`what` says which row that
+/// is): the slot's `confirmed_flush_lsn` is still before that transaction's end.
+pub async fn assert_not_acknowledged(outbox: &Outbox, oracle: &Oracle, id: &str, what: &str) {
+    let txn = oracle.transaction_of(&outbox.client, id).await;
+    let confirmed = outbox.confirmed_flush().await;
+    assert!(
+        confirmed < txn.end_lsn,
+        "acknowledged {} past {what} {id} (its transaction ends at {})",
+        super::pg::format_lsn(confirmed),
+        super::pg::format_lsn(txn.end_lsn)
+    );
+}
+
+/// Waits until the slot acknowledges the transaction of row `id`: the relay moved past
+/// everything before it. Panics with the log otherwise.
+pub async fn assert_acknowledged(
+    outbox: &Outbox,
+    oracle: &Oracle,
+    relay: &RelayProcess,
+    id: &str,
+    timeout: Duration,
+) {
+    let txn = oracle.transaction_of(&outbox.client, id).await;
+    assert!(
+        outbox.wait_confirmed_flush(txn.end_lsn, timeout).await,
+        "the slot does not reach {}, the end of row {id}'s transaction; log:\n{}",
+        super::pg::format_lsn(txn.end_lsn),
+        relay.log()
+    );
+}
+
+/// The relay holds on message `id`, which the broker returns: it logged the return twice
+/// (returned, retried with a window of 1 and returned again) and `/readyz` on `port` names it.
+pub async fn assert_stuck_on_returned(relay: &RelayProcess, port: u16, id: &str) {
+    assert_returned(relay, id, 2, Duration::from_secs(60)).await;
+    assert_eq!(
+        super::http::readyz(port).await,
+        (503, format!("stuck message {id}"))
+    );
+}
+
+/// Waits until the relay has logged `times` returns of message `id` (returned as unroutable,
+/// then retried and returned again); panics with the log otherwise.
+pub async fn assert_returned(relay: &RelayProcess, id: &str, times: usize, timeout: Duration) {
+    assert!(
+        relay
+            .wait_for_log_count(&format!("returned message {id}"), times, timeout)
+            .await,
+        "message {id} was not returned {times} time(s); log:\n{}",
+        relay.log()
+    );
 }
 
 // ---------------------------------------------------------------------------------

@@ -60,6 +60,47 @@ pub const DATABASE_URL_ENV: &str = "OUTBOX_TEST_DATABASE_URL";
 /// Environment variable naming an existing RabbitMQ to use instead of a private node.
 pub const AMQP_URL_ENV: &str = "OUTBOX_TEST_AMQP_URL";
 
+/// A server process the harness started itself, which it must stop and clean up.
+pub(crate) trait PrivateServer {
+    /// Stops the server and removes its directory; idempotent.
+    fn shutdown(&self);
+}
+
+/// A server: a private one the harness started, or an external one named by an environment
+/// variable (its URL and port are all the harness knows, and it never stops it). Dropping a
+/// private one shuts it down.
+pub(crate) enum ServerKind<P: PrivateServer> {
+    Private(P),
+    External { url: String, port: u16 },
+}
+
+impl<P: PrivateServer> ServerKind<P> {
+    /// The private server that `server::method` needs; panics for an external one (named by
+    /// `env`).
+    pub(crate) fn private(&self, server: &str, method: &str, env: &str) -> &P {
+        match self {
+            ServerKind::Private(p) => p,
+            ServerKind::External { .. } => panic!(
+                "{server}::{method} needs a private server; this one is external ({env}): \
+                 fault tests must use {server}::start"
+            ),
+        }
+    }
+
+    /// Shuts a private server down; nothing for an external one.
+    pub(crate) fn shutdown(&self) {
+        if let ServerKind::Private(p) = self {
+            p.shutdown();
+        }
+    }
+}
+
+impl<P: PrivateServer> Drop for ServerKind<P> {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
 /// The server pair shared by the tests of one test binary.
 pub struct Services {
     pub pg: PgServer,

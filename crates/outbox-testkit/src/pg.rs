@@ -30,14 +30,9 @@ pub struct PgServer {
     kind: Kind,
 }
 
-enum Kind {
-    Private(Private),
-    External {
-        /// The URL as given, for its credentials, host, port and parameters.
-        base_url: String,
-        port: u16,
-    },
-}
+/// Private, or external with its URL kept as given (for its credentials, host, port and
+/// parameters).
+type Kind = super::ServerKind<Private>;
 
 struct Private {
     port: u16,
@@ -163,7 +158,7 @@ impl PgServer {
         let port = url_port(url).unwrap_or(5432);
         PgServer {
             kind: Kind::External {
-                base_url: url.to_string(),
+                url: url.to_string(),
                 port,
             },
         }
@@ -181,7 +176,7 @@ impl PgServer {
     pub fn url(&self, db: &str) -> String {
         match &self.kind {
             Kind::Private(p) => format!("postgres://postgres@127.0.0.1:{}/{db}", p.port),
-            Kind::External { base_url, .. } => replace_url_database(base_url, db),
+            Kind::External { url, .. } => replace_url_database(url, db),
         }
     }
 
@@ -247,34 +242,25 @@ impl PgServer {
     /// Stops the server (immediate) and removes its directory; idempotent. Drop and the
     /// shared services' exit handler call it.
     pub fn shutdown(&self) {
-        if let Kind::Private(p) = &self.kind {
-            let mut state = p.state.lock().unwrap_or_else(|e| e.into_inner());
-            if state.tempdir.is_none() {
-                return;
-            }
-            // Even if we think it is stopped: a failed start_again may have left it up.
-            let _ = p.pg_ctl(&["stop", "-m", "immediate"]);
-            state.running = false;
-            stop_watchdog(state.watchdog.take());
-            state.tempdir.take();
-        }
+        self.kind.shutdown();
     }
 
     fn private(&self, what: &str) -> &Private {
-        match &self.kind {
-            Kind::Private(p) => p,
-            Kind::External { .. } => panic!(
-                "PgServer::{what} needs a private server; this one is external \
-                 ({}): fault tests must use PgServer::start",
-                super::DATABASE_URL_ENV
-            ),
-        }
+        self.kind.private("PgServer", what, super::DATABASE_URL_ENV)
     }
 }
 
-impl Drop for PgServer {
-    fn drop(&mut self) {
-        self.shutdown();
+impl super::PrivateServer for Private {
+    fn shutdown(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.tempdir.is_none() {
+            return;
+        }
+        // Even if we think it is stopped: a failed start_again may have left it up.
+        let _ = self.pg_ctl(&["stop", "-m", "immediate"]);
+        state.running = false;
+        stop_watchdog(state.watchdog.take());
+        state.tempdir.take();
     }
 }
 
@@ -370,6 +356,33 @@ pub async fn first_column(
     let rows = client.query(sql, params).await;
     let rows = rows.unwrap_or_else(|e| panic!("{sql}: {e:?}"));
     rows.iter().map(|row| row.get(0)).collect()
+}
+
+/// The one value the one-row, one-column query `sql` returns.
+pub async fn query_value<T: tokio_postgres::types::FromSqlOwned>(client: &Client, sql: &str) -> T {
+    let row = client.query_one(sql, &[]).await;
+    row.unwrap_or_else(|e| panic!("{sql}: {e:?}")).get(0)
+}
+
+/// Polls the count `sql` returns every 20 ms until `wanted` holds: `Ok(count)`, or
+/// `Err(last count)` after `timeout`.
+pub async fn wait_count(
+    client: &Client,
+    sql: &str,
+    timeout: std::time::Duration,
+    wanted: impl Fn(i64) -> bool,
+) -> Result<i64, i64> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let n: i64 = query_value(client, sql).await;
+        if wanted(n) {
+            return Ok(n);
+        }
+        if Instant::now() >= deadline {
+            return Err(n);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// `"name"`, with embedded quotes doubled.

@@ -31,10 +31,7 @@ pub struct RabbitServer {
     kind: Kind,
 }
 
-enum Kind {
-    Private(Private),
-    External { url: String, port: u16 },
-}
+type Kind = super::ServerKind<Private>;
 
 struct Private {
     node: String,
@@ -222,38 +219,29 @@ impl RabbitServer {
     /// Kills the node and removes its directory; idempotent. Drop and the shared
     /// services' exit handler call it.
     pub fn shutdown(&self) {
-        if let Kind::Private(p) = &self.kind {
-            let mut state = p.state.lock().unwrap_or_else(|e| e.into_inner());
-            if state.tempdir.is_none() {
-                return;
-            }
-            // The data is thrown away: no need for a graceful `rabbitmqctl stop`.
-            p.kill_node();
-            if let Some(pid) = p.pid() {
-                super::poll_until(Duration::from_secs(10), Duration::from_millis(10), || {
-                    !process_alive(pid)
-                });
-            }
-            stop_watchdog(state.watchdog.take());
-            state.tempdir.take();
-        }
+        self.kind.shutdown();
     }
 
     fn private(&self, what: &str) -> &Private {
-        match &self.kind {
-            Kind::Private(p) => p,
-            Kind::External { .. } => panic!(
-                "RabbitServer::{what} needs a private node; this one is external ({}): \
-                 fault tests must use RabbitServer::start",
-                super::AMQP_URL_ENV
-            ),
-        }
+        self.kind.private("RabbitServer", what, super::AMQP_URL_ENV)
     }
 }
 
-impl Drop for RabbitServer {
-    fn drop(&mut self) {
-        self.shutdown();
+impl super::PrivateServer for Private {
+    fn shutdown(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.tempdir.is_none() {
+            return;
+        }
+        // The data is thrown away: no need for a graceful `rabbitmqctl stop`.
+        self.kill_node();
+        if let Some(pid) = self.pid() {
+            super::poll_until(Duration::from_secs(10), Duration::from_millis(10), || {
+                !process_alive(pid)
+            });
+        }
+        stop_watchdog(state.watchdog.take());
+        state.tempdir.take();
     }
 }
 
