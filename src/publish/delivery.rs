@@ -93,11 +93,8 @@ pub async fn deliver<T: AckToken + Clone>(
     acked: &watch::Sender<Acked<T>>,
 ) -> Result<(), RelayError> {
     let mut queue: ConfirmQueue<T, InFlight> = ConfirmQueue::new();
-    let mut window = if acked.borrow().stuck.is_some() {
-        1
-    } else {
-        options.window
-    };
+    let mut stuck = acked.borrow().stuck.clone();
+    let mut window = if stuck.is_some() { 1 } else { options.window };
     let mut blocked = broker.blocked();
     let mut blocked_open = true;
     let mut input_open = true;
@@ -148,9 +145,10 @@ pub async fn deliver<T: AckToken + Clone>(
                         if let Some(committed_at) = settled.pending.committed_at {
                             metrics.observe_commit_to_confirm(committed_at);
                         }
-                        if acked.borrow().stuck.as_deref() == Some(settled.message_id.as_str()) {
+                        if stuck.as_deref() == Some(settled.message_id.as_str()) {
                             tracing::info!(message_id = %settled.message_id, "stuck message delivered; full window again");
                             window = options.window;
+                            stuck = None;
                             acked.send_modify(|acked| acked.stuck = None);
                         }
                     }
