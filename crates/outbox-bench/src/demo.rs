@@ -4,16 +4,15 @@
 //! The consumer starts before the first write, so nothing the relay publishes is missed; the
 //! queue is purged first, so leftovers of an earlier run are not counted.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use tokio::time::Instant;
 
-use crate::consumer::{QueueConsumer, QueueSpec};
 use crate::report::Report;
 use crate::writers::{self, WriterOptions};
+use outbox_testkit::arrivals::{ArrivalConsumer, Outstanding, QueueSpec};
 
 /// How long to keep listening after the last expected message, for trailing duplicates.
 const QUIET: Duration = Duration::from_millis(300);
@@ -76,7 +75,7 @@ pub async fn run(args: &DemoArgs) -> Result<Report> {
         prefetch: 1000,
         delete_on_close: false,
     };
-    let mut consumer = QueueConsumer::start(&args.amqp_url, &spec).await?;
+    let mut consumer = ArrivalConsumer::start(&args.amqp_url, &spec).await?;
     println!(
         "demo: consuming queue {} (bound to exchange {} with '#', {} old messages purged)",
         spec.queue,
@@ -110,20 +109,9 @@ pub async fn run(args: &DemoArgs) -> Result<Report> {
         );
     }
 
-    let mut outstanding: HashSet<&str> = written.rows.iter().map(|r| r.id.as_str()).collect();
-    let mut seen = 0;
+    let mut outstanding = Outstanding::new(written.ids());
     let mut progress = Progress::new(written.rows.len());
-    loop {
-        let arrivals = consumer.arrivals();
-        for arrival in &arrivals[seen..] {
-            if let Some(id) = arrival.message_id.as_deref() {
-                outstanding.remove(id);
-            }
-        }
-        seen = arrivals.len();
-        if outstanding.is_empty() {
-            break;
-        }
+    while outstanding.update(consumer.arrivals()) > 0 {
         progress.report(written.rows.len() - outstanding.len());
         if Instant::now() >= deadline {
             println!(

@@ -14,10 +14,8 @@
 //! the relay through `outbox_relay`'s public API and runs its binary as a child process; the
 //! relay must never depend on this crate, so the product's build and image leave it out.
 
-pub mod consumer;
 pub mod demo;
 pub mod limits;
-pub mod procfs;
 pub mod relay;
 pub mod report;
 pub mod results;

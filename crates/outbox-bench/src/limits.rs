@@ -15,7 +15,7 @@ use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::consumer::{QueueConsumer, QueueSpec};
+use outbox_testkit::arrivals::{ArrivalConsumer, QueueSpec};
 use crate::report::{Latency, Report};
 use crate::writers::{CommittedRow, Written, ORDER_NOTE_LEN};
 use outbox_relay::db;
@@ -135,7 +135,7 @@ pub async fn broker_alone(
         .context("the broker-alone publisher cannot connect")?;
     // What `outbox-relay setup` declares: this may run before any setup did.
     broker.declare_exchange(exchange, false).await?;
-    let mut consumer = QueueConsumer::start(amqp_url, &spec).await?;
+    let mut consumer = ArrivalConsumer::start(amqp_url, &spec).await?;
     let mut ticks = rate.map(|rate| {
         let mut ticks = tokio::time::interval(Duration::from_secs(1) / rate.max(1));
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

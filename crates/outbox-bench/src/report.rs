@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::consumer::Arrival;
+use outbox_testkit::arrivals::Arrival;
 use crate::writers::Written;
 
 /// How many missing ids the report names.

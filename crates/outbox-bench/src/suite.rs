@@ -17,9 +17,8 @@ use clap::Args;
 use tokio::time::Instant;
 use tokio_postgres::Client;
 
-use crate::consumer::{QueueConsumer, QueueSpec};
 use crate::limits;
-use crate::relay::{RelayBinary, RelayProcess};
+use crate::relay::{Relay, RelayBinary};
 use crate::report::Report;
 use crate::results::{
     BrokerLimit, Crash, DecodeLimit, Drain, LatencyMs, LatencyRun, LoadRun, Machine, ModeResults,
@@ -27,6 +26,7 @@ use crate::results::{
 };
 use crate::writers::{self, WriterOptions, ORDER_NOTE_LEN};
 use outbox_relay::db::{self, quote_ident, quote_literal};
+use outbox_testkit::arrivals::{Arrival, ArrivalConsumer, Outstanding, QueueSpec};
 
 /// The relay is killed once this share of the crash backlog has arrived.
 const KILL_AT: f64 = 0.4;
@@ -338,7 +338,7 @@ impl Bench {
         Ok(())
     }
 
-    async fn consumer(&self, o: &Objects) -> Result<QueueConsumer> {
+    async fn consumer(&self, o: &Objects) -> Result<ArrivalConsumer> {
         let spec = QueueSpec {
             exchange: self.args.exchange.clone(),
             queue: o.queue.clone(),
@@ -347,10 +347,10 @@ impl Bench {
             prefetch: 1000,
             delete_on_close: true,
         };
-        QueueConsumer::start(&self.args.amqp_url, &spec).await
+        ArrivalConsumer::start(&self.args.amqp_url, &spec).await
     }
 
-    async fn start_relay(&self, setup: Setup, o: &Objects, name: &str) -> Result<RelayProcess> {
+    async fn start_relay(&self, setup: Setup, o: &Objects, name: &str) -> Result<Relay> {
         let mut args = Vec::new();
         match setup {
             Setup::Wal { window } => {
@@ -384,7 +384,6 @@ impl Bench {
         }
         self.relay
             .spawn(&format!("relay-{}-{name}", o.table), &args)
-            .await
     }
 
     /// Commits `rows` rows into the table in `transaction_rows`-row transactions, server side
@@ -617,7 +616,7 @@ impl Bench {
             }
             counter.add(consumer.arrivals());
         }
-        relay.kill().await?;
+        relay.kill();
         // The delivery rate while the relay ran, from its first delivery (startup excluded).
         let delivering = counter.first.map_or(Duration::ZERO, |first| {
             Instant::now().saturating_duration_since(first)
@@ -794,22 +793,14 @@ impl Bench {
 /// Waits until every written row arrived (at most `catch_up` after the writers stopped), then
 /// a moment for trailing duplicates; closes the consumer and compares.
 async fn collect(
-    mut consumer: QueueConsumer,
+    mut consumer: ArrivalConsumer,
     written: &writers::Written,
     catch_up: Duration,
 ) -> Result<Report> {
     let deadline = Instant::now() + catch_up;
-    let mut outstanding: HashSet<&str> = written.rows.iter().map(|r| r.id.as_str()).collect();
-    let mut seen = 0;
-    loop {
-        let arrivals = consumer.arrivals();
-        for a in &arrivals[seen..] {
-            if let Some(id) = a.message_id.as_deref() {
-                outstanding.remove(id);
-            }
-        }
-        seen = arrivals.len();
-        if outstanding.is_empty() || !consumer.wait_for_more(deadline).await? {
+    let mut outstanding = Outstanding::new(written.ids());
+    while outstanding.update(consumer.arrivals()) > 0 {
+        if !consumer.wait_for_more(deadline).await? {
             break;
         }
     }
@@ -833,7 +824,7 @@ struct Distinct {
 }
 
 impl Distinct {
-    fn add(&mut self, arrivals: &[crate::consumer::Arrival]) {
+    fn add(&mut self, arrivals: &[Arrival]) {
         for a in &arrivals[self.seen..] {
             if let Some(id) = &a.message_id {
                 if self.ids.insert(id.clone()) {
