@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::report::Report;
 use crate::writers::{self, WriterOptions};
+use crate::Servers;
 use outbox_testkit::arrivals::{ArrivalConsumer, Outstanding, QueueSpec};
 
 /// How long to keep listening after the last expected message, for trailing duplicates.
@@ -23,13 +24,8 @@ const STALLED_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
-    /// PostgreSQL URL of the database holding the outbox table.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
-
-    /// RabbitMQ URL of the broker the relay publishes to.
-    #[arg(long, env = "AMQP_URL", hide_env_values = true)]
-    pub amqp_url: String,
+    #[command(flatten)]
+    pub servers: Servers,
 
     /// Rows to commit in total.
     #[arg(long, default_value_t = 5000)]
@@ -75,7 +71,7 @@ pub async fn run(args: &DemoArgs) -> Result<Report> {
         prefetch: 1000,
         delete_on_close: false,
     };
-    let mut consumer = ArrivalConsumer::start(&args.amqp_url, &spec).await?;
+    let mut consumer = ArrivalConsumer::start(&args.servers.amqp_url, &spec).await?;
     println!(
         "demo: consuming queue {} (bound to exchange {} with '#', {} old messages purged)",
         spec.queue,
@@ -97,9 +93,12 @@ pub async fn run(args: &DemoArgs) -> Result<Report> {
             "DemoEvent",
         )
     };
-    let written = tokio::time::timeout_at(deadline, writers::write(&args.database_url, &options))
-        .await
-        .context("the writers did not finish before the timeout")??;
+    let written = tokio::time::timeout_at(
+        deadline,
+        writers::write(&args.servers.database_url, &options),
+    )
+    .await
+    .context("the writers did not finish before the timeout")??;
     if let (Some(started), Some(last)) = (written.started, written.last_commit()) {
         let seconds = last.saturating_duration_since(started).as_secs_f64();
         println!(

@@ -15,7 +15,6 @@ use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use outbox_testkit::arrivals::{ArrivalConsumer, QueueSpec};
 use crate::report::{Latency, Report};
 use crate::writers::{CommittedRow, Written, ORDER_NOTE_LEN};
 use outbox_relay::db;
@@ -24,6 +23,7 @@ use outbox_relay::observability::RelayMetrics;
 use outbox_relay::pgoutput::{self, Column, LogicalMessage, Relation, Tuple, TupleValue};
 use outbox_relay::publish::{deliver, Acked, Broker, DeliveryOptions, Input};
 use outbox_relay::wal::relations::{Known, RelationCache};
+use outbox_testkit::arrivals::{ArrivalConsumer, QueueSpec};
 
 /// How long a limit run may wait for its last message.
 const TIMEOUT: Duration = Duration::from_secs(300);

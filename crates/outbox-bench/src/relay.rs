@@ -93,7 +93,7 @@ fn ready_line(args: &[&str]) -> &'static str {
 
 impl Relay {
     /// Waits for the ready line; fails if the relay exits first or takes too long.
-    pub async fn ready(&mut self) -> Result<()> {
+    pub async fn ready(&self) -> Result<()> {
         if self
             .process
             .wait_for_log(self.ready_line, READY_TIMEOUT)
@@ -115,7 +115,7 @@ impl Relay {
     }
 
     /// CPU time and peak RSS so far; fails once the process has exited.
-    pub fn usage(&mut self) -> Result<Usage> {
+    pub fn usage(&self) -> Result<Usage> {
         if let Some(status) = self.process.try_exit() {
             bail!(
                 "the relay exited early ({status}); see {}",
@@ -153,7 +153,10 @@ impl Drop for Relay {
         // where bench.sh says the logs are. Killed first, so the copy is the whole log.
         self.process.kill9();
         if let Err(e) = std::fs::copy(self.process.log_path(), &self.log) {
-            eprintln!("bench: cannot keep the relay log as {}: {e}", self.log.display());
+            eprintln!(
+                "bench: cannot keep the relay log as {}: {e}",
+                self.log.display()
+            );
         }
     }
 }
