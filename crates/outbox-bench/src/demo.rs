@@ -7,16 +7,16 @@
 //! It judges only from outside: the ids the writers committed against what the consumer
 //! received ([`crate::report`]), never what the relay says about itself.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use tokio::time::Instant;
 
-use crate::consumer::{QueueConsumer, QueueSpec};
 use crate::report::Report;
 use crate::writers::{self, WriterOptions};
+use crate::Servers;
+use outbox_testkit::arrivals::{ArrivalConsumer, Outstanding, QueueSpec};
 
 /// How long to keep listening after the last expected message, for trailing duplicates.
 const QUIET: Duration = Duration::from_millis(300);
@@ -27,13 +27,8 @@ const STALLED_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
-    /// PostgreSQL URL of the database holding the outbox table.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
-
-    /// RabbitMQ URL of the broker the relay publishes to.
-    #[arg(long, env = "AMQP_URL", hide_env_values = true)]
-    pub amqp_url: String,
+    #[command(flatten)]
+    pub servers: Servers,
 
     /// Rows to commit in total.
     #[arg(long, default_value_t = 5000)]
@@ -79,7 +74,7 @@ pub async fn run(args: &DemoArgs) -> Result<Report> {
         prefetch: 1000,
         delete_on_close: false,
     };
-    let mut consumer = QueueConsumer::start(&args.amqp_url, &spec).await?;
+    let mut consumer = ArrivalConsumer::start(&args.servers.amqp_url, &spec).await?;
     println!(
         "demo: consuming queue {} (bound to exchange {} with '#', {} old messages purged)",
         spec.queue,
@@ -101,9 +96,12 @@ pub async fn run(args: &DemoArgs) -> Result<Report> {
             "DemoEvent",
         )
     };
-    let written = tokio::time::timeout_at(deadline, writers::write(&args.database_url, &options))
-        .await
-        .context("the writers did not finish before the timeout")??;
+    let written = tokio::time::timeout_at(
+        deadline,
+        writers::write(&args.servers.database_url, &options),
+    )
+    .await
+    .context("the writers did not finish before the timeout")??;
     if let (Some(started), Some(last)) = (written.started, written.last_commit()) {
         let seconds = last.saturating_duration_since(started).as_secs_f64();
         println!(
@@ -113,20 +111,9 @@ pub async fn run(args: &DemoArgs) -> Result<Report> {
         );
     }
 
-    let mut outstanding: HashSet<&str> = written.rows.iter().map(|r| r.id.as_str()).collect();
-    let mut seen = 0;
+    let mut outstanding = Outstanding::new(written.ids());
     let mut progress = Progress::new(written.rows.len());
-    loop {
-        let arrivals = consumer.arrivals();
-        for arrival in &arrivals[seen..] {
-            if let Some(id) = arrival.message_id.as_deref() {
-                outstanding.remove(id);
-            }
-        }
-        seen = arrivals.len();
-        if outstanding.is_empty() {
-            break;
-        }
+    while outstanding.update(consumer.arrivals()) > 0 {
         progress.report(written.rows.len() - outstanding.len());
         if Instant::now() >= deadline {
             println!(

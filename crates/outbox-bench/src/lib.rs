@@ -1,25 +1,39 @@
 //! `outbox-bench`: drives the relay from outside, as an application and a consumer would.
 //!
 //! - [`writers`]: concurrent connections committing outbox rows; records every committed id.
-//! - [`consumer`]: a queue consumer that records each delivery's id, `x-outbox-seq` and
-//!   receive time.
+//! - the consumer, shared with the tests: [`outbox_testkit::arrivals`] records each
+//!   delivery's id, `x-outbox-seq` and receive time.
 //! - [`report`]: compares the two: missing, duplicates, commit order, rate, latency.
 //! - [`demo`]: the `demo` subcommand built from those three.
 //! - [`suite`]: the `bench` subcommand (issue 6, docs/benchmarks.md): the relay as a child
-//!   process ([`relay`], its CPU and memory from [`procfs`]), the limits it is set against
+//!   process ([`relay`]: the test-kit's relay process, its CPU and memory from
+//!   [`outbox_testkit::procfs`]), the limits it is set against
 //!   ([`limits`]: broker alone, decoding alone), and the figures ([`results`]: JSON and
 //!   Markdown).
 //!
 //! A tool, not the daemon: errors are `anyhow`, with context saying what failed. It reaches
 //! the relay through `outbox_relay`'s public API and runs its binary as a child process; the
 //! relay must never depend on this crate, so the product's build and image leave it out.
+//! The harness pieces it shares with the tests (private servers aside: scripts/bench.sh starts
+//! those) come from `outbox-testkit`; what only the benchmark needs stays here.
 
-pub mod consumer;
 pub mod demo;
 pub mod limits;
-pub mod procfs;
 pub mod relay;
 pub mod report;
 pub mod results;
 pub mod suite;
 pub mod writers;
+
+/// The PostgreSQL and RabbitMQ both subcommands drive (`bench` needs a PostgreSQL superuser:
+/// it creates and drops tables, slots and triggers).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Servers {
+    /// PostgreSQL URL of the database holding the outbox table (`bench`: a superuser).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+
+    /// RabbitMQ URL of the broker the relay publishes to.
+    #[arg(long, env = "AMQP_URL", hide_env_values = true)]
+    pub amqp_url: String,
+}

@@ -19,7 +19,6 @@ use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::consumer::{QueueConsumer, QueueSpec};
 use crate::report::{Latency, Report};
 use crate::writers::{CommittedRow, Written, ORDER_NOTE_LEN};
 use outbox_relay::db;
@@ -28,6 +27,7 @@ use outbox_relay::observability::RelayMetrics;
 use outbox_relay::pgoutput::{self, Column, LogicalMessage, Relation, Tuple, TupleValue};
 use outbox_relay::publish::{deliver, Acked, Broker, DeliveryOptions, Input};
 use outbox_relay::wal::relations::{Known, RelationCache};
+use outbox_testkit::arrivals::{ArrivalConsumer, QueueSpec};
 
 /// How long a limit run may wait for its last message.
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -139,7 +139,7 @@ pub async fn broker_alone(
         .context("the broker-alone publisher cannot connect")?;
     // What `outbox-relay setup` declares: this may run before any setup did.
     broker.declare_exchange(exchange, false).await?;
-    let mut consumer = QueueConsumer::start(amqp_url, &spec).await?;
+    let mut consumer = ArrivalConsumer::start(amqp_url, &spec).await?;
     let mut ticks = rate.map(|rate| {
         let mut ticks = tokio::time::interval(Duration::from_secs(1) / rate.max(1));
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

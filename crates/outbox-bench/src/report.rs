@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::consumer::Arrival;
 use crate::writers::Written;
+use outbox_testkit::arrivals::Arrival;
 
 /// How many missing ids the report names.
 const MISSING_SHOWN: usize = 5;

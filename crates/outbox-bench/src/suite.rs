@@ -17,16 +17,17 @@ use clap::Args;
 use tokio::time::Instant;
 use tokio_postgres::Client;
 
-use crate::consumer::{QueueConsumer, QueueSpec};
 use crate::limits;
-use crate::relay::{RelayBinary, RelayProcess};
+use crate::relay::{Relay, RelayBinary};
 use crate::report::Report;
 use crate::results::{
     AbRun, BrokerLimit, Crash, DecodeLimit, Drain, LatencyMs, LatencyRun, LoadRun, Machine,
     ModeResults, NotifyResults, Results, Scale, SweepRow, MODES,
 };
 use crate::writers::{self, WriterOptions, ORDER_NOTE_LEN};
+use crate::Servers;
 use outbox_relay::db::{self, quote_ident, quote_literal};
+use outbox_testkit::arrivals::{Arrival, ArrivalConsumer, Outstanding, QueueSpec};
 
 /// The relay is killed once this share of the crash backlog has arrived.
 const KILL_AT: f64 = 0.4;
@@ -39,13 +40,8 @@ const CRASH_TIMEOUT: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// PostgreSQL URL (a superuser: the benchmark creates and drops tables, slots, triggers).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
-
-    /// RabbitMQ URL.
-    #[arg(long, env = "AMQP_URL", hide_env_values = true)]
-    pub amqp_url: String,
+    #[command(flatten)]
+    pub servers: Servers,
 
     /// The relay under test (a release build).
     #[arg(long, default_value = "target/release/outbox-relay")]
@@ -177,8 +173,8 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
         .with_context(|| format!("cannot create {}", args.work_dir.display()))?;
     let relay = RelayBinary {
         path: args.relay_bin.clone(),
-        database_url: args.database_url.clone(),
-        amqp_url: args.amqp_url.clone(),
+        database_url: args.servers.database_url.clone(),
+        amqp_url: args.servers.amqp_url.clone(),
         log_dir: args.work_dir.clone(),
     };
     if !relay.path.is_file() {
@@ -187,7 +183,7 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
             relay.path.display()
         );
     }
-    let admin = db::connect(&args.database_url).await?;
+    let admin = db::connect(&args.servers.database_url).await?;
     let mut bench = Bench {
         args,
         scale,
@@ -352,7 +348,7 @@ impl Bench {
         Ok(())
     }
 
-    async fn consumer(&self, o: &Objects) -> Result<QueueConsumer> {
+    async fn consumer(&self, o: &Objects) -> Result<ArrivalConsumer> {
         let spec = QueueSpec {
             exchange: self.args.exchange.clone(),
             queue: o.queue.clone(),
@@ -361,44 +357,37 @@ impl Bench {
             prefetch: 1000,
             delete_on_close: true,
         };
-        QueueConsumer::start(&self.args.amqp_url, &spec).await
+        ArrivalConsumer::start(&self.args.servers.amqp_url, &spec).await
     }
 
-    async fn start_relay(&self, setup: Setup, o: &Objects, name: &str) -> Result<RelayProcess> {
-        let mut args = Vec::new();
+    fn start_relay(&self, setup: Setup, o: &Objects, name: &str) -> Result<Relay> {
+        let command = match setup {
+            Setup::Wal { .. } => "run",
+            Setup::Poll { .. } => "poll",
+        };
+        let mut args = vec![command.to_string()];
+        args.extend(self.names(o));
         match setup {
-            Setup::Wal { window } => {
-                args.push("run".to_string());
-                args.extend(self.names(o));
-                args.extend([
-                    "--max-in-flight".into(),
-                    window.to_string(),
-                    "--status-interval-ms".into(),
-                    self.args.status_interval_ms.to_string(),
-                    // No port to clash with; cleanup would only add deletes to the measurement.
-                    "--metrics-addr".into(),
-                    "off".into(),
-                    "--cleanup-interval".into(),
-                    "0".into(),
-                ]);
-            }
+            Setup::Wal { window } => args.extend([
+                "--max-in-flight".into(),
+                window.to_string(),
+                "--status-interval-ms".into(),
+                self.args.status_interval_ms.to_string(),
+                // No port to clash with.
+                "--metrics-addr".into(),
+                "off".into(),
+            ]),
             Setup::Poll { workers, listen } => {
-                args.push("poll".to_string());
-                args.extend(self.names(o));
-                args.extend([
-                    "--workers".into(),
-                    workers.to_string(),
-                    "--cleanup-interval".into(),
-                    "0".into(),
-                ]);
+                args.extend(["--workers".into(), workers.to_string()]);
                 if listen {
                     args.push("--listen".into());
                 }
             }
         }
+        // Cleanup would only add deletes to the measurement.
+        args.extend(["--cleanup-interval".into(), "0".into()]);
         self.relay
             .spawn(&format!("relay-{}-{name}", o.table), &args)
-            .await
     }
 
     /// Commits `rows` rows into the table in `transaction_rows`-row transactions, server side
@@ -407,7 +396,7 @@ impl Bench {
     /// orders shaped like the writers' and the broker-alone messages.
     async fn seed(&self, o: &Objects, rows: u64, transaction_rows: u64) -> Result<()> {
         let started = Instant::now();
-        let client = db::connect(&self.args.database_url).await?;
+        let client = db::connect(&self.args.servers.database_url).await?;
         // Durability of the seed is not what is measured; the WAL it writes is the same.
         client.batch_execute("SET synchronous_commit = off").await?;
         let sql = format!(
@@ -479,7 +468,7 @@ impl Bench {
         let mut consumer = self.consumer(&o).await?;
         self.seed(&o, rows, transaction_rows).await?;
         let started = Instant::now();
-        let mut relay = self.start_relay(setup, &o, "drain").await?;
+        let relay = self.start_relay(setup, &o, "drain")?;
         let window_end = started + Duration::from_secs(self.args.drain_window_secs);
         let mut counter = Distinct::default();
         while (counter.count() as u64) < rows {
@@ -533,14 +522,14 @@ impl Bench {
             self.scale.latency_secs
         ));
         let consumer = self.consumer(&o).await?;
-        let mut relay = self.start_relay(setup, &o, "latency").await?;
+        let relay = self.start_relay(setup, &o, "latency")?;
         relay.ready().await?;
         let options = WriterOptions {
             pace: Some(Duration::from_secs(1) / rate),
             note_len: ORDER_NOTE_LEN,
             ..WriterOptions::new(1, rows, 1, &o.table, &o.event_type)
         };
-        let written = writers::write(&self.args.database_url, &options).await?;
+        let written = writers::write(&self.args.servers.database_url, &options).await?;
         let report = collect(consumer, &written, CATCH_UP).await?;
         relay.stop().await?;
         self.drop_objects(o).await?;
@@ -586,7 +575,7 @@ impl Bench {
         let mut running = None;
         if let Some(setup) = setup {
             let consumer = self.consumer(&o).await?;
-            let mut relay = self.start_relay(setup, &o, "load").await?;
+            let relay = self.start_relay(setup, &o, "load")?;
             relay.ready().await?;
             running = Some((consumer, relay));
         }
@@ -596,7 +585,7 @@ impl Bench {
             note_len: ORDER_NOTE_LEN,
             ..WriterOptions::new(writers_n, u64::MAX, 1, &o.table, &o.event_type)
         };
-        let written = writers::write(&self.args.database_url, &options).await?;
+        let written = writers::write(&self.args.servers.database_url, &options).await?;
         let committed = written.rows.len() as u64;
         let seconds = match (written.started, written.last_commit()) {
             (Some(start), Some(last)) => last.saturating_duration_since(start).as_secs_f64(),
@@ -644,7 +633,7 @@ impl Bench {
         self.seed(&o, rows, 1).await?;
         let expected = self.committed_ids(&o).await?;
         let deadline = Instant::now() + CRASH_TIMEOUT;
-        let relay = self.start_relay(setup, &o, "crash-1").await?;
+        let relay = self.start_relay(setup, &o, "crash-1")?;
         let mut counter = Distinct::default();
         let kill_at = ((rows as f64) * KILL_AT) as usize;
         while counter.count() < kill_at {
@@ -653,13 +642,13 @@ impl Bench {
             }
             counter.add(consumer.arrivals());
         }
-        relay.kill().await?;
+        relay.kill();
         // The delivery rate while the relay ran, from its first delivery (startup excluded).
         let delivering = counter.first.map_or(Duration::ZERO, |first| {
             Instant::now().saturating_duration_since(first)
         });
         let received_before_kill = counter.count() as u64;
-        let relay = self.start_relay(setup, &o, "crash-2").await?;
+        let relay = self.start_relay(setup, &o, "crash-2")?;
         while counter.count() < expected.len() {
             if !consumer.wait_for_more(deadline).await? {
                 break;
@@ -711,21 +700,13 @@ impl Bench {
         }
         windows.sort_unstable();
         for window in windows {
-            self.runs += 1;
-            let queue = format!("bench_{}", self.runs);
             self.say(&format!(
                 "broker alone: window {window}, {} messages",
                 self.scale.drain_rows
             ));
-            let run = limits::broker_alone(
-                &self.args.amqp_url,
-                &self.args.exchange,
-                &queue,
-                window as usize,
-                self.scale.drain_rows,
-                None,
-            )
-            .await?;
+            let run = self
+                .broker_alone(window, self.scale.drain_rows, None)
+                .await?;
             self.say(&format!(
                 "  {:.0} msgs/s received, {:.0} confirmed",
                 run.received_per_sec, run.confirmed_per_sec
@@ -737,22 +718,15 @@ impl Bench {
                 received_per_sec: run.received_per_sec,
             });
         }
-        self.runs += 1;
-        let queue = format!("bench_{}", self.runs);
         let rate = self.scale.latency_rate;
         self.say(&format!(
             "broker alone: {rate} msgs/s for {} s",
             self.scale.latency_secs
         ));
-        let paced = limits::broker_alone(
-            &self.args.amqp_url,
-            &self.args.exchange,
-            &queue,
-            self.args.max_in_flight as usize,
-            u64::from(rate) * self.scale.latency_secs,
-            Some(rate),
-        )
-        .await?;
+        let messages = u64::from(rate) * self.scale.latency_secs;
+        let paced = self
+            .broker_alone(self.args.max_in_flight, messages, Some(rate))
+            .await?;
         results.limits.broker_latency = paced.latency.map(LatencyMs::from);
         results.limits.broker_latency_rate = rate;
         if let Some(l) = results.limits.broker_latency {
@@ -767,7 +741,7 @@ impl Bench {
         self.say(&format!("decoding alone: {rows} rows"));
         self.seed(&o, rows, 1).await?;
         let decoded = limits::decode_alone(
-            &self.args.database_url,
+            &self.args.servers.database_url,
             &o.slot,
             &o.publication,
             &o.table,
@@ -783,6 +757,28 @@ impl Bench {
             method: "pgwire-replication + our decoder and mapper, nothing published".into(),
         });
         Ok(())
+    }
+
+    /// The broker alone ([`limits::broker_alone`]) on a fresh queue.
+    async fn broker_alone(
+        &mut self,
+        window: u32,
+        messages: u64,
+        rate: Option<u32>,
+    ) -> Result<limits::BrokerRun> {
+        self.runs += 1;
+        let queue = format!("bench_{}", self.runs);
+        let amqp_url = &self.args.servers.amqp_url;
+        let window = window as usize;
+        limits::broker_alone(
+            amqp_url,
+            &self.args.exchange,
+            &queue,
+            window,
+            messages,
+            rate,
+        )
+        .await
     }
 
     /// Scenario 6's sweep: WAL drain, p99 at the fixed rate and crash duplicates at each
@@ -830,22 +826,14 @@ impl Bench {
 /// Waits until every written row arrived (at most `catch_up` after the writers stopped), then
 /// a moment for trailing duplicates; closes the consumer and compares.
 async fn collect(
-    mut consumer: QueueConsumer,
+    mut consumer: ArrivalConsumer,
     written: &writers::Written,
     catch_up: Duration,
 ) -> Result<Report> {
     let deadline = Instant::now() + catch_up;
-    let mut outstanding: HashSet<&str> = written.rows.iter().map(|r| r.id.as_str()).collect();
-    let mut seen = 0;
-    loop {
-        let arrivals = consumer.arrivals();
-        for a in &arrivals[seen..] {
-            if let Some(id) = a.message_id.as_deref() {
-                outstanding.remove(id);
-            }
-        }
-        seen = arrivals.len();
-        if outstanding.is_empty() || !consumer.wait_for_more(deadline).await? {
+    let mut outstanding = Outstanding::new(written.ids());
+    while outstanding.update(consumer.arrivals()) > 0 {
+        if !consumer.wait_for_more(deadline).await? {
             break;
         }
     }
@@ -869,7 +857,7 @@ struct Distinct {
 }
 
 impl Distinct {
-    fn add(&mut self, arrivals: &[crate::consumer::Arrival]) {
+    fn add(&mut self, arrivals: &[Arrival]) {
         for a in &arrivals[self.seen..] {
             if let Some(id) = &a.message_id {
                 if self.ids.insert(id.clone()) {

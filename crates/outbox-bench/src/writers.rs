@@ -96,6 +96,11 @@ impl Written {
     pub fn last_commit(&self) -> Option<Instant> {
         self.rows.iter().map(|r| r.committed_at).max()
     }
+
+    /// Every committed id: what the relay must deliver.
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        self.rows.iter().map(|r| r.id.as_str())
+    }
 }
 
 /// Runs the writers until `options.rows` rows are committed; fails on the first error.

@@ -9,8 +9,11 @@
 //! - [`rabbit`]: a private RabbitMQ node (own node name, ports and data dir).
 //! - [`amqp`]: queue and exchange topology, publishing with confirms, and a consumer that
 //!   collects deliveries.
+//! - [`arrivals`]: a consumer that records only each delivery's id, sequence, LSN and
+//!   receive time, acknowledging in batches (the benchmark's and the demo's).
 //! - [`proxy`]: a TCP proxy that delays, black-holes or resets connections.
 //! - [`relay`]: the `outbox-relay` binary as a child process, and waiting on its log.
+//! - [`procfs`]: a process's CPU time and peak memory from /proc.
 //! - [`http`]: `GET` on the relay's HTTP endpoints and reading Prometheus samples.
 //! - [`outbox`]: an outbox provisioned by the relay's own `setup`, and writers.
 //! - [`faults`]: crash-riding writers, the L0/DUP/ACK oracles and a queue barrier.
@@ -26,10 +29,12 @@
 //! process dies without running either.
 
 pub mod amqp;
+pub mod arrivals;
 pub mod faults;
 pub mod http;
 pub mod outbox;
 pub mod pg;
+pub mod procfs;
 pub mod proxy;
 pub mod rabbit;
 pub mod relay;

@@ -75,12 +75,22 @@ impl RelayProcess {
 
     /// [`RelayProcess::spawn`] with another binary.
     pub fn spawn_bin(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> RelayProcess {
+        Self::try_spawn_bin(bin, args, env)
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()))
+    }
+
+    /// [`RelayProcess::spawn_bin`] that returns the failure (no temp dir, no log file, or the
+    /// binary would not start) instead of panicking: for the benchmark, which reports it.
+    pub fn try_spawn_bin(
+        bin: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> std::io::Result<RelayProcess> {
         let dir = tempfile::Builder::new()
             .prefix("outbox-test-relay-")
-            .tempdir()
-            .expect("create a temp dir for the relay log");
+            .tempdir()?;
         let log_path = dir.path().join("relay.log");
-        let log = File::create(&log_path).expect("create relay.log");
+        let log = File::create(&log_path)?;
         let mut command = Command::new(bin);
         for (key, _) in std::env::vars_os() {
             let key = key.to_string_lossy();
@@ -92,17 +102,15 @@ impl RelayProcess {
             .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("clone the log file"))
+            .stdout(log.try_clone()?)
             .stderr(log);
-        let child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
-        RelayProcess {
+        let child = command.spawn()?;
+        Ok(RelayProcess {
             pid: child.id(),
             child: Mutex::new((child, None)),
             log_path,
             _dir: dir,
-        }
+        })
     }
 
     pub fn pid(&self) -> u32 {
@@ -243,14 +251,7 @@ impl RelayProcess {
     /// Peak resident set size (VmHWM) in KiB; `None` once the process has exited.
     pub fn peak_rss_kib(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))?
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .ok()
+        super::procfs::peak_rss_kib(&status).ok()
     }
 
     fn signal(&self, signal: libc::c_int) {

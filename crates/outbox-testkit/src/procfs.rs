@@ -1,4 +1,7 @@
-//! A child process's CPU time and peak memory, read from Linux's /proc.
+//! A child process's CPU time and peak memory, read from Linux's /proc: the benchmark's
+//! per-process accounting of the relay (and [`crate::RelayProcess::peak_rss_kib`]). It only
+//! reads /proc; it must never sample by polling in a loop of its own (the caller decides
+//! when a figure is taken, so the measurement's end is the caller's).
 //!
 //! CPU: `utime` + `stime` (fields 14 and 15 of `/proc/<pid>/stat`, in clock ticks). The
 //! second field, the command name, is in parentheses and may itself hold spaces or `)`, so

@@ -1,13 +1,19 @@
 //! A queue consumer that records what arrives: each delivery's `message_id`, its
-//! `x-outbox-seq` and `x-outbox-lsn` headers and when it was received, in arrival order.
+//! `x-outbox-seq` and `x-outbox-lsn` headers and when it was received, in arrival order; and
+//! [`Outstanding`], the committed ids not received yet. The benchmark and `outbox-bench demo`
+//! measure with it; a test that needs whole messages uses [`crate::amqp::Consumer`].
 //!
 //! It consumes with manual acknowledgements and a prefetch window, like a real consumer, and
 //! acknowledges in batches (`multiple`) so that acking costs little next to receiving. Bodies
-//! are dropped: a benchmark of millions of messages keeps only what it measures.
+//! are dropped: a benchmark of millions of messages keeps only what it measures. Its
+//! per-delivery work is the benchmark's receive path: it must never grow an extra copy or an
+//! extra await there (the drain figure would measure the consumer). Unlike the panicking test
+//! helpers, it returns errors: the benchmark reports them.
 //!
 //! It only observes: it never rejects or nacks a delivery, which would come back as a
 //! duplicate the relay never sent.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -23,7 +29,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use outbox_relay::mapper::headers;
+/// The relay's header names, spelled out here: an oracle must not take them from the relay.
+pub const SEQ_HEADER: &str = "x-outbox-seq";
+pub const LSN_HEADER: &str = "x-outbox-lsn";
 
 /// Acknowledge (multiple) after this many unacknowledged deliveries…
 const ACK_BATCH: u32 = 256;
@@ -54,12 +62,12 @@ pub struct QueueSpec {
     /// Drop what the queue holds before consuming (leftovers of an earlier run).
     pub purge: bool,
     pub prefetch: u16,
-    /// Delete the queue on [`QueueConsumer::close`] (a benchmark's throwaway queue).
+    /// Delete the queue on [`ArrivalConsumer::close`] (a benchmark's throwaway queue).
     pub delete_on_close: bool,
 }
 
 /// A running consumer. Arrivals accumulate in the order they were received.
-pub struct QueueConsumer {
+pub struct ArrivalConsumer {
     connection: Connection,
     arrivals: Vec<Arrival>,
     rx: mpsc::UnboundedReceiver<Arrival>,
@@ -72,11 +80,11 @@ pub struct QueueConsumer {
     delete: Option<String>,
 }
 
-impl QueueConsumer {
+impl ArrivalConsumer {
     /// Connects, declares and binds the queue, optionally purges it, and starts consuming.
-    pub async fn start(url: &str, spec: &QueueSpec) -> Result<QueueConsumer> {
+    pub async fn start(url: &str, spec: &QueueSpec) -> Result<ArrivalConsumer> {
         let properties =
-            ConnectionProperties::default().with_connection_name("outbox-bench".into());
+            ConnectionProperties::default().with_connection_name("outbox-arrivals".into());
         let connection = Connection::connect(url, properties)
             .await
             .context("cannot connect to RabbitMQ")?;
@@ -98,7 +106,7 @@ impl QueueConsumer {
         let (tx, rx) = mpsc::unbounded_channel();
         let stop = CancellationToken::new();
         let task = tokio::spawn(consume(channel, deliveries, tx, stop.clone()));
-        Ok(QueueConsumer {
+        Ok(ArrivalConsumer {
             connection,
             arrivals: Vec::new(),
             rx,
@@ -121,7 +129,7 @@ impl QueueConsumer {
         &self.arrivals
     }
 
-    /// Waits until something arrived that [`QueueConsumer::arrivals`] has not shown yet, or
+    /// Waits until something arrived that [`ArrivalConsumer::arrivals`] has not shown yet, or
     /// `deadline`: `Ok(false)` if nothing came. An error means consumption stopped (the
     /// connection or channel failed, or the broker cancelled the consumer).
     pub async fn wait_for_more(&mut self, deadline: Instant) -> Result<bool> {
@@ -172,7 +180,7 @@ impl QueueConsumer {
         }
         let _ = self
             .connection
-            .close(200, short_lossy("outbox-bench done"))
+            .close(200, short_lossy("outbox-arrivals done"))
             .await;
         self.arrivals();
         std::mem::take(&mut self.arrivals)
@@ -190,9 +198,46 @@ impl QueueConsumer {
     }
 }
 
-impl Drop for QueueConsumer {
+impl Drop for ArrivalConsumer {
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+/// The ids a run committed that have not arrived yet, crossed off as a consumer's arrivals
+/// grow (each arrival is looked at once).
+#[derive(Debug)]
+pub struct Outstanding<'a> {
+    ids: HashSet<&'a str>,
+    /// Arrivals already looked at.
+    seen: usize,
+}
+
+impl<'a> Outstanding<'a> {
+    pub fn new(ids: impl IntoIterator<Item = &'a str>) -> Outstanding<'a> {
+        Outstanding {
+            ids: ids.into_iter().collect(),
+            seen: 0,
+        }
+    }
+
+    /// Crosses off the ids of the arrivals after those seen before; how many remain.
+    pub fn update(&mut self, arrivals: &[Arrival]) -> usize {
+        for arrival in &arrivals[self.seen..] {
+            if let Some(id) = arrival.message_id.as_deref() {
+                self.ids.remove(id);
+            }
+        }
+        self.seen = arrivals.len();
+        self.ids.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
     }
 }
 
@@ -282,7 +327,7 @@ async fn consume(
                 // Closed here, before the connection: a consumer dropped on an open channel
                 // cancels and closes it in the background, racing the connection's close
                 // (lapin then logs a connection error).
-                let _ = channel.close(200, short_lossy("outbox-bench done")).await;
+                let _ = channel.close(200, short_lossy("outbox-arrivals done")).await;
                 return Ok(());
             }
         }
@@ -316,8 +361,8 @@ impl Arrival {
                 .message_id()
                 .as_ref()
                 .map(|id| id.as_str().to_string()),
-            seq: header(headers::SEQ),
-            lsn: header(headers::LSN),
+            seq: header(SEQ_HEADER),
+            lsn: header(LSN_HEADER),
             redelivered: delivery.redelivered,
             received_at,
         }
@@ -354,6 +399,23 @@ mod tests {
     fn long_names_are_errors_not_panics() {
         assert!(short(&"q".repeat(256)).is_err());
         assert!(short(&"q".repeat(255)).is_ok());
+    }
+
+    #[test]
+    fn outstanding_ids_are_crossed_off_once() {
+        let arrival = |id: &str| Arrival {
+            message_id: Some(id.to_string()),
+            seq: None,
+            lsn: None,
+            redelivered: false,
+            received_at: Instant::now(),
+        };
+        let mut outstanding = Outstanding::new(["1", "2", "3"]);
+        let mut arrivals = vec![arrival("2"), arrival("9")];
+        assert_eq!(outstanding.update(&arrivals), 2);
+        arrivals.extend([arrival("1"), arrival("3")]);
+        assert_eq!(outstanding.update(&arrivals), 0);
+        assert!(outstanding.is_empty());
     }
 
     #[test]
