@@ -13,8 +13,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use metrics::{Counter, Gauge, Histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::error::RelayError;
-
 /// pg_current_wal_lsn() − the slot's confirmed_flush_lsn: WAL the relay has not acknowledged.
 pub const SLOT_LAG_BYTES: &str = "outbox_relay_slot_lag_bytes";
 /// pg_current_wal_lsn() − the slot's restart_lsn: WAL the slot keeps on the primary's disk.
@@ -305,35 +303,6 @@ impl RelayMetrics {
     }
 }
 
-impl RelayMetrics {
-    /// Counts the outcome of a batch of `published` messages whose confirms were awaited
-    /// together (polling mode): `unsettled` of them were still waiting when `outcome` came
-    /// (0 on success; a nacked or returned message is settled, and counted as such). Each
-    /// raised the in-flight gauge when it was published.
-    pub fn record_batch_confirms(
-        &self,
-        published: usize,
-        unsettled: usize,
-        outcome: &Result<(), RelayError>,
-    ) {
-        self.in_flight.decrement(published as f64);
-        let failed = match outcome {
-            Ok(()) => 0,
-            Err(RelayError::Nacked { .. }) => {
-                self.nacked.increment(1);
-                1
-            }
-            Err(RelayError::Returned { .. }) => {
-                self.returned.increment(1);
-                1
-            }
-            Err(_) => 0,
-        };
-        let confirmed = published.saturating_sub(unsettled + failed);
-        self.confirmed.increment(confirmed as u64);
-    }
-}
-
 /// Polling mode's metric handles, resolved once (call after [`recorder`]). Cheap to clone.
 #[derive(Clone)]
 pub struct PollMetrics {
@@ -387,31 +356,6 @@ pub fn pg_timestamp(micros_since_2000: i64) -> SystemTime {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn batch_confirms_count_what_the_broker_answered() {
-        let recorder = PrometheusBuilder::new().build_recorder();
-        let handle = recorder.handle();
-        metrics::with_local_recorder(&recorder, || {
-            let m = RelayMetrics::new();
-            m.in_flight.increment(10.0);
-            m.record_batch_confirms(10, 0, &Ok(()));
-            m.in_flight.increment(5.0);
-            let nacked = Err(RelayError::Nacked {
-                message_id: "x".into(),
-            });
-            // Two confirmed, the third nacked, two still waiting.
-            m.record_batch_confirms(5, 2, &nacked);
-        });
-        let text = handle.render();
-        for expected in [
-            "outbox_relay_messages_confirmed_total 12",
-            "outbox_relay_messages_nacked_total 1",
-            "outbox_relay_messages_in_flight 0",
-        ] {
-            assert!(text.contains(expected), "{expected} in:\n{text}");
-        }
-    }
 
     #[test]
     fn pg_timestamps_count_from_2000() {
