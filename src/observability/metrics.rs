@@ -59,6 +59,9 @@ pub const CLEANUP_DELETED_ROWS_TOTAL: &str = "outbox_relay_cleanup_deleted_rows_
 pub const STANDBY: &str = "outbox_relay_standby";
 /// 1 while the broker blocks this relay's publishes (memory or disk alarm).
 pub const BROKER_BLOCKED: &str = "outbox_relay_broker_blocked";
+/// 1 for the RabbitMQ node (label `node`, `host:port`) the newest connection went to, 0 for
+/// nodes used before.
+pub const BROKER_INFO: &str = "outbox_relay_broker_info";
 /// 1 while /readyz answers 200, 0 otherwise (alert on this rather than probing /readyz).
 pub const READY: &str = "outbox_relay_ready";
 
@@ -88,6 +91,8 @@ pub const CAUSE_LABEL: &str = "cause";
 pub const REASON_LABEL: &str = "reason";
 /// Its values ([`crate::publish::dead_letter::Reason::label`]).
 pub const DEAD_LETTER_REASONS: [&str; 3] = ["unroutable", "too_large", "unmappable"];
+/// Label of [`BROKER_INFO`].
+pub const NODE_LABEL: &str = "node";
 /// Label of [`SLOT_WAL_STATUS`].
 pub const STATUS_LABEL: &str = "status";
 /// The values `pg_replication_slots.wal_status` takes in PostgreSQL 15.
@@ -182,6 +187,10 @@ pub fn describe() {
         "1 while the broker blocks publishing (connection.blocked)"
     );
     describe_gauge!(READY, "1 while /readyz answers 200");
+    describe_gauge!(
+        BROKER_INFO,
+        "1 for the RabbitMQ node (host:port) the relay is connected to, 0 for nodes used before"
+    );
     describe_counter!(POLLS_TOTAL, "Claim queries run by the polling workers");
     describe_counter!(EMPTY_POLLS_TOTAL, "Claim queries that found no unsent row");
     describe_histogram!(
