@@ -14,7 +14,7 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Mutex;
 
-use crate::error::RelayError;
+use crate::error::{chain, RelayError};
 use crate::observability::metrics::{BROKER_INFO, NODE_LABEL};
 
 /// One broker URL and its `host:port` name.
@@ -107,11 +107,11 @@ impl BrokerNodes {
         if self.nodes.len() > 1 {
             tracing::warn!(
                 node = %self.nodes[index].address,
-                error = %error,
+                error = %chain(error),
                 "RabbitMQ node did not answer; trying the next one"
             );
         }
-        self.lock().last_failure = Some((index, error.to_string()));
+        self.lock().last_failure = Some((index, chain(error)));
     }
 
     /// A connection to `index` is open: it becomes the preferred node and the one in use.
