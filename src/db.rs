@@ -278,6 +278,10 @@ pub fn replication_config(
         .map(|p| String::from_utf8_lossy(p).into_owned())
         .unwrap_or_default();
     let database = config.get_dbname().unwrap_or(&user).to_string();
+    // pgoutput reads `publication_names` as a list of identifiers: unquoted, a name is folded
+    // to lower case and ends at a space or comma. Quoted, any name setup accepts arrives as
+    // it is (the crate doubles the single quotes around it).
+    let publication = quote_ident(publication);
     Ok(
         ReplicationConfig::new(host, user, password, database, slot, publication)
             .with_port(port)
@@ -316,6 +320,7 @@ mod tests {
         assert_eq!(c.password, "p@ss");
         assert_eq!(c.database, "app");
         assert_eq!(c.slot, "outbox_slot");
+        assert_eq!(c.publication.names(), ["\"outbox_pub\""]);
         assert_eq!(c.options.as_deref(), Some(PINNED_SESSION_SETTINGS));
     }
 

@@ -22,10 +22,21 @@ use crate::publish::Broker;
 use crate::wal::preflight;
 
 /// One provisioning step: what it makes, and idempotent SQL that makes it.
+///
+/// The script's comment lines say only `about`, never a configured name: a name is data, and
+/// data in a `--` comment is one newline away from being a statement (names are validated
+/// when the flags are parsed, src/config.rs; this is the second line of defence).
 pub struct Step {
+    /// The object, with its configured name (for what `setup` prints as it goes).
     pub object: String,
+    /// What it is, in words that hold no configured name (for the script's comment line).
+    pub about: &'static str,
     pub sql: String,
 }
+
+/// The dollar-quote tag of the DO block: configured names cannot contain a `$`
+/// (src/config.rs), so no name can close the block early.
+const DO_TAG: &str = "$outbox_relay$";
 
 /// The outbox table and its `created_at` index (DESIGN.md section 2).
 pub fn table_step(names: &OutboxNames) -> Step {
@@ -34,6 +45,7 @@ pub fn table_step(names: &OutboxNames) -> Step {
     let index = quote_ident(&format!("{table}_created_at_idx"));
     Step {
         object: format!("table {}", names.table),
+        about: "the outbox table and its created_at index",
         sql: format!(
             "CREATE TABLE IF NOT EXISTS {qualified} (\n\
              \x20   id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),\n\
@@ -52,19 +64,22 @@ pub fn table_step(names: &OutboxNames) -> Step {
     }
 }
 
-/// The insert-only publication on the outbox table.
+/// The insert-only publication on the outbox table. CREATE PUBLICATION has no IF NOT EXISTS,
+/// hence the DO block; the name reaches RAISE as a parameter, not in its format string (where
+/// a `%` would be a placeholder).
 pub fn publication_step(names: &OutboxNames) -> Step {
     let publication = quote_ident(&names.publication);
     let qualified = names.qualified_table();
     Step {
         object: format!("publication {}", names.publication),
+        about: "the publication (insert only, on the outbox table)",
         sql: format!(
-            "DO $$ BEGIN\n\
+            "DO {DO_TAG} BEGIN\n\
              \x20   CREATE PUBLICATION {publication} FOR TABLE {qualified} WITH (publish = 'insert');\n\
              EXCEPTION WHEN duplicate_object THEN\n\
-             \x20   RAISE NOTICE 'publication {} already exists';\n\
-             END $$;",
-            names.publication.replace('\'', "''")
+             \x20   RAISE NOTICE 'publication % already exists', {};\n\
+             END {DO_TAG};",
+            quote_literal(&names.publication)
         ),
     }
 }
@@ -74,6 +89,7 @@ pub fn slot_step(names: &OutboxNames) -> Step {
     let slot = quote_literal(&names.slot);
     Step {
         object: format!("slot {}", names.slot),
+        about: "the logical replication slot (pgoutput), created only if missing",
         sql: format!(
             "SELECT pg_create_logical_replication_slot({slot}, 'pgoutput')\n\
              WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = {slot});"
@@ -88,6 +104,7 @@ pub fn poll_index_step(names: &OutboxNames) -> Step {
     let index = quote_ident(&format!("{table}_unpublished_idx"));
     Step {
         object: format!("index {table}_unpublished_idx"),
+        about: "the claim index: unpublished rows in created_at order",
         sql: format!(
             "CREATE INDEX IF NOT EXISTS {index} ON {} (created_at) WHERE published_at IS NULL;",
             names.qualified_table()
@@ -103,7 +120,7 @@ pub fn poll_script(names: &OutboxNames) -> String {
          -- No slot and no publication: `outbox-relay poll` claims rows by published_at.\n",
     );
     for step in [table_step(names), poll_index_step(names)] {
-        let _ = write!(text, "\n-- {}\n{}\n", step.object, step.sql);
+        let _ = write!(text, "\n-- {}\n{}\n", step.about, step.sql);
     }
     text
 }
@@ -117,7 +134,7 @@ pub fn script(names: &OutboxNames) -> String {
          -- The publication must exist before the slot.\n",
     );
     for step in [table_step(names), publication_step(names), slot_step(names)] {
-        let _ = write!(text, "\n-- {}\n{}\n", step.object, step.sql);
+        let _ = write!(text, "\n-- {}\n{}\n", step.about, step.sql);
     }
     text
 }
@@ -276,6 +293,42 @@ mod tests {
             .find("pg_create_logical_replication_slot")
             .expect("slot");
         assert!(publication < slot);
+    }
+
+    /// Names that pass validation but would break naive SQL: the script must quote them
+    /// everywhere and keep them out of its comment lines.
+    #[test]
+    fn names_stay_out_of_comments_and_cannot_close_the_do_block() {
+        let names = OutboxNames {
+            table: "My Schema.Évents \"q\" 'x' -- y".into(),
+            publication: "Pub; DROP TABLE users; -- 100% 'x' \"y\"".into(),
+            slot: "slot_0".into(),
+            exchange: "outbox".into(),
+        };
+        for sql in [script(&names), poll_script(&names)] {
+            for line in sql
+                .lines()
+                .filter(|line| line.trim_start().starts_with("--"))
+            {
+                for name in ["My Schema", "Évents", "Pub;", "slot_0"] {
+                    assert!(!line.contains(name), "a name in the comment {line:?}");
+                }
+            }
+            assert!(!sql.contains("$$"), "{sql}");
+        }
+        let publication = publication_step(&names).sql;
+        assert!(
+            publication.contains("DO $outbox_relay$ BEGIN")
+                && publication.ends_with("END $outbox_relay$;"),
+            "{publication}"
+        );
+        // The name is RAISE's parameter, not part of its format, where `%` is a placeholder.
+        assert!(
+            publication.contains(
+                "RAISE NOTICE 'publication % already exists', 'Pub; DROP TABLE users; -- 100% ''x'' \"y\"';"
+            ),
+            "{publication}"
+        );
     }
 
     #[test]
