@@ -150,6 +150,8 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
         print!("{}", script(names));
         return Ok(());
     }
+    // A malformed AMQP URL is reported before anything is provisioned.
+    args.connections.broker_nodes()?;
     let client = db::connect(&args.connections.database_url()?).await?;
     preflight::check_wal_level(&client).await?;
     println!("wal_level: logical");
@@ -196,6 +198,7 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
         print!("{}", poll_script(names));
         return Ok(());
     }
+    args.connections.broker_nodes()?;
     let client = db::connect(&args.connections.database_url()?).await?;
     ensure_table(&client, &args).await?;
     let index = poll_index_step(names);

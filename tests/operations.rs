@@ -820,3 +820,231 @@ async fn a_role_without_replication_gets_a_clear_error() {
         "{log}"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// names and URLs
+
+/// Runs `sql` through `psql -v ON_ERROR_STOP=1` against `url` (the way a DBA pipes
+/// `setup --print-sql` into it) and returns its output; panics if psql fails.
+fn psql(url: &str, sql: &str) -> String {
+    use std::io::Write as _;
+    let psql = format!("{}/psql", common::pg::pg_bin());
+    let mut child = std::process::Command::new(&psql)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {psql}: {e}"));
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(sql.as_bytes())
+        .expect("write the script");
+    let out = child.wait_with_output().expect("psql");
+    assert!(out.status.success(), "psql failed:\n{}\n{sql}", text(&out));
+    text(&out)
+}
+
+/// Names that PostgreSQL takes quoted and the relay accepts, each a trap for SQL built by
+/// pasting: quotes, spaces, mixed case, unicode, `;` and `--`, `%` (a RAISE placeholder), a
+/// schema. `setup --print-sql` for them, piped to psql (twice: the second run takes the
+/// "already exists" paths), creates exactly the table, the publication on it and the slot,
+/// and nothing else runs; then the relay streams a row under those names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn print_sql_for_unusual_names_creates_exactly_those_objects_and_the_relay_uses_them() {
+    let s = services();
+    let db = unique_name("ops_names");
+    let url = s.pg.create_database(&db).await;
+    let client = pg_connect(&url).await;
+    let schema = "Ops \"Schema\" ünï";
+    let table = "Outbox Évents 'q'; DROP TABLE canary; --";
+    let publication = "Pub 100% 'p'; DROP TABLE canary; --";
+    let slot = format!("{db}_slot");
+    let exchange = format!("{db} exchange ünï:v1");
+    // The schema is the DBA's (setup creates tables, not schemas); the canary must survive.
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA {}; CREATE TABLE canary (id int)",
+            common::pg::quote_ident(schema)
+        ))
+        .await
+        .expect("schema and canary");
+
+    let qualified = format!("{schema}.{table}");
+    let name_flags = [
+        "--table",
+        qualified.as_str(),
+        "--publication",
+        publication,
+        "--slot",
+        &slot,
+        "--exchange",
+        &exchange,
+    ];
+    let mut args = vec!["setup", "--print-sql"];
+    args.extend(name_flags);
+    let out = std::process::Command::new(common::relay::binary())
+        .args(&args)
+        .env_remove("DATABASE_URL")
+        .env_remove("AMQP_URL")
+        .output()
+        .expect("setup --print-sql");
+    assert!(out.status.success(), "{}", text(&out));
+    let sql = stdout(&out);
+    psql(&url, &sql);
+    let again = psql(&url, &sql);
+    assert!(
+        again.contains(&format!(
+            "NOTICE:  publication {publication} already exists"
+        )),
+        "{again}"
+    );
+
+    let rows = |sql: &'static str| {
+        let client = &client;
+        async move { first_column(client, sql, &[]).await }
+    };
+    assert_eq!(
+        rows(
+            "SELECT table_schema || '.' || table_name FROM information_schema.tables \
+             WHERE table_schema NOT IN ('pg_catalog', 'information_schema') ORDER BY 1"
+        )
+        .await,
+        [format!("{schema}.{table}"), "public.canary".to_string()],
+        "the outbox table and the canary, nothing else"
+    );
+    assert_eq!(
+        rows(
+            "SELECT p.pubname || ' ' || t.schemaname || '.' || t.tablename || ' ' || \
+             p.pubinsert || p.pubupdate || p.pubdelete || p.pubtruncate \
+             FROM pg_publication p LEFT JOIN pg_publication_tables t USING (pubname)"
+        )
+        .await,
+        [format!(
+            "{publication} {schema}.{table} truefalsefalsefalse"
+        )],
+        "one insert-only publication, on the outbox table only"
+    );
+    assert_eq!(
+        rows(
+            "SELECT slot_name || ' ' || plugin || ' ' || slot_type FROM pg_replication_slots \
+             WHERE database = current_database()"
+        )
+        .await,
+        [format!("{slot} pgoutput logical")],
+        "one pgoutput slot in this database"
+    );
+
+    // The relay streams a row under these names (START_REPLICATION gets the publication
+    // quoted: unquoted, PostgreSQL would fold its case and cut it at the first space).
+    let queue = format!("{db}_q");
+    let amqp_url = s.rabbit.url();
+    declare_bound_queue(&amqp_url, &exchange, &queue, "#").await;
+    let mut consumer = Consumer::start(&amqp_url, &queue).await;
+    let mut args = vec![
+        "run",
+        "--database-url",
+        &url,
+        "--amqp-url",
+        &amqp_url,
+        "--metrics-addr",
+        "off",
+    ];
+    args.extend(name_flags);
+    let relay = RelayProcess::spawn(&args, &[common::relay::TEST_LOG]);
+    let id: String = client
+        .query_one(
+            &format!(
+                "INSERT INTO {}.{} (event_type, payload) VALUES ('NamedEvent', '{{}}') \
+                 RETURNING id::text",
+                common::pg::quote_ident(schema),
+                common::pg::quote_ident(table)
+            ),
+            &[],
+        )
+        .await
+        .expect("insert")
+        .get(0);
+    let received = consumer.wait_for(1, Duration::from_secs(30)).await;
+    assert_eq!(
+        received.first().and_then(|r| r.message_id.as_deref()),
+        Some(id.as_str()),
+        "delivered; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await
+        .expect("drop the slot");
+}
+
+/// A malformed URL is a definite error: `run` and `poll` stop at once with exit 1 and one
+/// clear error, never retrying as if the server were down, and never print the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_urls_stop_run_and_poll_at_once_without_printing_the_password() {
+    let s = services();
+    let db_url = s.pg.url("postgres");
+    let amqp_url = s.rabbit.url();
+    let cases = [
+        // (database URL, AMQP URL, the error)
+        (
+            db_url.as_str(),
+            "http://guest:s3cretpw@x/",
+            "\"http\" is not amqp or amqps",
+        ),
+        (
+            db_url.as_str(),
+            "amqp://guest:s3cretpw@h:notaport/%2f",
+            "AMQP URL #1 is not a valid RabbitMQ URL",
+        ),
+        (
+            "postgres://relay:s3cretpw@db:notaport/app",
+            amqp_url.as_str(),
+            "The database URL is not valid",
+        ),
+        (
+            "http://relay:s3cretpw@x/",
+            amqp_url.as_str(),
+            "The database URL is not valid",
+        ),
+    ];
+    for command in ["run", "poll"] {
+        for (db, amqp, error) in cases {
+            let relay = RelayProcess::spawn(
+                &[
+                    command,
+                    "--database-url",
+                    db,
+                    "--amqp-url",
+                    amqp,
+                    "--metrics-addr",
+                    "off",
+                ],
+                &[common::relay::TEST_LOG],
+            );
+            let exit = relay.wait_exit(Duration::from_secs(15)).await;
+            let log = relay.log();
+            let case = format!("{command} --database-url {db} --amqp-url {amqp}");
+            assert_eq!(
+                exit.and_then(|status| status.code()),
+                Some(1),
+                "{case}: exits 1 at once; log:\n{log}"
+            );
+            let logged: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
+            assert!(
+                logged.len() == 1 && logged[0].contains(error),
+                "{case}: one ERROR line, the clear one; log:\n{log}"
+            );
+            for retrying in ["session failed", "reconnect", "retrying", "WARN"] {
+                assert!(!log.contains(retrying), "{case}: no retry; log:\n{log}");
+            }
+            assert!(
+                !log.contains("s3cretpw"),
+                "{case}: the password; log:\n{log}"
+            );
+        }
+    }
+}

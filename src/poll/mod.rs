@@ -164,14 +164,19 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
     let mapper = Mapper::new(&args.names.exchange, args.delivery.max_message_size)
         .map_err(RelayError::Config)?;
     let dead_letter_exchange = args.dead_letter.exchange(&args.names.exchange)?;
+    // Both URLs are parsed before anything starts: a malformed one is a definite error (exit
+    // 1 now), never an outage for the workers to retry.
+    let database_url = args.connections.database_url()?;
+    crate::db::parse_url(&database_url)?;
+    let brokers = args.connections.broker_nodes()?;
     // The endpoints and the backlog poller outlive the workers' graceful stop.
     let observing = CancellationToken::new();
     let _stop_observing = observing.clone().drop_guard();
     let health = observability::start_endpoints(args.endpoints.metrics_addr.0, &observing);
     let (poll_interval_min, poll_interval_max) = args.poll_intervals();
     let shared = Arc::new(Shared {
-        database_url: args.connections.database_url()?,
-        brokers: args.connections.broker_nodes()?,
+        database_url,
+        brokers,
         names: args.names,
         mapper,
         dead_letter_exchange,
