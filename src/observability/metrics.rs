@@ -93,7 +93,12 @@ pub const CAUSE_LABEL: &str = "cause";
 /// Label of [`DEAD_LETTERED_TOTAL`].
 pub const REASON_LABEL: &str = "reason";
 /// Its values ([`crate::publish::dead_letter::Reason::label`]).
-pub const DEAD_LETTER_REASONS: [&str; 3] = ["unroutable", "too_large", "unmappable"];
+pub const DEAD_LETTER_REASONS: [&str; 4] = [
+    "unroutable",
+    "too_large",
+    "unmappable",
+    "exchange_not_allowed",
+];
 /// Label of [`BROKER_INFO`].
 pub const NODE_LABEL: &str = "node";
 /// Label of [`SLOT_WAL_STATUS`].
