@@ -295,6 +295,17 @@ pub fn parse_exchange_name(name: &str) -> Result<String, String> {
     Ok(name.to_string())
 }
 
+/// `--allowed-exchanges`: each name in the list a valid exchange name (`*`, and the shape of
+/// the list, are `AllowedExchanges::parse`'s to judge).
+fn parse_exchange_list(list: &str) -> Result<String, String> {
+    for name in list.split(',').map(str::trim) {
+        if !name.is_empty() && name != "*" {
+            parse_exchange_name(name).map_err(|e| format!("{name:?}: {e}"))?;
+        }
+    }
+    Ok(list.to_string())
+}
+
 /// `--dead-letter-exchange`: an exchange name, or empty for none (it is only needed with
 /// `--on-unroutable dead-letter`, which says so when it is missing).
 fn parse_optional_exchange_name(name: &str) -> Result<String, String> {
@@ -386,7 +397,7 @@ pub struct ExchangePolicyArgs {
     /// exchange the broker user can write to. The --exchange is always allowed. A row naming
     /// another exchange is not published: it stops the relay (`halt`) or goes to the
     /// dead-letter exchange with the reason "exchange not allowed".
-    #[arg(long, env = "OUTBOX_ALLOWED_EXCHANGES")]
+    #[arg(long, env = "OUTBOX_ALLOWED_EXCHANGES", value_parser = parse_exchange_list)]
     pub allowed_exchanges: Option<String>,
 }
 
@@ -1175,6 +1186,13 @@ mod tests {
             ("run", "--exchange", "ex\u{1b}[31m", "U+001B"),
             ("run", "--exchange", &"e".repeat(256), "at most 255"),
             ("run", "--dead-letter-exchange", "dlx\n", "U+000A"),
+            (
+                "run",
+                "--allowed-exchanges",
+                "a,b\u{1b}[2J",
+                "\"b\\u{1b}[2J\": the name holds the control character U+001B",
+            ),
+            ("poll", "--allowed-exchanges", "a,b$", "'$'"),
             ("poll", "--listen-channel", "ch$$", "'$'"),
             ("poll", "--table", "tab\tle", "U+0009"),
             ("status", "--slot", "a-b", "lower-case letters"),
