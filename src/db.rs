@@ -380,6 +380,28 @@ pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// A name for SQL a person will read and paste (the "Fix:" of an error): bare when it is a
+/// plain lower-case identifier, quoted otherwise.
+pub fn sql_name(name: &str) -> String {
+    let plain = name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain {
+        name.to_string()
+    } else {
+        quote_ident(name)
+    }
+}
+
+/// [`sql_name`] for a `table` or `schema.table` as configured.
+pub fn sql_table(table: &str) -> String {
+    match table.split_once('.') {
+        Some((schema, table)) => format!("{}.{}", sql_name(schema), sql_name(table)),
+        None => sql_name(table),
+    }
+}
+
 /// Quotes a string literal for SQL text.
 pub fn quote_literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
@@ -549,5 +571,13 @@ mod tests {
     fn quoting() {
         assert_eq!(quote_ident("we\"ird"), "\"we\"\"ird\"");
         assert_eq!(quote_literal("it's"), "'it''s'");
+        assert_eq!(sql_name("outbox_pub"), "outbox_pub");
+        assert_eq!(
+            sql_name("Pub; DROP TABLE t; --"),
+            "\"Pub; DROP TABLE t; --\""
+        );
+        assert_eq!(sql_name("1st"), "\"1st\"");
+        assert_eq!(sql_table("app.outbox"), "app.outbox");
+        assert_eq!(sql_table("My App.out\"box"), "\"My App\".\"out\"\"box\"");
     }
 }
