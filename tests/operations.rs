@@ -240,6 +240,47 @@ async fn status_exits_2_when_the_slot_is_missing() {
     assert_eq!(json["slot_state"], "missing");
 }
 
+/// A definite startup error is reported once, as a record in the chosen log format: a second
+/// plain `error:` line would break a JSON log stream. The exit code stays 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_startup_error_is_reported_once_in_the_log_format() {
+    let outbox = Outbox::new("ops_once").await;
+    outbox
+        .client
+        .batch_execute("DROP PUBLICATION outbox_pub")
+        .await
+        .expect("drop publication");
+    let error = "The publication \"outbox_pub\" does not exist";
+
+    let out = outbox.run_command(&["run", "--metrics-addr", "off"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let all = text(&out);
+    let naming: Vec<&str> = all.lines().filter(|l| l.contains(error)).collect();
+    assert_eq!(naming.len(), 1, "one line names the error:\n{all}");
+    assert!(
+        common::relay::final_error(naming[0]).is_some_and(|e| e.starts_with(error)),
+        "it is the log record: {}",
+        naming[0]
+    );
+
+    let out = outbox.run_command(&["--log-format", "json", "run", "--metrics-addr", "off"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let records: Vec<serde_json::Value> = text(&out)
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}\n{}", text(&out)))
+        })
+        .collect();
+    let errors: Vec<&serde_json::Value> = records
+        .iter()
+        .filter(|r| r["fields"]["error"].as_str().is_some_and(|e| e.contains(error)))
+        .collect();
+    assert_eq!(errors.len(), 1, "one record names the error: {records:?}");
+    assert_eq!(errors[0]["level"], "ERROR");
+    assert_eq!(errors[0]["fields"]["message"], "stopped");
+}
+
 /// A slot invalidated by max_slot_wal_keep_size needs a server of its own: the setting is
 /// server-wide and would invalidate the other tests' slots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

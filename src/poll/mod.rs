@@ -42,7 +42,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Delivery, OutboxNames, PollArgs};
-use crate::error::{chain, RelayError};
+use crate::error::RelayError;
 use crate::mapper::Mapper;
 use crate::observability::{self, PollMetrics, WorkerHealth};
 use crate::publish::BrokerNodes;
@@ -240,7 +240,8 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
                     Some(Err(panicked)) => RelayError::Task(panicked.to_string()),
                 };
                 if outcome.is_ok() {
-                    tracing::error!(error = %chain(&error), "stopping all workers");
+                    // The error itself is reported once, by main, when the workers are done.
+                    tracing::info!("a worker stopped on an error: stopping all workers");
                     outcome = Err(error);
                 }
                 stop.cancel();
