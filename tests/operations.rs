@@ -11,7 +11,7 @@ use std::process::Output;
 use std::time::{Duration, SystemTime};
 
 use common::faults::scrape_slot_gauges;
-use common::http::{http_get, metric_value, wait_http};
+use common::http::{http_get, metric_value, wait_http, wait_metrics};
 use common::outbox::Outbox;
 use common::pg::first_column;
 use common::{
@@ -240,6 +240,63 @@ async fn status_exits_2_when_the_slot_is_missing() {
     assert_eq!(json["slot_state"], "missing");
 }
 
+/// Both relays export which build runs in which mode, and the standard process metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_build_info_and_process_metrics_in_both_modes() {
+    let s = services();
+    let wal = Outbox::new("ops_build_run").await;
+    let poll = Outbox::on_poll(&s.pg.url("postgres"), &s.rabbit.url(), "ops_build_poll").await;
+    for (mode, outbox) in [("run", &wal), ("poll", &poll)] {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let relay = if mode == "run" {
+            outbox.spawn_relay(&["--metrics-addr", &addr])
+        } else {
+            outbox.spawn_poll(&["--metrics-addr", &addr], &[])
+        };
+        let build_info = format!(
+            "outbox_relay_build_info{{version=\"{}\",mode=\"{mode}\"}}",
+            env!("CARGO_PKG_VERSION")
+        );
+        let metrics = wait_metrics(port, Duration::from_secs(30), |m| {
+            metric_value(m, &build_info).is_some()
+        })
+        .await;
+        assert_eq!(
+            metric_value(&metrics, &build_info),
+            Some(1.0),
+            "{mode}: {build_info} in:\n{metrics}\nlog:\n{}",
+            relay.log()
+        );
+        assert_eq!(
+            metrics.matches("outbox_relay_build_info{").count(),
+            1,
+            "{mode}: one build_info series"
+        );
+        let rss = metric_value(&metrics, "process_resident_memory_bytes");
+        assert!(rss.is_some_and(|b| b > 0.0), "{mode}: rss {rss:?}");
+        for series in [
+            "process_cpu_seconds_total",
+            "process_open_fds",
+            "process_max_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                metric_value(&metrics, series).is_some(),
+                "{mode}: {series} missing in:\n{metrics}"
+            );
+        }
+        for line in [
+            "# TYPE process_cpu_seconds_total counter",
+            "# TYPE process_resident_memory_bytes gauge",
+            "# TYPE outbox_relay_build_info gauge",
+        ] {
+            assert!(metrics.contains(line), "{mode}: {line:?} missing");
+        }
+        relay.stop().await;
+    }
+}
+
 /// A definite startup error is reported once, as a record in the chosen log format: a second
 /// plain `error:` line would break a JSON log stream. The exit code stays 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,7 +331,11 @@ async fn a_startup_error_is_reported_once_in_the_log_format() {
         .collect();
     let errors: Vec<&serde_json::Value> = records
         .iter()
-        .filter(|r| r["fields"]["error"].as_str().is_some_and(|e| e.contains(error)))
+        .filter(|r| {
+            r["fields"]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains(error))
+        })
         .collect();
     assert_eq!(errors.len(), 1, "one record names the error: {records:?}");
     assert_eq!(errors[0]["level"], "ERROR");

@@ -167,7 +167,7 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
     // The endpoints and the backlog poller outlive the workers' graceful stop.
     let observing = CancellationToken::new();
     let _stop_observing = observing.clone().drop_guard();
-    let health = observability::start_endpoints(args.endpoints.metrics_addr.0, &observing);
+    let health = observability::start_endpoints(args.endpoints.metrics_addr.0, "poll", &observing);
     let (poll_interval_min, poll_interval_max) = args.poll_intervals();
     let shared = Arc::new(Shared {
         database_url: args.connections.database_url()?,
