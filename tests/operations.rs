@@ -342,6 +342,57 @@ async fn a_startup_error_is_reported_once_in_the_log_format() {
     assert_eq!(errors[0]["fields"]["message"], "stopped");
 }
 
+/// A one-shot setup started together with its database (docker compose) retries its first
+/// connection for --connect-timeout, then stops with the connection error. A private server:
+/// the test stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_retries_its_first_connection_for_connect_timeout() {
+    let pg = tokio::task::spawn_blocking(|| common::PgServer::start(&[]))
+        .await
+        .expect("start postgres");
+    let name = unique_name("ops_connect");
+    let url = pg.url("postgres");
+    let amqp = services().rabbit.url();
+    let args = [
+        "setup",
+        "--database-url",
+        &url,
+        "--amqp-url",
+        &amqp,
+        "--slot",
+        &name,
+        "--exchange",
+        &name,
+    ];
+    tokio::task::block_in_place(|| pg.stop());
+    let retrying = "cannot connect to PostgreSQL yet; retrying";
+
+    // Nothing listens for longer than the timeout: the connection error, after retries.
+    let gave_up = RelayProcess::spawn(&args, &[("OUTBOX_CONNECT_TIMEOUT_SECS", "1")]);
+    let status = gave_up.wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{}", gave_up.log());
+    assert!(gave_up.log_count(retrying) >= 1, "{}", gave_up.log());
+    let log = gave_up.log();
+    let error = common::relay::final_error(&log);
+    assert!(
+        error.is_some_and(|e| e.starts_with("Cannot reach PostgreSQL at 127.0.0.1:")),
+        "{log}"
+    );
+
+    // The server comes up within the timeout: setup goes on and provisions everything.
+    let setup = RelayProcess::spawn(&args, &[("OUTBOX_CONNECT_TIMEOUT_SECS", "120")]);
+    assert!(
+        setup.wait_for_log(retrying, Duration::from_secs(30)).await,
+        "{}",
+        setup.log()
+    );
+    tokio::task::block_in_place(|| pg.start_again());
+    let status = setup.wait_exit(Duration::from_secs(60)).await;
+    assert!(status.is_some_and(|s| s.success()), "{}", setup.log());
+    assert!(setup.log().contains("setup complete"), "{}", setup.log());
+    assert!(slot_exists(&pg.client("postgres").await, &name).await);
+}
+
 /// A slot invalidated by max_slot_wal_keep_size needs a server of its own: the setting is
 /// server-wide and would invalidate the other tests' slots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
