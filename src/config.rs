@@ -15,6 +15,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::RelayError;
+use crate::mapper::AllowedExchanges;
 use crate::publish::BrokerNodes;
 
 #[derive(Debug, Parser)]
@@ -233,6 +234,27 @@ pub struct RunArgs {
     pub cleanup: CleanupArgs,
     #[command(flatten)]
     pub dead_letter: DeadLetterArgs,
+    #[command(flatten)]
+    pub exchanges: ExchangePolicyArgs,
+}
+
+/// Which exchanges a row may send its message to.
+#[derive(Debug, Clone, Args)]
+pub struct ExchangePolicyArgs {
+    /// Exchanges a row's `exchange` column may name, comma-separated; `*` allows any
+    /// exchange the broker user can write to. The --exchange is always allowed. A row naming
+    /// another exchange is not published: it stops the relay (`halt`) or goes to the
+    /// dead-letter exchange with the reason "exchange not allowed".
+    #[arg(long, env = "OUTBOX_ALLOWED_EXCHANGES")]
+    pub allowed_exchanges: Option<String>,
+}
+
+impl ExchangePolicyArgs {
+    /// The policy for rows of an outbox whose default exchange is `exchange`.
+    pub fn policy(&self, exchange: &str) -> Result<AllowedExchanges, RelayError> {
+        AllowedExchanges::parse(self.allowed_exchanges.as_deref(), exchange)
+            .map_err(RelayError::Config)
+    }
 }
 
 /// What happens to a message the broker will not route or accept.
@@ -435,6 +457,9 @@ pub struct PollArgs {
 
     #[command(flatten)]
     pub dead_letter: DeadLetterArgs,
+
+    #[command(flatten)]
+    pub exchanges: ExchangePolicyArgs,
 }
 
 impl PollArgs {
@@ -559,6 +584,8 @@ pub struct ResyncArgs {
     pub since: String,
     #[command(flatten)]
     pub delivery: Delivery,
+    #[command(flatten)]
+    pub exchanges: ExchangePolicyArgs,
 }
 
 /// A duration: humantime's spellings (`250ms`, `5m`, `1h 30m`, `2days`), and what the relay

@@ -41,6 +41,9 @@ pub const MESSAGES_RETURNED_TOTAL: &str = "outbox_relay_messages_returned_total"
 /// Messages sent to the dead-letter exchange (`--on-unroutable dead-letter`) and confirmed
 /// there, by reason (`unroutable`, `too_large`, `unmappable`).
 pub const DEAD_LETTERED_TOTAL: &str = "outbox_relay_messages_dead_lettered_total";
+/// Ack points (commits, keepalives, heartbeats) queued behind an unconfirmed publish;
+/// consecutive ones are merged, so this stays at most one above the publishes between them.
+pub const ACK_POINTS_QUEUED: &str = "outbox_relay_ack_points_queued";
 /// Messages published and not yet confirmed.
 pub const MESSAGES_IN_FLIGHT: &str = "outbox_relay_messages_in_flight";
 /// Seconds from a transaction's commit (its timestamp in the stream) to the broker's
@@ -93,7 +96,12 @@ pub const CAUSE_LABEL: &str = "cause";
 /// Label of [`DEAD_LETTERED_TOTAL`].
 pub const REASON_LABEL: &str = "reason";
 /// Its values ([`crate::publish::dead_letter::Reason::label`]).
-pub const DEAD_LETTER_REASONS: [&str; 3] = ["unroutable", "too_large", "unmappable"];
+pub const DEAD_LETTER_REASONS: [&str; 4] = [
+    "unroutable",
+    "too_large",
+    "unmappable",
+    "exchange_not_allowed",
+];
 /// Label of [`BROKER_INFO`].
 pub const NODE_LABEL: &str = "node";
 /// Labels of [`BUILD_INFO`].
@@ -163,6 +171,10 @@ pub fn describe() {
     describe_gauge!(
         MESSAGES_IN_FLIGHT,
         "Messages published and not yet confirmed"
+    );
+    describe_gauge!(
+        ACK_POINTS_QUEUED,
+        "Ack points (commits, keepalives, heartbeats) queued behind unconfirmed publishes"
     );
     describe_histogram!(
         COMMIT_TO_CONFIRM_SECONDS,
@@ -297,6 +309,7 @@ pub fn recorder() -> PrometheusHandle {
                 metrics::counter!(DEAD_LETTERED_TOTAL, REASON_LABEL => reason).absolute(0);
             }
             metrics::gauge!(MESSAGES_IN_FLIGHT).set(0.0);
+            metrics::gauge!(ACK_POINTS_QUEUED).set(0.0);
             metrics::gauge!(STANDBY).set(0.0);
             metrics::gauge!(BROKER_BLOCKED).set(0.0);
             handle
@@ -313,6 +326,7 @@ pub struct RelayMetrics {
     pub nacked: Counter,
     pub returned: Counter,
     pub in_flight: Gauge,
+    pub ack_points: Gauge,
     pub commit_to_confirm: Histogram,
 }
 
@@ -332,6 +346,7 @@ impl RelayMetrics {
             nacked: metrics::counter!(MESSAGES_NACKED_TOTAL),
             returned: metrics::counter!(MESSAGES_RETURNED_TOTAL),
             in_flight: metrics::gauge!(MESSAGES_IN_FLIGHT),
+            ack_points: metrics::gauge!(ACK_POINTS_QUEUED),
             commit_to_confirm: metrics::histogram!(COMMIT_TO_CONFIRM_SECONDS),
         }
     }
@@ -435,6 +450,8 @@ mod tests {
             MESSAGES_NACKED_TOTAL,
             MESSAGES_RETURNED_TOTAL,
             MESSAGES_IN_FLIGHT,
+            ACK_POINTS_QUEUED,
+            BROKER_INFO,
             COMMIT_TO_CONFIRM_SECONDS,
             HEARTBEAT_LAG_SECONDS,
             BLOCKED_ON_MESSAGE_SECONDS,

@@ -161,8 +161,13 @@ pub(crate) struct Shared {
 
 /// Runs the polling relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
 pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
-    let mapper = Mapper::new(&args.names.exchange, args.delivery.max_message_size)
-        .map_err(RelayError::Config)?;
+    let allowed_exchanges = args.exchanges.policy(&args.names.exchange)?;
+    let mapper = Mapper::new(
+        &args.names.exchange,
+        args.delivery.max_message_size,
+        allowed_exchanges,
+    )
+    .map_err(RelayError::Config)?;
     let dead_letter_exchange = args.dead_letter.exchange(&args.names.exchange)?;
     // The endpoints and the backlog poller outlive the workers' graceful stop.
     let observing = CancellationToken::new();
