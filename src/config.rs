@@ -351,6 +351,16 @@ pub struct SetupArgs {
     /// Print the provisioning SQL for these names and exit, without connecting (for DBAs).
     #[arg(long)]
     pub print_sql: bool,
+    /// Seconds to keep retrying the first connection to PostgreSQL and to RabbitMQ while it
+    /// fails for a reason that can pass (not listening yet, still starting up), with
+    /// backoff; then the error. 0 tries once. For a setup started together with its servers.
+    #[arg(
+        long = "connect-timeout",
+        env = "OUTBOX_CONNECT_TIMEOUT_SECS",
+        value_name = "SECS",
+        default_value_t = 0
+    )]
+    pub connect_timeout_secs: u64,
     #[command(flatten)]
     pub mode: ModeArgs,
     #[command(flatten)]

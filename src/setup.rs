@@ -14,10 +14,16 @@
 //! position of every undelivered message; a slot is never recreated.
 
 use std::fmt::Write as _;
+use std::future::Future;
+use std::time::Duration;
 
+use tokio::time::Instant;
+use tokio_postgres::Client;
+
+use crate::backoff::Backoff;
 use crate::config::{Mode, OutboxNames, SetupArgs};
 use crate::db::{self, quote_ident, quote_literal};
-use crate::error::RelayError;
+use crate::error::{chain, Recovery, RelayError};
 use crate::publish::Broker;
 use crate::wal::preflight;
 
@@ -150,9 +156,7 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
         print!("{}", script(names));
         return Ok(());
     }
-    // A malformed AMQP URL is reported before anything is provisioned.
-    args.connections.broker_nodes()?;
-    let client = db::connect(&args.connections.database_url()?).await?;
+    let client = connect_database(&args).await?;
     preflight::check_wal_level(&client).await?;
     println!("wal_level: logical");
 
@@ -198,8 +202,7 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
         print!("{}", poll_script(names));
         return Ok(());
     }
-    args.connections.broker_nodes()?;
-    let client = db::connect(&args.connections.database_url()?).await?;
+    let client = connect_database(&args).await?;
     ensure_table(&client, &args).await?;
     let index = poll_index_step(names);
     client.batch_execute(&index.sql).await?;
@@ -215,7 +218,8 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
 async fn declare_exchanges(args: &SetupArgs) -> Result<(), RelayError> {
     let names = &args.names;
     let dead_letter = args.dead_letter.exchange(&names.exchange)?;
-    let broker = Broker::connect(&args.connections.broker_nodes()?).await?;
+    let nodes = args.connections.broker_nodes()?;
+    let broker = within_connect_timeout(args, "RabbitMQ", || Broker::connect(&nodes)).await?;
     broker.declare_exchange(&names.exchange, false).await?;
     println!("exchange {}: declared (durable topic)", names.exchange);
     if let Some(dead_letter) = dead_letter {
@@ -229,8 +233,51 @@ async fn declare_exchanges(args: &SetupArgs) -> Result<(), RelayError> {
     Ok(())
 }
 
+/// Connects to PostgreSQL, having checked the AMQP URL first: a malformed one is reported
+/// before anything is provisioned.
+async fn connect_database(args: &SetupArgs) -> Result<Client, RelayError> {
+    args.connections.broker_nodes()?;
+    let url = args.connections.database_url()?;
+    within_connect_timeout(args, "PostgreSQL", || db::connect(&url)).await
+}
+
+/// Runs `connect` again, with backoff, while it fails with an error that can pass (a server
+/// not listening yet, or still starting up), until `--connect-timeout` has passed since the
+/// first attempt; then returns the last error. A server started at the same time as `setup`
+/// (docker compose) may take a while to accept connections, and a one-shot setup has no
+/// supervisor to retry it. Definite errors (a wrong password, TLS refused) return at once.
+async fn within_connect_timeout<T, F, Fut>(
+    args: &SetupArgs,
+    what: &str,
+    mut connect: F,
+) -> Result<T, RelayError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, RelayError>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(args.connect_timeout_secs);
+    let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
+    loop {
+        let error = match connect().await {
+            Ok(connected) => return Ok(connected),
+            Err(error) => error,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if error.recovery() != Recovery::Retry || left.is_zero() {
+            return Err(error);
+        }
+        let delay = backoff.next_delay().min(left);
+        tracing::warn!(
+            error = %chain(&error),
+            retry_in_ms = delay.as_millis() as u64,
+            "cannot connect to {what} yet; retrying (--connect-timeout)"
+        );
+        tokio::time::sleep(delay).await;
+    }
+}
+
 /// Creates the outbox table if missing, or with `--no-create-table` only checks it exists.
-async fn ensure_table(client: &tokio_postgres::Client, args: &SetupArgs) -> Result<(), RelayError> {
+async fn ensure_table(client: &Client, args: &SetupArgs) -> Result<(), RelayError> {
     let names = &args.names;
     let table_existed = preflight::check_table(client, names).await.is_ok();
     if args.no_create_table {

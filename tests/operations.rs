@@ -11,7 +11,7 @@ use std::process::Output;
 use std::time::{Duration, SystemTime};
 
 use common::faults::scrape_slot_gauges;
-use common::http::{http_get, metric_value, wait_http};
+use common::http::{http_get, metric_value, wait_http, wait_metrics};
 use common::outbox::Outbox;
 use common::pg::first_column;
 use common::{
@@ -238,6 +238,159 @@ async fn status_exits_2_when_the_slot_is_missing() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("status --json");
     assert_eq!(json["slot_state"], "missing");
+}
+
+/// Both relays export which build runs in which mode, and the standard process metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_build_info_and_process_metrics_in_both_modes() {
+    let s = services();
+    let wal = Outbox::new("ops_build_run").await;
+    let poll = Outbox::on_poll(&s.pg.url("postgres"), &s.rabbit.url(), "ops_build_poll").await;
+    for (mode, outbox) in [("run", &wal), ("poll", &poll)] {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let relay = if mode == "run" {
+            outbox.spawn_relay(&["--metrics-addr", &addr])
+        } else {
+            outbox.spawn_poll(&["--metrics-addr", &addr], &[])
+        };
+        let build_info = format!(
+            "outbox_relay_build_info{{version=\"{}\",mode=\"{mode}\"}}",
+            env!("CARGO_PKG_VERSION")
+        );
+        let metrics = wait_metrics(port, Duration::from_secs(30), |m| {
+            metric_value(m, &build_info).is_some()
+        })
+        .await;
+        assert_eq!(
+            metric_value(&metrics, &build_info),
+            Some(1.0),
+            "{mode}: {build_info} in:\n{metrics}\nlog:\n{}",
+            relay.log()
+        );
+        assert_eq!(
+            metrics.matches("outbox_relay_build_info{").count(),
+            1,
+            "{mode}: one build_info series"
+        );
+        let rss = metric_value(&metrics, "process_resident_memory_bytes");
+        assert!(rss.is_some_and(|b| b > 0.0), "{mode}: rss {rss:?}");
+        for series in [
+            "process_cpu_seconds_total",
+            "process_open_fds",
+            "process_max_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                metric_value(&metrics, series).is_some(),
+                "{mode}: {series} missing in:\n{metrics}"
+            );
+        }
+        for line in [
+            "# TYPE process_cpu_seconds_total counter",
+            "# TYPE process_resident_memory_bytes gauge",
+            "# TYPE outbox_relay_build_info gauge",
+        ] {
+            assert!(metrics.contains(line), "{mode}: {line:?} missing");
+        }
+        relay.stop().await;
+    }
+}
+
+/// A definite startup error is reported once, as a record in the chosen log format: a second
+/// plain `error:` line would break a JSON log stream. The exit code stays 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_startup_error_is_reported_once_in_the_log_format() {
+    let outbox = Outbox::new("ops_once").await;
+    outbox
+        .client
+        .batch_execute("DROP PUBLICATION outbox_pub")
+        .await
+        .expect("drop publication");
+    let error = "The publication \"outbox_pub\" does not exist";
+
+    let out = outbox.run_command(&["run", "--metrics-addr", "off"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let all = text(&out);
+    let naming: Vec<&str> = all.lines().filter(|l| l.contains(error)).collect();
+    assert_eq!(naming.len(), 1, "one line names the error:\n{all}");
+    assert!(
+        common::relay::final_error(naming[0]).is_some_and(|e| e.starts_with(error)),
+        "it is the log record: {}",
+        naming[0]
+    );
+
+    let out = outbox.run_command(&["--log-format", "json", "run", "--metrics-addr", "off"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let records: Vec<serde_json::Value> = text(&out)
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}\n{}", text(&out)))
+        })
+        .collect();
+    let errors: Vec<&serde_json::Value> = records
+        .iter()
+        .filter(|r| {
+            r["fields"]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains(error))
+        })
+        .collect();
+    assert_eq!(errors.len(), 1, "one record names the error: {records:?}");
+    assert_eq!(errors[0]["level"], "ERROR");
+    assert_eq!(errors[0]["fields"]["message"], "stopped");
+}
+
+/// A one-shot setup started together with its database (docker compose) retries its first
+/// connection for --connect-timeout, then stops with the connection error. A private server:
+/// the test stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_retries_its_first_connection_for_connect_timeout() {
+    let pg = tokio::task::spawn_blocking(|| common::PgServer::start(&[]))
+        .await
+        .expect("start postgres");
+    let name = unique_name("ops_connect");
+    let url = pg.url("postgres");
+    let amqp = services().rabbit.url();
+    let args = [
+        "setup",
+        "--database-url",
+        &url,
+        "--amqp-url",
+        &amqp,
+        "--slot",
+        &name,
+        "--exchange",
+        &name,
+    ];
+    tokio::task::block_in_place(|| pg.stop());
+    let retrying = "cannot connect to PostgreSQL yet; retrying";
+
+    // Nothing listens for longer than the timeout: the connection error, after retries.
+    let gave_up = RelayProcess::spawn(&args, &[("OUTBOX_CONNECT_TIMEOUT_SECS", "1")]);
+    let status = gave_up.wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{}", gave_up.log());
+    assert!(gave_up.log_count(retrying) >= 1, "{}", gave_up.log());
+    let log = gave_up.log();
+    let error = common::relay::final_error(&log);
+    assert!(
+        error.is_some_and(|e| e.starts_with("Cannot reach PostgreSQL at 127.0.0.1:")),
+        "{log}"
+    );
+
+    // The server comes up within the timeout: setup goes on and provisions everything.
+    let setup = RelayProcess::spawn(&args, &[("OUTBOX_CONNECT_TIMEOUT_SECS", "120")]);
+    assert!(
+        setup.wait_for_log(retrying, Duration::from_secs(30)).await,
+        "{}",
+        setup.log()
+    );
+    tokio::task::block_in_place(|| pg.start_again());
+    let status = setup.wait_exit(Duration::from_secs(60)).await;
+    assert!(status.is_some_and(|s| s.success()), "{}", setup.log());
+    assert!(setup.log().contains("setup complete"), "{}", setup.log());
+    assert!(slot_exists(&pg.client("postgres").await, &name).await);
 }
 
 /// A slot invalidated by max_slot_wal_keep_size needs a server of its own: the setting is

@@ -42,7 +42,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Delivery, OutboxNames, PollArgs};
-use crate::error::{chain, RelayError};
+use crate::error::RelayError;
 use crate::mapper::Mapper;
 use crate::observability::{self, PollMetrics, WorkerHealth};
 use crate::publish::BrokerNodes;
@@ -177,7 +177,7 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
     // The endpoints and the backlog poller outlive the workers' graceful stop.
     let observing = CancellationToken::new();
     let _stop_observing = observing.clone().drop_guard();
-    let health = observability::start_endpoints(args.endpoints.metrics_addr.0, &observing);
+    let health = observability::start_endpoints(args.endpoints.metrics_addr.0, "poll", &observing);
     let (poll_interval_min, poll_interval_max) = args.poll_intervals();
     let shared = Arc::new(Shared {
         database_url,
@@ -250,7 +250,8 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
                     Some(Err(panicked)) => RelayError::Task(panicked.to_string()),
                 };
                 if outcome.is_ok() {
-                    tracing::error!(error = %chain(&error), "stopping all workers");
+                    // The error itself is reported once, by main, when the workers are done.
+                    tracing::info!("a worker stopped on an error: stopping all workers");
                     outcome = Err(error);
                 }
                 stop.cancel();
