@@ -152,9 +152,9 @@ mod tests {
     fn statement_uses_both_bounds_and_a_literal_limit() {
         let names = OutboxNames {
             table: "app.events".into(),
-            publication: String::new(),
-            slot: String::new(),
-            exchange: String::new(),
+            publication: "".into(),
+            slot: "".into(),
+            exchange: "".into(),
         };
         let sql = delete_sql(&names, 500);
         assert!(sql.starts_with("DELETE FROM \"app\".\"events\" WHERE \"id\" = ANY(ARRAY(SELECT"));

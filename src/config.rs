@@ -64,9 +64,9 @@ pub enum Command {
     Resync(ResyncArgs),
 }
 
-/// Where the database and the broker are.
+/// Where the database is: every command but `setup --print-sql` connects to it.
 #[derive(Debug, Clone, Args)]
-pub struct Connections {
+pub struct DatabaseConnection {
     /// PostgreSQL URL, e.g. postgres://relay:secret@db:5432/app. The relay opens one ordinary
     /// connection and one logical replication connection with it.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
@@ -75,7 +75,12 @@ pub struct Connections {
     /// File holding the PostgreSQL URL (instead of --database-url), e.g. a mounted secret.
     #[arg(long, env = "DATABASE_URL_FILE")]
     pub database_url_file: Option<String>,
+}
 
+/// Where the broker is: for the commands that publish or declare (`setup`, `run`, `poll`,
+/// `resync`; `status` and `teardown` never talk to RabbitMQ).
+#[derive(Debug, Clone, Args)]
+pub struct BrokerConnection {
     /// RabbitMQ URL, e.g. amqp://user:secret@broker:5672/%2f (amqps:// for TLS). A cluster:
     /// its nodes' URLs separated by commas; the relay tries them in a shuffled order and
     /// moves to the next node when its connection is lost.
@@ -87,7 +92,16 @@ pub struct Connections {
     pub amqp_url_file: Option<String>,
 }
 
-impl Connections {
+/// Where the database and the broker are.
+#[derive(Debug, Clone, Args)]
+pub struct Connections {
+    #[command(flatten)]
+    pub database: DatabaseConnection,
+    #[command(flatten)]
+    pub broker: BrokerConnection,
+}
+
+impl DatabaseConnection {
     pub fn database_url(&self) -> Result<String, RelayError> {
         secret(
             "database URL",
@@ -96,7 +110,9 @@ impl Connections {
             &self.database_url_file,
         )
     }
+}
 
+impl BrokerConnection {
     pub fn amqp_url(&self) -> Result<String, RelayError> {
         secret("AMQP URL", "AMQP_URL", &self.amqp_url, &self.amqp_url_file)
     }
@@ -104,6 +120,21 @@ impl Connections {
     /// The RabbitMQ nodes of [`Self::amqp_url`], every URL checked, in a shuffled order.
     pub fn broker_nodes(&self) -> Result<Arc<BrokerNodes>, RelayError> {
         BrokerNodes::parse(&self.amqp_url()?).map(Arc::new)
+    }
+}
+
+impl Connections {
+    pub fn database_url(&self) -> Result<String, RelayError> {
+        self.database.database_url()
+    }
+
+    pub fn amqp_url(&self) -> Result<String, RelayError> {
+        self.broker.amqp_url()
+    }
+
+    /// The RabbitMQ nodes of [`BrokerConnection::amqp_url`], in a shuffled order.
+    pub fn broker_nodes(&self) -> Result<Arc<BrokerNodes>, RelayError> {
+        self.broker.broker_nodes()
     }
 }
 
@@ -179,24 +210,124 @@ fn readable_by_others(mode: u32) -> bool {
     mode & 0o044 != 0
 }
 
-/// The names of the objects the relay works with.
+// Each name is a flag of its own, so that a command takes only the names it uses (`poll`
+// has no slot, `teardown` no exchange): clap then refuses the others on its command line. A
+// name reads as text (`Deref<Target = str>`, `Display`, `== "x"`), and `"x".into()` makes
+// one.
+
+/// The methods every name flag shares.
+macro_rules! name_flag {
+    ($name:ident) => {
+        impl std::ops::Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.name
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.name)
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(name: String) -> Self {
+                Self { name }
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(name: &str) -> Self {
+                Self {
+                    name: name.to_string(),
+                }
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.name == *other
+            }
+        }
+    };
+}
+
+/// `--table`.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct TableName {
+    /// The outbox table (optionally schema-qualified).
+    #[arg(id = "table", long = "table", value_name = "TABLE", env = "OUTBOX_TABLE", default_value = "outbox", value_parser = parse_table_name)]
+    pub name: String,
+}
+name_flag!(TableName);
+
+/// `--publication`.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct PublicationName {
+    /// The publication that feeds the slot (publish = 'insert', on the outbox table only).
+    #[arg(id = "publication", long = "publication", value_name = "PUBLICATION", env = "OUTBOX_PUBLICATION", default_value = "outbox_pub", value_parser = parse_identifier)]
+    pub name: String,
+}
+name_flag!(PublicationName);
+
+/// `--slot`.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct SlotName {
+    /// The logical replication slot (plugin pgoutput).
+    #[arg(id = "slot", long = "slot", value_name = "SLOT", env = "OUTBOX_SLOT", default_value = "outbox_slot", value_parser = parse_slot_name)]
+    pub name: String,
+}
+name_flag!(SlotName);
+
+/// `--exchange`.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct ExchangeName {
+    /// The exchange messages go to unless a row names its own (a durable topic exchange).
+    #[arg(id = "exchange", long = "exchange", value_name = "EXCHANGE", env = "OUTBOX_EXCHANGE", default_value = "outbox", value_parser = parse_exchange_name)]
+    pub name: String,
+}
+name_flag!(ExchangeName);
+
+/// Every name: `setup` and `run`, which provision or use all of the objects.
 #[derive(Debug, Clone, Args)]
 pub struct OutboxNames {
-    /// The outbox table (optionally schema-qualified).
-    #[arg(long, env = "OUTBOX_TABLE", default_value = "outbox", value_parser = parse_table_name)]
-    pub table: String,
+    #[command(flatten)]
+    pub table: TableName,
+    #[command(flatten)]
+    pub publication: PublicationName,
+    #[command(flatten)]
+    pub slot: SlotName,
+    #[command(flatten)]
+    pub exchange: ExchangeName,
+}
 
-    /// The publication that feeds the slot (publish = 'insert', on the outbox table only).
-    #[arg(long, env = "OUTBOX_PUBLICATION", default_value = "outbox_pub", value_parser = parse_identifier)]
-    pub publication: String,
+/// The names of a command that reads the table and publishes, without a slot: `poll` and
+/// `resync`.
+#[derive(Debug, Clone, Args)]
+pub struct PublishNames {
+    #[command(flatten)]
+    pub table: TableName,
+    #[command(flatten)]
+    pub exchange: ExchangeName,
+}
 
-    /// The logical replication slot (plugin pgoutput).
-    #[arg(long, env = "OUTBOX_SLOT", default_value = "outbox_slot", value_parser = parse_slot_name)]
-    pub slot: String,
+/// `status`'s names: the table (its backlog) and the slot (WAL mode).
+#[derive(Debug, Clone, Args)]
+pub struct StatusNames {
+    #[command(flatten)]
+    pub table: TableName,
+    #[command(flatten)]
+    pub slot: SlotName,
+}
 
-    /// The exchange messages go to unless a row names its own (a durable topic exchange).
-    #[arg(long, env = "OUTBOX_EXCHANGE", default_value = "outbox", value_parser = parse_exchange_name)]
-    pub exchange: String,
+/// `teardown`'s names: what it drops. The table and the exchange stay.
+#[derive(Debug, Clone, Args)]
+pub struct SlotNames {
+    #[command(flatten)]
+    pub publication: PublicationName,
+    #[command(flatten)]
+    pub slot: SlotName,
 }
 
 // Names end up in SQL text (`setup --print-sql`, which a DBA pipes to psql), in the
@@ -315,12 +446,12 @@ fn parse_optional_exchange_name(name: &str) -> Result<String, String> {
     }
 }
 
-impl OutboxNames {
+impl TableName {
     /// Schema and table name, `public` when the table name is unqualified.
     pub fn table_parts(&self) -> (&str, &str) {
-        match self.table.split_once('.') {
+        match self.name.split_once('.') {
             Some((schema, table)) => (schema, table),
-            None => ("public", self.table.as_str()),
+            None => ("public", self.name.as_str()),
         }
     }
 
@@ -332,6 +463,18 @@ impl OutboxNames {
             crate::db::quote_ident(schema),
             crate::db::quote_ident(table)
         )
+    }
+}
+
+impl OutboxNames {
+    /// [`TableName::table_parts`] of --table.
+    pub fn table_parts(&self) -> (&str, &str) {
+        self.table.table_parts()
+    }
+
+    /// [`TableName::qualified_table`] of --table.
+    pub fn qualified_table(&self) -> String {
+        self.table.qualified_table()
     }
 }
 
@@ -490,11 +633,18 @@ pub struct Tuning {
 
     #[command(flatten)]
     pub delivery: Delivery,
+
+    /// Seconds between WAL heartbeats (pg_logical_emit_message): they prove the replication
+    /// stream is alive end to end, let an idle slot advance, and measure heartbeat lag. With
+    /// none seen for 3 intervals the stream is reconnected. 0 disables them.
+    #[arg(long, env = "OUTBOX_HEARTBEAT_INTERVAL_SECS", default_value_t = 10)]
+    pub heartbeat_interval_secs: u64,
 }
 
-/// The knobs WAL and polling mode share: confirms, message size, reconnects, shutdown.
+/// What every publishing command needs (`run`, `poll`, `resync`): the confirm timeout and
+/// the message size limit.
 #[derive(Debug, Clone, Args)]
-pub struct Delivery {
+pub struct Publishing {
     /// Seconds a published message may wait for its broker confirm before the relay gives up on
     /// the connection and reconnects (paused while the broker blocks publishers).
     #[arg(long, env = "OUTBOX_CONFIRM_TIMEOUT_SECS", default_value_t = 30)]
@@ -504,6 +654,14 @@ pub struct Delivery {
     /// 128 MiB). A larger row stops the relay with an error naming it, before publishing.
     #[arg(long, env = "OUTBOX_MAX_MESSAGE_SIZE", default_value_t = 134_217_728)]
     pub max_message_size: usize,
+}
+
+/// The knobs the two long-running relays share (`run`, `poll`): publishing, reconnects,
+/// shutdown. `resync` publishes once and stops at its first failure.
+#[derive(Debug, Clone, Args)]
+pub struct Delivery {
+    #[command(flatten)]
+    pub publishing: Publishing,
 
     /// Longest wait between reconnect attempts, in seconds (backoff doubles from 0.5 s).
     #[arg(long, env = "OUTBOX_MAX_BACKOFF_SECS", default_value_t = 30)]
@@ -512,12 +670,6 @@ pub struct Delivery {
     /// Seconds a graceful shutdown may spend finishing the current transaction.
     #[arg(long, env = "OUTBOX_SHUTDOWN_TIMEOUT_SECS", default_value_t = 30)]
     pub shutdown_timeout_secs: u64,
-
-    /// Seconds between WAL heartbeats (pg_logical_emit_message): they prove the replication
-    /// stream is alive end to end, let an idle slot advance, and measure heartbeat lag. With
-    /// none seen for 3 intervals the stream is reconnected. 0 disables them.
-    #[arg(long, env = "OUTBOX_HEARTBEAT_INTERVAL_SECS", default_value_t = 10)]
-    pub heartbeat_interval_secs: u64,
 }
 
 impl Tuning {
@@ -540,10 +692,22 @@ impl std::ops::Deref for Tuning {
     }
 }
 
-impl Delivery {
+/// The publishing knobs read as `delivery.max_message_size`, as before they were split out
+/// for `resync`.
+impl std::ops::Deref for Delivery {
+    type Target = Publishing;
+    fn deref(&self) -> &Publishing {
+        &self.publishing
+    }
+}
+
+impl Publishing {
     pub fn confirm_timeout(&self) -> Duration {
         Duration::from_secs(self.confirm_timeout_secs)
     }
+}
+
+impl Delivery {
     pub fn max_backoff(&self) -> Duration {
         Duration::from_secs(self.max_backoff_secs)
     }
@@ -565,7 +729,7 @@ pub struct PollArgs {
     #[command(flatten)]
     pub connections: Connections,
     #[command(flatten)]
-    pub names: OutboxNames,
+    pub names: PublishNames,
 
     /// Workers, each with its own database and broker connection, claiming batches in parallel.
     /// After a crash up to workers × batch size rows can be published again.
@@ -711,9 +875,9 @@ pub struct CleanupArgs {
 )]
 pub struct StatusArgs {
     #[command(flatten)]
-    pub connections: Connections,
+    pub connections: DatabaseConnection,
     #[command(flatten)]
-    pub names: OutboxNames,
+    pub names: StatusNames,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -726,9 +890,9 @@ pub struct StatusArgs {
 #[derive(Debug, Clone, Args)]
 pub struct TeardownArgs {
     #[command(flatten)]
-    pub connections: Connections,
+    pub connections: DatabaseConnection,
     #[command(flatten)]
-    pub names: OutboxNames,
+    pub names: SlotNames,
     /// Really drop the slot and the publication.
     #[arg(long)]
     pub yes: bool,
@@ -739,13 +903,13 @@ pub struct ResyncArgs {
     #[command(flatten)]
     pub connections: Connections,
     #[command(flatten)]
-    pub names: OutboxNames,
+    pub names: PublishNames,
     /// Re-publish rows with created_at at or after this RFC 3339 time, e.g.
     /// 2024-05-01T12:00:00Z or 2024-05-01T14:00:00.5+02:00.
     #[arg(long)]
     pub since: String,
     #[command(flatten)]
-    pub delivery: Delivery,
+    pub publishing: Publishing,
     #[command(flatten)]
     pub exchanges: ExchangePolicyArgs,
 }
@@ -835,6 +999,115 @@ mod tests {
             assert_eq!(got, want, "help differs at line {} of {path}", line + 1);
         }
         assert_eq!(actual.lines().count(), expected.lines().count(), "{path}");
+    }
+
+    /// `outbox-relay <argv>`, parsed.
+    fn parse(argv: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("outbox-relay").chain(argv.iter().copied()))
+    }
+
+    /// A flag a command does not use is refused by that command's parser, not ignored: a
+    /// `--heartbeat-interval-secs` given to `poll` would otherwise look like it had an effect.
+    #[test]
+    fn each_command_refuses_the_flags_it_does_not_use() {
+        let db = ["--database-url", "postgres://x"];
+        let refused: &[(&str, &[&str])] = &[
+            ("poll", &["--heartbeat-interval-secs", "5"]),
+            ("poll", &["--slot", "s"]),
+            ("poll", &["--publication", "p"]),
+            ("poll", &["--max-in-flight", "5"]),
+            ("status", &["--amqp-url", "amqp://x"]),
+            ("status", &["--amqp-url-file", "/f"]),
+            ("status", &["--exchange", "x"]),
+            ("status", &["--publication", "p"]),
+            ("teardown", &["--max-in-flight", "5"]),
+            ("teardown", &["--amqp-url", "amqp://x"]),
+            ("teardown", &["--table", "t"]),
+            ("teardown", &["--exchange", "x"]),
+            ("resync", &["--heartbeat-interval-secs", "5"]),
+            ("resync", &["--max-backoff-secs", "5"]),
+            ("resync", &["--shutdown-timeout-secs", "5"]),
+            ("resync", &["--slot", "s"]),
+            ("resync", &["--publication", "p"]),
+        ];
+        for (command, flag) in refused {
+            let mut argv = vec![*command];
+            argv.extend_from_slice(&db);
+            argv.extend_from_slice(flag);
+            let e = parse(&argv).expect_err(&format!("{command} must refuse {flag:?}"));
+            assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument, "{e}");
+            assert!(e.to_string().contains(flag[0]), "{e}");
+        }
+    }
+
+    #[test]
+    fn each_command_accepts_its_own_flags() {
+        let amqp = ["--amqp-url", "amqp://x", "--amqp-url-file", "/f"];
+        let names = [
+            "--table",
+            "t",
+            "--publication",
+            "p",
+            "--slot",
+            "s",
+            "--exchange",
+            "x",
+        ];
+        let delivery = [
+            "--confirm-timeout-secs",
+            "5",
+            "--max-message-size",
+            "5",
+            "--max-backoff-secs",
+            "5",
+            "--shutdown-timeout-secs",
+            "5",
+        ];
+        let accepted: &[(&str, Vec<&str>)] = &[
+            ("setup", [&amqp[..], &names, &["--print-sql"]].concat()),
+            (
+                "run",
+                [
+                    &amqp[..],
+                    &names,
+                    &delivery,
+                    &["--heartbeat-interval-secs", "5", "--max-in-flight", "5"],
+                ]
+                .concat(),
+            ),
+            (
+                "poll",
+                [&amqp[..], &["--table", "t", "--exchange", "x"], &delivery].concat(),
+            ),
+            ("status", vec!["--table", "t", "--slot", "s", "--json"]),
+            (
+                "teardown",
+                vec!["--publication", "p", "--slot", "s", "--yes"],
+            ),
+            (
+                "resync",
+                [
+                    &amqp[..],
+                    &[
+                        "--table",
+                        "t",
+                        "--exchange",
+                        "x",
+                        "--since",
+                        "2024-05-01T00:00:00Z",
+                    ],
+                    &delivery[..4],
+                ]
+                .concat(),
+            ),
+        ];
+        for (command, flags) in accepted {
+            let mut argv = vec![*command, "--database-url", "postgres://x"];
+            argv.extend_from_slice(flags);
+            if let Err(e) = parse(&argv) {
+                panic!("{command} {flags:?}: {e}");
+            }
+        }
     }
 
     #[test]
@@ -985,15 +1258,11 @@ mod tests {
 
     #[test]
     fn table_parts_default_to_public() {
-        let mut names = OutboxNames {
-            table: "outbox".into(),
-            publication: String::new(),
-            slot: String::new(),
-            exchange: String::new(),
-        };
-        assert_eq!(names.table_parts(), ("public", "outbox"));
-        names.table = "app.events".into();
-        assert_eq!(names.table_parts(), ("app", "events"));
+        let table = TableName::from("outbox");
+        assert_eq!(table.table_parts(), ("public", "outbox"));
+        let table = TableName::from("app.events");
+        assert_eq!(table.table_parts(), ("app", "events"));
+        assert_eq!(table.qualified_table(), "\"app\".\"events\"");
     }
 
     /// A secret file with `text` and `mode`, in a directory that lives as long as the guard.

@@ -16,7 +16,7 @@
 use bytes::Bytes;
 use tokio_postgres::{Client, Row};
 
-use crate::config::OutboxNames;
+use crate::config::TableName;
 use crate::db::quote_ident;
 use crate::error::RelayError;
 use crate::mapper::{Layout, MapError};
@@ -62,9 +62,9 @@ pub struct TableColumn {
 /// The table's columns in order. `TableMissing` when the table does not exist.
 pub async fn table_columns(
     client: &Client,
-    names: &OutboxNames,
+    outbox: &TableName,
 ) -> Result<Vec<TableColumn>, RelayError> {
-    let (schema, table) = names.table_parts();
+    let (schema, table) = outbox.table_parts();
     let rows = client
         .query(
             "SELECT a.attname::text, a.atttypid, pg_catalog.format_type(a.atttypid, NULL) \
@@ -79,7 +79,7 @@ pub async fn table_columns(
         .await?;
     if rows.is_empty() {
         return Err(RelayError::TableMissing {
-            table: names.table.clone(),
+            table: outbox.to_string(),
         });
     }
     Ok(rows
@@ -110,18 +110,18 @@ impl TextRelation {
     /// it lacks a column every message needs (`id`, `event_type`).
     pub async fn discover(
         client: &Client,
-        names: &OutboxNames,
+        outbox: &TableName,
         needs: &[&'static str],
         missing: impl Fn(&'static str) -> RelayError,
     ) -> Result<Self, RelayError> {
-        let all = table_columns(client, names).await?;
+        let all = table_columns(client, outbox).await?;
         if let Some(needed) = needs
             .iter()
             .find(|needed| !all.iter().any(|c| c.name == **needed))
         {
             return Err(missing(needed));
         }
-        let (schema, table) = names.table_parts();
+        let (schema, table) = outbox.table_parts();
         let read: Vec<&TableColumn> = all
             .iter()
             .filter(|c| columns::CONTRACT.contains(&c.name.as_str()))

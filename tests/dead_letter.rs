@@ -425,7 +425,7 @@ async fn polling_dead_letters_a_returned_row_and_commits_the_batch_with_it() {
     let later = insert(outbox, "Later.one", "{}").await;
 
     let mut args: Vec<String> = vec!["poll".into()];
-    args.extend(outbox.flags());
+    args.extend(outbox.flags("poll"));
     args.extend(dl.policy().iter().map(|s| s.to_string()));
     args.extend(["--poll-interval".into(), "100ms".into()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();

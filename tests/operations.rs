@@ -91,8 +91,8 @@ fn names(outbox: &Outbox) -> OutboxNames {
     OutboxNames {
         table: "outbox".into(),
         publication: "outbox_pub".into(),
-        slot: outbox.slot.clone(),
-        exchange: outbox.exchange.clone(),
+        slot: outbox.slot.clone().into(),
+        exchange: outbox.exchange.clone().into(),
     }
 }
 
@@ -706,8 +706,8 @@ async fn role_outbox(prefix: &str, replication: bool) -> Option<RoleOutbox> {
     let names = OutboxNames {
         table: "outbox".into(),
         publication: "outbox_pub".into(),
-        slot: format!("{db}_slot"),
-        exchange: format!("{db}_x"),
+        slot: format!("{db}_slot").into(),
+        exchange: format!("{db}_x").into(),
     };
     for step in [
         outbox_relay::setup::table_step(&names),
@@ -762,8 +762,8 @@ async fn role_outbox(prefix: &str, replication: bool) -> Option<RoleOutbox> {
     let outbox = Outbox {
         db_url: role_url,
         amqp_url: s.rabbit.url(),
-        slot: names.slot,
-        exchange: names.exchange,
+        slot: names.slot.to_string(),
+        exchange: names.exchange.to_string(),
         queue: format!("{db}_q"),
         client: admin,
     };
@@ -777,7 +777,7 @@ async fn role_outbox(prefix: &str, replication: bool) -> Option<RoleOutbox> {
 /// `outbox-relay run` as the role, logging at trace level, metrics off.
 fn spawn_traced_relay(outbox: &Outbox) -> RelayProcess {
     let mut args: Vec<String> = vec!["run".into()];
-    args.extend(outbox.flags());
+    args.extend(outbox.flags("run"));
     args.extend(["--metrics-addr".into(), "off".into()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     RelayProcess::spawn(&args, &[("RUST_LOG", "trace")])
@@ -875,7 +875,7 @@ async fn passwords_never_reach_the_log_at_trace_level() {
     let mut args: Vec<String> = vec!["run".into()];
     args.extend(
         outbox
-            .flags()
+            .flags("run")
             .chunks(2)
             .filter(|pair| pair[0] != "--database-url")
             .flatten()

@@ -607,7 +607,7 @@ async fn claim_query_uses_the_partial_index_on_a_mostly_published_table() {
         .await
         .expect("seed 100,000 rows");
 
-    let table = OutboxTable::discover(&client, &names("outbox"))
+    let table = OutboxTable::discover(&client, &names("outbox").table)
         .await
         .expect("discover");
     for limit in [1, 500] {

@@ -21,7 +21,7 @@
 
 use tokio_postgres::IsolationLevel;
 
-use crate::config::{OutboxNames, ResyncArgs};
+use crate::config::{ResyncArgs, TableName};
 use crate::db::{self, quote_ident};
 use crate::error::RelayError;
 use crate::mapper::Mapper;
@@ -37,14 +37,14 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     let names = &args.names;
     let mapper = Mapper::new(
         &names.exchange,
-        args.delivery.max_message_size,
+        args.publishing.max_message_size,
         args.exchanges.policy(&names.exchange)?,
     )
     .map_err(RelayError::Config)?;
     let mut client = db::connect(&args.connections.database_url()?).await?;
     // The text shapes the mapper parses, as the replication connection pins them.
     client.batch_execute(db::PINNED_SET_STATEMENTS).await?;
-    let text = TextRelation::discover(&client, names, &[columns::CREATED_AT], |_| {
+    let text = TextRelation::discover(&client, &names.table, &[columns::CREATED_AT], |_| {
         RelayError::Config(format!(
             "The outbox table {} has no column \"created_at\": resync selects rows by it",
             names.table
@@ -60,7 +60,9 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         .read_only(true)
         .start()
         .await?;
-    let statement = transaction.prepare(&select_sql(names, &text)).await?;
+    let statement = transaction
+        .prepare(&select_sql(&names.table, &text))
+        .await?;
     let portal = transaction.bind(&statement, &[&args.since]).await?;
     let mut published: u64 = 0;
     let mut first: Option<String> = None;
@@ -84,7 +86,7 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         let confirmed = deliver_batch(
             &broker,
             messages,
-            args.delivery.confirm_timeout(),
+            args.publishing.confirm_timeout(),
             &RelayMetrics::new(),
         )
         .await;
@@ -122,8 +124,8 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
 
 /// Every contract column as text, rows from `$1` (RFC 3339 text) on, in created_at order.
 /// The ORDER BY names the table's columns: a bare `created_at` would sort the text output.
-fn select_sql(names: &OutboxNames, text: &TextRelation) -> String {
-    let table = names.qualified_table();
+fn select_sql(outbox: &TableName, text: &TextRelation) -> String {
+    let table = outbox.qualified_table();
     let created = quote_ident(columns::CREATED_AT);
     let id = quote_ident(columns::ID);
     format!(
@@ -179,12 +181,7 @@ mod tests {
 
     #[test]
     fn select_orders_by_the_table_columns() {
-        let names = OutboxNames {
-            table: "outbox".into(),
-            publication: String::new(),
-            slot: String::new(),
-            exchange: String::new(),
-        };
+        let table = TableName::from("outbox");
         let relation = Relation {
             oid: 0,
             namespace: "public".into(),
@@ -201,7 +198,7 @@ mod tests {
                 .collect(),
         };
         let text = TextRelation::new(relation, "text".into()).expect("id and event_type");
-        let sql = select_sql(&names, &text);
+        let sql = select_sql(&table, &text);
         assert_eq!(
             sql,
             "SELECT \"id\"::text, \"event_type\"::text, \"created_at\"::text FROM \

@@ -123,7 +123,7 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
     // Only in poll mode: WAL mode never writes published_at, so there every row is "unsent".
     let unsent = match poll {
         false => None,
-        true => match read_backlog(client, names).await {
+        true => match read_backlog(client, &names.table).await {
             Ok(unsent) => unsent,
             Err(e) => {
                 table_error.get_or_insert_with(|| chain(&e));
@@ -168,7 +168,7 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         current_wal_lsn,
         ..
     } = report.unwrap_or_else(|| SlotReport {
-        slot: names.slot.clone(),
+        slot: names.slot.to_string(),
         plugin: None,
         active_pid: None,
         wal_status: None,
@@ -181,7 +181,7 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
     });
     Ok(Status {
         mode: if poll { "poll" } else { "wal" },
-        slot: names.slot.clone(),
+        slot: names.slot.to_string(),
         slot_state,
         active_pid,
         lag_bytes,
@@ -191,7 +191,7 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         confirmed_flush_lsn,
         restart_lsn,
         current_wal_lsn: (!current_wal_lsn.is_empty()).then_some(current_wal_lsn),
-        table: names.table.clone(),
+        table: names.table.to_string(),
         outbox_rows,
         oldest_row_age_seconds,
         unsent_rows: unsent.map(|b: Backlog| b.unsent_rows),
@@ -221,7 +221,7 @@ async fn backlog(client: &Client, args: &StatusArgs) -> Result<(i64, Option<f64>
             &format!(
                 "SELECT count(*), extract(epoch FROM now() - min({}))::float8 FROM {}",
                 quote_ident(columns::CREATED_AT),
-                args.names.qualified_table()
+                args.names.table.qualified_table()
             ),
             &[],
         )

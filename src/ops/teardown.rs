@@ -34,10 +34,7 @@ pub async fn run(args: TeardownArgs) -> Result<(), RelayError> {
     let client = db::connect(&args.connections.database_url()?).await?;
     let slot_note = drop_slot(&client, &names.slot).await?;
     drop_publication(&client, &names.publication, &slot_note).await?;
-    println!(
-        "teardown complete; left in place: the table {} and the exchange {}",
-        names.table, names.exchange
-    );
+    println!("teardown complete; left in place: the outbox table and the exchange");
     Ok(())
 }
 

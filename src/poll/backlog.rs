@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::OutboxNames;
+use crate::config::TableName;
 use crate::observability::{BACKLOG_POLL_ERRORS_TOTAL, BACKLOG_ROWS, OLDEST_UNSENT_AGE_SECONDS};
 use crate::periodic::{self, Job};
 
@@ -19,15 +19,15 @@ use super::table::{read_backlog, Backlog};
 /// Reads the backlog every `interval` until `shutdown`.
 pub(crate) async fn run(
     database_url: String,
-    names: OutboxNames,
+    table: TableName,
     interval: Duration,
     shutdown: CancellationToken,
 ) {
     let rows = metrics::gauge!(BACKLOG_ROWS);
     let age = metrics::gauge!(OLDEST_UNSENT_AGE_SECONDS);
     let read = move |connection: periodic::Connection| {
-        let names = names.clone();
-        async move { read_backlog(&*connection.client().await?, &names).await }
+        let table = table.clone();
+        async move { read_backlog(&*connection.client().await?, &table).await }
     };
     let record = move |backlog: Option<Backlog>| {
         // None: no published_at column; the workers stop with an error that names it.

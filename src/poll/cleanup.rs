@@ -45,7 +45,7 @@ async fn round(
     shutdown: &CancellationToken,
 ) -> Result<u64, RelayError> {
     let client = connection.client().await?;
-    let table = bounded(OutboxTable::discover(&client, &shared.names)).await?;
+    let table = bounded(OutboxTable::discover(&client, &shared.names.table)).await?;
     let delete = bounded(client.prepare(&table.cleanup_sql(batch))).await?;
     let seconds = retention.as_secs_f64();
     let mut total = 0;

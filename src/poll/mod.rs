@@ -41,7 +41,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Delivery, OutboxNames, PollArgs};
+use crate::config::{Delivery, PollArgs, PublishNames};
 use crate::error::RelayError;
 use crate::mapper::Mapper;
 use crate::observability::{self, PollMetrics, WorkerHealth};
@@ -140,7 +140,7 @@ impl PollStats {
 pub(crate) struct Shared {
     database_url: String,
     brokers: Arc<BrokerNodes>,
-    names: OutboxNames,
+    names: PublishNames,
     mapper: Mapper,
     /// The dead-letter exchange under `--on-unroutable dead-letter`; `None` under halt.
     dead_letter_exchange: Option<String>,
@@ -207,7 +207,7 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
     if !args.backlog_poll_interval.is_zero() {
         tokio::spawn(backlog::run(
             shared.database_url.clone(),
-            shared.names.clone(),
+            shared.names.table.clone(),
             args.backlog_poll_interval,
             observing.clone(),
         ));

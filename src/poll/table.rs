@@ -6,7 +6,7 @@
 
 use tokio_postgres::{Client, Row};
 
-use crate::config::OutboxNames;
+use crate::config::TableName;
 use crate::db::quote_ident;
 use crate::error::RelayError;
 use crate::mapper::Layout;
@@ -28,9 +28,9 @@ pub struct Backlog {
 /// table keeps.
 pub async fn read_backlog(
     client: &Client,
-    names: &OutboxNames,
+    outbox: &TableName,
 ) -> Result<Option<Backlog>, RelayError> {
-    let table = names.qualified_table();
+    let table = outbox.qualified_table();
     let has_column = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
@@ -71,20 +71,20 @@ pub struct OutboxTable {
 impl OutboxTable {
     /// Reads the table's columns. Definite errors: the table is missing, or lacks a column
     /// polling needs (`id`, `event_type`, `created_at` to claim in order, `published_at`).
-    pub async fn discover(client: &Client, names: &OutboxNames) -> Result<Self, RelayError> {
+    pub async fn discover(client: &Client, outbox: &TableName) -> Result<Self, RelayError> {
         let needs = [columns::CREATED_AT, PUBLISHED_AT];
-        let text = TextRelation::discover(client, names, &needs, |needed| {
+        let text = TextRelation::discover(client, outbox, &needs, |needed| {
             RelayError::Config(format!(
                 "The outbox table {} has no column \"{needed}\", which polling mode needs \
                  (it claims unpublished rows in created_at order and marks them in \
                  published_at). Fix: run `outbox-relay setup --mode poll`, or add the \
                  column (see sql/outbox_poll.sql)",
-                names.table
+                outbox
             ))
         })
         .await?;
         Ok(Self {
-            qualified: names.qualified_table(),
+            qualified: outbox.qualified_table(),
             text,
         })
     }

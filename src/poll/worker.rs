@@ -120,7 +120,7 @@ async fn session(
 ) -> Result<(), RelayError> {
     let client = bounded(db::connect(&shared.database_url)).await?;
     bounded(client.batch_execute(db::PINNED_SET_STATEMENTS)).await?;
-    let table = bounded(OutboxTable::discover(&client, &shared.names)).await?;
+    let table = bounded(OutboxTable::discover(&client, &shared.names.table)).await?;
     if !shared.index_checked.swap(true, Ordering::Relaxed)
         && !bounded(table.has_claim_index(&client)).await?
     {

@@ -38,7 +38,7 @@ pub async fn check_table(client: &Client, names: &OutboxNames) -> Result<(), Rel
     match exists {
         Some(_) => Ok(()),
         None => Err(RelayError::TableMissing {
-            table: names.table.clone(),
+            table: names.table.to_string(),
         }),
     }
 }
@@ -48,26 +48,26 @@ pub async fn check_publication(client: &Client, names: &OutboxNames) -> Result<(
     let publication = client
         .query_opt(
             "SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = $1",
-            &[&names.publication],
+            &[&names.publication.name],
         )
         .await?;
     if publication.is_none() {
         return Err(RelayError::PublicationMissing {
-            publication: names.publication.clone(),
-            table: names.table.clone(),
+            publication: names.publication.to_string(),
+            table: names.table.to_string(),
         });
     }
     let covered = client
         .query_opt(
             "SELECT 1 FROM pg_catalog.pg_publication_tables \
              WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
-            &[&names.publication, &schema, &table],
+            &[&names.publication.name, &schema, &table],
         )
         .await?;
     if covered.is_none() {
         return Err(RelayError::PublicationDoesNotCoverTable {
-            publication: names.publication.clone(),
-            table: names.table.clone(),
+            publication: names.publication.to_string(),
+            table: names.table.to_string(),
         });
     }
     Ok(())

@@ -243,23 +243,23 @@ pub async fn stream_error(e: PgWireError, names: &OutboxNames, database_url: &st
     let slot = slot_row(database_url, &names.slot).await;
     match (sqlstate.as_str(), slot) {
         ("55006", slot) => RelayError::SlotInUse {
-            slot: names.slot.clone(),
+            slot: names.slot.to_string(),
             pid: slot
                 .flatten()
                 .and_then(|(pid, _)| pid)
                 .map_or_else(|| "unknown".into(), |pid| pid.to_string()),
         },
         ("55000", Some(Some((_, lost)))) if lost => RelayError::SlotLost {
-            slot: names.slot.clone(),
+            slot: names.slot.to_string(),
             confirmed_flush: "its last position".into(),
         },
         ("42704", Some(None)) => RelayError::SlotMissing {
-            slot: names.slot.clone(),
+            slot: names.slot.to_string(),
         },
         // The slot exists: the object the walsender could not find is the publication.
         ("42704", Some(Some(_))) => RelayError::PublicationMissing {
-            publication: names.publication.clone(),
-            table: names.table.clone(),
+            publication: names.publication.to_string(),
+            table: names.table.to_string(),
         },
         _ => RelayError::Replication(e),
     }

@@ -23,6 +23,9 @@ pub struct Outbox {
     pub client: Client,
 }
 
+/// The relay's commands, as [`Outbox::run_command`] finds them among its arguments.
+const COMMANDS: [&str; 6] = ["setup", "run", "poll", "status", "teardown", "resync"];
+
 impl Outbox {
     /// A fresh database on the shared services, provisioned with `outbox-relay setup`.
     pub async fn new(prefix: &str) -> Outbox {
@@ -68,29 +71,43 @@ impl Outbox {
         outbox
     }
 
-    /// The connection flags every command of this outbox needs.
-    pub fn flags(&self) -> Vec<String> {
-        self.flags_via(&self.db_url, &self.amqp_url)
+    /// The connection and name flags `command` takes for this outbox: only those, since a
+    /// command refuses flags it does not use (`status` has no --amqp-url, `poll` no --slot).
+    pub fn flags(&self, command: &str) -> Vec<String> {
+        self.flags_via(command, &self.db_url, &self.amqp_url)
     }
 
     /// [`Outbox::flags`] with other database and AMQP URLs (e.g. a proxy's).
-    pub fn flags_via(&self, db_url: &str, amqp_url: &str) -> Vec<String> {
-        [
-            ("--database-url", db_url),
-            ("--amqp-url", amqp_url),
-            ("--slot", &self.slot),
-            ("--exchange", &self.exchange),
-        ]
-        .iter()
-        .flat_map(|(flag, value)| [flag.to_string(), value.to_string()])
-        .collect()
+    pub fn flags_via(&self, command: &str, db_url: &str, amqp_url: &str) -> Vec<String> {
+        let (broker, slot, exchange) = match command {
+            "setup" | "run" => (true, true, true),
+            "poll" | "resync" => (true, false, true),
+            "status" | "teardown" => (false, true, false),
+            other => panic!("no flags known for the command {other:?}"),
+        };
+        let flags = [
+            ("--database-url", db_url, true),
+            ("--amqp-url", amqp_url, broker),
+            ("--slot", &self.slot, slot),
+            ("--exchange", &self.exchange, exchange),
+        ];
+        flags
+            .iter()
+            .filter(|(_, _, taken)| *taken)
+            .flat_map(|(flag, value, _)| [flag.to_string(), value.to_string()])
+            .collect()
     }
 
-    /// Runs `outbox-relay <args> <flags>` to completion.
+    /// Runs `outbox-relay <args> <flags>` to completion, with the flags of the command
+    /// `args` name.
     pub fn run_command(&self, args: &[&str]) -> Output {
+        let command = args
+            .iter()
+            .find(|arg| COMMANDS.contains(arg))
+            .unwrap_or_else(|| panic!("{args:?} names no command"));
         Command::new(binary())
             .args(args)
-            .args(self.flags())
+            .args(self.flags(command))
             .env_remove("DATABASE_URL")
             .env_remove("AMQP_URL")
             .output()
@@ -107,7 +124,7 @@ impl Outbox {
         env: &[(&str, &str)],
     ) -> RelayProcess {
         let mut args: Vec<String> = vec![command.into()];
-        args.extend(self.flags_via(db_url, amqp_url));
+        args.extend(self.flags_via(command, db_url, amqp_url));
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut vars = vec![TEST_LOG];
