@@ -1,11 +1,14 @@
 //! Command line and environment configuration.
 //!
-//! Every flag has an environment variable so the relay can be configured the way containers
+//! Every flag but the one-off switches of single commands (`--print-sql`, `--json`, `--yes`,
+//! `--since`) has an environment variable so the relay can be configured the way containers
 //! are; secrets (the URLs carry passwords) can also come from a file named by `*_FILE`, so they
 //! never have to appear in argv, where `ps` shows them to every user of the machine.
 //!
 //! It owns the flags, their variables, defaults and the checks that need nothing but the
-//! values. It must never connect to anything (`--help` and `setup --print-sql` work with
+//! values. Each command flattens only the flag groups it uses, so clap refuses a flag that
+//! does not apply to it (the variables of the others go unread: containers share one
+//! environment). It must never connect to anything (`--help` and `setup --print-sql` work with
 //! neither server up), and the command line must not change unnoticed:
 //! `src/snapshots/cli_help.txt` pins every command's help.
 
