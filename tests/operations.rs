@@ -7,6 +7,7 @@
 
 use outbox_testkit as common;
 
+use std::collections::BTreeSet;
 use std::process::Output;
 use std::time::{Duration, SystemTime};
 
@@ -293,6 +294,91 @@ async fn metrics_show_build_info_and_process_metrics_in_both_modes() {
         ] {
             assert!(metrics.contains(line), "{mode}: {line:?} missing");
         }
+        relay.stop().await;
+    }
+}
+
+/// The `outbox_relay_*` families of a scrape, from its `# TYPE` lines.
+fn scraped_families(metrics: &str) -> BTreeSet<String> {
+    metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter(|name| name.starts_with("outbox_relay_"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// What docs/operations.md's "Metrics" table says each mode exports: the `outbox_relay_`
+/// families of every row whose "modes" column names `mode` (labels such as `{cause}`
+/// stripped), and those of them it marks as appearing only with their first event.
+fn documented_families(mode: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md");
+    let doc = std::fs::read_to_string(path).expect("read docs/operations.md");
+    let section = doc
+        .split("\n## Metrics\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("a Metrics section");
+    let (mut all, mut on_event) = (BTreeSet::new(), BTreeSet::new());
+    for row in section.lines().filter(|line| line.starts_with("| `")) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let (names, modes, meaning) = (cells[1], cells[3], cells[4]);
+        if !modes.split(", ").any(|m| m == mode) {
+            continue;
+        }
+        for name in names.split('`').skip(1).step_by(2) {
+            let name = name.split('{').next().expect("a name");
+            if name.starts_with("process_") {
+                continue;
+            }
+            let family = format!("outbox_relay_{name}");
+            if meaning.contains("appears with the first") {
+                on_event.insert(family.clone());
+            }
+            all.insert(family);
+        }
+    }
+    assert!(all.len() > 10, "{mode}: too few metrics parsed from {path}");
+    (all, on_event)
+}
+
+/// docs/operations.md lists the metrics each mode exports: a running `run` and a running
+/// `poll` relay, once a row is delivered and the slot or backlog has been read, export
+/// exactly those (the ones documented as appearing with their first event may be missing;
+/// here, only a reconnect's cause is such an event).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_each_mode_exports_are_the_documented_ones() {
+    let s = services();
+    let wal = Outbox::new("ops_doc_run").await;
+    let poll = Outbox::on_poll(&s.pg.url("postgres"), &s.rabbit.url(), "ops_doc_poll").await;
+    for (mode, outbox) in [("run", &wal), ("poll", &poll)] {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let relay = if mode == "run" {
+            outbox.spawn_relay(&["--metrics-addr", &addr, "--slot-poll-interval", "200ms"])
+        } else {
+            let flags = ["--metrics-addr", &addr, "--backlog-poll-interval", "200ms"];
+            outbox.spawn_poll(&flags, &[])
+        };
+        outbox.insert("Documented.metrics", "{}").await;
+        let (documented, on_event) = documented_families(mode);
+        let required: BTreeSet<String> = documented.difference(&on_event).cloned().collect();
+        let metrics = wait_metrics(port, Duration::from_secs(30), |m| {
+            let scraped = scraped_families(m);
+            required.is_subset(&scraped)
+                && metric_value(m, "outbox_relay_messages_confirmed_total") == Some(1.0)
+        })
+        .await;
+        let scraped = scraped_families(&metrics);
+        let missing: Vec<_> = required.difference(&scraped).collect();
+        let undocumented: Vec<_> = scraped.difference(&documented).collect();
+        assert!(
+            missing.is_empty() && undocumented.is_empty(),
+            "{mode}: documented but not exported: {missing:?}; exported but not documented \
+             for {mode}: {undocumented:?}\n{metrics}\nlog:\n{}",
+            relay.log()
+        );
         relay.stop().await;
     }
 }

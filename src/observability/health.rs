@@ -123,19 +123,15 @@ impl Health {
     /// readiness back.)
     pub fn set_ready(&self) {
         let mut state = self.lock();
+        update_standby(&state.phase, false);
         state.phase = None;
         state.started = true;
-        metrics::gauge!(STANDBY).set(0.0);
     }
 
     /// Not streaming, and why.
     pub fn set_not_ready(&self, reason: NotReady) {
         let mut state = self.lock();
-        metrics::gauge!(STANDBY).set(if reason == NotReady::Standby {
-            1.0
-        } else {
-            0.0
-        });
+        update_standby(&state.phase, reason == NotReady::Standby);
         if let NotReady::StuckMessage(id) = &reason {
             set_stuck(&mut state, Some(id));
         }
@@ -248,6 +244,14 @@ impl Health {
                 .unwrap_or(0.0);
             metrics::gauge!(HEARTBEAT_LAG_SECONDS).set(lag);
         }
+    }
+}
+
+/// Sets [`STANDBY`] when the phase enters or leaves standby, and only then: polling mode,
+/// which has no standby, never exports it (`run` creates it at 0 at start).
+fn update_standby(phase: &Option<NotReady>, standby: bool) {
+    if (*phase == Some(NotReady::Standby)) != standby {
+        metrics::gauge!(STANDBY).set(if standby { 1.0 } else { 0.0 });
     }
 }
 

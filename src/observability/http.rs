@@ -29,7 +29,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::health::Health;
-use super::metrics::{recorder, set_build_info, update_process_metrics};
+use super::metrics::{recorder, register_mode, set_build_info, update_process_metrics};
 
 /// Connections served at once; the next one is accepted when one of them closes.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -208,6 +208,7 @@ pub fn start_endpoints(
 ) -> Health {
     let health = Health::new();
     let metrics = recorder();
+    register_mode(mode);
     set_build_info(mode);
     if let Some(addr) = addr {
         let endpoints = Endpoints {

@@ -251,6 +251,48 @@ pub fn update_process_metrics() {
     process_collector().collect();
 }
 
+/// Creates, at 0, the counters and gauges of `mode` (the command, `run` or `poll`), and only
+/// those: a counter exists from the start so that rate() sees its first increment, and a
+/// family the mode never records is not exported at all (docs/operations.md lists each
+/// mode's). What carries a measurement (the slot and backlog gauges, the histograms,
+/// `reconnects_total{cause}`) appears with its first one.
+pub fn register_mode(mode: &'static str) {
+    let (own_counters, own_gauges): (&[&str], &[&str]) = match mode {
+        "poll" => (
+            &[
+                POLLS_TOTAL,
+                EMPTY_POLLS_TOTAL,
+                BACKLOG_POLL_ERRORS_TOTAL,
+                NOTIFICATIONS_TOTAL,
+            ],
+            &[],
+        ),
+        _ => (
+            &[SLOT_POLLS_TOTAL, SLOT_POLL_ERRORS_TOTAL],
+            &[ACK_POINTS_QUEUED, STANDBY],
+        ),
+    };
+    let counters = [
+        MESSAGES_PUBLISHED_TOTAL,
+        MESSAGES_CONFIRMED_TOTAL,
+        MESSAGES_NACKED_TOTAL,
+        MESSAGES_RETURNED_TOTAL,
+        CLEANUP_DELETED_ROWS_TOTAL,
+    ];
+    for name in counters.iter().chain(own_counters) {
+        metrics::counter!(*name).absolute(0);
+    }
+    for reason in DEAD_LETTER_REASONS {
+        metrics::counter!(DEAD_LETTERED_TOTAL, REASON_LABEL => reason).absolute(0);
+    }
+    for name in [MESSAGES_IN_FLIGHT, BROKER_BLOCKED]
+        .iter()
+        .chain(own_gauges)
+    {
+        metrics::gauge!(*name).set(0.0);
+    }
+}
+
 /// Sets [`BUILD_INFO`] for this process: `mode` is the command, `run` or `poll`.
 pub fn set_build_info(mode: &'static str) {
     metrics::gauge!(
@@ -289,29 +331,6 @@ pub fn recorder() -> PrometheusHandle {
             }
             describe();
             process_collector().describe();
-            // Counters exist from the start, so that rate() sees their first increment.
-            for name in [
-                SLOT_POLLS_TOTAL,
-                SLOT_POLL_ERRORS_TOTAL,
-                MESSAGES_PUBLISHED_TOTAL,
-                MESSAGES_CONFIRMED_TOTAL,
-                MESSAGES_NACKED_TOTAL,
-                MESSAGES_RETURNED_TOTAL,
-                CLEANUP_DELETED_ROWS_TOTAL,
-                POLLS_TOTAL,
-                EMPTY_POLLS_TOTAL,
-                BACKLOG_POLL_ERRORS_TOTAL,
-                NOTIFICATIONS_TOTAL,
-            ] {
-                metrics::counter!(name).absolute(0);
-            }
-            for reason in DEAD_LETTER_REASONS {
-                metrics::counter!(DEAD_LETTERED_TOTAL, REASON_LABEL => reason).absolute(0);
-            }
-            metrics::gauge!(MESSAGES_IN_FLIGHT).set(0.0);
-            metrics::gauge!(ACK_POINTS_QUEUED).set(0.0);
-            metrics::gauge!(STANDBY).set(0.0);
-            metrics::gauge!(BROKER_BLOCKED).set(0.0);
             handle
         })
         .clone()
@@ -351,6 +370,22 @@ impl RelayMetrics {
         }
     }
 
+    /// The handles of a delivery in batches (polling mode, `resync`): its messages carry no
+    /// commit time and its ack points are the batches' ends, so neither
+    /// [`COMMIT_TO_CONFIRM_SECONDS`] nor [`ACK_POINTS_QUEUED`] is exported for it.
+    pub fn for_batches() -> Self {
+        // Not `..Self::new()`: resolving a handle registers its family.
+        Self {
+            published: metrics::counter!(MESSAGES_PUBLISHED_TOTAL),
+            confirmed: metrics::counter!(MESSAGES_CONFIRMED_TOTAL),
+            nacked: metrics::counter!(MESSAGES_NACKED_TOTAL),
+            returned: metrics::counter!(MESSAGES_RETURNED_TOTAL),
+            in_flight: metrics::gauge!(MESSAGES_IN_FLIGHT),
+            ack_points: Gauge::noop(),
+            commit_to_confirm: Histogram::noop(),
+        }
+    }
+
     /// Records one confirm of a message whose transaction committed at `commit_time` (the
     /// server's clock; a clock behind ours counts as 0).
     pub fn observe_commit_to_confirm(&self, commit_time: SystemTime) {
@@ -383,7 +418,7 @@ impl Default for PollMetrics {
 impl PollMetrics {
     pub fn new() -> Self {
         Self {
-            relay: RelayMetrics::new(),
+            relay: RelayMetrics::for_batches(),
             polls: metrics::counter!(POLLS_TOTAL),
             empty_polls: metrics::counter!(EMPTY_POLLS_TOTAL),
             batch_seconds: metrics::histogram!(POLL_BATCH_SECONDS),

@@ -87,7 +87,7 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
             &broker,
             messages,
             args.publishing.confirm_timeout(),
-            &RelayMetrics::new(),
+            &RelayMetrics::for_batches(),
         )
         .await;
         if let Err(e) = confirmed {
