@@ -117,6 +117,24 @@ pub async fn declare_bound_queue_with_args(
     bind_queue(url, queue, exchange, binding_key).await;
 }
 
+/// The arguments that make a durable queue a quorum queue (`x-queue-type: quorum`). RabbitMQ
+/// 3.10 places a new quorum queue's leader on the node the declaring client is connected to.
+pub fn quorum_queue_arguments() -> FieldTable {
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    arguments
+}
+
+/// [`declare_bound_queue`] for a quorum queue ([`quorum_queue_arguments`]), led by the node
+/// `url` connects to.
+pub async fn declare_bound_quorum_queue(url: &str, exchange: &str, queue: &str, binding_key: &str) {
+    let arguments = quorum_queue_arguments();
+    declare_bound_queue_with_args(url, exchange, queue, binding_key, arguments).await;
+}
+
 pub async fn bind_queue(url: &str, queue: &str, exchange: &str, key: &str) {
     let what = format!("bind {queue} to {exchange} ({key})");
     channel_op(url, what, |channel| async move {
