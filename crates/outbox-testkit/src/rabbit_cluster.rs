@@ -124,31 +124,61 @@ impl RabbitCluster {
         Ok(cluster)
     }
 
-    /// Joins nodes 1.. to node 0, in parallel.
+    /// Joins nodes 1.. to node 0: in parallel, then one at a time for a node whose join
+    /// failed (two joins at once can race on the schema; seen once in 3.10: the second
+    /// node's `start_app` failed in mnesia).
     fn join(&self) -> Result<(), String> {
-        let seed = self.nodes[0].name.as_str();
-        std::thread::scope(|scope| {
+        let failed: Vec<(&Node, String)> = std::thread::scope(|scope| {
             let joins: Vec<_> = self.nodes[1..]
                 .iter()
-                .map(|node| {
-                    scope.spawn(move || {
-                        for args in [&["stop_app"][..], &["join_cluster", seed], &["start_app"]] {
-                            let out = node.ctl(args);
-                            if !out.status.success() {
-                                return Err(node.failure(&format!(
-                                    "rabbitmqctl {args:?} failed:\n{}",
-                                    output_text(&out)
-                                )));
-                            }
-                        }
-                        Ok(())
-                    })
-                })
+                .map(|node| (node, scope.spawn(move || self.join_one(node))))
                 .collect();
             joins
                 .into_iter()
-                .try_for_each(|join| join.join().unwrap_or_else(|_| Err("join panicked".into())))
-        })
+                .filter_map(|(node, join)| {
+                    let joined = join.join().unwrap_or_else(|_| Err("join panicked".into()));
+                    joined.err().map(|e| (node, e))
+                })
+                .collect()
+        });
+        for (node, first_error) in failed {
+            eprintln!(
+                "harness: rabbitmq {} failed to join, retrying alone",
+                node.name
+            );
+            let mut last_error = first_error;
+            let joined = (0..2).any(|_| {
+                // Undo a half-done join before trying again.
+                let _ = node.ctl(&["stop_app"]);
+                let _ = node.ctl(&["reset"]);
+                match self.join_one(node) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        last_error = e;
+                        false
+                    }
+                }
+            });
+            if !joined {
+                return Err(last_error);
+            }
+        }
+        Ok(())
+    }
+
+    /// `rabbitmqctl stop_app`, `join_cluster NODE0`, `start_app` on `node`.
+    fn join_one(&self, node: &Node) -> Result<(), String> {
+        let seed = self.nodes[0].name.as_str();
+        for args in [&["stop_app"][..], &["join_cluster", seed], &["start_app"]] {
+            let out = node.ctl(args);
+            if !out.status.success() {
+                return Err(node.failure(&format!(
+                    "rabbitmqctl {args:?} failed:\n{}",
+                    output_text(&out)
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Waits until every node accepts AMQP connections and one of them lists all of them as
