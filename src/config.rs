@@ -9,11 +9,14 @@
 //! neither server up), and the command line must not change unnoticed:
 //! `src/snapshots/cli_help.txt` pins every command's help.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::RelayError;
+use crate::mapper::AllowedExchanges;
+use crate::publish::BrokerNodes;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -73,11 +76,13 @@ pub struct Connections {
     #[arg(long, env = "DATABASE_URL_FILE")]
     pub database_url_file: Option<String>,
 
-    /// RabbitMQ URL, e.g. amqp://user:secret@broker:5672/%2f (amqps:// for TLS).
+    /// RabbitMQ URL, e.g. amqp://user:secret@broker:5672/%2f (amqps:// for TLS). A cluster:
+    /// its nodes' URLs separated by commas; the relay tries them in a shuffled order and
+    /// moves to the next node when its connection is lost.
     #[arg(long, env = "AMQP_URL", hide_env_values = true)]
     pub amqp_url: Option<String>,
 
-    /// File holding the RabbitMQ URL (instead of --amqp-url).
+    /// File holding the RabbitMQ URL or URLs (instead of --amqp-url).
     #[arg(long, env = "AMQP_URL_FILE")]
     pub amqp_url_file: Option<String>,
 }
@@ -99,6 +104,11 @@ impl Connections {
             &self.amqp_url,
             &self.amqp_url_file,
         )
+    }
+
+    /// The RabbitMQ nodes of [`Self::amqp_url`], every URL checked, in a shuffled order.
+    pub fn broker_nodes(&self) -> Result<Arc<BrokerNodes>, RelayError> {
+        BrokerNodes::parse(&self.amqp_url()?).map(Arc::new)
     }
 }
 
@@ -214,6 +224,27 @@ pub struct RunArgs {
     pub cleanup: CleanupArgs,
     #[command(flatten)]
     pub dead_letter: DeadLetterArgs,
+    #[command(flatten)]
+    pub exchanges: ExchangePolicyArgs,
+}
+
+/// Which exchanges a row may send its message to.
+#[derive(Debug, Clone, Args)]
+pub struct ExchangePolicyArgs {
+    /// Exchanges a row's `exchange` column may name, comma-separated; `*` allows any
+    /// exchange the broker user can write to. The --exchange is always allowed. A row naming
+    /// another exchange is not published: it stops the relay (`halt`) or goes to the
+    /// dead-letter exchange with the reason "exchange not allowed".
+    #[arg(long, env = "OUTBOX_ALLOWED_EXCHANGES")]
+    pub allowed_exchanges: Option<String>,
+}
+
+impl ExchangePolicyArgs {
+    /// The policy for rows of an outbox whose default exchange is `exchange`.
+    pub fn policy(&self, exchange: &str) -> Result<AllowedExchanges, RelayError> {
+        AllowedExchanges::parse(self.allowed_exchanges.as_deref(), exchange)
+            .map_err(RelayError::Config)
+    }
 }
 
 /// What happens to a message the broker will not route or accept.
@@ -416,6 +447,9 @@ pub struct PollArgs {
 
     #[command(flatten)]
     pub dead_letter: DeadLetterArgs,
+
+    #[command(flatten)]
+    pub exchanges: ExchangePolicyArgs,
 }
 
 impl PollArgs {
@@ -540,6 +574,8 @@ pub struct ResyncArgs {
     pub since: String,
     #[command(flatten)]
     pub delivery: Delivery,
+    #[command(flatten)]
+    pub exchanges: ExchangePolicyArgs,
 }
 
 /// A duration: humantime's spellings (`250ms`, `5m`, `1h 30m`, `2days`), and what the relay

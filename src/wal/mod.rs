@@ -56,8 +56,13 @@ const HEALTHY_SESSION: Duration = Duration::from_secs(60);
 
 /// Runs the WAL relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
 pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
-    let mapper = Mapper::new(&args.names.exchange, args.tuning.max_message_size)
-        .map_err(RelayError::Config)?;
+    let allowed_exchanges = args.exchanges.policy(&args.names.exchange)?;
+    let mapper = Mapper::new(
+        &args.names.exchange,
+        args.tuning.max_message_size,
+        allowed_exchanges,
+    )
+    .map_err(RelayError::Config)?;
     let dead_letter_exchange = args.dead_letter.exchange(&args.names.exchange)?;
     // The endpoints and the slot poller live as long as this function: through a graceful
     // stop, and on while the sessions reconnect.
@@ -76,7 +81,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         .and_then(|config| config.get_user().map(str::to_string));
     let ctx = SessionContext {
         database_url,
-        amqp_url: args.connections.amqp_url()?,
+        brokers: args.connections.broker_nodes()?,
         names: args.names,
         tuning: args.tuning,
         mapper,

@@ -22,10 +22,10 @@ use tokio::time::Instant;
 use crate::report::{Latency, Report};
 use crate::writers::{CommittedRow, Written, ORDER_NOTE_LEN};
 use outbox_relay::db;
-use outbox_relay::mapper::{Layout, Mapper, OutboxMessage, Position};
+use outbox_relay::mapper::{AllowedExchanges, Layout, Mapper, OutboxMessage, Position};
 use outbox_relay::observability::RelayMetrics;
 use outbox_relay::pgoutput::{self, Column, LogicalMessage, Relation, Tuple, TupleValue};
-use outbox_relay::publish::{deliver, Acked, Broker, DeliveryOptions, Input};
+use outbox_relay::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions, Input};
 use outbox_relay::wal::relations::{Known, RelationCache};
 use outbox_testkit::arrivals::{ArrivalConsumer, QueueSpec};
 
@@ -70,7 +70,8 @@ impl SyntheticRows {
         };
         Ok(SyntheticRows {
             layout: Layout::for_relation(&relation)?,
-            mapper: Mapper::new(exchange, usize::MAX).map_err(anyhow::Error::msg)?,
+            mapper: Mapper::new(exchange, usize::MAX, AllowedExchanges::Any)
+                .map_err(anyhow::Error::msg)?,
             event_type: event_type.to_string(),
             created_at: Bytes::from_static(b"2026-01-01 00:00:00.123456+00"),
         })
@@ -134,7 +135,8 @@ pub async fn broker_alone(
         prefetch: 1000,
         delete_on_close: true,
     };
-    let broker = Broker::connect(amqp_url)
+    let nodes = std::sync::Arc::new(BrokerNodes::parse(amqp_url)?);
+    let broker = Broker::connect(&nodes)
         .await
         .context("the broker-alone publisher cannot connect")?;
     // What `outbox-relay setup` declares: this may run before any setup did.
@@ -244,7 +246,8 @@ pub async fn decode_alone(
     let mut client = ReplicationClient::connect(config).await?;
     client.wait_started().await?;
     let started = Instant::now();
-    let mapper = Mapper::new(exchange, usize::MAX).map_err(anyhow::Error::msg)?;
+    let mapper =
+        Mapper::new(exchange, usize::MAX, AllowedExchanges::Any).map_err(anyhow::Error::msg)?;
     let mut relations = RelationCache::new("public", table);
     let mut commit_lsn = Lsn::from_u64(0);
     let mut index = 0u32;
