@@ -432,6 +432,28 @@ pub async fn probe(
     (id, arrived.then(|| started.elapsed()))
 }
 
+/// [`probe`] that must arrive: how long it took. Panics with the log, saying what the
+/// delivery came `after`, if it does not arrive within `timeout`.
+pub async fn delivered_after(
+    relay: &RelayProcess,
+    client: &Client,
+    consumer: &mut Consumer,
+    timeout: Duration,
+    after: &str,
+) -> Duration {
+    let (_, latency) = probe(client, consumer, timeout).await;
+    latency.unwrap_or_else(|| panic!("no delivery after {after}; log:\n{}", relay.log()))
+}
+
+/// Polling mode: the ids of the rows not yet marked published.
+pub async fn unsent_ids(client: &Client) -> HashSet<String> {
+    let sql = "SELECT id::text FROM outbox WHERE published_at IS NULL";
+    super::pg::first_column(client, sql, &[])
+        .await
+        .into_iter()
+        .collect()
+}
+
 // ---------------------------------------------------------------------------------
 // Slots
 
@@ -450,6 +472,35 @@ pub async fn slot_state(
         .expect("query pg_replication_slots")?;
     let restart: Option<&str> = row.get(0);
     Some((restart.map(super::pg::parse_lsn), row.get(1), row.get(2)))
+}
+
+/// The end of a scenario: with every committed row arrived and the relay stopped, check ACK,
+/// drain the queue through a marker and count. Returns (committed, tally).
+pub async fn finish(
+    client: &Client,
+    outbox: &Outbox,
+    oracle: &Oracle,
+    consumer: &mut Consumer,
+    relay: &RelayProcess,
+) -> (Vec<String>, Tally) {
+    let committed = oracle.committed_ids(client).await;
+    assert!(
+        wait_for_ids(consumer, &committed, Duration::from_secs(180)).await,
+        "L0: {} of {} committed rows arrived; log:\n{}",
+        committed.len() - Tally::of(consumer.received()).lost(&committed).len(),
+        committed.len(),
+        relay.log()
+    );
+    relay.stop().await;
+    check_ack(client, outbox, oracle, consumer).await;
+    let tally = Tally::of(consumer.received());
+    assert_nothing_lost_or_invented(&tally, &committed);
+    (committed, tally)
+}
+
+/// A duration for a report: `1.2 s`.
+pub fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
 }
 
 /// The figures one scenario prints (and docs/reliability.md collects).
