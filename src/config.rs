@@ -9,11 +9,13 @@
 //! neither server up), and the command line must not change unnoticed:
 //! `src/snapshots/cli_help.txt` pins every command's help.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::RelayError;
+use crate::publish::BrokerNodes;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -73,11 +75,13 @@ pub struct Connections {
     #[arg(long, env = "DATABASE_URL_FILE")]
     pub database_url_file: Option<String>,
 
-    /// RabbitMQ URL, e.g. amqp://user:secret@broker:5672/%2f (amqps:// for TLS).
+    /// RabbitMQ URL, e.g. amqp://user:secret@broker:5672/%2f (amqps:// for TLS). A cluster:
+    /// its nodes' URLs separated by commas; the relay tries them in a shuffled order and
+    /// moves to the next node when its connection is lost.
     #[arg(long, env = "AMQP_URL", hide_env_values = true)]
     pub amqp_url: Option<String>,
 
-    /// File holding the RabbitMQ URL (instead of --amqp-url).
+    /// File holding the RabbitMQ URL or URLs (instead of --amqp-url).
     #[arg(long, env = "AMQP_URL_FILE")]
     pub amqp_url_file: Option<String>,
 }
@@ -99,6 +103,11 @@ impl Connections {
             &self.amqp_url,
             &self.amqp_url_file,
         )
+    }
+
+    /// The RabbitMQ nodes of [`Self::amqp_url`], every URL checked, in a shuffled order.
+    pub fn broker_nodes(&self) -> Result<Arc<BrokerNodes>, RelayError> {
+        BrokerNodes::parse(&self.amqp_url()?).map(Arc::new)
     }
 }
 

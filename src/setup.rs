@@ -195,7 +195,7 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
 async fn declare_exchanges(args: &SetupArgs) -> Result<(), RelayError> {
     let names = &args.names;
     let dead_letter = args.dead_letter.exchange(&names.exchange)?;
-    let broker = Broker::connect(&args.connections.amqp_url()?).await?;
+    let broker = Broker::connect(&args.connections.broker_nodes()?).await?;
     broker.declare_exchange(&names.exchange, false).await?;
     println!("exchange {}: declared (durable topic)", names.exchange);
     if let Some(dead_letter) = dead_letter {

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use common::amqp::{bind_queue, declare_exchange, delete_exchange, unbind_queue};
 use common::faults::{
-    assert_not_acknowledged, assert_nothing_lost_or_invented, assert_returned,
+    assert_acknowledged, assert_not_acknowledged, assert_nothing_lost_or_invented, assert_returned,
     assert_stuck_on_returned, barrier, check_ack, connect_retrying, delivered_after, finish,
     ids_of, observed_outbox, probe, report, report_tally, scrape_slot_gauges, secs, slot_state,
     unsent_ids, wait_for_ids, Oracle, Tally, Writers,
@@ -1008,6 +1008,104 @@ async fn s12b_broker_blocked_is_reported_by_readyz_and_a_gauge() {
     assert_eq!(
         metric_value(&metrics, "outbox_relay_broker_blocked"),
         Some(0.0)
+    );
+}
+
+/// A long alarm while the outbox is idle and the database busy: every keepalive and heartbeat
+/// behind the blocked publish is an ack point, and they must not pile up (they merge).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s12c_long_alarm_with_a_busy_database_keeps_queued_ack_points_bounded() {
+    const ALARM: Duration = Duration::from_secs(60);
+    let pair = shared().await;
+    let rabbit = blocking(RabbitServer::start);
+    let outbox = Outbox::on(&pair.pg.url("postgres"), &rabbit.url(), "alarmbusy").await;
+    let oracle = Oracle::create(&outbox).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let (relay, port) = spawn_streaming_observed(
+        &outbox,
+        &mut consumer,
+        &[
+            "--confirm-timeout-secs",
+            "3",
+            "--heartbeat-interval-secs",
+            "1",
+        ],
+    )
+    .await;
+
+    memory_alarm(&rabbit, true);
+    let blocked_id = outbox.insert("WhileBlocked", "{}").await;
+    assert!(
+        relay.wait_for_log("broker blocked", MINUTE).await,
+        "log:\n{}",
+        relay.log()
+    );
+    // Another table written all along: the WAL moves, so keepalives keep coming.
+    outbox
+        .client
+        .batch_execute("CREATE TABLE alarmbusy_side (id bigserial PRIMARY KEY, v text)")
+        .await
+        .expect("create the side table");
+    let side_writer = {
+        let db_url = outbox.db_url.clone();
+        tokio::spawn(async move {
+            let client = common::pg_connect(&db_url).await;
+            let mut rows = 0u64;
+            loop {
+                client
+                    .execute(
+                        "INSERT INTO alarmbusy_side (v) VALUES (repeat('x', 200))",
+                        &[],
+                    )
+                    .await
+                    .expect("side insert");
+                rows += 1;
+                if rows % 100 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+        })
+    };
+    let started = Instant::now();
+    let mut most_queued = 0.0f64;
+    let mut samples = 0;
+    while started.elapsed() < ALARM {
+        let metrics = common::http::metrics(port).await;
+        let queued = metric_value(&metrics, "outbox_relay_ack_points_queued")
+            .expect("outbox_relay_ack_points_queued is exported");
+        most_queued = most_queued.max(queued);
+        samples += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_not_acknowledged(&outbox, &oracle, &blocked_id, "the blocked row").await;
+    side_writer.abort();
+    memory_alarm(&rabbit, false);
+    assert!(
+        wait_for_ids(&mut consumer, std::slice::from_ref(&blocked_id), MINUTE).await,
+        "the blocked row arrives once the alarm clears; log:\n{}",
+        relay.log()
+    );
+    assert_acknowledged(&outbox, &oracle, &relay, &blocked_id, MINUTE).await;
+    report(
+        "s12c long alarm, busy database",
+        &[
+            ("alarm", secs(ALARM)),
+            ("gauge samples", samples.to_string()),
+            ("most ack points queued", most_queued.to_string()),
+            (
+                "session failures",
+                relay.log_count("session failed").to_string(),
+            ),
+        ],
+    );
+    assert!(
+        most_queued <= 2.0,
+        "ack points pile up behind the blocked publish: {most_queued} queued"
+    );
+    assert_eq!(
+        relay.log_count("session failed"),
+        0,
+        "no reconnect while blocked"
     );
 }
 

@@ -41,6 +41,9 @@ pub const MESSAGES_RETURNED_TOTAL: &str = "outbox_relay_messages_returned_total"
 /// Messages sent to the dead-letter exchange (`--on-unroutable dead-letter`) and confirmed
 /// there, by reason (`unroutable`, `too_large`, `unmappable`).
 pub const DEAD_LETTERED_TOTAL: &str = "outbox_relay_messages_dead_lettered_total";
+/// Ack points (commits, keepalives, heartbeats) queued behind an unconfirmed publish;
+/// consecutive ones are merged, so this stays at most one above the publishes between them.
+pub const ACK_POINTS_QUEUED: &str = "outbox_relay_ack_points_queued";
 /// Messages published and not yet confirmed.
 pub const MESSAGES_IN_FLIGHT: &str = "outbox_relay_messages_in_flight";
 /// Seconds from a transaction's commit (its timestamp in the stream) to the broker's
@@ -59,6 +62,9 @@ pub const CLEANUP_DELETED_ROWS_TOTAL: &str = "outbox_relay_cleanup_deleted_rows_
 pub const STANDBY: &str = "outbox_relay_standby";
 /// 1 while the broker blocks this relay's publishes (memory or disk alarm).
 pub const BROKER_BLOCKED: &str = "outbox_relay_broker_blocked";
+/// 1 for the RabbitMQ node (label `node`, `host:port`) the newest connection went to, 0 for
+/// nodes used before.
+pub const BROKER_INFO: &str = "outbox_relay_broker_info";
 /// 1 while /readyz answers 200, 0 otherwise (alert on this rather than probing /readyz).
 pub const READY: &str = "outbox_relay_ready";
 
@@ -88,6 +94,8 @@ pub const CAUSE_LABEL: &str = "cause";
 pub const REASON_LABEL: &str = "reason";
 /// Its values ([`crate::publish::dead_letter::Reason::label`]).
 pub const DEAD_LETTER_REASONS: [&str; 3] = ["unroutable", "too_large", "unmappable"];
+/// Label of [`BROKER_INFO`].
+pub const NODE_LABEL: &str = "node";
 /// Label of [`SLOT_WAL_STATUS`].
 pub const STATUS_LABEL: &str = "status";
 /// The values `pg_replication_slots.wal_status` takes in PostgreSQL 15.
@@ -153,6 +161,10 @@ pub fn describe() {
         MESSAGES_IN_FLIGHT,
         "Messages published and not yet confirmed"
     );
+    describe_gauge!(
+        ACK_POINTS_QUEUED,
+        "Ack points (commits, keepalives, heartbeats) queued behind unconfirmed publishes"
+    );
     describe_histogram!(
         COMMIT_TO_CONFIRM_SECONDS,
         Unit::Seconds,
@@ -182,6 +194,10 @@ pub fn describe() {
         "1 while the broker blocks publishing (connection.blocked)"
     );
     describe_gauge!(READY, "1 while /readyz answers 200");
+    describe_gauge!(
+        BROKER_INFO,
+        "1 for the RabbitMQ node (host:port) the relay is connected to, 0 for nodes used before"
+    );
     describe_counter!(POLLS_TOTAL, "Claim queries run by the polling workers");
     describe_counter!(EMPTY_POLLS_TOTAL, "Claim queries that found no unsent row");
     describe_histogram!(
@@ -253,6 +269,7 @@ pub fn recorder() -> PrometheusHandle {
                 metrics::counter!(DEAD_LETTERED_TOTAL, REASON_LABEL => reason).absolute(0);
             }
             metrics::gauge!(MESSAGES_IN_FLIGHT).set(0.0);
+            metrics::gauge!(ACK_POINTS_QUEUED).set(0.0);
             metrics::gauge!(STANDBY).set(0.0);
             metrics::gauge!(BROKER_BLOCKED).set(0.0);
             handle
@@ -269,6 +286,7 @@ pub struct RelayMetrics {
     pub nacked: Counter,
     pub returned: Counter,
     pub in_flight: Gauge,
+    pub ack_points: Gauge,
     pub commit_to_confirm: Histogram,
 }
 
@@ -288,6 +306,7 @@ impl RelayMetrics {
             nacked: metrics::counter!(MESSAGES_NACKED_TOTAL),
             returned: metrics::counter!(MESSAGES_RETURNED_TOTAL),
             in_flight: metrics::gauge!(MESSAGES_IN_FLIGHT),
+            ack_points: metrics::gauge!(ACK_POINTS_QUEUED),
             commit_to_confirm: metrics::histogram!(COMMIT_TO_CONFIRM_SECONDS),
         }
     }
@@ -391,6 +410,8 @@ mod tests {
             MESSAGES_NACKED_TOTAL,
             MESSAGES_RETURNED_TOTAL,
             MESSAGES_IN_FLIGHT,
+            ACK_POINTS_QUEUED,
+            BROKER_INFO,
             COMMIT_TO_CONFIRM_SECONDS,
             HEARTBEAT_LAG_SECONDS,
             BLOCKED_ON_MESSAGE_SECONDS,

@@ -47,7 +47,7 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         ))
     })
     .await?;
-    let broker = Broker::connect(&args.connections.amqp_url()?).await?;
+    let broker = Broker::connect(&args.connections.broker_nodes()?).await?;
     broker.declare_exchange(&names.exchange, true).await?;
 
     let transaction = client

@@ -24,6 +24,7 @@ use crate::db::{self, quote_ident};
 use crate::error::{chain, RelayError};
 use crate::mapper::columns;
 use crate::observability::http_get;
+use crate::observability::metrics::{BROKER_INFO, NODE_LABEL};
 use crate::poll::table::{read_backlog, Backlog};
 use crate::wal::slot::{read_slot, SlotReport};
 
@@ -72,6 +73,9 @@ pub struct Status {
     /// Whether the stuck message is known: only a running relay knows it.
     pub stuck_message_known: bool,
     pub stuck_message_id: Option<String>,
+    /// The RabbitMQ node (`host:port`) the running relay is connected to, from its
+    /// `/metrics`; `null` when no relay answered or it is not connected.
+    pub broker: Option<String>,
 }
 
 impl Status {
@@ -142,6 +146,13 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         },
         None => None,
     };
+    let broker = match (addr, &readiness) {
+        (Some(addr), Some(_)) => match http_get(addr, "/metrics").await {
+            Ok((_, body)) => broker_in_use(&body),
+            Err(_) => None,
+        },
+        _ => None,
+    };
     let stuck_message_id = readiness
         .as_deref()
         .and_then(|line| line.strip_prefix("stuck message "))
@@ -190,6 +201,16 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         stuck_message_known: readiness.is_some(),
         relay_readiness: readiness,
         stuck_message_id,
+        broker,
+    })
+}
+
+/// The node of the `outbox_relay_broker_info` sample that is 1, in a Prometheus text page.
+fn broker_in_use(metrics: &str) -> Option<String> {
+    let prefix = format!("{BROKER_INFO}{{{NODE_LABEL}=\"");
+    metrics.lines().find_map(|line| {
+        let (node, value) = line.strip_prefix(&prefix)?.split_once("\"}")?;
+        (value.trim() == "1").then(|| node.to_string())
     })
 }
 
@@ -300,6 +321,13 @@ pub fn render(status: &Status) -> String {
         Some(readiness) => {
             lines.push(("relay", format!("{readiness} (/readyz at {addr})")));
             lines.push((
+                "broker",
+                status
+                    .broker
+                    .clone()
+                    .unwrap_or_else(|| "not connected".into()),
+            ));
+            lines.push((
                 "stuck message",
                 status
                     .stuck_message_id
@@ -379,7 +407,18 @@ mod tests {
             relay_readiness: Some("stuck message 0f9c".into()),
             stuck_message_known: true,
             stuck_message_id: Some("0f9c".into()),
+            broker: Some("rabbit-2:5672".into()),
         }
+    }
+
+    #[test]
+    fn the_broker_in_use_is_the_info_sample_that_is_one() {
+        let page = "# TYPE outbox_relay_broker_info gauge\n\
+                    outbox_relay_broker_info{node=\"h1:5672\"} 0\n\
+                    outbox_relay_broker_info{node=\"h2:5672\"} 1\n\
+                    outbox_relay_ready 1\n";
+        assert_eq!(broker_in_use(page).as_deref(), Some("h2:5672"));
+        assert_eq!(broker_in_use("outbox_relay_ready 1\n"), None);
     }
 
     #[test]
@@ -397,6 +436,7 @@ mod tests {
             "outbox rows          12 in outbox\n",
             "oldest row age       3m 12s\n",
             "stuck message        0f9c\n",
+            "broker               rabbit-2:5672\n",
         ] {
             assert!(text.contains(expected), "{expected:?} missing in:\n{text}");
         }

@@ -45,6 +45,7 @@ use crate::config::{Delivery, OutboxNames, PollArgs};
 use crate::error::{chain, RelayError};
 use crate::mapper::Mapper;
 use crate::observability::{self, PollMetrics, WorkerHealth};
+use crate::publish::BrokerNodes;
 
 /// Counters of one `poll` run for its summary log line; each is also exported as a metric.
 pub struct PollStats {
@@ -138,7 +139,7 @@ impl PollStats {
 /// What the workers, the listener and the cleanup share.
 pub(crate) struct Shared {
     database_url: String,
-    amqp_url: String,
+    brokers: Arc<BrokerNodes>,
     names: OutboxNames,
     mapper: Mapper,
     /// The dead-letter exchange under `--on-unroutable dead-letter`; `None` under halt.
@@ -170,7 +171,7 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
     let (poll_interval_min, poll_interval_max) = args.poll_intervals();
     let shared = Arc::new(Shared {
         database_url: args.connections.database_url()?,
-        amqp_url: args.connections.amqp_url()?,
+        brokers: args.connections.broker_nodes()?,
         names: args.names,
         mapper,
         dead_letter_exchange,

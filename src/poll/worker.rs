@@ -134,7 +134,7 @@ async fn session(
     let claim_batch = bounded(client.prepare(&table.claim_sql(shared.batch_size))).await?;
     let claim_one = bounded(client.prepare(&table.claim_sql(1))).await?;
     let mark = bounded(client.prepare(&table.mark_sql())).await?;
-    let broker = Broker::connect(&shared.amqp_url).await?;
+    let broker = Broker::connect(&shared.brokers).await?;
     let mut session = Session {
         shared,
         client,

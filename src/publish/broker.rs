@@ -14,6 +14,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::Poll;
 
 use futures_util::StreamExt;
@@ -24,6 +25,7 @@ use lapin::{
 };
 use tokio::sync::watch;
 
+use super::nodes::BrokerNodes;
 use crate::error::RelayError;
 use crate::mapper::OutboxMessage;
 
@@ -55,14 +57,33 @@ pub(super) struct DeadLetters {
 }
 
 impl Broker {
-    /// Connects and opens the publishing channel in confirm mode.
-    pub async fn connect(url: &str) -> Result<Self, RelayError> {
+    /// Connects to the first of `nodes` that answers, preferred one first (see
+    /// [`BrokerNodes`]), and opens the publishing channel in confirm mode. Fails with the
+    /// last node's error when none answers.
+    pub async fn connect(nodes: &Arc<BrokerNodes>) -> Result<Self, RelayError> {
+        let mut last_error = None;
+        for index in nodes.attempt_order() {
+            match Self::connect_to(nodes, index).await {
+                Ok(broker) => {
+                    nodes.connected(index);
+                    return Ok(broker);
+                }
+                Err(error) => {
+                    nodes.connect_failed(index, &error);
+                    last_error = Some(error);
+                }
+            }
+        }
+        Err(last_error.unwrap_or_else(|| RelayError::Config("No RabbitMQ URL given".to_string())))
+    }
+
+    async fn connect_to(nodes: &Arc<BrokerNodes>, index: usize) -> Result<Self, RelayError> {
         let properties =
             ConnectionProperties::default().with_connection_name("outbox-relay".into());
         // A broker (or network) that accepts and goes silent would hold the handshake forever.
         let connection = tokio::time::timeout(
             crate::db::CONNECT_TIMEOUT,
-            Connection::connect(url, properties),
+            Connection::connect(nodes.node(index).url(), properties),
         )
         .await
         .map_err(|_| RelayError::ConnectTimeout {
@@ -73,6 +94,7 @@ impl Broker {
         let (blocked_tx, blocked) = watch::channel(false);
         let (lost_tx, lost) = watch::channel(None);
         let mut events = connection.events_listener();
+        let nodes = Arc::clone(nodes);
         tokio::spawn(async move {
             while let Some(event) = events.next().await {
                 match event {
@@ -85,6 +107,7 @@ impl Broker {
                         blocked_tx.send_replace(false);
                     }
                     lapin::Event::Error(error) => {
+                        nodes.connection_lost(index, &error.to_string());
                         lost_tx.send_replace(Some(error));
                     }
                     _ => {}

@@ -103,6 +103,7 @@ pub async fn deliver<T: AckToken + Clone>(
         if queue.advance() {
             let token = queue.acknowledged().cloned();
             acked.send_modify(|acked| acked.token = token);
+            metrics.ack_points.set(queue.ack_points() as f64);
         }
         if !input_open && queue.is_empty() {
             break Ok(());
@@ -175,7 +176,10 @@ pub async fn deliver<T: AckToken + Clone>(
                         Some(reason) => queue.push_dead_letter(message_id, reason, pending),
                     }
                 }
-                Some(Input::AckPoint(token)) => queue.push_ack_point(token),
+                Some(Input::AckPoint(token)) => {
+                    queue.push_ack_point(token);
+                    metrics.ack_points.set(queue.ack_points() as f64);
+                }
                 None => input_open = false,
             },
 
@@ -195,6 +199,7 @@ pub async fn deliver<T: AckToken + Clone>(
         }
     };
     metrics.in_flight.decrement(queue.in_flight() as f64);
+    metrics.ack_points.set(0.0);
     outcome
 }
 

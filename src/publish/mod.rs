@@ -1,6 +1,7 @@
 //! The delivery side: everything that talks to RabbitMQ.
 //!
-//! Open the files in this order: [`broker`] (the connection, the confirm-mode channel, a
+//! Open the files in this order: [`nodes`] (the RabbitMQ nodes `AMQP_URL` names and which
+//! to try first), [`broker`] (the connection, the confirm-mode channel, a
 //! publish's stages), [`queue`] (the pure in-order confirm queue, generic over the token its
 //! source acknowledges with), [`delivery`] (the task that publishes under the in-flight
 //! window, awaits confirms in order and reports the acknowledged token), [`dead_letter`] (what
@@ -14,8 +15,10 @@
 pub mod broker;
 pub mod dead_letter;
 pub mod delivery;
+pub mod nodes;
 pub mod queue;
 
 pub use broker::{Broker, Stage, RABBITMQ};
 pub use delivery::{deliver, deliver_batch, Acked, DeliveryOptions, Input};
+pub use nodes::{BrokerNode, BrokerNodes};
 pub use queue::AckToken;

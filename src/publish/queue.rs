@@ -109,6 +109,8 @@ pub struct ConfirmQueue<T, P> {
     entries: VecDeque<Entry<T, P>>,
     returned: HashMap<String, Returned>,
     in_flight: usize,
+    /// Ack points in `entries`: at most one more than the publishes between them.
+    ack_points: usize,
     acknowledged: Option<T>,
 }
 
@@ -124,6 +126,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
             entries: VecDeque::new(),
             returned: HashMap::new(),
             in_flight: 0,
+            ack_points: 0,
             acknowledged: None,
         }
     }
@@ -147,8 +150,22 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         });
     }
 
+    /// Queues an ack point. One right behind another (no publish between them) is folded
+    /// into it: both become acknowledgeable at the same moment, and while the front publish
+    /// waits (a broker alarm can last hours) keepalives and heartbeats would otherwise pile
+    /// up without bound.
     pub fn push_ack_point(&mut self, token: T) {
+        if let Some(Entry::AckPoint(newest)) = self.entries.back_mut() {
+            newest.fold(token);
+            return;
+        }
+        self.ack_points += 1;
         self.entries.push_back(Entry::AckPoint(token));
+    }
+
+    /// Ack points waiting for a publish before them.
+    pub fn ack_points(&self) -> usize {
+        self.ack_points
     }
 
     /// Pops the ack points at the front (all their predecessors are settled) and folds them
@@ -157,6 +174,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         let mut moved = false;
         while matches!(self.entries.front(), Some(Entry::AckPoint(_))) {
             if let Some(Entry::AckPoint(token)) = self.entries.pop_front() {
+                self.ack_points -= 1;
                 match &mut self.acknowledged {
                     Some(acknowledged) => acknowledged.fold(token),
                     None => self.acknowledged = Some(token),
@@ -333,6 +351,41 @@ mod tests {
         assert_eq!(acknowledged(&q), None);
         q.settle_front(true).expect("front").expect("acked");
         assert_eq!(advance(&mut q), Some(500));
+    }
+
+    #[test]
+    fn ack_points_behind_a_waiting_publish_merge_and_stay_bounded() {
+        // A broker alarm holds the front publish; keepalives and heartbeats keep coming.
+        let mut q = ConfirmQueue::new();
+        q.push_ack_point(Pos(50));
+        q.push_publish("a".into(), ());
+        q.push_ack_point(Pos(100));
+        for lsn in 101..10_000 {
+            q.push_ack_point(Pos(lsn));
+        }
+        assert_eq!(
+            q.ack_points(),
+            2,
+            "one before the publish, one merged behind it"
+        );
+        assert_eq!(advance(&mut q), Some(50));
+        assert_eq!(q.ack_points(), 1);
+        q.push_publish("b".into(), ());
+        q.push_ack_point(Pos(20_000));
+        assert_eq!(
+            q.ack_points(),
+            2,
+            "a publish between ack points keeps them apart"
+        );
+        q.settle_front(true).expect("front").expect("acked");
+        assert_eq!(
+            advance(&mut q),
+            Some(9_999),
+            "the merged point is the newest of them"
+        );
+        q.settle_front(true).expect("front").expect("acked");
+        assert_eq!(advance(&mut q), Some(20_000));
+        assert_eq!(q.ack_points(), 0);
     }
 
     #[test]

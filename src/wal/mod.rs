@@ -76,7 +76,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         .and_then(|config| config.get_user().map(str::to_string));
     let ctx = SessionContext {
         database_url,
-        amqp_url: args.connections.amqp_url()?,
+        brokers: args.connections.broker_nodes()?,
         names: args.names,
         tuning: args.tuning,
         mapper,

@@ -25,7 +25,7 @@ use crate::db;
 use crate::error::RelayError;
 use crate::mapper::Mapper;
 use crate::observability::{Health, RelayMetrics};
-use crate::publish::{deliver, Acked, Broker, DeliveryOptions};
+use crate::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions};
 use crate::wal::heartbeat::{self, Heartbeat};
 use crate::wal::preflight;
 use crate::wal::relations::RelationCache;
@@ -41,7 +41,7 @@ const INPUT_CHANNEL: usize = 256;
 /// What every session of one `run` shares.
 pub struct SessionContext {
     pub database_url: String,
-    pub amqp_url: String,
+    pub brokers: Arc<BrokerNodes>,
     pub names: OutboxNames,
     pub tuning: Tuning,
     pub mapper: Mapper,
@@ -65,7 +65,7 @@ pub async fn run(
     let slot = preflight::check_all(&database, &ctx.names).await?;
     drop(database);
 
-    let mut broker = Broker::connect(&ctx.amqp_url).await?;
+    let mut broker = Broker::connect(&ctx.brokers).await?;
     broker.declare_exchange(&ctx.names.exchange, true).await?;
     if let Some(exchange) = &ctx.dead_letter_exchange {
         broker.enable_dead_letters(exchange).await?;

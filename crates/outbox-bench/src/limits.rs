@@ -25,7 +25,7 @@ use outbox_relay::db;
 use outbox_relay::mapper::{Layout, Mapper, OutboxMessage, Position};
 use outbox_relay::observability::RelayMetrics;
 use outbox_relay::pgoutput::{self, Column, LogicalMessage, Relation, Tuple, TupleValue};
-use outbox_relay::publish::{deliver, Acked, Broker, DeliveryOptions, Input};
+use outbox_relay::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions, Input};
 use outbox_relay::wal::relations::{Known, RelationCache};
 use outbox_testkit::arrivals::{ArrivalConsumer, QueueSpec};
 
@@ -134,7 +134,8 @@ pub async fn broker_alone(
         prefetch: 1000,
         delete_on_close: true,
     };
-    let broker = Broker::connect(amqp_url)
+    let nodes = std::sync::Arc::new(BrokerNodes::parse(amqp_url)?);
+    let broker = Broker::connect(&nodes)
         .await
         .context("the broker-alone publisher cannot connect")?;
     // What `outbox-relay setup` declares: this may run before any setup did.
