@@ -39,6 +39,8 @@ const QUIET: Duration = Duration::from_secs(1);
 const CATCH_UP: Duration = Duration::from_secs(120);
 /// How long a crash run may take to deliver its whole backlog.
 const CRASH_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a stopped relay's walsender may hold its slot.
+const SLOT_RELEASE: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
@@ -113,9 +115,14 @@ pub struct BenchArgs {
 
     /// After the suite, the cluster section: the WAL drain and latency through a private
     /// 3-node RabbitMQ cluster (started and stopped by this process) with a quorum queue,
-    /// each beside the broker alone on that cluster.
+    /// each beside the broker alone on that cluster. Full scale runs it unless --no-cluster;
+    /// --quick only with this flag.
     #[arg(long)]
     pub cluster: bool,
+
+    /// Leave the cluster section out of a full-scale run.
+    #[arg(long, conflicts_with_all = ["cluster", "cluster_only"])]
+    pub no_cluster: bool,
 
     /// Only the cluster section (no single-node scenario).
     #[arg(long, conflicts_with = "ab_with")]
@@ -248,7 +255,8 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
         after_commit: bench.load(Some(listen), Notify::AfterCommit).await?,
     });
     bench.sweep(&mut results).await?;
-    if bench.args.cluster {
+    // A few minutes at full scale (docs/benchmarks.md), so a full run includes it.
+    if bench.args.cluster || !(bench.args.quick || bench.args.no_cluster) {
         bench.cluster(&mut results).await?;
     }
     Ok(results)
@@ -353,6 +361,7 @@ impl Bench {
 
     async fn drop_objects(&self, o: Objects) -> Result<()> {
         if o.wal {
+            self.wait_slot_released(&o.slot).await?;
             self.admin
                 .execute(
                     "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
@@ -372,6 +381,31 @@ impl Bench {
             .batch_execute(&format!("DROP TABLE IF EXISTS {}", quote_ident(&o.table)))
             .await?;
         Ok(())
+    }
+
+    /// Waits until no walsender holds `slot`: the relay has exited, but its walsender may
+    /// not have noticed yet, and dropping an active slot fails.
+    async fn wait_slot_released(&self, slot: &str) -> Result<()> {
+        let deadline = Instant::now() + SLOT_RELEASE;
+        loop {
+            let active: bool = self
+                .admin
+                .query_opt(
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&slot],
+                )
+                .await?
+                .map_or(Ok(false), |row| row.try_get(0))?;
+            if !active {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                anyhow::bail!(
+                    "slot {slot} is still in use {SLOT_RELEASE:?} after the relay exited"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn consumer(&self, o: &Objects) -> Result<ArrivalConsumer> {
