@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 #
-# The outbox-relay image ships the relay only (the default, last stage):
+# The outbox-relay image ships the relay only (the default, last stage; tests/packaging.rs
+# checks this file against the binary's --help):
 #   docker build -t outbox-relay .
 #   docker run --rm -e DATABASE_URL=... -e AMQP_URL=... outbox-relay run
 #
@@ -46,8 +47,12 @@ COPY --from=bench-build /usr/local/bin/outbox-bench /usr/local/bin/
 ENTRYPOINT ["outbox-bench"]
 CMD ["demo"]
 
-# The relay: the default target, so it stays last.
+# The relay: the default target, so it stays last. Its one binary, stripped; bash (for a
+# healthcheck on /healthz over /dev/tcp, as docker-compose.yml does) comes with the base.
 FROM runtime AS relay
 COPY --from=relay-build /usr/local/bin/outbox-relay /usr/local/bin/
+# /metrics, /healthz and /readyz, once OUTBOX_METRICS_ADDR=0.0.0.0:9187 makes the relay
+# listen beyond the container's loopback.
+EXPOSE 9187
 ENTRYPOINT ["outbox-relay"]
 CMD ["run"]

@@ -4,8 +4,10 @@
 # that the test harness starts itself. One cargo run per step covers every member, in the
 # workspace's one target dir.
 #
-# On Debian it first installs the server packages if they are missing. A fresh
-# rabbitmq-server package starts a system node: harmless, the tests use their own.
+# On Debian it first installs the server packages if they are missing, and docker-compose
+# (tests/packaging.rs validates docker-compose.yml with `docker-compose config`; no Docker
+# engine needed). A fresh rabbitmq-server package starts a system node: harmless, the tests
+# use their own.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,6 +18,9 @@ if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
 fi
 if [ ! -x /usr/sbin/rabbitmq-server ]; then
     need_packages+=(rabbitmq-server)
+fi
+if ! command -v docker-compose >/dev/null; then
+    need_packages+=(docker-compose)
 fi
 if [ "${#need_packages[@]}" -gt 0 ]; then
     if ! command -v apt-get >/dev/null; then

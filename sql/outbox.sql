@@ -3,7 +3,7 @@
 -- a replication slot cannot be created in a transaction that has written.
 -- The publication must exist before the slot.
 
--- table outbox
+-- the outbox table and its created_at index
 CREATE TABLE IF NOT EXISTS "public"."outbox" (
     id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
     event_type     text        NOT NULL,
@@ -18,13 +18,13 @@ CREATE TABLE IF NOT EXISTS "public"."outbox" (
 );
 CREATE INDEX IF NOT EXISTS "outbox_created_at_idx" ON "public"."outbox" (created_at);
 
--- publication outbox_pub
-DO $$ BEGIN
+-- the publication (insert only, on the outbox table)
+DO $outbox_relay$ BEGIN
     CREATE PUBLICATION "outbox_pub" FOR TABLE "public"."outbox" WITH (publish = 'insert');
 EXCEPTION WHEN duplicate_object THEN
-    RAISE NOTICE 'publication outbox_pub already exists';
-END $$;
+    RAISE NOTICE 'publication % already exists', 'outbox_pub';
+END $outbox_relay$;
 
--- slot outbox_slot
+-- the logical replication slot (pgoutput), created only if missing
 SELECT pg_create_logical_replication_slot('outbox_slot', 'pgoutput')
 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outbox_slot');

@@ -15,6 +15,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::RelayError;
+use crate::mapper::AllowedExchanges;
 use crate::publish::BrokerNodes;
 
 #[derive(Debug, Parser)]
@@ -90,19 +91,14 @@ impl Connections {
     pub fn database_url(&self) -> Result<String, RelayError> {
         secret(
             "database URL",
-            "--database-url",
+            "DATABASE_URL",
             &self.database_url,
             &self.database_url_file,
         )
     }
 
     pub fn amqp_url(&self) -> Result<String, RelayError> {
-        secret(
-            "AMQP URL",
-            "--amqp-url",
-            &self.amqp_url,
-            &self.amqp_url_file,
-        )
+        secret("AMQP URL", "AMQP_URL", &self.amqp_url, &self.amqp_url_file)
     }
 
     /// The RabbitMQ nodes of [`Self::amqp_url`], every URL checked, in a shuffled order.
@@ -111,45 +107,212 @@ impl Connections {
     }
 }
 
+/// A URL given as `var` (or its flag) or in the file `var_FILE` names. An empty or blank
+/// value, path or file is absent, never "connect with the defaults" (an empty DATABASE_URL
+/// would have libpq's defaults pick a server); both at once is an error, not a precedence
+/// rule nobody remembers.
 fn secret(
     what: &'static str,
-    flag: &'static str,
+    var: &'static str,
     value: &Option<String>,
     file: &Option<String>,
 ) -> Result<String, RelayError> {
-    match (value, file) {
-        (Some(value), _) => Ok(value.clone()),
-        (None, Some(path)) => std::fs::read_to_string(path)
-            .map(|text| text.trim().to_string())
-            .map_err(|source| RelayError::SecretFile {
-                what,
-                path: path.clone(),
-                source,
-            }),
-        (None, None) => Err(RelayError::Config(format!(
-            "No {what} given: set {flag}, its environment variable, or its *_FILE variant"
+    let flag = format!("--{}", var.to_ascii_lowercase().replace('_', "-"));
+    match (given(value), given(file)) {
+        (Some(_), Some(path)) => Err(RelayError::Config(format!(
+            "The {what} is given twice: by {var} (or {flag}) and by {var}_FILE (or \
+             {flag}-file, {path}). Fix: set only one of them"
         ))),
+        (Some(value), None) => Ok(value.trim().to_string()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|source| RelayError::SecretFile {
+                what,
+                path: path.to_string(),
+                source,
+            })?;
+            warn_if_others_may_read(path);
+            match text.trim() {
+                "" => Err(RelayError::Config(format!(
+                    "The file {path}, named by {var}_FILE (or {flag}-file), is empty: it must \
+                     hold the {what}"
+                ))),
+                text => Ok(text.to_string()),
+            }
+        }
+        (None, None) => {
+            let state = |v: &Option<String>| if v.is_some() { "empty" } else { "not set" };
+            Err(RelayError::Config(format!(
+                "No {what} given: {var} (or {flag}) is {} and {var}_FILE (or {flag}-file) is \
+                 {}. Fix: set one of them",
+                state(value),
+                state(file)
+            )))
+        }
     }
+}
+
+/// The value, unless it is missing or blank.
+fn given(value: &Option<String>) -> Option<&str> {
+    value.as_deref().filter(|v| !v.trim().is_empty())
+}
+
+/// A secret file others may read leaks the password to every account on the machine (or in
+/// the pod): say so, naming the file and never its content.
+fn warn_if_others_may_read(path: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(metadata) = std::fs::metadata(path) else {
+        return;
+    };
+    let mode = metadata.permissions().mode();
+    if readable_by_others(mode) {
+        tracing::warn!(
+            file = %path,
+            mode = %format!("{:03o}", mode & 0o777),
+            "the secret file is readable by its group or by others. Fix: chmod 600 {path} \
+             (owned by the relay's user; in Kubernetes, defaultMode: 0400)"
+        );
+    }
+}
+
+/// Whether the group or others may read a file of this mode.
+fn readable_by_others(mode: u32) -> bool {
+    mode & 0o044 != 0
 }
 
 /// The names of the objects the relay works with.
 #[derive(Debug, Clone, Args)]
 pub struct OutboxNames {
     /// The outbox table (optionally schema-qualified).
-    #[arg(long, env = "OUTBOX_TABLE", default_value = "outbox")]
+    #[arg(long, env = "OUTBOX_TABLE", default_value = "outbox", value_parser = parse_table_name)]
     pub table: String,
 
     /// The publication that feeds the slot (publish = 'insert', on the outbox table only).
-    #[arg(long, env = "OUTBOX_PUBLICATION", default_value = "outbox_pub")]
+    #[arg(long, env = "OUTBOX_PUBLICATION", default_value = "outbox_pub", value_parser = parse_identifier)]
     pub publication: String,
 
     /// The logical replication slot (plugin pgoutput).
-    #[arg(long, env = "OUTBOX_SLOT", default_value = "outbox_slot")]
+    #[arg(long, env = "OUTBOX_SLOT", default_value = "outbox_slot", value_parser = parse_slot_name)]
     pub slot: String,
 
     /// The exchange messages go to unless a row names its own (a durable topic exchange).
-    #[arg(long, env = "OUTBOX_EXCHANGE", default_value = "outbox")]
+    #[arg(long, env = "OUTBOX_EXCHANGE", default_value = "outbox", value_parser = parse_exchange_name)]
     pub exchange: String,
+}
+
+// Names end up in SQL text (`setup --print-sql`, which a DBA pipes to psql), in the
+// replication protocol's START_REPLICATION command and in logs. Quoting keeps quotes and
+// spaces harmless; what no quoting fixes is refused here, when the flags are parsed, so no
+// command ever renders it: control characters (a newline ends a `--` comment or a log line),
+// `$` (dollar quoting: the generated SQL needs a DO block), names PostgreSQL would cut short
+// (over 63 bytes: the relay would look for a name that does not exist) and empty names.
+
+/// PostgreSQL's longest identifier (NAMEDATALEN - 1 bytes); longer ones are truncated.
+const MAX_IDENTIFIER_BYTES: usize = 63;
+/// AMQP's longest exchange name (a short string).
+const MAX_EXCHANGE_BYTES: usize = 255;
+
+/// What every name must satisfy: not empty, no control character, no `$`.
+fn check_name_text(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("the name is empty".into());
+    }
+    if let Some(c) = name.chars().find(|c| c.is_control()) {
+        return Err(format!(
+            "the name holds the control character U+{:04X}; names may not hold control \
+             characters (newlines, tabs, escapes)",
+            c as u32
+        ));
+    }
+    if name.contains('$') {
+        return Err(
+            "the name holds a '$', which the relay's names may not (the SQL that \
+                    `setup` generates uses dollar quoting)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// A PostgreSQL identifier (publication, schema, table, LISTEN channel): any text PostgreSQL
+/// takes quoted, up to 63 bytes, that [`check_name_text`] accepts.
+pub fn parse_identifier(name: &str) -> Result<String, String> {
+    check_name_text(name)?;
+    if name.len() > MAX_IDENTIFIER_BYTES {
+        return Err(format!(
+            "the name is {} bytes long; PostgreSQL names hold at most {MAX_IDENTIFIER_BYTES} \
+             bytes (it would cut this one short)",
+            name.len()
+        ));
+    }
+    Ok(name.to_string())
+}
+
+/// `table` or `schema.table`, each part an identifier.
+pub fn parse_table_name(name: &str) -> Result<String, String> {
+    check_name_text(name)?;
+    let parts: Vec<&str> = name.split('.').collect();
+    if parts.len() > 2 {
+        return Err(
+            "the name has more than one '.': name the table as `table` or \
+                    `schema.table`"
+                .into(),
+        );
+    }
+    for part in &parts {
+        if part.is_empty() {
+            return Err("the schema or the table name is empty (`schema.table`)".into());
+        }
+        parse_identifier(part)?;
+    }
+    Ok(name.to_string())
+}
+
+/// A replication slot name: PostgreSQL allows only `[a-z0-9_]`, up to 63 bytes.
+pub fn parse_slot_name(name: &str) -> Result<String, String> {
+    check_name_text(name)?;
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(
+            "slot names may hold only lower-case letters, digits and underscores \
+                    (PostgreSQL's rule)"
+                .into(),
+        );
+    }
+    parse_identifier(name)
+}
+
+/// A RabbitMQ exchange name: up to 255 bytes, no control characters, no `$`.
+pub fn parse_exchange_name(name: &str) -> Result<String, String> {
+    check_name_text(name)?;
+    if name.len() > MAX_EXCHANGE_BYTES {
+        return Err(format!(
+            "the name is {} bytes long; AMQP allows at most {MAX_EXCHANGE_BYTES}",
+            name.len()
+        ));
+    }
+    Ok(name.to_string())
+}
+
+/// `--allowed-exchanges`: each name in the list a valid exchange name (`*`, and the shape of
+/// the list, are `AllowedExchanges::parse`'s to judge).
+fn parse_exchange_list(list: &str) -> Result<String, String> {
+    for name in list.split(',').map(str::trim) {
+        if !name.is_empty() && name != "*" {
+            parse_exchange_name(name).map_err(|e| format!("{name:?}: {e}"))?;
+        }
+    }
+    Ok(list.to_string())
+}
+
+/// `--dead-letter-exchange`: an exchange name, or empty for none (it is only needed with
+/// `--on-unroutable dead-letter`, which says so when it is missing).
+fn parse_optional_exchange_name(name: &str) -> Result<String, String> {
+    match name.trim() {
+        "" => Ok(String::new()),
+        _ => parse_exchange_name(name),
+    }
 }
 
 impl OutboxNames {
@@ -188,6 +351,16 @@ pub struct SetupArgs {
     /// Print the provisioning SQL for these names and exit, without connecting (for DBAs).
     #[arg(long)]
     pub print_sql: bool,
+    /// Seconds to keep retrying the first connection to PostgreSQL and to RabbitMQ while it
+    /// fails for a reason that can pass (not listening yet, still starting up), with
+    /// backoff; then the error. 0 tries once. For a setup started together with its servers.
+    #[arg(
+        long = "connect-timeout",
+        env = "OUTBOX_CONNECT_TIMEOUT_SECS",
+        value_name = "SECS",
+        default_value_t = 0
+    )]
+    pub connect_timeout_secs: u64,
     #[command(flatten)]
     pub mode: ModeArgs,
     #[command(flatten)]
@@ -223,6 +396,27 @@ pub struct RunArgs {
     pub cleanup: CleanupArgs,
     #[command(flatten)]
     pub dead_letter: DeadLetterArgs,
+    #[command(flatten)]
+    pub exchanges: ExchangePolicyArgs,
+}
+
+/// Which exchanges a row may send its message to.
+#[derive(Debug, Clone, Args)]
+pub struct ExchangePolicyArgs {
+    /// Exchanges a row's `exchange` column may name, comma-separated; `*` allows any
+    /// exchange the broker user can write to. The --exchange is always allowed. A row naming
+    /// another exchange is not published: it stops the relay (`halt`) or goes to the
+    /// dead-letter exchange with the reason "exchange not allowed".
+    #[arg(long, env = "OUTBOX_ALLOWED_EXCHANGES", value_parser = parse_exchange_list)]
+    pub allowed_exchanges: Option<String>,
+}
+
+impl ExchangePolicyArgs {
+    /// The policy for rows of an outbox whose default exchange is `exchange`.
+    pub fn policy(&self, exchange: &str) -> Result<AllowedExchanges, RelayError> {
+        AllowedExchanges::parse(self.allowed_exchanges.as_deref(), exchange)
+            .map_err(RelayError::Config)
+    }
 }
 
 /// What happens to a message the broker will not route or accept.
@@ -248,7 +442,7 @@ pub struct DeadLetterArgs {
     /// The exchange dead letters go to (required with --on-unroutable dead-letter). `setup`
     /// declares it as a durable topic exchange; dead letters keep their routing key, so bind
     /// a queue with `#` to receive them all.
-    #[arg(long, env = "OUTBOX_DEAD_LETTER_EXCHANGE")]
+    #[arg(long, env = "OUTBOX_DEAD_LETTER_EXCHANGE", value_parser = parse_optional_exchange_name)]
     pub dead_letter_exchange: Option<String>,
 }
 
@@ -405,7 +599,7 @@ pub struct PollArgs {
     pub listen: bool,
 
     /// The channel --listen listens on.
-    #[arg(long, env = "OUTBOX_LISTEN_CHANNEL", default_value = "outbox")]
+    #[arg(long, env = "OUTBOX_LISTEN_CHANNEL", default_value = "outbox", value_parser = parse_identifier)]
     pub listen_channel: String,
 
     // Polling mode deletes rows by published_at (src/poll/cleanup.rs).
@@ -425,6 +619,9 @@ pub struct PollArgs {
 
     #[command(flatten)]
     pub dead_letter: DeadLetterArgs,
+
+    #[command(flatten)]
+    pub exchanges: ExchangePolicyArgs,
 }
 
 impl PollArgs {
@@ -549,6 +746,8 @@ pub struct ResyncArgs {
     pub since: String,
     #[command(flatten)]
     pub delivery: Delivery,
+    #[command(flatten)]
+    pub exchanges: ExchangePolicyArgs,
 }
 
 /// A duration: humantime's spellings (`250ms`, `5m`, `1h 30m`, `2days`), and what the relay
@@ -797,21 +996,257 @@ mod tests {
         assert_eq!(names.table_parts(), ("app", "events"));
     }
 
-    #[test]
-    fn secret_prefers_value_then_file_then_errors() {
+    /// A secret file with `text` and `mode`, in a directory that lives as long as the guard.
+    fn secret_file(text: &str, mode: u32) -> (tempfile::TempDir, Option<String>) {
+        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("url");
-        std::fs::write(&path, "postgres://from-file\n").expect("write");
-        let file = Some(path.display().to_string());
+        std::fs::write(&path, text).expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        let path = Some(path.display().to_string());
+        (dir, path)
+    }
+
+    #[test]
+    fn secret_comes_from_the_value_or_the_file() {
+        let (_dir, file) = secret_file("postgres://from-file\n", 0o600);
         assert_eq!(
-            secret("x", "--x", &Some("v".into()), &file).expect("value"),
+            secret("x", "X_URL", &Some(" v ".into()), &None).expect("value"),
             "v"
         );
         assert_eq!(
-            secret("x", "--x", &None, &file).expect("file"),
+            secret("x", "X_URL", &None, &file).expect("file"),
             "postgres://from-file"
         );
-        assert!(secret("x", "--x", &None, &None).is_err());
+        assert!(secret("x", "X_URL", &None, &None).is_err());
+    }
+
+    #[test]
+    fn an_empty_secret_is_absent_and_the_error_names_the_variable() {
+        for blank in ["", "  ", "\n"] {
+            let e = secret("database URL", "DATABASE_URL", &Some(blank.into()), &None)
+                .expect_err("a blank URL is no URL")
+                .to_string();
+            assert!(
+                e.contains("No database URL given: DATABASE_URL (or --database-url) is empty")
+                    && e.contains("DATABASE_URL_FILE (or --database-url-file) is not set"),
+                "{e}"
+            );
+            // A blank *_FILE path is absent too.
+            let e = secret("AMQP URL", "AMQP_URL", &None, &Some(blank.into()))
+                .expect_err("a blank path is no file")
+                .to_string();
+            assert!(
+                e.contains("AMQP_URL (or --amqp-url) is not set")
+                    && e.contains("AMQP_URL_FILE (or --amqp-url-file) is empty"),
+                "{e}"
+            );
+        }
+        // A blank value beside a file: the file is the one given.
+        let (_dir, file) = secret_file("amqp://from-file", 0o600);
+        assert_eq!(
+            secret("AMQP URL", "AMQP_URL", &Some(String::new()), &file).expect("file"),
+            "amqp://from-file"
+        );
+        // A blank file is absent too, and the error names the file (never its content).
+        let (_dir, file) = secret_file(" \n", 0o600);
+        let e = secret("database URL", "DATABASE_URL", &None, &file)
+            .expect_err("an empty file holds no URL")
+            .to_string();
+        let path = file.as_deref().expect("path");
+        assert!(
+            e.contains(&format!("The file {path}, named by DATABASE_URL_FILE"))
+                && e.contains("is empty"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_secret_given_as_value_and_as_file_is_an_error_naming_both() {
+        let (_dir, file) = secret_file("postgres://from-file", 0o600);
+        let e = secret(
+            "database URL",
+            "DATABASE_URL",
+            &Some("postgres://u:s3cret@db/app".into()),
+            &file,
+        )
+        .expect_err("given twice")
+        .to_string();
+        assert!(
+            e.contains("DATABASE_URL (or --database-url)")
+                && e.contains("DATABASE_URL_FILE (or --database-url-file"),
+            "{e}"
+        );
+        assert!(!e.contains("s3cret") && !e.contains("from-file"), "{e}");
+    }
+
+    /// Everything logged at WARN or above while `f` runs, as text.
+    fn warnings_of<T>(f: impl FnOnce() -> T) -> (T, String) {
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("lock").extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let result = tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8_lossy(&buffer.0.lock().expect("lock")).into_owned();
+        (result, text)
+    }
+
+    #[test]
+    fn a_secret_file_others_may_read_is_warned_about_by_name_not_content() {
+        for (mode, warned) in [(0o600, false), (0o400, false), (0o640, true), (0o644, true)] {
+            let (_dir, file) = secret_file("amqp://u:s3cret@h/%2f", mode);
+            let (url, log) = warnings_of(|| secret("AMQP URL", "AMQP_URL", &None, &file));
+            assert_eq!(url.expect("read"), "amqp://u:s3cret@h/%2f");
+            let path = file.as_deref().expect("path");
+            if warned {
+                assert!(
+                    log.contains("WARN") && log.contains(path),
+                    "{mode:o}: {log}"
+                );
+                assert!(log.contains(&format!("chmod 600 {path}")), "{log}");
+            } else {
+                assert!(log.is_empty(), "{mode:o}: {log}");
+            }
+            assert!(!log.contains("s3cret"), "{log}");
+        }
+        assert!(!readable_by_others(0o100600));
+        assert!(readable_by_others(0o100604));
+    }
+
+    /// The parse error for `flag value` on `command`, as clap prints it.
+    fn name_error(command: &str, flag: &str, value: &str) -> String {
+        let argv = [
+            "outbox-relay",
+            command,
+            "--database-url",
+            "postgres://x",
+            flag,
+            value,
+        ];
+        match Cli::try_parse_from(argv) {
+            Ok(_) => panic!("{command} {flag} {value:?} must be refused"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn hostile_names_are_refused_naming_the_flag() {
+        let cases: &[(&str, &str, &str, &str)] = &[
+            // (command, flag, value, what the error says)
+            (
+                "setup",
+                "--publication",
+                "p$$; DROP TABLE users; DO $$",
+                "'$'",
+            ),
+            ("setup", "--publication", "p\nDROP TABLE users;", "U+000A"),
+            ("setup", "--publication", "", "empty"),
+            (
+                "setup",
+                "--publication",
+                &"p".repeat(64),
+                "at most 63 bytes",
+            ),
+            (
+                "setup",
+                "--table",
+                "outbox\n; DROP TABLE users; --",
+                "U+000A",
+            ),
+            ("setup", "--table", "app.", "empty"),
+            ("setup", "--table", ".outbox", "empty"),
+            ("setup", "--table", "db.app.outbox", "more than one '.'"),
+            ("setup", "--table", "a$b.outbox", "'$'"),
+            (
+                "setup",
+                "--table",
+                &format!("app.{}", "t".repeat(64)),
+                "at most 63 bytes",
+            ),
+            (
+                "setup",
+                "--slot",
+                "Outbox_Slot",
+                "lower-case letters, digits and underscores",
+            ),
+            (
+                "setup",
+                "--slot",
+                "slot'); DROP TABLE users; --",
+                "lower-case letters",
+            ),
+            ("setup", "--slot", &"s".repeat(64), "at most 63 bytes"),
+            ("setup", "--slot", "", "empty"),
+            ("run", "--exchange", "", "empty"),
+            ("run", "--exchange", "ex\r\nchange", "U+000D"),
+            ("run", "--exchange", "ex\u{1b}[31m", "U+001B"),
+            ("run", "--exchange", &"e".repeat(256), "at most 255"),
+            ("run", "--dead-letter-exchange", "dlx\n", "U+000A"),
+            (
+                "run",
+                "--allowed-exchanges",
+                "a,b\u{1b}[2J",
+                "\"b\\u{1b}[2J\": the name holds the control character U+001B",
+            ),
+            ("poll", "--allowed-exchanges", "a,b$", "'$'"),
+            ("poll", "--listen-channel", "ch$$", "'$'"),
+            ("poll", "--table", "tab\tle", "U+0009"),
+            ("status", "--slot", "a-b", "lower-case letters"),
+            ("teardown", "--publication", "p\u{7f}", "U+007F"),
+            ("resync", "--table", "", "empty"),
+        ];
+        for (command, flag, value, reason) in cases {
+            let e = name_error(command, flag, value);
+            assert!(
+                e.contains(&format!("'{flag} <")),
+                "{command} {flag} {value:?}: {e}"
+            );
+            assert!(e.contains(reason), "{command} {flag} {value:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn unusual_names_postgresql_takes_quoted_are_accepted() {
+        let argv = [
+            "outbox-relay",
+            "setup",
+            "--table",
+            "My Schema.Évents \"quoted\" 'x'",
+            "--publication",
+            "Pub; DROP TABLE users; -- 100%",
+            "--slot",
+            "slot_0",
+            "--exchange",
+            "events.topic:v1 ünïcode",
+            "--dead-letter-exchange",
+            "",
+        ];
+        let Command::Setup(setup) = Cli::try_parse_from(argv).expect("parses").command else {
+            panic!("expected setup");
+        };
+        assert_eq!(
+            setup.names.table_parts(),
+            ("My Schema", "Évents \"quoted\" 'x'")
+        );
+        assert_eq!(setup.names.publication, "Pub; DROP TABLE users; -- 100%");
+        // Exactly 63 bytes is PostgreSQL's limit, and ours.
+        let longest = "s".repeat(63);
+        assert_eq!(parse_slot_name(&longest), Ok(longest.clone()));
+        assert_eq!(parse_identifier(&longest), Ok(longest));
     }
 
     #[test]

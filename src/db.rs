@@ -14,6 +14,7 @@
 //! none may bypass the TLS policy.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 // Values only: libpq decodes `%XX` in a URI's parameters but, unlike a form, not `+`.
@@ -190,17 +191,18 @@ async fn open(
     tls: &TlsConfig,
     notifications: Option<NotificationSender>,
 ) -> Result<Client, RelayError> {
+    let port = config.get_ports().first().copied().unwrap_or(5432);
     let host = match first_host(&config) {
         // libpq ignores sslmode on Unix sockets, and so does the relay.
         Host::Tcp(host) if tls.mode != SslMode::Disable => host,
-        _ => {
+        other => {
+            warn_once_if_exposed(&other, port, tls.mode, TlsOutcome::Plain);
             config.ssl_mode(DriverSslMode::Disable);
             let (client, connection) = config.connect(NoTls).await?;
             spawn_driver(connection, notifications);
             return Ok(client);
         }
     };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
     let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
         .await
         .map_err(|source| RelayError::DatabaseConnect {
@@ -212,11 +214,92 @@ async fn open(
     let stream = maybe_upgrade_to_tls(tcp, tls, &host)
         .await
         .map_err(|e| RelayError::pg_tls(e, tls))?;
+    let outcome = match (stream.is_tls(), tls.mode) {
+        (false, _) => TlsOutcome::Plain,
+        (true, SslMode::VerifyFull) => TlsOutcome::Verified,
+        (true, SslMode::VerifyCa) => TlsOutcome::ChainVerified,
+        (true, _) => TlsOutcome::Unverified,
+    };
+    warn_once_if_exposed(&Host::Tcp(host), port, tls.mode, outcome);
     // The stream already is what sslmode asked for: tokio-postgres must not negotiate again.
     config.ssl_mode(DriverSslMode::Disable);
     let (client, connection) = config.connect_raw(stream, NoTls).await?;
     spawn_driver(connection, notifications);
     Ok(client)
+}
+
+/// What protects a connection to PostgreSQL once it is open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsOutcome {
+    /// No TLS: `sslmode=disable`, or `prefer` (libpq's default) with a server that offered
+    /// none.
+    Plain,
+    /// TLS with a certificate nobody checked (`prefer`, `require` without `sslrootcert`):
+    /// encrypted, but to whoever answered.
+    Unverified,
+    /// The certificate chain is checked, not the name (`verify-ca`).
+    ChainVerified,
+    /// Chain and host name checked (`verify-full`).
+    Verified,
+}
+
+/// The warning for a connection to `host` that `mode` left `outcome`, or `None`: nothing
+/// for a Unix socket or a loopback address (no network to cross) nor for a verified
+/// certificate. The default, `prefer`, falls back to plaintext without a word, so the
+/// relay says it once (see [`warn_once_if_exposed`]).
+pub fn tls_warning(host: &Host, port: u16, mode: SslMode, outcome: TlsOutcome) -> Option<String> {
+    let Host::Tcp(name) = host else {
+        return None;
+    };
+    if is_loopback(name) {
+        return None;
+    }
+    let name_of_mode = match mode {
+        SslMode::Disable => "disable",
+        SslMode::Prefer => "prefer",
+        SslMode::Require => "require",
+        SslMode::VerifyCa => "verify-ca",
+        SslMode::VerifyFull => "verify-full",
+    };
+    let problem = match (outcome, mode) {
+        (TlsOutcome::Plain, SslMode::Prefer) => "is not encrypted: the server offered no TLS \
+             and sslmode=prefer (libpq's default, used when the URL sets none) fell back to \
+             plaintext, so the network sees every outbox row"
+            .to_string(),
+        (TlsOutcome::Plain, _) => format!(
+            "is not encrypted (sslmode={name_of_mode}), so the network sees every outbox row"
+        ),
+        (TlsOutcome::Unverified, _) => format!(
+            "is encrypted but the server's certificate is not verified \
+             (sslmode={name_of_mode}), so whoever sits in between can pose as the server"
+        ),
+        (TlsOutcome::ChainVerified | TlsOutcome::Verified, _) => return None,
+    };
+    Some(format!(
+        "the connection to PostgreSQL at {name}:{port} {problem}. Fix: add \
+         sslmode=verify-full&sslrootcert=<the CA file of the server's certificate> to the \
+         database URL (docs/operations.md, \"TLS\")"
+    ))
+}
+
+/// `localhost` or a loopback address (`127.0.0.0/8`, `::1`, also IPv4-mapped).
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.to_canonical().is_loopback())
+}
+
+/// Logs [`tls_warning`] at WARN, once per process: every connection of a relay goes to the
+/// same server with the same URL, and a reconnecting worker must not repeat it.
+fn warn_once_if_exposed(host: &Host, port: u16, mode: SslMode, outcome: TlsOutcome) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if let Some(warning) = tls_warning(host, port, mode, outcome) {
+        if !WARNED.swap(true, Ordering::Relaxed) {
+            tracing::warn!("{warning}");
+        }
+    }
 }
 
 /// Drives a connection until it ends; with `notifications`, hands over what it receives.
@@ -278,6 +361,10 @@ pub fn replication_config(
         .map(|p| String::from_utf8_lossy(p).into_owned())
         .unwrap_or_default();
     let database = config.get_dbname().unwrap_or(&user).to_string();
+    // pgoutput reads `publication_names` as a list of identifiers: unquoted, a name is folded
+    // to lower case and ends at a space or comma. Quoted, any name setup accepts arrives as
+    // it is (the crate doubles the single quotes around it).
+    let publication = quote_ident(publication);
     Ok(
         ReplicationConfig::new(host, user, password, database, slot, publication)
             .with_port(port)
@@ -291,6 +378,28 @@ pub fn replication_config(
 /// schema-qualified or mixed-case name must still survive).
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// A name for SQL a person will read and paste (the "Fix:" of an error): bare when it is a
+/// plain lower-case identifier, quoted otherwise.
+pub fn sql_name(name: &str) -> String {
+    let plain = name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain {
+        name.to_string()
+    } else {
+        quote_ident(name)
+    }
+}
+
+/// [`sql_name`] for a `table` or `schema.table` as configured.
+pub fn sql_table(table: &str) -> String {
+    match table.split_once('.') {
+        Some((schema, table)) => format!("{}.{}", sql_name(schema), sql_name(table)),
+        None => sql_name(table),
+    }
 }
 
 /// Quotes a string literal for SQL text.
@@ -316,6 +425,7 @@ mod tests {
         assert_eq!(c.password, "p@ss");
         assert_eq!(c.database, "app");
         assert_eq!(c.slot, "outbox_slot");
+        assert_eq!(c.publication.names(), ["\"outbox_pub\""]);
         assert_eq!(c.options.as_deref(), Some(PINNED_SESSION_SETTINGS));
     }
 
@@ -396,8 +506,78 @@ mod tests {
     }
 
     #[test]
+    fn a_connection_over_the_network_without_verified_tls_is_warned_about() {
+        let tcp = |name: &str| Host::Tcp(name.to_string());
+        use TlsOutcome::*;
+        // Over the network: plaintext and unverified TLS warn, naming the fix.
+        for (mode, outcome, says) in [
+            (SslMode::Prefer, Plain, "sslmode=prefer (libpq's default"),
+            (
+                SslMode::Disable,
+                Plain,
+                "is not encrypted (sslmode=disable)",
+            ),
+            (SslMode::Prefer, Unverified, "not verified (sslmode=prefer)"),
+            (
+                SslMode::Require,
+                Unverified,
+                "not verified (sslmode=require)",
+            ),
+        ] {
+            let warning = tls_warning(&tcp("db.example"), 5432, mode, outcome)
+                .unwrap_or_else(|| panic!("{mode:?} {outcome:?} warns"));
+            assert!(
+                warning.contains("PostgreSQL at db.example:5432"),
+                "{warning}"
+            );
+            assert!(warning.contains(says), "{warning}");
+            assert!(
+                warning.contains("Fix: add sslmode=verify-full&sslrootcert="),
+                "{warning}"
+            );
+        }
+        assert!(tls_warning(&tcp("10.1.2.3"), 5432, SslMode::Prefer, Plain).is_some());
+        assert!(tls_warning(&tcp("::ffff:10.0.0.1"), 5432, SslMode::Prefer, Plain).is_some());
+        // Verified certificates do not.
+        assert_eq!(
+            tls_warning(&tcp("db"), 5432, SslMode::VerifyFull, Verified),
+            None
+        );
+        assert_eq!(
+            tls_warning(&tcp("db"), 5432, SslMode::VerifyCa, ChainVerified),
+            None
+        );
+        // Nor does anything that stays on the machine.
+        for host in [
+            "localhost",
+            "LOCALHOST",
+            "127.0.0.1",
+            "127.1.2.3",
+            "::1",
+            "[::1]",
+            "::ffff:127.0.0.1",
+        ] {
+            assert_eq!(
+                tls_warning(&tcp(host), 5432, SslMode::Prefer, Plain),
+                None,
+                "{host}"
+            );
+        }
+        let socket = Host::Unix(PathBuf::from("/run/postgresql"));
+        assert_eq!(tls_warning(&socket, 5432, SslMode::Prefer, Plain), None);
+    }
+
+    #[test]
     fn quoting() {
         assert_eq!(quote_ident("we\"ird"), "\"we\"\"ird\"");
         assert_eq!(quote_literal("it's"), "'it''s'");
+        assert_eq!(sql_name("outbox_pub"), "outbox_pub");
+        assert_eq!(
+            sql_name("Pub; DROP TABLE t; --"),
+            "\"Pub; DROP TABLE t; --\""
+        );
+        assert_eq!(sql_name("1st"), "\"1st\"");
+        assert_eq!(sql_table("app.outbox"), "app.outbox");
+        assert_eq!(sql_table("My App.out\"box"), "\"My App\".\"out\"\"box\"");
     }
 }

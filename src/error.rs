@@ -20,6 +20,7 @@
 //! never be classed as retry (the relay would loop on a row it can never deliver), nor a
 //! transient one as stop (an outage would end the relay).
 
+use crate::db::{quote_ident, sql_name, sql_table};
 use crate::mapper::MapError;
 use crate::pgoutput::DecodeError;
 
@@ -44,15 +45,20 @@ pub enum RelayError {
     )]
     WalLevel { actual: String },
 
+    // The SQL in a "Fix:" is what a DBA pastes into psql: names go in quoted where needed.
     #[error(
         "The publication \"{publication}\" does not exist. Fix: run `outbox-relay setup`, or \
-         CREATE PUBLICATION {publication} FOR TABLE {table} WITH (publish = 'insert')"
+         CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
+        sql_name(publication),
+        sql_table(table)
     )]
     PublicationMissing { publication: String, table: String },
 
     #[error(
         "The publication \"{publication}\" does not include the table {table}. Fix: ALTER \
-         PUBLICATION {publication} ADD TABLE {table}"
+         PUBLICATION {} ADD TABLE {}",
+        sql_name(publication),
+        sql_table(table)
     )]
     PublicationDoesNotCoverTable { publication: String, table: String },
 
@@ -89,7 +95,7 @@ pub enum RelayError {
          its replication connection in pg_hba.conf with a line for the database name (logical \
          replication connections match the database, not the `replication` keyword)",
         role.as_deref().map(|r| format!("\"{r}\"")).unwrap_or_else(|| "of the database URL".into()),
-        role.as_deref().unwrap_or("<role>")
+        role.as_deref().map(sql_name).unwrap_or_else(|| "<role>".into())
     )]
     NoReplicationPrivilege { role: Option<String> },
 
@@ -101,8 +107,8 @@ pub enum RelayError {
 
     #[error(
         "The role may not drop the publication \"{publication}\" (owned by {owner}): only its \
-         owner or a superuser can. {slot_note} Ask the owner to run: DROP PUBLICATION \
-         \"{publication}\";"
+         owner or a superuser can. {slot_note} Ask the owner to run: DROP PUBLICATION {};",
+        quote_ident(publication)
     )]
     PublicationNotOwned {
         publication: String,
@@ -447,6 +453,63 @@ mod tests {
         ))
         .clarify(None);
         assert!(matches!(other, RelayError::Replication(_)));
+    }
+
+    /// A name that reaches a "Fix:" is quoted there, so pasting the fix runs only the fix.
+    #[test]
+    fn names_in_the_suggested_sql_are_quoted_where_needed() {
+        let publication = "Pub; DROP TABLE users; --".to_string();
+        let table = "My App.events".to_string();
+        let missing = RelayError::PublicationMissing {
+            publication: publication.clone(),
+            table: table.clone(),
+        }
+        .to_string();
+        assert!(
+            missing.contains(
+                "CREATE PUBLICATION \"Pub; DROP TABLE users; --\" FOR TABLE \"My App\".events"
+            ),
+            "{missing}"
+        );
+        let uncovered = RelayError::PublicationDoesNotCoverTable {
+            publication: publication.clone(),
+            table,
+        }
+        .to_string();
+        assert!(
+            uncovered.contains(
+                "ALTER PUBLICATION \"Pub; DROP TABLE users; --\" ADD TABLE \"My App\".events"
+            ),
+            "{uncovered}"
+        );
+        let not_owned = RelayError::PublicationNotOwned {
+            publication: "x\"; DROP TABLE users; --".into(),
+            owner: "dba".into(),
+            slot_note: String::new(),
+        }
+        .to_string();
+        assert!(
+            not_owned.ends_with("DROP PUBLICATION \"x\"\"; DROP TABLE users; --\";"),
+            "{not_owned}"
+        );
+        let role = RelayError::NoReplicationPrivilege {
+            role: Some("App Relay".into()),
+        }
+        .to_string();
+        assert!(
+            role.contains("ALTER ROLE \"App Relay\" REPLICATION"),
+            "{role}"
+        );
+        // Plain names stay as they were.
+        let plain = RelayError::PublicationMissing {
+            publication: "outbox_pub".into(),
+            table: "outbox".into(),
+        }
+        .to_string();
+        assert!(
+            plain.contains("CREATE PUBLICATION outbox_pub FOR TABLE outbox"),
+            "{plain}"
+        );
     }
 
     #[test]

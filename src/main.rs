@@ -18,16 +18,19 @@ use outbox_relay::error::chain;
 use outbox_relay::{failpoint, ops, poll, setup, wal};
 
 fn main() -> ExitCode {
+    // A usage error exits here, printed by clap: logging is not set up yet.
     let cli = Cli::parse();
     init_logging(cli.log_format);
+    // From here on an error is reported once, as a log record in the chosen format: a second
+    // plain line would break a `--log-format json` stream.
     if let Err(e) = failpoint::init_from_env() {
-        eprintln!("error: {e}");
+        tracing::error!(error = %e, "stopped");
         return ExitCode::FAILURE;
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            tracing::error!(error = %e, "stopped: cannot start the async runtime");
             return ExitCode::FAILURE;
         }
     };
@@ -61,7 +64,6 @@ fn main() -> ExitCode {
         Err(e) => {
             let e = e.clarify(None);
             tracing::error!(error = %chain(&e), "stopped");
-            eprintln!("error: {}", chain(&e));
             ExitCode::FAILURE
         }
     }

@@ -156,6 +156,46 @@ pub struct OutboxMessage {
 pub struct Mapper {
     default_exchange: ShortString,
     max_message_size: usize,
+    allowed_exchanges: AllowedExchanges,
+}
+
+/// Which exchanges a row's `exchange` column may name (`--allowed-exchanges`): anyone who
+/// can insert an outbox row would otherwise publish wherever the relay's broker user can.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllowedExchanges {
+    Any,
+    /// These and the default exchange.
+    Only(Vec<String>),
+}
+
+impl AllowedExchanges {
+    /// `list` as configured (`None`: the default exchange only; `*`: any), for an outbox
+    /// whose default exchange is `default_exchange`.
+    pub fn parse(list: Option<&str>, default_exchange: &str) -> Result<Self, String> {
+        let Some(list) = list else {
+            return Ok(Self::Only(vec![default_exchange.to_string()]));
+        };
+        let names: Vec<&str> = list.split(',').map(str::trim).collect();
+        if names == ["*"] {
+            return Ok(Self::Any);
+        }
+        if names.iter().any(|name| name.is_empty() || *name == "*") {
+            return Err(format!(
+                "--allowed-exchanges {list:?}: expected exchange names separated by commas, \
+                 or `*` alone to allow any exchange"
+            ));
+        }
+        let mut allowed: Vec<String> = names.into_iter().map(str::to_string).collect();
+        allowed.push(default_exchange.to_string());
+        Ok(Self::Only(allowed))
+    }
+
+    pub fn allows(&self, exchange: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Only(names) => names.iter().any(|name| name == exchange),
+        }
+    }
 }
 
 /// Identifies a row in error messages: its id when readable, and its stream position when it
@@ -216,6 +256,14 @@ pub enum MapError {
         limit: usize,
     },
 
+    #[error(
+        "Cannot publish {row}: its exchange column names \"{exchange}\", which \
+         --allowed-exchanges does not allow. Fix: add it to --allowed-exchanges \
+         (OUTBOX_ALLOWED_EXCHANGES) if rows may publish there, or correct the row; with \
+         --on-unroutable dead-letter such rows go to the dead-letter exchange"
+    )]
+    ExchangeNotAllowed { row: RowRef, exchange: String },
+
     #[error("Cannot publish {row}: column \"{column}\" {problem}")]
     Invalid {
         row: RowRef,
@@ -232,6 +280,7 @@ impl MapError {
             MapError::Null { row, .. }
             | MapError::UnchangedToast { row, .. }
             | MapError::TooLarge { row, .. }
+            | MapError::ExchangeNotAllowed { row, .. }
             | MapError::Invalid { row, .. } => row.id.as_deref(),
         }
     }
@@ -255,17 +304,25 @@ impl MapError {
             MapError::Invalid {
                 column, problem, ..
             } => format!("column \"{column}\" {problem}"),
+            MapError::ExchangeNotAllowed { exchange, .. } => {
+                format!("exchange \"{exchange}\" is not in --allowed-exchanges")
+            }
         }
     }
 }
 
 impl Mapper {
-    pub fn new(default_exchange: &str, max_message_size: usize) -> Result<Self, String> {
+    pub fn new(
+        default_exchange: &str,
+        max_message_size: usize,
+        allowed_exchanges: AllowedExchanges,
+    ) -> Result<Self, String> {
         let default_exchange = ShortString::try_new(default_exchange)
             .map_err(|_| format!("Exchange name \"{default_exchange}\" is over 255 bytes"))?;
         Ok(Self {
             default_exchange,
             max_message_size,
+            allowed_exchanges,
         })
     }
 
@@ -325,6 +382,12 @@ impl Mapper {
         }
 
         let exchange = match optional_str(values, layout.exchange, columns::EXCHANGE, &row)? {
+            Some(name) if !self.allowed_exchanges.allows(name) => {
+                return Err(MapError::ExchangeNotAllowed {
+                    row: row(),
+                    exchange: name.to_string(),
+                });
+            }
             Some(name) => short(name, columns::EXCHANGE, &row)?,
             None => self.default_exchange.clone(),
         };
@@ -451,6 +514,9 @@ impl Mapper {
             MapError::TooLarge { size, limit, .. } => Reason::TooLarge {
                 size: *size,
                 limit: *limit,
+            },
+            MapError::ExchangeNotAllowed { exchange, .. } => Reason::ExchangeNotAllowed {
+                exchange: exchange.clone(),
             },
             other => Reason::Unmappable {
                 error: other.problem(),
@@ -740,7 +806,7 @@ mod tests {
     }
 
     fn mapper() -> Mapper {
-        Mapper::new("outbox", 1024).expect("mapper")
+        Mapper::new("outbox", 1024, AllowedExchanges::Any).expect("mapper")
     }
 
     #[test]
@@ -794,6 +860,76 @@ mod tests {
         let m = mapper().map(&layout, &r, Some(pos())).expect("maps");
         assert_eq!(m.exchange.as_str(), "billing");
         assert_eq!(m.routing_key.as_str(), "orders.eu.created");
+    }
+
+    #[test]
+    fn allowed_exchanges_default_to_the_configured_one() {
+        let only_default = AllowedExchanges::parse(None, "outbox").unwrap();
+        assert!(only_default.allows("outbox"));
+        assert!(!only_default.allows("billing"));
+        let any = AllowedExchanges::parse(Some(" * "), "outbox").unwrap();
+        assert_eq!(any, AllowedExchanges::Any);
+        assert!(any.allows("anything"));
+        let listed = AllowedExchanges::parse(Some("billing, audit"), "outbox").unwrap();
+        for name in ["billing", "audit", "outbox"] {
+            assert!(listed.allows(name), "{name}");
+        }
+        assert!(!listed.allows("bill"));
+        for bad in ["", "a,,b", "a,*", "a,"] {
+            let err = AllowedExchanges::parse(Some(bad), "outbox").unwrap_err();
+            assert!(err.contains("--allowed-exchanges"), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_row_naming_an_exchange_not_allowed_is_refused_or_dead_lettered() {
+        use crate::publish::dead_letter::headers as dl;
+        let layout = Layout::for_relation(&outbox_relation()).expect("layout");
+        let strict = Mapper::new(
+            "outbox",
+            1024,
+            AllowedExchanges::parse(None, "outbox").unwrap(),
+        )
+        .expect("mapper");
+        let mut row = full_row();
+        row.0[5] = text("billing");
+        let err = strict.map(&layout, &row, Some(pos())).unwrap_err();
+        assert!(
+            matches!(err, MapError::ExchangeNotAllowed { ref exchange, .. } if exchange == "billing")
+        );
+        let text_of_error = err.to_string();
+        assert!(text_of_error.contains(ID), "{text_of_error}");
+        assert!(
+            text_of_error.contains("--allowed-exchanges"),
+            "{text_of_error}"
+        );
+        // Naming the default exchange explicitly is fine.
+        row.0[5] = text("outbox");
+        assert!(strict.map(&layout, &row, Some(pos())).is_ok());
+
+        row.0[5] = text("billing");
+        let dlx: ShortString = "dlx".into();
+        let (m, reason) = strict
+            .map_or_dead_letter(&layout, &row, Some(pos()), Some(&dlx))
+            .expect("dead letter");
+        assert_eq!(
+            reason,
+            Some(Reason::ExchangeNotAllowed {
+                exchange: "billing".into()
+            })
+        );
+        assert_eq!(m.exchange.as_str(), "dlx");
+        let headers = m.properties.headers().clone().unwrap_or_default();
+        assert_eq!(
+            headers.inner().get(dl::REASON),
+            Some(&AMQPValue::LongString(
+                "exchange not allowed: billing".into()
+            ))
+        );
+        assert_eq!(
+            headers.inner().get(dl::ORIGINAL_EXCHANGE),
+            Some(&AMQPValue::LongString("billing".into()))
+        );
     }
 
     #[test]

@@ -14,18 +14,35 @@
 //! position of every undelivered message; a slot is never recreated.
 
 use std::fmt::Write as _;
+use std::future::Future;
+use std::time::Duration;
 
+use tokio::time::Instant;
+use tokio_postgres::Client;
+
+use crate::backoff::Backoff;
 use crate::config::{Mode, OutboxNames, SetupArgs};
 use crate::db::{self, quote_ident, quote_literal};
-use crate::error::RelayError;
+use crate::error::{chain, Recovery, RelayError};
 use crate::publish::Broker;
 use crate::wal::preflight;
 
 /// One provisioning step: what it makes, and idempotent SQL that makes it.
+///
+/// The script's comment lines say only `about`, never a configured name: a name is data, and
+/// data in a `--` comment is one newline away from being a statement (names are validated
+/// when the flags are parsed, src/config.rs; this is the second line of defence).
 pub struct Step {
+    /// The object, with its configured name (for what `setup` prints as it goes).
     pub object: String,
+    /// What it is, in words that hold no configured name (for the script's comment line).
+    pub about: &'static str,
     pub sql: String,
 }
+
+/// The dollar-quote tag of the DO block: configured names cannot contain a `$`
+/// (src/config.rs), so no name can close the block early.
+const DO_TAG: &str = "$outbox_relay$";
 
 /// The outbox table and its `created_at` index (DESIGN.md section 2).
 pub fn table_step(names: &OutboxNames) -> Step {
@@ -34,6 +51,7 @@ pub fn table_step(names: &OutboxNames) -> Step {
     let index = quote_ident(&format!("{table}_created_at_idx"));
     Step {
         object: format!("table {}", names.table),
+        about: "the outbox table and its created_at index",
         sql: format!(
             "CREATE TABLE IF NOT EXISTS {qualified} (\n\
              \x20   id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),\n\
@@ -52,19 +70,22 @@ pub fn table_step(names: &OutboxNames) -> Step {
     }
 }
 
-/// The insert-only publication on the outbox table.
+/// The insert-only publication on the outbox table. CREATE PUBLICATION has no IF NOT EXISTS,
+/// hence the DO block; the name reaches RAISE as a parameter, not in its format string (where
+/// a `%` would be a placeholder).
 pub fn publication_step(names: &OutboxNames) -> Step {
     let publication = quote_ident(&names.publication);
     let qualified = names.qualified_table();
     Step {
         object: format!("publication {}", names.publication),
+        about: "the publication (insert only, on the outbox table)",
         sql: format!(
-            "DO $$ BEGIN\n\
+            "DO {DO_TAG} BEGIN\n\
              \x20   CREATE PUBLICATION {publication} FOR TABLE {qualified} WITH (publish = 'insert');\n\
              EXCEPTION WHEN duplicate_object THEN\n\
-             \x20   RAISE NOTICE 'publication {} already exists';\n\
-             END $$;",
-            names.publication.replace('\'', "''")
+             \x20   RAISE NOTICE 'publication % already exists', {};\n\
+             END {DO_TAG};",
+            quote_literal(&names.publication)
         ),
     }
 }
@@ -74,6 +95,7 @@ pub fn slot_step(names: &OutboxNames) -> Step {
     let slot = quote_literal(&names.slot);
     Step {
         object: format!("slot {}", names.slot),
+        about: "the logical replication slot (pgoutput), created only if missing",
         sql: format!(
             "SELECT pg_create_logical_replication_slot({slot}, 'pgoutput')\n\
              WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = {slot});"
@@ -88,6 +110,7 @@ pub fn poll_index_step(names: &OutboxNames) -> Step {
     let index = quote_ident(&format!("{table}_unpublished_idx"));
     Step {
         object: format!("index {table}_unpublished_idx"),
+        about: "the claim index: unpublished rows in created_at order",
         sql: format!(
             "CREATE INDEX IF NOT EXISTS {index} ON {} (created_at) WHERE published_at IS NULL;",
             names.qualified_table()
@@ -103,7 +126,7 @@ pub fn poll_script(names: &OutboxNames) -> String {
          -- No slot and no publication: `outbox-relay poll` claims rows by published_at.\n",
     );
     for step in [table_step(names), poll_index_step(names)] {
-        let _ = write!(text, "\n-- {}\n{}\n", step.object, step.sql);
+        let _ = write!(text, "\n-- {}\n{}\n", step.about, step.sql);
     }
     text
 }
@@ -117,7 +140,7 @@ pub fn script(names: &OutboxNames) -> String {
          -- The publication must exist before the slot.\n",
     );
     for step in [table_step(names), publication_step(names), slot_step(names)] {
-        let _ = write!(text, "\n-- {}\n{}\n", step.object, step.sql);
+        let _ = write!(text, "\n-- {}\n{}\n", step.about, step.sql);
     }
     text
 }
@@ -133,7 +156,7 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
         print!("{}", script(names));
         return Ok(());
     }
-    let client = db::connect(&args.connections.database_url()?).await?;
+    let client = connect_database(&args).await?;
     preflight::check_wal_level(&client).await?;
     println!("wal_level: logical");
 
@@ -179,7 +202,7 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
         print!("{}", poll_script(names));
         return Ok(());
     }
-    let client = db::connect(&args.connections.database_url()?).await?;
+    let client = connect_database(&args).await?;
     ensure_table(&client, &args).await?;
     let index = poll_index_step(names);
     client.batch_execute(&index.sql).await?;
@@ -195,7 +218,8 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
 async fn declare_exchanges(args: &SetupArgs) -> Result<(), RelayError> {
     let names = &args.names;
     let dead_letter = args.dead_letter.exchange(&names.exchange)?;
-    let broker = Broker::connect(&args.connections.broker_nodes()?).await?;
+    let nodes = args.connections.broker_nodes()?;
+    let broker = within_connect_timeout(args, "RabbitMQ", || Broker::connect(&nodes)).await?;
     broker.declare_exchange(&names.exchange, false).await?;
     println!("exchange {}: declared (durable topic)", names.exchange);
     if let Some(dead_letter) = dead_letter {
@@ -209,8 +233,51 @@ async fn declare_exchanges(args: &SetupArgs) -> Result<(), RelayError> {
     Ok(())
 }
 
+/// Connects to PostgreSQL, having checked the AMQP URL first: a malformed one is reported
+/// before anything is provisioned.
+async fn connect_database(args: &SetupArgs) -> Result<Client, RelayError> {
+    args.connections.broker_nodes()?;
+    let url = args.connections.database_url()?;
+    within_connect_timeout(args, "PostgreSQL", || db::connect(&url)).await
+}
+
+/// Runs `connect` again, with backoff, while it fails with an error that can pass (a server
+/// not listening yet, or still starting up), until `--connect-timeout` has passed since the
+/// first attempt; then returns the last error. A server started at the same time as `setup`
+/// (docker compose) may take a while to accept connections, and a one-shot setup has no
+/// supervisor to retry it. Definite errors (a wrong password, TLS refused) return at once.
+async fn within_connect_timeout<T, F, Fut>(
+    args: &SetupArgs,
+    what: &str,
+    mut connect: F,
+) -> Result<T, RelayError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, RelayError>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(args.connect_timeout_secs);
+    let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
+    loop {
+        let error = match connect().await {
+            Ok(connected) => return Ok(connected),
+            Err(error) => error,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if error.recovery() != Recovery::Retry || left.is_zero() {
+            return Err(error);
+        }
+        let delay = backoff.next_delay().min(left);
+        tracing::warn!(
+            error = %chain(&error),
+            retry_in_ms = delay.as_millis() as u64,
+            "cannot connect to {what} yet; retrying (--connect-timeout)"
+        );
+        tokio::time::sleep(delay).await;
+    }
+}
+
 /// Creates the outbox table if missing, or with `--no-create-table` only checks it exists.
-async fn ensure_table(client: &tokio_postgres::Client, args: &SetupArgs) -> Result<(), RelayError> {
+async fn ensure_table(client: &Client, args: &SetupArgs) -> Result<(), RelayError> {
     let names = &args.names;
     let table_existed = preflight::check_table(client, names).await.is_ok();
     if args.no_create_table {
@@ -276,6 +343,42 @@ mod tests {
             .find("pg_create_logical_replication_slot")
             .expect("slot");
         assert!(publication < slot);
+    }
+
+    /// Names that pass validation but would break naive SQL: the script must quote them
+    /// everywhere and keep them out of its comment lines.
+    #[test]
+    fn names_stay_out_of_comments_and_cannot_close_the_do_block() {
+        let names = OutboxNames {
+            table: "My Schema.Évents \"q\" 'x' -- y".into(),
+            publication: "Pub; DROP TABLE users; -- 100% 'x' \"y\"".into(),
+            slot: "slot_0".into(),
+            exchange: "outbox".into(),
+        };
+        for sql in [script(&names), poll_script(&names)] {
+            for line in sql
+                .lines()
+                .filter(|line| line.trim_start().starts_with("--"))
+            {
+                for name in ["My Schema", "Évents", "Pub;", "slot_0"] {
+                    assert!(!line.contains(name), "a name in the comment {line:?}");
+                }
+            }
+            assert!(!sql.contains("$$"), "{sql}");
+        }
+        let publication = publication_step(&names).sql;
+        assert!(
+            publication.contains("DO $outbox_relay$ BEGIN")
+                && publication.ends_with("END $outbox_relay$;"),
+            "{publication}"
+        );
+        // The name is RAISE's parameter, not part of its format, where `%` is a placeholder.
+        assert!(
+            publication.contains(
+                "RAISE NOTICE 'publication % already exists', 'Pub; DROP TABLE users; -- 100% ''x'' \"y\"';"
+            ),
+            "{publication}"
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@ use common::faults::{
     barrier, check_ack, delivered_after, finish, ids_of, report, report_tally, secs, unsent_ids,
     Oracle, Tally, Writers,
 };
-use common::http::{metric_value, metrics, wait_readyz};
+use common::http::{metric_value, metrics, wait_metrics, wait_readyz};
 use common::outbox::{write_concurrently, Outbox};
 use common::{queue_message_count, Consumer, PgServer, RabbitCluster, RelayProcess};
 use tokio::time::Instant;
@@ -44,6 +44,7 @@ const FAILOVER: Duration = Duration::from_secs(10);
 const MINUTE: Duration = Duration::from_secs(60);
 const BROKER_INFO: &str = "outbox_relay_broker_info";
 const CONFIRMED: &str = "outbox_relay_messages_confirmed_total";
+const IN_FLIGHT: &str = "outbox_relay_messages_in_flight";
 
 // ---------------------------------------------------------------------------------
 // Servers
@@ -252,8 +253,9 @@ async fn c1_quorum_queue_20000_rows_from_writers_arrive_once_in_commit_order() {
 async fn c2_kill_9_of_the_relays_node_fails_over_within_10_s_duplicates_within_w_plus_x() {
     let (pg, cluster, _lock) = servers().await;
     let (mut outbox, oracle) = quorum_outbox(pg, cluster, 0, "relaynode", &["setup"]).await;
-    // A backlog so the relay is mid-stream with a full window at the kill, writers on top.
-    write_concurrently(&outbox.db_url, 4, 10_000, MAX_TXN_ROWS).await;
+    // A backlog so the relay is mid-stream with a full window at the kill (it drains about
+    // 3,000 rows/s here), writers on top.
+    write_concurrently(&outbox.db_url, 4, 20_000, MAX_TXN_ROWS).await;
     let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(20));
     let window = W.to_string();
     let flags = ["--max-in-flight", &window, FAST_BACKOFF[0], FAST_BACKOFF[1]];
@@ -261,8 +263,16 @@ async fn c2_kill_9_of_the_relays_node_fails_over_within_10_s_duplicates_within_w
     let node = wait_node_in_use(cluster, &relay, port, None, MINUTE).await;
     // The test's own clients go through a node that survives.
     outbox.amqp_url = cluster.url(next(cluster, node));
-    wait_depth(&relay, &outbox.amqp_url, &outbox.queue, 2_000).await;
-    let leader_too = blocking(|| cluster.quorum_leader(&outbox.queue)) == node;
+    let leader_too = node == 0;
+    // The window at least half full (the backlog keeps the relay publishing ahead of the
+    // confirms), and the kill right after.
+    let half_full = |text: &str| metric_value(text, IN_FLIGHT).is_some_and(|n| n >= (W / 2) as f64);
+    let text = wait_metrics(port, MINUTE, half_full).await;
+    let in_flight = metric_value(&text, IN_FLIGHT).unwrap_or(0.0);
+    assert!(
+        half_full(&text),
+        "the window never filled: {in_flight} in flight"
+    );
 
     let before = relay.sessions();
     let killed = Instant::now();
@@ -297,6 +307,7 @@ async fn c2_kill_9_of_the_relays_node_fails_over_within_10_s_duplicates_within_w
         &[
             ("bound W+X", bound.to_string()),
             ("kill to streaming via another node", secs(failover)),
+            ("in flight at the kill", in_flight.to_string()),
             ("leader killed too", leader_too.to_string()),
             (
                 "acknowledged rows checked after failover",
@@ -516,6 +527,7 @@ async fn c5_polling_kill_9_of_the_relays_node_fails_over_duplicates_within_worke
     let killed = Instant::now();
     blocking(|| cluster.kill9(node));
     let marked_at_kill: i64 = common::pg::query_value(&outbox.client, published).await;
+    assert!(marked_at_kill < 10_000, "the kill must land mid-backlog");
     let now_on = wait_node_in_use(cluster, &relay, port, Some(node), MINUTE).await;
     // Streaming again: rows are marked published through the other node.
     let more = at_least(marked_at_kill + 1);
@@ -556,6 +568,7 @@ async fn c5_polling_kill_9_of_the_relays_node_fails_over_duplicates_within_worke
             ("lost", "0".into()),
             ("duplicates", tally.duplicates().to_string()),
             ("bound workers×batch", bound.to_string()),
+            ("marked published at the kill", marked_at_kill.to_string()),
             ("kill to publishing via another node", secs(failover)),
         ],
     );

@@ -485,3 +485,99 @@ async fn dead_letter_policy_without_an_exchange_is_a_clear_config_error() {
         "names the missing flag and its variable: {log}"
     );
 }
+
+/// Inserts a row whose `exchange` column names `exchange`; returns its id.
+async fn insert_to_exchange(outbox: &Outbox, exchange: &str) -> String {
+    outbox
+        .client
+        .query_one(
+            "INSERT INTO outbox (event_type, payload, exchange) VALUES ('Good.elsewhere', '{}', $1) \
+             RETURNING id::text",
+            &[&exchange],
+        )
+        .await
+        .expect("insert a row naming another exchange")
+        .get(0)
+}
+
+/// `--allowed-exchanges` (issue 15, item 5): by default a row may name only the configured
+/// exchange; another one stops the relay (halt) or is dead-lettered; listing it lets it through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_naming_an_exchange_not_allowed_halts_or_is_dead_lettered_unless_listed() {
+    let dl = DeadLetterOutbox::new("dl_allowed").await;
+    let outbox = &dl.outbox;
+    let elsewhere = unique_name("elsewhere");
+    let elsewhere_queue = unique_name("elsewhere_q");
+    common::amqp::declare_exchange(&outbox.amqp_url, &elsewhere).await;
+    declare_bound_queue(&outbox.amqp_url, &elsewhere, &elsewhere_queue, "#").await;
+    let oracle = Oracle::create(outbox).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let mut diverted = Consumer::start(&outbox.amqp_url, &elsewhere_queue).await;
+    let dead_letter_queue = dl.bind_dead_letter_queue().await;
+    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
+
+    // Halt (the default policy): stops at the row, naming it and the flag.
+    let before = insert(outbox, "Good.before", "{}").await;
+    let bad = insert_to_exchange(outbox, &elsewhere).await;
+    let relay = outbox.spawn_relay(&["--max-backoff-secs", "1"]);
+    let status = relay
+        .wait_exit(MINUTE)
+        .await
+        .unwrap_or_else(|| panic!("the relay did not stop at row {bad}; log:\n{}", relay.log()));
+    assert!(!status.success(), "exits non-zero; log:\n{}", relay.log());
+    let log = relay.log();
+    assert!(
+        log.contains(&bad) && log.contains("--allowed-exchanges"),
+        "the error names the row and the flag; log:\n{log}"
+    );
+    assert!(
+        wait_for_ids(&mut consumer, std::slice::from_ref(&before), MINUTE).await,
+        "the row before it is delivered; log:\n{log}"
+    );
+    assert_not_acknowledged(outbox, &oracle, &bad, "the row naming another exchange").await;
+
+    // Dead-letter: the row goes to the dead-letter exchange with the reason; delivery moves on.
+    let after = insert(outbox, "Good.after", "{}").await;
+    let (relay, port) = spawn_observed(outbox, &dl.policy());
+    assert!(
+        wait_for_ids(&mut dead_letters, std::slice::from_ref(&bad), MINUTE).await,
+        "dead-lettered; log:\n{}",
+        relay.log()
+    );
+    assert!(
+        wait_for_ids(&mut consumer, std::slice::from_ref(&after), MINUTE).await,
+        "the row after it is delivered; log:\n{}",
+        relay.log()
+    );
+    assert_acknowledged(outbox, &oracle, &relay, &after, MINUTE).await;
+    let letter = only(dead_letters.received(), &bad);
+    assert_eq!(
+        letter.header_str("x-outbox-dead-letter-reason"),
+        Some(format!("exchange not allowed: {elsewhere}").as_str())
+    );
+    assert_eq!(
+        letter.header_str("x-outbox-original-exchange"),
+        Some(elsewhere.as_str())
+    );
+    assert_eq!(
+        metric(port, &dead_lettered("exchange_not_allowed")).await,
+        Some(1.0)
+    );
+    relay.stop().await;
+
+    // Listed: the row reaches the exchange it names.
+    let listed = insert_to_exchange(outbox, &elsewhere).await;
+    let relay = outbox.spawn_relay(&["--allowed-exchanges", &elsewhere]);
+    assert!(
+        wait_for_ids(&mut diverted, std::slice::from_ref(&listed), MINUTE).await,
+        "a listed exchange receives the row; log:\n{}",
+        relay.log()
+    );
+    assert_acknowledged(outbox, &oracle, &relay, &listed, MINUTE).await;
+    assert_eq!(
+        ids_of(diverted.received()),
+        [listed.as_str()],
+        "only the allowed row reached the other exchange"
+    );
+    relay.stop().await;
+}

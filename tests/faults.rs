@@ -1050,7 +1050,6 @@ async fn s12c_long_alarm_with_a_busy_database_keeps_queued_ack_points_bounded() 
         let db_url = outbox.db_url.clone();
         tokio::spawn(async move {
             let client = common::pg_connect(&db_url).await;
-            let mut rows = 0u64;
             loop {
                 client
                     .execute(
@@ -1059,10 +1058,6 @@ async fn s12c_long_alarm_with_a_busy_database_keeps_queued_ack_points_bounded() 
                     )
                     .await
                     .expect("side insert");
-                rows += 1;
-                if rows % 100 == 0 {
-                    tokio::task::yield_now().await;
-                }
             }
         })
     };
@@ -1364,10 +1359,7 @@ async fn s16_lost_slot_stops_the_relay_on_reconnect_and_start_and_is_never_recre
             "the relay must not run on a lost slot"
         );
         let stderr = String::from_utf8_lossy(&run.stderr);
-        let line = stderr
-            .lines()
-            .find(|l| l.starts_with("error:"))
-            .unwrap_or_default();
+        let line = common::relay::final_error(&stderr).unwrap_or_default();
         messages.push(line.to_string());
     }
     for message in &messages {
@@ -1585,9 +1577,8 @@ async fn final_error(relay: &RelayProcess, what: &str) -> String {
         .unwrap_or_else(|| panic!("the relay did not stop on {what}; log:\n{}", relay.log()));
     assert!(!status.success(), "exits non-zero; log:\n{}", relay.log());
     let log = relay.log();
-    log.lines()
-        .find(|l| l.starts_with("error:"))
-        .unwrap_or_else(|| panic!("no final error line; log:\n{log}"))
+    common::relay::final_error(&log)
+        .unwrap_or_else(|| panic!("no final error record; log:\n{log}"))
         .to_string()
 }
 

@@ -11,7 +11,7 @@ use std::process::Output;
 use std::time::{Duration, SystemTime};
 
 use common::faults::scrape_slot_gauges;
-use common::http::{http_get, metric_value, wait_http};
+use common::http::{http_get, metric_value, wait_http, wait_metrics};
 use common::outbox::Outbox;
 use common::pg::first_column;
 use common::{
@@ -238,6 +238,159 @@ async fn status_exits_2_when_the_slot_is_missing() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("status --json");
     assert_eq!(json["slot_state"], "missing");
+}
+
+/// Both relays export which build runs in which mode, and the standard process metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_build_info_and_process_metrics_in_both_modes() {
+    let s = services();
+    let wal = Outbox::new("ops_build_run").await;
+    let poll = Outbox::on_poll(&s.pg.url("postgres"), &s.rabbit.url(), "ops_build_poll").await;
+    for (mode, outbox) in [("run", &wal), ("poll", &poll)] {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let relay = if mode == "run" {
+            outbox.spawn_relay(&["--metrics-addr", &addr])
+        } else {
+            outbox.spawn_poll(&["--metrics-addr", &addr], &[])
+        };
+        let build_info = format!(
+            "outbox_relay_build_info{{version=\"{}\",mode=\"{mode}\"}}",
+            env!("CARGO_PKG_VERSION")
+        );
+        let metrics = wait_metrics(port, Duration::from_secs(30), |m| {
+            metric_value(m, &build_info).is_some()
+        })
+        .await;
+        assert_eq!(
+            metric_value(&metrics, &build_info),
+            Some(1.0),
+            "{mode}: {build_info} in:\n{metrics}\nlog:\n{}",
+            relay.log()
+        );
+        assert_eq!(
+            metrics.matches("outbox_relay_build_info{").count(),
+            1,
+            "{mode}: one build_info series"
+        );
+        let rss = metric_value(&metrics, "process_resident_memory_bytes");
+        assert!(rss.is_some_and(|b| b > 0.0), "{mode}: rss {rss:?}");
+        for series in [
+            "process_cpu_seconds_total",
+            "process_open_fds",
+            "process_max_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                metric_value(&metrics, series).is_some(),
+                "{mode}: {series} missing in:\n{metrics}"
+            );
+        }
+        for line in [
+            "# TYPE process_cpu_seconds_total counter",
+            "# TYPE process_resident_memory_bytes gauge",
+            "# TYPE outbox_relay_build_info gauge",
+        ] {
+            assert!(metrics.contains(line), "{mode}: {line:?} missing");
+        }
+        relay.stop().await;
+    }
+}
+
+/// A definite startup error is reported once, as a record in the chosen log format: a second
+/// plain `error:` line would break a JSON log stream. The exit code stays 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_startup_error_is_reported_once_in_the_log_format() {
+    let outbox = Outbox::new("ops_once").await;
+    outbox
+        .client
+        .batch_execute("DROP PUBLICATION outbox_pub")
+        .await
+        .expect("drop publication");
+    let error = "The publication \"outbox_pub\" does not exist";
+
+    let out = outbox.run_command(&["run", "--metrics-addr", "off"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let all = text(&out);
+    let naming: Vec<&str> = all.lines().filter(|l| l.contains(error)).collect();
+    assert_eq!(naming.len(), 1, "one line names the error:\n{all}");
+    assert!(
+        common::relay::final_error(naming[0]).is_some_and(|e| e.starts_with(error)),
+        "it is the log record: {}",
+        naming[0]
+    );
+
+    let out = outbox.run_command(&["--log-format", "json", "run", "--metrics-addr", "off"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let records: Vec<serde_json::Value> = text(&out)
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}\n{}", text(&out)))
+        })
+        .collect();
+    let errors: Vec<&serde_json::Value> = records
+        .iter()
+        .filter(|r| {
+            r["fields"]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains(error))
+        })
+        .collect();
+    assert_eq!(errors.len(), 1, "one record names the error: {records:?}");
+    assert_eq!(errors[0]["level"], "ERROR");
+    assert_eq!(errors[0]["fields"]["message"], "stopped");
+}
+
+/// A one-shot setup started together with its database (docker compose) retries its first
+/// connection for --connect-timeout, then stops with the connection error. A private server:
+/// the test stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_retries_its_first_connection_for_connect_timeout() {
+    let pg = tokio::task::spawn_blocking(|| common::PgServer::start(&[]))
+        .await
+        .expect("start postgres");
+    let name = unique_name("ops_connect");
+    let url = pg.url("postgres");
+    let amqp = services().rabbit.url();
+    let args = [
+        "setup",
+        "--database-url",
+        &url,
+        "--amqp-url",
+        &amqp,
+        "--slot",
+        &name,
+        "--exchange",
+        &name,
+    ];
+    tokio::task::block_in_place(|| pg.stop());
+    let retrying = "cannot connect to PostgreSQL yet; retrying";
+
+    // Nothing listens for longer than the timeout: the connection error, after retries.
+    let gave_up = RelayProcess::spawn(&args, &[("OUTBOX_CONNECT_TIMEOUT_SECS", "1")]);
+    let status = gave_up.wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{}", gave_up.log());
+    assert!(gave_up.log_count(retrying) >= 1, "{}", gave_up.log());
+    let log = gave_up.log();
+    let error = common::relay::final_error(&log);
+    assert!(
+        error.is_some_and(|e| e.starts_with("Cannot reach PostgreSQL at 127.0.0.1:")),
+        "{log}"
+    );
+
+    // The server comes up within the timeout: setup goes on and provisions everything.
+    let setup = RelayProcess::spawn(&args, &[("OUTBOX_CONNECT_TIMEOUT_SECS", "120")]);
+    assert!(
+        setup.wait_for_log(retrying, Duration::from_secs(30)).await,
+        "{}",
+        setup.log()
+    );
+    tokio::task::block_in_place(|| pg.start_again());
+    let status = setup.wait_exit(Duration::from_secs(60)).await;
+    assert!(status.is_some_and(|s| s.success()), "{}", setup.log());
+    assert!(setup.log().contains("setup complete"), "{}", setup.log());
+    assert!(slot_exists(&pg.client("postgres").await, &name).await);
 }
 
 /// A slot invalidated by max_slot_wal_keep_size needs a server of its own: the setting is
@@ -819,4 +972,232 @@ async fn a_role_without_replication_gets_a_clear_error() {
         log.contains(&format!("ALTER ROLE {} REPLICATION", fixture.role)),
         "{log}"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// names and URLs
+
+/// Runs `sql` through `psql -v ON_ERROR_STOP=1` against `url` (the way a DBA pipes
+/// `setup --print-sql` into it) and returns its output; panics if psql fails.
+fn psql(url: &str, sql: &str) -> String {
+    use std::io::Write as _;
+    let psql = format!("{}/psql", common::pg::pg_bin());
+    let mut child = std::process::Command::new(&psql)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {psql}: {e}"));
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(sql.as_bytes())
+        .expect("write the script");
+    let out = child.wait_with_output().expect("psql");
+    assert!(out.status.success(), "psql failed:\n{}\n{sql}", text(&out));
+    text(&out)
+}
+
+/// Names that PostgreSQL takes quoted and the relay accepts, each a trap for SQL built by
+/// pasting: quotes, spaces, mixed case, unicode, `;` and `--`, `%` (a RAISE placeholder), a
+/// schema. `setup --print-sql` for them, piped to psql (twice: the second run takes the
+/// "already exists" paths), creates exactly the table, the publication on it and the slot,
+/// and nothing else runs; then the relay streams a row under those names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn print_sql_for_unusual_names_creates_exactly_those_objects_and_the_relay_uses_them() {
+    let s = services();
+    let db = unique_name("ops_names");
+    let url = s.pg.create_database(&db).await;
+    let client = pg_connect(&url).await;
+    let schema = "Ops \"Schema\" ünï";
+    let table = "Outbox Évents 'q'; DROP TABLE canary; --";
+    let publication = "Pub 100% 'p'; DROP TABLE canary; --";
+    let slot = format!("{db}_slot");
+    let exchange = format!("{db} exchange ünï:v1");
+    // The schema is the DBA's (setup creates tables, not schemas); the canary must survive.
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA {}; CREATE TABLE canary (id int)",
+            common::pg::quote_ident(schema)
+        ))
+        .await
+        .expect("schema and canary");
+
+    let qualified = format!("{schema}.{table}");
+    let name_flags = [
+        "--table",
+        qualified.as_str(),
+        "--publication",
+        publication,
+        "--slot",
+        &slot,
+        "--exchange",
+        &exchange,
+    ];
+    let mut args = vec!["setup", "--print-sql"];
+    args.extend(name_flags);
+    let out = std::process::Command::new(common::relay::binary())
+        .args(&args)
+        .env_remove("DATABASE_URL")
+        .env_remove("AMQP_URL")
+        .output()
+        .expect("setup --print-sql");
+    assert!(out.status.success(), "{}", text(&out));
+    let sql = stdout(&out);
+    psql(&url, &sql);
+    let again = psql(&url, &sql);
+    assert!(
+        again.contains(&format!(
+            "NOTICE:  publication {publication} already exists"
+        )),
+        "{again}"
+    );
+
+    let rows = |sql: &'static str| {
+        let client = &client;
+        async move { first_column(client, sql, &[]).await }
+    };
+    assert_eq!(
+        rows(
+            "SELECT table_schema || '.' || table_name FROM information_schema.tables \
+             WHERE table_schema NOT IN ('pg_catalog', 'information_schema') ORDER BY 1"
+        )
+        .await,
+        [format!("{schema}.{table}"), "public.canary".to_string()],
+        "the outbox table and the canary, nothing else"
+    );
+    assert_eq!(
+        rows(
+            "SELECT p.pubname || ' ' || t.schemaname || '.' || t.tablename || ' ' || \
+             p.pubinsert || p.pubupdate || p.pubdelete || p.pubtruncate \
+             FROM pg_publication p LEFT JOIN pg_publication_tables t USING (pubname)"
+        )
+        .await,
+        [format!(
+            "{publication} {schema}.{table} truefalsefalsefalse"
+        )],
+        "one insert-only publication, on the outbox table only"
+    );
+    assert_eq!(
+        rows(
+            "SELECT slot_name || ' ' || plugin || ' ' || slot_type FROM pg_replication_slots \
+             WHERE database = current_database()"
+        )
+        .await,
+        [format!("{slot} pgoutput logical")],
+        "one pgoutput slot in this database"
+    );
+
+    // The relay streams a row under these names (START_REPLICATION gets the publication
+    // quoted: unquoted, PostgreSQL would fold its case and cut it at the first space).
+    let queue = format!("{db}_q");
+    let amqp_url = s.rabbit.url();
+    declare_bound_queue(&amqp_url, &exchange, &queue, "#").await;
+    let mut consumer = Consumer::start(&amqp_url, &queue).await;
+    let mut args = vec![
+        "run",
+        "--database-url",
+        &url,
+        "--amqp-url",
+        &amqp_url,
+        "--metrics-addr",
+        "off",
+    ];
+    args.extend(name_flags);
+    let relay = RelayProcess::spawn(&args, &[common::relay::TEST_LOG]);
+    let id: String = client
+        .query_one(
+            &format!(
+                "INSERT INTO {}.{} (event_type, payload) VALUES ('NamedEvent', '{{}}') \
+                 RETURNING id::text",
+                common::pg::quote_ident(schema),
+                common::pg::quote_ident(table)
+            ),
+            &[],
+        )
+        .await
+        .expect("insert")
+        .get(0);
+    let received = consumer.wait_for(1, Duration::from_secs(30)).await;
+    assert_eq!(
+        received.first().and_then(|r| r.message_id.as_deref()),
+        Some(id.as_str()),
+        "delivered; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await
+        .expect("drop the slot");
+}
+
+/// A malformed URL is a definite error: `run` and `poll` stop at once with exit 1 and one
+/// clear error, never retrying as if the server were down, and never print the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_urls_stop_run_and_poll_at_once_without_printing_the_password() {
+    let s = services();
+    let db_url = s.pg.url("postgres");
+    let amqp_url = s.rabbit.url();
+    let cases = [
+        // (database URL, AMQP URL, the error)
+        (
+            db_url.as_str(),
+            "http://guest:s3cretpw@x/",
+            "\"http\" is not amqp or amqps",
+        ),
+        (
+            db_url.as_str(),
+            "amqp://guest:s3cretpw@h:notaport/%2f",
+            "AMQP URL #1 is not a valid RabbitMQ URL",
+        ),
+        (
+            "postgres://relay:s3cretpw@db:notaport/app",
+            amqp_url.as_str(),
+            "The database URL is not valid",
+        ),
+        (
+            "http://relay:s3cretpw@x/",
+            amqp_url.as_str(),
+            "The database URL is not valid",
+        ),
+    ];
+    for command in ["run", "poll"] {
+        for (db, amqp, error) in cases {
+            let relay = RelayProcess::spawn(
+                &[
+                    command,
+                    "--database-url",
+                    db,
+                    "--amqp-url",
+                    amqp,
+                    "--metrics-addr",
+                    "off",
+                ],
+                &[common::relay::TEST_LOG],
+            );
+            let exit = relay.wait_exit(Duration::from_secs(15)).await;
+            let log = relay.log();
+            let case = format!("{command} --database-url {db} --amqp-url {amqp}");
+            assert_eq!(
+                exit.and_then(|status| status.code()),
+                Some(1),
+                "{case}: exits 1 at once; log:\n{log}"
+            );
+            let logged: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
+            assert!(
+                logged.len() == 1 && logged[0].contains(error),
+                "{case}: one ERROR line, the clear one; log:\n{log}"
+            );
+            for retrying in ["session failed", "reconnect", "retrying", "WARN"] {
+                assert!(!log.contains(retrying), "{case}: no retry; log:\n{log}");
+            }
+            assert!(
+                !log.contains("s3cretpw"),
+                "{case}: the password; log:\n{log}"
+            );
+        }
+    }
 }

@@ -29,7 +29,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::health::Health;
-use super::metrics::recorder;
+use super::metrics::{recorder, set_build_info, update_process_metrics};
 
 /// Connections served at once; the next one is accepted when one of them closes.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -150,6 +150,7 @@ fn router(endpoints: Endpoints) -> Router {
 
 async fn metrics(State(endpoints): State<Endpoints>) -> Response {
     endpoints.health.update_scrape_gauges();
+    update_process_metrics();
     endpoints.metrics.run_upkeep();
     text(StatusCode::OK, PROMETHEUS_TEXT, endpoints.metrics.render())
 }
@@ -198,10 +199,16 @@ async fn no_store(mut response: Response) -> Response {
 }
 
 /// Installs the recorder and serves `/metrics`, `/healthz` and `/readyz` on `addr` (unless
-/// `None`) until `shutdown`, in either mode. Returns the health behind `/readyz`.
-pub fn start_endpoints(addr: Option<SocketAddr>, shutdown: &CancellationToken) -> Health {
+/// `None`) until `shutdown`, in either mode (`mode`: the command, `run` or `poll`, for
+/// [`super::metrics::BUILD_INFO`]). Returns the health behind `/readyz`.
+pub fn start_endpoints(
+    addr: Option<SocketAddr>,
+    mode: &'static str,
+    shutdown: &CancellationToken,
+) -> Health {
     let health = Health::new();
     let metrics = recorder();
+    set_build_info(mode);
     if let Some(addr) = addr {
         let endpoints = Endpoints {
             metrics,

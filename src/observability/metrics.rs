@@ -67,6 +67,9 @@ pub const BROKER_BLOCKED: &str = "outbox_relay_broker_blocked";
 pub const BROKER_INFO: &str = "outbox_relay_broker_info";
 /// 1 while /readyz answers 200, 0 otherwise (alert on this rather than probing /readyz).
 pub const READY: &str = "outbox_relay_ready";
+/// Always 1, labelled with the relay's `version` and `mode` (`run` or `poll`): which build
+/// runs where, and a series to join other metrics against.
+pub const BUILD_INFO: &str = "outbox_relay_build_info";
 
 // Polling mode (`poll`): what the workers do, and what waits in the table.
 
@@ -93,9 +96,17 @@ pub const CAUSE_LABEL: &str = "cause";
 /// Label of [`DEAD_LETTERED_TOTAL`].
 pub const REASON_LABEL: &str = "reason";
 /// Its values ([`crate::publish::dead_letter::Reason::label`]).
-pub const DEAD_LETTER_REASONS: [&str; 3] = ["unroutable", "too_large", "unmappable"];
+pub const DEAD_LETTER_REASONS: [&str; 4] = [
+    "unroutable",
+    "too_large",
+    "unmappable",
+    "exchange_not_allowed",
+];
 /// Label of [`BROKER_INFO`].
 pub const NODE_LABEL: &str = "node";
+/// Labels of [`BUILD_INFO`].
+pub const VERSION_LABEL: &str = "version";
+pub const MODE_LABEL: &str = "mode";
 /// Label of [`SLOT_WAL_STATUS`].
 pub const STATUS_LABEL: &str = "status";
 /// The values `pg_replication_slots.wal_status` takes in PostgreSQL 15.
@@ -195,6 +206,10 @@ pub fn describe() {
     );
     describe_gauge!(READY, "1 while /readyz answers 200");
     describe_gauge!(
+        BUILD_INFO,
+        "Always 1: the relay's version and mode (run or poll) as labels"
+    );
+    describe_gauge!(
         BROKER_INFO,
         "1 for the RabbitMQ node (host:port) the relay is connected to, 0 for nodes used before"
     );
@@ -221,6 +236,30 @@ pub fn describe() {
 }
 
 static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// The standard `process_*` metrics (resident and virtual memory, CPU seconds, open and
+/// maximum file descriptors, start time, threads), read from /proc by `metrics-process` at
+/// each scrape. Its CPU counter counts whole seconds (the `metrics` counters are integers).
+static PROCESS: OnceLock<metrics_process::Collector> = OnceLock::new();
+
+fn process_collector() -> &'static metrics_process::Collector {
+    PROCESS.get_or_init(metrics_process::Collector::default)
+}
+
+/// Refreshes the `process_*` metrics: call before each render.
+pub fn update_process_metrics() {
+    process_collector().collect();
+}
+
+/// Sets [`BUILD_INFO`] for this process: `mode` is the command, `run` or `poll`.
+pub fn set_build_info(mode: &'static str) {
+    metrics::gauge!(
+        BUILD_INFO,
+        VERSION_LABEL => env!("CARGO_PKG_VERSION"),
+        MODE_LABEL => mode
+    )
+    .set(1.0);
+}
 
 /// Installs the Prometheus recorder as the global `metrics` recorder (once per process) and
 /// describes the metrics; later calls return the same handle.
@@ -249,6 +288,7 @@ pub fn recorder() -> PrometheusHandle {
                 tracing::warn!(error = %e, "another metrics recorder is installed; /metrics stays empty");
             }
             describe();
+            process_collector().describe();
             // Counters exist from the start, so that rate() sees their first increment.
             for name in [
                 SLOT_POLLS_TOTAL,
@@ -420,6 +460,7 @@ mod tests {
             STANDBY,
             BROKER_BLOCKED,
             READY,
+            BUILD_INFO,
             POLLS_TOTAL,
             EMPTY_POLLS_TOTAL,
             POLL_BATCH_SECONDS,

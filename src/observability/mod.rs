@@ -36,7 +36,7 @@ pub fn start(
     slot_poll_interval: Duration,
     shutdown: &CancellationToken,
 ) -> Health {
-    let health = start_endpoints(addr, shutdown);
+    let health = start_endpoints(addr, "run", shutdown);
     if !slot_poll_interval.is_zero() {
         tokio::spawn(run_slot_poller(
             database_url.to_string(),

@@ -35,8 +35,12 @@ const BATCH: i32 = 1000;
 pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     check_rfc3339(&args.since).map_err(RelayError::Config)?;
     let names = &args.names;
-    let mapper =
-        Mapper::new(&names.exchange, args.delivery.max_message_size).map_err(RelayError::Config)?;
+    let mapper = Mapper::new(
+        &names.exchange,
+        args.delivery.max_message_size,
+        args.exchanges.policy(&names.exchange)?,
+    )
+    .map_err(RelayError::Config)?;
     let mut client = db::connect(&args.connections.database_url()?).await?;
     // The text shapes the mapper parses, as the replication connection pins them.
     client.batch_execute(db::PINNED_SET_STATEMENTS).await?;

@@ -42,7 +42,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Delivery, OutboxNames, PollArgs};
-use crate::error::{chain, RelayError};
+use crate::error::RelayError;
 use crate::mapper::Mapper;
 use crate::observability::{self, PollMetrics, WorkerHealth};
 use crate::publish::BrokerNodes;
@@ -161,17 +161,27 @@ pub(crate) struct Shared {
 
 /// Runs the polling relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
 pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
-    let mapper = Mapper::new(&args.names.exchange, args.delivery.max_message_size)
-        .map_err(RelayError::Config)?;
+    let allowed_exchanges = args.exchanges.policy(&args.names.exchange)?;
+    let mapper = Mapper::new(
+        &args.names.exchange,
+        args.delivery.max_message_size,
+        allowed_exchanges,
+    )
+    .map_err(RelayError::Config)?;
     let dead_letter_exchange = args.dead_letter.exchange(&args.names.exchange)?;
+    // Both URLs are parsed before anything starts: a malformed one is a definite error (exit
+    // 1 now), never an outage for the workers to retry.
+    let database_url = args.connections.database_url()?;
+    crate::db::parse_url(&database_url)?;
+    let brokers = args.connections.broker_nodes()?;
     // The endpoints and the backlog poller outlive the workers' graceful stop.
     let observing = CancellationToken::new();
     let _stop_observing = observing.clone().drop_guard();
-    let health = observability::start_endpoints(args.endpoints.metrics_addr.0, &observing);
+    let health = observability::start_endpoints(args.endpoints.metrics_addr.0, "poll", &observing);
     let (poll_interval_min, poll_interval_max) = args.poll_intervals();
     let shared = Arc::new(Shared {
-        database_url: args.connections.database_url()?,
-        brokers: args.connections.broker_nodes()?,
+        database_url,
+        brokers,
         names: args.names,
         mapper,
         dead_letter_exchange,
@@ -240,7 +250,8 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
                     Some(Err(panicked)) => RelayError::Task(panicked.to_string()),
                 };
                 if outcome.is_ok() {
-                    tracing::error!(error = %chain(&error), "stopping all workers");
+                    // The error itself is reported once, by main, when the workers are done.
+                    tracing::info!("a worker stopped on an error: stopping all workers");
                     outcome = Err(error);
                 }
                 stop.cancel();

@@ -46,6 +46,8 @@ pub enum Reason {
     TooLarge { size: usize, limit: usize },
     /// The row cannot be turned into a message (the mapper's error, which names the row).
     Unmappable { error: String },
+    /// The row names an exchange `--allowed-exchanges` does not allow.
+    ExchangeNotAllowed { exchange: String },
 }
 
 impl Reason {
@@ -55,6 +57,7 @@ impl Reason {
             Reason::Unroutable { .. } => "unroutable",
             Reason::TooLarge { .. } => "too_large",
             Reason::Unmappable { .. } => "unmappable",
+            Reason::ExchangeNotAllowed { .. } => "exchange_not_allowed",
         }
     }
 }
@@ -76,6 +79,9 @@ impl fmt::Display for Reason {
                 write!(f, "too large: {size} bytes > limit {limit}")
             }
             Reason::Unmappable { error } => write!(f, "unmappable: {error}"),
+            Reason::ExchangeNotAllowed { exchange } => {
+                write!(f, "exchange not allowed: {exchange}")
+            }
         }
     }
 }

@@ -56,14 +56,25 @@ const HEALTHY_SESSION: Duration = Duration::from_secs(60);
 
 /// Runs the WAL relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
 pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
-    let mapper = Mapper::new(&args.names.exchange, args.tuning.max_message_size)
-        .map_err(RelayError::Config)?;
+    let allowed_exchanges = args.exchanges.policy(&args.names.exchange)?;
+    let mapper = Mapper::new(
+        &args.names.exchange,
+        args.tuning.max_message_size,
+        allowed_exchanges,
+    )
+    .map_err(RelayError::Config)?;
     let dead_letter_exchange = args.dead_letter.exchange(&args.names.exchange)?;
+    // Both URLs are parsed before anything starts: a malformed one is a definite error (exit
+    // 1 now), never an outage to retry.
+    let database_url = args.connections.database_url()?;
+    let role = crate::db::parse_url(&database_url)?
+        .get_user()
+        .map(str::to_string);
+    let brokers = args.connections.broker_nodes()?;
     // The endpoints and the slot poller live as long as this function: through a graceful
     // stop, and on while the sessions reconnect.
     let observing = CancellationToken::new();
     let _stop_observing = observing.clone().drop_guard();
-    let database_url = args.connections.database_url()?;
     let health = observability::start(
         args.observability.endpoints.metrics_addr.0,
         &database_url,
@@ -71,12 +82,9 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         args.observability.slot_poll_interval,
         &observing,
     );
-    let role = crate::db::parse_url(&database_url)
-        .ok()
-        .and_then(|config| config.get_user().map(str::to_string));
     let ctx = SessionContext {
         database_url,
-        brokers: args.connections.broker_nodes()?,
+        brokers,
         names: args.names,
         tuning: args.tuning,
         mapper,

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use crate::report::{Latency, Report};
 use crate::writers::{CommittedRow, Written, ORDER_NOTE_LEN};
 use outbox_relay::db;
-use outbox_relay::mapper::{Layout, Mapper, OutboxMessage, Position};
+use outbox_relay::mapper::{AllowedExchanges, Layout, Mapper, OutboxMessage, Position};
 use outbox_relay::observability::RelayMetrics;
 use outbox_relay::pgoutput::{self, Column, LogicalMessage, Relation, Tuple, TupleValue};
 use outbox_relay::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions, Input};
@@ -71,7 +71,8 @@ impl SyntheticRows {
         };
         Ok(SyntheticRows {
             layout: Layout::for_relation(&relation)?,
-            mapper: Mapper::new(exchange, usize::MAX).map_err(anyhow::Error::msg)?,
+            mapper: Mapper::new(exchange, usize::MAX, AllowedExchanges::Any)
+                .map_err(anyhow::Error::msg)?,
             event_type: event_type.to_string(),
             created_at: Bytes::from_static(b"2026-01-01 00:00:00.123456+00"),
         })
@@ -270,7 +271,8 @@ pub async fn decode_alone(
     let mut client = ReplicationClient::connect(config).await?;
     client.wait_started().await?;
     let started = Instant::now();
-    let mapper = Mapper::new(exchange, usize::MAX).map_err(anyhow::Error::msg)?;
+    let mapper =
+        Mapper::new(exchange, usize::MAX, AllowedExchanges::Any).map_err(anyhow::Error::msg)?;
     let mut relations = RelationCache::new("public", table);
     let mut commit_lsn = Lsn::from_u64(0);
     let mut index = 0u32;

@@ -17,6 +17,16 @@ pub const SIGABRT: i32 = libc::SIGABRT;
 /// What the relay logs when a session has started streaming.
 pub const SESSION_STARTED: &str = " streaming slot=";
 
+/// What starts the one record a relay that stops on an error writes, in text logs
+/// (`--log-format text`): `<time> ERROR outbox_relay: stopped error=<the error chain>`.
+pub const STOPPED: &str = "ERROR outbox_relay: stopped error=";
+
+/// The relay's final error in a text log: the error chain of its [`STOPPED`] record.
+pub fn final_error(log: &str) -> Option<&str> {
+    log.lines()
+        .find_map(|line| Some(line.split_once(STOPPED)?.1))
+}
+
 static BINARY: OnceLock<PathBuf> = OnceLock::new();
 
 /// Hands in the relay binary for this process (e.g. the benchmark's). Integration tests of
