@@ -579,3 +579,89 @@ async fn c5_polling_kill_9_of_the_relays_node_fails_over_duplicates_within_worke
     );
     blocking(|| cluster.ensure_healthy());
 }
+
+/// Returns at full speed through the cluster: 100,000 rows, 1 % unroutable, dead-letter
+/// policy, the quorum queue and the dead-letter queue both quorum queues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c6_full_speed_drain_with_one_percent_unroutable_dead_letters_exactly_those() {
+    let (pg, cluster, _lock) = servers().await;
+    let dead_letter_exchange = common::unique_name("stress_dlx");
+    let setup = [
+        "setup",
+        "--on-unroutable",
+        "dead-letter",
+        "--dead-letter-exchange",
+        &dead_letter_exchange,
+    ];
+    let (outbox, oracle) = quorum_outbox(pg, cluster, 0, "stress", &setup).await;
+    // Only Good.# is routed: the Nobody.… rows come back.
+    common::amqp::bind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "Good.#").await;
+    common::amqp::unbind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
+    let dead_letter_queue = common::unique_name("stress_dlq");
+    common::amqp::declare_bound_quorum_queue(
+        &outbox.amqp_url,
+        &dead_letter_exchange,
+        &dead_letter_queue,
+        "#",
+    )
+    .await;
+    let rows = common::faults::stress_rows();
+    let (good, unroutable) = common::faults::seed_one_percent_unroutable(&outbox, rows).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
+
+    let started = Instant::now();
+    let policy = [
+        "--on-unroutable",
+        "dead-letter",
+        "--dead-letter-exchange",
+        &dead_letter_exchange,
+    ];
+    let (relay, _port) = spawn_observed(&outbox, "run", &cluster.url_list(), &policy);
+    let five_minutes = Duration::from_secs(300);
+    assert!(
+        common::faults::wait_for_ids(&mut dead_letters, &unroutable, five_minutes).await,
+        "every unroutable row dead-lettered; log:\n{}",
+        relay.log()
+    );
+    assert!(
+        common::faults::wait_for_ids(&mut consumer, &good, five_minutes).await,
+        "every routable row delivered; log:\n{}",
+        relay.log()
+    );
+    let drained = started.elapsed();
+    let last = oracle
+        .committed_ids(&outbox.client)
+        .await
+        .last()
+        .cloned()
+        .expect("rows committed");
+    common::faults::assert_acknowledged(&outbox, &oracle, &relay, &last, MINUTE).await;
+    let unroutable_set: std::collections::HashSet<&str> =
+        unroutable.iter().map(String::as_str).collect();
+    let delivered = ids_of(consumer.received());
+    assert!(
+        delivered.iter().all(|id| !unroutable_set.contains(id)),
+        "an unroutable row reached the outbox queue"
+    );
+    assert_eq!(delivered.len(), good.len(), "no routable row twice");
+    assert_eq!(
+        dead_letters.received().len(),
+        unroutable.len(),
+        "no dead letter twice"
+    );
+    assert_eq!(relay.sessions(), 1, "no reconnect; log:\n{}", relay.log());
+    report(
+        "c6 returns stress through the cluster, dead-letter",
+        &[
+            ("rows", rows.to_string()),
+            ("unroutable", unroutable.len().to_string()),
+            ("drained in", secs(drained)),
+            (
+                "msgs/s",
+                format!("{:.0}", rows as f64 / drained.as_secs_f64()),
+            ),
+        ],
+    );
+    relay.stop().await;
+}

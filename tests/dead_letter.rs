@@ -582,44 +582,6 @@ async fn a_row_naming_an_exchange_not_allowed_halts_or_is_dead_lettered_unless_l
     relay.stop().await;
 }
 
-/// Rows of the returns stress tests (`OUTBOX_TEST_STRESS_ROWS` overrides).
-fn stress_rows() -> usize {
-    std::env::var("OUTBOX_TEST_STRESS_ROWS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000)
-}
-
-/// Commits `rows` rows in transactions of 1,000, one in a hundred of them unroutable
-/// (`Nobody.…`), before any relay runs: the relay then drains them at full speed with a full
-/// window and the broker folding acks. Returns (routable ids, unroutable ids).
-async fn seed_one_percent_unroutable(outbox: &Outbox, rows: usize) -> (Vec<String>, Vec<String>) {
-    let (mut good, mut unroutable) = (Vec::new(), Vec::new());
-    for start in (0..rows).step_by(1_000) {
-        let end = (start + 1_000).min(rows) as i64;
-        let inserted = outbox
-            .client
-            .query(
-                "INSERT INTO outbox (event_type, payload) \
-                 SELECT CASE WHEN g % 100 = 37 THEN 'Nobody.stress' ELSE 'Good.stress' END, \
-                        jsonb_build_object('g', g) \
-                 FROM generate_series($1::bigint, $2::bigint - 1) AS g \
-                 RETURNING id::text, event_type",
-                &[&(start as i64), &end],
-            )
-            .await
-            .expect("seed the stress rows");
-        for row in inserted {
-            let (id, event_type): (String, String) = (row.get(0), row.get(1));
-            match event_type.as_str() {
-                "Good.stress" => good.push(id),
-                _ => unroutable.push(id),
-            }
-        }
-    }
-    (good, unroutable)
-}
-
 /// Issue 15, item 7's stress: at full speed, every unroutable row is dead-lettered and every
 /// other row reaches its queue, once, with the slot past the last row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -627,8 +589,8 @@ async fn full_speed_drain_with_one_percent_unroutable_dead_letters_exactly_those
     let dl = DeadLetterOutbox::new("dl_stress").await;
     let outbox = &dl.outbox;
     let oracle = Oracle::create(outbox).await;
-    let rows = stress_rows();
-    let (good, unroutable) = seed_one_percent_unroutable(outbox, rows).await;
+    let rows = common::faults::stress_rows();
+    let (good, unroutable) = common::faults::seed_one_percent_unroutable(outbox, rows).await;
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
     let dead_letter_queue = dl.bind_dead_letter_queue().await;
     let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
@@ -695,8 +657,8 @@ async fn full_speed_drain_with_one_percent_unroutable_halts_at_the_first_one() {
     let dl = DeadLetterOutbox::new("halt_stress").await;
     let outbox = &dl.outbox;
     let oracle = Oracle::create(outbox).await;
-    let rows = stress_rows();
-    let (_, unroutable) = seed_one_percent_unroutable(outbox, rows).await;
+    let rows = common::faults::stress_rows();
+    let (_, unroutable) = common::faults::seed_one_percent_unroutable(outbox, rows).await;
     let unroutable: std::collections::HashSet<String> = unroutable.into_iter().collect();
     let committed = oracle.committed_ids(&outbox.client).await;
     let first_stop = committed

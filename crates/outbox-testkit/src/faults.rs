@@ -667,3 +667,47 @@ pub async fn scrape_slot_gauges(client: &Client, slot: &str, port: u16) -> SlotS
         after,
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Returns at full speed
+
+/// Rows of the returns stress tests (`OUTBOX_TEST_STRESS_ROWS` overrides).
+pub fn stress_rows() -> usize {
+    std::env::var("OUTBOX_TEST_STRESS_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000)
+}
+
+/// Commits `rows` rows in transactions of 1,000, one in a hundred of them unroutable
+/// (`Nobody.…`), before any relay runs: the relay then drains them at full speed with a full
+/// window and the broker folding acks. Returns (routable ids, unroutable ids).
+pub async fn seed_one_percent_unroutable(
+    outbox: &Outbox,
+    rows: usize,
+) -> (Vec<String>, Vec<String>) {
+    let (mut good, mut unroutable) = (Vec::new(), Vec::new());
+    for start in (0..rows).step_by(1_000) {
+        let end = (start + 1_000).min(rows) as i64;
+        let inserted = outbox
+            .client
+            .query(
+                "INSERT INTO outbox (event_type, payload) \
+                 SELECT CASE WHEN g % 100 = 37 THEN 'Nobody.stress' ELSE 'Good.stress' END, \
+                        jsonb_build_object('g', g) \
+                 FROM generate_series($1::bigint, $2::bigint - 1) AS g \
+                 RETURNING id::text, event_type",
+                &[&(start as i64), &end],
+            )
+            .await
+            .expect("seed the stress rows");
+        for row in inserted {
+            let (id, event_type): (String, String) = (row.get(0), row.get(1));
+            match event_type.as_str() {
+                "Good.stress" => good.push(id),
+                _ => unroutable.push(id),
+            }
+        }
+    }
+    (good, unroutable)
+}
