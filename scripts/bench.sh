@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The benchmark of docs/benchmarks.md, on one Debian 12 machine, with nothing else running:
 #
-#   scripts/bench.sh            full scale (200,000-row backlogs, 30 s loads; tens of minutes)
-#   scripts/bench.sh --quick    reduced scale, every scenario (a few minutes)
+#   scripts/bench.sh                 full scale (200,000-row backlogs, 30 s loads; tens of minutes),
+#                                    the 3-node cluster section last (--no-cluster leaves it out)
+#   scripts/bench.sh --quick         reduced scale, every scenario (a few minutes; no cluster
+#                                    section unless --cluster)
+#   scripts/bench.sh --cluster-only  only the 3-node cluster, quorum queue section (~2-4 min)
 #
 # Installs PostgreSQL and RabbitMQ if missing, builds the release binaries, starts a private
 # PostgreSQL and RabbitMQ node on free ports (servers on 5432/5672 are left alone), runs
 # `outbox-bench bench` against target/release/outbox-relay, and removes both servers on any
-# exit. Prints the Markdown report and writes it with the figures as JSON to
+# exit (the cluster section's three nodes are started and stopped by outbox-bench itself,
+# also on free ports). Prints the Markdown report and writes it with the figures as JSON to
 # target/bench/<UTC timestamp>.{md,json}; relay logs go to target/bench/<timestamp>/.
 #
 # Any other argument is passed to `outbox-bench bench` (e.g. --rows 50000, --sweep 1024,4096,

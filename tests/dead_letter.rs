@@ -581,3 +581,115 @@ async fn a_row_naming_an_exchange_not_allowed_halts_or_is_dead_lettered_unless_l
     );
     relay.stop().await;
 }
+
+/// Issue 15, item 7's stress: at full speed, every unroutable row is dead-lettered and every
+/// other row reaches its queue, once, with the slot past the last row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_speed_drain_with_one_percent_unroutable_dead_letters_exactly_those() {
+    let dl = DeadLetterOutbox::new("dl_stress").await;
+    let outbox = &dl.outbox;
+    let oracle = Oracle::create(outbox).await;
+    let rows = common::faults::stress_rows();
+    let (good, unroutable) = common::faults::seed_one_percent_unroutable(outbox, rows).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let dead_letter_queue = dl.bind_dead_letter_queue().await;
+    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
+
+    let started = std::time::Instant::now();
+    let (relay, port) = spawn_observed(outbox, &dl.policy());
+    let five_minutes = Duration::from_secs(300);
+    assert!(
+        wait_for_ids(&mut dead_letters, &unroutable, five_minutes).await,
+        "every unroutable row dead-lettered; log:\n{}",
+        relay.log()
+    );
+    assert!(
+        wait_for_ids(&mut consumer, &good, five_minutes).await,
+        "every routable row delivered; log:\n{}",
+        relay.log()
+    );
+    let drained = started.elapsed();
+    let last = oracle
+        .committed_ids(&outbox.client)
+        .await
+        .last()
+        .cloned()
+        .expect("rows committed");
+    assert_acknowledged(outbox, &oracle, &relay, &last, MINUTE).await;
+
+    let unroutable_set: std::collections::HashSet<&str> =
+        unroutable.iter().map(String::as_str).collect();
+    let delivered = ids_of(consumer.received());
+    assert!(
+        delivered.iter().all(|id| !unroutable_set.contains(id)),
+        "an unroutable row reached the outbox queue"
+    );
+    assert_eq!(delivered.len(), good.len(), "no routable row twice");
+    let letters = dead_letters.received();
+    assert_eq!(letters.len(), unroutable.len(), "no dead letter twice");
+    assert!(letters.iter().all(|letter| letter
+        .header_str("x-outbox-dead-letter-reason")
+        .is_some_and(|reason| reason.starts_with("unroutable: NO_ROUTE 312"))));
+    assert_eq!(
+        metric(port, &dead_lettered("unroutable")).await,
+        Some(unroutable.len() as f64)
+    );
+    assert_eq!(relay.sessions(), 1, "no reconnect; log:\n{}", relay.log());
+    common::faults::report(
+        "returns stress, dead-letter",
+        &[
+            ("rows", rows.to_string()),
+            ("unroutable", unroutable.len().to_string()),
+            ("drained in", common::faults::secs(drained)),
+            (
+                "msgs/s",
+                format!("{:.0}", rows as f64 / drained.as_secs_f64()),
+            ),
+        ],
+    );
+    relay.stop().await;
+}
+
+/// The same drain under `halt`: the relay stops at the first unroutable row in commit order,
+/// whatever the broker batched, and the slot never passes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_speed_drain_with_one_percent_unroutable_halts_at_the_first_one() {
+    let dl = DeadLetterOutbox::new("halt_stress").await;
+    let outbox = &dl.outbox;
+    let oracle = Oracle::create(outbox).await;
+    let rows = common::faults::stress_rows();
+    let (_, unroutable) = common::faults::seed_one_percent_unroutable(outbox, rows).await;
+    let unroutable: std::collections::HashSet<String> = unroutable.into_iter().collect();
+    let committed = oracle.committed_ids(&outbox.client).await;
+    let first_stop = committed
+        .iter()
+        .position(|id| unroutable.contains(id))
+        .expect("an unroutable row");
+    let first = committed[first_stop].clone();
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+
+    let (relay, port) = spawn_observed(outbox, &[]);
+    assert_stuck_on_returned(&relay, port, &first).await;
+    assert!(
+        wait_for_ids(&mut consumer, &committed[..first_stop], MINUTE).await,
+        "every row before the first unroutable one is delivered; log:\n{}",
+        relay.log()
+    );
+    assert_not_acknowledged(outbox, &oracle, &first, "the first unroutable row").await;
+    // Still not past it after more retries.
+    common::faults::assert_returned(&relay, &first, 3, MINUTE).await;
+    assert_not_acknowledged(outbox, &oracle, &first, "the first unroutable row").await;
+    common::faults::report(
+        "returns stress, halt",
+        &[
+            ("rows", rows.to_string()),
+            ("unroutable", unroutable.len().to_string()),
+            ("stopped at row", (first_stop + 1).to_string()),
+            (
+                "in the queue (published ahead of the return, not acknowledged)",
+                consumer.received().len().to_string(),
+            ),
+        ],
+    );
+    relay.stop().await;
+}

@@ -28,8 +28,9 @@ use std::time::Duration;
 use common::amqp::{bind_queue, declare_exchange, delete_exchange, unbind_queue};
 use common::faults::{
     assert_acknowledged, assert_not_acknowledged, assert_nothing_lost_or_invented, assert_returned,
-    assert_stuck_on_returned, barrier, check_ack, connect_retrying, ids_of, observed_outbox, probe,
-    report, report_tally, scrape_slot_gauges, slot_state, wait_for_ids, Oracle, Tally, Writers,
+    assert_stuck_on_returned, barrier, check_ack, connect_retrying, delivered_after, finish,
+    ids_of, observed_outbox, probe, report, report_tally, scrape_slot_gauges, secs, slot_state,
+    unsent_ids, wait_for_ids, Oracle, Tally, Writers,
 };
 use common::http::{
     http_get, metric_sum, metric_value, readyz, wait_metrics, wait_ready, wait_readyz,
@@ -155,19 +156,6 @@ async fn new_session(relay: &RelayProcess, before: usize, timeout: Duration) -> 
     reconnected.unwrap_or_else(|| panic!("no new session; log:\n{}", relay.log()))
 }
 
-/// [`probe`] that must arrive: how long it took. Panics with the log, saying what the
-/// delivery came `after`, if it does not arrive within `timeout`.
-async fn delivered_after(
-    relay: &RelayProcess,
-    client: &tokio_postgres::Client,
-    consumer: &mut Consumer,
-    timeout: Duration,
-    after: &str,
-) -> Duration {
-    let (_, latency) = probe(client, consumer, timeout).await;
-    latency.unwrap_or_else(|| panic!("no delivery after {after}; log:\n{}", relay.log()))
-}
-
 /// Passes traffic through `proxy` again and waits for the relay's next session: how long it
 /// took.
 async fn heal(relay: &RelayProcess, proxy: &TcpProxy, timeout: Duration) -> Duration {
@@ -248,34 +236,6 @@ async fn assert_readyz_becomes(port: u16, relay: &RelayProcess, wanted: (u16, &s
         "log:\n{}",
         relay.log()
     );
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.1} s", d.as_secs_f64())
-}
-
-/// The end of a scenario: with every committed row arrived and the relay stopped, check ACK,
-/// drain the queue through a marker and count. Returns (committed, tally).
-async fn finish(
-    client: &tokio_postgres::Client,
-    outbox: &Outbox,
-    oracle: &Oracle,
-    consumer: &mut Consumer,
-    relay: &RelayProcess,
-) -> (Vec<String>, Tally) {
-    let committed = oracle.committed_ids(client).await;
-    assert!(
-        wait_for_ids(consumer, &committed, Duration::from_secs(180)).await,
-        "L0: {} of {} committed rows arrived; log:\n{}",
-        committed.len() - Tally::of(consumer.received()).lost(&committed).len(),
-        committed.len(),
-        relay.log()
-    );
-    relay.stop().await;
-    check_ack(client, outbox, oracle, consumer).await;
-    let tally = Tally::of(consumer.received());
-    assert_nothing_lost_or_invented(&tally, &committed);
-    (committed, tally)
 }
 
 // ---------------------------------------------------------------------------------
@@ -1860,14 +1820,6 @@ async fn s21_polling_crash_between_confirms_and_commit_twice_loses_nothing() {
             WORKERS * BATCH
         );
     }
-}
-
-async fn unsent_ids(client: &tokio_postgres::Client) -> HashSet<String> {
-    let sql = "SELECT id::text FROM outbox WHERE published_at IS NULL";
-    common::pg::first_column(client, sql, &[])
-        .await
-        .into_iter()
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ pub async fn run(args: &DemoArgs) -> Result<Report> {
     let spec = QueueSpec {
         exchange: args.exchange.clone(),
         queue: args.queue.clone(),
+        arguments: Default::default(),
         binding_key: "#".into(),
         purge: true,
         prefetch: 1000,

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
+use lapin::types::FieldTable;
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -114,11 +115,34 @@ pub struct BrokerRun {
     pub missing: usize,
 }
 
+/// Where the broker-alone publisher and consumer connect, and the kind of queue.
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    /// The publisher's broker (a list is tried the way the relay tries it).
+    pub publish: String,
+    /// The consumer's broker: one URL. The consumer declares the queue, so a quorum queue's
+    /// leader is this node.
+    pub consume: String,
+    /// The queue's declare arguments (empty: a classic queue).
+    pub queue_arguments: FieldTable,
+}
+
+impl Endpoints {
+    /// Everything on one broker, classic queues.
+    pub fn single(amqp_url: &str) -> Endpoints {
+        Endpoints {
+            publish: amqp_url.to_string(),
+            consume: amqp_url.to_string(),
+            queue_arguments: FieldTable::default(),
+        }
+    }
+}
+
 /// Publishes `messages` synthetic messages through the relay's publisher with `window`
 /// unconfirmed at most; paced at `rate` per second if given, as fast as confirms allow if not.
 /// The consumer reads `queue`, bound to `exchange` with the messages' routing key.
 pub async fn broker_alone(
-    amqp_url: &str,
+    endpoints: &Endpoints,
     exchange: &str,
     queue: &str,
     window: usize,
@@ -130,18 +154,19 @@ pub async fn broker_alone(
     let spec = QueueSpec {
         exchange: exchange.to_string(),
         queue: queue.to_string(),
+        arguments: endpoints.queue_arguments.clone(),
         binding_key: event_type,
         purge: true,
         prefetch: 1000,
         delete_on_close: true,
     };
-    let nodes = std::sync::Arc::new(BrokerNodes::parse(amqp_url)?);
+    let nodes = std::sync::Arc::new(BrokerNodes::parse(&endpoints.publish)?);
     let broker = Broker::connect(&nodes)
         .await
         .context("the broker-alone publisher cannot connect")?;
     // What `outbox-relay setup` declares: this may run before any setup did.
     broker.declare_exchange(exchange, false).await?;
-    let mut consumer = ArrivalConsumer::start(amqp_url, &spec).await?;
+    let mut consumer = ArrivalConsumer::start(&endpoints.consume, &spec).await?;
     let mut ticks = rate.map(|rate| {
         let mut ticks = tokio::time::interval(Duration::from_secs(1) / rate.max(1));
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -91,6 +91,20 @@ fn ready_line(args: &[&str]) -> &'static str {
     }
 }
 
+/// The `node=` field of each line saying the relay connected to a RabbitMQ node.
+fn broker_nodes(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| {
+            l.contains("connected to RabbitMQ") || l.contains("moved to another RabbitMQ node")
+        })
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|field| field.strip_prefix("node="))
+                .map(String::from)
+        })
+        .collect()
+}
+
 impl Relay {
     /// Waits for the ready line; fails if the relay exits first or takes too long.
     pub async fn ready(&self) -> Result<()> {
@@ -123,6 +137,12 @@ impl Relay {
             );
         }
         procfs::usage(self.process.pid())
+    }
+
+    /// The broker nodes (`host:port`) the relay connected to, in order, from its
+    /// "connected to RabbitMQ" and "moved to another RabbitMQ node" log lines.
+    pub fn broker_nodes(&self) -> Vec<String> {
+        broker_nodes(&self.process.log())
     }
 
     /// `kill -9` and reap it: no shutdown, no final feedback.
@@ -169,5 +189,14 @@ mod tests {
     fn ready_lines() {
         assert_eq!(ready_line(&["run", "--table", "t"]), " streaming");
         assert_eq!(ready_line(&["poll", "--workers", "1"]), " polling");
+    }
+
+    #[test]
+    fn broker_nodes_from_the_log() {
+        let log = "2026-11-30T19:00:00Z  INFO outbox_relay::publish::nodes: connected to RabbitMQ node=127.0.0.1:40001 nodes=3\n\
+                   2026-11-30T19:00:01Z  INFO outbox_relay::wal: streaming slot=s\n\
+                   2026-11-30T19:00:02Z  WARN outbox_relay::publish::nodes: moved to another RabbitMQ node node=127.0.0.1:40002 from=127.0.0.1:40001 reason=reconnect\n";
+        assert_eq!(broker_nodes(log), ["127.0.0.1:40001", "127.0.0.1:40002"]);
+        assert!(broker_nodes("no broker yet").is_empty());
     }
 }

@@ -23,6 +23,41 @@ pub struct Results {
     pub sweep: Vec<SweepRow>,
     /// `--ab-with`: the WAL drain of two relay binaries, alternated (the suite is not run).
     pub ab: Vec<AbRun>,
+    /// `--cluster` / `--cluster-only`: the WAL reader through a 3-node cluster.
+    pub cluster: Option<ClusterResults>,
+}
+
+/// The cluster section (issue 11): the WAL reader through a 3-node RabbitMQ cluster
+/// (`pause_minority`) into a quorum queue, beside the broker alone on the same cluster, in
+/// the same placement, in the same run. Nodes are the cluster's indexes (0, 1, 2).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ClusterResults {
+    pub nodes: usize,
+    pub queue_type: String,
+    /// The node every queue was declared through (its consumer connects there).
+    pub declared_through: usize,
+    /// The leader of a probe quorum queue declared through that node (RabbitMQ places a new
+    /// quorum queue's leader on the declaring connection's node).
+    pub leader_node: usize,
+    /// The relay's --max-in-flight and the broker alone's window.
+    pub window: u32,
+    /// Backlog of single-row transactions (the scale's drain rows).
+    pub drain: Drain,
+    /// The nodes the relay connected to during the drain, in order (it gets all URLs).
+    pub drain_relay_nodes: Vec<usize>,
+    pub broker: BrokerLimit,
+    /// The node the broker-alone publisher used: the drain relay's.
+    pub broker_publisher_node: usize,
+    pub latency: LatencyRun,
+    pub latency_relay_nodes: Vec<usize>,
+    /// Publish→consumer at `broker_latency_rate`, publishing through the latency relay's node.
+    pub broker_latency: Option<LatencyMs>,
+    pub broker_latency_publisher_node: usize,
+    pub broker_latency_rate: u32,
+    /// Starting the cluster (boot, join, check).
+    pub startup_secs: f64,
+    /// The whole section, the cluster's start included.
+    pub seconds: f64,
 }
 
 /// One drain of an A/B.
@@ -298,6 +333,12 @@ impl Results {
             ab_table(&mut s, &self.ab);
             return s;
         }
+        if self.modes.is_empty() {
+            if let Some(c) = &self.cluster {
+                self.cluster_table(&mut s, c);
+                return s;
+            }
+        }
         let _ = writeln!(s, "### Reference table ({} scale)\n", self.scale.name);
         let _ = writeln!(
             s,
@@ -496,7 +537,96 @@ impl Results {
                 let _ = writeln!(s, "- {} {text}", if met { "met:" } else { "**missed:**" });
             }
         }
+        if let Some(c) = &self.cluster {
+            s.push('\n');
+            self.cluster_table(&mut s, c);
+        }
         s
+    }
+
+    /// The cluster section's table, with the single-node WAL reader of the same run (if it
+    /// ran) in the same columns, and where each connection went.
+    fn cluster_table(&self, s: &mut String, c: &ClusterResults) {
+        let _ = writeln!(s, "### {}-node cluster, quorum queue\n", c.nodes);
+        let _ = writeln!(
+            s,
+            "| Setup | Drain MPS, {} single-row txns | Broker alone MPS | ÷ broker alone | p50 at {} rows/s | Broker alone p50 | ÷ | p99 | Broker alone p99 | ÷ |",
+            int(c.drain.rows as f64),
+            c.latency.rate
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+        let row = |s: &mut String,
+                   name: &str,
+                   drain: Option<&Drain>,
+                   broker: Option<f64>,
+                   latency: Option<LatencyMs>,
+                   broker_latency: Option<LatencyMs>| {
+            let times = |a: f64, b: f64| format!("{:.2}×", a / b);
+            let _ = writeln!(
+                s,
+                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                drain_cell(drain),
+                or_dash(broker, int),
+                or_dash(drain.zip(broker.filter(|b| *b > 0.0)), |(d, b)| ratio(
+                    d.msgs_per_sec / b
+                )),
+                or_dash(latency, |l| ms(l.p50)),
+                or_dash(broker_latency, |l| ms(l.p50)),
+                or_dash(latency.zip(broker_latency), |(l, b)| times(l.p50, b.p50)),
+                or_dash(latency, |l| ms(l.p99)),
+                or_dash(broker_latency, |l| ms(l.p99)),
+                or_dash(latency.zip(broker_latency), |(l, b)| times(l.p99, b.p99)),
+            );
+        };
+        row(
+            s,
+            &format!("{}-node cluster, quorum queue", c.nodes),
+            Some(&c.drain),
+            Some(c.broker.received_per_sec),
+            c.latency.latency,
+            c.broker_latency,
+        );
+        if let Some(wal) = self.wal() {
+            row(
+                s,
+                "1 node, classic queue (same run)",
+                wal.drain.as_ref(),
+                self.limits.broker_at(c.window).map(|b| b.received_per_sec),
+                wal.latency.as_ref().and_then(|l| l.latency),
+                self.limits.broker_latency,
+            );
+        }
+        let nodes = |n: &[usize]| match n {
+            [] => "an unlogged node".to_string(),
+            [one] => format!("node {one}"),
+            many => format!(
+                "nodes {} (in turn)",
+                many.iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        let _ = writeln!(
+            s,
+            "\nWAL reader at --max-in-flight {w}, broker alone at window {w}. Every queue was \
+             declared through node {decl} by the consumer connected there (a probe quorum queue \
+             declared so was led by node {leader}); the relay got the three nodes' URLs and \
+             connected to {dn} for the drain and {ln} for the latency run; each broker-alone run \
+             published through the node of the matching relay run ({bp}, {blp}). Latency: \
+             commit→consumer for the relay, publish→consumer for the broker alone, at {rate} \
+             per second. The section took {secs:.0} s, starting the cluster {start:.0} s of it.",
+            w = int(f64::from(c.window)),
+            decl = c.declared_through,
+            leader = c.leader_node,
+            dn = nodes(&c.drain_relay_nodes),
+            ln = nodes(&c.latency_relay_nodes),
+            bp = c.broker_publisher_node,
+            blp = c.broker_latency_publisher_node,
+            rate = c.broker_latency_rate,
+            secs = c.seconds,
+            start = c.startup_secs,
+        );
     }
 
     /// Each WAL target of issue 6 with whether this run met it.
@@ -776,6 +906,99 @@ mod tests {
         assert_eq!(find("crash: zero lost"), Some(true));
         assert_eq!(find("crash duplicates below"), Some(true));
         assert_eq!(find("peak RSS"), Some(true));
+    }
+
+    fn cluster_sample() -> ClusterResults {
+        ClusterResults {
+            nodes: 3,
+            queue_type: "quorum".into(),
+            declared_through: 0,
+            leader_node: 0,
+            window: 1024,
+            drain: Drain {
+                rows: 200_000,
+                received: 200_000,
+                msgs_per_sec: 3_000.0,
+                complete: true,
+                ..Drain::default()
+            },
+            drain_relay_nodes: vec![2],
+            broker: BrokerLimit {
+                window: 1024,
+                messages: 200_000,
+                confirmed_per_sec: 4_100.0,
+                received_per_sec: 4_000.0,
+            },
+            broker_publisher_node: 2,
+            latency: LatencyRun {
+                rate: 100,
+                rows: 3000,
+                missing: 0,
+                latency: Some(LatencyMs {
+                    samples: 3000,
+                    avg: 5.0,
+                    p50: 4.0,
+                    p99: 12.0,
+                    max: 20.0,
+                }),
+            },
+            latency_relay_nodes: vec![1, 2],
+            broker_latency: Some(LatencyMs {
+                samples: 3000,
+                avg: 3.0,
+                p50: 2.0,
+                p99: 8.0,
+                max: 10.0,
+            }),
+            broker_latency_publisher_node: 1,
+            broker_latency_rate: 100,
+            startup_secs: 20.0,
+            seconds: 200.0,
+        }
+    }
+
+    #[test]
+    fn the_cluster_table_sets_each_figure_beside_the_broker_alone() {
+        let mut results = sample();
+        results.cluster = Some(cluster_sample());
+        let text = results.markdown();
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("| 3-node cluster, quorum queue |"))
+            .expect("cluster row");
+        assert_eq!(
+            row,
+            "| 3-node cluster, quorum queue | 3,000 | 4,000 | 75 % | 4.00 ms | 2.00 ms | 2.00× \
+             | 12 ms | 8.00 ms | 1.50× |"
+        );
+        // The single-node WAL reader of the same run, against its own broker alone.
+        let single = text
+            .lines()
+            .find(|l| l.starts_with("| 1 node, classic queue (same run) |"))
+            .expect("single-node row");
+        assert!(
+            single.contains("| 20,000 | 20,500 | 98 % | 1.00 ms | 0.80 ms | 1.25× |"),
+            "{single}"
+        );
+        assert!(
+            text.contains("connected to node 2 for the drain and nodes 1, 2 (in turn)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn cluster_only_reports_only_the_cluster() {
+        let results = Results {
+            cluster: Some(cluster_sample()),
+            ..Results::default()
+        };
+        let text = results.markdown();
+        assert!(text.contains("### 3-node cluster, quorum queue"), "{text}");
+        assert!(!text.contains("Reference table"), "{text}");
+        assert!(!text.contains("classic queue"), "{text}");
+        let json = serde_json::to_value(&results).expect("serialises");
+        assert_eq!(json["cluster"]["broker"]["received_per_sec"], 4_000.0);
+        assert_eq!(json["cluster"]["drain_relay_nodes"][0], 2);
     }
 
     #[test]

@@ -12,22 +12,24 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use tokio::time::Instant;
 use tokio_postgres::Client;
 
-use crate::limits;
+use crate::limits::{self, Endpoints};
 use crate::relay::{Relay, RelayBinary};
 use crate::report::Report;
 use crate::results::{
-    AbRun, BrokerLimit, Crash, DecodeLimit, Drain, LatencyMs, LatencyRun, LoadRun, Machine,
-    ModeResults, NotifyResults, Results, Scale, SweepRow, MODES,
+    AbRun, BrokerLimit, ClusterResults, Crash, DecodeLimit, Drain, LatencyMs, LatencyRun, LoadRun,
+    Machine, ModeResults, NotifyResults, Results, Scale, SweepRow, MODES,
 };
 use crate::writers::{self, WriterOptions, ORDER_NOTE_LEN};
 use crate::Servers;
 use outbox_relay::db::{self, quote_ident, quote_literal};
+use outbox_testkit::amqp::quorum_queue_arguments;
 use outbox_testkit::arrivals::{Arrival, ArrivalConsumer, Outstanding, QueueSpec};
+use outbox_testkit::RabbitCluster;
 
 /// The relay is killed once this share of the crash backlog has arrived.
 const KILL_AT: f64 = 0.4;
@@ -37,6 +39,8 @@ const QUIET: Duration = Duration::from_secs(1);
 const CATCH_UP: Duration = Duration::from_secs(120);
 /// How long a crash run may take to deliver its whole backlog.
 const CRASH_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a stopped relay's walsender may hold its slot.
+const SLOT_RELEASE: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
@@ -108,6 +112,21 @@ pub struct BenchArgs {
     /// Rounds of the A/B (each runs both binaries once).
     #[arg(long, default_value_t = 3)]
     pub ab_rounds: u32,
+
+    /// After the suite, the cluster section: the WAL drain and latency through a private
+    /// 3-node RabbitMQ cluster (started and stopped by this process) with a quorum queue,
+    /// each beside the broker alone on that cluster. Full scale runs it unless --no-cluster;
+    /// --quick only with this flag.
+    #[arg(long)]
+    pub cluster: bool,
+
+    /// Leave the cluster section out of a full-scale run.
+    #[arg(long, conflicts_with_all = ["cluster", "cluster_only"])]
+    pub no_cluster: bool,
+
+    /// Only the cluster section (no single-node scenario).
+    #[arg(long, conflicts_with = "ab_with")]
+    pub cluster_only: bool,
 }
 
 /// How a relay is run.
@@ -147,8 +166,12 @@ struct Bench {
     args: BenchArgs,
     scale: Scale,
     relay: RelayBinary,
+    /// Where consumers and the broker-alone publisher connect (the relay's URL is in `relay`).
+    endpoints: Endpoints,
     admin: Client,
     runs: u32,
+    /// The broker nodes the newest drain's or latency run's relay connected to.
+    relay_nodes: Vec<String>,
 }
 
 /// Runs the whole suite, printing progress to stderr; returns the figures.
@@ -184,12 +207,15 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
         );
     }
     let admin = db::connect(&args.servers.database_url).await?;
+    let endpoints = Endpoints::single(&args.servers.amqp_url);
     let mut bench = Bench {
         args,
         scale,
         relay,
+        endpoints,
         admin,
         runs: 0,
+        relay_nodes: Vec::new(),
     };
     let mut results = Results {
         machine: bench.machine().await?,
@@ -198,6 +224,10 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
     };
     if let Some(other) = bench.args.ab_with.clone() {
         results.ab = bench.drain_ab(other).await?;
+        return Ok(results);
+    }
+    if bench.args.cluster_only {
+        bench.cluster(&mut results).await?;
         return Ok(results);
     }
     bench.limits(&mut results).await?;
@@ -225,6 +255,10 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
         after_commit: bench.load(Some(listen), Notify::AfterCommit).await?,
     });
     bench.sweep(&mut results).await?;
+    // A few minutes at full scale (docs/benchmarks.md), so a full run includes it.
+    if bench.args.cluster || !(bench.args.quick || bench.args.no_cluster) {
+        bench.cluster(&mut results).await?;
+    }
     Ok(results)
 }
 
@@ -327,6 +361,7 @@ impl Bench {
 
     async fn drop_objects(&self, o: Objects) -> Result<()> {
         if o.wal {
+            self.wait_slot_released(&o.slot).await?;
             self.admin
                 .execute(
                     "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
@@ -348,16 +383,42 @@ impl Bench {
         Ok(())
     }
 
+    /// Waits until no walsender holds `slot`: the relay has exited, but its walsender may
+    /// not have noticed yet, and dropping an active slot fails.
+    async fn wait_slot_released(&self, slot: &str) -> Result<()> {
+        let deadline = Instant::now() + SLOT_RELEASE;
+        loop {
+            let active: bool = self
+                .admin
+                .query_opt(
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&slot],
+                )
+                .await?
+                .map_or(Ok(false), |row| row.try_get(0))?;
+            if !active {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                anyhow::bail!(
+                    "slot {slot} is still in use {SLOT_RELEASE:?} after the relay exited"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn consumer(&self, o: &Objects) -> Result<ArrivalConsumer> {
         let spec = QueueSpec {
             exchange: self.args.exchange.clone(),
             queue: o.queue.clone(),
+            arguments: self.endpoints.queue_arguments.clone(),
             binding_key: o.event_type.clone(),
             purge: true,
             prefetch: 1000,
             delete_on_close: true,
         };
-        ArrivalConsumer::start(&self.args.servers.amqp_url, &spec).await
+        ArrivalConsumer::start(&self.endpoints.consume, &spec).await
     }
 
     fn start_relay(&self, setup: Setup, o: &Objects, name: &str) -> Result<Relay> {
@@ -485,6 +546,7 @@ impl Bench {
         } else {
             window_end
         };
+        self.relay_nodes = relay.broker_nodes();
         relay.stop().await?;
         consumer.close().await;
         self.drop_objects(o).await?;
@@ -531,6 +593,7 @@ impl Bench {
         };
         let written = writers::write(&self.args.servers.database_url, &options).await?;
         let report = collect(consumer, &written, CATCH_UP).await?;
+        self.relay_nodes = relay.broker_nodes();
         relay.stop().await?;
         self.drop_objects(o).await?;
         let latency = report.latency.map(LatencyMs::from);
@@ -768,10 +831,9 @@ impl Bench {
     ) -> Result<limits::BrokerRun> {
         self.runs += 1;
         let queue = format!("bench_{}", self.runs);
-        let amqp_url = &self.args.servers.amqp_url;
         let window = window as usize;
         limits::broker_alone(
-            amqp_url,
+            &self.endpoints,
             &self.args.exchange,
             &queue,
             window,
@@ -779,6 +841,120 @@ impl Bench {
             rate,
         )
         .await
+    }
+
+    /// The cluster section (issue 11): the WAL drain and the latency at the fixed rate through
+    /// a private 3-node RabbitMQ cluster with a quorum queue, each beside the broker alone on
+    /// the same cluster in the same placement. The cluster is started here and stopped after.
+    async fn cluster(&mut self, results: &mut Results) -> Result<()> {
+        let started = Instant::now();
+        self.say("cluster: starting a private 3-node RabbitMQ cluster (pause_minority)");
+        let cluster = tokio::task::spawn_blocking(RabbitCluster::shared)
+            .await
+            .map_err(|e| anyhow!("the RabbitMQ cluster did not start: {}", panic_text(e)))?;
+        let startup_secs = started.elapsed().as_secs_f64();
+        // Every queue is declared through LEADER's node by the consumer connected there.
+        let relay_url = std::mem::replace(&mut self.relay.amqp_url, cluster.url_list());
+        let endpoints = std::mem::replace(
+            &mut self.endpoints,
+            Endpoints {
+                publish: cluster.url(LEADER),
+                consume: cluster.url(LEADER),
+                queue_arguments: quorum_queue_arguments(),
+            },
+        );
+        let measured = self.cluster_runs(cluster).await;
+        self.relay.amqp_url = relay_url;
+        self.endpoints = endpoints;
+        cluster.shutdown();
+        let mut c = measured?;
+        c.startup_secs = startup_secs;
+        c.seconds = started.elapsed().as_secs_f64();
+        self.say(&format!(
+            "cluster: section took {:.0} s (cluster start {startup_secs:.0} s)",
+            c.seconds
+        ));
+        results.cluster = Some(c);
+        Ok(())
+    }
+
+    async fn cluster_runs(&mut self, cluster: &'static RabbitCluster) -> Result<ClusterResults> {
+        let leader_node = quorum_leader_of_new_queue(cluster, LEADER).await?;
+        self.say(&format!(
+            "cluster: a quorum queue declared through node {LEADER} is led by node {leader_node}"
+        ));
+        let window = self.scale.max_in_flight;
+        let setup = Setup::Wal { window };
+        let rows = self.scale.drain_rows;
+        self.say("cluster: relay given all three nodes' URLs, consumer on the queue's leader");
+        let drain = self.drain(setup, rows, 1).await?;
+        let drain_relay_nodes = self.relay_node_indexes(cluster);
+        // The broker alone publishes through the node the relay used: the same hops.
+        let broker_publisher_node = publisher_node(&drain_relay_nodes, leader_node, cluster.len());
+        self.endpoints.publish = cluster.url(broker_publisher_node);
+        self.say(&format!(
+            "cluster: broker alone, window {window}, {rows} messages, publisher on node \
+             {broker_publisher_node} (the relay's: {drain_relay_nodes:?})"
+        ));
+        let run = self.broker_alone(window, rows, None).await?;
+        self.say(&format!(
+            "  {:.0} msgs/s received, {:.0} confirmed",
+            run.received_per_sec, run.confirmed_per_sec
+        ));
+        let broker = BrokerLimit {
+            window,
+            messages: run.messages,
+            confirmed_per_sec: run.confirmed_per_sec,
+            received_per_sec: run.received_per_sec,
+        };
+
+        let latency = self.latency(setup).await?;
+        let latency_relay_nodes = self.relay_node_indexes(cluster);
+        let broker_latency_publisher_node =
+            publisher_node(&latency_relay_nodes, leader_node, cluster.len());
+        self.endpoints.publish = cluster.url(broker_latency_publisher_node);
+        let rate = self.scale.latency_rate;
+        self.say(&format!(
+            "cluster: broker alone, {rate} msgs/s for {} s, publisher on node \
+             {broker_latency_publisher_node} (the relay's: {latency_relay_nodes:?})",
+            self.scale.latency_secs
+        ));
+        let messages = u64::from(rate) * self.scale.latency_secs;
+        let paced = self.broker_alone(window, messages, Some(rate)).await?;
+        let broker_latency = paced.latency.map(LatencyMs::from);
+        if let Some(l) = broker_latency {
+            self.say(&format!(
+                "  publish→consumer p50 {:.2} ms, p99 {:.2} ms",
+                l.p50, l.p99
+            ));
+        }
+        Ok(ClusterResults {
+            nodes: cluster.len(),
+            queue_type: "quorum".into(),
+            declared_through: LEADER,
+            leader_node,
+            window,
+            drain,
+            drain_relay_nodes,
+            broker,
+            broker_publisher_node,
+            latency,
+            latency_relay_nodes,
+            broker_latency,
+            broker_latency_publisher_node,
+            broker_latency_rate: rate,
+            startup_secs: 0.0,
+            seconds: 0.0,
+        })
+    }
+
+    /// The cluster's indexes of the nodes the newest relay connected to, in order.
+    fn relay_node_indexes(&self, cluster: &RabbitCluster) -> Vec<usize> {
+        self.relay_nodes
+            .iter()
+            .filter_map(|node| node.rsplit(':').next()?.parse().ok())
+            .filter_map(|port| cluster.index_of_port(port))
+            .collect()
     }
 
     /// Scenario 6's sweep: WAL drain, p99 at the fixed rate and crash duplicates at each
@@ -820,6 +996,56 @@ impl Bench {
             });
         }
         Ok(())
+    }
+}
+
+/// The cluster node whose connection declares every queue of the cluster section.
+const LEADER: usize = 0;
+
+/// The node the broker alone publishes through: the relay's first, or if its log did not say,
+/// the one after the leader (a relay that is not on the leader's node is the likelier case).
+fn publisher_node(relay_nodes: &[usize], leader: usize, nodes: usize) -> usize {
+    relay_nodes.first().copied().unwrap_or((leader + 1) % nodes)
+}
+
+/// Declares a throwaway quorum queue through node `node`, asks the cluster which node leads
+/// it, and deletes it: where the section's queues are led.
+async fn quorum_leader_of_new_queue(cluster: &'static RabbitCluster, node: usize) -> Result<usize> {
+    let queue = format!("bench_cluster_probe_{}", std::process::id());
+    let connection =
+        lapin::Connection::connect(&cluster.url(node), lapin::ConnectionProperties::default())
+            .await
+            .with_context(|| format!("cannot connect to cluster node {node}"))?;
+    let channel = connection.create_channel().await?;
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            lapin::options::QueueDeclareOptions::durable(),
+            quorum_queue_arguments(),
+        )
+        .await
+        .context("cannot declare a quorum queue")?;
+    let asked = queue.clone();
+    let leader = tokio::task::spawn_blocking(move || cluster.quorum_leader(&asked))
+        .await
+        .map_err(|e| anyhow!("cannot find the quorum queue's leader: {}", panic_text(e)));
+    channel
+        .queue_delete(queue.as_str().into(), Default::default())
+        .await
+        .context("cannot delete the probe queue")?;
+    let _ = connection.close(200, "probe done".into()).await;
+    leader
+}
+
+/// What a panicking blocking task (the test kit's cluster calls panic) said.
+fn panic_text(error: tokio::task::JoinError) -> String {
+    match error.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "panicked".into()),
+        Err(error) => error.to_string(),
     }
 }
 

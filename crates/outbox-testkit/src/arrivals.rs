@@ -57,6 +57,10 @@ pub struct QueueSpec {
     pub exchange: String,
     /// Declared durable if missing.
     pub queue: String,
+    /// The queue's declare arguments: empty for a classic queue,
+    /// [`quorum_queue_arguments`](crate::amqp::quorum_queue_arguments) for a quorum queue (led
+    /// by the node `url` connects to).
+    pub arguments: FieldTable,
     /// `#` receives everything the exchange routes.
     pub binding_key: String,
     /// Drop what the queue holds before consuming (leftovers of an earlier run).
@@ -267,7 +271,7 @@ async fn declare(channel: &Channel, spec: &QueueSpec) -> Result<u32> {
         .queue_declare(
             short(&spec.queue)?,
             QueueDeclareOptions::durable(),
-            FieldTable::default(),
+            spec.arguments.clone(),
         )
         .await
         .with_context(|| format!("cannot declare queue {}", spec.queue))?;

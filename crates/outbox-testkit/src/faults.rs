@@ -432,6 +432,28 @@ pub async fn probe(
     (id, arrived.then(|| started.elapsed()))
 }
 
+/// [`probe`] that must arrive: how long it took. Panics with the log, saying what the
+/// delivery came `after`, if it does not arrive within `timeout`.
+pub async fn delivered_after(
+    relay: &RelayProcess,
+    client: &Client,
+    consumer: &mut Consumer,
+    timeout: Duration,
+    after: &str,
+) -> Duration {
+    let (_, latency) = probe(client, consumer, timeout).await;
+    latency.unwrap_or_else(|| panic!("no delivery after {after}; log:\n{}", relay.log()))
+}
+
+/// Polling mode: the ids of the rows not yet marked published.
+pub async fn unsent_ids(client: &Client) -> HashSet<String> {
+    let sql = "SELECT id::text FROM outbox WHERE published_at IS NULL";
+    super::pg::first_column(client, sql, &[])
+        .await
+        .into_iter()
+        .collect()
+}
+
 // ---------------------------------------------------------------------------------
 // Slots
 
@@ -450,6 +472,35 @@ pub async fn slot_state(
         .expect("query pg_replication_slots")?;
     let restart: Option<&str> = row.get(0);
     Some((restart.map(super::pg::parse_lsn), row.get(1), row.get(2)))
+}
+
+/// The end of a scenario: with every committed row arrived and the relay stopped, check ACK,
+/// drain the queue through a marker and count. Returns (committed, tally).
+pub async fn finish(
+    client: &Client,
+    outbox: &Outbox,
+    oracle: &Oracle,
+    consumer: &mut Consumer,
+    relay: &RelayProcess,
+) -> (Vec<String>, Tally) {
+    let committed = oracle.committed_ids(client).await;
+    assert!(
+        wait_for_ids(consumer, &committed, Duration::from_secs(180)).await,
+        "L0: {} of {} committed rows arrived; log:\n{}",
+        committed.len() - Tally::of(consumer.received()).lost(&committed).len(),
+        committed.len(),
+        relay.log()
+    );
+    relay.stop().await;
+    check_ack(client, outbox, oracle, consumer).await;
+    let tally = Tally::of(consumer.received());
+    assert_nothing_lost_or_invented(&tally, &committed);
+    (committed, tally)
+}
+
+/// A duration for a report: `1.2 s`.
+pub fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
 }
 
 /// The figures one scenario prints (and docs/reliability.md collects).
@@ -615,4 +666,48 @@ pub async fn scrape_slot_gauges(client: &Client, slot: &str, port: u16) -> SlotS
         before,
         after,
     }
+}
+
+// ---------------------------------------------------------------------------------
+// Returns at full speed
+
+/// Rows of the returns stress tests (`OUTBOX_TEST_STRESS_ROWS` overrides).
+pub fn stress_rows() -> usize {
+    std::env::var("OUTBOX_TEST_STRESS_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000)
+}
+
+/// Commits `rows` rows in transactions of 1,000, one in a hundred of them unroutable
+/// (`Nobody.…`), before any relay runs: the relay then drains them at full speed with a full
+/// window and the broker folding acks. Returns (routable ids, unroutable ids).
+pub async fn seed_one_percent_unroutable(
+    outbox: &Outbox,
+    rows: usize,
+) -> (Vec<String>, Vec<String>) {
+    let (mut good, mut unroutable) = (Vec::new(), Vec::new());
+    for start in (0..rows).step_by(1_000) {
+        let end = (start + 1_000).min(rows) as i64;
+        let inserted = outbox
+            .client
+            .query(
+                "INSERT INTO outbox (event_type, payload) \
+                 SELECT CASE WHEN g % 100 = 37 THEN 'Nobody.stress' ELSE 'Good.stress' END, \
+                        jsonb_build_object('g', g) \
+                 FROM generate_series($1::bigint, $2::bigint - 1) AS g \
+                 RETURNING id::text, event_type",
+                &[&(start as i64), &end],
+            )
+            .await
+            .expect("seed the stress rows");
+        for row in inserted {
+            let (id, event_type): (String, String) = (row.get(0), row.get(1));
+            match event_type.as_str() {
+                "Good.stress" => good.push(id),
+                _ => unroutable.push(id),
+            }
+        }
+    }
+    (good, unroutable)
 }

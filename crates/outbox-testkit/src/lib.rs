@@ -7,6 +7,8 @@
 //! - [`pg`]: a private PostgreSQL (initdb in a temp dir, `wal_level=logical`) and the
 //!   `test_decoding` commit-order oracle.
 //! - [`rabbit`]: a private RabbitMQ node (own node name, ports and data dir).
+//! - [`rabbit_cluster`]: a private 3-node RabbitMQ cluster (`pause_minority`), one per test
+//!   binary, for the failover tests: kill, restart and quorum queue leaders by node index.
 //! - [`amqp`]: queue and exchange topology, publishing with confirms, and a consumer that
 //!   collects deliveries.
 //! - [`arrivals`]: a consumer that records only each delivery's id, sequence, LSN and
@@ -21,7 +23,8 @@
 //!
 //! Ordinary tests share one server pair per test binary through [`services`], and give
 //! every database, slot and queue its own [`unique_name`]. Fault tests, which kill and
-//! restart servers, start private ones with [`PgServer::start`] and [`RabbitServer::start`].
+//! restart servers, start private ones with [`PgServer::start`] and [`RabbitServer::start`];
+//! the failover tests share their binary's [`RabbitCluster::shared`] and [`private_pg`].
 //!
 //! Servers outlive a test binary only if it is killed with SIGKILL before the cleanup
 //! watchdog notices (it checks once a second): every server is stopped by `Drop`, the
@@ -37,6 +40,7 @@ pub mod pg;
 pub mod procfs;
 pub mod proxy;
 pub mod rabbit;
+pub mod rabbit_cluster;
 pub mod relay;
 pub mod tls;
 
@@ -57,6 +61,7 @@ pub use pg::{
 };
 pub use proxy::{Direction, Mode, TcpProxy};
 pub use rabbit::RabbitServer;
+pub use rabbit_cluster::RabbitCluster;
 pub use relay::RelayProcess;
 
 /// Environment variable naming an existing PostgreSQL (any database; the harness creates
@@ -114,6 +119,7 @@ pub struct Services {
 
 static SERVICES: OnceLock<Result<Services, String>> = OnceLock::new();
 static PRIVATE_SERVICES: OnceLock<Result<Services, String>> = OnceLock::new();
+static PRIVATE_PG: OnceLock<PgServer> = OnceLock::new();
 
 /// The shared PostgreSQL and RabbitMQ of this test binary, started on first use (both in
 /// parallel, with blocking process calls: fine from any thread, inside a runtime or not)
@@ -151,11 +157,7 @@ fn services_in(
         let rabbit = rabbit.join();
         match (pg, rabbit) {
             (Ok(pg), Ok(rabbit)) => {
-                static AT_EXIT: std::sync::Once = std::sync::Once::new();
-                // SAFETY: registering a plain `extern "C" fn` with no arguments.
-                AT_EXIT.call_once(|| unsafe {
-                    libc::atexit(stop_services_at_exit);
-                });
+                stop_services_at_exit_once();
                 eprintln!(
                     "harness: shared services ready in {:?} (postgres {}, rabbitmq {})",
                     started.elapsed(),
@@ -181,6 +183,26 @@ fn services_in(
     }
 }
 
+/// A private PostgreSQL of this test binary alone, started on first use and stopped when the
+/// process exits: for tests whose broker is not a [`Services`] one (the
+/// [`RabbitCluster`]'s).
+pub fn private_pg() -> &'static PgServer {
+    PRIVATE_PG.get_or_init(|| {
+        let pg = PgServer::start(&[]);
+        stop_services_at_exit_once();
+        pg
+    })
+}
+
+/// Registers [`stop_services_at_exit`] with `atexit`, once.
+fn stop_services_at_exit_once() {
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registering a plain `extern "C" fn` with no arguments.
+    AT_EXIT.call_once(|| unsafe {
+        libc::atexit(stop_services_at_exit);
+    });
+}
+
 extern "C" fn stop_services_at_exit() {
     // Nothing may unwind out of an `extern "C"` function.
     let _ = std::panic::catch_unwind(|| {
@@ -189,6 +211,9 @@ extern "C" fn stop_services_at_exit() {
                 services.rabbit.shutdown();
                 services.pg.shutdown();
             }
+        }
+        if let Some(pg) = PRIVATE_PG.get() {
+            pg.shutdown();
         }
     });
 }

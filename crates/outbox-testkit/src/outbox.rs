@@ -6,9 +6,10 @@
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use lapin::types::FieldTable;
 use tokio_postgres::Client;
 
-use super::amqp::declare_bound_queue;
+use super::amqp::declare_bound_queue_with_args;
 use super::pg::{pg_connect, slot_confirmed_flush};
 use super::relay::{binary, RelayProcess, TEST_LOG};
 use super::{services, unique_name};
@@ -35,16 +36,35 @@ impl Outbox {
 
     /// Like [`Outbox::new`], on the given servers (fault tests own theirs).
     pub async fn on(server_url: &str, amqp_url: &str, prefix: &str) -> Outbox {
-        Self::provision(server_url, amqp_url, prefix, &["setup"]).await
+        Self::provision(
+            server_url,
+            amqp_url,
+            prefix,
+            &["setup"],
+            FieldTable::default(),
+        )
+        .await
     }
 
     /// Like [`Outbox::on`], provisioned for polling mode (`setup --mode poll`: the table with
     /// `published_at` and the claim index; no publication, no slot).
     pub async fn on_poll(server_url: &str, amqp_url: &str, prefix: &str) -> Outbox {
-        Self::provision(server_url, amqp_url, prefix, &["setup", "--mode", "poll"]).await
+        let setup = ["setup", "--mode", "poll"];
+        Self::provision(server_url, amqp_url, prefix, &setup, FieldTable::default()).await
     }
 
-    async fn provision(server_url: &str, amqp_url: &str, prefix: &str, setup: &[&str]) -> Outbox {
+    /// An outbox provisioned with `outbox-relay <setup…>` (e.g. `["setup"]`), its queue
+    /// declared with `queue_arguments` (e.g. [`quorum_queue_arguments`]: a quorum queue led
+    /// by the node of `amqp_url`).
+    ///
+    /// [`quorum_queue_arguments`]: super::amqp::quorum_queue_arguments
+    pub async fn provision(
+        server_url: &str,
+        amqp_url: &str,
+        prefix: &str,
+        setup: &[&str],
+        queue_arguments: FieldTable,
+    ) -> Outbox {
         let name = unique_name(prefix);
         let admin = pg_connect(server_url).await;
         admin
@@ -67,7 +87,8 @@ impl Outbox {
             String::from_utf8_lossy(&setup.stdout),
             String::from_utf8_lossy(&setup.stderr)
         );
-        declare_bound_queue(&outbox.amqp_url, &outbox.exchange, &outbox.queue, "#").await;
+        let (url, exchange, queue) = (&outbox.amqp_url, &outbox.exchange, &outbox.queue);
+        declare_bound_queue_with_args(url, exchange, queue, "#", queue_arguments).await;
         outbox
     }
 

@@ -24,6 +24,8 @@ use super::{chown_to, free_port, port_is_open, spawn_watchdog, stop_watchdog, ta
 const RABBITMQ_SERVER: &str = "/usr/sbin/rabbitmq-server";
 const RABBITMQCTL: &str = "/usr/sbin/rabbitmqctl";
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(90);
+/// Boot attempts per node, each with a fresh node name and ports.
+const ATTEMPTS: u32 = 3;
 
 /// A RabbitMQ broker: a private node started by the harness, or an external one named by
 /// `OUTBOX_TEST_AMQP_URL` (then `ctl`, `kill9` and `restart` panic).
@@ -34,11 +36,7 @@ pub struct RabbitServer {
 type Kind = super::ServerKind<Private>;
 
 struct Private {
-    node: String,
-    amqp_port: u16,
-    dist_port: u16,
-    /// Owned by `rabbitmq`: `mnesia/`, `log/`, `pid`, `rabbitmq.conf`, `enabled_plugins`.
-    dir: PathBuf,
+    node: Node,
     state: Mutex<State>,
 }
 
@@ -58,86 +56,37 @@ impl RabbitServer {
     /// `max_message_size = 16777216`, `loopback_users = none`,
     /// `disk_free_limit.absolute = 1MB`, the listener on 127.0.0.1:PORT.
     pub fn start_with_config(extra_conf: &[&str]) -> RabbitServer {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let started = Instant::now();
-        let tempdir = tempfile::Builder::new()
-            .prefix("outbox-test-rabbit-")
-            .tempdir()
-            .expect("create a temp dir for rabbitmq");
+        let tempdir = node_tempdir();
         let dir = tempdir.path().to_path_buf();
-        // Readable by the rabbitmq user once chowned; tempdir creates it 0700.
-        std::fs::write(dir.join("enabled_plugins"), "[].\n").expect("write enabled_plugins");
-        std::fs::create_dir(dir.join("mnesia")).expect("mkdir mnesia");
-        std::fs::create_dir(dir.join("log")).expect("mkdir log");
-
         // Started before the node, so that a test process killed while the node boots
-        // does not leave it behind. It finds the node's processes by the name prefix in
-        // their environment (the pid file appears only ~2 s into the boot).
-        let node_prefix = format!("outbox-test-{}-{n}-", std::process::id());
-        let cleanup = format!(
-            "for p in /proc/[0-9]*; do \
-               grep -qz '^RABBITMQ_NODENAME={node_prefix}' $p/environ 2>/dev/null \
-               && kill -9 ${{p#/proc/}}; \
-             done; sleep 1; rm -rf {dir}",
-            dir = super::shell_quote(dir.to_str().unwrap()),
-        );
-        let mut watchdog = spawn_watchdog(&cleanup);
-        let mut last_error = String::new();
-        for attempt in 0..3 {
-            let private = Private {
-                node: format!("{node_prefix}{attempt}@localhost"),
-                amqp_port: free_port(),
-                dist_port: free_port(),
-                dir: dir.clone(),
-                state: Mutex::new(State {
-                    tempdir: None,
-                    watchdog: None,
-                }),
-            };
-            let mut conf = format!(
-                "listeners.tcp.1 = 127.0.0.1:{}\n\
-                 loopback_users = none\n\
-                 max_message_size = 16777216\n\
-                 disk_free_limit.absolute = 1MB\n",
-                private.amqp_port
-            );
-            for line in extra_conf {
-                conf += line;
-                conf += "\n";
+        // does not leave it behind.
+        let node_prefix = node_prefix();
+        let mut watchdog = spawn_watchdog(&watchdog_cleanup(&node_prefix, &dir));
+        match Node::start(&node_prefix, &dir, extra_conf) {
+            Ok(node) => {
+                eprintln!(
+                    "harness: rabbitmq {} on port {} ready in {:?} ({})",
+                    node.name,
+                    node.amqp_port,
+                    started.elapsed(),
+                    dir.display()
+                );
+                RabbitServer {
+                    kind: Kind::Private(Private {
+                        node,
+                        state: Mutex::new(State {
+                            tempdir: Some(tempdir),
+                            watchdog: watchdog.take(),
+                        }),
+                    }),
+                }
             }
-            std::fs::write(dir.join("rabbitmq.conf"), conf).expect("write rabbitmq.conf");
-            chown_to(&dir, "rabbitmq");
-
-            match private.launch() {
-                Ok(()) => {
-                    {
-                        let mut state = private.state.lock().unwrap();
-                        state.tempdir = Some(tempdir);
-                        state.watchdog = watchdog.take();
-                    }
-                    eprintln!(
-                        "harness: rabbitmq {} on port {} ready in {:?} ({})",
-                        private.node,
-                        private.amqp_port,
-                        started.elapsed(),
-                        dir.display()
-                    );
-                    return RabbitServer {
-                        kind: Kind::Private(private),
-                    };
-                }
-                Err(e) => {
-                    private.kill_node();
-                    last_error = e;
-                    // A failed node leaves its mnesia dir behind; start the next clean.
-                    let _ = std::fs::remove_dir_all(dir.join("mnesia"));
-                    let _ = std::fs::create_dir(dir.join("mnesia"));
-                }
+            Err(e) => {
+                stop_watchdog(watchdog);
+                panic!("rabbitmq failed to start:\n{e}");
             }
         }
-        stop_watchdog(watchdog);
-        panic!("rabbitmq failed to start:\n{last_error}");
     }
 
     /// An existing broker named by an AMQP URL.
@@ -153,7 +102,7 @@ impl RabbitServer {
 
     pub fn amqp_port(&self) -> u16 {
         match &self.kind {
-            Kind::Private(p) => p.amqp_port,
+            Kind::Private(p) => p.node.amqp_port,
             Kind::External { port, .. } => *port,
         }
     }
@@ -161,59 +110,44 @@ impl RabbitServer {
     /// `amqp://guest:guest@127.0.0.1:PORT/%2f`.
     pub fn url(&self) -> String {
         match &self.kind {
-            Kind::Private(p) => format!("amqp://guest:guest@127.0.0.1:{}/%2f", p.amqp_port),
+            Kind::Private(p) => p.node.url(),
             Kind::External { url, .. } => url.clone(),
         }
     }
 
     /// The node name, `outbox-test-PID-N-A@localhost`.
     pub fn node(&self) -> &str {
-        &self.private("node").node
+        &self.private("node").node.name
     }
 
     pub fn dir(&self) -> &Path {
-        &self.private("dir").dir
+        &self.private("dir").node.dir
     }
 
     /// The node's main log.
     pub fn log_path(&self) -> PathBuf {
-        self.private("log_path").log_path()
+        self.private("log_path").node.log_path()
     }
 
     /// `rabbitmqctl -n NODE args…` (e.g. `["set_vm_memory_high_watermark", "0.0001"]`).
     /// About 1 s of CPU per call.
     pub fn ctl(&self, args: &[&str]) -> Output {
-        self.private("ctl").ctl(args)
+        self.private("ctl").node.ctl(args)
     }
 
     /// The beam process's pid, from the pid file.
     pub fn pid(&self) -> Option<i32> {
-        self.private("pid").pid()
+        self.private("pid").node.pid()
     }
 
     /// kill -9 of the node; returns once its AMQP port is closed.
     pub fn kill9(&self) {
-        let p = self.private("kill9");
-        let pid = p.pid().expect("rabbitmq pid file");
-        p.kill_node();
-        let closed = super::poll_until(Duration::from_secs(30), Duration::from_millis(20), || {
-            !port_is_open(p.amqp_port) && !process_alive(pid)
-        });
-        assert!(closed, "rabbitmq (pid {pid}) still running after kill -9");
+        self.private("kill9").node.kill9();
     }
 
     /// Starts the node again on the same ports and data dir and waits for it.
     pub fn restart(&self) {
-        let p = self.private("restart");
-        let started = Instant::now();
-        if let Err(e) = p.launch() {
-            panic!("rabbitmq failed to restart:\n{e}");
-        }
-        eprintln!(
-            "harness: rabbitmq {} restarted in {:?}",
-            p.node,
-            started.elapsed()
-        );
+        self.private("restart").node.restart();
     }
 
     /// Kills the node and removes its directory; idempotent. Drop and the shared
@@ -233,28 +167,115 @@ impl super::PrivateServer for Private {
         if state.tempdir.is_none() {
             return;
         }
-        // The data is thrown away: no need for a graceful `rabbitmqctl stop`.
-        self.kill_node();
-        if let Some(pid) = self.pid() {
-            super::poll_until(Duration::from_secs(10), Duration::from_millis(10), || {
-                !process_alive(pid)
-            });
-        }
+        self.node.kill_and_wait();
         stop_watchdog(state.watchdog.take());
         state.tempdir.take();
     }
 }
 
-impl Private {
+// ---------------------------------------------------------------------------------
+// One node process, shared with `rabbit_cluster`
+
+/// A temp dir for one or more nodes' directories (the harness removes it).
+pub(crate) fn node_tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("outbox-test-rabbit-")
+        .tempdir()
+        .expect("create a temp dir for rabbitmq")
+}
+
+/// A fresh prefix for node names, `outbox-test-PID-N-`: a watchdog finds every node whose
+/// name starts with it ([`watchdog_cleanup`]).
+pub(crate) fn node_prefix() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("outbox-test-{}-{n}-", std::process::id())
+}
+
+/// The cleanup a watchdog runs: kill -9 of every process whose environment names a node
+/// starting with `node_prefix` (the pid file appears only ~2 s into a boot), then removal of
+/// `dir`.
+pub(crate) fn watchdog_cleanup(node_prefix: &str, dir: &Path) -> String {
+    format!(
+        "for p in /proc/[0-9]*; do \
+           grep -qz '^RABBITMQ_NODENAME={node_prefix}' $p/environ 2>/dev/null \
+           && kill -9 ${{p#/proc/}}; \
+         done; sleep 1; rm -rf {dir}",
+        dir = super::shell_quote(dir.to_str().unwrap()),
+    )
+}
+
+/// One RabbitMQ node the harness launches: its name, ports and directory. Restarts reuse
+/// all three.
+pub(crate) struct Node {
+    pub(crate) name: String,
+    pub(crate) amqp_port: u16,
+    pub(crate) dist_port: u16,
+    /// Owned by `rabbitmq`: `mnesia/`, `log/`, `pid`, `rabbitmq.conf`, `enabled_plugins`.
+    pub(crate) dir: PathBuf,
+}
+
+impl Node {
+    /// Creates `dir` (if needed) and boots a node in it named `{name_prefix}{attempt}@localhost`
+    /// on fresh ports, with the default `rabbitmq.conf` plus `extra_conf` lines; up to
+    /// [`ATTEMPTS`] times, a failed attempt killed and its data removed.
+    pub(crate) fn start(
+        name_prefix: &str,
+        dir: &Path,
+        extra_conf: &[&str],
+    ) -> Result<Node, String> {
+        std::fs::create_dir_all(dir).expect("create the node's dir");
+        std::fs::write(dir.join("enabled_plugins"), "[].\n").expect("write enabled_plugins");
+        std::fs::create_dir_all(dir.join("log")).expect("mkdir log");
+        let mut last_error = String::new();
+        for attempt in 0..ATTEMPTS {
+            // A failed node leaves its mnesia dir behind; start each attempt clean.
+            let _ = std::fs::remove_dir_all(dir.join("mnesia"));
+            std::fs::create_dir(dir.join("mnesia")).expect("mkdir mnesia");
+            let node = Node {
+                name: format!("{name_prefix}{attempt}@localhost"),
+                amqp_port: free_port(),
+                dist_port: free_port(),
+                dir: dir.to_path_buf(),
+            };
+            let mut conf = format!(
+                "listeners.tcp.1 = 127.0.0.1:{}\n\
+                 loopback_users = none\n\
+                 max_message_size = 16777216\n\
+                 disk_free_limit.absolute = 1MB\n",
+                node.amqp_port
+            );
+            for line in extra_conf {
+                conf += line;
+                conf += "\n";
+            }
+            std::fs::write(dir.join("rabbitmq.conf"), conf).expect("write rabbitmq.conf");
+            chown_to(dir, "rabbitmq");
+            match node.launch() {
+                Ok(()) => return Ok(node),
+                Err(e) => {
+                    node.kill_node();
+                    last_error = e;
+                }
+            }
+        }
+        Err(last_error)
+    }
+
+    /// `amqp://guest:guest@127.0.0.1:PORT/%2f`.
+    pub(crate) fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.amqp_port)
+    }
+
     fn pid_file(&self) -> PathBuf {
         self.dir.join("pid")
     }
 
-    fn log_path(&self) -> PathBuf {
-        self.dir.join("log").join(format!("{}.log", self.node))
+    pub(crate) fn log_path(&self) -> PathBuf {
+        self.dir.join("log").join(format!("{}.log", self.name))
     }
 
-    fn pid(&self) -> Option<i32> {
+    pub(crate) fn pid(&self) -> Option<i32> {
         std::fs::read_to_string(self.pid_file())
             .ok()?
             .trim()
@@ -262,21 +283,65 @@ impl Private {
             .ok()
     }
 
+    /// Whether the node's process runs (it may be booting, or paused).
+    pub(crate) fn is_alive(&self) -> bool {
+        self.pid().is_some_and(process_alive) || !node_processes(&self.name).is_empty()
+    }
+
     /// kill -9 of the pid file's process and of any process still carrying this node's
     /// name in its environment (a node that died or hung before writing its pid file).
-    fn kill_node(&self) {
+    pub(crate) fn kill_node(&self) {
         let mut pids: Vec<i32> = self.pid().into_iter().collect();
-        pids.extend(node_processes(&self.node));
+        pids.extend(node_processes(&self.name));
         for pid in pids {
             // SAFETY: kill(2) of a process this harness started.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
 
-    fn ctl(&self, args: &[&str]) -> Output {
+    /// [`Node::kill_node`], then waits up to 10 s for its process to go (for a shutdown: the
+    /// data is thrown away, no need for a graceful `rabbitmqctl stop`).
+    pub(crate) fn kill_and_wait(&self) {
+        self.kill_node();
+        if let Some(pid) = self.pid() {
+            super::poll_until(Duration::from_secs(10), Duration::from_millis(10), || {
+                !process_alive(pid)
+            });
+        }
+    }
+
+    /// kill -9 of the node; returns once its AMQP port is closed and its process gone.
+    pub(crate) fn kill9(&self) {
+        let pid = self.pid().expect("rabbitmq pid file");
+        self.kill_node();
+        let closed = super::poll_until(Duration::from_secs(30), Duration::from_millis(20), || {
+            !port_is_open(self.amqp_port) && !process_alive(pid)
+        });
+        assert!(
+            closed,
+            "rabbitmq {} (pid {pid}) still running after kill -9",
+            self.name
+        );
+    }
+
+    /// Starts the node again on the same ports and data dir and waits for it.
+    pub(crate) fn restart(&self) {
+        let started = Instant::now();
+        if let Err(e) = self.launch() {
+            panic!("rabbitmq failed to restart:\n{e}");
+        }
+        eprintln!(
+            "harness: rabbitmq {} restarted in {:?}",
+            self.name,
+            started.elapsed()
+        );
+    }
+
+    /// `rabbitmqctl -n NODE args…`.
+    pub(crate) fn ctl(&self, args: &[&str]) -> Output {
         Command::new(RABBITMQCTL)
             .arg("-n")
-            .arg(&self.node)
+            .arg(&self.name)
             .args(args)
             .stdin(Stdio::null())
             .output()
@@ -293,7 +358,7 @@ impl Private {
         let err = out.try_clone().expect("clone startup.log");
         let status = Command::new(RABBITMQ_SERVER)
             .arg("-detached")
-            .env("RABBITMQ_NODENAME", &self.node)
+            .env("RABBITMQ_NODENAME", &self.name)
             .env("RABBITMQ_NODE_PORT", self.amqp_port.to_string())
             .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
             .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
@@ -345,10 +410,11 @@ impl Private {
         Ok(())
     }
 
-    fn failure(&self, what: &str) -> String {
+    /// `what` went wrong, with the node's startup log and the tail of its main log.
+    pub(crate) fn failure(&self, what: &str) -> String {
         format!(
             "node {} (amqp {}, dist {}, dir {}): {what}\n--- startup.log ---\n{}\n--- {} (tail) ---\n{}",
-            self.node,
+            self.name,
             self.amqp_port,
             self.dist_port,
             self.dir.display(),

@@ -1,0 +1,449 @@
+//! A private 3-node RabbitMQ cluster, shared by the tests of one test binary
+//! ([`RabbitCluster::shared`]), for the failover tests (a node dies, a quorum queue elects a
+//! new leader, a minority pauses).
+//!
+//! Each node is a [`rabbit`](super::rabbit) node of its own (name, AMQP and distribution
+//! ports, data dir) with `cluster_partition_handling = pause_minority`. The nodes share the
+//! `rabbitmq` user's cookie (the Debian wrappers run them as that user), so nodes 1 and 2 join
+//! node 0 with `rabbitmqctl stop_app; join_cluster; start_app`. Seen in RabbitMQ 3.10:
+//!
+//! - the three boots and the two joins each run in parallel: 20-35 s in all on 2 busy cores;
+//!   a join that fails (rarely, under load) costs a second cluster from scratch;
+//! - a node killed with -9 is noticed by the others at once (its distribution connection
+//!   closes); a quorum queue whose leader died elects another within about a second;
+//! - with two nodes killed, the third pauses: it stops its `rabbit` application and closes its
+//!   AMQP port (clients are refused, not left hanging), and starts again on its own once the
+//!   other two are back (they must be restarted together: each waits for the others' tables);
+//! - a restarted node rejoins the cluster from its data dir.
+//!
+//! Tests share the cluster: the ones that kill nodes hold [`RabbitCluster::lock`], and every
+//! test calls [`RabbitCluster::ensure_healthy`] at its start and end, so it leaves the cluster
+//! as it found it. It must never touch a node it did not start.
+
+use std::process::{Child, Output};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::rabbit::{node_prefix, node_tempdir, watchdog_cleanup, Node};
+use super::{port_is_open, spawn_watchdog, stop_watchdog};
+
+/// Nodes in the cluster.
+const NODES: usize = 3;
+/// How long the cluster may take to show every node running again (a paused node restarts
+/// its application once it sees a majority).
+const HEALTHY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Three clustered RabbitMQ nodes owned by this test binary.
+pub struct RabbitCluster {
+    nodes: Vec<Node>,
+    state: Mutex<State>,
+}
+
+struct State {
+    tempdir: Option<tempfile::TempDir>,
+    watchdog: Option<Child>,
+}
+
+static CLUSTER: OnceLock<Result<RabbitCluster, String>> = OnceLock::new();
+
+impl RabbitCluster {
+    /// The cluster of this test binary, started on first use (blocking, about 15-30 s) and
+    /// stopped when the process exits.
+    pub fn shared() -> &'static RabbitCluster {
+        let cluster = CLUSTER.get_or_init(|| {
+            let cluster = Self::start()?;
+            static AT_EXIT: std::sync::Once = std::sync::Once::new();
+            // SAFETY: registering a plain `extern "C" fn` with no arguments.
+            AT_EXIT.call_once(|| unsafe {
+                libc::atexit(stop_cluster_at_exit);
+            });
+            Ok(cluster)
+        });
+        match cluster {
+            Ok(cluster) => cluster,
+            Err(message) => panic!("the rabbitmq cluster failed to start: {message}"),
+        }
+    }
+
+    /// Boots and joins the nodes; once more from scratch (new names, ports and dirs, joining
+    /// one node at a time) if that fails. Seen under load in 3.10, about one boot in ten: a
+    /// joining node's `start_app` fails in mnesia (`{badmatch, {error, {normal, {mnesia_app,
+    /// start, …}}}}`), again after a `reset` and a second join.
+    fn start() -> Result<RabbitCluster, String> {
+        match Self::start_once(true) {
+            Ok(cluster) => Ok(cluster),
+            Err(e) => {
+                let first = e.lines().next().unwrap_or_default().to_string();
+                eprintln!(
+                    "harness: the rabbitmq cluster failed to form ({first}); starting another"
+                );
+                Self::start_once(false)
+            }
+        }
+    }
+
+    fn start_once(parallel_joins: bool) -> Result<RabbitCluster, String> {
+        let started = Instant::now();
+        let tempdir = node_tempdir();
+        let prefix = node_prefix();
+        // One watchdog for the three nodes: their names all start with `prefix`.
+        let watchdog = spawn_watchdog(&watchdog_cleanup(&prefix, tempdir.path()));
+        let booted: Vec<Result<Node, String>> = std::thread::scope(|scope| {
+            let boots: Vec<_> = (0..NODES)
+                .map(|i| {
+                    let name_prefix = format!("{prefix}{i}-");
+                    let dir = tempdir.path().join(format!("node{i}"));
+                    scope.spawn(move || {
+                        Node::start(
+                            &name_prefix,
+                            &dir,
+                            &["cluster_partition_handling = pause_minority"],
+                        )
+                    })
+                })
+                .collect();
+            boots
+                .into_iter()
+                .map(|boot| boot.join().unwrap_or_else(|_| Err("boot panicked".into())))
+                .collect()
+        });
+        let errors: Vec<&String> = booted.iter().filter_map(|b| b.as_ref().err()).collect();
+        if !errors.is_empty() {
+            let message = errors
+                .iter()
+                .map(|e| e.as_str())
+                .collect::<Vec<_>>()
+                .join("\n");
+            for node in booted.iter().flatten() {
+                node.kill_and_wait();
+            }
+            stop_watchdog(watchdog);
+            return Err(message);
+        }
+        let booted_in = started.elapsed();
+        let cluster = RabbitCluster {
+            nodes: booted.into_iter().flatten().collect(),
+            state: Mutex::new(State {
+                tempdir: Some(tempdir),
+                watchdog,
+            }),
+        };
+        // Dropping `cluster` on an error below would not stop it: shut it down by hand.
+        if let Err(e) = cluster
+            .join(parallel_joins)
+            .and_then(|()| cluster.wait_clustered())
+        {
+            cluster.shutdown();
+            return Err(e);
+        }
+        eprintln!(
+            "harness: rabbitmq cluster of {NODES} ready in {:?} (booted in {booted_in:?}; ports {:?}; {})",
+            started.elapsed(),
+            (0..NODES).map(|i| cluster.port(i)).collect::<Vec<_>>(),
+            cluster.nodes[0].dir.parent().unwrap().display(),
+        );
+        Ok(cluster)
+    }
+
+    /// Joins nodes 1.. to node 0, in parallel or one at a time.
+    fn join(&self, parallel: bool) -> Result<(), String> {
+        let others = &self.nodes[1..];
+        if !parallel {
+            return others.iter().try_for_each(|node| self.join_one(node));
+        }
+        std::thread::scope(|scope| {
+            let joins: Vec<_> = others
+                .iter()
+                .map(|node| scope.spawn(move || self.join_one(node)))
+                .collect();
+            joins
+                .into_iter()
+                .try_for_each(|join| join.join().unwrap_or_else(|_| Err("join panicked".into())))
+        })
+    }
+
+    /// `rabbitmqctl stop_app`, `join_cluster NODE0`, `start_app` on `node`.
+    fn join_one(&self, node: &Node) -> Result<(), String> {
+        let seed = self.nodes[0].name.as_str();
+        for args in [&["stop_app"][..], &["join_cluster", seed], &["start_app"]] {
+            let out = node.ctl(args);
+            if !out.status.success() {
+                return Err(node.failure(&format!(
+                    "rabbitmqctl {args:?} failed:\n{}",
+                    output_text(&out)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until every node accepts AMQP connections and one of them lists all of them as
+    /// running cluster members.
+    fn wait_clustered(&self) -> Result<(), String> {
+        let mut last = String::new();
+        let clustered = super::poll_until(HEALTHY_TIMEOUT, Duration::from_millis(100), || {
+            if let Some(closed) = (0..NODES).find(|&i| !port_is_open(self.port(i))) {
+                last = format!("node {closed} does not accept AMQP connections");
+                return false;
+            }
+            match self.running_nodes() {
+                Ok(running) if running.len() == NODES => true,
+                Ok(running) => {
+                    last = format!("running nodes: {running:?}");
+                    false
+                }
+                Err(e) => {
+                    last = e;
+                    false
+                }
+            }
+        });
+        if clustered {
+            Ok(())
+        } else {
+            Err(format!(
+                "the cluster is not whole after {HEALTHY_TIMEOUT:?}: {last}\n{}",
+                self.nodes
+                    .iter()
+                    .map(|node| node.failure("state"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            ))
+        }
+    }
+
+    /// The indexes of the nodes `cluster_status` (asked of the first node that accepts
+    /// AMQP connections) lists as running.
+    fn running_nodes(&self) -> Result<Vec<usize>, String> {
+        let json = self.ctl_json(self.any_running()?, &["cluster_status"])?;
+        let running = json["running_nodes"]
+            .as_array()
+            .ok_or_else(|| format!("no running_nodes in {json}"))?;
+        Ok(running
+            .iter()
+            .filter_map(|name| self.index_of_node(name.as_str()?))
+            .collect())
+    }
+
+    /// The first node that accepts AMQP connections (not killed, not paused).
+    fn any_running(&self) -> Result<usize, String> {
+        (0..NODES)
+            .find(|&i| port_is_open(self.port(i)))
+            .ok_or_else(|| "no node accepts AMQP connections".to_string())
+    }
+
+    /// `rabbitmqctl -n NODE args… --formatter json`, parsed.
+    fn ctl_json(&self, i: usize, args: &[&str]) -> Result<serde_json::Value, String> {
+        let mut args = args.to_vec();
+        args.extend(["--formatter", "json"]);
+        let out = self.ctl(i, &args);
+        if !out.status.success() {
+            return Err(format!("rabbitmqctl {args:?}: {}", output_text(&out)));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!(
+                "rabbitmqctl {args:?} printed no JSON ({e}): {}",
+                output_text(&out)
+            )
+        })
+    }
+
+    fn index_of_node(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|node| node.name == name)
+    }
+
+    /// Nodes in the cluster (3).
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Never: a cluster has its nodes.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// `amqp://guest:guest@127.0.0.1:PORT/%2f` of node `i`.
+    pub fn url(&self, i: usize) -> String {
+        self.nodes[i].url()
+    }
+
+    /// Every node's URL, in node order.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(Node::url).collect()
+    }
+
+    /// Every node's URL joined with "," (the relay's `--amqp-url` broker list).
+    pub fn url_list(&self) -> String {
+        self.urls().join(",")
+    }
+
+    /// Node `i`'s AMQP port.
+    pub fn port(&self, i: usize) -> u16 {
+        self.nodes[i].amqp_port
+    }
+
+    /// The node listening for AMQP on `port`, if any.
+    pub fn index_of_port(&self, port: u16) -> Option<usize> {
+        self.nodes.iter().position(|node| node.amqp_port == port)
+    }
+
+    /// Node `i`'s name, `outbox-test-PID-N-I-A@localhost`.
+    pub fn node(&self, i: usize) -> &str {
+        &self.nodes[i].name
+    }
+
+    /// `rabbitmqctl -n NODE_i args…`; about 1 s of CPU per call.
+    pub fn ctl(&self, i: usize, args: &[&str]) -> Output {
+        self.nodes[i].ctl(args)
+    }
+
+    /// kill -9 of node `i`; returns once its AMQP port is closed and its process gone.
+    pub fn kill9(&self, i: usize) {
+        self.nodes[i].kill9();
+    }
+
+    /// Starts killed node `i` again (same name, ports and data) and waits until the cluster is
+    /// whole.
+    pub fn restart(&self, i: usize) {
+        self.restart_all(&[i]);
+    }
+
+    /// Starts the killed nodes `indexes` again in parallel (killed nodes must come back together:
+    /// each waits for the others' tables) and waits until the cluster is whole.
+    pub fn restart_all(&self, indexes: &[usize]) {
+        std::thread::scope(|scope| {
+            for &i in indexes {
+                let node = &self.nodes[i];
+                scope.spawn(move || node.restart());
+            }
+        });
+        if let Err(e) = self.wait_clustered() {
+            panic!("{e}");
+        }
+    }
+
+    /// Restarts every node whose process is gone and waits until all of them run and are
+    /// clustered: every test calls it at its start and end, so the next finds the cluster
+    /// whole.
+    pub fn ensure_healthy(&self) {
+        let dead: Vec<usize> = (0..NODES).filter(|&i| !self.nodes[i].is_alive()).collect();
+        if !dead.is_empty() {
+            eprintln!("harness: restarting cluster nodes {dead:?}");
+        }
+        self.restart_all(&dead);
+    }
+
+    /// The index of the node that leads quorum queue `queue`, once the leader `list_queues`
+    /// names is among the queue's online members and accepts AMQP connections (after a
+    /// leader dies, until the election has made another). Panics after 60 s.
+    pub fn quorum_leader(&self, queue: &str) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let last = match self.quorum_status(queue) {
+                Ok((Some(leader), online)) if online.contains(&leader) => {
+                    if port_is_open(self.port(leader)) {
+                        return leader;
+                    }
+                    format!("leader {leader} does not accept AMQP connections")
+                }
+                Ok(status) => format!("(leader, online): {status:?}"),
+                Err(e) => e,
+            };
+            assert!(
+                Instant::now() < deadline,
+                "quorum queue {queue} has no leader after 60 s: {last}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until every node is an online member of quorum queue `queue` (after a restart,
+    /// so that the next fault finds a full quorum). Panics after 60 s.
+    pub fn wait_quorum_members_online(&self, queue: &str) {
+        let mut last = String::new();
+        let online =
+            super::poll_until(
+                Duration::from_secs(60),
+                Duration::from_millis(100),
+                || match self.quorum_status(queue) {
+                    Ok((_, online)) if online.len() == NODES => true,
+                    Ok(status) => {
+                        last = format!("(leader, online): {status:?}");
+                        false
+                    }
+                    Err(e) => {
+                        last = e;
+                        false
+                    }
+                },
+            );
+        assert!(
+            online,
+            "quorum queue {queue} has not every member online after 60 s: {last}"
+        );
+    }
+
+    /// The leader and the online members of quorum queue `queue`, as node indexes.
+    fn quorum_status(&self, queue: &str) -> Result<(Option<usize>, Vec<usize>), String> {
+        let json = self.ctl_json(
+            self.any_running()?,
+            &["list_queues", "name", "leader", "online"],
+        )?;
+        let entry = json
+            .as_array()
+            .and_then(|queues| queues.iter().find(|q| q["name"] == queue))
+            .ok_or_else(|| format!("no queue {queue} in {json}"))?;
+        let leader = entry["leader"].as_str().and_then(|l| self.index_of_node(l));
+        let online = entry["online"]
+            .as_array()
+            .map(|members| {
+                members
+                    .iter()
+                    .filter_map(|m| self.index_of_node(m.as_str()?))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok((leader, online))
+    }
+
+    /// Serializes the tests of one binary that kill nodes (tests in a binary run in
+    /// parallel). A test that panicked while holding it does not block the others.
+    pub fn lock(&self) -> MutexGuard<'static, ()> {
+        static FAULTS: Mutex<()> = Mutex::new(());
+        FAULTS.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Kills every node and removes their directories; idempotent. The exit handler calls
+    /// it.
+    pub fn shutdown(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.tempdir.is_none() {
+            return;
+        }
+        for node in &self.nodes {
+            node.kill_node();
+        }
+        for node in &self.nodes {
+            node.kill_and_wait();
+        }
+        stop_watchdog(state.watchdog.take());
+        state.tempdir.take();
+    }
+}
+
+extern "C" fn stop_cluster_at_exit() {
+    // Nothing may unwind out of an `extern "C"` function.
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(Ok(cluster)) = CLUSTER.get() {
+            cluster.shutdown();
+        }
+    });
+}
+
+fn output_text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}

@@ -1,0 +1,667 @@
+//! The relay against a 3-node RabbitMQ cluster (issue 11): quorum queues, failover to another
+//! node when the relay's node dies, a quorum queue's leader election, and a paused minority.
+//!
+//! The binary shares one private cluster ([`RabbitCluster::shared`], `pause_minority`) and one
+//! private PostgreSQL. Every test holds the cluster's lock (tests that kill nodes must not
+//! overlap, and the others must not see their kills) and calls `ensure_healthy` at its start
+//! and end. Each outbox's queue is a quorum queue whose leader is placed by the node that
+//! declares it. Oracles come from outside the relay (`common::faults`): the `test_decoding`
+//! slot (what committed, in which order), the queue itself (drained through a marker), and
+//! `pg_replication_slots` (ACK: nothing acknowledged that is not in the queue). Each test
+//! prints one `FIGURES` line.
+//!
+//! The relay takes the cluster as a broker list (`--amqp-url URL1,URL2,URL3`) and names the
+//! node it uses in `outbox_relay_broker_info{node="127.0.0.1:PORT"} 1`.
+
+// The cluster's lock is a std Mutex held for a whole test, across awaits: each test has a
+// runtime of its own and takes the lock inside `block_in_place`, so no task waits for it on a
+// runtime thread that the holder needs.
+#![allow(clippy::await_holding_lock)]
+
+use outbox_testkit as common;
+
+use std::sync::MutexGuard;
+use std::time::Duration;
+
+use common::amqp::quorum_queue_arguments;
+use common::faults::{
+    barrier, check_ack, delivered_after, finish, ids_of, report, report_tally, secs, unsent_ids,
+    Oracle, Tally, Writers,
+};
+use common::http::{metric_value, metrics, wait_metrics, wait_readyz};
+use common::outbox::{write_concurrently, Outbox};
+use common::{queue_message_count, Consumer, PgServer, RabbitCluster, RelayProcess};
+use tokio::time::Instant;
+
+/// The window, passed explicitly: the duplicate bound depends on it.
+const W: usize = 1024;
+/// Largest transaction the writers commit: bounds X.
+const MAX_TXN_ROWS: usize = 10;
+/// Keeps reconnects quick while nodes are down (the default is 30 s).
+const FAST_BACKOFF: [&str; 2] = ["--max-backoff-secs", "2"];
+/// How soon the relay must stream again through another node after its node dies.
+const FAILOVER: Duration = Duration::from_secs(10);
+const MINUTE: Duration = Duration::from_secs(60);
+const BROKER_INFO: &str = "outbox_relay_broker_info";
+const CONFIRMED: &str = "outbox_relay_messages_confirmed_total";
+const IN_FLIGHT: &str = "outbox_relay_messages_in_flight";
+
+// ---------------------------------------------------------------------------------
+// Servers
+
+/// Runs a blocking harness call (start, kill, restart, rabbitmqctl) without stalling the
+/// runtime.
+fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    tokio::task::block_in_place(f)
+}
+
+/// The servers of this binary, started in parallel on first use, with the cluster's lock
+/// held and the cluster whole. Call `ensure_healthy` again at the end.
+async fn servers() -> (
+    &'static PgServer,
+    &'static RabbitCluster,
+    MutexGuard<'static, ()>,
+) {
+    blocking(|| {
+        let cluster = std::thread::spawn(RabbitCluster::shared);
+        let pg = common::private_pg();
+        let cluster = cluster
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        let lock = cluster.lock();
+        cluster.ensure_healthy();
+        (pg, cluster, lock)
+    })
+}
+
+/// An outbox whose queue is a quorum queue led by node `leader` (it declares the queue), its
+/// oracle created before any row is written. Its `amqp_url` is node `leader`'s.
+async fn quorum_outbox(
+    pg: &PgServer,
+    cluster: &RabbitCluster,
+    leader: usize,
+    prefix: &str,
+    setup: &[&str],
+) -> (Outbox, Oracle) {
+    let url = cluster.url(leader);
+    let outbox = Outbox::provision(
+        &pg.url("postgres"),
+        &url,
+        prefix,
+        setup,
+        quorum_queue_arguments(),
+    )
+    .await;
+    let oracle = Oracle::create(&outbox).await;
+    let led_by = blocking(|| cluster.quorum_leader(&outbox.queue));
+    assert_eq!(
+        led_by, leader,
+        "a quorum queue is led by its declaring node"
+    );
+    (outbox, oracle)
+}
+
+/// `outbox-relay <command>` on `outbox` through `amqp_url` (one URL or the broker list),
+/// serving /metrics and /readyz on the returned port.
+fn spawn_observed(
+    outbox: &Outbox,
+    command: &str,
+    amqp_url: &str,
+    extra: &[&str],
+) -> (RelayProcess, u16) {
+    let port = common::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut args = vec!["--metrics-addr", addr.as_str()];
+    args.extend_from_slice(extra);
+    let relay = outbox.spawn(command, (&outbox.db_url, amqp_url), &args, &[]);
+    (relay, port)
+}
+
+/// The nodes `outbox_relay_broker_info` marks in use (1), by index.
+fn nodes_in_use(cluster: &RabbitCluster, metrics: &str) -> Vec<usize> {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(&format!("{BROKER_INFO}{{")))
+        .filter(|line| line.rsplit(' ').next() == Some("1"))
+        .filter_map(|line| {
+            let node = line.split("node=\"").nth(1)?.split('"').next()?;
+            let port = node.rsplit(':').next()?.parse().ok()?;
+            cluster.index_of_port(port)
+        })
+        .collect()
+}
+
+/// Waits until the relay (`/metrics` on `port`) reports a node in use other than `not`;
+/// its index. Panics with the log after `timeout`.
+async fn wait_node_in_use(
+    cluster: &RabbitCluster,
+    relay: &RelayProcess,
+    port: u16,
+    not: Option<usize>,
+    timeout: Duration,
+) -> usize {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = common::http::http_get(port, "/metrics").await;
+        let in_use = text.map(|(_, body)| nodes_in_use(cluster, &body));
+        if let Some(&node) = in_use.iter().flatten().find(|&&n| Some(n) != not) {
+            return node;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {BROKER_INFO} 1 for a node other than {not:?} after {timeout:?} ({in_use:?}); \
+             log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until `queue` holds at least `depth` messages (asked through `url`): the relay is
+/// mid-stream with a full window behind it.
+async fn wait_depth(relay: &RelayProcess, url: &str, queue: &str, depth: u32) {
+    let deadline = Instant::now() + MINUTE;
+    loop {
+        let queued = queue_message_count(url, queue).await;
+        if queued >= depth {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "relay too slow: {queued} queued; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The relay's confirmed-messages counter.
+async fn confirmed_total(port: u16) -> f64 {
+    metric_value(&metrics(port).await, CONFIRMED).unwrap_or(0.0)
+}
+
+/// The node after `i`, round the cluster.
+fn next(cluster: &RabbitCluster, i: usize) -> usize {
+    (i + 1) % cluster.len()
+}
+
+// ---------------------------------------------------------------------------------
+// 0. The harness
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c0_cluster_forms_and_a_quorum_queue_serves_every_node() {
+    let (pg, cluster, _lock) = servers().await;
+    assert_eq!(cluster.len(), 3);
+    let (outbox, _oracle) = quorum_outbox(pg, cluster, 1, "smoke", &["setup"]).await;
+    // Published through one node, consumed through another, led by a third.
+    let mut consumer = Consumer::start(&cluster.url(2), &outbox.queue).await;
+    common::amqp::publish_confirmed(&cluster.url(0), &outbox.exchange, "smoke", &[("a", b"1")])
+        .await;
+    let received = consumer.wait_for(1, MINUTE).await;
+    assert_eq!(received[0].message_id.as_deref(), Some("a"));
+    assert_eq!(cluster.url_list().split(',').count(), 3);
+    assert_eq!(cluster.index_of_port(cluster.port(2)), Some(2));
+    blocking(|| cluster.wait_quorum_members_online(&outbox.queue));
+    blocking(|| cluster.ensure_healthy());
+}
+
+// ---------------------------------------------------------------------------------
+// 1. A quorum queue, no fault
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c1_quorum_queue_20000_rows_from_writers_arrive_once_in_commit_order() {
+    const ROWS: usize = 20_000;
+    let (pg, cluster, _lock) = servers().await;
+    // Led by node 0, published to through node 1, consumed through node 2.
+    let (outbox, oracle) = quorum_outbox(pg, cluster, 0, "quorum", &["setup"]).await;
+    let mut consumer = Consumer::start_with(&cluster.url(2), &outbox.queue, false).await;
+    let (relay, _port) = spawn_observed(&outbox, "run", &cluster.url(1), &[]);
+    let started = Instant::now();
+    write_concurrently(&outbox.db_url, 4, ROWS, MAX_TXN_ROWS).await;
+    let written = started.elapsed();
+    let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
+    let delivered = started.elapsed();
+    assert_eq!(committed.len(), ROWS);
+    assert_eq!(tally.duplicates(), 0, "DUP: no fault, no duplicate");
+    let arrived: Vec<&str> = ids_of(consumer.received()).into_iter().collect();
+    assert!(
+        arrived == committed,
+        "arrival order is the commit order ({} arrived)",
+        arrived.len()
+    );
+    report_tally(
+        "c1 quorum queue",
+        &committed,
+        &tally,
+        &[
+            ("order", "commit order".into()),
+            ("written in", secs(written)),
+            ("all delivered in", secs(delivered)),
+            (
+                "rows/s",
+                format!("{:.0}", ROWS as f64 / delivered.as_secs_f64()),
+            ),
+        ],
+    );
+    blocking(|| cluster.ensure_healthy());
+}
+
+// ---------------------------------------------------------------------------------
+// 2. The relay's node dies
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c2_kill_9_of_the_relays_node_fails_over_within_10_s_duplicates_within_w_plus_x() {
+    let (pg, cluster, _lock) = servers().await;
+    let (mut outbox, oracle) = quorum_outbox(pg, cluster, 0, "relaynode", &["setup"]).await;
+    // A backlog so the relay is mid-stream with a full window at the kill (it drains about
+    // 3,000 rows/s here), writers on top.
+    write_concurrently(&outbox.db_url, 4, 20_000, MAX_TXN_ROWS).await;
+    let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(20));
+    let window = W.to_string();
+    let flags = ["--max-in-flight", &window, FAST_BACKOFF[0], FAST_BACKOFF[1]];
+    let (relay, port) = spawn_observed(&outbox, "run", &cluster.url_list(), &flags);
+    let node = wait_node_in_use(cluster, &relay, port, None, MINUTE).await;
+    // The test's own clients go through a node that survives.
+    outbox.amqp_url = cluster.url(next(cluster, node));
+    let leader_too = node == 0;
+    // The window at least half full (the backlog keeps the relay publishing ahead of the
+    // confirms), and the kill right after.
+    let half_full = |text: &str| metric_value(text, IN_FLIGHT).is_some_and(|n| n >= (W / 2) as f64);
+    let text = wait_metrics(port, MINUTE, half_full).await;
+    let in_flight = metric_value(&text, IN_FLIGHT).unwrap_or(0.0);
+    assert!(
+        half_full(&text),
+        "the window never filled: {in_flight} in flight"
+    );
+
+    let before = relay.sessions();
+    let killed = Instant::now();
+    blocking(|| cluster.kill9(node));
+    let now_on = wait_node_in_use(cluster, &relay, port, Some(node), MINUTE).await;
+    let failover = relay.wait_new_session(before, MINUTE).await;
+    let failover = failover.map(|_| killed.elapsed());
+    let failover = failover.unwrap_or_else(|| panic!("no new session; log:\n{}", relay.log()));
+    assert!(
+        failover <= FAILOVER,
+        "the relay streamed again through node {now_on} only {} after node {node} died",
+        secs(failover)
+    );
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let ack = check_ack(&outbox.client, &outbox, &oracle, &mut consumer).await;
+    let probe = delivered_after(
+        &relay,
+        &outbox.client,
+        &mut consumer,
+        Duration::from_secs(120),
+        "the failover",
+    )
+    .await;
+    writers.stop().await;
+
+    let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
+    let bound = W + MAX_TXN_ROWS;
+    report_tally(
+        "c2 relay's node kill -9",
+        &committed,
+        &tally,
+        &[
+            ("bound W+X", bound.to_string()),
+            ("kill to streaming via another node", secs(failover)),
+            ("in flight at the kill", in_flight.to_string()),
+            ("leader killed too", leader_too.to_string()),
+            (
+                "acknowledged rows checked after failover",
+                ack.acknowledged_rows.to_string(),
+            ),
+            ("probe delivered after (behind the backlog)", secs(probe)),
+        ],
+    );
+    assert!(
+        tally.duplicates() <= bound,
+        "DUP: {} duplicates, bound W + X = {bound}",
+        tally.duplicates()
+    );
+    blocking(|| cluster.ensure_healthy());
+}
+
+// ---------------------------------------------------------------------------------
+// 3. The quorum queue's leader dies
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c3_kill_9_of_the_quorum_leader_confirms_resume_after_the_election() {
+    let (pg, cluster, _lock) = servers().await;
+    // Led by node 0; the relay publishes through node 1 only, the test consumes through 2.
+    let (mut outbox, oracle) = quorum_outbox(pg, cluster, 0, "leader", &["setup"]).await;
+    outbox.amqp_url = cluster.url(2);
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    write_concurrently(&outbox.db_url, 4, 10_000, MAX_TXN_ROWS).await;
+    let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(20));
+    let window = W.to_string();
+    let flags = ["--max-in-flight", &window, FAST_BACKOFF[0], FAST_BACKOFF[1]];
+    let (relay, port) = spawn_observed(&outbox, "run", &cluster.url(1), &flags);
+    consumer.wait_for(2_000, MINUTE).await;
+    assert!(
+        consumer.received().len() >= 2_000,
+        "relay too slow; log:\n{}",
+        relay.log()
+    );
+
+    let sessions = relay.sessions();
+    let killed = Instant::now();
+    blocking(|| cluster.kill9(0));
+    let confirmed_at_kill = confirmed_total(port).await;
+    let delivered_at_kill = consumer.received().len();
+    let new_leader = blocking(|| cluster.quorum_leader(&outbox.queue));
+    let elected = killed.elapsed();
+    // The first confirm and the first delivery after the kill.
+    let deadline = Instant::now() + MINUTE;
+    let (mut first_confirm, mut first_delivery) = (None, None);
+    while first_confirm.is_none() || first_delivery.is_none() {
+        if first_confirm.is_none() && confirmed_total(port).await > confirmed_at_kill {
+            first_confirm = Some(killed.elapsed());
+        }
+        if first_delivery.is_none() && consumer.received().len() > delivered_at_kill {
+            first_delivery = Some(killed.elapsed());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no confirm ({first_confirm:?}) or delivery ({first_delivery:?}) a minute after \
+             the leader died (consumer error {:?}); log:\n{}",
+            consumer.error(),
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ack = check_ack(&outbox.client, &outbox, &oracle, &mut consumer).await;
+    writers.stop().await;
+
+    let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
+    report_tally(
+        "c3 quorum leader kill -9",
+        &committed,
+        &tally,
+        &[
+            ("new leader", format!("node {new_leader}")),
+            ("kill to new leader listed", secs(elected)),
+            ("kill to first confirm", secs(first_confirm.unwrap())),
+            ("kill to first delivery", secs(first_delivery.unwrap())),
+            (
+                "relay sessions lost",
+                (relay.sessions() - sessions).to_string(),
+            ),
+            (
+                "acknowledged rows checked after the election",
+                ack.acknowledged_rows.to_string(),
+            ),
+        ],
+    );
+    blocking(|| cluster.ensure_healthy());
+}
+
+// ---------------------------------------------------------------------------------
+// 4. A minority left: it pauses
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c4_two_nodes_killed_the_paused_survivor_holds_the_slot_and_the_relay_drains_after() {
+    let (pg, cluster, _lock) = servers().await;
+    let (mut outbox, oracle) = quorum_outbox(pg, cluster, 0, "minority", &["setup"]).await;
+    write_concurrently(&outbox.db_url, 4, 5_000, MAX_TXN_ROWS).await;
+    let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(20));
+    let (relay, port) = spawn_observed(&outbox, "run", &cluster.url_list(), &FAST_BACKOFF);
+    let node = wait_node_in_use(cluster, &relay, port, None, MINUTE).await;
+    let victims = [node, next(cluster, node)];
+    let survivor = next(cluster, victims[1]);
+    outbox.amqp_url = cluster.url(survivor);
+    wait_depth(&relay, &outbox.amqp_url, &outbox.queue, 1_000).await;
+
+    let killed = Instant::now();
+    blocking(|| {
+        std::thread::scope(|scope| {
+            for victim in victims {
+                scope.spawn(move || cluster.kill9(victim));
+            }
+        })
+    });
+    // pause_minority: the survivor stops its broker and refuses connections.
+    let paused = common::poll_until(MINUTE, Duration::from_millis(20), || {
+        std::net::TcpStream::connect(("127.0.0.1", cluster.port(survivor)))
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+    });
+    assert!(paused, "node {survivor} still accepts connections alone");
+    let paused_in = killed.elapsed();
+    let readyz = wait_readyz(port, MINUTE, (503, "broker down")).await;
+    assert_eq!(
+        readyz,
+        Some((503, "broker down".to_string())),
+        "log:\n{}",
+        relay.log()
+    );
+    // The outage: writers go on committing, the relay acknowledges nothing new.
+    let held = outbox.confirmed_flush().await;
+    let committed_at = writers.committed();
+    let outage = Instant::now();
+    while outage.elapsed() < Duration::from_secs(5) {
+        assert_eq!(
+            outbox.confirmed_flush().await,
+            held,
+            "the slot moved while no node could take a message"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        writers.committed() > committed_at,
+        "rows committed during the outage"
+    );
+    assert_eq!(
+        common::http::readyz(port).await,
+        (503, "broker down".to_string())
+    );
+
+    let before = relay.sessions();
+    let restarting = Instant::now();
+    blocking(|| cluster.restart_all(&victims));
+    let restart = restarting.elapsed();
+    let resumed = relay.wait_new_session(before, MINUTE).await;
+    let resumed = resumed.unwrap_or_else(|| panic!("no new session; log:\n{}", relay.log()));
+    assert!(relay.try_exit().is_none(), "the same relay process drains");
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let probe = delivered_after(
+        &relay,
+        &outbox.client,
+        &mut consumer,
+        Duration::from_secs(120),
+        "the restart",
+    )
+    .await;
+    writers.stop().await;
+
+    let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
+    report_tally(
+        "c4 minority paused",
+        &committed,
+        &tally,
+        &[
+            ("survivor paused after", secs(paused_in)),
+            ("kill to restart begun", secs(restarting - killed)),
+            ("two nodes restarted in", secs(restart)),
+            ("restart to new session", secs(restart + resumed)),
+            ("probe delivered after", secs(probe)),
+            (
+                "failed sessions",
+                relay.log_count("session failed").to_string(),
+            ),
+        ],
+    );
+    blocking(|| cluster.ensure_healthy());
+}
+
+// ---------------------------------------------------------------------------------
+// 5. Polling mode: the relay's node dies
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c5_polling_kill_9_of_the_relays_node_fails_over_duplicates_within_workers_times_batch() {
+    const WORKERS: usize = 2;
+    const BATCH: usize = 200;
+    let (pg, cluster, _lock) = servers().await;
+    let setup = ["setup", "--mode", "poll"];
+    let (mut outbox, _oracle) = quorum_outbox(pg, cluster, 0, "pollnode", &setup).await;
+    write_concurrently(&outbox.db_url, 4, 10_000, MAX_TXN_ROWS).await;
+    let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(20));
+    let (workers, batch) = (WORKERS.to_string(), BATCH.to_string());
+    let flags = [
+        "--workers",
+        &workers,
+        "--batch-size",
+        &batch,
+        FAST_BACKOFF[0],
+        FAST_BACKOFF[1],
+    ];
+    let (relay, port) = spawn_observed(&outbox, "poll", &cluster.url_list(), &flags);
+    let node = wait_node_in_use(cluster, &relay, port, None, MINUTE).await;
+    outbox.amqp_url = cluster.url(next(cluster, node));
+    let published = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
+    let at_least = |n: i64| move |count: i64| count >= n;
+    let marked = common::pg::wait_count(&outbox.client, published, MINUTE, at_least(2_000)).await;
+    assert!(marked.is_ok(), "relay too slow; log:\n{}", relay.log());
+
+    let killed = Instant::now();
+    blocking(|| cluster.kill9(node));
+    let marked_at_kill: i64 = common::pg::query_value(&outbox.client, published).await;
+    assert!(marked_at_kill < 10_000, "the kill must land mid-backlog");
+    let now_on = wait_node_in_use(cluster, &relay, port, Some(node), MINUTE).await;
+    // Streaming again: rows are marked published through the other node.
+    let more = at_least(marked_at_kill + 1);
+    let resumed = common::pg::wait_count(&outbox.client, published, MINUTE, more).await;
+    assert!(
+        resumed.is_ok(),
+        "nothing published after the kill; log:\n{}",
+        relay.log()
+    );
+    let failover = killed.elapsed();
+    assert!(
+        failover <= FAILOVER,
+        "the relay published again through node {now_on} only {} after node {node} died",
+        secs(failover)
+    );
+    let committed = writers.stop().await.len() + 10_000;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let all = common::pg::wait_count(&outbox.client, published, MINUTE * 3, |n| {
+        n as usize >= committed
+    })
+    .await;
+    assert!(
+        all.is_ok(),
+        "not every row published: {all:?}; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+    assert!(unsent_ids(&outbox.client).await.is_empty());
+    barrier(&mut consumer, &outbox.amqp_url, &outbox.queue).await;
+    let ids = common::pg::first_column(&outbox.client, "SELECT id::text FROM outbox", &[]).await;
+    let tally = Tally::of(consumer.received());
+    common::faults::assert_nothing_lost_or_invented(&tally, &ids);
+    let bound = WORKERS * BATCH;
+    report(
+        "c5 polling, relay's node kill -9",
+        &[
+            ("rows", ids.len().to_string()),
+            ("lost", "0".into()),
+            ("duplicates", tally.duplicates().to_string()),
+            ("bound workers×batch", bound.to_string()),
+            ("marked published at the kill", marked_at_kill.to_string()),
+            ("kill to publishing via another node", secs(failover)),
+        ],
+    );
+    assert!(
+        tally.duplicates() <= bound,
+        "DUP: {} duplicates, bound workers × batch = {bound}",
+        tally.duplicates()
+    );
+    blocking(|| cluster.ensure_healthy());
+}
+
+/// Returns at full speed through the cluster: 100,000 rows, 1 % unroutable, dead-letter
+/// policy, the quorum queue and the dead-letter queue both quorum queues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c6_full_speed_drain_with_one_percent_unroutable_dead_letters_exactly_those() {
+    let (pg, cluster, _lock) = servers().await;
+    let dead_letter_exchange = common::unique_name("stress_dlx");
+    let setup = [
+        "setup",
+        "--on-unroutable",
+        "dead-letter",
+        "--dead-letter-exchange",
+        &dead_letter_exchange,
+    ];
+    let (outbox, oracle) = quorum_outbox(pg, cluster, 0, "stress", &setup).await;
+    // Only Good.# is routed: the Nobody.… rows come back.
+    common::amqp::bind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "Good.#").await;
+    common::amqp::unbind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
+    let dead_letter_queue = common::unique_name("stress_dlq");
+    common::amqp::declare_bound_quorum_queue(
+        &outbox.amqp_url,
+        &dead_letter_exchange,
+        &dead_letter_queue,
+        "#",
+    )
+    .await;
+    let rows = common::faults::stress_rows();
+    let (good, unroutable) = common::faults::seed_one_percent_unroutable(&outbox, rows).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
+
+    let started = Instant::now();
+    let policy = [
+        "--on-unroutable",
+        "dead-letter",
+        "--dead-letter-exchange",
+        &dead_letter_exchange,
+    ];
+    let (relay, _port) = spawn_observed(&outbox, "run", &cluster.url_list(), &policy);
+    let five_minutes = Duration::from_secs(300);
+    assert!(
+        common::faults::wait_for_ids(&mut dead_letters, &unroutable, five_minutes).await,
+        "every unroutable row dead-lettered; log:\n{}",
+        relay.log()
+    );
+    assert!(
+        common::faults::wait_for_ids(&mut consumer, &good, five_minutes).await,
+        "every routable row delivered; log:\n{}",
+        relay.log()
+    );
+    let drained = started.elapsed();
+    let last = oracle
+        .committed_ids(&outbox.client)
+        .await
+        .last()
+        .cloned()
+        .expect("rows committed");
+    common::faults::assert_acknowledged(&outbox, &oracle, &relay, &last, MINUTE).await;
+    let unroutable_set: std::collections::HashSet<&str> =
+        unroutable.iter().map(String::as_str).collect();
+    let delivered = ids_of(consumer.received());
+    assert!(
+        delivered.iter().all(|id| !unroutable_set.contains(id)),
+        "an unroutable row reached the outbox queue"
+    );
+    assert_eq!(delivered.len(), good.len(), "no routable row twice");
+    assert_eq!(
+        dead_letters.received().len(),
+        unroutable.len(),
+        "no dead letter twice"
+    );
+    assert_eq!(relay.sessions(), 1, "no reconnect; log:\n{}", relay.log());
+    report(
+        "c6 returns stress through the cluster, dead-letter",
+        &[
+            ("rows", rows.to_string()),
+            ("unroutable", unroutable.len().to_string()),
+            ("drained in", secs(drained)),
+            (
+                "msgs/s",
+                format!("{:.0}", rows as f64 / drained.as_secs_f64()),
+            ),
+        ],
+    );
+    relay.stop().await;
+}
