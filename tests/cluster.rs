@@ -618,38 +618,15 @@ async fn c6_full_speed_drain_with_one_percent_unroutable_dead_letters_exactly_th
         &dead_letter_exchange,
     ];
     let (relay, _port) = spawn_observed(&outbox, "run", &cluster.url_list(), &policy);
-    let five_minutes = Duration::from_secs(300);
-    assert!(
-        common::faults::wait_for_ids(&mut dead_letters, &unroutable, five_minutes).await,
-        "every unroutable row dead-lettered; log:\n{}",
-        relay.log()
-    );
-    assert!(
-        common::faults::wait_for_ids(&mut consumer, &good, five_minutes).await,
-        "every routable row delivered; log:\n{}",
-        relay.log()
-    );
+    common::faults::assert_stress_dead_lettered(
+        &outbox,
+        &oracle,
+        &relay,
+        (&mut consumer, &mut dead_letters),
+        (&good, &unroutable),
+    )
+    .await;
     let drained = started.elapsed();
-    let last = oracle
-        .committed_ids(&outbox.client)
-        .await
-        .last()
-        .cloned()
-        .expect("rows committed");
-    common::faults::assert_acknowledged(&outbox, &oracle, &relay, &last, MINUTE).await;
-    let unroutable_set: std::collections::HashSet<&str> =
-        unroutable.iter().map(String::as_str).collect();
-    let delivered = ids_of(consumer.received());
-    assert!(
-        delivered.iter().all(|id| !unroutable_set.contains(id)),
-        "an unroutable row reached the outbox queue"
-    );
-    assert_eq!(delivered.len(), good.len(), "no routable row twice");
-    assert_eq!(
-        dead_letters.received().len(),
-        unroutable.len(),
-        "no dead letter twice"
-    );
     assert_eq!(relay.sessions(), 1, "no reconnect; log:\n{}", relay.log());
     report(
         "c6 returns stress through the cluster, dead-letter",

@@ -597,39 +597,15 @@ async fn full_speed_drain_with_one_percent_unroutable_dead_letters_exactly_those
 
     let started = std::time::Instant::now();
     let (relay, port) = spawn_observed(outbox, &dl.policy());
-    let five_minutes = Duration::from_secs(300);
-    assert!(
-        wait_for_ids(&mut dead_letters, &unroutable, five_minutes).await,
-        "every unroutable row dead-lettered; log:\n{}",
-        relay.log()
-    );
-    assert!(
-        wait_for_ids(&mut consumer, &good, five_minutes).await,
-        "every routable row delivered; log:\n{}",
-        relay.log()
-    );
+    common::faults::assert_stress_dead_lettered(
+        outbox,
+        &oracle,
+        &relay,
+        (&mut consumer, &mut dead_letters),
+        (&good, &unroutable),
+    )
+    .await;
     let drained = started.elapsed();
-    let last = oracle
-        .committed_ids(&outbox.client)
-        .await
-        .last()
-        .cloned()
-        .expect("rows committed");
-    assert_acknowledged(outbox, &oracle, &relay, &last, MINUTE).await;
-
-    let unroutable_set: std::collections::HashSet<&str> =
-        unroutable.iter().map(String::as_str).collect();
-    let delivered = ids_of(consumer.received());
-    assert!(
-        delivered.iter().all(|id| !unroutable_set.contains(id)),
-        "an unroutable row reached the outbox queue"
-    );
-    assert_eq!(delivered.len(), good.len(), "no routable row twice");
-    let letters = dead_letters.received();
-    assert_eq!(letters.len(), unroutable.len(), "no dead letter twice");
-    assert!(letters.iter().all(|letter| letter
-        .header_str("x-outbox-dead-letter-reason")
-        .is_some_and(|reason| reason.starts_with("unroutable: NO_ROUTE 312"))));
     assert_eq!(
         metric(port, &dead_lettered("unroutable")).await,
         Some(unroutable.len() as f64)

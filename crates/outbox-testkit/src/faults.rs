@@ -711,3 +711,46 @@ pub async fn seed_one_percent_unroutable(
     }
     (good, unroutable)
 }
+
+/// Waits until a returns stress drain under the dead-letter policy is complete, and checks it:
+/// every `unroutable` row dead-lettered once with reason `unroutable: NO_ROUTE 312 …`, every
+/// `good` row once in the outbox queue and none of the unroutable ones there, the slot past
+/// the last row. Panics with the relay's log otherwise.
+pub async fn assert_stress_dead_lettered(
+    outbox: &Outbox,
+    oracle: &Oracle,
+    relay: &RelayProcess,
+    (consumer, dead_letters): (&mut Consumer, &mut Consumer),
+    (good, unroutable): (&[String], &[String]),
+) {
+    let five_minutes = Duration::from_secs(300);
+    assert!(
+        wait_for_ids(dead_letters, unroutable, five_minutes).await,
+        "every unroutable row dead-lettered; log:\n{}",
+        relay.log()
+    );
+    assert!(
+        wait_for_ids(consumer, good, five_minutes).await,
+        "every routable row delivered; log:\n{}",
+        relay.log()
+    );
+    let last = oracle
+        .committed_ids(&outbox.client)
+        .await
+        .last()
+        .cloned()
+        .expect("rows committed");
+    assert_acknowledged(outbox, oracle, relay, &last, Duration::from_secs(60)).await;
+    let unroutable_set: HashSet<&str> = unroutable.iter().map(String::as_str).collect();
+    let delivered = ids_of(consumer.received());
+    assert!(
+        delivered.iter().all(|id| !unroutable_set.contains(id)),
+        "an unroutable row reached the outbox queue"
+    );
+    assert_eq!(delivered.len(), good.len(), "no routable row twice");
+    let letters = dead_letters.received();
+    assert_eq!(letters.len(), unroutable.len(), "no dead letter twice");
+    assert!(letters.iter().all(|letter| letter
+        .header_str("x-outbox-dead-letter-reason")
+        .is_some_and(|reason| reason.starts_with("unroutable: NO_ROUTE 312"))));
+}
