@@ -132,6 +132,19 @@ mod tests {
     }
 
     #[test]
+    fn parent_and_reaped_children_after_the_last_parenthesis() {
+        let stat = "4242 (out) box) S 1 4242 4242 0 -1 4194304 1500 0 0 0 250 37 12 3 20 0 9 0 \
+                    123 456789 2048 18446744073709551615";
+        assert_eq!(parent_pid(stat).expect("parses"), 1);
+        assert_eq!(
+            reaped_children_cpu_time(stat).expect("parses"),
+            Duration::from_millis(150)
+        );
+        let own = process_and_children_cpu(std::process::id()).expect("own /proc entry");
+        assert!(own >= usage(std::process::id()).expect("own").cpu);
+    }
+
+    #[test]
     fn peak_rss_from_vmhwm() {
         let status =
             "Name:\toutbox-relay\nVmPeak:\t  100000 kB\nVmHWM:\t   23456 kB\nVmRSS:\t 20000 kB\n";
