@@ -2,7 +2,8 @@
 //!
 //! ```text
 //!  BEGIN
-//!  SELECT … WHERE published_at IS NULL ORDER BY created_at LIMIT n FOR UPDATE SKIP LOCKED
+//!  UPDATE … SET published_at = now() WHERE id IN (SELECT … WHERE published_at IS NULL
+//!    ORDER BY created_at LIMIT n FOR UPDATE SKIP LOCKED) RETURNING …, in claim order
 //!  map every row (a row that cannot be mapped stops the relay, naming it: nothing published)
 //!  basic_publish each, pipelined ─┐
 //!  await every confirm, in order ◄┘  a nack, a return, a timeout or a lost connection:
@@ -10,12 +11,12 @@
 //!                                    (dead-letter policy: a returned, too large or unmappable
 //!                                    row goes to the dead-letter exchange instead, and counts
 //!                                    as published once that is confirmed)
-//!  UPDATE … SET published_at = now() WHERE id = ANY($1)
 //!  COMMIT
 //! ```
 //!
 //! The invariant: a row is marked published only in a transaction that commits after the
-//! broker confirmed its message. A crash between the last confirm and COMMIT publishes the
+//! broker confirmed its message (the mark is made when the batch is claimed, and rolls back
+//! with the transaction if anything fails before COMMIT). A crash between the last confirm and COMMIT publishes the
 //! batch again: at most workers × batch size duplicates. Crash-only, like WAL mode: any
 //! failure ends the session; the next one reconnects after a backoff and claims afresh.
 
@@ -109,7 +110,6 @@ struct Session<'a> {
     table: OutboxTable,
     claim_batch: Statement,
     claim_one: Statement,
-    mark: Statement,
 }
 
 async fn session(
@@ -133,7 +133,6 @@ async fn session(
     }
     let claim_batch = bounded(client.prepare(&table.claim_sql(shared.batch_size))).await?;
     let claim_one = bounded(client.prepare(&table.claim_sql(1))).await?;
-    let mark = bounded(client.prepare(&table.mark_sql())).await?;
     let broker = Broker::connect(&shared.brokers).await?;
     let mut session = Session {
         shared,
@@ -142,7 +141,6 @@ async fn session(
         table,
         claim_batch,
         claim_one,
-        mark,
     };
     let result = session.run(worker, state, shutdown).await;
     let _ = tokio::time::timeout(CLOSE_TIMEOUT, session.broker.close()).await;
@@ -206,8 +204,8 @@ impl Session<'_> {
         }
     }
 
-    /// One transaction: claim up to `limit` rows, publish them, await every confirm, mark
-    /// them, commit. Returns how many rows it published.
+    /// One transaction: claim and mark up to `limit` rows, publish them, await every
+    /// confirm, commit. Returns how many rows it published.
     async fn batch(&mut self, worker: usize, limit: u32) -> Result<usize, RelayError> {
         let stats = &self.shared.stats;
         let claim = if limit == 1 {
@@ -237,7 +235,7 @@ impl Session<'_> {
                 self.broker.dead_letter_exchange(),
             )?);
         }
-        let ids: Vec<String> = messages.iter().map(|(m, _)| m.message_id.clone()).collect();
+        let count = messages.len();
 
         let claimed = polled.elapsed();
         deliver_batch(
@@ -248,26 +246,18 @@ impl Session<'_> {
         )
         .await?;
 
-        let marked = bounded(transaction.execute(&self.mark, &[&ids])).await?;
-        if marked != ids.len() as u64 {
-            tracing::warn!(
-                claimed = ids.len(),
-                marked,
-                "marked a different number of rows than claimed (are ids unique?)"
-            );
-        }
         // Every confirm is in and the rows are marked: a crash here publishes the batch again.
         failpoint(POLL_BEFORE_COMMIT);
         bounded(transaction.commit()).await?;
         tracing::debug!(
             worker,
-            rows = ids.len(),
+            rows = count,
             claim_ms = claimed.as_millis() as u64,
             total_ms = polled.elapsed().as_millis() as u64,
             "batch published"
         );
-        stats.record_batch(ids.len(), polled.elapsed());
-        Ok(ids.len())
+        stats.record_batch(count, polled.elapsed());
+        Ok(count)
     }
 }
 

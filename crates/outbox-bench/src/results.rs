@@ -63,6 +63,8 @@ pub struct ClusterResults {
 /// One drain of an A/B.
 #[derive(Debug, Clone, Serialize)]
 pub struct AbRun {
+    /// What was drained: `wal`, or `poll5` (5 polling workers, default batch).
+    pub setup: String,
     pub binary: String,
     pub round: u32,
     pub drain: Drain,
@@ -120,6 +122,10 @@ pub struct Drain {
     pub cpu_seconds: f64,
     pub cpu_seconds_per_100k: f64,
     pub peak_rss_mib: f64,
+    /// PostgreSQL's CPU (postmaster and every backend) from the relay's start to its stop;
+    /// only the A/B measures it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pg_cpu_seconds: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
@@ -727,17 +733,24 @@ impl Results {
 
 /// The A/B runs, then each binary's median drain rate and CPU per message.
 fn ab_table(s: &mut String, runs: &[AbRun]) {
-    let _ = writeln!(s, "### A/B: WAL drain, single-row transactions\n");
+    let setup = runs.first().map_or("wal", |r| r.setup.as_str());
+    let _ = writeln!(s, "### A/B: {setup} drain, single-row transactions\n");
     let _ = writeln!(
         s,
-        "| Binary | Round | MPS | CPU µs / msg | Peak RSS MiB | Complete |"
+        "| Binary | Round | MPS | CPU µs / msg | PostgreSQL CPU µs / msg | Peak RSS MiB | Complete |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
     for run in runs {
         let d = &run.drain;
+        let pg = match d.pg_cpu_seconds {
+            Some(seconds) if d.received > 0 => {
+                format!("{:.1}", seconds * 1e6 / d.received as f64)
+            }
+            _ => "–".into(),
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.1} | {:.1} | {} |",
+            "| {} | {} | {} | {:.1} | {pg} | {:.1} | {} |",
             run.binary,
             run.round,
             int(d.msgs_per_sec),
@@ -785,6 +798,7 @@ mod tests {
             cpu_seconds: 4.0,
             cpu_seconds_per_100k: 2.0,
             peak_rss_mib: 20.5,
+            pg_cpu_seconds: None,
         };
         let latency = LatencyMs {
             samples: 100,

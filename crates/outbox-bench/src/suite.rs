@@ -29,7 +29,7 @@ use crate::Servers;
 use outbox_relay::db::{self, quote_ident, quote_literal};
 use outbox_testkit::amqp::quorum_queue_arguments;
 use outbox_testkit::arrivals::{Arrival, ArrivalConsumer, Outstanding, QueueSpec};
-use outbox_testkit::RabbitCluster;
+use outbox_testkit::{procfs, RabbitCluster};
 
 /// The relay is killed once this share of the crash backlog has arrived.
 const KILL_AT: f64 = 0.4;
@@ -109,6 +109,11 @@ pub struct BenchArgs {
     #[arg(long)]
     pub ab_with: Option<PathBuf>,
 
+    /// What the A/B drains: `wal` (the WAL reader at --max-in-flight) or `poll5` (5 polling
+    /// workers, default batch size).
+    #[arg(long, default_value = "wal", value_parser = ["wal", "poll5"])]
+    pub ab_setup: String,
+
     /// Rounds of the A/B (each runs both binaries once).
     #[arg(long, default_value_t = 3)]
     pub ab_rounds: u32,
@@ -172,6 +177,8 @@ struct Bench {
     runs: u32,
     /// The broker nodes the newest drain's or latency run's relay connected to.
     relay_nodes: Vec<String>,
+    /// PostgreSQL's CPU during the newest drain (relay start to stop).
+    last_pg_cpu: Duration,
 }
 
 /// Runs the whole suite, printing progress to stderr; returns the figures.
@@ -216,6 +223,7 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
         admin,
         runs: 0,
         relay_nodes: Vec::new(),
+        last_pg_cpu: Duration::ZERO,
     };
     let mut results = Results {
         machine: bench.machine().await?,
@@ -500,16 +508,25 @@ impl Bench {
     /// or the window ended, and the relay's CPU and peak RSS meanwhile.
     /// The WAL drain alternately with the relay binary and `other`: A, B, A, B, …
     async fn drain_ab(&mut self, other: PathBuf) -> Result<Vec<AbRun>> {
-        let setup = Setup::Wal {
-            window: self.scale.max_in_flight,
+        let setup = if self.args.ab_setup == "poll5" {
+            Setup::Poll {
+                workers: 5,
+                listen: false,
+            }
+        } else {
+            Setup::Wal {
+                window: self.scale.max_in_flight,
+            }
         };
         let binaries = [self.relay.path.clone(), other];
         let mut runs = Vec::new();
         for round in 1..=self.args.ab_rounds {
             for binary in &binaries {
                 self.relay.path = binary.clone();
-                let drain = self.drain(setup, self.scale.drain_rows, 1).await?;
+                let mut drain = self.drain(setup, self.scale.drain_rows, 1).await?;
+                drain.pg_cpu_seconds = Some(self.last_pg_cpu.as_secs_f64());
                 runs.push(AbRun {
+                    setup: self.args.ab_setup.clone(),
                     binary: binary.display().to_string(),
                     round,
                     drain,
@@ -520,6 +537,19 @@ impl Bench {
         Ok(runs)
     }
 
+    /// The postmaster's pid: the parent of this session's backend (PostgreSQL on this
+    /// machine, as scripts/bench.sh runs it).
+    async fn postmaster_pid(&self) -> Result<u32> {
+        let backend: i32 = self
+            .admin
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0);
+        let stat = std::fs::read_to_string(format!("/proc/{backend}/stat"))
+            .with_context(|| format!("PostgreSQL backend {backend} is not on this machine"))?;
+        procfs::parent_pid(&stat)
+    }
+
     async fn drain(&mut self, setup: Setup, rows: u64, transaction_rows: u64) -> Result<Drain> {
         let o = self.objects(matches!(setup, Setup::Wal { .. })).await?;
         self.say(&format!(
@@ -528,6 +558,14 @@ impl Bench {
         ));
         let mut consumer = self.consumer(&o).await?;
         self.seed(&o, rows, transaction_rows).await?;
+        // Only the A/B reads PostgreSQL's CPU: it needs the server on this machine.
+        let postmaster = match self.args.ab_with {
+            Some(_) => Some(self.postmaster_pid().await?),
+            None => None,
+        };
+        let pg_cpu_before = postmaster
+            .map(procfs::process_and_children_cpu)
+            .transpose()?;
         let started = Instant::now();
         let relay = self.start_relay(setup, &o, "drain")?;
         let window_end = started + Duration::from_secs(self.args.drain_window_secs);
@@ -548,6 +586,11 @@ impl Bench {
         };
         self.relay_nodes = relay.broker_nodes();
         relay.stop().await?;
+        // After the stop: the relay's backends have exited and been reaped into the
+        // postmaster's children's time.
+        if let (Some(pid), Some(before)) = (postmaster, pg_cpu_before) {
+            self.last_pg_cpu = procfs::process_and_children_cpu(pid)?.saturating_sub(before);
+        }
         consumer.close().await;
         self.drop_objects(o).await?;
         let seconds = end.saturating_duration_since(started).as_secs_f64();
@@ -566,6 +609,7 @@ impl Bench {
                 0.0
             },
             peak_rss_mib: usage.peak_rss_kib as f64 / 1024.0,
+            pg_cpu_seconds: None,
         };
         self.say(&format!(
             "  {:.0} msgs/s ({received} in {seconds:.2} s), cpu {cpu_seconds:.2} s, peak rss {:.1} MiB",

@@ -57,6 +57,57 @@ pub fn cpu_time(stat: &str) -> Result<Duration> {
     Ok(Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND))
 }
 
+/// `cutime + cstime` from the text of `/proc/<pid>/stat`: the CPU of the children the
+/// process has waited for (a PostgreSQL backend's, once it exited and the postmaster reaped
+/// it).
+pub fn reaped_children_cpu_time(stat: &str) -> Result<Duration> {
+    let Some((_, after_name)) = stat.rsplit_once(')') else {
+        bail!("no command name in /proc stat line {stat:?}");
+    };
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let tick = |index: usize, name: &str| -> Result<u64> {
+        fields
+            .get(index)
+            .and_then(|f| f.parse::<u64>().ok())
+            .with_context(|| format!("no {name} in /proc stat line {stat:?}"))
+    };
+    let ticks = tick(13, "cutime")? + tick(14, "cstime")?;
+    Ok(Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND))
+}
+
+/// The parent pid (field 4) from the text of `/proc/<pid>/stat`.
+pub fn parent_pid(stat: &str) -> Result<u32> {
+    stat.rsplit_once(')')
+        .and_then(|(_, after)| after.split_whitespace().nth(1))
+        .and_then(|f| f.parse().ok())
+        .with_context(|| format!("no ppid in /proc stat line {stat:?}"))
+}
+
+/// The CPU used so far by a process and its direct children, live or exited and reaped:
+/// PostgreSQL's, from its postmaster (backends are its children). A child that exited but
+/// was not reaped yet is missed; a process that ends mid-scan is skipped.
+pub fn process_and_children_cpu(pid: u32) -> Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("cannot read /proc/{pid}/stat"))?;
+    let mut total = cpu_time(&stat)? + reaped_children_cpu_time(&stat)?;
+    for entry in std::fs::read_dir("/proc").context("cannot list /proc")? {
+        let Some(child) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        if parent_pid(&stat)? == pid {
+            total += cpu_time(&stat)?;
+        }
+    }
+    Ok(total)
+}
+
 /// `VmHWM` in KiB from the text of `/proc/<pid>/status`.
 pub fn peak_rss_kib(status: &str) -> Result<u64> {
     status
@@ -78,6 +129,19 @@ mod tests {
         assert_eq!(cpu_time(stat).expect("parses"), Duration::from_millis(2870));
         assert!(cpu_time("4242 no name here").is_err());
         assert!(cpu_time("4242 (x) S 1 2").is_err());
+    }
+
+    #[test]
+    fn parent_and_reaped_children_after_the_last_parenthesis() {
+        let stat = "4242 (out) box) S 1 4242 4242 0 -1 4194304 1500 0 0 0 250 37 12 3 20 0 9 0 \
+                    123 456789 2048 18446744073709551615";
+        assert_eq!(parent_pid(stat).expect("parses"), 1);
+        assert_eq!(
+            reaped_children_cpu_time(stat).expect("parses"),
+            Duration::from_millis(150)
+        );
+        let own = process_and_children_cpu(std::process::id()).expect("own /proc entry");
+        assert!(own >= usage(std::process::id()).expect("own").cpu);
     }
 
     #[test]
