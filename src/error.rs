@@ -174,6 +174,22 @@ pub enum RelayError {
     },
 
     #[error(
+        "RabbitMQ returned message {message_id} as unroutable ({reply_code} {reply_text}; \
+         exchange \"{exchange}\", routing key \"{routing_key}\") after the relay had counted it \
+         delivered: the return came later than AMQP's order allows (basic.return before the ack \
+         that covers the message). Stopping before acknowledging anything more; the relay \
+         restarts from its last acknowledged position. Fix: bind a queue for this routing key, \
+         and report the broker version"
+    )]
+    ReturnedAfterSettle {
+        message_id: String,
+        exchange: String,
+        routing_key: String,
+        reply_code: u16,
+        reply_text: String,
+    },
+
+    #[error(
         "RabbitMQ returned the dead letter of message {message_id} as unroutable ({reply_code} \
          {reply_text}): no queue is bound to the dead-letter exchange \"{exchange}\" for \
          routing key \"{routing_key}\". Fix: bind a queue to \"{exchange}\" (with `#` for \
@@ -252,6 +268,7 @@ impl RelayError {
             | ConfirmTimeout { .. }
             | Nacked { .. }
             | Returned { .. }
+            | ReturnedAfterSettle { .. }
             | DeadLetterReturned { .. }
             | StreamEnded
             | StreamSilent { .. }
@@ -267,6 +284,7 @@ impl RelayError {
             RelayError::ConfirmTimeout { message_id, .. }
             | RelayError::Nacked { message_id }
             | RelayError::Returned { message_id, .. }
+            | RelayError::ReturnedAfterSettle { message_id, .. }
             | RelayError::DeadLetterReturned { message_id, .. } => Some(message_id),
             _ => None,
         }
@@ -284,6 +302,7 @@ impl RelayError {
             ConfirmTimeout { .. } => "confirm_timeout",
             Nacked { .. } => "nack",
             Returned { .. } => "unroutable",
+            ReturnedAfterSettle { .. } => "returned_after_settle",
             DeadLetterReturned { .. } => "dead_letter_unroutable",
             ExchangeMissing { .. } => "exchange_missing",
             StreamEnded => "stream_ended",

@@ -11,6 +11,10 @@
 //! another confirm of the same channel, and a dead letter's return reported on a later
 //! publish's confirm would be seen too late. Alone on its channel, a dead letter's return
 //! comes with its own confirm.
+//!
+//! A third channel carries nothing but round trips ([`Broker::round_trip`]): the confirm
+//! barrier of [`super::delivery`] needs a frame from the broker that is read after every ack
+//! frame already being handled, without waiting behind the publishes' confirms.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,7 +22,9 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use futures_util::StreamExt;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::options::{
+    BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+};
 use lapin::types::FieldTable;
 use lapin::{
     Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind, PublisherConfirm,
@@ -34,6 +40,9 @@ use crate::mapper::OutboxMessage;
 pub type Publishing =
     Pin<Box<dyn Future<Output = Result<PublisherConfirm, lapin::Error>> + Send + 'static>>;
 
+/// A [`Broker::round_trip`] in progress.
+pub type RoundTrip = Pin<Box<dyn Future<Output = Result<(), lapin::Error>> + Send + 'static>>;
+
 /// What a broker connect timeout names ([`RelayError::ConnectTimeout`]).
 pub const RABBITMQ: &str = "RabbitMQ";
 
@@ -43,6 +52,8 @@ const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 pub struct Broker {
     connection: Connection,
     channel: Channel,
+    /// Round trips only (see the module comment).
+    round_trips: Channel,
     blocked: watch::Receiver<bool>,
     pub(super) dead_letters: Option<DeadLetters>,
     /// The connection's error, once it failed.
@@ -118,9 +129,11 @@ impl Broker {
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
+        let round_trips = connection.create_channel().await?;
         Ok(Self {
             connection,
             channel,
+            round_trips,
             blocked,
             dead_letters: None,
             lost,
@@ -205,6 +218,14 @@ impl Broker {
     /// for the connection's writer after each one.
     pub fn publish(&self, message: OutboxMessage) -> Publishing {
         publish_on(self.channel.clone(), message)
+    }
+
+    /// One request the broker answers on this connection (basic.qos on a channel that
+    /// consumes nothing: no permission needed, no effect). Its answer is read after every
+    /// frame that arrived before the request was sent.
+    pub fn round_trip(&self) -> RoundTrip {
+        let channel = self.round_trips.clone();
+        Box::pin(async move { channel.basic_qos(0, BasicQosOptions::default()).await })
     }
 
     /// Closes the connection politely, but never waits long: after a failure the broker may

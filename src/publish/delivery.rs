@@ -21,11 +21,13 @@
 
 use std::time::{Duration, SystemTime};
 
+use futures_util::FutureExt;
+
 use lapin::Confirmation;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::broker::{publish_on, Broker, Stage};
+use super::broker::{publish_on, Broker, RoundTrip, Stage};
 use super::dead_letter::{self, Reason, ReturnedContent};
 use super::queue::{AckToken, ConfirmQueue, Failure, Returned, Settled};
 use crate::error::RelayError;
@@ -85,6 +87,11 @@ impl AsMut<Stage> for InFlight {
 /// Runs until `input` is closed and every publish taken from it is settled (`Ok`), or until
 /// the first failure (`Err`). `acked` starts as [`Acked::new`] with the stuck message, if
 /// any, and is updated as ack points are acknowledged.
+///
+/// Confirms are awaited in publish order and each answer is recorded in the queue; a publish
+/// is settled only once a confirm barrier passed after its answer (see
+/// [`ConfirmQueue`]): a [`Broker::round_trip`] sent after the answer came back, or a publish
+/// sent after it was confirmed, and every confirm ready by then was looked at for returns.
 pub async fn deliver<T: AckToken + Clone>(
     broker: &Broker,
     options: &DeliveryOptions,
@@ -98,8 +105,26 @@ pub async fn deliver<T: AckToken + Clone>(
     let mut blocked = broker.blocked();
     let mut blocked_open = true;
     let mut input_open = true;
-    let mut front_since = Instant::now();
+    // Since the broker last answered anything: the confirm timeout runs from here.
+    let mut waiting_since = Instant::now();
+    // At most one round trip at a time, with the barrier it was sent for.
+    let mut round_trip: Option<(u64, RoundTrip)> = None;
     let outcome = loop {
+        if let Err(e) = settle_ready(&mut queue, broker, metrics)
+            .await
+            .map(|settled| {
+                for message_id in settled {
+                    if stuck.as_deref() == Some(message_id.as_str()) {
+                        tracing::info!(%message_id, "stuck message delivered; full window again");
+                        window = options.window;
+                        stuck = None;
+                        acked.send_modify(|acked| acked.stuck = None);
+                    }
+                }
+            })
+        {
+            break Err(count_failure(metrics, e));
+        }
         if queue.advance() {
             let token = queue.acknowledged().cloned();
             acked.send_modify(|acked| acked.token = token);
@@ -108,58 +133,61 @@ pub async fn deliver<T: AckToken + Clone>(
         if !input_open && queue.is_empty() {
             break Ok(());
         }
-        let has_front = queue.front_mut().is_some();
+        if queue.needs_barrier() {
+            queue.begin_barrier();
+        }
+        if round_trip.is_none() {
+            if let Some(epoch) = queue.barrier_outstanding() {
+                round_trip = Some((epoch, broker.round_trip()));
+            }
+        }
+        let has_unresolved = queue.next_unresolved().is_some();
         let room = queue.in_flight() < window;
-        let timing = has_front && !*blocked.borrow();
-        let deadline = front_since + options.confirm_timeout;
+        let timing = queue.in_flight() > 0 && !*blocked.borrow();
+        let deadline = waiting_since + options.confirm_timeout;
         tokio::select! {
             biased;
 
             confirmation = async {
-                match queue.front_mut() {
-                    Some(front) => front.stage.confirmation().await,
+                match queue.next_unresolved() {
+                    Some(next) => next.stage.confirmation().await,
                     None => std::future::pending().await,
                 }
-            }, if has_front => {
-                front_since = Instant::now();
-                let settled = match settle_front(&mut queue, confirmation, broker).await {
-                    Ok(settled) => settled,
-                    Err(e) => {
-                        match e {
-                            RelayError::Nacked { .. } => metrics.nacked.increment(1),
-                            RelayError::Returned { .. } | RelayError::DeadLetterReturned { .. } => {
-                                metrics.returned.increment(1)
-                            }
-                            _ => {}
-                        }
-                        break Err(e);
+            }, if has_unresolved => {
+                waiting_since = Instant::now();
+                if let Err(e) = observe(&mut queue, confirmation).and_then(|()| observe_ready(&mut queue)) {
+                    break Err(count_failure(metrics, e));
+                }
+                if queue.barrier_witnessed() {
+                    if let Some(epoch) = queue.barrier_outstanding() {
+                        queue.pass_barrier(epoch);
                     }
-                };
-                match settled {
-                    Settle::Waiting => {}
-                    Settle::DeadLettering => metrics.returned.increment(1),
-                    Settle::Settled(settled) => {
-                        metrics.in_flight.decrement(1.0);
-                        if settled.dead_lettered.is_none() {
-                            metrics.confirmed.increment(1);
-                        }
-                        if let Some(committed_at) = settled.pending.committed_at {
-                            metrics.observe_commit_to_confirm(committed_at);
-                        }
-                        if stuck.as_deref() == Some(settled.message_id.as_str()) {
-                            tracing::info!(message_id = %settled.message_id, "stuck message delivered; full window again");
-                            window = options.window;
-                            stuck = None;
-                            acked.send_modify(|acked| acked.stuck = None);
-                        }
-                    }
+                }
+            }
+
+            answered = async {
+                match round_trip.as_mut() {
+                    Some((_, answer)) => answer.await,
+                    None => std::future::pending().await,
+                }
+            }, if round_trip.is_some() => {
+                let sent_for = round_trip.take().map(|(epoch, _)| epoch);
+                if let Err(e) = answered {
+                    break Err(e.into());
+                }
+                waiting_since = Instant::now();
+                if let Err(e) = observe_ready(&mut queue) {
+                    break Err(count_failure(metrics, e));
+                }
+                if let Some(epoch) = sent_for {
+                    queue.pass_barrier(epoch);
                 }
             }
 
             item = input.recv(), if input_open && room => match item {
                 Some(Input::Publish { message, dead_letter, committed_at }) => {
-                    if !has_front {
-                        front_since = Instant::now();
+                    if queue.in_flight() == 0 {
+                        waiting_since = Instant::now();
                     }
                     let message_id = message.message_id.clone();
                     // One poll queues the frames: publishing in input order keeps delivery
@@ -194,13 +222,148 @@ pub async fn deliver<T: AckToken + Clone>(
                 // The timeout restarts when the broker unblocks: waiting while blocked is the
                 // broker's choice, not a lost confirm.
                 blocked_open = changed.is_ok();
-                front_since = Instant::now();
+                waiting_since = Instant::now();
             }
         }
     };
     metrics.in_flight.decrement(queue.in_flight() as f64);
     metrics.ack_points.set(0.0);
     outcome
+}
+
+/// Counts a failure that stops the pipeline by its kind.
+fn count_failure(metrics: &RelayMetrics, e: RelayError) -> RelayError {
+    match e {
+        RelayError::Nacked { .. } => metrics.nacked.increment(1),
+        RelayError::Returned { .. }
+        | RelayError::DeadLetterReturned { .. }
+        | RelayError::ReturnedAfterSettle { .. } => metrics.returned.increment(1),
+        _ => {}
+    }
+    e
+}
+
+/// Records the broker's answer for the queue's next unresolved publish, and the return its
+/// confirm carried, for whichever publish the return names.
+fn observe<T: AckToken, P>(
+    queue: &mut ConfirmQueue<T, P>,
+    confirmation: Result<Confirmation, lapin::Error>,
+) -> Result<(), RelayError> {
+    let (acked, returned) = match confirmation? {
+        Confirmation::Ack(returned) => (true, returned),
+        Confirmation::Nack(returned) => (false, returned),
+        Confirmation::NotRequested => {
+            return Err(RelayError::Task(
+                "publisher confirms are not enabled".into(),
+            ))
+        }
+    };
+    if let Some(returned) = returned {
+        let delivery = returned.delivery;
+        let message_id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.as_str().to_string())
+            .unwrap_or_default();
+        let recorded = queue.record_return(
+            message_id,
+            Returned {
+                exchange: delivery.exchange.as_str().to_string(),
+                routing_key: delivery.routing_key.as_str().to_string(),
+                reply_code: returned.reply_code,
+                reply_text: returned.reply_text.as_str().to_string(),
+                content: ReturnedContent {
+                    properties: delivery.properties,
+                    body: delivery.data.into(),
+                },
+            },
+        );
+        recorded.map_err(failure_error)?;
+    }
+    queue.resolve_next(acked);
+    Ok(())
+}
+
+/// Records every answer that is already there, in publish order, up to the first publish
+/// still waiting: lapin resolves a multiple ack's confirms one by one, and a return it
+/// attached to any of them must be seen before a barrier passes.
+fn observe_ready<T: AckToken, P: AsMut<Stage>>(
+    queue: &mut ConfirmQueue<T, P>,
+) -> Result<(), RelayError> {
+    loop {
+        let Some(next) = queue.next_unresolved() else {
+            return Ok(());
+        };
+        let Some(confirmation) = next.as_mut().confirmation().now_or_never() else {
+            return Ok(());
+        };
+        observe(queue, confirmation)?;
+    }
+}
+
+/// The error a [`Failure`] stops the pipeline with, when it is not dead-lettered.
+fn failure_error(failure: Failure) -> RelayError {
+    match failure {
+        Failure::Nacked { message_id } => RelayError::Nacked { message_id },
+        Failure::Returned {
+            message_id,
+            returned,
+        } => RelayError::Returned {
+            message_id,
+            exchange: returned.exchange,
+            routing_key: returned.routing_key,
+            reply_code: returned.reply_code,
+            reply_text: returned.reply_text,
+        },
+        Failure::DeadLetterReturned {
+            message_id,
+            returned,
+        } => RelayError::DeadLetterReturned {
+            message_id,
+            exchange: returned.exchange,
+            routing_key: returned.routing_key,
+            reply_code: returned.reply_code,
+            reply_text: returned.reply_text,
+        },
+        Failure::ReturnedAfterSettle {
+            message_id,
+            returned,
+        } => RelayError::ReturnedAfterSettle {
+            message_id,
+            exchange: returned.exchange,
+            routing_key: returned.routing_key,
+            reply_code: returned.reply_code,
+            reply_text: returned.reply_text,
+        },
+    }
+}
+
+/// Settles the front publishes that passed barriers made settleable, in order; returns the
+/// message ids settled. A returned front under the dead-letter policy is re-published to the
+/// dead-letter exchange and stays at the front, unresolved again.
+async fn settle_ready<T: AckToken>(
+    queue: &mut ConfirmQueue<T, InFlight>,
+    broker: &Broker,
+    metrics: &RelayMetrics,
+) -> Result<Vec<String>, RelayError> {
+    let mut settled_ids = Vec::new();
+    while let Some(acked) = queue.settleable_front() {
+        match settle_front(queue, acked, broker).await? {
+            Settle::DeadLettering => metrics.returned.increment(1),
+            Settle::Settled(settled) => {
+                metrics.in_flight.decrement(1.0);
+                if settled.dead_lettered.is_none() {
+                    metrics.confirmed.increment(1);
+                }
+                if let Some(committed_at) = settled.pending.committed_at {
+                    metrics.observe_commit_to_confirm(committed_at);
+                }
+                settled_ids.push(settled.message_id);
+            }
+        }
+    }
+    Ok(settled_ids)
 }
 
 /// Publishes a batch and returns once the broker confirmed every message of it (dead letters
@@ -237,8 +400,6 @@ pub async fn deliver_batch(
 
 /// What [`settle_front`] did with the front publish.
 enum Settle<P> {
-    /// The front is not a publish (ack points first).
-    Waiting,
     /// Settled: confirmed, or its dead letter confirmed.
     Settled(Settled<P>),
     /// Returned as unroutable and re-published to the dead-letter exchange: it stays at the
@@ -246,48 +407,19 @@ enum Settle<P> {
     DeadLettering,
 }
 
-/// Feeds the broker's answer for the front publish into `queue`: the settled publish, or the
-/// error that stops the pipeline. A return carried by this confirm is recorded for whichever
-/// publish it names (lapin 4 may attach it to another). Under the dead-letter policy a
-/// returned front is re-published to the dead-letter exchange instead of failing.
+/// Settles the front publish, which the broker answered (`acked`) and a barrier made
+/// settleable: the settled publish, or the error that stops the pipeline. Under the
+/// dead-letter policy a returned front is re-published to the dead-letter exchange instead of
+/// failing.
 async fn settle_front<T: AckToken, P: AsMut<Stage>>(
     queue: &mut ConfirmQueue<T, P>,
-    confirmation: Result<Confirmation, lapin::Error>,
+    acked: bool,
     broker: &Broker,
 ) -> Result<Settle<P>, RelayError> {
-    let (acked, returned) = match confirmation? {
-        Confirmation::Ack(returned) => (true, returned),
-        Confirmation::Nack(returned) => (false, returned),
-        Confirmation::NotRequested => {
-            return Err(RelayError::Task(
-                "publisher confirms are not enabled".into(),
-            ))
-        }
-    };
-    if let Some(returned) = returned {
-        let delivery = returned.delivery;
-        let message_id = delivery
-            .properties
-            .message_id()
-            .as_ref()
-            .map(|id| id.as_str().to_string())
-            .unwrap_or_default();
-        queue.record_return(
-            message_id,
-            Returned {
-                exchange: delivery.exchange.as_str().to_string(),
-                routing_key: delivery.routing_key.as_str().to_string(),
-                reply_code: returned.reply_code,
-                reply_text: returned.reply_text.as_str().to_string(),
-                content: ReturnedContent {
-                    properties: delivery.properties,
-                    body: delivery.data.into(),
-                },
-            },
-        );
-    }
     match queue.settle_front(acked) {
-        None => Ok(Settle::Waiting),
+        None => Err(RelayError::Task(
+            "settled a front that is not a publish".into(),
+        )),
         Some(Ok(settled)) => {
             if let Some(reason) = &settled.dead_lettered {
                 metrics::counter!(DEAD_LETTERED_TOTAL, REASON_LABEL => reason.label()).increment(1);
@@ -299,43 +431,26 @@ async fn settle_front<T: AckToken, P: AsMut<Stage>>(
             }
             Ok(Settle::Settled(settled))
         }
-        Some(Err(Failure::Nacked { message_id })) => Err(RelayError::Nacked { message_id }),
         Some(Err(Failure::Returned {
             message_id,
             returned,
-        })) => match &broker.dead_letters {
-            Some(dead_letters) => {
-                let reason = returned.reason();
-                let message = dead_letter::for_returned(
-                    &dead_letters.exchange,
-                    message_id,
-                    returned.content,
-                    &reason,
-                );
-                let stage =
-                    Stage::started(publish_on(dead_letters.channel.clone(), message)).await?;
-                if let Some(front) = queue.dead_letter_front(reason) {
-                    *front.as_mut() = stage;
-                }
-                Ok(Settle::DeadLettering)
-            }
-            None => Err(RelayError::Returned {
+        })) if broker.dead_letters.is_some() => {
+            let Some(dead_letters) = &broker.dead_letters else {
+                return Err(RelayError::Task("dead letters are not enabled".into()));
+            };
+            let reason = returned.reason();
+            let message = dead_letter::for_returned(
+                &dead_letters.exchange,
                 message_id,
-                exchange: returned.exchange,
-                routing_key: returned.routing_key,
-                reply_code: returned.reply_code,
-                reply_text: returned.reply_text,
-            }),
-        },
-        Some(Err(Failure::DeadLetterReturned {
-            message_id,
-            returned,
-        })) => Err(RelayError::DeadLetterReturned {
-            message_id,
-            exchange: returned.exchange,
-            routing_key: returned.routing_key,
-            reply_code: returned.reply_code,
-            reply_text: returned.reply_text,
-        }),
+                returned.content,
+                &reason,
+            );
+            let stage = Stage::started(publish_on(dead_letters.channel.clone(), message)).await?;
+            if let Some(front) = queue.dead_letter_front(reason) {
+                *front.as_mut() = stage;
+            }
+            Ok(Settle::DeadLettering)
+        }
+        Some(Err(failure)) => Err(failure_error(failure)),
     }
 }

@@ -14,9 +14,17 @@
 //!
 //! A nack, or a return of a publish, stops the queue at that publish: nothing after it is ever
 //! acknowledged by this queue; the source restarts from its last acknowledged token.
-//! lapin 4 may attach a return to an earlier confirm than the returned publish's own, so
-//! returns are matched to publishes by message id, and a publish reported returned fails when
-//! it reaches the front, whichever confirm carried the report.
+//!
+//! Returns ride on another publish's confirm. AMQP 0-9-1 does not name the delivery tag in
+//! basic.return; lapin 4 hands a waiting return to whichever confirm of the next ack frame it
+//! resolves first (hash order), which may be a publish before or after the returned one. So
+//! returns are matched to publishes by message id, and a publish is settled only once every
+//! confirm that could carry its return has been seen: each resolved confirm belongs to an
+//! *epoch*, and an epoch's publishes become settleable when a *barrier* begun after all of
+//! them resolved has passed (the delivery task passes it once the broker answered something
+//! sent after the barrier began, and it has looked at every confirm resolved by then; see
+//! docs/architecture.md, "Returns and the confirm barrier"). A return naming a publish that is
+//! no longer queued is [`Failure::ReturnedAfterSettle`]: nothing further is acknowledged.
 //!
 //! Under the dead-letter policy a publish can be a dead letter: pushed as one (a row that
 //! cannot be published), or turned into one at the front when the broker returned it (its
@@ -47,6 +55,13 @@ impl AckToken for () {
 /// Why the queue stopped at a publish. The publish stays at the front.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Failure {
+    /// A return named a publish already settled (or never queued): the broker broke the
+    /// return-before-ack order, or the barrier argument does not hold. Stop before
+    /// acknowledging anything more.
+    ReturnedAfterSettle {
+        message_id: String,
+        returned: Returned,
+    },
     Nacked {
         message_id: String,
     },
@@ -99,8 +114,27 @@ enum Entry<T, P> {
         pending: P,
         /// `Some` when `pending` is the message's dead letter.
         dead_letter: Option<Reason>,
+        /// Publish order: a publish pushed after a barrier began witnesses it.
+        seq: u64,
+        /// `None` until the broker answered `pending`.
+        resolution: Option<Resolution>,
     },
     AckPoint(T),
+}
+
+/// The broker's answer to a publish, seen in the given epoch.
+#[derive(Debug, Clone, Copy)]
+struct Resolution {
+    acked: bool,
+    epoch: u64,
+}
+
+/// A barrier begun after every publish of `epoch` (and before) resolved.
+#[derive(Debug, Clone, Copy)]
+struct Barrier {
+    epoch: u64,
+    /// The first publish pushed after the barrier began.
+    first_witness: u64,
 }
 
 /// `T` is the ack points' token; `P` is what the delivery task keeps for an unconfirmed
@@ -112,6 +146,18 @@ pub struct ConfirmQueue<T, P> {
     /// Ack points in `entries`: at most one more than the publishes between them.
     ack_points: usize,
     acknowledged: Option<T>,
+    /// Every entry before this index is an ack point or a resolved publish.
+    cursor: usize,
+    next_seq: u64,
+    /// The epoch that publishes resolving now belong to.
+    observing: u64,
+    /// Publishes resolved in `observing` so far.
+    observed: usize,
+    /// Publishes resolved in this epoch or before are settleable.
+    passed: u64,
+    barrier: Option<Barrier>,
+    /// A publish pushed after the barrier began has resolved.
+    witnessed: bool,
 }
 
 impl<T: AckToken, P> Default for ConfirmQueue<T, P> {
@@ -128,26 +174,134 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
             in_flight: 0,
             ack_points: 0,
             acknowledged: None,
+            cursor: 0,
+            next_seq: 0,
+            observing: 1,
+            observed: 0,
+            passed: 0,
+            barrier: None,
+            witnessed: false,
         }
     }
 
     pub fn push_publish(&mut self, message_id: String, pending: P) {
-        self.in_flight += 1;
-        self.entries.push_back(Entry::Publish {
-            message_id,
-            pending,
-            dead_letter: None,
-        });
+        self.push(message_id, pending, None);
     }
 
     /// A publish that is the dead letter of a message that could not be published (`reason`).
     pub fn push_dead_letter(&mut self, message_id: String, reason: Reason, pending: P) {
+        self.push(message_id, pending, Some(reason));
+    }
+
+    fn push(&mut self, message_id: String, pending: P, dead_letter: Option<Reason>) {
         self.in_flight += 1;
+        let seq = self.take_seq();
         self.entries.push_back(Entry::Publish {
             message_id,
             pending,
-            dead_letter: Some(reason),
+            dead_letter,
+            seq,
+            resolution: None,
         });
+    }
+
+    fn take_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// The oldest publish the broker has not answered yet (skipping ack points and answered
+    /// publishes): the one whose confirm the delivery task awaits.
+    pub fn next_unresolved(&mut self) -> Option<&mut P> {
+        while let Some(entry) = self.entries.get(self.cursor) {
+            match entry {
+                Entry::Publish {
+                    resolution: None, ..
+                } => break,
+                _ => self.cursor += 1,
+            }
+        }
+        match self.entries.get_mut(self.cursor) {
+            Some(Entry::Publish { pending, .. }) => Some(pending),
+            _ => None,
+        }
+    }
+
+    /// The broker answered the publish [`next_unresolved`](Self::next_unresolved) returned
+    /// (`acked` true for basic.ack). Any return its confirm carried is recorded first, with
+    /// [`record_return`](Self::record_return).
+    pub fn resolve_next(&mut self, acked: bool) {
+        if self.next_unresolved().is_none() {
+            return;
+        }
+        if let Some(Entry::Publish {
+            seq, resolution, ..
+        }) = self.entries.get_mut(self.cursor)
+        {
+            *resolution = Some(Resolution {
+                acked,
+                epoch: self.observing,
+            });
+            if self.barrier.is_some_and(|b| *seq >= b.first_witness) {
+                self.witnessed = true;
+            }
+            self.observed += 1;
+            self.cursor += 1;
+        }
+    }
+
+    /// Publishes resolved since the last barrier began wait for a new one.
+    pub fn needs_barrier(&self) -> bool {
+        self.barrier.is_none() && self.observed > 0
+    }
+
+    /// Begins a barrier for everything resolved so far. The caller then sends something the
+    /// broker answers (unless a publish pushed from now on resolves first, which witnesses the
+    /// barrier too) and calls [`pass_barrier`](Self::pass_barrier) once it has the answer and
+    /// has resolved every publish whose confirm is ready.
+    pub fn begin_barrier(&mut self) -> u64 {
+        let epoch = self.observing;
+        self.barrier = Some(Barrier {
+            epoch,
+            first_witness: self.next_seq,
+        });
+        self.observing += 1;
+        self.observed = 0;
+        self.witnessed = false;
+        epoch
+    }
+
+    /// The barrier that began as `epoch`, if it is the one outstanding.
+    pub fn barrier_outstanding(&self) -> Option<u64> {
+        self.barrier.map(|b| b.epoch)
+    }
+
+    /// A publish pushed after the outstanding barrier began has resolved: its ack frame came
+    /// after every frame that resolved the barrier's publishes.
+    pub fn barrier_witnessed(&self) -> bool {
+        self.barrier.is_some() && self.witnessed
+    }
+
+    /// The barrier begun as `epoch` passed: its publishes are settleable.
+    pub fn pass_barrier(&mut self, epoch: u64) {
+        if self.barrier.is_some_and(|b| b.epoch == epoch) {
+            self.passed = epoch;
+            self.barrier = None;
+            self.witnessed = false;
+        }
+    }
+
+    /// The broker's answer for the front publish once a passed barrier made it settleable:
+    /// `Some(acked)` to hand to [`settle_front`](Self::settle_front).
+    pub fn settleable_front(&self) -> Option<bool> {
+        match self.entries.front() {
+            Some(Entry::Publish {
+                resolution: Some(resolution),
+                ..
+            }) if resolution.epoch <= self.passed => Some(resolution.acked),
+            _ => None,
+        }
     }
 
     /// Queues an ack point. One right behind another (no publish between them) is folded
@@ -175,6 +329,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         while matches!(self.entries.front(), Some(Entry::AckPoint(_))) {
             if let Some(Entry::AckPoint(token)) = self.entries.pop_front() {
                 self.ack_points -= 1;
+                self.cursor = self.cursor.saturating_sub(1);
                 match &mut self.acknowledged {
                     Some(acknowledged) => acknowledged.fold(token),
                     None => self.acknowledged = Some(token),
@@ -190,15 +345,6 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         self.acknowledged.as_ref()
     }
 
-    /// The oldest unsettled publish, once [`advance`](Self::advance) has removed the ack points
-    /// before it.
-    pub fn front_mut(&mut self) -> Option<&mut P> {
-        match self.entries.front_mut() {
-            Some(Entry::Publish { pending, .. }) => Some(pending),
-            _ => None,
-        }
-    }
-
     pub fn front_message_id(&self) -> Option<&str> {
         match self.entries.front() {
             Some(Entry::Publish { message_id, .. }) => Some(message_id),
@@ -207,9 +353,19 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     }
 
     /// Records a return carried by any confirm: the publish with this id fails when it reaches
-    /// the front.
-    pub fn record_return(&mut self, message_id: String, returned: Returned) {
+    /// the front. A return for a publish no longer queued fails at once.
+    pub fn record_return(&mut self, message_id: String, returned: Returned) -> Result<(), Failure> {
+        let queued = self.entries.iter().any(
+            |entry| matches!(entry, Entry::Publish { message_id: id, .. } if *id == message_id),
+        );
+        if !queued {
+            return Err(Failure::ReturnedAfterSettle {
+                message_id,
+                returned,
+            });
+        }
         self.returned.entry(message_id).or_insert(returned);
+        Ok(())
     }
 
     /// The broker answered the front publish: `acked` true for basic.ack. Returns the settled
@@ -247,11 +403,13 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
             message_id,
             pending,
             dead_letter,
+            ..
         }) = self.entries.pop_front()
         else {
             return None;
         };
         self.in_flight -= 1;
+        self.cursor = self.cursor.saturating_sub(1);
         Some(Ok(Settled {
             message_id,
             pending,
@@ -263,14 +421,23 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     /// the dead-letter exchange: it becomes a dead letter for `reason` and stays at the front.
     /// Returns what the delivery task keeps for it, to swap in the re-publish; `None` unless
     /// the front is a publish that is not a dead letter already.
+    /// The front waits for its dead letter's confirm: it is unresolved again, and published
+    /// now (a witness of any barrier begun before).
     pub fn dead_letter_front(&mut self, reason: Reason) -> Option<&mut P> {
+        let new_seq = self.next_seq;
         match self.entries.front_mut() {
             Some(Entry::Publish {
                 pending,
                 dead_letter,
+                seq,
+                resolution,
                 ..
             }) if dead_letter.is_none() => {
                 *dead_letter = Some(reason);
+                *seq = new_seq;
+                *resolution = None;
+                self.next_seq += 1;
+                self.cursor = 0;
                 Some(pending)
             }
             _ => None,
@@ -421,7 +588,7 @@ mod tests {
         q.push_ack_point(Pos(100));
         q.push_publish("c".into(), ());
         q.push_ack_point(Pos(200));
-        q.record_return("c".into(), returned());
+        q.record_return("c".into(), returned()).expect("queued");
         q.settle_front(true).expect("front").expect("a delivered");
         q.settle_front(true).expect("front").expect("b delivered");
         assert_eq!(advance(&mut q), Some(100));
@@ -465,7 +632,7 @@ mod tests {
         q.push_ack_point(Pos(100));
         q.push_publish("b".into(), "b");
         q.push_ack_point(Pos(200));
-        q.record_return("a".into(), returned());
+        q.record_return("a".into(), returned()).expect("queued");
         let failed = q.settle_front(true).expect("front");
         assert!(matches!(failed, Err(Failure::Returned { .. })));
         assert_eq!(
@@ -480,7 +647,7 @@ mod tests {
             "a dead letter is never dead-lettered again"
         );
         assert_eq!(advance(&mut q), None);
-        assert_eq!(q.front_mut(), Some(&mut "dead letter"));
+        assert_eq!(q.next_unresolved(), Some(&mut "dead letter"));
         assert_eq!(
             q.settle_front(true)
                 .expect("front")
@@ -503,7 +670,7 @@ mod tests {
         let reason = Reason::TooLarge { size: 9, limit: 8 };
         q.push_dead_letter("a".into(), reason, ());
         q.push_ack_point(Pos(100));
-        q.record_return("a".into(), returned());
+        q.record_return("a".into(), returned()).expect("queued");
         assert_eq!(
             q.settle_front(true).expect("front").map(|_| ()),
             Err(Failure::DeadLetterReturned {
@@ -520,7 +687,7 @@ mod tests {
         let mut q = ConfirmQueue::new();
         q.push_publish("a".into(), ());
         q.push_ack_point(Pos(100));
-        q.record_return("a".into(), returned());
+        q.record_return("a".into(), returned()).expect("queued");
         assert!(q.settle_front(true).expect("front").is_err());
         assert!(q.dead_letter_front(returned().reason()).is_some());
         assert_eq!(
@@ -547,5 +714,161 @@ mod tests {
         let b = q.settle_front(true).expect("front").expect("b");
         assert_eq!(b.dead_lettered, Some(reason));
         assert_eq!(advance(&mut q), Some(100));
+    }
+
+    /// Resolves the next unresolved publish (`acked`), carrying `returned` for `carries`.
+    fn resolve(
+        q: &mut ConfirmQueue<Pos, ()>,
+        acked: bool,
+        carries: Option<&str>,
+    ) -> Result<(), Failure> {
+        if let Some(id) = carries {
+            q.record_return(id.into(), returned())?;
+        }
+        q.resolve_next(acked);
+        Ok(())
+    }
+
+    #[test]
+    fn a_resolved_publish_settles_only_after_a_barrier_begun_after_it() {
+        let mut q = ConfirmQueue::new();
+        q.push_publish("a".into(), ());
+        q.push_ack_point(Pos(100));
+        assert!(!q.needs_barrier(), "nothing resolved yet");
+        resolve(&mut q, true, None).expect("recorded");
+        assert_eq!(q.settleable_front(), None, "no barrier passed yet");
+        assert!(q.needs_barrier());
+        let epoch = q.begin_barrier();
+        assert!(!q.needs_barrier(), "one barrier at a time");
+        assert_eq!(q.settleable_front(), None);
+        q.pass_barrier(epoch);
+        assert_eq!(q.settleable_front(), Some(true));
+        q.settle_front(true).expect("front").expect("acked");
+        assert_eq!(advance(&mut q), Some(100));
+    }
+
+    #[test]
+    fn return_reported_on_a_later_confirm_of_the_same_ack_fails_the_returned_publish() {
+        // One multiple ack covers a, b and c; lapin hands a's return to c's confirm, and the
+        // delivery task sees a's confirm resolve first, without it. The barrier begun after a
+        // resolved passes only after every ready confirm was looked at: a never settles as
+        // delivered, and the commit behind it is never acknowledged.
+        let mut q = ConfirmQueue::new();
+        q.push_publish("a".into(), ());
+        q.push_ack_point(Pos(100));
+        q.push_publish("b".into(), ());
+        q.push_publish("c".into(), ());
+        q.push_ack_point(Pos(200));
+        resolve(&mut q, true, None).expect("a");
+        let epoch = q.begin_barrier();
+        resolve(&mut q, true, None).expect("b");
+        resolve(&mut q, true, Some("a")).expect("c carries a's return");
+        q.pass_barrier(epoch);
+        assert_eq!(q.settleable_front(), Some(true));
+        assert_eq!(
+            q.settle_front(true).expect("front").map(|_| ()),
+            Err(Failure::Returned {
+                message_id: "a".into(),
+                returned: returned()
+            })
+        );
+        assert_eq!(advance(&mut q), None);
+        assert_eq!(acknowledged(&q), None);
+    }
+
+    #[test]
+    fn publishes_resolved_after_a_barrier_began_wait_for_the_next_one() {
+        let mut q = ConfirmQueue::new();
+        q.push_publish("a".into(), ());
+        q.push_publish("b".into(), ());
+        q.push_ack_point(Pos(100));
+        resolve(&mut q, true, None).expect("a");
+        let first = q.begin_barrier();
+        resolve(&mut q, true, None).expect("b");
+        q.pass_barrier(first);
+        q.settle_front(true).expect("front").expect("a");
+        assert_eq!(
+            q.settleable_front(),
+            None,
+            "b resolved after the barrier began"
+        );
+        assert!(q.needs_barrier());
+        let second = q.begin_barrier();
+        q.pass_barrier(first);
+        assert_eq!(
+            q.settleable_front(),
+            None,
+            "an older barrier's answer passes nothing new"
+        );
+        q.pass_barrier(second);
+        q.settle_front(true).expect("front").expect("b");
+        assert_eq!(advance(&mut q), Some(100));
+    }
+
+    #[test]
+    fn a_publish_pushed_after_the_barrier_began_witnesses_it_when_it_resolves() {
+        let mut q = ConfirmQueue::new();
+        q.push_publish("a".into(), ());
+        resolve(&mut q, true, None).expect("a");
+        q.begin_barrier();
+        q.push_publish("b".into(), ());
+        assert!(!q.barrier_witnessed());
+        resolve(&mut q, true, None).expect("b");
+        assert!(q.barrier_witnessed());
+    }
+
+    #[test]
+    fn a_return_for_a_publish_no_longer_queued_fails_at_once() {
+        let mut q = ConfirmQueue::new();
+        q.push_publish("a".into(), ());
+        q.push_ack_point(Pos(100));
+        q.push_publish("b".into(), ());
+        resolve(&mut q, true, None).expect("a");
+        let epoch = q.begin_barrier();
+        q.pass_barrier(epoch);
+        q.settle_front(true).expect("front").expect("a");
+        assert_eq!(advance(&mut q), Some(100));
+        assert_eq!(
+            resolve(&mut q, true, Some("a")),
+            Err(Failure::ReturnedAfterSettle {
+                message_id: "a".into(),
+                returned: returned()
+            })
+        );
+    }
+
+    #[test]
+    fn a_dead_lettered_front_is_unresolved_again_and_the_cursor_goes_back_to_it() {
+        let mut q = ConfirmQueue::new();
+        q.push_publish("a".into(), "a");
+        q.push_publish("b".into(), "b");
+        q.push_ack_point(Pos(100));
+        q.record_return("a".into(), returned()).expect("queued");
+        q.resolve_next(true);
+        q.resolve_next(true);
+        assert_eq!(q.next_unresolved(), None);
+        let epoch = q.begin_barrier();
+        q.pass_barrier(epoch);
+        assert!(matches!(
+            q.settle_front(true),
+            Some(Err(Failure::Returned { .. }))
+        ));
+        *q.dead_letter_front(returned().reason()).expect("front") = "dead letter of a";
+        assert_eq!(q.next_unresolved(), Some(&mut "dead letter of a"));
+        assert_eq!(q.settleable_front(), None);
+        q.resolve_next(true);
+        assert_eq!(q.next_unresolved(), None, "b keeps its answer");
+        let epoch = q.begin_barrier();
+        q.pass_barrier(epoch);
+        let a = q
+            .settle_front(true)
+            .expect("front")
+            .expect("dead letter confirmed");
+        assert_eq!(a.pending, "dead letter of a");
+        assert_eq!(
+            q.settleable_front(),
+            Some(true),
+            "b was answered in an earlier epoch"
+        );
     }
 }
