@@ -110,25 +110,35 @@ pub async fn deliver<T: AckToken + Clone>(
     // At most one round trip at a time, with the barrier it was sent for.
     let mut round_trip: Option<(u64, RoundTrip)> = None;
     let outcome = loop {
-        if let Err(e) = settle_ready(&mut queue, broker, metrics)
-            .await
-            .map(|settled| {
-                for message_id in settled {
-                    if stuck.as_deref() == Some(message_id.as_str()) {
-                        tracing::info!(%message_id, "stuck message delivered; full window again");
-                        window = options.window;
-                        stuck = None;
-                        acked.send_modify(|acked| acked.stuck = None);
+        // Settle and pass ack points in turn: an ack point between two settleable publishes
+        // must not hold the second back.
+        let mut advanced = false;
+        let settled = loop {
+            match settle_ready(&mut queue, broker, metrics).await {
+                Ok(settled_ids) => {
+                    for message_id in settled_ids {
+                        if stuck.as_deref() == Some(message_id.as_str()) {
+                            tracing::info!(%message_id, "stuck message delivered; full window again");
+                            window = options.window;
+                            stuck = None;
+                            acked.send_modify(|acked| acked.stuck = None);
+                        }
                     }
                 }
-            })
-        {
-            break Err(count_failure(metrics, e));
-        }
-        if queue.advance() {
+                Err(e) => break Err(e),
+            }
+            if !queue.advance() {
+                break Ok(());
+            }
+            advanced = true;
+        };
+        if advanced {
             let token = queue.acknowledged().cloned();
             acked.send_modify(|acked| acked.token = token);
             metrics.ack_points.set(queue.ack_points() as f64);
+        }
+        if let Err(e) = settled {
+            break Err(count_failure(metrics, e));
         }
         if !input_open && queue.is_empty() {
             break Ok(());
