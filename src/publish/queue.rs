@@ -354,6 +354,8 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
 
     /// Records a return carried by any confirm: the publish with this id fails when it reaches
     /// the front. A return for a publish no longer queued fails at once.
+    // Returns are rare and the error ends the session: no point boxing it.
+    #[allow(clippy::result_large_err)]
     pub fn record_return(&mut self, message_id: String, returned: Returned) -> Result<(), Failure> {
         let queued = self.entries.iter().any(
             |entry| matches!(entry, Entry::Publish { message_id: id, .. } if *id == message_id),
@@ -717,6 +719,7 @@ mod tests {
     }
 
     /// Resolves the next unresolved publish (`acked`), carrying `returned` for `carries`.
+    #[allow(clippy::result_large_err)]
     fn resolve(
         q: &mut ConfirmQueue<Pos, ()>,
         acked: bool,
