@@ -679,6 +679,9 @@ pub fn stress_rows() -> usize {
         .unwrap_or(100_000)
 }
 
+/// Rows per transaction of a seeded backlog ([`seed_backlog`]).
+pub const SEED_TXN_ROWS: usize = 1_000;
+
 /// Commits `rows` rows in transactions of 1,000, one in a hundred of them unroutable
 /// (`Nobody.…`), before any relay runs: the relay then drains them at full speed with a full
 /// window and the broker folding acks. Returns (routable ids, unroutable ids).
@@ -686,21 +689,35 @@ pub async fn seed_one_percent_unroutable(
     outbox: &Outbox,
     rows: usize,
 ) -> (Vec<String>, Vec<String>) {
+    seed_backlog(outbox, rows, Some(100)).await
+}
+
+/// Commits `rows` rows in transactions of [`SEED_TXN_ROWS`] before any relay runs; with
+/// `unroutable_every` one row in that many is unroutable (`Nobody.…`), else all are
+/// `Good.stress`. Returns (routable ids, unroutable ids).
+pub async fn seed_backlog(
+    outbox: &Outbox,
+    rows: usize,
+    unroutable_every: Option<i64>,
+) -> (Vec<String>, Vec<String>) {
     let (mut good, mut unroutable) = (Vec::new(), Vec::new());
-    for start in (0..rows).step_by(1_000) {
-        let end = (start + 1_000).min(rows) as i64;
+    let every = unroutable_every.unwrap_or(0);
+    for start in (0..rows).step_by(SEED_TXN_ROWS) {
+        let end = (start + SEED_TXN_ROWS).min(rows) as i64;
         let inserted = outbox
             .client
             .query(
                 "INSERT INTO outbox (event_type, payload) \
-                 SELECT CASE WHEN g % 100 = 37 THEN 'Nobody.stress' ELSE 'Good.stress' END, \
+                 SELECT CASE WHEN $3::bigint = 0 THEN 'Good.stress' \
+                             WHEN g % $3::bigint = 37 % $3::bigint THEN 'Nobody.stress' \
+                             ELSE 'Good.stress' END, \
                         jsonb_build_object('g', g) \
                  FROM generate_series($1::bigint, $2::bigint - 1) AS g \
                  RETURNING id::text, event_type",
-                &[&(start as i64), &end],
+                &[&(start as i64), &end, &every],
             )
             .await
-            .expect("seed the stress rows");
+            .expect("seed the backlog");
         for row in inserted {
             let (id, event_type): (String, String) = (row.get(0), row.get(1));
             match event_type.as_str() {
