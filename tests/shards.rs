@@ -1,0 +1,588 @@
+//! Sharded relays (issue 12), against a real PostgreSQL and RabbitMQ: `setup --shards N`,
+//! one relay per shard on row-filtered publications, per-aggregate order, the row-filter
+//! check, a standby per shard, cleanup per shard and `teardown --shards N`.
+//!
+//! Oracles come from outside the relay: the catalog (`pg_publication`,
+//! `pg_publication_tables`, `pg_replication_slots`), each row's shard computed by the test in
+//! SQL with the documented expression, commit order from a `test_decoding` slot created
+//! before the writers start, and the queues themselves (each shard's relay publishes to an
+//! exchange of its own, so a queue shows exactly what one relay delivered).
+
+use outbox_testkit as common;
+
+use std::collections::{HashMap, HashSet};
+use std::process::Output;
+use std::time::Duration;
+
+use common::http::{metric_value, readyz, wait_metrics, wait_ready, wait_readyz};
+use common::outbox::Outbox;
+use common::pg::first_column;
+use common::relay::{final_error, TEST_LOG};
+use common::{
+    create_test_decoding_slot, declare_bound_queue, free_port, pg_connect, read_test_decoding,
+    services, Consumer, RelayProcess,
+};
+use lapin::types::FieldTable;
+use tokio_postgres::Client;
+
+const OUTBOX: &str = "public.outbox";
+
+/// A row's shard of `shards`, as anyone can compute it (docs/operations.md, "Scaling out"):
+/// written out here, not taken from the relay.
+fn shard_sql(shards: u32) -> String {
+    format!(
+        "((CASE WHEN aggregate_id IS NOT NULL THEN hashtext(aggregate_id) ELSE uuid_hash(id) \
+         END) & 2147483647) % {shards}"
+    )
+}
+
+/// An outbox provisioned with `setup --shards <shards>`.
+async fn sharded_outbox(prefix: &str, shards: u32) -> Outbox {
+    let s = services();
+    let count = shards.to_string();
+    let setup = ["setup", "--shards", count.as_str()];
+    Outbox::provision(
+        &s.pg.url("postgres"),
+        &s.rabbit.url(),
+        prefix,
+        &setup,
+        FieldTable::default(),
+    )
+    .await
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Starts `run --shards <shards> --shard <shard>` publishing to `exchange`, with `extra`.
+fn spawn_shard(
+    outbox: &Outbox,
+    shards: u32,
+    shard: u32,
+    exchange: &str,
+    extra: &[&str],
+) -> RelayProcess {
+    let (shards, shard) = (shards.to_string(), shard.to_string());
+    let mut args = vec![
+        "run",
+        "--database-url",
+        outbox.db_url.as_str(),
+        "--amqp-url",
+        outbox.amqp_url.as_str(),
+        "--slot",
+        outbox.slot.as_str(),
+        "--exchange",
+        exchange,
+        "--shards",
+        shards.as_str(),
+        "--shard",
+        shard.as_str(),
+    ];
+    args.extend_from_slice(extra);
+    RelayProcess::spawn(&args, &[TEST_LOG])
+}
+
+/// An exchange and a queue bound to it with `#`, for one shard's relay.
+async fn shard_exchange(outbox: &Outbox, shard: u32) -> (String, String) {
+    let exchange = format!("{}_{shard}", outbox.exchange);
+    let queue = format!("{}_{shard}", outbox.queue);
+    common::amqp::declare_exchange(&outbox.amqp_url, &exchange).await;
+    declare_bound_queue(&outbox.amqp_url, &exchange, &queue, "#").await;
+    (exchange, queue)
+}
+
+/// `writers` connections insert `total` rows between them in transactions of 1 to 4 rows,
+/// each row of one of `aggregates` aggregates (`agg-<n>`) or, one row in ten, of none.
+async fn write_aggregates(db_url: &str, writers: usize, total: usize, aggregates: u64) {
+    let mut tasks = Vec::new();
+    for writer in 0..writers {
+        let share = total / writers + usize::from(writer < total % writers);
+        let db_url = db_url.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut client = pg_connect(&db_url).await;
+            let mut seed = writer as u64 * 7919 + 17;
+            let mut next = move || {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                seed >> 33
+            };
+            let mut written = 0;
+            while written < share {
+                let size = (1 + next() as usize % 4).min(share - written);
+                let txn = client.transaction().await.expect("begin");
+                for _ in 0..size {
+                    let r = next();
+                    let aggregate = (r % 10 != 0).then(|| format!("agg-{}", r % aggregates));
+                    let payload = format!(r#"{{"writer": {writer}, "n": {written}}}"#);
+                    txn.execute(
+                        "INSERT INTO outbox (event_type, payload, aggregate_id) \
+                         VALUES ('TestEvent', $1::text::jsonb, $2)",
+                        &[&payload, &aggregate],
+                    )
+                    .await
+                    .expect("insert");
+                    written += 1;
+                }
+                txn.commit().await.expect("commit");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("writer task");
+    }
+}
+
+/// Every row of the table: id -> (aggregate_id, shard of `shards`).
+async fn rows_by_id(client: &Client, shards: u32) -> HashMap<String, (Option<String>, u32)> {
+    let sql = format!(
+        "SELECT id::text, aggregate_id, ({})::int4 FROM outbox",
+        shard_sql(shards)
+    );
+    let rows = client.query(&sql, &[]).await.expect("read the outbox");
+    rows.iter()
+        .map(|row| {
+            let shard: i32 = row.get(2);
+            (row.get(0), (row.get(1), shard as u32))
+        })
+        .collect()
+}
+
+/// Aggregate ids `agg-<n>` that fall into `shard` of `shards`, computed by PostgreSQL.
+async fn aggregates_of_shard(client: &Client, shards: u32, shard: u32, n: i64) -> Vec<String> {
+    let sql = format!(
+        "SELECT a FROM (SELECT 'agg-' || g AS a FROM generate_series(1, 1000) g) s \
+         WHERE (hashtext(a) & 2147483647) % {shards} = {shard} ORDER BY a LIMIT {n}"
+    );
+    first_column(client, &sql, &[]).await
+}
+
+/// Inserts one row of `aggregate` in its own transaction; returns its id.
+async fn insert_for(client: &Client, event_type: &str, aggregate: &str) -> String {
+    let row = client
+        .query_one(
+            "INSERT INTO outbox (event_type, payload, aggregate_id) \
+             VALUES ($1, '{}', $2) RETURNING id::text",
+            &[&event_type, &aggregate],
+        )
+        .await
+        .expect("insert");
+    row.get(0)
+}
+
+fn ids(received: &[common::Received]) -> Vec<String> {
+    received
+        .iter()
+        .map(|r| {
+            r.message_id
+                .clone()
+                .expect("every message has a message_id")
+        })
+        .collect()
+}
+
+/// The pgoutput slots whose names start with `prefix`, as `name plugin`, sorted.
+async fn slot_names(client: &Client, prefix: &str) -> Vec<String> {
+    let sql = "SELECT slot_name::text || ' ' || plugin FROM pg_replication_slots \
+               WHERE slot_name LIKE $1 || '%' AND plugin = 'pgoutput' ORDER BY 1";
+    first_column(client, sql, &[&prefix]).await
+}
+
+/// `ids` grouped by aggregate (rows without one left out), each group in `ids`' order.
+fn per_aggregate<'a>(
+    ids: &'a [String],
+    rows: &'a HashMap<String, (Option<String>, u32)>,
+) -> HashMap<&'a str, Vec<&'a str>> {
+    let mut by: HashMap<&str, Vec<&str>> = HashMap::new();
+    for id in ids {
+        if let Some(aggregate) = &rows[id.as_str()].0 {
+            by.entry(aggregate.as_str()).or_default().push(id.as_str());
+        }
+    }
+    by
+}
+
+/// Waits until `f` is true; false after `timeout`.
+async fn eventually<F, Fut>(timeout: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if f().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_with_three_shards_creates_filtered_publications_and_slots_and_teardown_drops_them() {
+    let outbox = sharded_outbox("shards_setup", 3).await;
+    let client = &outbox.client;
+
+    // Three insert-only publications on the outbox, each with its shard's filter...
+    let publications = client
+        .query(
+            "SELECT p.pubname::text, p.pubinsert, p.pubupdate OR p.pubdelete OR p.pubtruncate, \
+                    t.rowfilter \
+             FROM pg_publication p \
+             JOIN pg_publication_tables t ON t.pubname = p.pubname \
+             WHERE t.schemaname = 'public' AND t.tablename = 'outbox' ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("read pg_publication");
+    let found: Vec<(String, bool, bool)> = publications
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect();
+    let expected: Vec<(String, bool, bool)> = (0..3)
+        .map(|k| (format!("outbox_pub_{k}"), true, false))
+        .collect();
+    assert_eq!(found, expected, "no unsharded outbox_pub, only the shards'");
+    for (k, row) in publications.iter().enumerate() {
+        let filter: String = row.get(3);
+        let filter = filter.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            filter.contains("hashtext(aggregate_id)")
+                && filter.contains("uuid_hash(id)")
+                && filter.contains("& 2147483647)")
+                && filter.ends_with(&format!("% 3) = {k})")),
+            "shard {k}: {filter}"
+        );
+    }
+    // ...which split the rows as the documented expression does: each row passes exactly
+    // its own shard's filter (PostgreSQL evaluates the stored filters here).
+    write_aggregates(&outbox.db_url, 2, 300, 40).await;
+    for (k, row) in publications.iter().enumerate() {
+        let filter: String = row.get(3);
+        let sql = format!(
+            "SELECT count(*) FILTER (WHERE {filter}), \
+                    count(*) FILTER (WHERE ({}) = {k}) FROM outbox",
+            shard_sql(3)
+        );
+        let counts = client.query_one(&sql, &[]).await.expect("count");
+        let (by_filter, by_expression): (i64, i64) = (counts.get(0), counts.get(1));
+        assert_eq!(by_filter, by_expression, "shard {k}");
+        assert!(by_filter > 0, "shard {k} has rows");
+    }
+
+    // Three pgoutput slots, named after --slot.
+    let slots: Vec<String> = (0..3)
+        .map(|k| format!("{}_{k} pgoutput", outbox.slot))
+        .collect();
+    assert_eq!(slot_names(client, &outbox.slot).await, slots);
+
+    // A second run changes nothing.
+    let again = outbox.run_command(&["setup", "--shards", "3"]);
+    assert!(again.status.success(), "{}", text(&again));
+    assert_eq!(
+        text(&again).matches(": exists").count(),
+        7,
+        "table, 3 publications, 3 slots: {}",
+        text(&again)
+    );
+    // Setup for another number of shards refuses the existing publications and creates
+    // nothing.
+    let four = outbox.run_command(&["setup", "--shards", "4"]);
+    assert!(!four.status.success(), "{}", text(&four));
+    assert!(
+        text(&four).contains("\"outbox_pub_0\" has the row filter")
+            && text(&four).contains("% 4 = 0"),
+        "{}",
+        text(&four)
+    );
+    assert_eq!(
+        slot_names(client, &outbox.slot).await,
+        slots,
+        "no slot added"
+    );
+
+    // --print-sql renders the same, without connecting.
+    let print = common::relay::binary();
+    let sql = std::process::Command::new(print)
+        .args(["setup", "--print-sql", "--shards", "3"])
+        .output()
+        .expect("print-sql");
+    let sql = String::from_utf8_lossy(&sql.stdout);
+    assert!(
+        sql.contains(&format!(
+            "CREATE PUBLICATION \"outbox_pub_2\" FOR TABLE \"public\".\"outbox\" WHERE ({} = 2) \
+             WITH (publish = 'insert');",
+            shard_sql(3)
+        )),
+        "{sql}"
+    );
+
+    // teardown --shards 3 drops every slot and every publication.
+    let teardown = outbox.run_command(&["teardown", "--yes", "--shards", "3"]);
+    assert!(teardown.status.success(), "{}", text(&teardown));
+    assert!(slot_names(client, &outbox.slot).await.is_empty());
+    let left: i64 = common::pg::query_value(client, "SELECT count(*) FROM pg_publication").await;
+    assert_eq!(left, 0, "{}", text(&teardown));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_relays_deliver_every_row_once_each_aggregate_in_commit_order() {
+    const SHARDS: u32 = 3;
+    let outbox = sharded_outbox("shards_order", SHARDS).await;
+    let oracle = format!("{}_oracle", outbox.slot);
+    create_test_decoding_slot(&outbox.client, &oracle).await;
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut consumers = Vec::new();
+    let mut relays = Vec::new();
+    for k in 0..SHARDS {
+        let (exchange, queue) = shard_exchange(&outbox, k).await;
+        consumers.push(Consumer::start(&outbox.amqp_url, &queue).await);
+        let metrics = if k == 1 { metrics_addr.as_str() } else { "off" };
+        relays.push(spawn_shard(
+            &outbox,
+            SHARDS,
+            k,
+            &exchange,
+            &["--metrics-addr", metrics],
+        ));
+    }
+
+    // Writers run while the relays stream.
+    write_aggregates(&outbox.db_url, 8, 6_000, 150).await;
+    let rows = rows_by_id(&outbox.client, SHARDS).await;
+    assert_eq!(rows.len(), 6_000);
+    let commit_order: Vec<String> = read_test_decoding(&outbox.client, &oracle)
+        .await
+        .iter()
+        .flat_map(|txn| txn.inserted_ids(OUTBOX))
+        .collect();
+    assert_eq!(commit_order.len(), rows.len(), "the oracle saw every row");
+
+    let mut delivered = HashSet::new();
+    for (k, consumer) in consumers.iter_mut().enumerate() {
+        let k = k as u32;
+        // This shard's rows in commit order: what its relay must deliver, exactly that.
+        let expected: Vec<String> = commit_order
+            .iter()
+            .filter(|id| rows[id.as_str()].1 == k)
+            .cloned()
+            .collect();
+        let received = consumer
+            .wait_settled(expected.len(), Duration::from_secs(120))
+            .await;
+        let got = ids(received);
+        assert_eq!(
+            got.len(),
+            expected.len(),
+            "shard {k}: each of its rows exactly once; log:\n{}",
+            relays[k as usize].log()
+        );
+        // Per aggregate, the commit order (the contract)...
+        assert_eq!(
+            per_aggregate(&got, &rows),
+            per_aggregate(&expected, &rows),
+            "shard {k}: each aggregate's events in commit order"
+        );
+        // ...and, with nothing failing, the whole shard's commit order.
+        assert_eq!(got, expected, "shard {k}: commit order");
+        let aggregate_header = received
+            .iter()
+            .filter_map(|r| r.header_str("x-aggregate-id"))
+            .count();
+        assert!(aggregate_header > 0, "rows carry their aggregate");
+        delivered.extend(got);
+    }
+    assert_eq!(delivered.len(), rows.len(), "no row twice across shards");
+
+    // Rows without an aggregate spread over the shards by their id.
+    let null_shards: HashSet<u32> = rows
+        .values()
+        .filter(|r| r.0.is_none())
+        .map(|r| r.1)
+        .collect();
+    assert_eq!(null_shards.len(), SHARDS as usize, "{null_shards:?}");
+
+    // Every metric of a sharded relay carries its shard.
+    let confirmed = r#"outbox_relay_messages_confirmed_total{shard="1"}"#;
+    let expected_1 = rows.values().filter(|r| r.1 == 1).count() as f64;
+    let metrics = wait_metrics(metrics_port, Duration::from_secs(10), |m| {
+        metric_value(m, confirmed).is_some_and(|v| v >= expected_1)
+    })
+    .await;
+    assert!(
+        metric_value(&metrics, confirmed).is_some_and(|v| v >= expected_1),
+        "{metrics}"
+    );
+    let unlabelled: Vec<&str> = metrics
+        .lines()
+        .filter(|line| line.starts_with("outbox_relay_") || line.starts_with("process_"))
+        .filter(|line| !line.contains(r#"shard="1""#))
+        .collect();
+    assert!(unlabelled.is_empty(), "{unlabelled:?}");
+    for relay in &relays {
+        relay.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_whose_shards_differ_from_its_publication_refuses_to_start() {
+    let outbox = sharded_outbox("shards_wrong", 3).await;
+    let stopped = |relay: RelayProcess| async move {
+        let status = relay.wait_exit(Duration::from_secs(30)).await;
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "{status:?}; log:\n{}",
+            relay.log()
+        );
+        final_error(&relay.log()).unwrap_or_default().to_string()
+    };
+
+    // --shards 4 against publications made for 3: the error names both filters.
+    let e = stopped(spawn_shard(&outbox, 4, 1, &outbox.exchange, &[])).await;
+    assert!(
+        e.contains("The publication \"outbox_pub_1\" has the row filter")
+            && e.contains("% 3) = 1)")
+            && e.contains("shard 1 of --shards 4")
+            && e.contains(&format!("{} = 1", shard_sql(4)))
+            && e.contains("Fix:"),
+        "{e}"
+    );
+    // Nothing streamed from the slot.
+    let active: i64 = common::pg::query_value(
+        &outbox.client,
+        "SELECT count(*) FROM pg_replication_slots WHERE active",
+    )
+    .await;
+    assert_eq!(active, 0);
+
+    // A publication without a filter is refused too.
+    outbox
+        .client
+        .batch_execute("CREATE PUBLICATION plain_0 FOR TABLE outbox WITH (publish = 'insert')")
+        .await
+        .expect("publication");
+    let relay = spawn_shard(&outbox, 3, 0, &outbox.exchange, &["--publication", "plain"]);
+    let e = stopped(relay).await;
+    assert!(e.contains("\"plain_0\" has no row filter"), "{e}");
+
+    // A shard beyond the count is a configuration error.
+    let e = stopped(spawn_shard(&outbox, 3, 3, &outbox.exchange, &[])).await;
+    assert!(e.contains("--shard is 3 but --shards is 3"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_on_one_shard_one_streams_the_other_waits_and_takes_over() {
+    let outbox = sharded_outbox("shards_standby", 2).await;
+    let (exchange, queue) = shard_exchange(&outbox, 1).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &queue).await;
+    let aggregates = aggregates_of_shard(&outbox.client, 2, 1, 3).await;
+    let other = aggregates_of_shard(&outbox.client, 2, 0, 1).await;
+
+    let (first_port, second_port) = (free_port(), free_port());
+    let addr = |port: u16| format!("127.0.0.1:{port}");
+    let first_addr = addr(first_port);
+    let first = spawn_shard(&outbox, 2, 1, &exchange, &["--metrics-addr", &first_addr]);
+    assert!(
+        wait_ready(first_port, Duration::from_secs(30)).await,
+        "{}",
+        first.log()
+    );
+    let second_addr = addr(second_port);
+    let second = spawn_shard(&outbox, 2, 1, &exchange, &["--metrics-addr", &second_addr]);
+    assert_eq!(
+        wait_readyz(second_port, Duration::from_secs(30), (503, "standby")).await,
+        Some((503, "standby".to_string())),
+        "{}",
+        second.log()
+    );
+
+    let mut wanted = Vec::new();
+    for aggregate in &aggregates {
+        wanted.push(insert_for(&outbox.client, "Before", aggregate).await);
+    }
+    insert_for(&outbox.client, "OtherShard", &other[0]).await;
+    let received = consumer
+        .wait_for(wanted.len(), Duration::from_secs(30))
+        .await;
+    assert_eq!(ids(received), wanted, "{}", first.log());
+
+    // The streaming relay stops; its standby takes the shard over.
+    first.stop().await;
+    assert!(
+        wait_ready(second_port, Duration::from_secs(30)).await,
+        "{:?}; log:\n{}",
+        readyz(second_port).await,
+        second.log()
+    );
+    for aggregate in &aggregates {
+        wanted.push(insert_for(&outbox.client, "After", aggregate).await);
+    }
+    let received = consumer
+        .wait_settled(wanted.len(), Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        ids(received),
+        wanted,
+        "shard 1's rows once each, none of shard 0's; log:\n{}",
+        second.log()
+    );
+    second.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_of_a_shard_deletes_only_its_own_delivered_rows() {
+    let outbox = sharded_outbox("shards_cleanup", 2).await;
+    let (exchange, queue) = shard_exchange(&outbox, 0).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &queue).await;
+    write_aggregates(&outbox.db_url, 2, 400, 30).await;
+    let rows = rows_by_id(&outbox.client, 2).await;
+    let of_shard = |k: u32| rows.values().filter(|r| r.1 == k).count();
+    let (zero, one) = (of_shard(0), of_shard(1));
+    assert!(zero > 0 && one > 0);
+
+    // Only shard 0 runs; shard 1's relay is stopped, its rows undelivered.
+    let relay = spawn_shard(
+        &outbox,
+        2,
+        0,
+        &exchange,
+        &[
+            "--retention",
+            "0s",
+            "--cleanup-interval",
+            "200ms",
+            "--metrics-addr",
+            "off",
+        ],
+    );
+    consumer.wait_for(zero, Duration::from_secs(60)).await;
+    let count = format!("SELECT count(*) FROM outbox WHERE ({}) = $1", shard_sql(2));
+    let left = |shard: i32| {
+        let count = count.clone();
+        let client = &outbox.client;
+        async move {
+            let row = client.query_one(&count, &[&shard]).await.expect("count");
+            row.get::<_, i64>(0)
+        }
+    };
+    assert!(
+        eventually(Duration::from_secs(30), || async { left(0).await == 0 }).await,
+        "shard 0's delivered rows are deleted: {} left; log:\n{}",
+        left(0).await,
+        relay.log()
+    );
+    assert_eq!(
+        left(1).await,
+        one as i64,
+        "none of the stopped shard's rows is deleted"
+    );
+    relay.stop().await;
+}
