@@ -586,3 +586,46 @@ async fn cleanup_of_a_shard_deletes_only_its_own_delivered_rows() {
     );
     relay.stop().await;
 }
+
+/// The row-filter check renders the expected filter through a temporary table: the role of
+/// sql/role.sql may do that (TEMPORARY is PUBLIC's by default, SELECT is granted), so a
+/// least-privilege relay runs a shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_least_privilege_role_runs_a_shard() {
+    if std::env::var(common::DATABASE_URL_ENV).is_ok_and(|url| !url.is_empty()) {
+        eprintln!("skipped: needs the harness's own server (trust authentication)");
+        return;
+    }
+    let outbox = sharded_outbox("shards_role", 2).await;
+    let database: String =
+        common::pg::query_value(&outbox.client, "SELECT current_database()::text").await;
+    let role = common::unique_name("shards_role");
+    let script = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/sql/role.sql"))
+        .expect("read sql/role.sql")
+        .replace("outbox_relay", &role)
+        .replace("ON DATABASE app", &format!("ON DATABASE {database}"));
+    outbox
+        .client
+        .batch_execute(&script)
+        .await
+        .expect("sql/role.sql");
+    let port = common::pg::url_port(&outbox.db_url).expect("port");
+    let role_url = format!("postgres://{role}@127.0.0.1:{port}/{database}");
+
+    let (exchange, queue) = shard_exchange(&outbox, 1).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &queue).await;
+    let aggregate = aggregates_of_shard(&outbox.client, 2, 1, 1).await;
+    let id = insert_for(&outbox.client, "ByRole", &aggregate[0]).await;
+    let as_role = Outbox {
+        db_url: role_url,
+        amqp_url: outbox.amqp_url.clone(),
+        slot: outbox.slot.clone(),
+        exchange: outbox.exchange.clone(),
+        queue: outbox.queue.clone(),
+        client: pg_connect(&outbox.db_url).await,
+    };
+    let relay = spawn_shard(&as_role, 2, 1, &exchange, &["--metrics-addr", "off"]);
+    let received = consumer.wait_for(1, Duration::from_secs(30)).await;
+    assert_eq!(ids(received), [id], "log:\n{}", relay.log());
+    relay.stop().await;
+}
