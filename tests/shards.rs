@@ -751,3 +751,144 @@ async fn kill_9_of_one_shards_relay_loses_nothing_and_leaves_the_others_alone() 
         ],
     );
 }
+
+/// Acceptance 5 of issue 12: resharding 2 → 4 under writers, by the outline in
+/// docs/operations.md ("Changing the number of shards"): new publications and slots under
+/// other names, the old relays kept until every old slot has passed the newest new slot's
+/// consistent point, then the switch and the old ones dropped. Nothing is lost; the rows
+/// between the new slots' creation and the old relays' stop may arrive twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_two_to_four_under_writers_loses_nothing() {
+    let outbox = sharded_outbox("shards_reshard", 2).await;
+    let oracle = Oracle::create(&outbox).await;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let flags = ["--metrics-addr", "off"];
+    let old: Vec<RelayProcess> = (0..2)
+        .map(|k| spawn_shard(&outbox, 2, k, &outbox.exchange, &flags))
+        .collect();
+    let writers = Writers::start(&outbox.db_url, 4, 4, Duration::from_millis(1));
+    assert!(writers.wait_committed(1_000, Duration::from_secs(60)).await);
+
+    // The new shards, under other names, while the old relays deliver.
+    let new_slot = format!("{}_v2", outbox.slot);
+    let setup = std::process::Command::new(common::relay::binary())
+        .args(["setup", "--database-url", &outbox.db_url, "--amqp-url"])
+        .args([
+            &outbox.amqp_url,
+            "--exchange",
+            &outbox.exchange,
+            "--shards",
+            "4",
+        ])
+        .args(["--publication", "outbox_pub_v2", "--slot", &new_slot])
+        .output()
+        .expect("setup --shards 4");
+    assert!(setup.status.success(), "{}", text(&setup));
+    let (mut consistent, mut earliest) = (0, u64::MAX);
+    for k in 0..4 {
+        let slot = format!("{new_slot}_{k}");
+        let created = common::slot_confirmed_flush(&outbox.client, &slot).await;
+        consistent = consistent.max(created);
+        earliest = earliest.min(created);
+    }
+    // The old relays stop only once every old slot has passed the newest consistent point.
+    for (k, relay) in old.iter().enumerate() {
+        let slot = format!("{}_{k}", outbox.slot);
+        assert!(
+            eventually(Duration::from_secs(60), || async {
+                common::slot_confirmed_flush(&outbox.client, &slot).await >= consistent
+            })
+            .await,
+            "{slot} passes the new slots' consistent point; log:\n{}",
+            relay.log()
+        );
+    }
+    for relay in &old {
+        relay.stop().await;
+    }
+    let old_stopped = common::current_wal_lsn(&outbox.client).await;
+    let switched = writers.committed();
+    let new: Vec<RelayProcess> = (0..4u32)
+        .map(|k| {
+            let k = k.to_string();
+            let args = [
+                "--publication",
+                "outbox_pub_v2",
+                "--slot",
+                new_slot.as_str(),
+                "--shards",
+                "4",
+                "--shard",
+                k.as_str(),
+                "--metrics-addr",
+                "off",
+            ];
+            let mut argv = vec!["run", "--database-url", outbox.db_url.as_str()];
+            argv.extend(["--amqp-url", outbox.amqp_url.as_str()]);
+            argv.extend(["--exchange", outbox.exchange.as_str()]);
+            argv.extend(args);
+            RelayProcess::spawn(&argv, &[TEST_LOG])
+        })
+        .collect();
+    assert!(
+        writers
+            .wait_committed(switched + 1_000, Duration::from_secs(60))
+            .await
+    );
+    writers.stop().await;
+
+    // The old shards go.
+    let teardown = outbox.run_command(&["teardown", "--yes", "--shards", "2"]);
+    assert!(teardown.status.success(), "{}", text(&teardown));
+    let publications = first_column(
+        &outbox.client,
+        "SELECT pubname::text FROM pg_publication ORDER BY 1",
+        &[],
+    )
+    .await;
+    let expected: Vec<String> = (0..4).map(|k| format!("outbox_pub_v2_{k}")).collect();
+    assert_eq!(publications, expected);
+
+    let committed = oracle.committed_ids(&outbox.client).await;
+    let logs = || {
+        new.iter()
+            .map(|r| r.log())
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    };
+    assert!(
+        wait_for_ids(&mut consumer, &committed, Duration::from_secs(120)).await,
+        "L0 across the switch; logs:\n{}",
+        logs()
+    );
+    for relay in &new {
+        relay.stop().await;
+    }
+    let received = consumer
+        .wait_quiet(Duration::from_millis(500), Duration::from_secs(10))
+        .await;
+    let tally = Tally::of(received);
+    assert_nothing_lost_or_invented(&tally, &committed);
+    // Only rows both generations could deliver arrive twice: those of transactions that
+    // ended after the earliest new slot's consistent point and before the old relays stopped.
+    let overlap: usize = oracle
+        .transactions(&outbox.client)
+        .await
+        .iter()
+        .filter(|txn| txn.end_lsn > earliest && txn.end_lsn <= old_stopped)
+        .map(|txn| txn.inserted_ids(OUTBOX).len())
+        .sum();
+    assert!(
+        tally.duplicates() <= overlap,
+        "{} duplicates, {overlap} rows in the overlap",
+        tally.duplicates()
+    );
+    common::faults::report(
+        "shards-reshard-2-to-4",
+        &[
+            ("rows", committed.len().to_string()),
+            ("duplicates", tally.duplicates().to_string()),
+            ("overlap rows", overlap.to_string()),
+        ],
+    );
+}
