@@ -923,12 +923,19 @@ pub struct CleanupArgs {
     mut_arg("metrics_addr", |arg| arg.help(
         "A running relay's --metrics-addr: its /readyz tells the message it is stuck on, if any"
     )),
+    mut_arg("shards", |arg| arg.help(
+        "How many shards `setup --shards` made: one line per shard's slot <slot>_<k> (state, \
+         active pid, lag, retained WAL), the slot details of the worst one, and exit 2 when \
+         any of them is missing or lost. 1 reads --slot itself"
+    )),
 )]
 pub struct StatusArgs {
     #[command(flatten)]
     pub connections: DatabaseConnection,
     #[command(flatten)]
     pub names: StatusNames,
+    #[command(flatten)]
+    pub shards: ShardCount,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -1610,8 +1617,8 @@ mod tests {
             args.extend_from_slice(&refused);
             assert!(Cli::try_parse_from(args).is_err(), "{refused:?}");
         }
-        // Only the commands that provision, drop or stream slots take --shards.
-        for command in ["poll", "status", "resync"] {
+        // Only the commands that provision, read, drop or stream slots take --shards.
+        for command in ["poll", "resync"] {
             let args = ["outbox-relay", command, "--shards", "2"];
             assert!(Cli::try_parse_from(args).is_err(), "{command}");
         }

@@ -325,12 +325,35 @@ async fn setup_with_three_shards_creates_filtered_publications_and_slots_and_tea
         "{sql}"
     );
 
+    // status --shards 3 reads every shard's slot.
+    let status = outbox.run_command(&["status", "--shards", "3", "--json"]);
+    assert!(status.status.success(), "{}", text(&status));
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("JSON");
+    let listed: Vec<String> = json["shards"]
+        .as_array()
+        .expect("a shards array")
+        .iter()
+        .map(|s| format!("{} {}", s["slot"], s["slot_state"]))
+        .collect();
+    let expected: Vec<String> = (0..3)
+        .map(|k| format!("\"{}_{k}\" \"ok\"", outbox.slot))
+        .collect();
+    assert_eq!(listed, expected, "{json}");
+
     // teardown --shards 3 drops every slot and every publication.
     let teardown = outbox.run_command(&["teardown", "--yes", "--shards", "3"]);
     assert!(teardown.status.success(), "{}", text(&teardown));
     assert!(slot_names(client, &outbox.slot).await.is_empty());
     let left: i64 = common::pg::query_value(client, "SELECT count(*) FROM pg_publication").await;
     assert_eq!(left, 0, "{}", text(&teardown));
+    // ...which status, the probe, reports with exit code 2.
+    let status = outbox.run_command(&["status", "--shards", "3"]);
+    assert_eq!(status.status.code(), Some(2), "{}", text(&status));
+    assert!(
+        text(&status).contains(&format!("2: {}_2 MISSING", outbox.slot)),
+        "{}",
+        text(&status)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
