@@ -670,6 +670,19 @@ async fn the_least_privilege_role_runs_a_shard() {
     let received = consumer.wait_for(1, Duration::from_secs(30)).await;
     assert_eq!(ids(received), [id], "log:\n{}", relay.log());
     relay.stop().await;
+
+    // The role drops every shard's slot but none of the DBA's publications, and says so
+    // for each of them.
+    let teardown = as_role.run_command(&["teardown", "--yes", "--shards", "2"]);
+    assert!(!teardown.status.success(), "{}", text(&teardown));
+    assert!(slot_names(&outbox.client, &outbox.slot).await.is_empty());
+    for k in 0..2 {
+        assert!(
+            text(&teardown).contains(&format!("publication outbox_pub_{k}: not dropped")),
+            "{}",
+            text(&teardown)
+        );
+    }
 }
 
 /// Acceptance 2 of issue 12, smaller: kill -9 of one shard's relay under writers, and a

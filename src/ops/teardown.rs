@@ -64,8 +64,34 @@ pub async fn run(args: TeardownArgs) -> Result<(), RelayError> {
         slot_notes.push(drop_slot(&client, slot).await?);
     }
     let slot_note = slot_notes.join(" ");
+    // Every publication this role may drop goes, even when an earlier one is a DBA's: the
+    // first refusal is the error, and each is named on its own line.
+    let mut not_owned = None;
     for publication in &publications {
-        drop_publication(&client, publication, &slot_note).await?;
+        match drop_publication(&client, publication, &slot_note).await {
+            Err(RelayError::PublicationNotOwned {
+                publication,
+                owner,
+                slot_note,
+            }) => {
+                if publications.len() > 1 {
+                    println!(
+                        "publication {publication}: not dropped (owned by {owner}, who must run \
+                         DROP PUBLICATION {};)",
+                        quote_ident(&publication)
+                    );
+                }
+                not_owned.get_or_insert(RelayError::PublicationNotOwned {
+                    publication,
+                    owner,
+                    slot_note,
+                });
+            }
+            result => result?,
+        }
+    }
+    if let Some(e) = not_owned {
+        return Err(e);
     }
     println!("teardown complete; left in place: the outbox table and the exchange");
     Ok(())
