@@ -13,6 +13,8 @@
 --   USAGE on the schema          reaching the table
 --   SELECT on the table          `status` (backlog), `resync`
 --   DELETE on the table          the cleanup job of `run`
+--   TEMPORARY on the database    `run --shards`: its row-filter check renders the expected
+--                                filter through a temporary table; PUBLIC has it by default
 --   EXECUTE pg_logical_emit_message   `run`'s heartbeats; PUBLIC has it by default in
 --                                PostgreSQL 15, the grant matters where a DBA revoked it
 --                                (without it the relay warns and runs without heartbeats)

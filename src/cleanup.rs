@@ -12,6 +12,10 @@
 //! Deletes run in small batches (`--cleanup-batch`), each its own statement, so no lock is
 //! held for long, and each batch is found through the `created_at` index, oldest first, so
 //! the job never scans the table. Only the relay that holds the slot runs it.
+//!
+//! A sharded relay deletes only its own shard's rows (the row filter of its publication,
+//! src/shard.rs), by its own acknowledged commit: a stopped shard keeps its rows whatever
+//! the others have delivered, with no coordination between the relays.
 
 use std::time::{Duration, SystemTime};
 
@@ -24,6 +28,7 @@ use crate::error::RelayError;
 use crate::mapper::columns;
 use crate::observability::{Health, CLEANUP_DELETED_ROWS_TOTAL};
 use crate::periodic::{self, Job};
+use crate::shard::Shard;
 
 /// How long one cleanup statement may take before the round gives up (and retries at the
 /// next interval).
@@ -40,6 +45,12 @@ const STATEMENT_TIMEOUT: Duration = Duration::from_secs(60);
 /// can only be probed through the primary key's index. The limit is a literal so that a
 /// prepared statement never falls back to a generic plan that guesses the row count.
 pub fn delete_sql(names: &OutboxNames, batch: u32) -> String {
+    shard_delete_sql(names, Shard::UNSHARDED, batch)
+}
+
+/// [`delete_sql`] for one shard's rows: with the shard's row filter in the inner SELECT (the
+/// index scan then skips the other shards' rows).
+pub fn shard_delete_sql(names: &OutboxNames, shard: Shard, batch: u32) -> String {
     let (schema, table) = names.table_parts();
     let qualified = format!("{}.{}", quote_ident(schema), quote_ident(table));
     let id = quote_ident(columns::ID);
@@ -48,8 +59,12 @@ pub fn delete_sql(names: &OutboxNames, batch: u32) -> String {
         "DELETE FROM {qualified} WHERE {id} = ANY(ARRAY(\
          SELECT {id} FROM {qualified} \
          WHERE {created} < now() - $1::float8 * interval '1 second' \
-         AND {created} < $2::timestamptz \
-         ORDER BY {created} LIMIT {batch}))"
+         AND {created} < $2::timestamptz{shard_rows} \
+         ORDER BY {created} LIMIT {batch}))",
+        shard_rows = shard
+            .row_filter()
+            .map(|filter| format!(" AND ({filter})"))
+            .unwrap_or_default()
     )
 }
 
@@ -66,6 +81,7 @@ pub async fn delete_batch(
     delete_until(
         client,
         names,
+        Shard::UNSHARDED,
         retention,
         acknowledged_commit_time,
         batch,
@@ -77,13 +93,14 @@ pub async fn delete_batch(
 async fn delete_until(
     client: &Client,
     names: &OutboxNames,
+    shard: Shard,
     retention: Duration,
     acknowledged_commit_time: SystemTime,
     batch: u32,
     shutdown: &CancellationToken,
 ) -> Result<u64, RelayError> {
     let batch = batch.max(1);
-    let statement = bounded(client.prepare(&delete_sql(names, batch))).await?;
+    let statement = bounded(client.prepare(&shard_delete_sql(names, shard, batch))).await?;
     let seconds = retention.as_secs_f64();
     let deleted_rows = metrics::counter!(CLEANUP_DELETED_ROWS_TOTAL);
     let mut total = 0;
@@ -110,13 +127,15 @@ async fn bounded<T>(
 }
 
 /// Runs a cleanup round every `args.cleanup_interval` until `shutdown` (the session's token:
-/// start it once the session holds the slot, and let it stop with the session). A round
-/// needs the commit time of an acknowledged transaction from `health`; until the relay has
-/// acknowledged one, rounds are skipped. A failed round is logged and retried at the next
-/// interval: cleanup never stops the relay. `--cleanup-interval 0` turns it off.
+/// start it once the session holds the slot, and let it stop with the session), deleting
+/// `shard`'s rows. A round needs the commit time of an acknowledged transaction from
+/// `health`; until the relay has acknowledged one, rounds are skipped. A failed round is
+/// logged and retried at the next interval: cleanup never stops the relay.
+/// `--cleanup-interval 0` turns it off.
 pub async fn run_cleanup(
     database_url: String,
     names: OutboxNames,
+    shard: Shard,
     args: CleanupArgs,
     health: Health,
     shutdown: CancellationToken,
@@ -130,8 +149,16 @@ pub async fn run_cleanup(
                 return Ok(None);
             };
             let client = connection.client().await?;
-            let deleted =
-                delete_until(&client, &names, retention, acknowledged, batch, &shutdown).await?;
+            let deleted = delete_until(
+                &client,
+                &names,
+                shard,
+                retention,
+                acknowledged,
+                batch,
+                &shutdown,
+            )
+            .await?;
             Ok(Some(deleted))
         }
     };
@@ -161,5 +188,25 @@ mod tests {
         assert!(sql.contains("\"created_at\" < now() - $1::float8 * interval '1 second'"));
         assert!(sql.contains("\"created_at\" < $2::timestamptz"));
         assert!(sql.ends_with("ORDER BY \"created_at\" LIMIT 500))"));
+    }
+
+    #[test]
+    fn a_shard_deletes_only_its_own_rows() {
+        let names = OutboxNames {
+            table: "outbox".into(),
+            publication: "".into(),
+            slot: "".into(),
+            exchange: "".into(),
+        };
+        assert!(!delete_sql(&names, 10).contains("hashtext"));
+        let shard = Shard::new(2, 4).expect("shard");
+        let sql = shard_delete_sql(&names, shard, 10);
+        let filter = shard.row_filter().expect("filter");
+        assert!(
+            sql.contains(&format!(
+                "\"created_at\" < $2::timestamptz AND ({filter}) ORDER BY"
+            )),
+            "{sql}"
+        );
     }
 }

@@ -491,6 +491,8 @@ pub struct SetupArgs {
     pub connections: Connections,
     #[command(flatten)]
     pub names: OutboxNames,
+    #[command(flatten)]
+    pub shards: ShardCount,
     /// Do not create the outbox table (a DBA created it); still checks that it exists.
     #[arg(long, env = "OUTBOX_NO_CREATE_TABLE")]
     pub no_create_table: bool,
@@ -528,12 +530,58 @@ pub struct ModeArgs {
     pub mode: Mode,
 }
 
+/// `--shards`: how many row-filtered publications and slots the outbox is split into
+/// (src/shard.rs). `setup` and `teardown` handle every shard; `run` streams one.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct ShardCount {
+    /// How many shards: N publications <publication>_<k>, each with a row filter that takes
+    /// shard k's rows (by a hash of aggregate_id, so an aggregate's events stay in order),
+    /// and N slots <slot>_<k>, for k = 0..N-1. 1 is no sharding: the one publication and slot
+    /// named --publication and --slot (docs/operations.md, "Scaling out").
+    #[arg(long, env = "OUTBOX_SHARDS", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::shard::MAX_SHARDS)))]
+    pub shards: u32,
+}
+
+/// `run`'s shard: `--shards` and `--shard`.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct RunShard {
+    #[command(flatten)]
+    pub count: ShardCount,
+
+    /// Which shard this relay streams, 0..N-1: the slot <slot>_<K> through the publication
+    /// <publication>_<K>. Required with --shards above 1. A second relay with the same
+    /// --shard waits as that shard's standby.
+    #[arg(long, env = "OUTBOX_SHARD", value_name = "K")]
+    pub shard: Option<u32>,
+}
+
+impl RunShard {
+    /// The shard to stream; [`Shard::UNSHARDED`] for `--shards 1`.
+    ///
+    /// [`Shard::UNSHARDED`]: crate::shard::Shard::UNSHARDED
+    pub fn shard(&self) -> Result<crate::shard::Shard, RelayError> {
+        let count = self.count.shards;
+        match self.shard {
+            Some(index) => crate::shard::Shard::new(index, count),
+            None if count == 1 => Ok(crate::shard::Shard::UNSHARDED),
+            // Not shard 0 by default: a forgotten OUTBOX_SHARD would make every relay a
+            // standby of shard 0 while the other shards' rows wait unnoticed.
+            None => Err(RelayError::Config(format!(
+                "--shards is {count} but no --shard is given: a sharded relay streams one                  shard. Fix: set --shard (OUTBOX_SHARD) to 0..{}, one relay per shard",
+                count - 1
+            ))),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     #[command(flatten)]
     pub connections: Connections,
     #[command(flatten)]
     pub names: OutboxNames,
+    #[command(flatten)]
+    pub shard: RunShard,
     #[command(flatten)]
     pub tuning: Tuning,
     #[command(flatten)]
@@ -875,12 +923,19 @@ pub struct CleanupArgs {
     mut_arg("metrics_addr", |arg| arg.help(
         "A running relay's --metrics-addr: its /readyz tells the message it is stuck on, if any"
     )),
+    mut_arg("shards", |arg| arg.help(
+        "How many shards `setup --shards` made: one line per shard's slot <slot>_<k> (state, \
+         active pid, lag, retained WAL), the slot details of the worst one, and exit 2 when \
+         any of them is missing or lost. 1 reads --slot itself"
+    )),
 )]
 pub struct StatusArgs {
     #[command(flatten)]
     pub connections: DatabaseConnection,
     #[command(flatten)]
     pub names: StatusNames,
+    #[command(flatten)]
+    pub shards: ShardCount,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -891,11 +946,18 @@ pub struct StatusArgs {
 }
 
 #[derive(Debug, Clone, Args)]
+#[command(mut_arg("shards", |arg| arg.help(
+    "How many shards `setup --shards` made: teardown drops every shard's slot <slot>_<k>, \
+     then every shard's publication <publication>_<k>, k = 0..N-1 (and refuses while any of \
+     them is streamed). 1 drops --slot and --publication themselves"
+)))]
 pub struct TeardownArgs {
     #[command(flatten)]
     pub connections: DatabaseConnection,
     #[command(flatten)]
     pub names: SlotNames,
+    #[command(flatten)]
+    pub shards: ShardCount,
     /// Really drop the slot and the publication.
     #[arg(long)]
     pub yes: bool,
@@ -1519,6 +1581,47 @@ mod tests {
         let longest = "s".repeat(63);
         assert_eq!(parse_slot_name(&longest), Ok(longest.clone()));
         assert_eq!(parse_identifier(&longest), Ok(longest));
+    }
+
+    #[test]
+    fn a_sharded_relay_needs_its_shard_below_the_count() {
+        let shard = |extra: &[&str]| {
+            let mut args = vec!["outbox-relay", "run", "--database-url", "postgres://x"];
+            args.extend_from_slice(extra);
+            let Command::Run(run) = Cli::try_parse_from(args).expect("parses").command else {
+                panic!("expected run");
+            };
+            run.shard.shard()
+        };
+        assert_eq!(shard(&[]).expect("default"), crate::shard::Shard::UNSHARDED);
+        assert_eq!(
+            shard(&["--shard", "0"]).expect("shard 0 of 1"),
+            crate::shard::Shard::UNSHARDED
+        );
+        let two_of_four = shard(&["--shards", "4", "--shard", "2"]).expect("2 of 4");
+        assert_eq!((two_of_four.index(), two_of_four.count()), (2, 4));
+        let e = shard(&["--shards", "3"])
+            .expect_err("no --shard")
+            .to_string();
+        assert!(
+            e.contains("--shards is 3 but no --shard") && e.contains("OUTBOX_SHARD"),
+            "{e}"
+        );
+        let e = shard(&["--shards", "3", "--shard", "3"])
+            .expect_err("K < N")
+            .to_string();
+        assert!(e.contains("--shard is 3 but --shards is 3"), "{e}");
+        assert!(shard(&["--shard", "1"]).is_err(), "shard 1 of 1");
+        for refused in [["--shards", "0"], ["--shards", "65"]] {
+            let mut args = vec!["outbox-relay", "run", "--database-url", "postgres://x"];
+            args.extend_from_slice(&refused);
+            assert!(Cli::try_parse_from(args).is_err(), "{refused:?}");
+        }
+        // Only the commands that provision, read, drop or stream slots take --shards.
+        for command in ["poll", "resync"] {
+            let args = ["outbox-relay", command, "--shards", "2"];
+            assert!(Cli::try_parse_from(args).is_err(), "{command}");
+        }
     }
 
     #[test]

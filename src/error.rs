@@ -63,6 +63,23 @@ pub enum RelayError {
     PublicationDoesNotCoverTable { publication: String, table: String },
 
     #[error(
+        "The publication \"{publication}\" {found}, but shard {shard} of --shards {shards} \
+         needs the row filter `{expected}`: a relay whose shards differ from its \
+         publication's would skip rows or deliver them twice. Fix: give every relay the \
+         --shards (OUTBOX_SHARDS) that `outbox-relay setup --shards` made the publications \
+         with (a filter's `% N) = K` names both); to change the number of shards, follow \
+         docs/operations.md, \"Scaling out\""
+    )]
+    ShardFilterMismatch {
+        publication: String,
+        shard: u32,
+        shards: u32,
+        /// "has the row filter `…`" or "has no row filter".
+        found: String,
+        expected: String,
+    },
+
+    #[error(
         "The replication slot \"{slot}\" does not exist. Fix: run `outbox-relay setup` (it \
          creates the slot after the publication). Rows inserted while no slot existed are not \
          in any slot: re-publish them with `outbox-relay resync --since <time>`"
@@ -247,6 +264,7 @@ impl RelayError {
             | WalLevel { .. }
             | PublicationMissing { .. }
             | PublicationDoesNotCoverTable { .. }
+            | ShardFilterMismatch { .. }
             | SlotMissing { .. }
             | SlotUnusable { .. }
             | SlotLost { .. }

@@ -42,4 +42,5 @@ pub mod pgoutput;
 pub mod poll;
 pub mod publish;
 pub mod setup;
+pub mod shard;
 pub mod wal;

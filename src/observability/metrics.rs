@@ -107,6 +107,9 @@ pub const NODE_LABEL: &str = "node";
 /// Labels of [`BUILD_INFO`].
 pub const VERSION_LABEL: &str = "version";
 pub const MODE_LABEL: &str = "mode";
+/// Label of every metric of a sharded relay (`run --shards N --shard K`): its shard, `K`.
+/// An unsharded relay's metrics carry no shard label, as before sharding existed.
+pub const SHARD_LABEL: &str = "shard";
 /// Label of [`SLOT_WAL_STATUS`].
 pub const STATUS_LABEL: &str = "status";
 /// The values `pg_replication_slots.wal_status` takes in PostgreSQL 15.
@@ -303,6 +306,17 @@ pub fn set_build_info(mode: &'static str) {
     .set(1.0);
 }
 
+/// The value of [`SHARD_LABEL`] on every metric of this process, if it is a sharded relay.
+static SHARD: OnceLock<String> = OnceLock::new();
+
+/// Labels every metric of this process with `shard="<index>"`: call it before the recorder
+/// is installed ([`recorder`], `observability::start`), which reads it once.
+pub fn label_every_metric_with_shard(index: u32) {
+    if SHARD.set(index.to_string()).is_err() || RECORDER.get().is_some() {
+        tracing::warn!("the shard label was set too late or twice; metrics may lack it");
+    }
+}
+
 /// Installs the Prometheus recorder as the global `metrics` recorder (once per process) and
 /// describes the metrics; later calls return the same handle.
 pub fn recorder() -> PrometheusHandle {
@@ -323,6 +337,9 @@ pub fn recorder() -> PrometheusHandle {
                         PrometheusBuilder::new()
                     }
                 };
+            }
+            if let Some(shard) = SHARD.get() {
+                builder = builder.add_global_label(SHARD_LABEL, shard.as_str());
             }
             let recorder = builder.build_recorder();
             let handle = recorder.handle();

@@ -11,6 +11,10 @@
 //! table cannot be read or lacks `published_at`, and the unsent backlog
 //! (`published_at IS NULL`: WAL mode never sets it) is shown.
 //!
+//! With `--shards N` it reads every shard's slot `<slot>_<k>`: one line each, the slot fields
+//! of the worst one (missing, lost, or else holding the most WAL), and exit code 2 when any
+//! of them is missing or lost.
+//!
 //! It only reads: it must never create, advance or drop anything, so an operator (or a probe
 //! every few seconds) can run it against a live relay at no risk.
 
@@ -26,6 +30,7 @@ use crate::mapper::columns;
 use crate::observability::http_get;
 use crate::observability::metrics::{BROKER_INFO, NODE_LABEL};
 use crate::poll::table::{read_backlog, Backlog};
+use crate::shard::Shard;
 use crate::wal::slot::{read_slot, SlotReport};
 
 /// The probe's verdict.
@@ -76,6 +81,61 @@ pub struct Status {
     /// The RabbitMQ node (`host:port`) the running relay is connected to, from its
     /// `/metrics`; `null` when no relay answered or it is not connected.
     pub broker: Option<String>,
+    /// With `--shards N` (N > 1): every shard's slot. The slot fields above are then those
+    /// of the worst shard. Absent without shards.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shards: Option<Vec<ShardSlot>>,
+}
+
+/// One shard's slot, for `status --shards N`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardSlot {
+    pub shard: u32,
+    pub slot: String,
+    /// `ok`, `missing` or `lost`.
+    pub slot_state: &'static str,
+    pub active_pid: Option<i32>,
+    pub lag_bytes: Option<i64>,
+    pub retained_wal_bytes: Option<i64>,
+    pub wal_status: Option<String>,
+    pub confirmed_flush_lsn: Option<String>,
+}
+
+/// `ok`, `missing` or `lost`.
+fn slot_state(report: Option<&SlotReport>) -> &'static str {
+    match report {
+        None => "missing",
+        Some(report) if report.is_lost() => "lost",
+        Some(_) => "ok",
+    }
+}
+
+/// Every shard's slot, and the index of the worst: lost, else missing, else the one that
+/// holds the most WAL (what an operator must look at first).
+async fn read_shard_slots(
+    client: &Client,
+    slot: &str,
+    shards: &[Shard],
+) -> Result<(Vec<(String, Option<SlotReport>)>, usize), RelayError> {
+    let mut slots = Vec::with_capacity(shards.len());
+    for shard in shards {
+        let name = shard.slot(slot)?;
+        let report = read_slot(client, &name).await?;
+        slots.push((name, report));
+    }
+    let severity = |(_, report): &(String, Option<SlotReport>)| {
+        let rank = match slot_state(report.as_ref()) {
+            "lost" => 0,
+            "missing" => 1,
+            _ => 2,
+        };
+        let retained = report.as_ref().and_then(|r| r.retained_wal_bytes);
+        (rank, std::cmp::Reverse(retained.unwrap_or(0)))
+    };
+    let worst = (0..slots.len())
+        .min_by_key(|&i| severity(&slots[i]))
+        .unwrap_or(0);
+    Ok((slots, worst))
 }
 
 impl Status {
@@ -105,16 +165,41 @@ pub async fn run(args: StatusArgs) -> Result<Probe, RelayError> {
 pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayError> {
     let names = &args.names;
     let poll = args.mode.mode == Mode::Poll;
-    let report = if poll {
-        None
+    let shards = Shard::all(args.shards.shards)?;
+    if poll && shards.len() > 1 {
+        return Err(RelayError::Config(
+            "--shards is for WAL mode's slots; polling mode has none. Fix: drop --shards \
+             (OUTBOX_SHARDS) with --mode poll"
+                .into(),
+        ));
+    }
+    let (slot, report, shard_slots) = if poll {
+        (names.slot.to_string(), None, None)
+    } else if shards.len() == 1 {
+        let report = read_slot(client, &names.slot).await?;
+        (names.slot.to_string(), report, None)
     } else {
-        read_slot(client, &names.slot).await?
+        let (slots, worst) = read_shard_slots(client, &names.slot, &shards).await?;
+        let listed = shards
+            .iter()
+            .zip(&slots)
+            .map(|(shard, (slot, report))| ShardSlot {
+                shard: shard.index(),
+                slot: slot.clone(),
+                slot_state: slot_state(report.as_ref()),
+                active_pid: report.as_ref().and_then(|r| r.active_pid),
+                lag_bytes: report.as_ref().and_then(|r| r.lag_bytes),
+                retained_wal_bytes: report.as_ref().and_then(|r| r.retained_wal_bytes),
+                wal_status: report.as_ref().and_then(|r| r.wal_status.clone()),
+                confirmed_flush_lsn: report.as_ref().and_then(|r| r.confirmed_flush_lsn.clone()),
+            })
+            .collect();
+        let (slot, report) = slots.into_iter().nth(worst).unwrap_or_default();
+        (slot, report, Some(listed))
     };
     let slot_state = match &report {
         _ if poll => "unused",
-        None => "missing",
-        Some(report) if report.is_lost() => "lost",
-        Some(_) => "ok",
+        report => slot_state(report.as_ref()),
     };
     let (outbox_rows, oldest_row_age_seconds, mut table_error) = match backlog(client, args).await {
         Ok((rows, age)) => (Some(rows), age, None),
@@ -168,7 +253,7 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         current_wal_lsn,
         ..
     } = report.unwrap_or_else(|| SlotReport {
-        slot: names.slot.to_string(),
+        slot: slot.clone(),
         plugin: None,
         active_pid: None,
         wal_status: None,
@@ -181,7 +266,7 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
     });
     Ok(Status {
         mode: if poll { "poll" } else { "wal" },
-        slot: names.slot.to_string(),
+        slot,
         slot_state,
         active_pid,
         lag_bytes,
@@ -202,6 +287,7 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         relay_readiness: readiness,
         stuck_message_id,
         broker,
+        shards: shard_slots,
     })
 }
 
@@ -250,6 +336,19 @@ pub fn render(status: &Status) -> String {
         "unused" => "not used (--mode poll)".into(),
         _ => status.slot.clone(),
     };
+    if let Some(shards) = &status.shards {
+        lines.push((
+            "shards",
+            format!(
+                "{}; the slot lines below are the worst shard's (lost, missing, or holding the \
+                 most WAL)",
+                shards.len()
+            ),
+        ));
+        for shard in shards {
+            lines.push(("shard", shard_line(shard)));
+        }
+    }
     lines.push(("slot", slot_line));
     if status.slot_state != "missing" && status.slot_state != "unused" {
         lines.push((
@@ -350,6 +449,31 @@ pub fn render(status: &Status) -> String {
         .collect()
 }
 
+/// One shard's slot on one line: `2: outbox_slot_2 ok, pid 42, lag …, retained WAL …`.
+fn shard_line(shard: &ShardSlot) -> String {
+    let bytes = |value: Option<i64>| value.map(human_bytes).unwrap_or_else(|| "unknown".into());
+    match shard.slot_state {
+        "ok" => format!(
+            "{}: {} ok, {}, lag {}, retained WAL {}, wal_status {}",
+            shard.shard,
+            shard.slot,
+            shard
+                .active_pid
+                .map(|pid| format!("pid {pid}"))
+                .unwrap_or_else(|| "no relay streaming".into()),
+            bytes(shard.lag_bytes),
+            bytes(shard.retained_wal_bytes),
+            shard.wal_status.as_deref().unwrap_or("unknown")
+        ),
+        state => format!(
+            "{}: {} {}",
+            shard.shard,
+            shard.slot,
+            state.to_ascii_uppercase()
+        ),
+    }
+}
+
 fn human_bytes(value: i64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     if value.unsigned_abs() < 1024 {
@@ -408,7 +532,45 @@ mod tests {
             stuck_message_known: true,
             stuck_message_id: Some("0f9c".into()),
             broker: Some("rabbit-2:5672".into()),
+            shards: None,
         }
+    }
+
+    #[test]
+    fn shards_get_a_line_each_and_json_lists_them_only_when_sharded() {
+        let json = serde_json::to_value(status()).expect("json");
+        assert!(json.get("shards").is_none(), "unsharded JSON is unchanged");
+        let mut s = status();
+        s.slot = "outbox_slot_1".into();
+        s.slot_state = "missing";
+        let shard = |k: u32, state: &'static str| ShardSlot {
+            shard: k,
+            slot: format!("outbox_slot_{k}"),
+            slot_state: state,
+            active_pid: (state == "ok").then_some(40 + k as i32),
+            lag_bytes: Some(10),
+            retained_wal_bytes: Some(2048),
+            wal_status: Some("reserved".into()),
+            confirmed_flush_lsn: None,
+        };
+        s.shards = Some(vec![shard(0, "ok"), shard(1, "missing")]);
+        assert_eq!(s.probe(), Probe::SlotProblem);
+        let text = render(&s);
+        // The widest key without the slot details is "oldest row age" (14).
+        for (key, value) in [
+            ("shards", "2; the slot lines below are the worst shard's"),
+            (
+                "shard",
+                "0: outbox_slot_0 ok, pid 40, lag 10 bytes, retained WAL 2.0 KiB",
+            ),
+            ("shard", "1: outbox_slot_1 MISSING\n"),
+            ("slot", "outbox_slot_1 MISSING"),
+        ] {
+            let expected = format!("{key:<14}  {value}");
+            assert!(text.contains(&expected), "{expected:?} missing in:\n{text}");
+        }
+        let json = serde_json::to_value(&s).expect("json");
+        assert_eq!(json["shards"][1]["slot_state"], "missing");
     }
 
     #[test]

@@ -10,6 +10,10 @@
 //! The slot goes first: it is what pins WAL, and a role may be allowed to drop it (every
 //! REPLICATION role may) but not the publication (only its owner may). The table and the
 //! exchange stay: they hold the application's data and other consumers' bindings.
+//!
+//! `--shards N` drops every shard's slot, then every shard's publication, and refuses before
+//! dropping anything while any shard's slot is streamed: a half-done teardown would leave
+//! some shards delivering and others not.
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
@@ -17,25 +21,103 @@ use tokio_postgres::Client;
 use crate::config::TeardownArgs;
 use crate::db::{self, quote_ident};
 use crate::error::RelayError;
+use crate::shard::Shard;
 use crate::wal::slot::read_slot;
 
 pub async fn run(args: TeardownArgs) -> Result<(), RelayError> {
     let names = &args.names;
+    let shards = Shard::all(args.shards.shards)?;
+    let slots = shards
+        .iter()
+        .map(|shard| shard.slot(&names.slot))
+        .collect::<Result<Vec<_>, _>>()?;
+    let publications = shards
+        .iter()
+        .map(|shard| shard.publication(&names.publication))
+        .collect::<Result<Vec<_>, _>>()?;
     if !args.yes {
+        let (slots, publications, all) = match shards.len() {
+            1 => (
+                format!("the replication slot {}", quoted(&slots)),
+                format!("the publication {}", quoted(&publications)),
+                "both",
+            ),
+            n => (
+                format!("the {n} replication slots {}", quoted(&slots)),
+                format!("the {n} publications {}", quoted(&publications)),
+                "them all",
+            ),
+        };
         return Err(RelayError::Config(format!(
-            "Teardown drops the replication slot \"{}\" and the publication \"{}\": rows \
-             committed afterwards reach no slot (only `outbox-relay resync --since` can publish \
-             them later). Do drop a slot you no longer use, though: an abandoned slot pins WAL \
-             on the primary until it is dropped, and can fill its disk. Run again with --yes \
-             to drop both",
-            names.slot, names.publication
+            "Teardown drops {slots} and {publications}: rows committed afterwards reach no \
+             slot (only `outbox-relay resync --since` can publish them later). Do drop a slot \
+             you no longer use, though: an abandoned slot pins WAL on the primary until it is \
+             dropped, and can fill its disk. Run again with --yes to drop {all}"
         )));
     }
     let client = db::connect(&args.connections.database_url()?).await?;
-    let slot_note = drop_slot(&client, &names.slot).await?;
-    drop_publication(&client, &names.publication, &slot_note).await?;
+    for slot in &slots {
+        refuse_if_active(&client, slot).await?;
+    }
+    let mut slot_notes = Vec::new();
+    for slot in &slots {
+        slot_notes.push(drop_slot(&client, slot).await?);
+    }
+    let slot_note = slot_notes.join(" ");
+    // Every publication this role may drop goes, even when an earlier one is a DBA's: the
+    // first refusal is the error, and each is named on its own line.
+    let mut not_owned = None;
+    for publication in &publications {
+        match drop_publication(&client, publication, &slot_note).await {
+            Err(RelayError::PublicationNotOwned {
+                publication,
+                owner,
+                slot_note,
+            }) => {
+                if publications.len() > 1 {
+                    println!(
+                        "publication {publication}: not dropped (owned by {owner}, who must run \
+                         DROP PUBLICATION {};)",
+                        quote_ident(&publication)
+                    );
+                }
+                not_owned.get_or_insert(RelayError::PublicationNotOwned {
+                    publication,
+                    owner,
+                    slot_note,
+                });
+            }
+            result => result?,
+        }
+    }
+    if let Some(e) = not_owned {
+        return Err(e);
+    }
     println!("teardown complete; left in place: the outbox table and the exchange");
     Ok(())
+}
+
+/// `"a"`, or `"a", "b", "c"`.
+fn quoted(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|name| format!("\"{name}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// An error if a process streams from `slot`.
+async fn refuse_if_active(client: &Client, slot: &str) -> Result<(), RelayError> {
+    match read_slot(client, slot).await? {
+        Some(report) => match report.active_pid {
+            Some(pid) => Err(RelayError::SlotActive {
+                slot: slot.to_string(),
+                pid: pid.to_string(),
+            }),
+            None => Ok(()),
+        },
+        None => Ok(()),
+    }
 }
 
 /// Drops the slot unless a process streams from it. Returns a sentence saying what happened.

@@ -71,6 +71,12 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         .get_user()
         .map(str::to_string);
     let brokers = args.connections.broker_nodes()?;
+    let shard = args.shard.shard()?;
+    let names = shard.names(&args.names)?;
+    if shard.is_sharded() {
+        // Before the recorder is installed (observability::start): the label is global.
+        observability::label_every_metric_with_shard(shard.index());
+    }
     // The endpoints and the slot poller live as long as this function: through a graceful
     // stop, and on while the sessions reconnect.
     let observing = CancellationToken::new();
@@ -78,14 +84,15 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
     let health = observability::start(
         args.observability.endpoints.metrics_addr.0,
         &database_url,
-        &args.names.slot,
+        &names.slot,
         args.observability.slot_poll_interval,
         &observing,
     );
     let ctx = SessionContext {
         database_url,
         brokers,
-        names: args.names,
+        names,
+        shard,
         tuning: args.tuning,
         mapper,
         heartbeat: heartbeat::Heartbeat::new(),

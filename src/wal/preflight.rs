@@ -10,6 +10,7 @@ use tokio_postgres::Client;
 
 use crate::config::OutboxNames;
 use crate::error::RelayError;
+use crate::shard::Shard;
 
 /// What the checks learned about the slot.
 #[derive(Debug, Clone)]
@@ -73,6 +74,89 @@ pub async fn check_publication(client: &Client, names: &OutboxNames) -> Result<(
     Ok(())
 }
 
+/// A sharded relay's publication must carry the row filter `setup` gives its shard: a relay
+/// started with another `--shards` than its publications would stream a slice that
+/// overlaps the others' (rows twice) or leaves gaps (rows never). Unsharded, the filter is
+/// the DBA's business and is not checked (a publication filtered by event type keeps
+/// working as before).
+///
+/// PostgreSQL keeps a row filter as a parsed tree and prints it back reformatted, so the
+/// expected expression is printed by PostgreSQL too, through the same function against the
+/// same columns: as the CHECK constraint of a temporary table made `LIKE` the outbox table,
+/// in a transaction that is rolled back (it needs only the TEMPORARY privilege, which every
+/// role has by default, and SELECT on the table).
+pub async fn check_row_filter(
+    client: &Client,
+    names: &OutboxNames,
+    shard: Shard,
+) -> Result<(), RelayError> {
+    let Some(expected) = shard.row_filter() else {
+        return Ok(());
+    };
+    let (schema, table) = names.table_parts();
+    let actual: Option<String> = client
+        .query_opt(
+            "SELECT rowfilter FROM pg_catalog.pg_publication_tables \
+             WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+            &[&names.publication.name, &schema, &table],
+        )
+        .await?
+        .and_then(|row| row.get(0));
+    let printed = printed_by_postgres(client, names, &expected).await?;
+    if actual.as_deref() == Some(printed.as_str()) {
+        return Ok(());
+    }
+    Err(RelayError::ShardFilterMismatch {
+        publication: names.publication.to_string(),
+        shard: shard.index(),
+        shards: shard.count(),
+        found: match actual {
+            Some(filter) => format!("has the row filter `{}`", one_line(&filter)),
+            None => "has no row filter".into(),
+        },
+        expected,
+    })
+}
+
+/// `expression` on the outbox table's columns as PostgreSQL prints it (`pg_get_expr`).
+async fn printed_by_postgres(
+    client: &Client,
+    names: &OutboxNames,
+    expression: &str,
+) -> Result<String, RelayError> {
+    client.batch_execute("BEGIN").await?;
+    let printed = async {
+        client
+            .batch_execute(&format!(
+                "CREATE TEMPORARY TABLE pg_temp.outbox_relay_row_filter \
+                 (LIKE {}, CONSTRAINT row_filter CHECK ({expression}))",
+                names.qualified_table()
+            ))
+            .await?;
+        let row = client
+            .query_one(
+                "SELECT pg_catalog.pg_get_expr(conbin, conrelid) FROM pg_catalog.pg_constraint \
+                 WHERE conrelid = 'pg_temp.outbox_relay_row_filter'::regclass \
+                 AND conname = 'row_filter'",
+                &[],
+            )
+            .await?;
+        Ok::<String, RelayError>(row.get(0))
+    }
+    .await;
+    // Rolled back whatever happened: the connection may be used again (setup), and the
+    // table must not outlive the check.
+    let rolled_back = client.batch_execute("ROLLBACK").await;
+    let printed = printed?;
+    rolled_back?;
+    Ok(printed)
+}
+
+/// PostgreSQL prints a row filter over several lines; an error message is one.
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// The slot must exist in this database, use pgoutput, not be lost, and not be held by
 /// another process (then this relay is a standby).
 pub async fn check_slot(client: &Client, slot: &str) -> Result<SlotState, RelayError> {
@@ -132,9 +216,14 @@ pub async fn check_slot(client: &Client, slot: &str) -> Result<SlotState, RelayE
     Ok(SlotState { confirmed_flush })
 }
 
-/// All checks `run` makes before it starts streaming.
-pub async fn check_all(client: &Client, names: &OutboxNames) -> Result<SlotState, RelayError> {
+/// All checks `run` makes before it starts streaming; `names` are `shard`'s.
+pub async fn check_all(
+    client: &Client,
+    names: &OutboxNames,
+    shard: Shard,
+) -> Result<SlotState, RelayError> {
     check_wal_level(client).await?;
     check_publication(client, names).await?;
+    check_row_filter(client, names, shard).await?;
     check_slot(client, &names.slot).await
 }

@@ -26,6 +26,7 @@ use crate::error::RelayError;
 use crate::mapper::Mapper;
 use crate::observability::{Health, RelayMetrics};
 use crate::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions};
+use crate::shard::Shard;
 use crate::wal::heartbeat::{self, Heartbeat};
 use crate::wal::preflight;
 use crate::wal::relations::RelationCache;
@@ -42,7 +43,9 @@ const INPUT_CHANNEL: usize = 256;
 pub struct SessionContext {
     pub database_url: String,
     pub brokers: Arc<BrokerNodes>,
+    /// The names of this relay's shard (src/shard.rs): its publication and slot.
     pub names: OutboxNames,
+    pub shard: Shard,
     pub tuning: Tuning,
     pub mapper: Mapper,
     pub heartbeat: Heartbeat,
@@ -62,7 +65,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), RelayError> {
     let database = db::connect(&ctx.database_url).await?;
-    let slot = preflight::check_all(&database, &ctx.names).await?;
+    let slot = preflight::check_all(&database, &ctx.names, ctx.shard).await?;
     drop(database);
 
     let mut broker = Broker::connect(&ctx.brokers).await?;
@@ -113,6 +116,7 @@ pub async fn run(
     let _cleanup = AbortOnDropHandle::new(tokio::spawn(crate::cleanup::run_cleanup(
         ctx.database_url.clone(),
         ctx.names.clone(),
+        ctx.shard,
         ctx.cleanup.clone(),
         ctx.health.clone(),
         CancellationToken::new(),

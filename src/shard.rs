@@ -1,0 +1,228 @@
+//! Sharding: past one slot's throughput, N relays each stream their own slot through their
+//! own publication, whose row filter takes one shard's rows (DESIGN.md section 8). No
+//! coordination of our own: PostgreSQL splits the rows, the slot keeps each shard's order,
+//! and a second relay on the same shard waits as its standby like any relay on a held slot.
+//!
+//! Shard K of N takes the rows where
+//! `((CASE WHEN aggregate_id IS NOT NULL THEN hashtext(aggregate_id) ELSE uuid_hash(id) END)
+//! & 2147483647) % N = K`: every row of one aggregate goes through one slot, so an
+//! aggregate's events keep their commit order (the order between shards is lost); rows
+//! without an aggregate spread by their id. Anyone can compute a row's shard in SQL with the
+//! same expression. It stays within what a PostgreSQL 15 row filter accepts (columns,
+//! constants, built-in operators, immutable built-in functions); `& 2147483647` rather than
+//! `abs()`, because `abs(-2147483648)` raises an error, and an error in a row filter breaks
+//! the slot's decoding for good.
+//!
+//! This module owns the expression and the shard's names (`<publication>_<k>`,
+//! `<slot>_<k>`): `setup` creates them, the preflight checks a relay's publication against
+//! them, and cleanup deletes only its shard's rows by them. One shard, the default, is no
+//! sharding at all: the names as configured and no row filter, exactly as before.
+
+use crate::config::{parse_identifier, parse_slot_name, OutboxNames};
+use crate::db::sql_name;
+use crate::error::RelayError;
+use crate::outbox_table::columns;
+
+/// The most shards `--shards` takes. Each shard costs a slot and a walsender that decodes
+/// the whole WAL: far fewer are useful (docs/operations.md, "Scaling out").
+pub const MAX_SHARDS: u32 = 64;
+
+/// One shard of `count` (`index` < `count`); `count` 1 is the unsharded outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    index: u32,
+    count: u32,
+}
+
+impl Shard {
+    /// No sharding: one publication without a row filter and one slot, named as configured.
+    pub const UNSHARDED: Shard = Shard { index: 0, count: 1 };
+
+    /// Shard `index` of `count`; the error says what is wrong with them, naming the flags.
+    pub fn new(index: u32, count: u32) -> Result<Shard, RelayError> {
+        if count == 0 || count > MAX_SHARDS {
+            return Err(RelayError::Config(format!(
+                "--shards is {count}; it must be between 1 and {MAX_SHARDS}"
+            )));
+        }
+        if index >= count {
+            return Err(RelayError::Config(format!(
+                "--shard is {index} but --shards is {count}: shards are numbered 0 to {}. \
+                 Fix: set --shard (OUTBOX_SHARD) to one of them, and --shards (OUTBOX_SHARDS) \
+                 to the number `setup --shards` was run with",
+                count - 1
+            )));
+        }
+        Ok(Shard { index, count })
+    }
+
+    /// Every shard of `count`, in order.
+    pub fn all(count: u32) -> Result<Vec<Shard>, RelayError> {
+        Shard::new(0, count)?;
+        Ok((0..count).map(|index| Shard { index, count }).collect())
+    }
+
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    pub fn is_sharded(&self) -> bool {
+        self.count > 1
+    }
+
+    /// The row filter of this shard's publication (a boolean SQL expression on the outbox
+    /// table's columns); `None` when unsharded.
+    pub fn row_filter(&self) -> Option<String> {
+        self.is_sharded().then(|| {
+            format!(
+                "((CASE WHEN {aggregate} IS NOT NULL THEN hashtext({aggregate}) ELSE \
+                 uuid_hash({id}) END) & 2147483647) % {count} = {index}",
+                aggregate = sql_name(columns::AGGREGATE_ID),
+                id = sql_name(columns::ID),
+                count = self.count,
+                index = self.index
+            )
+        })
+    }
+
+    /// This shard's names: `<publication>_<k>` and `<slot>_<k>` (the table and the exchange
+    /// are every shard's); the names as they are when unsharded.
+    pub fn names(&self, names: &OutboxNames) -> Result<OutboxNames, RelayError> {
+        Ok(OutboxNames {
+            table: names.table.clone(),
+            publication: self.publication(&names.publication)?.into(),
+            slot: self.slot(&names.slot)?.into(),
+            exchange: names.exchange.clone(),
+        })
+    }
+
+    /// This shard's publication: `<publication>_<k>`, or `publication` when unsharded.
+    pub fn publication(&self, publication: &str) -> Result<String, RelayError> {
+        self.suffixed("--publication", publication, parse_identifier)
+    }
+
+    /// This shard's slot: `<slot>_<k>`, or `slot` when unsharded.
+    pub fn slot(&self, slot: &str) -> Result<String, RelayError> {
+        self.suffixed("--slot", slot, parse_slot_name)
+    }
+
+    /// `name_<k>`, which must still be a valid name (63 bytes at most): the error names the
+    /// flag to shorten.
+    fn suffixed(
+        &self,
+        flag: &str,
+        name: &str,
+        parse: fn(&str) -> Result<String, String>,
+    ) -> Result<String, RelayError> {
+        if !self.is_sharded() {
+            return Ok(name.to_string());
+        }
+        let sharded = format!("{name}_{}", self.index);
+        parse(&sharded).map_err(|problem| {
+            RelayError::Config(format!(
+                "With --shards {}, {flag} \"{name}\" becomes \"{sharded}\", and {problem}. Fix: \
+                 a shorter {flag}",
+                self.count
+            ))
+        })
+    }
+
+    /// Every shard of `count` with its names, in order: what `setup` and `teardown` handle.
+    pub fn every(names: &OutboxNames, count: u32) -> Result<Vec<(Shard, OutboxNames)>, RelayError> {
+        Shard::all(count)?
+            .into_iter()
+            .map(|shard| Ok((shard, shard.names(names)?)))
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} of {}", self.index, self.count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> OutboxNames {
+        OutboxNames {
+            table: "outbox".into(),
+            publication: "outbox_pub".into(),
+            slot: "outbox_slot".into(),
+            exchange: "outbox".into(),
+        }
+    }
+
+    #[test]
+    fn the_row_filter_is_the_documented_expression() {
+        let shard = Shard::new(1, 3).expect("shard");
+        assert_eq!(
+            shard.row_filter().as_deref(),
+            Some(
+                "((CASE WHEN aggregate_id IS NOT NULL THEN hashtext(aggregate_id) ELSE \
+                 uuid_hash(id) END) & 2147483647) % 3 = 1"
+            )
+        );
+        assert!(!shard.row_filter().expect("filter").contains("abs("));
+        assert_eq!(Shard::UNSHARDED.row_filter(), None);
+        assert_eq!(Shard::new(0, 1).expect("one"), Shard::UNSHARDED);
+    }
+
+    #[test]
+    fn one_shard_keeps_the_names_and_more_suffix_them() {
+        assert_eq!(
+            Shard::UNSHARDED.names(&names()).expect("names").publication,
+            "outbox_pub"
+        );
+        let every = Shard::every(&names(), 3).expect("names");
+        let published: Vec<(u32, String, String)> = every
+            .iter()
+            .map(|(s, n)| (s.index(), n.publication.to_string(), n.slot.to_string()))
+            .collect();
+        assert_eq!(
+            published,
+            [
+                (0, "outbox_pub_0".into(), "outbox_slot_0".into()),
+                (1, "outbox_pub_1".into(), "outbox_slot_1".into()),
+                (2, "outbox_pub_2".into(), "outbox_slot_2".into()),
+            ]
+        );
+        assert!(every.iter().all(|(_, n)| n.table == "outbox"));
+    }
+
+    #[test]
+    fn shard_numbers_are_checked_naming_the_flags() {
+        let e = Shard::new(3, 3).expect_err("K < N").to_string();
+        assert!(
+            e.contains("--shard is 3 but --shards is 3") && e.contains("0 to 2"),
+            "{e}"
+        );
+        assert!(Shard::new(0, 0).is_err());
+        assert!(Shard::new(0, MAX_SHARDS + 1).is_err());
+        assert!(Shard::new(MAX_SHARDS - 1, MAX_SHARDS).is_ok());
+    }
+
+    #[test]
+    fn a_suffix_that_makes_a_name_too_long_names_the_flag() {
+        let mut long = names();
+        long.slot = "s".repeat(61).into();
+        let e = Shard::new(10, 11)
+            .expect("shard")
+            .names(&long)
+            .expect_err("64 bytes")
+            .to_string();
+        assert!(
+            e.contains("--slot") && e.contains("at most 63 bytes"),
+            "{e}"
+        );
+        // Shard 0 of the same count fits (63 bytes): only the longest suffix fails.
+        assert!(Shard::new(0, 11).expect("shard").names(&long).is_ok());
+        assert!(Shard::every(&long, 11).is_err());
+    }
+}
