@@ -42,36 +42,31 @@ pub fn usage(pid: u32) -> Result<Usage> {
 
 /// `utime + stime` from the text of `/proc/<pid>/stat`.
 pub fn cpu_time(stat: &str) -> Result<Duration> {
-    let Some((_, after_name)) = stat.rsplit_once(')') else {
-        bail!("no command name in /proc stat line {stat:?}");
-    };
     // After the name: field 3 (state) onwards; utime and stime are fields 14 and 15.
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let tick = |index: usize, name: &str| -> Result<u64> {
-        fields
-            .get(index)
-            .and_then(|f| f.parse::<u64>().ok())
-            .with_context(|| format!("no {name} in /proc stat line {stat:?}"))
-    };
-    let ticks = tick(11, "utime")? + tick(12, "stime")?;
-    Ok(Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND))
+    stat_ticks(stat, [(11, "utime"), (12, "stime")])
 }
 
 /// `cutime + cstime` from the text of `/proc/<pid>/stat`: the CPU of the children the
 /// process has waited for (a PostgreSQL backend's, once it exited and the postmaster reaped
 /// it).
 pub fn reaped_children_cpu_time(stat: &str) -> Result<Duration> {
+    stat_ticks(stat, [(13, "cutime"), (14, "cstime")])
+}
+
+/// The sum of two clock-tick fields of a stat line, indexed from the field after the
+/// command name (field 3 is index 0).
+fn stat_ticks(stat: &str, fields: [(usize, &str); 2]) -> Result<Duration> {
     let Some((_, after_name)) = stat.rsplit_once(')') else {
         bail!("no command name in /proc stat line {stat:?}");
     };
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let tick = |index: usize, name: &str| -> Result<u64> {
-        fields
+    let values: Vec<&str> = after_name.split_whitespace().collect();
+    let mut ticks = 0;
+    for (index, name) in fields {
+        ticks += values
             .get(index)
             .and_then(|f| f.parse::<u64>().ok())
-            .with_context(|| format!("no {name} in /proc stat line {stat:?}"))
-    };
-    let ticks = tick(13, "cutime")? + tick(14, "cstime")?;
+            .with_context(|| format!("no {name} in /proc stat line {stat:?}"))?;
+    }
     Ok(Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND))
 }
 
