@@ -511,6 +511,42 @@ pub struct SetupArgs {
     pub mode: ModeArgs,
     #[command(flatten)]
     pub dead_letter: DeadLetterArgs,
+    #[command(flatten)]
+    pub emit: EmitArgs,
+}
+
+/// The table-less outbox (docs/emit.md): the prefix of this outbox's logical messages.
+/// `setup` writes it into the emit functions, `run` publishes the messages that carry it.
+#[derive(Debug, Clone, Args)]
+pub struct EmitArgs {
+    /// Prefix of the logical messages the emit functions write and `run` publishes
+    /// (outbox_emit, docs/emit.md). Default: outbox-relay:emit:<schema>.<table>. Messages
+    /// with other prefixes are ignored; it may not be the heartbeats' prefix.
+    #[arg(long, env = "OUTBOX_EMIT_PREFIX", value_parser = parse_emit_prefix)]
+    pub emit_prefix: Option<String>,
+}
+
+impl EmitArgs {
+    /// The configured prefix, or the default for `table`.
+    pub fn prefix(&self, table: &TableName) -> String {
+        match &self.emit_prefix {
+            Some(prefix) => prefix.clone(),
+            None => crate::emit::default_prefix(table.table_parts()),
+        }
+    }
+}
+
+/// `--emit-prefix`: text that [`check_name_text`] accepts (it goes into the SQL of the emit
+/// functions, dollar-quoted), and not the heartbeats' prefix.
+fn parse_emit_prefix(prefix: &str) -> Result<String, String> {
+    check_name_text(prefix).map_err(|e| e.replace("the name", "the prefix"))?;
+    if prefix == crate::wal::heartbeat::PREFIX {
+        return Err(format!(
+            "{prefix:?} is the prefix of the relay's heartbeats; the emit prefix must differ \
+             (the default is outbox-relay:emit:<schema>.<table>)"
+        ));
+    }
+    Ok(prefix.to_string())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -544,6 +580,8 @@ pub struct RunArgs {
     pub dead_letter: DeadLetterArgs,
     #[command(flatten)]
     pub exchanges: ExchangePolicyArgs,
+    #[command(flatten)]
+    pub emit: EmitArgs,
 }
 
 /// Which exchanges a row may send its message to.
@@ -1032,6 +1070,10 @@ mod tests {
             ("resync", &["--shutdown-timeout-secs", "5"]),
             ("resync", &["--slot", "s"]),
             ("resync", &["--publication", "p"]),
+            ("poll", &["--emit-prefix", "p"]),
+            ("resync", &["--emit-prefix", "p"]),
+            ("status", &["--emit-prefix", "p"]),
+            ("teardown", &["--emit-prefix", "p"]),
         ];
         for (command, flag) in refused {
             let mut argv = vec![*command];
@@ -1067,7 +1109,10 @@ mod tests {
             "5",
         ];
         let accepted: &[(&str, Vec<&str>)] = &[
-            ("setup", [&amqp[..], &names, &["--print-sql"]].concat()),
+            (
+                "setup",
+                [&amqp[..], &names, &["--print-sql", "--emit-prefix", "e"]].concat(),
+            ),
             (
                 "run",
                 [
@@ -1075,6 +1120,7 @@ mod tests {
                     &names,
                     &delivery,
                     &["--heartbeat-interval-secs", "5", "--max-in-flight", "5"],
+                    &["--emit-prefix", "e"],
                 ]
                 .concat(),
             ),
@@ -1110,6 +1156,41 @@ mod tests {
             if let Err(e) = parse(&argv) {
                 panic!("{command} {flags:?}: {e}");
             }
+        }
+    }
+
+    /// The emit prefix defaults to one per table, and may be neither the heartbeats' prefix
+    /// nor text that could break the SQL of the emit functions.
+    #[test]
+    fn emit_prefix_defaults_per_table_and_refuses_the_heartbeat_prefix() {
+        let run = |extra: &[&str]| {
+            let mut argv = vec!["run", "--database-url", "postgres://x"];
+            argv.extend_from_slice(extra);
+            match parse(&argv).map(|cli| cli.command) {
+                Ok(Command::Run(run)) => Ok(run.emit.prefix(&run.names.table)),
+                Ok(_) => panic!("expected run"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(run(&[]).as_deref(), Ok("outbox-relay:emit:public.outbox"));
+        assert_eq!(
+            run(&["--table", "app.events"]).as_deref(),
+            Ok("outbox-relay:emit:app.events")
+        );
+        assert_eq!(run(&["--emit-prefix", "mine"]).as_deref(), Ok("mine"));
+        let heartbeat = run(&["--emit-prefix", crate::wal::heartbeat::PREFIX]);
+        assert!(
+            heartbeat
+                .as_ref()
+                .is_err_and(|e| e.contains("--emit-prefix") && e.contains("heartbeats")),
+            "{heartbeat:?}"
+        );
+        for bad in ["", "a$b", "a\nb"] {
+            let refused = run(&["--emit-prefix", bad]);
+            assert!(
+                refused.as_ref().is_err_and(|e| e.contains("the prefix")),
+                "{bad:?}: {refused:?}"
+            );
         }
     }
 

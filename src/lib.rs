@@ -31,6 +31,7 @@ pub mod backoff;
 pub mod cleanup;
 pub mod config;
 pub mod db;
+pub mod emit;
 pub mod error;
 pub mod failpoint;
 pub mod mapper;

@@ -103,6 +103,106 @@ pub fn slot_step(names: &OutboxNames) -> Step {
     }
 }
 
+/// The emit functions of the table-less outbox (src/emit.rs, docs/emit.md), in the table's
+/// schema and named after the table: `<table>_emit` (jsonb payload), `<table>_emit_text`
+/// and `<table>_emit_bytea`, so no call resolves to the wrong overload. Each checks its
+/// arguments in the writer's transaction (a bad event fails there, not in the relay), writes
+/// one transactional logical message with the versioned envelope and returns the event's id.
+/// `CREATE OR REPLACE`: they are code, not data, and a second run with the same flags changes
+/// nothing. WAL mode only: polling reads the table and never sees them.
+pub fn emit_step(names: &OutboxNames, prefix: &str) -> Step {
+    use crate::emit::{fields, FUNCTION_SUFFIXES, VERSION};
+    let (schema, table) = names.table_parts();
+    let prefix = quote_literal(prefix);
+    let mut sql = String::new();
+    for (suffix, kind) in FUNCTION_SUFFIXES {
+        let function = format!(
+            "{}.{}",
+            quote_ident(schema),
+            quote_ident(&format!("{table}{suffix}"))
+        );
+        let payload_type = kind.sql_type();
+        let payload = match kind {
+            crate::emit::PayloadType::Bytea => {
+                "pg_catalog.translate(pg_catalog.encode(payload, 'base64'), E'\\n', '')"
+            }
+            _ => "payload",
+        };
+        if !sql.is_empty() {
+            sql.push('\n');
+        }
+        let _ = write!(
+            sql,
+            "CREATE OR REPLACE FUNCTION {function}(\n\
+             \x20   event_type     text,\n\
+             \x20   payload        {payload_type},\n\
+             \x20   headers        jsonb DEFAULT NULL,\n\
+             \x20   aggregate_type text  DEFAULT NULL,\n\
+             \x20   aggregate_id   text  DEFAULT NULL,\n\
+             \x20   exchange       text  DEFAULT NULL,\n\
+             \x20   routing_key    text  DEFAULT NULL\n\
+             ) RETURNS uuid\n\
+             LANGUAGE plpgsql VOLATILE\n\
+             AS {DO_TAG}\n\
+             DECLARE\n\
+             \x20   event_id uuid := pg_catalog.gen_random_uuid();\n\
+             \x20   envelope jsonb;\n\
+             BEGIN\n\
+             \x20   IF event_type IS NULL OR pg_catalog.octet_length(event_type) > 255\n\
+             \x20      OR pg_catalog.octet_length(exchange) > 255\n\
+             \x20      OR pg_catalog.octet_length(routing_key) > 255 THEN\n\
+             \x20       RAISE EXCEPTION 'event_type is required; event_type, exchange and routing_key hold at most 255 bytes'\n\
+             \x20           USING ERRCODE = 'invalid_parameter_value';\n\
+             \x20   END IF;\n\
+             \x20   IF pg_catalog.jsonb_typeof(headers) <> 'object' THEN\n\
+             \x20       RAISE EXCEPTION 'headers must be a JSON object' USING ERRCODE = 'invalid_parameter_value';\n\
+             \x20   END IF;\n\
+             \x20   envelope := pg_catalog.jsonb_build_object(\n\
+             \x20       '{v}', {VERSION},\n\
+             \x20       '{id}', event_id,\n\
+             \x20       '{event_type}', event_type,\n\
+             \x20       '{created_at}', pg_catalog.to_char(pg_catalog.now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),\n\
+             \x20       '{payload_type_field}', '{payload_type}',\n\
+             \x20       '{shard_hash}', (CASE WHEN aggregate_id IS NOT NULL THEN pg_catalog.hashtext(aggregate_id)\n\
+             \x20                        ELSE pg_catalog.uuid_hash(event_id) END) & 2147483647\n\
+             \x20   ) || pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(\n\
+             \x20       '{aggregate_type}', aggregate_type,\n\
+             \x20       '{aggregate_id}', aggregate_id,\n\
+             \x20       '{exchange}', exchange,\n\
+             \x20       '{routing_key}', routing_key\n\
+             \x20   ));\n\
+             \x20   IF headers IS NOT NULL THEN\n\
+             \x20       envelope := envelope || pg_catalog.jsonb_build_object('{headers}', headers);\n\
+             \x20   END IF;\n\
+             \x20   IF payload IS NOT NULL THEN\n\
+             \x20       envelope := envelope || pg_catalog.jsonb_build_object('{payload_field}', {payload});\n\
+             \x20   END IF;\n\
+             \x20   PERFORM pg_catalog.pg_logical_emit_message(true, {prefix},\n\
+             \x20       pg_catalog.convert_to(envelope::text, 'UTF8'));\n\
+             \x20   RETURN event_id;\n\
+             END\n\
+             {DO_TAG};",
+            v = fields::VERSION,
+            id = fields::ID,
+            event_type = fields::EVENT_TYPE,
+            created_at = fields::CREATED_AT,
+            payload_type_field = fields::PAYLOAD_TYPE,
+            shard_hash = fields::SHARD_HASH,
+            aggregate_type = fields::AGGREGATE_TYPE,
+            aggregate_id = fields::AGGREGATE_ID,
+            exchange = fields::EXCHANGE,
+            routing_key = fields::ROUTING_KEY,
+            headers = fields::HEADERS,
+            payload_field = fields::PAYLOAD,
+        );
+    }
+    Step {
+        object: format!("emit functions {table}_emit, {table}_emit_text, {table}_emit_bytea"),
+        about: "the emit functions: events written straight to the WAL (WAL mode only)",
+        sql,
+    }
+}
+
 /// Polling mode's claim index: only unpublished rows, in claim order, so the claim query
 /// stays an index scan however many published rows the table keeps (docs/polling.md).
 pub fn poll_index_step(names: &OutboxNames) -> Step {
@@ -131,15 +231,22 @@ pub fn poll_script(names: &OutboxNames) -> String {
     text
 }
 
-/// The provisioning SQL as a script, in order.
-pub fn script(names: &OutboxNames) -> String {
+/// The provisioning SQL as a script, in order. The emit functions come after the slot: an
+/// event emitted while no slot exists is in no slot, and nothing can bring it back.
+pub fn script(names: &OutboxNames, emit_prefix: &str) -> String {
     let mut text = String::from(
         "-- outbox-relay provisioning (generated by `outbox-relay setup --print-sql`).\n\
          -- Requires wal_level = logical. Run each statement in autocommit mode (psql does):\n\
          -- a replication slot cannot be created in a transaction that has written.\n\
          -- The publication must exist before the slot.\n",
     );
-    for step in [table_step(names), publication_step(names), slot_step(names)] {
+    let steps = [
+        table_step(names),
+        publication_step(names),
+        slot_step(names),
+        emit_step(names, emit_prefix),
+    ];
+    for step in steps {
         let _ = write!(text, "\n-- {}\n{}\n", step.about, step.sql);
     }
     text
@@ -152,8 +259,10 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
     if args.mode.mode == Mode::Poll {
         return run_poll(args).await;
     }
+    let emit_prefix = args.emit.prefix(&names.table);
+    check_emit_names(names)?;
     if args.print_sql {
-        print!("{}", script(names));
+        print!("{}", script(names, &emit_prefix));
         return Ok(());
     }
     let client = connect_database(&args).await?;
@@ -190,8 +299,28 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
         Err(e) => return Err(e),
     }
 
+    let emit = emit_step(names, &emit_prefix);
+    client.batch_execute(&emit.sql).await?;
+    println!("{}: ensured (prefix {emit_prefix})", emit.object);
+
     declare_exchanges(&args).await?;
     println!("setup complete");
+    Ok(())
+}
+
+/// The emit functions are named after the table: its name must leave room for their
+/// suffixes within PostgreSQL's 63 bytes, or PostgreSQL would cut them short.
+fn check_emit_names(names: &OutboxNames) -> Result<(), RelayError> {
+    let (_, table) = names.table_parts();
+    let room = 63 - crate::emit::LONGEST_SUFFIX;
+    if table.len() > room {
+        return Err(RelayError::Config(format!(
+            "The table name \"{table}\" is {} bytes long; the emit functions are named after \
+             it ({table}_emit_bytea) and PostgreSQL names hold at most 63 bytes. Fix: use a \
+             table name of at most {room} bytes",
+            table.len()
+        )));
+    }
     Ok(())
 }
 
@@ -320,7 +449,7 @@ mod tests {
         let bundled = include_str!("../sql/outbox.sql");
         assert_eq!(
             bundled,
-            script(&default_names()),
+            script(&default_names(), "outbox-relay:emit:public.outbox"),
             "sql/outbox.sql is stale: regenerate it with `outbox-relay setup --print-sql > sql/outbox.sql`"
         );
     }
@@ -337,7 +466,7 @@ mod tests {
 
     #[test]
     fn publication_comes_before_slot() {
-        let sql = script(&default_names());
+        let sql = script(&default_names(), "p");
         let publication = sql.find("CREATE PUBLICATION").expect("publication");
         let slot = sql
             .find("pg_create_logical_replication_slot")
@@ -355,7 +484,7 @@ mod tests {
             slot: "slot_0".into(),
             exchange: "outbox".into(),
         };
-        for sql in [script(&names), poll_script(&names)] {
+        for sql in [script(&names, "my:prefix 'q' -- x"), poll_script(&names)] {
             for line in sql
                 .lines()
                 .filter(|line| line.trim_start().starts_with("--"))
@@ -386,8 +515,10 @@ mod tests {
         let mut names = default_names();
         names.table = "app.Events".into();
         names.slot = "it's".into();
-        let sql = script(&names);
+        let sql = script(&names, "it's:prefix");
         assert!(sql.contains("\"app\".\"Events\""), "{sql}");
+        assert!(sql.contains("\"app\".\"Events_emit_text\"("), "{sql}");
+        assert!(sql.contains("'it''s:prefix'"), "{sql}");
         assert!(sql.contains("'it''s'"), "{sql}");
     }
 }

@@ -82,6 +82,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         args.observability.slot_poll_interval,
         &observing,
     );
+    let emit_prefix = args.emit.prefix(&args.names.table);
     let ctx = SessionContext {
         database_url,
         brokers,
@@ -93,6 +94,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         metrics: observability::RelayMetrics::new(),
         cleanup: args.cleanup,
         dead_letter_exchange,
+        emit_prefix,
     };
     let mut backoff = Backoff::new(Duration::from_millis(500), ctx.tuning.max_backoff());
     let mut stuck: Option<String> = None;

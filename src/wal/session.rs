@@ -24,7 +24,7 @@ use crate::config::{CleanupArgs, OutboxNames, Tuning};
 use crate::db;
 use crate::error::RelayError;
 use crate::mapper::Mapper;
-use crate::observability::{Health, RelayMetrics};
+use crate::observability::{Health, RelayMetrics, StreamMetrics};
 use crate::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions};
 use crate::wal::heartbeat::{self, Heartbeat};
 use crate::wal::preflight;
@@ -51,6 +51,8 @@ pub struct SessionContext {
     pub cleanup: CleanupArgs,
     /// The dead-letter exchange under `--on-unroutable dead-letter`; `None` under halt.
     pub dead_letter_exchange: Option<String>,
+    /// The prefix of this outbox's emitted events (`--emit-prefix`).
+    pub emit_prefix: String,
 }
 
 /// Runs one session. `stuck` names a message that failed in an earlier session: until the
@@ -152,6 +154,8 @@ pub async fn run(
             RelationCache::new(schema, table),
             ctx.heartbeat.clone(),
             broker.dead_letter_exchange().cloned(),
+            ctx.emit_prefix.clone(),
+            StreamMetrics::new(),
         ),
         start: slot.confirmed_flush,
         silence_limit: ctx.tuning.heartbeat_interval().map(|i| i * 3),
