@@ -1,0 +1,437 @@
+//! The table-less outbox (issue 13): events written with the emit functions `setup` creates,
+//! published by `run` like rows, against real PostgreSQL and RabbitMQ.
+//!
+//! Oracles come from outside the relay: a `test_decoding` slot created before the writers
+//! start (it shows the logical messages too, in WAL order with the rows), the ids the emit
+//! functions returned to the writers, the outbox table itself, the queues and
+//! `pg_replication_slots`.
+
+use outbox_testkit as common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use common::faults::{ids_of, wait_for_ids, Oracle};
+use common::http::{metric_value, metrics};
+use common::outbox::Outbox;
+use common::{
+    declare_bound_queue, pg_connect, read_test_decoding_with_messages, unique_name, Consumer,
+    Received,
+};
+
+const OUTBOX: &str = "public.outbox";
+/// `--emit-prefix`'s default for the table `outbox`.
+const PREFIX: &str = "outbox-relay:emit:public.outbox";
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// What a writer expects the consumer to receive for one committed event.
+#[derive(Debug, Clone)]
+enum Expected {
+    Json(serde_json::Value),
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
+/// What the writers did: the ids of committed events and rows, what each event must carry,
+/// and the ids the database returned for work that was rolled back.
+#[derive(Default)]
+struct Written {
+    events: HashMap<String, Expected>,
+    rows: HashSet<String>,
+    undone: HashSet<String>,
+}
+
+/// `writers` connections, each writing until it has committed `per_writer` events: 1 to 8
+/// operations a transaction, most `outbox_emit` (jsonb), some `outbox_emit_text`,
+/// `outbox_emit_bytea` or a plain insert into the table; about 5 % of transactions rolled
+/// back, and about 5 % of operations undone by ROLLBACK TO SAVEPOINT inside transactions that
+/// commit. Deterministic per writer.
+async fn write_events(db_url: &str, writers: usize, per_writer: usize) -> Written {
+    let mut tasks = Vec::new();
+    for writer in 0..writers {
+        let db_url = db_url.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut client = pg_connect(&db_url).await;
+            let mut written = Written::default();
+            let mut seed = writer as u64 * 7919 + 17;
+            let mut next = move |n: u64| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (seed >> 33) % n
+            };
+            let mut committed = 0;
+            while committed < per_writer {
+                let txn = client.transaction().await.expect("begin");
+                let rollback = next(100) < 5;
+                let mut events = Vec::new();
+                let mut rows = Vec::new();
+                let mut undone = Vec::new();
+                for op in 0..1 + next(8) {
+                    let savepoint = next(100) < 5;
+                    if savepoint {
+                        txn.batch_execute("SAVEPOINT sp").await.expect("savepoint");
+                    }
+                    let n = format!("{writer}-{committed}-{op}");
+                    let (id, expected): (String, Option<Expected>) = match next(100) {
+                        0..=9 => {
+                            let id = txn
+                                .query_one(
+                                    "INSERT INTO outbox (event_type, payload) \
+                                     VALUES ('Row', jsonb_build_object('n', $1::text)) \
+                                     RETURNING id::text",
+                                    &[&n],
+                                )
+                                .await
+                                .expect("insert");
+                            (id.get(0), None)
+                        }
+                        10..=14 => {
+                            let text = format!("text {n} \"q\" é\n");
+                            let id = txn
+                                .query_one("SELECT outbox_emit_text('Text', $1)::text", &[&text])
+                                .await
+                                .expect("outbox_emit_text");
+                            (id.get(0), Some(Expected::Text(text)))
+                        }
+                        15..=19 => {
+                            let bytes: Vec<u8> = [0, 255, writer as u8]
+                                .into_iter()
+                                .chain(n.bytes())
+                                .collect();
+                            let id = txn
+                                .query_one("SELECT outbox_emit_bytea('Bytes', $1)::text", &[&bytes])
+                                .await
+                                .expect("outbox_emit_bytea");
+                            (id.get(0), Some(Expected::Bytes(bytes)))
+                        }
+                        _ => {
+                            let payload = serde_json::json!({"writer": writer, "n": n});
+                            let id = txn
+                                .query_one(
+                                    "SELECT outbox_emit(event_type => 'Json', \
+                                     payload => $1::text::jsonb, aggregate_id => $2)::text",
+                                    &[&payload.to_string(), &writer.to_string()],
+                                )
+                                .await
+                                .expect("outbox_emit");
+                            (id.get(0), Some(Expected::Json(payload)))
+                        }
+                    };
+                    if savepoint && next(2) == 0 {
+                        txn.batch_execute("ROLLBACK TO SAVEPOINT sp")
+                            .await
+                            .expect("rollback to savepoint");
+                        undone.push(id);
+                    } else {
+                        match expected {
+                            Some(expected) => events.push((id, expected)),
+                            None => rows.push(id),
+                        }
+                    }
+                }
+                if rollback {
+                    txn.rollback().await.expect("rollback");
+                    undone.extend(events.into_iter().map(|(id, _)| id));
+                    undone.extend(rows);
+                } else {
+                    txn.commit().await.expect("commit");
+                    committed += events.len();
+                    written.events.extend(events);
+                    written.rows.extend(rows);
+                }
+                written.undone.extend(undone);
+            }
+            written
+        }));
+    }
+    let mut all = Written::default();
+    for task in tasks {
+        let written = task.await.expect("writer task");
+        all.events.extend(written.events);
+        all.rows.extend(written.rows);
+        all.undone.extend(written.undone);
+    }
+    all
+}
+
+/// `received` carries what its writer emitted, with the content type of its payload type.
+fn assert_carries(received: &Received, expected: &Expected) {
+    let (content_type, kind) = match expected {
+        Expected::Json(json) => {
+            assert_eq!(&received.body_json(), json, "jsonb payload JSON-equal");
+            ("application/json", "Json")
+        }
+        Expected::Text(text) => {
+            assert_eq!(received.body, text.as_bytes(), "text payload byte-equal");
+            ("text/plain; charset=utf-8", "Text")
+        }
+        Expected::Bytes(bytes) => {
+            assert_eq!(&received.body, bytes, "bytea payload byte-equal");
+            ("application/octet-stream", "Bytes")
+        }
+    };
+    assert_eq!(received.content_type.as_deref(), Some(content_type));
+    assert_eq!(received.kind.as_deref(), Some(kind));
+    assert_eq!(received.routing_key, kind);
+    assert_eq!(received.delivery_mode, Some(2), "persistent");
+    assert!(received.timestamp.is_some(), "created_at as timestamp");
+}
+
+/// Acceptance 1: 20,000 events from 8 writers, with rollbacks, savepoints rolled back and
+/// table inserts in the same transactions. Every committed event arrives once, none that was
+/// rolled back, in commit order interleaved with the rows as in the WAL; the ids the emit
+/// functions returned are the message ids; `outbox_emit` writes nothing to the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emitted_events_arrive_once_in_commit_order_with_the_rows() {
+    let outbox = Outbox::new("emit_order").await;
+    let oracle = Oracle::create(&outbox).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let (relay, port) = outbox.spawn_observed(&[]);
+
+    let written = write_events(&outbox.db_url, 8, 2_500).await;
+    assert!(written.events.len() >= 20_000);
+    assert!(!written.undone.is_empty() && !written.rows.is_empty());
+
+    let txns = read_test_decoding_with_messages(&outbox.client, &oracle.slot).await;
+    let expected: Vec<String> = txns
+        .iter()
+        .flat_map(|t| t.row_and_message_ids(OUTBOX, PREFIX))
+        .collect();
+    let emitted: HashSet<String> = txns.iter().flat_map(|t| t.message_ids(PREFIX)).collect();
+    let returned: HashSet<String> = written.events.keys().cloned().collect();
+    assert_eq!(
+        emitted, returned,
+        "the oracle's committed events are exactly those whose ids the emit functions returned"
+    );
+    assert_eq!(expected.len(), written.events.len() + written.rows.len());
+
+    let received = consumer
+        .wait_settled(expected.len(), Duration::from_secs(180))
+        .await
+        .to_vec();
+    let got = ids_of(&received);
+    assert_eq!(
+        got.len(),
+        expected.len(),
+        "each event and row exactly once; log:\n{}",
+        relay.log()
+    );
+    assert_eq!(
+        got, expected,
+        "commit order, events and rows of a transaction in WAL order"
+    );
+    assert!(
+        got.iter().all(|id| !written.undone.contains(*id)),
+        "nothing rolled back arrives"
+    );
+    let seqs: Vec<&str> = received
+        .iter()
+        .map(|r| r.header_str("x-outbox-seq").expect("x-outbox-seq"))
+        .collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "x-outbox-seq increases across rows and events"
+    );
+    for r in &received {
+        let id = r.message_id.as_deref().expect("message_id");
+        if let Some(expected) = written.events.get(id) {
+            assert_carries(r, expected);
+            assert!(r.header_str("x-outbox-lsn").is_some());
+        }
+    }
+    let json = received
+        .iter()
+        .find(|r| r.kind.as_deref() == Some("Json"))
+        .expect("a jsonb event");
+    let writer = json.body_json()["writer"].to_string();
+    assert_eq!(json.header_str("x-aggregate-id"), Some(writer.as_str()));
+
+    let rows: i64 = outbox
+        .client
+        .query_one("SELECT count(*) FROM outbox", &[])
+        .await
+        .expect("count rows")
+        .get(0);
+    assert_eq!(
+        rows as usize,
+        written.rows.len(),
+        "the table holds the inserted rows only: outbox_emit writes nothing to it"
+    );
+
+    let scrape = metrics(port).await;
+    let count = |source: &str| {
+        metric_value(
+            &scrape,
+            &format!("outbox_relay_decoded_messages_total{{source=\"{source}\"}}"),
+        )
+    };
+    assert_eq!(relay.sessions(), 1, "no reconnect; log:\n{}", relay.log());
+    assert_eq!(count("emitted"), Some(written.events.len() as f64));
+    assert_eq!(count("row"), Some(written.rows.len() as f64));
+
+    let last = txns.last().expect("transactions").end_lsn;
+    assert!(
+        outbox.wait_confirmed_flush(last, MINUTE).await,
+        "the slot reaches the last commit; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+}
+
+/// Emits one event of `event_type` with a small jsonb payload in its own transaction.
+async fn emit(outbox: &Outbox, event_type: &str) -> String {
+    outbox
+        .client
+        .query_one("SELECT outbox_emit($1, '{\"n\": 1}')::text", &[&event_type])
+        .await
+        .expect("outbox_emit")
+        .get(0)
+}
+
+/// Writes `content` by hand as a transactional message with the outbox's prefix.
+async fn emit_by_hand(outbox: &Outbox, content: &str) {
+    outbox
+        .client
+        .execute(
+            "SELECT pg_logical_emit_message(true, $1, $2::text)",
+            &[&PREFIX, &content],
+        )
+        .await
+        .expect("pg_logical_emit_message");
+}
+
+/// The end LSN of the transaction that wrote the message with `prefix` and no readable id.
+async fn end_of_unreadable_message(outbox: &Outbox, oracle: &Oracle) -> u64 {
+    read_test_decoding_with_messages(&outbox.client, &oracle.slot)
+        .await
+        .iter()
+        .find(|t| {
+            t.changes
+                .iter()
+                .any(|c| c.op == "MESSAGE" && c.table == PREFIX && c.id.is_none())
+        })
+        .expect("the oracle has the malformed message")
+        .end_lsn
+}
+
+/// Acceptance 4: a malformed envelope, and one of a newer version, written by hand with the
+/// prefix. Under halt the relay stops at the first, naming it, delivers what came before and
+/// acknowledges nothing past it; under dead-letter both go to the dead-letter exchange with
+/// the reason, and delivery moves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_envelopes_halt_or_are_dead_lettered_never_acknowledged_silently() {
+    let outbox = Outbox::new("emit_malformed").await;
+    let dead_letter_exchange = format!("{}.dead-letter", outbox.exchange);
+    let policy = [
+        "--on-unroutable",
+        "dead-letter",
+        "--dead-letter-exchange",
+        dead_letter_exchange.as_str(),
+    ];
+    let setup = outbox.run_command(&[&["setup"][..], &policy].concat());
+    assert!(setup.status.success(), "{setup:?}");
+    let dead_letter_queue = unique_name("emit_dlq");
+    declare_bound_queue(
+        &outbox.amqp_url,
+        &dead_letter_exchange,
+        &dead_letter_queue,
+        "#",
+    )
+    .await;
+    let oracle = Oracle::create(&outbox).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
+
+    let before = emit(&outbox, "Good.before").await;
+    emit_by_hand(&outbox, "not an envelope {secret-7f3a}").await;
+    emit_by_hand(
+        &outbox,
+        r#"{"v": 2, "id": "from-the-future", "event_type": "Good.future"}"#,
+    )
+    .await;
+    let after = emit(&outbox, "Good.after").await;
+    let malformed_end = end_of_unreadable_message(&outbox, &oracle).await;
+
+    // Halt (the default): stops at the malformed message, naming it and the fix.
+    let relay = outbox.spawn_relay(&["--max-backoff-secs", "1"]);
+    let status = relay.wait_exit(MINUTE).await.unwrap_or_else(|| {
+        panic!(
+            "the relay did not stop at the malformed envelope; log:\n{}",
+            relay.log()
+        )
+    });
+    assert!(!status.success(), "exits non-zero; log:\n{}", relay.log());
+    let log = relay.log();
+    assert!(
+        log.contains("emitted event") && log.contains("envelope") && log.contains("docs/emit.md"),
+        "the error names the event and the fix; log:\n{log}"
+    );
+    assert!(
+        !log.contains("secret-7f3a"),
+        "no content in the log:\n{log}"
+    );
+    assert!(
+        wait_for_ids(&mut consumer, std::slice::from_ref(&before), MINUTE).await,
+        "the event before it is delivered; log:\n{log}"
+    );
+    assert!(
+        outbox.confirmed_flush().await < malformed_end,
+        "nothing acknowledged past the malformed message"
+    );
+
+    // Dead-letter: both go to the dead-letter exchange with the reason; delivery moves on.
+    let (relay, port) = outbox.spawn_observed(&policy);
+    assert!(
+        wait_for_ids(&mut consumer, std::slice::from_ref(&after), MINUTE).await,
+        "the event after them is delivered; log:\n{}",
+        relay.log()
+    );
+    let letters = dead_letters.wait_for(2, MINUTE).await.to_vec();
+    assert_eq!(letters.len(), 2, "{letters:#?}; log:\n{}", relay.log());
+    let reason = |r: &Received| {
+        r.header_str("x-outbox-dead-letter-reason")
+            .unwrap_or_default()
+            .to_string()
+    };
+    let malformed = &letters[0];
+    let seq = malformed
+        .header_str("x-outbox-seq")
+        .expect("x-outbox-seq")
+        .to_string();
+    assert_eq!(
+        malformed.message_id.as_deref(),
+        Some(format!("emitted-{seq}").as_str()),
+        "no readable id: one made of its stream position"
+    );
+    assert_eq!(malformed.body, b"not an envelope {secret-7f3a}");
+    assert!(
+        reason(malformed).starts_with("unmappable: envelope"),
+        "{}",
+        reason(malformed)
+    );
+    assert!(
+        reason(&letters[1]).contains("version 2"),
+        "{}",
+        reason(&letters[1])
+    );
+    let last = read_test_decoding_with_messages(&outbox.client, &oracle.slot)
+        .await
+        .last()
+        .map(|t| t.end_lsn)
+        .expect("transactions");
+    assert!(
+        outbox.wait_confirmed_flush(last, MINUTE).await,
+        "the slot moves past the dead-lettered messages; log:\n{}",
+        relay.log()
+    );
+    let scrape = metrics(port).await;
+    assert_eq!(
+        metric_value(
+            &scrape,
+            "outbox_relay_messages_dead_lettered_total{reason=\"unmappable\"}"
+        ),
+        Some(2.0)
+    );
+    relay.stop().await;
+}
