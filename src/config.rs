@@ -491,7 +491,8 @@ pub struct SetupArgs {
     pub connections: Connections,
     #[command(flatten)]
     pub names: OutboxNames,
-    /// Do not create the outbox table (a DBA created it); still checks that it exists.
+    /// Do not create the outbox table or the emit functions (a DBA created them); still
+    /// checks that the table exists, and says whether the emit functions do.
     #[arg(long, env = "OUTBOX_NO_CREATE_TABLE")]
     pub no_create_table: bool,
     /// Print the provisioning SQL for these names and exit, without connecting (for DBAs).
@@ -513,6 +514,36 @@ pub struct SetupArgs {
     pub dead_letter: DeadLetterArgs,
     #[command(flatten)]
     pub emit: EmitArgs,
+    #[command(flatten)]
+    pub restrict_emit: RestrictEmitArgs,
+}
+
+/// `setup --restrict-emit`: who may write events (docs/emit.md, "Who may emit").
+#[derive(Debug, Clone, Args)]
+pub struct RestrictEmitArgs {
+    /// Restrict who may emit events (needs a superuser): revoke EXECUTE on both
+    /// pg_logical_emit_message overloads from PUBLIC, make the emit functions SECURITY
+    /// DEFINER with a pinned search_path, revoke them from PUBLIC and grant them to
+    /// --emit-role, and grant pg_logical_emit_message(boolean, text, text) to --relay-role
+    /// for its heartbeats.
+    #[arg(long, env = "OUTBOX_RESTRICT_EMIT", requires = "emit_role")]
+    pub restrict_emit: bool,
+
+    /// With --restrict-emit: the role that may call the emit functions (the application's).
+    #[arg(long, env = "OUTBOX_EMIT_ROLE", value_parser = parse_identifier)]
+    pub emit_role: Option<String>,
+
+    /// With --restrict-emit: the role `run` connects as, which keeps EXECUTE on
+    /// pg_logical_emit_message for its heartbeats. Default: the role setup connects as.
+    #[arg(long, env = "OUTBOX_RELAY_ROLE", value_parser = parse_identifier)]
+    pub relay_role: Option<String>,
+}
+
+impl RestrictEmitArgs {
+    /// The application's role when emitting is to be restricted, `None` otherwise.
+    pub fn emit_role(&self) -> Option<&str> {
+        self.emit_role.as_deref().filter(|_| self.restrict_emit)
+    }
 }
 
 /// The table-less outbox (docs/emit.md): the prefix of this outbox's logical messages.
@@ -1071,6 +1102,8 @@ mod tests {
             ("resync", &["--slot", "s"]),
             ("resync", &["--publication", "p"]),
             ("poll", &["--emit-prefix", "p"]),
+            ("run", &["--restrict-emit"]),
+            ("run", &["--emit-role", "app"]),
             ("resync", &["--emit-prefix", "p"]),
             ("status", &["--emit-prefix", "p"]),
             ("teardown", &["--emit-prefix", "p"]),
@@ -1111,7 +1144,13 @@ mod tests {
         let accepted: &[(&str, Vec<&str>)] = &[
             (
                 "setup",
-                [&amqp[..], &names, &["--print-sql", "--emit-prefix", "e"]].concat(),
+                [
+                    &amqp[..],
+                    &names,
+                    &["--print-sql", "--emit-prefix", "e", "--restrict-emit"],
+                    &["--emit-role", "app", "--relay-role", "relay"],
+                ]
+                .concat(),
             ),
             (
                 "run",
@@ -1192,6 +1231,17 @@ mod tests {
                 "{bad:?}: {refused:?}"
             );
         }
+    }
+
+    #[test]
+    fn restrict_emit_needs_the_emit_role() {
+        let e = parse(&["setup", "--restrict-emit"]).expect_err("needs --emit-role");
+        assert_eq!(
+            e.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument,
+            "{e}"
+        );
+        assert!(e.to_string().contains("--emit-role"), "{e}");
     }
 
     #[test]

@@ -520,3 +520,172 @@ async fn kill_9_mid_stream_of_emitted_events_loses_nothing_and_bounds_duplicates
         "duplicates {duplicates} within {bound}"
     );
 }
+
+/// `url` (the harness's own server, where every role logs in without a password) as `role`.
+fn as_role(url: &str, role: &str) -> String {
+    url.replacen("postgres://postgres@", &format!("postgres://{role}@"), 1)
+}
+
+/// The SQLSTATE of calling `sql` as the client, `None` if it succeeds.
+async fn sqlstate_of(client: &tokio_postgres::Client, sql: &str) -> Option<String> {
+    client
+        .batch_execute(sql)
+        .await
+        .err()
+        .map(|e| e.code().map_or("none".into(), |c| c.code().to_string()))
+}
+
+/// Acceptance 3: `setup --restrict-emit --emit-role app`. Run by a non-superuser it fails
+/// with a clear error and changes nothing; run by a superuser, `app` can call the emit
+/// functions and neither overload of pg_logical_emit_message, another role cannot call
+/// them, and the relay, as a least-privilege role, still writes and sees its heartbeats and
+/// delivers app's events. A later setup without --restrict-emit refuses to undo it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restrict_emit_lets_only_the_app_role_emit_and_keeps_the_heartbeats() {
+    if std::env::var(common::DATABASE_URL_ENV).is_ok_and(|url| !url.is_empty()) {
+        eprintln!("skipped: needs the harness's own server (roles log in without a password)");
+        return;
+    }
+    let outbox = Outbox::new("emit_restrict").await;
+    let [app, other, relay_role] = ["app", "other", "relay"].map(unique_name);
+    outbox
+        .client
+        .batch_execute(&format!(
+            "CREATE ROLE {app} LOGIN; CREATE ROLE {other} LOGIN; \
+             CREATE ROLE {relay_role} LOGIN REPLICATION; \
+             GRANT SELECT, DELETE ON TABLE public.outbox TO {relay_role};"
+        ))
+        .await
+        .expect("roles");
+    let emit_call = "SELECT outbox_emit('Restricted', '{}')";
+    let direct = [
+        "SELECT pg_logical_emit_message(true, 'outbox-relay:emit:public.outbox', 'forged')",
+        "SELECT pg_logical_emit_message(true, 'outbox-relay:emit:public.outbox', 'forged'::bytea)",
+    ];
+    let restrict = [
+        "setup",
+        "--restrict-emit",
+        "--emit-role",
+        app.as_str(),
+        "--relay-role",
+        relay_role.as_str(),
+    ];
+
+    // A non-superuser: a clear error, and nothing changed.
+    let other_url = as_role(&outbox.db_url, &other);
+    let refused = std::process::Command::new(common::relay::binary())
+        .args(restrict)
+        .args(outbox.flags_via("setup", &other_url, &outbox.amqp_url))
+        .env_remove("DATABASE_URL")
+        .env_remove("AMQP_URL")
+        .output()
+        .expect("setup as a non-superuser");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&refused.stdout),
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("needs a superuser") && said.contains("Nothing was changed"),
+        "{said}"
+    );
+    let other_client = pg_connect(&other_url).await;
+    assert_eq!(
+        sqlstate_of(&other_client, emit_call).await,
+        None,
+        "unchanged"
+    );
+    // (Another prefix: a forged message with ours would rightly stop the relay below.)
+    let unrelated = "SELECT pg_logical_emit_message(true, 'test:unrelated', 'x')";
+    assert_eq!(
+        sqlstate_of(&other_client, unrelated).await,
+        None,
+        "unchanged"
+    );
+
+    // A superuser: restricted.
+    let done = outbox.run_command(&restrict);
+    assert!(done.status.success(), "{done:?}");
+    let app_client = pg_connect(&as_role(&outbox.db_url, &app)).await;
+    let other_client = pg_connect(&other_url).await;
+    assert_eq!(
+        sqlstate_of(&app_client, emit_call).await,
+        None,
+        "app may emit"
+    );
+    for sql in direct {
+        assert_eq!(
+            sqlstate_of(&app_client, sql).await.as_deref(),
+            Some("42501"),
+            "app may not call {sql}"
+        );
+        assert_eq!(
+            sqlstate_of(&other_client, sql).await.as_deref(),
+            Some("42501")
+        );
+    }
+    for function in ["outbox_emit_text", "outbox_emit_bytea"] {
+        let sql = format!("SELECT {function}('Restricted', NULL)");
+        assert_eq!(sqlstate_of(&app_client, &sql).await, None, "{sql}");
+        assert_eq!(
+            sqlstate_of(&other_client, &sql).await.as_deref(),
+            Some("42501"),
+            "another role may not call {function}"
+        );
+    }
+    assert_eq!(
+        sqlstate_of(&other_client, emit_call).await.as_deref(),
+        Some("42501"),
+        "another role may not emit"
+    );
+
+    // The relay as a least-privilege role: heartbeats still work, app's events arrive.
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let port = common::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let relay_url = as_role(&outbox.db_url, &relay_role);
+    let relay = outbox.spawn_relay_via(
+        &relay_url,
+        &outbox.amqp_url,
+        &["--heartbeat-interval-secs", "1", "--metrics-addr", &addr],
+    );
+    let id: String = app_client
+        .query_one("SELECT outbox_emit('Restricted', '{\"n\": 1}')::text", &[])
+        .await
+        .expect("app emits")
+        .get(0);
+    assert!(
+        wait_for_ids(&mut consumer, std::slice::from_ref(&id), MINUTE).await,
+        "app's event arrives; log:\n{}",
+        relay.log()
+    );
+    let scrape = common::http::wait_metrics(port, MINUTE, |m| {
+        metric_value(m, "outbox_relay_heartbeat_lag_seconds").is_some()
+    })
+    .await;
+    assert!(
+        metric_value(&scrape, "outbox_relay_heartbeat_lag_seconds").is_some_and(|lag| lag < 30.0),
+        "heartbeats are written and acknowledged; log:\n{}",
+        relay.log()
+    );
+    assert!(
+        !relay.log().contains("heartbeats disabled"),
+        "{}",
+        relay.log()
+    );
+    relay.stop().await;
+
+    // setup without --restrict-emit would undo it: refused.
+    let undo = outbox.run_command(&["setup"]);
+    assert_eq!(undo.status.code(), Some(1), "{undo:?}");
+    assert!(
+        String::from_utf8_lossy(&undo.stderr).contains("--restrict-emit"),
+        "{undo:?}"
+    );
+    assert_eq!(
+        sqlstate_of(&app_client, emit_call).await,
+        None,
+        "still restricted, still works"
+    );
+}
