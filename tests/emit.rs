@@ -689,3 +689,44 @@ async fn restrict_emit_lets_only_the_app_role_emit_and_keeps_the_heartbeats() {
         "still restricted, still works"
     );
 }
+
+/// Other prefixes are not ours: ignored and counted, never published. A relay whose
+/// --emit-prefix differs from the one the emit functions write refuses to start, since it
+/// would skip (and lose) their events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_prefixes_are_ignored_and_a_prefix_mismatch_refuses_to_start() {
+    let outbox = Outbox::new("emit_prefixes").await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+
+    let mismatched =
+        outbox.spawn_relay(&["--emit-prefix", "someone:else", "--metrics-addr", "off"]);
+    let status = mismatched.wait_exit(MINUTE).await.expect("exits");
+    assert!(!status.success());
+    let log = mismatched.log();
+    assert!(
+        log.contains("'someone:else'") && log.contains("--emit-prefix"),
+        "names the prefix and the flag; log:\n{log}"
+    );
+
+    outbox
+        .client
+        .batch_execute(
+            "BEGIN; SELECT pg_logical_emit_message(true, 'other:tool', 'not ours'); COMMIT;",
+        )
+        .await
+        .expect("another tool's message");
+    let ours = emit(&outbox, "Ours").await;
+    let (relay, port) = outbox.spawn_observed(&[]);
+    assert!(
+        wait_for_ids(&mut consumer, std::slice::from_ref(&ours), MINUTE).await,
+        "log:\n{}",
+        relay.log()
+    );
+    let scrape = metrics(port).await;
+    assert_eq!(
+        metric_value(&scrape, "outbox_relay_ignored_logical_messages_total"),
+        Some(1.0)
+    );
+    assert_eq!(ids_of(consumer.received()), [ours.as_str()], "only ours");
+    relay.stop().await;
+}

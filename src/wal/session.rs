@@ -65,6 +65,7 @@ pub async fn run(
 ) -> Result<(), RelayError> {
     let database = db::connect(&ctx.database_url).await?;
     let slot = preflight::check_all(&database, &ctx.names).await?;
+    preflight::check_emit_prefix(&database, &ctx.names, &ctx.emit_prefix).await?;
     drop(database);
 
     let mut broker = Broker::connect(&ctx.brokers).await?;
