@@ -613,6 +613,64 @@ pub struct RunArgs {
     pub exchanges: ExchangePolicyArgs,
     #[command(flatten)]
     pub emit: EmitArgs,
+    #[command(flatten)]
+    pub format: MessageFormatArgs,
+}
+
+/// How a message's body is laid out (`run`, `poll`, `resync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MessageFormat {
+    /// The payload itself, as before.
+    Plain,
+    /// A CloudEvents 1.0 JSON event, structured mode.
+    Cloudevents,
+}
+
+/// `--message-format` and the CloudEvents `source` (src/cloudevents.rs, docs/emit.md).
+#[derive(Debug, Clone, Args)]
+pub struct MessageFormatArgs {
+    /// The body of every message: `plain` (the payload) or `cloudevents` (a CloudEvents 1.0
+    /// JSON event in structured mode, content type application/cloudevents+json, the payload
+    /// as its data). The AMQP properties and headers are the same in both.
+    #[arg(long, env = "OUTBOX_MESSAGE_FORMAT", value_enum, default_value_t = MessageFormat::Plain)]
+    pub message_format: MessageFormat,
+
+    /// The CloudEvents `source` attribute (a URI-reference, never with credentials).
+    /// Default: urn:outbox-relay:<database>:<schema>.<table>.
+    #[arg(long, env = "OUTBOX_CLOUDEVENTS_SOURCE", value_parser = parse_cloudevents_source)]
+    pub cloudevents_source: Option<String>,
+}
+
+fn parse_cloudevents_source(source: &str) -> Result<String, String> {
+    crate::cloudevents::check_source(source)?;
+    Ok(source.to_string())
+}
+
+impl MessageFormatArgs {
+    /// `mapper` publishing in this format, for `table` of the database `database_url` names
+    /// (the default source holds its database name, never its user or password).
+    pub fn apply(
+        &self,
+        mapper: crate::mapper::Mapper,
+        database_url: &str,
+        table: &TableName,
+    ) -> Result<crate::mapper::Mapper, RelayError> {
+        if self.message_format == MessageFormat::Plain {
+            return Ok(mapper);
+        }
+        let source = match &self.cloudevents_source {
+            Some(source) => source.clone(),
+            None => {
+                let config = crate::db::parse_url(database_url)?;
+                let database = config
+                    .get_dbname()
+                    .or(config.get_user())
+                    .unwrap_or("postgres");
+                crate::cloudevents::default_source(database, table.table_parts())
+            }
+        };
+        Ok(mapper.with_cloudevents(&source))
+    }
 }
 
 /// Which exchanges a row may send its message to.
@@ -858,6 +916,9 @@ pub struct PollArgs {
 
     #[command(flatten)]
     pub exchanges: ExchangePolicyArgs,
+
+    #[command(flatten)]
+    pub format: MessageFormatArgs,
 }
 
 impl PollArgs {
@@ -984,6 +1045,8 @@ pub struct ResyncArgs {
     pub publishing: Publishing,
     #[command(flatten)]
     pub exchanges: ExchangePolicyArgs,
+    #[command(flatten)]
+    pub format: MessageFormatArgs,
 }
 
 /// A duration: humantime's spellings (`250ms`, `5m`, `1h 30m`, `2days`), and what the relay
@@ -1104,6 +1167,8 @@ mod tests {
             ("poll", &["--emit-prefix", "p"]),
             ("run", &["--restrict-emit"]),
             ("run", &["--emit-role", "app"]),
+            ("setup", &["--message-format", "cloudevents"]),
+            ("status", &["--cloudevents-source", "urn:x"]),
             ("resync", &["--emit-prefix", "p"]),
             ("status", &["--emit-prefix", "p"]),
             ("teardown", &["--emit-prefix", "p"]),

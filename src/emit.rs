@@ -156,7 +156,7 @@ struct Event<'a> {
     body: Bytes,
     kind: PayloadType,
     headers: FieldTable,
-    created_at: Option<u64>,
+    created_at: Option<time::OffsetDateTime>,
 }
 
 /// A serde_json error as a problem to report: its category and place, and the field it
@@ -307,11 +307,12 @@ fn slice_of(whole: &Bytes, part: &[u8]) -> Bytes {
     }
 }
 
-/// Unix seconds of an RFC 3339 time; `None` when it is not one, or before 1970.
-fn rfc3339_seconds(text: &str) -> Option<u64> {
+/// An RFC 3339 time; `None` when it is not one, or before 1970 (AMQP timestamps are Unix
+/// seconds).
+fn rfc3339_seconds(text: &str) -> Option<time::OffsetDateTime> {
     let at =
         time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()?;
-    u64::try_from(at.unix_timestamp()).ok()
+    (at.unix_timestamp() >= 0).then_some(at)
 }
 
 /// The message an emitted event at `position` becomes, or under the dead-letter policy

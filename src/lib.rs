@@ -29,6 +29,7 @@
 
 pub mod backoff;
 pub mod cleanup;
+pub mod cloudevents;
 pub mod config;
 pub mod db;
 pub mod emit;

@@ -164,8 +164,8 @@ pub struct Parts<'a> {
     pub content_type: Option<&'static str>,
     /// The message's own headers; the relay's are added by `assemble`.
     pub headers: FieldTable,
-    /// Unix seconds (AMQP timestamps have one-second resolution).
-    pub created_at: Option<u64>,
+    /// At or after 1970 (AMQP timestamps are Unix seconds).
+    pub created_at: Option<time::OffsetDateTime>,
     pub exchange: Option<&'a str>,
     pub routing_key: Option<&'a str>,
     pub aggregate_type: Option<&'a str>,
@@ -177,6 +177,8 @@ pub struct Mapper {
     default_exchange: ShortString,
     max_message_size: usize,
     allowed_exchanges: AllowedExchanges,
+    /// `--message-format cloudevents`: the events' `source`; `None` for plain.
+    cloudevents_source: Option<std::sync::Arc<str>>,
 }
 
 /// Which exchanges a row's `exchange` column may name (`--allowed-exchanges`): anyone who
@@ -398,7 +400,15 @@ impl Mapper {
             default_exchange,
             max_message_size,
             allowed_exchanges,
+            cloudevents_source: None,
         })
+    }
+
+    /// Bodies as CloudEvents in structured mode, with `source` (`--message-format
+    /// cloudevents`, src/cloudevents.rs).
+    pub fn with_cloudevents(mut self, source: &str) -> Self {
+        self.cloudevents_source = Some(source.into());
+        self
     }
 
     pub fn map(
@@ -450,7 +460,7 @@ impl Mapper {
         };
         let created_at = optional_str(values, layout.created_at, columns::CREATED_AT, &row)?
             .map(|text| {
-                parse_timestamptz(text).map_err(|problem| MapError::Invalid {
+                parse_timestamptz_at(text).map_err(|problem| MapError::Invalid {
                     row: row(),
                     column: columns::CREATED_AT,
                     problem,
@@ -498,12 +508,13 @@ impl Mapper {
             aggregate_type,
             aggregate_id,
         } = parts;
+        let too_large = |size: usize| MapError::TooLarge {
+            row: row(),
+            size,
+            limit: self.max_message_size,
+        };
         if body.len() > self.max_message_size {
-            return Err(MapError::TooLarge {
-                row: row(),
-                size: body.len(),
-                limit: self.max_message_size,
-            });
+            return Err(too_large(body.len()));
         }
         let exchange = match exchange {
             Some(name) if !self.allowed_exchanges.allows(name) => {
@@ -528,6 +539,28 @@ impl Mapper {
                 table.insert(header.into(), AMQPValue::LongString(value.into()));
             }
         }
+        let (body, content_type) = match &self.cloudevents_source {
+            None => (body, content_type),
+            Some(source) => {
+                let attributes = crate::cloudevents::Attributes {
+                    id: &message_id,
+                    source,
+                    event_type,
+                    time: created_at.and_then(|at| {
+                        at.format(&time::format_description::well_known::Rfc3339)
+                            .ok()
+                    }),
+                    aggregate_type,
+                    aggregate_id,
+                    seq: position.map(|p| p.seq()),
+                };
+                let event = crate::cloudevents::structured(&attributes, &body, content_type);
+                if event.len() > self.max_message_size {
+                    return Err(too_large(event.len()));
+                }
+                (event, Some(crate::cloudevents::CONTENT_TYPE))
+            }
+        };
         let mut properties = BasicProperties::default()
             .with_message_id(short(&message_id, columns::ID, row)?)
             .with_type(short(event_type, columns::EVENT_TYPE, row)?)
@@ -536,7 +569,7 @@ impl Mapper {
         if let Some(content_type) = content_type {
             properties = properties.with_content_type(content_type.into());
         }
-        if let Some(seconds) = created_at {
+        if let Some(seconds) = created_at.and_then(|at| u64::try_from(at.unix_timestamp()).ok()) {
             properties = properties.with_timestamp(seconds);
         }
         Ok(OutboxMessage {
@@ -848,9 +881,17 @@ const ISO_TIMESTAMPTZ: &[time::format_description::BorrowedFormatItem<'static>] 
 /// Seconds since the Unix epoch of a timestamptz in ISO output (the pinned DateStyle). AMQP
 /// timestamps have one-second resolution.
 pub fn parse_timestamptz(text: &str) -> Result<u64, String> {
+    parse_timestamptz_at(text).map(|at| at.unix_timestamp().unsigned_abs())
+}
+
+/// [`parse_timestamptz`] as a point in time (at or after 1970).
+pub fn parse_timestamptz_at(text: &str) -> Result<time::OffsetDateTime, String> {
     let at = time::OffsetDateTime::parse(text, ISO_TIMESTAMPTZ)
         .map_err(|_| format!("is not an ISO timestamp with time zone: {text:?}"))?;
-    u64::try_from(at.unix_timestamp()).map_err(|_| format!("is before 1970: {text:?}"))
+    if at.unix_timestamp() < 0 {
+        return Err(format!("is before 1970: {text:?}"));
+    }
+    Ok(at)
 }
 
 #[cfg(test)]

@@ -730,3 +730,145 @@ async fn other_prefixes_are_ignored_and_a_prefix_mismatch_refuses_to_start() {
     assert_eq!(ids_of(consumer.received()), [ours.as_str()], "only ours");
     relay.stop().await;
 }
+
+/// The CloudEvents extension rule (the SDK does not check it): lower-case a-z and 0-9, at most
+/// 20 characters.
+fn valid_extension_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 20
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+/// `received` parses as a CloudEvent (structured mode) with the cloudevents SDK, says what
+/// the plain message's properties say, and carries `data` (JSON, text or bytes).
+fn assert_cloudevent(received: &Received, data: &cloudevents::Data) -> cloudevents::Event {
+    use cloudevents::AttributesReader as _;
+    assert_eq!(
+        received.content_type.as_deref(),
+        Some("application/cloudevents+json")
+    );
+    let event: cloudevents::Event = serde_json::from_slice(&received.body).unwrap_or_else(|e| {
+        panic!(
+            "not a CloudEvent ({e}): {}",
+            String::from_utf8_lossy(&received.body)
+        )
+    });
+    assert_eq!(event.specversion().as_str(), "1.0");
+    assert_eq!(Some(event.id()), received.message_id.as_deref());
+    assert_eq!(Some(event.ty()), received.kind.as_deref());
+    assert!(
+        event.source().starts_with("urn:outbox-relay:")
+            && event.source().ends_with(":public.outbox"),
+        "{}",
+        event.source()
+    );
+    let time = event.time().expect("time");
+    assert_eq!(
+        Some(time.timestamp() as u64),
+        received.timestamp,
+        "time = created_at"
+    );
+    assert_eq!(event.data(), Some(data));
+    for (name, _) in event.iter_extensions() {
+        assert!(valid_extension_name(name), "extension name {name:?}");
+    }
+    if let Some(seq) = received.header_str("x-outbox-seq") {
+        assert_eq!(
+            event.extension("outboxseq").map(|v| v.to_string()),
+            Some(seq.to_string())
+        );
+    }
+    event
+}
+
+/// Acceptance 5: every message of a run in `cloudevents` format parses with the cloudevents
+/// SDK, for json, text and bytea payloads, rows and emitted events, in WAL mode and (rows)
+/// in polling mode; the AMQP properties stay as in plain mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_format_parses_with_the_sdk_for_rows_and_emitted_events() {
+    use cloudevents::Data;
+    let outbox = Outbox::new("emit_ce").await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let relay = outbox.spawn_relay(&["--message-format", "cloudevents"]);
+    let row = outbox.insert("CeRow", r#"{"kind": "row"}"#).await;
+    let json: String = outbox
+        .client
+        .query_one(
+            "SELECT outbox_emit('CeJson', '{\"kind\": \"emitted\"}', aggregate_type => 'Order', \
+             aggregate_id => '42')::text",
+            &[],
+        )
+        .await
+        .expect("outbox_emit")
+        .get(0);
+    let text: String = outbox
+        .client
+        .query_one(
+            "SELECT outbox_emit_text('CeText', 'héllo \"q\"')::text",
+            &[],
+        )
+        .await
+        .expect("outbox_emit_text")
+        .get(0);
+    let bytes: String = outbox
+        .client
+        .query_one(
+            "SELECT outbox_emit_bytea('CeBytes', '\\x00ff10')::text",
+            &[],
+        )
+        .await
+        .expect("outbox_emit_bytea")
+        .get(0);
+    let ids = [row.clone(), json.clone(), text.clone(), bytes.clone()];
+    assert!(
+        wait_for_ids(&mut consumer, &ids, MINUTE).await,
+        "log:\n{}",
+        relay.log()
+    );
+    let received = consumer.received().to_vec();
+    let by_id = |id: &str| {
+        received
+            .iter()
+            .find(|r| r.message_id.as_deref() == Some(id))
+            .expect("received")
+    };
+    assert_cloudevent(by_id(&row), &Data::Json(serde_json::json!({"kind": "row"})));
+    let event = assert_cloudevent(
+        by_id(&json),
+        &Data::Json(serde_json::json!({"kind": "emitted"})),
+    );
+    assert_eq!(
+        event.extension("aggregateid").map(|v| v.to_string()),
+        Some("42".to_string())
+    );
+    assert_eq!(
+        event.extension("aggregatetype").map(|v| v.to_string()),
+        Some("Order".to_string())
+    );
+    assert_eq!(
+        by_id(&json).header_str("x-aggregate-id"),
+        Some("42"),
+        "headers as in plain mode"
+    );
+    assert_cloudevent(by_id(&text), &Data::String("héllo \"q\"".into()));
+    assert_cloudevent(by_id(&bytes), &Data::Binary(vec![0x00, 0xff, 0x10]));
+    relay.stop().await;
+
+    // Polling mode: rows.
+    let s = common::services();
+    let poll = Outbox::on_poll(&s.pg.url("postgres"), &s.rabbit.url(), "emit_ce_poll").await;
+    let mut consumer = Consumer::start(&poll.amqp_url, &poll.queue).await;
+    let poller = poll.spawn_poll(&["--message-format", "cloudevents"], &[]);
+    let id = poll.insert("CePolled", r#"{"kind": "polled"}"#).await;
+    assert!(
+        wait_for_ids(&mut consumer, std::slice::from_ref(&id), MINUTE).await,
+        "log:\n{}",
+        poller.log()
+    );
+    let polled = consumer.received()[0].clone();
+    let event = assert_cloudevent(&polled, &Data::Json(serde_json::json!({"kind": "polled"})));
+    assert!(event.extension("outboxseq").is_none(), "no stream position");
+    poller.stop().await;
+}

@@ -67,6 +67,9 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
     // Both URLs are parsed before anything starts: a malformed one is a definite error (exit
     // 1 now), never an outage to retry.
     let database_url = args.connections.database_url()?;
+    let mapper = args
+        .format
+        .apply(mapper, &database_url, &args.names.table)?;
     let role = crate::db::parse_url(&database_url)?
         .get_user()
         .map(str::to_string);
