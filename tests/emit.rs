@@ -872,3 +872,51 @@ async fn cloudevents_format_parses_with_the_sdk_for_rows_and_emitted_events() {
     assert!(event.extension("outboxseq").is_none(), "no stream position");
     poller.stop().await;
 }
+
+/// The envelope's `shard_hash` is the hash a sharded outbox's row filter computes
+/// (DESIGN.md section 8): a shard can select its events by it without reimplementing
+/// PostgreSQL's hash functions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_hash_is_the_row_filters_hash_computed_in_sql() {
+    let outbox = Outbox::new("emit_hash").await;
+    let oracle = Oracle::create(&outbox).await;
+    let mut expected = HashMap::new();
+    for aggregate_id in [None, Some("42"), Some("order-ü-7"), None] {
+        let row = outbox
+            .client
+            .query_one(
+                "WITH e AS (SELECT outbox_emit('Hashed', '{}', aggregate_id => $1) AS id) \
+                 SELECT id::text, (CASE WHEN $1::text IS NOT NULL THEN hashtext($1::text) \
+                 ELSE uuid_hash(id) END) & 2147483647 FROM e",
+                &[&aggregate_id],
+            )
+            .await
+            .expect("emit");
+        expected.insert(row.get::<_, String>(0), i64::from(row.get::<_, i32>(1)));
+    }
+    let contents: Vec<serde_json::Value> = outbox
+        .client
+        .query(
+            "SELECT convert_from(data, 'UTF8') FROM pg_logical_slot_peek_binary_changes($1, \
+             NULL, NULL, 'skip-empty-xacts', '0') WHERE convert_from(data, 'UTF8') LIKE 'message:%'",
+            &[&oracle.slot],
+        )
+        .await
+        .expect("peek")
+        .iter()
+        .filter_map(|row| {
+            let line: String = row.get(0);
+            let (_, json) = line.split_once(" content:")?;
+            serde_json::from_str(json).ok()
+        })
+        .collect();
+    assert_eq!(contents.len(), expected.len(), "{contents:?}");
+    for envelope in contents {
+        let id = envelope["id"].as_str().expect("id");
+        assert_eq!(
+            envelope["shard_hash"].as_i64(),
+            expected.get(id).copied(),
+            "{envelope}"
+        );
+    }
+}
