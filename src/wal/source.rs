@@ -8,7 +8,7 @@
 //!  Message (--emit-prefix, transactional)
 //!                   -> emit -> mapper -> Input::Publish     (numbered with the rows)
 //!  Commit           -> Input::AckPoint(commit end)
-//!  KeepAlive, non-transactional Message, outside a transaction
+//!  KeepAlive, non-transactional Message (not ours), outside a transaction
 //!                   -> Input::AckPoint(WAL end / message LSN)   (idle advance)
 //! ```
 //!
