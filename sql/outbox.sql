@@ -28,3 +28,152 @@ END $outbox_relay$;
 -- the logical replication slot (pgoutput), created only if missing
 SELECT pg_create_logical_replication_slot('outbox_slot', 'pgoutput')
 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outbox_slot');
+
+-- the emit functions: events written straight to the WAL (WAL mode only)
+CREATE OR REPLACE FUNCTION "public"."outbox_emit"(
+    event_type     text,
+    payload        jsonb,
+    headers        jsonb DEFAULT NULL,
+    aggregate_type text  DEFAULT NULL,
+    aggregate_id   text  DEFAULT NULL,
+    exchange       text  DEFAULT NULL,
+    routing_key    text  DEFAULT NULL
+) RETURNS uuid
+LANGUAGE plpgsql VOLATILE
+AS $outbox_relay$
+DECLARE
+    event_id uuid := pg_catalog.gen_random_uuid();
+    envelope jsonb;
+BEGIN
+    IF event_type IS NULL OR pg_catalog.octet_length(event_type) > 255
+       OR pg_catalog.octet_length(exchange) > 255
+       OR pg_catalog.octet_length(routing_key) > 255 THEN
+        RAISE EXCEPTION 'event_type is required; event_type, exchange and routing_key hold at most 255 bytes'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF pg_catalog.jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'headers must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    envelope := pg_catalog.jsonb_build_object(
+        'v', 1,
+        'id', event_id,
+        'event_type', event_type,
+        'created_at', pg_catalog.to_char(pg_catalog.now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'payload_type', 'jsonb',
+        'shard_hash', (CASE WHEN aggregate_id IS NOT NULL THEN pg_catalog.hashtext(aggregate_id)
+                         ELSE pg_catalog.uuid_hash(event_id) END) & 2147483647
+    ) || pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
+        'aggregate_type', aggregate_type,
+        'aggregate_id', aggregate_id,
+        'exchange', exchange,
+        'routing_key', routing_key
+    ));
+    IF headers IS NOT NULL THEN
+        envelope := envelope || pg_catalog.jsonb_build_object('headers', headers);
+    END IF;
+    IF payload IS NOT NULL THEN
+        envelope := envelope || pg_catalog.jsonb_build_object('payload', payload);
+    END IF;
+    PERFORM pg_catalog.pg_logical_emit_message(true, 'outbox-relay:emit:public.outbox',
+        pg_catalog.convert_to(envelope::text, 'UTF8'));
+    RETURN event_id;
+END
+$outbox_relay$;
+CREATE OR REPLACE FUNCTION "public"."outbox_emit_text"(
+    event_type     text,
+    payload        text,
+    headers        jsonb DEFAULT NULL,
+    aggregate_type text  DEFAULT NULL,
+    aggregate_id   text  DEFAULT NULL,
+    exchange       text  DEFAULT NULL,
+    routing_key    text  DEFAULT NULL
+) RETURNS uuid
+LANGUAGE plpgsql VOLATILE
+AS $outbox_relay$
+DECLARE
+    event_id uuid := pg_catalog.gen_random_uuid();
+    envelope jsonb;
+BEGIN
+    IF event_type IS NULL OR pg_catalog.octet_length(event_type) > 255
+       OR pg_catalog.octet_length(exchange) > 255
+       OR pg_catalog.octet_length(routing_key) > 255 THEN
+        RAISE EXCEPTION 'event_type is required; event_type, exchange and routing_key hold at most 255 bytes'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF pg_catalog.jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'headers must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    envelope := pg_catalog.jsonb_build_object(
+        'v', 1,
+        'id', event_id,
+        'event_type', event_type,
+        'created_at', pg_catalog.to_char(pg_catalog.now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'payload_type', 'text',
+        'shard_hash', (CASE WHEN aggregate_id IS NOT NULL THEN pg_catalog.hashtext(aggregate_id)
+                         ELSE pg_catalog.uuid_hash(event_id) END) & 2147483647
+    ) || pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
+        'aggregate_type', aggregate_type,
+        'aggregate_id', aggregate_id,
+        'exchange', exchange,
+        'routing_key', routing_key
+    ));
+    IF headers IS NOT NULL THEN
+        envelope := envelope || pg_catalog.jsonb_build_object('headers', headers);
+    END IF;
+    IF payload IS NOT NULL THEN
+        envelope := envelope || pg_catalog.jsonb_build_object('payload', payload);
+    END IF;
+    PERFORM pg_catalog.pg_logical_emit_message(true, 'outbox-relay:emit:public.outbox',
+        pg_catalog.convert_to(envelope::text, 'UTF8'));
+    RETURN event_id;
+END
+$outbox_relay$;
+CREATE OR REPLACE FUNCTION "public"."outbox_emit_bytea"(
+    event_type     text,
+    payload        bytea,
+    headers        jsonb DEFAULT NULL,
+    aggregate_type text  DEFAULT NULL,
+    aggregate_id   text  DEFAULT NULL,
+    exchange       text  DEFAULT NULL,
+    routing_key    text  DEFAULT NULL
+) RETURNS uuid
+LANGUAGE plpgsql VOLATILE
+AS $outbox_relay$
+DECLARE
+    event_id uuid := pg_catalog.gen_random_uuid();
+    envelope jsonb;
+BEGIN
+    IF event_type IS NULL OR pg_catalog.octet_length(event_type) > 255
+       OR pg_catalog.octet_length(exchange) > 255
+       OR pg_catalog.octet_length(routing_key) > 255 THEN
+        RAISE EXCEPTION 'event_type is required; event_type, exchange and routing_key hold at most 255 bytes'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF pg_catalog.jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'headers must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    envelope := pg_catalog.jsonb_build_object(
+        'v', 1,
+        'id', event_id,
+        'event_type', event_type,
+        'created_at', pg_catalog.to_char(pg_catalog.now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'payload_type', 'bytea',
+        'shard_hash', (CASE WHEN aggregate_id IS NOT NULL THEN pg_catalog.hashtext(aggregate_id)
+                         ELSE pg_catalog.uuid_hash(event_id) END) & 2147483647
+    ) || pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
+        'aggregate_type', aggregate_type,
+        'aggregate_id', aggregate_id,
+        'exchange', exchange,
+        'routing_key', routing_key
+    ));
+    IF headers IS NOT NULL THEN
+        envelope := envelope || pg_catalog.jsonb_build_object('headers', headers);
+    END IF;
+    IF payload IS NOT NULL THEN
+        envelope := envelope || pg_catalog.jsonb_build_object('payload', pg_catalog.translate(pg_catalog.encode(payload, 'base64'), E'\n', ''));
+    END IF;
+    PERFORM pg_catalog.pg_logical_emit_message(true, 'outbox-relay:emit:public.outbox',
+        pg_catalog.convert_to(envelope::text, 'UTF8'));
+    RETURN event_id;
+END
+$outbox_relay$;

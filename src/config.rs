@@ -493,7 +493,8 @@ pub struct SetupArgs {
     pub names: OutboxNames,
     #[command(flatten)]
     pub shards: ShardCount,
-    /// Do not create the outbox table (a DBA created it); still checks that it exists.
+    /// Do not create the outbox table or the emit functions (a DBA created them); still
+    /// checks that the table exists, and says whether the emit functions do.
     #[arg(long, env = "OUTBOX_NO_CREATE_TABLE")]
     pub no_create_table: bool,
     /// Print the provisioning SQL for these names and exit, without connecting (for DBAs).
@@ -513,6 +514,72 @@ pub struct SetupArgs {
     pub mode: ModeArgs,
     #[command(flatten)]
     pub dead_letter: DeadLetterArgs,
+    #[command(flatten)]
+    pub emit: EmitArgs,
+    #[command(flatten)]
+    pub restrict_emit: RestrictEmitArgs,
+}
+
+/// `setup --restrict-emit`: who may write events (docs/emit.md, "Who may emit").
+#[derive(Debug, Clone, Args)]
+pub struct RestrictEmitArgs {
+    /// Restrict who may emit events (needs a superuser): revoke EXECUTE on both
+    /// pg_logical_emit_message overloads from PUBLIC, make the emit functions SECURITY
+    /// DEFINER with a pinned search_path, revoke them from PUBLIC and grant them to
+    /// --emit-role, and grant pg_logical_emit_message(boolean, text, text) to --relay-role
+    /// for its heartbeats.
+    #[arg(long, env = "OUTBOX_RESTRICT_EMIT", requires = "emit_role")]
+    pub restrict_emit: bool,
+
+    /// With --restrict-emit: the role that may call the emit functions (the application's).
+    #[arg(long, env = "OUTBOX_EMIT_ROLE", value_parser = parse_identifier)]
+    pub emit_role: Option<String>,
+
+    /// With --restrict-emit: the role `run` connects as, which keeps EXECUTE on
+    /// pg_logical_emit_message for its heartbeats. Default: the role setup connects as.
+    #[arg(long, env = "OUTBOX_RELAY_ROLE", value_parser = parse_identifier)]
+    pub relay_role: Option<String>,
+}
+
+impl RestrictEmitArgs {
+    /// The application's role when emitting is to be restricted, `None` otherwise.
+    pub fn emit_role(&self) -> Option<&str> {
+        self.emit_role.as_deref().filter(|_| self.restrict_emit)
+    }
+}
+
+/// The table-less outbox (docs/emit.md): the prefix of this outbox's logical messages.
+/// `setup` writes it into the emit functions, `run` publishes the messages that carry it.
+#[derive(Debug, Clone, Args)]
+pub struct EmitArgs {
+    /// Prefix of the logical messages the emit functions write and `run` publishes
+    /// (outbox_emit, docs/emit.md). Default: outbox-relay:emit:<schema>.<table>. Messages
+    /// with other prefixes are ignored; it may not be the heartbeats' prefix.
+    #[arg(long, env = "OUTBOX_EMIT_PREFIX", value_parser = parse_emit_prefix)]
+    pub emit_prefix: Option<String>,
+}
+
+impl EmitArgs {
+    /// The configured prefix, or the default for `table`.
+    pub fn prefix(&self, table: &TableName) -> String {
+        match &self.emit_prefix {
+            Some(prefix) => prefix.clone(),
+            None => crate::emit::default_prefix(table.table_parts()),
+        }
+    }
+}
+
+/// `--emit-prefix`: text that [`check_name_text`] accepts (it goes into the SQL of the emit
+/// functions, dollar-quoted), and not the heartbeats' prefix.
+fn parse_emit_prefix(prefix: &str) -> Result<String, String> {
+    check_name_text(prefix).map_err(|e| e.replace("the name", "the prefix"))?;
+    if prefix == crate::wal::heartbeat::PREFIX {
+        return Err(format!(
+            "{prefix:?} is the prefix of the relay's heartbeats; the emit prefix must differ \
+             (the default is outbox-relay:emit:<schema>.<table>)"
+        ));
+    }
+    Ok(prefix.to_string())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -592,6 +659,66 @@ pub struct RunArgs {
     pub dead_letter: DeadLetterArgs,
     #[command(flatten)]
     pub exchanges: ExchangePolicyArgs,
+    #[command(flatten)]
+    pub emit: EmitArgs,
+    #[command(flatten)]
+    pub format: MessageFormatArgs,
+}
+
+/// How a message's body is laid out (`run`, `poll`, `resync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MessageFormat {
+    /// The payload itself, as before.
+    Plain,
+    /// A CloudEvents 1.0 JSON event, structured mode.
+    Cloudevents,
+}
+
+/// `--message-format` and the CloudEvents `source` (src/cloudevents.rs, docs/emit.md).
+#[derive(Debug, Clone, Args)]
+pub struct MessageFormatArgs {
+    /// The body of every message: `plain` (the payload) or `cloudevents` (a CloudEvents 1.0
+    /// JSON event in structured mode, content type application/cloudevents+json, the payload
+    /// as its data). The AMQP properties and headers are the same in both.
+    #[arg(long, env = "OUTBOX_MESSAGE_FORMAT", value_enum, default_value_t = MessageFormat::Plain)]
+    pub message_format: MessageFormat,
+
+    /// The CloudEvents `source` attribute (a URI-reference, never with credentials).
+    /// Default: urn:outbox-relay:<database>:<schema>.<table>.
+    #[arg(long, env = "OUTBOX_CLOUDEVENTS_SOURCE", value_parser = parse_cloudevents_source)]
+    pub cloudevents_source: Option<String>,
+}
+
+fn parse_cloudevents_source(source: &str) -> Result<String, String> {
+    crate::cloudevents::check_source(source)?;
+    Ok(source.to_string())
+}
+
+impl MessageFormatArgs {
+    /// `mapper` publishing in this format, for `table` of the database `database_url` names
+    /// (the default source holds its database name, never its user or password).
+    pub fn apply(
+        &self,
+        mapper: crate::mapper::Mapper,
+        database_url: &str,
+        table: &TableName,
+    ) -> Result<crate::mapper::Mapper, RelayError> {
+        if self.message_format == MessageFormat::Plain {
+            return Ok(mapper);
+        }
+        let source = match &self.cloudevents_source {
+            Some(source) => source.clone(),
+            None => {
+                let config = crate::db::parse_url(database_url)?;
+                let database = config
+                    .get_dbname()
+                    .or(config.get_user())
+                    .unwrap_or("postgres");
+                crate::cloudevents::default_source(database, table.table_parts())
+            }
+        };
+        Ok(mapper.with_cloudevents(&source))
+    }
 }
 
 /// Which exchanges a row may send its message to.
@@ -837,6 +964,9 @@ pub struct PollArgs {
 
     #[command(flatten)]
     pub exchanges: ExchangePolicyArgs,
+
+    #[command(flatten)]
+    pub format: MessageFormatArgs,
 }
 
 impl PollArgs {
@@ -977,6 +1107,8 @@ pub struct ResyncArgs {
     pub publishing: Publishing,
     #[command(flatten)]
     pub exchanges: ExchangePolicyArgs,
+    #[command(flatten)]
+    pub format: MessageFormatArgs,
 }
 
 /// A duration: humantime's spellings (`250ms`, `5m`, `1h 30m`, `2days`), and what the relay
@@ -1094,6 +1226,14 @@ mod tests {
             ("resync", &["--shutdown-timeout-secs", "5"]),
             ("resync", &["--slot", "s"]),
             ("resync", &["--publication", "p"]),
+            ("poll", &["--emit-prefix", "p"]),
+            ("run", &["--restrict-emit"]),
+            ("run", &["--emit-role", "app"]),
+            ("setup", &["--message-format", "cloudevents"]),
+            ("status", &["--cloudevents-source", "urn:x"]),
+            ("resync", &["--emit-prefix", "p"]),
+            ("status", &["--emit-prefix", "p"]),
+            ("teardown", &["--emit-prefix", "p"]),
         ];
         for (command, flag) in refused {
             let mut argv = vec![*command];
@@ -1129,7 +1269,16 @@ mod tests {
             "5",
         ];
         let accepted: &[(&str, Vec<&str>)] = &[
-            ("setup", [&amqp[..], &names, &["--print-sql"]].concat()),
+            (
+                "setup",
+                [
+                    &amqp[..],
+                    &names,
+                    &["--print-sql", "--emit-prefix", "e", "--restrict-emit"],
+                    &["--emit-role", "app", "--relay-role", "relay"],
+                ]
+                .concat(),
+            ),
             (
                 "run",
                 [
@@ -1137,6 +1286,7 @@ mod tests {
                     &names,
                     &delivery,
                     &["--heartbeat-interval-secs", "5", "--max-in-flight", "5"],
+                    &["--emit-prefix", "e"],
                 ]
                 .concat(),
             ),
@@ -1173,6 +1323,52 @@ mod tests {
                 panic!("{command} {flags:?}: {e}");
             }
         }
+    }
+
+    /// The emit prefix defaults to one per table, and may be neither the heartbeats' prefix
+    /// nor text that could break the SQL of the emit functions.
+    #[test]
+    fn emit_prefix_defaults_per_table_and_refuses_the_heartbeat_prefix() {
+        let run = |extra: &[&str]| {
+            let mut argv = vec!["run", "--database-url", "postgres://x"];
+            argv.extend_from_slice(extra);
+            match parse(&argv).map(|cli| cli.command) {
+                Ok(Command::Run(run)) => Ok(run.emit.prefix(&run.names.table)),
+                Ok(_) => panic!("expected run"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(run(&[]).as_deref(), Ok("outbox-relay:emit:public.outbox"));
+        assert_eq!(
+            run(&["--table", "app.events"]).as_deref(),
+            Ok("outbox-relay:emit:app.events")
+        );
+        assert_eq!(run(&["--emit-prefix", "mine"]).as_deref(), Ok("mine"));
+        let heartbeat = run(&["--emit-prefix", crate::wal::heartbeat::PREFIX]);
+        assert!(
+            heartbeat
+                .as_ref()
+                .is_err_and(|e| e.contains("--emit-prefix") && e.contains("heartbeats")),
+            "{heartbeat:?}"
+        );
+        for bad in ["", "a$b", "a\nb"] {
+            let refused = run(&["--emit-prefix", bad]);
+            assert!(
+                refused.as_ref().is_err_and(|e| e.contains("the prefix")),
+                "{bad:?}: {refused:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn restrict_emit_needs_the_emit_role() {
+        let e = parse(&["setup", "--restrict-emit"]).expect_err("needs --emit-role");
+        assert_eq!(
+            e.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument,
+            "{e}"
+        );
+        assert!(e.to_string().contains("--emit-role"), "{e}");
     }
 
     #[test]

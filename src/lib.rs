@@ -29,8 +29,10 @@
 
 pub mod backoff;
 pub mod cleanup;
+pub mod cloudevents;
 pub mod config;
 pub mod db;
+pub mod emit;
 pub mod error;
 pub mod failpoint;
 pub mod mapper;

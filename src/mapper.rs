@@ -44,8 +44,10 @@ mod type_oid {
     pub const JSONB: u32 = 3802;
 }
 
+/// What a payload is, by its column type (or an emitted event's `payload_type`): it decides
+/// the content type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BodyKind {
+pub enum BodyKind {
     Json,
     Jsonb,
     Bytea,
@@ -62,7 +64,7 @@ impl BodyKind {
         }
     }
 
-    fn content_type(self) -> &'static str {
+    pub fn content_type(self) -> &'static str {
         match self {
             BodyKind::Json | BodyKind::Jsonb => "application/json",
             BodyKind::Bytea => "application/octet-stream",
@@ -152,11 +154,31 @@ pub struct OutboxMessage {
     pub body: Bytes,
 }
 
+/// A message as read from its source (a row, or an emitted event's envelope), before
+/// [`Mapper::assemble`] applies the contract to it.
+#[derive(Debug)]
+pub struct Parts<'a> {
+    pub message_id: String,
+    pub event_type: &'a str,
+    pub body: Bytes,
+    pub content_type: Option<&'static str>,
+    /// The message's own headers; the relay's are added by `assemble`.
+    pub headers: FieldTable,
+    /// At or after 1970 (AMQP timestamps are Unix seconds).
+    pub created_at: Option<time::OffsetDateTime>,
+    pub exchange: Option<&'a str>,
+    pub routing_key: Option<&'a str>,
+    pub aggregate_type: Option<&'a str>,
+    pub aggregate_id: Option<&'a str>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Mapper {
     default_exchange: ShortString,
     max_message_size: usize,
     allowed_exchanges: AllowedExchanges,
+    /// `--message-format cloudevents`: the events' `source`; `None` for plain.
+    cloudevents_source: Option<std::sync::Arc<str>>,
 }
 
 /// Which exchanges a row's `exchange` column may name (`--allowed-exchanges`): anyone who
@@ -198,24 +220,52 @@ impl AllowedExchanges {
     }
 }
 
-/// Identifies a row in error messages: its id when readable, and its stream position when it
-/// came from the WAL (polling mode reads rows from the table: no position).
+/// Identifies a row (or an emitted event) in error messages: its id when readable, and its
+/// stream position when it came from the WAL (polling mode reads rows from the table: no
+/// position).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowRef {
     pub id: Option<String>,
     pub position: Option<Position>,
+    /// An event written by the emit functions (src/emit.rs), not a row of the table.
+    pub emitted: bool,
+}
+
+impl RowRef {
+    /// A row of the outbox table.
+    pub fn row(id: Option<String>, position: Option<Position>) -> Self {
+        Self {
+            id,
+            position,
+            emitted: false,
+        }
+    }
+
+    /// What holds a value: a row's column, an envelope's field.
+    pub fn part(&self) -> &'static str {
+        if self.emitted {
+            "field"
+        } else {
+            "column"
+        }
+    }
 }
 
 impl fmt::Display for RowRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (what, item) = if self.emitted {
+            ("emitted event", "message")
+        } else {
+            ("row", "row")
+        };
         match &self.id {
-            Some(id) => write!(f, "row id {id}"),
-            None => write!(f, "row without a readable id"),
+            Some(id) => write!(f, "{what} id {id}"),
+            None => write!(f, "{what} without a readable id"),
         }?;
         match &self.position {
             Some(position) => write!(
                 f,
-                " (transaction committed at {}, row {})",
+                " (transaction committed at {}, {item} {})",
                 position.commit_lsn, position.index
             ),
             None => Ok(()),
@@ -257,18 +307,37 @@ pub enum MapError {
     },
 
     #[error(
-        "Cannot publish {row}: its exchange column names \"{exchange}\", which \
+        "Cannot publish {row}: its exchange {} names \"{exchange}\", which \
          --allowed-exchanges does not allow. Fix: add it to --allowed-exchanges \
-         (OUTBOX_ALLOWED_EXCHANGES) if rows may publish there, or correct the row; with \
-         --on-unroutable dead-letter such rows go to the dead-letter exchange"
+         (OUTBOX_ALLOWED_EXCHANGES) if messages may be published there, or correct the \
+         message; with --on-unroutable dead-letter such messages go to the dead-letter exchange",
+        row.part()
     )]
     ExchangeNotAllowed { row: RowRef, exchange: String },
 
-    #[error("Cannot publish {row}: column \"{column}\" {problem}")]
+    #[error("Cannot publish {row}: {} \"{column}\" {problem}", row.part())]
     Invalid {
         row: RowRef,
         column: &'static str,
         problem: String,
+    },
+
+    #[error(
+        "Cannot publish {row}: its envelope {problem}. Fix: write events with the emit \
+         functions `setup` creates (outbox_emit); a message written by hand with the emit \
+         prefix must follow the envelope of docs/emit.md"
+    )]
+    Envelope { row: RowRef, problem: String },
+
+    #[error(
+        "Cannot publish {row}: its envelope is version {version}, newer than this relay reads \
+         (up to {supported}). Fix: upgrade the relay to the release whose `setup` created the \
+         emit functions"
+    )]
+    EnvelopeVersion {
+        row: RowRef,
+        version: u64,
+        supported: u64,
     },
 }
 
@@ -281,7 +350,9 @@ impl MapError {
             | MapError::UnchangedToast { row, .. }
             | MapError::TooLarge { row, .. }
             | MapError::ExchangeNotAllowed { row, .. }
-            | MapError::Invalid { row, .. } => row.id.as_deref(),
+            | MapError::Invalid { row, .. }
+            | MapError::Envelope { row, .. }
+            | MapError::EnvelopeVersion { row, .. } => row.id.as_deref(),
         }
     }
 }
@@ -302,8 +373,14 @@ impl MapError {
                 format!("body of {size} bytes is over the limit of {limit}")
             }
             MapError::Invalid {
-                column, problem, ..
-            } => format!("column \"{column}\" {problem}"),
+                row,
+                column,
+                problem,
+            } => format!("{} \"{column}\" {problem}", row.part()),
+            MapError::Envelope { problem, .. } => format!("envelope {problem}"),
+            MapError::EnvelopeVersion {
+                version, supported, ..
+            } => format!("envelope version {version} is newer than {supported}"),
             MapError::ExchangeNotAllowed { exchange, .. } => {
                 format!("exchange \"{exchange}\" is not in --allowed-exchanges")
             }
@@ -323,7 +400,15 @@ impl Mapper {
             default_exchange,
             max_message_size,
             allowed_exchanges,
+            cloudevents_source: None,
         })
+    }
+
+    /// Bodies as CloudEvents in structured mode, with `source` (`--message-format
+    /// cloudevents`, src/cloudevents.rs).
+    pub fn with_cloudevents(mut self, source: &str) -> Self {
+        self.cloudevents_source = Some(source.into());
+        self
     }
 
     pub fn map(
@@ -338,10 +423,7 @@ impl Mapper {
             Value::Raw(raw) if layout.id_is_uuid => uuid_text(raw),
             Value::Raw(_) => None,
         });
-        let row = || RowRef {
-            id: id.clone(),
-            position,
-        };
+        let row = || RowRef::row(id.clone(), position);
         if values.len() != layout.width {
             return Err(MapError::Invalid {
                 row: row(),
@@ -371,73 +453,125 @@ impl Mapper {
             });
         };
         let event_type = required_str(values, layout.event_type, columns::EVENT_TYPE, &row)?;
-
         let body = body(layout, values, &row)?;
-        if body.len() > self.max_message_size {
-            return Err(MapError::TooLarge {
-                row: row(),
-                size: body.len(),
-                limit: self.max_message_size,
-            });
-        }
+        let headers = match layout.headers {
+            Some(i) => header_table(&values[i], &row)?,
+            None => FieldTable::default(),
+        };
+        let created_at = optional_str(values, layout.created_at, columns::CREATED_AT, &row)?
+            .map(|text| {
+                parse_timestamptz_at(text).map_err(|problem| MapError::Invalid {
+                    row: row(),
+                    column: columns::CREATED_AT,
+                    problem,
+                })
+            })
+            .transpose()?;
+        let parts = Parts {
+            message_id,
+            event_type,
+            body,
+            content_type: layout.payload.map(|(_, kind)| kind.content_type()),
+            headers,
+            created_at,
+            exchange: optional_str(values, layout.exchange, columns::EXCHANGE, &row)?,
+            routing_key: optional_str(values, layout.routing_key, columns::ROUTING_KEY, &row)?,
+            aggregate_type: optional_str(
+                values,
+                layout.aggregate_type,
+                columns::AGGREGATE_TYPE,
+                &row,
+            )?,
+            aggregate_id: optional_str(values, layout.aggregate_id, columns::AGGREGATE_ID, &row)?,
+        };
+        self.assemble(parts, position, &row)
+    }
 
-        let exchange = match optional_str(values, layout.exchange, columns::EXCHANGE, &row)? {
+    /// The contract (DESIGN.md section 2) in one place, for rows and emitted events alike:
+    /// the size limit, the exchange policy, the routing key, the headers the relay adds and
+    /// the AMQP properties. `row` names the message in errors.
+    pub fn assemble(
+        &self,
+        parts: Parts<'_>,
+        position: Option<Position>,
+        row: &dyn Fn() -> RowRef,
+    ) -> Result<OutboxMessage, MapError> {
+        let Parts {
+            message_id,
+            event_type,
+            body,
+            content_type,
+            headers: mut table,
+            created_at,
+            exchange,
+            routing_key,
+            aggregate_type,
+            aggregate_id,
+        } = parts;
+        let too_large = |size: usize| MapError::TooLarge {
+            row: row(),
+            size,
+            limit: self.max_message_size,
+        };
+        if body.len() > self.max_message_size {
+            return Err(too_large(body.len()));
+        }
+        let exchange = match exchange {
             Some(name) if !self.allowed_exchanges.allows(name) => {
                 return Err(MapError::ExchangeNotAllowed {
                     row: row(),
                     exchange: name.to_string(),
                 });
             }
-            Some(name) => short(name, columns::EXCHANGE, &row)?,
+            Some(name) => short(name, columns::EXCHANGE, row)?,
             None => self.default_exchange.clone(),
         };
-        let routing_key =
-            match optional_str(values, layout.routing_key, columns::ROUTING_KEY, &row)? {
-                Some(key) => short(key, columns::ROUTING_KEY, &row)?,
-                None => short(event_type, columns::EVENT_TYPE, &row)?,
-            };
-
-        let mut table = match layout.headers {
-            Some(i) => header_table(&values[i], &row)?,
-            None => FieldTable::default(),
+        let routing_key = match routing_key {
+            Some(key) => short(key, columns::ROUTING_KEY, row)?,
+            None => short(event_type, columns::EVENT_TYPE, row)?,
         };
         insert_stream_headers(&mut table, position);
-        for (column, header, index) in [
-            (
-                columns::AGGREGATE_TYPE,
-                headers::AGGREGATE_TYPE,
-                layout.aggregate_type,
-            ),
-            (
-                columns::AGGREGATE_ID,
-                headers::AGGREGATE_ID,
-                layout.aggregate_id,
-            ),
+        for (header, value) in [
+            (headers::AGGREGATE_TYPE, aggregate_type),
+            (headers::AGGREGATE_ID, aggregate_id),
         ] {
-            if let Some(value) = optional_str(values, index, column, &row)? {
+            if let Some(value) = value {
                 table.insert(header.into(), AMQPValue::LongString(value.into()));
             }
         }
-
+        let (body, content_type) = match &self.cloudevents_source {
+            None => (body, content_type),
+            Some(source) => {
+                let attributes = crate::cloudevents::Attributes {
+                    id: &message_id,
+                    source,
+                    event_type,
+                    time: created_at.and_then(|at| {
+                        at.format(&time::format_description::well_known::Rfc3339)
+                            .ok()
+                    }),
+                    aggregate_type,
+                    aggregate_id,
+                    seq: position.map(|p| p.seq()),
+                };
+                let event = crate::cloudevents::structured(&attributes, &body, content_type);
+                if event.len() > self.max_message_size {
+                    return Err(too_large(event.len()));
+                }
+                (event, Some(crate::cloudevents::CONTENT_TYPE))
+            }
+        };
         let mut properties = BasicProperties::default()
-            .with_message_id(short(&message_id, columns::ID, &row)?)
-            .with_type(short(event_type, columns::EVENT_TYPE, &row)?)
+            .with_message_id(short(&message_id, columns::ID, row)?)
+            .with_type(short(event_type, columns::EVENT_TYPE, row)?)
             .with_delivery_mode(2)
             .with_headers(table);
-        if let Some((_, kind)) = layout.payload {
-            properties = properties.with_content_type(kind.content_type().into());
+        if let Some(content_type) = content_type {
+            properties = properties.with_content_type(content_type.into());
         }
-        if let Some(created_at) =
-            optional_str(values, layout.created_at, columns::CREATED_AT, &row)?
-        {
-            let seconds = parse_timestamptz(created_at).map_err(|problem| MapError::Invalid {
-                row: row(),
-                column: columns::CREATED_AT,
-                problem,
-            })?;
+        if let Some(seconds) = created_at.and_then(|at| u64::try_from(at.unix_timestamp()).ok()) {
             properties = properties.with_timestamp(seconds);
         }
-
         Ok(OutboxMessage {
             message_id,
             exchange,
@@ -446,10 +580,20 @@ impl Mapper {
             body,
         })
     }
+
+    /// The default exchange (`--exchange`).
+    pub fn default_exchange(&self) -> &ShortString {
+        &self.default_exchange
+    }
+
+    /// The broker's largest body (`--max-message-size`).
+    pub fn max_message_size(&self) -> usize {
+        self.max_message_size
+    }
 }
 
 /// `x-outbox-lsn` and `x-outbox-seq`, for a row from the stream.
-fn insert_stream_headers(table: &mut FieldTable, position: Option<Position>) {
+pub(crate) fn insert_stream_headers(table: &mut FieldTable, position: Option<Position>) {
     if let Some(position) = position {
         table.insert(
             headers::LSN.into(),
@@ -542,10 +686,7 @@ impl Mapper {
         }
         let message_id = error.row_id()?.to_string();
         let id = ShortString::try_new(message_id.as_str()).ok()?;
-        let row = || RowRef {
-            id: Some(message_id.clone()),
-            position,
-        };
+        let row = || RowRef::row(Some(message_id.clone()), position);
         let readable = |index: Option<usize>, column| {
             optional_str(values, index, column, &row)
                 .ok()
@@ -662,27 +803,31 @@ fn short(
 /// The `headers` jsonb column: an object whose string, number and bool values become AMQP
 /// headers; nested values are passed as their JSON text, nulls are left out.
 fn header_table(value: &TupleValue, row: &dyn Fn() -> RowRef) -> Result<FieldTable, MapError> {
-    let invalid = |problem: String| MapError::Invalid {
-        row: row(),
-        column: columns::HEADERS,
-        problem,
-    };
     let bytes = match value {
         TupleValue::Null | TupleValue::UnchangedToast => return Ok(FieldTable::default()),
         TupleValue::Text(bytes) => bytes.clone(),
         TupleValue::Binary(bytes) => bytes.slice(1.min(bytes.len())..),
     };
+    headers_from_json(&bytes).map_err(|problem| MapError::Invalid {
+        row: row(),
+        column: columns::HEADERS,
+        problem,
+    })
+}
+
+/// A JSON object of headers as an AMQP table (string, number and bool values; nested values
+/// as their JSON text; nulls left out), or what is wrong with it. Rows' `headers` column and
+/// emitted events' `headers` field alike.
+pub fn headers_from_json(json: &[u8]) -> Result<FieldTable, String> {
     let parsed: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|e| invalid(format!("is not JSON: {e}")))?;
+        serde_json::from_slice(json).map_err(|e| format!("is not JSON: {e}"))?;
     let serde_json::Value::Object(object) = parsed else {
-        return Err(invalid(
-            "must be a JSON object of header names to values".into(),
-        ));
+        return Err("must be a JSON object of header names to values".into());
     };
     let mut table = FieldTable::default();
     for (name, value) in object {
         let name = ShortString::try_new(name)
-            .map_err(|_| invalid("has a header name over 255 bytes".into()))?;
+            .map_err(|_| "has a header name over 255 bytes".to_string())?;
         let value = match value {
             serde_json::Value::Null => continue,
             serde_json::Value::Bool(b) => AMQPValue::Boolean(b),
@@ -736,9 +881,17 @@ const ISO_TIMESTAMPTZ: &[time::format_description::BorrowedFormatItem<'static>] 
 /// Seconds since the Unix epoch of a timestamptz in ISO output (the pinned DateStyle). AMQP
 /// timestamps have one-second resolution.
 pub fn parse_timestamptz(text: &str) -> Result<u64, String> {
+    parse_timestamptz_at(text).map(|at| at.unix_timestamp().unsigned_abs())
+}
+
+/// [`parse_timestamptz`] as a point in time (at or after 1970).
+pub fn parse_timestamptz_at(text: &str) -> Result<time::OffsetDateTime, String> {
     let at = time::OffsetDateTime::parse(text, ISO_TIMESTAMPTZ)
         .map_err(|_| format!("is not an ISO timestamp with time zone: {text:?}"))?;
-    u64::try_from(at.unix_timestamp()).map_err(|_| format!("is before 1970: {text:?}"))
+    if at.unix_timestamp() < 0 {
+        return Err(format!("is before 1970: {text:?}"));
+    }
+    Ok(at)
 }
 
 #[cfg(test)]

@@ -120,6 +120,171 @@ pub fn slot_step(names: &OutboxNames) -> Step {
     }
 }
 
+/// The emit functions of the table-less outbox (src/emit.rs, docs/emit.md), in the table's
+/// schema and named after the table: `<table>_emit` (jsonb payload), `<table>_emit_text`
+/// and `<table>_emit_bytea`, so no call resolves to the wrong overload. Each checks its
+/// arguments in the writer's transaction (a bad event fails there, not in the relay), writes
+/// one transactional logical message with the versioned envelope and returns the event's id.
+/// `CREATE OR REPLACE`: they are code, not data, and a second run with the same flags changes
+/// nothing. WAL mode only: polling reads the table and never sees them.
+pub fn emit_step(names: &OutboxNames, prefix: &str) -> Step {
+    use crate::emit::{fields, FUNCTION_SUFFIXES, VERSION};
+    let (schema, table) = names.table_parts();
+    let prefix = quote_literal(prefix);
+    let mut sql = String::new();
+    for (suffix, kind) in FUNCTION_SUFFIXES {
+        let function = format!(
+            "{}.{}",
+            quote_ident(schema),
+            quote_ident(&format!("{table}{suffix}"))
+        );
+        let payload_type = kind.sql_type();
+        let payload = match kind {
+            crate::emit::PayloadType::Bytea => {
+                "pg_catalog.translate(pg_catalog.encode(payload, 'base64'), E'\\n', '')"
+            }
+            _ => "payload",
+        };
+        if !sql.is_empty() {
+            sql.push('\n');
+        }
+        let _ = write!(
+            sql,
+            "CREATE OR REPLACE FUNCTION {function}(\n\
+             \x20   event_type     text,\n\
+             \x20   payload        {payload_type},\n\
+             \x20   headers        jsonb DEFAULT NULL,\n\
+             \x20   aggregate_type text  DEFAULT NULL,\n\
+             \x20   aggregate_id   text  DEFAULT NULL,\n\
+             \x20   exchange       text  DEFAULT NULL,\n\
+             \x20   routing_key    text  DEFAULT NULL\n\
+             ) RETURNS uuid\n\
+             LANGUAGE plpgsql VOLATILE\n\
+             AS {DO_TAG}\n\
+             DECLARE\n\
+             \x20   event_id uuid := pg_catalog.gen_random_uuid();\n\
+             \x20   envelope jsonb;\n\
+             BEGIN\n\
+             \x20   IF event_type IS NULL OR pg_catalog.octet_length(event_type) > 255\n\
+             \x20      OR pg_catalog.octet_length(exchange) > 255\n\
+             \x20      OR pg_catalog.octet_length(routing_key) > 255 THEN\n\
+             \x20       RAISE EXCEPTION 'event_type is required; event_type, exchange and routing_key hold at most 255 bytes'\n\
+             \x20           USING ERRCODE = 'invalid_parameter_value';\n\
+             \x20   END IF;\n\
+             \x20   IF pg_catalog.jsonb_typeof(headers) <> 'object' THEN\n\
+             \x20       RAISE EXCEPTION 'headers must be a JSON object' USING ERRCODE = 'invalid_parameter_value';\n\
+             \x20   END IF;\n\
+             \x20   envelope := pg_catalog.jsonb_build_object(\n\
+             \x20       '{v}', {VERSION},\n\
+             \x20       '{id}', event_id,\n\
+             \x20       '{event_type}', event_type,\n\
+             \x20       '{created_at}', pg_catalog.to_char(pg_catalog.now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),\n\
+             \x20       '{payload_type_field}', '{payload_type}',\n\
+             \x20       '{shard_hash}', (CASE WHEN aggregate_id IS NOT NULL THEN pg_catalog.hashtext(aggregate_id)\n\
+             \x20                        ELSE pg_catalog.uuid_hash(event_id) END) & 2147483647\n\
+             \x20   ) || pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(\n\
+             \x20       '{aggregate_type}', aggregate_type,\n\
+             \x20       '{aggregate_id}', aggregate_id,\n\
+             \x20       '{exchange}', exchange,\n\
+             \x20       '{routing_key}', routing_key\n\
+             \x20   ));\n\
+             \x20   IF headers IS NOT NULL THEN\n\
+             \x20       envelope := envelope || pg_catalog.jsonb_build_object('{headers}', headers);\n\
+             \x20   END IF;\n\
+             \x20   IF payload IS NOT NULL THEN\n\
+             \x20       envelope := envelope || pg_catalog.jsonb_build_object('{payload_field}', {payload});\n\
+             \x20   END IF;\n\
+             \x20   PERFORM pg_catalog.pg_logical_emit_message(true, {prefix},\n\
+             \x20       pg_catalog.convert_to(envelope::text, 'UTF8'));\n\
+             \x20   RETURN event_id;\n\
+             END\n\
+             {DO_TAG};",
+            v = fields::VERSION,
+            id = fields::ID,
+            event_type = fields::EVENT_TYPE,
+            created_at = fields::CREATED_AT,
+            payload_type_field = fields::PAYLOAD_TYPE,
+            shard_hash = fields::SHARD_HASH,
+            aggregate_type = fields::AGGREGATE_TYPE,
+            aggregate_id = fields::AGGREGATE_ID,
+            exchange = fields::EXCHANGE,
+            routing_key = fields::ROUTING_KEY,
+            headers = fields::HEADERS,
+            payload_field = fields::PAYLOAD,
+        );
+    }
+    Step {
+        object: format!("emit functions {table}_emit, {table}_emit_text, {table}_emit_bytea"),
+        about: "the emit functions: events written straight to the WAL (WAL mode only)",
+        sql,
+    }
+}
+
+/// `setup --restrict-emit`: who may write events.
+#[derive(Debug, Clone, Copy)]
+pub struct Restrict<'a> {
+    /// The application's role: the only one granted the emit functions.
+    pub emit_role: &'a str,
+    /// The role `run` connects as (its heartbeats); `None`: the role running the SQL.
+    pub relay_role: Option<&'a str>,
+}
+
+/// The superuser check `--restrict-emit` starts with: a REVOKE by a role that does not own
+/// `pg_logical_emit_message` only warns, and would leave it callable by everyone.
+pub fn superuser_check_step() -> Step {
+    Step {
+        object: "superuser check".into(),
+        about: "restricting who may emit needs a superuser",
+        sql: format!(
+            "DO {DO_TAG} BEGIN\n\
+             \x20   IF NOT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN\n\
+             \x20       RAISE EXCEPTION '{SUPERUSER_NEEDED}' USING ERRCODE = 'insufficient_privilege';\n\
+             \x20   END IF;\n\
+             END {DO_TAG};"
+        ),
+    }
+}
+
+const SUPERUSER_NEEDED: &str = "restricting who may emit needs a superuser: a REVOKE by a role \
+                                that does not own pg_logical_emit_message only warns";
+
+/// `--restrict-emit` (docs/emit.md, "Who may emit"): on PostgreSQL 15 PUBLIC may call
+/// `pg_logical_emit_message`, so any role could forge an event with our prefix. Revoke both
+/// overloads from PUBLIC; keep the text one for the relay's heartbeats; make the emit
+/// functions SECURITY DEFINER (they run as their owner, with a search_path no caller can
+/// change) and callable by the application's role only.
+pub fn restrict_emit_step(names: &OutboxNames, restrict: Restrict<'_>) -> Step {
+    let (schema, table) = names.table_parts();
+    let relay = restrict
+        .relay_role
+        .map_or_else(|| "CURRENT_USER".to_string(), quote_ident);
+    let emit_role = quote_ident(restrict.emit_role);
+    let mut sql = format!(
+        "REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) FROM PUBLIC;\n\
+         REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC;\n\
+         GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) TO {relay};"
+    );
+    for (suffix, kind) in crate::emit::FUNCTION_SUFFIXES {
+        let function = format!(
+            "{}.{}(text, {}, jsonb, text, text, text, text)",
+            quote_ident(schema),
+            quote_ident(&format!("{table}{suffix}")),
+            kind.sql_type()
+        );
+        let _ = write!(
+            sql,
+            "\nALTER FUNCTION {function} SECURITY DEFINER SET search_path = pg_catalog, pg_temp;\n\
+             REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC;\n\
+             GRANT EXECUTE ON FUNCTION {function} TO {emit_role};"
+        );
+    }
+    Step {
+        object: format!("emit restricted to role {}", restrict.emit_role),
+        about: "who may emit: the application's role only (--restrict-emit)",
+        sql,
+    }
+}
+
 /// Polling mode's claim index: only unpublished rows, in claim order, so the claim query
 /// stays an index scan however many published rows the table keeps (docs/polling.md).
 pub fn poll_index_step(names: &OutboxNames) -> Step {
@@ -148,14 +313,27 @@ pub fn poll_script(names: &OutboxNames) -> String {
     text
 }
 
-/// The provisioning SQL as a script, in order.
-pub fn script(names: &OutboxNames) -> String {
-    shards_script(names, &[(Shard::UNSHARDED, names.clone())])
+/// The provisioning SQL as a script, in order (unsharded).
+pub fn script(names: &OutboxNames, emit_prefix: &str, restrict: Option<Restrict<'_>>) -> String {
+    shards_script(
+        names,
+        &[(Shard::UNSHARDED, names.clone())],
+        emit_prefix,
+        restrict,
+    )
 }
 
 /// The provisioning SQL for `shards` (from [`Shard::every`]): the table, every shard's
-/// publication, then every shard's slot (all publications before any slot).
-pub fn shards_script(names: &OutboxNames, shards: &[(Shard, OutboxNames)]) -> String {
+/// publication, then every shard's slot (all publications before any slot), then the emit
+/// functions. The emit functions come after the slots: an event emitted while no slot exists
+/// is in no slot, and nothing can bring it back. With `restrict`, the superuser check comes
+/// first, so a script run by another role stops before it has changed anything.
+pub fn shards_script(
+    names: &OutboxNames,
+    shards: &[(Shard, OutboxNames)],
+    emit_prefix: &str,
+    restrict: Option<Restrict<'_>>,
+) -> String {
     let mut text = String::from(
         "-- outbox-relay provisioning (generated by `outbox-relay setup --print-sql`).\n\
          -- Requires wal_level = logical. Run each statement in autocommit mode (psql does):\n\
@@ -170,9 +348,13 @@ pub fn shards_script(names: &OutboxNames, shards: &[(Shard, OutboxNames)]) -> St
             shard.count()
         );
     }
-    let steps = std::iter::once(table_step(names))
-        .chain(shards.iter().map(|(s, n)| shard_publication_step(n, *s)))
-        .chain(shards.iter().map(|(_, n)| slot_step(n)));
+    let mut steps = Vec::new();
+    steps.extend(restrict.map(|_| superuser_check_step()));
+    steps.push(table_step(names));
+    steps.extend(shards.iter().map(|(s, n)| shard_publication_step(n, *s)));
+    steps.extend(shards.iter().map(|(_, n)| slot_step(n)));
+    steps.push(emit_step(names, emit_prefix));
+    steps.extend(restrict.map(|restrict| restrict_emit_step(names, restrict)));
     for step in steps {
         let _ = write!(text, "\n-- {}\n{}\n", step.about, step.sql);
     }
@@ -187,13 +369,35 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
         return run_poll(args).await;
     }
     let shards = Shard::every(names, args.shards.shards)?;
+    let emit_prefix = args.emit.prefix(&names.table);
+    check_emit_names(names)?;
+    let restrict = args.restrict_emit.emit_role().map(|emit_role| Restrict {
+        emit_role,
+        relay_role: args.restrict_emit.relay_role.as_deref(),
+    });
     if args.print_sql {
-        print!("{}", shards_script(names, &shards));
+        print!("{}", shards_script(names, &shards, &emit_prefix, restrict));
         return Ok(());
     }
     let client = connect_database(&args).await?;
     preflight::check_wal_level(&client).await?;
     println!("wal_level: logical");
+    if restrict.is_some() {
+        // Before anything is provisioned: a role that cannot restrict changes nothing.
+        client
+            .batch_execute(&superuser_check_step().sql)
+            .await
+            .map_err(|e| match e.code() {
+                Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {
+                    RelayError::Config(format!(
+                        "setup --restrict-emit: {SUPERUSER_NEEDED}. Nothing was changed. Fix: \
+                         run it with a superuser's DATABASE_URL (the relay itself need not be \
+                         one), or have a DBA run `setup --restrict-emit --print-sql` with psql"
+                    ))
+                }
+                _ => RelayError::Database(e),
+            })?;
+    }
 
     ensure_table(&client, &args).await?;
 
@@ -204,6 +408,8 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
     for (_, names) in &shards {
         ensure_slot(&client, names).await?;
     }
+
+    ensure_emit_functions(&client, &args, &emit_prefix, restrict).await?;
 
     declare_exchanges(&args).await?;
     println!("setup complete");
@@ -258,6 +464,80 @@ async fn ensure_slot(client: &Client, names: &OutboxNames) -> Result<(), RelayEr
             println!("slot {}: created (pgoutput)", names.slot);
         }
         Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
+/// Creates (or replaces) the emit functions, restricted with `--restrict-emit`; with
+/// `--no-create-table` only says whether a DBA created them.
+async fn ensure_emit_functions(
+    client: &Client,
+    args: &SetupArgs,
+    prefix: &str,
+    restrict: Option<Restrict<'_>>,
+) -> Result<(), RelayError> {
+    let names = &args.names;
+    let step = emit_step(names, prefix);
+    let (schema, table) = names.table_parts();
+    let functions: Vec<String> = crate::emit::FUNCTION_SUFFIXES
+        .iter()
+        .map(|(suffix, _)| format!("{table}{suffix}"))
+        .collect();
+    // How many of the functions exist, and whether any is SECURITY DEFINER (restricted).
+    let row = client
+        .query_one(
+            "SELECT count(*), coalesce(bool_or(p.prosecdef), false) \
+             FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = $1 AND p.proname = ANY($2)",
+            &[&schema, &functions],
+        )
+        .await?;
+    let (count, restricted): (i64, bool) = (row.get(0), row.get(1));
+    if args.no_create_table && restrict.is_none() {
+        let state = if count >= 3 {
+            "exist (not managed by setup)"
+        } else {
+            "not found (not managed by setup: a DBA creates them with the SQL of `setup \
+             --print-sql`; only outbox_emit needs them)"
+        };
+        println!("{}: {state}", step.object);
+        return Ok(());
+    }
+    if restricted && restrict.is_none() {
+        return Err(RelayError::Config(format!(
+            "The {} are restricted (SECURITY DEFINER: set up with --restrict-emit), and \
+             replacing them without --restrict-emit would undo that. Fix: run setup with \
+             --restrict-emit --emit-role <the application's role> again",
+            step.object
+        )));
+    }
+    client.batch_execute(&step.sql).await?;
+    println!("{}: ensured (prefix {prefix})", step.object);
+    if let Some(restrict) = restrict {
+        let step = restrict_emit_step(names, restrict);
+        client.batch_execute(&step.sql).await?;
+        println!(
+            "{}: pg_logical_emit_message revoked from PUBLIC (kept for {}); the emit functions \
+             are SECURITY DEFINER",
+            step.object,
+            restrict.relay_role.unwrap_or("the role setup connected as")
+        );
+    }
+    Ok(())
+}
+
+/// The emit functions are named after the table: its name must leave room for their
+/// suffixes within PostgreSQL's 63 bytes, or PostgreSQL would cut them short.
+fn check_emit_names(names: &OutboxNames) -> Result<(), RelayError> {
+    let (_, table) = names.table_parts();
+    let room = 63 - crate::emit::LONGEST_SUFFIX;
+    if table.len() > room {
+        return Err(RelayError::Config(format!(
+            "The table name \"{table}\" is {} bytes long; the emit functions are named after \
+             it ({table}_emit_bytea) and PostgreSQL names hold at most 63 bytes. Fix: use a \
+             table name of at most {room} bytes",
+            table.len()
+        )));
     }
     Ok(())
 }
@@ -395,7 +675,7 @@ mod tests {
         let bundled = include_str!("../sql/outbox.sql");
         assert_eq!(
             bundled,
-            script(&default_names()),
+            script(&default_names(), "outbox-relay:emit:public.outbox", None),
             "sql/outbox.sql is stale: regenerate it with `outbox-relay setup --print-sql > sql/outbox.sql`"
         );
     }
@@ -412,7 +692,7 @@ mod tests {
 
     #[test]
     fn publication_comes_before_slot() {
-        let sql = script(&default_names());
+        let sql = script(&default_names(), "p", None);
         let publication = sql.find("CREATE PUBLICATION").expect("publication");
         let slot = sql
             .find("pg_create_logical_replication_slot")
@@ -430,7 +710,14 @@ mod tests {
             slot: "slot_0".into(),
             exchange: "outbox".into(),
         };
-        for sql in [script(&names), poll_script(&names)] {
+        let restrict = Restrict {
+            emit_role: "App Role 'r' -- z",
+            relay_role: Some("Relay \"r\""),
+        };
+        for sql in [
+            script(&names, "my:prefix 'q' -- x", Some(restrict)),
+            poll_script(&names),
+        ] {
             for line in sql
                 .lines()
                 .filter(|line| line.trim_start().starts_with("--"))
@@ -456,11 +743,46 @@ mod tests {
         );
     }
 
+    /// With --restrict-emit, the superuser check runs before anything else, and the
+    /// restriction after the functions it alters.
+    #[test]
+    fn restricting_starts_with_the_superuser_check_and_ends_with_the_grants() {
+        let restrict = Restrict {
+            emit_role: "app",
+            relay_role: None,
+        };
+        let sql = script(&default_names(), "p", Some(restrict));
+        let check = sql.find("rolsuper").expect("superuser check");
+        let table = sql.find("CREATE TABLE").expect("table");
+        let function = sql.find("CREATE OR REPLACE FUNCTION").expect("functions");
+        let revoke = sql.find("REVOKE EXECUTE").expect("revoke");
+        assert!(check < table && function < revoke, "{sql}");
+        for overload in [
+            "(boolean, text, text) FROM PUBLIC",
+            "(boolean, text, bytea) FROM PUBLIC",
+        ] {
+            assert!(sql.contains(overload), "{sql}");
+        }
+        assert!(
+            sql.contains("(boolean, text, text) TO CURRENT_USER;"),
+            "{sql}"
+        );
+        assert_eq!(
+            sql.matches("SECURITY DEFINER SET search_path = pg_catalog, pg_temp")
+                .count(),
+            3
+        );
+        assert!(sql.contains(
+            "GRANT EXECUTE ON FUNCTION \"public\".\"outbox_emit_bytea\"(text, bytea, jsonb, text, text, text, text) TO \"app\";"
+        ), "{sql}");
+        assert!(!script(&default_names(), "p", None).contains("REVOKE"));
+    }
+
     #[test]
     fn sharded_script_has_every_publication_with_its_filter_before_any_slot() {
         let names = default_names();
         let shards = Shard::every(&names, 3).expect("shards");
-        let sql = shards_script(&names, &shards);
+        let sql = shards_script(&names, &shards, "p", None);
         let mut last_publication = 0;
         for (shard, names) in &shards {
             let create = format!(
@@ -483,7 +805,7 @@ mod tests {
         assert!(!sql.contains("'outbox_slot'") && !sql.contains("\"outbox_pub\""));
         // One shard is exactly the unsharded script.
         let one = Shard::every(&names, 1).expect("one");
-        assert_eq!(shards_script(&names, &one), script(&names));
+        assert_eq!(shards_script(&names, &one, "p", None), script(&names, "p", None));
     }
 
     #[test]
@@ -491,8 +813,10 @@ mod tests {
         let mut names = default_names();
         names.table = "app.Events".into();
         names.slot = "it's".into();
-        let sql = script(&names);
+        let sql = script(&names, "it's:prefix", None);
         assert!(sql.contains("\"app\".\"Events\""), "{sql}");
+        assert!(sql.contains("\"app\".\"Events_emit_text\"("), "{sql}");
+        assert!(sql.contains("'it''s:prefix'"), "{sql}");
         assert!(sql.contains("'it''s'"), "{sql}");
     }
 }

@@ -74,6 +74,18 @@ impl Shard {
         self.count > 1
     }
 
+    /// Whether an emitted event with this envelope shard hash (`None`: none readable) is this
+    /// shard's: the row filter's `hash % N = K`. Logical messages are not row-filtered, so
+    /// every shard's walsender sends every event; an event without a readable hash (a
+    /// malformed envelope) is shard 0's, which applies the dead-letter policy to it once.
+    pub fn takes_emitted(&self, hash: Option<u32>) -> bool {
+        match hash {
+            _ if !self.is_sharded() => true,
+            Some(hash) => hash % self.count == self.index,
+            None => self.index == 0,
+        }
+    }
+
     /// The row filter of this shard's publication (a boolean SQL expression on the outbox
     /// table's columns); `None` when unsharded.
     pub fn row_filter(&self) -> Option<String> {
@@ -224,5 +236,26 @@ mod tests {
         // Shard 0 of the same count fits (63 bytes): only the longest suffix fails.
         assert!(Shard::new(0, 11).expect("shard").names(&long).is_ok());
         assert!(Shard::every(&long, 11).is_err());
+    }
+
+    #[test]
+    fn emitted_events_go_to_the_shard_of_their_hash_and_unreadable_ones_to_shard_0() {
+        let shards = Shard::all(4).expect("4 shards");
+        for hash in [0u32, 1, 5, 2_147_483_647] {
+            let takers: Vec<u32> = shards
+                .iter()
+                .filter(|s| s.takes_emitted(Some(hash)))
+                .map(|s| s.index())
+                .collect();
+            assert_eq!(takers, vec![hash % 4], "hash {hash}");
+        }
+        let takers: Vec<u32> = shards
+            .iter()
+            .filter(|s| s.takes_emitted(None))
+            .map(|s| s.index())
+            .collect();
+        assert_eq!(takers, vec![0]);
+        assert!(Shard::UNSHARDED.takes_emitted(None));
+        assert!(Shard::UNSHARDED.takes_emitted(Some(7)));
     }
 }

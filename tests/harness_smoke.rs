@@ -252,6 +252,11 @@ fn test_decoding_lines_parse_into_transactions() {
             700,
             "table public.other: INSERT: v[text]:null id[integer]:7",
         ),
+        (
+            4,
+            700,
+            r#"message: transactional: 1 prefix: app:emit, sz: 24 content:{"v": 1, "id": "m-1"}"#,
+        ),
         (4, 700, "COMMIT 700"),
         (5, 0, "message: transactional: 0 prefix: hb, sz: 0 content:"),
     ];
@@ -261,6 +266,11 @@ fn test_decoding_lines_parse_into_transactions() {
     assert_eq!(txns[0].end_lsn, 4);
     assert_eq!(txns[0].inserted_ids("public.outbox"), ["a-1"]);
     assert_eq!(txns[0].changes[1].id.as_deref(), Some("7"));
+    assert_eq!(txns[0].message_ids("app:emit"), ["m-1"]);
+    assert_eq!(
+        txns[0].row_and_message_ids("public.outbox", "app:emit"),
+        ["a-1", "m-1"]
+    );
     assert_eq!(
         column_value("a[text]:'x y' b[text[]]:'{1}' c[int4]:5", "c").as_deref(),
         Some("5")

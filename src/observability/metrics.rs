@@ -56,6 +56,14 @@ pub const HEARTBEAT_LAG_SECONDS: &str = "outbox_relay_heartbeat_lag_seconds";
 pub const BLOCKED_ON_MESSAGE_SECONDS: &str = "outbox_relay_blocked_on_message_seconds";
 /// Session restarts, by cause (`database`, `broker`, `confirm_timeout`, `nack`, …).
 pub const RECONNECTS_TOTAL: &str = "outbox_relay_reconnects_total";
+/// Outbox messages taken from the stream for publishing, by source: `row` (the outbox
+/// table) or `emitted` (events the emit functions wrote). Replays after a reconnect count
+/// again.
+pub const DECODED_MESSAGES_TOTAL: &str = "outbox_relay_decoded_messages_total";
+/// Transactional logical messages with a prefix other than `--emit-prefix` (another outbox,
+/// another tool): not published. Rising while emitted events stay at 0 points at a prefix
+/// mismatch between the emit functions and the relay.
+pub const IGNORED_LOGICAL_MESSAGES_TOTAL: &str = "outbox_relay_ignored_logical_messages_total";
 /// Outbox rows the cleanup job deleted.
 pub const CLEANUP_DELETED_ROWS_TOTAL: &str = "outbox_relay_cleanup_deleted_rows_total";
 /// 1 while this process waits as a standby because another one holds the slot.
@@ -91,6 +99,9 @@ pub const BACKLOG_POLL_ERRORS_TOTAL: &str = "outbox_relay_backlog_poll_errors_to
 /// Notifications received on the --listen channel.
 pub const NOTIFICATIONS_TOTAL: &str = "outbox_relay_notifications_total";
 
+/// Label of [`DECODED_MESSAGES_TOTAL`], and its values.
+pub const SOURCE_LABEL: &str = "source";
+pub const SOURCES: [&str; 2] = ["row", "emitted"];
 /// Label of [`RECONNECTS_TOTAL`].
 pub const CAUSE_LABEL: &str = "cause";
 /// Label of [`DEAD_LETTERED_TOTAL`].
@@ -194,6 +205,14 @@ pub fn describe() {
         Unit::Seconds,
         "Seconds the relay has been failing on the same message (0: not stuck)"
     );
+    describe_counter!(
+        DECODED_MESSAGES_TOTAL,
+        "Outbox messages taken from the stream for publishing, by source (row, emitted)"
+    );
+    describe_counter!(
+        IGNORED_LOGICAL_MESSAGES_TOTAL,
+        "Transactional logical messages with another prefix than --emit-prefix (not published)"
+    );
     describe_counter!(RECONNECTS_TOTAL, "Session restarts, by cause");
     describe_counter!(
         CLEANUP_DELETED_ROWS_TOTAL,
@@ -270,10 +289,19 @@ pub fn register_mode(mode: &'static str) {
             ],
             &[],
         ),
-        _ => (
-            &[SLOT_POLLS_TOTAL, SLOT_POLL_ERRORS_TOTAL],
-            &[ACK_POINTS_QUEUED, STANDBY],
-        ),
+        _ => {
+            for source in SOURCES {
+                metrics::counter!(DECODED_MESSAGES_TOTAL, SOURCE_LABEL => source).absolute(0);
+            }
+            (
+                &[
+                    SLOT_POLLS_TOTAL,
+                    SLOT_POLL_ERRORS_TOTAL,
+                    IGNORED_LOGICAL_MESSAGES_TOTAL,
+                ],
+                &[ACK_POINTS_QUEUED, STANDBY],
+            )
+        }
     };
     let counters = [
         MESSAGES_PUBLISHED_TOTAL,
@@ -414,6 +442,30 @@ impl RelayMetrics {
     }
 }
 
+/// What the stream reader counts (WAL mode), resolved once. Cheap to clone.
+#[derive(Clone)]
+pub struct StreamMetrics {
+    pub rows: Counter,
+    pub emitted: Counter,
+    pub ignored_messages: Counter,
+}
+
+impl Default for StreamMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StreamMetrics {
+    pub fn new() -> Self {
+        Self {
+            rows: metrics::counter!(DECODED_MESSAGES_TOTAL, SOURCE_LABEL => SOURCES[0]),
+            emitted: metrics::counter!(DECODED_MESSAGES_TOTAL, SOURCE_LABEL => SOURCES[1]),
+            ignored_messages: metrics::counter!(IGNORED_LOGICAL_MESSAGES_TOTAL),
+        }
+    }
+}
+
 /// Polling mode's metric handles, resolved once (call after [`recorder`]). Cheap to clone.
 #[derive(Clone)]
 pub struct PollMetrics {
@@ -508,6 +560,8 @@ mod tests {
             HEARTBEAT_LAG_SECONDS,
             BLOCKED_ON_MESSAGE_SECONDS,
             RECONNECTS_TOTAL,
+            DECODED_MESSAGES_TOTAL,
+            IGNORED_LOGICAL_MESSAGES_TOTAL,
             CLEANUP_DELETED_ROWS_TOTAL,
             STANDBY,
             BROKER_BLOCKED,

@@ -41,7 +41,9 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         args.exchanges.policy(&names.exchange)?,
     )
     .map_err(RelayError::Config)?;
-    let mut client = db::connect(&args.connections.database_url()?).await?;
+    let database_url = args.connections.database_url()?;
+    let mapper = args.format.apply(mapper, &database_url, &names.table)?;
+    let mut client = db::connect(&database_url).await?;
     // The text shapes the mapper parses, as the replication connection pins them.
     client.batch_execute(db::PINNED_SET_STATEMENTS).await?;
     let text = TextRelation::discover(&client, &names.table, &[columns::CREATED_AT], |_| {

@@ -173,6 +173,9 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
     // 1 now), never an outage for the workers to retry.
     let database_url = args.connections.database_url()?;
     crate::db::parse_url(&database_url)?;
+    let mapper = args
+        .format
+        .apply(mapper, &database_url, &args.names.table)?;
     let brokers = args.connections.broker_nodes()?;
     // The endpoints and the backlog poller outlive the workers' graceful stop.
     let observing = CancellationToken::new();

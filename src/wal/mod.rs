@@ -67,6 +67,9 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
     // Both URLs are parsed before anything starts: a malformed one is a definite error (exit
     // 1 now), never an outage to retry.
     let database_url = args.connections.database_url()?;
+    let mapper = args
+        .format
+        .apply(mapper, &database_url, &args.names.table)?;
     let role = crate::db::parse_url(&database_url)?
         .get_user()
         .map(str::to_string);
@@ -88,6 +91,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         args.observability.slot_poll_interval,
         &observing,
     );
+    let emit_prefix = args.emit.prefix(&args.names.table);
     let ctx = SessionContext {
         database_url,
         brokers,
@@ -100,6 +104,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         metrics: observability::RelayMetrics::new(),
         cleanup: args.cleanup,
         dead_letter_exchange,
+        emit_prefix,
     };
     let mut backoff = Backoff::new(Duration::from_millis(500), ctx.tuning.max_backoff());
     let mut stuck: Option<String> = None;

@@ -227,3 +227,38 @@ pub async fn check_all(
     check_row_filter(client, names, shard).await?;
     check_slot(client, &names.slot).await
 }
+
+/// The emit functions, where they exist, must write the relay's `--emit-prefix`: events with
+/// another prefix are skipped (and their position acknowledged with the next commit), and the
+/// WAL is their only copy, so a mismatch loses them. Missing functions are fine (the
+/// application may not emit, or a DBA has not created them yet).
+pub async fn check_emit_prefix(
+    client: &Client,
+    names: &OutboxNames,
+    prefix: &str,
+) -> Result<(), RelayError> {
+    let (schema, table) = names.table_parts();
+    let functions: Vec<String> = crate::emit::FUNCTION_SUFFIXES
+        .iter()
+        .map(|(suffix, _)| format!("{table}{suffix}"))
+        .collect();
+    let literal = crate::db::quote_literal(prefix);
+    let other: Option<String> = client
+        .query_opt(
+            "SELECT p.proname::text FROM pg_catalog.pg_proc p \
+             JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = $1 AND p.proname = ANY($2) AND strpos(p.prosrc, $3) = 0 \
+             LIMIT 1",
+            &[&schema, &functions, &literal],
+        )
+        .await?
+        .map(|row| row.get(0));
+    match other {
+        None => Ok(()),
+        Some(function) => Err(RelayError::Config(format!(
+            "The emit function {function} does not write the prefix {literal} that --emit-prefix \
+             names: its events would be skipped, and the WAL is their only copy. Fix: run \
+             `outbox-relay setup` with the same --emit-prefix (OUTBOX_EMIT_PREFIX) as `run`"
+        ))),
+    }
+}

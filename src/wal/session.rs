@@ -24,7 +24,7 @@ use crate::config::{CleanupArgs, OutboxNames, Tuning};
 use crate::db;
 use crate::error::RelayError;
 use crate::mapper::Mapper;
-use crate::observability::{Health, RelayMetrics};
+use crate::observability::{Health, RelayMetrics, StreamMetrics};
 use crate::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions};
 use crate::shard::Shard;
 use crate::wal::heartbeat::{self, Heartbeat};
@@ -54,6 +54,8 @@ pub struct SessionContext {
     pub cleanup: CleanupArgs,
     /// The dead-letter exchange under `--on-unroutable dead-letter`; `None` under halt.
     pub dead_letter_exchange: Option<String>,
+    /// The prefix of this outbox's emitted events (`--emit-prefix`).
+    pub emit_prefix: String,
 }
 
 /// Runs one session. `stuck` names a message that failed in an earlier session: until the
@@ -66,6 +68,7 @@ pub async fn run(
 ) -> Result<(), RelayError> {
     let database = db::connect(&ctx.database_url).await?;
     let slot = preflight::check_all(&database, &ctx.names, ctx.shard).await?;
+    preflight::check_emit_prefix(&database, &ctx.names, &ctx.emit_prefix).await?;
     drop(database);
 
     let mut broker = Broker::connect(&ctx.brokers).await?;
@@ -156,6 +159,9 @@ pub async fn run(
             RelationCache::new(schema, table),
             ctx.heartbeat.clone(),
             broker.dead_letter_exchange().cloned(),
+            ctx.emit_prefix.clone(),
+            ctx.shard,
+            StreamMetrics::new(),
         ),
         start: slot.confirmed_flush,
         silence_limit: ctx.tuning.heartbeat_interval().map(|i| i * 3),

@@ -5,23 +5,33 @@
 //!  Begin            -> (remember the commit LSN and time; rows are numbered from 0)
 //!  Relation         -> relation cache (by OID)
 //!  Insert (outbox)  -> mapper -> Input::Publish            (x-outbox-lsn / x-outbox-seq)
+//!  Message (--emit-prefix, transactional)
+//!                   -> emit -> mapper -> Input::Publish     (numbered with the rows)
 //!  Commit           -> Input::AckPoint(commit end)
-//!  KeepAlive, non-transactional Message, outside a transaction
+//!  KeepAlive, non-transactional Message (not ours), outside a transaction
 //!                   -> Input::AckPoint(WAL end / message LSN)   (idle advance)
 //! ```
 //!
 //! Synchronous and free of I/O: the stream reader calls it between `recv`s, the delivery task
 //! does the publishing. It must never emit an ack point inside a transaction: a keepalive
 //! there says nothing about the rows still to come.
+//!
+//! Rows and emitted events of one transaction share one numbering (`x-outbox-seq`), in the
+//! order pgoutput sends them, which is their order in the WAL. Logical messages are not
+//! filtered by the publication: those with another prefix are ignored (counted), never
+//! published; one with our prefix that cannot be published follows the dead-letter policy
+//! like a row.
 
 use lapin::types::ShortString;
 use pgwire_replication::{Lsn, ReplicationEvent};
 
+use crate::emit;
 use crate::error::RelayError;
 use crate::mapper::{Mapper, Position as RowPosition};
-use crate::observability::pg_timestamp;
+use crate::observability::{pg_timestamp, StreamMetrics};
 use crate::pgoutput::{self, LogicalMessage};
 use crate::publish::Input;
+use crate::shard::Shard;
 use crate::wal::heartbeat::Heartbeat;
 use crate::wal::position::AckPosition;
 use crate::wal::relations::{Known, RelationCache};
@@ -32,6 +42,11 @@ pub struct Source {
     heartbeat: Heartbeat,
     /// Where dead letters go, under the dead-letter policy.
     dead_letter_exchange: Option<ShortString>,
+    /// The prefix of this outbox's emitted events (`--emit-prefix`).
+    emit_prefix: String,
+    /// Which emitted events are this relay's (rows are chosen by the publication's filter).
+    shard: Shard,
+    metrics: StreamMetrics,
     transaction: Option<Transaction>,
 }
 
@@ -48,12 +63,18 @@ impl Source {
         relations: RelationCache,
         heartbeat: Heartbeat,
         dead_letter_exchange: Option<ShortString>,
+        emit_prefix: String,
+        shard: Shard,
+        metrics: StreamMetrics,
     ) -> Self {
         Self {
             mapper,
             relations,
             heartbeat,
             dead_letter_exchange,
+            emit_prefix,
+            shard,
+            metrics,
             transaction: None,
         }
     }
@@ -98,8 +119,22 @@ impl Source {
             ReplicationEvent::KeepAlive { wal_end, .. } if self.transaction.is_none() => {
                 Some(Input::AckPoint(AckPosition::idle(wal_end)))
             }
-            // Logical messages are never published; our own heartbeats are marked so that
-            // their acknowledgement measures heartbeat lag.
+            ReplicationEvent::Message {
+                transactional,
+                lsn,
+                prefix,
+                content,
+            } if prefix == self.emit_prefix => {
+                if self.shard.takes_emitted(emit::shard_hash(&content)) {
+                    Some(self.on_emitted(transactional, lsn, &content)?)
+                } else {
+                    // Another shard's event: that shard's relay publishes it.
+                    self.metrics.ignored_messages.increment(1);
+                    None
+                }
+            }
+            // Other logical messages are never published; our own heartbeats are marked so
+            // that their acknowledgement measures heartbeat lag.
             ReplicationEvent::Message {
                 transactional: false,
                 lsn,
@@ -111,8 +146,61 @@ impl Source {
                     None => AckPosition::idle(lsn),
                 },
             )),
+            ReplicationEvent::Message {
+                transactional: true,
+                ..
+            } => {
+                self.metrics.ignored_messages.increment(1);
+                None
+            }
             ReplicationEvent::XLogData { data, .. } => self.on_data(&data)?,
             _ => None,
+        })
+    }
+
+    /// An event the emit functions wrote: published like a row, at the next place of its
+    /// transaction. A message with our prefix written non-transactionally belongs to no
+    /// transaction: it is placed at its own LSN and refused by `emit` (dead-letter policy).
+    fn on_emitted(
+        &mut self,
+        transactional: bool,
+        lsn: Lsn,
+        content: &bytes::Bytes,
+    ) -> Result<Input<AckPosition>, RelayError> {
+        let (position, committed_at) = match self.transaction.as_mut() {
+            Some(transaction) if transactional => {
+                let position = RowPosition {
+                    commit_lsn: transaction.commit_lsn,
+                    index: transaction.next_index,
+                };
+                transaction.next_index += 1;
+                (position, Some(pg_timestamp(transaction.commit_time)))
+            }
+            None if transactional => {
+                return Err(RelayError::Protocol(
+                    "a transactional logical message arrived outside a transaction".into(),
+                ))
+            }
+            _ => (
+                RowPosition {
+                    commit_lsn: lsn,
+                    index: 0,
+                },
+                None,
+            ),
+        };
+        self.metrics.emitted.increment(1);
+        let (message, dead_letter) = emit::map_or_dead_letter(
+            &self.mapper,
+            content,
+            transactional,
+            position,
+            self.dead_letter_exchange.as_ref(),
+        )?;
+        Ok(Input::Publish {
+            message,
+            dead_letter,
+            committed_at,
         })
     }
 
@@ -140,6 +228,7 @@ impl Source {
             index: transaction.next_index,
         };
         transaction.next_index += 1;
+        self.metrics.rows.increment(1);
         let (message, dead_letter) = self.mapper.map_or_dead_letter(
             layout,
             &insert.tuple,

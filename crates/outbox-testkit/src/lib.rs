@@ -57,7 +57,8 @@ pub use amqp::{
 };
 pub use pg::{
     create_test_decoding_slot, current_wal_lsn, format_lsn, parse_lsn, pg_connect,
-    read_test_decoding, slot_confirmed_flush, Change, PgServer, Txn,
+    read_test_decoding, read_test_decoding_with_messages, slot_confirmed_flush, Change, PgServer,
+    Txn,
 };
 pub use proxy::{Direction, Mode, TcpProxy};
 pub use rabbit::RabbitServer;

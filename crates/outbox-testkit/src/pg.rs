@@ -471,14 +471,16 @@ pub struct Txn {
     pub changes: Vec<Change>,
 }
 
-/// One row change of a transaction.
+/// One row change of a transaction, or one transactional logical message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
-    /// Schema-qualified, as test_decoding prints it: `public.outbox`.
+    /// Schema-qualified, as test_decoding prints it: `public.outbox`; for a logical
+    /// message, its prefix.
     pub table: String,
-    /// `INSERT`, `UPDATE`, `DELETE` or `TRUNCATE`.
+    /// `INSERT`, `UPDATE`, `DELETE` or `TRUNCATE`; `MESSAGE` for a logical message.
     pub op: String,
-    /// The text of the column named `id`, if the change has one.
+    /// The text of the column named `id`, if the change has one; for a logical message
+    /// whose content is a JSON object, its `id` field.
     pub id: Option<String>,
 }
 
@@ -491,6 +493,28 @@ impl Txn {
             .filter_map(|c| c.id.clone())
             .collect()
     }
+
+    /// The `id`s of the transactional logical messages with `prefix` (e.g. events of the
+    /// emit functions), in WAL order.
+    pub fn message_ids(&self, prefix: &str) -> Vec<String> {
+        self.changes
+            .iter()
+            .filter(|c| c.table == prefix && c.op == "MESSAGE")
+            .filter_map(|c| c.id.clone())
+            .collect()
+    }
+
+    /// The `id`s of rows inserted into `table` and of messages with `prefix`, interleaved
+    /// in WAL order: what a relay publishing both delivers for this transaction.
+    pub fn row_and_message_ids(&self, table: &str, prefix: &str) -> Vec<String> {
+        self.changes
+            .iter()
+            .filter(|c| {
+                (c.table == table && c.op == "INSERT") || (c.table == prefix && c.op == "MESSAGE")
+            })
+            .filter_map(|c| c.id.clone())
+            .collect()
+    }
 }
 
 /// Every transaction committed since the slot was created (or last consumed), in commit
@@ -498,11 +522,25 @@ impl Txn {
 /// skipped). Lines other than BEGIN/COMMIT/table changes (e.g. logical messages) are
 /// ignored.
 pub async fn read_test_decoding(client: &Client, slot: &str) -> Vec<Txn> {
+    peek_test_decoding(client, slot, "1").await
+}
+
+/// Like [`read_test_decoding`], with the transactional logical messages as changes
+/// (`op` `MESSAGE`). test_decoding prints no BEGIN/COMMIT around a transaction that only
+/// wrote messages when it skips empty transactions, so this reads them all and leaves out
+/// those without changes.
+pub async fn read_test_decoding_with_messages(client: &Client, slot: &str) -> Vec<Txn> {
+    let mut txns = peek_test_decoding(client, slot, "0").await;
+    txns.retain(|t| !t.changes.is_empty());
+    txns
+}
+
+async fn peek_test_decoding(client: &Client, slot: &str, skip_empty: &str) -> Vec<Txn> {
     let rows = client
         .query(
             "SELECT lsn::text, xid::text::bigint, data \
-             FROM pg_logical_slot_peek_changes($1, NULL, NULL, 'skip-empty-xacts', '1')",
-            &[&slot],
+             FROM pg_logical_slot_peek_changes($1, NULL, NULL, 'skip-empty-xacts', $2)",
+            &[&slot, &skip_empty],
         )
         .await
         .unwrap_or_else(|e| panic!("peek test_decoding slot {slot}: {e:?}"));
@@ -535,6 +573,21 @@ pub fn parse_test_decoding<'a>(lines: impl IntoIterator<Item = (u64, u64, &'a st
                 txn.end_lsn = lsn;
                 txns.push(txn);
             }
+        } else if let Some(rest) = data.strip_prefix("message: transactional: 1 prefix: ") {
+            // "message: transactional: 1 prefix: P, sz: N content:C"
+            let (Some(txn), Some((prefix, rest))) = (current.as_mut(), rest.split_once(", sz: "))
+            else {
+                continue;
+            };
+            let content = rest.split_once(" content:").map_or("", |(_, c)| c);
+            let id = serde_json::from_str::<serde_json::Value>(content)
+                .ok()
+                .and_then(|v| v.get("id").and_then(|id| id.as_str()).map(str::to_string));
+            txn.changes.push(Change {
+                table: prefix.to_string(),
+                op: "MESSAGE".to_string(),
+                id,
+            });
         } else if let Some(rest) = data.strip_prefix("table ") {
             let Some(txn) = current.as_mut() else {
                 continue;
