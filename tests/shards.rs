@@ -99,7 +99,13 @@ async fn shard_exchange(outbox: &Outbox, shard: u32) -> (String, String) {
 
 /// `writers` connections insert `total` rows between them in transactions of 1 to 4 rows,
 /// each row of one of `aggregates` aggregates (`agg-<n>`) or, one row in ten, of none.
-async fn write_aggregates(db_url: &str, writers: usize, total: usize, aggregates: u64) {
+/// Returns every row written as (id, aggregate_id).
+async fn write_aggregates(
+    db_url: &str,
+    writers: usize,
+    total: usize,
+    aggregates: u64,
+) -> Vec<(String, Option<String>)> {
     let mut tasks = Vec::new();
     for writer in 0..writers {
         let share = total / writers + usize::from(writer < total % writers);
@@ -113,30 +119,64 @@ async fn write_aggregates(db_url: &str, writers: usize, total: usize, aggregates
                     .wrapping_add(1442695040888963407);
                 seed >> 33
             };
+            let mut rows = Vec::with_capacity(share);
             let mut written = 0;
             while written < share {
                 let size = (1 + next() as usize % 4).min(share - written);
                 let txn = client.transaction().await.expect("begin");
                 for _ in 0..size {
-                    let r = next();
-                    let aggregate = (r % 10 != 0).then(|| format!("agg-{}", r % aggregates));
+                    // Two draws: `r % aggregates` of an `r` already known not to be a multiple
+                    // of ten would never pick `agg-0`, `agg-10`, ….
+                    let without = next() % 10 == 0;
+                    let aggregate = (!without).then(|| format!("agg-{}", next() % aggregates));
                     let payload = format!(r#"{{"writer": {writer}, "n": {written}}}"#);
-                    txn.execute(
-                        "INSERT INTO outbox (event_type, payload, aggregate_id) \
-                         VALUES ('TestEvent', $1::text::jsonb, $2)",
-                        &[&payload, &aggregate],
-                    )
-                    .await
-                    .expect("insert");
+                    let row = txn
+                        .query_one(
+                            "INSERT INTO outbox (event_type, payload, aggregate_id) \
+                             VALUES ('TestEvent', $1::text::jsonb, $2) RETURNING id::text",
+                            &[&payload, &aggregate],
+                        )
+                        .await
+                        .expect("insert");
+                    rows.push((row.get(0), aggregate));
                     written += 1;
                 }
                 txn.commit().await.expect("commit");
             }
+            rows
         }));
     }
+    let mut rows = Vec::with_capacity(total);
     for task in tasks {
-        task.await.expect("writer task");
+        rows.extend(task.await.expect("writer task"));
     }
+    rows
+}
+
+/// The shard of `shards` of each row in `rows` (id, aggregate_id), computed by PostgreSQL
+/// from the values alone: for rows that may have been deleted since.
+async fn shards_of(
+    client: &Client,
+    rows: &[(String, Option<String>)],
+    shards: u32,
+) -> HashMap<String, u32> {
+    let (ids, aggregates): (Vec<&str>, Vec<Option<&str>>) = rows
+        .iter()
+        .map(|(id, aggregate)| (id.as_str(), aggregate.as_deref()))
+        .unzip();
+    let sql = format!(
+        "SELECT id::text, ({})::int4 \
+         FROM unnest($1::text[]::uuid[], $2::text[]) AS outbox(id, aggregate_id)",
+        shard_sql(shards)
+    );
+    let found = client
+        .query(&sql, &[&ids, &aggregates])
+        .await
+        .expect("compute the shards");
+    found
+        .iter()
+        .map(|row| (row.get(0), row.get::<_, i32>(1) as u32))
+        .collect()
 }
 
 /// Every row of the table: id -> (aggregate_id, shard of `shards`).
@@ -367,9 +407,12 @@ async fn setup_with_three_shards_creates_filtered_publications_and_slots_and_tea
     );
 }
 
+/// Acceptance 1 of issue 12: 4 shards, 4 relays, 50,000 rows from 8 writers over 500
+/// aggregates (one row in ten without one), written while the relays stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_relays_deliver_every_row_once_each_aggregate_in_commit_order() {
-    const SHARDS: u32 = 3;
+async fn four_relays_deliver_50_000_rows_once_each_aggregate_in_commit_order() {
+    const SHARDS: u32 = 4;
+    const ROWS: usize = 50_000;
     let outbox = sharded_outbox("shards_order", SHARDS).await;
     let oracle = format!("{}_oracle", outbox.slot);
     create_test_decoding_slot(&outbox.client, &oracle).await;
@@ -391,9 +434,11 @@ async fn three_relays_deliver_every_row_once_each_aggregate_in_commit_order() {
     }
 
     // Writers run while the relays stream.
-    write_aggregates(&outbox.db_url, 8, 6_000, 150).await;
+    let started = std::time::Instant::now();
+    write_aggregates(&outbox.db_url, 8, ROWS, 500).await;
+    let written = started.elapsed();
     let rows = rows_by_id(&outbox.client, SHARDS).await;
-    assert_eq!(rows.len(), 6_000);
+    assert_eq!(rows.len(), ROWS);
     let commit_order: Vec<String> = read_test_decoding(&outbox.client, &oracle)
         .await
         .iter()
@@ -402,6 +447,7 @@ async fn three_relays_deliver_every_row_once_each_aggregate_in_commit_order() {
     assert_eq!(commit_order.len(), rows.len(), "the oracle saw every row");
 
     let mut delivered = HashSet::new();
+    let mut per_shard = Vec::new();
     for (k, consumer) in consumers.iter_mut().enumerate() {
         let k = k as u32;
         // This shard's rows in commit order: what its relay must deliver, exactly that.
@@ -411,9 +457,10 @@ async fn three_relays_deliver_every_row_once_each_aggregate_in_commit_order() {
             .cloned()
             .collect();
         let received = consumer
-            .wait_settled(expected.len(), Duration::from_secs(120))
+            .wait_settled(expected.len(), Duration::from_secs(180))
             .await;
         let got = ids(received);
+        per_shard.push(got.len());
         assert_eq!(
             got.len(),
             expected.len(),
@@ -436,6 +483,8 @@ async fn three_relays_deliver_every_row_once_each_aggregate_in_commit_order() {
         delivered.extend(got);
     }
     assert_eq!(delivered.len(), rows.len(), "no row twice across shards");
+    // Every shard's last row has arrived and a quiet 500 ms followed it.
+    let settled = started.elapsed();
 
     // Every shard's slot reaches the last commit: one with few rows does not pin WAL.
     let last_commit = read_test_decoding(&outbox.client, &oracle)
@@ -483,11 +532,31 @@ async fn three_relays_deliver_every_row_once_each_aggregate_in_commit_order() {
     for relay in &relays {
         relay.stop().await;
     }
+    let aggregates: HashSet<&str> = rows.values().filter_map(|r| r.0.as_deref()).collect();
+    assert_eq!(aggregates.len(), 500, "every aggregate written to");
+    common::faults::report(
+        "shards-order",
+        &[
+            ("rows", ROWS.to_string()),
+            ("aggregates", aggregates.len().to_string()),
+            (
+                "without aggregate",
+                (ROWS - rows.values().filter(|r| r.0.is_some()).count()).to_string(),
+            ),
+            ("rows per shard", format!("{per_shard:?}")),
+            ("written in", common::faults::secs(written)),
+            (
+                "all delivered and settled after",
+                common::faults::secs(settled),
+            ),
+        ],
+    );
 }
 
+/// Acceptance 3 of issue 12: `--shards 3 --shard 1` against publications made for 4 shards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_whose_shards_differ_from_its_publication_refuses_to_start() {
-    let outbox = sharded_outbox("shards_wrong", 3).await;
+    let outbox = sharded_outbox("shards_wrong", 4).await;
     let stopped = |relay: RelayProcess| async move {
         let status = relay.wait_exit(Duration::from_secs(30)).await;
         assert!(
@@ -498,13 +567,14 @@ async fn a_relay_whose_shards_differ_from_its_publication_refuses_to_start() {
         final_error(&relay.log()).unwrap_or_default().to_string()
     };
 
-    // --shards 4 against publications made for 3: the error names both filters.
-    let e = stopped(spawn_shard(&outbox, 4, 1, &outbox.exchange, &[])).await;
+    // --shards 3 against publications made for 4: the error names both filters, the one
+    // found (`% 4) = 1`) and the one expected (`% 3 = 1`), and so both shard counts.
+    let e = stopped(spawn_shard(&outbox, 3, 1, &outbox.exchange, &[])).await;
     assert!(
         e.contains("The publication \"outbox_pub_1\" has the row filter")
-            && e.contains("% 3) = 1)")
-            && e.contains("shard 1 of --shards 4")
-            && e.contains(&format!("{} = 1", shard_sql(4)))
+            && e.contains("% 4) = 1)")
+            && e.contains("shard 1 of --shards 3")
+            && e.contains(&format!("{} = 1", shard_sql(3)))
             && e.contains("Fix:"),
         "{e}"
     );
@@ -522,13 +592,13 @@ async fn a_relay_whose_shards_differ_from_its_publication_refuses_to_start() {
         .batch_execute("CREATE PUBLICATION plain_0 FOR TABLE outbox WITH (publish = 'insert')")
         .await
         .expect("publication");
-    let relay = spawn_shard(&outbox, 3, 0, &outbox.exchange, &["--publication", "plain"]);
+    let relay = spawn_shard(&outbox, 4, 0, &outbox.exchange, &["--publication", "plain"]);
     let e = stopped(relay).await;
     assert!(e.contains("\"plain_0\" has no row filter"), "{e}");
 
     // A shard beyond the count is a configuration error.
-    let e = stopped(spawn_shard(&outbox, 3, 3, &outbox.exchange, &[])).await;
-    assert!(e.contains("--shard is 3 but --shards is 3"), "{e}");
+    let e = stopped(spawn_shard(&outbox, 4, 4, &outbox.exchange, &[])).await;
+    assert!(e.contains("--shard is 4 but --shards is 4"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -590,54 +660,126 @@ async fn two_relays_on_one_shard_one_streams_the_other_waits_and_takes_over() {
     second.stop().await;
 }
 
+/// Acceptance 4 of issue 12: cleanup with 4 shards, one of them stopped. The running relays
+/// delete their own delivered rows past the retention; the stopped shard's rows newer than
+/// its acknowledged commit all stay, however long the others run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cleanup_of_a_shard_deletes_only_its_own_delivered_rows() {
-    let outbox = sharded_outbox("shards_cleanup", 2).await;
-    let (exchange, queue) = shard_exchange(&outbox, 0).await;
-    let mut consumer = Consumer::start(&outbox.amqp_url, &queue).await;
-    write_aggregates(&outbox.db_url, 2, 400, 30).await;
-    let rows = rows_by_id(&outbox.client, 2).await;
-    let of_shard = |k: u32| rows.values().filter(|r| r.1 == k).count();
-    let (zero, one) = (of_shard(0), of_shard(1));
-    assert!(zero > 0 && one > 0);
-
-    // Only shard 0 runs; shard 1's relay is stopped, its rows undelivered.
-    let relay = spawn_shard(
-        &outbox,
-        2,
-        0,
-        &exchange,
-        &[
-            "--retention",
-            "0s",
-            "--cleanup-interval",
-            "200ms",
-            "--metrics-addr",
-            "off",
-        ],
-    );
-    consumer.wait_for(zero, Duration::from_secs(60)).await;
-    let count = format!("SELECT count(*) FROM outbox WHERE ({}) = $1", shard_sql(2));
-    let left = |shard: i32| {
-        let count = count.clone();
+async fn cleanup_with_one_of_four_shards_stopped_keeps_its_unacknowledged_rows() {
+    const SHARDS: u32 = 4;
+    const STOPPED: u32 = 3;
+    let outbox = sharded_outbox("shards_cleanup", SHARDS).await;
+    let oracle = Oracle::create(&outbox).await;
+    let flags = [
+        "--retention",
+        "0s",
+        "--cleanup-interval",
+        "200ms",
+        "--metrics-addr",
+        "off",
+    ];
+    let mut consumers = Vec::new();
+    let mut relays = Vec::new();
+    for k in 0..SHARDS {
+        let (exchange, queue) = shard_exchange(&outbox, k).await;
+        consumers.push(Consumer::start_with(&outbox.amqp_url, &queue, false).await);
+        relays.push(spawn_shard(&outbox, SHARDS, k, &exchange, &flags));
+    }
+    let left = |ids: Vec<String>| {
         let client = &outbox.client;
         async move {
-            let row = client.query_one(&count, &[&shard]).await.expect("count");
+            let count = "SELECT count(*) FROM outbox WHERE id = ANY($1::text[]::uuid[])";
+            let row = client.query_one(count, &[&ids]).await.expect("count");
             row.get::<_, i64>(0)
         }
     };
+    // The ids of `rows` that fall into the shards `wanted` accepts.
+    let of = |rows: &HashMap<String, u32>, wanted: &dyn Fn(u32) -> bool| -> Vec<String> {
+        let mut ids: Vec<String> = rows
+            .iter()
+            .filter(|(_, &k)| wanted(k))
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        ids
+    };
+
+    // All four run: each delivers and deletes its rows, the stopped-to-be shard too.
+    let before = write_aggregates(&outbox.db_url, 2, 800, 40).await;
+    let before = shards_of(&outbox.client, &before, SHARDS).await;
+    for (k, consumer) in consumers.iter_mut().enumerate() {
+        let n = of(&before, &|s| s == k as u32).len();
+        consumer.wait_for(n, Duration::from_secs(60)).await;
+    }
+    let all = of(&before, &|_| true);
     assert!(
-        eventually(Duration::from_secs(30), || async { left(0).await == 0 }).await,
-        "shard 0's delivered rows are deleted: {} left; log:\n{}",
-        left(0).await,
-        relay.log()
+        eventually(Duration::from_secs(30), || async {
+            left(all.clone()).await == 0
+        })
+        .await,
+        "every shard deletes its delivered rows: {} left",
+        left(all.clone()).await
+    );
+
+    // Shard 3 stops; writers go on.
+    relays[STOPPED as usize].stop().await;
+    let slot = format!("{}_{STOPPED}", outbox.slot);
+    let acknowledged = common::slot_confirmed_flush(&outbox.client, &slot).await;
+    let after = write_aggregates(&outbox.db_url, 2, 800, 40).await;
+    let after = shards_of(&outbox.client, &after, SHARDS).await;
+    let running = of(&after, &|k| k != STOPPED);
+    let stopped = of(&after, &|k| k == STOPPED);
+    assert!(!running.is_empty() && !stopped.is_empty());
+    // Each of the stopped shard's new rows committed after its acknowledged position (the
+    // oracle's end LSNs), so it is one the cleanup must keep.
+    let newer: HashSet<String> = oracle
+        .transactions(&outbox.client)
+        .await
+        .iter()
+        .filter(|txn| txn.end_lsn > acknowledged)
+        .flat_map(|txn| txn.inserted_ids(OUTBOX))
+        .collect();
+    assert!(stopped.iter().all(|id| newer.contains(id)));
+
+    // The running shards deliver theirs and delete them...
+    for (k, consumer) in consumers.iter_mut().enumerate() {
+        if k as u32 != STOPPED {
+            let n = of(&before, &|s| s == k as u32).len() + of(&after, &|s| s == k as u32).len();
+            consumer.wait_for(n, Duration::from_secs(60)).await;
+        }
+    }
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            left(running.clone()).await == 0
+        })
+        .await,
+        "the running shards' delivered rows are deleted: {} left",
+        left(running.clone()).await
+    );
+    // ...and none of the stopped shard's rows newer than its acknowledged commit.
+    assert_eq!(
+        left(stopped.clone()).await,
+        stopped.len() as i64,
+        "none of the stopped shard's unacknowledged rows is deleted"
     );
     assert_eq!(
-        left(1).await,
-        one as i64,
-        "none of the stopped shard's rows is deleted"
+        common::slot_confirmed_flush(&outbox.client, &slot).await,
+        acknowledged,
+        "the stopped shard's slot stays where it was"
     );
-    relay.stop().await;
+    for (k, relay) in relays.iter().enumerate() {
+        if k as u32 != STOPPED {
+            relay.stop().await;
+        }
+    }
+    common::faults::report(
+        "shards-cleanup",
+        &[
+            ("rows", (before.len() + after.len()).to_string()),
+            ("deleted while all ran", before.len().to_string()),
+            ("deleted with shard 3 stopped", running.len().to_string()),
+            ("kept (shard 3, unacknowledged)", stopped.len().to_string()),
+        ],
+    );
 }
 
 /// The row-filter check renders the expected filter through a temporary table: the role of
@@ -696,13 +838,19 @@ async fn the_least_privilege_role_runs_a_shard() {
     }
 }
 
-/// Acceptance 2 of issue 12, smaller: kill -9 of one shard's relay under writers, and a
-/// restart. That shard loses nothing and its duplicates stay within one relay's bound; the
-/// other shards deliver exactly once and keep acknowledging while it is down.
+/// Acceptance 2 of issue 12: kill -9 of one shard's relay under writers, and a restart 5 s
+/// later. That shard loses nothing and its duplicates stay within one relay's bound; the
+/// other shards deliver exactly once, and the rows they committed while it was down arrived
+/// while it was down (their queues, read every 100 ms of the 5 s, are the oracle).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_of_one_shards_relay_loses_nothing_and_leaves_the_others_alone() {
-    const SHARDS: u32 = 3;
+async fn kill_9_of_one_shards_relay_and_a_restart_5_s_later_leaves_the_others_alone() {
+    const SHARDS: u32 = 4;
+    const KILLED: usize = 1;
     const WINDOW: usize = 256;
+    // How long the killed shard stays down (the scenario), and how soon after its commit a
+    // row of another shard must have arrived meanwhile.
+    const DOWN: Duration = Duration::from_secs(5);
+    const LATENCY: Duration = Duration::from_secs(1);
     let outbox = sharded_outbox("shards_kill", SHARDS).await;
     let oracle = Oracle::create(&outbox).await;
     let window = WINDOW.to_string();
@@ -719,34 +867,53 @@ async fn kill_9_of_one_shards_relay_loses_nothing_and_leaves_the_others_alone() 
     let started = std::time::Instant::now();
     let writers = Writers::start(&outbox.db_url, 4, 4, Duration::from_millis(1));
     assert!(writers.wait_committed(1_500, Duration::from_secs(60)).await);
-    consumers[1].wait_for(100, Duration::from_secs(60)).await;
+    consumers[KILLED]
+        .wait_for(100, Duration::from_secs(60))
+        .await;
 
-    relays[1].kill9();
+    relays[KILLED].kill9();
+    let killed = std::time::Instant::now();
     let killed_at = common::current_wal_lsn(&outbox.client).await;
-    let during = writers.committed();
-    // While shard 1 is down the others acknowledge past the kill, so (ACK) they delivered
-    // the rows committed before it and kept going.
-    for k in [0, 2] {
+    // The 5 s down. Every 100 ms: the WAL position (a commit past it came later) and, after
+    // it, what the other shards' queues hold (a row seen came earlier).
+    let mut positions: Vec<(Duration, u64)> = Vec::new();
+    let mut arrived: HashMap<String, Duration> = HashMap::new();
+    while killed.elapsed() < DOWN {
+        let at = killed.elapsed();
+        positions.push((at, common::current_wal_lsn(&outbox.client).await));
+        for (k, consumer) in consumers.iter_mut().enumerate() {
+            if k == KILLED {
+                continue;
+            }
+            let seen = killed.elapsed();
+            for id in ids(consumer.received()) {
+                arrived.entry(id).or_insert(seen);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The others kept acknowledging: past the kill, so (ACK) past what was committed before.
+    for k in (0..SHARDS as usize).filter(|&k| k != KILLED) {
         let slot = format!("{}_{k}", outbox.slot);
         assert!(
-            eventually(Duration::from_secs(30), || async {
-                common::slot_confirmed_flush(&outbox.client, &slot).await > killed_at
-            })
-            .await,
-            "shard {k} keeps acknowledging while shard 1 is down; log:\n{}",
-            relays[k as usize].log()
+            common::slot_confirmed_flush(&outbox.client, &slot).await > killed_at,
+            "shard {k} acknowledged past the kill while shard {KILLED} was down; log:\n{}",
+            relays[k].log()
         );
     }
+    let down_until = positions.last().map_or(killed_at, |p| p.1);
+    let before_restart = consumers[KILLED].received().len();
+    relays[KILLED] = spawn_shard(&outbox, SHARDS, KILLED as u32, &exchanges[KILLED], &flags);
+    let restarted = std::time::Instant::now();
+    let down = restarted - killed;
+    consumers[KILLED]
+        .wait_for(before_restart + 1, Duration::from_secs(30))
+        .await;
+    let first_delivery = restarted.elapsed();
+    let now = writers.committed();
     assert!(
         writers
-            .wait_committed(during + 1_000, Duration::from_secs(60))
-            .await
-    );
-    relays[1] = spawn_shard(&outbox, SHARDS, 1, &exchanges[1], &flags);
-    let restarted = writers.committed();
-    assert!(
-        writers
-            .wait_committed(restarted + 1_000, Duration::from_secs(60))
+            .wait_committed(now + 1_000, Duration::from_secs(60))
             .await
     );
     writers.stop().await;
@@ -754,6 +921,42 @@ async fn kill_9_of_one_shards_relay_loses_nothing_and_leaves_the_others_alone() 
 
     let committed = oracle.committed_ids(&outbox.client).await;
     let rows = rows_by_id(&outbox.client, SHARDS).await;
+
+    // The other shards' rows committed while shard 1 was down: each one that committed at
+    // least LATENCY before the restart arrived before it, within LATENCY of its commit.
+    let (mut while_down, mut in_time, mut worst) = (0, 0, Duration::ZERO);
+    for txn in oracle.transactions(&outbox.client).await {
+        if txn.end_lsn <= killed_at || txn.end_lsn > down_until {
+            continue;
+        }
+        // The last position read before the commit: it committed after that reading.
+        let after = positions
+            .iter()
+            .rev()
+            .find(|p| p.1 < txn.end_lsn)
+            .map_or(Duration::ZERO, |p| p.0);
+        for id in txn.inserted_ids(OUTBOX) {
+            if rows[id.as_str()].1 == KILLED as u32 {
+                continue;
+            }
+            while_down += 1;
+            let latency = arrived.get(&id).map(|seen| seen.saturating_sub(after));
+            if let Some(latency) = latency {
+                in_time += 1;
+                worst = worst.max(latency);
+            }
+            if after + LATENCY <= down {
+                assert!(
+                    latency.is_some_and(|l| l <= LATENCY),
+                    "{id} (shard {}) committed {after:?} after the kill, arrived {latency:?} \
+                     later; shard {KILLED} was down {down:?}",
+                    rows[id.as_str()].1
+                );
+            }
+        }
+    }
+    assert!(while_down > 0, "the other shards committed rows meanwhile");
+
     let mut duplicates = Vec::new();
     for (k, consumer) in consumers.iter_mut().enumerate() {
         let expected: Vec<String> = committed
@@ -776,25 +979,38 @@ async fn kill_9_of_one_shards_relay_loses_nothing_and_leaves_the_others_alone() 
     }
     // A relay crash re-publishes at most the window, one status interval of rows and the
     // confirmed rows of the transaction that was open (DESIGN.md invariant 5); the rate term
-    // is shard 1's average rate, doubled for bursts.
-    let rate = rows.values().filter(|r| r.1 == 1).count() as f64 / writing.as_secs_f64();
+    // is the shard's average rate, doubled for bursts.
+    let rate =
+        rows.values().filter(|r| r.1 == KILLED as u32).count() as f64 / writing.as_secs_f64();
     let bound = WINDOW + 4 + (2.0 * rate * 0.1).ceil() as usize;
-    assert_eq!(
-        (duplicates[0], duplicates[2]),
-        (0, 0),
-        "the other shards deliver exactly once"
-    );
+    for (k, &d) in duplicates.iter().enumerate() {
+        if k != KILLED {
+            assert_eq!(d, 0, "shard {k} delivers exactly once");
+        }
+    }
     assert!(
-        duplicates[1] <= bound,
-        "shard 1: {} duplicates, bound {bound}",
-        duplicates[1]
+        duplicates[KILLED] <= bound,
+        "shard {KILLED}: {} duplicates, bound {bound}",
+        duplicates[KILLED]
     );
     common::faults::report(
         "shards-kill9",
         &[
             ("rows", committed.len().to_string()),
+            ("lost", "0".to_string()),
             ("duplicates per shard", format!("{duplicates:?}")),
             ("bound", bound.to_string()),
+            ("down", common::faults::secs(down)),
+            (
+                "other shards' rows committed while down",
+                while_down.to_string(),
+            ),
+            ("of them arrived while down", in_time.to_string()),
+            ("slowest", format!("{} ms", worst.as_millis())),
+            (
+                "restart → first delivery",
+                common::faults::secs(first_delivery),
+            ),
         ],
     );
 }
