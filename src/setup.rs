@@ -805,7 +805,10 @@ mod tests {
         assert!(!sql.contains("'outbox_slot'") && !sql.contains("\"outbox_pub\""));
         // One shard is exactly the unsharded script.
         let one = Shard::every(&names, 1).expect("one");
-        assert_eq!(shards_script(&names, &one, "p", None), script(&names, "p", None));
+        assert_eq!(
+            shards_script(&names, &one, "p", None),
+            script(&names, "p", None)
+        );
     }
 
     #[test]

@@ -1233,3 +1233,93 @@ async fn drain_with_1_2_and_4_shards() {
         consumer.close().await;
     }
 }
+
+/// Issue 13 with shards: PostgreSQL does not row-filter logical messages, so every shard's
+/// walsender sends every emitted event; each relay publishes only those whose envelope hash
+/// is its shard's, by the same expression as the rows (computed here in SQL from the event's
+/// aggregate, or its id when it has none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_each_publish_only_their_shards_emitted_events_and_rows() {
+    const SHARDS: u32 = 2;
+    const EVENTS: i64 = 400;
+    let outbox = sharded_outbox("shards_emit", SHARDS).await;
+    // Events of 40 aggregates and, one in five, of none; a row between them now and then.
+    let mut expected: HashMap<String, u32> = HashMap::new();
+    for n in 0..EVENTS {
+        let aggregate = (n % 5 != 0).then(|| format!("agg-{}", n % 40));
+        let id: String = value_with(
+            &outbox.client,
+            "SELECT outbox_emit(event_type => 'Emitted', payload => '{}'::jsonb, \
+             aggregate_id => $1)::text",
+            &[&aggregate],
+        )
+        .await;
+        let shard_of: i32 = value_with(
+            &outbox.client,
+            &format!(
+                "SELECT ((CASE WHEN $1::text IS NOT NULL THEN hashtext($1::text) \
+                 ELSE uuid_hash($2::text::uuid) END) & 2147483647) % {SHARDS}"
+            ),
+            &[&aggregate, &id],
+        )
+        .await;
+        expected.insert(id, shard_of as u32);
+        if n % 10 == 0 {
+            let row = insert_for(&outbox.client, "Row", &format!("agg-{}", n % 40)).await;
+            let shard_of: i32 = value_with(
+                &outbox.client,
+                &format!(
+                    "SELECT {} FROM outbox WHERE id = $1::text::uuid",
+                    shard_sql(SHARDS)
+                ),
+                &[&row],
+            )
+            .await;
+            expected.insert(row, shard_of as u32);
+        }
+    }
+    let mut relays = Vec::new();
+    let mut consumers = Vec::new();
+    for shard in 0..SHARDS {
+        let (exchange, queue) = shard_exchange(&outbox, shard).await;
+        consumers.push(Consumer::start(&outbox.amqp_url, &queue).await);
+        relays.push(spawn_shard(&outbox, SHARDS, shard, &exchange, &[]));
+    }
+    for (shard, consumer) in consumers.iter_mut().enumerate() {
+        let mine: Vec<String> = expected
+            .iter()
+            .filter(|(_, s)| **s == shard as u32)
+            .map(|(id, _)| id.clone())
+            .collect();
+        assert!(!mine.is_empty(), "shard {shard} has events");
+        assert!(
+            wait_for_ids(consumer, &mine, Duration::from_secs(60)).await,
+            "shard {shard}'s events and rows arrive; log:\n{}",
+            relays[shard].log()
+        );
+        let received = consumer
+            .wait_quiet(Duration::from_millis(500), Duration::from_secs(10))
+            .await;
+        let mut got = ids(received);
+        got.sort();
+        let mut want = mine;
+        want.sort();
+        assert_eq!(
+            got, want,
+            "shard {shard} published exactly its own, once each"
+        );
+    }
+    for relay in relays {
+        relay.stop().await;
+    }
+}
+
+/// The one value `sql` returns with `params`.
+async fn value_with<T: tokio_postgres::types::FromSqlOwned>(
+    client: &Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> T {
+    let row = client.query_one(sql, params).await;
+    row.unwrap_or_else(|e| panic!("{sql}: {e:?}")).get(0)
+}
