@@ -642,3 +642,33 @@ async fn c6_full_speed_drain_with_one_percent_unroutable_dead_letters_exactly_th
     );
     relay.stop().await;
 }
+
+/// The same drain under `halt` through the cluster: the relay stops at the first unroutable
+/// row in commit order and the slot never passes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c6b_full_speed_drain_with_one_percent_unroutable_halts_at_the_first_one() {
+    let (pg, cluster, _lock) = servers().await;
+    let (outbox, oracle) = quorum_outbox(pg, cluster, 0, "halt_stress", &["setup"]).await;
+    // Only Good.# is routed: the Nobody.… rows come back.
+    common::amqp::bind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "Good.#").await;
+    common::amqp::unbind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
+    let rows = common::faults::stress_rows();
+    let (_, unroutable) = common::faults::seed_one_percent_unroutable(&outbox, rows).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let (relay, port) = spawn_observed(
+        &outbox,
+        "run",
+        &cluster.url_list(),
+        &["--max-backoff-secs", "1"],
+    );
+    common::faults::assert_stress_halted(
+        &outbox,
+        &oracle,
+        (&relay, port),
+        &mut consumer,
+        &unroutable,
+        "c6b returns stress through the cluster, halt",
+    )
+    .await;
+    relay.stop().await;
+}

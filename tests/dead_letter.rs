@@ -635,37 +635,16 @@ async fn full_speed_drain_with_one_percent_unroutable_halts_at_the_first_one() {
     let oracle = Oracle::create(outbox).await;
     let rows = common::faults::stress_rows();
     let (_, unroutable) = common::faults::seed_one_percent_unroutable(outbox, rows).await;
-    let unroutable: std::collections::HashSet<String> = unroutable.into_iter().collect();
-    let committed = oracle.committed_ids(&outbox.client).await;
-    let first_stop = committed
-        .iter()
-        .position(|id| unroutable.contains(id))
-        .expect("an unroutable row");
-    let first = committed[first_stop].clone();
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
-
     let (relay, port) = spawn_observed(outbox, &[]);
-    assert_stuck_on_returned(&relay, port, &first).await;
-    assert!(
-        wait_for_ids(&mut consumer, &committed[..first_stop], MINUTE).await,
-        "every row before the first unroutable one is delivered; log:\n{}",
-        relay.log()
-    );
-    assert_not_acknowledged(outbox, &oracle, &first, "the first unroutable row").await;
-    // Still not past it after more retries.
-    common::faults::assert_returned(&relay, &first, 3, MINUTE).await;
-    assert_not_acknowledged(outbox, &oracle, &first, "the first unroutable row").await;
-    common::faults::report(
+    common::faults::assert_stress_halted(
+        outbox,
+        &oracle,
+        (&relay, port),
+        &mut consumer,
+        &unroutable,
         "returns stress, halt",
-        &[
-            ("rows", rows.to_string()),
-            ("unroutable", unroutable.len().to_string()),
-            ("stopped at row", (first_stop + 1).to_string()),
-            (
-                "in the queue (published ahead of the return, not acknowledged)",
-                consumer.received().len().to_string(),
-            ),
-        ],
-    );
+    )
+    .await;
     relay.stop().await;
 }

@@ -771,3 +771,48 @@ pub async fn assert_stress_dead_lettered(
         .header_str("x-outbox-dead-letter-reason")
         .is_some_and(|reason| reason.starts_with("unroutable: NO_ROUTE 312"))));
 }
+
+/// Checks a returns stress drain under `halt` (rows seeded by [`seed_one_percent_unroutable`],
+/// `relay` and its metrics `port` started on them): the relay stops at the first unroutable
+/// row in commit order, whatever the broker batched, and names it; every row before it is
+/// delivered; the slot does not pass it, also after more retries. Prints the figures as
+/// `scenario`. Panics with the log otherwise.
+pub async fn assert_stress_halted(
+    outbox: &Outbox,
+    oracle: &Oracle,
+    (relay, port): (&RelayProcess, u16),
+    consumer: &mut Consumer,
+    unroutable: &[String],
+    scenario: &str,
+) {
+    let minute = Duration::from_secs(60);
+    let unroutable: HashSet<&str> = unroutable.iter().map(String::as_str).collect();
+    let committed = oracle.committed_ids(&outbox.client).await;
+    let first_stop = committed
+        .iter()
+        .position(|id| unroutable.contains(id.as_str()))
+        .expect("an unroutable row");
+    let first = committed[first_stop].clone();
+    assert_stuck_on_returned(relay, port, &first).await;
+    assert!(
+        wait_for_ids(consumer, &committed[..first_stop], minute).await,
+        "every row before the first unroutable one is delivered; log:\n{}",
+        relay.log()
+    );
+    assert_not_acknowledged(outbox, oracle, &first, "the first unroutable row").await;
+    // Still not past it after more retries.
+    assert_returned(relay, &first, 3, minute).await;
+    assert_not_acknowledged(outbox, oracle, &first, "the first unroutable row").await;
+    report(
+        scenario,
+        &[
+            ("rows", committed.len().to_string()),
+            ("unroutable", unroutable.len().to_string()),
+            ("stopped at row", (first_stop + 1).to_string()),
+            (
+                "in the queue (published ahead of the return, not acknowledged)",
+                consumer.received().len().to_string(),
+            ),
+        ],
+    );
+}
