@@ -588,6 +588,15 @@ pub enum Mode {
     Poll,
 }
 
+/// What polling mode does with a row once the broker confirmed it (`--on-published`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnPublished {
+    /// Set `published_at`; the cleanup deletes the row after the retention.
+    Mark,
+    /// Delete the row in the claim's transaction: no cleanup, no audit trail, no `resync`.
+    Delete,
+}
+
 /// `--mode`, for the commands that serve both relays (`setup`, `status`); each says in its
 /// help what the mode changes for it.
 #[derive(Debug, Clone, Args)]
@@ -917,6 +926,13 @@ pub struct PollArgs {
     /// Rows a worker claims, publishes and marks in one transaction.
     #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub batch_size: u32,
+
+    /// What happens to a row once the broker confirmed it, in the claim's transaction:
+    /// `mark` sets published_at (the cleanup deletes it after --retention); `delete` deletes
+    /// it at once (no cleanup, no partial-index churn, but no record of what was sent and
+    /// nothing for `resync`).
+    #[arg(long, env = "OUTBOX_ON_PUBLISHED", value_enum, default_value_t = OnPublished::Mark)]
+    pub on_published: OnPublished,
 
     /// A fixed wait after every poll that found no rows (e.g. 1s, 250ms, 1m): shorthand for
     /// --poll-interval-min and --poll-interval-max both set to it (no back-off).

@@ -17,7 +17,7 @@ use common::{
     declare_bound_queue, pg_connect, queue_message_count, services, unique_name, Consumer,
     RabbitServer, Received, RelayProcess,
 };
-use outbox_relay::config::OutboxNames;
+use outbox_relay::config::{OnPublished, OutboxNames};
 use outbox_relay::poll::table::OutboxTable;
 use outbox_relay::setup;
 use tokio_postgres::Client;
@@ -375,22 +375,49 @@ async fn two_poll_processes_with_three_workers_each_publish_every_row_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_backlog_loses_nothing_and_duplicates_at_most_workers_times_batch() {
+    kill_9_mid_backlog(OnPublished::Mark).await;
+}
+
+/// The same crash under `--on-published delete`: the rows are deleted in the transaction
+/// that commits after the confirms, so a kill before that commit leaves them in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_published_delete_kill_9_mid_backlog_loses_nothing_and_leaves_an_empty_table() {
+    kill_9_mid_backlog(OnPublished::Delete).await;
+}
+
+async fn kill_9_mid_backlog(on_published: OnPublished) {
     const WORKERS: usize = 2;
     const BATCH: usize = 200;
-    let (outbox, client, inserted, mut consumer) = backlog("poll_kill", 20_000, 500).await;
+    const ROWS: i64 = 20_000;
+    let prefix = match on_published {
+        OnPublished::Mark => "poll_kill",
+        OnPublished::Delete => "poll_kill_delete",
+    };
+    let (outbox, client, inserted, mut consumer) = backlog(prefix, ROWS as i32, 500).await;
+    // Rows done: marked, or gone.
+    let settled_sql = match on_published {
+        OnPublished::Mark => "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL".into(),
+        OnPublished::Delete => format!("SELECT {ROWS} - count(*) FROM outbox"),
+    };
+    let mode = match on_published {
+        OnPublished::Mark => "mark",
+        OnPublished::Delete => "delete",
+    };
 
-    let args = ["--workers", "2", "--batch-size", "200"];
+    let args = [
+        "--workers",
+        "2",
+        "--batch-size",
+        "200",
+        "--on-published",
+        mode,
+    ];
     let relay = outbox.spawn_poll(&args);
-    let done = wait_count(
-        &client,
-        "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
-        |n| n >= 2_000,
-    )
-    .await;
+    let done = wait_count(&client, &settled_sql, |n| n >= 2_000).await;
     relay.kill9();
-    let at_kill = published(&client).await;
-    eprintln!("killed with -9 after {done}+ rows marked ({at_kill} at the kill)");
-    assert!(at_kill < 20_000, "the kill must land mid-backlog");
+    let at_kill = count(&client, &settled_sql).await;
+    eprintln!("killed with -9 after {done}+ rows settled ({at_kill} at the kill, {mode})");
+    assert!(at_kill < ROWS, "the kill must land mid-backlog");
 
     let relay = outbox.spawn_poll(&args);
     wait_all_published(&client).await;
@@ -400,7 +427,7 @@ async fn kill_9_mid_backlog_loses_nothing_and_duplicates_at_most_workers_times_b
     let seen = tally(&received);
     let duplicates = received.len() - seen.len();
     eprintln!(
-        "kill -9 mid-backlog: {} messages for {} rows, {duplicates} duplicates (bound {})",
+        "kill -9 mid-backlog ({mode}): {} messages for {} rows, {duplicates} duplicates (bound {})",
         received.len(),
         seen.len(),
         WORKERS * BATCH
@@ -411,6 +438,11 @@ async fn kill_9_mid_backlog_loses_nothing_and_duplicates_at_most_workers_times_b
         "zero lost"
     );
     assert!(duplicates <= WORKERS * BATCH, "{duplicates} duplicates");
+    let left = count(&client, "SELECT count(*) FROM outbox").await;
+    match on_published {
+        OnPublished::Mark => assert_eq!(left, ROWS, "marked rows stay for the cleanup"),
+        OnPublished::Delete => assert_eq!(left, 0, "every delivered row deleted"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -653,7 +685,7 @@ async fn claim_query_uses_the_partial_index_on_a_mostly_published_table() {
         .await
         .expect("discover");
     for limit in [1, 500] {
-        let explain = format!("EXPLAIN {}", table.claim_sql(limit));
+        let explain = format!("EXPLAIN {}", table.claim_sql(limit, OnPublished::Mark));
         let plan = common::pg::first_column(&client, &explain, &[]).await;
         let plan = plan.join("\n");
         eprintln!("claim query plan (LIMIT {limit}):\n{plan}");

@@ -41,7 +41,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Delivery, PollArgs, PublishNames};
+use crate::config::{Delivery, OnPublished, PollArgs, PublishNames};
 use crate::error::RelayError;
 use crate::mapper::Mapper;
 use crate::observability::{self, PollMetrics, WorkerHealth};
@@ -146,6 +146,7 @@ pub(crate) struct Shared {
     dead_letter_exchange: Option<String>,
     workers: u32,
     batch_size: u32,
+    on_published: OnPublished,
     /// The wait after the first empty poll, doubling with each further one up to the max.
     poll_interval_min: Duration,
     poll_interval_max: Duration,
@@ -190,6 +191,7 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
         dead_letter_exchange,
         workers: args.workers,
         batch_size: args.batch_size,
+        on_published: args.on_published,
         poll_interval_min,
         poll_interval_max,
         delivery: args.delivery,
@@ -202,6 +204,7 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
         table = %shared.names.table,
         workers = shared.workers,
         batch_size = shared.batch_size,
+        on_published = ?shared.on_published,
         poll_interval_min_ms = poll_interval_min.as_millis() as u64,
         poll_interval_max_ms = poll_interval_max.as_millis() as u64,
         listen = args.listen,
@@ -231,7 +234,8 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
             stop.clone(),
         ));
     }
-    if !args.cleanup.cleanup_interval.is_zero() {
+    // Under --on-published delete nothing published stays behind for the cleanup.
+    if !args.cleanup.cleanup_interval.is_zero() && args.on_published == OnPublished::Mark {
         background.spawn(cleanup::run(
             Arc::clone(&shared),
             args.cleanup.cleanup_interval,

@@ -6,7 +6,7 @@
 
 use tokio_postgres::{Client, Row};
 
-use crate::config::TableName;
+use crate::config::{OnPublished, TableName};
 use crate::db::quote_ident;
 use crate::error::RelayError;
 use crate::mapper::Layout;
@@ -105,19 +105,28 @@ impl OutboxTable {
     /// them) and sorted by that number: a sort of the batch only. The limit is a literal so
     /// that a prepared statement never falls back to a generic plan that guesses the row
     /// count.
-    pub fn claim_sql(&self, limit: u32) -> String {
+    ///
+    /// With [`OnPublished::Delete`] the claimed rows are deleted instead of marked, in the
+    /// same statement: the transaction that commits after every confirm removes them.
+    pub fn claim_sql(&self, limit: u32, on_published: OnPublished) -> String {
         let id = quote_ident(columns::ID);
+        let settle = match on_published {
+            OnPublished::Mark => format!(
+                "UPDATE {table} SET {PUBLISHED_AT} = now() FROM claimed",
+                table = self.qualified
+            ),
+            OnPublished::Delete => format!("DELETE FROM {} USING claimed", self.qualified),
+        };
         // ORDER BY names the table's column: the index is read in order up to the limit.
         format!(
             "WITH claimed AS (\
              SELECT claimed_id, relay_claim_order FROM unnest(ARRAY(\
              SELECT {id} FROM {table} WHERE {PUBLISHED_AT} IS NULL ORDER BY {table}.{created} \
              LIMIT {limit} FOR UPDATE SKIP LOCKED)) WITH ORDINALITY AS c(claimed_id, relay_claim_order)), \
-             marked AS (\
-             UPDATE {table} SET {PUBLISHED_AT} = now() FROM claimed \
+             settled AS ({settle} \
              WHERE {table}.{id} = claimed.claimed_id \
              RETURNING claimed.relay_claim_order, {table}.*) \
-             SELECT {select} FROM marked ORDER BY relay_claim_order",
+             SELECT {select} FROM settled ORDER BY relay_claim_order",
             select = self.text.select_list(),
             created = quote_ident(columns::CREATED_AT),
             table = self.qualified,

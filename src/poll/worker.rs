@@ -131,8 +131,9 @@ async fn session(
              (sql/outbox_poll.sql)"
         );
     }
-    let claim_batch = bounded(client.prepare(&table.claim_sql(shared.batch_size))).await?;
-    let claim_one = bounded(client.prepare(&table.claim_sql(1))).await?;
+    let claim_batch =
+        bounded(client.prepare(&table.claim_sql(shared.batch_size, shared.on_published))).await?;
+    let claim_one = bounded(client.prepare(&table.claim_sql(1, shared.on_published))).await?;
     let broker = Broker::connect(&shared.brokers).await?;
     let mut session = Session {
         shared,
