@@ -313,6 +313,12 @@ impl Node {
     /// kill -9 of the node; returns once its AMQP port is closed and its process gone.
     pub(crate) fn kill9(&self) {
         let pid = self.pid().expect("rabbitmq pid file");
+        // Mnesia (RabbitMQ 3.x's metadata store) appends committed declarations to its log
+        // asynchronously: a kill -9 soon after a test declared its queue and bindings could
+        // lose them, and the test would see its own topology vanish rather than what the
+        // relay does (seen once under load: NO_ROUTE after the restart). Syncing the log
+        // first keeps the fault about messages and connections, which is what it tests.
+        let _ = self.ctl(&["eval", "mnesia:sync_log()."]);
         self.kill_node();
         let closed = super::poll_until(Duration::from_secs(30), Duration::from_millis(20), || {
             !port_is_open(self.amqp_port) && !process_alive(pid)
