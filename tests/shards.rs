@@ -847,10 +847,11 @@ async fn kill_9_of_one_shards_relay_and_a_restart_5_s_later_leaves_the_others_al
     const SHARDS: u32 = 4;
     const KILLED: usize = 1;
     const WINDOW: usize = 256;
-    // How long the killed shard stays down (the scenario), and how soon after its commit a
-    // row of another shard must have arrived meanwhile.
+    // How long the killed shard stays down (the scenario).
     const DOWN: Duration = Duration::from_secs(5);
-    const LATENCY: Duration = Duration::from_secs(1);
+    // A row of another shard committed this long before the restart must have arrived before
+    // it: the acceptance's "arrived during those 5 s", with room for a loaded machine.
+    const SETTLE: Duration = Duration::from_secs(2);
     let outbox = sharded_outbox("shards_kill", SHARDS).await;
     let oracle = Oracle::create(&outbox).await;
     let window = WINDOW.to_string();
@@ -923,7 +924,7 @@ async fn kill_9_of_one_shards_relay_and_a_restart_5_s_later_leaves_the_others_al
     let rows = rows_by_id(&outbox.client, SHARDS).await;
 
     // The other shards' rows committed while shard 1 was down: each one that committed at
-    // least LATENCY before the restart arrived before it, within LATENCY of its commit.
+    // least SETTLE before the restart arrived before the restart.
     let (mut while_down, mut in_time, mut worst) = (0, 0, Duration::ZERO);
     for txn in oracle.transactions(&outbox.client).await {
         if txn.end_lsn <= killed_at || txn.end_lsn > down_until {
@@ -945,9 +946,9 @@ async fn kill_9_of_one_shards_relay_and_a_restart_5_s_later_leaves_the_others_al
                 in_time += 1;
                 worst = worst.max(latency);
             }
-            if after + LATENCY <= down {
+            if after + SETTLE <= down {
                 assert!(
-                    latency.is_some_and(|l| l <= LATENCY),
+                    arrived.get(&id).is_some_and(|seen| *seen <= down),
                     "{id} (shard {}) committed {after:?} after the kill, arrived {latency:?} \
                      later; shard {KILLED} was down {down:?}",
                     rows[id.as_str()].1
