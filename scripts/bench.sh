@@ -6,6 +6,10 @@
 #   scripts/bench.sh --quick         reduced scale, every scenario (a few minutes; no cluster
 #                                    section unless --cluster)
 #   scripts/bench.sh --cluster-only  only the 3-node cluster, quorum queue section (~2-4 min)
+#   scripts/bench.sh --shards-sweep 1,2,4 --rows 100000 --ab-rounds 5
+#                                    only drains with 1, 2 and 4 sharded relays (issue 12, ~5 min)
+#   scripts/bench.sh --emit --rows 100000 --ab-rounds 3
+#                                    only writers and drains of rows vs outbox_emit (issue 13, ~5 min)
 #
 # Installs PostgreSQL and RabbitMQ if missing, builds the release binaries, starts a private
 # PostgreSQL and RabbitMQ node on free ports (servers on 5432/5672 are left alone), runs

@@ -248,17 +248,6 @@ fn per_aggregate<'a>(
     by
 }
 
-/// Waits until no other client backend or walsender runs (the writers' backends and the
-/// relays' walsenders exit a moment after their clients): their CPU is then the
-/// postmaster's reaped children's, counted once.
-async fn only_this_backend(client: &Client) {
-    let others = "SELECT count(*) FROM pg_stat_activity \
-                  WHERE backend_type IN ('client backend', 'walsender') \
-                  AND pid <> pg_backend_pid()";
-    let quiet = common::pg::wait_count(client, others, Duration::from_secs(30), |n| n == 0);
-    quiet.await.expect("the other backends exit");
-}
-
 /// Waits until `f` is true; false after `timeout`.
 async fn eventually<F, Fut>(timeout: Duration, mut f: F) -> bool
 where
@@ -1155,84 +1144,6 @@ async fn resharding_two_to_four_under_writers_loses_nothing() {
             ("overlap rows", overlap.to_string()),
         ],
     );
-}
-
-/// A measurement, not a check (run it alone: `cargo test --test shards -- --ignored
-/// --nocapture drain`): a backlog drained by 1, 2 and 4 shards' relays into one queue, with
-/// the relays' CPU and PostgreSQL's (walsenders included) per message. Needs the harness's
-/// own PostgreSQL on this machine (its CPU is read from /proc).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement: run it on its own"]
-async fn drain_with_1_2_and_4_shards() {
-    const ROWS: usize = 40_000;
-    if std::env::var(common::DATABASE_URL_ENV).is_ok_and(|url| !url.is_empty()) {
-        eprintln!("skipped: PostgreSQL's CPU is read from /proc");
-        return;
-    }
-    for shards in [1u32, 2, 4] {
-        let outbox = sharded_outbox(&format!("shards_drain_{shards}"), shards).await;
-        let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
-        // Autovacuum on the fresh rows would count as PostgreSQL's cost of the drain.
-        outbox
-            .client
-            .batch_execute("ALTER TABLE outbox SET (autovacuum_enabled = false)")
-            .await
-            .expect("autovacuum off");
-        write_aggregates(&outbox.db_url, 8, ROWS, 500).await;
-        // The writers' backends must be gone (and reaped) before the CPU is first read.
-        only_this_backend(&outbox.client).await;
-        let backend: i32 = common::pg::query_value(&outbox.client, "SELECT pg_backend_pid()").await;
-        let stat = std::fs::read_to_string(format!("/proc/{backend}/stat")).expect("stat");
-        let postmaster = common::procfs::parent_pid(&stat).expect("postmaster");
-        let pg_before = common::procfs::process_and_children_cpu(postmaster).expect("cpu");
-        let started = std::time::Instant::now();
-        let relays: Vec<RelayProcess> = (0..shards)
-            .map(|k| {
-                spawn_shard(
-                    &outbox,
-                    shards,
-                    k,
-                    &outbox.exchange,
-                    &["--metrics-addr", "off"],
-                )
-            })
-            .collect();
-        let received = consumer
-            .wait_for(ROWS, Duration::from_secs(300))
-            .await
-            .len();
-        let seconds = started.elapsed().as_secs_f64();
-        assert_eq!(received, ROWS);
-        let relay_cpu: f64 = relays
-            .iter()
-            .map(|r| {
-                common::procfs::usage(r.pid())
-                    .expect("usage")
-                    .cpu
-                    .as_secs_f64()
-            })
-            .sum();
-        for relay in &relays {
-            relay.stop().await;
-        }
-        // The walsenders end after their relays: their CPU counts once they are reaped.
-        only_this_backend(&outbox.client).await;
-        let pg_cpu = common::procfs::process_and_children_cpu(postmaster)
-            .expect("cpu")
-            .saturating_sub(pg_before)
-            .as_secs_f64();
-        let per_message = |cpu: f64| format!("{:.1} µs", cpu * 1e6 / ROWS as f64);
-        common::faults::report(
-            &format!("shards-drain-{shards}"),
-            &[
-                ("rows", ROWS.to_string()),
-                ("msgs/s", format!("{:.0}", ROWS as f64 / seconds)),
-                ("relay CPU/msg (all relays)", per_message(relay_cpu)),
-                ("PostgreSQL CPU/msg", per_message(pg_cpu)),
-            ],
-        );
-        consumer.close().await;
-    }
 }
 
 /// Issue 13 with shards: PostgreSQL does not row-filter logical messages, so every shard's

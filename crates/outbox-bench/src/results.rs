@@ -25,6 +25,76 @@ pub struct Results {
     pub ab: Vec<AbRun>,
     /// `--cluster` / `--cluster-only`: the WAL reader through a 3-node cluster.
     pub cluster: Option<ClusterResults>,
+    /// `--shards-sweep`: drains with N sharded relays (the suite is not run).
+    pub shards: Vec<ShardRun>,
+    /// `--shards-sweep`: the broker alone at the relays' window, once per round.
+    pub shards_broker: Vec<BrokerLimit>,
+    /// `--emit`: writers inserting rows against writers calling `outbox_emit`.
+    pub emit_writers: Vec<EmitWriterRun>,
+    /// `--emit`: the WAL relay's drain of a backlog of rows and of emitted events.
+    pub emit_drains: Vec<EmitDrainRun>,
+}
+
+/// One drain of `--shards-sweep`: `shards` relays, one per shard, into one queue; the drain's
+/// CPU is all relays' together, its peak RSS the largest relay's.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardRun {
+    pub round: u32,
+    pub shards: u32,
+    /// /proc/loadavg when the drain started (1, 5, 15 minutes).
+    pub load: String,
+    pub drain: Drain,
+}
+
+/// One writer run of `--emit`: one event per transaction, no relay running.
+#[derive(Debug, Clone, Serialize)]
+pub struct EmitWriterRun {
+    pub round: u32,
+    /// `table insert` or `outbox_emit`.
+    pub variant: String,
+    pub clients: u32,
+    pub load: String,
+    pub events: u64,
+    /// From the first `BEGIN` to the last commit.
+    pub seconds: f64,
+    pub events_per_sec: f64,
+    /// WAL written during the run (pg_current_wal_lsn) over the events committed.
+    pub wal_bytes_per_event: f64,
+}
+
+/// One drain of `--emit`.
+#[derive(Debug, Clone, Serialize)]
+pub struct EmitDrainRun {
+    pub round: u32,
+    pub variant: String,
+    pub load: String,
+    pub drain: Drain,
+}
+
+/// /proc/loadavg's 1, 5 and 15-minute figures (empty where there is none): the machine is
+/// shared, and the load says how far to trust a figure.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The median (the upper one of an even count); 0 for none.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Microseconds per message of `seconds` of CPU over a drain's received messages.
+fn us_per_msg(seconds: f64, d: &Drain) -> f64 {
+    if d.received > 0 {
+        seconds * 1e6 / d.received as f64
+    } else {
+        0.0
+    }
 }
 
 /// The cluster section (issue 11): the WAL reader through a 3-node RabbitMQ cluster
@@ -80,6 +150,8 @@ pub struct Machine {
     pub rabbitmq: String,
     pub relay_commit: String,
     pub started_at: String,
+    /// /proc/loadavg when the run started.
+    pub load_average: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -123,7 +195,7 @@ pub struct Drain {
     pub cpu_seconds_per_100k: f64,
     pub peak_rss_mib: f64,
     /// PostgreSQL's CPU (postmaster and every backend) from the relay's start to its stop;
-    /// only the A/B measures it.
+    /// only the A/B, --shards-sweep and --emit measure it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pg_cpu_seconds: Option<f64>,
 }
@@ -335,8 +407,19 @@ impl Results {
             int(f64::from(w)),
             self.scale.status_interval_ms
         );
+        if !m.load_average.is_empty() {
+            let _ = writeln!(s, "Load average at the start: {}.\n", m.load_average);
+        }
         if !self.ab.is_empty() {
             ab_table(&mut s, &self.ab);
+            return s;
+        }
+        if !self.shards.is_empty() {
+            self.shards_table(&mut s);
+            return s;
+        }
+        if !self.emit_writers.is_empty() || !self.emit_drains.is_empty() {
+            self.emit_tables(&mut s);
             return s;
         }
         if self.modes.is_empty() {
@@ -732,6 +815,199 @@ impl Results {
 }
 
 /// The A/B runs, then each binary's median drain rate and CPU per message.
+impl Results {
+    /// `--shards-sweep`: every drain, then per shard count the medians beside the broker
+    /// alone's median.
+    fn shards_table(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "### Sharded relays: drain of single-row transactions (rows of 500 aggregates)\n"
+        );
+        let _ = writeln!(
+            s,
+            "| Round | Shards | Load (1, 5, 15 min) | MPS | Relay CPU µs / msg (all relays) | \
+             PostgreSQL CPU µs / msg | Peak RSS MiB (largest relay) | Complete |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+        for run in &self.shards {
+            let d = &run.drain;
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {:.1} | {} | {:.1} | {} |",
+                run.round,
+                run.shards,
+                run.load,
+                int(d.msgs_per_sec),
+                us_per_msg(d.cpu_seconds, d),
+                or_dash(d.pg_cpu_seconds, |c| format!("{:.1}", us_per_msg(c, d))),
+                d.peak_rss_mib,
+                d.complete
+            );
+        }
+        let broker = median(
+            self.shards_broker
+                .iter()
+                .map(|b| b.received_per_sec)
+                .collect(),
+        );
+        let each: Vec<String> = self
+            .shards_broker
+            .iter()
+            .map(|b| int(b.received_per_sec))
+            .collect();
+        let _ = writeln!(
+            s,
+            "\nBroker alone at window {} (each round): {}; median {}.\n",
+            self.scale.max_in_flight,
+            each.join(" · "),
+            int(broker)
+        );
+        let mut counts: Vec<u32> = self.shards.iter().map(|r| r.shards).collect();
+        counts.sort_unstable();
+        counts.dedup();
+        let _ = writeln!(
+            s,
+            "| Shards | Median MPS | ÷ broker alone | Median relay CPU µs / msg | \
+             Median PostgreSQL CPU µs / msg |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|");
+        for shards in counts {
+            let of = |f: &dyn Fn(&Drain) -> f64| {
+                median(
+                    self.shards
+                        .iter()
+                        .filter(|r| r.shards == shards)
+                        .map(|r| f(&r.drain))
+                        .collect(),
+                )
+            };
+            let mps = of(&|d| d.msgs_per_sec);
+            let _ = writeln!(
+                s,
+                "| {shards} | {} | {} | {:.1} | {:.1} |",
+                int(mps),
+                if broker > 0.0 {
+                    ratio(mps / broker)
+                } else {
+                    "–".into()
+                },
+                of(&|d| us_per_msg(d.cpu_seconds, d)),
+                of(&|d| us_per_msg(d.pg_cpu_seconds.unwrap_or(0.0), d))
+            );
+        }
+    }
+
+    /// `--emit`: the writer runs and the drains, each with per-variant medians.
+    fn emit_tables(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "### Writers: table insert against outbox_emit (one event per transaction, no relay)\n"
+        );
+        let _ = writeln!(
+            s,
+            "| Round | Clients | Variant | Load (1, 5, 15 min) | Events/s | WAL bytes / event |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|");
+        for r in &self.emit_writers {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {:.0} |",
+                r.round,
+                r.clients,
+                r.variant,
+                r.load,
+                int(r.events_per_sec),
+                r.wal_bytes_per_event
+            );
+        }
+        let mut keys: Vec<(u32, &str)> = self
+            .emit_writers
+            .iter()
+            .map(|r| (r.clients, r.variant.as_str()))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let _ = writeln!(
+            s,
+            "\n| Clients | Variant | Median events/s | Median WAL bytes / event |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|");
+        for (clients, variant) in keys {
+            let of = |f: fn(&EmitWriterRun) -> f64| {
+                median(
+                    self.emit_writers
+                        .iter()
+                        .filter(|r| r.clients == clients && r.variant == variant)
+                        .map(f)
+                        .collect(),
+                )
+            };
+            let _ = writeln!(
+                s,
+                "| {clients} | {variant} | {} | {:.0} |",
+                int(of(|r| r.events_per_sec)),
+                of(|r| r.wal_bytes_per_event)
+            );
+        }
+        if self.emit_drains.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "\n### WAL relay: drain of a backlog of single-row transactions, rows against emitted events\n"
+        );
+        let _ = writeln!(
+            s,
+            "| Round | Variant | Load (1, 5, 15 min) | MPS | Relay CPU µs / msg | PostgreSQL CPU µs / msg | Complete |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+        for r in &self.emit_drains {
+            let d = &r.drain;
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {:.1} | {} | {} |",
+                r.round,
+                r.variant,
+                r.load,
+                int(d.msgs_per_sec),
+                us_per_msg(d.cpu_seconds, d),
+                or_dash(d.pg_cpu_seconds, |c| format!("{:.1}", us_per_msg(c, d))),
+                d.complete
+            );
+        }
+        let mut variants: Vec<&str> = self
+            .emit_drains
+            .iter()
+            .map(|r| r.variant.as_str())
+            .collect();
+        variants.sort_unstable();
+        variants.dedup();
+        let _ = writeln!(
+            s,
+            "\n| Variant | Median MPS | Median relay CPU µs / msg | Median PostgreSQL CPU µs / msg |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|");
+        for variant in variants {
+            let of = |f: &dyn Fn(&Drain) -> f64| {
+                median(
+                    self.emit_drains
+                        .iter()
+                        .filter(|r| r.variant == variant)
+                        .map(|r| f(&r.drain))
+                        .collect(),
+                )
+            };
+            let _ = writeln!(
+                s,
+                "| {variant} | {} | {:.1} | {:.1} |",
+                int(of(&|d| d.msgs_per_sec)),
+                of(&|d| us_per_msg(d.cpu_seconds, d)),
+                of(&|d| us_per_msg(d.pg_cpu_seconds.unwrap_or(0.0), d))
+            );
+        }
+    }
+}
+
 fn ab_table(s: &mut String, runs: &[AbRun]) {
     let setup = runs.first().map_or("wal", |r| r.setup.as_str());
     let _ = writeln!(s, "### A/B: {setup} drain, single-row transactions\n");
@@ -766,13 +1042,12 @@ fn ab_table(s: &mut String, runs: &[AbRun]) {
     let _ = writeln!(s, "|---|---|---|");
     for binary in binaries {
         let of = |f: fn(&Drain) -> f64| {
-            let mut values: Vec<f64> = runs
-                .iter()
-                .filter(|r| r.binary == binary)
-                .map(|r| f(&r.drain))
-                .collect();
-            values.sort_by(f64::total_cmp);
-            values.get(values.len() / 2).copied().unwrap_or(0.0)
+            median(
+                runs.iter()
+                    .filter(|r| r.binary == binary)
+                    .map(|r| f(&r.drain))
+                    .collect(),
+            )
         };
         let _ = writeln!(
             s,
@@ -1013,6 +1288,122 @@ mod tests {
         let json = serde_json::to_value(&results).expect("serialises");
         assert_eq!(json["cluster"]["broker"]["received_per_sec"], 4_000.0);
         assert_eq!(json["cluster"]["drain_relay_nodes"][0], 2);
+    }
+
+    fn drain_of(received: u64, msgs_per_sec: f64, cpu: f64, pg: f64) -> Drain {
+        Drain {
+            rows: received,
+            transaction_rows: 1,
+            received,
+            seconds: received as f64 / msgs_per_sec,
+            msgs_per_sec,
+            complete: true,
+            cpu_seconds: cpu,
+            cpu_seconds_per_100k: cpu * 100_000.0 / received as f64,
+            peak_rss_mib: 20.0,
+            pg_cpu_seconds: Some(pg),
+        }
+    }
+
+    #[test]
+    fn the_shards_sweep_sets_each_count_beside_the_broker_alone() {
+        let run = |round, shards, mps, pg| ShardRun {
+            round,
+            shards,
+            load: "4.00 4.50 5.00".into(),
+            drain: drain_of(10_000, mps, 0.4, pg),
+        };
+        let broker = |received_per_sec| BrokerLimit {
+            window: 1024,
+            messages: 10_000,
+            confirmed_per_sec: received_per_sec,
+            received_per_sec,
+        };
+        let results = Results {
+            scale: Scale {
+                max_in_flight: 1024,
+                ..Scale::default()
+            },
+            shards: vec![
+                run(1, 1, 8_000.0, 0.05),
+                run(1, 4, 7_000.0, 0.15),
+                run(2, 4, 9_000.0, 0.16),
+                run(2, 1, 6_000.0, 0.06),
+                run(3, 1, 7_000.0, 0.07),
+                run(3, 4, 8_000.0, 0.14),
+            ],
+            shards_broker: vec![broker(10_000.0), broker(9_000.0), broker(11_000.0)],
+            ..Results::default()
+        };
+        let text = results.markdown();
+        assert!(text.contains("### Sharded relays"), "{text}");
+        assert!(!text.contains("Reference table"), "{text}");
+        assert!(
+            text.contains("10,000 · 9,000 · 11,000; median 10,000"),
+            "{text}"
+        );
+        // Medians: 1 shard 7,000 msgs/s (70 %), 40 µs relay, 6 µs PostgreSQL; 4 shards 8,000,
+        // 15 µs PostgreSQL.
+        assert!(text.contains("| 1 | 7,000 | 70 % | 40.0 | 6.0 |"), "{text}");
+        assert!(
+            text.contains("| 4 | 8,000 | 80 % | 40.0 | 15.0 |"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&results).expect("serialises");
+        assert_eq!(json["shards"][1]["shards"], 4);
+    }
+
+    #[test]
+    fn the_emit_tables_give_medians_per_clients_and_variant() {
+        let writer = |round, clients, variant: &str, events_per_sec, wal| EmitWriterRun {
+            round,
+            variant: variant.into(),
+            clients,
+            load: "1.00 1.00 1.00".into(),
+            events: 1_000,
+            seconds: 1.0,
+            events_per_sec,
+            wal_bytes_per_event: wal,
+        };
+        let drain = |round, variant: &str, mps| EmitDrainRun {
+            round,
+            variant: variant.into(),
+            load: "1.00 1.00 1.00".into(),
+            drain: drain_of(10_000, mps, 0.3, 0.1),
+        };
+        let results = Results {
+            emit_writers: vec![
+                writer(1, 10, "table insert", 5_000.0, 495.0),
+                writer(1, 10, "outbox_emit", 6_000.0, 489.0),
+                writer(2, 10, "outbox_emit", 4_000.0, 489.0),
+                writer(2, 10, "table insert", 3_000.0, 497.0),
+                writer(3, 10, "table insert", 4_000.0, 496.0),
+                writer(3, 10, "outbox_emit", 5_000.0, 490.0),
+            ],
+            emit_drains: vec![
+                drain(1, "table insert", 6_000.0),
+                drain(1, "outbox_emit", 7_000.0),
+            ],
+            ..Results::default()
+        };
+        let text = results.markdown();
+        assert!(
+            text.contains("### Writers: table insert against outbox_emit"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| 10 | outbox_emit | 5,000 | 489 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| 10 | table insert | 4,000 | 496 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| outbox_emit | 7,000 | 30.0 | 10.0 |"),
+            "{text}"
+        );
+        assert!(!text.contains("Reference table"), "{text}");
     }
 
     #[test]

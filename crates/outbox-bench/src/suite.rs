@@ -21,8 +21,9 @@ use crate::limits::{self, Endpoints};
 use crate::relay::{Relay, RelayBinary};
 use crate::report::Report;
 use crate::results::{
-    AbRun, BrokerLimit, ClusterResults, Crash, DecodeLimit, Drain, LatencyMs, LatencyRun, LoadRun,
-    Machine, ModeResults, NotifyResults, Results, Scale, SweepRow, MODES,
+    load_average, AbRun, BrokerLimit, ClusterResults, Crash, DecodeLimit, Drain, EmitDrainRun,
+    EmitWriterRun, LatencyMs, LatencyRun, LoadRun, Machine, ModeResults, NotifyResults, Results,
+    Scale, ShardRun, SweepRow, MODES,
 };
 use crate::writers::{self, WriterOptions, ORDER_NOTE_LEN};
 use crate::Servers;
@@ -114,9 +115,33 @@ pub struct BenchArgs {
     #[arg(long, default_value = "wal", value_parser = ["wal", "poll5"])]
     pub ab_setup: String,
 
-    /// Rounds of the A/B (each runs both binaries once).
+    /// Rounds of the A/B, of --shards-sweep and of --emit (each round runs every variant
+    /// once, their order alternating from round to round).
     #[arg(long, default_value_t = 3)]
     pub ab_rounds: u32,
+
+    /// Instead of the suite (issue 12): drain a backlog of --rows single-row transactions
+    /// (rows of 500 aggregates, one in ten of none) with each of these numbers of sharded
+    /// relays (`setup --shards N`, one `run --shards N --shard K` each) into one queue, beside
+    /// the broker alone at --max-in-flight, --ab-rounds times; the relays' and PostgreSQL's
+    /// CPU per message (PostgreSQL on this machine). E.g. `--shards-sweep 1,2,4`.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["ab_with", "cluster_only", "emit"])]
+    pub shards_sweep: Vec<u32>,
+
+    /// Instead of the suite (issue 13): writers calling `outbox_emit` against writers
+    /// inserting rows, at each of --emit-clients for --emit-secs each, no relay running (events
+    /// per second and WAL bytes per event), then the WAL relay's drain of a backlog of --rows
+    /// emitted events against one of rows; --ab-rounds times, the variants alternating.
+    #[arg(long, conflicts_with_all = ["ab_with", "cluster_only"])]
+    pub emit: bool,
+
+    /// The numbers of concurrent writers of --emit.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+    pub emit_clients: Vec<u32>,
+
+    /// How long each --emit writer run lasts, in seconds.
+    #[arg(long, default_value_t = 10)]
+    pub emit_secs: u64,
 
     /// After the suite, the cluster section: the WAL drain and latency through a private
     /// 3-node RabbitMQ cluster (started and stopped by this process) with a quorum queue,
@@ -165,6 +190,32 @@ struct Objects {
     queue: String,
     event_type: String,
     wal: bool,
+    /// `setup --shards`: 1, or that many publications and slots suffixed `_<k>`.
+    shards: u32,
+}
+
+/// What a backlog is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seed {
+    /// Rows without an aggregate.
+    Rows,
+    /// Rows of 500 aggregates, one in ten of none (the shards' hash then takes the id).
+    Aggregates,
+    /// Events written by the table's `outbox_emit` function, no row.
+    Emitted,
+}
+
+/// One backlog drain: what is seeded, and how the relays run.
+#[derive(Debug, Clone, Copy)]
+struct DrainSpec {
+    setup: Setup,
+    rows: u64,
+    transaction_rows: u64,
+    seed: Seed,
+    /// Relays, one per shard (1: today's unsharded names).
+    shards: u32,
+    /// Also measure PostgreSQL's CPU (postmaster and backends, from /proc).
+    pg_cpu: bool,
 }
 
 struct Bench {
@@ -177,8 +228,6 @@ struct Bench {
     runs: u32,
     /// The broker nodes the newest drain's or latency run's relay connected to.
     relay_nodes: Vec<String>,
-    /// PostgreSQL's CPU during the newest drain (relay start to stop).
-    last_pg_cpu: Duration,
 }
 
 /// Runs the whole suite, printing progress to stderr; returns the figures.
@@ -223,7 +272,6 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
         admin,
         runs: 0,
         relay_nodes: Vec::new(),
-        last_pg_cpu: Duration::ZERO,
     };
     let mut results = Results {
         machine: bench.machine().await?,
@@ -236,6 +284,14 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
     }
     if bench.args.cluster_only {
         bench.cluster(&mut results).await?;
+        return Ok(results);
+    }
+    if !bench.args.shards_sweep.is_empty() {
+        bench.shards_sweep(&mut results).await?;
+        return Ok(results);
+    }
+    if bench.args.emit {
+        bench.emit(&mut results).await?;
         return Ok(results);
     }
     bench.limits(&mut results).await?;
@@ -324,12 +380,18 @@ impl Bench {
             rabbitmq: self.args.rabbitmq_version.clone(),
             relay_commit: self.args.relay_commit.clone(),
             started_at: self.args.started_at.clone(),
+            load_average: load_average(),
         })
     }
 
     /// Fresh names, and `outbox-relay setup` for them (WAL: table, publication, slot,
     /// exchange; poll: table and claim index).
     async fn objects(&mut self, wal: bool) -> Result<Objects> {
+        self.sharded_objects(wal, 1).await
+    }
+
+    /// [`Bench::objects`] with `setup --shards shards` (WAL mode).
+    async fn sharded_objects(&mut self, wal: bool, shards: u32) -> Result<Objects> {
         self.runs += 1;
         let k = self.runs;
         let objects = Objects {
@@ -339,9 +401,13 @@ impl Bench {
             queue: format!("bench_{k}"),
             event_type: format!("bench.{k}"),
             wal,
+            shards,
         };
         let mut args = vec!["setup".to_string()];
         args.extend(self.names(&objects));
+        if shards > 1 {
+            args.extend(["--shards".into(), shards.to_string()]);
+        }
         if !wal {
             args.extend(["--mode".into(), "poll".into()]);
         }
@@ -369,26 +435,73 @@ impl Bench {
 
     async fn drop_objects(&self, o: Objects) -> Result<()> {
         if o.wal {
-            self.wait_slot_released(&o.slot).await?;
+            let names: Vec<(String, String)> = if o.shards > 1 {
+                (0..o.shards)
+                    .map(|k| (format!("{}_{k}", o.slot), format!("{}_{k}", o.publication)))
+                    .collect()
+            } else {
+                vec![(o.slot.clone(), o.publication.clone())]
+            };
+            for (slot, publication) in names {
+                self.wait_slot_released(&slot).await?;
+                self.admin
+                    .execute(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                         WHERE slot_name = $1",
+                        &[&slot],
+                    )
+                    .await
+                    .with_context(|| format!("cannot drop slot {slot}"))?;
+                self.admin
+                    .batch_execute(&format!(
+                        "DROP PUBLICATION IF EXISTS {}",
+                        quote_ident(&publication)
+                    ))
+                    .await?;
+            }
+            // WAL-mode setup also creates the table's emit functions (docs/emit.md).
+            let functions: Vec<String> = ["_emit", "_emit_text", "_emit_bytea"]
+                .iter()
+                .map(|suffix| quote_ident(&format!("{}{suffix}", o.table)))
+                .collect();
             self.admin
-                .execute(
-                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                     WHERE slot_name = $1",
-                    &[&o.slot],
-                )
-                .await
-                .with_context(|| format!("cannot drop slot {}", o.slot))?;
-            self.admin
-                .batch_execute(&format!(
-                    "DROP PUBLICATION IF EXISTS {}",
-                    quote_ident(&o.publication)
-                ))
+                .batch_execute(&format!("DROP FUNCTION IF EXISTS {}", functions.join(", ")))
                 .await?;
         }
         self.admin
             .batch_execute(&format!("DROP TABLE IF EXISTS {}", quote_ident(&o.table)))
             .await?;
         Ok(())
+    }
+
+    /// Waits until no client backend or walsender but the admin session runs: the seeding
+    /// session's, the writers' and the stopped relays' backends exit a moment after their
+    /// clients, and only then is their CPU the postmaster's reaped children's, counted once.
+    async fn wait_backends_gone(&self) -> Result<()> {
+        let deadline = Instant::now() + SLOT_RELEASE;
+        loop {
+            let others: i64 = self
+                .admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE backend_type IN ('client backend', 'walsender') \
+                     AND pid <> pg_backend_pid()",
+                    &[],
+                )
+                .await?
+                .try_get(0)?;
+            if others == 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                anyhow::bail!(
+                    "{others} other PostgreSQL sessions still run {SLOT_RELEASE:?} after the \
+                     measured ones ended: PostgreSQL's CPU per message needs a server this \
+                     benchmark has to itself"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Waits until no walsender holds `slot`: the relay has exited, but its walsender may
@@ -430,12 +543,28 @@ impl Bench {
     }
 
     fn start_relay(&self, setup: Setup, o: &Objects, name: &str) -> Result<Relay> {
+        self.start_shard(setup, o, name, 0)
+    }
+
+    /// The relay of shard `shard` of `o.shards` (with one shard: the unsharded relay).
+    fn start_shard(&self, setup: Setup, o: &Objects, name: &str, shard: u32) -> Result<Relay> {
         let command = match setup {
             Setup::Wal { .. } => "run",
             Setup::Poll { .. } => "poll",
         };
         let mut args = vec![command.to_string()];
         args.extend(self.names(o));
+        let name = if o.shards > 1 {
+            args.extend([
+                "--shards".into(),
+                o.shards.to_string(),
+                "--shard".into(),
+                shard.to_string(),
+            ]);
+            format!("{name}-shard{shard}")
+        } else {
+            name.to_string()
+        };
         match setup {
             Setup::Wal { window } => args.extend([
                 "--max-in-flight".into(),
@@ -464,27 +593,51 @@ impl Bench {
     /// transactions, much faster than a client round trip per row). Payloads are ~200-byte
     /// orders shaped like the writers' and the broker-alone messages.
     async fn seed(&self, o: &Objects, rows: u64, transaction_rows: u64) -> Result<()> {
+        self.seed_with(o, rows, transaction_rows, Seed::Rows).await
+    }
+
+    async fn seed_with(
+        &self,
+        o: &Objects,
+        rows: u64,
+        transaction_rows: u64,
+        seed: Seed,
+    ) -> Result<()> {
         let started = Instant::now();
         let client = db::connect(&self.args.servers.database_url).await?;
         // Durability of the seed is not what is measured; the WAL it writes is the same.
         client.batch_execute("SET synchronous_commit = off").await?;
+        let table = quote_ident(&o.table);
+        let event_type = quote_literal(&o.event_type);
+        let payload = format!(
+            "jsonb_build_object('order_id', i, 'customer_id', i % 9973, 'status', 'created', \
+               'currency', 'EUR', 'total_cents', (i * 7919) % 100000, \
+               'note', repeat('x', {ORDER_NOTE_LEN}))"
+        );
+        let write = match seed {
+            Seed::Rows => format!(
+                "INSERT INTO {table} (event_type, payload) VALUES ({event_type}, {payload})"
+            ),
+            Seed::Aggregates => format!(
+                "INSERT INTO {table} (event_type, payload, aggregate_id) VALUES ({event_type}, \
+                 {payload}, CASE WHEN i % 10 = 0 THEN NULL ELSE 'agg-' || (i * 7) % 500 END)"
+            ),
+            Seed::Emitted => format!(
+                "PERFORM {}({event_type}, {payload})",
+                quote_ident(&format!("{}_emit", o.table))
+            ),
+        };
         let sql = format!(
-            "DO $$ BEGIN FOR i IN 1..{rows} LOOP \
-               INSERT INTO {table} (event_type, payload) VALUES ({event_type}, \
-                 jsonb_build_object('order_id', i, 'customer_id', i % 9973, 'status', 'created', \
-                   'currency', 'EUR', 'total_cents', (i * 7919) % 100000, \
-                   'note', repeat('x', {ORDER_NOTE_LEN}))); \
+            "DO $$ BEGIN FOR i IN 1..{rows} LOOP {write}; \
                IF i % {transaction_rows} = 0 THEN COMMIT; END IF; \
-             END LOOP; END $$",
-            table = quote_ident(&o.table),
-            event_type = quote_literal(&o.event_type),
+             END LOOP; END $$"
         );
         client
             .batch_execute(&sql)
             .await
             .with_context(|| format!("cannot seed {}", o.table))?;
         self.say(&format!(
-            "seeded {rows} rows in {transaction_rows}-row transactions in {:.1} s",
+            "seeded {rows} {seed:?} in {transaction_rows}-row transactions in {:.1} s",
             started.elapsed().as_secs_f64()
         ));
         Ok(())
@@ -523,8 +676,7 @@ impl Bench {
         for round in 1..=self.args.ab_rounds {
             for binary in &binaries {
                 self.relay.path = binary.clone();
-                let mut drain = self.drain(setup, self.scale.drain_rows, 1).await?;
-                drain.pg_cpu_seconds = Some(self.last_pg_cpu.as_secs_f64());
+                let drain = self.drain(setup, self.scale.drain_rows, 1).await?;
                 runs.push(AbRun {
                     setup: self.args.ab_setup.clone(),
                     binary: binary.display().to_string(),
@@ -551,23 +703,62 @@ impl Bench {
     }
 
     async fn drain(&mut self, setup: Setup, rows: u64, transaction_rows: u64) -> Result<Drain> {
-        let o = self.objects(matches!(setup, Setup::Wal { .. })).await?;
+        self.drain_spec(DrainSpec {
+            setup,
+            rows,
+            transaction_rows,
+            seed: Seed::Rows,
+            shards: 1,
+            // Only the A/B reads PostgreSQL's CPU in the suite: it needs the server on this
+            // machine.
+            pg_cpu: self.args.ab_with.is_some(),
+        })
+        .await
+    }
+
+    async fn drain_spec(&mut self, spec: DrainSpec) -> Result<Drain> {
+        let DrainSpec {
+            setup,
+            rows,
+            transaction_rows,
+            seed,
+            shards,
+            pg_cpu,
+        } = spec;
+        let o = self
+            .sharded_objects(matches!(setup, Setup::Wal { .. }), shards)
+            .await?;
         self.say(&format!(
-            "drain: {setup:?}, {rows} rows in {transaction_rows}-row transactions ({})",
-            o.table
+            "drain: {setup:?}, {rows} {seed:?} in {transaction_rows}-row transactions, \
+             {shards} relay(s) ({}), load {}",
+            o.table,
+            load_average()
         ));
+        if pg_cpu {
+            // An autovacuum of the fresh rows would count as PostgreSQL's cost of the drain.
+            self.admin
+                .batch_execute(&format!(
+                    "ALTER TABLE {} SET (autovacuum_enabled = false)",
+                    quote_ident(&o.table)
+                ))
+                .await?;
+        }
         let mut consumer = self.consumer(&o).await?;
-        self.seed(&o, rows, transaction_rows).await?;
-        // Only the A/B reads PostgreSQL's CPU: it needs the server on this machine.
-        let postmaster = match self.args.ab_with {
-            Some(_) => Some(self.postmaster_pid().await?),
-            None => None,
+        self.seed_with(&o, rows, transaction_rows, seed).await?;
+        let postmaster = if pg_cpu {
+            // The seeding session's backend must be gone (and reaped) before the first read.
+            self.wait_backends_gone().await?;
+            Some(self.postmaster_pid().await?)
+        } else {
+            None
         };
         let pg_cpu_before = postmaster
             .map(procfs::process_and_children_cpu)
             .transpose()?;
         let started = Instant::now();
-        let relay = self.start_relay(setup, &o, "drain")?;
+        let relays = (0..shards)
+            .map(|k| self.start_shard(setup, &o, "drain", k))
+            .collect::<Result<Vec<Relay>>>()?;
         let window_end = started + Duration::from_secs(self.args.drain_window_secs);
         let mut counter = Distinct::default();
         while (counter.count() as u64) < rows {
@@ -576,7 +767,13 @@ impl Bench {
             }
             counter.add(consumer.arrivals());
         }
-        let usage = relay.usage()?;
+        let mut cpu = Duration::ZERO;
+        let mut peak_rss_kib = 0;
+        for relay in &relays {
+            let usage = relay.usage()?;
+            cpu += usage.cpu;
+            peak_rss_kib = peak_rss_kib.max(usage.peak_rss_kib);
+        }
         let received = counter.count() as u64;
         let complete = received >= rows;
         let end = if complete {
@@ -584,17 +781,22 @@ impl Bench {
         } else {
             window_end
         };
-        self.relay_nodes = relay.broker_nodes();
-        relay.stop().await?;
-        // After the stop: the relay's backends have exited and been reaped into the
-        // postmaster's children's time.
+        self.relay_nodes = relays.first().map(Relay::broker_nodes).unwrap_or_default();
+        for relay in relays {
+            relay.stop().await?;
+        }
+        let mut pg_cpu_seconds = None;
         if let (Some(pid), Some(before)) = (postmaster, pg_cpu_before) {
-            self.last_pg_cpu = procfs::process_and_children_cpu(pid)?.saturating_sub(before);
+            // After the stop: the relays' backends and walsenders have exited and been reaped
+            // into the postmaster's children's time.
+            self.wait_backends_gone().await?;
+            let cpu = procfs::process_and_children_cpu(pid)?.saturating_sub(before);
+            pg_cpu_seconds = Some(cpu.as_secs_f64());
         }
         consumer.close().await;
         self.drop_objects(o).await?;
         let seconds = end.saturating_duration_since(started).as_secs_f64();
-        let cpu_seconds = usage.cpu.as_secs_f64();
+        let cpu_seconds = cpu.as_secs_f64();
         let drain = Drain {
             rows,
             transaction_rows,
@@ -608,14 +810,164 @@ impl Bench {
             } else {
                 0.0
             },
-            peak_rss_mib: usage.peak_rss_kib as f64 / 1024.0,
-            pg_cpu_seconds: None,
+            peak_rss_mib: peak_rss_kib as f64 / 1024.0,
+            pg_cpu_seconds,
         };
         self.say(&format!(
-            "  {:.0} msgs/s ({received} in {seconds:.2} s), cpu {cpu_seconds:.2} s, peak rss {:.1} MiB",
-            drain.msgs_per_sec, drain.peak_rss_mib
+            "  {:.0} msgs/s ({received} in {seconds:.2} s), cpu {cpu_seconds:.2} s{}, peak rss {:.1} MiB",
+            drain.msgs_per_sec,
+            pg_cpu_seconds.map_or(String::new(), |s| format!(", PostgreSQL cpu {s:.2} s")),
+            drain.peak_rss_mib
         ));
         Ok(drain)
+    }
+
+    /// `--shards-sweep` (issue 12): per round, the broker alone at the relay's window, then a
+    /// drain with each number of shards (the order rotated from round to round, so drift of
+    /// the machine does not favour one), every drain with PostgreSQL's CPU.
+    async fn shards_sweep(&mut self, results: &mut Results) -> Result<()> {
+        let counts = self.args.shards_sweep.clone();
+        let window = self.scale.max_in_flight;
+        let rows = self.scale.drain_rows;
+        for round in 1..=self.args.ab_rounds {
+            self.say(&format!(
+                "shards round {round}: broker alone, window {window}, {rows} messages, load {}",
+                load_average()
+            ));
+            let run = self.broker_alone(window, rows, None).await?;
+            self.say(&format!(
+                "  {:.0} msgs/s received, {:.0} confirmed",
+                run.received_per_sec, run.confirmed_per_sec
+            ));
+            results.shards_broker.push(BrokerLimit {
+                window,
+                messages: run.messages,
+                confirmed_per_sec: run.confirmed_per_sec,
+                received_per_sec: run.received_per_sec,
+            });
+            let mut order = counts.clone();
+            order.rotate_left((round as usize - 1) % counts.len());
+            for shards in order {
+                let load = load_average();
+                let drain = self
+                    .drain_spec(DrainSpec {
+                        setup: Setup::Wal { window },
+                        rows,
+                        transaction_rows: 1,
+                        seed: Seed::Aggregates,
+                        shards,
+                        pg_cpu: true,
+                    })
+                    .await?;
+                results.shards.push(ShardRun {
+                    round,
+                    shards,
+                    load,
+                    drain,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `--emit` (issue 13): writers inserting rows against writers calling `outbox_emit` at
+    /// each client count, then the drain of a backlog of each; the variants alternate.
+    async fn emit(&mut self, results: &mut Results) -> Result<()> {
+        let window = self.scale.max_in_flight;
+        let rows = self.scale.drain_rows;
+        for round in 1..=self.args.ab_rounds {
+            // Emit first in even rounds.
+            let variants = if round % 2 == 0 {
+                [true, false]
+            } else {
+                [false, true]
+            };
+            for clients in self.args.emit_clients.clone() {
+                for emit in variants {
+                    let run = self.emit_writers(round, clients, emit).await?;
+                    results.emit_writers.push(run);
+                }
+            }
+            for emit in variants {
+                let load = load_average();
+                let drain = self
+                    .drain_spec(DrainSpec {
+                        setup: Setup::Wal { window },
+                        rows,
+                        transaction_rows: 1,
+                        seed: if emit { Seed::Emitted } else { Seed::Rows },
+                        shards: 1,
+                        pg_cpu: true,
+                    })
+                    .await?;
+                results.emit_drains.push(EmitDrainRun {
+                    round,
+                    variant: variant_name(emit).into(),
+                    load,
+                    drain,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `clients` writers, one event per transaction, for --emit-secs, no relay: events/s and
+    /// the WAL written per event (pg_current_wal_lsn before and after, commit records included).
+    async fn emit_writers(
+        &mut self,
+        round: u32,
+        clients: u32,
+        emit: bool,
+    ) -> Result<EmitWriterRun> {
+        let o = self.objects(true).await?;
+        let load = load_average();
+        self.say(&format!(
+            "emit writers: {}, {clients} clients for {} s, load {load}",
+            variant_name(emit),
+            self.args.emit_secs
+        ));
+        let lsn = "SELECT pg_current_wal_lsn()::text";
+        let before: String = self.admin.query_one(lsn, &[]).await?.try_get(0)?;
+        let options = WriterOptions {
+            until: Some(Instant::now() + Duration::from_secs(self.args.emit_secs)),
+            note_len: ORDER_NOTE_LEN,
+            emit,
+            ..WriterOptions::new(clients, u64::MAX, 1, &o.table, &o.event_type)
+        };
+        let written = writers::write(&self.args.servers.database_url, &options).await?;
+        let wal_bytes: f64 = self
+            .admin
+            .query_one(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::float8",
+                &[&before],
+            )
+            .await?
+            .try_get(0)?;
+        self.drop_objects(o).await?;
+        let events = written.rows.len() as u64;
+        let seconds = match (written.started, written.last_commit()) {
+            (Some(start), Some(last)) => last.saturating_duration_since(start).as_secs_f64(),
+            _ => 0.0,
+        };
+        let run = EmitWriterRun {
+            round,
+            variant: variant_name(emit).into(),
+            clients,
+            load,
+            events,
+            seconds,
+            events_per_sec: per_sec(events, seconds),
+            wal_bytes_per_event: if events > 0 {
+                wal_bytes / events as f64
+            } else {
+                0.0
+            },
+        };
+        self.say(&format!(
+            "  {:.0} events/s, {:.0} WAL bytes per event",
+            run.events_per_sec, run.wal_bytes_per_event
+        ));
+        Ok(run)
     }
 
     /// Scenario 2: one writer at a fixed rate, one row per transaction.
@@ -1141,6 +1493,15 @@ impl Distinct {
 
     fn count(&self) -> usize {
         self.ids.len()
+    }
+}
+
+/// How an --emit variant is named in the results.
+fn variant_name(emit: bool) -> &'static str {
+    if emit {
+        "outbox_emit"
+    } else {
+        "table insert"
     }
 }
 

@@ -43,6 +43,9 @@ pub struct WriterOptions {
     pub notify: Option<String>,
     /// Length of the `note` padding in each payload; [`ORDER_NOTE_LEN`] makes a ~200-byte order.
     pub note_len: u32,
+    /// Call the table's `<table>_emit` function (docs/emit.md: the event goes into the WAL
+    /// only) instead of inserting a row; the id it returns is the message id.
+    pub emit: bool,
 }
 
 /// Padding that makes a writer's payload, and the benchmark's seeded rows, about 200 bytes of
@@ -64,6 +67,7 @@ impl WriterOptions {
             until: None,
             notify: None,
             note_len: 0,
+            emit: false,
         }
     }
 }
@@ -108,7 +112,11 @@ pub async fn write(database_url: &str, options: &WriterOptions) -> Result<Writte
     if options.writers == 0 || options.max_txn_rows == 0 {
         bail!("writers and max-txn-rows must be at least 1");
     }
-    let sql = insert_sql(&options.table);
+    let sql = if options.emit {
+        emit_sql(&options.table)
+    } else {
+        insert_sql(&options.table)
+    };
     let notify = options
         .notify
         .as_ref()
@@ -163,6 +171,22 @@ fn insert_sql(table: &str) -> String {
     )
 }
 
+/// `SELECT <table>_emit(…)::text` for one event, with the same parameters and payload as
+/// [`insert_sql`]: the function `setup` creates beside the table (docs/emit.md).
+fn emit_sql(table: &str) -> String {
+    let function = match table.split_once('.') {
+        Some((schema, name)) => format!(
+            "{}.{}",
+            quote_ident(schema),
+            quote_ident(&format!("{name}_emit"))
+        ),
+        None => quote_ident(&format!("{table}_emit")),
+    };
+    format!(
+        "SELECT {function}($1, jsonb_build_object('writer', $2::int, 'n', $3::bigint, 'note', $4::text))::text"
+    )
+}
+
 async fn connect(url: &str, writer: u32) -> Result<tokio_postgres::Client> {
     let mut config = parse_url(url)?;
     config.application_name(format!("outbox-bench-writer-{writer}"));
@@ -201,7 +225,7 @@ impl Writer {
             .client
             .prepare(&self.sql)
             .await
-            .with_context(|| format!("writer {} cannot prepare the insert", self.id))?;
+            .with_context(|| format!("writer {} cannot prepare its statement", self.id))?;
         let mut rows = Vec::new();
         let mut transactions = 0u64;
         let writer = i32::try_from(self.id)?;
@@ -231,7 +255,7 @@ impl Writer {
                 let row = txn
                     .query_one(&statement, &[&self.event_type, &writer, &n, &self.note])
                     .await
-                    .with_context(|| format!("writer {} cannot insert", self.id))?;
+                    .with_context(|| format!("writer {} cannot write its event", self.id))?;
                 ids.push(row.try_get::<_, String>(0)?);
             }
             txn.commit()
@@ -307,5 +331,7 @@ mod tests {
     fn table_names_are_quoted() {
         assert!(insert_sql("outbox").contains("INTO \"outbox\" "));
         assert!(insert_sql("app.Events").contains("INTO \"app\".\"Events\" "));
+        assert!(emit_sql("outbox").starts_with("SELECT \"outbox_emit\"($1, "));
+        assert!(emit_sql("app.Events").starts_with("SELECT \"app\".\"Events_emit\"($1, "));
     }
 }
