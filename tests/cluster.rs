@@ -334,7 +334,10 @@ async fn c3_kill_9_of_the_quorum_leader_confirms_resume_after_the_election() {
     let (mut outbox, oracle) = quorum_outbox(pg, cluster, 0, "leader", &["setup"]).await;
     outbox.amqp_url = cluster.url(2);
     let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
-    write_concurrently(&outbox.db_url, 4, 10_000, MAX_TXN_ROWS).await;
+    // A backlog the workers cannot drain in the second a kill takes (the test kit syncs the
+    // broker's metadata log first; polling drains ~16k rows/s on a quiet machine).
+    const BACKLOG: i64 = 40_000;
+    write_concurrently(&outbox.db_url, 4, BACKLOG as usize, MAX_TXN_ROWS).await;
     let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(20));
     let window = W.to_string();
     let flags = ["--max-in-flight", &window, FAST_BACKOFF[0], FAST_BACKOFF[1]];
@@ -505,7 +508,10 @@ async fn c5_polling_kill_9_of_the_relays_node_fails_over_duplicates_within_worke
     let (pg, cluster, _lock) = servers().await;
     let setup = ["setup", "--mode", "poll"];
     let (mut outbox, _oracle) = quorum_outbox(pg, cluster, 0, "pollnode", &setup).await;
-    write_concurrently(&outbox.db_url, 4, 10_000, MAX_TXN_ROWS).await;
+    // A backlog the workers cannot drain in the second a kill takes (the test kit syncs the
+    // broker's metadata log first; polling drains ~16k rows/s on a quiet machine).
+    const BACKLOG: i64 = 40_000;
+    write_concurrently(&outbox.db_url, 4, BACKLOG as usize, MAX_TXN_ROWS).await;
     let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(20));
     let (workers, batch) = (WORKERS.to_string(), BATCH.to_string());
     let flags = [
@@ -527,7 +533,10 @@ async fn c5_polling_kill_9_of_the_relays_node_fails_over_duplicates_within_worke
     let killed = Instant::now();
     blocking(|| cluster.kill9(node));
     let marked_at_kill: i64 = common::pg::query_value(&outbox.client, published).await;
-    assert!(marked_at_kill < 10_000, "the kill must land mid-backlog");
+    assert!(
+        marked_at_kill < BACKLOG,
+        "the kill must land mid-backlog ({marked_at_kill} of {BACKLOG} marked)"
+    );
     let now_on = wait_node_in_use(cluster, &relay, port, Some(node), MINUTE).await;
     // Streaming again: rows are marked published through the other node.
     let more = at_least(marked_at_kill + 1);
@@ -543,7 +552,7 @@ async fn c5_polling_kill_9_of_the_relays_node_fails_over_duplicates_within_worke
         "the relay published again through node {now_on} only {} after node {node} died",
         secs(failover)
     );
-    let committed = writers.stop().await.len() + 10_000;
+    let committed = writers.stop().await.len() + BACKLOG as usize;
     let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
     let all = common::pg::wait_count(&outbox.client, published, MINUTE * 3, |n| {
         n as usize >= committed
