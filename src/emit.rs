@@ -375,18 +375,7 @@ pub fn map_or_dead_letter(
         return Err(error);
     };
     let original = salvage(mapper, content, event.as_ref(), position);
-    let reason = match &error {
-        MapError::TooLarge { size, limit, .. } => Reason::TooLarge {
-            size: *size,
-            limit: *limit,
-        },
-        MapError::ExchangeNotAllowed { exchange, .. } => Reason::ExchangeNotAllowed {
-            exchange: exchange.clone(),
-        },
-        other => Reason::Unmappable {
-            error: other.problem(),
-        },
-    };
+    let reason = error.dead_letter_reason();
     let message = dead_letter::dead_letter(dead_letter_exchange, original, &reason);
     Ok((message, Some(reason)))
 }

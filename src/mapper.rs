@@ -342,6 +342,22 @@ pub enum MapError {
 }
 
 impl MapError {
+    /// Why a message that failed this way is dead-lettered.
+    pub fn dead_letter_reason(&self) -> Reason {
+        match self {
+            MapError::TooLarge { size, limit, .. } => Reason::TooLarge {
+                size: *size,
+                limit: *limit,
+            },
+            MapError::ExchangeNotAllowed { exchange, .. } => Reason::ExchangeNotAllowed {
+                exchange: exchange.clone(),
+            },
+            other => Reason::Unmappable {
+                error: other.problem(),
+            },
+        }
+    }
+
     /// The id of the row this error is about, for the stuck-message report.
     pub fn row_id(&self) -> Option<&str> {
         match self {
@@ -654,18 +670,7 @@ impl Mapper {
         let Some(original) = self.salvage(layout, tuple, position, &error) else {
             return Err(error);
         };
-        let reason = match &error {
-            MapError::TooLarge { size, limit, .. } => Reason::TooLarge {
-                size: *size,
-                limit: *limit,
-            },
-            MapError::ExchangeNotAllowed { exchange, .. } => Reason::ExchangeNotAllowed {
-                exchange: exchange.clone(),
-            },
-            other => Reason::Unmappable {
-                error: other.problem(),
-            },
-        };
+        let reason = error.dead_letter_reason();
         let message = dead_letter::dead_letter(dead_letter_exchange, original, &reason);
         Ok((message, Some(reason)))
     }
