@@ -567,10 +567,11 @@ async fn a_relay_whose_shards_differ_from_its_publication_refuses_to_start() {
             && e.contains("Fix:"),
         "{e}"
     );
-    // Nothing streamed from the slot.
-    let active: i64 = common::pg::query_value(
+    // Nothing streamed from this outbox's slots (other tests share the server).
+    let active: i64 = value_with(
         &outbox.client,
-        "SELECT count(*) FROM pg_replication_slots WHERE active",
+        "SELECT count(*) FROM pg_replication_slots WHERE active AND slot_name LIKE $1 || '\\_%'",
+        &[&outbox.slot],
     )
     .await;
     assert_eq!(active, 0);
