@@ -114,17 +114,14 @@ pub async fn deliver<T: AckToken + Clone>(
         // must not hold the second back.
         let mut advanced = false;
         let settled = loop {
-            match settle_ready(&mut queue, broker, metrics).await {
-                Ok(settled_ids) => {
-                    for message_id in settled_ids {
-                        if stuck.as_deref() == Some(message_id.as_str()) {
-                            tracing::info!(%message_id, "stuck message delivered; full window again");
-                            window = options.window;
-                            stuck = None;
-                            acked.send_modify(|acked| acked.stuck = None);
-                        }
-                    }
+            match settle_ready(&mut queue, broker, metrics, stuck.as_deref()).await {
+                Ok(true) => {
+                    tracing::info!(message_id = ?stuck, "stuck message delivered; full window again");
+                    window = options.window;
+                    stuck = None;
+                    acked.send_modify(|acked| acked.stuck = None);
                 }
+                Ok(false) => {}
                 Err(e) => break Err(e),
             }
             if !queue.advance() {
@@ -349,15 +346,16 @@ fn failure_error(failure: Failure) -> RelayError {
     }
 }
 
-/// Settles the front publishes that passed barriers made settleable, in order; returns the
-/// message ids settled. A returned front under the dead-letter policy is re-published to the
-/// dead-letter exchange and stays at the front, unresolved again.
+/// Settles the front publishes that passed barriers made settleable, in order; `true` when
+/// one of them was the `stuck` message. A returned front under the dead-letter policy is
+/// re-published to the dead-letter exchange and stays at the front, unresolved again.
 async fn settle_ready<T: AckToken>(
     queue: &mut ConfirmQueue<T, InFlight>,
     broker: &Broker,
     metrics: &RelayMetrics,
-) -> Result<Vec<String>, RelayError> {
-    let mut settled_ids = Vec::new();
+    stuck: Option<&str>,
+) -> Result<bool, RelayError> {
+    let mut stuck_settled = false;
     while let Some(acked) = queue.settleable_front() {
         match settle_front(queue, acked, broker).await? {
             Settle::DeadLettering => metrics.returned.increment(1),
@@ -369,11 +367,11 @@ async fn settle_ready<T: AckToken>(
                 if let Some(committed_at) = settled.pending.committed_at {
                     metrics.observe_commit_to_confirm(committed_at);
                 }
-                settled_ids.push(settled.message_id);
+                stuck_settled |= stuck == Some(settled.message_id.as_str());
             }
         }
     }
-    Ok(settled_ids)
+    Ok(stuck_settled)
 }
 
 /// Publishes a batch and returns once the broker confirmed every message of it (dead letters

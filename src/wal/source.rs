@@ -125,7 +125,12 @@ impl Source {
                 prefix,
                 content,
             } if prefix == self.emit_prefix => {
-                if self.shard.takes_emitted(emit::shard_hash(&content)) {
+                // Only a sharded relay reads the hash: a second parse of every event otherwise.
+                let hash = match self.shard.is_sharded() {
+                    true => emit::shard_hash(&content),
+                    false => None,
+                };
+                if self.shard.takes_emitted(hash) {
                     Some(self.on_emitted(transactional, lsn, &content)?)
                 } else {
                     // Another shard's event: that shard's relay publishes it.
