@@ -11,7 +11,7 @@ use outbox_testkit as common;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use common::faults::{ids_of, wait_for_ids, Oracle};
+use common::faults::{ids_of, relay_crash_duplicate_bound, wait_for_ids, Oracle};
 use common::http::{metric_value, metrics};
 use common::outbox::Outbox;
 use common::{
@@ -509,7 +509,7 @@ async fn kill_9_mid_stream_of_emitted_events_loses_nothing_and_bounds_duplicates
         .count();
     let duplicates: usize = counts.values().map(|n| n - 1).sum();
     // Status interval 100 ms; single-event transactions: no open transaction adds to it.
-    let bound = MAX_IN_FLIGHT + (rate * 0.1).ceil() as usize;
+    let bound = relay_crash_duplicate_bound(MAX_IN_FLIGHT, rate, Duration::from_millis(100), 0);
     println!(
         "kill -9 at ~{rate:.0} events/s: lost {lost}, duplicates {duplicates} (bound {bound})"
     );

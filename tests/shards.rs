@@ -14,7 +14,10 @@ use std::collections::{HashMap, HashSet};
 use std::process::Output;
 use std::time::Duration;
 
-use common::faults::{assert_nothing_lost_or_invented, wait_for_ids, Oracle, Tally, Writers};
+use common::faults::{
+    assert_nothing_lost_or_invented, relay_crash_duplicate_bound, wait_for_ids, Oracle, Tally,
+    Writers,
+};
 use common::http::{metric_value, readyz, wait_metrics, wait_ready, wait_readyz};
 use common::outbox::Outbox;
 use common::pg::first_column;
@@ -968,12 +971,12 @@ async fn kill_9_of_one_shards_relay_and_a_restart_5_s_later_leaves_the_others_al
         assert_nothing_lost_or_invented(&tally, &expected);
         duplicates.push(tally.duplicates());
     }
-    // A relay crash re-publishes at most the window, one status interval of rows and the
-    // confirmed rows of the transaction that was open (DESIGN.md invariant 5); the rate term
-    // is the shard's average rate, doubled for bursts.
+    // A relay crash re-publishes at most the window, the rows confirmed but not yet reported
+    // and the confirmed rows of the transaction that was open (DESIGN.md invariant 5); the
+    // rate is the shard's average rate.
     let rate =
         rows.values().filter(|r| r.1 == KILLED as u32).count() as f64 / writing.as_secs_f64();
-    let bound = WINDOW + 4 + (2.0 * rate * 0.1).ceil() as usize;
+    let bound = relay_crash_duplicate_bound(WINDOW, rate, Duration::from_millis(100), 4);
     for (k, &d) in duplicates.iter().enumerate() {
         if k != KILLED {
             assert_eq!(d, 0, "shard {k} delivers exactly once");

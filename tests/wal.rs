@@ -9,6 +9,7 @@ use outbox_testkit as common;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use common::faults::relay_crash_duplicate_bound;
 use common::outbox::{write_concurrently, Outbox};
 use common::{create_test_decoding_slot, current_wal_lsn, read_test_decoding, Consumer};
 
@@ -326,7 +327,7 @@ async fn kill_9_mid_backlog_loses_nothing_and_bounds_duplicates() {
         .count();
     let duplicates: usize = counts.values().map(|n| n - 1).sum();
     // Status interval 100 ms; single-row transactions, so no open transaction adds to it.
-    let bound = MAX_IN_FLIGHT + (rate * 0.1).ceil() as usize;
+    let bound = relay_crash_duplicate_bound(MAX_IN_FLIGHT, rate, Duration::from_millis(100), 0);
     println!("kill -9 at ~{rate:.0} msg/s: lost {lost}, duplicates {duplicates} (bound {bound})");
     assert_eq!(lost, 0, "no committed row is lost");
     assert!(

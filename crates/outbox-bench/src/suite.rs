@@ -30,6 +30,7 @@ use crate::Servers;
 use outbox_relay::db::{self, quote_ident, quote_literal};
 use outbox_testkit::amqp::quorum_queue_arguments;
 use outbox_testkit::arrivals::{Arrival, ArrivalConsumer, Outstanding, QueueSpec};
+use outbox_testkit::faults::relay_crash_duplicate_bound;
 use outbox_testkit::{procfs, RabbitCluster};
 
 /// The relay is killed once this share of the crash backlog has arrived.
@@ -1131,9 +1132,10 @@ impl Bench {
         let duplicate_bound = match setup {
             Setup::Wal { window } => {
                 let rate = per_sec(received_before_kill, delivering.as_secs_f64());
-                let feedback = rate * self.args.status_interval_ms as f64 / 1000.0;
-                // + 1: the confirmed rows of the open transaction (one row each here).
-                Some(u64::from(window) + feedback.ceil() as u64 + 1)
+                let status_interval = Duration::from_millis(self.args.status_interval_ms);
+                // 1: the confirmed rows of the open transaction (one row each here).
+                let bound = relay_crash_duplicate_bound(window as usize, rate, status_interval, 1);
+                Some(bound as u64)
             }
             Setup::Poll { .. } => None,
         };

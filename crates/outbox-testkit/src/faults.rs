@@ -498,6 +498,22 @@ pub async fn finish(
     (committed, tally)
 }
 
+/// The most duplicates one relay crash (kill -9) may cause, docs/reliability.md "Duplicate
+/// bounds": the window, what was confirmed but not yet reported to PostgreSQL, and the open
+/// transaction's confirmed rows. A confirm reaches PostgreSQL once the status interval has
+/// passed since the previous report, after the confirm barrier's round trip and the reader's
+/// wake-up; on a loaded 2-core machine those took up to a few tens of milliseconds (one run:
+/// 126 ms from confirm to report), so the report lag allowed is twice the interval.
+pub fn relay_crash_duplicate_bound(
+    window: usize,
+    rate_per_sec: f64,
+    status_interval: Duration,
+    open_transaction_rows: usize,
+) -> usize {
+    let unreported = rate_per_sec * 2.0 * status_interval.as_secs_f64();
+    window + unreported.ceil() as usize + open_transaction_rows
+}
+
 /// A duration for a report: `1.2 s`.
 pub fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
