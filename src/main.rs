@@ -27,7 +27,14 @@ fn main() -> ExitCode {
         tracing::error!(error = %e, "stopped");
         return ExitCode::FAILURE;
     }
-    let runtime = match tokio::runtime::Runtime::new() {
+    // One thread for all of the relay's tasks: per message it does a few microseconds of
+    // work, and handing messages between worker threads (futex wake-ups, cache misses) cost
+    // more than the parallelism gave (docs/benchmarks.md, "One runtime thread"). lapin's I/O
+    // loop and blocking calls keep their own threads.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             tracing::error!(error = %e, "stopped: cannot start the async runtime");
