@@ -10,6 +10,11 @@
 #                                    only drains with 1, 2 and 4 sharded relays (issue 12, ~5 min)
 #   scripts/bench.sh --emit --rows 100000 --ab-rounds 3
 #                                    only writers and drains of rows vs outbox_emit (issue 13, ~5 min)
+#   scripts/bench.sh --compare wal,poll:1,poll:5,poll:5x1000 --rows 100000 --ab-rounds 5
+#                                    only drains of setups of one relay: WAL, polling workers
+#                                    (poll:WORKERS[xBATCH][:delete]) beside the broker alone; ratios
+#                                    to the first setup (issue 16; --no-consumer: queue depth instead
+#                                    of a consumer; --compare-latency: p50/p99 at 100 rows/s)
 #
 # Installs PostgreSQL and RabbitMQ if missing, builds the release binaries, starts a private
 # PostgreSQL and RabbitMQ node on free ports (servers on 5432/5672 are left alone), runs

@@ -10,6 +10,7 @@
 //!   [`outbox_testkit::procfs`]), the limits it is set against
 //!   ([`limits`]: broker alone, decoding alone), and the figures ([`results`]: JSON and
 //!   Markdown).
+//! - [`compare`]: `bench --compare`, setups of one relay binary drained in one run (issue 16).
 //!
 //! A tool, not the daemon: errors are `anyhow`, with context saying what failed. It reaches
 //! the relay through `outbox_relay`'s public API and runs its binary as a child process; the
@@ -17,6 +18,7 @@
 //! The harness pieces it shares with the tests (private servers aside: scripts/bench.sh starts
 //! those) come from `outbox-testkit`; what only the benchmark needs stays here.
 
+pub mod compare;
 pub mod demo;
 pub mod limits;
 pub mod relay;

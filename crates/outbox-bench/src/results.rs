@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::compare::CompareResults;
 use crate::report::Latency;
 
 /// The relay setups the reference compares.
@@ -33,6 +34,8 @@ pub struct Results {
     pub emit_writers: Vec<EmitWriterRun>,
     /// `--emit`: the WAL relay's drain of a backlog of rows and of emitted events.
     pub emit_drains: Vec<EmitDrainRun>,
+    /// `--compare`: drains of setups of one relay binary (the suite is not run).
+    pub compare: Option<CompareResults>,
 }
 
 /// One drain of `--shards-sweep`: `shards` relays, one per shard, into one queue; the drain's
@@ -83,13 +86,13 @@ pub fn load_average() -> String {
 }
 
 /// The median (the upper one of an even count); 0 for none.
-fn median(mut values: Vec<f64>) -> f64 {
+pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Microseconds per message of `seconds` of CPU over a drain's received messages.
-fn us_per_msg(seconds: f64, d: &Drain) -> f64 {
+pub(crate) fn us_per_msg(seconds: f64, d: &Drain) -> f64 {
     if d.received > 0 {
         seconds * 1e6 / d.received as f64
     } else {
@@ -319,7 +322,7 @@ impl Limits {
     }
 }
 
-fn int(x: f64) -> String {
+pub(crate) fn int(x: f64) -> String {
     let n = x.round() as i64;
     let digits = n.abs().to_string();
     let mut out = String::new();
@@ -335,7 +338,7 @@ fn int(x: f64) -> String {
     out
 }
 
-fn ms(x: f64) -> String {
+pub(crate) fn ms(x: f64) -> String {
     if x >= 1000.0 {
         format!("{:.2} s", x / 1000.0)
     } else if x >= 10.0 {
@@ -345,11 +348,11 @@ fn ms(x: f64) -> String {
     }
 }
 
-fn ratio(x: f64) -> String {
+pub(crate) fn ratio(x: f64) -> String {
     format!("{:.0} %", x * 100.0)
 }
 
-fn or_dash<T>(value: Option<T>, f: impl Fn(T) -> String) -> String {
+pub(crate) fn or_dash<T>(value: Option<T>, f: impl Fn(T) -> String) -> String {
     value.map(f).unwrap_or_else(|| "—".into())
 }
 
@@ -412,6 +415,10 @@ impl Results {
         }
         if !self.ab.is_empty() {
             ab_table(&mut s, &self.ab);
+            return s;
+        }
+        if let Some(c) = &self.compare {
+            c.markdown(&mut s);
             return s;
         }
         if !self.shards.is_empty() {

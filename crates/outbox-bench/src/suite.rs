@@ -17,6 +17,7 @@ use clap::Args;
 use tokio::time::Instant;
 use tokio_postgres::Client;
 
+use crate::compare::CompareSetup;
 use crate::limits::{self, Endpoints};
 use crate::relay::{Relay, RelayBinary};
 use crate::report::Report;
@@ -32,6 +33,9 @@ use outbox_testkit::amqp::quorum_queue_arguments;
 use outbox_testkit::arrivals::{Arrival, ArrivalConsumer, Outstanding, QueueSpec};
 use outbox_testkit::faults::relay_crash_duplicate_bound;
 use outbox_testkit::{procfs, RabbitCluster};
+
+mod compare_runs;
+use compare_runs::DrainCounter;
 
 /// The relay is killed once this share of the crash backlog has arrived.
 const KILL_AT: f64 = 0.4;
@@ -116,8 +120,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "wal", value_parser = ["wal", "poll5"])]
     pub ab_setup: String,
 
-    /// Rounds of the A/B, of --shards-sweep and of --emit (each round runs every variant
-    /// once, their order alternating from round to round).
+    /// Rounds of the A/B, of --shards-sweep, of --emit and of --compare (each round runs
+    /// every variant once, their order alternating from round to round).
     #[arg(long, default_value_t = 3)]
     pub ab_rounds: u32,
 
@@ -158,13 +162,42 @@ pub struct BenchArgs {
     /// Only the cluster section (no single-node scenario).
     #[arg(long, conflicts_with = "ab_with")]
     pub cluster_only: bool,
+
+    /// Instead of the suite (issue 16): drain a backlog of --rows single-row transactions with
+    /// each of these setups of the relay binary, beside the broker alone at --max-in-flight,
+    /// --ab-rounds times (the order rotated from round to round); rates, ratios to the first
+    /// setup, the relay's and PostgreSQL's CPU per message. A setup is `wal` (the WAL reader
+    /// at --max-in-flight), `poll:WORKERS` or `poll:WORKERSxBATCH` (polling workers, the
+    /// relay's default batch size if none), either poll form optionally ending in `:delete`
+    /// (--on-published delete). E.g. `--compare wal,poll:1,poll:5,poll:5x1000`.
+    #[arg(long, value_name = "SETUPS", value_delimiter = ',', conflicts_with_all = ["ab_with", "cluster_only", "shards_sweep", "emit"])]
+    pub compare: Vec<CompareSetup>,
+
+    /// --compare with no consumer attached: the rate is messages in the queue per second (the
+    /// broker's count, from passive declares), from the relay's start.
+    #[arg(long, requires = "compare")]
+    pub no_consumer: bool,
+
+    /// --compare also measures each setup's commit→consumer latency at 100 rows/s (one run
+    /// per setup, after the drains).
+    #[arg(long, requires = "compare")]
+    pub compare_latency: bool,
 }
 
 /// How a relay is run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Setup {
-    Poll { workers: u32, listen: bool },
-    Wal { window: u32 },
+    Poll {
+        workers: u32,
+        listen: bool,
+        /// `--batch-size` (None: the relay's default).
+        batch_size: Option<u32>,
+        /// `--on-published delete` (false: the default, mark).
+        delete: bool,
+    },
+    Wal {
+        window: u32,
+    },
 }
 
 impl Setup {
@@ -173,10 +206,14 @@ impl Setup {
             0 => Setup::Poll {
                 workers: 1,
                 listen: false,
+                batch_size: None,
+                delete: false,
             },
             1 => Setup::Poll {
                 workers: 5,
                 listen: false,
+                batch_size: None,
+                delete: false,
             },
             _ => Setup::Wal { window },
         }
@@ -217,6 +254,9 @@ struct DrainSpec {
     shards: u32,
     /// Also measure PostgreSQL's CPU (postmaster and backends, from /proc).
     pg_cpu: bool,
+    /// Count distinct ids at a consumer; false: count the messages in the queue, nothing
+    /// consuming (`--compare --no-consumer`).
+    consumer: bool,
 }
 
 struct Bench {
@@ -295,6 +335,10 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
         bench.emit(&mut results).await?;
         return Ok(results);
     }
+    if !bench.args.compare.is_empty() {
+        bench.compare(&mut results).await?;
+        return Ok(results);
+    }
     bench.limits(&mut results).await?;
     for (index, mode) in MODES.iter().enumerate() {
         let setup = Setup::of_mode(index, bench.scale.max_in_flight);
@@ -313,6 +357,8 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
     let listen = Setup::Poll {
         workers: 5,
         listen: true,
+        batch_size: None,
+        delete: false,
     };
     results.notify = Some(NotifyResults {
         ceiling: bench.load(None, Notify::None).await?,
@@ -531,7 +577,11 @@ impl Bench {
     }
 
     async fn consumer(&self, o: &Objects) -> Result<ArrivalConsumer> {
-        let spec = QueueSpec {
+        ArrivalConsumer::start(&self.endpoints.consume, &self.queue_spec(o)).await
+    }
+
+    fn queue_spec(&self, o: &Objects) -> QueueSpec {
+        QueueSpec {
             exchange: self.args.exchange.clone(),
             queue: o.queue.clone(),
             arguments: self.endpoints.queue_arguments.clone(),
@@ -539,8 +589,7 @@ impl Bench {
             purge: true,
             prefetch: 1000,
             delete_on_close: true,
-        };
-        ArrivalConsumer::start(&self.endpoints.consume, &spec).await
+        }
     }
 
     fn start_relay(&self, setup: Setup, o: &Objects, name: &str) -> Result<Relay> {
@@ -576,8 +625,19 @@ impl Bench {
                 "--metrics-addr".into(),
                 "off".into(),
             ]),
-            Setup::Poll { workers, listen } => {
+            Setup::Poll {
+                workers,
+                listen,
+                batch_size,
+                delete,
+            } => {
                 args.extend(["--workers".into(), workers.to_string()]);
+                if let Some(batch_size) = batch_size {
+                    args.extend(["--batch-size".into(), batch_size.to_string()]);
+                }
+                if delete {
+                    args.extend(["--on-published".into(), "delete".into()]);
+                }
                 if listen {
                     args.push("--listen".into());
                 }
@@ -666,6 +726,8 @@ impl Bench {
             Setup::Poll {
                 workers: 5,
                 listen: false,
+                batch_size: None,
+                delete: false,
             }
         } else {
             Setup::Wal {
@@ -713,6 +775,7 @@ impl Bench {
             // Only the A/B reads PostgreSQL's CPU in the suite: it needs the server on this
             // machine.
             pg_cpu: self.args.ab_with.is_some(),
+            consumer: true,
         })
         .await
     }
@@ -725,6 +788,7 @@ impl Bench {
             seed,
             shards,
             pg_cpu,
+            consumer,
         } = spec;
         let o = self
             .sharded_objects(matches!(setup, Setup::Wal { .. }), shards)
@@ -744,7 +808,8 @@ impl Bench {
                 ))
                 .await?;
         }
-        let mut consumer = self.consumer(&o).await?;
+        let mut counter =
+            DrainCounter::start(&self.endpoints.consume, &self.queue_spec(&o), consumer).await?;
         self.seed_with(&o, rows, transaction_rows, seed).await?;
         let postmaster = if pg_cpu {
             // The seeding session's backend must be gone (and reaped) before the first read.
@@ -761,13 +826,7 @@ impl Bench {
             .map(|k| self.start_shard(setup, &o, "drain", k))
             .collect::<Result<Vec<Relay>>>()?;
         let window_end = started + Duration::from_secs(self.args.drain_window_secs);
-        let mut counter = Distinct::default();
-        while (counter.count() as u64) < rows {
-            if !consumer.wait_for_more(window_end).await? {
-                break;
-            }
-            counter.add(consumer.arrivals());
-        }
+        let (received, last) = counter.wait_for(rows, window_end).await?;
         let mut cpu = Duration::ZERO;
         let mut peak_rss_kib = 0;
         for relay in &relays {
@@ -775,10 +834,9 @@ impl Bench {
             cpu += usage.cpu;
             peak_rss_kib = peak_rss_kib.max(usage.peak_rss_kib);
         }
-        let received = counter.count() as u64;
         let complete = received >= rows;
         let end = if complete {
-            counter.last.unwrap_or(window_end)
+            last.unwrap_or(window_end)
         } else {
             window_end
         };
@@ -794,7 +852,7 @@ impl Bench {
             let cpu = procfs::process_and_children_cpu(pid)?.saturating_sub(before);
             pg_cpu_seconds = Some(cpu.as_secs_f64());
         }
-        consumer.close().await;
+        counter.close().await;
         self.drop_objects(o).await?;
         let seconds = end.saturating_duration_since(started).as_secs_f64();
         let cpu_seconds = cpu.as_secs_f64();
@@ -858,6 +916,7 @@ impl Bench {
                         seed: Seed::Aggregates,
                         shards,
                         pg_cpu: true,
+                        consumer: true,
                     })
                     .await?;
                 results.shards.push(ShardRun {
@@ -899,6 +958,7 @@ impl Bench {
                         seed: if emit { Seed::Emitted } else { Seed::Rows },
                         shards: 1,
                         pg_cpu: true,
+                        consumer: true,
                     })
                     .await?;
                 results.emit_drains.push(EmitDrainRun {

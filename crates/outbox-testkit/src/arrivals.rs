@@ -1,7 +1,8 @@
 //! A queue consumer that records what arrives: each delivery's `message_id`, its
 //! `x-outbox-seq` and `x-outbox-lsn` headers and when it was received, in arrival order; and
-//! [`Outstanding`], the committed ids not received yet. The benchmark and `outbox-bench demo`
-//! measure with it; a test that needs whole messages uses [`crate::amqp::Consumer`].
+//! [`Outstanding`], the committed ids not received yet; and [`QueueDepth`], a queue counted
+//! but not consumed. The benchmark and `outbox-bench demo` measure with them; a test that
+//! needs whole messages uses [`crate::amqp::Consumer`].
 //!
 //! It consumes with manual acknowledgements and a prefetch window, like a real consumer, and
 //! acknowledges in batches (`multiple`) so that acking costs little next to receiving. Bodies
@@ -205,6 +206,63 @@ impl ArrivalConsumer {
 impl Drop for ArrivalConsumer {
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+/// A queue declared and bound like [`ArrivalConsumer::start`] does, then only counted, never
+/// consumed: RabbitMQ's count of the messages it holds, from a passive declare. What a drain
+/// with no consumer attached measures (every message the broker took stays in the queue).
+pub struct QueueDepth {
+    connection: Connection,
+    channel: Channel,
+    queue: ShortString,
+    delete_on_close: bool,
+}
+
+impl QueueDepth {
+    /// Connects, declares and binds the queue, and purges it if asked.
+    pub async fn start(url: &str, spec: &QueueSpec) -> Result<QueueDepth> {
+        let properties =
+            ConnectionProperties::default().with_connection_name("outbox-queue-depth".into());
+        let connection = Connection::connect(url, properties)
+            .await
+            .context("cannot connect to RabbitMQ")?;
+        let channel = connection.create_channel().await?;
+        declare(&channel, spec).await?;
+        Ok(QueueDepth {
+            connection,
+            channel,
+            queue: short(&spec.queue)?,
+            delete_on_close: spec.delete_on_close,
+        })
+    }
+
+    /// The messages in the queue now (ready ones: nothing consumes them).
+    pub async fn count(&self) -> Result<u32> {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let declared = self
+            .channel
+            .queue_declare(self.queue.clone(), passive, FieldTable::default())
+            .await
+            .with_context(|| format!("cannot count the messages of queue {}", self.queue))?;
+        Ok(declared.message_count())
+    }
+
+    /// Deletes the queue if the spec said so, and closes the connection.
+    pub async fn close(self) {
+        if self.delete_on_close {
+            let _ = self
+                .channel
+                .queue_delete(self.queue.clone(), QueueDeleteOptions::default())
+                .await;
+        }
+        let _ = self
+            .connection
+            .close(200, short_lossy("outbox-queue-depth done"))
+            .await;
     }
 }
 

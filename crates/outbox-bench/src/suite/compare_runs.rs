@@ -1,0 +1,177 @@
+//! The runs of `--compare` (issue 16; the setups and figures are [`crate::compare`]), and how
+//! a drain counts what arrived: at a consumer, or, with `--no-consumer`, in the queue itself.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use tokio::time::Instant;
+
+use super::{Bench, Distinct, DrainSpec, Seed, Setup};
+use crate::compare::{
+    check_distinct, CompareBroker, CompareLatency, CompareResults, CompareRun, CompareSetup,
+};
+use crate::results::{load_average, Results};
+use outbox_testkit::arrivals::{ArrivalConsumer, QueueDepth, QueueSpec};
+
+/// How often a drain with no consumer asks the broker for the queue's depth: the end of the
+/// drain is known to this much (against drains of seconds), at a cost to the broker of one
+/// passive declare per interval.
+const DEPTH_INTERVAL: Duration = Duration::from_millis(5);
+
+impl Bench {
+    /// `--compare`: per round, the broker alone at --max-in-flight, then a drain of --rows
+    /// single-row transactions with each setup (the order rotated from round to round, so
+    /// drift of the machine does not favour one), every drain with PostgreSQL's CPU; then,
+    /// with --compare-latency, each setup's latency at the fixed rate.
+    pub(super) async fn compare(&mut self, results: &mut Results) -> Result<()> {
+        let setups = self.args.compare.clone();
+        check_distinct(&setups).map_err(|e| anyhow!(e))?;
+        let window = self.scale.max_in_flight;
+        let rows = self.scale.drain_rows;
+        let consumer = !self.args.no_consumer;
+        let mut c = CompareResults {
+            setups: setups.iter().map(CompareSetup::to_string).collect(),
+            rows,
+            window,
+            consumer,
+            rounds: self.args.ab_rounds,
+            ..CompareResults::default()
+        };
+        for round in 1..=self.args.ab_rounds {
+            self.say(&format!(
+                "compare round {round}: broker alone, window {window}, {rows} messages, load {}",
+                load_average()
+            ));
+            let run = self.broker_alone(window, rows, None).await?;
+            self.say(&format!(
+                "  {:.0} msgs/s received, {:.0} confirmed",
+                run.received_per_sec, run.confirmed_per_sec
+            ));
+            c.broker.push(CompareBroker {
+                round,
+                messages: run.messages,
+                received_per_sec: run.received_per_sec,
+                confirmed_per_sec: run.confirmed_per_sec,
+            });
+            let mut order = setups.clone();
+            order.rotate_left((round as usize - 1) % setups.len());
+            for setup in order {
+                let load = load_average();
+                self.say(&format!("compare round {round}: {setup}"));
+                let drain = self
+                    .drain_spec(DrainSpec {
+                        setup: relay_setup(setup, window),
+                        rows,
+                        transaction_rows: 1,
+                        seed: Seed::Rows,
+                        shards: 1,
+                        pg_cpu: true,
+                        consumer,
+                    })
+                    .await?;
+                c.runs.push(CompareRun {
+                    round,
+                    setup: setup.to_string(),
+                    load,
+                    drain,
+                });
+            }
+        }
+        if self.args.compare_latency {
+            for setup in &setups {
+                let run = self.latency(relay_setup(*setup, window)).await?;
+                c.latency.push(CompareLatency {
+                    setup: setup.to_string(),
+                    run,
+                });
+            }
+        }
+        c.summary = c.summarize();
+        results.compare = Some(c);
+        Ok(())
+    }
+}
+
+/// How the suite runs a `--compare` setup.
+fn relay_setup(setup: CompareSetup, window: u32) -> Setup {
+    match setup {
+        CompareSetup::Wal => Setup::Wal { window },
+        CompareSetup::Poll {
+            workers,
+            batch_size,
+            delete,
+        } => Setup::Poll {
+            workers,
+            listen: false,
+            batch_size,
+            delete,
+        },
+    }
+}
+
+/// What a drain counts its messages with.
+pub(super) enum DrainCounter {
+    /// Distinct message ids at a consumer, and when each first arrived.
+    Consumer(ArrivalConsumer),
+    /// The messages in the queue, nothing consuming it (`--no-consumer`): the broker's count
+    /// of what it took, duplicates included (a drain without failures publishes none).
+    Queue(QueueDepth),
+}
+
+impl DrainCounter {
+    /// Declares and binds the queue, with a consumer if `consumer`.
+    pub(super) async fn start(url: &str, spec: &QueueSpec, consumer: bool) -> Result<DrainCounter> {
+        Ok(if consumer {
+            DrainCounter::Consumer(ArrivalConsumer::start(url, spec).await?)
+        } else {
+            DrainCounter::Queue(QueueDepth::start(url, spec).await?)
+        })
+    }
+
+    /// Waits until `rows` messages were counted, or `deadline`: how many, and when the last
+    /// of them was counted (a consumer: its receipt; the queue: the answer of the passive
+    /// declare that first counted them all).
+    pub(super) async fn wait_for(
+        &mut self,
+        rows: u64,
+        deadline: Instant,
+    ) -> Result<(u64, Option<Instant>)> {
+        match self {
+            DrainCounter::Consumer(consumer) => {
+                let mut counter = Distinct::default();
+                while (counter.count() as u64) < rows {
+                    if !consumer.wait_for_more(deadline).await? {
+                        break;
+                    }
+                    counter.add(consumer.arrivals());
+                }
+                Ok((counter.count() as u64, counter.last))
+            }
+            DrainCounter::Queue(depth) => {
+                let mut ticks = tokio::time::interval(DEPTH_INTERVAL);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut counted = 0;
+                let mut last = None;
+                while counted < rows && Instant::now() < deadline {
+                    ticks.tick().await;
+                    let count = u64::from(depth.count().await?);
+                    if count > counted {
+                        counted = count;
+                        last = Some(Instant::now());
+                    }
+                }
+                Ok((counted, last))
+            }
+        }
+    }
+
+    /// Closes the consumer or the depth watch; the queue is deleted if its spec says so.
+    pub(super) async fn close(self) {
+        match self {
+            DrainCounter::Consumer(consumer) => {
+                consumer.close().await;
+            }
+            DrainCounter::Queue(depth) => depth.close().await,
+        }
+    }
+}
