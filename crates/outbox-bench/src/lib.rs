@@ -7,8 +7,10 @@
 //! - [`demo`]: the `demo` subcommand built from those three.
 //! - [`suite`]: the `bench` subcommand (issue 6, docs/benchmarks.md): the relay as a child
 //!   process ([`relay`]: the test-kit's relay process, its CPU and memory from
-//!   [`outbox_testkit::procfs`]), the limits it is set against
-//!   ([`limits`]: broker alone, decoding alone), and the figures ([`results`]: JSON and
+//!   [`outbox_testkit::procfs`]), the limits it is set against ([`limits`]: broker alone
+//!   and decoding alone through the relay's own code; [`independent`]: broker alone with a
+//!   minimal publisher and the walsender ceiling, which share no code with the relay), the
+//!   CPU each process spends per message ([`cpu`]), and the figures ([`results`]: JSON and
 //!   Markdown).
 //!
 //! A tool, not the daemon: errors are `anyhow`, with context saying what failed. It reaches
@@ -17,7 +19,9 @@
 //! The harness pieces it shares with the tests (private servers aside: scripts/bench.sh starts
 //! those) come from `outbox-testkit`; what only the benchmark needs stays here.
 
+pub mod cpu;
 pub mod demo;
+pub mod independent;
 pub mod limits;
 pub mod relay;
 pub mod report;
