@@ -482,6 +482,7 @@ mod tests {
             cpu_seconds_per_100k: cpu * 10.0,
             peak_rss_mib: 20.0,
             pg_cpu_seconds: Some(pg),
+            cpu: None,
         }
     }
 

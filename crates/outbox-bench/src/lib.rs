@@ -7,8 +7,10 @@
 //! - [`demo`]: the `demo` subcommand built from those three.
 //! - [`suite`]: the `bench` subcommand (issue 6, docs/benchmarks.md): the relay as a child
 //!   process ([`relay`]: the test-kit's relay process, its CPU and memory from
-//!   [`outbox_testkit::procfs`]), the limits it is set against
-//!   ([`limits`]: broker alone, decoding alone), and the figures ([`results`]: JSON and
+//!   [`outbox_testkit::procfs`]), the limits it is set against ([`limits`]: broker alone
+//!   and decoding alone through the relay's own code; [`independent`]: broker alone with a
+//!   minimal publisher and the walsender ceiling, which share no code with the relay), the
+//!   CPU each process spends per message ([`cpu`]), and the figures ([`results`]: JSON and
 //!   Markdown).
 //! - [`compare`]: `bench --compare`, setups of one relay binary drained in one run (issue 16).
 //!
@@ -19,7 +21,9 @@
 //! those) come from `outbox-testkit`; what only the benchmark needs stays here.
 
 pub mod compare;
+pub mod cpu;
 pub mod demo;
+pub mod independent;
 pub mod limits;
 pub mod relay;
 pub mod report;

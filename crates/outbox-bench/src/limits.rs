@@ -8,8 +8,9 @@
 //! - Decoding alone: the slot drained with pgwire-replication, our pgoutput decoder and the
 //!   mapper, nothing published: what the relay does minus the broker.
 //!
-//! Both call the relay's own decoder, mapper and delivery loop, never copies of them: a limit
-//! is a fair ceiling only if it does what the relay does, minus one side.
+//! Both call the relay's own decoder, mapper and delivery loop, never copies of them: they
+//! are what the relay's code can do, minus one side. They share the relay's costs, so they
+//! cannot show them: [`crate::independent`] has the limits that share no code with the relay.
 
 use std::time::Duration;
 
@@ -20,6 +21,7 @@ use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use crate::cpu::{self, CpuProbe, CpuSplit};
 use crate::report::{Latency, Report};
 use crate::writers::{CommittedRow, Written, ORDER_NOTE_LEN};
 use outbox_relay::db;
@@ -113,6 +115,9 @@ pub struct BrokerRun {
     /// Publish-to-receipt latency (paced runs).
     pub latency: Option<Latency>,
     pub missing: usize,
+    /// RabbitMQ's and this process's CPU per message (publisher and consumer), from the first
+    /// publish to the last receipt.
+    pub cpu: CpuSplit,
 }
 
 /// Where the broker-alone publisher and consumer connect, and the kind of queue.
@@ -173,6 +178,8 @@ pub async fn broker_alone(
         ticks
     });
     let mut written = Written::default();
+    let rabbitmq = cpu::rabbitmq_pids(&endpoints.publish).unwrap_or_default();
+    let probe = CpuProbe::start(&rabbitmq);
     let started = Instant::now();
     written.started = Some(started);
     // The relay's own delivery loop, fed one message at a time: the window is its.
@@ -228,6 +235,7 @@ pub async fn broker_alone(
         }
         received = consumer.arrivals().len();
     }
+    let cpu = probe.finish(received as u64, None, None);
     let arrivals = consumer.close().await;
     let report = Report::analyze(&written, &arrivals);
     let per_sec = |end: Instant| {
@@ -245,6 +253,7 @@ pub async fn broker_alone(
         received_per_sec: last_receipt.map(per_sec).unwrap_or(0.0),
         latency: report.latency,
         missing: report.missing,
+        cpu,
     })
 }
 

@@ -8,6 +8,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::compare::CompareResults;
+use crate::cpu::CpuSplit;
+use crate::independent::{BareBrokerLimit, WalsenderLimit};
 use crate::report::Latency;
 
 /// The relay setups the reference compares.
@@ -201,6 +203,9 @@ pub struct Drain {
     /// only the A/B, --shards-sweep and --emit measure it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pg_cpu_seconds: Option<f64>,
+    /// µs of CPU per message of each process (issue 14), where they could be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuSplit>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
@@ -271,6 +276,15 @@ pub struct Limits {
     pub broker_latency: Option<LatencyMs>,
     pub broker_latency_rate: u32,
     pub decode: Option<DecodeLimit>,
+    /// The CPU split of the broker alone through the relay's publisher at --max-in-flight.
+    pub broker_cpu: Option<CpuSplit>,
+    /// Broker alone with a minimal publisher (no relay code) at --max-in-flight, the
+    /// consumer attached (issue 14).
+    pub bare_broker: Option<BareBrokerLimit>,
+    /// The same with no consumer: confirms per second.
+    pub bare_broker_no_consumer: Option<BareBrokerLimit>,
+    /// pg_recvlogical streaming a backlog of single-row transactions (issue 14).
+    pub walsender: Option<WalsenderLimit>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -309,6 +323,23 @@ impl Limits {
             .iter()
             .map(|b| b.received_per_sec)
             .reduce(f64::max)
+    }
+
+    /// The lower of the two limits that share no code with the relay, and its name: the
+    /// minimal publisher with the consumer attached, and the walsender ceiling.
+    pub fn independent(&self) -> Option<(f64, &'static str)> {
+        let broker = self
+            .bare_broker
+            .as_ref()
+            .map(|b| (b.rate(), "broker alone, minimal publisher"));
+        let walsender = self
+            .walsender
+            .as_ref()
+            .map(|w| (w.rows_per_sec, "walsender ceiling"));
+        match (broker, walsender) {
+            (Some(b), Some(w)) => Some(if w.0 < b.0 { w } else { b }),
+            (b, w) => b.or(w),
+        }
     }
 
     /// The lower of broker-alone at `window` and decoding alone: what a relay could reach.
@@ -474,7 +505,7 @@ impl Results {
         for b in &self.limits.broker {
             let _ = writeln!(
                 s,
-                "| Broker alone, window {} ({} msgs) | {} msgs/s received ({} confirmed) |",
+                "| Broker alone, relay's publisher, window {} ({} msgs) | {} msgs/s received ({} confirmed) |",
                 int(f64::from(b.window)),
                 int(b.messages as f64),
                 int(b.received_per_sec),
@@ -484,7 +515,7 @@ impl Results {
         if let Some(l) = self.limits.broker_latency {
             let _ = writeln!(
                 s,
-                "| Broker alone, publish→consumer at {} msgs/s | avg {}, p50 {}, p99 {}, max {} |",
+                "| Broker alone, relay's publisher, publish→consumer at {} msgs/s | avg {}, p50 {}, p99 {}, max {} |",
                 self.limits.broker_latency_rate,
                 ms(l.avg),
                 ms(l.p50),
@@ -501,6 +532,39 @@ impl Results {
                 int(d.rows_per_sec)
             );
         }
+        for b in [
+            &self.limits.bare_broker,
+            &self.limits.bare_broker_no_consumer,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let figure = match b.received_per_sec {
+                Some(received) => format!(
+                    "{} msgs/s received ({} confirmed)",
+                    int(received),
+                    int(b.confirmed_per_sec)
+                ),
+                None => format!("{} msgs/s confirmed", int(b.confirmed_per_sec)),
+            };
+            let _ = writeln!(
+                s,
+                "| Broker alone, minimal publisher (bare lapin, no relay code), window {}, {} ({} msgs) | {figure} |",
+                int(f64::from(b.window)),
+                if b.consumer { "consumer attached" } else { "no consumer" },
+                int(b.messages as f64)
+            );
+        }
+        if let Some(w) = &self.limits.walsender {
+            let _ = writeln!(
+                s,
+                "| Walsender ceiling ({}), {} single-row txns | {} rows/s |",
+                w.method,
+                int(w.rows as f64),
+                int(w.rows_per_sec)
+            );
+        }
+        self.cpu_split_table(&mut s);
 
         let _ = writeln!(s, "\n### Latency, commit→consumer\n");
         let _ = writeln!(
@@ -605,7 +669,7 @@ impl Results {
                 "\n### WAL reader: --max-in-flight sweep ({} rows)\n",
                 int(self.scale.sweep_rows as f64)
             );
-            let _ = writeln!(s, "| max_in_flight | Drain MPS | Broker alone MPS | ÷ broker | p99 at {} rows/s | Crash lost | Crash duplicates | Bound |\n|---|---|---|---|---|---|---|---|", self.scale.latency_rate);
+            let _ = writeln!(s, "| max_in_flight | Drain MPS | Broker alone (relay's publisher) MPS | ÷ broker | p99 at {} rows/s | Crash lost | Crash duplicates | Bound |\n|---|---|---|---|---|---|---|---|", self.scale.latency_rate);
             for r in &self.sweep {
                 let _ = writeln!(
                     s,
@@ -737,7 +801,7 @@ impl Results {
             out.push((
                 r >= 0.90,
                 format!(
-                    "drain ≥ 90 % of broker alone at window {w}: {} of {} = {}",
+                    "drain ≥ 90 % of broker alone (relay's publisher) at window {w}: {} of {} = {}",
                     int(d.msgs_per_sec),
                     int(b.received_per_sec),
                     ratio(r)
@@ -749,9 +813,22 @@ impl Results {
             out.push((
                 r >= 0.85,
                 format!(
-                    "drain ≥ 85 % of the best broker-alone figure: {} of {} = {}",
+                    "drain ≥ 85 % of the best broker-alone figure (relay's publisher): {} of {} = {}",
                     int(d.msgs_per_sec),
                     int(best),
+                    ratio(r)
+                ),
+            ));
+        }
+        if let (Some(d), Some((limit, name))) = (wal.drain.as_ref(), self.limits.independent()) {
+            let r = d.msgs_per_sec / limit;
+            out.push((
+                r >= 0.90,
+                format!(
+                    "drain ≥ 90 % of the lower independent limit, min(broker alone with the \
+                     minimal publisher, walsender ceiling) = {name}: {} of {} = {}",
+                    int(d.msgs_per_sec),
+                    int(limit),
                     ratio(r)
                 ),
             ));
@@ -1081,6 +1158,13 @@ mod tests {
             cpu_seconds_per_100k: 2.0,
             peak_rss_mib: 20.5,
             pg_cpu_seconds: None,
+            cpu: Some(CpuSplit {
+                messages: 200_000,
+                relay_us: Some(20.0),
+                walsender_us: Some(12.5),
+                rabbitmq_us: Some(40.0),
+                bench_us: None,
+            }),
         };
         let latency = LatencyMs {
             samples: 100,
@@ -1119,6 +1203,34 @@ mod tests {
                     rows_per_sec: 80_000.0,
                     method: "m".into(),
                 }),
+                bare_broker: Some(BareBrokerLimit {
+                    window: 1024,
+                    messages: 1000,
+                    consumer: true,
+                    confirmed_per_sec: 25_000.0,
+                    received_per_sec: Some(24_000.0),
+                    cpu: Some(CpuSplit {
+                        messages: 1000,
+                        rabbitmq_us: Some(30.0),
+                        bench_us: Some(8.0),
+                        ..CpuSplit::default()
+                    }),
+                }),
+                bare_broker_no_consumer: Some(BareBrokerLimit {
+                    window: 1024,
+                    messages: 1000,
+                    consumer: false,
+                    confirmed_per_sec: 30_000.0,
+                    received_per_sec: None,
+                    cpu: None,
+                }),
+                walsender: Some(WalsenderLimit {
+                    rows: 1000,
+                    seconds: 0.05,
+                    rows_per_sec: 21_000.0,
+                    method: "pg_recvlogical".into(),
+                }),
+                ..Limits::default()
             },
             ..Results::default()
         };
@@ -1182,7 +1294,27 @@ mod tests {
                 "{row}"
             );
         }
-        assert!(text.contains("Broker alone, window 1,024"), "{text}");
+        assert!(
+            text.contains("| Broker alone, relay's publisher, window 1,024 (1,000 msgs) |"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "| Broker alone, minimal publisher (bare lapin, no relay code), window 1,024, \
+                 consumer attached (1,000 msgs) | 24,000 msgs/s received (25,000 confirmed) |"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("no consumer (1,000 msgs) | 30,000 msgs/s confirmed |"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "| Walsender ceiling (pg_recvlogical), 1,000 single-row txns | 21,000 rows/s |"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
@@ -1195,7 +1327,19 @@ mod tests {
                 .find(|(_, t)| t.starts_with(prefix))
                 .map(|(met, _)| *met)
         };
-        assert_eq!(find("drain ≥ 90 %"), Some(true));
+        assert_eq!(find("drain ≥ 90 % of broker alone"), Some(true));
+        // 20,000 of min(24,000, 21,000): the walsender is the lower.
+        let independent = targets
+            .iter()
+            .find(|(_, t)| t.contains("lower independent limit"))
+            .expect("the independent limits' target");
+        assert!(independent.0, "{independent:?}");
+        assert!(
+            independent
+                .1
+                .ends_with("= walsender ceiling: 20,000 of 21,000 = 95 %"),
+            "{independent:?}"
+        );
         // 1.0 vs 0.8 ms is 1.25×; 4.0 vs 1.0 ms is 4×.
         assert_eq!(find("p50 ≤ 1.5×"), Some(true));
         assert_eq!(find("p99 ≤ 3×"), Some(false));
@@ -1309,6 +1453,7 @@ mod tests {
             cpu_seconds_per_100k: cpu * 100_000.0 / received as f64,
             peak_rss_mib: 20.0,
             pg_cpu_seconds: Some(pg),
+            cpu: None,
         }
     }
 
@@ -1414,10 +1559,35 @@ mod tests {
     }
 
     #[test]
+    fn the_cpu_split_has_a_row_per_drain_and_limit() {
+        let text = sample().markdown();
+        assert!(text.contains("### CPU split, µs per message"), "{text}");
+        assert!(
+            text.contains(
+                "| WAL reader: drain, single-row txns | 200,000 | 20.0 | 12.5 | 40.0 | — | 72.5 |"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "| Broker alone, minimal publisher, window 1,024, consumer attached | 1,000 | — | — | 30.0 | 8.0 | 38.0 |"
+            ),
+            "{text}"
+        );
+        // A run that measured no split has no table.
+        assert!(!Results::default().markdown().contains("CPU split"));
+    }
+
+    #[test]
     fn json_has_the_same_figures() {
         let json = serde_json::to_value(sample()).expect("serialises");
         assert_eq!(json["modes"][2]["mode"], "WAL reader");
         assert_eq!(json["modes"][2]["drain"]["msgs_per_sec"], 20_000.0);
         assert_eq!(json["limits"]["broker"][0]["window"], 1024);
+        assert_eq!(json["limits"]["bare_broker"]["received_per_sec"], 24_000.0);
+        assert_eq!(json["limits"]["bare_broker"]["cpu"]["rabbitmq_us"], 30.0);
+        assert_eq!(json["limits"]["bare_broker_no_consumer"]["consumer"], false);
+        assert_eq!(json["limits"]["walsender"]["rows_per_sec"], 21_000.0);
+        assert_eq!(json["modes"][2]["drain"]["cpu"]["walsender_us"], 12.5);
     }
 }

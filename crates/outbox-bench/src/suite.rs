@@ -18,6 +18,8 @@ use tokio::time::Instant;
 use tokio_postgres::Client;
 
 use crate::compare::CompareSetup;
+use crate::cpu::{self, CpuProbe};
+use crate::independent::{self, BareBroker};
 use crate::limits::{self, Endpoints};
 use crate::relay::{Relay, RelayBinary};
 use crate::report::Report;
@@ -230,6 +232,19 @@ struct Objects {
     wal: bool,
     /// `setup --shards`: 1, or that many publications and slots suffixed `_<k>`.
     shards: u32,
+}
+
+impl Objects {
+    /// The slots `setup` made: one, or one per shard suffixed `_<k>`.
+    fn slot_names(&self) -> Vec<String> {
+        if self.shards > 1 {
+            (0..self.shards)
+                .map(|k| format!("{}_{k}", self.slot))
+                .collect()
+        } else {
+            vec![self.slot.clone()]
+        }
+    }
 }
 
 /// What a backlog is made of.
@@ -821,6 +836,13 @@ impl Bench {
         let pg_cpu_before = postmaster
             .map(procfs::process_and_children_cpu)
             .transpose()?;
+        // The CPU split (issue 14): RabbitMQ and this process from here; the relay's and its
+        // walsenders' at the end (they start with the drain).
+        let walsender_parent = match setup {
+            Setup::Wal { .. } => self.postmaster_pid().await.ok(),
+            Setup::Poll { .. } => None,
+        };
+        let cpu_probe = CpuProbe::start(&self.rabbitmq_pids());
         let started = Instant::now();
         let relays = (0..shards)
             .map(|k| self.start_shard(setup, &o, "drain", k))
@@ -834,6 +856,14 @@ impl Bench {
             cpu += usage.cpu;
             peak_rss_kib = peak_rss_kib.max(usage.peak_rss_kib);
         }
+        let walsender_cpu = match walsender_parent {
+            Some(parent) => cpu::walsender_cpu(&self.admin, &o.slot_names(), parent)
+                .await
+                .map_err(|e| self.say(&format!("  no walsender CPU: {e:#}")))
+                .ok(),
+            None => None,
+        };
+        let cpu_split = cpu_probe.finish(received, Some(cpu), walsender_cpu);
         let complete = received >= rows;
         let end = if complete {
             last.unwrap_or(window_end)
@@ -871,6 +901,7 @@ impl Bench {
             },
             peak_rss_mib: peak_rss_kib as f64 / 1024.0,
             pg_cpu_seconds,
+            cpu: Some(cpu_split),
         };
         self.say(&format!(
             "  {:.0} msgs/s ({received} in {seconds:.2} s), cpu {cpu_seconds:.2} s{}, peak rss {:.1} MiB",
@@ -878,6 +909,9 @@ impl Bench {
             pg_cpu_seconds.map_or(String::new(), |s| format!(", PostgreSQL cpu {s:.2} s")),
             drain.peak_rss_mib
         ));
+        if let Some(c) = &drain.cpu {
+            self.say(&cpu_split_line(c));
+        }
         Ok(drain)
     }
 
@@ -1232,6 +1266,10 @@ impl Bench {
                 "  {:.0} msgs/s received, {:.0} confirmed",
                 run.received_per_sec, run.confirmed_per_sec
             ));
+            if window == self.args.max_in_flight {
+                self.say(&cpu_split_line(&run.cpu));
+                results.limits.broker_cpu = Some(run.cpu.clone());
+            }
             results.limits.broker.push(BrokerLimit {
                 window,
                 messages: run.messages,
@@ -1277,7 +1315,93 @@ impl Bench {
             rows_per_sec: decoded.rows_per_sec,
             method: "pgwire-replication + our decoder and mapper, nothing published".into(),
         });
+        self.independent_limits(results).await
+    }
+
+    /// The limits that share no code with the relay ([`independent`], issue 14): broker alone
+    /// with the minimal publisher at --max-in-flight, with the consumer and without, then the
+    /// walsender ceiling on a backlog like the drain's.
+    async fn independent_limits(&mut self, results: &mut Results) -> Result<()> {
+        let window = self.args.max_in_flight;
+        let messages = self.scale.drain_rows;
+        for consumer in [true, false] {
+            self.runs += 1;
+            let queue = format!("bench_{}", self.runs);
+            self.say(&format!(
+                "broker alone, minimal publisher: window {window}, {messages} messages, {}",
+                if consumer {
+                    "consumer attached"
+                } else {
+                    "no consumer"
+                }
+            ));
+            let run = independent::bare_broker_alone(&BareBroker {
+                url: &self.endpoints.publish,
+                exchange: &self.args.exchange,
+                queue: &queue,
+                queue_arguments: self.endpoints.queue_arguments.clone(),
+                window: window as usize,
+                messages,
+                consumer,
+            })
+            .await?;
+            self.say(&format!(
+                "  {} msgs/s received, {:.0} confirmed",
+                run.received_per_sec
+                    .map_or("—".to_string(), |r| format!("{r:.0}")),
+                run.confirmed_per_sec
+            ));
+            if let Some(c) = &run.cpu {
+                self.say(&cpu_split_line(c));
+            }
+            if consumer {
+                results.limits.bare_broker = Some(run);
+            } else {
+                results.limits.bare_broker_no_consumer = Some(run);
+            }
+        }
+
+        let rows = self.scale.drain_rows.max(1);
+        let o = self.objects(true).await?;
+        self.say(&format!(
+            "walsender ceiling: {rows} rows streamed by pg_recvlogical"
+        ));
+        // The last row is committed on its own, for pg_recvlogical to stop at its commit.
+        self.seed(&o, rows - 1, 1).await?;
+        let endpos =
+            independent::end_marker_row(&self.admin, &o.table, &o.event_type, rows).await?;
+        let bin = independent::pg_recvlogical(&self.admin).await?;
+        let run = independent::walsender_ceiling(
+            &bin,
+            &self.args.servers.database_url,
+            &o.slot,
+            &o.publication,
+            &endpos,
+            rows,
+        )
+        .await?;
+        self.drop_objects(o).await?;
+        self.say(&format!(
+            "  {:.0} rows/s ({rows} in {:.2} s)",
+            run.rows_per_sec, run.seconds
+        ));
+        results.limits.walsender = Some(run);
         Ok(())
+    }
+
+    /// The RabbitMQ processes behind the relay's AMQP URLs, if they run on this machine.
+    fn rabbitmq_pids(&self) -> Vec<u32> {
+        match cpu::rabbitmq_pids(&self.relay.amqp_url) {
+            Ok(pids) if !pids.is_empty() => pids,
+            Ok(_) => {
+                self.say("  no process here listens on the relay's AMQP ports: no RabbitMQ CPU");
+                Vec::new()
+            }
+            Err(e) => {
+                self.say(&format!("  no RabbitMQ CPU: {e:#}"));
+                Vec::new()
+            }
+        }
     }
 
     /// The broker alone ([`limits::broker_alone`]) on a fresh queue.
@@ -1565,6 +1689,18 @@ fn variant_name(emit: bool) -> &'static str {
     } else {
         "table insert"
     }
+}
+
+/// A CPU split as a progress line.
+fn cpu_split_line(c: &crate::cpu::CpuSplit) -> String {
+    let us = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.1}"));
+    format!(
+        "  cpu µs/msg: relay {}, walsender {}, rabbitmq {}, bench {}",
+        us(c.relay_us),
+        us(c.walsender_us),
+        us(c.rabbitmq_us),
+        us(c.bench_us)
+    )
 }
 
 fn per_sec(count: u64, seconds: f64) -> f64 {

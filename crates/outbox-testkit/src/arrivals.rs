@@ -304,8 +304,9 @@ impl<'a> Outstanding<'a> {
 }
 
 /// Checks the exchange exists, declares the durable queue, binds it, and purges it if asked;
-/// returns how many messages the purge removed.
-async fn declare(channel: &Channel, spec: &QueueSpec) -> Result<u32> {
+/// returns how many messages the purge removed. What [`ArrivalConsumer::start`] does before
+/// consuming; the benchmark's broker alone without a consumer declares its queue with it too.
+pub async fn declare(channel: &Channel, spec: &QueueSpec) -> Result<u32> {
     let passive = ExchangeDeclareOptions {
         passive: true,
         durable: true,

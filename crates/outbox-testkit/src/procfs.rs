@@ -10,6 +10,10 @@
 //!
 //! It only reads /proc, and a figure it cannot read is an error, never a zero that would
 //! flatter the relay.
+//!
+//! Finding a server's process: [`listening_pids`] names the processes holding the listening
+//! TCP socket of a port (`/proc/net/tcp{,6}` gives the socket's inode, `/proc/<pid>/fd` who
+//! holds it): the RabbitMQ node behind an AMQP URL, whatever its node name or command line.
 
 use std::time::Duration;
 
@@ -103,6 +107,64 @@ pub fn process_and_children_cpu(pid: u32) -> Result<Duration> {
     Ok(total)
 }
 
+/// The processes holding a socket that listens on TCP `port` (any local address, IPv4 or
+/// IPv6), in pid order; empty if nothing on this machine listens there. Needs the right to
+/// read other users' `/proc/<pid>/fd` (root) for a server run by another user.
+pub fn listening_pids(port: u16) -> Result<Vec<u32>> {
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        // A kernel without IPv6 has no tcp6 table.
+        if let Ok(text) = std::fs::read_to_string(table) {
+            inodes.extend(listening_inodes(&text, port));
+        }
+    }
+    if inodes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sockets: Vec<String> = inodes.iter().map(|i| format!("socket:[{i}]")).collect();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").context("cannot list /proc")? {
+        let Some(pid) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // Processes that end mid-scan, or whose fds we may not read, are skipped.
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        let holds = fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|target| sockets.iter().any(|s| target.as_os_str() == s.as_str()))
+        });
+        if holds {
+            pids.push(pid);
+        }
+    }
+    pids.sort_unstable();
+    Ok(pids)
+}
+
+/// The inodes of the sockets in LISTEN state on `port` in the text of `/proc/net/tcp` or
+/// `/proc/net/tcp6` (`local_address` is `HEXADDR:HEXPORT`, `st` 0A is LISTEN, `inode` the
+/// tenth field).
+fn listening_inodes(table: &str, port: u16) -> Vec<u64> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (_, local_port) = fields.get(1)?.rsplit_once(':')?;
+            let listening = *fields.get(3)? == "0A";
+            (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+                .then(|| fields.get(9)?.parse().ok())
+                .flatten()
+        })
+        .collect()
+}
+
 /// `VmHWM` in KiB from the text of `/proc/<pid>/status`.
 pub fn peak_rss_kib(status: &str) -> Result<u64> {
     status
@@ -137,6 +199,22 @@ mod tests {
         );
         let own = process_and_children_cpu(std::process::id()).expect("own /proc entry");
         assert!(own >= usage(std::process::id()).expect("own").cpu);
+    }
+
+    #[test]
+    fn listening_sockets_by_port() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+                     0: 0100007F:4E3B 00000000:0000 0A 00000000:00000000 00:00000000 00000000   108        0 91234 1 0 100 0 0 10 0\n\
+                     1: 0100007F:4E3B 0100007F:9C40 01 00000000:00000000 00:00000000 00000000   108        0 91299 1 0 20 4 30 10 -1\n\
+                     2: 00000000:1538 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 555 1 0 100 0 0 10 0\n";
+        // 0x4E3B = 20027: the listener, not the connection to it.
+        assert_eq!(listening_inodes(table, 20027), [91234]);
+        assert_eq!(listening_inodes(table, 5432), [555]);
+        assert!(listening_inodes(table, 5672).is_empty());
+
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        assert_eq!(listening_pids(port).expect("scan"), [std::process::id()]);
     }
 
     #[test]
