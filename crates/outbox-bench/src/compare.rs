@@ -163,12 +163,14 @@ pub struct CompareRun {
     pub drain: Drain,
 }
 
-/// The broker alone ([`crate::limits::broker_alone`], with its consumer) in one round.
+/// The broker alone in one round: the minimal publisher ([`crate::independent`]), with a
+/// consumer exactly when the drains have one.
 #[derive(Debug, Clone, Serialize)]
 pub struct CompareBroker {
     pub round: u32,
     pub messages: u64,
-    pub received_per_sec: f64,
+    /// With a consumer: messages per second to its last receipt.
+    pub received_per_sec: Option<f64>,
     pub confirmed_per_sec: f64,
 }
 
@@ -210,7 +212,7 @@ impl CompareResults {
         }
         let of = |b: &CompareBroker| {
             if self.consumer {
-                b.received_per_sec
+                b.received_per_sec.unwrap_or(0.0)
             } else {
                 b.confirmed_per_sec
             }
@@ -301,16 +303,28 @@ impl CompareResults {
                 .join(" · ")
         };
         let medians = |f: fn(&CompareBroker) -> f64| median(self.broker.iter().map(f).collect());
-        if !self.broker.is_empty() {
+        let confirmed = |b: &CompareBroker| b.confirmed_per_sec;
+        if !self.broker.is_empty() && self.consumer {
+            let received = |b: &CompareBroker| b.received_per_sec.unwrap_or(0.0);
             let _ = writeln!(
                 s,
-                "\nBroker alone at window {} (each round, with its consumer): {} msgs/s \
-                 received, median {}; {} confirmed, median {}.",
+                "\nBroker alone, minimal publisher (bare lapin, no relay code) at window {}, \
+                 consumer attached (each round): {} msgs/s received, median {}; {} confirmed, \
+                 median {}.",
                 int(f64::from(self.window)),
-                each(|b| b.received_per_sec),
-                int(medians(|b| b.received_per_sec)),
-                each(|b| b.confirmed_per_sec),
-                int(medians(|b| b.confirmed_per_sec)),
+                each(received),
+                int(medians(received)),
+                each(confirmed),
+                int(medians(confirmed)),
+            );
+        } else if !self.broker.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nBroker alone, minimal publisher (bare lapin, no relay code) at window {}, no \
+                 consumer (each round): {} msgs/s confirmed, median {}.",
+                int(f64::from(self.window)),
+                each(confirmed),
+                int(medians(confirmed)),
             );
         }
 
@@ -496,7 +510,7 @@ mod tests {
         let broker = |round, received_per_sec| CompareBroker {
             round,
             messages: 10_000,
-            received_per_sec,
+            received_per_sec: Some(received_per_sec),
             confirmed_per_sec: received_per_sec + 1_000.0,
         };
         let mut c = CompareResults {
