@@ -17,7 +17,9 @@ use common::{
     declare_bound_queue, pg_connect, queue_message_count, services, unique_name, Consumer,
     RabbitServer, Received, RelayProcess,
 };
-use outbox_relay::config::{OnPublished, OutboxNames};
+use outbox_relay::config::{
+    OnPublished, OutboxNames, DEFAULT_POLL_BATCH_SIZE, DEFAULT_POLL_WORKERS,
+};
 use outbox_relay::poll::table::OutboxTable;
 use outbox_relay::setup;
 use tokio_postgres::Client;
@@ -385,9 +387,10 @@ async fn on_published_delete_kill_9_mid_backlog_loses_nothing_and_leaves_an_empt
     kill_9_mid_backlog(OnPublished::Delete).await;
 }
 
+/// At the defaults (issue 16): no --workers or --batch-size.
 async fn kill_9_mid_backlog(on_published: OnPublished) {
-    const WORKERS: usize = 2;
-    const BATCH: usize = 200;
+    const WORKERS: usize = DEFAULT_POLL_WORKERS as usize;
+    const BATCH: usize = DEFAULT_POLL_BATCH_SIZE as usize;
     const ROWS: i64 = 20_000;
     let prefix = match on_published {
         OnPublished::Mark => "poll_kill",
@@ -404,14 +407,7 @@ async fn kill_9_mid_backlog(on_published: OnPublished) {
         OnPublished::Delete => "delete",
     };
 
-    let args = [
-        "--workers",
-        "2",
-        "--batch-size",
-        "200",
-        "--on-published",
-        mode,
-    ];
+    let args = ["--on-published", mode];
     let relay = outbox.spawn_poll(&args);
     let done = wait_count(&client, &settled_sql, |n| n >= 2_000).await;
     relay.kill9();
