@@ -79,7 +79,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 100)]
     pub status_interval_ms: u64,
 
-    /// The --max-in-flight values of the sweep (comma-separated; empty to skip the sweep).
+    /// The --max-in-flight values of the sweep (comma-separated; only --max-in-flight: no extra
+    /// run, the suite's own figures are reused).
     #[arg(long, value_delimiter = ',', default_value = "256,1024,4096,16384")]
     pub sweep: Vec<u32>,
 
