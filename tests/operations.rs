@@ -1214,10 +1214,7 @@ async fn print_sql_for_unusual_names_creates_exactly_those_objects_and_the_relay
         relay.log()
     );
     relay.stop().await;
-    client
-        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
-        .await
-        .expect("drop the slot");
+    common::pg::drop_slot_once_released(&client, &slot).await;
 }
 
 /// A malformed URL is a definite error: `run` and `poll` stop at once with exit 1 and one

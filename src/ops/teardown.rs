@@ -5,7 +5,8 @@
 //! (or `max_slot_wal_keep_size` invalidates it). A relay that is retired for good must
 //! therefore take its slot with it. The reverse danger is dropping a slot that is still
 //! needed: rows committed from then on reach no slot. Hence `--yes`, and a refusal while a
-//! process streams from the slot.
+//! process streams from the slot (after a few seconds' grace for a walsender whose relay has
+//! just stopped).
 //!
 //! The slot goes first: it is what pins WAL, and a role may be allowed to drop it (every
 //! REPLICATION role may) but not the publication (only its owner may). The table and the
@@ -15,6 +16,9 @@
 //! dropping anything while any shard's slot is streamed: a half-done teardown would leave
 //! some shards delivering and others not.
 
+use std::time::Duration;
+
+use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
@@ -22,7 +26,7 @@ use crate::config::TeardownArgs;
 use crate::db::{self, quote_ident};
 use crate::error::RelayError;
 use crate::shard::Shard;
-use crate::wal::slot::read_slot;
+use crate::wal::slot::{read_slot, SlotReport};
 
 pub async fn run(args: TeardownArgs) -> Result<(), RelayError> {
     let names = &args.names;
@@ -106,9 +110,32 @@ fn quoted(names: &[String]) -> String {
         .join(", ")
 }
 
+/// How long teardown waits for a slot's walsender to go before refusing: a relay stopped a
+/// moment ago (`systemctl stop … && outbox-relay teardown --yes`) leaves a walsender that
+/// exits within milliseconds of noticing, and refusing then would be a false alarm.
+const RELEASE_GRACE: Duration = Duration::from_secs(5);
+const RELEASE_POLL: Duration = Duration::from_millis(100);
+
+/// The slot's report once no process streams from it, or the last one read after
+/// [`RELEASE_GRACE`] (still active) or `None` if it does not exist.
+async fn read_slot_once_released(
+    client: &Client,
+    slot: &str,
+) -> Result<Option<SlotReport>, RelayError> {
+    let deadline = Instant::now() + RELEASE_GRACE;
+    loop {
+        let report = read_slot(client, slot).await?;
+        let active = report.as_ref().is_some_and(|r| r.active_pid.is_some());
+        if !active || Instant::now() >= deadline {
+            return Ok(report);
+        }
+        tokio::time::sleep(RELEASE_POLL).await;
+    }
+}
+
 /// An error if a process streams from `slot`.
 async fn refuse_if_active(client: &Client, slot: &str) -> Result<(), RelayError> {
-    match read_slot(client, slot).await? {
+    match read_slot_once_released(client, slot).await? {
         Some(report) => match report.active_pid {
             Some(pid) => Err(RelayError::SlotActive {
                 slot: slot.to_string(),

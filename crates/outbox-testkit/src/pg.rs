@@ -385,6 +385,24 @@ pub async fn wait_count(
     }
 }
 
+/// Drops `slot` once no walsender holds it: a stopped relay's walsender exits a moment after
+/// the relay does, and dropping an active slot fails.
+pub async fn drop_slot_once_released(client: &Client, slot: &str) {
+    let active = format!(
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND active",
+        slot.replace('\'', "''")
+    );
+    let released = wait_count(client, &active, std::time::Duration::from_secs(30), |n| {
+        n == 0
+    })
+    .await;
+    assert!(released.is_ok(), "slot {slot} still active after 30 s");
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await
+        .expect("drop the slot");
+}
+
 /// `"name"`, with embedded quotes doubled.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
