@@ -11,7 +11,9 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::results::{int, median, ms, or_dash, ratio, us_per_msg, Drain, LatencyRun};
+use crate::results::{
+    drain_run_cells, int, median, ms, or_dash, ratio, us_per_msg, Drain, LatencyRun,
+};
 
 /// `poll --workers` accepts 1 to this (src/config.rs): refused here before any run starts.
 const MAX_WORKERS: u32 = 256;
@@ -284,15 +286,11 @@ impl CompareResults {
             let d = &run.drain;
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {:.1} | {} | {:.1} | {} |",
+                "| {} | {} | {} | {} |",
                 run.round,
                 run.setup,
                 run.load,
-                int(d.msgs_per_sec),
-                us_per_msg(d.cpu_seconds, d),
-                or_dash(d.pg_cpu_seconds, |c| format!("{:.1}", us_per_msg(c, d))),
-                d.peak_rss_mib,
-                d.complete
+                drain_run_cells(d)
             );
         }
         let each = |f: fn(&CompareBroker) -> f64| {

@@ -93,6 +93,19 @@ pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// One drain's cells of a per-run table: MPS, relay CPU and PostgreSQL CPU per message,
+/// peak RSS, complete.
+pub(crate) fn drain_run_cells(d: &Drain) -> String {
+    format!(
+        "{} | {:.1} | {} | {:.1} | {}",
+        int(d.msgs_per_sec),
+        us_per_msg(d.cpu_seconds, d),
+        or_dash(d.pg_cpu_seconds, |c| format!("{:.1}", us_per_msg(c, d))),
+        d.peak_rss_mib,
+        d.complete
+    )
+}
+
 /// Microseconds per message of `seconds` of CPU over a drain's received messages.
 pub(crate) fn us_per_msg(seconds: f64, d: &Drain) -> f64 {
     if d.received > 0 {
@@ -917,15 +930,11 @@ impl Results {
             let d = &run.drain;
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {:.1} | {} | {:.1} | {} |",
+                "| {} | {} | {} | {} |",
                 run.round,
                 run.shards,
                 run.load,
-                int(d.msgs_per_sec),
-                us_per_msg(d.cpu_seconds, d),
-                or_dash(d.pg_cpu_seconds, |c| format!("{:.1}", us_per_msg(c, d))),
-                d.peak_rss_mib,
-                d.complete
+                drain_run_cells(d)
             );
         }
         let broker = median(

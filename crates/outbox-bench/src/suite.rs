@@ -19,7 +19,7 @@ use tokio_postgres::Client;
 
 use crate::compare::CompareSetup;
 use crate::cpu::{self, CpuProbe};
-use crate::independent::{self, BareBroker};
+use crate::independent::{self, BareBroker, BareBrokerLimit};
 use crate::limits::{self, Endpoints};
 use crate::relay::{Relay, RelayBinary};
 use crate::report::Report;
@@ -1322,12 +1322,38 @@ impl Bench {
     /// The limits that share no code with the relay ([`independent`], issue 14): broker alone
     /// with the minimal publisher at --max-in-flight, with the consumer and without, then the
     /// walsender ceiling on a backlog like the drain's.
+    /// One run of the minimal publisher (broker alone, no relay code) on a queue of its own.
+    async fn bare_broker(
+        &mut self,
+        window: u32,
+        messages: u64,
+        consumer: bool,
+    ) -> Result<BareBrokerLimit> {
+        self.runs += 1;
+        let queue = format!("bench_{}", self.runs);
+        let run = independent::bare_broker_alone(&BareBroker {
+            url: &self.endpoints.publish,
+            exchange: &self.args.exchange,
+            queue: &queue,
+            queue_arguments: self.endpoints.queue_arguments.clone(),
+            window: window as usize,
+            messages,
+            consumer,
+        })
+        .await?;
+        self.say(&format!(
+            "  {} msgs/s received, {:.0} confirmed",
+            run.received_per_sec
+                .map_or("—".to_string(), |r| format!("{r:.0}")),
+            run.confirmed_per_sec
+        ));
+        Ok(run)
+    }
+
     async fn independent_limits(&mut self, results: &mut Results) -> Result<()> {
         let window = self.args.max_in_flight;
         let messages = self.scale.drain_rows;
         for consumer in [true, false] {
-            self.runs += 1;
-            let queue = format!("bench_{}", self.runs);
             self.say(&format!(
                 "broker alone, minimal publisher: window {window}, {messages} messages, {}",
                 if consumer {
@@ -1336,22 +1362,7 @@ impl Bench {
                     "no consumer"
                 }
             ));
-            let run = independent::bare_broker_alone(&BareBroker {
-                url: &self.endpoints.publish,
-                exchange: &self.args.exchange,
-                queue: &queue,
-                queue_arguments: self.endpoints.queue_arguments.clone(),
-                window: window as usize,
-                messages,
-                consumer,
-            })
-            .await?;
-            self.say(&format!(
-                "  {} msgs/s received, {:.0} confirmed",
-                run.received_per_sec
-                    .map_or("—".to_string(), |r| format!("{r:.0}")),
-                run.confirmed_per_sec
-            ));
+            let run = self.bare_broker(window, messages, consumer).await?;
             if let Some(c) = &run.cpu {
                 self.say(&cpu_split_line(c));
             }

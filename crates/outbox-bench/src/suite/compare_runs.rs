@@ -10,7 +10,6 @@ use super::{Bench, Distinct, DrainSpec, Seed, Setup};
 use crate::compare::{
     check_distinct, CompareBroker, CompareLatency, CompareResults, CompareRun, CompareSetup,
 };
-use crate::independent::{self, BareBroker};
 use crate::results::{load_average, Results};
 use outbox_testkit::arrivals::{ArrivalConsumer, QueueDepth, QueueSpec};
 
@@ -43,26 +42,8 @@ impl Bench {
                 "compare round {round}: broker alone (minimal publisher), window {window}, {rows} messages, load {}",
                 load_average()
             ));
-            // The independent limit (issue 14): a bare lapin publisher, no relay code, with a
-            // consumer exactly when the drains have one.
-            self.runs += 1;
-            let queue = format!("bench_{}", self.runs);
-            let run = independent::bare_broker_alone(&BareBroker {
-                url: &self.endpoints.publish,
-                exchange: &self.args.exchange,
-                queue: &queue,
-                queue_arguments: self.endpoints.queue_arguments.clone(),
-                window: window as usize,
-                messages: rows,
-                consumer,
-            })
-            .await?;
-            self.say(&format!(
-                "  {} msgs/s received, {:.0} confirmed",
-                run.received_per_sec
-                    .map_or("—".to_string(), |r| format!("{r:.0}")),
-                run.confirmed_per_sec
-            ));
+            // The independent limit (issue 14), with a consumer exactly when the drains have one.
+            let run = self.bare_broker(window, rows, consumer).await?;
             c.broker.push(CompareBroker {
                 round,
                 messages: run.messages,
