@@ -688,7 +688,7 @@ impl Bench {
         let event_type = quote_literal(&o.event_type);
         let payload = format!(
             "jsonb_build_object('order_id', i, 'customer_id', i % 9973, 'status', 'created', \
-               'currency', 'EUR', 'total_cents', (i * 7919) % 100000, \
+               'currency', 'EUR', 'total_cents', (i::bigint * 7919) % 100000, \
                'note', repeat('x', {ORDER_NOTE_LEN}))"
         );
         let write = match seed {
