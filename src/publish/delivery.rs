@@ -109,7 +109,7 @@ pub async fn deliver<T: AckToken + Clone>(
     let mut waiting_since = Instant::now();
     // At most one round trip at a time, with the barrier it was sent for.
     let mut round_trip: Option<(u64, RoundTrip)> = None;
-    let outcome = loop {
+    let outcome = 'delivery: loop {
         // Settle and pass ack points in turn: an ack point between two settleable publishes
         // must not hold the second back.
         let mut advanced = false;
@@ -191,32 +191,50 @@ pub async fn deliver<T: AckToken + Clone>(
                 }
             }
 
-            item = input.recv(), if input_open && room => match item {
-                Some(Input::Publish { message, dead_letter, committed_at }) => {
-                    if queue.in_flight() == 0 {
-                        waiting_since = Instant::now();
+            item = input.recv(), if input_open && room => {
+                // Everything already queued is taken in one pass (up to the window): under a
+                // backlog one wake-up publishes a burst, and the frames go out together.
+                let mut item = item;
+                loop {
+                    match item {
+                        Some(Input::Publish { message, dead_letter, committed_at }) => {
+                            if queue.in_flight() == 0 {
+                                waiting_since = Instant::now();
+                            }
+                            let message_id = message.message_id.clone();
+                            // One poll queues the frames: publishing in input order keeps
+                            // delivery tags in input order.
+                            let stage = match Stage::start(broker, message).await {
+                                Ok(stage) => stage,
+                                Err(e) => break 'delivery Err(e.into()),
+                            };
+                            metrics.published.increment(1);
+                            metrics.in_flight.increment(1.0);
+                            let pending = InFlight { stage, committed_at };
+                            match dead_letter {
+                                None => queue.push_publish(message_id, pending),
+                                Some(reason) => queue.push_dead_letter(message_id, reason, pending),
+                            }
+                        }
+                        Some(Input::AckPoint(token)) => {
+                            queue.push_ack_point(token);
+                            metrics.ack_points.set(queue.ack_points() as f64);
+                        }
+                        None => {
+                            input_open = false;
+                            break;
+                        }
                     }
-                    let message_id = message.message_id.clone();
-                    // One poll queues the frames: publishing in input order keeps delivery
-                    // tags in input order.
-                    let stage = match Stage::start(broker, message).await {
-                        Ok(stage) => stage,
-                        Err(e) => break Err(e.into()),
+                    if queue.in_flight() >= window {
+                        break;
+                    }
+                    item = match input.try_recv() {
+                        Ok(next) => Some(next),
+                        Err(mpsc::error::TryRecvError::Empty) => break,
+                        Err(mpsc::error::TryRecvError::Disconnected) => None,
                     };
-                    metrics.published.increment(1);
-                    metrics.in_flight.increment(1.0);
-                    let pending = InFlight { stage, committed_at };
-                    match dead_letter {
-                        None => queue.push_publish(message_id, pending),
-                        Some(reason) => queue.push_dead_letter(message_id, reason, pending),
-                    }
                 }
-                Some(Input::AckPoint(token)) => {
-                    queue.push_ack_point(token);
-                    metrics.ack_points.set(queue.ack_points() as f64);
-                }
-                None => input_open = false,
-            },
+            }
 
             () = tokio::time::sleep_until(deadline), if timing => {
                 break Err(RelayError::ConfirmTimeout {

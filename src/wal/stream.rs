@@ -95,6 +95,40 @@ impl StreamReader<'_> {
         // keeps the replay after a broker failure small.
         let outcome: Result<(), RelayError> = async {
             loop {
+                // Under a backlog the stream is always ready, and the select below then polls
+                // nothing else: the acknowledgements and the stop request are looked at here,
+                // without registering a waiter for each of them once per event.
+                match acked.has_changed() {
+                    Ok(true) => take_acknowledged(
+                        &mut acked,
+                        &mut applied,
+                        &client,
+                        &health,
+                        &mut stuck_reported,
+                    ),
+                    Ok(false) => {}
+                    // Closed: the delivery task ended. Its last acknowledgement may still be
+                    // unseen (has_changed reports the closing first).
+                    Err(_) => {
+                        take_acknowledged(
+                            &mut acked,
+                            &mut applied,
+                            &client,
+                            &health,
+                            &mut stuck_reported,
+                        );
+                        return delivery_outcome(&mut delivery, &mut source_error).await;
+                    }
+                }
+                let reading = inputs.is_some();
+                let can_stop = reading && !source.in_transaction();
+                // A stop request is honoured only between transactions: the current one
+                // finishes, so a restart after a graceful stop publishes no duplicate.
+                if can_stop && shutdown.is_cancelled() {
+                    tracing::info!("stopping between transactions");
+                    inputs = None;
+                    continue;
+                }
                 let room = inputs.as_ref().is_some_and(|inputs| inputs.capacity() > 0);
                 if !room {
                     waiting_since = None;
@@ -105,55 +139,10 @@ impl StreamReader<'_> {
                     (Some(since), Some(limit)) => Some(since + limit),
                     _ => None,
                 };
-                let reading = inputs.is_some();
-                let can_stop = reading && !source.in_transaction();
                 // Set by a branch below: close the inputs once the select is over.
                 let mut stop_reading = false;
                 tokio::select! {
                     biased;
-
-                    changed = acked.changed() => {
-                        if changed.is_err() {
-                            // The delivery task ended: it settled everything it took, or failed.
-                            let delivered = (&mut delivery)
-                                .await
-                                .unwrap_or_else(|e| Err(RelayError::Task(e.to_string())));
-                            return delivered.and(source_error.take().map_or(Ok(()), Err));
-                        }
-                        let acked = acked.borrow_and_update();
-                        if let Some(position) = acked.token {
-                            if position.lsn > applied {
-                                applied = position.lsn;
-                                client.update_applied_lsn(applied);
-                                health.record_acknowledged(
-                                    applied.as_u64(),
-                                    position.commit_time.map(pg_timestamp),
-                                );
-                                if let Some(sent_at) = position.heartbeat_sent_at {
-                                    health.record_heartbeat_acknowledged(
-                                        std::time::UNIX_EPOCH + Duration::from_micros(sent_at),
-                                    );
-                                }
-                            }
-                        }
-                        if stuck_reported && acked.stuck.is_none() {
-                            stuck_reported = false;
-                            health.set_stuck(None);
-                        }
-                    }
-
-                    // A stop request is honoured only between transactions: the current one
-                    // finishes, so a restart after a graceful stop publishes no duplicate.
-                    () = shutdown.cancelled(), if can_stop => {
-                        tracing::info!("stopping between transactions");
-                        stop_reading = true;
-                    }
-
-                    () = sleep_until_some(silence_deadline), if silence_deadline.is_some() => {
-                        return Err(RelayError::StreamSilent {
-                            seconds: silence_limit.unwrap_or_default().as_secs(),
-                        });
-                    }
 
                     forwarded = async {
                         let permit = inputs.as_ref()?.reserve().await.ok()?;
@@ -176,6 +165,30 @@ impl StreamReader<'_> {
                         Some((_, Ok(None))) => return Err(RelayError::StreamEnded),
                         Some((_, Err(e))) => return Err(stream_error(e, names, database_url).await),
                     },
+
+                    changed = acked.changed() => {
+                        if changed.is_err() {
+                            return delivery_outcome(&mut delivery, &mut source_error).await;
+                        }
+                        take_acknowledged(
+                            &mut acked,
+                            &mut applied,
+                            &client,
+                            &health,
+                            &mut stuck_reported,
+                        );
+                    }
+
+                    () = shutdown.cancelled(), if can_stop => {
+                        tracing::info!("stopping between transactions");
+                        stop_reading = true;
+                    }
+
+                    () = sleep_until_some(silence_deadline), if silence_deadline.is_some() => {
+                        return Err(RelayError::StreamSilent {
+                            seconds: silence_limit.unwrap_or_default().as_secs(),
+                        });
+                    }
                 }
                 if stop_reading {
                     inputs = None;
@@ -304,6 +317,49 @@ async fn slot_reached(database_url: &str, slot: &str, target: Lsn, timeout: Dura
         }
     };
     matches!(tokio::time::timeout(timeout, check).await, Ok(Ok(true)))
+}
+
+/// The delivery task ended: it settled everything it took, or failed. Its result, or else the
+/// source's definite error that made the reader stop.
+async fn delivery_outcome(
+    delivery: &mut DeliveryTask,
+    source_error: &mut Option<RelayError>,
+) -> Result<(), RelayError> {
+    let delivered = delivery
+        .await
+        .unwrap_or_else(|e| Err(RelayError::Task(e.to_string())));
+    delivered.and(source_error.take().map_or(Ok(()), Err))
+}
+
+/// Takes the delivery side's newest acknowledgement: tells PostgreSQL a position past the one
+/// already applied, and clears a stuck message the broker has now confirmed.
+fn take_acknowledged(
+    acked: &mut watch::Receiver<Acked<AckPosition>>,
+    applied: &mut Lsn,
+    client: &ReplicationClient,
+    health: &Health,
+    stuck_reported: &mut bool,
+) {
+    let acked = acked.borrow_and_update();
+    if let Some(position) = acked.token {
+        if position.lsn > *applied {
+            *applied = position.lsn;
+            client.update_applied_lsn(position.lsn);
+            health.record_acknowledged(
+                position.lsn.as_u64(),
+                position.commit_time.map(pg_timestamp),
+            );
+            if let Some(sent_at) = position.heartbeat_sent_at {
+                health.record_heartbeat_acknowledged(
+                    std::time::UNIX_EPOCH + Duration::from_micros(sent_at),
+                );
+            }
+        }
+    }
+    if *stuck_reported && acked.stuck.is_none() {
+        *stuck_reported = false;
+        health.set_stuck(None);
+    }
 }
 
 async fn sleep_until_some(deadline: Option<Instant>) {
