@@ -83,8 +83,11 @@ impl StreamReader<'_> {
             health,
         } = self;
         let mut inputs = Some(inputs);
-        let mut applied = start;
-        let mut stuck_reported = acked.borrow().stuck.is_some();
+        let mut acknowledged = Acknowledged {
+            applied: start,
+            stuck_reported: acked.borrow().stuck.is_some(),
+            health,
+        };
         // A definite error of the source: reported once the delivery settled what came before.
         let mut source_error: Option<RelayError> = None;
         // Since when the reader has been waiting on the stream with room to forward: set when
@@ -98,27 +101,14 @@ impl StreamReader<'_> {
                 // Under a backlog the stream is always ready, and the select below then polls
                 // nothing else: the acknowledgements and the stop request are looked at here,
                 // without registering a waiter for each of them once per event.
-                match acked.has_changed() {
-                    Ok(true) => take_acknowledged(
-                        &mut acked,
-                        &mut applied,
-                        &client,
-                        &health,
-                        &mut stuck_reported,
-                    ),
-                    Ok(false) => {}
-                    // Closed: the delivery task ended. Its last acknowledgement may still be
-                    // unseen (has_changed reports the closing first).
-                    Err(_) => {
-                        take_acknowledged(
-                            &mut acked,
-                            &mut applied,
-                            &client,
-                            &health,
-                            &mut stuck_reported,
-                        );
-                        return delivery_outcome(&mut delivery, &mut source_error).await;
-                    }
+                // Closed means the delivery task ended; its last acknowledgement may still be
+                // unseen (has_changed reports the closing first), so it is taken either way.
+                let changed = acked.has_changed();
+                if !matches!(changed, Ok(false)) {
+                    acknowledged.take(&mut acked, &client);
+                }
+                if changed.is_err() {
+                    return delivery_outcome(&mut delivery, &mut source_error).await;
                 }
                 let reading = inputs.is_some();
                 let can_stop = reading && !source.in_transaction();
@@ -166,18 +156,8 @@ impl StreamReader<'_> {
                         Some((_, Err(e))) => return Err(stream_error(e, names, database_url).await),
                     },
 
-                    changed = acked.changed() => {
-                        if changed.is_err() {
-                            return delivery_outcome(&mut delivery, &mut source_error).await;
-                        }
-                        take_acknowledged(
-                            &mut acked,
-                            &mut applied,
-                            &client,
-                            &health,
-                            &mut stuck_reported,
-                        );
-                    }
+                    // Closed: the next pass takes the last acknowledgement and the outcome.
+                    _ = acked.changed() => acknowledged.take(&mut acked, &client),
 
                     () = shutdown.cancelled(), if can_stop => {
                         tracing::info!("stopping between transactions");
@@ -207,7 +187,7 @@ impl StreamReader<'_> {
                 | RelayError::SlotMissing { .. }
                 | RelayError::PublicationMissing { .. })
         );
-        let target = applied;
+        let target = acknowledged.applied;
         if stream_alive {
             // The crate's stop does not flush pending feedback: wait until PostgreSQL heard the
             // final position, then end the stream cleanly.
@@ -331,34 +311,43 @@ async fn delivery_outcome(
     delivered.and(source_error.take().map_or(Ok(()), Err))
 }
 
-/// Takes the delivery side's newest acknowledgement: tells PostgreSQL a position past the one
-/// already applied, and clears a stuck message the broker has now confirmed.
-fn take_acknowledged(
-    acked: &mut watch::Receiver<Acked<AckPosition>>,
-    applied: &mut Lsn,
-    client: &ReplicationClient,
-    health: &Health,
-    stuck_reported: &mut bool,
-) {
-    let acked = acked.borrow_and_update();
-    if let Some(position) = acked.token {
-        if position.lsn > *applied {
-            *applied = position.lsn;
-            client.update_applied_lsn(position.lsn);
-            health.record_acknowledged(
-                position.lsn.as_u64(),
-                position.commit_time.map(pg_timestamp),
-            );
-            if let Some(sent_at) = position.heartbeat_sent_at {
-                health.record_heartbeat_acknowledged(
-                    std::time::UNIX_EPOCH + Duration::from_micros(sent_at),
+/// What the reader has told PostgreSQL and /readyz of the delivery side's acknowledgements.
+struct Acknowledged {
+    /// The position last handed to `update_applied_lsn`.
+    applied: Lsn,
+    /// /readyz names a stuck message.
+    stuck_reported: bool,
+    health: Health,
+}
+
+impl Acknowledged {
+    /// Takes the delivery side's newest acknowledgement: tells PostgreSQL a position past the
+    /// one already applied, and clears a stuck message the broker has now confirmed.
+    fn take(
+        &mut self,
+        acked: &mut watch::Receiver<Acked<AckPosition>>,
+        client: &ReplicationClient,
+    ) {
+        let acked = acked.borrow_and_update();
+        if let Some(position) = acked.token {
+            if position.lsn > self.applied {
+                self.applied = position.lsn;
+                client.update_applied_lsn(position.lsn);
+                self.health.record_acknowledged(
+                    position.lsn.as_u64(),
+                    position.commit_time.map(pg_timestamp),
                 );
+                if let Some(sent_at) = position.heartbeat_sent_at {
+                    self.health.record_heartbeat_acknowledged(
+                        std::time::UNIX_EPOCH + Duration::from_micros(sent_at),
+                    );
+                }
             }
         }
-    }
-    if *stuck_reported && acked.stuck.is_none() {
-        *stuck_reported = false;
-        health.set_stuck(None);
+        if self.stuck_reported && acked.stuck.is_none() {
+            self.stuck_reported = false;
+            self.health.set_stuck(None);
+        }
     }
 }
 
