@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use tokio_postgres::Client;
 
 use crate::cpu::{self, CpuProbe, CpuSplit};
+use crate::limits::synthetic_order;
 use crate::writers::ORDER_NOTE_LEN;
 use outbox_testkit::arrivals::{self, ArrivalConsumer, QueueSpec};
 use outbox_testkit::pg::quote_ident;
@@ -61,14 +62,7 @@ pub struct BareMessage {
 /// the `x-outbox-lsn` / `x-outbox-seq` headers of a row that is alone in a transaction
 /// committed at LSN `n + 1`.
 pub fn bare_message(event_type: &str, n: u64) -> BareMessage {
-    let message_id = format!("00000000-0000-4000-8000-{n:012x}");
-    let body = format!(
-        "{{\"note\": \"{}\", \"total_cents\": {}, \"order_id\": {n}, \"status\": \"created\", \
-         \"currency\": \"EUR\", \"customer_id\": {}}}",
-        "x".repeat(ORDER_NOTE_LEN as usize),
-        (n * 7919) % 100_000,
-        n % 9973
-    );
+    let (message_id, body) = synthetic_order(n);
     let lsn = n + 1;
     let mut headers = FieldTable::default();
     headers.insert(

@@ -82,14 +82,7 @@ impl SyntheticRows {
 
     /// Row `n` as the relay would publish it (the payload shaped like a seeded order).
     pub fn message(&self, n: u64) -> Result<OutboxMessage> {
-        let id = format!("00000000-0000-4000-8000-{n:012x}");
-        let payload = format!(
-            "{{\"note\": \"{}\", \"total_cents\": {}, \"order_id\": {n}, \"status\": \"created\", \
-             \"currency\": \"EUR\", \"customer_id\": {}}}",
-            "x".repeat(ORDER_NOTE_LEN as usize),
-            (n * 7919) % 100_000,
-            n % 9973
-        );
+        let (id, payload) = synthetic_order(n);
         let tuple = Tuple(vec![
             TupleValue::Text(Bytes::from(id)),
             TupleValue::Text(Bytes::from(self.event_type.clone())),
@@ -102,6 +95,20 @@ impl SyntheticRows {
         };
         Ok(self.mapper.map(&self.layout, &tuple, Some(position))?)
     }
+}
+
+/// The id and payload of synthetic row `n`, shared by [`SyntheticRows`] and the minimal
+/// publisher (`independent::bare_message`): a ~200-byte order shaped like a seeded one.
+pub fn synthetic_order(n: u64) -> (String, String) {
+    let id = format!("00000000-0000-4000-8000-{n:012x}");
+    let payload = format!(
+        "{{\"note\": \"{}\", \"total_cents\": {}, \"order_id\": {n}, \"status\": \"created\", \
+         \"currency\": \"EUR\", \"customer_id\": {}}}",
+        "x".repeat(ORDER_NOTE_LEN as usize),
+        (n * 7919) % 100_000,
+        n % 9973
+    );
+    (id, payload)
 }
 
 /// What the broker-alone publisher measured.
