@@ -643,7 +643,8 @@ impl RunShard {
             // Not shard 0 by default: a forgotten OUTBOX_SHARD would make every relay a
             // standby of shard 0 while the other shards' rows wait unnoticed.
             None => Err(RelayError::Config(format!(
-                "--shards is {count} but no --shard is given: a sharded relay streams one                  shard. Fix: set --shard (OUTBOX_SHARD) to 0..{}, one relay per shard",
+                "--shards is {count} but no --shard is given: a sharded relay streams one \
+                 shard. Fix: set --shard (OUTBOX_SHARD) to 0..{}, one relay per shard",
                 count - 1
             ))),
         }

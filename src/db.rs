@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use tokio_postgres::config::{Host, SslMode as DriverSslMode};
 use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Notification};
 
-use crate::error::RelayError;
+use crate::error::{Endpoint, RelayError};
 
 /// Both spellings of one list of session settings, so they cannot drift apart.
 macro_rules! pinned_session_settings {
@@ -179,7 +179,7 @@ async fn connect_with(
     tokio::time::timeout(CONNECT_TIMEOUT, open(config, &tls, notifications))
         .await
         .map_err(|_| RelayError::ConnectTimeout {
-            what: "PostgreSQL",
+            endpoint: Endpoint::PostgreSql,
             seconds: CONNECT_TIMEOUT.as_secs(),
         })?
 }
@@ -213,7 +213,7 @@ async fn open(
     let _ = tcp.set_nodelay(true);
     let stream = maybe_upgrade_to_tls(tcp, tls, &host)
         .await
-        .map_err(|e| RelayError::pg_tls(e, tls))?;
+        .map_err(|e| RelayError::pg_tls(e, tls.ca_pem_path.is_some()))?;
     let outcome = match (stream.is_tls(), tls.mode) {
         (false, _) => TlsOutcome::Plain,
         (true, SslMode::VerifyFull) => TlsOutcome::Verified,

@@ -5,24 +5,30 @@
 //!   (unroutable) message. Nothing after the failure was acknowledged, so the supervisor tears
 //!   the session down and resumes from the slot after a backoff.
 //! - **definite**: the configuration or the data is wrong (wal_level, a missing publication or
-//!   slot, an invalidated slot, a row that cannot be mapped). Retrying cannot help: the relay
-//!   stops with a message that names the object or row and the fix, having acknowledged nothing
-//!   past it.
-//!
-//! Under `--on-unroutable dead-letter` a returned message, and a row too large or unmappable,
-//! are neither: they go to the dead-letter exchange (`dead_letter`). Only a dead letter that
-//! cannot be delivered there either is an error again (transient: the relay retries).
+//!   slot, an invalidated slot, a row that cannot be mapped), or the relay itself broke an
+//!   invariant (a bug). Retrying cannot help: the relay stops with a message that names the
+//!   object, row or bug, having acknowledged nothing past it.
 //!
 //! A slot held by another process is its own case: this relay is a standby and waits.
 //!
-//! This module owns that classification: [`RelayError::recovery`] is the one place an error's
-//! class is decided, and the supervisors (`wal`, `poll`) only act on it. A definite error must
-//! never be classed as retry (the relay would loop on a row it can never deliver), nor a
-//! transient one as stop (an outage would end the relay).
+//! Under `--on-unroutable dead-letter` a returned message, and a row too large or unmappable,
+//! are neither: delivery sends them to the dead-letter exchange. Only a dead letter that
+//! cannot be delivered there either is an error again (transient: the relay retries).
+//!
+//! One classification: [`RelayError::kind`] names what kind of failure an error is, and
+//! everything else is derived from that [`ErrorKind`]: the recovery the supervisor applies
+//! ([`ErrorKind::recovery`]), the `cause` label of logs and the reconnect metric
+//! ([`ErrorKind::label`]), which side of the relay is down for `/readyz`
+//! ([`ErrorKind::side`]). Causes that arrive as text (a replication error's SQLSTATE, a TLS
+//! failure) are parsed once, where the error is made. A definite error must never be classed
+//! as retry (the relay would loop on a row it can never deliver), nor a transient one as stop
+//! (an outage would end the relay).
+//!
+//! The messages say what is wrong; what to do about it ("Fix: …", with SQL to paste) is
+//! written by `crate::advice`, which knows the names and flags. This module depends on no
+//! other part of the relay: every module may use it.
 
-use crate::db::{quote_ident, sql_name, sql_table};
-use crate::mapper::MapError;
-use crate::pgoutput::DecodeError;
+use tokio_postgres::error::SqlState;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
@@ -40,35 +46,20 @@ pub enum RelayError {
 
     #[error(
         "PostgreSQL has wal_level = '{actual}', but logical replication needs wal_level = \
-         'logical'. Fix: ALTER SYSTEM SET wal_level = 'logical'; then restart PostgreSQL \
-         (or run `outbox-relay poll`, which needs no slot)"
+         'logical'"
     )]
     WalLevel { actual: String },
 
-    // The SQL in a "Fix:" is what a DBA pastes into psql: names go in quoted where needed.
-    #[error(
-        "The publication \"{publication}\" does not exist. Fix: run `outbox-relay setup`, or \
-         CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
-        sql_name(publication),
-        sql_table(table)
-    )]
+    #[error("The publication \"{publication}\" does not exist")]
     PublicationMissing { publication: String, table: String },
 
-    #[error(
-        "The publication \"{publication}\" does not include the table {table}. Fix: ALTER \
-         PUBLICATION {} ADD TABLE {}",
-        sql_name(publication),
-        sql_table(table)
-    )]
+    #[error("The publication \"{publication}\" does not include the table {table}")]
     PublicationDoesNotCoverTable { publication: String, table: String },
 
     #[error(
         "The publication \"{publication}\" {found}, but shard {shard} of --shards {shards} \
          needs the row filter `{expected}`: a relay whose shards differ from its \
-         publication's would skip rows or deliver them twice. Fix: give every relay the \
-         --shards (OUTBOX_SHARDS) that `outbox-relay setup --shards` made the publications \
-         with (a filter's `% N) = K` names both); to change the number of shards, follow \
-         docs/operations.md, \"Scaling out\""
+         publication's would skip rows or deliver them twice"
     )]
     ShardFilterMismatch {
         publication: String,
@@ -79,40 +70,28 @@ pub enum RelayError {
         expected: String,
     },
 
-    #[error(
-        "The replication slot \"{slot}\" does not exist. Fix: run `outbox-relay setup` (it \
-         creates the slot after the publication). Rows inserted while no slot existed are not \
-         in any slot: re-publish them with `outbox-relay resync --since <time>`"
-    )]
+    #[error("The replication slot \"{slot}\" does not exist")]
     SlotMissing { slot: String },
 
     #[error("The replication slot \"{slot}\" {problem}")]
-    SlotUnusable { slot: String, problem: String },
+    SlotUnusable { slot: String, problem: SlotProblem },
 
     #[error(
         "The replication slot \"{slot}\" was invalidated (wal_status = 'lost'): PostgreSQL \
          removed WAL it still needed, so messages committed after {confirmed_flush} may be \
-         missing. The relay will not recreate the slot silently. Recover: `outbox-relay \
-         teardown --yes`, `outbox-relay setup`, then `outbox-relay resync --since <time of the \
-         last delivered message>`; consider raising max_slot_wal_keep_size"
+         missing. The relay will not recreate the slot silently"
     )]
     SlotLost {
         slot: String,
         confirmed_flush: String,
     },
 
-    #[error(
-        "The table {table} does not exist. Fix: run `outbox-relay setup` or create it from sql/"
-    )]
+    #[error("The table {table} does not exist")]
     TableMissing { table: String },
 
     #[error(
-        "The database role {} may not use replication: it lacks the REPLICATION attribute. \
-         Fix: ALTER ROLE {} REPLICATION (sql/role.sql has the least-privilege role), and allow \
-         its replication connection in pg_hba.conf with a line for the database name (logical \
-         replication connections match the database, not the `replication` keyword)",
-        role.as_deref().map(|r| format!("\"{r}\"")).unwrap_or_else(|| "of the database URL".into()),
-        role.as_deref().map(sql_name).unwrap_or_else(|| "<role>".into())
+        "The database role {} may not use replication: it lacks the REPLICATION attribute",
+        role.as_deref().map(|r| format!("\"{r}\"")).unwrap_or_else(|| "of the database URL".into())
     )]
     NoReplicationPrivilege { role: Option<String> },
 
@@ -124,8 +103,8 @@ pub enum RelayError {
 
     #[error(
         "The role may not drop the publication \"{publication}\" (owned by {owner}): only its \
-         owner or a superuser can. {slot_note} Ask the owner to run: DROP PUBLICATION {};",
-        quote_ident(publication)
+         owner or a superuser can.{}",
+        if slot_note.is_empty() { String::new() } else { format!(" {slot_note}") }
     )]
     PublicationNotOwned {
         publication: String,
@@ -133,21 +112,37 @@ pub enum RelayError {
         slot_note: String,
     },
 
-    #[error("Cannot set up TLS with PostgreSQL ({reason}). {hint}")]
-    PgTls { reason: String, hint: &'static str },
+    #[error("Cannot set up TLS with PostgreSQL ({reason})")]
+    PgTls {
+        reason: String,
+        problem: TlsProblem,
+        /// The URL named a CA (`sslrootcert`).
+        ca_given: bool,
+    },
 
     // ---- definite: data ----
-    #[error("Cannot decode the replication stream")]
-    Decode(#[from] DecodeError),
+    /// The replication stream carries bytes the decoder cannot read.
+    #[error("Cannot decode the replication stream: {0}")]
+    Decode(String),
 
-    #[error(transparent)]
-    Map(#[from] MapError),
+    /// A row or emitted event that cannot be published, under the halt policy (or without an
+    /// id to dead-letter it by). `problem` names the row and the fix.
+    #[error("{problem}")]
+    Unpublishable {
+        message_id: Option<String>,
+        problem: String,
+    },
+
+    // ---- definite: the relay's own invariant ----
+    /// An invariant of the relay itself does not hold: retrying would only repeat it.
+    #[error("Internal error (a bug in outbox-relay): {0}")]
+    Bug(String),
 
     // ---- standby ----
     #[error("The replication slot \"{slot}\" is in use by process {pid}")]
     SlotInUse { slot: String, pid: String },
 
-    // ---- transient ----
+    // ---- transient, unless the server's answer says otherwise ----
     #[error("PostgreSQL error")]
     Database(#[from] tokio_postgres::Error),
 
@@ -160,13 +155,21 @@ pub enum RelayError {
     },
 
     #[error("Replication stream error")]
-    Replication(#[source] pgwire_replication::PgWireError),
+    Replication {
+        /// The SQLSTATE the server sent, read once from the crate's text.
+        sqlstate: Option<SqlState>,
+        #[source]
+        source: pgwire_replication::PgWireError,
+    },
 
-    #[error("Connecting to {what} took longer than {seconds} s; retrying")]
-    ConnectTimeout { what: &'static str, seconds: u64 },
+    #[error("Connecting to {endpoint} took longer than {seconds} s; retrying")]
+    ConnectTimeout { endpoint: Endpoint, seconds: u64 },
 
     #[error("PostgreSQL did not answer within {seconds} s; reconnecting")]
     DatabaseTimeout { seconds: u64 },
+
+    #[error("The PostgreSQL connection that listens for notifications ended")]
+    NotificationsEnded,
 
     #[error("RabbitMQ error")]
     Broker(#[from] lapin::Error),
@@ -179,8 +182,7 @@ pub enum RelayError {
 
     #[error(
         "RabbitMQ returned message {message_id} as unroutable ({reply_code} {reply_text}): no \
-         queue is bound to exchange \"{exchange}\" for routing key \"{routing_key}\". Fix: bind \
-         a queue; the relay retries and does not move past this message"
+         queue is bound to exchange \"{exchange}\" for routing key \"{routing_key}\""
     )]
     Returned {
         message_id: String,
@@ -195,8 +197,7 @@ pub enum RelayError {
          exchange \"{exchange}\", routing key \"{routing_key}\") after the relay had counted it \
          delivered: the return came later than AMQP's order allows (basic.return before the ack \
          that covers the message). Stopping before acknowledging anything more; the relay \
-         restarts from its last acknowledged position. Fix: bind a queue for this routing key, \
-         and report the broker version"
+         restarts from its last acknowledged position"
     )]
     ReturnedAfterSettle {
         message_id: String,
@@ -209,8 +210,7 @@ pub enum RelayError {
     #[error(
         "RabbitMQ returned the dead letter of message {message_id} as unroutable ({reply_code} \
          {reply_text}): no queue is bound to the dead-letter exchange \"{exchange}\" for \
-         routing key \"{routing_key}\". Fix: bind a queue to \"{exchange}\" (with `#` for \
-         every dead letter); the relay retries and does not move past this message"
+         routing key \"{routing_key}\""
     )]
     DeadLetterReturned {
         message_id: String,
@@ -220,12 +220,7 @@ pub enum RelayError {
         reply_text: String,
     },
 
-    #[error(
-        "The exchange \"{exchange}\" does not exist on the broker. Fix: run `outbox-relay \
-         setup` with the same flags (it declares the exchange and, under `--on-unroutable \
-         dead-letter`, the dead-letter exchange, both durable topic exchanges) or declare it; \
-         the relay retries"
-    )]
+    #[error("The exchange \"{exchange}\" does not exist on the broker")]
     ExchangeMissing { exchange: String },
 
     #[error("Unexpected replication stream content: {0}")]
@@ -239,9 +234,73 @@ pub enum RelayError {
 
     #[error("The replication stream ended unexpectedly")]
     StreamEnded,
+}
 
-    #[error("Internal task failed: {0}")]
-    Task(String),
+/// What a slot found by its name cannot be used for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SlotProblem {
+    #[error(
+        "is a {slot_type} slot with plugin {plugin}, but the relay needs a logical slot with \
+         plugin pgoutput"
+    )]
+    WrongKind { slot_type: String, plugin: String },
+    #[error("belongs to another database than the one in the database URL")]
+    OtherDatabase,
+}
+
+/// What went wrong setting up TLS with PostgreSQL, read once from the TLS library's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsProblem {
+    /// The certificate is not signed by the CA the relay trusts.
+    UnknownIssuer,
+    /// The certificate does not name the host in the URL.
+    NameMismatch,
+    /// The server does not accept TLS.
+    Refused,
+    /// The CA file named by sslrootcert cannot be read or holds no certificate.
+    CaFile,
+    /// Another certificate or configuration problem: it stays until someone fixes it.
+    Definite,
+    /// Anything else (a connection reset during the handshake): it may pass.
+    Handshake,
+}
+
+impl TlsProblem {
+    /// Classifies the TLS library's description of a failure.
+    pub fn of(reason: &str) -> TlsProblem {
+        let has = |needles: &[&str]| needles.iter().any(|needle| reason.contains(needle));
+        if has(&["UnknownIssuer", "BadSignature"]) {
+            TlsProblem::UnknownIssuer
+        } else if has(&["NotValidForName"]) {
+            TlsProblem::NameMismatch
+        } else if has(&["SSLRequest rejected"]) {
+            TlsProblem::Refused
+        } else if has(&["CA PEM", "CA certificates"]) {
+            TlsProblem::CaFile
+        } else if has(&["certificate", "Certificate", "config error", "Unix domain"]) {
+            TlsProblem::Definite
+        } else {
+            TlsProblem::Handshake
+        }
+    }
+}
+
+/// What a connection goes to, in messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    PostgreSql,
+    Replication,
+    RabbitMq,
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Endpoint::PostgreSql => "PostgreSQL",
+            Endpoint::Replication => "the PostgreSQL replication connection",
+            Endpoint::RabbitMq => "RabbitMQ",
+        })
+    }
 }
 
 /// What the supervisor does after a session ends with an error.
@@ -255,44 +314,189 @@ pub enum Recovery {
     Stop,
 }
 
+/// Which side of the relay a failure is on, for readiness and for the stream reader (which
+/// need not flush its position over a replication connection that is already gone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// An ordinary PostgreSQL connection, or the configuration and provisioning.
+    Database,
+    /// The replication connection: the stream itself is gone.
+    Stream,
+    /// RabbitMQ.
+    Broker,
+}
+
+/// What kind of failure an error is: the one classification everything else derives from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    // definite
+    /// Flags, URLs, secrets: wrong before anything ran.
+    Config,
+    /// Something `setup` provisions (or a DBA) is missing or wrong.
+    Provisioning,
+    /// The slot was invalidated.
+    SlotLost,
+    /// A certificate or TLS configuration problem.
+    TlsConfig,
+    /// PostgreSQL refused a statement for a reason that stays (not an outage).
+    DatabaseRefused,
+    /// The replication connection was refused for a reason that stays.
+    ReplicationRefused,
+    /// A row, event or stream content that cannot be published.
+    Data,
+    /// An invariant of the relay itself broke.
+    Bug,
+    // standby
+    SlotHeld,
+    // transient
+    DatabaseDown,
+    TlsHandshake,
+    DatabaseConnectTimeout,
+    BrokerConnectTimeout,
+    ReplicationDown,
+    StreamEnded,
+    StreamSilent,
+    Protocol,
+    BrokerDown,
+    ExchangeMissing,
+    ConfirmTimeout,
+    Nacked,
+    Returned,
+    ReturnedAfterSettle,
+    DeadLetterReturned,
+}
+
+impl ErrorKind {
+    pub fn recovery(self) -> Recovery {
+        use ErrorKind::*;
+        match self {
+            Config | Provisioning | SlotLost | TlsConfig | DatabaseRefused | ReplicationRefused
+            | Data | Bug => Recovery::Stop,
+            SlotHeld => Recovery::Standby,
+            DatabaseDown
+            | TlsHandshake
+            | DatabaseConnectTimeout
+            | BrokerConnectTimeout
+            | ReplicationDown
+            | StreamEnded
+            | StreamSilent
+            | Protocol
+            | BrokerDown
+            | ExchangeMissing
+            | ConfirmTimeout
+            | Nacked
+            | Returned
+            | ReturnedAfterSettle
+            | DeadLetterReturned => Recovery::Retry,
+        }
+    }
+
+    /// A short label for logs and the reconnect metric's `cause`.
+    pub fn label(self) -> &'static str {
+        use ErrorKind::*;
+        match self {
+            DatabaseDown | DatabaseRefused => "database",
+            TlsConfig | TlsHandshake => "tls",
+            DatabaseConnectTimeout | BrokerConnectTimeout => "connect_timeout",
+            ReplicationDown | ReplicationRefused => "replication",
+            BrokerDown => "broker",
+            ConfirmTimeout => "confirm_timeout",
+            Nacked => "nack",
+            Returned => "unroutable",
+            ReturnedAfterSettle => "returned_after_settle",
+            DeadLetterReturned => "dead_letter_unroutable",
+            ExchangeMissing => "exchange_missing",
+            StreamEnded => "stream_ended",
+            StreamSilent => "no_heartbeat",
+            SlotHeld => "standby",
+            Protocol => "protocol",
+            SlotLost => "slot_lost",
+            Bug => "bug",
+            Config | Provisioning | Data => "other",
+        }
+    }
+
+    /// Which side of the relay is down after a failure of this kind.
+    pub fn side(self) -> Side {
+        use ErrorKind::*;
+        match self {
+            ReplicationDown | ReplicationRefused | StreamEnded | StreamSilent | SlotHeld
+            | SlotLost => Side::Stream,
+            BrokerDown | BrokerConnectTimeout | ExchangeMissing | ConfirmTimeout | Nacked
+            | Returned | ReturnedAfterSettle | DeadLetterReturned => Side::Broker,
+            Config
+            | Provisioning
+            | TlsConfig
+            | TlsHandshake
+            | DatabaseRefused
+            | Data
+            | Bug
+            | DatabaseDown
+            | DatabaseConnectTimeout
+            | Protocol => Side::Database,
+        }
+    }
+
+    /// The broker returned a message (counted as a return, not a nack).
+    pub fn is_return(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::Returned | ErrorKind::ReturnedAfterSettle | ErrorKind::DeadLetterReturned
+        )
+    }
+}
+
 impl RelayError {
-    pub fn recovery(&self) -> Recovery {
+    /// What kind of failure this is (see the module documentation).
+    pub fn kind(&self) -> ErrorKind {
         use RelayError::*;
         match self {
-            Config(_)
-            | SecretFile { .. }
-            | WalLevel { .. }
+            Config(_) | SecretFile { .. } | ShardFilterMismatch { .. } => ErrorKind::Config,
+            WalLevel { .. }
             | PublicationMissing { .. }
             | PublicationDoesNotCoverTable { .. }
-            | ShardFilterMismatch { .. }
             | SlotMissing { .. }
             | SlotUnusable { .. }
-            | SlotLost { .. }
             | TableMissing { .. }
             | NoReplicationPrivilege { .. }
             | SlotActive { .. }
-            | PublicationNotOwned { .. }
-            | Decode(_)
-            | Map(_) => Recovery::Stop,
-            SlotInUse { .. } => Recovery::Standby,
-            PgTls { reason, .. } => tls_recovery(reason),
-            Database(e) => database_recovery(e),
-            Replication(e) => replication_recovery(e),
-            Broker(_)
-            | DatabaseConnect { .. }
-            | DatabaseTimeout { .. }
-            | ConnectTimeout { .. }
-            | ExchangeMissing { .. }
-            | ConfirmTimeout { .. }
-            | Nacked { .. }
-            | Returned { .. }
-            | ReturnedAfterSettle { .. }
-            | DeadLetterReturned { .. }
-            | StreamEnded
-            | StreamSilent { .. }
-            | Protocol(_)
-            | Task(_) => Recovery::Retry,
+            | PublicationNotOwned { .. } => ErrorKind::Provisioning,
+            SlotLost { .. } => ErrorKind::SlotLost,
+            PgTls { problem, .. } => match problem {
+                TlsProblem::Handshake => ErrorKind::TlsHandshake,
+                _ => ErrorKind::TlsConfig,
+            },
+            Decode(_) | Unpublishable { .. } => ErrorKind::Data,
+            Bug(_) => ErrorKind::Bug,
+            SlotInUse { .. } => ErrorKind::SlotHeld,
+            Database(e) => match e.code() {
+                Some(code) if !transient_sqlstate(code) => ErrorKind::DatabaseRefused,
+                _ => ErrorKind::DatabaseDown,
+            },
+            DatabaseConnect { .. } | DatabaseTimeout { .. } | NotificationsEnded => {
+                ErrorKind::DatabaseDown
+            }
+            Replication { sqlstate, source } => replication_kind(sqlstate.as_ref(), source),
+            ConnectTimeout { endpoint, .. } => match endpoint {
+                Endpoint::RabbitMq => ErrorKind::BrokerConnectTimeout,
+                Endpoint::PostgreSql | Endpoint::Replication => ErrorKind::DatabaseConnectTimeout,
+            },
+            Broker(_) => ErrorKind::BrokerDown,
+            ConfirmTimeout { .. } => ErrorKind::ConfirmTimeout,
+            Nacked { .. } => ErrorKind::Nacked,
+            Returned { .. } => ErrorKind::Returned,
+            ReturnedAfterSettle { .. } => ErrorKind::ReturnedAfterSettle,
+            DeadLetterReturned { .. } => ErrorKind::DeadLetterReturned,
+            ExchangeMissing { .. } => ErrorKind::ExchangeMissing,
+            Protocol(_) => ErrorKind::Protocol,
+            StreamSilent { .. } => ErrorKind::StreamSilent,
+            StreamEnded => ErrorKind::StreamEnded,
         }
+    }
+
+    /// Shorthand for `self.kind().recovery()`.
+    pub fn recovery(&self) -> Recovery {
+        self.kind().recovery()
     }
 
     /// The message the pipeline stopped on, if a message was the cause: the next session
@@ -308,44 +512,48 @@ impl RelayError {
         }
     }
 
-    /// A short label for logs and the reconnect metric.
-    pub fn cause(&self) -> &'static str {
-        use RelayError::*;
-        match self {
-            Database(_) | DatabaseConnect { .. } | DatabaseTimeout { .. } => "database",
-            PgTls { .. } => "tls",
-            ConnectTimeout { .. } => "connect_timeout",
-            Replication(_) => "replication",
-            Broker(_) => "broker",
-            ConfirmTimeout { .. } => "confirm_timeout",
-            Nacked { .. } => "nack",
-            Returned { .. } => "unroutable",
-            ReturnedAfterSettle { .. } => "returned_after_settle",
-            DeadLetterReturned { .. } => "dead_letter_unroutable",
-            ExchangeMissing { .. } => "exchange_missing",
-            StreamEnded => "stream_ended",
-            StreamSilent { .. } => "no_heartbeat",
-            SlotInUse { .. } => "standby",
-            _ => "other",
+    /// A replication error, with the SQLSTATE the server sent read from the crate's text
+    /// (it renders an ErrorResponse as text ending in "(SQLSTATE xxxxx)").
+    pub fn replication(source: pgwire_replication::PgWireError) -> RelayError {
+        let sqlstate = match &source {
+            pgwire_replication::PgWireError::Server(message) => message
+                .split("SQLSTATE ")
+                .nth(1)
+                .and_then(|rest| rest.get(..5))
+                .map(SqlState::from_code),
+            _ => None,
+        };
+        RelayError::Replication { sqlstate, source }
+    }
+
+    /// A failed TLS setup on either PostgreSQL connection; `ca_given` says whether the URL
+    /// named a CA (sslrootcert).
+    pub fn pg_tls(error: pgwire_replication::PgWireError, ca_given: bool) -> RelayError {
+        let reason = match error {
+            pgwire_replication::PgWireError::Tls(reason) => reason,
+            other => other.to_string(),
+        };
+        RelayError::PgTls {
+            problem: TlsProblem::of(&reason),
+            reason,
+            ca_given,
         }
     }
-}
 
-impl RelayError {
-    /// Replaces PostgreSQL's terse refusals that have a known fix with an error that names
-    /// it: a role without REPLICATION (SQLSTATE 42501 on a replication connection, or on
-    /// slot functions) becomes [`RelayError::NoReplicationPrivilege`]. `role` is the URL's
-    /// user, when known.
+    /// Replaces PostgreSQL's terse refusal of a role without REPLICATION (SQLSTATE 42501 on a
+    /// replication connection, or on slot functions) with an error that names it. `role` is
+    /// the URL's user, when known.
     pub fn clarify(self, role: Option<&str>) -> RelayError {
-        let lacks_replication = |sqlstate: Option<&str>, message: &str| {
-            sqlstate == Some("42501") && message.contains("replication role")
+        let lacks_replication = |sqlstate: Option<&SqlState>, message: &str| {
+            sqlstate == Some(&SqlState::INSUFFICIENT_PRIVILEGE)
+                && message.contains("replication role")
         };
         let clarified = match &self {
             RelayError::Database(e) => e
                 .as_db_error()
-                .is_some_and(|db| lacks_replication(Some(db.code().code()), db.message())),
-            RelayError::Replication(e) => {
-                lacks_replication(replication_sqlstate(e), &e.to_string())
+                .is_some_and(|db| lacks_replication(Some(db.code()), db.message())),
+            RelayError::Replication { sqlstate, source } => {
+                lacks_replication(sqlstate.as_ref(), &source.to_string())
             }
             _ => false,
         };
@@ -359,99 +567,25 @@ impl RelayError {
     }
 }
 
-impl RelayError {
-    /// A failed TLS setup on either PostgreSQL connection, with the fix for the usual
-    /// causes. `tls` is what the URL's sslmode and sslrootcert asked for.
-    pub fn pg_tls(
-        error: pgwire_replication::PgWireError,
-        tls: &pgwire_replication::TlsConfig,
-    ) -> RelayError {
-        let reason = match error {
-            pgwire_replication::PgWireError::Tls(reason) => reason,
-            other => other.to_string(),
-        };
-        let hint = if reason.contains("UnknownIssuer") || reason.contains("BadSignature") {
-            if tls.ca_pem_path.is_some() {
-                "The server's certificate is not signed by the CA in sslrootcert. Fix: set \
-                 sslrootcert in the database URL to the CA that signed the server's certificate"
-            } else {
-                "The server's certificate is not signed by a well-known CA. Fix: add \
-                 sslrootcert=/path/to/ca.pem (the CA that signed it) to the database URL"
-            }
-        } else if reason.contains("NotValidForName") {
-            "The server's certificate does not name the host in the database URL. Fix: connect \
-             by a name the certificate lists, or use sslmode=verify-ca"
-        } else if reason.contains("SSLRequest rejected") {
-            "The server does not accept TLS connections. Fix: enable ssl on the server, or \
-             lower sslmode in the database URL (prefer uses TLS only when offered)"
-        } else if reason.contains("CA PEM") || reason.contains("CA certificates") {
-            "Fix: sslrootcert in the database URL must name a readable PEM file holding the CA \
-             certificate"
-        } else {
-            "Fix: check sslmode and sslrootcert in the database URL"
-        };
-        RelayError::PgTls { reason, hint }
-    }
-}
-
-/// A certificate or configuration problem stays until someone fixes it; anything else (a
-/// connection reset during the handshake) may pass.
-fn tls_recovery(reason: &str) -> Recovery {
-    let definite = [
-        "certificate",
-        "Certificate",
-        "config error",
-        "SSLRequest rejected",
-        "Unix domain",
-    ];
-    if definite.iter().any(|needle| reason.contains(needle)) {
-        Recovery::Stop
-    } else {
-        Recovery::Retry
-    }
-}
-
 /// SQLSTATE classes that retrying can fix: connection exceptions, operator intervention
-/// (shutdown, crash recovery), insufficient resources.
-fn database_recovery(e: &tokio_postgres::Error) -> Recovery {
-    match e.code() {
-        None => Recovery::Retry,
-        Some(code) => {
-            let class = &code.code()[..2];
-            if matches!(class, "08" | "57" | "53" | "40") {
-                Recovery::Retry
-            } else {
-                Recovery::Stop
-            }
-        }
-    }
+/// (shutdown, crash recovery), insufficient resources, transaction rollback.
+fn transient_sqlstate(code: &SqlState) -> bool {
+    matches!(code.code().get(..2), Some("08" | "57" | "53" | "40"))
 }
 
-fn replication_recovery(e: &pgwire_replication::PgWireError) -> Recovery {
+fn replication_kind(
+    sqlstate: Option<&SqlState>,
+    source: &pgwire_replication::PgWireError,
+) -> ErrorKind {
     use pgwire_replication::PgWireError::*;
-    match e {
-        Server(_) => match replication_sqlstate(e).unwrap_or("") {
-            "55006" => Recovery::Standby,
-            s if s.starts_with("08") || s.starts_with("57") || s.starts_with("53") => {
-                Recovery::Retry
-            }
-            "" => Recovery::Retry,
-            _ => Recovery::Stop,
+    match source {
+        Server(_) => match sqlstate {
+            Some(code) if *code == SqlState::OBJECT_IN_USE => ErrorKind::SlotHeld,
+            Some(code) if !transient_sqlstate(code) => ErrorKind::ReplicationRefused,
+            _ => ErrorKind::ReplicationDown,
         },
-        Auth(_) | Tls(_) | MessageTooLarge { .. } => Recovery::Stop,
-        _ => Recovery::Retry,
-    }
-}
-
-/// The SQLSTATE of a replication error, when the server sent one (the crate renders the
-/// server's ErrorResponse as text ending in "(SQLSTATE xxxxx)").
-pub fn replication_sqlstate(e: &pgwire_replication::PgWireError) -> Option<&str> {
-    match e {
-        pgwire_replication::PgWireError::Server(message) => message
-            .split("SQLSTATE ")
-            .nth(1)
-            .and_then(|rest| rest.get(..5)),
-        _ => None,
+        Auth(_) | Tls(_) | MessageTooLarge { .. } => ErrorKind::ReplicationRefused,
+        _ => ErrorKind::ReplicationDown,
     }
 }
 
@@ -474,92 +608,87 @@ pub fn chain(error: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn missing_replication_privilege_names_the_fix() {
-        let e = RelayError::Replication(pgwire_replication::PgWireError::Server(
-            "must be superuser or replication role to start walsender (SQLSTATE 42501)".into(),
-        ))
-        .clarify(Some("app_relay"));
-        assert_eq!(e.recovery(), Recovery::Stop);
-        let text = e.to_string();
-        assert!(text.contains("REPLICATION"), "{text}");
-        assert!(text.contains("ALTER ROLE app_relay REPLICATION"), "{text}");
-        assert!(text.contains("pg_hba.conf"), "{text}");
-        let other = RelayError::Replication(pgwire_replication::PgWireError::Server(
-            "permission denied for table outbox (SQLSTATE 42501)".into(),
-        ))
-        .clarify(None);
-        assert!(matches!(other, RelayError::Replication(_)));
+    fn server(message: &str) -> RelayError {
+        RelayError::replication(pgwire_replication::PgWireError::Server(message.into()))
     }
 
-    /// A name that reaches a "Fix:" is quoted there, so pasting the fix runs only the fix.
     #[test]
-    fn names_in_the_suggested_sql_are_quoted_where_needed() {
-        let publication = "Pub; DROP TABLE users; --".to_string();
-        let table = "My App.events".to_string();
-        let missing = RelayError::PublicationMissing {
-            publication: publication.clone(),
-            table: table.clone(),
-        }
-        .to_string();
-        assert!(
-            missing.contains(
-                "CREATE PUBLICATION \"Pub; DROP TABLE users; --\" FOR TABLE \"My App\".events"
-            ),
-            "{missing}"
-        );
-        let uncovered = RelayError::PublicationDoesNotCoverTable {
-            publication: publication.clone(),
-            table,
-        }
-        .to_string();
-        assert!(
-            uncovered.contains(
-                "ALTER PUBLICATION \"Pub; DROP TABLE users; --\" ADD TABLE \"My App\".events"
-            ),
-            "{uncovered}"
-        );
-        let not_owned = RelayError::PublicationNotOwned {
-            publication: "x\"; DROP TABLE users; --".into(),
-            owner: "dba".into(),
-            slot_note: String::new(),
-        }
-        .to_string();
-        assert!(
-            not_owned.ends_with("DROP PUBLICATION \"x\"\"; DROP TABLE users; --\";"),
-            "{not_owned}"
-        );
-        let role = RelayError::NoReplicationPrivilege {
-            role: Some("App Relay".into()),
-        }
-        .to_string();
-        assert!(
-            role.contains("ALTER ROLE \"App Relay\" REPLICATION"),
-            "{role}"
-        );
-        // Plain names stay as they were.
-        let plain = RelayError::PublicationMissing {
-            publication: "outbox_pub".into(),
-            table: "outbox".into(),
-        }
-        .to_string();
-        assert!(
-            plain.contains("CREATE PUBLICATION outbox_pub FOR TABLE outbox"),
-            "{plain}"
-        );
+    fn missing_replication_privilege_is_named() {
+        let e = server("must be superuser or replication role to start walsender (SQLSTATE 42501)")
+            .clarify(Some("app_relay"));
+        assert_eq!(e.recovery(), Recovery::Stop);
+        assert!(matches!(e, RelayError::NoReplicationPrivilege { .. }));
+        let other = server("permission denied for table outbox (SQLSTATE 42501)").clarify(None);
+        assert!(matches!(other, RelayError::Replication { .. }));
     }
 
     #[test]
     fn slot_in_use_is_standby_and_auth_stops() {
-        let e = RelayError::Replication(pgwire_replication::PgWireError::Server(
-            "replication slot \"s\" is active for PID 42 (SQLSTATE 55006)".into(),
-        ));
+        let e = server("replication slot \"s\" is active for PID 42 (SQLSTATE 55006)");
         assert_eq!(e.recovery(), Recovery::Standby);
-        let e = RelayError::Replication(pgwire_replication::PgWireError::Auth("no".into()));
+        assert_eq!(e.kind().label(), "standby");
+        let e = RelayError::replication(pgwire_replication::PgWireError::Auth("no".into()));
         assert_eq!(e.recovery(), Recovery::Stop);
-        let e = RelayError::Replication(pgwire_replication::PgWireError::Server(
-            "terminating connection due to administrator command (SQLSTATE 57P01)".into(),
-        ));
+        let e = server("terminating connection due to administrator command (SQLSTATE 57P01)");
         assert_eq!(e.recovery(), Recovery::Retry);
+        assert_eq!(e.kind().side(), Side::Stream);
+        // A server error without a SQLSTATE is an outage until shown otherwise.
+        assert_eq!(server("connection lost").recovery(), Recovery::Retry);
+    }
+
+    /// A broken invariant of the relay stops it: retrying would repeat the bug forever.
+    #[test]
+    fn a_bug_stops_and_says_it_is_one() {
+        let e = RelayError::Bug("settled a front that is not a publish".into());
+        assert_eq!(e.recovery(), Recovery::Stop);
+        assert_eq!(e.kind().label(), "bug");
+        assert!(e.to_string().contains("a bug in outbox-relay"), "{e}");
+    }
+
+    #[test]
+    fn tls_problems_are_read_once() {
+        assert_eq!(
+            TlsProblem::of("invalid peer certificate: UnknownIssuer"),
+            TlsProblem::UnknownIssuer
+        );
+        assert_eq!(
+            TlsProblem::of("invalid peer certificate: NotValidForName"),
+            TlsProblem::NameMismatch
+        );
+        assert_eq!(TlsProblem::of("SSLRequest rejected"), TlsProblem::Refused);
+        assert_eq!(TlsProblem::of("connection reset"), TlsProblem::Handshake);
+        let e = RelayError::pg_tls(
+            pgwire_replication::PgWireError::Tls("invalid peer certificate: Expired".into()),
+            false,
+        );
+        assert_eq!(e.recovery(), Recovery::Stop);
+        let e = RelayError::pg_tls(
+            pgwire_replication::PgWireError::Tls("connection reset by peer".into()),
+            false,
+        );
+        assert_eq!(e.recovery(), Recovery::Retry);
+    }
+
+    #[test]
+    fn the_side_decides_readiness_and_the_stream_flush() {
+        let broker_timeout = RelayError::ConnectTimeout {
+            endpoint: Endpoint::RabbitMq,
+            seconds: 15,
+        };
+        assert_eq!(broker_timeout.kind().side(), Side::Broker);
+        let pg_timeout = RelayError::ConnectTimeout {
+            endpoint: Endpoint::PostgreSql,
+            seconds: 15,
+        };
+        assert_eq!(pg_timeout.kind().side(), Side::Database);
+        assert_eq!(RelayError::StreamEnded.kind().side(), Side::Stream);
+        assert!(
+            RelayError::Nacked {
+                message_id: "m".into()
+            }
+            .kind()
+            .side()
+                == Side::Broker
+        );
     }
 }

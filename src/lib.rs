@@ -27,6 +27,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod advice;
 pub mod backoff;
 pub mod cleanup;
 pub mod cloudevents;

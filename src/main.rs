@@ -13,8 +13,8 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
+use outbox_relay::advice::report;
 use outbox_relay::config::{Cli, Command, LogFormat};
-use outbox_relay::error::chain;
 use outbox_relay::{failpoint, ops, poll, setup, wal};
 
 fn main() -> ExitCode {
@@ -70,7 +70,7 @@ fn main() -> ExitCode {
         Ok(()) => exit_code,
         Err(e) => {
             let e = e.clarify(None);
-            tracing::error!(error = %chain(&e), "stopped");
+            tracing::error!(error = %report(&e), "stopped");
             ExitCode::FAILURE
         }
     }

@@ -341,6 +341,16 @@ pub enum MapError {
     },
 }
 
+/// A mapping error is definite: under halt it stops the relay, naming the row.
+impl From<MapError> for crate::error::RelayError {
+    fn from(error: MapError) -> Self {
+        crate::error::RelayError::Unpublishable {
+            message_id: error.row_id().map(str::to_string),
+            problem: error.to_string(),
+        }
+    }
+}
+
 impl MapError {
     /// Why a message that failed this way is dead-lettered.
     pub fn dead_letter_reason(&self) -> Reason {

@@ -29,8 +29,9 @@ use metrics::Counter;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
+use crate::advice::report;
 use crate::db;
-use crate::error::{chain, RelayError};
+use crate::error::RelayError;
 
 /// The shortest bound of a poller's round: an interval below it still gets this long.
 const MIN_POLL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -179,10 +180,10 @@ pub async fn run<T, Round, Fut>(
                 match job.failure_log {
                     FailureLog::OncePerOutage if failing => {}
                     FailureLog::OncePerOutage => {
-                        tracing::warn!(error = %chain(&e), "{} failed; retrying", job.what);
+                        tracing::warn!(error = %report(&e), "{} failed; retrying", job.what);
                     }
                     FailureLog::Every => tracing::warn!(
-                        error = %chain(&e),
+                        error = %report(&e),
                         "{} failed; retrying next interval",
                         job.what
                     ),

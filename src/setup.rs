@@ -20,10 +20,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_postgres::Client;
 
+use crate::advice::report;
 use crate::backoff::Backoff;
 use crate::config::{Mode, OutboxNames, SetupArgs};
 use crate::db::{self, quote_ident, quote_literal};
-use crate::error::{chain, Recovery, RelayError};
+use crate::error::{Recovery, RelayError};
 use crate::publish::Broker;
 use crate::shard::Shard;
 use crate::wal::preflight;
@@ -623,7 +624,7 @@ where
         }
         let delay = backoff.next_delay().min(left);
         tracing::warn!(
-            error = %chain(&error),
+            error = %report(&error),
             retry_in_ms = delay.as_millis() as u64,
             "cannot connect to {what} yet; retrying (--connect-timeout)"
         );

@@ -12,7 +12,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime};
 
-use crate::error::RelayError;
+use crate::error::{ErrorKind, RelayError, Side};
 
 use super::metrics::{
     ACKNOWLEDGED_LSN, BLOCKED_ON_MESSAGE_SECONDS, BROKER_BLOCKED, HEARTBEAT_LAG_SECONDS, READY,
@@ -61,14 +61,11 @@ impl NotReady {
         if let Some(id) = error.stuck_message_id() {
             return NotReady::StuckMessage(id.to_string());
         }
-        match error {
-            RelayError::SlotInUse { .. } => NotReady::Standby,
-            RelayError::SlotLost { .. } => NotReady::SlotLost,
-            RelayError::StreamSilent { .. } => NotReady::NoHeartbeat,
-            RelayError::Broker(_) | RelayError::ExchangeMissing { .. } => NotReady::BrokerDown,
-            RelayError::ConnectTimeout { what, .. } if *what == crate::publish::RABBITMQ => {
-                NotReady::BrokerDown
-            }
+        match error.kind() {
+            ErrorKind::SlotHeld => NotReady::Standby,
+            ErrorKind::SlotLost => NotReady::SlotLost,
+            ErrorKind::StreamSilent => NotReady::NoHeartbeat,
+            kind if kind.side() == Side::Broker => NotReady::BrokerDown,
             _ => NotReady::DatabaseDown,
         }
     }
@@ -439,12 +436,12 @@ mod tests {
         };
         assert_eq!(NotReady::after(&standby), NotReady::Standby);
         let broker_timeout = RelayError::ConnectTimeout {
-            what: crate::publish::RABBITMQ,
+            endpoint: crate::error::Endpoint::RabbitMq,
             seconds: 15,
         };
         assert_eq!(NotReady::after(&broker_timeout), NotReady::BrokerDown);
         let database_timeout = RelayError::ConnectTimeout {
-            what: "PostgreSQL",
+            endpoint: crate::error::Endpoint::PostgreSql,
             seconds: 15,
         };
         assert_eq!(NotReady::after(&database_timeout), NotReady::DatabaseDown);

@@ -23,9 +23,10 @@ use std::net::SocketAddr;
 use serde::Serialize;
 use tokio_postgres::Client;
 
+use crate::advice;
 use crate::config::{Mode, StatusArgs};
 use crate::db::{self, quote_ident};
-use crate::error::{chain, RelayError};
+use crate::error::RelayError;
 use crate::mapper::columns;
 use crate::observability::http_get;
 use crate::observability::metrics::{BROKER_INFO, NODE_LABEL};
@@ -153,7 +154,7 @@ pub async fn run(args: StatusArgs) -> Result<Probe, RelayError> {
     let status = gather(&client, &args).await?;
     if args.json {
         let text = serde_json::to_string_pretty(&status)
-            .map_err(|e| RelayError::Task(format!("cannot render the status as JSON: {e}")))?;
+            .map_err(|e| RelayError::Bug(format!("cannot render the status as JSON: {e}")))?;
         println!("{text}");
     } else {
         print!("{}", render(&status));
@@ -203,7 +204,7 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
     };
     let (outbox_rows, oldest_row_age_seconds, mut table_error) = match backlog(client, args).await {
         Ok((rows, age)) => (Some(rows), age, None),
-        Err(e) => (None, None, Some(chain(&e))),
+        Err(e) => (None, None, Some(advice::report(&e))),
     };
     // Only in poll mode: WAL mode never writes published_at, so there every row is "unsent".
     let unsent = match poll {
@@ -211,7 +212,7 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         true => match read_backlog(client, &names.table).await {
             Ok(unsent) => unsent,
             Err(e) => {
-                table_error.get_or_insert_with(|| chain(&e));
+                table_error.get_or_insert_with(|| advice::report(&e));
                 None
             }
         },

@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::advice::report;
 use crate::backoff::Backoff;
 use crate::db::{self, quote_ident};
-use crate::error::{chain, RelayError};
+use crate::error::RelayError;
 
 use super::Shared;
 
@@ -27,7 +28,7 @@ pub(crate) async fn run(shared: Arc<Shared>, channel: String, shutdown: Cancella
         };
         let delay = backoff.next_delay();
         tracing::warn!(
-            error = %chain(&error),
+            error = %report(&error),
             retry_in_ms = delay.as_millis() as u64,
             "notification connection lost; workers fall back to polling until it is back"
         );
@@ -41,7 +42,7 @@ pub(crate) async fn run(shared: Arc<Shared>, channel: String, shutdown: Cancella
 /// One LISTEN connection, until it fails.
 async fn listen(shared: &Arc<Shared>, channel: &str, backoff: &mut Backoff) -> RelayError {
     match listen_inner(shared, channel, backoff).await {
-        Ok(()) => RelayError::Task("the notification connection ended".into()),
+        Ok(()) => RelayError::NotificationsEnded,
         Err(e) => e,
     }
 }

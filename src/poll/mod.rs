@@ -254,7 +254,7 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
                     None => break,
                     Some(Ok(Ok(()))) => continue,
                     Some(Ok(Err(error))) => error,
-                    Some(Err(panicked)) => RelayError::Task(panicked.to_string()),
+                    Some(Err(panicked)) => RelayError::Bug(format!("a polling worker panicked: {panicked}")),
                 };
                 if outcome.is_ok() {
                     // The error itself is reported once, by main, when the workers are done.

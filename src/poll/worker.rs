@@ -29,9 +29,10 @@ use tokio_postgres::{Client, Statement};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::advice::report;
 use crate::backoff::Backoff;
 use crate::db;
-use crate::error::{chain, Recovery, RelayError};
+use crate::error::{Recovery, RelayError};
 use crate::failpoint::{failpoint, POLL_BEFORE_COMMIT};
 use crate::observability::{count_reconnect, NotReady, WorkerState};
 use crate::publish::{deliver_batch, Broker};
@@ -82,7 +83,7 @@ pub(crate) async fn run(
         if error.recovery() == Recovery::Stop {
             return Err(error);
         }
-        count_reconnect(error.cause());
+        count_reconnect(error.kind().label());
         if state.progressed {
             backoff.reset();
         }
@@ -90,8 +91,8 @@ pub(crate) async fn run(
         let delay = backoff.next_delay();
         tracing::warn!(
             worker,
-            cause = error.cause(),
-            error = %chain(&error),
+            cause = error.kind().label(),
+            error = %report(&error),
             retry_in_ms = delay.as_millis() as u64,
             "batch failed and rolled back (its rows stay unpublished); retrying"
         );

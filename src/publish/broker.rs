@@ -32,7 +32,7 @@ use lapin::{
 use tokio::sync::watch;
 
 use super::nodes::BrokerNodes;
-use crate::error::RelayError;
+use crate::error::{Endpoint, RelayError};
 use crate::mapper::OutboxMessage;
 
 /// A publish whose frames are queued on the connection: resolves to its confirm future once
@@ -42,9 +42,6 @@ pub type Publishing =
 
 /// A [`Broker::round_trip`] in progress.
 pub type RoundTrip = Pin<Box<dyn Future<Output = Result<(), lapin::Error>> + Send + 'static>>;
-
-/// What a broker connect timeout names ([`RelayError::ConnectTimeout`]).
-pub const RABBITMQ: &str = "RabbitMQ";
 
 /// How long a polite close may wait for the broker's close-ok.
 const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -98,7 +95,7 @@ impl Broker {
         )
         .await
         .map_err(|_| RelayError::ConnectTimeout {
-            what: RABBITMQ,
+            endpoint: Endpoint::RabbitMq,
             seconds: crate::db::CONNECT_TIMEOUT.as_secs(),
         })?
         .map_err(RelayError::Broker)?;

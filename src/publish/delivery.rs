@@ -278,9 +278,7 @@ fn observe<T: AckToken, P>(
         Confirmation::Ack(returned) => (true, returned),
         Confirmation::Nack(returned) => (false, returned),
         Confirmation::NotRequested => {
-            return Err(RelayError::Task(
-                "publisher confirms are not enabled".into(),
-            ))
+            return Err(RelayError::Bug("publisher confirms are not enabled".into()))
         }
     };
     if let Some(returned) = returned {
@@ -409,11 +407,11 @@ pub async fn deliver_batch(
             committed_at: None,
         };
         if inputs.try_send(input).is_err() {
-            return Err(RelayError::Task("a batch outgrew its channel".into()));
+            return Err(RelayError::Bug("a batch outgrew its channel".into()));
         }
     }
     if inputs.try_send(Input::AckPoint(())).is_err() {
-        return Err(RelayError::Task("a batch outgrew its channel".into()));
+        return Err(RelayError::Bug("a batch outgrew its channel".into()));
     }
     drop(inputs);
     let options = DeliveryOptions {
@@ -443,7 +441,7 @@ async fn settle_front<T: AckToken, P: AsMut<Stage>>(
     broker: &Broker,
 ) -> Result<Settle<P>, RelayError> {
     match queue.settle_front(acked) {
-        None => Err(RelayError::Task(
+        None => Err(RelayError::Bug(
             "settled a front that is not a publish".into(),
         )),
         Some(Ok(settled)) => {
@@ -462,7 +460,7 @@ async fn settle_front<T: AckToken, P: AsMut<Stage>>(
             returned,
         })) if broker.dead_letters.is_some() => {
             let Some(dead_letters) = &broker.dead_letters else {
-                return Err(RelayError::Task("dead letters are not enabled".into()));
+                return Err(RelayError::Bug("dead letters are not enabled".into()));
             };
             let reason = returned.reason();
             let message = dead_letter::for_returned(

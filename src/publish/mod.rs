@@ -18,7 +18,7 @@ pub mod delivery;
 pub mod nodes;
 pub mod queue;
 
-pub use broker::{Broker, Stage, RABBITMQ};
+pub use broker::{Broker, Stage};
 pub use delivery::{deliver, deliver_batch, Acked, DeliveryOptions, Input};
 pub use nodes::{BrokerNode, BrokerNodes};
 pub use queue::AckToken;

@@ -77,7 +77,7 @@ pub async fn emit(database_url: String, heartbeat: Heartbeat, interval: Duration
             match db::connect(&database_url).await {
                 Ok(c) => client = Some(c),
                 Err(e) => {
-                    tracing::debug!(error = %crate::error::chain(&e), "heartbeat: cannot connect");
+                    tracing::debug!(error = %crate::advice::report(&e), "heartbeat: cannot connect");
                     continue;
                 }
             }

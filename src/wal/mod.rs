@@ -38,9 +38,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::advice::report;
 use crate::backoff::Backoff;
 use crate::config::RunArgs;
-use crate::error::{chain, Recovery, RelayError};
+use crate::error::{Recovery, RelayError};
 use crate::mapper::Mapper;
 use crate::observability::{self, NotReady};
 use session::SessionContext;
@@ -136,7 +137,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
             Recovery::Stop => return Err(error),
             Recovery::Standby => {
                 if !standby_logged {
-                    tracing::info!(error = %chain(&error), "standby: waiting for the slot");
+                    tracing::info!(error = %report(&error), "standby: waiting for the slot");
                     standby_logged = true;
                 }
                 STANDBY_RETRY
@@ -149,11 +150,11 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
                 if let Some(id) = error.stuck_message_id() {
                     stuck = Some(id.to_string());
                 }
-                observability::count_reconnect(error.cause());
+                observability::count_reconnect(error.kind().label());
                 let delay = backoff.next_delay();
                 tracing::warn!(
-                    cause = error.cause(),
-                    error = %chain(&error),
+                    cause = error.kind().label(),
+                    error = %report(&error),
                     retry_in_ms = delay.as_millis() as u64,
                     "session failed; reconnecting"
                 );
@@ -196,7 +197,7 @@ async fn wait_for_free_slot(database_url: &str, slot: &str, at_most: Duration) {
     match tokio::time::timeout_at(deadline, watch).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
-            tracing::debug!(error = %chain(&e), "standby: cannot watch the slot; retrying later");
+            tracing::debug!(error = %report(&e), "standby: cannot watch the slot; retrying later");
             tokio::time::sleep_until(deadline).await;
         }
         Err(_) => {}

@@ -9,7 +9,7 @@ use pgwire_replication::Lsn;
 use tokio_postgres::Client;
 
 use crate::config::OutboxNames;
-use crate::error::RelayError;
+use crate::error::{RelayError, SlotProblem};
 use crate::shard::Shard;
 
 /// What the checks learned about the slot.
@@ -179,23 +179,18 @@ pub async fn check_slot(client: &Client, slot: &str) -> Result<SlotState, RelayE
     let wal_status: Option<String> = row.get(3);
     let active_pid: Option<i32> = row.get(4);
     let confirmed_flush: Option<String> = row.get(5);
-    let unusable = |problem: String| RelayError::SlotUnusable {
+    let unusable = |problem: SlotProblem| RelayError::SlotUnusable {
         slot: slot.to_string(),
         problem,
     };
     if slot_type != "logical" || plugin.as_deref() != Some("pgoutput") {
-        return Err(unusable(format!(
-            "is a {slot_type} slot with plugin {}, but the relay needs a logical slot with \
-             plugin pgoutput. Fix: choose another --slot name, or drop it and run `outbox-relay setup`",
-            plugin.as_deref().unwrap_or("none")
-        )));
+        return Err(unusable(SlotProblem::WrongKind {
+            slot_type,
+            plugin: plugin.unwrap_or_else(|| "none".into()),
+        }));
     }
     if same_database != Some(true) {
-        return Err(unusable(
-            "belongs to another database than the one in the database URL. Fix: connect to \
-             the slot's database or choose another --slot name"
-                .into(),
-        ));
+        return Err(unusable(SlotProblem::OtherDatabase));
     }
     if wal_status.as_deref() == Some("lost") {
         return Err(RelayError::SlotLost {

@@ -22,7 +22,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{CleanupArgs, OutboxNames, Tuning};
 use crate::db;
-use crate::error::RelayError;
+use crate::error::{Endpoint, RelayError};
 use crate::mapper::Mapper;
 use crate::observability::{Health, RelayMetrics, StreamMetrics};
 use crate::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions};
@@ -102,7 +102,7 @@ pub async fn run(
         Err(_) => {
             client.abort();
             return Err(RelayError::ConnectTimeout {
-                what: "the PostgreSQL replication connection",
+                endpoint: Endpoint::Replication,
                 seconds: db::CONNECT_TIMEOUT.as_secs(),
             });
         }
@@ -184,7 +184,7 @@ async fn start_error(
     ctx: &SessionContext,
 ) -> RelayError {
     match e {
-        PgWireError::Tls(_) => RelayError::pg_tls(e, tls),
+        PgWireError::Tls(_) => RelayError::pg_tls(e, tls.ca_pem_path.is_some()),
         e => stream_error(e, &ctx.names, &ctx.database_url).await,
     }
 }

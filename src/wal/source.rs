@@ -36,6 +36,13 @@ use crate::wal::heartbeat::Heartbeat;
 use crate::wal::position::AckPosition;
 use crate::wal::relations::{Known, RelationCache};
 
+/// Bytes the decoder cannot read are definite: the same bytes come back on every retry.
+impl From<pgoutput::DecodeError> for RelayError {
+    fn from(error: pgoutput::DecodeError) -> Self {
+        RelayError::Decode(error.to_string())
+    }
+}
+
 pub struct Source {
     mapper: Mapper,
     relations: RelationCache,

@@ -25,12 +25,13 @@ use std::time::Duration;
 use pgwire_replication::{Lsn, PgWireError, ReplicationClient};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::OutboxNames;
 use crate::db;
-use crate::error::{replication_sqlstate, RelayError};
+use crate::error::RelayError;
 use crate::observability::{pg_timestamp, Health};
 use crate::publish::{Acked, Input};
 use crate::wal::position::AckPosition;
@@ -179,7 +180,7 @@ impl StreamReader<'_> {
         drop(delivery);
         let stream_alive = !matches!(
             outcome,
-            Err(RelayError::Replication(_)
+            Err(RelayError::Replication { .. }
                 | RelayError::StreamEnded
                 | RelayError::StreamSilent { .. }
                 | RelayError::SlotInUse { .. }
@@ -228,33 +229,48 @@ impl StreamReader<'_> {
 /// holds the slot, whether the slot was invalidated, whether it is the slot or the
 /// publication that is missing.
 pub async fn stream_error(e: PgWireError, names: &OutboxNames, database_url: &str) -> RelayError {
-    let sqlstate = replication_sqlstate(&e).map(str::to_string);
-    let Some(sqlstate) = sqlstate.filter(|s| ["55006", "55000", "42704"].contains(&s.as_str()))
+    let error = RelayError::replication(e);
+    let RelayError::Replication {
+        sqlstate: Some(sqlstate),
+        ..
+    } = &error
     else {
-        return RelayError::Replication(e);
+        return error;
     };
+    let sqlstate = sqlstate.clone();
+    if ![
+        SqlState::OBJECT_IN_USE,
+        SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+        SqlState::UNDEFINED_OBJECT,
+    ]
+    .contains(&sqlstate)
+    {
+        return error;
+    }
     let slot = slot_row(database_url, &names.slot).await;
-    match (sqlstate.as_str(), slot) {
-        ("55006", slot) => RelayError::SlotInUse {
+    match (sqlstate, slot) {
+        (SqlState::OBJECT_IN_USE, slot) => RelayError::SlotInUse {
             slot: names.slot.to_string(),
             pid: slot
                 .flatten()
                 .and_then(|(pid, _)| pid)
                 .map_or_else(|| "unknown".into(), |pid| pid.to_string()),
         },
-        ("55000", Some(Some((_, lost)))) if lost => RelayError::SlotLost {
-            slot: names.slot.to_string(),
-            confirmed_flush: "its last position".into(),
-        },
-        ("42704", Some(None)) => RelayError::SlotMissing {
+        (SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, Some(Some((_, true)))) => {
+            RelayError::SlotLost {
+                slot: names.slot.to_string(),
+                confirmed_flush: "its last position".into(),
+            }
+        }
+        (SqlState::UNDEFINED_OBJECT, Some(None)) => RelayError::SlotMissing {
             slot: names.slot.to_string(),
         },
         // The slot exists: the object the walsender could not find is the publication.
-        ("42704", Some(Some(_))) => RelayError::PublicationMissing {
+        (SqlState::UNDEFINED_OBJECT, Some(Some(_))) => RelayError::PublicationMissing {
             publication: names.publication.to_string(),
             table: names.table.to_string(),
         },
-        _ => RelayError::Replication(e),
+        _ => error,
     }
 }
 
@@ -305,9 +321,11 @@ async fn delivery_outcome(
     delivery: &mut DeliveryTask,
     source_error: &mut Option<RelayError>,
 ) -> Result<(), RelayError> {
-    let delivered = delivery
-        .await
-        .unwrap_or_else(|e| Err(RelayError::Task(e.to_string())));
+    let delivered = delivery.await.unwrap_or_else(|e| {
+        Err(RelayError::Bug(format!(
+            "the delivery task ended abnormally: {e}"
+        )))
+    });
     delivered.and(source_error.take().map_or(Ok(()), Err))
 }
 

@@ -1,0 +1,215 @@
+//! What an operator does about an error: the "Fix:" that follows its message.
+//!
+//! An error says what is wrong (`crate::error`); this module says how to repair it, with the
+//! commands, flags and SQL that apply. The SQL is what a DBA pastes into psql, so every name
+//! in it is quoted where needed (a name that reached the configuration can hold anything).
+//! Kept apart from the error types because advice needs the names of commands, flags and
+//! quoting, which the error types must not depend on.
+//!
+//! Every error the relay reports to a person goes through [`report`].
+
+use crate::db::{quote_ident, sql_name, sql_table};
+use crate::error::{chain, RelayError, SlotProblem, TlsProblem};
+
+/// The error, its sources, and what to do about it, on one line.
+pub fn report(error: &RelayError) -> String {
+    let text = chain(error);
+    match fix(error) {
+        Some(fix) => format!("{text}. Fix: {fix}"),
+        None => text,
+    }
+}
+
+/// What to do about `error`, when the relay knows.
+pub fn fix(error: &RelayError) -> Option<String> {
+    use RelayError::*;
+    Some(match error {
+        WalLevel { .. } => "ALTER SYSTEM SET wal_level = 'logical'; then restart PostgreSQL \
+             (or run `outbox-relay poll`, which needs no slot)"
+            .into(),
+        PublicationMissing { publication, table } => format!(
+            "run `outbox-relay setup`, or CREATE PUBLICATION {} FOR TABLE {} WITH (publish = \
+             'insert')",
+            sql_name(publication),
+            sql_table(table)
+        ),
+        PublicationDoesNotCoverTable { publication, table } => format!(
+            "ALTER PUBLICATION {} ADD TABLE {}",
+            sql_name(publication),
+            sql_table(table)
+        ),
+        ShardFilterMismatch { .. } => "give every relay the --shards (OUTBOX_SHARDS) that \
+             `outbox-relay setup --shards` made the publications with (a filter's `% N) = K` \
+             names both); to change the number of shards, follow docs/operations.md, \
+             \"Scaling out\""
+            .into(),
+        SlotMissing { .. } => "run `outbox-relay setup` (it creates the slot after the \
+             publication). Rows inserted while no slot existed are not in any slot: re-publish \
+             them with `outbox-relay resync --since <time>`"
+            .into(),
+        SlotUnusable { problem, .. } => match problem {
+            SlotProblem::WrongKind { .. } => {
+                "choose another --slot name, or drop it and run `outbox-relay setup`".into()
+            }
+            SlotProblem::OtherDatabase => {
+                "connect to the slot's database or choose another --slot name".into()
+            }
+        },
+        SlotLost { .. } => "`outbox-relay teardown --yes`, `outbox-relay setup`, then \
+             `outbox-relay resync --since <time of the last delivered message>`; consider \
+             raising max_slot_wal_keep_size (docs/operations.md, \"Recovering from a lost \
+             slot\")"
+            .into(),
+        TableMissing { .. } => "run `outbox-relay setup` or create it from sql/".into(),
+        NoReplicationPrivilege { role } => format!(
+            "ALTER ROLE {} REPLICATION (sql/role.sql has the least-privilege role), and allow \
+             its replication connection in pg_hba.conf with a line for the database name \
+             (logical replication connections match the database, not the `replication` \
+             keyword)",
+            role.as_deref()
+                .map(sql_name)
+                .unwrap_or_else(|| "<role>".into())
+        ),
+        PublicationNotOwned { publication, .. } => format!(
+            "ask the owner to run: DROP PUBLICATION {};",
+            quote_ident(publication)
+        ),
+        PgTls {
+            problem, ca_given, ..
+        } => tls_fix(*problem, *ca_given).into(),
+        Bug(_) => "none needed to keep data safe: nothing past the failure was acknowledged, \
+             and a restart resumes from the slot. Please report this message (and the log \
+             before it) to the outbox-relay maintainers"
+            .into(),
+        Returned { .. } => {
+            "bind a queue; the relay retries and does not move past this message".into()
+        }
+        ReturnedAfterSettle { .. } => {
+            "bind a queue for this routing key, and report the broker version".into()
+        }
+        DeadLetterReturned { exchange, .. } => format!(
+            "bind a queue to \"{exchange}\" (with `#` for every dead letter); the relay retries \
+             and does not move past this message"
+        ),
+        ExchangeMissing { .. } => "run `outbox-relay setup` with the same flags (it declares \
+             the exchange and, under `--on-unroutable dead-letter`, the dead-letter exchange, \
+             both durable topic exchanges) or declare it; the relay retries"
+            .into(),
+        _ => return None,
+    })
+}
+
+/// The fix for the usual causes of a failed TLS setup.
+fn tls_fix(problem: TlsProblem, ca_given: bool) -> &'static str {
+    match problem {
+        TlsProblem::UnknownIssuer if ca_given => {
+            "the server's certificate is not signed by the CA in sslrootcert: set sslrootcert \
+             in the database URL to the CA that signed the server's certificate"
+        }
+        TlsProblem::UnknownIssuer => {
+            "the server's certificate is not signed by a well-known CA: add \
+             sslrootcert=/path/to/ca.pem (the CA that signed it) to the database URL"
+        }
+        TlsProblem::NameMismatch => {
+            "the server's certificate does not name the host in the database URL: connect by a \
+             name the certificate lists, or use sslmode=verify-ca"
+        }
+        TlsProblem::Refused => {
+            "the server does not accept TLS connections: enable ssl on the server, or lower \
+             sslmode in the database URL (prefer uses TLS only when offered)"
+        }
+        TlsProblem::CaFile => {
+            "sslrootcert in the database URL must name a readable PEM file holding the CA \
+             certificate"
+        }
+        TlsProblem::Definite | TlsProblem::Handshake => {
+            "check sslmode and sslrootcert in the database URL"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_replication_privilege_names_the_fix() {
+        let e = RelayError::replication(pgwire_replication::PgWireError::Server(
+            "must be superuser or replication role to start walsender (SQLSTATE 42501)".into(),
+        ))
+        .clarify(Some("app_relay"));
+        let text = report(&e);
+        assert!(text.contains("REPLICATION"), "{text}");
+        assert!(text.contains("ALTER ROLE app_relay REPLICATION"), "{text}");
+        assert!(text.contains("pg_hba.conf"), "{text}");
+    }
+
+    /// A name that reaches a "Fix:" is quoted there, so pasting the fix runs only the fix.
+    #[test]
+    fn names_in_the_suggested_sql_are_quoted_where_needed() {
+        let publication = "Pub; DROP TABLE users; --".to_string();
+        let table = "My App.events".to_string();
+        let missing = report(&RelayError::PublicationMissing {
+            publication: publication.clone(),
+            table: table.clone(),
+        });
+        assert!(
+            missing.contains(
+                "CREATE PUBLICATION \"Pub; DROP TABLE users; --\" FOR TABLE \"My App\".events"
+            ),
+            "{missing}"
+        );
+        let uncovered = report(&RelayError::PublicationDoesNotCoverTable {
+            publication: publication.clone(),
+            table,
+        });
+        assert!(
+            uncovered.contains(
+                "ALTER PUBLICATION \"Pub; DROP TABLE users; --\" ADD TABLE \"My App\".events"
+            ),
+            "{uncovered}"
+        );
+        let not_owned = report(&RelayError::PublicationNotOwned {
+            publication: "x\"; DROP TABLE users; --".into(),
+            owner: "dba".into(),
+            slot_note: String::new(),
+        });
+        assert!(
+            not_owned.ends_with("DROP PUBLICATION \"x\"\"; DROP TABLE users; --\";"),
+            "{not_owned}"
+        );
+        let role = report(&RelayError::NoReplicationPrivilege {
+            role: Some("App Relay".into()),
+        });
+        assert!(
+            role.contains("ALTER ROLE \"App Relay\" REPLICATION"),
+            "{role}"
+        );
+        // Plain names stay as they were.
+        let plain = report(&RelayError::PublicationMissing {
+            publication: "outbox_pub".into(),
+            table: "outbox".into(),
+        });
+        assert!(
+            plain.contains("CREATE PUBLICATION outbox_pub FOR TABLE outbox"),
+            "{plain}"
+        );
+    }
+
+    #[test]
+    fn the_fix_follows_the_message_and_its_sources() {
+        let e = RelayError::ExchangeMissing {
+            exchange: "outbox".into(),
+        };
+        let text = report(&e);
+        assert!(
+            text.starts_with("The exchange \"outbox\" does not exist on the broker. Fix: run"),
+            "{text}"
+        );
+        // Without advice, the report is the chain alone.
+        assert_eq!(
+            report(&RelayError::StreamEnded),
+            RelayError::StreamEnded.to_string()
+        );
+    }
+}
