@@ -13,8 +13,8 @@
 //! The envelope is versioned ([`VERSION`]): a relay refuses an envelope newer than it reads
 //! rather than guess, and a malformed one (e.g. written by hand with the prefix) is a
 //! [`MapError`] that follows the dead-letter policy like an unmappable row: it stops the
-//! relay before it is acknowledged (halt), or goes to the dead-letter exchange. Never
-//! dropped silently. Messages with other prefixes are not ours (other outboxes, heartbeats,
+//! relay before it is acknowledged (halt), or goes to the dead-letter exchange: delivery's
+//! call, not this module's. Never dropped silently. Messages with other prefixes are not ours (other outboxes, heartbeats,
 //! other tools): the stream's reader ignores them.
 //!
 //! Pure and synchronous, like the mapper.
@@ -23,13 +23,11 @@ use std::borrow::Cow;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use lapin::types::{FieldTable, ShortString};
-use lapin::BasicProperties;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::mapper::{self, BodyKind, MapError, Mapper, OutboxMessage, Parts, Position, RowRef};
-use crate::publish::dead_letter::{self, Reason};
+use crate::mapper::{self, BodyKind, Headers, MapError, Mapper, Parts, Position, Readable, RowRef};
+use crate::message::{Message, Unpublishable};
 
 /// The envelope version this relay writes (in the emit functions) and reads.
 pub const VERSION: u64 = 1;
@@ -172,7 +170,7 @@ struct Event<'a> {
     wire: Wire<'a>,
     body: Bytes,
     kind: PayloadType,
-    headers: FieldTable,
+    headers: Headers,
     created_at: Option<time::OffsetDateTime>,
 }
 
@@ -244,7 +242,7 @@ impl<'a> Event<'a> {
             Some(raw) => payload(content, raw, kind).map_err(envelope)?,
         };
         let headers = match wire.headers {
-            None => FieldTable::default(),
+            None => Headers::new(),
             Some(raw) => mapper::headers_from_json(raw.get().as_bytes())
                 .map_err(|problem| envelope(format!("\"{}\" {problem}", fields::HEADERS)))?,
         };
@@ -273,6 +271,17 @@ impl<'a> Event<'a> {
             headers,
             created_at,
         })
+    }
+
+    /// The message this event becomes, at `position`: the contract applied to its fields.
+    fn message(&self, mapper: &Mapper, position: Position) -> Result<Message, MapError> {
+        // From here on, its id names the event in errors.
+        let row = || RowRef {
+            id: Some(self.wire.id.to_string()),
+            position: Some(position),
+            emitted: true,
+        };
+        mapper.assemble(self.parts(), Some(position), &row)
     }
 
     fn parts(&self) -> Parts<'_> {
@@ -332,107 +341,77 @@ fn rfc3339_seconds(text: &str) -> Option<time::OffsetDateTime> {
     (at.unix_timestamp() >= 0).then_some(at)
 }
 
-/// The message an emitted event at `position` becomes, or under the dead-letter policy
-/// (`dead_letter_exchange` given) the dead letter of one that cannot be published, with why.
-/// `transactional` is false for a message written with `pg_logical_emit_message(false, …)`:
-/// it is part of no transaction (written even if the writer rolled back), so it is never
-/// published as an event.
-pub fn map_or_dead_letter(
+/// The message an emitted event at `position` becomes, or what can be read of one that
+/// cannot be published, and why. `transactional` is false for a message written with
+/// `pg_logical_emit_message(false, …)`: it is part of no transaction (written even if the
+/// writer rolled back), so it is never published as an event.
+pub fn map(
     mapper: &Mapper,
     content: &Bytes,
     transactional: bool,
     position: Position,
-    dead_letter_exchange: Option<&ShortString>,
-) -> Result<(OutboxMessage, Option<Reason>), MapError> {
-    let row = |id: Option<String>| RowRef {
-        id,
+) -> Result<Message, Box<Unpublishable>> {
+    let (event, error) = match read(content, transactional, position) {
+        Ok(event) => match event.message(mapper, position) {
+            Ok(message) => return Ok(message),
+            Err(error) => (Some(event), error),
+        },
+        Err(error) => (None, error),
+    };
+    let readable = readable_event(content, event.as_ref(), position);
+    Err(mapper.unpublishable(Some(readable), Some(position), error))
+}
+
+/// The event in `content`, or why it is not one.
+fn read(content: &Bytes, transactional: bool, position: Position) -> Result<Event<'_>, MapError> {
+    let row = || RowRef {
+        id: None,
         position: Some(position),
         emitted: true,
     };
-    let parsed = if transactional {
-        Event::parse(content, &|| row(None))
-    } else {
-        Err(MapError::Envelope {
-            row: row(None),
+    if !transactional {
+        return Err(MapError::Envelope {
+            row: row(),
             problem: "was written non-transactionally (pg_logical_emit_message(false, …)), \
                       so it is part of no transaction and would be published even after a \
                       rollback"
                 .into(),
-        })
-    };
-    let (event, error) = match parsed {
-        Ok(event) => {
-            // From here on, its id names the event in errors.
-            let id = event.wire.id.to_string();
-            match mapper.assemble(event.parts(), Some(position), &|| row(Some(id.clone()))) {
-                Ok(message) => return Ok((message, None)),
-                Err(error) => (Some(event), error),
-            }
-        }
-        Err(error) => (None, error),
-    };
-    let Some(dead_letter_exchange) = dead_letter_exchange else {
-        return Err(error);
-    };
-    let original = salvage(mapper, content, event.as_ref(), position);
-    let reason = error.dead_letter_reason();
-    let message = dead_letter::dead_letter(dead_letter_exchange, original, &reason);
-    Ok((message, Some(reason)))
+        });
+    }
+    Event::parse(content, &row)
 }
 
-/// What can be told of an event that cannot be published: its id and destination when the
+/// What can be read of an event that cannot be published: its id and destination when the
 /// envelope was readable, else an id made of its stream position (stable across replays, so
-/// consumers of the dead letters can deduplicate) and the envelope itself as the body; the
-/// body is left empty when over the size limit.
-fn salvage(
-    mapper: &Mapper,
+/// consumers of dead letters can deduplicate) and the envelope itself as the body.
+fn readable_event<'a>(
     content: &Bytes,
-    event: Option<&Event<'_>>,
+    event: Option<&'a Event<'_>>,
     position: Position,
-) -> OutboxMessage {
-    let short = |text: Option<&str>| text.and_then(|t| ShortString::try_new(t).ok());
+) -> Readable<'a> {
     let message_id = event
         .map(|e| e.wire.id.to_string())
-        .filter(|id| ShortString::try_new(id.as_str()).is_ok())
+        .filter(|id| id.len() <= mapper::MAX_SHORT_TEXT)
         .unwrap_or_else(|| format!("emitted-{}", position.seq()));
-    let event_type = short(event.map(|e| e.wire.event_type.as_ref()));
-    let exchange = short(event.and_then(|e| e.wire.exchange.as_deref()))
-        .unwrap_or_else(|| mapper.default_exchange().clone());
-    let routing_key = short(event.and_then(|e| e.wire.routing_key.as_deref()))
-        .or_else(|| event_type.clone())
-        .unwrap_or_default();
-    let (body, content_type) = match event {
-        Some(event) => (
-            event.body.clone(),
-            Some(event.kind.body_kind().content_type()),
-        ),
-        None => (content.clone(), None),
-    };
-    let body = if body.len() > mapper.max_message_size() {
-        Bytes::new()
-    } else {
-        body
-    };
-    let mut headers = event.map(|e| e.headers.clone()).unwrap_or_default();
-    mapper::insert_stream_headers(&mut headers, Some(position));
-    let mut properties = BasicProperties::default()
-        .with_delivery_mode(2)
-        .with_headers(headers);
-    if let Some(id) = short(Some(&message_id)) {
-        properties = properties.with_message_id(id);
-    }
-    if let Some(event_type) = event_type {
-        properties = properties.with_type(event_type);
-    }
-    if let Some(content_type) = content_type {
-        properties = properties.with_content_type(content_type.into());
-    }
-    OutboxMessage {
-        message_id,
-        exchange,
-        routing_key,
-        properties,
-        body,
+    match event {
+        Some(event) => Readable {
+            message_id,
+            event_type: Some(event.wire.event_type.as_ref()),
+            exchange: event.wire.exchange.as_deref(),
+            routing_key: event.wire.routing_key.as_deref(),
+            body: event.body.clone(),
+            content_type: Some(event.kind.body_kind().content_type()),
+            headers: event.headers.clone(),
+        },
+        None => Readable {
+            message_id,
+            event_type: None,
+            exchange: None,
+            routing_key: None,
+            body: content.clone(),
+            content_type: None,
+            headers: Headers::new(),
+        },
     }
 }
 

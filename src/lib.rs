@@ -37,6 +37,7 @@ pub mod emit;
 pub mod error;
 pub mod failpoint;
 pub mod mapper;
+pub mod message;
 pub mod observability;
 pub mod ops;
 pub mod outbox_table;

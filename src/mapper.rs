@@ -1,12 +1,15 @@
-//! Row -> AMQP message, per the message contract (DESIGN.md section 2).
+//! Row -> message, per the message contract (docs/architecture.md, "The message contract").
 //!
 //! Values arrive as text shaped by the session settings pinned on the replication connection
 //! (ISO dates in UTC, hex bytea), so parsing them here is exact. The body is a slice of the
 //! replication buffer: no payload byte is copied between the socket and the broker's frame.
 //!
-//! Mapping errors are definite: the relay stops before acknowledging the row and names it.
+//! A row that cannot be mapped becomes an [`Unpublishable`]: what could be read of it, and
+//! why. What happens to it (stop the relay, naming the row, or a dead letter) is delivery's
+//! policy, not the mapper's.
 //!
-//! Pure and synchronous: it owns the translation, no I/O. It must never make up a value the
+//! Pure and synchronous: it owns the translation, no I/O, and knows no broker client's
+//! types (the message is `crate::message`'s). It must never make up a value the
 //! contract requires (a NULL `id` or `event_type`, an unchanged-TOAST value, a malformed
 //! column is a [`MapError`] naming the row): a message published with a wrong id or type
 //! cannot be called back. Only optional columns have defaults (the exchange, the routing key =
@@ -15,12 +18,10 @@
 use std::fmt;
 
 use bytes::Bytes;
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::BasicProperties;
 use pgwire_replication::Lsn;
 
+use crate::message::{HeaderValue, Message, Rejection, Unpublishable};
 use crate::pgoutput::{Relation, Tuple, TupleValue};
-use crate::publish::dead_letter::{self, Reason};
 
 /// The outbox table's column names, kept with the table (`outbox_table`) and re-exported
 /// here for the modules that name them while mapping or deleting rows.
@@ -144,15 +145,12 @@ impl Position {
     }
 }
 
-/// One message ready for `basic_publish`.
-#[derive(Debug, Clone)]
-pub struct OutboxMessage {
-    pub message_id: String,
-    pub exchange: ShortString,
-    pub routing_key: ShortString,
-    pub properties: BasicProperties,
-    pub body: Bytes,
-}
+/// The message's own headers, as a source read them.
+pub type Headers = Vec<(String, HeaderValue)>;
+
+/// AMQP's limit for a short string (the exchange, routing key, message id, type and header
+/// names): checked here, so that a row over it is named like any other mapping error.
+pub const MAX_SHORT_TEXT: usize = 255;
 
 /// A message as read from its source (a row, or an emitted event's envelope), before
 /// [`Mapper::assemble`] applies the contract to it.
@@ -163,7 +161,7 @@ pub struct Parts<'a> {
     pub body: Bytes,
     pub content_type: Option<&'static str>,
     /// The message's own headers; the relay's are added by `assemble`.
-    pub headers: FieldTable,
+    pub headers: Headers,
     /// At or after 1970 (AMQP timestamps are Unix seconds).
     pub created_at: Option<time::OffsetDateTime>,
     pub exchange: Option<&'a str>,
@@ -174,7 +172,7 @@ pub struct Parts<'a> {
 
 #[derive(Debug, Clone)]
 pub struct Mapper {
-    default_exchange: ShortString,
+    default_exchange: String,
     max_message_size: usize,
     allowed_exchanges: AllowedExchanges,
     /// `--message-format cloudevents`: the events' `source`; `None` for plain.
@@ -352,17 +350,18 @@ impl From<MapError> for crate::error::RelayError {
 }
 
 impl MapError {
-    /// Why a message that failed this way is dead-lettered.
-    pub fn dead_letter_reason(&self) -> Reason {
+    /// Why a message that failed this way could not be built: the reason its dead letter
+    /// carries.
+    pub fn rejection(&self) -> Rejection {
         match self {
-            MapError::TooLarge { size, limit, .. } => Reason::TooLarge {
+            MapError::TooLarge { size, limit, .. } => Rejection::TooLarge {
                 size: *size,
                 limit: *limit,
             },
-            MapError::ExchangeNotAllowed { exchange, .. } => Reason::ExchangeNotAllowed {
+            MapError::ExchangeNotAllowed { exchange, .. } => Rejection::ExchangeNotAllowed {
                 exchange: exchange.clone(),
             },
-            other => Reason::Unmappable {
+            other => Rejection::Unmappable {
                 error: other.problem(),
             },
         }
@@ -420,10 +419,13 @@ impl Mapper {
         max_message_size: usize,
         allowed_exchanges: AllowedExchanges,
     ) -> Result<Self, String> {
-        let default_exchange = ShortString::try_new(default_exchange)
-            .map_err(|_| format!("Exchange name \"{default_exchange}\" is over 255 bytes"))?;
+        if default_exchange.len() > MAX_SHORT_TEXT {
+            return Err(format!(
+                "Exchange name \"{default_exchange}\" is over {MAX_SHORT_TEXT} bytes"
+            ));
+        }
         Ok(Self {
-            default_exchange,
+            default_exchange: default_exchange.to_string(),
             max_message_size,
             allowed_exchanges,
             cloudevents_source: None,
@@ -442,7 +444,7 @@ impl Mapper {
         layout: &Layout,
         tuple: &Tuple,
         position: Option<Position>,
-    ) -> Result<OutboxMessage, MapError> {
+    ) -> Result<Message, MapError> {
         let values = &tuple.0;
         let id = text_value(values.get(layout.id)).and_then(|v| match v {
             Value::Text(t) => Some(t.to_string()),
@@ -482,7 +484,7 @@ impl Mapper {
         let body = body(layout, values, &row)?;
         let headers = match layout.headers {
             Some(i) => header_table(&values[i], &row)?,
-            None => FieldTable::default(),
+            None => Headers::new(),
         };
         let created_at = optional_str(values, layout.created_at, columns::CREATED_AT, &row)?
             .map(|text| {
@@ -521,13 +523,13 @@ impl Mapper {
         parts: Parts<'_>,
         position: Option<Position>,
         row: &dyn Fn() -> RowRef,
-    ) -> Result<OutboxMessage, MapError> {
+    ) -> Result<Message, MapError> {
         let Parts {
             message_id,
             event_type,
             body,
             content_type,
-            headers: mut table,
+            mut headers,
             created_at,
             exchange,
             routing_key,
@@ -556,13 +558,13 @@ impl Mapper {
             Some(key) => short(key, columns::ROUTING_KEY, row)?,
             None => short(event_type, columns::EVENT_TYPE, row)?,
         };
-        insert_stream_headers(&mut table, position);
+        insert_stream_headers(&mut headers, position);
         for (header, value) in [
-            (headers::AGGREGATE_TYPE, aggregate_type),
-            (headers::AGGREGATE_ID, aggregate_id),
+            (self::headers::AGGREGATE_TYPE, aggregate_type),
+            (self::headers::AGGREGATE_ID, aggregate_id),
         ] {
             if let Some(value) = value {
-                table.insert(header.into(), AMQPValue::LongString(value.into()));
+                headers.push((header.to_string(), value.into()));
             }
         }
         let (body, content_type) = match &self.cloudevents_source {
@@ -587,28 +589,21 @@ impl Mapper {
                 (event, Some(crate::cloudevents::CONTENT_TYPE))
             }
         };
-        let mut properties = BasicProperties::default()
-            .with_message_id(short(&message_id, columns::ID, row)?)
-            .with_type(short(event_type, columns::EVENT_TYPE, row)?)
-            .with_delivery_mode(2)
-            .with_headers(table);
-        if let Some(content_type) = content_type {
-            properties = properties.with_content_type(content_type.into());
-        }
-        if let Some(seconds) = created_at.and_then(|at| u64::try_from(at.unix_timestamp()).ok()) {
-            properties = properties.with_timestamp(seconds);
-        }
-        Ok(OutboxMessage {
+        short(&message_id, columns::ID, row)?;
+        Ok(Message {
             message_id,
             exchange,
             routing_key,
-            properties,
+            event_type: Some(short(event_type, columns::EVENT_TYPE, row)?),
+            content_type,
+            timestamp: created_at.and_then(|at| u64::try_from(at.unix_timestamp()).ok()),
+            headers,
             body,
         })
     }
 
     /// The default exchange (`--exchange`).
-    pub fn default_exchange(&self) -> &ShortString {
+    pub fn default_exchange(&self) -> &str {
         &self.default_exchange
     }
 
@@ -618,17 +613,15 @@ impl Mapper {
     }
 }
 
-/// `x-outbox-lsn` and `x-outbox-seq`, for a row from the stream.
-pub(crate) fn insert_stream_headers(table: &mut FieldTable, position: Option<Position>) {
+/// `x-outbox-lsn` and `x-outbox-seq`, for a row from the stream. Added after the message's
+/// own headers: a header of the same name is replaced by the relay's.
+fn insert_stream_headers(headers: &mut Headers, position: Option<Position>) {
     if let Some(position) = position {
-        table.insert(
-            headers::LSN.into(),
-            AMQPValue::LongString(LongString::from(position.commit_lsn.to_string())),
-        );
-        table.insert(
-            headers::SEQ.into(),
-            AMQPValue::LongString(LongString::from(position.seq())),
-        );
+        headers.push((
+            self::headers::LSN.to_string(),
+            position.commit_lsn.to_string().into(),
+        ));
+        headers.push((self::headers::SEQ.to_string(), position.seq().into()));
     }
 }
 
@@ -654,105 +647,121 @@ fn body(
         // Binary jsonb starts with a version byte (1) before the JSON text.
         Some(TupleValue::Binary(raw)) if kind == BodyKind::Jsonb => raw.slice(1.min(raw.len())..),
         Some(TupleValue::Binary(raw)) => raw.clone(),
-        Some(TupleValue::UnchangedToast) => unreachable_toast(),
+        // `map` refuses unchanged TOAST before reading the body; what is read of a rejected
+        // row has no body for it.
+        Some(TupleValue::UnchangedToast) => Bytes::new(),
     })
 }
 
 impl Mapper {
-    /// [`map`](Self::map), or under the dead-letter policy (`dead_letter_exchange` given) the
-    /// dead letter of a row that cannot be published (too large, or unmappable), with why.
-    /// A row without a readable id is never dead-lettered: nothing would identify it, so it
-    /// stops the relay like any mapping error.
-    pub fn map_or_dead_letter(
+    /// [`map`](Self::map), or what can be read of a row that cannot be published, and why.
+    pub fn map_row(
         &self,
         layout: &Layout,
         tuple: &Tuple,
         position: Option<Position>,
-        dead_letter_exchange: Option<&ShortString>,
-    ) -> Result<(OutboxMessage, Option<Reason>), MapError> {
-        let error = match self.map(layout, tuple, position) {
-            Ok(message) => return Ok((message, None)),
-            Err(error) => error,
-        };
-        let Some(dead_letter_exchange) = dead_letter_exchange else {
-            return Err(error);
-        };
-        let Some(original) = self.salvage(layout, tuple, position, &error) else {
-            return Err(error);
-        };
-        let reason = error.dead_letter_reason();
-        let message = dead_letter::dead_letter(dead_letter_exchange, original, &reason);
-        Ok((message, Some(reason)))
+    ) -> Result<Message, Box<Unpublishable>> {
+        self.map(layout, tuple, position).map_err(|error| {
+            let readable = readable_row(layout, tuple, position, &error);
+            self.unpublishable(readable, position, error)
+        })
     }
 
-    /// What can be told of a row `map` rejected: its id, its destination and stream headers
-    /// when readable, and its body when that is within the size limit (else empty). `None`
-    /// when the row has no usable id or does not match its Relation.
-    fn salvage(
+    /// A row or event `error` rejected, with what could be read of it (`None`: nothing that
+    /// identifies it). What is read goes through the contract's defaults (the default
+    /// exchange, the event type as routing key, the stream headers), minus what it would
+    /// break: a value over AMQP's limit is left out, a body over the size limit left empty.
+    pub fn unpublishable(
         &self,
-        layout: &Layout,
-        tuple: &Tuple,
+        readable: Option<Readable<'_>>,
         position: Option<Position>,
-        error: &MapError,
-    ) -> Option<OutboxMessage> {
-        let values = &tuple.0;
-        if values.len() != layout.width {
-            return None;
-        }
-        let message_id = error.row_id()?.to_string();
-        let id = ShortString::try_new(message_id.as_str()).ok()?;
-        let row = || RowRef::row(Some(message_id.clone()), position);
-        let readable = |index: Option<usize>, column| {
-            optional_str(values, index, column, &row)
-                .ok()
-                .flatten()
-                .and_then(|text| ShortString::try_new(text).ok())
-        };
-        let event_type = readable(Some(layout.event_type), columns::EVENT_TYPE);
-        let exchange = readable(layout.exchange, columns::EXCHANGE)
-            .unwrap_or_else(|| self.default_exchange.clone());
-        let routing_key = readable(layout.routing_key, columns::ROUTING_KEY)
-            .or_else(|| event_type.clone())
-            .unwrap_or_default();
-        let body = body(layout, values, &row)
-            .or_else(|_| match layout.payload.and_then(|(i, _)| values.get(i)) {
-                Some(TupleValue::Text(raw) | TupleValue::Binary(raw)) => Ok(raw.clone()),
-                _ => Err(()),
-            })
-            .unwrap_or_default();
-        let body = if body.len() > self.max_message_size {
-            Bytes::new()
-        } else {
-            body
-        };
-        let mut table = layout
-            .headers
-            .and_then(|i| header_table(&values[i], &row).ok())
-            .unwrap_or_default();
-        insert_stream_headers(&mut table, position);
-        let mut properties = BasicProperties::default()
-            .with_message_id(id)
-            .with_delivery_mode(2)
-            .with_headers(table);
-        if let Some(event_type) = event_type {
-            properties = properties.with_type(event_type);
-        }
-        if let Some((_, kind)) = layout.payload {
-            properties = properties.with_content_type(kind.content_type().into());
-        }
-        Some(OutboxMessage {
-            message_id,
-            exchange,
-            routing_key,
-            properties,
-            body,
+        error: MapError,
+    ) -> Box<Unpublishable> {
+        let original = readable
+            .filter(|readable| readable.message_id.len() <= MAX_SHORT_TEXT)
+            .map(|readable| {
+                let fits = |text: Option<&str>| {
+                    text.filter(|t| t.len() <= MAX_SHORT_TEXT)
+                        .map(str::to_string)
+                };
+                let event_type = fits(readable.event_type);
+                let mut headers = readable.headers;
+                insert_stream_headers(&mut headers, position);
+                Message {
+                    message_id: readable.message_id,
+                    exchange: fits(readable.exchange)
+                        .unwrap_or_else(|| self.default_exchange.clone()),
+                    routing_key: fits(readable.routing_key)
+                        .or_else(|| event_type.clone())
+                        .unwrap_or_default(),
+                    event_type,
+                    content_type: readable.content_type,
+                    timestamp: None,
+                    headers,
+                    body: if readable.body.len() > self.max_message_size {
+                        Bytes::new()
+                    } else {
+                        readable.body
+                    },
+                }
+            });
+        Box::new(Unpublishable {
+            original,
+            rejection: error.rejection(),
+            message_id: error.row_id().map(str::to_string),
+            problem: error.to_string(),
         })
     }
 }
 
-fn unreachable_toast() -> Bytes {
-    // Rejected above for every column; kept total instead of panicking.
-    Bytes::new()
+/// What could be read of a rejected row or event: the raw material of its description.
+#[derive(Debug)]
+pub struct Readable<'a> {
+    pub message_id: String,
+    pub event_type: Option<&'a str>,
+    pub exchange: Option<&'a str>,
+    pub routing_key: Option<&'a str>,
+    pub body: Bytes,
+    pub content_type: Option<&'static str>,
+    pub headers: Headers,
+}
+
+/// What can be read of a row `map` rejected: its id, destination and headers when readable,
+/// and its body (decoded, or else as it arrived). `None` when the row has no usable id or
+/// does not match its Relation.
+fn readable_row<'a>(
+    layout: &Layout,
+    tuple: &'a Tuple,
+    position: Option<Position>,
+    error: &MapError,
+) -> Option<Readable<'a>> {
+    let values = &tuple.0;
+    if values.len() != layout.width {
+        return None;
+    }
+    let message_id = error.row_id()?.to_string();
+    let row = || RowRef::row(Some(message_id.clone()), position);
+    let readable = |index: Option<usize>, column| {
+        optional_str(values, index, column, &row).ok().flatten()
+    };
+    let body = body(layout, values, &row)
+        .or_else(|_| match layout.payload.and_then(|(i, _)| values.get(i)) {
+            Some(TupleValue::Text(raw) | TupleValue::Binary(raw)) => Ok(raw.clone()),
+            _ => Err(()),
+        })
+        .unwrap_or_default();
+    Some(Readable {
+        event_type: readable(Some(layout.event_type), columns::EVENT_TYPE),
+        exchange: readable(layout.exchange, columns::EXCHANGE),
+        routing_key: readable(layout.routing_key, columns::ROUTING_KEY),
+        body,
+        content_type: layout.payload.map(|(_, kind)| kind.content_type()),
+        headers: layout
+            .headers
+            .and_then(|i| header_table(&values[i], &row).ok())
+            .unwrap_or_default(),
+        message_id,
+    })
 }
 
 enum Value<'a> {
@@ -800,26 +809,26 @@ fn required_str<'a>(
         .ok_or_else(|| MapError::Null { row: row(), column })
 }
 
-fn short(
-    value: &str,
-    column: &'static str,
-    row: &dyn Fn() -> RowRef,
-) -> Result<ShortString, MapError> {
-    ShortString::try_new(value).map_err(|_| MapError::Invalid {
-        row: row(),
-        column,
-        problem: format!(
-            "is {} bytes long; AMQP allows at most 255 here",
-            value.len()
-        ),
-    })
+/// `value` as a short text (at most [`MAX_SHORT_TEXT`] bytes), or the error naming the row.
+fn short(value: &str, column: &'static str, row: &dyn Fn() -> RowRef) -> Result<String, MapError> {
+    if value.len() > MAX_SHORT_TEXT {
+        return Err(MapError::Invalid {
+            row: row(),
+            column,
+            problem: format!(
+                "is {} bytes long; AMQP allows at most {MAX_SHORT_TEXT} here",
+                value.len()
+            ),
+        });
+    }
+    Ok(value.to_string())
 }
 
 /// The `headers` jsonb column: an object whose string, number and bool values become AMQP
 /// headers; nested values are passed as their JSON text, nulls are left out.
-fn header_table(value: &TupleValue, row: &dyn Fn() -> RowRef) -> Result<FieldTable, MapError> {
+fn header_table(value: &TupleValue, row: &dyn Fn() -> RowRef) -> Result<Headers, MapError> {
     let bytes = match value {
-        TupleValue::Null | TupleValue::UnchangedToast => return Ok(FieldTable::default()),
+        TupleValue::Null | TupleValue::UnchangedToast => return Ok(Headers::new()),
         TupleValue::Text(bytes) => bytes.clone(),
         TupleValue::Binary(bytes) => bytes.slice(1.min(bytes.len())..),
     };
@@ -830,32 +839,33 @@ fn header_table(value: &TupleValue, row: &dyn Fn() -> RowRef) -> Result<FieldTab
     })
 }
 
-/// A JSON object of headers as an AMQP table (string, number and bool values; nested values
-/// as their JSON text; nulls left out), or what is wrong with it. Rows' `headers` column and
-/// emitted events' `headers` field alike.
-pub fn headers_from_json(json: &[u8]) -> Result<FieldTable, String> {
+/// A JSON object of headers as message headers (string, number and bool values; nested
+/// values as their JSON text; nulls left out), or what is wrong with it. Rows' `headers`
+/// column and emitted events' `headers` field alike.
+pub fn headers_from_json(json: &[u8]) -> Result<Headers, String> {
     let parsed: serde_json::Value =
         serde_json::from_slice(json).map_err(|e| format!("is not JSON: {e}"))?;
     let serde_json::Value::Object(object) = parsed else {
         return Err("must be a JSON object of header names to values".into());
     };
-    let mut table = FieldTable::default();
+    let mut headers = Headers::with_capacity(object.len());
     for (name, value) in object {
-        let name = ShortString::try_new(name)
-            .map_err(|_| "has a header name over 255 bytes".to_string())?;
+        if name.len() > MAX_SHORT_TEXT {
+            return Err(format!("has a header name over {MAX_SHORT_TEXT} bytes"));
+        }
         let value = match value {
             serde_json::Value::Null => continue,
-            serde_json::Value::Bool(b) => AMQPValue::Boolean(b),
+            serde_json::Value::Bool(b) => HeaderValue::Bool(b),
             serde_json::Value::Number(n) => match n.as_i64() {
-                Some(i) => AMQPValue::LongLongInt(i),
-                None => AMQPValue::Double(n.as_f64().unwrap_or(f64::NAN)),
+                Some(i) => HeaderValue::Int(i),
+                None => HeaderValue::Float(n.as_f64().unwrap_or(f64::NAN)),
             },
-            serde_json::Value::String(s) => AMQPValue::LongString(s.into()),
-            nested => AMQPValue::LongString(nested.to_string().into()),
+            serde_json::Value::String(s) => HeaderValue::Text(s),
+            nested => HeaderValue::Text(nested.to_string()),
         };
-        table.insert(name, value);
+        headers.push((name, value));
     }
-    Ok(table)
+    Ok(headers)
 }
 
 /// bytea in `bytea_output = hex`: `\\x` followed by two hex digits a byte.
@@ -1047,39 +1057,24 @@ mod tests {
             .map(&layout, &full_row(), Some(pos()))
             .expect("maps");
         assert_eq!(m.message_id, ID);
-        assert_eq!(m.exchange.as_str(), "outbox");
-        assert_eq!(m.routing_key.as_str(), "OrderCreated");
+        assert_eq!(m.exchange, "outbox");
+        assert_eq!(m.routing_key, "OrderCreated");
         assert_eq!(&m.body[..], br#"{"order_id": 42}"#);
-        let p = &m.properties;
-        assert_eq!(p.message_id().as_ref().map(|s| s.as_str()), Some(ID));
-        assert_eq!(p.kind().as_ref().map(|s| s.as_str()), Some("OrderCreated"));
-        assert_eq!(*p.delivery_mode(), Some(2));
+        assert_eq!(m.event_type.as_deref(), Some("OrderCreated"));
+        assert_eq!(m.content_type, Some("application/json"));
+        assert_eq!(m.timestamp, Some(1_796_019_969));
+        let text = |s: &str| Some(HeaderValue::Text(s.into()));
+        assert_eq!(m.header("tenant").cloned(), text("a"));
+        assert_eq!(m.header("attempt"), Some(&HeaderValue::Int(2)));
+        assert_eq!(m.header("vip"), Some(&HeaderValue::Bool(true)));
+        assert_eq!(m.header("nested").cloned(), text(r#"{"x":1}"#));
+        assert_eq!(m.header("gone"), None);
+        assert_eq!(m.header(headers::LSN).cloned(), text("0/16B6C50"));
         assert_eq!(
-            p.content_type().as_ref().map(|s| s.as_str()),
-            Some("application/json")
+            m.header(headers::SEQ).cloned(),
+            text("00000000016B6C50-00000003")
         );
-        assert_eq!(*p.timestamp(), Some(1_796_019_969));
-        let h = p.headers().as_ref().expect("headers").inner();
-        assert_eq!(h.get("tenant"), Some(&AMQPValue::LongString("a".into())));
-        assert_eq!(h.get("attempt"), Some(&AMQPValue::LongLongInt(2)));
-        assert_eq!(h.get("vip"), Some(&AMQPValue::Boolean(true)));
-        assert_eq!(
-            h.get("nested"),
-            Some(&AMQPValue::LongString(r#"{"x":1}"#.into()))
-        );
-        assert!(!h.contains_key("gone"));
-        assert_eq!(
-            h.get(headers::LSN),
-            Some(&AMQPValue::LongString("0/16B6C50".into()))
-        );
-        assert_eq!(
-            h.get(headers::SEQ),
-            Some(&AMQPValue::LongString("00000000016B6C50-00000003".into()))
-        );
-        assert_eq!(
-            h.get(headers::AGGREGATE_ID),
-            Some(&AMQPValue::LongString("42".into()))
-        );
+        assert_eq!(m.header(headers::AGGREGATE_ID).cloned(), text("42"));
     }
 
     #[test]
@@ -1089,8 +1084,8 @@ mod tests {
         r.0[5] = text("billing");
         r.0[6] = text("orders.eu.created");
         let m = mapper().map(&layout, &r, Some(pos())).expect("maps");
-        assert_eq!(m.exchange.as_str(), "billing");
-        assert_eq!(m.routing_key.as_str(), "orders.eu.created");
+        assert_eq!(m.exchange, "billing");
+        assert_eq!(m.routing_key, "orders.eu.created");
     }
 
     #[test]
@@ -1113,8 +1108,7 @@ mod tests {
     }
 
     #[test]
-    fn a_row_naming_an_exchange_not_allowed_is_refused_or_dead_lettered() {
-        use crate::publish::dead_letter::headers as dl;
+    fn a_row_naming_an_exchange_not_allowed_is_refused_and_described() {
         let layout = Layout::for_relation(&outbox_relation()).expect("layout");
         let strict = Mapper::new(
             "outbox",
@@ -1139,28 +1133,19 @@ mod tests {
         assert!(strict.map(&layout, &row, Some(pos())).is_ok());
 
         row.0[5] = text("billing");
-        let dlx: ShortString = "dlx".into();
-        let (m, reason) = strict
-            .map_or_dead_letter(&layout, &row, Some(pos()), Some(&dlx))
-            .expect("dead letter");
+        let unpublishable = strict
+            .map_row(&layout, &row, Some(pos()))
+            .expect_err("refused");
         assert_eq!(
-            reason,
-            Some(Reason::ExchangeNotAllowed {
+            unpublishable.rejection,
+            Rejection::ExchangeNotAllowed {
                 exchange: "billing".into()
-            })
+            }
         );
-        assert_eq!(m.exchange.as_str(), "dlx");
-        let headers = m.properties.headers().clone().unwrap_or_default();
-        assert_eq!(
-            headers.inner().get(dl::REASON),
-            Some(&AMQPValue::LongString(
-                "exchange not allowed: billing".into()
-            ))
-        );
-        assert_eq!(
-            headers.inner().get(dl::ORIGINAL_EXCHANGE),
-            Some(&AMQPValue::LongString("billing".into()))
-        );
+        assert_eq!(unpublishable.rejection.to_string(), "exchange not allowed: billing");
+        let original = unpublishable.original.expect("described");
+        assert_eq!(original.exchange, "billing", "where it was meant to go");
+        assert_eq!(unpublishable.problem, text_of_error);
     }
 
     #[test]
@@ -1236,10 +1221,7 @@ mod tests {
         r.0[2] = text("\\x00ff10");
         let m = mapper().map(&layout, &r, Some(pos())).expect("maps");
         assert_eq!(&m.body[..], &[0x00, 0xff, 0x10]);
-        assert_eq!(
-            m.properties.content_type().as_ref().map(|s| s.as_str()),
-            Some("application/octet-stream")
-        );
+        assert_eq!(m.content_type, Some("application/octet-stream"));
         r.0[2] = text("\\x0");
         let e = mapper().map(&layout, &r, Some(pos())).expect_err("odd");
         assert!(e.to_string().contains("odd number of hex digits"), "{e}");
@@ -1377,79 +1359,60 @@ mod tests {
     }
 
     #[test]
-    fn unpublishable_rows_become_dead_letters_only_under_the_policy() {
-        use crate::publish::dead_letter::headers as dl;
+    fn unpublishable_rows_are_described_as_far_as_they_can_be_read() {
         let layout = Layout::for_relation(&outbox_relation()).expect("layout");
-        let dlx: ShortString = "dlx".into();
-        let header = |m: &OutboxMessage, name: &str| {
-            m.properties
-                .headers()
-                .as_ref()
-                .and_then(|h| h.inner().get(name).cloned())
-        };
+        let header_text = |s: &str| Some(HeaderValue::Text(s.into()));
 
-        let (m, reason) = mapper()
-            .map_or_dead_letter(&layout, &full_row(), Some(pos()), Some(&dlx))
-            .expect("maps");
-        assert_eq!((m.exchange.as_str(), reason), ("outbox", None));
+        assert!(mapper().map_row(&layout, &full_row(), Some(pos())).is_ok());
 
-        // Too large: the body is dropped, its size kept; destination and stream headers kept.
+        // Too large: the body is dropped; destination and stream headers kept.
         let mut big = full_row();
         big.0[2] = text(&"x".repeat(2000));
-        assert!(mapper()
-            .map_or_dead_letter(&layout, &big, Some(pos()), None)
-            .is_err());
-        let (m, reason) = mapper()
-            .map_or_dead_letter(&layout, &big, Some(pos()), Some(&dlx))
-            .expect("dead letter");
+        let unpublishable = mapper()
+            .map_row(&layout, &big, Some(pos()))
+            .expect_err("too large");
         assert_eq!(
-            reason,
-            Some(Reason::TooLarge {
+            unpublishable.rejection,
+            Rejection::TooLarge {
                 size: 2000,
                 limit: 1024
-            })
+            }
         );
-        assert_eq!(m.exchange.as_str(), "dlx");
-        assert_eq!(m.routing_key.as_str(), "OrderCreated");
+        assert_eq!(unpublishable.message_id.as_deref(), Some(ID));
+        assert!(unpublishable.problem.contains(ID), "{}", unpublishable.problem);
+        let m = unpublishable.original.expect("described");
+        assert_eq!(m.exchange, "outbox");
+        assert_eq!(m.routing_key, "OrderCreated");
         assert_eq!(m.message_id, ID);
         assert!(m.body.is_empty());
         assert_eq!(
-            header(&m, dl::ORIGINAL_SIZE),
-            Some(AMQPValue::LongLongInt(2000))
-        );
-        assert_eq!(
-            header(&m, dl::ORIGINAL_EXCHANGE),
-            Some(AMQPValue::LongString("outbox".into()))
-        );
-        assert_eq!(
-            header(&m, headers::SEQ),
-            Some(AMQPValue::LongString("00000000016B6C50-00000003".into()))
+            m.header(headers::SEQ).cloned(),
+            header_text("00000000016B6C50-00000003")
         );
 
         // Unmappable: the payload travels (it is within the limit), the reason names the column.
         let mut null_type = full_row();
         null_type.0[1] = TupleValue::Null;
-        let (m, reason) = mapper()
-            .map_or_dead_letter(&layout, &null_type, Some(pos()), Some(&dlx))
-            .expect("dead letter");
-        let Some(Reason::Unmappable { error }) = reason else {
-            panic!("unmappable expected");
-        };
-        assert_eq!(error, "column \"event_type\" is NULL");
-        assert_eq!(&m.body[..], br#"{"order_id": 42}"#);
-        assert_eq!(m.routing_key.as_str(), "", "no event type to route by");
+        let unpublishable = mapper()
+            .map_row(&layout, &null_type, Some(pos()))
+            .expect_err("null event type");
         assert_eq!(
-            header(&m, dl::REASON),
-            Some(AMQPValue::LongString(
-                "unmappable: column \"event_type\" is NULL".into()
-            ))
+            unpublishable.rejection,
+            Rejection::Unmappable {
+                error: "column \"event_type\" is NULL".into()
+            }
         );
+        let m = unpublishable.original.expect("described");
+        assert_eq!(&m.body[..], br#"{"order_id": 42}"#);
+        assert_eq!(m.routing_key, "", "no event type to route by");
 
-        // No id: nothing would identify the dead letter, so the row still stops the relay.
+        // No id: nothing would identify it, so nothing describes it.
         let mut no_id = full_row();
         no_id.0[0] = TupleValue::Null;
-        assert!(mapper()
-            .map_or_dead_letter(&layout, &no_id, Some(pos()), Some(&dlx))
-            .is_err());
+        let unpublishable = mapper()
+            .map_row(&layout, &no_id, Some(pos()))
+            .expect_err("no id");
+        assert_eq!(unpublishable.original, None);
+        assert_eq!(unpublishable.message_id, None);
     }
 }

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::mapper::{headers as stream_headers, AllowedExchanges};
-use lapin::types::AMQPValue;
+use crate::message::{HeaderValue, Rejection};
 use pgwire_replication::Lsn;
 use proptest::prelude::*;
 
@@ -30,21 +30,19 @@ fn content(json: &str) -> Bytes {
 /// What `outbox_emit` writes (field order as jsonb prints it).
 const EVENT: &str = r#"{"v": 1, "id": "b5848b82-d25f-4dea-8c91-f1209fe49ee6", "headers": {"a": 1, "b": "x", "c": null}, "payload": {"n": null, "order_id": 42}, "created_at": "2026-11-30T22:47:40.601909Z", "event_type": "OrderCreated", "shard_hash": 2044531689, "aggregate_id": "42", "payload_type": "jsonb", "aggregate_type": "Order"}"#;
 
-fn map(json: &str) -> Result<OutboxMessage, MapError> {
-    map_or_dead_letter(&mapper(), &content(json), true, pos(), None).map(|(m, _)| m)
+/// The message, or the typed error (what `map` hands delivery carries its text).
+fn map(json: &str) -> Result<Message, MapError> {
+    let data = content(json);
+    read(&data, true, pos()).and_then(|event| event.message(&mapper(), pos()))
 }
 
-fn header<'a>(message: &'a OutboxMessage, name: &str) -> Option<&'a AMQPValue> {
-    message
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(|h| h.inner().get(name))
+fn header<'a>(message: &'a Message, name: &str) -> Option<&'a HeaderValue> {
+    message.header(name)
 }
 
-fn text_header(message: &OutboxMessage, name: &str) -> Option<String> {
+fn text_header(message: &Message, name: &str) -> Option<String> {
     match header(message, name)? {
-        AMQPValue::LongString(s) => Some(s.to_string()),
+        HeaderValue::Text(s) => Some(s.clone()),
         _ => None,
     }
 }
@@ -52,30 +50,19 @@ fn text_header(message: &OutboxMessage, name: &str) -> Option<String> {
 #[test]
 fn an_emitted_event_maps_like_a_row() {
     let data = content(EVENT);
-    let (message, dead) =
-        map_or_dead_letter(&mapper(), &data, true, pos(), None).expect("publishable");
-    assert!(dead.is_none());
-    let p = &message.properties;
+    let message = super::map(&mapper(), &data, true, pos()).expect("publishable");
     assert_eq!(message.message_id, "b5848b82-d25f-4dea-8c91-f1209fe49ee6");
-    assert_eq!(
-        p.message_id().as_ref().map(|s| s.as_str()),
-        Some(message.message_id.as_str())
-    );
-    assert_eq!(p.kind().as_ref().map(|s| s.as_str()), Some("OrderCreated"));
-    assert_eq!(message.exchange.as_str(), "outbox");
-    assert_eq!(message.routing_key.as_str(), "OrderCreated");
-    assert_eq!(p.delivery_mode(), &Some(2));
-    assert_eq!(
-        p.content_type().as_ref().map(|s| s.as_str()),
-        Some("application/json")
-    );
-    assert_eq!(p.timestamp(), &Some(1_796_078_860));
+    assert_eq!(message.event_type.as_deref(), Some("OrderCreated"));
+    assert_eq!(message.exchange, "outbox");
+    assert_eq!(message.routing_key, "OrderCreated");
+    assert_eq!(message.content_type, Some("application/json"));
+    assert_eq!(message.timestamp, Some(1_796_078_860));
     let body: serde_json::Value = serde_json::from_slice(&message.body).expect("JSON body");
     assert_eq!(body, serde_json::json!({"n": null, "order_id": 42}));
     // The body is a slice of the received message, not a copy.
     let inside = data.as_ptr() as usize..data.as_ptr() as usize + data.len();
     assert!(inside.contains(&(message.body.as_ptr() as usize)));
-    assert_eq!(header(&message, "a"), Some(&AMQPValue::LongLongInt(1)));
+    assert_eq!(header(&message, "a"), Some(&HeaderValue::Int(1)));
     assert_eq!(text_header(&message, "b").as_deref(), Some("x"));
     assert_eq!(header(&message, "c"), None, "nulls are left out");
     assert_eq!(
@@ -104,19 +91,13 @@ fn text_and_bytea_payloads_arrive_byte_for_byte() {
     )
     .expect("text");
     assert_eq!(&text.body[..], "héllo \"q\"\n".as_bytes());
-    assert_eq!(
-        text.properties.content_type().as_ref().map(|s| s.as_str()),
-        Some("text/plain; charset=utf-8")
-    );
+    assert_eq!(text.content_type, Some("text/plain; charset=utf-8"));
     let bytea = map(
         r#"{"v": 1, "id": "2", "event_type": "B", "payload_type": "bytea", "payload": "AP8Q"}"#,
     )
     .expect("bytea");
     assert_eq!(&bytea.body[..], &[0x00, 0xff, 0x10]);
-    assert_eq!(
-        bytea.properties.content_type().as_ref().map(|s| s.as_str()),
-        Some("application/octet-stream")
-    );
+    assert_eq!(bytea.content_type, Some("application/octet-stream"));
 }
 
 #[test]
@@ -144,7 +125,7 @@ fn exchange_and_routing_key_follow_the_policy() {
     );
 }
 
-fn message_dest(m: &OutboxMessage) -> (&str, &str) {
+fn message_dest(m: &Message) -> (&str, &str) {
     (m.exchange.as_str(), m.routing_key.as_str())
 }
 
@@ -234,60 +215,62 @@ fn malformed_envelopes_are_errors_that_name_the_event_and_never_quote_values() {
 
 #[test]
 fn a_non_transactional_message_with_the_prefix_is_refused() {
-    let error = map_or_dead_letter(&mapper(), &content(EVENT), false, pos(), None)
-        .expect_err("non-transactional");
+    let data = content(EVENT);
+    let error = read(&data, false, pos())
+        .err()
+        .expect("non-transactional");
     assert!(error.to_string().contains("non-transactionally"), "{error}");
+    let unpublishable = super::map(&mapper(), &data, false, pos()).expect_err("refused");
+    assert!(unpublishable.problem.contains("non-transactionally"));
 }
 
 #[test]
-fn under_the_dead_letter_policy_a_malformed_envelope_becomes_a_dead_letter() {
-    let dlx = ShortString::from("outbox.dead-letter");
+fn a_malformed_envelope_is_described_by_its_stream_position() {
     let data = content("{not an envelope");
-    let (letter, reason) =
-        map_or_dead_letter(&mapper(), &data, true, pos(), Some(&dlx)).expect("dead-lettered");
+    let unpublishable = super::map(&mapper(), &data, true, pos()).expect_err("malformed");
     assert!(
-        matches!(reason, Some(Reason::Unmappable { .. })),
-        "{reason:?}"
+        matches!(unpublishable.rejection, Rejection::Unmappable { .. }),
+        "{:?}",
+        unpublishable.rejection
     );
-    assert_eq!(letter.exchange.as_str(), "outbox.dead-letter");
+    let original = unpublishable.original.expect("described");
     // No readable id: one made of its stream position, the same on every replay.
-    assert_eq!(letter.message_id, format!("emitted-{}", pos().seq()));
-    assert_eq!(letter.body, data, "the envelope itself, for inspection");
-    assert_eq!(text_header(&letter, stream_headers::SEQ), Some(pos().seq()));
+    assert_eq!(original.message_id, format!("emitted-{}", pos().seq()));
+    assert_eq!(original.body, data, "the envelope itself, for inspection");
+    assert_eq!(text_header(&original, stream_headers::SEQ), Some(pos().seq()));
 
     let newer = content(r#"{"v": 9, "id": "abc", "event_type": "T"}"#);
-    let (_, reason) =
-        map_or_dead_letter(&mapper(), &newer, true, pos(), Some(&dlx)).expect("dead-lettered");
-    let Some(Reason::Unmappable { error }) = reason else {
-        panic!("{reason:?}");
+    let unpublishable = super::map(&mapper(), &newer, true, pos()).expect_err("newer");
+    let Rejection::Unmappable { error } = unpublishable.rejection else {
+        panic!("{:?}", unpublishable.rejection);
     };
     assert!(error.contains("version 9"), "{error}");
 }
 
 #[test]
-fn under_the_dead_letter_policy_a_too_large_event_keeps_its_id_not_its_body() {
-    let dlx = ShortString::from("outbox.dead-letter");
+fn a_too_large_event_keeps_its_id_not_its_body() {
     let big = "x".repeat(2000);
     let json = format!(
         r#"{{"v": 1, "id": "big-1", "event_type": "T", "payload_type": "text", "payload": "{big}"}}"#
     );
-    let (letter, reason) = map_or_dead_letter(&mapper(), &content(&json), true, pos(), Some(&dlx))
-        .expect("dead-lettered");
+    let unpublishable =
+        super::map(&mapper(), &content(&json), true, pos()).expect_err("too large");
     assert_eq!(
-        reason,
-        Some(Reason::TooLarge {
+        unpublishable.rejection,
+        Rejection::TooLarge {
             size: 2000,
             limit: 1024
-        })
+        }
     );
-    assert_eq!(letter.message_id, "big-1");
-    assert!(letter.body.is_empty());
+    let original = unpublishable.original.expect("described");
+    assert_eq!(original.message_id, "big-1");
+    assert!(original.body.is_empty());
 }
 
 proptest! {
     #[test]
     fn arbitrary_content_never_panics(data in proptest::collection::vec(any::<u8>(), 0..256)) {
-        let _ = map_or_dead_letter(&mapper(), &Bytes::from(data), true, pos(), None);
+        let _ = super::map(&mapper(), &Bytes::from(data), true, pos());
     }
 
     #[test]
@@ -302,7 +285,6 @@ proptest! {
         let json = format!(
             r#"{{"v": {v}, "id": "1", "event_type": "T", "payload_type": "jsonb", "{field}": {value}}}"#
         );
-        let dlx = ShortString::from("dlx");
-        let _ = map_or_dead_letter(&mapper(), &content(&json), true, pos(), Some(&dlx));
+        let _ = super::map(&mapper(), &content(&json), true, pos());
     }
 }

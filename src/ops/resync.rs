@@ -82,9 +82,8 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         // with nothing of its batch published.
         let mut messages = Vec::with_capacity(rows.len());
         for row in &rows {
-            messages.push(mapper.map(text.layout(), &text.tuple(row)?, None)?);
+            messages.push(mapper.map_row(text.layout(), &text.tuple(row)?, None));
         }
-        let messages = messages.into_iter().map(|m| (m, None)).collect();
         let confirmed = deliver_batch(
             &broker,
             messages,

@@ -230,12 +230,7 @@ impl Session<'_> {
         let mut messages = Vec::with_capacity(rows.len());
         for row in &rows {
             let tuple = self.table.tuple(row)?;
-            messages.push(self.shared.mapper.map_or_dead_letter(
-                self.table.layout(),
-                &tuple,
-                None,
-                self.broker.dead_letter_exchange(),
-            )?);
+            messages.push(self.shared.mapper.map_row(self.table.layout(), &tuple, None));
         }
         let count = messages.len();
 

@@ -1,6 +1,9 @@
 //! The broker connection: one confirm-mode channel for publishing, mandatory persistent
 //! messages, and a second channel for dead letters under the dead-letter policy.
 //!
+//! The one place a message of the contract (`crate::message::Message`) becomes lapin's
+//! types ([`Outgoing::from_message`]): nothing outside `publish/` names the AMQP client.
+//!
 //! Owns the lapin connection and nothing else: no ordering, no acknowledgement (that is
 //! [`super::delivery`]). It never relies on lapin's auto-recovery: after any channel or
 //! connection error every pending confirm fails, and its user rebuilds the session. A blocked
@@ -25,15 +28,71 @@ use futures_util::StreamExt;
 use lapin::options::{
     BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
 };
-use lapin::types::FieldTable;
+use bytes::Bytes;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{
-    Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind, PublisherConfirm,
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+    PublisherConfirm,
 };
 use tokio::sync::watch;
 
+use super::dead_letter::ReturnedContent;
 use super::nodes::BrokerNodes;
+use super::publisher::{Answer, Pending, Publisher, ReturnedMessage};
+use super::queue::Returned;
 use crate::error::{Endpoint, RelayError};
-use crate::mapper::OutboxMessage;
+use crate::message::{HeaderValue, Message};
+
+/// A message in lapin's terms, ready for `basic_publish`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outgoing {
+    pub exchange: ShortString,
+    pub routing_key: ShortString,
+    pub properties: BasicProperties,
+    pub body: Bytes,
+}
+
+impl Outgoing {
+    /// The AMQP form of `message`: persistent, its headers as a table (a name set twice
+    /// keeps its last value). The mapper checked every short string against AMQP's limit:
+    /// one over it here is a bug, not a message to publish cut short.
+    pub fn from_message(message: Message) -> Result<Outgoing, RelayError> {
+        let short = |text: String| {
+            ShortString::try_new(text).map_err(|e| {
+                RelayError::Bug(format!("a message reached the broker with {e}"))
+            })
+        };
+        let mut table = FieldTable::default();
+        for (name, value) in message.headers {
+            let value = match value {
+                HeaderValue::Text(text) => AMQPValue::LongString(LongString::from(text)),
+                HeaderValue::Int(i) => AMQPValue::LongLongInt(i),
+                HeaderValue::Float(f) => AMQPValue::Double(f),
+                HeaderValue::Bool(b) => AMQPValue::Boolean(b),
+            };
+            table.insert(short(name)?, value);
+        }
+        let mut properties = BasicProperties::default()
+            .with_message_id(short(message.message_id)?)
+            .with_delivery_mode(2)
+            .with_headers(table);
+        if let Some(event_type) = message.event_type {
+            properties = properties.with_type(short(event_type)?);
+        }
+        if let Some(content_type) = message.content_type {
+            properties = properties.with_content_type(content_type.into());
+        }
+        if let Some(seconds) = message.timestamp {
+            properties = properties.with_timestamp(seconds);
+        }
+        Ok(Outgoing {
+            exchange: short(message.exchange)?,
+            routing_key: short(message.routing_key)?,
+            properties,
+            body: message.body,
+        })
+    }
+}
 
 /// A publish whose frames are queued on the connection: resolves to its confirm future once
 /// they are written.
@@ -41,7 +100,7 @@ pub type Publishing =
     Pin<Box<dyn Future<Output = Result<PublisherConfirm, lapin::Error>> + Send + 'static>>;
 
 /// A [`Broker::round_trip`] in progress.
-pub type RoundTrip = Pin<Box<dyn Future<Output = Result<(), lapin::Error>> + Send + 'static>>;
+pub type RoundTrip = Pin<Box<dyn Future<Output = Result<(), RelayError>> + Send + 'static>>;
 
 /// How long a polite close may wait for the broker's close-ok.
 const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -52,16 +111,16 @@ pub struct Broker {
     /// Round trips only (see the module comment).
     round_trips: Channel,
     blocked: watch::Receiver<bool>,
-    pub(super) dead_letters: Option<DeadLetters>,
+    dead_letters: Option<DeadLetters>,
     /// The connection's error, once it failed.
     lost: watch::Receiver<Option<lapin::Error>>,
 }
 
 /// Where dead letters go under the dead-letter policy.
-pub(super) struct DeadLetters {
-    pub(super) exchange: lapin::types::ShortString,
+struct DeadLetters {
+    exchange: ShortString,
     /// Confirm mode, one publish outstanding at a time (see the module comment).
-    pub(super) channel: Channel,
+    channel: Channel,
 }
 
 impl Broker {
@@ -141,7 +200,7 @@ impl Broker {
     /// the channel dead letters are published on.
     pub async fn enable_dead_letters(&mut self, exchange: &str) -> Result<(), RelayError> {
         self.declare_exchange(exchange, true).await?;
-        let name = lapin::types::ShortString::try_new(exchange).map_err(|_| {
+        let name = ShortString::try_new(exchange).map_err(|_| {
             RelayError::Config(format!("Exchange name {exchange:?} is over 255 bytes"))
         })?;
         let channel = self.connection.create_channel().await?;
@@ -153,11 +212,6 @@ impl Broker {
             channel,
         });
         Ok(())
-    }
-
-    /// The dead-letter exchange, when the dead-letter policy is on.
-    pub fn dead_letter_exchange(&self) -> Option<&lapin::types::ShortString> {
-        self.dead_letters.as_ref().map(|d| &d.exchange)
     }
 
     /// `true` while the broker blocks this connection's publishes.
@@ -189,7 +243,7 @@ impl Broker {
             durable: true,
             ..ExchangeDeclareOptions::default()
         };
-        let name = lapin::types::ShortString::try_new(exchange).map_err(|_| {
+        let name = ShortString::try_new(exchange).map_err(|_| {
             RelayError::Config(format!("Exchange name {exchange:?} is over 255 bytes"))
         })?;
         let declared = channel
@@ -213,7 +267,7 @@ impl Broker {
     /// frames on the connection; it then resolves, once the frames are written, to the confirm
     /// future. Polling it once and moving on keeps many publishes in flight without waiting
     /// for the connection's writer after each one.
-    pub fn publish(&self, message: OutboxMessage) -> Publishing {
+    pub fn publish(&self, message: Outgoing) -> Publishing {
         publish_on(self.channel.clone(), message)
     }
 
@@ -222,7 +276,10 @@ impl Broker {
     /// frame that arrived before the request was sent.
     pub fn round_trip(&self) -> RoundTrip {
         let channel = self.round_trips.clone();
-        Box::pin(async move { channel.basic_qos(0, BasicQosOptions::default()).await })
+        Box::pin(async move {
+            channel.basic_qos(0, BasicQosOptions::default()).await?;
+            Ok(())
+        })
     }
 
     /// Closes the connection politely, but never waits long: after a failure the broker may
@@ -234,7 +291,7 @@ impl Broker {
 }
 
 /// [`Broker::publish`] on `channel`.
-pub(super) fn publish_on(channel: Channel, message: OutboxMessage) -> Publishing {
+fn publish_on(channel: Channel, message: Outgoing) -> Publishing {
     Box::pin(async move {
         channel
             .basic_publish(
@@ -265,21 +322,16 @@ pub enum Stage {
 }
 
 impl Stage {
-    /// Starts publishing `message`: one poll takes its delivery tag and queues its frames, so
-    /// calling this in stream order keeps delivery tags in stream order.
-    pub async fn start(broker: &Broker, message: OutboxMessage) -> Result<Stage, lapin::Error> {
-        Self::started(broker.publish(message)).await
-    }
-
-    pub(super) async fn started(mut publishing: Publishing) -> Result<Stage, lapin::Error> {
+    /// One poll of `publishing`: enough to take the delivery tag and queue the frames.
+    async fn started(mut publishing: Publishing) -> Result<Stage, RelayError> {
         Ok(match futures_util::poll!(&mut publishing) {
             Poll::Ready(confirm) => Stage::Confirming(confirm?),
             Poll::Pending => Stage::Writing(publishing),
         })
     }
 
-    /// The broker's answer. Cancel-safe: progress is kept in the stage.
-    pub async fn confirmation(&mut self) -> Result<Confirmation, lapin::Error> {
+    /// The broker's confirmation. Cancel-safe: progress is kept in the stage.
+    async fn confirmation(&mut self) -> Result<Confirmation, lapin::Error> {
         loop {
             match self {
                 Stage::Writing(publishing) => {
@@ -289,5 +341,84 @@ impl Stage {
                 Stage::Confirming(confirm) => return confirm.await,
             }
         }
+    }
+}
+
+impl Pending for Stage {
+    fn answer(&mut self) -> impl Future<Output = Result<Answer, RelayError>> + Send + '_ {
+        async move { answer_of(self.confirmation().await?) }
+    }
+}
+
+/// lapin's confirmation as delivery's answer: ack or nack, and the return it carried.
+fn answer_of(confirmation: Confirmation) -> Result<Answer, RelayError> {
+    let (acked, returned) = match confirmation {
+        Confirmation::Ack(returned) => (true, returned),
+        Confirmation::Nack(returned) => (false, returned),
+        Confirmation::NotRequested => {
+            return Err(RelayError::Bug(
+                "a publish was answered without a confirm: publisher confirms are not enabled \
+                 on its channel"
+                    .into(),
+            ))
+        }
+    };
+    let returned = returned.map(|returned| {
+        let delivery = returned.delivery;
+        ReturnedMessage {
+            message_id: delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.as_str().to_string())
+                .unwrap_or_default(),
+            returned: Returned {
+                exchange: delivery.exchange.as_str().to_string(),
+                routing_key: delivery.routing_key.as_str().to_string(),
+                reply_code: returned.reply_code,
+                reply_text: returned.reply_text.as_str().to_string(),
+                content: ReturnedContent {
+                    properties: delivery.properties,
+                    body: delivery.data.into(),
+                },
+            },
+        }
+    });
+    Ok(Answer { acked, returned })
+}
+
+impl Publisher for Broker {
+    type Pending = Stage;
+    type RoundTrip = RoundTrip;
+
+    fn start(&self, message: Outgoing) -> impl Future<Output = Result<Stage, RelayError>> + Send {
+        Stage::started(self.publish(message))
+    }
+
+    fn start_dead_letter(
+        &self,
+        message: Outgoing,
+    ) -> impl Future<Output = Result<Stage, RelayError>> + Send {
+        let channel = self.dead_letters.as_ref().map(|d| d.channel.clone());
+        async move {
+            match channel {
+                Some(channel) => Stage::started(publish_on(channel, message)).await,
+                None => Err(RelayError::Bug(
+                    "a dead letter was published without the dead-letter policy".into(),
+                )),
+            }
+        }
+    }
+
+    fn dead_letter_exchange(&self) -> Option<&ShortString> {
+        self.dead_letters.as_ref().map(|d| &d.exchange)
+    }
+
+    fn round_trip(&self) -> RoundTrip {
+        Broker::round_trip(self)
+    }
+
+    fn blocked(&self) -> watch::Receiver<bool> {
+        Broker::blocked(self)
     }
 }

@@ -2,13 +2,15 @@
 //! exchange, with which headers, and why.
 //!
 //! A message is dead-lettered when the broker returns it as unroutable (basic.return of a
-//! mandatory publish), or when it is definitely unpublishable before publishing (over
-//! `--max-message-size`, or a row the mapper rejects). It goes to the dead-letter exchange
+//! mandatory publish), or when its source could not make it publishable (over
+//! `--max-message-size`, or a row the mapper rejects: a `crate::message::Unpublishable`). It goes to the dead-letter exchange
 //! with the reason in headers, and only once the broker CONFIRMS that publish is the
 //! original settled: its position may then be acknowledged like a delivered one. A dead
 //! letter the broker cannot route either stops the pipeline (halt), naming the exchange.
 //!
-//! Pure: building the messages. Publishing them is `publish/`, ordering them `publish/queue`.
+//! Pure: building the messages. Publishing them is `publish/delivery`, ordering them
+//! `publish/queue`. The only place that decides a message is dead-lettered rather than
+//! stopping the relay is `publish/delivery`: sources only say why they could not publish.
 
 use std::fmt;
 
@@ -16,7 +18,8 @@ use bytes::Bytes;
 use lapin::types::{AMQPValue, LongString, ShortString};
 use lapin::BasicProperties;
 
-use crate::mapper::OutboxMessage;
+use super::broker::Outgoing;
+use crate::message::Rejection;
 
 /// Headers a dead letter carries on top of the message's own (`x-outbox-lsn`, `x-outbox-seq`,
 /// the row's headers).
@@ -42,12 +45,9 @@ pub enum Reason {
         exchange: String,
         routing_key: String,
     },
-    /// Its body is over the broker's limit (checked before publishing).
-    TooLarge { size: usize, limit: usize },
-    /// The row cannot be turned into a message (the mapper's error, which names the row).
-    Unmappable { error: String },
-    /// The row names an exchange `--allowed-exchanges` does not allow.
-    ExchangeNotAllowed { exchange: String },
+    /// Its source could not make it publishable (too large, unmappable, exchange not
+    /// allowed).
+    Rejected(Rejection),
 }
 
 impl Reason {
@@ -55,9 +55,7 @@ impl Reason {
     pub fn label(&self) -> &'static str {
         match self {
             Reason::Unroutable { .. } => "unroutable",
-            Reason::TooLarge { .. } => "too_large",
-            Reason::Unmappable { .. } => "unmappable",
-            Reason::ExchangeNotAllowed { .. } => "exchange_not_allowed",
+            Reason::Rejected(rejection) => rejection.label(),
         }
     }
 }
@@ -75,13 +73,7 @@ impl fmt::Display for Reason {
                 f,
                 "unroutable: {reply_text} {reply_code} exchange={exchange} routing_key={routing_key}"
             ),
-            Reason::TooLarge { size, limit } => {
-                write!(f, "too large: {size} bytes > limit {limit}")
-            }
-            Reason::Unmappable { error } => write!(f, "unmappable: {error}"),
-            Reason::ExchangeNotAllowed { exchange } => {
-                write!(f, "exchange not allowed: {exchange}")
-            }
+            Reason::Rejected(rejection) => rejection.fmt(f),
         }
     }
 }
@@ -93,17 +85,16 @@ pub struct ReturnedContent {
     pub body: Bytes,
 }
 
-/// The dead letter for `original` (a message as published, or as the mapper built what it
-/// could of it): the same id, properties and headers, plus the reason and the original
-/// destination, published to `dead_letter_exchange` with the original routing key (a topic
-/// exchange can be bound per event type; bind `#` for all).
+/// The dead letter for `original` (a message as it would have been published, or as far as
+/// its source could read it): the same id, properties and headers, plus the reason and the
+/// original destination, published to `dead_letter_exchange` with the original routing key
+/// (a topic exchange can be bound per event type; bind `#` for all).
 pub fn dead_letter(
     dead_letter_exchange: &ShortString,
-    original: OutboxMessage,
+    original: Outgoing,
     reason: &Reason,
-) -> OutboxMessage {
-    let OutboxMessage {
-        message_id,
+) -> Outgoing {
+    let Outgoing {
         exchange,
         routing_key,
         properties,
@@ -117,7 +108,7 @@ pub fn dead_letter(
         headers::ORIGINAL_ROUTING_KEY.into(),
         text(routing_key.as_str()),
     );
-    if let Reason::TooLarge { size, .. } = reason {
+    if let Reason::Rejected(Rejection::TooLarge { size, .. }) = reason {
         table.insert(
             headers::ORIGINAL_SIZE.into(),
             AMQPValue::LongLongInt(i64::try_from(*size).unwrap_or(i64::MAX)),
@@ -126,11 +117,10 @@ pub fn dead_letter(
     // Dead letters are kept like any message: persistent.
     let properties = properties.with_headers(table).with_delivery_mode(2);
     let body = match reason {
-        Reason::TooLarge { .. } => Bytes::new(),
+        Reason::Rejected(Rejection::TooLarge { .. }) => Bytes::new(),
         _ => body,
     };
-    OutboxMessage {
-        message_id,
+    Outgoing {
         exchange: dead_letter_exchange.clone(),
         routing_key,
         properties,
@@ -142,20 +132,18 @@ pub fn dead_letter(
 /// return carried.
 pub fn for_returned(
     dead_letter_exchange: &ShortString,
-    message_id: String,
     content: ReturnedContent,
     reason: &Reason,
-) -> OutboxMessage {
+) -> Outgoing {
     let (exchange, routing_key) = match reason {
         Reason::Unroutable {
             exchange,
             routing_key,
             ..
         } => (exchange.as_str(), routing_key.as_str()),
-        _ => ("", ""),
+        Reason::Rejected(_) => ("", ""),
     };
-    let original = OutboxMessage {
-        message_id,
+    let original = Outgoing {
         // Both came from the broker as short strings: they fit.
         exchange: ShortString::try_new(exchange).unwrap_or_default(),
         routing_key: ShortString::try_new(routing_key).unwrap_or_default(),
@@ -168,9 +156,9 @@ pub fn for_returned(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lapin::types::FieldTable;
+    use crate::message::{HeaderValue, Message};
 
-    fn header<'a>(message: &'a OutboxMessage, name: &str) -> Option<&'a AMQPValue> {
+    fn header<'a>(message: &'a Outgoing, name: &str) -> Option<&'a AMQPValue> {
         message
             .properties
             .headers()
@@ -182,18 +170,18 @@ mod tests {
         Some(AMQPValue::LongString(s.into()))
     }
 
-    fn original() -> OutboxMessage {
-        let mut table = FieldTable::default();
-        table.insert("x-outbox-seq".into(), AMQPValue::LongString("0A-01".into()));
-        OutboxMessage {
+    fn original() -> Outgoing {
+        Outgoing::from_message(Message {
             message_id: "m1".into(),
             exchange: "outbox".into(),
             routing_key: "Nobody".into(),
-            properties: BasicProperties::default()
-                .with_message_id("m1".into())
-                .with_headers(table),
+            event_type: Some("Nobody".into()),
+            content_type: None,
+            timestamp: None,
+            headers: vec![("x-outbox-seq".into(), HeaderValue::Text("0A-01".into()))],
             body: Bytes::from_static(b"{\"a\":1}"),
-        }
+        })
+        .expect("fits AMQP")
     }
 
     #[test]
@@ -208,10 +196,9 @@ mod tests {
             properties: original().properties,
             body: original().body,
         };
-        let dl = for_returned(&"dlx".into(), "m1".into(), content, &reason);
+        let dl = for_returned(&"dlx".into(), content, &reason);
         assert_eq!(dl.exchange.as_str(), "dlx");
         assert_eq!(dl.routing_key.as_str(), "Nobody");
-        assert_eq!(dl.message_id, "m1");
         assert_eq!(&dl.body[..], b"{\"a\":1}");
         assert_eq!(
             dl.properties.message_id().as_ref().map(|s| s.as_str()),
@@ -237,10 +224,10 @@ mod tests {
 
     #[test]
     fn too_large_drops_the_body_and_records_its_size() {
-        let reason = Reason::TooLarge {
+        let reason = Reason::Rejected(Rejection::TooLarge {
             size: 20_000_000,
             limit: 16_777_216,
-        };
+        });
         let dl = dead_letter(&"dlx".into(), original(), &reason);
         assert!(dl.body.is_empty());
         assert_eq!(
@@ -256,9 +243,9 @@ mod tests {
 
     #[test]
     fn unmappable_carries_the_error() {
-        let reason = Reason::Unmappable {
+        let reason = Reason::Rejected(Rejection::Unmappable {
             error: "column \"event_type\" is NULL".into(),
-        };
+        });
         let dl = dead_letter(&"dlx".into(), original(), &reason);
         assert_eq!(&dl.body[..], b"{\"a\":1}");
         assert_eq!(
@@ -266,5 +253,25 @@ mod tests {
             text("unmappable: column \"event_type\" is NULL")
         );
         assert_eq!(reason.label(), "unmappable");
+    }
+
+    #[test]
+    fn an_exchange_not_allowed_names_it_and_where_it_was_meant_to_go() {
+        let reason = Reason::Rejected(Rejection::ExchangeNotAllowed {
+            exchange: "billing".into(),
+        });
+        let mut meant = original();
+        meant.exchange = "billing".into();
+        let dl = dead_letter(&"dlx".into(), meant, &reason);
+        assert_eq!(dl.exchange.as_str(), "dlx");
+        assert_eq!(
+            header(&dl, headers::REASON).cloned(),
+            text("exchange not allowed: billing")
+        );
+        assert_eq!(
+            header(&dl, headers::ORIGINAL_EXCHANGE).cloned(),
+            text("billing")
+        );
+        assert_eq!(reason.label(), "exchange_not_allowed");
     }
 }

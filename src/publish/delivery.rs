@@ -2,37 +2,44 @@
 //! and dead letters, and hands back how far its source may consider messages delivered.
 //!
 //! ```text
-//!  source ── Input::Publish / Input::AckPoint(T) ──▶ delivery ── basic_publish ──▶ RabbitMQ
-//!  (WAL reader, poll worker,  (bounded channel)       ConfirmQueue<T, _>   ◀── ack/nack/return
+//!  source ── Input::Publish / Unpublishable / AckPoint(T) ──▶ delivery ── publish ──▶ broker
+//!  (WAL reader, poll worker,   (bounded channel)       ConfirmQueue<T, _>  ◀── ack/nack/return
 //!   resync, benchmark)  ◀── Acked { token: T } (watch) ── acknowledged prefix
 //! ```
 //!
 //! Owns the in-flight window (at most `window` unconfirmed publishes: it reads no input while
 //! the window is full, which is what holds the source back), the confirm queue, the confirm
-//! timeout (paused while the broker blocks publishers) and the dead-letter re-publishes. It
-//! never knows what a token means: a WAL position, a polling batch, nothing. It must never
-//! report a token before every publish ahead of it is confirmed without a return, and it
-//! stops at the first nack, return (under halt), closed channel or timeout: nothing after
-//! the failure is ever acknowledged.
+//! timeout (paused while the broker blocks publishers), the dead-letter policy and the
+//! stuck message's report. It never knows what a token means: a WAL position, a polling
+//! batch, nothing. It must never report a token before every publish ahead of it is
+//! confirmed without a return, and it stops at the first nack, return (under halt), closed
+//! channel or timeout: nothing after the failure is ever acknowledged.
 //!
-//! After a failure the source may name a stuck message: the window is 1 until that message is
-//! confirmed, so a message the broker keeps refusing does not drag a full window of
-//! re-publishes along on every retry.
+//! The policy lives here and only here: a source hands over what it could not make
+//! publishable ([`Input::Unpublishable`]); under `--on-unroutable dead-letter` it goes to the
+//! dead-letter exchange in stream order, under halt the loop takes no further input, settles
+//! and acknowledges everything before it, and stops naming the row.
+//!
+//! After a failure the supervisor may name a stuck message: the window is 1 until that
+//! message is confirmed, so a message the broker keeps refusing does not drag a full window
+//! of re-publishes along on every retry.
+//!
+//! The loop is a state machine ([`Delivery`]): one `select!` picks the next [`Event`], biased
+//! towards the broker's answers, and one handler per event changes the state.
 
 use std::time::{Duration, SystemTime};
 
 use futures_util::FutureExt;
-
-use lapin::Confirmation;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::broker::{publish_on, Broker, RoundTrip, Stage};
-use super::dead_letter::{self, Reason, ReturnedContent};
-use super::queue::{AckToken, ConfirmQueue, Failure, Returned, Settled};
-use crate::error::RelayError;
-use crate::mapper::OutboxMessage;
-use crate::observability::{RelayMetrics, DEAD_LETTERED_TOTAL, REASON_LABEL};
+use super::broker::Outgoing;
+use super::dead_letter::{self, Reason};
+use super::publisher::{Answer, Pending, Publisher};
+use super::queue::{AckToken, ConfirmQueue, Failure, Settled};
+use crate::error::{ErrorKind, RelayError};
+use crate::message::{Message, Unpublishable};
+use crate::observability::{Health, RelayMetrics, DEAD_LETTERED_TOTAL, REASON_LABEL};
 
 /// What a source hands the delivery task, in source order.
 // Nearly every input is a publish: boxing it would add an allocation per message to save
@@ -40,14 +47,37 @@ use crate::observability::{RelayMetrics, DEAD_LETTERED_TOTAL, REASON_LABEL};
 #[allow(clippy::large_enum_variant)]
 pub enum Input<T> {
     Publish {
-        message: OutboxMessage,
-        /// `Some` when `message` is the dead letter of a message that cannot be published.
-        dead_letter: Option<Reason>,
+        message: Message,
         /// When its transaction committed, for the commit-to-confirm latency.
+        committed_at: Option<SystemTime>,
+    },
+    /// A row or event its source could not make publishable.
+    Unpublishable {
+        unpublishable: Box<Unpublishable>,
         committed_at: Option<SystemTime>,
     },
     /// Everything before this point: acknowledge `T` once all of it is confirmed.
     AckPoint(T),
+}
+
+impl<T> Input<T> {
+    /// What a source's mapping result becomes: a publish, or an unpublishable message for
+    /// the policy to decide.
+    pub fn mapped(
+        mapped: Result<Message, Box<Unpublishable>>,
+        committed_at: Option<SystemTime>,
+    ) -> Self {
+        match mapped {
+            Ok(message) => Input::Publish {
+                message,
+                committed_at,
+            },
+            Err(unpublishable) => Input::Unpublishable {
+                unpublishable,
+                committed_at,
+            },
+        }
+    }
 }
 
 /// What the delivery task reports back (on a watch: a source reads the newest value).
@@ -55,13 +85,11 @@ pub enum Input<T> {
 pub struct Acked<T> {
     /// Every ack point acknowledged so far, folded; `None` before the first.
     pub token: Option<T>,
-    /// The stuck message this delivery started with, until the broker confirms it.
-    pub stuck: Option<String>,
 }
 
-impl<T> Acked<T> {
-    pub fn new(stuck: Option<String>) -> Self {
-        Self { token: None, stuck }
+impl<T> Default for Acked<T> {
+    fn default() -> Self {
+        Self { token: None }
     }
 }
 
@@ -70,258 +98,476 @@ pub struct DeliveryOptions {
     pub window: usize,
     /// How long the front publish may wait for its confirm (paused while blocked).
     pub confirm_timeout: Duration,
+    /// The message an earlier session failed on: the window is 1 until it is confirmed.
+    pub stuck: Option<String>,
+    /// Where the stuck message's delivery is reported (/readyz); `None` for batches.
+    pub health: Option<Health>,
 }
 
-/// An unconfirmed publish.
-struct InFlight {
-    stage: Stage,
-    committed_at: Option<SystemTime>,
-}
-
-impl AsMut<Stage> for InFlight {
-    fn as_mut(&mut self) -> &mut Stage {
-        &mut self.stage
+impl DeliveryOptions {
+    /// A batch's options: its whole self in flight, no stuck message to report.
+    pub fn batch(confirm_timeout: Duration) -> Self {
+        Self {
+            window: usize::MAX,
+            confirm_timeout,
+            stuck: None,
+            health: None,
+        }
     }
 }
 
+/// An unconfirmed publish.
+struct InFlight<S> {
+    pending: S,
+    committed_at: Option<SystemTime>,
+}
+
 /// Runs until `input` is closed and every publish taken from it is settled (`Ok`), or until
-/// the first failure (`Err`). `acked` starts as [`Acked::new`] with the stuck message, if
-/// any, and is updated as ack points are acknowledged.
+/// the first failure (`Err`); under the halt policy, an unpublishable input is that failure
+/// once everything before it is settled. `acked` is updated as ack points are acknowledged.
 ///
 /// Confirms are awaited in publish order and each answer is recorded in the queue; a publish
-/// is settled only once a confirm barrier passed after its answer (see
-/// [`ConfirmQueue`]): a [`Broker::round_trip`] sent after the answer came back, or a publish
-/// sent after it was confirmed, and every confirm ready by then was looked at for returns.
-pub async fn deliver<T: AckToken + Clone>(
-    broker: &Broker,
+/// is settled only once a confirm barrier passed after its answer (see [`ConfirmQueue`]): a
+/// [`Publisher::round_trip`] sent after the answer came back, or a publish sent after it was
+/// confirmed, and every confirm ready by then was looked at for returns.
+pub async fn deliver<T: AckToken + Clone, P: Publisher>(
+    publisher: &P,
     options: &DeliveryOptions,
     metrics: &RelayMetrics,
     mut input: mpsc::Receiver<Input<T>>,
     acked: &watch::Sender<Acked<T>>,
 ) -> Result<(), RelayError> {
-    let mut queue: ConfirmQueue<T, InFlight> = ConfirmQueue::new();
-    let mut stuck = acked.borrow().stuck.clone();
-    let mut window = if stuck.is_some() { 1 } else { options.window };
-    let mut blocked = broker.blocked();
-    let mut blocked_open = true;
-    let mut input_open = true;
-    // Since the broker last answered anything: the confirm timeout runs from here.
-    let mut waiting_since = Instant::now();
-    // At most one round trip at a time, with the barrier it was sent for.
-    let mut round_trip: Option<(u64, RoundTrip)> = None;
-    let outcome = 'delivery: loop {
-        // Settle and pass ack points in turn: an ack point between two settleable publishes
-        // must not hold the second back.
+    let mut delivery = Delivery::new(publisher, options, metrics, acked);
+    let outcome = delivery.run(&mut input).await;
+    if let Err(e) = &outcome {
+        match e.kind() {
+            ErrorKind::Nacked => metrics.nacked.increment(1),
+            kind if kind.is_return() => metrics.returned.increment(1),
+            _ => {}
+        }
+    }
+    metrics.in_flight.decrement(delivery.queue.in_flight() as f64);
+    metrics.ack_points.set(0.0);
+    outcome
+}
+
+/// Publishes a batch and returns once the broker confirmed every message of it (dead letters
+/// included), or with the first failure: polling mode's and resync's whole delivery. Under
+/// the halt policy a batch holding an unpublishable row publishes nothing: the row stops the
+/// relay, naming it.
+pub async fn deliver_batch<P: Publisher>(
+    publisher: &P,
+    batch: Vec<Result<Message, Box<Unpublishable>>>,
+    confirm_timeout: Duration,
+    metrics: &RelayMetrics,
+) -> Result<(), RelayError> {
+    if let Some(stop) = batch
+        .iter()
+        .filter_map(|item| item.as_ref().err())
+        .find_map(|unpublishable| halts(publisher, unpublishable))
+    {
+        return Err(stop);
+    }
+    // Room for the whole batch and its ack point: the batch is queued before it is awaited.
+    let (inputs, inputs_rx) = mpsc::channel(batch.len() + 1);
+    let queued = batch
+        .into_iter()
+        .map(|item| Input::mapped(item, None))
+        .chain([Input::AckPoint(())])
+        .try_for_each(|input| inputs.try_send(input));
+    if queued.is_err() {
+        return Err(RelayError::Bug("a batch outgrew its channel".into()));
+    }
+    drop(inputs);
+    let (acked, _) = watch::channel(Acked::default());
+    let options = DeliveryOptions::batch(confirm_timeout);
+    deliver(publisher, &options, metrics, inputs_rx, &acked).await
+}
+
+/// The error an unpublishable message stops the relay with, or `None` when the dead-letter
+/// policy takes it (it must have an id to be told apart by).
+fn halts<P: Publisher>(publisher: &P, unpublishable: &Unpublishable) -> Option<RelayError> {
+    if publisher.dead_letter_exchange().is_some() && unpublishable.original.is_some() {
+        return None;
+    }
+    Some(RelayError::Unpublishable {
+        message_id: unpublishable.message_id.clone(),
+        problem: unpublishable.problem.clone(),
+    })
+}
+
+/// What the loop waits for, one at a time.
+enum Event<T> {
+    /// The broker answered the oldest publish not yet answered.
+    Answered(Result<Answer, RelayError>),
+    /// The round trip of the outstanding barrier came back.
+    RoundTripDone(Result<(), RelayError>),
+    /// The source handed over an input (`None`: it closed the channel).
+    Received(Option<Input<T>>),
+    /// The front publish waited longer than the confirm timeout.
+    ConfirmTimedOut,
+    /// The broker blocked or unblocked publishing (`false`: the report ended).
+    BlockedChanged(bool),
+}
+
+/// The state of one delivery loop (see [`deliver`]).
+struct Delivery<'a, T, P: Publisher> {
+    publisher: &'a P,
+    options: &'a DeliveryOptions,
+    metrics: &'a RelayMetrics,
+    acked: &'a watch::Sender<Acked<T>>,
+    queue: ConfirmQueue<T, InFlight<P::Pending>>,
+    /// The stuck message, until the broker confirms it.
+    stuck: Option<String>,
+    window: usize,
+    blocked: watch::Receiver<bool>,
+    blocked_open: bool,
+    input_open: bool,
+    /// Under halt: the unpublishable input the loop stopped taking input at. Reported once
+    /// everything before it is settled.
+    halt: Option<RelayError>,
+    /// Since the broker last answered anything: the confirm timeout runs from here.
+    waiting_since: Instant,
+    /// At most one round trip at a time, with the barrier it was sent for.
+    round_trip: Option<(u64, P::RoundTrip)>,
+}
+
+impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
+    fn new(
+        publisher: &'a P,
+        options: &'a DeliveryOptions,
+        metrics: &'a RelayMetrics,
+        acked: &'a watch::Sender<Acked<T>>,
+    ) -> Self {
+        Self {
+            publisher,
+            options,
+            metrics,
+            acked,
+            queue: ConfirmQueue::new(),
+            stuck: options.stuck.clone(),
+            window: if options.stuck.is_some() {
+                1
+            } else {
+                options.window
+            },
+            blocked: publisher.blocked(),
+            blocked_open: true,
+            input_open: true,
+            halt: None,
+            waiting_since: Instant::now(),
+            round_trip: None,
+        }
+    }
+
+    async fn run(&mut self, input: &mut mpsc::Receiver<Input<T>>) -> Result<(), RelayError> {
+        loop {
+            self.settle_and_advance().await?;
+            if !self.input_open && self.queue.is_empty() {
+                return self.halt.take().map_or(Ok(()), Err);
+            }
+            self.prepare_barrier();
+            match self.next_event(input).await {
+                Event::Answered(answer) => self.on_answer(answer)?,
+                Event::RoundTripDone(result) => self.on_round_trip(result)?,
+                Event::Received(item) => self.on_received(item, input).await?,
+                Event::ConfirmTimedOut => {
+                    return Err(RelayError::ConfirmTimeout {
+                        message_id: self.queue.front_message_id().unwrap_or_default().into(),
+                        seconds: self.options.confirm_timeout.as_secs(),
+                    })
+                }
+                Event::BlockedChanged(open) => {
+                    // The timeout restarts when the broker unblocks: waiting while blocked is
+                    // the broker's choice, not a lost confirm.
+                    self.blocked_open = open;
+                    self.waiting_since = Instant::now();
+                }
+            }
+        }
+    }
+
+    /// The next event, answers first: under a backlog the loop drains confirms before it
+    /// takes new work.
+    async fn next_event(&mut self, input: &mut mpsc::Receiver<Input<T>>) -> Event<T> {
+        let has_unresolved = self.queue.next_unresolved().is_some();
+        let room = self.input_open && self.queue.in_flight() < self.window;
+        let timing = self.queue.in_flight() > 0 && !*self.blocked.borrow();
+        let deadline = self.waiting_since + self.options.confirm_timeout;
+        let Delivery {
+            queue,
+            round_trip,
+            blocked,
+            blocked_open,
+            ..
+        } = self;
+        tokio::select! {
+            biased;
+
+            answer = async {
+                match queue.next_unresolved() {
+                    Some(next) => next.pending.answer().await,
+                    None => std::future::pending().await,
+                }
+            }, if has_unresolved => Event::Answered(answer),
+
+            result = async {
+                match round_trip.as_mut() {
+                    Some((_, answer)) => answer.await,
+                    None => std::future::pending().await,
+                }
+            }, if round_trip.is_some() => Event::RoundTripDone(result),
+
+            item = input.recv(), if room => Event::Received(item),
+
+            () = tokio::time::sleep_until(deadline), if timing => Event::ConfirmTimedOut,
+
+            changed = blocked.changed(), if *blocked_open => Event::BlockedChanged(changed.is_ok()),
+        }
+    }
+
+    /// Settles what barriers made settleable and passes the ack points behind it, in turn:
+    /// an ack point between two settleable publishes must not hold the second back.
+    async fn settle_and_advance(&mut self) -> Result<(), RelayError> {
         let mut advanced = false;
         let settled = loop {
-            match settle_ready(&mut queue, broker, metrics, stuck.as_deref()).await {
-                Ok(true) => {
-                    tracing::info!(message_id = ?stuck, "stuck message delivered; full window again");
-                    window = options.window;
-                    stuck = None;
-                    acked.send_modify(|acked| acked.stuck = None);
-                }
-                Ok(false) => {}
-                Err(e) => break Err(e),
+            if let Err(e) = self.settle_ready().await {
+                break Err(e);
             }
-            if !queue.advance() {
+            if !self.queue.advance() {
                 break Ok(());
             }
             advanced = true;
         };
         if advanced {
-            let token = queue.acknowledged().cloned();
-            acked.send_modify(|acked| acked.token = token);
-            metrics.ack_points.set(queue.ack_points() as f64);
+            let token = self.queue.acknowledged().cloned();
+            self.acked.send_modify(|acked| acked.token = token);
+            self.metrics.ack_points.set(self.queue.ack_points() as f64);
         }
-        if let Err(e) = settled {
-            break Err(count_failure(metrics, e));
-        }
-        if !input_open && queue.is_empty() {
-            break Ok(());
-        }
-        if queue.needs_barrier() {
-            queue.begin_barrier();
-        }
-        if round_trip.is_none() {
-            if let Some(epoch) = queue.barrier_outstanding() {
-                round_trip = Some((epoch, broker.round_trip()));
-            }
-        }
-        let has_unresolved = queue.next_unresolved().is_some();
-        let room = queue.in_flight() < window;
-        let timing = queue.in_flight() > 0 && !*blocked.borrow();
-        let deadline = waiting_since + options.confirm_timeout;
-        tokio::select! {
-            biased;
-
-            confirmation = async {
-                match queue.next_unresolved() {
-                    Some(next) => next.stage.confirmation().await,
-                    None => std::future::pending().await,
-                }
-            }, if has_unresolved => {
-                waiting_since = Instant::now();
-                if let Err(e) = observe(&mut queue, confirmation).and_then(|()| observe_ready(&mut queue)) {
-                    break Err(count_failure(metrics, e));
-                }
-                if queue.barrier_witnessed() {
-                    if let Some(epoch) = queue.barrier_outstanding() {
-                        queue.pass_barrier(epoch);
-                    }
-                }
-            }
-
-            answered = async {
-                match round_trip.as_mut() {
-                    Some((_, answer)) => answer.await,
-                    None => std::future::pending().await,
-                }
-            }, if round_trip.is_some() => {
-                let sent_for = round_trip.take().map(|(epoch, _)| epoch);
-                if let Err(e) = answered {
-                    break Err(e.into());
-                }
-                waiting_since = Instant::now();
-                if let Err(e) = observe_ready(&mut queue) {
-                    break Err(count_failure(metrics, e));
-                }
-                if let Some(epoch) = sent_for {
-                    queue.pass_barrier(epoch);
-                }
-            }
-
-            item = input.recv(), if input_open && room => {
-                // Everything already queued is taken in one pass (up to the window): under a
-                // backlog one wake-up publishes a burst, and the frames go out together.
-                let mut item = item;
-                loop {
-                    match item {
-                        Some(Input::Publish { message, dead_letter, committed_at }) => {
-                            if queue.in_flight() == 0 {
-                                waiting_since = Instant::now();
-                            }
-                            let message_id = message.message_id.clone();
-                            // One poll queues the frames: publishing in input order keeps
-                            // delivery tags in input order.
-                            let stage = match Stage::start(broker, message).await {
-                                Ok(stage) => stage,
-                                Err(e) => break 'delivery Err(e.into()),
-                            };
-                            metrics.published.increment(1);
-                            metrics.in_flight.increment(1.0);
-                            let pending = InFlight { stage, committed_at };
-                            match dead_letter {
-                                None => queue.push_publish(message_id, pending),
-                                Some(reason) => queue.push_dead_letter(message_id, reason, pending),
-                            }
-                        }
-                        Some(Input::AckPoint(token)) => {
-                            queue.push_ack_point(token);
-                            metrics.ack_points.set(queue.ack_points() as f64);
-                        }
-                        None => {
-                            input_open = false;
-                            break;
-                        }
-                    }
-                    if queue.in_flight() >= window {
-                        break;
-                    }
-                    item = match input.try_recv() {
-                        Ok(next) => Some(next),
-                        Err(mpsc::error::TryRecvError::Empty) => break,
-                        Err(mpsc::error::TryRecvError::Disconnected) => None,
-                    };
-                }
-            }
-
-            () = tokio::time::sleep_until(deadline), if timing => {
-                break Err(RelayError::ConfirmTimeout {
-                    message_id: queue.front_message_id().unwrap_or_default().to_string(),
-                    seconds: options.confirm_timeout.as_secs(),
-                });
-            }
-
-            changed = blocked.changed(), if blocked_open => {
-                // The timeout restarts when the broker unblocks: waiting while blocked is the
-                // broker's choice, not a lost confirm.
-                blocked_open = changed.is_ok();
-                waiting_since = Instant::now();
-            }
-        }
-    };
-    metrics.in_flight.decrement(queue.in_flight() as f64);
-    metrics.ack_points.set(0.0);
-    outcome
-}
-
-/// Counts a failure that stops the pipeline by its kind.
-fn count_failure(metrics: &RelayMetrics, e: RelayError) -> RelayError {
-    match e {
-        RelayError::Nacked { .. } => metrics.nacked.increment(1),
-        RelayError::Returned { .. }
-        | RelayError::DeadLetterReturned { .. }
-        | RelayError::ReturnedAfterSettle { .. } => metrics.returned.increment(1),
-        _ => {}
+        settled
     }
-    e
+
+    /// Settles the front publishes that passed barriers, in order. A returned front under
+    /// the dead-letter policy is re-published to the dead-letter exchange and stays at the
+    /// front, unresolved again.
+    async fn settle_ready(&mut self) -> Result<(), RelayError> {
+        while let Some(acked) = self.queue.settleable_front() {
+            let Some(settled) = self.settle_front(acked).await? else {
+                self.metrics.returned.increment(1);
+                continue;
+            };
+            self.metrics.in_flight.decrement(1.0);
+            if settled.dead_lettered.is_none() {
+                self.metrics.confirmed.increment(1);
+            }
+            if let Some(committed_at) = settled.pending.committed_at {
+                self.metrics.observe_commit_to_confirm(committed_at);
+            }
+            if self.stuck.as_deref() == Some(settled.message_id.as_str()) {
+                tracing::info!(message_id = %settled.message_id, "stuck message delivered; full window again");
+                self.stuck = None;
+                self.window = self.options.window;
+                if let Some(health) = &self.options.health {
+                    health.set_stuck(None);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Settles the front publish, which the broker answered (`acked`) and a barrier made
+    /// settleable: the settled publish, `None` when a returned front went to the dead-letter
+    /// exchange instead, or the error that stops the pipeline.
+    async fn settle_front(
+        &mut self,
+        acked: bool,
+    ) -> Result<Option<Settled<InFlight<P::Pending>>>, RelayError> {
+        let failure = match self.queue.settle_front(acked) {
+            None => return Err(RelayError::Bug("settled a front that is not a publish".into())),
+            Some(Ok(settled)) => {
+                if let Some(reason) = &settled.dead_lettered {
+                    metrics::counter!(DEAD_LETTERED_TOTAL, REASON_LABEL => reason.label())
+                        .increment(1);
+                    tracing::warn!(
+                        message_id = %settled.message_id,
+                        reason = %reason,
+                        "message dead-lettered: the dead-letter exchange confirmed it"
+                    );
+                }
+                return Ok(Some(settled));
+            }
+            Some(Err(failure)) => failure,
+        };
+        let (Failure::Returned { returned, .. }, Some(exchange)) =
+            (&failure, self.publisher.dead_letter_exchange())
+        else {
+            return Err(failure_error(failure));
+        };
+        let reason = returned.reason();
+        let letter = dead_letter::for_returned(exchange, returned.content.clone(), &reason);
+        let pending = self.publisher.start_dead_letter(letter).await?;
+        if let Some(front) = self.queue.dead_letter_front(reason) {
+            front.pending = pending;
+        }
+        Ok(None)
+    }
+
+    /// Begins a barrier when answers wait behind one, and sends its round trip.
+    fn prepare_barrier(&mut self) {
+        if self.queue.needs_barrier() {
+            self.queue.begin_barrier();
+        }
+        if self.round_trip.is_none() {
+            if let Some(epoch) = self.queue.barrier_outstanding() {
+                self.round_trip = Some((epoch, self.publisher.round_trip()));
+            }
+        }
+    }
+
+    fn on_answer(&mut self, answer: Result<Answer, RelayError>) -> Result<(), RelayError> {
+        self.waiting_since = Instant::now();
+        observe(&mut self.queue, answer?)?;
+        observe_ready(&mut self.queue)?;
+        if self.queue.barrier_witnessed() {
+            if let Some(epoch) = self.queue.barrier_outstanding() {
+                self.queue.pass_barrier(epoch);
+            }
+        }
+        Ok(())
+    }
+
+    fn on_round_trip(&mut self, result: Result<(), RelayError>) -> Result<(), RelayError> {
+        let sent_for = self.round_trip.take().map(|(epoch, _)| epoch);
+        result?;
+        self.waiting_since = Instant::now();
+        observe_ready(&mut self.queue)?;
+        if let Some(epoch) = sent_for {
+            self.queue.pass_barrier(epoch);
+        }
+        Ok(())
+    }
+
+    /// Takes `first` and everything already queued behind it, up to the window, in one pass:
+    /// under a backlog one wake-up publishes a burst, and the frames go out together.
+    async fn on_received(
+        &mut self,
+        first: Option<Input<T>>,
+        input: &mut mpsc::Receiver<Input<T>>,
+    ) -> Result<(), RelayError> {
+        let mut item = first;
+        loop {
+            let Some(next) = item else {
+                self.input_open = false;
+                return Ok(());
+            };
+            self.take(next).await?;
+            if !self.input_open || self.queue.in_flight() >= self.window {
+                return Ok(());
+            }
+            item = match input.try_recv() {
+                Ok(next) => Some(next),
+                Err(mpsc::error::TryRecvError::Empty) => return Ok(()),
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+            };
+        }
+    }
+
+    /// One input: a publish started, a dead letter started, the halt begun, or an ack point
+    /// queued.
+    async fn take(&mut self, input: Input<T>) -> Result<(), RelayError> {
+        match input {
+            Input::Publish {
+                message,
+                committed_at,
+            } => {
+                let message_id = message.message_id.clone();
+                let outgoing = Outgoing::from_message(message)?;
+                let pending = self.start(outgoing, committed_at).await?;
+                self.queue.push_publish(message_id, pending);
+            }
+            Input::Unpublishable {
+                unpublishable,
+                committed_at,
+            } => {
+                if let Some(stop) = halts(self.publisher, &unpublishable) {
+                    // Nothing after it is taken; what came before is settled first.
+                    self.halt = Some(stop);
+                    self.input_open = false;
+                    return Ok(());
+                }
+                let Unpublishable {
+                    original,
+                    rejection,
+                    ..
+                } = *unpublishable;
+                let (Some(original), Some(exchange)) =
+                    (original, self.publisher.dead_letter_exchange())
+                else {
+                    return Err(RelayError::Bug("dead-lettered without an original".into()));
+                };
+                let message_id = original.message_id.clone();
+                let reason = Reason::Rejected(rejection);
+                let letter =
+                    dead_letter::dead_letter(exchange, Outgoing::from_message(original)?, &reason);
+                let pending = self.start(letter, committed_at).await?;
+                self.queue.push_dead_letter(message_id, reason, pending);
+            }
+            Input::AckPoint(token) => {
+                self.queue.push_ack_point(token);
+                self.metrics.ack_points.set(self.queue.ack_points() as f64);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts one publish on the publishing channel; delivery tags follow the calls' order.
+    async fn start(
+        &mut self,
+        outgoing: Outgoing,
+        committed_at: Option<SystemTime>,
+    ) -> Result<InFlight<P::Pending>, RelayError> {
+        if self.queue.in_flight() == 0 {
+            self.waiting_since = Instant::now();
+        }
+        let pending = self.publisher.start(outgoing).await?;
+        self.metrics.published.increment(1);
+        self.metrics.in_flight.increment(1.0);
+        Ok(InFlight {
+            pending,
+            committed_at,
+        })
+    }
 }
 
-/// Records the broker's answer for the queue's next unresolved publish, and the return its
-/// confirm carried, for whichever publish the return names.
-fn observe<T: AckToken, P>(
-    queue: &mut ConfirmQueue<T, P>,
-    confirmation: Result<Confirmation, lapin::Error>,
+/// Records the broker's answer for the queue's next unresolved publish, and the return it
+/// carried, for whichever publish the return names.
+fn observe<T: AckToken, S>(
+    queue: &mut ConfirmQueue<T, InFlight<S>>,
+    answer: Answer,
 ) -> Result<(), RelayError> {
-    let (acked, returned) = match confirmation? {
-        Confirmation::Ack(returned) => (true, returned),
-        Confirmation::Nack(returned) => (false, returned),
-        Confirmation::NotRequested => {
-            return Err(RelayError::Bug("publisher confirms are not enabled".into()))
-        }
-    };
-    if let Some(returned) = returned {
-        let delivery = returned.delivery;
-        let message_id = delivery
-            .properties
-            .message_id()
-            .as_ref()
-            .map(|id| id.as_str().to_string())
-            .unwrap_or_default();
-        let recorded = queue.record_return(
-            message_id,
-            Returned {
-                exchange: delivery.exchange.as_str().to_string(),
-                routing_key: delivery.routing_key.as_str().to_string(),
-                reply_code: returned.reply_code,
-                reply_text: returned.reply_text.as_str().to_string(),
-                content: ReturnedContent {
-                    properties: delivery.properties,
-                    body: delivery.data.into(),
-                },
-            },
-        );
-        recorded.map_err(failure_error)?;
+    if let Some(returned) = answer.returned {
+        queue
+            .record_return(returned.message_id, returned.returned)
+            .map_err(failure_error)?;
     }
-    queue.resolve_next(acked);
+    queue.resolve_next(answer.acked);
     Ok(())
 }
 
 /// Records every answer that is already there, in publish order, up to the first publish
 /// still waiting: lapin resolves a multiple ack's confirms one by one, and a return it
 /// attached to any of them must be seen before a barrier passes.
-fn observe_ready<T: AckToken, P: AsMut<Stage>>(
-    queue: &mut ConfirmQueue<T, P>,
+fn observe_ready<T: AckToken, S: Pending>(
+    queue: &mut ConfirmQueue<T, InFlight<S>>,
 ) -> Result<(), RelayError> {
     loop {
         let Some(next) = queue.next_unresolved() else {
             return Ok(());
         };
-        let Some(confirmation) = next.as_mut().confirmation().now_or_never() else {
+        let Some(answer) = next.pending.answer().now_or_never() else {
             return Ok(());
         };
-        observe(queue, confirmation)?;
+        observe(queue, answer?)?;
     }
 }
 
@@ -359,122 +605,5 @@ fn failure_error(failure: Failure) -> RelayError {
             reply_code: returned.reply_code,
             reply_text: returned.reply_text,
         },
-    }
-}
-
-/// Settles the front publishes that passed barriers made settleable, in order; `true` when
-/// one of them was the `stuck` message. A returned front under the dead-letter policy is
-/// re-published to the dead-letter exchange and stays at the front, unresolved again.
-async fn settle_ready<T: AckToken>(
-    queue: &mut ConfirmQueue<T, InFlight>,
-    broker: &Broker,
-    metrics: &RelayMetrics,
-    stuck: Option<&str>,
-) -> Result<bool, RelayError> {
-    let mut stuck_settled = false;
-    while let Some(acked) = queue.settleable_front() {
-        match settle_front(queue, acked, broker).await? {
-            Settle::DeadLettering => metrics.returned.increment(1),
-            Settle::Settled(settled) => {
-                metrics.in_flight.decrement(1.0);
-                if settled.dead_lettered.is_none() {
-                    metrics.confirmed.increment(1);
-                }
-                if let Some(committed_at) = settled.pending.committed_at {
-                    metrics.observe_commit_to_confirm(committed_at);
-                }
-                stuck_settled |= stuck == Some(settled.message_id.as_str());
-            }
-        }
-    }
-    Ok(stuck_settled)
-}
-
-/// Publishes a batch and returns once the broker confirmed every message of it (dead letters
-/// included), or with the first failure: polling mode's and resync's whole delivery.
-pub async fn deliver_batch(
-    broker: &Broker,
-    messages: Vec<(OutboxMessage, Option<Reason>)>,
-    confirm_timeout: Duration,
-    metrics: &RelayMetrics,
-) -> Result<(), RelayError> {
-    // Room for the whole batch and its ack point: the batch is queued before it is awaited.
-    let (inputs, inputs_rx) = mpsc::channel(messages.len() + 1);
-    for (message, dead_letter) in messages {
-        let input = Input::Publish {
-            message,
-            dead_letter,
-            committed_at: None,
-        };
-        if inputs.try_send(input).is_err() {
-            return Err(RelayError::Bug("a batch outgrew its channel".into()));
-        }
-    }
-    if inputs.try_send(Input::AckPoint(())).is_err() {
-        return Err(RelayError::Bug("a batch outgrew its channel".into()));
-    }
-    drop(inputs);
-    let options = DeliveryOptions {
-        window: usize::MAX,
-        confirm_timeout,
-    };
-    let (acked, _) = watch::channel(Acked::new(None));
-    deliver(broker, &options, metrics, inputs_rx, &acked).await
-}
-
-/// What [`settle_front`] did with the front publish.
-enum Settle<P> {
-    /// Settled: confirmed, or its dead letter confirmed.
-    Settled(Settled<P>),
-    /// Returned as unroutable and re-published to the dead-letter exchange: it stays at the
-    /// front, now awaiting its dead letter's confirm.
-    DeadLettering,
-}
-
-/// Settles the front publish, which the broker answered (`acked`) and a barrier made
-/// settleable: the settled publish, or the error that stops the pipeline. Under the
-/// dead-letter policy a returned front is re-published to the dead-letter exchange instead of
-/// failing.
-async fn settle_front<T: AckToken, P: AsMut<Stage>>(
-    queue: &mut ConfirmQueue<T, P>,
-    acked: bool,
-    broker: &Broker,
-) -> Result<Settle<P>, RelayError> {
-    match queue.settle_front(acked) {
-        None => Err(RelayError::Bug(
-            "settled a front that is not a publish".into(),
-        )),
-        Some(Ok(settled)) => {
-            if let Some(reason) = &settled.dead_lettered {
-                metrics::counter!(DEAD_LETTERED_TOTAL, REASON_LABEL => reason.label()).increment(1);
-                tracing::warn!(
-                    message_id = %settled.message_id,
-                    reason = %reason,
-                    "message dead-lettered: the dead-letter exchange confirmed it"
-                );
-            }
-            Ok(Settle::Settled(settled))
-        }
-        Some(Err(Failure::Returned {
-            message_id,
-            returned,
-        })) if broker.dead_letters.is_some() => {
-            let Some(dead_letters) = &broker.dead_letters else {
-                return Err(RelayError::Bug("dead letters are not enabled".into()));
-            };
-            let reason = returned.reason();
-            let message = dead_letter::for_returned(
-                &dead_letters.exchange,
-                message_id,
-                returned.content,
-                &reason,
-            );
-            let stage = Stage::started(publish_on(dead_letters.channel.clone(), message)).await?;
-            if let Some(front) = queue.dead_letter_front(reason) {
-                *front.as_mut() = stage;
-            }
-            Ok(Settle::DeadLettering)
-        }
-        Some(Err(failure)) => Err(failure_error(failure)),
     }
 }

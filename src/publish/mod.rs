@@ -1,8 +1,9 @@
 //! The delivery side: everything that talks to RabbitMQ.
 //!
 //! Open the files in this order: [`nodes`] (the RabbitMQ nodes `AMQP_URL` names and which
-//! to try first), [`broker`] (the connection, the confirm-mode channel, a
-//! publish's stages), [`queue`] (the pure in-order confirm queue, generic over the token its
+//! to try first), [`publisher`] (what delivery needs of a broker), [`broker`] (the lapin
+//! connection, the confirm-mode channel, a publish's stages: the one place messages become
+//! lapin's types), [`queue`] (the pure in-order confirm queue, generic over the token its
 //! source acknowledges with), [`delivery`] (the task that publishes under the in-flight
 //! window, awaits confirms in order and reports the acknowledged token), [`dead_letter`] (what
 //! goes to the dead-letter exchange, and why).
@@ -16,9 +17,11 @@ pub mod broker;
 pub mod dead_letter;
 pub mod delivery;
 pub mod nodes;
+pub mod publisher;
 pub mod queue;
 
-pub use broker::{Broker, Stage};
+pub use broker::Broker;
 pub use delivery::{deliver, deliver_batch, Acked, DeliveryOptions, Input};
+pub use publisher::Publisher;
 pub use nodes::{BrokerNode, BrokerNodes};
 pub use queue::AckToken;

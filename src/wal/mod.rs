@@ -108,14 +108,13 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         emit_prefix,
     };
     let mut backoff = Backoff::new(Duration::from_millis(500), ctx.tuning.max_backoff());
-    let mut stuck: Option<String> = None;
     let mut standby_logged = false;
     loop {
         if shutdown.is_cancelled() {
             return Ok(());
         }
         let started = Instant::now();
-        let session = session::run(&ctx, &mut stuck, shutdown.clone());
+        let session = session::run(&ctx, shutdown.clone());
         let stop_deadline = async {
             shutdown.cancelled().await;
             tokio::time::sleep(ctx.tuning.shutdown_timeout()).await;
@@ -146,9 +145,6 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
                 standby_logged = false;
                 if started.elapsed() >= HEALTHY_SESSION {
                     backoff.reset();
-                }
-                if let Some(id) = error.stuck_message_id() {
-                    stuck = Some(id.to_string());
                 }
                 observability::count_reconnect(error.kind().label());
                 let delay = backoff.next_delay();

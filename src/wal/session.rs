@@ -58,14 +58,10 @@ pub struct SessionContext {
     pub emit_prefix: String,
 }
 
-/// Runs one session. `stuck` names a message that failed in an earlier session: until the
-/// broker confirms it, publishing uses a window of 1 so a stuck message does not drag a full
-/// window of re-publishes along on every retry. Cleared here once it is confirmed.
-pub async fn run(
-    ctx: &SessionContext,
-    stuck: &mut Option<String>,
-    shutdown: CancellationToken,
-) -> Result<(), RelayError> {
+/// Runs one session. A message that failed in an earlier session (the health's stuck
+/// message) is published with a window of 1 until the broker confirms it, so a stuck message
+/// does not drag a full window of re-publishes along on every retry.
+pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<(), RelayError> {
     let database = db::connect(&ctx.database_url).await?;
     let slot = preflight::check_all(&database, &ctx.names, ctx.shard).await?;
     preflight::check_emit_prefix(&database, &ctx.names, &ctx.emit_prefix).await?;
@@ -77,6 +73,7 @@ pub async fn run(
         broker.enable_dead_letters(exchange).await?;
     }
     let broker = Arc::new(broker);
+    let stuck = ctx.health.stuck();
 
     let feedback_sent = Arc::new(Notify::new());
     let observer = {
@@ -114,7 +111,6 @@ pub async fn run(
         "streaming"
     );
     ctx.health.set_ready();
-    ctx.health.set_stuck(stuck.as_deref());
     // Only the relay that holds the slot deletes delivered rows; it stops with the session.
     let _cleanup = AbortOnDropHandle::new(tokio::spawn(crate::cleanup::run_cleanup(
         ctx.database_url.clone(),
@@ -138,17 +134,18 @@ pub async fn run(
     });
 
     let (inputs, inputs_rx) = mpsc::channel(INPUT_CHANNEL);
-    let (acked_tx, acked) = watch::channel(Acked::new(stuck.clone()));
-    let final_acked = acked.clone();
+    let (acked_tx, acked) = watch::channel(Acked::default());
     let delivery = {
         let broker = Arc::clone(&broker);
         let options = DeliveryOptions {
             window: ctx.tuning.max_in_flight as usize,
             confirm_timeout: ctx.tuning.confirm_timeout(),
+            stuck,
+            health: Some(ctx.health.clone()),
         };
         let metrics = ctx.metrics.clone();
         AbortOnDropHandle::new(tokio::spawn(async move {
-            deliver(&broker, &options, &metrics, inputs_rx, &acked_tx).await
+            deliver(&*broker, &options, &metrics, inputs_rx, &acked_tx).await
         }))
     };
     let (schema, table) = ctx.names.table_parts();
@@ -158,7 +155,6 @@ pub async fn run(
             ctx.mapper.clone(),
             RelationCache::new(schema, table),
             ctx.heartbeat.clone(),
-            broker.dead_letter_exchange().cloned(),
             ctx.emit_prefix.clone(),
             ctx.shard,
             StreamMetrics::new(),
@@ -171,8 +167,6 @@ pub async fn run(
         health: ctx.health.clone(),
     };
     let result = reader.run(inputs, acked, delivery, shutdown).await;
-    // The stuck message, if it is still stuck; a failure of this session may name a new one.
-    stuck.clone_from(&final_acked.borrow().stuck);
     broker.close().await;
     result
 }

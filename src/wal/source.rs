@@ -19,10 +19,9 @@
 //! Rows and emitted events of one transaction share one numbering (`x-outbox-seq`), in the
 //! order pgoutput sends them, which is their order in the WAL. Logical messages are not
 //! filtered by the publication: those with another prefix are ignored (counted), never
-//! published; one with our prefix that cannot be published follows the dead-letter policy
-//! like a row.
+//! published; one with our prefix that cannot be published is handed over as unpublishable,
+//! like a row, and delivery applies the policy.
 
-use lapin::types::ShortString;
 use pgwire_replication::{Lsn, ReplicationEvent};
 
 use crate::emit;
@@ -47,8 +46,6 @@ pub struct Source {
     mapper: Mapper,
     relations: RelationCache,
     heartbeat: Heartbeat,
-    /// Where dead letters go, under the dead-letter policy.
-    dead_letter_exchange: Option<ShortString>,
     /// The prefix of this outbox's emitted events (`--emit-prefix`).
     emit_prefix: String,
     /// Which emitted events are this relay's (rows are chosen by the publication's filter).
@@ -69,7 +66,6 @@ impl Source {
         mapper: Mapper,
         relations: RelationCache,
         heartbeat: Heartbeat,
-        dead_letter_exchange: Option<ShortString>,
         emit_prefix: String,
         shard: Shard,
         metrics: StreamMetrics,
@@ -78,7 +74,6 @@ impl Source {
             mapper,
             relations,
             heartbeat,
-            dead_letter_exchange,
             emit_prefix,
             shard,
             metrics,
@@ -202,18 +197,8 @@ impl Source {
             ),
         };
         self.metrics.emitted.increment(1);
-        let (message, dead_letter) = emit::map_or_dead_letter(
-            &self.mapper,
-            content,
-            transactional,
-            position,
-            self.dead_letter_exchange.as_ref(),
-        )?;
-        Ok(Input::Publish {
-            message,
-            dead_letter,
-            committed_at,
-        })
+        let mapped = emit::map(&self.mapper, content, transactional, position);
+        Ok(Input::mapped(mapped, committed_at))
     }
 
     /// Decodes one pgoutput message; an outbox row becomes a publish.
@@ -241,16 +226,10 @@ impl Source {
         };
         transaction.next_index += 1;
         self.metrics.rows.increment(1);
-        let (message, dead_letter) = self.mapper.map_or_dead_letter(
-            layout,
-            &insert.tuple,
-            Some(position),
-            self.dead_letter_exchange.as_ref(),
-        )?;
-        Ok(Some(Input::Publish {
-            message,
-            dead_letter,
-            committed_at: Some(pg_timestamp(transaction.commit_time)),
-        }))
+        let mapped = self.mapper.map_row(layout, &insert.tuple, Some(position));
+        Ok(Some(Input::mapped(
+            mapped,
+            Some(pg_timestamp(transaction.commit_time)),
+        )))
     }
 }

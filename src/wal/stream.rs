@@ -86,7 +86,6 @@ impl StreamReader<'_> {
         let mut inputs = Some(inputs);
         let mut acknowledged = Acknowledged {
             applied: start,
-            stuck_reported: acked.borrow().stuck.is_some(),
             health,
         };
         // A definite error of the source: reported once the delivery settled what came before.
@@ -329,18 +328,16 @@ async fn delivery_outcome(
     delivered.and(source_error.take().map_or(Ok(()), Err))
 }
 
-/// What the reader has told PostgreSQL and /readyz of the delivery side's acknowledgements.
+/// What the reader has told PostgreSQL of the delivery side's acknowledgements.
 struct Acknowledged {
     /// The position last handed to `update_applied_lsn`.
     applied: Lsn,
-    /// /readyz names a stuck message.
-    stuck_reported: bool,
     health: Health,
 }
 
 impl Acknowledged {
     /// Takes the delivery side's newest acknowledgement: tells PostgreSQL a position past the
-    /// one already applied, and clears a stuck message the broker has now confirmed.
+    /// one already applied.
     fn take(
         &mut self,
         acked: &mut watch::Receiver<Acked<AckPosition>>,
@@ -361,10 +358,6 @@ impl Acknowledged {
                     );
                 }
             }
-        }
-        if self.stuck_reported && acked.stuck.is_none() {
-            self.stuck_reported = false;
-            self.health.set_stuck(None);
         }
     }
 }

@@ -25,7 +25,8 @@ use crate::cpu::{self, CpuProbe, CpuSplit};
 use crate::report::{Latency, Report};
 use crate::writers::{CommittedRow, Written, ORDER_NOTE_LEN};
 use outbox_relay::db;
-use outbox_relay::mapper::{AllowedExchanges, Layout, Mapper, OutboxMessage, Position};
+use outbox_relay::mapper::{AllowedExchanges, Layout, Mapper, Position};
+use outbox_relay::message::Message;
 use outbox_relay::observability::RelayMetrics;
 use outbox_relay::pgoutput::{self, Column, LogicalMessage, Relation, Tuple, TupleValue};
 use outbox_relay::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions, Input};
@@ -81,7 +82,7 @@ impl SyntheticRows {
     }
 
     /// Row `n` as the relay would publish it (the payload shaped like a seeded order).
-    pub fn message(&self, n: u64) -> Result<OutboxMessage> {
+    pub fn message(&self, n: u64) -> Result<Message> {
         let (id, payload) = synthetic_order(n);
         let tuple = Tuple(vec![
             TupleValue::Text(Bytes::from(id)),
@@ -193,9 +194,9 @@ pub async fn broker_alone(
     let (inputs, inputs_rx) = mpsc::channel(1);
     let options = DeliveryOptions {
         window,
-        confirm_timeout: TIMEOUT,
+        ..DeliveryOptions::batch(TIMEOUT)
     };
-    let (acked, _) = watch::channel(Acked::<()>::new(None));
+    let (acked, _) = watch::channel(Acked::<()>::default());
     let metrics = RelayMetrics::new();
     let mut sent = 0u64;
     let produce = async {
@@ -210,7 +211,6 @@ pub async fn broker_alone(
             let at = Instant::now();
             let input = Input::Publish {
                 message,
-                dead_letter: None,
                 committed_at: None,
             };
             if inputs.send(input).await.is_err() {

@@ -1,0 +1,75 @@
+//! What the delivery loop needs of a broker, and nothing more: the boundary between
+//! [`super::delivery`] and the AMQP client ([`super::broker`], on lapin).
+//!
+//! Shaped like supabase/etl's `Destination`: the loop hands a message over and gets back a
+//! pending publish whose answer it awaits later, in order. Keeping lapin behind it lets the
+//! loop's own logic (window, ordering, barriers, returns, nacks, dead letters) be tested in
+//! process against a stand-in ([`super::delivery`]'s tests), while every integration test
+//! runs it against a real RabbitMQ.
+
+use std::future::Future;
+
+use lapin::types::ShortString;
+use tokio::sync::watch;
+
+use super::broker::Outgoing;
+use super::queue::Returned;
+use crate::error::RelayError;
+
+/// The broker side of delivery.
+pub trait Publisher: Sync {
+    /// A publish in flight: its frames queued, its answer not yet looked at.
+    type Pending: Pending;
+    /// A [`round_trip`](Self::round_trip) in progress.
+    type RoundTrip: Future<Output = Result<(), RelayError>> + Send + Unpin;
+
+    /// Starts publishing `message` (mandatory, persistent). One poll takes its delivery tag
+    /// and queues its frames: calling this in input order keeps delivery tags in that order.
+    fn start(
+        &self,
+        message: Outgoing,
+    ) -> impl Future<Output = Result<Self::Pending, RelayError>> + Send;
+
+    /// Starts publishing a dead letter, alone on a channel of its own: its return, if any,
+    /// comes with its own answer. Only while [`dead_letter_exchange`](Self::dead_letter_exchange)
+    /// is `Some`.
+    fn start_dead_letter(
+        &self,
+        message: Outgoing,
+    ) -> impl Future<Output = Result<Self::Pending, RelayError>> + Send;
+
+    /// Where dead letters go: `Some` under the dead-letter policy, `None` under halt.
+    fn dead_letter_exchange(&self) -> Option<&ShortString>;
+
+    /// A request the broker answers after every frame that arrived before it was sent (the
+    /// confirm barrier's witness).
+    fn round_trip(&self) -> Self::RoundTrip;
+
+    /// `true` while the broker blocks publishing (memory or disk alarm).
+    fn blocked(&self) -> watch::Receiver<bool>;
+}
+
+/// A publish awaiting the broker's answer.
+pub trait Pending: Send {
+    /// The broker's answer. Cancel-safe: progress is kept in `self`, so it can be polled
+    /// again after a `select!` dropped it.
+    fn answer(&mut self) -> impl Future<Output = Result<Answer, RelayError>> + Send + '_;
+}
+
+/// What the broker said of one publish.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// Ack (true) or nack (false).
+    pub acked: bool,
+    /// A return that rode on this answer. It may name ANOTHER publish: AMQP 0-9-1's
+    /// basic.return carries no delivery tag, and lapin hands a waiting return to whichever
+    /// confirm it resolves next (docs/architecture.md, "Returns and the confirm barrier").
+    pub returned: Option<ReturnedMessage>,
+}
+
+/// A message the broker returned as unroutable, by the id it was published with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReturnedMessage {
+    pub message_id: String,
+    pub returned: Returned,
+}
