@@ -607,3 +607,6 @@ fn failure_error(failure: Failure) -> RelayError {
         },
     }
 }
+
+#[cfg(test)]
+mod tests;
