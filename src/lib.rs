@@ -47,4 +47,5 @@ pub mod poll;
 pub mod publish;
 pub mod setup;
 pub mod shard;
+pub mod supervisor;
 pub mod wal;

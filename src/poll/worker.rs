@@ -18,7 +18,8 @@
 //! broker confirmed its message (the mark is made when the batch is claimed, and rolls back
 //! with the transaction if anything fails before COMMIT). A crash between the last confirm and COMMIT publishes the
 //! batch again: at most workers × batch size duplicates. Crash-only, like WAL mode: any
-//! failure ends the session; the next one reconnects after a backoff and claims afresh.
+//! failure ends the session; the supervisor (`crate::supervisor`) starts the next one after
+//! a backoff, and it claims afresh.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -28,14 +29,15 @@ use tokio::time::Instant;
 use tokio_postgres::{Client, Statement};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument;
 
-use crate::advice::report;
 use crate::backoff::Backoff;
 use crate::db;
-use crate::error::{Recovery, RelayError};
+use crate::error::RelayError;
 use crate::failpoint::{failpoint, POLL_BEFORE_COMMIT};
-use crate::observability::{count_reconnect, NotReady, WorkerState};
+use crate::observability::{NotReady, WorkerState};
 use crate::publish::{deliver_batch, Broker};
+use crate::supervisor::{supervise, Supervised, Supervision};
 
 use super::table::OutboxTable;
 use super::Shared;
@@ -65,41 +67,48 @@ pub(crate) async fn run(
     worker: usize,
     shutdown: CancellationToken,
 ) -> Result<(), RelayError> {
-    let mut backoff = Backoff::new(Duration::from_millis(500), shared.delivery.max_backoff());
-    let mut state = State::default();
-    loop {
-        if shutdown.is_cancelled() {
-            return Ok(());
-        }
-        state.progressed = false;
-        let error = match session(&shared, worker, &mut state, &shutdown).await {
-            Ok(()) => return Ok(()),
-            Err(error) => error,
-        };
-        shared.stats.failures.fetch_add(1, Ordering::Relaxed);
-        shared
+    let supervision = Supervision {
+        max_backoff: shared.delivery.max_backoff(),
+        // poll::run bounds the whole stop, for every worker at once.
+        stop_timeout: None,
+    };
+    let mut sessions = Worker {
+        shared,
+        worker,
+        state: State::default(),
+    };
+    supervise(&mut sessions, &supervision, &shutdown)
+        .instrument(tracing::info_span!("worker", worker))
+        .await
+}
+
+/// One polling worker as the supervisor sees it: one session after another.
+struct Worker {
+    shared: Arc<Shared>,
+    worker: usize,
+    state: State,
+}
+
+impl Supervised for Worker {
+    async fn run(&mut self, shutdown: &CancellationToken) -> Result<(), RelayError> {
+        self.state.progressed = false;
+        session(&self.shared, self.worker, &mut self.state, shutdown).await
+    }
+
+    fn failed(&mut self, error: &RelayError) {
+        self.shared.stats.failures.fetch_add(1, Ordering::Relaxed);
+        self.shared
             .health
-            .set(worker, WorkerState::Down(NotReady::after(&error)));
-        if error.recovery() == Recovery::Stop {
-            return Err(error);
-        }
-        count_reconnect(error.kind().label());
-        if state.progressed {
-            backoff.reset();
-        }
-        state.probing = true;
-        let delay = backoff.next_delay();
-        tracing::warn!(
-            worker,
-            cause = error.kind().label(),
-            error = %report(&error),
-            retry_in_ms = delay.as_millis() as u64,
-            "batch failed and rolled back (its rows stay unpublished); retrying"
-        );
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            () = shutdown.cancelled() => return Ok(()),
-        }
+            .set(self.worker, WorkerState::Down(NotReady::after(error)));
+        self.state.probing = true;
+    }
+
+    fn progressed(&self, _ran: Duration) -> bool {
+        self.state.progressed
+    }
+
+    fn retrying(&self) -> &'static str {
+        "batch failed and rolled back (its rows stay unpublished); retrying"
     }
 }
 

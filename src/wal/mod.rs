@@ -1,8 +1,8 @@
 //! WAL mode: the relay proper.
 //!
 //! Crash-only: a session (`session.rs`) streams the slot until anything fails; the supervisor
-//! here then tears it down, waits with backoff and starts a new one, which resumes from the
-//! slot's confirmed position. There is no partial recovery to get wrong: whatever the broker
+//! (`crate::supervisor`) then tears it down, waits with backoff and starts a new one, which
+//! resumes from the slot's confirmed position. There is no partial recovery to get wrong: whatever the broker
 //! confirmed but PostgreSQL had not been told is published again (at least once), and nothing
 //! the broker did not confirm was ever acknowledged.
 //!
@@ -13,10 +13,9 @@
 //! confirmed, its position is safe to acknowledge (a transaction still open commits later and
 //! is replayed in full).
 //!
-//! This file owns the supervisor: the endpoints and the slot poller that outlive sessions,
-//! backoff, standby (waiting for another process to release the slot) and the stuck message
-//! the next session publishes alone. It never retries a definite error, and never resumes a
-//! session in place: each new one starts from the slot.
+//! This file owns what outlives sessions: the endpoints and the slot poller, and what a
+//! failed session means here (readiness, a healthy session's length, watching the slot as a
+//! standby). The supervisor decides whether and when the next session runs.
 //!
 //! A row's path through the folder: [`stream`] reads it from the replication client;
 //! [`source`] turns it into a delivery input (`pgoutput` decodes it, [`relations`] and the
@@ -33,21 +32,20 @@ pub mod slot;
 pub mod source;
 pub mod stream;
 
+
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::advice::report;
-use crate::backoff::Backoff;
 use crate::config::RunArgs;
-use crate::error::{Recovery, RelayError};
+use crate::error::RelayError;
 use crate::mapper::Mapper;
 use crate::observability::{self, NotReady};
+use crate::supervisor::{supervise, Supervised, Supervision};
 use session::SessionContext;
 
-/// How often a standby retries a slot held by another process, at the latest.
-const STANDBY_RETRY: Duration = Duration::from_secs(5);
 /// How often a standby looks whether the slot's holder has gone, between retries: the
 /// takeover then follows the release of the slot within this much, not within a retry
 /// interval, for the price of one small query on an ordinary connection.
@@ -93,109 +91,79 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         &observing,
     );
     let emit_prefix = args.emit.prefix(&args.names.table);
-    let ctx = SessionContext {
-        database_url,
-        brokers,
-        names,
-        shard,
-        tuning: args.tuning,
-        mapper,
-        heartbeat: heartbeat::Heartbeat::new(),
-        health: health.clone(),
-        metrics: observability::RelayMetrics::new(),
-        cleanup: args.cleanup,
-        dead_letter_exchange,
-        emit_prefix,
+    let supervision = Supervision {
+        max_backoff: args.tuning.max_backoff(),
+        stop_timeout: Some(args.tuning.shutdown_timeout()),
     };
-    let mut backoff = Backoff::new(Duration::from_millis(500), ctx.tuning.max_backoff());
-    let mut standby_logged = false;
-    loop {
-        if shutdown.is_cancelled() {
-            return Ok(());
-        }
-        let started = Instant::now();
-        let session = session::run(&ctx, shutdown.clone());
-        let stop_deadline = async {
-            shutdown.cancelled().await;
-            tokio::time::sleep(ctx.tuning.shutdown_timeout()).await;
-        };
-        let result = tokio::select! {
-            result = session => result,
-            () = stop_deadline => {
-                tracing::warn!("shutdown timed out; the open transaction will be replayed on restart");
-                return Ok(());
-            }
-        };
-        let error = match result {
-            Ok(()) => return Ok(()),
-            Err(error) => error.clarify(role.as_deref()),
-        };
-        health.set_not_ready(NotReady::after(&error));
-        let standby = error.recovery() == Recovery::Standby;
-        let delay = match error.recovery() {
-            Recovery::Stop => return Err(error),
-            Recovery::Standby => {
-                if !standby_logged {
-                    tracing::info!(error = %report(&error), "standby: waiting for the slot");
-                    standby_logged = true;
-                }
-                STANDBY_RETRY
-            }
-            Recovery::Retry => {
-                standby_logged = false;
-                if started.elapsed() >= HEALTHY_SESSION {
-                    backoff.reset();
-                }
-                observability::count_reconnect(error.kind().label());
-                let delay = backoff.next_delay();
-                tracing::warn!(
-                    cause = error.kind().label(),
-                    error = %report(&error),
-                    retry_in_ms = delay.as_millis() as u64,
-                    "session failed; reconnecting"
-                );
-                delay
-            }
-        };
-        let wait = async {
-            if standby {
-                wait_for_free_slot(&ctx.database_url, &ctx.names.slot, delay).await;
-            } else {
-                tokio::time::sleep(delay).await;
-            }
-        };
-        tokio::select! {
-            () = wait => {}
-            () = shutdown.cancelled() => return Ok(()),
-        }
-    }
+    let mut relay = Relay {
+        ctx: SessionContext {
+            database_url,
+            brokers,
+            names,
+            shard,
+            tuning: args.tuning,
+            mapper,
+            heartbeat: heartbeat::Heartbeat::new(),
+            health,
+            metrics: observability::RelayMetrics::new(),
+            cleanup: args.cleanup,
+            dead_letter_exchange,
+            emit_prefix,
+        },
+        role,
+    };
+    supervise(&mut relay, &supervision, &shutdown).await
 }
 
-/// Returns once no process holds `slot` (or it is gone: the next session says so), and
-/// after `at_most` in any case, e.g. when the database cannot be asked.
-async fn wait_for_free_slot(database_url: &str, slot: &str, at_most: Duration) {
-    let deadline = Instant::now() + at_most;
-    let watch = async {
-        let client = crate::db::connect(database_url).await?;
-        loop {
-            let row = client
-                .query_opt(
-                    "SELECT active_pid FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
-                    &[&slot],
-                )
-                .await?;
-            if row.is_none_or(|row| row.get::<_, Option<i32>>(0).is_none()) {
-                return Ok::<_, RelayError>(());
+/// The WAL relay as the supervisor sees it: one replication session after another.
+struct Relay {
+    ctx: SessionContext,
+    /// The database URL's user, for errors that name the role.
+    role: Option<String>,
+}
+
+impl Supervised for Relay {
+    async fn run(&mut self, shutdown: &CancellationToken) -> Result<(), RelayError> {
+        session::run(&self.ctx, shutdown.clone())
+            .await
+            .map_err(|error| error.clarify(self.role.as_deref()))
+    }
+
+    fn failed(&mut self, error: &RelayError) {
+        self.ctx.health.set_not_ready(NotReady::after(error));
+    }
+
+    fn progressed(&self, ran: Duration) -> bool {
+        ran >= HEALTHY_SESSION
+    }
+
+    fn retrying(&self) -> &'static str {
+        "session failed; reconnecting"
+    }
+
+    /// Returns once no process holds the slot (or it is gone: the next session says so),
+    /// and after `at_most` in any case, e.g. when the database cannot be asked.
+    async fn wait_as_standby(&self, at_most: Duration) {
+        let watch = async {
+            let client = crate::db::connect(&self.ctx.database_url).await?;
+            loop {
+                let held = slot::read_slot(&client, &self.ctx.names.slot)
+                    .await?
+                    .is_some_and(|slot| slot.active_pid.is_some());
+                if !held {
+                    return Ok::<_, RelayError>(());
+                }
+                tokio::time::sleep(STANDBY_WATCH).await;
             }
-            tokio::time::sleep(STANDBY_WATCH).await;
+        };
+        let deadline = Instant::now() + at_most;
+        match tokio::time::timeout_at(deadline, watch).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(error = %report(&e), "standby: cannot watch the slot; retrying later");
+                tokio::time::sleep_until(deadline).await;
+            }
+            Err(_) => {}
         }
-    };
-    match tokio::time::timeout_at(deadline, watch).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            tracing::debug!(error = %report(&e), "standby: cannot watch the slot; retrying later");
-            tokio::time::sleep_until(deadline).await;
-        }
-        Err(_) => {}
     }
 }
