@@ -253,18 +253,7 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         retained_wal_bytes,
         current_wal_lsn,
         ..
-    } = report.unwrap_or_else(|| SlotReport {
-        slot: slot.clone(),
-        plugin: None,
-        active_pid: None,
-        wal_status: None,
-        safe_wal_size_bytes: None,
-        confirmed_flush_lsn: None,
-        restart_lsn: None,
-        lag_bytes: None,
-        retained_wal_bytes: None,
-        current_wal_lsn: String::new(),
-    });
+    } = report.unwrap_or_default();
     Ok(Status {
         mode: if poll { "poll" } else { "wal" },
         slot,

@@ -345,8 +345,8 @@ impl Stage {
 }
 
 impl Pending for Stage {
-    fn answer(&mut self) -> impl Future<Output = Result<Answer, RelayError>> + Send + '_ {
-        async move { answer_of(self.confirmation().await?) }
+    async fn answer(&mut self) -> Result<Answer, RelayError> {
+        answer_of(self.confirmation().await?)
     }
 }
 

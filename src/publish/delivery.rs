@@ -170,13 +170,11 @@ pub async fn deliver_batch<P: Publisher>(
     }
     // Room for the whole batch and its ack point: the batch is queued before it is awaited.
     let (inputs, inputs_rx) = mpsc::channel(batch.len() + 1);
-    let queued = batch
-        .into_iter()
-        .map(|item| Input::mapped(item, None))
-        .chain([Input::AckPoint(())])
-        .try_for_each(|input| inputs.try_send(input));
-    if queued.is_err() {
-        return Err(RelayError::Bug("a batch outgrew its channel".into()));
+    let queued = batch.into_iter().map(|item| Input::mapped(item, None));
+    for input in queued.chain([Input::AckPoint(())]) {
+        if inputs.try_send(input).is_err() {
+            return Err(RelayError::Bug("a batch outgrew its channel".into()));
+        }
     }
     drop(inputs);
     let (acked, _) = watch::channel(Acked::default());
@@ -197,6 +195,8 @@ fn halts<P: Publisher>(publisher: &P, unpublishable: &Unpublishable) -> Option<R
 }
 
 /// What the loop waits for, one at a time.
+// On the stack for one turn of the loop: boxing the answer would allocate per confirm.
+#[allow(clippy::large_enum_variant)]
 enum Event<T> {
     /// The broker answered the oldest publish not yet answered.
     Answered(Result<Answer, RelayError>),

@@ -11,6 +11,7 @@ use tokio_postgres::Client;
 use crate::config::OutboxNames;
 use crate::error::{RelayError, SlotProblem};
 use crate::shard::Shard;
+use crate::wal::slot::read_slot;
 
 /// What the checks learned about the slot.
 #[derive(Debug, Clone)]
@@ -160,55 +161,42 @@ fn one_line(text: &str) -> String {
 /// The slot must exist in this database, use pgoutput, not be lost, and not be held by
 /// another process (then this relay is a standby).
 pub async fn check_slot(client: &Client, slot: &str) -> Result<SlotState, RelayError> {
-    let row = client
-        .query_opt(
-            "SELECT plugin, slot_type, database = current_database(), wal_status, \
-                    active_pid, confirmed_flush_lsn::text \
-             FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await?;
-    let Some(row) = row else {
+    let Some(report) = read_slot(client, slot).await? else {
         return Err(RelayError::SlotMissing {
             slot: slot.to_string(),
         });
     };
-    let plugin: Option<String> = row.get(0);
-    let slot_type: String = row.get(1);
-    let same_database: Option<bool> = row.get(2);
-    let wal_status: Option<String> = row.get(3);
-    let active_pid: Option<i32> = row.get(4);
-    let confirmed_flush: Option<String> = row.get(5);
     let unusable = |problem: SlotProblem| RelayError::SlotUnusable {
         slot: slot.to_string(),
         problem,
     };
-    if slot_type != "logical" || plugin.as_deref() != Some("pgoutput") {
+    if report.slot_type != "logical" || report.plugin.as_deref() != Some("pgoutput") {
         return Err(unusable(SlotProblem::WrongKind {
-            slot_type,
-            plugin: plugin.unwrap_or_else(|| "none".into()),
+            slot_type: report.slot_type.clone(),
+            plugin: report.plugin.clone().unwrap_or_else(|| "none".into()),
         }));
     }
-    if same_database != Some(true) {
+    if report.in_this_database != Some(true) {
         return Err(unusable(SlotProblem::OtherDatabase));
     }
-    if wal_status.as_deref() == Some("lost") {
+    if report.is_lost() {
         return Err(RelayError::SlotLost {
             slot: slot.to_string(),
-            confirmed_flush: confirmed_flush.unwrap_or_else(|| "its last position".into()),
+            confirmed_flush: report
+                .confirmed_flush_lsn
+                .clone()
+                .unwrap_or_else(|| "its last position".into()),
         });
     }
-    if let Some(pid) = active_pid {
+    if let Some(pid) = report.active_pid {
         return Err(RelayError::SlotInUse {
             slot: slot.to_string(),
             pid: pid.to_string(),
         });
     }
-    let confirmed_flush = confirmed_flush
-        .as_deref()
-        .and_then(|text| Lsn::parse(text).ok())
-        .unwrap_or(Lsn::ZERO);
-    Ok(SlotState { confirmed_flush })
+    Ok(SlotState {
+        confirmed_flush: report.confirmed_flush().unwrap_or(Lsn::ZERO),
+    })
 }
 
 /// All checks `run` makes before it starts streaming; `names` are `shard`'s.

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use pgwire_replication::{FeedbackObserver, PgWireError, ReplicationClient};
+use pgwire_replication::{FeedbackObserver, Lsn, PgWireError, ReplicationClient};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -30,8 +30,9 @@ use crate::shard::Shard;
 use crate::wal::heartbeat::{self, Heartbeat};
 use crate::wal::preflight;
 use crate::wal::relations::RelationCache;
+use crate::wal::slot;
 use crate::wal::source::Source;
-use crate::wal::stream::{stream_error, StreamReader};
+use crate::wal::stream::{ReaderParts, Stop, StreamLoss, StreamReader, FINAL_FEEDBACK_TIMEOUT};
 
 /// Events the replication client may buffer. Small: events there are in flight but invisible
 /// to the delivery side, and a large buffer hides rows (DESIGN.md section 7).
@@ -62,48 +63,10 @@ pub struct SessionContext {
 /// message) is published with a window of 1 until the broker confirms it, so a stuck message
 /// does not drag a full window of re-publishes along on every retry.
 pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<(), RelayError> {
-    let database = db::connect(&ctx.database_url).await?;
-    let slot = preflight::check_all(&database, &ctx.names, ctx.shard).await?;
-    preflight::check_emit_prefix(&database, &ctx.names, &ctx.emit_prefix).await?;
-    drop(database);
-
-    let mut broker = Broker::connect(&ctx.brokers).await?;
-    broker.declare_exchange(&ctx.names.exchange, true).await?;
-    if let Some(exchange) = &ctx.dead_letter_exchange {
-        broker.enable_dead_letters(exchange).await?;
-    }
-    let broker = Arc::new(broker);
+    let slot = preflight(ctx).await?;
+    let broker = Arc::new(connect_broker(ctx).await?);
     let stuck = ctx.health.stuck();
-
-    let feedback_sent = Arc::new(Notify::new());
-    let observer = {
-        let feedback_sent = Arc::clone(&feedback_sent);
-        FeedbackObserver::new(move |_| feedback_sent.notify_one())
-    };
-    let config =
-        db::replication_config(&ctx.database_url, &ctx.names.slot, &ctx.names.publication)?
-            .with_start_lsn(slot.confirmed_flush)
-            .with_status_interval(ctx.tuning.status_interval())
-            .with_buffer_size(CLIENT_EVENT_BUFFER)
-            .with_feedback_observer(observer);
-    let tls = config.tls.clone();
-    let mut client = match ReplicationClient::connect(config).await {
-        Ok(client) => client,
-        Err(e) => return Err(start_error(e, &tls, ctx).await),
-    };
-    // Connecting and START_REPLICATION run in the crate's worker: bound the wait, since a
-    // server that accepts and goes silent would otherwise hold this session forever.
-    match tokio::time::timeout(db::CONNECT_TIMEOUT, client.wait_started()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(start_error(e, &tls, ctx).await),
-        Err(_) => {
-            client.abort();
-            return Err(RelayError::ConnectTimeout {
-                endpoint: Endpoint::Replication,
-                seconds: db::CONNECT_TIMEOUT.as_secs(),
-            });
-        }
-    }
+    let (client, feedback_sent) = start_streaming(ctx, slot.confirmed_flush).await?;
     tracing::info!(
         slot = %ctx.names.slot,
         from = %slot.confirmed_flush,
@@ -111,27 +74,7 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
         "streaming"
     );
     ctx.health.set_ready();
-    // Only the relay that holds the slot deletes delivered rows; it stops with the session.
-    let _cleanup = AbortOnDropHandle::new(tokio::spawn(crate::cleanup::run_cleanup(
-        ctx.database_url.clone(),
-        ctx.names.clone(),
-        ctx.shard,
-        ctx.cleanup.clone(),
-        ctx.health.clone(),
-        CancellationToken::new(),
-    )));
-    let _blocked = AbortOnDropHandle::new(tokio::spawn(report_blocked(
-        ctx.health.clone(),
-        broker.blocked(),
-    )));
-    // Heartbeats are written only while this session streams; dropping the guard stops them.
-    let _heartbeats = ctx.tuning.heartbeat_interval().map(|interval| {
-        AbortOnDropHandle::new(tokio::spawn(heartbeat::emit(
-            ctx.database_url.clone(),
-            ctx.heartbeat.clone(),
-            interval,
-        )))
-    });
+    let _helpers = Helpers::start(ctx, &broker);
 
     let (inputs, inputs_rx) = mpsc::channel(INPUT_CHANNEL);
     let (acked_tx, acked) = watch::channel(Acked::default());
@@ -149,7 +92,7 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
         }))
     };
     let (schema, table) = ctx.names.table_parts();
-    let reader = StreamReader {
+    let reader = StreamReader::new(ReaderParts {
         client,
         source: Source::new(
             ctx.mapper.clone(),
@@ -162,24 +105,140 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
         start: slot.confirmed_flush,
         silence_limit: ctx.tuning.heartbeat_interval().map(|i| i * 3),
         feedback_sent,
-        names: &ctx.names,
-        database_url: &ctx.database_url,
         health: ctx.health.clone(),
-    };
-    let result = reader.run(inputs, acked, delivery, shutdown).await;
+        inputs,
+        acked,
+        delivery,
+    });
+    let stop = reader.run(shutdown).await;
     broker.close().await;
-    result
+    conclude(ctx, stop).await
 }
 
-/// What a failure to start streaming means: a TLS problem, or what the server said.
-async fn start_error(
-    e: PgWireError,
-    tls: &pgwire_replication::TlsConfig,
+/// The checks before streaming; the slot's state.
+async fn preflight(ctx: &SessionContext) -> Result<preflight::SlotState, RelayError> {
+    let database = db::connect(&ctx.database_url).await?;
+    let slot = preflight::check_all(&database, &ctx.names, ctx.shard).await?;
+    preflight::check_emit_prefix(&database, &ctx.names, &ctx.emit_prefix).await?;
+    Ok(slot)
+}
+
+/// The broker connection, with the exchange checked and the dead-letter policy's channel.
+async fn connect_broker(ctx: &SessionContext) -> Result<Broker, RelayError> {
+    let mut broker = Broker::connect(&ctx.brokers).await?;
+    broker.declare_exchange(&ctx.names.exchange, true).await?;
+    if let Some(exchange) = &ctx.dead_letter_exchange {
+        broker.enable_dead_letters(exchange).await?;
+    }
+    Ok(broker)
+}
+
+/// START_REPLICATION from `from`; the client, and what is notified when it sent feedback.
+async fn start_streaming(
     ctx: &SessionContext,
-) -> RelayError {
-    match e {
-        PgWireError::Tls(_) => RelayError::pg_tls(e, tls.ca_pem_path.is_some()),
-        e => stream_error(e, &ctx.names, &ctx.database_url).await,
+    from: Lsn,
+) -> Result<(ReplicationClient, Arc<Notify>), RelayError> {
+    let feedback_sent = Arc::new(Notify::new());
+    let observer = {
+        let feedback_sent = Arc::clone(&feedback_sent);
+        FeedbackObserver::new(move |_| feedback_sent.notify_one())
+    };
+    let config =
+        db::replication_config(&ctx.database_url, &ctx.names.slot, &ctx.names.publication)?
+            .with_start_lsn(from)
+            .with_status_interval(ctx.tuning.status_interval())
+            .with_buffer_size(CLIENT_EVENT_BUFFER)
+            .with_feedback_observer(observer);
+    let ca_given = config.tls.ca_pem_path.is_some();
+    let start_error = |e: PgWireError| async move {
+        match e {
+            PgWireError::Tls(_) => RelayError::pg_tls(e, ca_given),
+            e => slot::replication_error(e, &ctx.names, &ctx.database_url).await,
+        }
+    };
+    let mut client = match ReplicationClient::connect(config).await {
+        Ok(client) => client,
+        Err(e) => return Err(start_error(e).await),
+    };
+    // Connecting and START_REPLICATION run in the crate's worker: bound the wait, since a
+    // server that accepts and goes silent would otherwise hold this session forever.
+    match tokio::time::timeout(db::CONNECT_TIMEOUT, client.wait_started()).await {
+        Ok(Ok(())) => Ok((client, feedback_sent)),
+        Ok(Err(e)) => Err(start_error(e).await),
+        Err(_) => {
+            client.abort();
+            Err(RelayError::ConnectTimeout {
+                endpoint: Endpoint::Replication,
+                seconds: db::CONNECT_TIMEOUT.as_secs(),
+            })
+        }
+    }
+}
+
+/// What the session's end means: a graceful stop once the slot took the final position, or
+/// the error, a broken stream's explained by the catalog.
+async fn conclude(ctx: &SessionContext, stop: Stop) -> Result<(), RelayError> {
+    match stop {
+        Stop::Graceful {
+            acknowledged,
+            stream,
+        } => {
+            let reached = slot::wait_until_confirmed(
+                &ctx.database_url,
+                &ctx.names.slot,
+                acknowledged,
+                FINAL_FEEDBACK_TIMEOUT,
+            )
+            .await;
+            if !reached {
+                tracing::warn!(target = %acknowledged, "the slot did not confirm the final position; a restart may replay a little");
+            }
+            stream.close().await;
+            tracing::info!(acknowledged = %acknowledged, "session stopped");
+            Ok(())
+        }
+        Stop::Failed(e) => Err(e),
+        Stop::StreamLost(StreamLoss::Error(e)) => {
+            Err(slot::replication_error(e, &ctx.names, &ctx.database_url).await)
+        }
+        Stop::StreamLost(StreamLoss::Ended) => Err(RelayError::StreamEnded),
+        Stop::StreamLost(StreamLoss::Silent { seconds }) => {
+            Err(RelayError::StreamSilent { seconds })
+        }
+    }
+}
+
+/// The session's helper tasks: the cleanup job (only the relay that holds the slot deletes),
+/// the broker-blocked report and the heartbeats. Dropping it stops them all.
+struct Helpers {
+    _cleanup: AbortOnDropHandle<()>,
+    _blocked: AbortOnDropHandle<()>,
+    _heartbeats: Option<AbortOnDropHandle<()>>,
+}
+
+impl Helpers {
+    fn start(ctx: &SessionContext, broker: &Broker) -> Self {
+        Self {
+            _cleanup: AbortOnDropHandle::new(tokio::spawn(crate::cleanup::run_cleanup(
+                ctx.database_url.clone(),
+                ctx.names.clone(),
+                ctx.shard,
+                ctx.cleanup.clone(),
+                ctx.health.clone(),
+                CancellationToken::new(),
+            ))),
+            _blocked: AbortOnDropHandle::new(tokio::spawn(report_blocked(
+                ctx.health.clone(),
+                broker.blocked(),
+            ))),
+            _heartbeats: ctx.tuning.heartbeat_interval().map(|interval| {
+                AbortOnDropHandle::new(tokio::spawn(heartbeat::emit(
+                    ctx.database_url.clone(),
+                    ctx.heartbeat.clone(),
+                    interval,
+                )))
+            }),
+        }
     }
 }
 

@@ -1,18 +1,27 @@
-//! The slot as PostgreSQL sees it: one read of `pg_replication_slots` ([`read_slot`]) used
-//! by `status`, `teardown` and the slot poller, which sets the slot gauges from it every
-//! `--slot-poll-interval` on an ordinary connection of its own.
+//! The slot as PostgreSQL sees it: the one read of `pg_replication_slots` ([`read_slot`]),
+//! used by preflight, the standby's watch, the final check that the slot took a stopping
+//! session's position, the meaning of a replication error, `status`, `teardown`, and the
+//! slot poller, which sets the slot gauges from it every `--slot-poll-interval` on an
+//! ordinary connection of its own.
 //!
 //! The relay is watched through its slot. A slot that stops advancing pins WAL on the primary
 //! until the disk fills or `max_slot_wal_keep_size` invalidates it, so the numbers that matter
 //! most come from PostgreSQL itself, not from the relay's own view: the poller keeps reading
 //! whatever the replication session is doing (it keeps reporting while the session
 //! reconnects). It only reads: it must never create, advance or drop the slot.
+//!
+//! The row is read as JSON (`to_jsonb`), so the columns a newer server adds (17's `failover`,
+//! `synced`, `invalidation_reason`, …) are simply there or absent, on every version.
 
 use std::time::Duration;
 
+use pgwire_replication::{Lsn, PgWireError};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::OutboxNames;
+use crate::db;
 use crate::error::RelayError;
 use crate::observability::{
     Health, SLOT_ACTIVE, SLOT_LAG_BYTES, SLOT_POLLS_TOTAL, SLOT_POLL_ERRORS_TOTAL,
@@ -21,15 +30,24 @@ use crate::observability::{
 use crate::periodic::{self, Job};
 
 /// One row of `pg_replication_slots` for the relay's slot, with the byte distances the
-/// relay reports (read in one statement, so they belong together).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+/// relay reports (read in one statement, so they belong together). Columns a server does not
+/// have are `None`.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SlotReport {
+    #[serde(rename(deserialize = "slot_name"))]
     pub slot: String,
     pub plugin: Option<String>,
+    /// `logical` or `physical`.
+    #[serde(default)]
+    pub slot_type: String,
+    /// Whether the slot belongs to the database the connection is in.
+    #[serde(default)]
+    pub in_this_database: Option<bool>,
     pub active_pid: Option<i32>,
     /// `reserved`, `extended`, `unreserved` or `lost` (NULL for a slot never used).
     pub wal_status: Option<String>,
     /// NULL while max_slot_wal_keep_size is -1 (unlimited).
+    #[serde(rename(deserialize = "safe_wal_size"))]
     pub safe_wal_size_bytes: Option<i64>,
     pub confirmed_flush_lsn: Option<String>,
     pub restart_lsn: Option<String>,
@@ -44,33 +62,129 @@ impl SlotReport {
     pub fn is_lost(&self) -> bool {
         self.wal_status.as_deref() == Some("lost")
     }
+
+    /// The slot's confirmed position, once it has one.
+    pub fn confirmed_flush(&self) -> Option<Lsn> {
+        self.confirmed_flush_lsn
+            .as_deref()
+            .and_then(|text| Lsn::parse(text).ok())
+    }
 }
 
 /// Reads the slot's row; `None` when no slot has this name.
 pub async fn read_slot(client: &Client, slot: &str) -> Result<Option<SlotReport>, RelayError> {
     let row = client
         .query_opt(
-            "SELECT slot_name::text, plugin::text, active_pid, wal_status, safe_wal_size, \
-                    confirmed_flush_lsn::text, restart_lsn::text, \
-                    (pg_current_wal_lsn() - confirmed_flush_lsn)::int8, \
-                    (pg_current_wal_lsn() - restart_lsn)::int8, \
-                    pg_current_wal_lsn()::text \
-             FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+            "SELECT (to_jsonb(s) || jsonb_build_object( \
+                 'in_this_database', s.database = current_database(), \
+                 'lag_bytes', (pg_current_wal_lsn() - s.confirmed_flush_lsn)::int8, \
+                 'retained_wal_bytes', (pg_current_wal_lsn() - s.restart_lsn)::int8, \
+                 'current_wal_lsn', pg_current_wal_lsn()::text))::text \
+             FROM pg_catalog.pg_replication_slots s WHERE slot_name = $1",
             &[&slot],
         )
         .await?;
-    Ok(row.map(|row| SlotReport {
-        slot: row.get(0),
-        plugin: row.get(1),
-        active_pid: row.get(2),
-        wal_status: row.get(3),
-        safe_wal_size_bytes: row.get(4),
-        confirmed_flush_lsn: row.get(5),
-        restart_lsn: row.get(6),
-        lag_bytes: row.get(7),
-        retained_wal_bytes: row.get(8),
-        current_wal_lsn: row.get(9),
-    }))
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let json: String = row.get(0);
+    serde_json::from_str(&json)
+        .map(Some)
+        .map_err(|e| RelayError::Bug(format!("cannot read pg_replication_slots' row: {e}")))
+}
+
+/// [`read_slot`] on a connection of its own, bounded by the connect timeout; `None` when the
+/// catalog cannot be read.
+async fn read_slot_now(database_url: &str, slot: &str) -> Option<Option<SlotReport>> {
+    let read = async {
+        let client = db::connect(database_url).await?;
+        read_slot(&client, slot).await
+    };
+    match tokio::time::timeout(db::CONNECT_TIMEOUT, read).await {
+        Ok(Ok(report)) => Some(report),
+        _ => None,
+    }
+}
+
+/// What a replication error means for this relay. The server's SQLSTATE says which kind of
+/// problem it is; the catalog, not the message text, says which object: who holds the slot,
+/// whether the slot was invalidated, whether it is the slot or the publication that is
+/// missing.
+pub async fn replication_error(
+    error: PgWireError,
+    names: &OutboxNames,
+    database_url: &str,
+) -> RelayError {
+    let error = RelayError::replication(error);
+    let RelayError::Replication {
+        sqlstate: Some(sqlstate),
+        ..
+    } = &error
+    else {
+        return error;
+    };
+    let sqlstate = sqlstate.clone();
+    if ![
+        SqlState::OBJECT_IN_USE,
+        SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+        SqlState::UNDEFINED_OBJECT,
+    ]
+    .contains(&sqlstate)
+    {
+        return error;
+    }
+    let slot = read_slot_now(database_url, &names.slot).await;
+    match (sqlstate, slot) {
+        (SqlState::OBJECT_IN_USE, slot) => RelayError::SlotInUse {
+            slot: names.slot.to_string(),
+            pid: slot
+                .flatten()
+                .and_then(|slot| slot.active_pid)
+                .map_or_else(|| "unknown".into(), |pid| pid.to_string()),
+        },
+        (SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, Some(Some(slot))) if slot.is_lost() => {
+            RelayError::SlotLost {
+                slot: names.slot.to_string(),
+                confirmed_flush: "its last position".into(),
+            }
+        }
+        (SqlState::UNDEFINED_OBJECT, Some(None)) => RelayError::SlotMissing {
+            slot: names.slot.to_string(),
+        },
+        // The slot exists: the object the walsender could not find is the publication.
+        (SqlState::UNDEFINED_OBJECT, Some(Some(_))) => RelayError::PublicationMissing {
+            publication: names.publication.to_string(),
+            table: names.table.to_string(),
+        },
+        _ => error,
+    }
+}
+
+/// Waits until the slot's confirmed_flush_lsn is at `target`: false after `timeout` or on
+/// any error. A sent status update is only bytes in a socket: the walsender reads them
+/// between its own writes, and closing the connection while it still sends (the relay has
+/// stopped reading) makes the kernel reset it, which discards whatever it had not read yet —
+/// the final position included. A standby would then replay what was already delivered.
+pub async fn wait_until_confirmed(
+    database_url: &str,
+    slot: &str,
+    target: Lsn,
+    timeout: Duration,
+) -> bool {
+    let check = async {
+        let client = db::connect(database_url).await?;
+        loop {
+            let Some(report) = read_slot(&client, slot).await? else {
+                // No slot to tell (the next session reports that).
+                return Ok::<_, RelayError>(false);
+            };
+            if report.confirmed_flush().is_some_and(|at| at >= target) {
+                return Ok(true);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    matches!(tokio::time::timeout(timeout, check).await, Ok(Ok(true)))
 }
 
 /// Sets the slot gauges from one report.

@@ -1,4 +1,4 @@
-//! The stream reader: the task that owns the PostgreSQL replication client.
+//! The stream reader: the task that owns the PostgreSQL replication client, and only that.
 //!
 //! ```text
 //!  client.recv() ──▶ Source::on_event ──▶ inputs (bounded) ──▶ delivery task
@@ -8,358 +8,374 @@
 //! It reads the stream only when the delivery side has room for one more input, turns each
 //! event into at most one input, and tells PostgreSQL the position the delivery side
 //! acknowledged: it is the only caller of `update_applied_lsn`, and it never calls it with
-//! a position the delivery task has not handed back. It never talks to the broker.
+//! a position the delivery task has not handed back. It never talks to the broker, and
+//! opens no database connection: what a stream error means (by the catalog) and whether the
+//! slot took the final position are the session's to find out ([`Stop`]).
 //!
 //! Because ack points travel through the same channel as the rows before them, an ack point
 //! always sits behind everything received before it, including inputs still in the channel.
-//! That is what makes acknowledging an idle keepalive's WAL end safe (DESIGN.md invariant 3).
+//! That is what makes acknowledging an idle keepalive's WAL end safe (docs/architecture.md,
+//! "Invariants", 3).
 //!
 //! How it ends: a graceful stop (between transactions) or a definite error of the source
 //! closes the inputs; the delivery task settles what it has and ends; the reader then makes
-//! sure PostgreSQL has the final position before it closes the stream. A broken stream aborts
-//! the delivery at once: nothing it confirms afterwards could be acknowledged anyway.
+//! sure the final position was sent before it closes the stream. A broken stream aborts the
+//! delivery at once: nothing it confirms afterwards could be acknowledged anyway.
+//!
+//! The loop is a state machine ([`StreamReader`]): one `select!` picks the next [`Step`],
+//! one handler per step.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use pgwire_replication::{Lsn, PgWireError, ReplicationClient};
+use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
-use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::config::OutboxNames;
-use crate::db;
 use crate::error::RelayError;
 use crate::observability::{pg_timestamp, Health};
 use crate::publish::{Acked, Input};
 use crate::wal::position::AckPosition;
-use crate::wal::slot::read_slot;
 use crate::wal::source::Source;
 
-/// How long a stopping session waits for its last acknowledged position to reach PostgreSQL.
-const FINAL_FEEDBACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a stopping session waits for its last acknowledged position to be sent.
+pub const FINAL_FEEDBACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// The same after a failure: a little, since the session is being torn down anyway.
 const FAILURE_FEEDBACK_TIMEOUT: Duration = Duration::from_secs(1);
-
-pub struct StreamReader<'a> {
-    pub client: ReplicationClient,
-    pub source: Source,
-    /// The slot's confirmed position when the session started.
-    pub start: Lsn,
-    /// With heartbeats on, the stream is dead if nothing arrives for this long while the
-    /// reader is waiting on it (not while the delivery side holds it back).
-    pub silence_limit: Option<Duration>,
-    /// Notified whenever the client has sent a status update.
-    pub feedback_sent: Arc<Notify>,
-    pub names: &'a OutboxNames,
-    /// For the final check that the slot took the last acknowledged position, and for
-    /// telling stream errors apart.
-    pub database_url: &'a str,
-    pub health: Health,
-}
 
 /// The delivery task's handle: its result once it has settled everything it took.
 pub type DeliveryTask = AbortOnDropHandle<Result<(), RelayError>>;
 
-impl StreamReader<'_> {
-    /// Runs until the stream fails, the delivery fails, the source finds a definite error,
-    /// or `shutdown` stops it between transactions (`Ok`).
-    pub async fn run(
-        self,
-        inputs: mpsc::Sender<Input<AckPosition>>,
-        mut acked: watch::Receiver<Acked<AckPosition>>,
-        mut delivery: DeliveryTask,
-        shutdown: CancellationToken,
-    ) -> Result<(), RelayError> {
-        let StreamReader {
-            mut client,
-            mut source,
-            start,
-            silence_limit,
-            feedback_sent,
-            names,
-            database_url,
-            health,
-        } = self;
-        let mut inputs = Some(inputs);
-        let mut acknowledged = Acknowledged {
-            applied: start,
-            health,
-        };
-        // A definite error of the source: reported once the delivery settled what came before.
-        let mut source_error: Option<RelayError> = None;
-        // Since when the reader has been waiting on the stream with room to forward: set when
-        // it starts waiting, cleared by any event and whenever the delivery side is behind.
-        let mut waiting_since: Option<Instant> = None;
-        // The loop's own `return`s leave this block, not the function: whatever ended it, the
-        // position acknowledged so far is flushed below while the stream is still up, which
-        // keeps the replay after a broker failure small.
-        let outcome: Result<(), RelayError> = async {
-            loop {
-                // Under a backlog the stream is always ready, and the select below then polls
-                // nothing else: the acknowledgements and the stop request are looked at here,
-                // without registering a waiter for each of them once per event.
-                // Closed means the delivery task ended; its last acknowledgement may still be
-                // unseen (has_changed reports the closing first), so it is taken either way.
-                let changed = acked.has_changed();
-                if !matches!(changed, Ok(false)) {
-                    acknowledged.take(&mut acked, &client);
-                }
-                if changed.is_err() {
-                    return delivery_outcome(&mut delivery, &mut source_error).await;
-                }
-                let reading = inputs.is_some();
-                let can_stop = reading && !source.in_transaction();
-                // A stop request is honoured only between transactions: the current one
-                // finishes, so a restart after a graceful stop publishes no duplicate.
-                if can_stop && shutdown.is_cancelled() {
-                    tracing::info!("stopping between transactions");
-                    inputs = None;
-                    continue;
-                }
-                let room = inputs.as_ref().is_some_and(|inputs| inputs.capacity() > 0);
-                if !room {
-                    waiting_since = None;
-                } else if waiting_since.is_none() {
-                    waiting_since = Some(Instant::now());
-                }
-                let silence_deadline = match (waiting_since, silence_limit) {
-                    (Some(since), Some(limit)) => Some(since + limit),
-                    _ => None,
-                };
-                // Set by a branch below: close the inputs once the select is over.
-                let mut stop_reading = false;
-                tokio::select! {
-                    biased;
+/// How a reader's run ended.
+#[derive(Debug)]
+pub enum Stop {
+    /// A graceful stop between transactions; the final position was sent (or the wait for
+    /// it timed out, which was logged). The stream is still open: the session closes it
+    /// once the slot has taken the position.
+    Graceful {
+        acknowledged: Lsn,
+        stream: OpenStream,
+    },
+    /// The delivery or the source failed; the stream was alive, and the position
+    /// acknowledged so far was sent.
+    Failed(RelayError),
+    /// The stream itself broke: nothing more could be sent on it.
+    StreamLost(StreamLoss),
+}
 
-                    forwarded = async {
-                        let permit = inputs.as_ref()?.reserve().await.ok()?;
-                        Some((permit, client.recv().await))
-                    }, if reading => match forwarded {
-                        // The delivery task is gone: its result arrives with `acked` closing.
-                        None => stop_reading = true,
-                        Some((permit, Ok(Some(event)))) => {
-                            waiting_since = None;
-                            match source.on_event(event) {
-                                Ok(Some(input)) => permit.send(input),
-                                Ok(None) => {}
-                                Err(e) => {
-                                    // Deliver and acknowledge what came before, then stop.
-                                    source_error = Some(e);
-                                    stop_reading = true;
-                                }
-                            }
-                        }
-                        Some((_, Ok(None))) => return Err(RelayError::StreamEnded),
-                        Some((_, Err(e))) => return Err(stream_error(e, names, database_url).await),
-                    },
+/// A stream that stopped reading and is still open: closing it too early can lose the
+/// final position (see `crate::wal::slot::wait_until_confirmed`).
+pub struct OpenStream(ReplicationClient);
 
-                    // Closed: the next pass takes the last acknowledgement and the outcome.
-                    _ = acked.changed() => acknowledged.take(&mut acked, &client),
-
-                    () = shutdown.cancelled(), if can_stop => {
-                        tracing::info!("stopping between transactions");
-                        stop_reading = true;
-                    }
-
-                    () = sleep_until_some(silence_deadline), if silence_deadline.is_some() => {
-                        return Err(RelayError::StreamSilent {
-                            seconds: silence_limit.unwrap_or_default().as_secs(),
-                        });
-                    }
-                }
-                if stop_reading {
-                    inputs = None;
-                }
-            }
-        }
-        .await;
-        drop(delivery);
-        let stream_alive = !matches!(
-            outcome,
-            Err(RelayError::Replication { .. }
-                | RelayError::StreamEnded
-                | RelayError::StreamSilent { .. }
-                | RelayError::SlotInUse { .. }
-                | RelayError::SlotLost { .. }
-                | RelayError::SlotMissing { .. }
-                | RelayError::PublicationMissing { .. })
-        );
-        let target = acknowledged.applied;
-        if stream_alive {
-            // The crate's stop does not flush pending feedback: wait until PostgreSQL heard the
-            // final position, then end the stream cleanly.
-            let wait = if outcome.is_ok() {
-                FINAL_FEEDBACK_TIMEOUT
-            } else {
-                FAILURE_FEEDBACK_TIMEOUT
-            };
-            let metrics = client.metrics();
-            let flushed = tokio::time::timeout(wait, async {
-                while metrics.last_applied_lsn() < target {
-                    feedback_sent.notified().await;
-                }
-            })
-            .await;
-            if flushed.is_err() {
-                tracing::warn!(%target, "acknowledged position not confirmed sent; a restart may replay a little");
-            } else if outcome.is_ok()
-                && !slot_reached(database_url, &names.slot, target, FINAL_FEEDBACK_TIMEOUT).await
-            {
-                tracing::warn!(%target, "the slot did not confirm the final position; a restart may replay a little");
-            }
-            client.stop();
-        } else {
-            // The worker may sit on a dead socket: do not wait for it.
-            client.abort();
-        }
-        if outcome.is_ok() {
-            tracing::info!(acknowledged = %target, "session stopped");
-            let _ = tokio::time::timeout(FINAL_FEEDBACK_TIMEOUT, client.shutdown()).await;
-        }
-        outcome
+impl std::fmt::Debug for OpenStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OpenStream")
     }
 }
 
-/// Maps a replication error to what it means for this relay. The server's SQLSTATE says
-/// which kind of problem it is; the catalog, not the message text, says which object: who
-/// holds the slot, whether the slot was invalidated, whether it is the slot or the
-/// publication that is missing.
-pub async fn stream_error(e: PgWireError, names: &OutboxNames, database_url: &str) -> RelayError {
-    let error = RelayError::replication(e);
-    let RelayError::Replication {
-        sqlstate: Some(sqlstate),
-        ..
-    } = &error
-    else {
-        return error;
-    };
-    let sqlstate = sqlstate.clone();
-    if ![
-        SqlState::OBJECT_IN_USE,
-        SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
-        SqlState::UNDEFINED_OBJECT,
-    ]
-    .contains(&sqlstate)
-    {
-        return error;
-    }
-    let slot = slot_row(database_url, &names.slot).await;
-    match (sqlstate, slot) {
-        (SqlState::OBJECT_IN_USE, slot) => RelayError::SlotInUse {
-            slot: names.slot.to_string(),
-            pid: slot
-                .flatten()
-                .and_then(|(pid, _)| pid)
-                .map_or_else(|| "unknown".into(), |pid| pid.to_string()),
-        },
-        (SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, Some(Some((_, true)))) => {
-            RelayError::SlotLost {
-                slot: names.slot.to_string(),
-                confirmed_flush: "its last position".into(),
-            }
-        }
-        (SqlState::UNDEFINED_OBJECT, Some(None)) => RelayError::SlotMissing {
-            slot: names.slot.to_string(),
-        },
-        // The slot exists: the object the walsender could not find is the publication.
-        (SqlState::UNDEFINED_OBJECT, Some(Some(_))) => RelayError::PublicationMissing {
-            publication: names.publication.to_string(),
-            table: names.table.to_string(),
-        },
-        _ => error,
+impl OpenStream {
+    /// Ends the stream cleanly.
+    pub async fn close(self) {
+        let mut client = self.0;
+        client.stop();
+        let _ = tokio::time::timeout(FINAL_FEEDBACK_TIMEOUT, client.shutdown()).await;
     }
 }
 
-/// The slot's holder and whether it is lost: `Some(None)` when there is no such slot, `None`
-/// when the catalog cannot be read.
-async fn slot_row(database_url: &str, slot: &str) -> Option<Option<(Option<i32>, bool)>> {
-    let read = async {
-        let client = db::connect(database_url).await?;
-        read_slot(&client, slot).await
-    };
-    match tokio::time::timeout(db::CONNECT_TIMEOUT, read).await {
-        Ok(Ok(report)) => Some(report.map(|r| (r.active_pid, r.is_lost()))),
-        _ => None,
-    }
+/// What broke the stream.
+#[derive(Debug)]
+pub enum StreamLoss {
+    /// The replication crate's error: the session explains it with the catalog.
+    Error(PgWireError),
+    /// The server closed the stream.
+    Ended,
+    /// Nothing arrived for the silence limit (seconds), not even own heartbeats.
+    Silent { seconds: u64 },
 }
 
-/// Waits until the slot's confirmed_flush_lsn is at `target`: false after `timeout` or on
-/// any error. A sent status update is only bytes in a socket: the walsender reads them
-/// between its own writes, and closing the connection while it still sends (the relay has
-/// stopped reading) makes the kernel reset it, which discards whatever it had not read yet —
-/// the final position included. A standby would then replay what was already delivered.
-async fn slot_reached(database_url: &str, slot: &str, target: Lsn, timeout: Duration) -> bool {
-    let check = async {
-        let client = db::connect(database_url).await?;
-        let target = target.to_string();
-        loop {
-            let reached: Option<bool> = client
-                .query_opt(
-                    "SELECT confirmed_flush_lsn >= $2::text::pg_lsn \
-                     FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
-                    &[&slot, &target],
-                )
-                .await?
-                .and_then(|row| row.get(0));
-            if reached != Some(false) {
-                // Reached, or no slot to tell (the next session reports that).
-                return Ok::<_, RelayError>(reached.is_some());
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    matches!(tokio::time::timeout(timeout, check).await, Ok(Ok(true)))
+/// What the reader does next.
+enum Step {
+    Event(Result<Option<ReplicationEvent>, PgWireError>),
+    /// The inputs channel has room again.
+    Room,
+    /// The delivery task is gone: its result arrives with the acknowledgements' end.
+    DeliveryGone,
+    Acknowledged,
+    StopRequested,
+    Silent,
 }
 
-/// The delivery task ended: it settled everything it took, or failed. Its result, or else the
-/// source's definite error that made the reader stop.
-async fn delivery_outcome(
-    delivery: &mut DeliveryTask,
-    source_error: &mut Option<RelayError>,
-) -> Result<(), RelayError> {
-    let delivered = delivery.await.unwrap_or_else(|e| {
-        Err(RelayError::Bug(format!(
-            "the delivery task ended abnormally: {e}"
-        )))
-    });
-    delivered.and(source_error.take().map_or(Ok(()), Err))
-}
-
-/// What the reader has told PostgreSQL of the delivery side's acknowledgements.
-struct Acknowledged {
+pub struct StreamReader {
+    client: ReplicationClient,
+    source: Source,
+    /// With heartbeats on, the stream is dead if nothing arrives for this long while the
+    /// reader is waiting on it (not while the delivery side holds it back).
+    silence_limit: Option<Duration>,
+    /// Notified whenever the client has sent a status update.
+    feedback_sent: Arc<Notify>,
     /// The position last handed to `update_applied_lsn`.
     applied: Lsn,
     health: Health,
+    /// `None` once the reader stopped reading (a stop request, a definite source error, or
+    /// the delivery task gone).
+    inputs: Option<mpsc::Sender<Input<AckPosition>>>,
+    acked: watch::Receiver<Acked<AckPosition>>,
+    delivery: DeliveryTask,
+    /// A definite error of the source: reported once the delivery settled what came before.
+    source_error: Option<RelayError>,
+    /// Since when the reader has been waiting on the stream with room to forward: set when
+    /// it starts waiting, cleared by any event and whenever the delivery side is behind.
+    waiting_since: Option<Instant>,
 }
 
-impl Acknowledged {
-    /// Takes the delivery side's newest acknowledgement: tells PostgreSQL a position past the
-    /// one already applied.
-    fn take(
-        &mut self,
-        acked: &mut watch::Receiver<Acked<AckPosition>>,
-        client: &ReplicationClient,
-    ) {
-        let acked = acked.borrow_and_update();
-        if let Some(position) = acked.token {
-            if position.lsn > self.applied {
-                self.applied = position.lsn;
-                client.update_applied_lsn(position.lsn);
-                self.health.record_acknowledged(
-                    position.lsn.as_u64(),
-                    position.commit_time.map(pg_timestamp),
-                );
-                if let Some(sent_at) = position.heartbeat_sent_at {
-                    self.health.record_heartbeat_acknowledged(
-                        std::time::UNIX_EPOCH + Duration::from_micros(sent_at),
-                    );
-                }
+/// What the reader is handed by its session.
+pub struct ReaderParts {
+    pub client: ReplicationClient,
+    pub source: Source,
+    /// The slot's confirmed position when the session started.
+    pub start: Lsn,
+    pub silence_limit: Option<Duration>,
+    pub feedback_sent: Arc<Notify>,
+    pub health: Health,
+    pub inputs: mpsc::Sender<Input<AckPosition>>,
+    pub acked: watch::Receiver<Acked<AckPosition>>,
+    pub delivery: DeliveryTask,
+}
+
+impl StreamReader {
+    pub fn new(parts: ReaderParts) -> Self {
+        Self {
+            client: parts.client,
+            source: parts.source,
+            silence_limit: parts.silence_limit,
+            feedback_sent: parts.feedback_sent,
+            applied: parts.start,
+            health: parts.health,
+            inputs: Some(parts.inputs),
+            acked: parts.acked,
+            delivery: parts.delivery,
+            source_error: None,
+            waiting_since: None,
+        }
+    }
+
+    /// Runs until the stream fails, the delivery fails, the source finds a definite error,
+    /// or `shutdown` stops it between transactions.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Stop {
+        let ended = self.read(&shutdown).await;
+        self.finish(ended).await
+    }
+
+    /// The loop. Its `return`s leave only the loop: whatever ended it, [`Self::finish`]
+    /// sends the position acknowledged so far while the stream is still up, which keeps the
+    /// replay after a broker failure small.
+    async fn read(&mut self, shutdown: &CancellationToken) -> Result<(), Ended> {
+        loop {
+            // Under a backlog the stream is always ready, and the select below then polls
+            // nothing else: the acknowledgements and the stop request are looked at here,
+            // without registering a waiter for each of them once per event. Closed means the
+            // delivery task ended; its last acknowledgement may still be unseen (has_changed
+            // reports the closing first), so it is taken either way.
+            let changed = self.acked.has_changed();
+            if !matches!(changed, Ok(false)) {
+                self.take_acknowledged();
+            }
+            if changed.is_err() {
+                return self.delivery_outcome().await.map_err(Ended::Failed);
+            }
+            if self.can_stop() && shutdown.is_cancelled() {
+                self.stop_reading();
+                continue;
+            }
+            let step = self.next_step(shutdown).await;
+            if let Some(loss) = self.handle(step) {
+                return Err(Ended::StreamLost(loss));
             }
         }
     }
+
+    /// A stop request is honoured only between transactions: the current one finishes, so a
+    /// restart after a graceful stop publishes no duplicate.
+    fn can_stop(&self) -> bool {
+        self.inputs.is_some() && !self.source.in_transaction()
+    }
+
+    fn stop_reading(&mut self) {
+        tracing::info!("stopping between transactions");
+        self.inputs = None;
+    }
+
+    async fn next_step(&mut self, shutdown: &CancellationToken) -> Step {
+        let room = self.inputs.as_ref().is_some_and(|inputs| inputs.capacity() > 0);
+        if !room {
+            self.waiting_since = None;
+        } else if self.waiting_since.is_none() {
+            self.waiting_since = Some(Instant::now());
+        }
+        let silence_deadline = self.waiting_since.zip(self.silence_limit).map(|(t, l)| t + l);
+        let can_stop = self.can_stop();
+        let StreamReader {
+            client,
+            inputs,
+            acked,
+            ..
+        } = self;
+        tokio::select! {
+            biased;
+
+            event = client.recv(), if room => Step::Event(event),
+
+            // Full: wait for the delivery side to take an input. The permit only proves room.
+            reserved = async {
+                match inputs.as_ref() {
+                    Some(inputs) => inputs.reserve().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            }, if !room && inputs.is_some() => match reserved {
+                true => Step::Room,
+                false => Step::DeliveryGone,
+            },
+
+            // Closed: the next pass takes the last acknowledgement and the outcome.
+            _ = acked.changed() => Step::Acknowledged,
+
+            () = shutdown.cancelled(), if can_stop => Step::StopRequested,
+
+            () = sleep_until_some(silence_deadline), if silence_deadline.is_some() => Step::Silent,
+        }
+    }
+
+    /// One step; `Some` when it broke the stream.
+    fn handle(&mut self, step: Step) -> Option<StreamLoss> {
+        match step {
+            Step::Event(Ok(Some(event))) => self.forward(event),
+            Step::Event(Ok(None)) => return Some(StreamLoss::Ended),
+            Step::Event(Err(e)) => return Some(StreamLoss::Error(e)),
+            Step::Room => {}
+            Step::DeliveryGone => self.inputs = None,
+            Step::Acknowledged => self.take_acknowledged(),
+            Step::StopRequested => self.stop_reading(),
+            Step::Silent => {
+                let seconds = self.silence_limit.unwrap_or_default().as_secs();
+                return Some(StreamLoss::Silent { seconds });
+            }
+        }
+        None
+    }
+
+    /// Turns one event into at most one input and hands it on; the channel had room (this
+    /// task is its only sender).
+    fn forward(&mut self, event: ReplicationEvent) {
+        self.waiting_since = None;
+        match self.source.on_event(event) {
+            Ok(None) => {}
+            Ok(Some(input)) => {
+                let Some(inputs) = &self.inputs else {
+                    return;
+                };
+                if let Err(e) = inputs.try_send(input) {
+                    if matches!(e, mpsc::error::TrySendError::Full(_)) {
+                        self.source_error = Some(RelayError::Bug(
+                            "the inputs channel was full after the reader saw room".into(),
+                        ));
+                    }
+                    // Closed: the delivery task is gone; its result arrives with `acked`.
+                    self.inputs = None;
+                }
+            }
+            Err(e) => {
+                // Deliver and acknowledge what came before, then stop.
+                self.source_error = Some(e);
+                self.inputs = None;
+            }
+        }
+    }
+
+    /// Takes the delivery side's newest acknowledgement: tells PostgreSQL a position past the
+    /// one already applied.
+    fn take_acknowledged(&mut self) {
+        let Some(position) = self.acked.borrow_and_update().token else {
+            return;
+        };
+        if position.lsn <= self.applied {
+            return;
+        }
+        self.applied = position.lsn;
+        self.client.update_applied_lsn(position.lsn);
+        self.health.record_acknowledged(
+            position.lsn.as_u64(),
+            position.commit_time.map(pg_timestamp),
+        );
+        if let Some(sent_at) = position.heartbeat_sent_at {
+            self.health
+                .record_heartbeat_acknowledged(std::time::UNIX_EPOCH + Duration::from_micros(sent_at));
+        }
+    }
+
+    /// The delivery task ended: it settled everything it took, or failed. Its result, or else
+    /// the source's definite error that made the reader stop.
+    async fn delivery_outcome(&mut self) -> Result<(), RelayError> {
+        let delivered = (&mut self.delivery).await.unwrap_or_else(|e| {
+            Err(RelayError::Bug(format!(
+                "the delivery task ended abnormally: {e}"
+            )))
+        });
+        delivered.and(self.source_error.take().map_or(Ok(()), Err))
+    }
+
+    /// Ends the reading: over a live stream the final position is sent first (the crate's
+    /// stop does not flush pending feedback); a broken one is abandoned at once.
+    async fn finish(self, ended: Result<(), Ended>) -> Stop {
+        let StreamReader {
+            mut client,
+            applied,
+            feedback_sent,
+            delivery,
+            ..
+        } = self;
+        drop(delivery);
+        let failure = match ended {
+            Err(Ended::StreamLost(loss)) => {
+                // The worker may sit on a dead socket: do not wait for it.
+                client.abort();
+                return Stop::StreamLost(loss);
+            }
+            Err(Ended::Failed(e)) => Some(e),
+            Ok(()) => None,
+        };
+        let wait = match failure {
+            None => FINAL_FEEDBACK_TIMEOUT,
+            Some(_) => FAILURE_FEEDBACK_TIMEOUT,
+        };
+        let metrics = client.metrics();
+        let flushed = tokio::time::timeout(wait, async {
+            while metrics.last_applied_lsn() < applied {
+                feedback_sent.notified().await;
+            }
+        })
+        .await;
+        if flushed.is_err() {
+            tracing::warn!(target = %applied, "acknowledged position not confirmed sent; a restart may replay a little");
+        }
+        match failure {
+            Some(e) => {
+                client.stop();
+                Stop::Failed(e)
+            }
+            None => Stop::Graceful {
+                acknowledged: applied,
+                stream: OpenStream(client),
+            },
+        }
+    }
+}
+
+/// How the reading loop ended, when not gracefully.
+enum Ended {
+    Failed(RelayError),
+    StreamLost(StreamLoss),
 }
 
 async fn sleep_until_some(deadline: Option<Instant>) {

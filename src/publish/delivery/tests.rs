@@ -71,12 +71,10 @@ struct Broker {
 struct FakePending(oneshot::Receiver<Result<Answer, RelayError>>);
 
 impl Pending for FakePending {
-    fn answer(&mut self) -> impl std::future::Future<Output = Result<Answer, RelayError>> + Send + '_ {
-        async move {
-            (&mut self.0)
-                .await
-                .unwrap_or_else(|_| Err(RelayError::Bug("the stand-in dropped an answer".into())))
-        }
+    async fn answer(&mut self) -> Result<Answer, RelayError> {
+        (&mut self.0)
+            .await
+            .unwrap_or_else(|_| Err(RelayError::Bug("the stand-in dropped an answer".into())))
     }
 }
 
