@@ -28,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod advice;
+pub mod assembly;
 pub mod backoff;
 pub mod cleanup;
 pub mod cloudevents;

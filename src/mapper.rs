@@ -23,9 +23,7 @@ use pgwire_replication::Lsn;
 use crate::message::{HeaderValue, Message, Rejection, Unpublishable};
 use crate::pgoutput::{Relation, Tuple, TupleValue};
 
-/// The outbox table's column names, kept with the table (`outbox_table`) and re-exported
-/// here for the modules that name them while mapping or deleting rows.
-pub use crate::outbox_table::columns;
+use crate::outbox_table::columns;
 
 /// Headers the relay adds to every message.
 pub mod headers {

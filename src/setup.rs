@@ -370,7 +370,7 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
         return run_poll(args).await;
     }
     let shards = Shard::every(names, args.shards.shards)?;
-    let emit_prefix = args.emit.prefix(&names.table);
+    let emit_prefix = crate::assembly::emit_prefix(&args.emit, &names.table);
     check_emit_names(names)?;
     let restrict = args.restrict_emit.emit_role().map(|emit_role| Restrict {
         emit_role,
@@ -574,7 +574,7 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
 async fn declare_exchanges(args: &SetupArgs) -> Result<(), RelayError> {
     let names = &args.names;
     let dead_letter = args.dead_letter.exchange(&names.exchange)?;
-    let nodes = args.connections.broker_nodes()?;
+    let nodes = crate::assembly::broker_nodes(&args.connections)?;
     let broker = within_connect_timeout(args, "RabbitMQ", || Broker::connect(&nodes)).await?;
     broker.declare_exchange(&names.exchange, false).await?;
     println!("exchange {}: declared (durable topic)", names.exchange);
@@ -592,7 +592,7 @@ async fn declare_exchanges(args: &SetupArgs) -> Result<(), RelayError> {
 /// Connects to PostgreSQL, having checked the AMQP URL first: a malformed one is reported
 /// before anything is provisioned.
 async fn connect_database(args: &SetupArgs) -> Result<Client, RelayError> {
-    args.connections.broker_nodes()?;
+    crate::assembly::broker_nodes(&args.connections)?;
     let url = args.connections.database_url()?;
     within_connect_timeout(args, "PostgreSQL", || db::connect(&url)).await
 }

@@ -18,14 +18,12 @@
 //! them, and cleanup deletes only its shard's rows by them. One shard, the default, is no
 //! sharding at all: the names as configured and no row filter, exactly as before.
 
-use crate::config::{parse_identifier, parse_slot_name, OutboxNames};
+pub use crate::config::modes::MAX_SHARDS;
+use crate::config::names::{parse_identifier, parse_slot_name, OutboxNames};
 use crate::db::sql_name;
 use crate::error::RelayError;
 use crate::outbox_table::columns;
 
-/// The most shards `--shards` takes. Each shard costs a slot and a walsender that decodes
-/// the whole WAL: far fewer are useful (docs/operations.md, "Scaling out").
-pub const MAX_SHARDS: u32 = 64;
 
 /// One shard of `count` (`index` < `count`); `count` 1 is the unsharded outbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

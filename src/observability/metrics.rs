@@ -338,7 +338,7 @@ pub fn set_build_info(mode: &'static str) {
 static SHARD: OnceLock<String> = OnceLock::new();
 
 /// Labels every metric of this process with `shard="<index>"`: call it before the recorder
-/// is installed ([`recorder`], `observability::start`), which reads it once.
+/// is installed ([`recorder`], `start_endpoints`), which reads it once.
 pub fn label_every_metric_with_shard(index: u32) {
     if SHARD.set(index.to_string()).is_err() || RECORDER.get().is_some() {
         tracing::warn!("the shard label was set too late or twice; metrics may lack it");

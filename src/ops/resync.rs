@@ -24,9 +24,9 @@ use tokio_postgres::IsolationLevel;
 use crate::config::{ResyncArgs, TableName};
 use crate::db::{self, quote_ident};
 use crate::error::RelayError;
-use crate::mapper::Mapper;
 use crate::observability::RelayMetrics;
 use crate::outbox_table::{columns, TextRelation};
+use crate::assembly::{Outbox, OutboxFlags};
 use crate::publish::{deliver_batch, Broker};
 
 /// Rows read, mapped and published per round trip.
@@ -35,14 +35,20 @@ const BATCH: i32 = 1000;
 pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     check_rfc3339(&args.since).map_err(RelayError::Config)?;
     let names = &args.names;
-    let mapper = Mapper::new(
-        &names.exchange,
-        args.publishing.max_message_size,
-        args.exchanges.policy(&names.exchange)?,
-    )
-    .map_err(RelayError::Config)?;
-    let database_url = args.connections.database_url()?;
-    let mapper = args.format.apply(mapper, &database_url, &names.table)?;
+    let Outbox {
+        database_url,
+        brokers,
+        mapper,
+        ..
+    } = Outbox::new(OutboxFlags {
+        connections: &args.connections,
+        table: &names.table,
+        exchange: &names.exchange,
+        publishing: &args.publishing,
+        exchanges: &args.exchanges,
+        format: &args.format,
+        dead_letter: None,
+    })?;
     let mut client = db::connect(&database_url).await?;
     // The text shapes the mapper parses, as the replication connection pins them.
     client.batch_execute(db::PINNED_SET_STATEMENTS).await?;
@@ -53,7 +59,7 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         ))
     })
     .await?;
-    let broker = Broker::connect(&args.connections.broker_nodes()?).await?;
+    let broker = Broker::connect(&brokers).await?;
     broker.declare_exchange(&names.exchange, true).await?;
 
     let transaction = client

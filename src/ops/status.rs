@@ -27,7 +27,7 @@ use crate::advice;
 use crate::config::{Mode, StatusArgs};
 use crate::db::{self, quote_ident};
 use crate::error::RelayError;
-use crate::mapper::columns;
+use crate::outbox_table::columns;
 use crate::observability::http_get;
 use crate::observability::metrics::{BROKER_INFO, NODE_LABEL};
 use crate::poll::table::{read_backlog, Backlog};

@@ -41,6 +41,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::assembly::{Outbox, OutboxFlags};
 use crate::config::{Delivery, OnPublished, PollArgs, PublishNames};
 use crate::error::RelayError;
 use crate::mapper::Mapper;
@@ -162,22 +163,21 @@ pub(crate) struct Shared {
 
 /// Runs the polling relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
 pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
-    let allowed_exchanges = args.exchanges.policy(&args.names.exchange)?;
-    let mapper = Mapper::new(
-        &args.names.exchange,
-        args.delivery.max_message_size,
-        allowed_exchanges,
-    )
-    .map_err(RelayError::Config)?;
-    let dead_letter_exchange = args.dead_letter.exchange(&args.names.exchange)?;
-    // Both URLs are parsed before anything starts: a malformed one is a definite error (exit
-    // 1 now), never an outage for the workers to retry.
-    let database_url = args.connections.database_url()?;
-    crate::db::parse_url(&database_url)?;
-    let mapper = args
-        .format
-        .apply(mapper, &database_url, &args.names.table)?;
-    let brokers = args.connections.broker_nodes()?;
+    let Outbox {
+        database_url,
+        brokers,
+        mapper,
+        dead_letter_exchange,
+        ..
+    } = Outbox::new(OutboxFlags {
+        connections: &args.connections,
+        table: &args.names.table,
+        exchange: &args.names.exchange,
+        publishing: &args.delivery.publishing,
+        exchanges: &args.exchanges,
+        format: &args.format,
+        dead_letter: Some(&args.dead_letter),
+    })?;
     // The endpoints and the backlog poller outlive the workers' graceful stop.
     let observing = CancellationToken::new();
     let _stop_observing = observing.clone().drop_guard();

@@ -1,8 +1,8 @@
 //! The broker connection: one confirm-mode channel for publishing, mandatory persistent
 //! messages, and a second channel for dead letters under the dead-letter policy.
 //!
-//! The one place a message of the contract (`crate::message::Message`) becomes lapin's
-//! types ([`Outgoing::from_message`]): nothing outside `publish/` names the AMQP client.
+//! Messages arrive here in lapin's terms ([`Outgoing`], made from the contract's message in
+//! `outgoing.rs`): nothing outside `publish/` names the AMQP client.
 //!
 //! Owns the lapin connection and nothing else: no ordering, no acknowledgement (that is
 //! [`super::delivery`]). It never relies on lapin's auto-recovery: after any channel or
@@ -28,71 +28,16 @@ use futures_util::StreamExt;
 use lapin::options::{
     BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
 };
-use bytes::Bytes;
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
-    PublisherConfirm,
-};
+use lapin::types::{FieldTable, ShortString};
+use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind, PublisherConfirm};
 use tokio::sync::watch;
 
 use super::dead_letter::ReturnedContent;
 use super::nodes::BrokerNodes;
+pub use super::outgoing::Outgoing;
 use super::publisher::{Answer, Pending, Publisher, ReturnedMessage};
 use super::queue::Returned;
 use crate::error::{Endpoint, RelayError};
-use crate::message::{HeaderValue, Message};
-
-/// A message in lapin's terms, ready for `basic_publish`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Outgoing {
-    pub exchange: ShortString,
-    pub routing_key: ShortString,
-    pub properties: BasicProperties,
-    pub body: Bytes,
-}
-
-impl Outgoing {
-    /// The AMQP form of `message`: persistent, its headers as a table (a name set twice
-    /// keeps its last value). The mapper checked every short string against AMQP's limit:
-    /// one over it here is a bug, not a message to publish cut short.
-    pub fn from_message(message: Message) -> Result<Outgoing, RelayError> {
-        let short = |text: String| {
-            ShortString::try_new(text).map_err(|e| {
-                RelayError::Bug(format!("a message reached the broker with {e}"))
-            })
-        };
-        let mut table = FieldTable::default();
-        for (name, value) in message.headers {
-            let value = match value {
-                HeaderValue::Text(text) => AMQPValue::LongString(LongString::from(text)),
-                HeaderValue::Int(i) => AMQPValue::LongLongInt(i),
-                HeaderValue::Float(f) => AMQPValue::Double(f),
-                HeaderValue::Bool(b) => AMQPValue::Boolean(b),
-            };
-            table.insert(short(name)?, value);
-        }
-        let mut properties = BasicProperties::default()
-            .with_message_id(short(message.message_id)?)
-            .with_delivery_mode(2)
-            .with_headers(table);
-        if let Some(event_type) = message.event_type {
-            properties = properties.with_type(short(event_type)?);
-        }
-        if let Some(content_type) = message.content_type {
-            properties = properties.with_content_type(content_type.into());
-        }
-        if let Some(seconds) = message.timestamp {
-            properties = properties.with_timestamp(seconds);
-        }
-        Ok(Outgoing {
-            exchange: short(message.exchange)?,
-            routing_key: short(message.routing_key)?,
-            properties,
-            body: message.body,
-        })
-    }
-}
 
 /// A publish whose frames are queued on the connection: resolves to its confirm future once
 /// they are written.

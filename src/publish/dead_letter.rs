@@ -18,7 +18,7 @@ use bytes::Bytes;
 use lapin::types::{AMQPValue, LongString, ShortString};
 use lapin::BasicProperties;
 
-use super::broker::Outgoing;
+use super::outgoing::Outgoing;
 use crate::message::Rejection;
 
 /// Headers a dead letter carries on top of the message's own (`x-outbox-lsn`, `x-outbox-seq`,

@@ -33,7 +33,7 @@ use futures_util::FutureExt;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::broker::Outgoing;
+use super::outgoing::Outgoing;
 use super::dead_letter::{self, Reason};
 use super::publisher::{Answer, Pending, Publisher};
 use super::queue::{AckToken, ConfirmQueue, Failure, Settled};

@@ -17,6 +17,7 @@ pub mod broker;
 pub mod dead_letter;
 pub mod delivery;
 pub mod nodes;
+pub mod outgoing;
 pub mod publisher;
 pub mod queue;
 

@@ -12,7 +12,7 @@ use std::future::Future;
 use lapin::types::ShortString;
 use tokio::sync::watch;
 
-use super::broker::Outgoing;
+use super::outgoing::Outgoing;
 use super::queue::Returned;
 use crate::error::RelayError;
 

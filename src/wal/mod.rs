@@ -39,9 +39,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::advice::report;
+use crate::assembly::{self, Outbox, OutboxFlags};
 use crate::config::RunArgs;
 use crate::error::RelayError;
-use crate::mapper::Mapper;
 use crate::observability::{self, NotReady};
 use crate::supervisor::{supervise, Supervised, Supervision};
 use session::SessionContext;
@@ -55,42 +55,43 @@ const HEALTHY_SESSION: Duration = Duration::from_secs(60);
 
 /// Runs the WAL relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
 pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
-    let allowed_exchanges = args.exchanges.policy(&args.names.exchange)?;
-    let mapper = Mapper::new(
-        &args.names.exchange,
-        args.tuning.max_message_size,
-        allowed_exchanges,
-    )
-    .map_err(RelayError::Config)?;
-    let dead_letter_exchange = args.dead_letter.exchange(&args.names.exchange)?;
-    // Both URLs are parsed before anything starts: a malformed one is a definite error (exit
-    // 1 now), never an outage to retry.
-    let database_url = args.connections.database_url()?;
-    let mapper = args
-        .format
-        .apply(mapper, &database_url, &args.names.table)?;
-    let role = crate::db::parse_url(&database_url)?
-        .get_user()
-        .map(str::to_string);
-    let brokers = args.connections.broker_nodes()?;
-    let shard = args.shard.shard()?;
+    let Outbox {
+        database_url,
+        role,
+        brokers,
+        mapper,
+        dead_letter_exchange,
+    } = Outbox::new(OutboxFlags {
+        connections: &args.connections,
+        table: &args.names.table,
+        exchange: &args.names.exchange,
+        publishing: &args.tuning.delivery.publishing,
+        exchanges: &args.exchanges,
+        format: &args.format,
+        dead_letter: Some(&args.dead_letter),
+    })?;
+    let shard = assembly::shard(&args.shard)?;
     let names = shard.names(&args.names)?;
     if shard.is_sharded() {
-        // Before the recorder is installed (observability::start): the label is global.
+        // Before the recorder is installed (start_endpoints): the label is global.
         observability::label_every_metric_with_shard(shard.index());
     }
     // The endpoints and the slot poller live as long as this function: through a graceful
     // stop, and on while the sessions reconnect.
     let observing = CancellationToken::new();
     let _stop_observing = observing.clone().drop_guard();
-    let health = observability::start(
-        args.observability.endpoints.metrics_addr.0,
-        &database_url,
-        &names.slot,
-        args.observability.slot_poll_interval,
-        &observing,
-    );
-    let emit_prefix = args.emit.prefix(&args.names.table);
+    let health =
+        observability::start_endpoints(args.observability.endpoints.metrics_addr.0, "run", &observing);
+    if !args.observability.slot_poll_interval.is_zero() {
+        tokio::spawn(slot::run_slot_poller(
+            database_url.clone(),
+            names.slot.to_string(),
+            args.observability.slot_poll_interval,
+            health.clone(),
+            observing.clone(),
+        ));
+    }
+    let emit_prefix = assembly::emit_prefix(&args.emit, &args.names.table);
     let supervision = Supervision {
         max_backoff: args.tuning.max_backoff(),
         stop_timeout: Some(args.tuning.shutdown_timeout()),

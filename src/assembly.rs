@@ -1,0 +1,122 @@
+//! From the command line to the parts a relay runs with: the one builder that `run`, `poll`
+//! and `resync` (and `setup`) make their mapper, shard, broker nodes and emit prefix with.
+//!
+//! `crate::config` is plain data: flags checked for what they are on their own. What needs
+//! more than one flag, or a part of the relay (the mapper's exchange policy and CloudEvents
+//! format, the shard's row filter, the broker list's parsing), is made here, once, so the
+//! commands cannot build the same thing in different ways.
+
+use std::sync::Arc;
+
+use crate::config::{
+    Connections, DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormat, MessageFormatArgs,
+    Publishing, RunShard, TableName,
+};
+use crate::error::RelayError;
+use crate::mapper::{AllowedExchanges, Mapper};
+use crate::publish::BrokerNodes;
+use crate::shard::Shard;
+
+/// What every publishing command runs with.
+pub struct Outbox {
+    /// Checked: a malformed URL is a definite error before anything starts, never an outage
+    /// to retry.
+    pub database_url: String,
+    /// The URL's user, for errors that name the role.
+    pub role: Option<String>,
+    pub brokers: Arc<BrokerNodes>,
+    pub mapper: Mapper,
+    /// The dead-letter exchange under `--on-unroutable dead-letter`; `None` under halt.
+    pub dead_letter_exchange: Option<String>,
+}
+
+/// The flag groups a publishing command's [`Outbox`] is made from.
+pub struct OutboxFlags<'a> {
+    pub connections: &'a Connections,
+    pub table: &'a TableName,
+    pub exchange: &'a str,
+    pub publishing: &'a Publishing,
+    pub exchanges: &'a ExchangePolicyArgs,
+    pub format: &'a MessageFormatArgs,
+    /// `None` for a command without the dead-letter policy (`resync`).
+    pub dead_letter: Option<&'a DeadLetterArgs>,
+}
+
+impl Outbox {
+    pub fn new(flags: OutboxFlags<'_>) -> Result<Outbox, RelayError> {
+        let database_url = flags.connections.database_url()?;
+        let role = crate::db::parse_url(&database_url)?
+            .get_user()
+            .map(str::to_string);
+        let allowed = AllowedExchanges::parse(flags.exchanges.allowed_exchanges.as_deref(), flags.exchange)
+            .map_err(RelayError::Config)?;
+        let mapper = Mapper::new(flags.exchange, flags.publishing.max_message_size, allowed)
+            .map_err(RelayError::Config)?;
+        let mapper = with_format(mapper, flags.format, &database_url, flags.table)?;
+        let dead_letter_exchange = match flags.dead_letter {
+            Some(dead_letter) => dead_letter.exchange(flags.exchange)?,
+            None => None,
+        };
+        Ok(Outbox {
+            brokers: broker_nodes(flags.connections)?,
+            database_url,
+            role,
+            mapper,
+            dead_letter_exchange,
+        })
+    }
+}
+
+/// The RabbitMQ nodes `--amqp-url` names, every URL checked, in a shuffled order.
+pub fn broker_nodes(connections: &Connections) -> Result<Arc<BrokerNodes>, RelayError> {
+    BrokerNodes::parse(&connections.amqp_url()?).map(Arc::new)
+}
+
+/// The shard `run` streams; [`Shard::UNSHARDED`] for `--shards 1`.
+pub fn shard(flags: &RunShard) -> Result<Shard, RelayError> {
+    let count = flags.count.shards;
+    match flags.shard {
+        Some(index) => Shard::new(index, count),
+        None if count == 1 => Ok(Shard::UNSHARDED),
+        // Not shard 0 by default: a forgotten OUTBOX_SHARD would make every relay a standby
+        // of shard 0 while the other shards' rows wait unnoticed.
+        None => Err(RelayError::Config(format!(
+            "--shards is {count} but no --shard is given: a sharded relay streams one \
+             shard. Fix: set --shard (OUTBOX_SHARD) to 0..{}, one relay per shard",
+            count - 1
+        ))),
+    }
+}
+
+/// The emit prefix: the configured one, or the default for `table`.
+pub fn emit_prefix(flags: &EmitArgs, table: &TableName) -> String {
+    match &flags.emit_prefix {
+        Some(prefix) => prefix.clone(),
+        None => crate::emit::default_prefix(table.table_parts()),
+    }
+}
+
+/// `mapper` publishing in the chosen format, for `table` of the database `database_url` names
+/// (the default CloudEvents source holds its database name, never its user or password).
+fn with_format(
+    mapper: Mapper,
+    flags: &MessageFormatArgs,
+    database_url: &str,
+    table: &TableName,
+) -> Result<Mapper, RelayError> {
+    if flags.message_format == MessageFormat::Plain {
+        return Ok(mapper);
+    }
+    let source = match &flags.cloudevents_source {
+        Some(source) => source.clone(),
+        None => {
+            let config = crate::db::parse_url(database_url)?;
+            let database = config
+                .get_dbname()
+                .or(config.get_user())
+                .unwrap_or("postgres");
+            crate::cloudevents::default_source(database, table.table_parts())
+        }
+    };
+    Ok(mapper.with_cloudevents(&source))
+}

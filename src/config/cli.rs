@@ -1,0 +1,304 @@
+//! The command line: the commands and the flag groups each one takes.
+//!
+//! Each command flattens only the flag groups it uses, so clap refuses a flag that does not
+//! apply to it (the variables of the others go unread: containers share one environment).
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use super::connections::{Connections, DatabaseConnection};
+use super::messages::{
+    DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormatArgs, RestrictEmitArgs,
+};
+use super::modes::{ModeArgs, OnPublished, RunShard, ShardCount};
+use super::names::{parse_identifier, OutboxNames, PublishNames, SlotNames, StatusNames};
+use super::observability::{CleanupArgs, EndpointArgs, ObservabilityArgs};
+use super::tuning::{Delivery, Publishing, Tuning};
+use super::values::parse_duration;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox-relay",
+    version,
+    about = "Delivers the rows of a PostgreSQL transactional outbox to RabbitMQ",
+    long_about = "Delivers the rows of a PostgreSQL transactional outbox to RabbitMQ, at least \
+                  once and in commit order, from a logical replication slot (run) or by polling \
+                  (poll)."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// Log format: human-readable text or one JSON object per line.
+    #[arg(long, env = "OUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Provision the outbox: check wal_level, create the table (unless --no-create-table), the
+    /// publication (before the slot), the slot and the exchange. Idempotent.
+    Setup(SetupArgs),
+    /// Run the WAL-mode relay: stream the slot and publish every inserted row.
+    Run(RunArgs),
+    /// Run the polling relay: workers claim unpublished rows with SELECT … FOR UPDATE SKIP
+    /// LOCKED, publish them and mark them published (no slot; docs/polling.md).
+    Poll(PollArgs),
+    /// Show the slot (lag, retained WAL, wal_status, active pid), the outbox backlog and the
+    /// message a running relay is stuck on. Exits 2 when the slot is missing or lost (a probe).
+    /// With --mode poll: no slot; unsent rows and the oldest unsent row's age instead.
+    Status(StatusArgs),
+    /// Drop the slot and the publication. Asks for --yes: the relay stops delivering, and an
+    /// abandoned slot pins WAL on the primary until it is dropped.
+    Teardown(TeardownArgs),
+    /// Re-publish the rows still in the table created at or after --since, in created_at
+    /// order, for rows no slot will deliver (inserted before the slot existed, or lost with it).
+    Resync(ResyncArgs),
+}
+
+
+#[derive(Debug, Clone, Args)]
+#[command(mut_arg("mode", |arg| arg.help(
+    "What to provision for: `wal` (publication and slot) or `poll` (the partial index the \
+     claim query needs; no wal_level check, no publication, no slot)"
+)))]
+pub struct SetupArgs {
+    #[command(flatten)]
+    pub connections: Connections,
+    #[command(flatten)]
+    pub names: OutboxNames,
+    #[command(flatten)]
+    pub shards: ShardCount,
+    /// Do not create the outbox table or the emit functions (a DBA created them); still
+    /// checks that the table exists, and says whether the emit functions do.
+    #[arg(long, env = "OUTBOX_NO_CREATE_TABLE")]
+    pub no_create_table: bool,
+    /// Print the provisioning SQL for these names and exit, without connecting (for DBAs).
+    #[arg(long)]
+    pub print_sql: bool,
+    /// Seconds to keep retrying the first connection to PostgreSQL and to RabbitMQ while it
+    /// fails for a reason that can pass (not listening yet, still starting up), with
+    /// backoff; then the error. 0 tries once. For a setup started together with its servers.
+    #[arg(
+        long = "connect-timeout",
+        env = "OUTBOX_CONNECT_TIMEOUT_SECS",
+        value_name = "SECS",
+        default_value_t = 0
+    )]
+    pub connect_timeout_secs: u64,
+    #[command(flatten)]
+    pub mode: ModeArgs,
+    #[command(flatten)]
+    pub dead_letter: DeadLetterArgs,
+    #[command(flatten)]
+    pub emit: EmitArgs,
+    #[command(flatten)]
+    pub restrict_emit: RestrictEmitArgs,
+}
+
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub connections: Connections,
+    #[command(flatten)]
+    pub names: OutboxNames,
+    #[command(flatten)]
+    pub shard: RunShard,
+    #[command(flatten)]
+    pub tuning: Tuning,
+    #[command(flatten)]
+    pub observability: ObservabilityArgs,
+    #[command(flatten)]
+    pub cleanup: CleanupArgs,
+    #[command(flatten)]
+    pub dead_letter: DeadLetterArgs,
+    #[command(flatten)]
+    pub exchanges: ExchangePolicyArgs,
+    #[command(flatten)]
+    pub emit: EmitArgs,
+    #[command(flatten)]
+    pub format: MessageFormatArgs,
+}
+
+/// Polling workers by default: two overlap one's claim and commit with the other's confirms,
+/// and drained a backlog at 0.94× the WAL reader where one worker managed 0.62×
+/// (docs/benchmarks.md, "Polling defaults"). A crash re-publishes at most workers × batch.
+pub const DEFAULT_POLL_WORKERS: u32 = 2;
+/// Rows per polling batch by default: fewer, larger batches cost PostgreSQL less per row (one
+/// worker: 22 against 32 µs at 500, same benchmark), while 2 × 1,000 keeps the crash bound
+/// below the WAL reader's at its drain rate.
+pub const DEFAULT_POLL_BATCH_SIZE: u32 = 1_000;
+
+#[derive(Debug, Clone, Args)]
+#[command(
+    mut_arg("cleanup_interval", |arg| arg.help(
+        "How often published rows older than --retention are deleted (0 turns cleanup off)"
+    )),
+    mut_arg("retention", |arg| arg.help(
+        "How long a published row is kept before cleanup deletes it (by published_at)"
+    )),
+)]
+pub struct PollArgs {
+    #[command(flatten)]
+    pub connections: Connections,
+    #[command(flatten)]
+    pub names: PublishNames,
+
+    /// Workers, each with its own database and broker connection, claiming batches in parallel.
+    /// After a crash up to workers × batch size rows can be published again.
+    #[arg(long, env = "OUTBOX_WORKERS", default_value_t = DEFAULT_POLL_WORKERS, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub workers: u32,
+
+    /// Rows a worker claims, publishes and marks in one transaction (at most: a claim takes
+    /// what is there, so batches stay small unless there is a backlog).
+    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = DEFAULT_POLL_BATCH_SIZE, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub batch_size: u32,
+
+    /// What happens to a row once the broker confirmed it, in the claim's transaction:
+    /// `mark` sets published_at (the cleanup deletes it after --retention); `delete` deletes
+    /// it at once (no cleanup, no partial-index churn, but no record of what was sent and
+    /// nothing for `resync`).
+    #[arg(long, env = "OUTBOX_ON_PUBLISHED", value_enum, default_value_t = OnPublished::Mark)]
+    pub on_published: OnPublished,
+
+    /// A fixed wait after every poll that found no rows (e.g. 1s, 250ms, 1m): shorthand for
+    /// --poll-interval-min and --poll-interval-max both set to it (no back-off).
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL", value_parser = parse_duration, conflicts_with_all = ["poll_interval_min", "poll_interval_max"])]
+    pub poll_interval: Option<Duration>,
+
+    /// The wait after the first empty poll; each further empty poll doubles it up to
+    /// --poll-interval-max, and a poll that finds rows resets it. A notification (--listen)
+    /// wakes a waiting worker at once.
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL_MIN", default_value = "100ms", value_parser = parse_duration)]
+    pub poll_interval_min: Duration,
+
+    /// The longest wait between two empty polls: what an idle outbox costs (one claim
+    /// transaction per worker per interval) and, without --listen, the worst delay of a row
+    /// written after a quiet spell.
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL_MAX", default_value = "1s", value_parser = parse_duration)]
+    pub poll_interval_max: Duration,
+
+    /// LISTEN for notifications on --listen-channel and wake a worker on each one; the
+    /// application sends NOTIFY after its commit (docs/polling.md).
+    #[arg(long, env = "OUTBOX_LISTEN")]
+    pub listen: bool,
+
+    /// The channel --listen listens on.
+    #[arg(long, env = "OUTBOX_LISTEN_CHANNEL", default_value = "outbox", value_parser = parse_identifier)]
+    pub listen_channel: String,
+
+    // Polling mode deletes rows by published_at (src/poll/cleanup.rs).
+    #[command(flatten)]
+    pub cleanup: CleanupArgs,
+
+    #[command(flatten)]
+    pub endpoints: EndpointArgs,
+
+    /// How often the backlog (unsent rows) and the oldest unsent row's age are read for
+    /// /metrics, through the claim index (e.g. 5s; 0 turns it off).
+    #[arg(long, env = "OUTBOX_BACKLOG_POLL_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub backlog_poll_interval: Duration,
+
+    #[command(flatten)]
+    pub delivery: Delivery,
+
+    #[command(flatten)]
+    pub dead_letter: DeadLetterArgs,
+
+    #[command(flatten)]
+    pub exchanges: ExchangePolicyArgs,
+
+    #[command(flatten)]
+    pub format: MessageFormatArgs,
+}
+
+impl PollArgs {
+    /// The shortest and longest wait after an empty poll: --poll-interval for both, else
+    /// --poll-interval-min and --poll-interval-max (a max below the min is raised to it).
+    pub fn poll_intervals(&self) -> (Duration, Duration) {
+        match self.poll_interval {
+            Some(fixed) => (fixed, fixed),
+            None => (
+                self.poll_interval_min,
+                self.poll_interval_max.max(self.poll_interval_min),
+            ),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(
+    mut_arg("mode", |arg| arg.help(
+        "Which relay the outbox is for: `wal` (the slot must exist: exit 2 when it is missing \
+         or lost) or `poll` (no slot is read; exit 2 when the table cannot be read or has no \
+         published_at column)"
+    )),
+    mut_arg("metrics_addr", |arg| arg.help(
+        "A running relay's --metrics-addr: its /readyz tells the message it is stuck on, if any"
+    )),
+    mut_arg("shards", |arg| arg.help(
+        "How many shards `setup --shards` made: one line per shard's slot <slot>_<k> (state, \
+         active pid, lag, retained WAL), the slot details of the worst one, and exit 2 when \
+         any of them is missing or lost. 1 reads --slot itself"
+    )),
+)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub connections: DatabaseConnection,
+    #[command(flatten)]
+    pub names: StatusNames,
+    #[command(flatten)]
+    pub shards: ShardCount,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub mode: ModeArgs,
+    #[command(flatten)]
+    pub endpoints: EndpointArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(mut_arg("shards", |arg| arg.help(
+    "How many shards `setup --shards` made: teardown drops every shard's slot <slot>_<k>, \
+     then every shard's publication <publication>_<k>, k = 0..N-1 (and refuses while any of \
+     them is streamed). 1 drops --slot and --publication themselves"
+)))]
+pub struct TeardownArgs {
+    #[command(flatten)]
+    pub connections: DatabaseConnection,
+    #[command(flatten)]
+    pub names: SlotNames,
+    #[command(flatten)]
+    pub shards: ShardCount,
+    /// Really drop the slot and the publication.
+    #[arg(long)]
+    pub yes: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ResyncArgs {
+    #[command(flatten)]
+    pub connections: Connections,
+    #[command(flatten)]
+    pub names: PublishNames,
+    /// Re-publish rows with created_at at or after this RFC 3339 time, e.g.
+    /// 2024-05-01T12:00:00Z or 2024-05-01T14:00:00.5+02:00.
+    #[arg(long)]
+    pub since: String,
+    #[command(flatten)]
+    pub publishing: Publishing,
+    #[command(flatten)]
+    pub exchanges: ExchangePolicyArgs,
+    #[command(flatten)]
+    pub format: MessageFormatArgs,
+}
+

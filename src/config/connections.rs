@@ -1,0 +1,142 @@
+//! Where the database and the broker are, and the secrets in their URLs (from a flag, its
+//! variable, or a `*_FILE`).
+
+use clap::Args;
+
+use crate::error::RelayError;
+
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseConnection {
+    /// PostgreSQL URL, e.g. postgres://relay:secret@db:5432/app. The relay opens one ordinary
+    /// connection and one logical replication connection with it.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// File holding the PostgreSQL URL (instead of --database-url), e.g. a mounted secret.
+    #[arg(long, env = "DATABASE_URL_FILE")]
+    pub database_url_file: Option<String>,
+}
+
+/// Where the broker is: for the commands that publish or declare (`setup`, `run`, `poll`,
+/// `resync`; `status` and `teardown` never talk to RabbitMQ).
+#[derive(Debug, Clone, Args)]
+pub struct BrokerConnection {
+    /// RabbitMQ URL, e.g. amqp://user:secret@broker:5672/%2f (amqps:// for TLS). A cluster:
+    /// its nodes' URLs separated by commas; the relay tries them in a shuffled order and
+    /// moves to the next node when its connection is lost.
+    #[arg(long, env = "AMQP_URL", hide_env_values = true)]
+    pub amqp_url: Option<String>,
+
+    /// File holding the RabbitMQ URL or URLs (instead of --amqp-url).
+    #[arg(long, env = "AMQP_URL_FILE")]
+    pub amqp_url_file: Option<String>,
+}
+
+/// Where the database and the broker are.
+#[derive(Debug, Clone, Args)]
+pub struct Connections {
+    #[command(flatten)]
+    pub database: DatabaseConnection,
+    #[command(flatten)]
+    pub broker: BrokerConnection,
+}
+
+impl DatabaseConnection {
+    pub fn database_url(&self) -> Result<String, RelayError> {
+        secret(
+            "database URL",
+            "DATABASE_URL",
+            &self.database_url,
+            &self.database_url_file,
+        )
+    }
+}
+
+impl BrokerConnection {
+    pub fn amqp_url(&self) -> Result<String, RelayError> {
+        secret("AMQP URL", "AMQP_URL", &self.amqp_url, &self.amqp_url_file)
+    }
+}
+
+impl Connections {
+    pub fn database_url(&self) -> Result<String, RelayError> {
+        self.database.database_url()
+    }
+
+    pub fn amqp_url(&self) -> Result<String, RelayError> {
+        self.broker.amqp_url()
+    }
+}
+
+/// A URL given as `var` (or its flag) or in the file `var_FILE` names. An empty or blank
+/// value, path or file is absent, never "connect with the defaults" (an empty DATABASE_URL
+/// would have libpq's defaults pick a server); both at once is an error, not a precedence
+/// rule nobody remembers.
+pub(super) fn secret(
+    what: &'static str,
+    var: &'static str,
+    value: &Option<String>,
+    file: &Option<String>,
+) -> Result<String, RelayError> {
+    let flag = format!("--{}", var.to_ascii_lowercase().replace('_', "-"));
+    match (given(value), given(file)) {
+        (Some(_), Some(path)) => Err(RelayError::Config(format!(
+            "The {what} is given twice: by {var} (or {flag}) and by {var}_FILE (or \
+             {flag}-file, {path}). Fix: set only one of them"
+        ))),
+        (Some(value), None) => Ok(value.trim().to_string()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|source| RelayError::SecretFile {
+                what,
+                path: path.to_string(),
+                source,
+            })?;
+            warn_if_others_may_read(path);
+            match text.trim() {
+                "" => Err(RelayError::Config(format!(
+                    "The file {path}, named by {var}_FILE (or {flag}-file), is empty: it must \
+                     hold the {what}"
+                ))),
+                text => Ok(text.to_string()),
+            }
+        }
+        (None, None) => {
+            let state = |v: &Option<String>| if v.is_some() { "empty" } else { "not set" };
+            Err(RelayError::Config(format!(
+                "No {what} given: {var} (or {flag}) is {} and {var}_FILE (or {flag}-file) is \
+                 {}. Fix: set one of them",
+                state(value),
+                state(file)
+            )))
+        }
+    }
+}
+
+/// The value, unless it is missing or blank.
+fn given(value: &Option<String>) -> Option<&str> {
+    value.as_deref().filter(|v| !v.trim().is_empty())
+}
+
+/// A secret file others may read leaks the password to every account on the machine (or in
+/// the pod): say so, naming the file and never its content.
+fn warn_if_others_may_read(path: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(metadata) = std::fs::metadata(path) else {
+        return;
+    };
+    let mode = metadata.permissions().mode();
+    if readable_by_others(mode) {
+        tracing::warn!(
+            file = %path,
+            mode = %format!("{:03o}", mode & 0o777),
+            "the secret file is readable by its group or by others. Fix: chmod 600 {path} \
+             (owned by the relay's user; in Kubernetes, defaultMode: 0400)"
+        );
+    }
+}
+
+/// Whether the group or others may read a file of this mode.
+pub(super) fn readable_by_others(mode: u32) -> bool {
+    mode & 0o044 != 0
+}
+

@@ -1,0 +1,58 @@
+//! Which relay and which shard: `--mode`, `--on-published`, `--shards` and `--shard`.
+
+use clap::{Args, ValueEnum};
+
+/// The most shards `--shards` takes. Each shard costs a slot and a walsender that decodes
+/// the whole WAL: far fewer are useful (docs/operations.md, "Scaling out").
+pub const MAX_SHARDS: u32 = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    Wal,
+    Poll,
+}
+
+/// What polling mode does with a row once the broker confirmed it (`--on-published`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnPublished {
+    /// Set `published_at`; the cleanup deletes the row after the retention.
+    Mark,
+    /// Delete the row in the claim's transaction: no cleanup, no audit trail, no `resync`.
+    Delete,
+}
+
+/// `--mode`, for the commands that serve both relays (`setup`, `status`); each says in its
+/// help what the mode changes for it.
+#[derive(Debug, Clone, Args)]
+pub struct ModeArgs {
+    /// Which relay the outbox is for: `wal` or `poll`.
+    #[arg(long, env = "OUTBOX_MODE", value_enum, default_value_t = Mode::Wal)]
+    pub mode: Mode,
+}
+
+/// `--shards`: how many row-filtered publications and slots the outbox is split into
+/// (src/shard.rs). `setup` and `teardown` handle every shard; `run` streams one.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct ShardCount {
+    /// How many shards: N publications <publication>_<k>, each with a row filter that takes
+    /// shard k's rows (by a hash of aggregate_id, so an aggregate's events stay in order),
+    /// and N slots <slot>_<k>, for k = 0..N-1. 1 is no sharding: the one publication and slot
+    /// named --publication and --slot (docs/operations.md, "Scaling out").
+    #[arg(long, env = "OUTBOX_SHARDS", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SHARDS)))]
+    pub shards: u32,
+}
+
+/// `run`'s shard: `--shards` and `--shard`.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct RunShard {
+    #[command(flatten)]
+    pub count: ShardCount,
+
+    /// Which shard this relay streams, 0..N-1: the slot <slot>_<K> through the publication
+    /// <publication>_<K>. Required with --shards above 1. A second relay with the same
+    /// --shard waits as that shard's standby.
+    #[arg(long, env = "OUTBOX_SHARD", value_name = "K")]
+    pub shard: Option<u32>,
+}
+
+

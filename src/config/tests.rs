@@ -1,0 +1,724 @@
+//! The command line as a user meets it: flags, variables, defaults, errors, and the help.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{CommandFactory, Parser};
+
+use super::connections::{readable_by_others, secret};
+use super::*;
+
+#[test]
+fn cli_definition_is_consistent() {
+    Cli::command().debug_assert();
+}
+
+/// What `outbox-relay [COMMAND] -h` and `--help` print, every command, with the values of
+/// any `[env: NAME=value]` the environment sets left out (the names stay).
+fn help_texts() -> String {
+    let commands = ["", "setup", "run", "poll", "status", "teardown", "resync"];
+    let mut out = String::new();
+    for command in commands {
+        for flag in ["-h", "--help"] {
+            let argv = ["outbox-relay", command, flag];
+            let argv = argv.iter().filter(|a| !a.is_empty());
+            let help = match Cli::try_parse_from(argv) {
+                Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => e.render(),
+                _ => panic!("{command} {flag} must print help"),
+            };
+            out.push_str(&format!("==== outbox-relay {command} {flag}\n"));
+            out.push_str(&without_env_values(&help.to_string()));
+        }
+    }
+    out
+}
+
+fn without_env_values(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("[env: ") {
+        let (before, env) = rest.split_at(at);
+        out.push_str(before);
+        let end = env.find(']').unwrap_or(env.len());
+        let name_end = env[..end].find('=').unwrap_or(end);
+        out.push_str(&env[..name_end]);
+        rest = &env[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The command line is an interface: a refactoring of the flag structs must not change a
+/// flag's name, environment variable, default or help. `src/snapshots/cli_help.txt` is
+/// the help as it was; regenerate it (OUTBOX_UPDATE_HELP_SNAPSHOT=1) only when a flag is
+/// meant to change.
+#[test]
+fn help_of_every_command_is_unchanged() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/snapshots/cli_help.txt");
+    let actual = help_texts();
+    if std::env::var_os("OUTBOX_UPDATE_HELP_SNAPSHOT").is_some() {
+        std::fs::write(path, &actual).expect("write the snapshot");
+    }
+    let expected = std::fs::read_to_string(path).expect("read the snapshot");
+    for (line, (want, got)) in expected.lines().zip(actual.lines()).enumerate() {
+        assert_eq!(got, want, "help differs at line {} of {path}", line + 1);
+    }
+    assert_eq!(actual.lines().count(), expected.lines().count(), "{path}");
+}
+
+/// `outbox-relay <argv>`, parsed.
+fn parse(argv: &[&str]) -> Result<Cli, clap::Error> {
+    Cli::try_parse_from(std::iter::once("outbox-relay").chain(argv.iter().copied()))
+}
+
+/// A flag a command does not use is refused by that command's parser, not ignored: a
+/// `--heartbeat-interval-secs` given to `poll` would otherwise look like it had an effect.
+#[test]
+fn each_command_refuses_the_flags_it_does_not_use() {
+    let db = ["--database-url", "postgres://x"];
+    let refused: &[(&str, &[&str])] = &[
+        ("poll", &["--heartbeat-interval-secs", "5"]),
+        ("poll", &["--slot", "s"]),
+        ("poll", &["--publication", "p"]),
+        ("poll", &["--max-in-flight", "5"]),
+        ("status", &["--amqp-url", "amqp://x"]),
+        ("status", &["--amqp-url-file", "/f"]),
+        ("status", &["--exchange", "x"]),
+        ("status", &["--publication", "p"]),
+        ("teardown", &["--max-in-flight", "5"]),
+        ("teardown", &["--amqp-url", "amqp://x"]),
+        ("teardown", &["--table", "t"]),
+        ("teardown", &["--exchange", "x"]),
+        ("resync", &["--heartbeat-interval-secs", "5"]),
+        ("resync", &["--max-backoff-secs", "5"]),
+        ("resync", &["--shutdown-timeout-secs", "5"]),
+        ("resync", &["--slot", "s"]),
+        ("resync", &["--publication", "p"]),
+        ("poll", &["--emit-prefix", "p"]),
+        ("run", &["--restrict-emit"]),
+        ("run", &["--emit-role", "app"]),
+        ("setup", &["--message-format", "cloudevents"]),
+        ("status", &["--cloudevents-source", "urn:x"]),
+        ("resync", &["--emit-prefix", "p"]),
+        ("status", &["--emit-prefix", "p"]),
+        ("teardown", &["--emit-prefix", "p"]),
+    ];
+    for (command, flag) in refused {
+        let mut argv = vec![*command];
+        argv.extend_from_slice(&db);
+        argv.extend_from_slice(flag);
+        let e = parse(&argv).expect_err(&format!("{command} must refuse {flag:?}"));
+        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument, "{e}");
+        assert!(e.to_string().contains(flag[0]), "{e}");
+    }
+}
+
+#[test]
+fn each_command_accepts_its_own_flags() {
+    let amqp = ["--amqp-url", "amqp://x", "--amqp-url-file", "/f"];
+    let names = [
+        "--table",
+        "t",
+        "--publication",
+        "p",
+        "--slot",
+        "s",
+        "--exchange",
+        "x",
+    ];
+    let delivery = [
+        "--confirm-timeout-secs",
+        "5",
+        "--max-message-size",
+        "5",
+        "--max-backoff-secs",
+        "5",
+        "--shutdown-timeout-secs",
+        "5",
+    ];
+    let accepted: &[(&str, Vec<&str>)] = &[
+        (
+            "setup",
+            [
+                &amqp[..],
+                &names,
+                &["--print-sql", "--emit-prefix", "e", "--restrict-emit"],
+                &["--emit-role", "app", "--relay-role", "relay"],
+            ]
+            .concat(),
+        ),
+        (
+            "run",
+            [
+                &amqp[..],
+                &names,
+                &delivery,
+                &["--heartbeat-interval-secs", "5", "--max-in-flight", "5"],
+                &["--emit-prefix", "e"],
+            ]
+            .concat(),
+        ),
+        (
+            "poll",
+            [&amqp[..], &["--table", "t", "--exchange", "x"], &delivery].concat(),
+        ),
+        ("status", vec!["--table", "t", "--slot", "s", "--json"]),
+        (
+            "teardown",
+            vec!["--publication", "p", "--slot", "s", "--yes"],
+        ),
+        (
+            "resync",
+            [
+                &amqp[..],
+                &[
+                    "--table",
+                    "t",
+                    "--exchange",
+                    "x",
+                    "--since",
+                    "2024-05-01T00:00:00Z",
+                ],
+                &delivery[..4],
+            ]
+            .concat(),
+        ),
+    ];
+    for (command, flags) in accepted {
+        let mut argv = vec![*command, "--database-url", "postgres://x"];
+        argv.extend_from_slice(flags);
+        if let Err(e) = parse(&argv) {
+            panic!("{command} {flags:?}: {e}");
+        }
+    }
+}
+
+/// The emit prefix defaults to one per table, and may be neither the heartbeats' prefix
+/// nor text that could break the SQL of the emit functions.
+#[test]
+fn emit_prefix_defaults_per_table_and_refuses_the_heartbeat_prefix() {
+    let run = |extra: &[&str]| {
+        let mut argv = vec!["run", "--database-url", "postgres://x"];
+        argv.extend_from_slice(extra);
+        match parse(&argv).map(|cli| cli.command) {
+            Ok(Command::Run(run)) => Ok(crate::assembly::emit_prefix(&run.emit, &run.names.table)),
+            Ok(_) => panic!("expected run"),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    assert_eq!(run(&[]).as_deref(), Ok("outbox-relay:emit:public.outbox"));
+    assert_eq!(
+        run(&["--table", "app.events"]).as_deref(),
+        Ok("outbox-relay:emit:app.events")
+    );
+    assert_eq!(run(&["--emit-prefix", "mine"]).as_deref(), Ok("mine"));
+    let heartbeat = run(&["--emit-prefix", crate::wal::heartbeat::PREFIX]);
+    assert!(
+        heartbeat
+            .as_ref()
+            .is_err_and(|e| e.contains("--emit-prefix") && e.contains("heartbeats")),
+        "{heartbeat:?}"
+    );
+    for bad in ["", "a$b", "a\nb"] {
+        let refused = run(&["--emit-prefix", bad]);
+        assert!(
+            refused.as_ref().is_err_and(|e| e.contains("the prefix")),
+            "{bad:?}: {refused:?}"
+        );
+    }
+}
+
+#[test]
+fn restrict_emit_needs_the_emit_role() {
+    let e = parse(&["setup", "--restrict-emit"]).expect_err("needs --emit-role");
+    assert_eq!(
+        e.kind(),
+        clap::error::ErrorKind::MissingRequiredArgument,
+        "{e}"
+    );
+    assert!(e.to_string().contains("--emit-role"), "{e}");
+}
+
+#[test]
+fn run_defaults_match_the_design() {
+    let cli = Cli::try_parse_from(["outbox-relay", "run", "--database-url", "postgres://x"])
+        .expect("parses");
+    let Command::Run(run) = cli.command else {
+        panic!("expected run");
+    };
+    assert_eq!(run.names.slot, "outbox_slot");
+    assert_eq!(run.names.publication, "outbox_pub");
+    assert_eq!(run.names.exchange, "outbox");
+    assert!(run.tuning.status_interval() <= Duration::from_millis(100));
+}
+
+#[test]
+fn poll_defaults_match_the_issue() {
+    let cli = Cli::try_parse_from(["outbox-relay", "poll", "--database-url", "postgres://x"])
+        .expect("parses");
+    let Command::Poll(poll) = cli.command else {
+        panic!("expected poll");
+    };
+    assert_eq!(poll.workers, DEFAULT_POLL_WORKERS);
+    assert_eq!(poll.batch_size, DEFAULT_POLL_BATCH_SIZE);
+    assert_eq!(
+        poll.poll_intervals(),
+        (Duration::from_millis(100), Duration::from_secs(1))
+    );
+    assert!(!poll.listen);
+    assert_eq!(poll.listen_channel, "outbox");
+    assert_eq!(poll.cleanup.retention, Duration::from_secs(3600));
+    assert_eq!(poll.delivery.confirm_timeout(), Duration::from_secs(30));
+}
+
+#[test]
+fn a_fixed_poll_interval_sets_both_bounds_and_excludes_them() {
+    let parse = |extra: &[&str]| {
+        let mut argv = vec!["outbox-relay", "poll", "--database-url", "postgres://x"];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).map(|cli| match cli.command {
+            Command::Poll(poll) => poll.poll_intervals(),
+            _ => panic!("expected poll"),
+        })
+    };
+    let fixed = Duration::from_millis(250);
+    assert_eq!(
+        parse(&["--poll-interval", "250ms"]).ok(),
+        Some((fixed, fixed))
+    );
+    assert_eq!(
+        parse(&["--poll-interval-min", "50ms", "--poll-interval-max", "30s"]).ok(),
+        Some((Duration::from_millis(50), Duration::from_secs(30)))
+    );
+    assert!(parse(&["--poll-interval", "1s", "--poll-interval-max", "5s"]).is_err());
+}
+
+#[test]
+fn run_observability_and_cleanup_defaults() {
+    let cli = Cli::try_parse_from(["outbox-relay", "run", "--database-url", "postgres://x"])
+        .expect("parses");
+    let Command::Run(run) = cli.command else {
+        panic!("expected run");
+    };
+    assert_eq!(
+        run.observability.endpoints.metrics_addr,
+        MetricsAddr(Some("127.0.0.1:9187".parse().expect("addr")))
+    );
+    assert_eq!(run.observability.slot_poll_interval, Duration::from_secs(5));
+    assert_eq!(run.cleanup.cleanup_interval, Duration::from_secs(60));
+    assert_eq!(run.cleanup.retention, Duration::from_secs(3600));
+    assert_eq!(run.cleanup.cleanup_batch, 1000);
+}
+
+#[test]
+fn metrics_addr_can_be_turned_off() {
+    assert_eq!(parse_metrics_addr("off"), Ok(MetricsAddr(None)));
+    assert_eq!(parse_metrics_addr(""), Ok(MetricsAddr(None)));
+    assert_eq!(
+        parse_metrics_addr("0.0.0.0:9187"),
+        Ok(MetricsAddr(Some("0.0.0.0:9187".parse().expect("addr"))))
+    );
+    assert!(parse_metrics_addr("localhost").is_err());
+}
+
+#[test]
+fn durations_parse_with_units() {
+    assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+    assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+    assert_eq!(parse_duration("60"), Ok(Duration::from_secs(60)));
+    assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+    assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+    assert!(parse_duration("soon").is_err());
+    // Before humantime, days were an unknown unit; an unknown unit still is.
+    assert!(parse_duration("5x").is_err());
+}
+
+/// Every spelling the hand-written parser accepted still means what it meant.
+#[test]
+fn durations_keep_every_spelling_accepted_before_humantime_and_add_its_own() {
+    let ms = Duration::from_millis;
+    for (text, expected) in [
+        // A bare number is seconds, decimals included.
+        ("0", ms(0)),
+        ("60", ms(60_000)),
+        ("1.5", ms(1500)),
+        (".5", ms(500)),
+        ("2.", ms(2000)),
+        // Each unit, whole and decimal, with and without a space before it.
+        ("250ms", ms(250)),
+        ("0.5ms", Duration::from_micros(500)),
+        ("1s", ms(1000)),
+        ("1.5s", ms(1500)),
+        ("1.5 s", ms(1500)),
+        ("2m", ms(120_000)),
+        ("2 m", ms(120_000)),
+        ("1.5m", ms(90_000)),
+        ("3min", ms(180_000)),
+        ("0.5min", ms(30_000)),
+        ("1h", ms(3_600_000)),
+        ("0.5h", ms(1_800_000)),
+        ("0.5 h", ms(1_800_000)),
+        // Surrounding spaces.
+        ("  5s  ", ms(5000)),
+        (" 10 ", ms(10_000)),
+        // And humantime's own spellings.
+        ("1h 30m", ms(5_400_000)),
+        ("1min 5s", ms(65_000)),
+        ("2days", ms(172_800_000)),
+        ("7d", ms(604_800_000)),
+    ] {
+        assert_eq!(parse_duration(text), Ok(expected), "{text:?}");
+    }
+}
+
+#[test]
+fn duration_errors_say_what_is_accepted() {
+    let e = parse_duration("soon").expect_err("not a number");
+    assert!(e.contains("1s, 250ms, 5m or 1h"), "{e}");
+    let e = parse_duration("1.5x").expect_err("unknown unit");
+    assert!(
+        e.contains("unknown unit \"x\"") && e.contains("ms, s, m or h"),
+        "{e}"
+    );
+    assert!(parse_duration("-1s").is_err());
+    assert!(parse_duration("").is_err());
+    assert!(parse_duration("1e400h").is_err());
+}
+
+#[test]
+fn table_parts_default_to_public() {
+    let table = TableName::from("outbox");
+    assert_eq!(table.table_parts(), ("public", "outbox"));
+    let table = TableName::from("app.events");
+    assert_eq!(table.table_parts(), ("app", "events"));
+    assert_eq!(table.qualified_table(), "\"app\".\"events\"");
+}
+
+/// A secret file with `text` and `mode`, in a directory that lives as long as the guard.
+fn secret_file(text: &str, mode: u32) -> (tempfile::TempDir, Option<String>) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("url");
+    std::fs::write(&path, text).expect("write");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    let path = Some(path.display().to_string());
+    (dir, path)
+}
+
+#[test]
+fn secret_comes_from_the_value_or_the_file() {
+    let (_dir, file) = secret_file("postgres://from-file\n", 0o600);
+    assert_eq!(
+        secret("x", "X_URL", &Some(" v ".into()), &None).expect("value"),
+        "v"
+    );
+    assert_eq!(
+        secret("x", "X_URL", &None, &file).expect("file"),
+        "postgres://from-file"
+    );
+    assert!(secret("x", "X_URL", &None, &None).is_err());
+}
+
+#[test]
+fn an_empty_secret_is_absent_and_the_error_names_the_variable() {
+    for blank in ["", "  ", "\n"] {
+        let e = secret("database URL", "DATABASE_URL", &Some(blank.into()), &None)
+            .expect_err("a blank URL is no URL")
+            .to_string();
+        assert!(
+            e.contains("No database URL given: DATABASE_URL (or --database-url) is empty")
+                && e.contains("DATABASE_URL_FILE (or --database-url-file) is not set"),
+            "{e}"
+        );
+        // A blank *_FILE path is absent too.
+        let e = secret("AMQP URL", "AMQP_URL", &None, &Some(blank.into()))
+            .expect_err("a blank path is no file")
+            .to_string();
+        assert!(
+            e.contains("AMQP_URL (or --amqp-url) is not set")
+                && e.contains("AMQP_URL_FILE (or --amqp-url-file) is empty"),
+            "{e}"
+        );
+    }
+    // A blank value beside a file: the file is the one given.
+    let (_dir, file) = secret_file("amqp://from-file", 0o600);
+    assert_eq!(
+        secret("AMQP URL", "AMQP_URL", &Some(String::new()), &file).expect("file"),
+        "amqp://from-file"
+    );
+    // A blank file is absent too, and the error names the file (never its content).
+    let (_dir, file) = secret_file(" \n", 0o600);
+    let e = secret("database URL", "DATABASE_URL", &None, &file)
+        .expect_err("an empty file holds no URL")
+        .to_string();
+    let path = file.as_deref().expect("path");
+    assert!(
+        e.contains(&format!("The file {path}, named by DATABASE_URL_FILE"))
+            && e.contains("is empty"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_secret_given_as_value_and_as_file_is_an_error_naming_both() {
+    let (_dir, file) = secret_file("postgres://from-file", 0o600);
+    let e = secret(
+        "database URL",
+        "DATABASE_URL",
+        &Some("postgres://u:s3cret@db/app".into()),
+        &file,
+    )
+    .expect_err("given twice")
+    .to_string();
+    assert!(
+        e.contains("DATABASE_URL (or --database-url)")
+            && e.contains("DATABASE_URL_FILE (or --database-url-file"),
+        "{e}"
+    );
+    assert!(!e.contains("s3cret") && !e.contains("from-file"), "{e}");
+}
+
+/// Everything logged at WARN or above while `f` runs, as text.
+fn warnings_of<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let result = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8_lossy(&buffer.0.lock().expect("lock")).into_owned();
+    (result, text)
+}
+
+#[test]
+fn a_secret_file_others_may_read_is_warned_about_by_name_not_content() {
+    for (mode, warned) in [(0o600, false), (0o400, false), (0o640, true), (0o644, true)] {
+        let (_dir, file) = secret_file("amqp://u:s3cret@h/%2f", mode);
+        let (url, log) = warnings_of(|| secret("AMQP URL", "AMQP_URL", &None, &file));
+        assert_eq!(url.expect("read"), "amqp://u:s3cret@h/%2f");
+        let path = file.as_deref().expect("path");
+        if warned {
+            assert!(
+                log.contains("WARN") && log.contains(path),
+                "{mode:o}: {log}"
+            );
+            assert!(log.contains(&format!("chmod 600 {path}")), "{log}");
+        } else {
+            assert!(log.is_empty(), "{mode:o}: {log}");
+        }
+        assert!(!log.contains("s3cret"), "{log}");
+    }
+    assert!(!readable_by_others(0o100600));
+    assert!(readable_by_others(0o100604));
+}
+
+/// The parse error for `flag value` on `command`, as clap prints it.
+fn name_error(command: &str, flag: &str, value: &str) -> String {
+    let argv = [
+        "outbox-relay",
+        command,
+        "--database-url",
+        "postgres://x",
+        flag,
+        value,
+    ];
+    match Cli::try_parse_from(argv) {
+        Ok(_) => panic!("{command} {flag} {value:?} must be refused"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn hostile_names_are_refused_naming_the_flag() {
+    let cases: &[(&str, &str, &str, &str)] = &[
+        // (command, flag, value, what the error says)
+        (
+            "setup",
+            "--publication",
+            "p$$; DROP TABLE users; DO $$",
+            "'$'",
+        ),
+        ("setup", "--publication", "p\nDROP TABLE users;", "U+000A"),
+        ("setup", "--publication", "", "empty"),
+        (
+            "setup",
+            "--publication",
+            &"p".repeat(64),
+            "at most 63 bytes",
+        ),
+        (
+            "setup",
+            "--table",
+            "outbox\n; DROP TABLE users; --",
+            "U+000A",
+        ),
+        ("setup", "--table", "app.", "empty"),
+        ("setup", "--table", ".outbox", "empty"),
+        ("setup", "--table", "db.app.outbox", "more than one '.'"),
+        ("setup", "--table", "a$b.outbox", "'$'"),
+        (
+            "setup",
+            "--table",
+            &format!("app.{}", "t".repeat(64)),
+            "at most 63 bytes",
+        ),
+        (
+            "setup",
+            "--slot",
+            "Outbox_Slot",
+            "lower-case letters, digits and underscores",
+        ),
+        (
+            "setup",
+            "--slot",
+            "slot'); DROP TABLE users; --",
+            "lower-case letters",
+        ),
+        ("setup", "--slot", &"s".repeat(64), "at most 63 bytes"),
+        ("setup", "--slot", "", "empty"),
+        ("run", "--exchange", "", "empty"),
+        ("run", "--exchange", "ex\r\nchange", "U+000D"),
+        ("run", "--exchange", "ex\u{1b}[31m", "U+001B"),
+        ("run", "--exchange", &"e".repeat(256), "at most 255"),
+        ("run", "--dead-letter-exchange", "dlx\n", "U+000A"),
+        (
+            "run",
+            "--allowed-exchanges",
+            "a,b\u{1b}[2J",
+            "\"b\\u{1b}[2J\": the name holds the control character U+001B",
+        ),
+        ("poll", "--allowed-exchanges", "a,b$", "'$'"),
+        ("poll", "--listen-channel", "ch$$", "'$'"),
+        ("poll", "--table", "tab\tle", "U+0009"),
+        ("status", "--slot", "a-b", "lower-case letters"),
+        ("teardown", "--publication", "p\u{7f}", "U+007F"),
+        ("resync", "--table", "", "empty"),
+    ];
+    for (command, flag, value, reason) in cases {
+        let e = name_error(command, flag, value);
+        assert!(
+            e.contains(&format!("'{flag} <")),
+            "{command} {flag} {value:?}: {e}"
+        );
+        assert!(e.contains(reason), "{command} {flag} {value:?}: {e}");
+    }
+}
+
+#[test]
+fn unusual_names_postgresql_takes_quoted_are_accepted() {
+    let argv = [
+        "outbox-relay",
+        "setup",
+        "--table",
+        "My Schema.Évents \"quoted\" 'x'",
+        "--publication",
+        "Pub; DROP TABLE users; -- 100%",
+        "--slot",
+        "slot_0",
+        "--exchange",
+        "events.topic:v1 ünïcode",
+        "--dead-letter-exchange",
+        "",
+    ];
+    let Command::Setup(setup) = Cli::try_parse_from(argv).expect("parses").command else {
+        panic!("expected setup");
+    };
+    assert_eq!(
+        setup.names.table_parts(),
+        ("My Schema", "Évents \"quoted\" 'x'")
+    );
+    assert_eq!(setup.names.publication, "Pub; DROP TABLE users; -- 100%");
+    // Exactly 63 bytes is PostgreSQL's limit, and ours.
+    let longest = "s".repeat(63);
+    assert_eq!(parse_slot_name(&longest), Ok(longest.clone()));
+    assert_eq!(parse_identifier(&longest), Ok(longest));
+}
+
+#[test]
+fn a_sharded_relay_needs_its_shard_below_the_count() {
+    let shard = |extra: &[&str]| {
+        let mut args = vec!["outbox-relay", "run", "--database-url", "postgres://x"];
+        args.extend_from_slice(extra);
+        let Command::Run(run) = Cli::try_parse_from(args).expect("parses").command else {
+            panic!("expected run");
+        };
+        crate::assembly::shard(&run.shard)
+    };
+    assert_eq!(shard(&[]).expect("default"), crate::shard::Shard::UNSHARDED);
+    assert_eq!(
+        shard(&["--shard", "0"]).expect("shard 0 of 1"),
+        crate::shard::Shard::UNSHARDED
+    );
+    let two_of_four = shard(&["--shards", "4", "--shard", "2"]).expect("2 of 4");
+    assert_eq!((two_of_four.index(), two_of_four.count()), (2, 4));
+    let e = shard(&["--shards", "3"])
+        .expect_err("no --shard")
+        .to_string();
+    assert!(
+        e.contains("--shards is 3 but no --shard") && e.contains("OUTBOX_SHARD"),
+        "{e}"
+    );
+    let e = shard(&["--shards", "3", "--shard", "3"])
+        .expect_err("K < N")
+        .to_string();
+    assert!(e.contains("--shard is 3 but --shards is 3"), "{e}");
+    assert!(shard(&["--shard", "1"]).is_err(), "shard 1 of 1");
+    for refused in [["--shards", "0"], ["--shards", "65"]] {
+        let mut args = vec!["outbox-relay", "run", "--database-url", "postgres://x"];
+        args.extend_from_slice(&refused);
+        assert!(Cli::try_parse_from(args).is_err(), "{refused:?}");
+    }
+    // Only the commands that provision, read, drop or stream slots take --shards.
+    for command in ["poll", "resync"] {
+        let args = ["outbox-relay", command, "--shards", "2"];
+        assert!(Cli::try_parse_from(args).is_err(), "{command}");
+    }
+}
+
+#[test]
+fn dead_letter_policy_defaults_to_halt_and_needs_an_exchange() {
+    let run = |extra: &[&str]| {
+        let mut args = vec!["outbox-relay", "run", "--database-url", "postgres://x"];
+        args.extend_from_slice(extra);
+        let Command::Run(run) = Cli::try_parse_from(args).expect("parses").command else {
+            panic!("expected run");
+        };
+        run.dead_letter
+    };
+    let halt = run(&[]);
+    assert_eq!(halt.on_unroutable, OnUnroutable::Halt);
+    assert_eq!(halt.exchange("outbox").expect("halt"), None);
+    let dead_letter = run(&["--on-unroutable", "dead-letter"]);
+    let e = dead_letter.exchange("outbox").expect_err("no exchange");
+    assert!(e.to_string().contains("--dead-letter-exchange"), "{e}");
+    let same = run(&[
+        "--on-unroutable",
+        "dead-letter",
+        "--dead-letter-exchange",
+        "outbox",
+    ]);
+    assert!(same.exchange("outbox").is_err());
+    let dlx = run(&[
+        "--on-unroutable",
+        "dead-letter",
+        "--dead-letter-exchange",
+        "outbox.dlx",
+    ]);
+    assert_eq!(
+        dlx.exchange("outbox").expect("dead-letter"),
+        Some("outbox.dlx".to_string())
+    );
+}
