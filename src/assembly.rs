@@ -48,8 +48,9 @@ impl Outbox {
         let role = crate::db::parse_url(&database_url)?
             .get_user()
             .map(str::to_string);
-        let allowed = AllowedExchanges::parse(flags.exchanges.allowed_exchanges.as_deref(), flags.exchange)
-            .map_err(RelayError::Config)?;
+        let allowed =
+            AllowedExchanges::parse(flags.exchanges.allowed_exchanges.as_deref(), flags.exchange)
+                .map_err(RelayError::Config)?;
         let mapper = Mapper::new(flags.exchange, flags.publishing.max_message_size, allowed)
             .map_err(RelayError::Config)?;
         let mapper = with_format(mapper, flags.format, &database_url, flags.table)?;

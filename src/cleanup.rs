@@ -25,8 +25,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{CleanupArgs, OutboxNames};
 use crate::db::quote_ident;
 use crate::error::RelayError;
-use crate::outbox_table::columns;
 use crate::observability::{Health, CLEANUP_DELETED_ROWS_TOTAL};
+use crate::outbox_table::columns;
 use crate::periodic::{self, Job};
 use crate::shard::Shard;
 

@@ -19,6 +19,7 @@ use std::fmt;
 
 use bytes::Bytes;
 use pgwire_replication::Lsn;
+use time::format_description::well_known::Rfc3339;
 
 use crate::message::{HeaderValue, Message, Rejection, Unpublishable};
 use crate::pgoutput::{Relation, Tuple, TupleValue};
@@ -542,16 +543,7 @@ impl Mapper {
         if body.len() > self.max_message_size {
             return Err(too_large(body.len()));
         }
-        let exchange = match exchange {
-            Some(name) if !self.allowed_exchanges.allows(name) => {
-                return Err(MapError::ExchangeNotAllowed {
-                    row: row(),
-                    exchange: name.to_string(),
-                });
-            }
-            Some(name) => short(name, columns::EXCHANGE, row)?,
-            None => self.default_exchange.clone(),
-        };
+        let exchange = self.exchange(exchange, row)?;
         let routing_key = match routing_key {
             Some(key) => short(key, columns::ROUTING_KEY, row)?,
             None => short(event_type, columns::EVENT_TYPE, row)?,
@@ -572,10 +564,7 @@ impl Mapper {
                     id: &message_id,
                     source,
                     event_type,
-                    time: created_at.and_then(|at| {
-                        at.format(&time::format_description::well_known::Rfc3339)
-                            .ok()
-                    }),
+                    time: created_at.and_then(|at| at.format(&Rfc3339).ok()),
                     aggregate_type,
                     aggregate_id,
                     seq: position.map(|p| p.seq()),
@@ -598,6 +587,20 @@ impl Mapper {
             headers,
             body,
         })
+    }
+
+    /// A row's exchange, if the policy allows it; else the default exchange.
+    fn exchange(&self, named: Option<&str>, row: &dyn Fn() -> RowRef) -> Result<String, MapError> {
+        match named {
+            Some(name) if !self.allowed_exchanges.allows(name) => {
+                Err(MapError::ExchangeNotAllowed {
+                    row: row(),
+                    exchange: name.to_string(),
+                })
+            }
+            Some(name) => short(name, columns::EXCHANGE, row),
+            None => Ok(self.default_exchange.clone()),
+        }
     }
 
     /// The default exchange (`--exchange`).
@@ -739,9 +742,8 @@ fn readable_row<'a>(
     }
     let message_id = error.row_id()?.to_string();
     let row = || RowRef::row(Some(message_id.clone()), position);
-    let readable = |index: Option<usize>, column| {
-        optional_str(values, index, column, &row).ok().flatten()
-    };
+    let readable =
+        |index: Option<usize>, column| optional_str(values, index, column, &row).ok().flatten();
     let body = body(layout, values, &row)
         .or_else(|_| match layout.payload.and_then(|(i, _)| values.get(i)) {
             Some(TupleValue::Text(raw) | TupleValue::Binary(raw)) => Ok(raw.clone()),
@@ -1140,7 +1142,10 @@ mod tests {
                 exchange: "billing".into()
             }
         );
-        assert_eq!(unpublishable.rejection.to_string(), "exchange not allowed: billing");
+        assert_eq!(
+            unpublishable.rejection.to_string(),
+            "exchange not allowed: billing"
+        );
         let original = unpublishable.original.expect("described");
         assert_eq!(original.exchange, "billing", "where it was meant to go");
         assert_eq!(unpublishable.problem, text_of_error);
@@ -1377,7 +1382,11 @@ mod tests {
             }
         );
         assert_eq!(unpublishable.message_id.as_deref(), Some(ID));
-        assert!(unpublishable.problem.contains(ID), "{}", unpublishable.problem);
+        assert!(
+            unpublishable.problem.contains(ID),
+            "{}",
+            unpublishable.problem
+        );
         let m = unpublishable.original.expect("described");
         assert_eq!(m.exchange, "outbox");
         assert_eq!(m.routing_key, "OrderCreated");

@@ -128,6 +128,7 @@ pub fn slot_step(names: &OutboxNames) -> Step {
 /// one transactional logical message with the versioned envelope and returns the event's id.
 /// `CREATE OR REPLACE`: they are code, not data, and a second run with the same flags changes
 /// nothing. WAL mode only: polling reads the table and never sees them.
+// Longer than the others: one function's SQL text, kept whole so it reads as the SQL it is.
 pub fn emit_step(names: &OutboxNames, prefix: &str) -> Step {
     use crate::emit::{fields, FUNCTION_SUFFIXES, VERSION};
     let (schema, table) = names.table_parts();

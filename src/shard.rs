@@ -24,7 +24,6 @@ use crate::db::sql_name;
 use crate::error::RelayError;
 use crate::outbox_table::columns;
 
-
 /// One shard of `count` (`index` < `count`); `count` 1 is the unsharded outbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shard {

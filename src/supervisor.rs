@@ -31,7 +31,8 @@ pub const STANDBY_RETRY: Duration = Duration::from_secs(5);
 /// What the supervisor runs: one kind of session, again and again.
 pub trait Supervised {
     /// Runs one session until it fails (`Err`) or `shutdown` stops it gracefully (`Ok`).
-    fn run(&mut self, shutdown: &CancellationToken) -> impl Future<Output = Result<(), RelayError>>;
+    fn run(&mut self, shutdown: &CancellationToken)
+        -> impl Future<Output = Result<(), RelayError>>;
 
     /// Tells readiness (and whatever else watches this side) that a session failed.
     fn failed(&mut self, error: &RelayError);
@@ -217,7 +218,10 @@ mod tests {
         assert_eq!(sessions.runs, 1, "never retried");
         let text = report(&error);
         assert!(text.contains("a bug in outbox-relay"), "{text}");
-        assert!(text.contains("settled a front that is not a publish"), "{text}");
+        assert!(
+            text.contains("settled a front that is not a publish"),
+            "{text}"
+        );
         assert!(text.contains("report this message"), "{text}");
     }
 
@@ -228,7 +232,10 @@ mod tests {
             RelayError::SlotMissing { slot: "s".into() },
         ]);
         let outcome = supervise(&mut sessions, &supervision(), &CancellationToken::new()).await;
-        assert!(matches!(outcome, Err(RelayError::SlotMissing { .. })), "{outcome:?}");
+        assert!(
+            matches!(outcome, Err(RelayError::SlotMissing { .. })),
+            "{outcome:?}"
+        );
         assert_eq!(sessions.runs, 2);
     }
 
@@ -242,6 +249,9 @@ mod tests {
         let outcome = supervise(&mut sessions, &supervision(), &CancellationToken::new()).await;
         assert!(outcome.is_ok());
         assert_eq!(sessions.runs, 2);
-        assert!(started.elapsed() >= STANDBY_RETRY, "the default standby wait");
+        assert!(
+            started.elapsed() >= STANDBY_RETRY,
+            "the default standby wait"
+        );
     }
 }

@@ -63,7 +63,6 @@ pub enum Command {
     Resync(ResyncArgs),
 }
 
-
 #[derive(Debug, Clone, Args)]
 #[command(mut_arg("mode", |arg| arg.help(
     "What to provision for: `wal` (publication and slot) or `poll` (the partial index the \
@@ -102,7 +101,6 @@ pub struct SetupArgs {
     #[command(flatten)]
     pub restrict_emit: RestrictEmitArgs,
 }
-
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
@@ -301,4 +299,3 @@ pub struct ResyncArgs {
     #[command(flatten)]
     pub format: MessageFormatArgs,
 }
-

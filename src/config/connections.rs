@@ -139,4 +139,3 @@ fn warn_if_others_may_read(path: &str) {
 pub(super) fn readable_by_others(mode: u32) -> bool {
     mode & 0o044 != 0
 }
-

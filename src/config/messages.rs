@@ -3,7 +3,9 @@
 
 use clap::{Args, ValueEnum};
 
-use super::names::{check_name_text, parse_exchange_list, parse_identifier, parse_optional_exchange_name};
+use super::names::{
+    check_name_text, parse_exchange_list, parse_identifier, parse_optional_exchange_name,
+};
 use crate::error::RelayError;
 use crate::wal::heartbeat;
 
@@ -45,7 +47,6 @@ pub struct EmitArgs {
     #[arg(long, env = "OUTBOX_EMIT_PREFIX", value_parser = parse_emit_prefix)]
     pub emit_prefix: Option<String>,
 }
-
 
 /// `--emit-prefix`: text that [`check_name_text`] accepts (it goes into the SQL of the emit
 /// functions, dollar-quoted), and not the heartbeats' prefix.
@@ -89,7 +90,6 @@ fn parse_cloudevents_source(source: &str) -> Result<String, String> {
     Ok(source.to_string())
 }
 
-
 /// Which exchanges a row may send its message to.
 #[derive(Debug, Clone, Args)]
 pub struct ExchangePolicyArgs {
@@ -100,7 +100,6 @@ pub struct ExchangePolicyArgs {
     #[arg(long, env = "OUTBOX_ALLOWED_EXCHANGES", value_parser = parse_exchange_list)]
     pub allowed_exchanges: Option<String>,
 }
-
 
 /// What happens to a message the broker will not route or accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -157,4 +156,3 @@ impl DeadLetterArgs {
         }
     }
 }
-

@@ -54,5 +54,3 @@ pub struct RunShard {
     #[arg(long, env = "OUTBOX_SHARD", value_name = "K")]
     pub shard: Option<u32>,
 }
-
-

@@ -3,7 +3,6 @@
 
 use clap::Args;
 
-
 // Each name is a flag of its own, so that a command takes only the names it uses (`poll`
 // has no slot, `teardown` no exchange): clap then refuses the others on its command line. A
 // name reads as text (`Deref<Target = str>`, `Display`, `== "x"`), and `"x".into()` makes
@@ -271,4 +270,3 @@ impl OutboxNames {
         self.table.qualified_table()
     }
 }
-

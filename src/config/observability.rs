@@ -65,4 +65,3 @@ pub struct CleanupArgs {
     #[arg(long, env = "OUTBOX_CLEANUP_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub cleanup_batch: u32,
 }
-

@@ -102,4 +102,3 @@ impl Delivery {
         Duration::from_secs(self.shutdown_timeout_secs)
     }
 }
-

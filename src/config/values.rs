@@ -25,4 +25,3 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     };
     Duration::try_from_secs_f64(unit.as_secs_f64() * count).map_err(|e| format!("{text:?}: {e}"))
 }
-

@@ -216,9 +216,7 @@ fn malformed_envelopes_are_errors_that_name_the_event_and_never_quote_values() {
 #[test]
 fn a_non_transactional_message_with_the_prefix_is_refused() {
     let data = content(EVENT);
-    let error = read(&data, false, pos())
-        .err()
-        .expect("non-transactional");
+    let error = read(&data, false, pos()).err().expect("non-transactional");
     assert!(error.to_string().contains("non-transactionally"), "{error}");
     let unpublishable = super::map(&mapper(), &data, false, pos()).expect_err("refused");
     assert!(unpublishable.problem.contains("non-transactionally"));
@@ -237,7 +235,10 @@ fn a_malformed_envelope_is_described_by_its_stream_position() {
     // No readable id: one made of its stream position, the same on every replay.
     assert_eq!(original.message_id, format!("emitted-{}", pos().seq()));
     assert_eq!(original.body, data, "the envelope itself, for inspection");
-    assert_eq!(text_header(&original, stream_headers::SEQ), Some(pos().seq()));
+    assert_eq!(
+        text_header(&original, stream_headers::SEQ),
+        Some(pos().seq())
+    );
 
     let newer = content(r#"{"v": 9, "id": "abc", "event_type": "T"}"#);
     let unpublishable = super::map(&mapper(), &newer, true, pos()).expect_err("newer");
@@ -253,8 +254,7 @@ fn a_too_large_event_keeps_its_id_not_its_body() {
     let json = format!(
         r#"{{"v": 1, "id": "big-1", "event_type": "T", "payload_type": "text", "payload": "{big}"}}"#
     );
-    let unpublishable =
-        super::map(&mapper(), &content(&json), true, pos()).expect_err("too large");
+    let unpublishable = super::map(&mapper(), &content(&json), true, pos()).expect_err("too large");
     assert_eq!(
         unpublishable.rejection,
         Rejection::TooLarge {

@@ -137,6 +137,7 @@ const BATCH_ROWS_BUCKETS: [f64; 13] = [
 ];
 
 /// Describes every metric (help text and unit) on the installed recorder.
+// One description per metric, all in one place: long, and better read as the list it is.
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_gauge!(

@@ -21,12 +21,12 @@
 
 use tokio_postgres::IsolationLevel;
 
+use crate::assembly::{Outbox, OutboxFlags};
 use crate::config::{ResyncArgs, TableName};
 use crate::db::{self, quote_ident};
 use crate::error::RelayError;
 use crate::observability::RelayMetrics;
 use crate::outbox_table::{columns, TextRelation};
-use crate::assembly::{Outbox, OutboxFlags};
 use crate::publish::{deliver_batch, Broker};
 
 /// Rows read, mapped and published per round trip.
@@ -72,48 +72,25 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         .prepare(&select_sql(&names.table, &text))
         .await?;
     let portal = transaction.bind(&statement, &[&args.since]).await?;
-    let mut published: u64 = 0;
-    let mut first: Option<String> = None;
-    let mut last: Option<String> = None;
-    let created_index = text
-        .relation()
-        .column_index(columns::CREATED_AT)
-        .unwrap_or_default();
-    loop {
-        let rows = transaction.query_portal(&portal, BATCH).await?;
-        if rows.is_empty() {
-            break;
-        }
-        // Map the whole batch first: a row that cannot be mapped stops resync naming it,
-        // with nothing of its batch published.
-        let mut messages = Vec::with_capacity(rows.len());
-        for row in &rows {
-            messages.push(mapper.map_row(text.layout(), &text.tuple(row)?, None));
-        }
-        let confirmed = deliver_batch(
-            &broker,
-            messages,
-            args.publishing.confirm_timeout(),
-            &RelayMetrics::for_batches(),
-        )
-        .await;
-        if let Err(e) = confirmed {
+    let read = Read {
+        transaction: &transaction,
+        portal: &portal,
+        text: &text,
+        mapper: &mapper,
+    };
+    let published = publish_all(&read, &broker, args.publishing.confirm_timeout()).await;
+    let Summary {
+        published,
+        first,
+        last,
+    } = match published {
+        Ok(summary) => summary,
+        Err((e, published)) => {
             println!("resync stopped after {published} confirmed messages");
             broker.close().await;
             return Err(e);
         }
-        published += rows.len() as u64;
-        first = first.or_else(|| {
-            rows.first()
-                .and_then(|r| r.get::<_, Option<String>>(created_index))
-        });
-        last = rows
-            .last()
-            .and_then(|r| r.get::<_, Option<String>>(created_index));
-        if rows.len() < BATCH as usize {
-            break;
-        }
-    }
+    };
     transaction.commit().await?;
     broker.close().await;
     match (first, last) {
@@ -127,6 +104,84 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         ),
     }
     Ok(())
+}
+
+/// Where resync reads its rows from.
+struct Read<'a> {
+    transaction: &'a tokio_postgres::Transaction<'a>,
+    portal: &'a tokio_postgres::Portal,
+    text: &'a TextRelation,
+    mapper: &'a crate::mapper::Mapper,
+}
+
+/// What resync published: how many, and the created_at range.
+struct Summary {
+    published: u64,
+    first: Option<String>,
+    last: Option<String>,
+}
+
+/// Publishes every row of the portal, batch by batch, each confirmed before the next is
+/// read; the failure, with how many were confirmed before it.
+async fn publish_all(
+    read: &Read<'_>,
+    broker: &Broker,
+    confirm_timeout: std::time::Duration,
+) -> Result<Summary, (RelayError, u64)> {
+    let Read {
+        transaction,
+        portal,
+        text,
+        mapper,
+    } = *read;
+    let mut published: u64 = 0;
+    let mut first: Option<String> = None;
+    let mut last: Option<String> = None;
+    let created_index = text
+        .relation()
+        .column_index(columns::CREATED_AT)
+        .unwrap_or_default();
+    let failed = |e: RelayError, published| (e, published);
+    loop {
+        let rows = transaction
+            .query_portal(portal, BATCH)
+            .await
+            .map_err(|e| failed(e.into(), published))?;
+        if rows.is_empty() {
+            break;
+        }
+        // Map the whole batch first: under halt a row that cannot be mapped stops resync
+        // naming it, with nothing of its batch published.
+        let mut messages = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let tuple = text.tuple(row).map_err(|e| failed(e, published))?;
+            messages.push(mapper.map_row(text.layout(), &tuple, None));
+        }
+        deliver_batch(
+            broker,
+            messages,
+            confirm_timeout,
+            &RelayMetrics::for_batches(),
+        )
+        .await
+        .map_err(|e| failed(e, published))?;
+        published += rows.len() as u64;
+        first = first.or_else(|| {
+            rows.first()
+                .and_then(|r| r.get::<_, Option<String>>(created_index))
+        });
+        last = rows
+            .last()
+            .and_then(|r| r.get::<_, Option<String>>(created_index));
+        if rows.len() < BATCH as usize {
+            break;
+        }
+    }
+    Ok(Summary {
+        published,
+        first,
+        last,
+    })
 }
 
 /// Every contract column as text, rows from `$1` (RFC 3339 text) on, in created_at order.

@@ -27,9 +27,9 @@ use crate::advice;
 use crate::config::{Mode, StatusArgs};
 use crate::db::{self, quote_ident};
 use crate::error::RelayError;
-use crate::outbox_table::columns;
 use crate::observability::http_get;
 use crate::observability::metrics::{BROKER_INFO, NODE_LABEL};
+use crate::outbox_table::columns;
 use crate::poll::table::{read_backlog, Backlog};
 use crate::shard::Shard;
 use crate::wal::slot::{read_slot, SlotReport};
@@ -164,8 +164,67 @@ pub async fn run(args: StatusArgs) -> Result<Probe, RelayError> {
 
 /// Reads the slot, the table and the running relay's readiness.
 pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayError> {
-    let names = &args.names;
     let poll = args.mode.mode == Mode::Poll;
+    let slots = read_slots(client, args, poll).await?;
+    let table = read_table(client, args, poll).await;
+    let addr = args.endpoints.metrics_addr.0;
+    let relay = ask_relay(addr).await;
+    let slot_state = match &slots.report {
+        _ if poll => "unused",
+        report => slot_state(report.as_ref()),
+    };
+    let SlotReport {
+        active_pid,
+        wal_status,
+        safe_wal_size_bytes,
+        confirmed_flush_lsn,
+        restart_lsn,
+        lag_bytes,
+        retained_wal_bytes,
+        current_wal_lsn,
+        ..
+    } = slots.report.unwrap_or_default();
+    Ok(Status {
+        mode: if poll { "poll" } else { "wal" },
+        slot: slots.slot,
+        slot_state,
+        active_pid,
+        lag_bytes,
+        retained_wal_bytes,
+        wal_status,
+        safe_wal_size_bytes,
+        confirmed_flush_lsn,
+        restart_lsn,
+        current_wal_lsn: (!current_wal_lsn.is_empty()).then_some(current_wal_lsn),
+        table: args.names.table.to_string(),
+        outbox_rows: table.outbox_rows,
+        oldest_row_age_seconds: table.oldest_row_age_seconds,
+        unsent_rows: table.unsent.map(|b: Backlog| b.unsent_rows),
+        oldest_unsent_age_seconds: table.unsent.and_then(|b| b.oldest_unsent_age_seconds),
+        table_error: table.error,
+        relay_addr: addr.map(|a| a.to_string()),
+        stuck_message_known: relay.readiness.is_some(),
+        stuck_message_id: relay.stuck_message_id,
+        relay_readiness: relay.readiness,
+        broker: relay.broker,
+        shards: slots.shards,
+    })
+}
+
+/// The slot status reports on: the one slot, or the worst of the shards' (then every
+/// shard's too).
+struct SlotsRead {
+    slot: String,
+    report: Option<SlotReport>,
+    shards: Option<Vec<ShardSlot>>,
+}
+
+async fn read_slots(
+    client: &Client,
+    args: &StatusArgs,
+    poll: bool,
+) -> Result<SlotsRead, RelayError> {
+    let names = &args.names;
     let shards = Shard::all(args.shards.shards)?;
     if poll && shards.len() > 1 {
         return Err(RelayError::Config(
@@ -174,35 +233,52 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
                 .into(),
         ));
     }
-    let (slot, report, shard_slots) = if poll {
-        (names.slot.to_string(), None, None)
-    } else if shards.len() == 1 {
-        let report = read_slot(client, &names.slot).await?;
-        (names.slot.to_string(), report, None)
-    } else {
-        let (slots, worst) = read_shard_slots(client, &names.slot, &shards).await?;
-        let listed = shards
-            .iter()
-            .zip(&slots)
-            .map(|(shard, (slot, report))| ShardSlot {
-                shard: shard.index(),
-                slot: slot.clone(),
-                slot_state: slot_state(report.as_ref()),
-                active_pid: report.as_ref().and_then(|r| r.active_pid),
-                lag_bytes: report.as_ref().and_then(|r| r.lag_bytes),
-                retained_wal_bytes: report.as_ref().and_then(|r| r.retained_wal_bytes),
-                wal_status: report.as_ref().and_then(|r| r.wal_status.clone()),
-                confirmed_flush_lsn: report.as_ref().and_then(|r| r.confirmed_flush_lsn.clone()),
-            })
-            .collect();
-        let (slot, report) = slots.into_iter().nth(worst).unwrap_or_default();
-        (slot, report, Some(listed))
-    };
-    let slot_state = match &report {
-        _ if poll => "unused",
-        report => slot_state(report.as_ref()),
-    };
-    let (outbox_rows, oldest_row_age_seconds, mut table_error) = match backlog(client, args).await {
+    if poll || shards.len() == 1 {
+        let report = match poll {
+            true => None,
+            false => read_slot(client, &names.slot).await?,
+        };
+        return Ok(SlotsRead {
+            slot: names.slot.to_string(),
+            report,
+            shards: None,
+        });
+    }
+    let (slots, worst) = read_shard_slots(client, &names.slot, &shards).await?;
+    let listed = shards
+        .iter()
+        .zip(&slots)
+        .map(|(shard, (slot, report))| ShardSlot {
+            shard: shard.index(),
+            slot: slot.clone(),
+            slot_state: slot_state(report.as_ref()),
+            active_pid: report.as_ref().and_then(|r| r.active_pid),
+            lag_bytes: report.as_ref().and_then(|r| r.lag_bytes),
+            retained_wal_bytes: report.as_ref().and_then(|r| r.retained_wal_bytes),
+            wal_status: report.as_ref().and_then(|r| r.wal_status.clone()),
+            confirmed_flush_lsn: report.as_ref().and_then(|r| r.confirmed_flush_lsn.clone()),
+        })
+        .collect();
+    let (slot, report) = slots.into_iter().nth(worst).unwrap_or_default();
+    Ok(SlotsRead {
+        slot,
+        report,
+        shards: Some(listed),
+    })
+}
+
+/// What status says of the table: its rows, and in poll mode the unsent ones.
+struct TableRead {
+    outbox_rows: Option<i64>,
+    oldest_row_age_seconds: Option<f64>,
+    unsent: Option<Backlog>,
+    /// Why the table could not be read, if it could not.
+    error: Option<String>,
+}
+
+async fn read_table(client: &Client, args: &StatusArgs, poll: bool) -> TableRead {
+    let names = &args.names;
+    let (outbox_rows, oldest_row_age_seconds, mut error) = match backlog(client, args).await {
         Ok((rows, age)) => (Some(rows), age, None),
         Err(e) => (None, None, Some(advice::report(&e))),
     };
@@ -212,19 +288,35 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         true => match read_backlog(client, &names.table).await {
             Ok(unsent) => unsent,
             Err(e) => {
-                table_error.get_or_insert_with(|| advice::report(&e));
+                error.get_or_insert_with(|| advice::report(&e));
                 None
             }
         },
     };
-    if poll && unsent.is_none() && table_error.is_none() {
-        table_error = Some(format!(
+    if poll && unsent.is_none() && error.is_none() {
+        error = Some(format!(
             "{} has no published_at column, which polling mode needs: run `outbox-relay \
              setup --mode poll`",
             names.table
         ));
     }
-    let addr: Option<SocketAddr> = args.endpoints.metrics_addr.0;
+    TableRead {
+        outbox_rows,
+        oldest_row_age_seconds,
+        unsent,
+        error,
+    }
+}
+
+/// What a running relay says of itself, at its `--metrics-addr`.
+struct RelayRead {
+    /// Its `/readyz` line; `None` when no relay answered.
+    readiness: Option<String>,
+    broker: Option<String>,
+    stuck_message_id: Option<String>,
+}
+
+async fn ask_relay(addr: Option<SocketAddr>) -> RelayRead {
     let readiness = match addr {
         Some(addr) => match http_get(addr, "/readyz").await {
             Ok((_, body)) => Some(body.trim().to_string()),
@@ -243,42 +335,11 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         .as_deref()
         .and_then(|line| line.strip_prefix("stuck message "))
         .map(str::to_string);
-    let SlotReport {
-        active_pid,
-        wal_status,
-        safe_wal_size_bytes,
-        confirmed_flush_lsn,
-        restart_lsn,
-        lag_bytes,
-        retained_wal_bytes,
-        current_wal_lsn,
-        ..
-    } = report.unwrap_or_default();
-    Ok(Status {
-        mode: if poll { "poll" } else { "wal" },
-        slot,
-        slot_state,
-        active_pid,
-        lag_bytes,
-        retained_wal_bytes,
-        wal_status,
-        safe_wal_size_bytes,
-        confirmed_flush_lsn,
-        restart_lsn,
-        current_wal_lsn: (!current_wal_lsn.is_empty()).then_some(current_wal_lsn),
-        table: names.table.to_string(),
-        outbox_rows,
-        oldest_row_age_seconds,
-        unsent_rows: unsent.map(|b: Backlog| b.unsent_rows),
-        oldest_unsent_age_seconds: unsent.and_then(|b| b.oldest_unsent_age_seconds),
-        table_error,
-        relay_addr: addr.map(|a| a.to_string()),
-        stuck_message_known: readiness.is_some(),
-        relay_readiness: readiness,
-        stuck_message_id,
+    RelayRead {
+        readiness,
         broker,
-        shards: shard_slots,
-    })
+        stuck_message_id,
+    }
 }
 
 /// The node of the `outbox_relay_broker_info` sample that is 1, in a Prometheus text page.
@@ -308,6 +369,18 @@ async fn backlog(client: &Client, args: &StatusArgs) -> Result<(i64, Option<f64>
 /// The human table.
 pub fn render(status: &Status) -> String {
     let mut lines: Vec<(&str, String)> = Vec::new();
+    slot_lines(status, &mut lines);
+    table_lines(status, &mut lines);
+    relay_lines(status, &mut lines);
+    let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    lines
+        .iter()
+        .map(|(key, value)| format!("{key:<width$}  {value}\n"))
+        .collect()
+}
+
+/// The slot's lines (and every shard's).
+fn slot_lines(status: &Status, lines: &mut Vec<(&'static str, String)>) {
     let bytes = |value: Option<i64>| match value {
         Some(v) => human_bytes(v),
         None => "unknown".into(),
@@ -340,103 +413,73 @@ pub fn render(status: &Status) -> String {
         }
     }
     lines.push(("slot", slot_line));
-    if status.slot_state != "missing" && status.slot_state != "unused" {
+    if status.slot_state == "missing" || status.slot_state == "unused" {
+        return;
+    }
+    let pid = status.active_pid.map(|pid| pid.to_string());
+    lines.push((
+        "active pid",
+        pid.unwrap_or_else(|| "none (no relay is streaming)".into()),
+    ));
+    lines.push(("lag", bytes(status.lag_bytes)));
+    lines.push(("retained WAL", bytes(status.retained_wal_bytes)));
+    let wal_status = status.wal_status.clone();
+    lines.push(("wal_status", wal_status.unwrap_or_else(|| "unknown".into())));
+    lines.push((
+        "safe_wal_size",
+        match status.safe_wal_size_bytes {
+            Some(v) => human_bytes(v),
+            None => "unlimited (max_slot_wal_keep_size = -1)".into(),
+        },
+    ));
+    let confirmed = status.confirmed_flush_lsn.clone();
+    lines.push(("confirmed_flush_lsn", confirmed.unwrap_or_default()));
+    lines.push((
+        "restart_lsn",
+        status.restart_lsn.clone().unwrap_or_default(),
+    ));
+}
+
+/// The table's lines: its rows, and in poll mode the unsent ones.
+fn table_lines(status: &Status, lines: &mut Vec<(&'static str, String)>) {
+    let Some(rows) = status.outbox_rows else {
+        let error = status.table_error.as_deref();
+        let why = error.unwrap_or("the table could not be read");
+        lines.push(("outbox rows", format!("unknown: {why}")));
+        return;
+    };
+    lines.push(("outbox rows", format!("{rows} in {}", status.table)));
+    let oldest = status.oldest_row_age_seconds.map(human_age);
+    lines.push(("oldest row age", oldest.unwrap_or_else(|| "no rows".into())));
+    if let Some(unsent) = status.unsent_rows {
+        lines.push(("unsent rows", format!("{unsent} (published_at IS NULL)")));
+        let oldest = status.oldest_unsent_age_seconds.map(human_age);
         lines.push((
-            "active pid",
-            status
-                .active_pid
-                .map(|pid| pid.to_string())
-                .unwrap_or_else(|| "none (no relay is streaming)".into()),
-        ));
-        lines.push(("lag", bytes(status.lag_bytes)));
-        lines.push(("retained WAL", bytes(status.retained_wal_bytes)));
-        lines.push((
-            "wal_status",
-            status
-                .wal_status
-                .clone()
-                .unwrap_or_else(|| "unknown".into()),
-        ));
-        lines.push((
-            "safe_wal_size",
-            match status.safe_wal_size_bytes {
-                Some(v) => human_bytes(v),
-                None => "unlimited (max_slot_wal_keep_size = -1)".into(),
-            },
-        ));
-        lines.push((
-            "confirmed_flush_lsn",
-            status.confirmed_flush_lsn.clone().unwrap_or_default(),
-        ));
-        lines.push((
-            "restart_lsn",
-            status.restart_lsn.clone().unwrap_or_default(),
+            "oldest unsent age",
+            oldest.unwrap_or_else(|| "no unsent rows".into()),
         ));
     }
-    match (&status.outbox_rows, &status.table_error) {
-        (Some(rows), _) => {
-            lines.push(("outbox rows", format!("{rows} in {}", status.table)));
-            lines.push((
-                "oldest row age",
-                status
-                    .oldest_row_age_seconds
-                    .map(human_age)
-                    .unwrap_or_else(|| "no rows".into()),
-            ));
-            if let Some(unsent) = status.unsent_rows {
-                lines.push(("unsent rows", format!("{unsent} (published_at IS NULL)")));
-                lines.push((
-                    "oldest unsent age",
-                    status
-                        .oldest_unsent_age_seconds
-                        .map(human_age)
-                        .unwrap_or_else(|| "no unsent rows".into()),
-                ));
-            }
-        }
-        (None, error) => lines.push((
-            "outbox rows",
-            format!(
-                "unknown: {}",
-                error.as_deref().unwrap_or("the table could not be read")
-            ),
-        )),
-    }
-    if let (Some(_), Some(error)) = (&status.outbox_rows, &status.table_error) {
+    if let Some(error) = &status.table_error {
         lines.push(("table problem", error.clone()));
     }
+}
+
+/// The running relay's lines: readiness, broker, stuck message.
+fn relay_lines(status: &Status, lines: &mut Vec<(&'static str, String)>) {
     let addr = status.relay_addr.as_deref().unwrap_or("off");
-    match &status.relay_readiness {
-        Some(readiness) => {
-            lines.push(("relay", format!("{readiness} (/readyz at {addr})")));
-            lines.push((
-                "broker",
-                status
-                    .broker
-                    .clone()
-                    .unwrap_or_else(|| "not connected".into()),
-            ));
-            lines.push((
-                "stuck message",
-                status
-                    .stuck_message_id
-                    .clone()
-                    .unwrap_or_else(|| "none".into()),
-            ));
-        }
-        None => {
-            lines.push(("relay", format!("no answer at {addr} (--metrics-addr)")));
-            lines.push((
-                "stuck message",
-                "unknown (only a running relay knows it)".into(),
-            ));
-        }
-    }
-    let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-    lines
-        .iter()
-        .map(|(key, value)| format!("{key:<width$}  {value}\n"))
-        .collect()
+    let Some(readiness) = &status.relay_readiness else {
+        lines.push(("relay", format!("no answer at {addr} (--metrics-addr)")));
+        lines.push((
+            "stuck message",
+            "unknown (only a running relay knows it)".into(),
+        ));
+        return;
+    };
+    lines.push(("relay", format!("{readiness} (/readyz at {addr})")));
+    let broker = status.broker.clone();
+    lines.push(("broker", broker.unwrap_or_else(|| "not connected".into())));
+    let stuck = status.stuck_message_id.clone();
+    lines.push(("stuck message", stuck.unwrap_or_else(|| "none".into())));
 }
 
 /// One shard's slot on one line: `2: outbox_slot_2 ok, pid 42, lag …, retained WAL …`.

@@ -183,10 +183,20 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
     let _stop_observing = observing.clone().drop_guard();
     let health = observability::start_endpoints(args.endpoints.metrics_addr.0, "poll", &observing);
     let (poll_interval_min, poll_interval_max) = args.poll_intervals();
+    tracing::info!(
+        table = %args.names.table,
+        workers = args.workers,
+        batch_size = args.batch_size,
+        on_published = ?args.on_published,
+        poll_interval_min_ms = poll_interval_min.as_millis() as u64,
+        poll_interval_max_ms = poll_interval_max.as_millis() as u64,
+        listen = args.listen,
+        "polling"
+    );
     let shared = Arc::new(Shared {
         database_url,
         brokers,
-        names: args.names,
+        names: args.names.clone(),
         mapper,
         dead_letter_exchange,
         workers: args.workers,
@@ -194,22 +204,12 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
         on_published: args.on_published,
         poll_interval_min,
         poll_interval_max,
-        delivery: args.delivery,
+        delivery: args.delivery.clone(),
         wake: Notify::new(),
         index_checked: AtomicBool::new(false),
         stats: PollStats::new(PollMetrics::new()),
         health: WorkerHealth::new(health, args.workers as usize),
     });
-    tracing::info!(
-        table = %shared.names.table,
-        workers = shared.workers,
-        batch_size = shared.batch_size,
-        on_published = ?shared.on_published,
-        poll_interval_min_ms = poll_interval_min.as_millis() as u64,
-        poll_interval_max_ms = poll_interval_max.as_millis() as u64,
-        listen = args.listen,
-        "polling"
-    );
     if !args.backlog_poll_interval.is_zero() {
         tokio::spawn(backlog::run(
             shared.database_url.clone(),
@@ -226,32 +226,51 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
     for worker in 0..shared.workers as usize {
         workers.spawn(worker::run(Arc::clone(&shared), worker, stop.clone()));
     }
-    let mut background = JoinSet::new();
+    let mut background = spawn_helpers(&args, &shared, &stop);
+    let outcome = join_workers(&mut workers, &stop, shared.delivery.shutdown_timeout()).await;
+    background.abort_all();
+    shared.stats.log_summary();
+    outcome
+}
+
+/// The listener (with --listen) and the cleanup (when published rows stay behind), stopping
+/// with the workers.
+fn spawn_helpers(args: &PollArgs, shared: &Arc<Shared>, stop: &CancellationToken) -> JoinSet<()> {
+    let mut helpers = JoinSet::new();
     if args.listen {
-        background.spawn(listen::run(
-            Arc::clone(&shared),
-            args.listen_channel,
+        helpers.spawn(listen::run(
+            Arc::clone(shared),
+            args.listen_channel.clone(),
             stop.clone(),
         ));
     }
     // Under --on-published delete nothing published stays behind for the cleanup.
     if !args.cleanup.cleanup_interval.is_zero() && args.on_published == OnPublished::Mark {
-        background.spawn(cleanup::run(
-            Arc::clone(&shared),
+        helpers.spawn(cleanup::run(
+            Arc::clone(shared),
             args.cleanup.cleanup_interval,
             args.cleanup.retention,
             args.cleanup.cleanup_batch,
             stop.clone(),
         ));
     }
+    helpers
+}
 
+/// Waits for every worker: the first definite error stops the others (and is the outcome);
+/// once stopping, they get `stop_timeout` to finish their batches before they are aborted.
+async fn join_workers(
+    workers: &mut JoinSet<Result<(), RelayError>>,
+    stop: &CancellationToken,
+    stop_timeout: std::time::Duration,
+) -> Result<(), RelayError> {
     let mut outcome = Ok(());
     let mut deadline: Option<Instant> = None;
     loop {
         tokio::select! {
             joined = workers.join_next() => {
                 let error = match joined {
-                    None => break,
+                    None => return outcome,
                     Some(Ok(Ok(()))) => continue,
                     Some(Ok(Err(error))) => error,
                     Some(Err(panicked)) => RelayError::Bug(format!("a polling worker panicked: {panicked}")),
@@ -264,7 +283,7 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
                 stop.cancel();
             }
             () = stop.cancelled(), if deadline.is_none() => {
-                deadline = Some(Instant::now() + shared.delivery.shutdown_timeout());
+                deadline = Some(Instant::now() + stop_timeout);
             }
             () = sleep_until(deadline), if deadline.is_some() => {
                 tracing::warn!(
@@ -272,13 +291,10 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
                      by the next poll"
                 );
                 workers.abort_all();
-                break;
+                return outcome;
             }
         }
     }
-    background.abort_all();
-    shared.stats.log_summary();
-    outcome
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

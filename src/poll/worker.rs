@@ -239,7 +239,11 @@ impl Session<'_> {
         let mut messages = Vec::with_capacity(rows.len());
         for row in &rows {
             let tuple = self.table.tuple(row)?;
-            messages.push(self.shared.mapper.map_row(self.table.layout(), &tuple, None));
+            messages.push(
+                self.shared
+                    .mapper
+                    .map_row(self.table.layout(), &tuple, None),
+            );
         }
         let count = messages.len();
 

@@ -29,7 +29,9 @@ use lapin::options::{
     BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
 };
 use lapin::types::{FieldTable, ShortString};
-use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind, PublisherConfirm};
+use lapin::{
+    Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind, PublisherConfirm,
+};
 use tokio::sync::watch;
 
 use super::dead_letter::ReturnedContent;

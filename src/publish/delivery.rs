@@ -33,8 +33,8 @@ use futures_util::FutureExt;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::outgoing::Outgoing;
 use super::dead_letter::{self, Reason};
+use super::outgoing::Outgoing;
 use super::publisher::{Answer, Pending, Publisher};
 use super::queue::{AckToken, ConfirmQueue, Failure, Settled};
 use crate::error::{ErrorKind, RelayError};
@@ -146,7 +146,9 @@ pub async fn deliver<T: AckToken + Clone, P: Publisher>(
             _ => {}
         }
     }
-    metrics.in_flight.decrement(delivery.queue.in_flight() as f64);
+    metrics
+        .in_flight
+        .decrement(delivery.queue.in_flight() as f64);
     metrics.ack_points.set(0.0);
     outcome
 }
@@ -383,7 +385,11 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
         acked: bool,
     ) -> Result<Option<Settled<InFlight<P::Pending>>>, RelayError> {
         let failure = match self.queue.settle_front(acked) {
-            None => return Err(RelayError::Bug("settled a front that is not a publish".into())),
+            None => {
+                return Err(RelayError::Bug(
+                    "settled a front that is not a publish".into(),
+                ))
+            }
             Some(Ok(settled)) => {
                 if let Some(reason) = &settled.dead_lettered {
                     metrics::counter!(DEAD_LETTERED_TOTAL, REASON_LABEL => reason.label())

@@ -23,6 +23,6 @@ pub mod queue;
 
 pub use broker::Broker;
 pub use delivery::{deliver, deliver_batch, Acked, DeliveryOptions, Input};
-pub use publisher::Publisher;
 pub use nodes::{BrokerNode, BrokerNodes};
+pub use publisher::Publisher;
 pub use queue::AckToken;

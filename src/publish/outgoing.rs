@@ -23,9 +23,8 @@ impl Outgoing {
     /// one over it here is a bug, not a message to publish cut short.
     pub fn from_message(message: Message) -> Result<Outgoing, RelayError> {
         let short = |text: String| {
-            ShortString::try_new(text).map_err(|e| {
-                RelayError::Bug(format!("a message reached the broker with {e}"))
-            })
+            ShortString::try_new(text)
+                .map_err(|e| RelayError::Bug(format!("a message reached the broker with {e}")))
         };
         let mut table = FieldTable::default();
         for (name, value) in message.headers {
@@ -58,4 +57,3 @@ impl Outgoing {
         })
     }
 }
-

@@ -32,7 +32,6 @@ pub mod slot;
 pub mod source;
 pub mod stream;
 
-
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -80,8 +79,11 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
     // stop, and on while the sessions reconnect.
     let observing = CancellationToken::new();
     let _stop_observing = observing.clone().drop_guard();
-    let health =
-        observability::start_endpoints(args.observability.endpoints.metrics_addr.0, "run", &observing);
+    let health = observability::start_endpoints(
+        args.observability.endpoints.metrics_addr.0,
+        "run",
+        &observing,
+    );
     if !args.observability.slot_poll_interval.is_zero() {
         tokio::spawn(slot::run_slot_poller(
             database_url.clone(),

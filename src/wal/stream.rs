@@ -208,13 +208,19 @@ impl StreamReader {
     }
 
     async fn next_step(&mut self, shutdown: &CancellationToken) -> Step {
-        let room = self.inputs.as_ref().is_some_and(|inputs| inputs.capacity() > 0);
+        let room = self
+            .inputs
+            .as_ref()
+            .is_some_and(|inputs| inputs.capacity() > 0);
         if !room {
             self.waiting_since = None;
         } else if self.waiting_since.is_none() {
             self.waiting_since = Some(Instant::now());
         }
-        let silence_deadline = self.waiting_since.zip(self.silence_limit).map(|(t, l)| t + l);
+        let silence_deadline = self
+            .waiting_since
+            .zip(self.silence_limit)
+            .map(|(t, l)| t + l);
         let can_stop = self.can_stop();
         let StreamReader {
             client,
@@ -309,8 +315,9 @@ impl StreamReader {
             position.commit_time.map(pg_timestamp),
         );
         if let Some(sent_at) = position.heartbeat_sent_at {
-            self.health
-                .record_heartbeat_acknowledged(std::time::UNIX_EPOCH + Duration::from_micros(sent_at));
+            self.health.record_heartbeat_acknowledged(
+                std::time::UNIX_EPOCH + Duration::from_micros(sent_at),
+            );
         }
     }
 

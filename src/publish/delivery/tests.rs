@@ -32,7 +32,9 @@ enum Plan {
     Nack,
     /// Acked, but returned as unroutable; the return rides on the confirm `later` publishes
     /// after it (0: its own), as lapin may attach it.
-    Return { later: usize },
+    Return {
+        later: usize,
+    },
 }
 
 /// One publish the stand-in took.
@@ -125,7 +127,11 @@ impl Broker {
             let taken = state.taken[index].clone();
             let plan = match taken.dead_letter_channel {
                 true => Plan::Ack,
-                false => self.plans.get(&taken.message_id).copied().unwrap_or(Plan::Ack),
+                false => self
+                    .plans
+                    .get(&taken.message_id)
+                    .copied()
+                    .unwrap_or(Plan::Ack),
             };
             if let Plan::Return { later } = plan {
                 let carrier = index + later;
@@ -147,15 +153,20 @@ impl Broker {
         }
         for step in 0..indexes.len() {
             // A small LCG: scrambles reproducibly.
-            *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let pick = step + (*seed >> 33) as usize % (indexes.len() - step);
             indexes.swap(step, pick);
         }
         for index in indexes {
             let taken = &state.taken[index];
-            let acked = taken.dead_letter_channel
-                || self.plans.get(&taken.message_id) != Some(&Plan::Nack);
-            let ride = state.riding.iter().position(|(carrier, _)| *carrier == index);
+            let acked =
+                taken.dead_letter_channel || self.plans.get(&taken.message_id) != Some(&Plan::Nack);
+            let ride = state
+                .riding
+                .iter()
+                .position(|(carrier, _)| *carrier == index);
             let returned = ride.map(|at| state.riding.remove(at).1);
             if let Some(tx) = state.waiting.remove(&index) {
                 let _ = tx.send(Ok(Answer { acked, returned }));
@@ -359,7 +370,11 @@ async fn a_nack_in_a_full_window_acknowledges_nothing_after_it() {
         "{:?}",
         run.outcome
     );
-    assert!(run.reported.iter().all(|&p| p <= Pos(3)), "{:?}", run.reported);
+    assert!(
+        run.reported.iter().all(|&p| p <= Pos(3)),
+        "{:?}",
+        run.reported
+    );
 }
 
 #[tokio::test]
@@ -373,14 +388,21 @@ async fn a_return_riding_on_a_later_confirm_fails_the_returned_message() {
         "{:?}",
         run.outcome
     );
-    assert!(run.reported.iter().all(|&p| p <= Pos(5)), "{:?}", run.reported);
+    assert!(
+        run.reported.iter().all(|&p| p <= Pos(5)),
+        "{:?}",
+        run.reported
+    );
 }
 
 #[tokio::test]
 async fn under_dead_letter_a_returned_message_goes_to_the_dead_letter_exchange_and_delivery_goes_on(
 ) {
     let broker = Broker::new(
-        &[("2-1", Plan::Return { later: 0 }), ("7-0", Plan::Return { later: 2 })],
+        &[
+            ("2-1", Plan::Return { later: 0 }),
+            ("7-0", Plan::Return { later: 2 }),
+        ],
         true,
     );
     let run = run(broker, stream(50, 4), 32, 2).await;
@@ -395,7 +417,12 @@ async fn under_dead_letter_a_returned_message_goes_to_the_dead_letter_exchange_a
     assert_eq!(ids(&letters), ["2-1", "7-0"]);
     for letter in &letters {
         assert_eq!(letter.exchange, "dlx");
-        let headers = letter.outgoing.properties.headers().clone().unwrap_or_default();
+        let headers = letter
+            .outgoing
+            .properties
+            .headers()
+            .clone()
+            .unwrap_or_default();
         let reason = headers.inner().get(dl::REASON).cloned();
         assert_eq!(
             reason,
@@ -447,9 +474,17 @@ async fn under_halt_an_unpublishable_row_stops_after_everything_before_it_is_ack
         "{:?}",
         run.outcome
     );
-    assert_eq!(run.reported.last(), Some(&Pos(3)), "the transactions before it");
+    assert_eq!(
+        run.reported.last(),
+        Some(&Pos(3)),
+        "the transactions before it"
+    );
     let taken = run.broker.taken();
-    assert_eq!(ids(&taken).last(), Some(&"3-0"), "nothing after it is published");
+    assert_eq!(
+        ids(&taken).last(),
+        Some(&"3-0"),
+        "nothing after it is published"
+    );
 }
 
 #[tokio::test]
@@ -459,7 +494,10 @@ async fn under_dead_letter_an_unpublishable_row_is_dead_lettered_in_stream_order
     run.outcome.expect("delivered");
     assert_eq!(run.reported.last(), Some(&Pos(7)));
     let taken = run.broker.taken();
-    let at = ids(&taken).iter().position(|id| *id == "3-1").expect("dead letter");
+    let at = ids(&taken)
+        .iter()
+        .position(|id| *id == "3-1")
+        .expect("dead letter");
     assert_eq!(&ids(&taken)[at - 1..=at + 1], ["3-0", "3-1", "3-2"]);
     assert_eq!(taken[at].exchange, "dlx");
     assert!(!taken[at].dead_letter_channel, "published in stream order");
@@ -471,7 +509,13 @@ async fn an_unpublishable_row_without_an_id_stops_even_under_dead_letter() {
     let broker = Broker::new(&[], true);
     let run = run(broker, stream_with_unpublishable(None), 64, 0).await;
     assert!(
-        matches!(run.outcome, Err(RelayError::Unpublishable { message_id: None, .. })),
+        matches!(
+            run.outcome,
+            Err(RelayError::Unpublishable {
+                message_id: None,
+                ..
+            })
+        ),
         "{:?}",
         run.outcome
     );
@@ -486,8 +530,17 @@ async fn a_stuck_message_is_published_alone_until_it_is_confirmed() {
     // Up to the stuck message one at a time, then the full window again.
     let taken = run.broker.taken();
     assert_eq!(taken.len(), 200);
-    let stuck = ids(&taken).iter().position(|id| *id == "2-3").expect("published");
-    let unanswered = run.broker.state.lock().expect("state").unanswered_at.clone();
+    let stuck = ids(&taken)
+        .iter()
+        .position(|id| *id == "2-3")
+        .expect("published");
+    let unanswered = run
+        .broker
+        .state
+        .lock()
+        .expect("state")
+        .unanswered_at
+        .clone();
     assert!(
         unanswered[..=stuck].iter().all(|&n| n == 1),
         "alone until confirmed: {:?}",
@@ -516,7 +569,16 @@ async fn a_batch_with_an_unpublishable_row_publishes_nothing_under_halt() {
         })),
         Ok(message("c")),
     ];
-    let outcome = deliver_batch(&broker, batch, Duration::from_secs(5), &RelayMetrics::for_batches()).await;
-    assert!(matches!(outcome, Err(RelayError::Unpublishable { .. })), "{outcome:?}");
+    let outcome = deliver_batch(
+        &broker,
+        batch,
+        Duration::from_secs(5),
+        &RelayMetrics::for_batches(),
+    )
+    .await;
+    assert!(
+        matches!(outcome, Err(RelayError::Unpublishable { .. })),
+        "{outcome:?}"
+    );
     assert!(broker.taken().is_empty());
 }
