@@ -1,7 +1,7 @@
 //! WAL mode's cleanup job: the outbox table is insert-only, so something must delete rows.
 //!
 //! Deleting a row never loses a message: the slot decodes message content from the WAL, not
-//! from the table (DESIGN.md section 5). Rows are kept anyway for two reasons, and a row
+//! from the table (docs/architecture.md, "Cleanup"). Rows are kept anyway for two reasons, and a row
 //! goes only when both have passed:
 //! - the **retention** (`--retention`, default 1 h): rows stay around for `resync --since`
 //!   and for people investigating a message;

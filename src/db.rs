@@ -33,7 +33,7 @@ use crate::error::{Endpoint, RelayError};
 macro_rules! pinned_session_settings {
     ($name:literal = $value:literal $(, $names:literal = $values:literal)* $(,)?) => {
         /// Session settings pinned on the replication connection, as its startup options:
-        /// protocol 1 sends column values as text shaped by them (DESIGN.md section 2), and
+        /// protocol 1 sends column values as text shaped by them (docs/architecture.md, "Session settings"), and
         /// the mapper parses exactly these shapes.
         pub const PINNED_SESSION_SETTINGS: &str =
             concat!("-c ", $name, "=", $value $(, " -c ", $names, "=", $values)*);

@@ -171,8 +171,10 @@ pub enum RelayError {
     #[error("The PostgreSQL connection that listens for notifications ended")]
     NotificationsEnded,
 
-    #[error("RabbitMQ error")]
-    Broker(#[from] lapin::Error),
+    /// The AMQP client's error, as its text (`publish/` converts it: no other part of the
+    /// relay names the client).
+    #[error("RabbitMQ error: {0}")]
+    Broker(String),
 
     #[error("RabbitMQ did not confirm message {message_id} within {seconds} s; reconnecting")]
     ConfirmTimeout { message_id: String, seconds: u64 },

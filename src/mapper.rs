@@ -30,8 +30,9 @@ use crate::outbox_table::columns;
 pub mod headers {
     /// Commit LSN of the row's transaction (`X/Y`).
     pub const LSN: &str = "x-outbox-lsn";
-    /// Commit LSN and position in the transaction: increases along the stream, so a consumer
-    /// can drop a replayed duplicate by comparing it with the last one it saw.
+    /// Commit LSN and position in the transaction: increases along the stream, so a replay
+    /// can be traced. Not a high-water mark to drop duplicates by: after a nack or a return
+    /// the replay brings messages a consumer never had (deduplicate on `message_id`).
     pub const SEQ: &str = "x-outbox-seq";
     pub const AGGREGATE_TYPE: &str = "x-aggregate-type";
     pub const AGGREGATE_ID: &str = "x-aggregate-id";
@@ -514,7 +515,7 @@ impl Mapper {
         self.assemble(parts, position, &row)
     }
 
-    /// The contract (DESIGN.md section 2) in one place, for rows and emitted events alike:
+    /// The contract (README.md, "The message contract") in one place, for rows and emitted events alike:
     /// the size limit, the exchange policy, the routing key, the headers the relay adds and
     /// the AMQP properties. `row` names the message in errors.
     pub fn assemble(

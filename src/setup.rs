@@ -46,7 +46,7 @@ pub struct Step {
 /// (src/config.rs), so no name can close the block early.
 const DO_TAG: &str = "$outbox_relay$";
 
-/// The outbox table and its `created_at` index (DESIGN.md section 2).
+/// The outbox table and its `created_at` index (README.md, "The message contract").
 pub fn table_step(names: &OutboxNames) -> Step {
     let (_, table) = names.table_parts();
     let qualified = names.qualified_table();

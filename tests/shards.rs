@@ -972,7 +972,7 @@ async fn kill_9_of_one_shards_relay_and_a_restart_5_s_later_leaves_the_others_al
         duplicates.push(tally.duplicates());
     }
     // A relay crash re-publishes at most the window, the rows confirmed but not yet reported
-    // and the confirmed rows of the transaction that was open (DESIGN.md invariant 5); the
+    // and the confirmed rows of the transaction that was open (docs/architecture.md, invariant 5); the
     // rate is the shard's average rate.
     let rate =
         rows.values().filter(|r| r.1 == KILLED as u32).count() as f64 / writing.as_secs_f64();

@@ -1,5 +1,5 @@
 //! The outbox table as the relay reads it with SQL instead of from the stream (polling mode,
-//! `resync`): its column names (the message contract, DESIGN.md section 2), its columns as
+//! `resync`): its column names (the message contract, README.md), its columns as
 //! the catalog describes them, and a row read as text turned into the tuple the decoder
 //! would have produced.
 //!
@@ -22,7 +22,7 @@ use crate::error::RelayError;
 use crate::mapper::{Layout, MapError};
 use crate::pgoutput::{Column, Relation, Tuple, TupleValue};
 
-/// Column names of the outbox table (DESIGN.md section 2).
+/// Column names of the outbox table (README.md, "The message contract").
 pub mod columns;
 
 /// One column of the table as the catalog describes it.

@@ -41,6 +41,14 @@ use super::publisher::{Answer, Pending, Publisher, ReturnedMessage};
 use super::queue::Returned;
 use crate::error::{Endpoint, RelayError};
 
+/// Any failure of the AMQP client is the broker's: the connection or channel is gone (a
+/// passive declare's 404 is told apart before it gets here).
+impl From<lapin::Error> for RelayError {
+    fn from(error: lapin::Error) -> Self {
+        RelayError::Broker(error.to_string())
+    }
+}
+
 /// A publish whose frames are queued on the connection: resolves to its confirm future once
 /// they are written.
 pub type Publishing =
@@ -104,7 +112,7 @@ impl Broker {
             endpoint: Endpoint::RabbitMq,
             seconds: crate::db::CONNECT_TIMEOUT.as_secs(),
         })?
-        .map_err(RelayError::Broker)?;
+        .map_err(RelayError::from)?;
         let (blocked_tx, blocked) = watch::channel(false);
         let (lost_tx, lost) = watch::channel(None);
         let mut events = connection.events_listener();
@@ -176,7 +184,7 @@ impl Broker {
             Err(_) => None,
         };
         match error {
-            Some(error) => RelayError::Broker(error),
+            Some(error) => error.into(),
             None => std::future::pending().await,
         }
     }

@@ -35,7 +35,8 @@ use crate::wal::source::Source;
 use crate::wal::stream::{ReaderParts, Stop, StreamLoss, StreamReader, FINAL_FEEDBACK_TIMEOUT};
 
 /// Events the replication client may buffer. Small: events there are in flight but invisible
-/// to the delivery side, and a large buffer hides rows (DESIGN.md section 7).
+/// to the delivery side, and a large buffer hides rows (docs/architecture.md, "Tasks and
+/// channels").
 pub const CLIENT_EVENT_BUFFER: usize = 256;
 /// Inputs (rows and ack points) handed from the stream reader to the delivery task.
 const INPUT_CHANNEL: usize = 256;
