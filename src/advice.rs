@@ -55,11 +55,12 @@ pub fn fix(error: &RelayError) -> Option<String> {
                 "connect to the slot's database or choose another --slot name".into()
             }
         },
-        SlotLost { .. } => "`outbox-relay teardown --yes`, `outbox-relay setup`, then \
-             `outbox-relay resync --since <time of the last delivered message>`; consider \
-             raising max_slot_wal_keep_size (docs/operations.md, \"Recovering from a lost \
-             slot\")"
-            .into(),
+        SlotLost { reason, .. } => format!(
+            "`outbox-relay teardown --yes`, `outbox-relay setup`, then `outbox-relay resync \
+             --since <time of the last delivered message>` (docs/operations.md, \"Recovering \
+             from a lost slot\"); {}",
+            lost_slot_prevention(reason.as_deref())
+        ),
         TableMissing { .. } => "run `outbox-relay setup` or create it from sql/".into(),
         NoReplicationPrivilege { role } => format!(
             "ALTER ROLE {} REPLICATION (sql/role.sql has the least-privilege role), and allow \
@@ -97,6 +98,22 @@ pub fn fix(error: &RelayError) -> Option<String> {
             .into(),
         _ => return None,
     })
+}
+
+/// How to keep the next slot from the same fate.
+fn lost_slot_prevention(reason: Option<&str>) -> &'static str {
+    match reason {
+        Some("idle_timeout") => {
+            "to keep the next one, raise or turn off idle_replication_slot_timeout (0), or keep \
+             a relay streaming: a standby relay does not hold the slot"
+        }
+        Some("rows_removed") => {
+            "on a standby, turn on hot_standby_feedback and give it a physical slot on the \
+             primary (primary_slot_name)"
+        }
+        Some("wal_level_insufficient") => "set wal_level = 'logical' on the primary",
+        _ => "consider raising max_slot_wal_keep_size, and alert on outbox_relay_slot_safe_wal_size_bytes",
+    }
 }
 
 /// The fix for the usual causes of a failed TLS setup.

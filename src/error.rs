@@ -77,13 +77,15 @@ pub enum RelayError {
     SlotUnusable { slot: String, problem: SlotProblem },
 
     #[error(
-        "The replication slot \"{slot}\" was invalidated (wal_status = 'lost'): PostgreSQL \
-         removed WAL it still needed, so messages committed after {confirmed_flush} may be \
-         missing. The relay will not recreate the slot silently"
+        "The replication slot \"{slot}\" was invalidated ({}), so messages committed after \
+         {confirmed_flush} may be missing. The relay will not recreate the slot silently",
+        lost_because(reason.as_deref())
     )]
     SlotLost {
         slot: String,
         confirmed_flush: String,
+        /// `pg_replication_slots.invalidation_reason` (17+), or what 15 and 16 imply.
+        reason: Option<String>,
     },
 
     #[error("The table {table} does not exist")]
@@ -236,6 +238,25 @@ pub enum RelayError {
 
     #[error("The replication stream ended unexpectedly")]
     StreamEnded,
+}
+
+/// Why a slot was invalidated, in words, for [`RelayError::SlotLost`].
+fn lost_because(reason: Option<&str>) -> String {
+    match reason {
+        Some("wal_removed") | None => "wal_removed: PostgreSQL removed WAL it still needed, \
+             wal_status = 'lost' (max_slot_wal_keep_size)"
+            .into(),
+        Some("idle_timeout") => "idle_timeout: no process streamed from it for longer than \
+             idle_replication_slot_timeout"
+            .into(),
+        Some("rows_removed") => "rows_removed: rows it still needed were vacuumed away (a \
+             slot on a standby without hot_standby_feedback)"
+            .into(),
+        Some("wal_level_insufficient") => {
+            "wal_level_insufficient: the primary's wal_level is below logical".into()
+        }
+        Some(other) => format!("invalidation_reason = '{other}'"),
+    }
 }
 
 /// What a slot found by its name cannot be used for.

@@ -480,7 +480,9 @@ async fn setup_retries_its_first_connection_for_connect_timeout() {
 }
 
 /// A slot invalidated by max_slot_wal_keep_size needs a server of its own: the setting is
-/// server-wide and would invalidate the other tests' slots.
+/// server-wide and would invalidate the other tests' slots. `status` and the relay's stop
+/// message name the invalidation reason: the server's own on 17+ (checked against its
+/// catalog), what a lost slot means on 15 and 16.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_exits_2_when_the_slot_is_lost() {
     if std::env::var(DATABASE_URL_ENV).is_ok_and(|url| !url.is_empty()) {
@@ -534,6 +536,62 @@ async fn status_exits_2_when_the_slot_is_lost() {
     println!("{table}");
     assert!(table.contains("LOST"), "{table}");
     assert!(table.contains("wal_status           lost"), "{table}");
+
+    // The reason, as the server itself gives it where it can.
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .expect("server version")
+        .get(0);
+    let catalog_reason: Option<String> = if version >= 170000 {
+        client
+            .query_one(
+                "SELECT invalidation_reason FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .expect("invalidation_reason")
+            .get(0)
+    } else {
+        None
+    };
+    println!("server {version}: invalidation_reason {catalog_reason:?}");
+    let reason = catalog_reason.unwrap_or_else(|| "wal_removed".into());
+    assert_eq!(reason, "wal_removed", "max_slot_wal_keep_size removes WAL");
+    assert!(
+        table.contains(&format!("LOST (invalidated: {reason})")),
+        "{table}"
+    );
+    let json = std::process::Command::new(common::relay::binary())
+        .args(["status", "--json", "--database-url", &db_url, "--slot", &slot])
+        .args(["--metrics-addr", "off"])
+        .output()
+        .expect("run status --json");
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("status JSON");
+    assert_eq!(json["invalidation_reason"], reason.as_str(), "{json}");
+    if version >= 170000 {
+        assert_eq!(json["failover"], false, "17+ reports the column: {json}");
+        assert!(table.contains("failover slot        no"), "{table}");
+    } else {
+        assert!(json["failover"].is_null(), "no such column before 17: {json}");
+    }
+
+    // The relay refuses the slot, naming the reason and what to do.
+    client
+        .batch_execute("CREATE PUBLICATION lost_pub FOR TABLE outbox WITH (publish = 'insert')")
+        .await
+        .expect("publication");
+    let run = std::process::Command::new(common::relay::binary())
+        .args(["run", "--database-url", &db_url, "--slot", &slot])
+        .args(["--publication", "lost_pub", "--metrics-addr", "off"])
+        .args(["--amqp-url", &common::services().rabbit.url()])
+        .output()
+        .expect("run the relay");
+    assert_eq!(run.status.code(), Some(1), "{}", text(&run));
+    let stopped = text(&run);
+    assert!(stopped.contains("was invalidated"), "{stopped}");
+    assert!(stopped.contains(&format!("({reason}:")), "{stopped}");
+    assert!(stopped.contains("max_slot_wal_keep_size"), "the fix: {stopped}");
 }
 
 // ---------------------------------------------------------------------------------------

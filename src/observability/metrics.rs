@@ -24,6 +24,26 @@ pub const SLOT_WAL_STATUS: &str = "outbox_relay_slot_wal_status";
 pub const SLOT_SAFE_WAL_SIZE_BYTES: &str = "outbox_relay_slot_safe_wal_size_bytes";
 /// 1 while some process streams from the slot (active_pid is set), 0 otherwise.
 pub const SLOT_ACTIVE: &str = "outbox_relay_slot_active";
+/// 1 for the reason the slot was invalidated (label `reason`), 0 for the others; all 0 while
+/// it is valid. PostgreSQL 17+ names the reason; on 15 and 16 a lost slot is `wal_removed`
+/// (16: a conflict with recovery is `rows_removed`).
+pub const SLOT_INVALIDATION_REASON: &str = "outbox_relay_slot_invalidation_reason";
+/// The reasons [`SLOT_INVALIDATION_REASON`] reports (`pg_replication_slots.invalidation_reason`).
+pub const INVALIDATION_REASONS: [&str; 4] = [
+    "wal_removed",
+    "rows_removed",
+    "wal_level_insufficient",
+    "idle_timeout",
+];
+/// PostgreSQL 16+: 1 while the slot is invalidated by a conflict with recovery.
+pub const SLOT_CONFLICTING: &str = "outbox_relay_slot_conflicting";
+/// PostgreSQL 17+: 1 for a failover slot (synchronized to standbys that ask for it).
+pub const SLOT_FAILOVER: &str = "outbox_relay_slot_failover";
+/// PostgreSQL 17+: 1 when the slot on this server was synchronized from a primary.
+pub const SLOT_SYNCED: &str = "outbox_relay_slot_synced";
+/// PostgreSQL 17+: since when (Unix seconds) no process has streamed from the slot; NaN while
+/// one does.
+pub const SLOT_INACTIVE_SINCE_SECONDS: &str = "outbox_relay_slot_inactive_since_seconds";
 /// Slot polls that succeeded (the slot gauges are as fresh as the last one).
 pub const SLOT_POLLS_TOTAL: &str = "outbox_relay_slot_polls_total";
 /// Slot polls that failed (connection or query errors); the poller reconnects.
@@ -160,6 +180,23 @@ pub fn describe() {
         "WAL that can be written before max_slot_wal_keep_size invalidates the slot (NaN: unlimited)"
     );
     describe_gauge!(SLOT_ACTIVE, "1 while a process streams from the slot");
+    describe_gauge!(
+        SLOT_INVALIDATION_REASON,
+        "1 for the reason the slot was invalidated (wal_removed, rows_removed, wal_level_insufficient, idle_timeout), 0 for the others"
+    );
+    describe_gauge!(
+        SLOT_CONFLICTING,
+        "PostgreSQL 16+: 1 while the slot is invalidated by a conflict with recovery"
+    );
+    describe_gauge!(SLOT_FAILOVER, "PostgreSQL 17+: 1 for a failover slot");
+    describe_gauge!(
+        SLOT_SYNCED,
+        "PostgreSQL 17+: 1 when the slot was synchronized from a primary"
+    );
+    describe_gauge!(
+        SLOT_INACTIVE_SINCE_SECONDS,
+        "PostgreSQL 17+: since when (Unix seconds) no process has streamed from the slot; NaN while one does"
+    );
     describe_counter!(SLOT_POLLS_TOTAL, "Successful reads of pg_replication_slots");
     describe_counter!(
         SLOT_POLL_ERRORS_TOTAL,
@@ -547,6 +584,11 @@ mod tests {
             SLOT_WAL_STATUS,
             SLOT_SAFE_WAL_SIZE_BYTES,
             SLOT_ACTIVE,
+            SLOT_INVALIDATION_REASON,
+            SLOT_CONFLICTING,
+            SLOT_FAILOVER,
+            SLOT_SYNCED,
+            SLOT_INACTIVE_SINCE_SECONDS,
             SLOT_POLLS_TOTAL,
             SLOT_POLL_ERRORS_TOTAL,
             ACKNOWLEDGED_LSN,

@@ -32,6 +32,7 @@ use crate::observability::metrics::{BROKER_INFO, NODE_LABEL};
 use crate::outbox_table::columns;
 use crate::poll::table::{read_backlog, Backlog};
 use crate::shard::Shard;
+use crate::wal::preflight::idle_slot_timeout;
 use crate::wal::slot::{read_slot, SlotReport};
 
 /// The probe's verdict.
@@ -62,6 +63,20 @@ pub struct Status {
     pub confirmed_flush_lsn: Option<String>,
     pub restart_lsn: Option<String>,
     pub current_wal_lsn: Option<String>,
+    /// Why the slot was invalidated (17+ `invalidation_reason`; what 15 and 16 imply), `null`
+    /// while it is valid.
+    pub invalidation_reason: Option<String>,
+    /// 17+: since when no process has streamed from the slot (`null` while one does, and
+    /// before 17).
+    pub inactive_since: Option<String>,
+    /// 16+: invalidated by a conflict with recovery (`null` before 16).
+    pub conflicting: Option<bool>,
+    /// 17+: a failover slot (`null` before 17).
+    pub failover: Option<bool>,
+    /// 17+: synchronized from a primary (`null` before 17).
+    pub synced: Option<bool>,
+    /// 18+: the server's idle_replication_slot_timeout when set (`null`: off, or before 18).
+    pub idle_replication_slot_timeout: Option<String>,
     pub table: String,
     pub outbox_rows: Option<i64>,
     pub oldest_row_age_seconds: Option<f64>,
@@ -182,8 +197,21 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         lag_bytes,
         retained_wal_bytes,
         current_wal_lsn,
+        inactive_since,
+        conflicting,
+        failover,
+        synced,
         ..
-    } = slots.report.unwrap_or_default();
+    } = slots.report.clone().unwrap_or_default();
+    let invalidation_reason = slots
+        .report
+        .as_ref()
+        .and_then(|r| r.lost_reason())
+        .map(str::to_string);
+    let idle_replication_slot_timeout = match poll {
+        true => None,
+        false => idle_slot_timeout(client).await?,
+    };
     Ok(Status {
         mode: if poll { "poll" } else { "wal" },
         slot: slots.slot,
@@ -196,6 +224,12 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         confirmed_flush_lsn,
         restart_lsn,
         current_wal_lsn: (!current_wal_lsn.is_empty()).then_some(current_wal_lsn),
+        invalidation_reason,
+        inactive_since,
+        conflicting,
+        failover,
+        synced,
+        idle_replication_slot_timeout,
         table: args.names.table.to_string(),
         outbox_rows: table.outbox_rows,
         oldest_row_age_seconds: table.oldest_row_age_seconds,
@@ -392,9 +426,10 @@ fn slot_lines(status: &Status, lines: &mut Vec<(&'static str, String)>) {
             status.slot
         ),
         "lost" => format!(
-            "{} LOST (invalidated by max_slot_wal_keep_size): messages may be missing. Recover \
-             with teardown, setup and resync --since (docs/operations.md)",
-            status.slot
+            "{} LOST (invalidated: {}): messages may be missing. Recover with teardown, setup \
+             and resync --since (docs/operations.md)",
+            status.slot,
+            status.invalidation_reason.as_deref().unwrap_or("wal_removed")
         ),
         "unused" => "not used (--mode poll)".into(),
         _ => status.slot.clone(),
@@ -438,6 +473,34 @@ fn slot_lines(status: &Status, lines: &mut Vec<(&'static str, String)>) {
         "restart_lsn",
         status.restart_lsn.clone().unwrap_or_default(),
     ));
+    version_lines(status, lines);
+}
+
+/// What newer servers report of the slot, where the server has it.
+fn version_lines(status: &Status, lines: &mut Vec<(&'static str, String)>) {
+    if let Some(reason) = &status.invalidation_reason {
+        lines.push(("invalidation_reason", reason.clone()));
+    }
+    let yes_no = |value: bool| if value { "yes" } else { "no" }.to_string();
+    if let Some(conflicting) = status.conflicting {
+        lines.push(("conflicting", yes_no(conflicting)));
+    }
+    if let Some(failover) = status.failover {
+        lines.push(("failover slot", yes_no(failover)));
+    }
+    if let Some(synced) = status.synced {
+        lines.push(("synced", yes_no(synced)));
+    }
+    if status.failover.is_some() {
+        let since = status.inactive_since.clone();
+        lines.push(("inactive since", since.unwrap_or_else(|| "active".into())));
+    }
+    if let Some(timeout) = &status.idle_replication_slot_timeout {
+        lines.push((
+            "idle slot timeout",
+            format!("{timeout} (idle_replication_slot_timeout: a slot unused this long is lost)"),
+        ));
+    }
 }
 
 /// The table's lines: its rows, and in poll mode the unsent ones.
@@ -554,6 +617,12 @@ mod tests {
             confirmed_flush_lsn: Some("0/16B3748".into()),
             restart_lsn: Some("0/16B3710".into()),
             current_wal_lsn: Some("0/16B3800".into()),
+            invalidation_reason: None,
+            inactive_since: None,
+            conflicting: None,
+            failover: None,
+            synced: None,
+            idle_replication_slot_timeout: None,
             table: "outbox".into(),
             outbox_rows: Some(12),
             oldest_row_age_seconds: Some(192.4),
@@ -567,6 +636,29 @@ mod tests {
             broker: Some("rabbit-2:5672".into()),
             shards: None,
         }
+    }
+
+    /// What a newer server reports is shown where the server has it, and only there.
+    #[test]
+    fn newer_servers_columns_appear_only_where_the_server_has_them() {
+        let old = render(&status());
+        assert!(!old.contains("failover slot"), "{old}");
+        assert!(!old.contains("invalidation_reason"), "{old}");
+        let mut s = status();
+        s.slot_state = "lost";
+        s.invalidation_reason = Some("idle_timeout".into());
+        s.failover = Some(true);
+        s.synced = Some(false);
+        s.idle_replication_slot_timeout = Some("3600s".into());
+        let text = render(&s);
+        assert!(text.contains("LOST (invalidated: idle_timeout)"), "{text}");
+        assert!(text.contains("invalidation_reason  idle_timeout"), "{text}");
+        assert!(text.contains("failover slot        yes"), "{text}");
+        assert!(text.contains("inactive since       active"), "{text}");
+        assert!(text.contains("idle slot timeout    3600s"), "{text}");
+        let json = serde_json::to_value(&s).expect("json");
+        assert_eq!(json["invalidation_reason"], "idle_timeout");
+        assert_eq!(json["failover"], true);
     }
 
     #[test]

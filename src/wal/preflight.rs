@@ -5,6 +5,8 @@
 //! and a slot invalidated by `max_slot_wal_keep_size` must never be recreated silently, since
 //! the messages in the gap would be lost without anyone noticing.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use pgwire_replication::Lsn;
 use tokio_postgres::Client;
 
@@ -186,6 +188,7 @@ pub async fn check_slot(client: &Client, slot: &str) -> Result<SlotState, RelayE
                 .confirmed_flush_lsn
                 .clone()
                 .unwrap_or_else(|| "its last position".into()),
+            reason: report.lost_reason().map(str::to_string),
         });
     }
     if let Some(pid) = report.active_pid {
@@ -199,6 +202,44 @@ pub async fn check_slot(client: &Client, slot: &str) -> Result<SlotState, RelayE
     })
 }
 
+/// PostgreSQL 18's `idle_replication_slot_timeout`, when it is set: the setting with its
+/// unit (read from pg_settings: the unit changed during 18's development). `None` on older
+/// servers and while it is 0 (off, the default).
+pub async fn idle_slot_timeout(client: &Client) -> Result<Option<String>, RelayError> {
+    let row = client
+        .query_opt(
+            "SELECT setting, coalesce(unit, '') FROM pg_catalog.pg_settings \
+             WHERE name = 'idle_replication_slot_timeout'",
+            &[],
+        )
+        .await?;
+    Ok(row
+        .map(|row| (row.get::<_, String>(0), row.get::<_, String>(1)))
+        .filter(|(setting, _)| setting != "0")
+        .map(|(setting, unit)| format!("{setting}{unit}")))
+}
+
+/// Warns, once per process, that the server invalidates idle slots: a relay stopped for
+/// longer than the timeout finds its slot lost.
+async fn warn_if_idle_slots_expire(client: &Client, slot: &str) -> Result<(), RelayError> {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let Some(timeout) = idle_slot_timeout(client).await? else {
+        return Ok(());
+    };
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            %slot,
+            idle_replication_slot_timeout = %timeout,
+            "PostgreSQL invalidates a slot no process has streamed from for longer than \
+             idle_replication_slot_timeout: if every relay of this slot is stopped that long \
+             (a standby relay waiting does not count), the slot is lost (idle_timeout). Fix: \
+             set it to 0 (off), or well above the longest outage you plan for \
+             (docs/operations.md, \"idle_replication_slot_timeout\")"
+        );
+    }
+    Ok(())
+}
+
 /// All checks `run` makes before it starts streaming; `names` are `shard`'s.
 pub async fn check_all(
     client: &Client,
@@ -206,6 +247,7 @@ pub async fn check_all(
     shard: Shard,
 ) -> Result<SlotState, RelayError> {
     check_wal_level(client).await?;
+    warn_if_idle_slots_expire(client, &names.slot).await?;
     check_publication(client, names).await?;
     check_row_filter(client, names, shard).await?;
     check_slot(client, &names.slot).await

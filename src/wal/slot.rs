@@ -23,9 +23,13 @@ use tokio_util::sync::CancellationToken;
 use crate::config::OutboxNames;
 use crate::db;
 use crate::error::RelayError;
+use time::format_description::well_known::Rfc3339;
+
 use crate::observability::{
-    Health, SLOT_ACTIVE, SLOT_LAG_BYTES, SLOT_POLLS_TOTAL, SLOT_POLL_ERRORS_TOTAL,
-    SLOT_RETAINED_WAL_BYTES, SLOT_SAFE_WAL_SIZE_BYTES, SLOT_WAL_STATUS, STATUS_LABEL, WAL_STATUSES,
+    Health, INVALIDATION_REASONS, REASON_LABEL, SLOT_ACTIVE, SLOT_CONFLICTING, SLOT_FAILOVER,
+    SLOT_INACTIVE_SINCE_SECONDS, SLOT_INVALIDATION_REASON, SLOT_LAG_BYTES, SLOT_POLLS_TOTAL,
+    SLOT_POLL_ERRORS_TOTAL, SLOT_RETAINED_WAL_BYTES, SLOT_SAFE_WAL_SIZE_BYTES, SLOT_SYNCED,
+    SLOT_WAL_STATUS, STATUS_LABEL, WAL_STATUSES,
 };
 use crate::periodic::{self, Job};
 
@@ -56,11 +60,50 @@ pub struct SlotReport {
     /// pg_current_wal_lsn() − restart_lsn.
     pub retained_wal_bytes: Option<i64>,
     pub current_wal_lsn: String,
+    /// A temporary slot (a synced one starts so on a standby, 17+).
+    #[serde(default)]
+    pub temporary: Option<bool>,
+    /// 16+: invalidated by a conflict with recovery (a slot on a standby).
+    #[serde(default)]
+    pub conflicting: Option<bool>,
+    /// 17+: a failover slot, synchronized to standbys that ask for it.
+    #[serde(default)]
+    pub failover: Option<bool>,
+    /// 17+: on a standby, synchronized from the primary.
+    #[serde(default)]
+    pub synced: Option<bool>,
+    /// 17+: since when no process has streamed from the slot.
+    #[serde(default)]
+    pub inactive_since: Option<String>,
+    /// 17+: why the slot was invalidated: `wal_removed`, `rows_removed`,
+    /// `wal_level_insufficient`, or (18) `idle_timeout`.
+    #[serde(default)]
+    pub invalidation_reason: Option<String>,
 }
 
 impl SlotReport {
+    /// Invalidated: it can never be streamed from again. PostgreSQL 15 and 16 say so with
+    /// `wal_status = 'lost'` (16: or `conflicting`); from 17 `invalidation_reason` names the
+    /// reason, also for invalidations that keep the WAL (`rows_removed`, `idle_timeout`).
     pub fn is_lost(&self) -> bool {
         self.wal_status.as_deref() == Some("lost")
+            || self.invalidation_reason.is_some()
+            || self.conflicting == Some(true)
+    }
+
+    /// Why the slot was invalidated, in 17's words, on every version: 15 and 16 only report
+    /// removed WAL (`wal_status = 'lost'`) and 16 a conflict with recovery.
+    pub fn lost_reason(&self) -> Option<&str> {
+        match (
+            &self.invalidation_reason,
+            self.conflicting,
+            self.wal_status.as_deref(),
+        ) {
+            (Some(reason), _, _) => Some(reason),
+            (None, Some(true), _) => Some("rows_removed"),
+            (None, _, Some("lost")) => Some("wal_removed"),
+            _ => None,
+        }
     }
 
     /// The slot's confirmed position, once it has one.
@@ -146,6 +189,7 @@ pub async fn replication_error(
             RelayError::SlotLost {
                 slot: names.slot.to_string(),
                 confirmed_flush: "its last position".into(),
+                reason: slot.lost_reason().map(str::to_string),
             }
         }
         (SqlState::UNDEFINED_OBJECT, Some(None)) => RelayError::SlotMissing {
@@ -206,6 +250,35 @@ pub fn record_slot(report: &SlotReport) {
         };
         metrics::gauge!(SLOT_WAL_STATUS, STATUS_LABEL => status).set(value);
     }
+    let lost_reason = report.lost_reason();
+    for reason in INVALIDATION_REASONS {
+        let value = if lost_reason == Some(reason) {
+            1.0
+        } else {
+            0.0
+        };
+        metrics::gauge!(SLOT_INVALIDATION_REASON, REASON_LABEL => reason).set(value);
+    }
+    // Columns a server does not have stay unset: absent from /metrics, not a false 0.
+    let flag = |value: bool| if value { 1.0 } else { 0.0 };
+    for (name, value) in [
+        (SLOT_CONFLICTING, report.conflicting),
+        (SLOT_FAILOVER, report.failover),
+        (SLOT_SYNCED, report.synced),
+    ] {
+        if let Some(value) = value {
+            metrics::gauge!(name).set(flag(value));
+        }
+    }
+    if report.failover.is_some() {
+        // 17+: the column exists; NaN while a process streams from the slot.
+        let since = report
+            .inactive_since
+            .as_deref()
+            .and_then(|text| time::OffsetDateTime::parse(text, &Rfc3339).ok())
+            .map_or(f64::NAN, |at| at.unix_timestamp() as f64);
+        metrics::gauge!(SLOT_INACTIVE_SINCE_SECONDS).set(since);
+    }
 }
 
 /// Reads the slot every `interval` until `shutdown`, setting the slot gauges and telling
@@ -242,4 +315,52 @@ pub async fn run_slot_poller(
     let errors = metrics::counter!(SLOT_POLL_ERRORS_TOTAL);
     let job = Job::poller("slot poller", interval, errors);
     periodic::run(&database_url, job, shutdown, read, record).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(json: &str) -> SlotReport {
+        serde_json::from_str(json).expect("a pg_replication_slots row")
+    }
+
+    /// What to_jsonb makes of a row: 15 has no failover columns, 17 has them all.
+    #[test]
+    fn every_version_reads_and_the_lost_reason_is_told_alike() {
+        let fifteen = report(
+            r#"{"slot_name": "s", "plugin": "pgoutput", "slot_type": "logical", "database": "d",
+                "temporary": false, "active": false, "active_pid": null, "wal_status": "lost",
+                "safe_wal_size": null, "confirmed_flush_lsn": "0/16B3748",
+                "restart_lsn": null, "in_this_database": true, "lag_bytes": 10,
+                "retained_wal_bytes": null, "current_wal_lsn": "0/16B3800"}"#,
+        );
+        assert!(fifteen.is_lost());
+        assert_eq!(fifteen.lost_reason(), Some("wal_removed"));
+        assert_eq!(fifteen.failover, None);
+        assert_eq!(fifteen.confirmed_flush(), Lsn::parse("0/16B3748").ok());
+
+        let eighteen = report(
+            r#"{"slot_name": "s", "plugin": "pgoutput", "slot_type": "logical", "database": "d",
+                "active_pid": null, "wal_status": "reserved", "safe_wal_size": 1048576,
+                "confirmed_flush_lsn": "0/16B3748", "restart_lsn": "0/16B3710",
+                "conflicting": false, "failover": true, "synced": false,
+                "inactive_since": "2026-12-01T20:00:00.123456+00:00",
+                "invalidation_reason": "idle_timeout", "two_phase_at": null,
+                "in_this_database": true, "lag_bytes": 10, "retained_wal_bytes": 56,
+                "current_wal_lsn": "0/16B3800"}"#,
+        );
+        assert!(eighteen.is_lost(), "invalidated with its WAL still there");
+        assert_eq!(eighteen.lost_reason(), Some("idle_timeout"));
+        assert_eq!(eighteen.failover, Some(true));
+
+        let sixteen_conflict = report(
+            r#"{"slot_name": "s", "slot_type": "logical", "active_pid": null,
+                "wal_status": "reserved", "safe_wal_size": null, "conflicting": true,
+                "confirmed_flush_lsn": null, "restart_lsn": null, "plugin": "pgoutput",
+                "lag_bytes": null, "retained_wal_bytes": null, "current_wal_lsn": "0/1"}"#,
+        );
+        assert!(sixteen_conflict.is_lost());
+        assert_eq!(sixteen_conflict.lost_reason(), Some("rows_removed"));
+    }
 }
