@@ -563,21 +563,20 @@ impl RelayError {
         }
     }
 
-    /// Replaces PostgreSQL's terse refusal of a role without REPLICATION (SQLSTATE 42501 on a
-    /// replication connection, or on slot functions) with an error that names it. `role` is
-    /// the URL's user, when known.
+    /// Replaces PostgreSQL's terse refusal of a role without REPLICATION with an error that
+    /// names it: SQLSTATE 42501 on a replication connection (which checks no other
+    /// privilege), or on an ordinary one from a slot function, whose message or detail then
+    /// speaks of replication (15: "must be superuser or replication role"; 16+: "permission
+    /// denied to use replication slots", "Only roles with the REPLICATION attribute …").
+    /// `role` is the URL's user, when known.
     pub fn clarify(self, role: Option<&str>) -> RelayError {
-        let lacks_replication = |sqlstate: Option<&SqlState>, message: &str| {
-            sqlstate == Some(&SqlState::INSUFFICIENT_PRIVILEGE)
-                && message.contains("replication role")
-        };
+        let refused = |code: Option<&SqlState>| code == Some(&SqlState::INSUFFICIENT_PRIVILEGE);
         let clarified = match &self {
-            RelayError::Database(e) => e
-                .as_db_error()
-                .is_some_and(|db| lacks_replication(Some(db.code()), db.message())),
-            RelayError::Replication { sqlstate, source } => {
-                lacks_replication(sqlstate.as_ref(), &source.to_string())
-            }
+            RelayError::Database(e) => e.as_db_error().is_some_and(|db| {
+                let text = format!("{} {}", db.message(), db.detail().unwrap_or_default());
+                refused(Some(db.code())) && text.to_lowercase().contains("replication")
+            }),
+            RelayError::Replication { sqlstate, .. } => refused(sqlstate.as_ref()),
             _ => false,
         };
         if clarified {
@@ -641,7 +640,13 @@ mod tests {
             .clarify(Some("app_relay"));
         assert_eq!(e.recovery(), Recovery::Stop);
         assert!(matches!(e, RelayError::NoReplicationPrivilege { .. }));
-        let other = server("permission denied for table outbox (SQLSTATE 42501)").clarify(None);
+        let sixteen = server(
+            "permission denied to start WAL sender: Only roles with the REPLICATION attribute \
+             may start a WAL sender process. (SQLSTATE 42501)",
+        )
+        .clarify(None);
+        assert!(matches!(sixteen, RelayError::NoReplicationPrivilege { .. }));
+        let other = server("terminating connection (SQLSTATE 57P01)").clarify(None);
         assert!(matches!(other, RelayError::Replication { .. }));
     }
 

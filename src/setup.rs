@@ -250,21 +250,32 @@ pub fn superuser_check_step() -> Step {
 const SUPERUSER_NEEDED: &str = "restricting who may emit needs a superuser: a REVOKE by a role \
                                 that does not own pg_logical_emit_message only warns";
 
-/// `--restrict-emit` (docs/emit.md, "Who may emit"): on PostgreSQL 15 PUBLIC may call
-/// `pg_logical_emit_message`, so any role could forge an event with our prefix. Revoke both
-/// overloads from PUBLIC; keep the text one for the relay's heartbeats; make the emit
+/// `--restrict-emit` (docs/emit.md, "Who may emit"): PUBLIC may call
+/// `pg_logical_emit_message`, so any role could forge an event with our prefix. Revoke every
+/// overload from PUBLIC; keep the text one for the relay's heartbeats; make the emit
 /// functions SECURITY DEFINER (they run as their owner, with a search_path no caller can
-/// change) and callable by the application's role only.
+/// change) and callable by the application's role only. The overloads are found in the
+/// catalog: PostgreSQL 17 added a fourth argument (`flush`) to both, and the script is
+/// printed for DBAs without knowing the server.
 pub fn restrict_emit_step(names: &OutboxNames, restrict: Restrict<'_>) -> Step {
     let (schema, table) = names.table_parts();
     let relay = restrict
         .relay_role
-        .map_or_else(|| "CURRENT_USER".to_string(), quote_ident);
+        .map_or_else(|| "current_user".to_string(), quote_literal);
     let emit_role = quote_ident(restrict.emit_role);
     let mut sql = format!(
-        "REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) FROM PUBLIC;\n\
-         REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC;\n\
-         GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) TO {relay};"
+        "DO {DO_TAG} DECLARE overload regprocedure; BEGIN\n\
+         \x20   FOR overload IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p\n\
+         \x20       WHERE p.pronamespace = 'pg_catalog'::regnamespace\n\
+         \x20       AND p.proname = 'pg_logical_emit_message' LOOP\n\
+         \x20       EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', overload);\n\
+         \x20       -- The text overload stays callable for the relay's heartbeats.\n\
+         \x20       IF (SELECT p.proargtypes[2] FROM pg_catalog.pg_proc p WHERE p.oid = overload)\n\
+         \x20           = 'text'::regtype THEN\n\
+         \x20           EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %I', overload, {relay});\n\
+         \x20       END IF;\n\
+         \x20   END LOOP;\n\
+         END {DO_TAG};"
     );
     for (suffix, kind) in crate::emit::FUNCTION_SUFFIXES {
         let function = format!(
@@ -759,15 +770,15 @@ mod tests {
         let function = sql.find("CREATE OR REPLACE FUNCTION").expect("functions");
         let revoke = sql.find("REVOKE EXECUTE").expect("revoke");
         assert!(check < table && function < revoke, "{sql}");
-        for overload in [
-            "(boolean, text, text) FROM PUBLIC",
-            "(boolean, text, bytea) FROM PUBLIC",
-        ] {
-            assert!(sql.contains(overload), "{sql}");
-        }
+        // Every overload, whatever the server's version names them.
         assert!(
-            sql.contains("(boolean, text, text) TO CURRENT_USER;"),
+            sql.contains("p.proname = 'pg_logical_emit_message' LOOP"),
             "{sql}"
+        );
+        assert!(sql.contains("FROM PUBLIC', overload);"), "{sql}");
+        assert!(
+            sql.contains("TO %I', overload, current_user);"),
+            "the relay keeps the text overload: {sql}"
         );
         assert_eq!(
             sql.matches("SECURITY DEFINER SET search_path = pg_catalog, pg_temp")

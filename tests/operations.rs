@@ -563,7 +563,14 @@ async fn status_exits_2_when_the_slot_is_lost() {
         "{table}"
     );
     let json = std::process::Command::new(common::relay::binary())
-        .args(["status", "--json", "--database-url", &db_url, "--slot", &slot])
+        .args([
+            "status",
+            "--json",
+            "--database-url",
+            &db_url,
+            "--slot",
+            &slot,
+        ])
         .args(["--metrics-addr", "off"])
         .output()
         .expect("run status --json");
@@ -573,7 +580,10 @@ async fn status_exits_2_when_the_slot_is_lost() {
         assert_eq!(json["failover"], false, "17+ reports the column: {json}");
         assert!(table.contains("failover slot        no"), "{table}");
     } else {
-        assert!(json["failover"].is_null(), "no such column before 17: {json}");
+        assert!(
+            json["failover"].is_null(),
+            "no such column before 17: {json}"
+        );
     }
 
     // The relay refuses the slot, naming the reason and what to do.
@@ -591,7 +601,10 @@ async fn status_exits_2_when_the_slot_is_lost() {
     let stopped = text(&run);
     assert!(stopped.contains("was invalidated"), "{stopped}");
     assert!(stopped.contains(&format!("({reason}:")), "{stopped}");
-    assert!(stopped.contains("max_slot_wal_keep_size"), "the fix: {stopped}");
+    assert!(
+        stopped.contains("max_slot_wal_keep_size"),
+        "the fix: {stopped}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------

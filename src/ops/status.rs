@@ -429,7 +429,10 @@ fn slot_lines(status: &Status, lines: &mut Vec<(&'static str, String)>) {
             "{} LOST (invalidated: {}): messages may be missing. Recover with teardown, setup \
              and resync --since (docs/operations.md)",
             status.slot,
-            status.invalidation_reason.as_deref().unwrap_or("wal_removed")
+            status
+                .invalidation_reason
+                .as_deref()
+                .unwrap_or("wal_removed")
         ),
         "unused" => "not used (--mode poll)".into(),
         _ => status.slot.clone(),

@@ -95,7 +95,8 @@ pub async fn emit(database_url: String, heartbeat: Heartbeat, interval: Duration
                 tracing::warn!(
                     "heartbeats disabled: the relay's role may not call pg_logical_emit_message \
                      (GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO \
-                     the role, see sql/role.sql). Without them a silently dropped replication \
+                     the role; on PostgreSQL 17+ (boolean, text, text, boolean); see \
+                     sql/role.sql). Without them a silently dropped replication \
                      connection is noticed only by TCP, and an idle slot advances only on keepalives"
                 );
                 return;
