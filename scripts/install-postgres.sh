@@ -6,6 +6,7 @@
 #
 #   scripts/install-postgres.sh          every pinned major version
 #   scripts/install-postgres.sh 17 18    only these
+#   scripts/install-postgres.sh --bin-dir 18   prints where 18's binaries are (15: Debian's)
 #
 # Each goes to $OUTBOX_TEST_PG_CACHE/<version>/{bin,lib,share} (default
 # /var/cache/outbox-relay/postgresql), outside the repository and readable by the postgres
@@ -33,6 +34,25 @@ pinned_version() {
     pinned | awk -v major="$1" '$1 == major { print $2 }'
 }
 
+bin_dir() {
+    local version
+    if [ "$1" = 15 ]; then
+        echo /usr/lib/postgresql/15/bin
+        return 0
+    fi
+    version=$(pinned_version "$1")
+    if [ -z "$version" ]; then
+        echo "PostgreSQL $1 is not pinned in $PINS (pinned: $(pinned | awk '{ print $1 }' | xargs))" >&2
+        return 1
+    fi
+    echo "$CACHE/$version/bin"
+}
+
+if [ "${1:-}" = --bin-dir ]; then
+    bin_dir "${2:?--bin-dir MAJOR}"
+    exit
+fi
+
 majors=("$@")
 if [ "${#majors[@]}" -eq 0 ]; then
     mapfile -t majors < <(pinned | awk '{ print $1 }')
@@ -45,8 +65,8 @@ for major in "${majors[@]}"; do
         echo "PostgreSQL $major is not pinned in $PINS (pinned: $(pinned | awk '{ print $1 }' | xargs))" >&2
         exit 1
     fi
-    if [ -f "$CACHE/$version/.installed" ] && [ -x "$CACHE/$version/bin/initdb" ]; then
-        echo "PostgreSQL $major: $version already in $CACHE/$version/bin"
+    if [ -f "$CACHE/$version/.installed" ] && [ -x "$(bin_dir "$major")/initdb" ]; then
+        echo "PostgreSQL $major: $version already in $(bin_dir "$major")"
     else
         todo+=("$major")
     fi
@@ -111,5 +131,5 @@ for major in "${todo[@]}"; do
             "${sudo[@]}" rm -rf "$old"
         fi
     done
-    echo "PostgreSQL $major: $reported in $CACHE/$version/bin"
+    echo "PostgreSQL $major: $reported in $(bin_dir "$major")"
 done
