@@ -118,6 +118,54 @@ fn servers_of_two_major_versions_run_side_by_side() {
     assert_ne!(servers[0].port(), servers[1].port());
 }
 
+/// A streaming standby made by copying the primary's data directory: it replays what the
+/// primary commits after the copy, refuses writes, and takes them once promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_follows_its_primary_and_takes_writes_once_promoted() {
+    let primary = tokio::task::spawn_blocking(|| PgServer::start(&[]))
+        .await
+        .unwrap();
+    let client = primary.client("postgres").await;
+    client
+        .batch_execute("CREATE TABLE t (id int); INSERT INTO t VALUES (1);")
+        .await
+        .unwrap();
+    let (primary, standby) = tokio::task::spawn_blocking(move || {
+        let standby = PgServer::start_standby_of(&primary, "standby_slot", &[]);
+        (primary, standby)
+    })
+    .await
+    .unwrap();
+    assert_eq!(standby.major_version(), primary.major_version());
+    let primary_client = primary.client("postgres").await;
+    primary_client
+        .batch_execute("INSERT INTO t VALUES (2)")
+        .await
+        .unwrap();
+    let replica = standby.client("postgres").await;
+    let in_recovery: bool = pg::query_value(&replica, "SELECT pg_is_in_recovery()").await;
+    assert!(in_recovery, "the copy runs as a standby");
+    let streamed = pg::wait_count(&replica, "SELECT count(*) FROM t", WAIT, |n| n == 2).await;
+    assert_eq!(streamed, Ok(2), "the row committed after the copy arrives");
+    let active: i64 = pg::query_value(
+        &primary_client,
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'standby_slot' AND active",
+    )
+    .await;
+    assert_eq!(active, 1, "the standby streams through its physical slot");
+    assert!(replica
+        .batch_execute("INSERT INTO t VALUES (3)")
+        .await
+        .is_err());
+
+    let promoted: bool = pg::query_value(&replica, "SELECT pg_promote()").await;
+    assert!(promoted);
+    replica
+        .batch_execute("INSERT INTO t VALUES (3)")
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn rabbitmq_confirmed_publishes_reach_a_bound_queue() {
     let url = services().rabbit.url();

@@ -195,7 +195,6 @@ impl PgServer {
             output_text(&out)
         );
 
-        let mut conf = String::from("\n# outbox-relay test harness\n");
         let defaults = [
             ("listen_addresses", "127.0.0.1"),
             (
@@ -208,14 +207,82 @@ impl PgServer {
             ("max_connections", "200"),
             ("log_line_prefix", "%m [%p] %q%a "),
         ];
-        for (name, value) in defaults.iter().chain(extra_settings) {
-            conf += &format!("{name} = '{}'\n", value.replace('\'', "''"));
-        }
-        let conf_path = data.join("postgresql.conf");
-        let mut existing = std::fs::read_to_string(&conf_path).expect("read postgresql.conf");
-        existing += &conf;
-        std::fs::write(&conf_path, existing).expect("write postgresql.conf");
+        let settings: Vec<(&str, &str)> = defaults.iter().chain(extra_settings).copied().collect();
+        append_settings(&data, &settings);
+        Self::launch(tempdir, bin, started)
+    }
 
+    /// A streaming standby of the private server `primary`, of its version: creates the
+    /// physical slot `slot` on the primary (reserving WAL at once), stops it cleanly, copies its data directory (the
+    /// 16-18 binaries have no pg_basebackup), starts it again, and starts the copy with
+    /// `standby.signal`, `primary_conninfo` (with `dbname`, which slot synchronization needs)
+    /// and `primary_slot_name`, plus `extra_settings` (e.g. `hot_standby_feedback`). It
+    /// returns once the standby accepts connections; it is caught up to where the primary
+    /// stopped, and follows it from there.
+    pub fn start_standby_of(
+        primary: &PgServer,
+        slot: &str,
+        extra_settings: &[(&str, &str)],
+    ) -> PgServer {
+        let started = Instant::now();
+        let source = primary.private("start_standby_of");
+        block_on(async {
+            let client = primary.client("postgres").await;
+            client
+                .execute(
+                    "SELECT pg_create_physical_replication_slot($1, true)",
+                    &[&slot],
+                )
+                .await
+                .unwrap_or_else(|e| panic!("create the physical slot {slot}: {e:?}"));
+        });
+        primary.stop();
+        let tempdir = tempfile::Builder::new()
+            .prefix("outbox-test-pg-standby-")
+            .tempdir()
+            .expect("create a temp dir for the standby");
+        let dir = tempdir.path().to_path_buf();
+        chown_to(&dir, "postgres");
+        let data = dir.join("data");
+        // As postgres, so the copy keeps its owner and modes.
+        let copied = pg_user_command("cp")
+            .arg("-a")
+            .arg(source.data())
+            .arg(&data)
+            .output()
+            .expect("run cp");
+        primary.start_again();
+        assert!(
+            copied.status.success(),
+            "copying {} failed:\n{}",
+            source.data().display(),
+            output_text(&copied)
+        );
+        let conninfo = format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres application_name=standby",
+            source.port
+        );
+        let standby = [
+            (
+                "unix_socket_directories",
+                dir.to_str().expect("utf-8 temp dir"),
+            ),
+            ("primary_conninfo", conninfo.as_str()),
+            ("primary_slot_name", slot),
+            ("hot_standby", "on"),
+        ];
+        let settings: Vec<(&str, &str)> = standby.iter().chain(extra_settings).copied().collect();
+        append_settings(&data, &settings);
+        std::fs::write(data.join("standby.signal"), "").expect("write standby.signal");
+        chown_to(&data.join("standby.signal"), "postgres");
+        Self::launch(tempdir, source.bin.clone(), started)
+    }
+
+    /// Starts the server whose data directory is `tempdir`/data on a free port, with a
+    /// watchdog that removes it if this process dies first.
+    fn launch(tempdir: tempfile::TempDir, bin: PathBuf, started: Instant) -> PgServer {
+        let dir = tempdir.path().to_path_buf();
+        let data = dir.join("data");
         // Started before the server, so that a test process killed during the start
         // does not leave it behind.
         let cleanup = format!(
@@ -450,6 +517,18 @@ impl Private {
     }
 }
 
+/// Appends `settings` to `data`/postgresql.conf: later lines override earlier ones.
+fn append_settings(data: &Path, settings: &[(&str, &str)]) {
+    let mut conf = String::from("\n# outbox-relay test harness\n");
+    for (name, value) in settings {
+        conf += &format!("{name} = '{}'\n", value.replace('\'', "''"));
+    }
+    let conf_path = data.join("postgresql.conf");
+    let mut existing = std::fs::read_to_string(&conf_path).expect("read postgresql.conf");
+    existing += &conf;
+    std::fs::write(&conf_path, existing).expect("write postgresql.conf");
+}
+
 /// Runs `future` to completion on a runtime of its own, in a thread of its own: callable from
 /// any thread, inside a runtime or not (a runtime cannot block on another in its own thread).
 fn block_on<T: Send>(future: impl std::future::Future<Output = T> + Send) -> T {
@@ -469,13 +548,17 @@ fn block_on<T: Send>(future: impl std::future::Future<Output = T> + Send) -> T {
 
 /// A server binary of `bin`, run as `postgres` when we are root.
 fn pg_command(bin: &Path, binary: &str) -> Command {
-    let path = bin.join(binary);
+    pg_user_command(bin.join(binary))
+}
+
+/// `program`, run as `postgres` when we are root.
+fn pg_user_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut cmd = if is_root() {
         let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(&path);
+        c.args(["-u", "postgres", "--"]).arg(program);
         c
     } else {
-        Command::new(path)
+        Command::new(program)
     };
     // runuser keeps the cwd; postgres cannot read /root.
     cmd.current_dir("/");
