@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use tokio::time::Instant;
 
-use super::{Bench, Distinct, DrainSpec, Seed, Setup};
+use super::{panic_text, Bench, Distinct, DrainSpec, Seed, Setup};
 use crate::compare::{
     check_distinct, CompareBroker, CompareLatency, CompareResults, CompareRun, CompareSetup,
 };
@@ -166,17 +166,6 @@ impl Servers {
         } else {
             Box::new((0..self.pg.len()).map(Some))
         }
-    }
-}
-
-fn panic_text(e: tokio::task::JoinError) -> String {
-    match e.try_into_panic() {
-        Ok(payload) => payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "it panicked".into()),
-        Err(e) => e.to_string(),
     }
 }
 
