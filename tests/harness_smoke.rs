@@ -7,7 +7,7 @@ use outbox_testkit as common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::pg::{column_value, parse_test_decoding, replace_url_database, url_port};
+use common::pg::{self, column_value, parse_test_decoding, replace_url_database, url_port};
 use common::{
     create_test_decoding_slot, current_wal_lsn, declare_bound_queue, format_lsn, parse_lsn,
     pg_connect, queue_message_count, read_test_decoding, services, slot_confirmed_flush,
@@ -56,6 +56,114 @@ async fn postgres_test_decoding_oracle_sees_one_transaction_in_insert_order() {
     // Peeking does not consume: the slot has not moved.
     assert_eq!(slot_confirmed_flush(&client, &slot).await, created_at);
     assert_eq!(read_test_decoding(&client, &slot).await, txns);
+}
+
+/// The shared server is the version `OUTBOX_TEST_PG_MAJOR` chose, as the server itself says
+/// (or, with `OUTBOX_TEST_PG_BIN`, the version of those binaries).
+#[test]
+fn the_shared_server_runs_the_chosen_major_version() {
+    let pg = &services().pg;
+    if std::env::var(common::DATABASE_URL_ENV).is_ok_and(|url| !url.is_empty()) {
+        eprintln!(
+            "an external server ({}): no version was chosen",
+            common::DATABASE_URL_ENV
+        );
+        return;
+    }
+    let expected = match std::env::var(pg::PG_BIN_ENV) {
+        Ok(bin) if !bin.is_empty() => binaries_major(Path::new(&bin)),
+        _ => pg::pg_major(),
+    };
+    assert_eq!(
+        pg.major_version(),
+        expected,
+        "server_version {}",
+        pg.server_version()
+    );
+}
+
+/// `postgres --version` of the binaries in `bin`: `postgres (PostgreSQL) 18.4` is 18.
+fn binaries_major(bin: &Path) -> u32 {
+    let out = std::process::Command::new(bin.join("postgres"))
+        .arg("--version")
+        .output()
+        .expect("run postgres --version");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text.rsplit(' ').next().unwrap_or_default();
+    let major = version.split(['.', 'b', 'r']).next().unwrap_or_default();
+    major
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no major version in {text:?}"))
+}
+
+/// One process runs servers of two major versions at once (a primary and a standby of a
+/// failover test are started this way), each from its own binaries.
+#[test]
+fn servers_of_two_major_versions_run_side_by_side() {
+    let newest = *pg::supported_majors().iter().max().expect("versions");
+    let majors = [pg::DEFAULT_PG_MAJOR, newest];
+    let servers: Vec<PgServer> = std::thread::scope(|s| {
+        let started: Vec<_> = majors
+            .iter()
+            .map(|&major| s.spawn(move || PgServer::start_major(major, &[])))
+            .collect();
+        started.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for (server, major) in servers.iter().zip(majors) {
+        assert_eq!(server.major_version(), major, "{}", server.server_version());
+        assert_eq!(server.bin(), pg::pg_bin_of(major));
+        assert_eq!(binaries_major(server.bin()), major);
+    }
+    assert_ne!(servers[0].port(), servers[1].port());
+}
+
+/// A streaming standby made by copying the primary's data directory: it replays what the
+/// primary commits after the copy, refuses writes, and takes them once promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_follows_its_primary_and_takes_writes_once_promoted() {
+    let primary = tokio::task::spawn_blocking(|| PgServer::start(&[]))
+        .await
+        .unwrap();
+    let client = primary.client("postgres").await;
+    client
+        .batch_execute("CREATE TABLE t (id int); INSERT INTO t VALUES (1);")
+        .await
+        .unwrap();
+    let (primary, standby) = tokio::task::spawn_blocking(move || {
+        let standby = PgServer::start_standby_of(&primary, "standby_slot", &[]);
+        (primary, standby)
+    })
+    .await
+    .unwrap();
+    assert_eq!(standby.major_version(), primary.major_version());
+    let primary_client = primary.client("postgres").await;
+    primary_client
+        .batch_execute("INSERT INTO t VALUES (2)")
+        .await
+        .unwrap();
+    let replica = standby.client("postgres").await;
+    let in_recovery: bool = pg::query_value(&replica, "SELECT pg_is_in_recovery()").await;
+    assert!(in_recovery, "the copy runs as a standby");
+    let streamed = pg::wait_count(&replica, "SELECT count(*) FROM t", WAIT, |n| n == 2).await;
+    assert_eq!(streamed, Ok(2), "the row committed after the copy arrives");
+    let active: i64 = pg::query_value(
+        &primary_client,
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'standby_slot' AND active",
+    )
+    .await;
+    assert_eq!(active, 1, "the standby streams through its physical slot");
+    assert!(replica
+        .batch_execute("INSERT INTO t VALUES (3)")
+        .await
+        .is_err());
+
+    let promoted: bool = pg::query_value(&replica, "SELECT pg_promote()").await;
+    assert!(promoted);
+    replica
+        .batch_execute("INSERT INTO t VALUES (3)")
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

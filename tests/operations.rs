@@ -1138,14 +1138,14 @@ async fn a_role_without_replication_gets_a_clear_error() {
 /// `setup --print-sql` into it) and returns its output; panics if psql fails.
 fn psql(url: &str, sql: &str) -> String {
     use std::io::Write as _;
-    let psql = format!("{}/psql", common::pg::pg_bin());
+    let psql = common::pg::client_program(&common::pg::pg_bin(), "psql");
     let mut child = std::process::Command::new(&psql)
         .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("start {psql}: {e}"));
+        .unwrap_or_else(|e| panic!("start {}: {e}", psql.display()));
     child
         .stdin
         .take()

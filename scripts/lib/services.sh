@@ -9,6 +9,7 @@
 #   svc_pg_start WORKDIR        -> PG_PORT, PG_DIR, PG_URL (SVC_PG_CONF: extra settings)
 #   svc_pg_stop
 #   svc_rabbit_start WORKDIR    -> RABBIT_NODE, RABBIT_PORT, RABBIT_DIR, RABBIT_URL
+#                                  (SVC_RABBIT_NAME: the node name's prefix, outbox-demo)
 #   svc_rabbit_stop
 #
 # Debian's /usr/sbin/rabbitmq-* wrappers, run as root, switch to the rabbitmq user with
@@ -18,6 +19,7 @@
 # reaches it, and registers with the system's epmd on 4369 (starting one if none runs).
 
 SUDO=${SUDO-}
+SVC_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [ -z "$SUDO" ] && [ "$(id -u)" != 0 ]; then
     SUDO=sudo
 fi
@@ -42,9 +44,19 @@ svc_port_open() {
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
-# The newest installed PostgreSQL server binaries.
+# The PostgreSQL server binaries: with OUTBOX_TEST_PG_MAJOR, that major version's (16-18 from
+# scripts/install-postgres.sh), else the newest installed under /usr/lib/postgresql.
 svc_pg_bin() {
     local dir
+    if [ -n "${OUTBOX_TEST_PG_MAJOR:-}" ]; then
+        dir=$("$SVC_SCRIPTS/install-postgres.sh" --bin-dir "$OUTBOX_TEST_PG_MAJOR") || return 1
+        if [ ! -x "$dir/initdb" ]; then
+            echo "no PostgreSQL $OUTBOX_TEST_PG_MAJOR in $dir: scripts/install-postgres.sh $OUTBOX_TEST_PG_MAJOR installs it" >&2
+            return 1
+        fi
+        echo "$dir"
+        return 0
+    fi
     dir=$(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin -type d 2>/dev/null | sort -V | tail -n 1)
     if [ -z "$dir" ] || [ ! -x "$dir/initdb" ]; then
         echo "no PostgreSQL server binaries under /usr/lib/postgresql" >&2
@@ -108,7 +120,7 @@ svc_pg_stop() {
 svc_rabbit_start() {
     local work=$1 started pid
     RABBIT_DIR=$work/rabbit
-    RABBIT_NODE="outbox-demo-$$@localhost"
+    RABBIT_NODE="${SVC_RABBIT_NAME:-outbox-demo}-$$@localhost"
     RABBIT_PORT=$(svc_free_port) || return 1
     RABBIT_DIST_PORT=$(svc_free_port) || return 1
     while [ "$RABBIT_DIST_PORT" = "$RABBIT_PORT" ]; do

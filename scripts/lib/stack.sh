@@ -28,7 +28,10 @@ fi
 
 stack_packages() {
     local missing=()
-    svc_pg_bin >/dev/null 2>&1 || missing+=(postgresql)
+    case ${OUTBOX_TEST_PG_MAJOR:-15} in
+        15) svc_pg_bin >/dev/null 2>&1 || missing+=(postgresql) ;;
+        *) "$REPO/scripts/install-postgres.sh" "$OUTBOX_TEST_PG_MAJOR" ;;
+    esac
     [ -x /usr/sbin/rabbitmq-server ] || missing+=(rabbitmq-server)
     command -v cc >/dev/null 2>&1 || missing+=(build-essential)
     if [ ${#missing[@]} -gt 0 ]; then

@@ -176,6 +176,18 @@ pub struct BenchArgs {
     #[arg(long, value_name = "SETUPS", value_delimiter = ',', conflicts_with_all = ["ab_with", "cluster_only", "shards_sweep", "emit"])]
     pub compare: Vec<CompareSetup>,
 
+    /// --compare on private PostgreSQL servers of these major versions (e.g. `15,18`), which
+    /// this process starts with the same settings and stops afterwards (15: Debian's binaries;
+    /// 16-18: scripts/install-postgres.sh's): every setup is drained on each, named
+    /// SETUP@pgMAJOR, in the same rounds. Without it, on DATABASE_URL's server.
+    #[arg(
+        long,
+        value_name = "MAJORS",
+        value_delimiter = ',',
+        requires = "compare"
+    )]
+    pub compare_pg: Vec<u32>,
+
     /// --compare with no consumer attached: the rate is messages in the queue per second (the
     /// broker's count, from passive declares), from the relay's start.
     #[arg(long, requires = "compare")]

@@ -160,9 +160,11 @@ fn services_in(
             (Ok(pg), Ok(rabbit)) => {
                 stop_services_at_exit_once();
                 eprintln!(
-                    "harness: shared services ready in {:?} (postgres {}, rabbitmq {})",
+                    "harness: shared services ready in {:?} (postgres {} server_version {}, \
+                     rabbitmq {})",
                     started.elapsed(),
                     pg.url("postgres"),
+                    pg.server_version(),
                     rabbit.url()
                 );
                 Ok(Services { pg, rabbit })

@@ -1,33 +1,137 @@
-//! A private PostgreSQL for tests, and the `test_decoding` oracle.
+//! A private PostgreSQL for tests, of a chosen major version, and the `test_decoding` oracle.
 //!
 //! The server runs from the installed binaries as the `postgres` user (initdb refuses
 //! root) in a temp dir that holds the data dir, the unix socket and the server log.
 //! fsync stays on: the crash tests stop it with `-m immediate` and rely on recovery.
+//!
+//! Versions: 15 is Debian 12's (`/usr/lib/postgresql/15/bin`), the default; 16, 17 and 18 are
+//! the server binaries `scripts/install-postgres.sh` puts into a cache outside the repository,
+//! at the versions pinned in `postgres-versions` (this crate's root). [`PG_MAJOR_ENV`] chooses
+//! the version of a test process's servers, [`PgServer::start_major`] one server's.
 //!
 //! It owns its server's lifecycle; it must never stop or change a server it did not start:
 //! with `OUTBOX_TEST_DATABASE_URL` (an external server) the stop and start methods panic.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use tokio_postgres::{Client, NoTls};
 
 use super::{chown_to, free_port, is_root, spawn_watchdog, stop_watchdog, tail_file};
 
-/// Where Debian puts the PostgreSQL 15 server binaries; `OUTBOX_TEST_PG_BIN` overrides.
+/// Where Debian puts the PostgreSQL 15 server binaries.
 pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+/// The major version of Debian 12's PostgreSQL, the tests' default.
+pub const DEFAULT_PG_MAJOR: u32 = 15;
+/// Environment variable choosing the major version of this process's servers (15, 16, 17, 18).
+pub const PG_MAJOR_ENV: &str = "OUTBOX_TEST_PG_MAJOR";
+/// Environment variable naming a directory of server binaries to use instead (any version).
+pub const PG_BIN_ENV: &str = "OUTBOX_TEST_PG_BIN";
+/// Environment variable naming the cache of the installed 16, 17 and 18 (default [`PG_CACHE`]).
+pub const PG_CACHE_ENV: &str = "OUTBOX_TEST_PG_CACHE";
+/// The default cache: outside the repository, and readable by the `postgres` user (the
+/// servers run as it; /root is closed to it).
+pub const PG_CACHE: &str = "/var/cache/outbox-relay/postgresql";
 
-/// The server binaries' directory: `OUTBOX_TEST_PG_BIN` or [`PG_BIN`].
-pub fn pg_bin() -> String {
-    std::env::var("OUTBOX_TEST_PG_BIN").unwrap_or_else(|_| PG_BIN.to_string())
+/// `MAJOR VERSION` lines: the npm package version that holds each major's binaries.
+const PINNED: &str = include_str!("../postgres-versions");
+
+/// The pinned major versions besides [`DEFAULT_PG_MAJOR`], with their package versions.
+pub fn pinned_versions() -> Vec<(u32, &'static str)> {
+    PINNED
+        .lines()
+        .filter(|line| !line.trim().is_empty() && !line.starts_with('#'))
+        .map(|line| {
+            let mut fields = line.split_whitespace();
+            let major = fields.next().and_then(|m| m.parse().ok());
+            match (major, fields.next()) {
+                (Some(major), Some(version)) => (major, version),
+                _ => panic!("postgres-versions: not `MAJOR VERSION`: {line:?}"),
+            }
+        })
+        .collect()
+}
+
+/// Every major version the tests can run on: the default, then the pinned ones.
+pub fn supported_majors() -> Vec<u32> {
+    let pinned = pinned_versions().into_iter().map(|(major, _)| major);
+    std::iter::once(DEFAULT_PG_MAJOR).chain(pinned).collect()
+}
+
+/// The major version this process's servers run: [`PG_MAJOR_ENV`], else 15. Panics on a
+/// value that is not a supported version.
+pub fn pg_major() -> u32 {
+    let Ok(value) = std::env::var(PG_MAJOR_ENV) else {
+        return DEFAULT_PG_MAJOR;
+    };
+    let supported = supported_majors();
+    match value.trim().parse() {
+        Ok(major) if supported.contains(&major) => major,
+        _ => panic!("{PG_MAJOR_ENV}={value:?} is not a PostgreSQL major version the tests run on: one of {supported:?}"),
+    }
+}
+
+/// The server binaries of `major`: Debian's for 15, the cache's for the pinned ones. Panics,
+/// naming the command that installs them, if they are not there.
+pub fn pg_bin_of(major: u32) -> PathBuf {
+    let (bin, install) = if major == DEFAULT_PG_MAJOR {
+        (
+            PathBuf::from(PG_BIN),
+            format!("apt-get install postgresql-{major}"),
+        )
+    } else {
+        let Some((_, version)) = pinned_versions().into_iter().find(|(m, _)| *m == major) else {
+            panic!(
+                "PostgreSQL {major} is not a version the tests run on: one of {:?}",
+                supported_majors()
+            );
+        };
+        let cache = std::env::var(PG_CACHE_ENV).unwrap_or_else(|_| PG_CACHE.to_string());
+        let bin = Path::new(&cache).join(version).join("bin");
+        let env = if cache == PG_CACHE {
+            String::new()
+        } else {
+            format!("{PG_CACHE_ENV}={cache} ")
+        };
+        (bin, format!("{env}scripts/install-postgres.sh {major}"))
+    };
+    assert!(
+        bin.join("initdb").is_file(),
+        "PostgreSQL {major} is not installed ({} has no initdb): install it with `{install}`",
+        bin.display()
+    );
+    bin
+}
+
+/// The server binaries this process's servers run: [`PG_BIN_ENV`], else those of
+/// [`pg_major`].
+pub fn pg_bin() -> PathBuf {
+    match std::env::var(PG_BIN_ENV) {
+        Ok(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => pg_bin_of(pg_major()),
+    }
+}
+
+/// A client program (`psql`, `pg_recvlogical`): from the server's binaries where they have
+/// it, else Debian's 15 (the 16-18 packages hold only the server; a client of 15 talks to
+/// the newer servers).
+pub fn client_program(bin: &Path, name: &str) -> PathBuf {
+    let own = bin.join(name);
+    if own.is_file() {
+        own
+    } else {
+        Path::new(PG_BIN).join(name)
+    }
 }
 
 /// A PostgreSQL server: a private one started by the harness, or an external one named
 /// by `OUTBOX_TEST_DATABASE_URL` (then the stop/start methods panic).
 pub struct PgServer {
     kind: Kind,
+    /// `server_version` as the server reports it, read on first use.
+    version: OnceLock<String>,
 }
 
 /// Private, or external with its URL kept as given (for its credentials, host, port and
@@ -38,6 +142,8 @@ struct Private {
     port: u16,
     /// Owned by `postgres`: holds `data/`, the socket and `postgres.log`.
     dir: PathBuf,
+    /// The server binaries it runs from.
+    bin: PathBuf,
     state: Mutex<PrivateState>,
 }
 
@@ -49,10 +155,22 @@ struct PrivateState {
 }
 
 impl PgServer {
-    /// initdb and start a private server on a free port with `wal_level=logical`, 50
-    /// replication slots and WAL senders, plus `extra_settings` (written after the
-    /// defaults into postgresql.conf, so they override them). About 1 s.
+    /// initdb and start a private server of this process's version ([`pg_bin`]) on a free
+    /// port with `wal_level=logical`, 200 replication slots, WAL senders and connections,
+    /// plus `extra_settings` (written after the defaults into postgresql.conf, so they
+    /// override them). About 1 s.
     pub fn start(extra_settings: &[(&str, &str)]) -> PgServer {
+        Self::start_from(pg_bin(), extra_settings)
+    }
+
+    /// Like [`Self::start`], of the major version `major` whatever [`PG_MAJOR_ENV`] and
+    /// [`PG_BIN_ENV`] say: for a test that runs servers of different versions, or one it
+    /// names (e.g. a feature of 17).
+    pub fn start_major(major: u32, extra_settings: &[(&str, &str)]) -> PgServer {
+        Self::start_from(pg_bin_of(major), extra_settings)
+    }
+
+    fn start_from(bin: PathBuf, extra_settings: &[(&str, &str)]) -> PgServer {
         let started = Instant::now();
         let tempdir = tempfile::Builder::new()
             .prefix("outbox-test-pg-")
@@ -62,7 +180,7 @@ impl PgServer {
         chown_to(&dir, "postgres");
         let data = dir.join("data");
 
-        let out = pg_command("initdb")
+        let out = pg_command(&bin, "initdb")
             .arg("-D")
             .arg(&data)
             .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C"])
@@ -77,7 +195,6 @@ impl PgServer {
             output_text(&out)
         );
 
-        let mut conf = String::from("\n# outbox-relay test harness\n");
         let defaults = [
             ("listen_addresses", "127.0.0.1"),
             (
@@ -90,14 +207,82 @@ impl PgServer {
             ("max_connections", "200"),
             ("log_line_prefix", "%m [%p] %q%a "),
         ];
-        for (name, value) in defaults.iter().chain(extra_settings) {
-            conf += &format!("{name} = '{}'\n", value.replace('\'', "''"));
-        }
-        let conf_path = data.join("postgresql.conf");
-        let mut existing = std::fs::read_to_string(&conf_path).expect("read postgresql.conf");
-        existing += &conf;
-        std::fs::write(&conf_path, existing).expect("write postgresql.conf");
+        let settings: Vec<(&str, &str)> = defaults.iter().chain(extra_settings).copied().collect();
+        append_settings(&data, &settings);
+        Self::launch(tempdir, bin, started)
+    }
 
+    /// A streaming standby of the private server `primary`, of its version: creates the
+    /// physical slot `slot` on the primary (reserving WAL at once), stops it cleanly, copies its data directory (the
+    /// 16-18 binaries have no pg_basebackup), starts it again, and starts the copy with
+    /// `standby.signal`, `primary_conninfo` (with `dbname`, which slot synchronization needs)
+    /// and `primary_slot_name`, plus `extra_settings` (e.g. `hot_standby_feedback`). It
+    /// returns once the standby accepts connections; it is caught up to where the primary
+    /// stopped, and follows it from there.
+    pub fn start_standby_of(
+        primary: &PgServer,
+        slot: &str,
+        extra_settings: &[(&str, &str)],
+    ) -> PgServer {
+        let started = Instant::now();
+        let source = primary.private("start_standby_of");
+        block_on(async {
+            let client = primary.client("postgres").await;
+            client
+                .execute(
+                    "SELECT pg_create_physical_replication_slot($1, true)",
+                    &[&slot],
+                )
+                .await
+                .unwrap_or_else(|e| panic!("create the physical slot {slot}: {e:?}"));
+        });
+        primary.stop();
+        let tempdir = tempfile::Builder::new()
+            .prefix("outbox-test-pg-standby-")
+            .tempdir()
+            .expect("create a temp dir for the standby");
+        let dir = tempdir.path().to_path_buf();
+        chown_to(&dir, "postgres");
+        let data = dir.join("data");
+        // As postgres, so the copy keeps its owner and modes.
+        let copied = pg_user_command("cp")
+            .arg("-a")
+            .arg(source.data())
+            .arg(&data)
+            .output()
+            .expect("run cp");
+        primary.start_again();
+        assert!(
+            copied.status.success(),
+            "copying {} failed:\n{}",
+            source.data().display(),
+            output_text(&copied)
+        );
+        let conninfo = format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres application_name=standby",
+            source.port
+        );
+        let standby = [
+            (
+                "unix_socket_directories",
+                dir.to_str().expect("utf-8 temp dir"),
+            ),
+            ("primary_conninfo", conninfo.as_str()),
+            ("primary_slot_name", slot),
+            ("hot_standby", "on"),
+        ];
+        let settings: Vec<(&str, &str)> = standby.iter().chain(extra_settings).copied().collect();
+        append_settings(&data, &settings);
+        std::fs::write(data.join("standby.signal"), "").expect("write standby.signal");
+        chown_to(&data.join("standby.signal"), "postgres");
+        Self::launch(tempdir, source.bin.clone(), started)
+    }
+
+    /// Starts the server whose data directory is `tempdir`/data on a free port, with a
+    /// watchdog that removes it if this process dies first.
+    fn launch(tempdir: tempfile::TempDir, bin: PathBuf, started: Instant) -> PgServer {
+        let dir = tempdir.path().to_path_buf();
+        let data = dir.join("data");
         // Started before the server, so that a test process killed during the start
         // does not leave it behind.
         let cleanup = format!(
@@ -107,7 +292,7 @@ impl PgServer {
             } else {
                 ""
             },
-            bin = pg_bin(),
+            bin = super::shell_quote(bin.to_str().expect("utf-8 binaries path")),
             data = super::shell_quote(data.to_str().unwrap()),
             dir = super::shell_quote(dir.to_str().unwrap()),
         );
@@ -120,6 +305,7 @@ impl PgServer {
             let private = Private {
                 port,
                 dir: dir.clone(),
+                bin: bin.clone(),
                 state: Mutex::new(PrivateState {
                     tempdir: None,
                     running: false,
@@ -134,14 +320,18 @@ impl PgServer {
                         state.running = true;
                         state.watchdog = watchdog.take();
                     }
-                    eprintln!(
-                        "harness: postgres on port {port} ready in {:?} ({})",
-                        started.elapsed(),
-                        dir.display()
-                    );
-                    return PgServer {
+                    let server = PgServer {
                         kind: Kind::Private(private),
+                        version: OnceLock::new(),
                     };
+                    eprintln!(
+                        "harness: postgres {} on port {port} ready in {:?} ({}, {})",
+                        server.server_version(),
+                        started.elapsed(),
+                        dir.display(),
+                        bin.display()
+                    );
+                    return server;
                 }
                 Err(e) => last_error = e,
             }
@@ -161,7 +351,32 @@ impl PgServer {
                 url: url.to_string(),
                 port,
             },
+            version: OnceLock::new(),
         }
+    }
+
+    /// `server_version` as the server reports it (e.g. `18.4`, or `15.14 (Debian …)`).
+    pub fn server_version(&self) -> &str {
+        self.version.get_or_init(|| {
+            block_on(async {
+                let client = self.client("postgres").await;
+                query_value::<String>(&client, "SHOW server_version").await
+            })
+        })
+    }
+
+    /// The server's major version (e.g. 18), from [`Self::server_version`].
+    pub fn major_version(&self) -> u32 {
+        let version = self.server_version();
+        let digits: String = version.chars().take_while(char::is_ascii_digit).collect();
+        digits
+            .parse()
+            .unwrap_or_else(|_| panic!("no major version in server_version {version:?}"))
+    }
+
+    /// The server binaries a private server runs from.
+    pub fn bin(&self) -> &Path {
+        &self.private("bin").bin
     }
 
     pub fn port(&self) -> u16 {
@@ -207,17 +422,7 @@ impl PgServer {
 
     /// [`Self::create_database`] for code outside a runtime.
     pub fn create_database_blocking(&self, name: &str) -> String {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("build a runtime")
-                    .block_on(self.create_database(name))
-            })
-            .join()
-            .expect("create_database panicked")
-        })
+        block_on(self.create_database(name))
     }
 
     /// Crash: `pg_ctl stop -m immediate` (no checkpoint; recovery at the next start).
@@ -270,7 +475,7 @@ impl Private {
     }
 
     fn pg_ctl(&self, args: &[&str]) -> Output {
-        pg_command("pg_ctl")
+        pg_command(&self.bin, "pg_ctl")
             .arg("-D")
             .arg(self.data())
             .args(args)
@@ -281,7 +486,7 @@ impl Private {
     fn pg_ctl_start(&self) -> Result<(), String> {
         let log = self.dir.join("postgres.log");
         let port = self.port.to_string();
-        let out = pg_command("pg_ctl")
+        let out = pg_command(&self.bin, "pg_ctl")
             .arg("-D")
             .arg(self.data())
             .arg("-l")
@@ -312,15 +517,48 @@ impl Private {
     }
 }
 
-/// A server binary, run as `postgres` when we are root.
-fn pg_command(binary: &str) -> Command {
-    let path = format!("{}/{binary}", pg_bin());
+/// Appends `settings` to `data`/postgresql.conf: later lines override earlier ones.
+fn append_settings(data: &Path, settings: &[(&str, &str)]) {
+    let mut conf = String::from("\n# outbox-relay test harness\n");
+    for (name, value) in settings {
+        conf += &format!("{name} = '{}'\n", value.replace('\'', "''"));
+    }
+    let conf_path = data.join("postgresql.conf");
+    let mut existing = std::fs::read_to_string(&conf_path).expect("read postgresql.conf");
+    existing += &conf;
+    std::fs::write(&conf_path, existing).expect("write postgresql.conf");
+}
+
+/// Runs `future` to completion on a runtime of its own, in a thread of its own: callable from
+/// any thread, inside a runtime or not (a runtime cannot block on another in its own thread).
+fn block_on<T: Send>(future: impl std::future::Future<Output = T> + Send) -> T {
+    std::thread::scope(|s| {
+        let thread = s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("build a runtime")
+                .block_on(future)
+        });
+        thread
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+/// A server binary of `bin`, run as `postgres` when we are root.
+fn pg_command(bin: &Path, binary: &str) -> Command {
+    pg_user_command(bin.join(binary))
+}
+
+/// `program`, run as `postgres` when we are root.
+fn pg_user_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut cmd = if is_root() {
         let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--", &path]);
+        c.args(["-u", "postgres", "--"]).arg(program);
         c
     } else {
-        Command::new(path)
+        Command::new(program)
     };
     // runuser keeps the cwd; postgres cannot read /root.
     cmd.current_dir("/");

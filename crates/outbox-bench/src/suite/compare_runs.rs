@@ -6,12 +6,14 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use tokio::time::Instant;
 
-use super::{Bench, Distinct, DrainSpec, Seed, Setup};
+use super::{panic_text, Bench, Distinct, DrainSpec, Seed, Setup};
 use crate::compare::{
     check_distinct, CompareBroker, CompareLatency, CompareResults, CompareRun, CompareSetup,
 };
 use crate::results::{load_average, Results};
+use outbox_relay::db;
 use outbox_testkit::arrivals::{ArrivalConsumer, QueueDepth, QueueSpec};
+use outbox_testkit::PgServer;
 
 /// How often a drain with no consumer asks the broker for the queue's depth: the end of the
 /// drain is known to this much (against drains of seconds), at a cost to the broker of one
@@ -24,13 +26,24 @@ impl Bench {
     /// drift of the machine does not favour one), every drain with PostgreSQL's CPU; then,
     /// with --compare-latency, each setup's latency at the fixed rate.
     pub(super) async fn compare(&mut self, results: &mut Results) -> Result<()> {
-        let setups = self.args.compare.clone();
-        check_distinct(&setups).map_err(|e| anyhow!(e))?;
+        check_distinct(&self.args.compare).map_err(|e| anyhow!(e))?;
+        let servers = Servers::start(&self.args.compare_pg).await?;
+        // Every setup on every server (or on DATABASE_URL's alone), named for both.
+        let setups: Vec<(CompareSetup, Option<usize>)> = self
+            .args
+            .compare
+            .iter()
+            .flat_map(|&setup| servers.indexes().map(move |server| (setup, server)))
+            .collect();
+        let name = |(setup, server): (CompareSetup, Option<usize>)| match server {
+            Some(i) => format!("{setup}@pg{}", servers.majors[i]),
+            None => setup.to_string(),
+        };
         let window = self.scale.max_in_flight;
         let rows = self.scale.drain_rows;
         let consumer = !self.args.no_consumer;
         let mut c = CompareResults {
-            setups: setups.iter().map(CompareSetup::to_string).collect(),
+            setups: setups.iter().copied().map(name).collect(),
             rows,
             window,
             consumer,
@@ -52,33 +65,42 @@ impl Bench {
             });
             let mut order = setups.clone();
             order.rotate_left((round as usize - 1) % setups.len());
-            for setup in order {
+            for (setup, server) in order {
                 let load = load_average();
-                self.say(&format!("compare round {round}: {setup}"));
+                let label = name((setup, server));
+                self.say(&format!("compare round {round}: {label}"));
+                let spec = DrainSpec {
+                    setup: relay_setup(setup, window),
+                    rows,
+                    transaction_rows: 1,
+                    seed: Seed::Rows,
+                    shards: 1,
+                    pg_cpu: true,
+                    consumer,
+                };
                 let drain = self
-                    .drain_spec(DrainSpec {
-                        setup: relay_setup(setup, window),
-                        rows,
-                        transaction_rows: 1,
-                        seed: Seed::Rows,
-                        shards: 1,
-                        pg_cpu: true,
-                        consumer,
+                    .on_server(&servers, server, async |b: &mut Bench| {
+                        b.drain_spec(spec).await
                     })
                     .await?;
                 c.runs.push(CompareRun {
                     round,
-                    setup: setup.to_string(),
+                    setup: label,
                     load,
                     drain,
                 });
             }
         }
         if self.args.compare_latency {
-            for setup in &setups {
-                let run = self.latency(relay_setup(*setup, window)).await?;
+            for &(setup, server) in &setups {
+                let relay = relay_setup(setup, window);
+                let run = self
+                    .on_server(&servers, server, async |b: &mut Bench| {
+                        b.latency(relay).await
+                    })
+                    .await?;
                 c.latency.push(CompareLatency {
-                    setup: setup.to_string(),
+                    setup: name((setup, server)),
                     run,
                 });
             }
@@ -86,6 +108,64 @@ impl Bench {
         c.summary = c.summarize();
         results.compare = Some(c);
         Ok(())
+    }
+
+    /// Runs `run` with the benchmark pointed at server `server` of `servers` (its admin
+    /// session, the writers' and the relay's URL), then points it back; `None`: as it is.
+    async fn on_server<T>(
+        &mut self,
+        servers: &Servers,
+        server: Option<usize>,
+        run: impl AsyncFnOnce(&mut Bench) -> Result<T>,
+    ) -> Result<T> {
+        let Some(i) = server else {
+            return run(self).await;
+        };
+        let url = servers.pg[i].url("postgres");
+        let admin = db::connect(&url).await?;
+        let admin = std::mem::replace(&mut self.admin, admin);
+        let url = std::mem::replace(&mut self.args.servers.database_url, url);
+        self.relay.database_url = self.args.servers.database_url.clone();
+        let result = run(self).await;
+        self.admin = admin;
+        self.args.servers.database_url = url;
+        self.relay.database_url = self.args.servers.database_url.clone();
+        result
+    }
+}
+
+/// `--compare-pg`: private PostgreSQL servers of the given major versions, stopped on drop.
+struct Servers {
+    majors: Vec<u32>,
+    pg: Vec<PgServer>,
+}
+
+impl Servers {
+    /// Starts one server per major version, with the connections of scripts/bench.sh's.
+    async fn start(majors: &[u32]) -> Result<Servers> {
+        let mut pg = Vec::new();
+        for &major in majors {
+            // Blocking process calls; a missing version panics naming its install command.
+            let started = tokio::task::spawn_blocking(move || {
+                PgServer::start_major(major, &[("max_connections", "300")])
+            })
+            .await
+            .map_err(|e| anyhow!("PostgreSQL {major} did not start: {}", panic_text(e)))?;
+            pg.push(started);
+        }
+        Ok(Servers {
+            majors: majors.to_vec(),
+            pg,
+        })
+    }
+
+    /// Each server's index, or the one `None` (DATABASE_URL's server) when there are none.
+    fn indexes(&self) -> Box<dyn Iterator<Item = Option<usize>>> {
+        if self.pg.is_empty() {
+            Box::new(std::iter::once(None))
+        } else {
+            Box::new((0..self.pg.len()).map(Some))
+        }
     }
 }
 
