@@ -162,6 +162,12 @@ pub struct ConsumeArgs {
     #[arg(long, env = "OUTBOX_INBOX_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub concurrency: u16,
 
+    /// Messages one transaction applies at most: a lane takes what waits for it, up to this,
+    /// so that a backlog shares one commit (one WAL flush) over many messages; 1 commits each
+    /// message alone.
+    #[arg(long, env = "OUTBOX_INBOX_BATCH_SIZE", default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
+    pub batch_size: u16,
+
     /// Longest wait between reconnects, in seconds.
     #[arg(long, env = "OUTBOX_INBOX_MAX_BACKOFF_SECS", default_value_t = 30)]
     pub max_backoff_secs: u64,

@@ -36,6 +36,7 @@ pub async fn consume(args: ConsumeArgs, shutdown: CancellationToken) -> Result<(
         table: args.table.table.clone(),
         prefetch: args.prefetch,
         concurrency: usize::from(args.concurrency),
+        batch_size: usize::from(args.batch_size),
         max_backoff: Duration::from_secs(args.max_backoff_secs),
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout_secs),
     };

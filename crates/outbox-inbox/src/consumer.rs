@@ -5,10 +5,13 @@
 //!  RabbitMQ queue ──basic.consume (prefetch)──▶ dispatch ──lane = hash(order key) % N──▶ worker k
 //!                                                 │ no message_id: basic.reject            │
 //!                                                 ▼ (dead-letter exchange, if any)         ▼
-//!     worker k (own PostgreSQL connection), one message at a time, in lane order:
-//!       BEGIN; SELECT inbox_claim(consumer, message_id, seq)
-//!         true  → the effect; COMMIT; then basic.ack
-//!         false → ROLLBACK (a duplicate: its effect committed before); basic.ack
+//!     worker k (own PostgreSQL connection), the messages waiting in its lane (up to the
+//!     batch size), in lane order, in one transaction:
+//!       BEGIN
+//!         per message: SELECT inbox_claim(consumer, message_id, seq)
+//!                        true  → the effect
+//!                        false → nothing (a duplicate: its effect committed before)
+//!       COMMIT; then basic.ack of each
 //! ```
 //!
 //! Invariants:
@@ -19,9 +22,11 @@
 //! 2. **The claim and the effect commit together**, in one transaction: an effect without its
 //!    inbox row, or an inbox row without its effect, cannot exist.
 //! 3. **Per-aggregate order.** Messages with the same order key (`x-aggregate-id`, else the
-//!    `message_id`) go to the same lane, and a lane applies one message at a time in delivery
-//!    order: two messages of one aggregate are never applied concurrently or out of the order
-//!    the queue delivered them in. Across aggregates, lanes run in parallel.
+//!    `message_id`) go to the same lane, and a lane applies its messages in delivery order,
+//!    one transaction at a time: two messages of one aggregate are never applied concurrently
+//!    or out of the order the queue delivered them in. Across aggregates, lanes run in
+//!    parallel. A batch is what already waits in the lane, never more: an idle consumer
+//!    applies each message as it comes, a busy one shares a commit (a WAL flush) over many.
 //! 4. **Any failure ends the session, nothing else.** A lost connection, or a PostgreSQL error
 //!    that may pass, tears everything down (unacknowledged deliveries go back to the queue, in
 //!    their places) and a new session starts after a backoff. Only a stop-class error (a missing
@@ -36,6 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::try_join_all;
 use futures_util::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions,
@@ -47,6 +53,7 @@ use outbox_relay::backoff::Backoff;
 use outbox_relay::error::chain;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 use tokio_util::sync::CancellationToken;
 
@@ -88,6 +95,9 @@ pub struct ConsumerConfig {
     pub prefetch: u16,
     /// Lanes: workers applying messages in parallel, each with its own PostgreSQL connection.
     pub concurrency: usize,
+    /// Messages one transaction applies at most: a lane takes what is waiting for it, up to
+    /// this, so a backlog shares one commit (one WAL flush) over many messages.
+    pub batch_size: usize,
     pub max_backoff: Duration,
     pub shutdown_timeout: Duration,
 }
@@ -278,14 +288,18 @@ async fn consume<E: Effect>(
     // A lane holds at most what the broker sends ahead, so sends block only while one lane
     // has the whole prefetch.
     let capacity = usize::from(config.prefetch).max(1);
-    let consumer: Arc<str> = config.consumer.as_str().into();
+    let lane = Lane {
+        effect: effect.clone(),
+        consumer: config.consumer.as_str().into(),
+        counters: counters.clone(),
+        batch_size: config.batch_size.max(1),
+    };
     let mut lanes = Vec::with_capacity(workers.len());
     let mut tasks = JoinSet::new();
     for worker in workers {
         let (sender, jobs) = mpsc::channel(capacity);
         lanes.push(sender);
-        let (effect, consumer, counters) = (effect.clone(), consumer.clone(), counters.clone());
-        tasks.spawn(work(worker, jobs, effect, consumer, counters));
+        tasks.spawn(work(worker, jobs, lane.clone()));
     }
 
     let dispatched = dispatch(&mut deliveries, &lanes, &mut tasks, counters, shutdown).await;
@@ -427,59 +441,89 @@ pub enum Outcome {
 async fn work<E: Effect>(
     mut worker: Worker<E::Prepared>,
     mut jobs: mpsc::Receiver<Job>,
-    effect: Arc<E>,
-    consumer: Arc<str>,
-    counters: Arc<Counters>,
+    lane: Lane<E>,
 ) -> Result<(), InboxError> {
-    while let Some(Job { message, acker }) = jobs.recv().await {
-        match apply_once(&mut worker, &*effect, &consumer, &message).await? {
-            Outcome::Applied => {
-                failpoint(AFTER_COMMIT);
-                counters.applied.fetch_add(1, Ordering::Relaxed);
-            }
-            Outcome::Duplicate => {
-                counters.duplicates.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(
-                    message_id = %message.message_id,
-                    outbox_seq = message.outbox_seq.as_deref().unwrap_or(""),
-                    redelivered = message.redelivered,
-                    "{}",
-                    log::DUPLICATE
-                );
+    let mut batch = Vec::with_capacity(lane.batch_size);
+    while let Some(first) = jobs.recv().await {
+        // What is already waiting, never more: no lingering for a fuller batch.
+        batch.push(first);
+        while batch.len() < lane.batch_size {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
             }
         }
-        // Only now: the transaction committed (or found the message applied before).
-        acker.ack(BasicAckOptions::default()).await?;
+        let outcomes = apply_batch(&mut worker, &*lane.effect, &lane.consumer, &batch).await?;
+        failpoint(AFTER_COMMIT);
+        for (Job { message, acker }, outcome) in batch.drain(..).zip(outcomes) {
+            match outcome {
+                Outcome::Applied => lane.counters.applied.fetch_add(1, Ordering::Relaxed),
+                Outcome::Duplicate => {
+                    tracing::debug!(
+                        message_id = %message.message_id,
+                        outbox_seq = message.outbox_seq.as_deref().unwrap_or(""),
+                        redelivered = message.redelivered,
+                        "{}",
+                        log::DUPLICATE
+                    );
+                    lane.counters.duplicates.fetch_add(1, Ordering::Relaxed)
+                }
+            };
+            // Only now: the transaction committed (or found the message applied before).
+            acker.ack(BasicAckOptions::default()).await?;
+        }
     }
     Ok(())
 }
 
-/// Where a transaction failed: only the effect's own errors name the message.
+/// What every worker shares.
+struct Lane<E> {
+    effect: Arc<E>,
+    consumer: Arc<str>,
+    counters: Arc<Counters>,
+    batch_size: usize,
+}
+
+impl<E> Clone for Lane<E> {
+    fn clone(&self) -> Self {
+        Lane {
+            effect: self.effect.clone(),
+            consumer: self.consumer.clone(),
+            counters: self.counters.clone(),
+            batch_size: self.batch_size,
+        }
+    }
+}
+
+/// Where a transaction failed: only the effect's own errors name a message.
 enum Failure {
     Inbox(tokio_postgres::Error),
-    Effect(tokio_postgres::Error),
+    Effect {
+        message_id: String,
+        error: tokio_postgres::Error,
+    },
 }
 
 impl Failure {
     fn error(&self) -> &tokio_postgres::Error {
         match self {
-            Failure::Inbox(e) | Failure::Effect(e) => e,
+            Failure::Inbox(error) | Failure::Effect { error, .. } => error,
         }
     }
 }
 
-/// Claims and applies `message` in one transaction, running it again (a few times) after a
-/// serialization failure or a deadlock.
-async fn apply_once<E: Effect>(
+/// Claims and applies the `batch` in one transaction, in order, running it again (a few
+/// times) after a serialization failure or a deadlock.
+async fn apply_batch<E: Effect>(
     worker: &mut Worker<E::Prepared>,
     effect: &E,
     consumer: &str,
-    message: &InboxMessage,
-) -> Result<Outcome, InboxError> {
+    batch: &[Job],
+) -> Result<Vec<Outcome>, InboxError> {
     let mut attempt = 0;
     loop {
-        let failure = match try_apply(worker, effect, consumer, message).await {
-            Ok(outcome) => return Ok(outcome),
+        let failure = match try_apply(worker, effect, consumer, batch).await {
+            Ok(outcomes) => return Ok(outcomes),
             Err(failure) => failure,
         };
         attempt += 1;
@@ -488,12 +532,12 @@ async fn apply_once<E: Effect>(
             continue;
         }
         return Err(match failure {
-            Failure::Effect(e) if !is_transient(&e) => InboxError::Effect {
-                message_id: message.message_id.clone(),
-                sqlstate: e.code().map_or("none", |c| c.code()).to_string(),
-                source: e,
+            Failure::Effect { message_id, error } if !is_transient(&error) => InboxError::Effect {
+                message_id,
+                sqlstate: error.code().map_or("none", |c| c.code()).to_string(),
+                source: error,
             },
-            Failure::Effect(e) | Failure::Inbox(e) => InboxError::Database(e),
+            Failure::Effect { error, .. } | Failure::Inbox(error) => InboxError::Database(error),
         });
     }
 }
@@ -502,29 +546,38 @@ async fn try_apply<E: Effect>(
     worker: &mut Worker<E::Prepared>,
     effect: &E,
     consumer: &str,
-    message: &InboxMessage,
-) -> Result<Outcome, Failure> {
+    batch: &[Job],
+) -> Result<Vec<Outcome>, Failure> {
     let txn = worker.client.transaction().await.map_err(Failure::Inbox)?;
-    let claimed: bool = txn
-        .query_one(
-            &worker.claim,
-            &[&consumer, &message.message_id, &message.outbox_seq],
-        )
-        .await
-        .map_err(Failure::Inbox)?
-        .get(0);
-    if !claimed {
-        // Nothing was written: the copy applied before is the one that counts.
-        txn.rollback().await.map_err(Failure::Inbox)?;
-        return Ok(Outcome::Duplicate);
+    // Every claim first, pipelined (sent together, run by PostgreSQL one after the other in
+    // this order): one round trip for the batch's claims, not one each.
+    let claims = batch.iter().map(|Job { message, .. }| async {
+        let params: [&(dyn ToSql + Sync); 3] =
+            [&consumer, &message.message_id, &message.outbox_seq];
+        txn.query_one(&worker.claim, &params).await
+    });
+    let claimed = try_join_all(claims).await.map_err(Failure::Inbox)?;
+    let mut outcomes = Vec::with_capacity(batch.len());
+    for (Job { message, .. }, claim) in batch.iter().zip(claimed) {
+        if !claim.get::<_, bool>(0) {
+            // The claim wrote nothing: the copy applied before is the one that counts.
+            outcomes.push(Outcome::Duplicate);
+            continue;
+        }
+        // The effects one at a time, in order: an effect may run several statements.
+        effect
+            .apply(&worker.prepared, &txn, message)
+            .await
+            .map_err(|error| Failure::Effect {
+                message_id: message.message_id.clone(),
+                error,
+            })?;
+        outcomes.push(Outcome::Applied);
     }
-    effect
-        .apply(&worker.prepared, &txn, message)
-        .await
-        .map_err(Failure::Effect)?;
     failpoint(BEFORE_COMMIT);
+    // A batch of duplicates only has nothing to commit: PostgreSQL writes no WAL for it.
     txn.commit().await.map_err(Failure::Inbox)?;
-    Ok(Outcome::Applied)
+    Ok(outcomes)
 }
 
 #[cfg(test)]

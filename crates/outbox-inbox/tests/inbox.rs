@@ -329,8 +329,15 @@ async fn consumer_killed_around_its_commit_loses_nothing_and_applies_nothing_twi
     let messages: Vec<(&str, &[u8])> = ids.iter().map(|id| (id.as_str(), &b"{}"[..])).collect();
     publish_confirmed(&amqp, &exchange, "Test.crash", &messages).await;
     let db = ConsumerDb::new("inbox_crash_consumer").await;
-    // One lane: the n-th commit is the n-th message.
-    let one_lane = ["--concurrency", "1", "--prefetch", "10"];
+    // One lane, a transaction per message: the n-th commit is the n-th message.
+    let one_lane = [
+        "--concurrency",
+        "1",
+        "--prefetch",
+        "10",
+        "--batch-size",
+        "1",
+    ];
 
     let before = db.consume(
         &amqp,
