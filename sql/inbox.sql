@@ -33,9 +33,11 @@ BEGIN ATOMIC
     SELECT EXISTS (SELECT FROM claimed);
 END;
 
--- deletes one batch (at most batch_size rows) received more than retention ago, oldest
--- first, and returns how many; call it in its own transaction until it returns less than
--- batch_size, so that no lock is held for long
+-- deletes one batch (at most batch_size rows) received more than retention before the
+-- newest row (or before now, if that is earlier), oldest first, and returns how many; call
+-- it in its own transaction until it returns less than batch_size, so that no lock is held
+-- for long. Counting back from the newest row: an inbox that receives nothing (the relay or
+-- this consumer is down) deletes nothing, while the copies an outage causes are still to come
 CREATE OR REPLACE FUNCTION "public"."inbox_cleanup"(
     retention  interval,
     batch_size integer DEFAULT 1000
@@ -43,6 +45,7 @@ CREATE OR REPLACE FUNCTION "public"."inbox_cleanup"(
 LANGUAGE plpgsql VOLATILE
 AS $inbox$
 DECLARE
+    cutoff  timestamptz;
     deleted integer;
 BEGIN
     IF retention IS NULL OR retention < interval '0' OR batch_size IS NULL OR batch_size < 1 THEN
@@ -50,7 +53,9 @@ BEGIN
             retention, batch_size
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    EXECUTE pg_catalog.format('DELETE FROM "public"."inbox" WHERE ctid = ANY(ARRAY(SELECT ctid FROM "public"."inbox" WHERE received_at < pg_catalog.now() - $1 ORDER BY received_at LIMIT %s FOR UPDATE SKIP LOCKED))', batch_size) USING retention;
+    SELECT LEAST(pg_catalog.now(), pg_catalog.max(received_at)) - retention
+      INTO cutoff FROM "public"."inbox";
+    EXECUTE pg_catalog.format('DELETE FROM "public"."inbox" WHERE ctid = ANY(ARRAY(SELECT ctid FROM "public"."inbox" WHERE received_at < $1 ORDER BY received_at LIMIT %s FOR UPDATE SKIP LOCKED))', batch_size) USING cutoff;
     GET DIAGNOSTICS deleted = ROW_COUNT;
     RETURN deleted;
 END

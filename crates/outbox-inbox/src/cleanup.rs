@@ -3,6 +3,13 @@
 //! arrives after its row is gone is applied again: the window must outlast every way the
 //! relay can deliver a message twice (docs/consumers.md, "How long to keep the inbox").
 //!
+//! The window counts back from the newest row, not from the clock (from the clock only if
+//! that is earlier): an inbox that receives nothing deletes nothing. While the relay, the
+//! broker or this consumer is down, no copy can arrive, but the copies a crash causes are
+//! the first things delivered when it is over; a window by the clock would have aged their
+//! rows out in the meantime. The same rule as the relay's own cleanup: a stalled relay keeps
+//! the evidence.
+//!
 //! Each batch is one call of `<table>_cleanup` in its own transaction (autocommit), at most
 //! `batch` rows found through the `received_at` index, so no lock is held for long and no
 //! statement scans the table; batches repeat until one deletes fewer than `batch`.

@@ -91,7 +91,8 @@ pub struct SetupArgs {
 /// The retention and the batch size, shared by `cleanup` and `consume`'s cleanup.
 #[derive(Debug, Clone, Args)]
 pub struct Retention {
-    /// How long an applied message's inbox row is kept: a copy arriving later is applied
+    /// How long an applied message's inbox row is kept, counted back from the newest row (so
+    /// an inbox that receives nothing deletes nothing): a copy arriving later is applied
     /// again. Must outlast the relay's duplicates (docs/consumers.md, "How long to keep the
     /// inbox"); at least the outbox's own --retention if the relay's `resync` is to be
     /// absorbed.

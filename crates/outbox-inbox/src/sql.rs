@@ -10,10 +10,11 @@
 //! Every name in the SQL is schema-qualified and quoted, so the functions behave the same
 //! whatever the caller's `search_path`. `inbox_claim` has a SQL-standard body (`BEGIN
 //! ATOMIC`, PostgreSQL 14+): PostgreSQL resolves its table when the function is created, and
-//! refuses to create it against a table of another shape. `inbox_cleanup` builds its DELETE
-//! with the batch size as a literal (`EXECUTE format(…)`), so each batch is planned for its
-//! own limit and always reads the `received_at` index, oldest first (a generic plan could
-//! guess a large limit and prefer a sequential scan).
+//! refuses to create it against a table of another shape. `inbox_cleanup` counts the window
+//! back from the newest row (see `cleanup`) and builds its DELETE with the batch size as a
+//! literal (`EXECUTE format(…)`), so each batch is planned for its own limit and always reads
+//! the `received_at` index, oldest first (a generic plan could guess a large limit and prefer
+//! a sequential scan).
 
 use std::fmt;
 
@@ -125,7 +126,7 @@ impl fmt::Display for InboxTable {
     }
 }
 
-/// The DELETE of one cleanup batch of `batch` rows, `$1` the retention (interval): the
+/// The DELETE of one cleanup batch of `batch` rows, `$1` the cutoff (timestamptz): the
 /// statement `inbox_cleanup` runs, for reading its plan.
 pub fn cleanup_batch_statement(table: &InboxTable, batch: u32) -> String {
     batch_delete(&table.qualified(), &batch.to_string())
@@ -139,7 +140,7 @@ fn batch_delete(qualified: &str, limit: &str) -> String {
     format!(
         "DELETE FROM {qualified} WHERE ctid = ANY(ARRAY(\
          SELECT ctid FROM {qualified} \
-         WHERE received_at < pg_catalog.now() - $1 \
+         WHERE received_at < $1 \
          ORDER BY received_at LIMIT {limit} FOR UPDATE SKIP LOCKED))"
     )
 }
@@ -190,9 +191,11 @@ BEGIN ATOMIC
     SELECT EXISTS (SELECT FROM claimed);
 END;
 
--- deletes one batch (at most batch_size rows) received more than retention ago, oldest
--- first, and returns how many; call it in its own transaction until it returns less than
--- batch_size, so that no lock is held for long
+-- deletes one batch (at most batch_size rows) received more than retention before the
+-- newest row (or before now, if that is earlier), oldest first, and returns how many; call
+-- it in its own transaction until it returns less than batch_size, so that no lock is held
+-- for long. Counting back from the newest row: an inbox that receives nothing (the relay or
+-- this consumer is down) deletes nothing, while the copies an outage causes are still to come
 CREATE OR REPLACE FUNCTION {cleanup}(
     retention  interval,
     batch_size integer DEFAULT 1000
@@ -200,6 +203,7 @@ CREATE OR REPLACE FUNCTION {cleanup}(
 LANGUAGE plpgsql VOLATILE
 AS $inbox$
 DECLARE
+    cutoff  timestamptz;
     deleted integer;
 BEGIN
     IF retention IS NULL OR retention < interval '0' OR batch_size IS NULL OR batch_size < 1 THEN
@@ -207,7 +211,9 @@ BEGIN
             retention, batch_size
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    EXECUTE pg_catalog.format({batch_statement}, batch_size) USING retention;
+    SELECT LEAST(pg_catalog.now(), pg_catalog.max(received_at)) - retention
+      INTO cutoff FROM {qualified};
+    EXECUTE pg_catalog.format({batch_statement}, batch_size) USING cutoff;
     GET DIAGNOSTICS deleted = ROW_COUNT;
     RETURN deleted;
 END

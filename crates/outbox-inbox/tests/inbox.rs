@@ -471,61 +471,92 @@ async fn polling_with_two_workers_crashed_and_killed_applies_every_row_once() {
 /// `outbox-inbox cleanup --retention 24h --cleanup-batch 1000`: every row inside the window
 /// stays (the oldest of them a minute inside it), every older one goes, 1,000 per
 /// transaction at most, found through the `received_at` index. A statement-level trigger
-/// records what each DELETE removed, in which transaction.
+/// records what each DELETE removed, in which transaction. The window counts back from the
+/// newest row: an inbox whose newest row is 30 hours old (nothing received since) keeps
+/// what is within 24 hours of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cleanup_keeps_every_row_inside_the_window_and_deletes_older_ones_in_bounded_batches() {
     let db = ConsumerDb::new("inbox_cleanup").await;
+    let stalled = Command::new(inbox_bin())
+        .args(["setup", "--database-url", &db.url, "--table", "stalled"])
+        .output()
+        .expect("run outbox-inbox setup");
+    assert!(stalled.status.success(), "setup: {stalled:?}");
+    // Per table: 2,500 rows past the window and 500 inside it, the newest `age` old.
+    let seed = |table: &str, age: &str| {
+        format!(
+            "CREATE TRIGGER {table}_deletes AFTER DELETE ON {table} REFERENCING OLD TABLE AS gone
+                 FOR EACH STATEMENT EXECUTE FUNCTION log_deletes('{table}');
+             INSERT INTO {table} (consumer, message_id, received_at)
+                 SELECT 'c' || g % 3, 'old-' || g,
+                        now() - interval '{age}' - interval '24 hours' - g * interval '1 second'
+                 FROM generate_series(1, 2500) AS g;
+             INSERT INTO {table} (consumer, message_id, received_at)
+                 SELECT 'c' || g % 3, 'young-' || g,
+                        now() - interval '{age}' - interval '24 hours' + interval '1 minute'
+                            + g * interval '1439 minutes' / 499
+                 FROM generate_series(0, 499) AS g;"
+        )
+    };
     db.client
-        .batch_execute(
-            "CREATE TABLE deletes (txid bigint, rows bigint);
+        .batch_execute(&format!(
+            "CREATE TABLE deletes (tbl text, txid bigint, rows bigint);
              CREATE FUNCTION log_deletes() RETURNS trigger LANGUAGE plpgsql AS $$
              BEGIN
-                 INSERT INTO deletes SELECT txid_current(), count(*) FROM gone;
+                 INSERT INTO deletes SELECT TG_ARGV[0], txid_current(), count(*) FROM gone;
                  RETURN NULL;
              END $$;
-             CREATE TRIGGER inbox_deletes AFTER DELETE ON inbox REFERENCING OLD TABLE AS gone
-                 FOR EACH STATEMENT EXECUTE FUNCTION log_deletes();
-             INSERT INTO inbox (consumer, message_id, received_at)
-                 SELECT 'c' || g % 3, 'old-' || g,
-                        now() - interval '24 hours' - g * interval '1 second'
-                 FROM generate_series(1, 2500) AS g;
-             INSERT INTO inbox (consumer, message_id, received_at)
-                 SELECT 'c' || g % 3, 'young-' || g,
-                        now() - interval '24 hours' + interval '1 minute' + g * interval '1 minute'
-                 FROM generate_series(0, 499) AS g;",
-        )
+             {}{}",
+            seed("inbox", "0 hours"),
+            seed("stalled", "30 hours")
+        ))
         .await
-        .expect("seed the inbox");
-    let out = Command::new(inbox_bin())
-        .args(["cleanup", "--database-url", &db.url])
-        .args(["--retention", "24h", "--cleanup-batch", "1000"])
-        .output()
-        .expect("run outbox-inbox cleanup");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "cleanup: {out:?}");
-    assert!(
-        stdout.contains("deleted 2500 rows older than 24h from public.inbox in 3 batches"),
-        "{stdout}"
-    );
-    let left: HashSet<String> = first_column(&db.client, "SELECT message_id FROM inbox", &[])
-        .await
-        .into_iter()
-        .collect();
+        .expect("seed the inboxes");
     let young: HashSet<String> = (0..500).map(|g| format!("young-{g}")).collect();
-    assert_eq!(left, young, "exactly the rows inside the window stay");
-    let deletes = db
-        .client
-        .query("SELECT txid, rows FROM deletes ORDER BY txid", &[])
-        .await
-        .expect("read the deletes");
-    let batches: Vec<i64> = deletes.iter().map(|r| r.get(1)).collect();
-    let transactions: HashSet<i64> = deletes.iter().map(|r| r.get(0)).collect();
-    assert_eq!(
-        batches,
-        [1000, 1000, 500],
-        "statements of at most the batch size"
-    );
-    assert_eq!(transactions.len(), 3, "each batch its own transaction");
+    for table in ["inbox", "stalled"] {
+        let out = Command::new(inbox_bin())
+            .args(["cleanup", "--database-url", &db.url, "--table", table])
+            .args(["--retention", "24h", "--cleanup-batch", "1000"])
+            .output()
+            .expect("run outbox-inbox cleanup");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "cleanup: {out:?}");
+        assert!(
+            stdout.contains(&format!(
+                "deleted 2500 rows older than 24h from public.{table} in 3 batches"
+            )),
+            "{stdout}"
+        );
+        let sql = format!("SELECT message_id FROM {table}");
+        let left: HashSet<String> = first_column(&db.client, &sql, &[])
+            .await
+            .into_iter()
+            .collect();
+        assert_eq!(
+            left, young,
+            "{table}: exactly the rows inside the window stay"
+        );
+        let deletes = db
+            .client
+            .query(
+                "SELECT txid, rows FROM deletes WHERE tbl = $1 ORDER BY txid",
+                &[&table],
+            )
+            .await
+            .expect("read the deletes");
+        let batches: Vec<i64> = deletes.iter().map(|r| r.get(1)).collect();
+        let transactions: HashSet<i64> = deletes.iter().map(|r| r.get(0)).collect();
+        assert_eq!(
+            batches,
+            [1000, 1000, 500],
+            "{table}: at most the batch size"
+        );
+        assert_eq!(
+            transactions.len(),
+            3,
+            "{table}: each batch its own transaction"
+        );
+    }
 
     // The batch's plan reads the index, with the inbox at the size it has in production:
     // mostly rows inside the window.
@@ -539,7 +570,10 @@ async fn cleanup_keeps_every_row_inside_the_window_and_deletes_older_ones_in_bou
         .await
         .expect("grow the inbox");
     let batch = cleanup_batch_statement(&InboxTable::default(), 1000);
-    let explain = format!("EXPLAIN {}", batch.replace("$1", "interval '24 hours'"));
+    let explain = format!(
+        "EXPLAIN {}",
+        batch.replace("$1", "now() - interval '24 hours'")
+    );
     let plan = first_column(&db.client, &explain, &[]).await.join("\n");
     assert!(
         plan.contains("Index Scan using inbox_received_at_idx") && plan.contains("Tid Scan"),
