@@ -36,8 +36,8 @@ pub enum Command {
     /// Create the inbox table, its cleanup index and its functions (sql/inbox.sql) in the
     /// consumer's database. Idempotent; prints what it created or found.
     Setup(SetupArgs),
-    /// Apply a queue's messages effectively once: per message, one transaction that claims
-    /// it in the inbox and runs the effect statement, then the ack.
+    /// Apply a queue's messages effectively once: a transaction that claims each message in
+    /// the inbox and runs the effect statement for it, then the acks.
     Consume(ConsumeArgs),
     /// Delete inbox rows older than the retention, in bounded batches (once, or every
     /// --interval).
@@ -138,7 +138,8 @@ pub struct ConsumeArgs {
     #[arg(long, env = "OUTBOX_INBOX_CONSUMER")]
     pub consumer: String,
 
-    /// The effect: one SQL statement run per message in the transaction that claims it, with
+    /// The effect: one SQL statement run per message in the transaction that claims it (only
+    /// when the claim is new), with
     /// $1 message_id, $2 type, $3 routing_key, $4 body (text, NULL unless UTF-8), $5 body
     /// (bytea), $6 headers (JSON text), $7 x-outbox-seq, $8 x-aggregate-type, $9
     /// x-aggregate-id, $10 timestamp (timestamptz); any of them or none.
