@@ -2,7 +2,8 @@
 //! servers (docs/benchmarks.md, "The inbox consumer").
 //!
 //! ```sh
-//! cargo build --release -p outbox-relay -p outbox-inbox --examples
+//! cargo build --release -p outbox-relay --bin outbox-relay
+//! cargo build --release -p outbox-inbox --example inbox_bench
 //! target/release/examples/inbox_bench --rows 100000 --rounds 5
 //! ```
 //!
@@ -330,9 +331,10 @@ async fn sizes(client: &Client, url: &str, rows: usize) -> Result<()> {
     client.batch_execute("TRUNCATE inbox").await?;
     client
         .execute(
-            "INSERT INTO inbox (consumer, message_id, outbox_seq)
+            "INSERT INTO inbox (consumer, message_id, outbox_seq, received_at)
              SELECT 'orders-service', gen_random_uuid()::text,
-                    lpad(to_hex(g), 16, '0') || '-' || lpad(to_hex(g % 10), 8, '0')
+                    lpad(to_hex(g), 16, '0') || '-' || lpad(to_hex(g % 10), 8, '0'),
+                    now() - g * interval '1 millisecond'
              FROM generate_series(1, $1::bigint) AS g",
             &[&(rows as i64)],
         )
@@ -366,6 +368,7 @@ async fn sizes(client: &Client, url: &str, rows: usize) -> Result<()> {
     .await?;
     let elapsed = started.elapsed();
     let wal = current_wal_lsn(client).await - wal_before;
+    // With a window of 0, all but the newest row (the window's anchor) are past it.
     println!(
         "cleanup of all of it in batches of 1,000: {} rows in {} batches, {:.0} rows/s, {:.1} ms per batch, WAL {:.0} B per row",
         cleaned.deleted,
