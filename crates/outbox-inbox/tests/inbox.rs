@@ -223,6 +223,34 @@ async fn published_duplicates(
     published.duplicates()
 }
 
+/// The end of a relay scenario: the consumer applied each of `expected` once, dropped exactly
+/// the `duplicates` the relay published, and left the queue empty. Prints the figures.
+async fn assert_absorbed(
+    db: &ConsumerDb,
+    consumer: &RelayProcess,
+    outbox: &Outbox,
+    expected: &[String],
+    duplicates: usize,
+    scenario: &str,
+    figures: &[(&str, String)],
+) {
+    db.wait_applied(expected.len(), consumer).await;
+    stop_after_dropping(consumer, expected.len(), duplicates).await;
+    db.assert_applied_once(expected).await;
+    assert_eq!(
+        queue_message_count(&outbox.amqp_url, &outbox.queue).await,
+        0
+    );
+    let mut all = vec![
+        ("rows", expected.len().to_string()),
+        ("published duplicates", duplicates.to_string()),
+        ("dropped by the inbox", duplicates.to_string()),
+        ("applied twice", "0".into()),
+    ];
+    all.extend(figures.iter().cloned());
+    report(scenario, &all);
+}
+
 /// Waits until the consumer has dropped `duplicates` copies, stops it (SIGTERM), and checks
 /// its totals: `applied` applied, exactly `duplicates` dropped, nothing rejected.
 async fn stop_after_dropping(consumer: &RelayProcess, applied: usize, duplicates: usize) {
@@ -293,22 +321,17 @@ async fn relay_kill_9_three_times_every_row_is_applied_once_and_each_repeat_is_d
         "three kills while lagging republished nothing: no duplicate to absorb"
     );
 
-    db.wait_applied(committed.len(), &consumer).await;
-    stop_after_dropping(&consumer, committed.len(), duplicates).await;
-    db.assert_applied_once(&committed).await;
-    assert_eq!(
-        queue_message_count(&outbox.amqp_url, &outbox.queue).await,
-        0
-    );
-    report(
-        "inbox relay kill -9",
-        &[
-            ("rows", committed.len().to_string()),
-            ("published duplicates", duplicates.to_string()),
-            ("dropped by the inbox", duplicates.to_string()),
-            ("applied twice", "0".into()),
-        ],
-    );
+    let scenario = "inbox relay kill -9";
+    assert_absorbed(
+        &db,
+        &consumer,
+        &outbox,
+        &committed,
+        duplicates,
+        scenario,
+        &[],
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------
@@ -451,18 +474,12 @@ async fn polling_with_two_workers_crashed_and_killed_applies_every_row_once() {
         "the aborted batch was confirmed: it must come again"
     );
 
-    db.wait_applied(rows.len(), &consumer).await;
-    stop_after_dropping(&consumer, rows.len(), duplicates).await;
-    db.assert_applied_once(&rows).await;
-    report(
-        "inbox polling crash and kill -9",
-        &[
-            ("rows", rows.len().to_string()),
-            ("unsent at the kill", unsent.to_string()),
-            ("published duplicates", duplicates.to_string()),
-            ("applied twice", "0".into()),
-        ],
-    );
+    let scenario = "inbox polling crash and kill -9";
+    let figures = [("unsent at the kill", unsent.to_string())];
+    assert_absorbed(
+        &db, &consumer, &outbox, &rows, duplicates, scenario, &figures,
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------
