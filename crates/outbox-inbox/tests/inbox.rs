@@ -604,7 +604,8 @@ async fn cleanup_keeps_every_row_inside_the_window_and_deletes_older_ones_in_bou
 
 /// `setup` twice says what it created, then what it found; sql/inbox.sql runs in psql, twice;
 /// the claim is true once per (consumer, message_id), and a concurrent claim of the same
-/// message waits for the first transaction: false if it committed, true if it rolled back.
+/// message waits for the first transaction: false if it committed, true if it rolled back;
+/// under REPEATABLE READ a serialization failure if it committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn setup_is_idempotent_and_a_claim_is_true_exactly_once_per_consumer_and_message() {
     let s = services();
@@ -667,6 +668,29 @@ async fn setup_is_idempotent_and_a_claim_is_true_exactly_once_per_consumer_and_m
             "after {end}"
         );
     }
+
+    // Under REPEATABLE READ the waiting claim cannot see the row that beat it: a
+    // serialization failure, which a consumer at that level retries (then it is false).
+    let b = pg_connect(&url).await;
+    b.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .await
+        .expect("take b's snapshot");
+    a.batch_execute("BEGIN").await.expect("begin");
+    assert!(claimed(&a, &claim("billing", "m-4")).await);
+    let second = tokio::spawn(async move {
+        let result = b.query_one(&claim("billing", "m-4"), &[]).await;
+        result.map(|_| ()).map_err(|e| e.code().cloned())
+    });
+    let waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted";
+    assert!(wait_count(&a, waiting, MINUTE, |n| n > 0).await.is_ok());
+    a.batch_execute("COMMIT").await.expect("commit");
+    assert_eq!(
+        second.await.expect("second claim"),
+        Err(Some(
+            tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
+        )),
+        "REPEATABLE READ: 40001"
+    );
 }
 
 /// What one claim returned.
