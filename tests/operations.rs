@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 use common::faults::scrape_slot_gauges;
 use common::http::{http_get, metric_value, wait_http, wait_metrics};
 use common::outbox::Outbox;
-use common::pg::first_column;
+use common::pg::{first_column, psql};
 use common::{
     declare_bound_queue, free_port, pg_connect, services, unique_name, Consumer, RelayProcess,
     DATABASE_URL_ENV,
@@ -1133,29 +1133,6 @@ async fn a_role_without_replication_gets_a_clear_error() {
 
 // ---------------------------------------------------------------------------------------
 // names and URLs
-
-/// Runs `sql` through `psql -v ON_ERROR_STOP=1` against `url` (the way a DBA pipes
-/// `setup --print-sql` into it) and returns its output; panics if psql fails.
-fn psql(url: &str, sql: &str) -> String {
-    use std::io::Write as _;
-    let psql = common::pg::client_program(&common::pg::pg_bin(), "psql");
-    let mut child = std::process::Command::new(&psql)
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {}: {e}", psql.display()));
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(sql.as_bytes())
-        .expect("write the script");
-    let out = child.wait_with_output().expect("psql");
-    assert!(out.status.success(), "psql failed:\n{}\n{sql}", text(&out));
-    text(&out)
-}
 
 /// Names that PostgreSQL takes quoted and the relay accepts, each a trap for SQL built by
 /// pasting: quotes, spaces, mixed case, unicode, `;` and `--`, `%` (a RAISE placeholder), a

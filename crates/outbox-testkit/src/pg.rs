@@ -573,6 +573,34 @@ fn output_text(out: &Output) -> String {
     )
 }
 
+/// Runs `sql` through `psql -v ON_ERROR_STOP=1` against `url` (the way a DBA pipes a
+/// provisioning script into it) and returns its output; panics if psql fails.
+pub fn psql(url: &str, sql: &str) -> String {
+    use std::io::Write as _;
+    // The npm builds of 16-18 have no psql: Debian's 15 speaks to them.
+    let psql = client_program(&pg_bin(), "psql");
+    let mut child = Command::new(&psql)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", psql.display()));
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(sql.as_bytes())
+        .expect("write the script");
+    let out = child.wait_with_output().expect("psql");
+    assert!(
+        out.status.success(),
+        "psql failed:\n{}\n{sql}",
+        output_text(&out)
+    );
+    output_text(&out)
+}
+
 /// Connects and spawns the connection task on the current tokio runtime.
 pub async fn pg_connect(url: &str) -> Client {
     let (client, connection) = tokio_postgres::connect(url, NoTls)

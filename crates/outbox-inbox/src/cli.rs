@@ -1,0 +1,252 @@
+//! The command line of `outbox-inbox`: every flag has an environment variable (the URLs as
+//! `DATABASE_URL` and `AMQP_URL`, the rest `OUTBOX_INBOX_…`), as the relay's do. URLs carry
+//! passwords: give them by environment, not in argv. It must never connect to anything
+//! (`--help` and `setup --print-sql` work with no server up).
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use outbox_relay::config::parse_duration;
+pub use outbox_relay::config::LogFormat;
+
+use crate::error::InboxError;
+use crate::sql::InboxTable;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox-inbox",
+    version,
+    about = "The consumer's side of the outbox: an inbox that applies each message effectively once",
+    long_about = "The consumer's side of the outbox: an inbox table in the consumer's database \
+                  that makes applying each message effectively once (setup, cleanup), and a \
+                  reference consumer that applies a queue's messages with it (consume). See \
+                  docs/consumers.md."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// Log format: human-readable text or one JSON object per line.
+    #[arg(long, env = "OUTBOX_INBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the inbox table, its cleanup index and its functions (sql/inbox.sql) in the
+    /// consumer's database. Idempotent; prints what it created or found.
+    Setup(SetupArgs),
+    /// Apply a queue's messages effectively once: a transaction that claims each message in
+    /// the inbox and runs the effect statement for it, then the acks.
+    Consume(ConsumeArgs),
+    /// Delete inbox rows older than the retention, in bounded batches (once, or every
+    /// --interval).
+    Cleanup(CleanupArgs),
+}
+
+/// The consumer's database.
+#[derive(Debug, Clone, Args)]
+pub struct Database {
+    /// PostgreSQL URL of the consumer's database (where the inbox and the effects live), e.g.
+    /// postgres://app:secret@db:5432/orders; TLS by libpq's sslmode and sslrootcert, as for
+    /// the relay.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+}
+
+impl Database {
+    pub fn url(&self) -> Result<String, InboxError> {
+        match self.database_url.as_deref().map(str::trim) {
+            Some(url) if !url.is_empty() => Ok(url.to_string()),
+            _ => Err(InboxError::Config(
+                "No database URL given: DATABASE_URL (or --database-url) is empty or not set. \
+                 Fix: set it to the consumer's database"
+                    .into(),
+            )),
+        }
+    }
+}
+
+/// `--table`.
+#[derive(Debug, Clone, Args)]
+pub struct Table {
+    /// The inbox table: `table` (in schema public) or `schema.table`; its functions are
+    /// `<table>_claim` and `<table>_cleanup` in the same schema.
+    #[arg(long = "table", env = "OUTBOX_INBOX_TABLE", default_value = "inbox", value_parser = InboxTable::parse)]
+    pub table: InboxTable,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SetupArgs {
+    #[command(flatten)]
+    pub database: Database,
+    #[command(flatten)]
+    pub table: Table,
+    /// Print the SQL (for a DBA to review and run with psql) instead of running it; connects
+    /// to nothing.
+    #[arg(long)]
+    pub print_sql: bool,
+}
+
+/// The retention and the batch size, shared by `cleanup` and `consume`'s cleanup.
+#[derive(Debug, Clone, Args)]
+pub struct Retention {
+    /// How long an applied message's inbox row is kept, counted back from the newest row (so
+    /// an inbox that receives nothing deletes nothing): a copy arriving later is applied
+    /// again. Must outlast the relay's duplicates (docs/consumers.md, "How long to keep the
+    /// inbox"); at least the outbox's own --retention if the relay's `resync` is to be
+    /// absorbed.
+    #[arg(long, env = "OUTBOX_INBOX_RETENTION", default_value = "24h", value_parser = parse_duration)]
+    pub retention: Duration,
+
+    /// Rows per cleanup transaction, at most (short locks).
+    #[arg(long, env = "OUTBOX_INBOX_CLEANUP_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub cleanup_batch: u32,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CleanupArgs {
+    #[command(flatten)]
+    pub database: Database,
+    #[command(flatten)]
+    pub table: Table,
+    #[command(flatten)]
+    pub retention: Retention,
+    /// Run again every this long until SIGTERM; 0 runs once and exits (for cron).
+    #[arg(long, env = "OUTBOX_INBOX_CLEANUP_INTERVAL", default_value = "0", value_parser = parse_duration)]
+    pub interval: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ConsumeArgs {
+    #[command(flatten)]
+    pub database: Database,
+    #[command(flatten)]
+    pub table: Table,
+
+    /// RabbitMQ URL, e.g. amqp://user:secret@broker:5672/%2f (amqps:// for TLS).
+    #[arg(long, env = "AMQP_URL", hide_env_values = true)]
+    pub amqp_url: Option<String>,
+
+    /// The queue to consume (it must exist, bound to the outbox exchange: the consumer
+    /// declares nothing).
+    #[arg(long, env = "OUTBOX_INBOX_QUEUE")]
+    pub queue: String,
+
+    /// This consumer's name in the inbox: one per service that applies the messages, the same
+    /// for all of its replicas (two services sharing an inbox table must differ).
+    #[arg(long, env = "OUTBOX_INBOX_CONSUMER")]
+    pub consumer: String,
+
+    /// The effect: one SQL statement run per message in the transaction that claims it (only
+    /// when the claim is new), with
+    /// $1 message_id, $2 type, $3 routing_key, $4 body (text, NULL unless UTF-8), $5 body
+    /// (bytea), $6 headers (JSON text), $7 x-outbox-seq, $8 x-aggregate-type, $9
+    /// x-aggregate-id, $10 timestamp (timestamptz); any of them or none.
+    #[arg(
+        long,
+        env = "OUTBOX_INBOX_EFFECT_SQL",
+        required_unless_present = "effect_sql_file",
+        conflicts_with = "effect_sql_file"
+    )]
+    pub effect_sql: Option<String>,
+
+    /// A file holding the effect statement (instead of --effect-sql).
+    #[arg(long, env = "OUTBOX_INBOX_EFFECT_SQL_FILE")]
+    pub effect_sql_file: Option<String>,
+
+    /// Unacknowledged deliveries RabbitMQ sends ahead (basic.qos); at least --concurrency.
+    #[arg(long, env = "OUTBOX_INBOX_PREFETCH", default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
+    pub prefetch: u16,
+
+    /// Messages applied at the same time, each lane with its own PostgreSQL connection;
+    /// messages of one aggregate (x-aggregate-id) always share a lane, in delivery order.
+    #[arg(long, env = "OUTBOX_INBOX_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub concurrency: u16,
+
+    /// Messages one transaction applies at most: a lane takes what waits for it, up to this,
+    /// so that a backlog shares one commit (one WAL flush) over many messages; 1 commits each
+    /// message alone.
+    #[arg(long, env = "OUTBOX_INBOX_BATCH_SIZE", default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
+    pub batch_size: u16,
+
+    /// Longest wait between reconnects, in seconds.
+    #[arg(long, env = "OUTBOX_INBOX_MAX_BACKOFF_SECS", default_value_t = 30)]
+    pub max_backoff_secs: u64,
+
+    /// How long SIGTERM may take to finish the messages handed to the workers, in seconds.
+    #[arg(long, env = "OUTBOX_INBOX_SHUTDOWN_TIMEOUT_SECS", default_value_t = 30)]
+    pub shutdown_timeout_secs: u64,
+
+    #[command(flatten)]
+    pub retention: Retention,
+
+    /// How often this consumer deletes inbox rows past the retention; 0 leaves it to
+    /// `outbox-inbox cleanup` (or a job calling <table>_cleanup).
+    #[arg(long, env = "OUTBOX_INBOX_CLEANUP_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub cleanup_interval: Duration,
+}
+
+impl ConsumeArgs {
+    pub fn amqp_url(&self) -> Result<String, InboxError> {
+        match self.amqp_url.as_deref().map(str::trim) {
+            Some(url) if !url.is_empty() => Ok(url.to_string()),
+            _ => Err(InboxError::Config(
+                "No RabbitMQ URL given: AMQP_URL (or --amqp-url) is empty or not set".into(),
+            )),
+        }
+    }
+
+    /// The effect statement, from the flag or the file.
+    pub fn effect_sql(&self) -> Result<String, InboxError> {
+        match (&self.effect_sql, &self.effect_sql_file) {
+            (Some(sql), _) => Ok(sql.clone()),
+            (None, Some(path)) => std::fs::read_to_string(path).map_err(|e| {
+                InboxError::Config(format!(
+                    "Cannot read the effect statement from {path} (--effect-sql-file): {e}"
+                ))
+            }),
+            (None, None) => Err(InboxError::Config(
+                "No effect statement: give --effect-sql or --effect-sql-file".into(),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cleanup::DEFAULT_RETENTION;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_flag_has_an_environment_variable() {
+        let cli = Cli::command();
+        for command in cli.get_subcommands() {
+            for arg in command.get_arguments() {
+                let one_off = ["print_sql", "help", "version"].contains(&arg.get_id().as_str());
+                assert!(
+                    one_off || arg.get_env().is_some(),
+                    "{} --{} has no environment variable",
+                    command.get_name(),
+                    arg.get_id()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_default_retention_is_the_documented_one() {
+        let cli = Cli::try_parse_from(["outbox-inbox", "cleanup"]).expect("parses");
+        let Command::Cleanup(args) = cli.command else {
+            panic!("cleanup")
+        };
+        assert_eq!(args.retention.retention, DEFAULT_RETENTION);
+        assert_eq!(args.interval, Duration::ZERO);
+    }
+}

@@ -1,0 +1,39 @@
+//! outbox-inbox: the consumer's side of the outbox. The relay delivers every row at least
+//! once; an inbox in the consumer's database makes applying each message effectively once.
+//!
+//! - `sql`: the inbox table, the claim and cleanup functions (the recipe any language can
+//!   use: sql/inbox.sql is its rendering), and `setup`.
+//! - `message`: a delivery as the inbox reads it (message_id, `x-outbox-seq`,
+//!   `x-aggregate-id`); a delivery without a message_id is refused.
+//! - `effect`: what applying a message does, inside the claiming transaction; `SqlEffect`
+//!   runs a statement the user gives.
+//! - `consumer`: the reference consumer (claim, effect, commit, then ack), with prefetch,
+//!   lanes per aggregate and reconnects.
+//! - `cleanup`: retention in bounded batches.
+//! - `cli` and `commands`: the `outbox-inbox` binary's flags and commands; `failpoint` opens
+//!   the commit-to-ack crash window for the tests.
+//!
+//! It uses the relay's library for what must be the same on both sides (PostgreSQL
+//! connections and their TLS policy, identifier quoting, duration syntax, the header names of
+//! the message contract), and never the reverse: the relay's build and image leave it out.
+
+#![forbid(unsafe_code)]
+
+pub mod cleanup;
+pub mod cli;
+pub mod commands;
+pub mod consumer;
+pub mod effect;
+pub mod error;
+pub mod failpoint;
+pub mod message;
+pub mod sql;
+
+use error::{BoxError, InboxError};
+
+/// A connection to the consumer's database, with the relay's TLS policy and timeouts.
+pub(crate) async fn connect(url: &str) -> Result<tokio_postgres::Client, InboxError> {
+    outbox_relay::db::connect(url)
+        .await
+        .map_err(|e| InboxError::DatabaseConnect(BoxError::from(e)))
+}

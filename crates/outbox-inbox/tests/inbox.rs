@@ -1,0 +1,886 @@
+//! The inbox and the reference consumer against real PostgreSQL and RabbitMQ (the test kit's
+//! shared pair), with the relay as its binary where the messages come from an outbox. The
+//! oracle is the consumer's own database: an effect table that gets one row per applied
+//! message (no unique key, so a message applied twice shows as two rows), and the inbox.
+//! Duplicates are counted from outside too: a second queue bound like the consumer's sees
+//! every publish the relay made, so its repeats are exactly what the inbox must drop.
+//!
+//! The consumer runs as the `outbox-inbox` binary (kill -9 and failpoints need a process);
+//! the relay is the `outbox-relay` binary that the workspace build put beside it
+//! (`target/<profile>/outbox-relay`: `cargo test --workspace` builds it; with `cargo test -p
+//! outbox-inbox` alone, run `cargo build` first so that it is current).
+//!
+//! Crash windows that timing cannot hit use the consumer's failpoints
+//! (`OUTBOX_INBOX_FAILPOINTS`: `before-commit`, `after-commit`) and the relay's
+//! (`OUTBOX_FAILPOINTS=poll-before-commit`).
+
+use outbox_testkit as common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::amqp::{amqp_connect, declare_bound_queue_with_args, publish_confirmed};
+use common::faults::{
+    assert_nothing_lost_or_invented, barrier, report, seed_backlog, unsent_ids, wait_for_ids,
+    Oracle, Tally, Writers,
+};
+use common::outbox::Outbox;
+use common::pg::{first_column, pg_connect, psql, query_value, wait_count};
+use common::relay::SIGABRT;
+use common::{
+    declare_bound_queue, queue_message_count, services, unique_name, Consumer, RelayProcess,
+};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::BasicProperties;
+use outbox_inbox::consumer::log;
+use outbox_inbox::failpoint;
+use outbox_inbox::sql::{cleanup_batch_statement, InboxTable};
+use tokio_postgres::Client;
+
+const MINUTE: Duration = Duration::from_secs(60);
+/// The name the tests' consumers carry in the inbox.
+const CONSUMER: &str = "test-consumer";
+/// The effect of every test but the order test: one row per application.
+const EFFECT_SQL: &str = "INSERT INTO effect (message_id, outbox_seq) VALUES ($1, $7)";
+
+// ---------------------------------------------------------------------------------
+// Harness
+
+/// `outbox-inbox`, as cargo built it for this test binary.
+fn inbox_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_outbox-inbox"))
+}
+
+/// A consumer's database on the shared server: the inbox (made by `outbox-inbox setup`) and
+/// the effect table.
+struct ConsumerDb {
+    url: String,
+    client: Client,
+}
+
+impl ConsumerDb {
+    async fn new(prefix: &str) -> ConsumerDb {
+        let url = services().pg.create_database(&unique_name(prefix)).await;
+        let setup = Command::new(inbox_bin())
+            .args(["setup", "--database-url", &url])
+            .output()
+            .expect("run outbox-inbox setup");
+        assert!(setup.status.success(), "setup: {setup:?}");
+        let client = pg_connect(&url).await;
+        client
+            .batch_execute(
+                "CREATE TABLE effect (
+                     n            bigserial PRIMARY KEY,
+                     message_id   text NOT NULL,
+                     outbox_seq   text,
+                     aggregate_id text,
+                     step         integer,
+                     alone        boolean
+                 )",
+            )
+            .await
+            .expect("create the effect table");
+        ConsumerDb { url, client }
+    }
+
+    /// Starts `outbox-inbox consume` on `queue` with [`EFFECT_SQL`] (unless `extra` names
+    /// another), `extra` flags and `env`, logging duplicates (debug).
+    fn consume(
+        &self,
+        amqp_url: &str,
+        queue: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> RelayProcess {
+        let mut args = vec![
+            "consume",
+            "--database-url",
+            &self.url,
+            "--amqp-url",
+            amqp_url,
+            "--queue",
+            queue,
+            "--consumer",
+            CONSUMER,
+            "--cleanup-interval",
+            "0",
+        ];
+        if !extra.contains(&"--effect-sql") {
+            args.extend(["--effect-sql", EFFECT_SQL]);
+        }
+        args.extend_from_slice(extra);
+        let mut vars = vec![("RUST_LOG", "info,outbox_inbox=debug")];
+        vars.extend_from_slice(env);
+        RelayProcess::spawn_bin(inbox_bin(), &args, &vars)
+    }
+
+    /// How many effect rows each message id has.
+    async fn effects(&self) -> HashMap<String, i64> {
+        let rows = self
+            .client
+            .query(
+                "SELECT message_id, count(*) FROM effect GROUP BY message_id",
+                &[],
+            )
+            .await
+            .expect("read the effects");
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+    }
+
+    /// The applied message ids in the order their effects were written.
+    async fn applied_in_order(&self) -> Vec<String> {
+        first_column(
+            &self.client,
+            "SELECT message_id FROM effect ORDER BY n",
+            &[],
+        )
+        .await
+    }
+
+    /// Waits until `n` distinct messages have an effect; panics with the consumer's log.
+    async fn wait_applied(&self, n: usize, consumer: &RelayProcess) {
+        let sql = "SELECT count(DISTINCT message_id) FROM effect";
+        let applied = wait_count(&self.client, sql, 3 * MINUTE, |c| c >= n as i64).await;
+        assert!(
+            applied.is_ok(),
+            "{applied:?} of {n} messages applied; consumer log:\n{}",
+            consumer.log()
+        );
+    }
+
+    /// Every id in `expected` has exactly one effect and one inbox row, and nothing else
+    /// has either.
+    async fn assert_applied_once(&self, expected: &[String]) {
+        let effects = self.effects().await;
+        let twice: Vec<_> = effects.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(twice.is_empty(), "applied more than once: {twice:?}");
+        let wanted: HashSet<&str> = expected.iter().map(String::as_str).collect();
+        let applied: HashSet<&str> = effects.keys().map(String::as_str).collect();
+        assert_eq!(
+            applied, wanted,
+            "the applied messages are the expected ones"
+        );
+        let claimed: i64 = query_value(
+            &self.client,
+            &format!("SELECT count(*) FROM inbox WHERE consumer = '{CONSUMER}'"),
+        )
+        .await;
+        assert_eq!(claimed, expected.len() as i64, "one inbox row per message");
+    }
+}
+
+/// What a consumer said it did, from its `consumer stopped …` line.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Totals {
+    applied: u64,
+    duplicates: u64,
+    rejected: u64,
+}
+
+fn totals(consumer: &RelayProcess) -> Totals {
+    let log = consumer.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("consumer stopped"))
+        .unwrap_or_else(|| panic!("no `consumer stopped` line; log:\n{log}"));
+    let field = |name: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|word| word.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name}= in {line}"))
+    };
+    Totals {
+        applied: field("applied"),
+        duplicates: field("duplicates"),
+        rejected: field("rejected"),
+    }
+}
+
+/// A second queue bound to the outbox exchange like the consumer's, and a consumer of it:
+/// every publish the relay makes, repeats included.
+async fn publish_tally(outbox: &Outbox) -> (String, Consumer) {
+    let queue = format!("{}_tally", outbox.queue);
+    declare_bound_queue(&outbox.amqp_url, &outbox.exchange, &queue, "#").await;
+    let consumer = Consumer::start_with(&outbox.amqp_url, &queue, false).await;
+    (queue, consumer)
+}
+
+/// Drains the tally through a marker; the relay's repeats. Checks that every committed id
+/// was published and nothing else.
+async fn published_duplicates(
+    tally: &mut Consumer,
+    outbox: &Outbox,
+    queue: &str,
+    committed: &[String],
+) -> usize {
+    barrier(tally, &outbox.amqp_url, queue).await;
+    let published = Tally::of(tally.received());
+    assert_nothing_lost_or_invented(&published, committed);
+    published.duplicates()
+}
+
+/// The end of a relay scenario: the consumer applied each of `expected` once, dropped exactly
+/// the `duplicates` the relay published, and left the queue empty. Prints the figures.
+async fn assert_absorbed(
+    db: &ConsumerDb,
+    consumer: &RelayProcess,
+    outbox: &Outbox,
+    expected: &[String],
+    duplicates: usize,
+    scenario: &str,
+    figures: &[(&str, String)],
+) {
+    db.wait_applied(expected.len(), consumer).await;
+    stop_after_dropping(consumer, expected.len(), duplicates).await;
+    db.assert_applied_once(expected).await;
+    assert_eq!(
+        queue_message_count(&outbox.amqp_url, &outbox.queue).await,
+        0
+    );
+    let mut all = vec![
+        ("rows", expected.len().to_string()),
+        ("published duplicates", duplicates.to_string()),
+        ("dropped by the inbox", duplicates.to_string()),
+        ("applied twice", "0".into()),
+    ];
+    all.extend(figures.iter().cloned());
+    report(scenario, &all);
+}
+
+/// Waits until the consumer has dropped `duplicates` copies, stops it (SIGTERM), and checks
+/// its totals: `applied` applied, exactly `duplicates` dropped, nothing rejected.
+async fn stop_after_dropping(consumer: &RelayProcess, applied: usize, duplicates: usize) {
+    assert!(
+        consumer
+            .wait_for_log_count(log::DUPLICATE, duplicates, MINUTE)
+            .await,
+        "the consumer dropped {} of {duplicates} duplicates; log:\n{}",
+        consumer.log_count(log::DUPLICATE),
+        consumer.log()
+    );
+    consumer.stop().await;
+    let expected = Totals {
+        applied: applied as u64,
+        duplicates: duplicates as u64,
+        rejected: 0,
+    };
+    assert_eq!(totals(consumer), expected);
+}
+
+fn assert_aborted(process: &RelayProcess, status: Option<std::process::ExitStatus>, what: &str) {
+    let status = status.unwrap_or_else(|| panic!("{what} did not fire; log:\n{}", process.log()));
+    assert_eq!(
+        status.signal(),
+        Some(SIGABRT),
+        "{what}: {status}; log:\n{}",
+        process.log()
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// 1. Relay kill -9, WAL mode
+
+/// The relay killed with -9 three times while it lags behind writers republishes what the
+/// broker confirmed but the slot had not been told: the consumer applies every committed row
+/// once, and drops exactly the repeats the relay published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_kill_9_three_times_every_row_is_applied_once_and_each_repeat_is_dropped() {
+    let outbox = Outbox::new("inbox_kills").await;
+    let oracle = Oracle::create(&outbox).await;
+    let (tally_queue, mut tally) = publish_tally(&outbox).await;
+    let db = ConsumerDb::new("inbox_kills_consumer").await;
+    let consumer = db.consume(&outbox.amqp_url, &outbox.queue, &[], &[]);
+    let writers = Writers::start(&outbox.db_url, 2, 10, Duration::from_millis(2));
+    for kill in 0..3 {
+        let relay = outbox.spawn_relay(&[]);
+        let before = tally.received().len();
+        let n = tally.wait_for(before + 300, MINUTE).await.len();
+        assert!(
+            n >= before + 300,
+            "kill {kill}: delivery stalled; log:\n{}",
+            relay.log()
+        );
+        relay.kill9();
+    }
+    let relay = outbox.spawn_relay(&[]);
+    writers.stop().await;
+    let committed = oracle.committed_ids(&outbox.client).await;
+    assert!(
+        wait_for_ids(&mut tally, &committed, 3 * MINUTE).await,
+        "not every committed row was published; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+    let duplicates = published_duplicates(&mut tally, &outbox, &tally_queue, &committed).await;
+    assert!(
+        duplicates > 0,
+        "three kills while lagging republished nothing: no duplicate to absorb"
+    );
+
+    let scenario = "inbox relay kill -9";
+    assert_absorbed(
+        &db,
+        &consumer,
+        &outbox,
+        &committed,
+        duplicates,
+        scenario,
+        &[],
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------
+// 2. Consumer crashes around its commit
+
+/// The consumer aborted just before a COMMIT: that message was not acknowledged, comes again
+/// and is applied. Aborted just after a COMMIT, before the ack: the message comes again
+/// (redelivered) and is dropped. Every message's effect exists exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_killed_around_its_commit_loses_nothing_and_applies_nothing_twice() {
+    const MESSAGES: usize = 300;
+    let s = services();
+    let amqp = s.rabbit.url();
+    let name = unique_name("inbox_crash");
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    declare_bound_queue(&amqp, &exchange, &queue, "#").await;
+    let ids: Vec<String> = (0..MESSAGES).map(|i| format!("{name}-{i:04}")).collect();
+    let messages: Vec<(&str, &[u8])> = ids.iter().map(|id| (id.as_str(), &b"{}"[..])).collect();
+    publish_confirmed(&amqp, &exchange, "Test.crash", &messages).await;
+    let db = ConsumerDb::new("inbox_crash_consumer").await;
+    // One lane, a transaction per message: the n-th commit is the n-th message.
+    let one_lane = [
+        "--concurrency",
+        "1",
+        "--prefetch",
+        "10",
+        "--batch-size",
+        "1",
+    ];
+
+    let before = db.consume(
+        &amqp,
+        &queue,
+        &one_lane,
+        &[(failpoint::ENV, "before-commit=abort@50")],
+    );
+    assert_aborted(&before, before.wait_exit(MINUTE).await, "before-commit");
+    assert_applied_in_order(
+        &db.applied_in_order().await,
+        &ids[..49],
+        "49 committed, the 50th rolled back",
+    );
+
+    let after = db.consume(
+        &amqp,
+        &queue,
+        &one_lane,
+        &[(failpoint::ENV, "after-commit=abort@50")],
+    );
+    assert_aborted(&after, after.wait_exit(MINUTE).await, "after-commit");
+    assert_applied_in_order(
+        &db.applied_in_order().await,
+        &ids[..99],
+        "the 50th came again and was applied, then 49 more",
+    );
+    let unacknowledged = &ids[98];
+
+    let consumer = db.consume(&amqp, &queue, &[], &[]);
+    db.wait_applied(MESSAGES, &consumer).await;
+    assert!(
+        consumer.wait_for_log(log::DUPLICATE, MINUTE).await,
+        "the committed, unacknowledged message was not dropped; log:\n{}",
+        consumer.log()
+    );
+    let dropped = consumer.log_lines(log::DUPLICATE);
+    assert!(
+        dropped.iter().any(
+            |line| line.contains(&format!("message_id={unacknowledged} "))
+                && line.contains("redelivered=true")
+        ),
+        "the copy dropped is the redelivered {unacknowledged}: {dropped:?}"
+    );
+    consumer.stop().await;
+    let totals = totals(&consumer);
+    // Acks sent just before the abort may be lost with the process: those come again too.
+    assert!(totals.duplicates >= 1, "{totals:?}");
+    assert_eq!(totals.applied, (MESSAGES - 99) as u64, "{totals:?}");
+    db.assert_applied_once(&ids).await;
+    assert_eq!(queue_message_count(&amqp, &queue).await, 0);
+}
+
+/// `applied` is `expected`, in order; else says where they part.
+fn assert_applied_in_order(applied: &[String], expected: &[String], what: &str) {
+    let shorter = applied.len().min(expected.len());
+    let parted = (applied.iter().zip(expected).position(|(a, e)| a != e))
+        .or((applied.len() != expected.len()).then_some(shorter));
+    assert!(
+        parted.is_none(),
+        "{what}: {} applied, {} expected; first difference at {:?}: applied {:?}, expected {:?}",
+        applied.len(),
+        expected.len(),
+        parted,
+        parted.and_then(|i| applied.get(i)),
+        parted.and_then(|i| expected.get(i)),
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// 3. Polling mode
+
+/// `poll` with 2 workers: a worker aborted after its batch's confirms but before COMMIT (the
+/// batch is published again: duplicates certain), then a kill -9 mid-backlog, then a run to
+/// the end. Every row applied once; the inbox dropped exactly the repeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_with_two_workers_crashed_and_killed_applies_every_row_once() {
+    let s = services();
+    let outbox = Outbox::on_poll(&s.pg.url("postgres"), &s.rabbit.url(), "inbox_poll").await;
+    let (tally_queue, mut tally) = publish_tally(&outbox).await;
+    let (rows, _) = seed_backlog(&outbox, 6_000, None).await;
+    let db = ConsumerDb::new("inbox_poll_consumer").await;
+    let consumer = db.consume(&outbox.amqp_url, &outbox.queue, &[], &[]);
+    let workers = ["--workers", "2"];
+
+    let crashing = outbox.spawn_poll(
+        &workers,
+        &[("OUTBOX_FAILPOINTS", "poll-before-commit=abort@2")],
+    );
+    assert_aborted(
+        &crashing,
+        crashing.wait_exit(MINUTE).await,
+        "poll-before-commit",
+    );
+    let relay = outbox.spawn_poll(&workers, &[]);
+    let before = tally.received().len();
+    tally.wait_for(before + 1_000, MINUTE).await;
+    relay.kill9();
+    let unsent = unsent_ids(&outbox.client).await.len();
+    assert!(unsent > 0, "the kill must land mid-backlog");
+    let relay = outbox.spawn_poll(&workers, &[]);
+    assert!(
+        wait_for_ids(&mut tally, &rows, 2 * MINUTE).await,
+        "not every row was published; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+    assert!(unsent_ids(&outbox.client).await.is_empty());
+    let duplicates = published_duplicates(&mut tally, &outbox, &tally_queue, &rows).await;
+    assert!(
+        duplicates > 0,
+        "the aborted batch was confirmed: it must come again"
+    );
+
+    let scenario = "inbox polling crash and kill -9";
+    let figures = [("unsent at the kill", unsent.to_string())];
+    assert_absorbed(
+        &db, &consumer, &outbox, &rows, duplicates, scenario, &figures,
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------
+// 4. Cleanup
+
+/// `outbox-inbox cleanup --retention 24h --cleanup-batch 1000`: every row inside the window
+/// stays (the oldest of them a minute inside it), every older one goes, 1,000 per
+/// transaction at most, found through the `received_at` index. A statement-level trigger
+/// records what each DELETE removed, in which transaction. The window counts back from the
+/// newest row: an inbox whose newest row is 30 hours old (nothing received since) keeps
+/// what is within 24 hours of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_keeps_every_row_inside_the_window_and_deletes_older_ones_in_bounded_batches() {
+    let db = ConsumerDb::new("inbox_cleanup").await;
+    let stalled = Command::new(inbox_bin())
+        .args(["setup", "--database-url", &db.url, "--table", "stalled"])
+        .output()
+        .expect("run outbox-inbox setup");
+    assert!(stalled.status.success(), "setup: {stalled:?}");
+    // Per table: 2,500 rows past the window and 500 inside it, the newest `age` old.
+    let seed = |table: &str, age: &str| {
+        format!(
+            "CREATE TRIGGER {table}_deletes AFTER DELETE ON {table} REFERENCING OLD TABLE AS gone
+                 FOR EACH STATEMENT EXECUTE FUNCTION log_deletes('{table}');
+             INSERT INTO {table} (consumer, message_id, received_at)
+                 SELECT 'c' || g % 3, 'old-' || g,
+                        now() - interval '{age}' - interval '24 hours' - g * interval '1 second'
+                 FROM generate_series(1, 2500) AS g;
+             INSERT INTO {table} (consumer, message_id, received_at)
+                 SELECT 'c' || g % 3, 'young-' || g,
+                        now() - interval '{age}' - interval '24 hours' + interval '1 minute'
+                            + g * interval '1439 minutes' / 499
+                 FROM generate_series(0, 499) AS g;"
+        )
+    };
+    db.client
+        .batch_execute(&format!(
+            "CREATE TABLE deletes (tbl text, txid bigint, rows bigint);
+             CREATE FUNCTION log_deletes() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 INSERT INTO deletes SELECT TG_ARGV[0], txid_current(), count(*) FROM gone;
+                 RETURN NULL;
+             END $$;
+             {}{}",
+            seed("inbox", "0 hours"),
+            seed("stalled", "30 hours")
+        ))
+        .await
+        .expect("seed the inboxes");
+    let young: HashSet<String> = (0..500).map(|g| format!("young-{g}")).collect();
+    for table in ["inbox", "stalled"] {
+        let out = Command::new(inbox_bin())
+            .args(["cleanup", "--database-url", &db.url, "--table", table])
+            .args(["--retention", "24h", "--cleanup-batch", "1000"])
+            .output()
+            .expect("run outbox-inbox cleanup");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "cleanup: {out:?}");
+        assert!(
+            stdout.contains(&format!(
+                "deleted 2500 rows older than 24h from public.{table} in 3 batches"
+            )),
+            "{stdout}"
+        );
+        let sql = format!("SELECT message_id FROM {table}");
+        let left: HashSet<String> = first_column(&db.client, &sql, &[])
+            .await
+            .into_iter()
+            .collect();
+        assert_eq!(
+            left, young,
+            "{table}: exactly the rows inside the window stay"
+        );
+        let deletes = db
+            .client
+            .query(
+                "SELECT txid, rows FROM deletes WHERE tbl = $1 ORDER BY txid",
+                &[&table],
+            )
+            .await
+            .expect("read the deletes");
+        let batches: Vec<i64> = deletes.iter().map(|r| r.get(1)).collect();
+        let transactions: HashSet<i64> = deletes.iter().map(|r| r.get(0)).collect();
+        assert_eq!(
+            batches,
+            [1000, 1000, 500],
+            "{table}: at most the batch size"
+        );
+        assert_eq!(
+            transactions.len(),
+            3,
+            "{table}: each batch its own transaction"
+        );
+    }
+
+    // The batch's plan reads the index, with the inbox at the size it has in production:
+    // mostly rows inside the window.
+    db.client
+        .batch_execute(
+            "INSERT INTO inbox (consumer, message_id, received_at)
+                 SELECT 'c', 'more-' || g, now() - g * interval '1 second'
+                 FROM generate_series(1, 50000) AS g;
+             ANALYZE inbox;",
+        )
+        .await
+        .expect("grow the inbox");
+    let batch = cleanup_batch_statement(&InboxTable::default(), 1000);
+    let explain = format!(
+        "EXPLAIN {}",
+        batch.replace("$1", "now() - interval '24 hours'")
+    );
+    let plan = first_column(&db.client, &explain, &[]).await.join("\n");
+    assert!(
+        plan.contains("Index Scan using inbox_received_at_idx") && plan.contains("Tid Scan"),
+        "{plan}"
+    );
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+}
+
+// ---------------------------------------------------------------------------------
+// Setup and the claim
+
+/// `setup` twice says what it created, then what it found; sql/inbox.sql runs in psql, twice;
+/// the claim is true once per (consumer, message_id), and a concurrent claim of the same
+/// message waits for the first transaction: false if it committed, true if it rolled back;
+/// under REPEATABLE READ a serialization failure if it committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_is_idempotent_and_a_claim_is_true_exactly_once_per_consumer_and_message() {
+    let s = services();
+    let url = s.pg.create_database(&unique_name("inbox_setup")).await;
+    let setup = || {
+        let out = Command::new(inbox_bin())
+            .args(["setup", "--database-url", &url])
+            .output()
+            .expect("run outbox-inbox setup");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    assert_eq!(
+        setup(),
+        "table public.inbox: created\nindex inbox_received_at_idx: created\n\
+         function public.inbox_claim(text, text, text): created\n\
+         function public.inbox_cleanup(interval, integer): created\n"
+    );
+    assert_eq!(
+        setup(),
+        "table public.inbox: exists\nindex inbox_received_at_idx: exists\n\
+         function public.inbox_claim(text, text, text): replaced\n\
+         function public.inbox_cleanup(interval, integer): replaced\n"
+    );
+
+    let url = s.pg.create_database(&unique_name("inbox_psql")).await;
+    let script = include_str!("../../../sql/inbox.sql");
+    psql(&url, script);
+    psql(&url, script);
+    let a = pg_connect(&url).await;
+    let claim = |consumer: &'static str, id: &'static str| {
+        format!("SELECT inbox_claim('{consumer}', '{id}', '0000000001A2B3C4-00000000')")
+    };
+    assert!(claimed(&a, &claim("billing", "m-1")).await);
+    assert!(
+        !claimed(&a, &claim("billing", "m-1")).await,
+        "the second claim"
+    );
+    assert!(
+        claimed(&a, &claim("shipping", "m-1")).await,
+        "another consumer"
+    );
+
+    for (end, second_gets) in [("COMMIT", false), ("ROLLBACK", true)] {
+        let id: &'static str = if end == "COMMIT" { "m-2" } else { "m-3" };
+        a.batch_execute("BEGIN").await.expect("begin");
+        assert!(claimed(&a, &claim("billing", id)).await);
+        let second = {
+            let url = url.clone();
+            let sql = claim("billing", id);
+            tokio::spawn(async move { claimed(&pg_connect(&url).await, &sql).await })
+        };
+        let waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted";
+        let blocked = wait_count(&a, waiting, MINUTE, |n| n > 0).await;
+        assert!(blocked.is_ok(), "the second claim waits for the first");
+        a.batch_execute(end).await.expect("end");
+        assert_eq!(
+            second.await.expect("second claim"),
+            second_gets,
+            "after {end}"
+        );
+    }
+
+    // Under REPEATABLE READ the waiting claim cannot see the row that beat it: a
+    // serialization failure, which a consumer at that level retries (then it is false).
+    let b = pg_connect(&url).await;
+    b.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .await
+        .expect("take b's snapshot");
+    a.batch_execute("BEGIN").await.expect("begin");
+    assert!(claimed(&a, &claim("billing", "m-4")).await);
+    let second = tokio::spawn(async move {
+        let result = b.query_one(&claim("billing", "m-4"), &[]).await;
+        result.map(|_| ()).map_err(|e| e.code().cloned())
+    });
+    let waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted";
+    assert!(wait_count(&a, waiting, MINUTE, |n| n > 0).await.is_ok());
+    a.batch_execute("COMMIT").await.expect("commit");
+    assert_eq!(
+        second.await.expect("second claim"),
+        Err(Some(
+            tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
+        )),
+        "REPEATABLE READ: 40001"
+    );
+}
+
+/// What one claim returned.
+async fn claimed(client: &Client, sql: &str) -> bool {
+    client.query_one(sql, &[]).await.expect("claim").get(0)
+}
+
+// ---------------------------------------------------------------------------------
+// Order
+
+/// Four lanes, twenty aggregates, their events interleaved in every transaction: each
+/// aggregate's events are applied in the order they were committed, never two at once (the
+/// effect takes the aggregate's advisory lock with a try: it fails if another transaction of
+/// the aggregate is open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_of_one_aggregate_are_applied_one_at_a_time_in_delivery_order() {
+    const AGGREGATES: i32 = 20;
+    const STEPS: i32 = 30;
+    let outbox = Outbox::new("inbox_order").await;
+    for step in 0..STEPS {
+        // One transaction per step, the aggregates in a different order each time.
+        outbox
+            .client
+            .execute(
+                "INSERT INTO outbox (event_type, aggregate_id, payload)
+                 SELECT 'Order.step', 'order-' || a, jsonb_build_object('step', $1::int)
+                 FROM generate_series(0, $2::int - 1) AS a
+                 ORDER BY (a * 7 + $1::int) % $2::int",
+                &[&step, &AGGREGATES],
+            )
+            .await
+            .expect("insert a step");
+    }
+    let relay = outbox.spawn_relay(&[]);
+    let db = ConsumerDb::new("inbox_order_consumer").await;
+    let effect = "INSERT INTO effect (message_id, aggregate_id, step, alone)
+                  SELECT $1, $9, ($4::jsonb ->> 'step')::int, pg_try_advisory_xact_lock(hashtext($9))
+                  FROM pg_sleep(0.002)";
+    let args = [
+        "--concurrency",
+        "4",
+        "--prefetch",
+        "100",
+        "--effect-sql",
+        effect,
+    ];
+    let consumer = db.consume(&outbox.amqp_url, &outbox.queue, &args, &[]);
+    let total = (AGGREGATES * STEPS) as usize;
+    db.wait_applied(total, &consumer).await;
+    consumer.stop().await;
+    relay.stop().await;
+
+    let rows = db
+        .client
+        .query(
+            "SELECT aggregate_id, step, alone FROM effect ORDER BY n",
+            &[],
+        )
+        .await
+        .expect("read the effects");
+    assert_eq!(rows.len(), total, "each once");
+    let mut steps: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+    for row in &rows {
+        assert!(row.get::<_, bool>(2), "an aggregate applied twice at once");
+        steps.entry(row.get(0)).or_default().push(row.get(1));
+    }
+    let in_order: Vec<i32> = (0..STEPS).collect();
+    assert_eq!(steps.len(), AGGREGATES as usize);
+    for (aggregate, applied) in &steps {
+        assert_eq!(applied, &in_order, "{aggregate} out of order");
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Refusals
+
+/// A delivery without a message_id (or with an empty one) is rejected without requeue: it
+/// lands on the queue's dead-letter exchange, nothing is applied for it, and the consumer
+/// goes on with the next message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_without_a_message_id_goes_to_the_dead_letter_exchange_and_the_rest_are_applied()
+{
+    let s = services();
+    let amqp = s.rabbit.url();
+    let name = unique_name("inbox_noid");
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    let (dead_letters, dead_letter_queue) = (format!("{name}_dlx"), format!("{name}_dlq"));
+    declare_bound_queue(&amqp, &dead_letters, &dead_letter_queue, "#").await;
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString(dead_letters.as_str().into()),
+    );
+    declare_bound_queue_with_args(&amqp, &exchange, &queue, "#", arguments).await;
+    for id in [Some("first"), None, Some(""), Some("last")] {
+        publish(&amqp, &exchange, id).await;
+    }
+    let mut dead = Consumer::start(&amqp, &dead_letter_queue).await;
+    let db = ConsumerDb::new("inbox_noid_consumer").await;
+    let consumer = db.consume(&amqp, &queue, &[], &[]);
+    db.wait_applied(2, &consumer).await;
+    let letters = dead.wait_for(2, MINUTE).await;
+    assert_eq!(letters.len(), 2, "both refused deliveries dead-lettered");
+    assert!(letters
+        .iter()
+        .all(|l| l.message_id.as_deref().unwrap_or("").is_empty()));
+    consumer.stop().await;
+    assert_eq!(
+        totals(&consumer),
+        Totals {
+            applied: 2,
+            duplicates: 0,
+            rejected: 2
+        }
+    );
+    assert_eq!(consumer.log_count(log::REJECTED), 2);
+    db.assert_applied_once(&["first".into(), "last".into()])
+        .await;
+}
+
+/// Publishes one persistent message, with `message_id` if given, and waits for its confirm.
+async fn publish(amqp: &str, exchange: &str, message_id: Option<&str>) {
+    let connection = amqp_connect(amqp).await;
+    let channel = connection.create_channel().await.expect("channel");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm_select");
+    let mut properties = BasicProperties::default().with_delivery_mode(2);
+    if let Some(id) = message_id {
+        properties = properties.with_message_id(id.into());
+    }
+    let confirm = channel
+        .basic_publish(
+            exchange.into(),
+            "Test.noid".into(),
+            BasicPublishOptions::default(),
+            b"{}",
+            properties,
+        )
+        .await
+        .expect("publish");
+    assert!(confirm.await.expect("confirm").is_ack());
+    let _ = connection.close(200, "OK".into()).await;
+}
+
+/// An effect that fails on a message (here: the id is not a number) stops the consumer,
+/// naming the message; the message stays in the queue and nothing of its transaction, not
+/// even its inbox row, is left. Without its inbox, or its queue, the consumer does not start,
+/// and says what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn definite_errors_stop_the_consumer_naming_the_fix_and_keep_the_message() {
+    let s = services();
+    let amqp = s.rabbit.url();
+    let name = unique_name("inbox_fail");
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    declare_bound_queue(&amqp, &exchange, &queue, "#").await;
+    publish_confirmed(&amqp, &exchange, "Test.fail", &[("not-a-number", b"{}")]).await;
+    let db = ConsumerDb::new("inbox_fail_consumer").await;
+    let failing = "INSERT INTO effect (message_id, step) VALUES ($1, $1::int)";
+    let consumer = db.consume(&amqp, &queue, &["--effect-sql", failing], &[]);
+    let status = consumer
+        .wait_exit(MINUTE)
+        .await
+        .expect("the consumer stops");
+    assert_eq!(status.code(), Some(1), "log:\n{}", consumer.log());
+    let log = consumer.log();
+    assert!(
+        log.contains("Applying message not-a-number failed (SQLSTATE 22P02)"),
+        "{log}"
+    );
+    assert_eq!(queue_message_count(&amqp, &queue).await, 1, "still queued");
+    db.assert_applied_once(&[]).await;
+
+    let bare = s.pg.create_database(&unique_name("inbox_bare")).await;
+    let stopped = |args: &[&str]| {
+        let out = Command::new(inbox_bin())
+            .args(["consume", "--amqp-url", &amqp, "--consumer", CONSUMER])
+            .args(["--effect-sql", "SELECT 1", "--cleanup-interval", "0"])
+            .args(args)
+            .output()
+            .expect("run outbox-inbox consume");
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let no_inbox = stopped(&["--database-url", &bare, "--queue", &queue]);
+    assert!(no_inbox.contains("run `outbox-inbox setup`"), "{no_inbox}");
+    let no_queue = stopped(&["--database-url", &db.url, "--queue", "no_such_queue"]);
+    assert!(
+        no_queue.contains("The queue \"no_such_queue\" does not exist"),
+        "{no_queue}"
+    );
+}
