@@ -27,22 +27,27 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 #                      the transaction) no longer clears the relay's own ~30 MiB; the
 #                      walsender sends it the same way on 16, 17 and 18 (protocol 1, no
 #                      streaming: whole, after the commit)
-#   emit               outbox_emit events in commit order with the rows
+#   emit               outbox_emit events in commit order with the rows; --restrict-emit
+#                      (17 changed pg_logical_emit_message's signatures)
 #   shards             row-filtered publications: setup/teardown, two relays on their shards
 #   poll               polling: concurrent writers, kill -9 mid-backlog
-#   operations         status (missing and lost slot), teardown, the least-privilege role
+#   operations         status (missing and lost slot: 17+ name the invalidation reason),
+#                      teardown, the least-privilege role, a role without REPLICATION (16
+#                      reworded the refusal)
 # The rest (faults.rs, cluster.rs, ...) runs on PostgreSQL 15 only.
 MATRIX_TESTS=(
     "wal: concurrent_writers_arrive_once_in_commit_order sigterm_mid_stream_then_restart
      setup_is_idempotent_and_run_names_missing_objects"
     "faults: s01_relay_kill_9_repeatedly"
     "big_transaction@18: million_row_transaction_streams_in_bounded_memory"
-    "emit: emitted_events_arrive_once_in_commit_order_with_the_rows"
+    "emit: emitted_events_arrive_once_in_commit_order_with_the_rows
+     restrict_emit_lets_only_the_app_role_emit_and_keeps_the_heartbeats"
     "shards: setup_with_three_shards_creates_filtered_publications
      two_relays_each_publish_only_their_shards"
     "poll: twenty_thousand_rows_from_concurrent_writers kill_9_mid_backlog_loses_nothing_and_duplicates"
     "operations: status_exits_2_when_the_slot_is_missing status_exits_2_when_the_slot_is_lost
-     teardown_asks_for_yes least_privilege_role_sets_up_and_runs"
+     teardown_asks_for_yes least_privilege_role_sets_up_and_runs
+     a_role_without_replication_gets_a_clear_error"
 )
 
 pg_majors_pinned() {
