@@ -75,9 +75,14 @@ fn parse_driver_url(url: &str) -> Result<Config, RelayError> {
 /// URL without them (for tokio-postgres). Without `sslmode` the relay behaves like libpq:
 /// `prefer` (TLS if the server offers it, unverified; plain otherwise). As in libpq,
 /// `require` with a `sslrootcert` verifies the chain like `verify-ca`.
+///
+/// `target_session_attrs` comes out too: with several hosts the relay always looks for the
+/// primary itself ([`primary`]), so `read-write`, `primary` and `any` all mean that, and a
+/// value asking for a standby is refused.
 fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
     let mut mode = None;
     let mut root_cert = None;
+    let mut session_attrs = None;
     let mut take = |key: &str, value: &str| match key {
         "sslmode" => {
             mode = Some(value.to_string());
@@ -85,6 +90,10 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
         }
         "sslrootcert" => {
             root_cert = Some(PathBuf::from(value));
+            true
+        }
+        "target_session_attrs" => {
+            session_attrs = Some(value.to_string());
             true
         }
         _ => false,
@@ -118,6 +127,13 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
             .collect::<Vec<_>>()
             .join(" ")
     };
+    if let Some(attrs) = session_attrs.filter(|a| !["read-write", "primary", "any"].contains(&a.as_str())) {
+        return Err(RelayError::Config(format!(
+            "The database URL has target_session_attrs={attrs}, but the relay needs the \
+             primary (it holds the slot there, and polling writes). Fix: use read-write or \
+             primary, or leave it out: with several hosts the relay finds the primary itself"
+        )));
+    }
     let tls = match mode.as_deref().unwrap_or("prefer") {
         "disable" => TlsConfig::disabled(),
         "allow" | "prefer" => TlsConfig {
@@ -137,18 +153,95 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
     Ok((rest, tls))
 }
 
-/// The URL's first host: a TCP name or address, or a Unix socket directory.
-fn first_host(config: &Config) -> Host {
-    config
-        .get_hosts()
-        .first()
-        .cloned()
-        .unwrap_or_else(|| Host::Tcp("localhost".to_string()))
+/// One server the URL names: where a connection goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Server {
+    /// A TCP name or address, or a Unix socket directory.
+    pub host: Host,
+    pub port: u16,
 }
 
-/// Opens an ordinary connection; its driver task ends with the connection.
+impl Server {
+    /// The host as text: a name, an address, or a socket directory.
+    pub fn host_text(&self) -> String {
+        match &self.host {
+            Host::Tcp(host) => host.clone(),
+            Host::Unix(dir) => dir.display().to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.host {
+            Host::Tcp(host) if host.contains(':') => write!(f, "[{host}]:{}", self.port),
+            Host::Tcp(host) => write!(f, "{host}:{}", self.port),
+            Host::Unix(dir) => write!(f, "{}:{}", dir.display(), self.port),
+        }
+    }
+}
+
+/// The servers the URL names, in its order (libpq's multi-host form,
+/// `postgres://h1:5432,h2:5432/db`: a port for each host, or one for all).
+pub fn servers(url: &str) -> Result<Vec<Server>, RelayError> {
+    let (rest, _) = split_tls(url)?;
+    let config = parse_driver_url(&rest)?;
+    let hosts = match config.get_hosts() {
+        [] => vec![Host::Tcp("localhost".to_string())],
+        hosts => hosts.to_vec(),
+    };
+    let ports = config.get_ports();
+    let port = |i: usize| match ports {
+        [] => 5432,
+        [one] => *one,
+        many => many.get(i).copied().unwrap_or(5432),
+    };
+    Ok(hosts
+        .into_iter()
+        .enumerate()
+        .map(|(i, host)| Server { host, port: port(i) })
+        .collect())
+}
+
+/// The server that is the primary: the URL's only one, or else the first (in the URL's
+/// order) that answers and is not in recovery. Both of a session's connections, ordinary
+/// and replication, go to it: a standby can neither stream the slot nor take writes.
+pub async fn primary(url: &str) -> Result<Server, RelayError> {
+    let servers = servers(url)?;
+    if let [only] = servers.as_slice() {
+        // A VIP or DNS name: it is the primary by the operator's word.
+        return Ok(only.clone());
+    }
+    let mut last_error = None;
+    for server in &servers {
+        match is_primary(url, server).await {
+            Ok(true) => return Ok(server.clone()),
+            Ok(false) => tracing::debug!(%server, "a standby (in recovery): trying the next host"),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(RelayError::NoPrimary {
+        hosts: servers.iter().map(Server::to_string).collect(),
+        last_error: last_error.map(|e| crate::error::chain(&e)),
+    })
+}
+
+async fn is_primary(url: &str, server: &Server) -> Result<bool, RelayError> {
+    let client = connect_to(url, server).await?;
+    let row = client.query_one("SELECT pg_is_in_recovery()", &[]).await?;
+    Ok(!row.get::<_, bool>(0))
+}
+
+/// Opens an ordinary connection to the primary ([`primary`]); its driver task ends with
+/// the connection.
 pub async fn connect(url: &str) -> Result<Client, RelayError> {
-    connect_with(url, None).await
+    let server = primary(url).await?;
+    connect_with(url, &server, None).await
+}
+
+/// Opens an ordinary connection to `server`, one of the URL's (a standby too).
+pub async fn connect_to(url: &str, server: &Server) -> Result<Client, RelayError> {
+    connect_with(url, server, None).await
 }
 
 /// What a notification connection's driver hands over: each `NOTIFY` received, then the
@@ -160,12 +253,14 @@ pub type Notifications = mpsc::Receiver<Result<Notification, tokio_postgres::Err
 pub async fn connect_for_notifications(url: &str) -> Result<(Client, Notifications), RelayError> {
     // Notifications are wake-ups: a few in hand are plenty while the listener catches up.
     let (notifications, received) = mpsc::channel(64);
-    let client = connect_with(url, Some(notifications)).await?;
+    let server = primary(url).await?;
+    let client = connect_with(url, &server, Some(notifications)).await?;
     Ok((client, received))
 }
 
 async fn connect_with(
     url: &str,
+    server: &Server,
     notifications: Option<NotificationSender>,
 ) -> Result<Client, RelayError> {
     let (rest, tls) = split_tls(url)?;
@@ -176,7 +271,7 @@ async fn connect_with(
     }
     // connect_timeout bounds the TCP connect only: a server (or a network) that accepts and
     // then goes silent would hold the startup handshake forever.
-    tokio::time::timeout(CONNECT_TIMEOUT, open(config, &tls, notifications))
+    tokio::time::timeout(CONNECT_TIMEOUT, open(config, server, &tls, notifications))
         .await
         .map_err(|_| RelayError::ConnectTimeout {
             endpoint: Endpoint::PostgreSql,
@@ -186,31 +281,45 @@ async fn connect_with(
 
 type NotificationSender = mpsc::Sender<Result<Notification, tokio_postgres::Error>>;
 
+/// The connection to `server`: the stream is opened here (not by tokio-postgres, which would
+/// try every host of the URL), with TLS as `tls` says, then handed to the driver.
 async fn open(
     mut config: Config,
+    server: &Server,
     tls: &TlsConfig,
     notifications: Option<NotificationSender>,
 ) -> Result<Client, RelayError> {
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let host = match first_host(&config) {
-        // libpq ignores sslmode on Unix sockets, and so does the relay.
-        Host::Tcp(host) if tls.mode != SslMode::Disable => host,
-        other => {
-            warn_once_if_exposed(&other, port, tls.mode, TlsOutcome::Plain);
-            config.ssl_mode(DriverSslMode::Disable);
-            let (client, connection) = config.connect(NoTls).await?;
+    let port = server.port;
+    let unreachable = |source| RelayError::DatabaseConnect {
+        host: server.host_text(),
+        port,
+        source,
+    };
+    // The stream already is what sslmode asked for: tokio-postgres must not negotiate again.
+    config.ssl_mode(DriverSslMode::Disable);
+    let host = match &server.host {
+        Host::Unix(dir) => {
+            // libpq ignores sslmode on Unix sockets, and so does the relay.
+            let socket = dir.join(format!(".s.PGSQL.{port}"));
+            let stream = tokio::net::UnixStream::connect(&socket)
+                .await
+                .map_err(unreachable)?;
+            let (client, connection) = config.connect_raw(stream, NoTls).await?;
             spawn_driver(connection, notifications);
             return Ok(client);
         }
+        Host::Tcp(host) => host.clone(),
     };
     let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
         .await
-        .map_err(|source| RelayError::DatabaseConnect {
-            host: host.clone(),
-            port,
-            source,
-        })?;
+        .map_err(unreachable)?;
     let _ = tcp.set_nodelay(true);
+    if tls.mode == SslMode::Disable {
+        warn_once_if_exposed(&server.host, port, tls.mode, TlsOutcome::Plain);
+        let (client, connection) = config.connect_raw(tcp, NoTls).await?;
+        spawn_driver(connection, notifications);
+        return Ok(client);
+    }
     let stream = maybe_upgrade_to_tls(tcp, tls, &host)
         .await
         .map_err(|e| RelayError::pg_tls(e, tls.ca_pem_path.is_some()))?;
@@ -221,8 +330,6 @@ async fn open(
         (true, _) => TlsOutcome::Unverified,
     };
     warn_once_if_exposed(&Host::Tcp(host), port, tls.mode, outcome);
-    // The stream already is what sslmode asked for: tokio-postgres must not negotiate again.
-    config.ssl_mode(DriverSslMode::Disable);
     let (client, connection) = config.connect_raw(stream, NoTls).await?;
     spawn_driver(connection, notifications);
     Ok(client)
@@ -338,20 +445,22 @@ fn spawn_driver<S, T>(
     });
 }
 
-/// The replication connection's configuration for `slot` and `publication`.
+/// The replication connection's configuration for `slot` and `publication`, to `server`
+/// (the one the session's ordinary connection went to: [`primary`]).
 pub fn replication_config(
     url: &str,
+    server: &Server,
     slot: &str,
     publication: &str,
 ) -> Result<ReplicationConfig, RelayError> {
     let (rest, tls) = split_tls(url)?;
     let config = parse_driver_url(&rest)?;
-    let (host, tls) = match first_host(&config) {
-        Host::Tcp(host) => (host, tls),
+    let (host, tls) = match &server.host {
+        Host::Tcp(host) => (host.clone(), tls),
         // libpq ignores sslmode on Unix sockets; the crate refuses TLS there.
         Host::Unix(path) => (path.display().to_string(), TlsConfig::disabled()),
     };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let port = server.port;
     let user = config
         .get_user()
         .ok_or_else(|| RelayError::Config("The database URL names no user".into()))?
@@ -413,8 +522,10 @@ mod tests {
 
     #[test]
     fn replication_config_follows_the_url() {
+        let url = "postgres://relay:p%40ss@db.example:6543/app";
         let c = replication_config(
-            "postgres://relay:p%40ss@db.example:6543/app",
+            url,
+            &servers(url).expect("one server")[0],
             "outbox_slot",
             "outbox_pub",
         )
@@ -441,13 +552,43 @@ mod tests {
         parse_url("postgres://relay@db/app?sslmode=verify-ca")
             .expect("the driver accepts the rest");
 
-        let c =
-            replication_config("postgres://r@db/app?sslmode=require", "s", "p").expect("config");
+        let only = |url: &str| servers(url).expect("servers").remove(0);
+        let url = "postgres://r@db/app?sslmode=require";
+        let c = replication_config(url, &only(url), "s", "p").expect("config");
         assert_eq!(c.tls.mode, SslMode::Require);
         // Unix sockets never use TLS (as in libpq).
-        let c = replication_config("postgres://r@%2Frun%2Fpg/app?sslmode=require", "s", "p")
-            .expect("config");
+        let url = "postgres://r@%2Frun%2Fpg/app?sslmode=require";
+        let c = replication_config(url, &only(url), "s", "p").expect("config");
         assert_eq!(c.tls.mode, SslMode::Disable);
+    }
+
+    /// libpq's multi-host URLs: every host with its port, in order; target_session_attrs
+    /// taken out (the relay finds the primary itself) and a standby-seeking one refused.
+    #[test]
+    fn several_hosts_are_read_in_order() {
+        let url = "postgres://relay@pg-a:5432,pg-b:6543,[::1]/app?target_session_attrs=read-write";
+        let found: Vec<String> = servers(url)
+            .expect("servers")
+            .iter()
+            .map(Server::to_string)
+            .collect();
+        assert_eq!(found, ["pg-a:5432", "pg-b:6543", "[::1]:5432"]);
+        let ports: Vec<u16> = servers("postgres://relay@a,b:7000/app")
+            .expect("servers")
+            .iter()
+            .map(|s| s.port)
+            .collect();
+        assert_eq!(ports, [5432, 7000], "each host its own port, as in libpq");
+        assert_eq!(
+            servers("host=a,b port=1,2 user=r dbname=app")
+                .expect("key=value")
+                .len(),
+            2
+        );
+        assert!(parse_url("postgres://r@a,b/app?target_session_attrs=primary").is_ok());
+        let standby = parse_url("postgres://r@a,b/app?target_session_attrs=standby")
+            .expect_err("a standby cannot serve the relay");
+        assert!(standby.to_string().contains("needs the primary"), "{standby}");
     }
 
     #[test]

@@ -170,6 +170,17 @@ pub enum RelayError {
     #[error("PostgreSQL did not answer within {seconds} s; reconnecting")]
     DatabaseTimeout { seconds: u64 },
 
+    #[error(
+        "None of the database URL's hosts ({}) is the primary: each is in recovery or cannot \
+         be reached{}",
+        hosts.join(", "),
+        last_error.as_deref().map(|e| format!(" (last: {e})")).unwrap_or_default()
+    )]
+    NoPrimary {
+        hosts: Vec<String>,
+        last_error: Option<String>,
+    },
+
     #[error("The PostgreSQL connection that listens for notifications ended")]
     NotificationsEnded,
 
@@ -496,7 +507,10 @@ impl RelayError {
                 Some(code) if !transient_sqlstate(code) => ErrorKind::DatabaseRefused,
                 _ => ErrorKind::DatabaseDown,
             },
-            DatabaseConnect { .. } | DatabaseTimeout { .. } | NotificationsEnded => {
+            DatabaseConnect { .. }
+            | DatabaseTimeout { .. }
+            | NotificationsEnded
+            | NoPrimary { .. } => {
                 ErrorKind::DatabaseDown
             }
             Replication { sqlstate, source } => replication_kind(sqlstate.as_ref(), source),

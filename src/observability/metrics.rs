@@ -135,6 +135,16 @@ pub const DEAD_LETTER_REASONS: [&str; 4] = [
 ];
 /// Label of [`BROKER_INFO`].
 pub const NODE_LABEL: &str = "node";
+/// 1 for the PostgreSQL server (label `host`, `host:port`) the newest session went to, 0 for
+/// servers used before: after a failover with a multi-host URL, the new primary.
+pub const POSTGRES_INFO: &str = "outbox_relay_postgres_info";
+/// 1 for each standby the database URL names on which the slot is ready to take over (synced,
+/// persistent, valid: PostgreSQL 17+ failover slots), 0 where it is not or cannot be read.
+pub const FAILOVER_READY: &str = "outbox_relay_failover_ready";
+/// Label of [`POSTGRES_INFO`] and [`FAILOVER_READY`].
+pub const HOST_LABEL: &str = "host";
+/// Lost or missing slots the relay recreated and backfilled (`--on-slot-lost recreate`).
+pub const SLOT_RECOVERIES_TOTAL: &str = "outbox_relay_slot_recoveries_total";
 /// Labels of [`BUILD_INFO`].
 pub const VERSION_LABEL: &str = "version";
 pub const MODE_LABEL: &str = "mode";
@@ -268,6 +278,18 @@ pub fn describe() {
     describe_gauge!(
         BUILD_INFO,
         "Always 1: the relay's version and mode (run or poll) as labels"
+    );
+    describe_gauge!(
+        POSTGRES_INFO,
+        "1 for the PostgreSQL server (host:port) the relay streams from, 0 for servers used before"
+    );
+    describe_gauge!(
+        FAILOVER_READY,
+        "1 for each standby of the database URL where the slot is synced and valid (ready for a failover), 0 otherwise"
+    );
+    describe_counter!(
+        SLOT_RECOVERIES_TOTAL,
+        "Lost or missing slots recreated and backfilled from the table (--on-slot-lost recreate)"
     );
     describe_gauge!(
         BROKER_INFO,
@@ -599,6 +621,9 @@ mod tests {
             MESSAGES_IN_FLIGHT,
             ACK_POINTS_QUEUED,
             BROKER_INFO,
+            POSTGRES_INFO,
+            FAILOVER_READY,
+            SLOT_RECOVERIES_TOTAL,
             COMMIT_TO_CONFIRM_SECONDS,
             HEARTBEAT_LAG_SECONDS,
             BLOCKED_ON_MESSAGE_SECONDS,

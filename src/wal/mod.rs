@@ -112,6 +112,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
             cleanup: args.cleanup,
             dead_letter_exchange,
             emit_prefix,
+            last_server: std::sync::Mutex::new(None),
         },
         role,
     };

@@ -24,7 +24,7 @@ use crate::config::{CleanupArgs, OutboxNames, Tuning};
 use crate::db;
 use crate::error::{Endpoint, RelayError};
 use crate::mapper::Mapper;
-use crate::observability::{Health, RelayMetrics, StreamMetrics};
+use crate::observability::{Health, RelayMetrics, StreamMetrics, HOST_LABEL, POSTGRES_INFO};
 use crate::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions};
 use crate::shard::Shard;
 use crate::wal::heartbeat::{self, Heartbeat};
@@ -58,16 +58,28 @@ pub struct SessionContext {
     pub dead_letter_exchange: Option<String>,
     /// The prefix of this outbox's emitted events (`--emit-prefix`).
     pub emit_prefix: String,
+    /// The PostgreSQL server the last session streamed from.
+    pub last_server: std::sync::Mutex<Option<SeenServer>>,
+}
+
+/// A server a session streamed from: where, and which one (IDENTIFY_SYSTEM).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenServer {
+    pub address: String,
+    pub system_id: String,
+    pub timeline: u32,
 }
 
 /// Runs one session. A message that failed in an earlier session (the health's stuck
 /// message) is published with a window of 1 until the broker confirms it, so a stuck message
 /// does not drag a full window of re-publishes along on every retry.
 pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<(), RelayError> {
-    let slot = preflight(ctx).await?;
+    // Chosen afresh every session: after a failover the primary is another host.
+    let server = db::primary(&ctx.database_url).await?;
+    let slot = preflight(ctx, &server).await?;
     let broker = Arc::new(connect_broker(ctx).await?);
     let stuck = ctx.health.stuck();
-    let (client, feedback_sent) = start_streaming(ctx, slot.confirmed_flush).await?;
+    let (client, feedback_sent) = start_streaming(ctx, &server, slot.confirmed_flush).await?;
     tracing::info!(
         slot = %ctx.names.slot,
         from = %slot.confirmed_flush,
@@ -116,9 +128,12 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
     conclude(ctx, stop).await
 }
 
-/// The checks before streaming; the slot's state.
-async fn preflight(ctx: &SessionContext) -> Result<preflight::SlotState, RelayError> {
-    let database = db::connect(&ctx.database_url).await?;
+/// The checks before streaming, on `server`; the slot's state.
+async fn preflight(
+    ctx: &SessionContext,
+    server: &db::Server,
+) -> Result<preflight::SlotState, RelayError> {
+    let database = db::connect_to(&ctx.database_url, server).await?;
     let slot = preflight::check_all(&database, &ctx.names, ctx.shard).await?;
     preflight::check_emit_prefix(&database, &ctx.names, &ctx.emit_prefix).await?;
     Ok(slot)
@@ -134,9 +149,12 @@ async fn connect_broker(ctx: &SessionContext) -> Result<Broker, RelayError> {
     Ok(broker)
 }
 
-/// START_REPLICATION from `from`; the client, and what is notified when it sent feedback.
+/// START_REPLICATION on `server` from `from` (the slot's own confirmed position there, never
+/// one remembered from another server); the client, and what is notified when it sent
+/// feedback.
 async fn start_streaming(
     ctx: &SessionContext,
+    server: &db::Server,
     from: Lsn,
 ) -> Result<(ReplicationClient, Arc<Notify>), RelayError> {
     let feedback_sent = Arc::new(Notify::new());
@@ -145,7 +163,7 @@ async fn start_streaming(
         FeedbackObserver::new(move |_| feedback_sent.notify_one())
     };
     let config =
-        db::replication_config(&ctx.database_url, &ctx.names.slot, &ctx.names.publication)?
+        db::replication_config(&ctx.database_url, server, &ctx.names.slot, &ctx.names.publication)?
             .with_start_lsn(from)
             .with_status_interval(ctx.tuning.status_interval())
             .with_buffer_size(CLIENT_EVENT_BUFFER)
@@ -157,12 +175,28 @@ async fn start_streaming(
             e => slot::replication_error(e, &ctx.names, &ctx.database_url).await,
         }
     };
-    let mut client = match ReplicationClient::connect(config).await {
+    let mut client = match ReplicationClient::connect_gated(config).await {
         Ok(client) => client,
         Err(e) => return Err(start_error(e).await),
     };
-    // Connecting and START_REPLICATION run in the crate's worker: bound the wait, since a
-    // server that accepts and goes silent would otherwise hold this session forever.
+    // Connecting, IDENTIFY_SYSTEM and START_REPLICATION run in the crate's worker: bound the
+    // wait, since a server that accepts and goes silent would otherwise hold this session
+    // forever.
+    let identified = tokio::time::timeout(db::CONNECT_TIMEOUT, client.identify_system()).await;
+    match identified {
+        Ok(Ok(system)) => note_server(ctx, server, system.system_id, system.timeline),
+        Ok(Err(e)) => return Err(start_error(e).await),
+        Err(_) => {
+            client.abort();
+            return Err(RelayError::ConnectTimeout {
+                endpoint: Endpoint::Replication,
+                seconds: db::CONNECT_TIMEOUT.as_secs(),
+            });
+        }
+    }
+    if let Err(e) = client.start().await {
+        return Err(start_error(e).await);
+    }
     match tokio::time::timeout(db::CONNECT_TIMEOUT, client.wait_started()).await {
         Ok(Ok(())) => Ok((client, feedback_sent)),
         Ok(Err(e)) => Err(start_error(e).await),
@@ -174,6 +208,39 @@ async fn start_streaming(
             })
         }
     }
+}
+
+/// Records the server this session streams from: the `postgres_info` metric, and a warning
+/// when it is another server than the last session's (a failover: another host, or the same
+/// address now another system or timeline). Nothing is carried over from the old one: the
+/// session starts from the slot's position on this server.
+fn note_server(ctx: &SessionContext, server: &db::Server, system_id: String, timeline: u32) {
+    let seen = SeenServer {
+        address: server.to_string(),
+        system_id,
+        timeline,
+    };
+    let mut last = ctx
+        .last_server
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(before) = last.as_ref().filter(|before| **before != seen) {
+        if before.address != seen.address {
+            metrics::gauge!(POSTGRES_INFO, HOST_LABEL => before.address.clone()).set(0.0);
+        }
+        tracing::warn!(
+            from = %before.address,
+            to = %seen.address,
+            system_identifier = %seen.system_id,
+            timeline = seen.timeline,
+            previous_system_identifier = %before.system_id,
+            previous_timeline = before.timeline,
+            "PostgreSQL is another server than before (a failover or switchover): \
+             resuming from the slot's own position there"
+        );
+    }
+    metrics::gauge!(POSTGRES_INFO, HOST_LABEL => seen.address.clone()).set(1.0);
+    *last = Some(seen);
 }
 
 /// What the session's end means: a graceful stop once the slot took the final position, or

@@ -282,7 +282,8 @@ pub async fn decode_alone(
     exchange: &str,
     rows: u64,
 ) -> Result<DecodeRun> {
-    let config = db::replication_config(database_url, slot, publication)?
+    let server = db::primary(database_url).await?;
+    let config = db::replication_config(database_url, &server, slot, publication)?
         .with_buffer_size(outbox_relay::wal::session::CLIENT_EVENT_BUFFER);
     let mut client = ReplicationClient::connect(config).await?;
     client.wait_started().await?;
