@@ -127,7 +127,9 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
             .collect::<Vec<_>>()
             .join(" ")
     };
-    if let Some(attrs) = session_attrs.filter(|a| !["read-write", "primary", "any"].contains(&a.as_str())) {
+    if let Some(attrs) =
+        session_attrs.filter(|a| !["read-write", "primary", "any"].contains(&a.as_str()))
+    {
         return Err(RelayError::Config(format!(
             "The database URL has target_session_attrs={attrs}, but the relay needs the \
              primary (it holds the slot there, and polling writes). Fix: use read-write or \
@@ -199,7 +201,10 @@ pub fn servers(url: &str) -> Result<Vec<Server>, RelayError> {
     Ok(hosts
         .into_iter()
         .enumerate()
-        .map(|(i, host)| Server { host, port: port(i) })
+        .map(|(i, host)| Server {
+            host,
+            port: port(i),
+        })
         .collect())
 }
 
@@ -588,7 +593,10 @@ mod tests {
         assert!(parse_url("postgres://r@a,b/app?target_session_attrs=primary").is_ok());
         let standby = parse_url("postgres://r@a,b/app?target_session_attrs=standby")
             .expect_err("a standby cannot serve the relay");
-        assert!(standby.to_string().contains("needs the primary"), "{standby}");
+        assert!(
+            standby.to_string().contains("needs the primary"),
+            "{standby}"
+        );
     }
 
     #[test]

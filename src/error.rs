@@ -510,9 +510,7 @@ impl RelayError {
             DatabaseConnect { .. }
             | DatabaseTimeout { .. }
             | NotificationsEnded
-            | NoPrimary { .. } => {
-                ErrorKind::DatabaseDown
-            }
+            | NoPrimary { .. } => ErrorKind::DatabaseDown,
             Replication { sqlstate, source } => replication_kind(sqlstate.as_ref(), source),
             ConnectTimeout { endpoint, .. } => match endpoint {
                 Endpoint::RabbitMq => ErrorKind::BrokerConnectTimeout,

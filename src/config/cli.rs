@@ -11,7 +11,7 @@ use super::connections::{Connections, DatabaseConnection};
 use super::messages::{
     DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormatArgs, RestrictEmitArgs,
 };
-use super::modes::{ModeArgs, OnPublished, RunShard, ShardCount};
+use super::modes::{FailoverSlotArgs, ModeArgs, OnPublished, OnSlotLost, RunShard, ShardCount};
 use super::names::{parse_identifier, OutboxNames, PublishNames, SlotNames, StatusNames};
 use super::observability::{CleanupArgs, EndpointArgs, ObservabilityArgs};
 use super::tuning::{Delivery, Publishing, Tuning};
@@ -100,6 +100,8 @@ pub struct SetupArgs {
     pub emit: EmitArgs,
     #[command(flatten)]
     pub restrict_emit: RestrictEmitArgs,
+    #[command(flatten)]
+    pub failover: FailoverSlotArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -124,6 +126,19 @@ pub struct RunArgs {
     pub emit: EmitArgs,
     #[command(flatten)]
     pub format: MessageFormatArgs,
+    #[command(flatten)]
+    pub failover: FailoverSlotArgs,
+    /// What to do when the slot is missing (a failover without failover slots: PostgreSQL
+    /// 16 and older) or invalidated: `stop` (a person recovers: docs/operations.md,
+    /// "Recovering from a lost slot"), or `recreate`: create a new slot and re-publish from
+    /// the table every row it will not deliver, from the last acknowledged commit recorded
+    /// in the database (minus --recreate-margin), then stream it.
+    #[arg(long, env = "OUTBOX_ON_SLOT_LOST", value_enum, default_value_t = OnSlotLost::Stop)]
+    pub on_slot_lost: OnSlotLost,
+    /// With --on-slot-lost recreate: how far before the last acknowledged commit the
+    /// backfill starts (by created_at), to take in transactions that were open across it.
+    #[arg(long, env = "OUTBOX_RECREATE_MARGIN", default_value = "10m", value_parser = parse_duration)]
+    pub recreate_margin: Duration,
 }
 
 /// Polling workers by default: two overlap one's claim and commit with the other's confirms,

@@ -54,3 +54,37 @@ pub struct RunShard {
     #[arg(long, env = "OUTBOX_SHARD", value_name = "K")]
     pub shard: Option<u32>,
 }
+
+/// Whether the slot is a failover slot (PostgreSQL 17+: synchronized to standbys that ask
+/// for it, so a promoted standby has it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FailoverSlot {
+    /// On where the server has failover slots (17+), off before.
+    Auto,
+    /// On; a server before 17 is an error.
+    On,
+    /// Off.
+    Off,
+}
+
+/// `--failover-slot` (`setup`, and `run`, which creates a slot under `--on-slot-lost
+/// recreate`).
+#[derive(Debug, Clone, Copy, Args)]
+pub struct FailoverSlotArgs {
+    /// Create the slot as a failover slot, and turn failover on for an existing one
+    /// (ALTER_REPLICATION_SLOT, which waits while a relay streams from the slot: stop it
+    /// first): `auto` = on from PostgreSQL 17, `on` (an error before 17), `off`
+    /// (docs/operations.md, "PostgreSQL high availability").
+    #[arg(long, env = "OUTBOX_FAILOVER_SLOT", value_enum, default_value_t = FailoverSlot::Auto)]
+    pub failover_slot: FailoverSlot,
+}
+
+/// What `run` does when its slot is missing or invalidated (`--on-slot-lost`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnSlotLost {
+    /// Stop, naming the slot and the recovery (a person decides).
+    Stop,
+    /// Create a new slot and re-publish from the table what it will not deliver
+    /// (docs/operations.md, "When the slot is lost").
+    Recreate,
+}

@@ -32,7 +32,7 @@ use crate::observability::metrics::{BROKER_INFO, NODE_LABEL};
 use crate::outbox_table::columns;
 use crate::poll::table::{read_backlog, Backlog};
 use crate::shard::Shard;
-use crate::wal::preflight::idle_slot_timeout;
+use crate::wal::preflight::{idle_slot_timeout, synchronized_standby_slots};
 use crate::wal::slot::{read_slot, SlotReport};
 
 /// The probe's verdict.
@@ -77,6 +77,8 @@ pub struct Status {
     pub synced: Option<bool>,
     /// 18+: the server's idle_replication_slot_timeout when set (`null`: off, or before 18).
     pub idle_replication_slot_timeout: Option<String>,
+    /// 17+: the server's synchronized_standby_slots (`""`: unset; `null` before 17).
+    pub synchronized_standby_slots: Option<String>,
     pub table: String,
     pub outbox_rows: Option<i64>,
     pub oldest_row_age_seconds: Option<f64>,
@@ -208,9 +210,12 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         .as_ref()
         .and_then(|r| r.lost_reason())
         .map(str::to_string);
-    let idle_replication_slot_timeout = match poll {
-        true => None,
-        false => idle_slot_timeout(client).await?,
+    let (idle_replication_slot_timeout, synchronized_standby_slots) = match poll {
+        true => (None, None),
+        false => (
+            idle_slot_timeout(client).await?,
+            synchronized_standby_slots(client).await?,
+        ),
     };
     Ok(Status {
         mode: if poll { "poll" } else { "wal" },
@@ -230,6 +235,7 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         failover,
         synced,
         idle_replication_slot_timeout,
+        synchronized_standby_slots,
         table: args.names.table.to_string(),
         outbox_rows: table.outbox_rows,
         oldest_row_age_seconds: table.oldest_row_age_seconds,
@@ -498,6 +504,17 @@ fn version_lines(status: &Status, lines: &mut Vec<(&'static str, String)>) {
         let since = status.inactive_since.clone();
         lines.push(("inactive since", since.unwrap_or_else(|| "active".into())));
     }
+    if let Some(slots) = &status.synchronized_standby_slots {
+        lines.push((
+            "standby slots",
+            match slots.trim() {
+                "" => "none (synchronized_standby_slots unset: a failover can lose events the \
+                       relay already published)"
+                    .into(),
+                slots => format!("{slots} (synchronized_standby_slots)"),
+            },
+        ));
+    }
     if let Some(timeout) = &status.idle_replication_slot_timeout {
         lines.push((
             "idle slot timeout",
@@ -626,6 +643,7 @@ mod tests {
             failover: None,
             synced: None,
             idle_replication_slot_timeout: None,
+            synchronized_standby_slots: None,
             table: "outbox".into(),
             outbox_rows: Some(12),
             oldest_row_age_seconds: Some(192.4),

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use pgwire_replication::Lsn;
 use tokio_postgres::Client;
 
-use crate::config::OutboxNames;
+use crate::config::{FailoverSlot, OutboxNames};
 use crate::error::{RelayError, SlotProblem};
 use crate::shard::Shard;
 use crate::wal::slot::read_slot;
@@ -240,17 +240,79 @@ async fn warn_if_idle_slots_expire(client: &Client, slot: &str) -> Result<(), Re
     Ok(())
 }
 
+/// PostgreSQL 17's `synchronized_standby_slots` on this server: `Some("")` when the
+/// server has it unset, `None` before 17.
+pub async fn synchronized_standby_slots(client: &Client) -> Result<Option<String>, RelayError> {
+    let row = client
+        .query_opt(
+            "SELECT setting FROM pg_catalog.pg_settings WHERE name = 'synchronized_standby_slots'",
+            &[],
+        )
+        .await?;
+    Ok(row.map(|row| row.get(0)))
+}
+
+/// Warns, once per process, about what a failover would cost (PostgreSQL 17+): a slot
+/// that is not a failover slot is not on any standby; a failover slot without
+/// `synchronized_standby_slots` on the primary can have the relay publish transactions a
+/// failover to an asynchronous standby then loses (phantom events).
+async fn warn_about_failover(
+    client: &Client,
+    slot: &str,
+    failover: FailoverSlot,
+) -> Result<(), RelayError> {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if WARNED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let Some(report) = read_slot(client, slot).await? else {
+        return Ok(());
+    };
+    match (report.failover, failover) {
+        (None, _) | (_, FailoverSlot::Off) => {}
+        (Some(false), _) => {
+            tracing::warn!(
+                %slot,
+                "the slot is not a failover slot: a standby promoted after a failover will not \
+                 have it. Fix: stop the relays of this slot and run `outbox-relay setup` (it \
+                 turns failover on), or --failover-slot off to keep it so \
+                 (docs/operations.md, \"PostgreSQL high availability\")"
+            );
+        }
+        (Some(true), _) => {
+            if synchronized_standby_slots(client)
+                .await?
+                .is_some_and(|s| s.trim().is_empty())
+            {
+                tracing::warn!(
+                    %slot,
+                    "synchronized_standby_slots is not set on the primary: the relay can \
+                     publish transactions that a failover to a standby which had not received \
+                     them yet then loses (phantom events). Fix: on the primary, set \
+                     synchronized_standby_slots to the physical slots of the standbys that \
+                     sync this slot (docs/operations.md, \"PostgreSQL high availability\")"
+                );
+            }
+        }
+    }
+    WARNED.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
 /// All checks `run` makes before it starts streaming; `names` are `shard`'s.
 pub async fn check_all(
     client: &Client,
     names: &OutboxNames,
     shard: Shard,
+    failover: FailoverSlot,
 ) -> Result<SlotState, RelayError> {
     check_wal_level(client).await?;
     warn_if_idle_slots_expire(client, &names.slot).await?;
     check_publication(client, names).await?;
     check_row_filter(client, names, shard).await?;
-    check_slot(client, &names.slot).await
+    let slot = check_slot(client, &names.slot).await?;
+    warn_about_failover(client, &names.slot, failover).await?;
+    Ok(slot)
 }
 
 /// The emit functions, where they exist, must write the relay's `--emit-prefix`: events with

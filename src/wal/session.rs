@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::config::{CleanupArgs, OutboxNames, Tuning};
+use crate::config::{CleanupArgs, FailoverSlot, OnSlotLost, OutboxNames, Tuning};
 use crate::db;
 use crate::error::{Endpoint, RelayError};
 use crate::mapper::Mapper;
@@ -58,6 +58,11 @@ pub struct SessionContext {
     pub dead_letter_exchange: Option<String>,
     /// The prefix of this outbox's emitted events (`--emit-prefix`).
     pub emit_prefix: String,
+    /// `--failover-slot`: what preflight expects of the slot, and how a recreated one is made.
+    pub failover: FailoverSlot,
+    /// `--on-slot-lost`, and the backfill's `--recreate-margin`.
+    pub on_slot_lost: OnSlotLost,
+    pub recreate_margin: std::time::Duration,
     /// The PostgreSQL server the last session streamed from.
     pub last_server: std::sync::Mutex<Option<SeenServer>>,
 }
@@ -134,7 +139,7 @@ async fn preflight(
     server: &db::Server,
 ) -> Result<preflight::SlotState, RelayError> {
     let database = db::connect_to(&ctx.database_url, server).await?;
-    let slot = preflight::check_all(&database, &ctx.names, ctx.shard).await?;
+    let slot = preflight::check_all(&database, &ctx.names, ctx.shard, ctx.failover).await?;
     preflight::check_emit_prefix(&database, &ctx.names, &ctx.emit_prefix).await?;
     Ok(slot)
 }
@@ -162,12 +167,16 @@ async fn start_streaming(
         let feedback_sent = Arc::clone(&feedback_sent);
         FeedbackObserver::new(move |_| feedback_sent.notify_one())
     };
-    let config =
-        db::replication_config(&ctx.database_url, server, &ctx.names.slot, &ctx.names.publication)?
-            .with_start_lsn(from)
-            .with_status_interval(ctx.tuning.status_interval())
-            .with_buffer_size(CLIENT_EVENT_BUFFER)
-            .with_feedback_observer(observer);
+    let config = db::replication_config(
+        &ctx.database_url,
+        server,
+        &ctx.names.slot,
+        &ctx.names.publication,
+    )?
+    .with_start_lsn(from)
+    .with_status_interval(ctx.tuning.status_interval())
+    .with_buffer_size(CLIENT_EVENT_BUFFER)
+    .with_feedback_observer(observer);
     let ca_given = config.tls.ca_pem_path.is_some();
     let start_error = |e: PgWireError| async move {
         match e {
