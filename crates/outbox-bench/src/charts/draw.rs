@@ -623,7 +623,7 @@ pub(super) fn sweep(s: &Sweep) -> Result<String> {
             .draw_series(drain.iter().map(|&(x, y)| {
                 EmptyElement::at((x, y))
                     + Circle::new((0, 0), 6, colours[0].filled())
-                    + label(int(y), colours[0], (8, -14))
+                    + label(int(y), colours[0], (-8, 16))
             }))
             .map_err(failed)?;
         chart
@@ -637,14 +637,14 @@ pub(super) fn sweep(s: &Sweep) -> Result<String> {
             .draw_secondary_series(duplicates.iter().map(|&(x, y)| {
                 EmptyElement::at((x, y))
                     + TriangleMarker::new((0, 0), 8, colours[2].filled())
-                    + label(int(y), colours[2], (8, 14))
+                    + label(int(y), colours[2], (8, 16))
             }))
             .map_err(failed)?;
         chart
             .draw_secondary_series(bound.iter().map(|&(x, y)| {
                 EmptyElement::at((x, y))
                     + Circle::new((0, 0), 4, colours[3].filled())
-                    + label(format!("bound {}", int(y)), colours[3], (8, 14))
+                    + label(format!("bound {}", int(y)), colours[3], (8, -14))
             }))
             .map_err(failed)?;
         // The windows' own labels under the axis: the sweep's values, not rounded ticks.
