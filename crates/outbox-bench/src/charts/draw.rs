@@ -397,7 +397,7 @@ pub(super) fn stacked(s: &Stacked) -> Result<String> {
 fn latency_range(c: &Cdf) -> Range<f64> {
     let values = c.curves.iter().flat_map(|k| k.points.iter().map(|p| p.0));
     let (lo, hi) = values.fold((f64::MAX, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    let lo = (lo.max(0.001) / 1.5).max(0.001);
+    let lo = (lo / 1.5).max(super::LATENCY_FLOOR_MS);
     let hi = (hi * 1.5).max(lo * 10.0);
     lo..hi
 }
@@ -481,7 +481,11 @@ pub(super) fn cdf(c: &Cdf) -> Result<String> {
         }
         for k in &c.curves {
             let c = colour(k.colour);
-            let points: Vec<(f64, f64)> = k.points.iter().map(|&(x, q)| (x, q * 100.0)).collect();
+            let points: Vec<(f64, f64)> = k
+                .points
+                .iter()
+                .map(|&(x, q)| (x.max(range.start), q * 100.0))
+                .collect();
             if k.coarse {
                 chart
                     .draw_series(DashedLineSeries::new(

@@ -310,3 +310,19 @@ fn every_committed_results_file_draws() {
         }
     }
 }
+
+#[test]
+fn latencies_below_the_axis_floor_are_counted_in_a_note() {
+    // A tenth of the messages arrived before their COMMIT returned: measured as 0.
+    let ms = std::time::Duration::from_millis;
+    let samples = (0..100).map(|i| if i < 10 { ms(0) } else { ms(1 + i) });
+    let mut results = Results::default();
+    results.limits.broker_latency = Latency::of(samples.collect()).map(LatencyMs::from);
+    results.limits.broker_latency_rate = 100;
+    let svg = svg_of(&render(&results).expect("renders"), "latency.svg");
+    assert_names(
+        "latency.svg",
+        &svg,
+        &["about 10 % of messages under 0.1 ms", "0.2 ms", "100 ms"],
+    );
+}
