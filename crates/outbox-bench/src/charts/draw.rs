@@ -9,6 +9,7 @@
 use std::ops::Range;
 
 use anyhow::{anyhow, Result};
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -206,6 +207,100 @@ fn draw_name(
     Ok(())
 }
 
+type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+
+/// An SVG of `plot_h` pixels of chart, drawn by `plot` (given the whole canvas and the chart's
+/// part of it), then the legend and the notes.
+fn canvas(
+    plot_h: u32,
+    legend: &[(String, RGBColor, Swatch)],
+    notes: &[String],
+    plot: impl FnOnce(&Area<'_>, &Area<'_>) -> Result<()>,
+) -> Result<String> {
+    let height = plot_h + footer_height(legend, notes);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(failed)?;
+        let (top, footer) = root.split_vertically(plot_h);
+        plot(&root, &top)?;
+        draw_footer(&footer, legend, notes)?;
+        root.present().map_err(failed)?;
+    }
+    Ok(svg)
+}
+
+/// A legend of coloured blocks, one per name, in palette order.
+fn blocks(names: &[String]) -> Vec<(String, RGBColor, Swatch)> {
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| (name.clone(), colour(i), Swatch::Block))
+        .collect()
+}
+
+type Bars2d<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// The axes of horizontal bars: `rows` rows from the top over `x`, room on the left for the
+/// rows' names ([`draw_names`]), no y ticks.
+fn bar_axes<'a, 'b>(
+    top: &'a Area<'b>,
+    title: &str,
+    x: Range<f64>,
+    rows: usize,
+    x_desc: &str,
+    x_label: &dyn Fn(&f64) -> String,
+) -> Result<Bars2d<'a, 'b>> {
+    let mut chart = ChartBuilder::on(top)
+        .caption(title, (FONT, 22))
+        .margin(10)
+        .margin_right(30)
+        .x_label_area_size(50)
+        .y_label_area_size(NAMES)
+        .build_cartesian_2d(x, 0.0..rows as f64)
+        .map_err(failed)?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .y_labels(0)
+        .x_labels(10)
+        .x_label_formatter(x_label)
+        .x_desc(x_desc)
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 15))
+        .light_line_style(LIGHT)
+        .x_max_light_lines(2)
+        .y_max_light_lines(1)
+        .draw()
+        .map_err(failed)?;
+    Ok(chart)
+}
+
+/// Each row's name left of its bars: row i from the top is y = rows - i - 1 .. rows - i.
+fn draw_names<'n>(
+    root: &Area<'_>,
+    chart: &Bars2d<'_, '_>,
+    names: impl ExactSizeIterator<Item = &'n str>,
+) -> Result<()> {
+    let rows = names.len() as f64;
+    for (i, name) in names.enumerate() {
+        let (px, py) = chart.backend_coord(&(0.0, rows - i as f64 - 0.5));
+        draw_name(root, name, (px - 12, py))?;
+    }
+    Ok(())
+}
+
+/// A label of our own under the x axis, at pixel `(x, y)` of the axis: where plotters' ticks
+/// would not fall on the values a reader looks for.
+fn draw_x_label(root: &Area<'_>, (x, y): (i32, i32), label: String) -> Result<()> {
+    root.draw(&Text::new(
+        label,
+        (x, y + 8),
+        text(13, BLACK, HPos::Center, VPos::Top),
+    ))
+    .map_err(failed)
+}
+
 /// The x range of bars up to `max`, with room on the right for their labels.
 fn bar_range(max: f64) -> Range<f64> {
     0.0..(max * 1.55).max(1.0)
@@ -216,18 +311,8 @@ pub(super) fn bars(b: &Bars) -> Result<String> {
     let per_bar = 20u32;
     let group_h = per_bar * b.series.len() as u32 + 22;
     let plot_h = 70 + group_h * b.groups.len() as u32 + 55;
-    let legend: Vec<(String, RGBColor, Swatch)> = b
-        .series
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.clone(), colour(i), Swatch::Block))
-        .collect();
-    let height = plot_h + footer_height(&legend, &b.notes);
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
-        root.fill(&WHITE).map_err(failed)?;
-        let (top, footer) = root.split_vertically(plot_h);
+    let legend = blocks(&b.series);
+    canvas(plot_h, &legend, &b.notes, |root, top| {
         let n = b.groups.len() as f64;
         let max = b
             .groups
@@ -236,28 +321,9 @@ pub(super) fn bars(b: &Bars) -> Result<String> {
             .map(|bar| bar.value)
             .fold(0.0, f64::max);
         let x = bar_range(max);
-        let mut chart = ChartBuilder::on(&top)
-            .caption(&b.title, (FONT, 22))
-            .margin(10)
-            .margin_right(30)
-            .x_label_area_size(50)
-            .y_label_area_size(NAMES)
-            .build_cartesian_2d(x.clone(), 0.0..n)
-            .map_err(failed)?;
-        chart
-            .configure_mesh()
-            .disable_y_mesh()
-            .y_labels(0)
-            .x_labels(8)
-            .x_label_formatter(&|v| int(*v))
-            .x_desc(b.x_desc.as_str())
-            .label_style((FONT, 13))
-            .axis_desc_style((FONT, 15))
-            .light_line_style(LIGHT)
-            .x_max_light_lines(2)
-            .y_max_light_lines(1)
-            .draw()
-            .map_err(failed)?;
+        let mut chart = bar_axes(top, &b.title, x.clone(), b.groups.len(), &b.x_desc, &|v| {
+            int(*v)
+        })?;
         // Group i from the top spans y = n - i - 1 .. n - i. Its bars (those it has, in series
         // order) are centred in it, one slot each.
         let k = b.series.len().max(1) as f64;
@@ -292,58 +358,24 @@ pub(super) fn bars(b: &Bars) -> Result<String> {
                 }))
                 .map_err(failed)?;
         }
-        for (i, g) in b.groups.iter().enumerate() {
-            let (px, py) = chart.backend_coord(&(0.0, n - i as f64 - 0.5));
-            draw_name(&root, &g.name, (px - 12, py))?;
-        }
-        draw_footer(&footer, &legend, &b.notes)?;
-        root.present().map_err(failed)?;
-    }
-    Ok(svg)
+        draw_names(root, &chart, b.groups.iter().map(|g| g.name.as_str()))?;
+        Ok(())
+    })
 }
 
 /// Stacked horizontal bars (chart 3).
 pub(super) fn stacked(s: &Stacked) -> Result<String> {
     let row_h = 34u32;
     let plot_h = 70 + row_h * s.rows.len() as u32 + 55;
-    let legend: Vec<(String, RGBColor, Swatch)> = s
-        .parts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (p.clone(), colour(i), Swatch::Block))
-        .collect();
-    let height = plot_h + footer_height(&legend, &s.notes);
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
-        root.fill(&WHITE).map_err(failed)?;
-        let (top, footer) = root.split_vertically(plot_h);
+    let legend = blocks(&s.parts);
+    canvas(plot_h, &legend, &s.notes, |root, top| {
         let n = s.rows.len() as f64;
         let total = |r: &super::StackedRow| r.parts.iter().flatten().sum::<f64>();
         let max = s.rows.iter().map(total).fold(0.0, f64::max);
         let x = 0.0..(max * 1.2).max(1.0);
-        let mut chart = ChartBuilder::on(&top)
-            .caption(&s.title, (FONT, 22))
-            .margin(10)
-            .margin_right(30)
-            .x_label_area_size(50)
-            .y_label_area_size(NAMES)
-            .build_cartesian_2d(x.clone(), 0.0..n)
-            .map_err(failed)?;
-        chart
-            .configure_mesh()
-            .disable_y_mesh()
-            .y_labels(0)
-            .x_labels(10)
-            .x_label_formatter(&|v| format!("{v:.0}"))
-            .x_desc(s.x_desc.as_str())
-            .label_style((FONT, 13))
-            .axis_desc_style((FONT, 15))
-            .light_line_style(LIGHT)
-            .x_max_light_lines(2)
-            .y_max_light_lines(1)
-            .draw()
-            .map_err(failed)?;
+        let mut chart = bar_axes(top, &s.title, x.clone(), s.rows.len(), &s.x_desc, &|v| {
+            format!("{v:.0}")
+        })?;
         let row_y = |i: usize| (n - i as f64 - 0.85, n - i as f64 - 0.15);
         for part in 0..s.parts.len() {
             chart
@@ -383,14 +415,9 @@ pub(super) fn stacked(s: &Stacked) -> Result<String> {
                 labels
             }))
             .map_err(failed)?;
-        for (i, r) in s.rows.iter().enumerate() {
-            let (px, py) = chart.backend_coord(&(0.0, n - i as f64 - 0.5));
-            draw_name(&root, &r.name, (px - 12, py))?;
-        }
-        draw_footer(&footer, &legend, &s.notes)?;
-        root.present().map_err(failed)?;
-    }
-    Ok(svg)
+        draw_names(root, &chart, s.rows.iter().map(|r| r.name.as_str()))?;
+        Ok(())
+    })
 }
 
 /// The log axis of a CDF over `points`: a little room either side.
@@ -439,14 +466,9 @@ pub(super) fn cdf(c: &Cdf) -> Result<String> {
             (k.name.clone(), colour(k.colour), swatch)
         })
         .collect();
-    let height = plot_h + footer_height(&legend, &c.notes);
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
-        root.fill(&WHITE).map_err(failed)?;
-        let (top, footer) = root.split_vertically(plot_h);
+    canvas(plot_h, &legend, &c.notes, |root, top| {
         let range = latency_range(c);
-        let mut chart = ChartBuilder::on(&top)
+        let mut chart = ChartBuilder::on(top)
             .caption(&c.title, (FONT, 22))
             .margin(10)
             .margin_right(40)
@@ -471,13 +493,7 @@ pub(super) fn cdf(c: &Cdf) -> Result<String> {
             .draw()
             .map_err(failed)?;
         for tick in decade_ticks(&range) {
-            let (px, py) = chart.backend_coord(&(tick, 0.0));
-            root.draw(&Text::new(
-                tick_label(tick),
-                (px, py + 8),
-                text(13, BLACK, HPos::Center, VPos::Top),
-            ))
-            .map_err(failed)?;
+            draw_x_label(root, chart.backend_coord(&(tick, 0.0)), tick_label(tick))?;
         }
         for k in &c.curves {
             let c = colour(k.colour);
@@ -504,10 +520,8 @@ pub(super) fn cdf(c: &Cdf) -> Result<String> {
                     .map_err(failed)?;
             }
         }
-        draw_footer(&footer, &legend, &c.notes)?;
-        root.present().map_err(failed)?;
-    }
-    Ok(svg)
+        Ok(())
+    })
 }
 
 /// The sweep (chart 4): x is log2 of the window, so powers of two are evenly spaced.
@@ -521,7 +535,6 @@ pub(super) fn sweep(s: &Sweep) -> Result<String> {
         .zip(colours.iter().zip(swatches))
         .map(|(name, (c, w))| (name.clone(), *c, w))
         .collect();
-    let height = plot_h + footer_height(&legend, &s.notes);
     let log2 = |w: u32| f64::from(w.max(1)).log2();
     let xs: Vec<f64> = s.points.iter().map(|p| log2(p.window)).collect();
     let x_lo = xs.iter().copied().fold(f64::MAX, f64::min) - 0.6;
@@ -538,12 +551,8 @@ pub(super) fn sweep(s: &Sweep) -> Result<String> {
         .flat_map(|p| [p.duplicates, p.bound])
         .max()
         .unwrap_or(0) as f64;
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
-        root.fill(&WHITE).map_err(failed)?;
-        let (top, footer) = root.split_vertically(plot_h);
-        let mut chart = ChartBuilder::on(&top)
+    canvas(plot_h, &legend, &s.notes, |root, top| {
+        let mut chart = ChartBuilder::on(top)
             .caption(&s.title, (FONT, 22))
             .margin(10)
             .x_label_area_size(55)
@@ -653,16 +662,9 @@ pub(super) fn sweep(s: &Sweep) -> Result<String> {
             .map_err(failed)?;
         // The windows' own labels under the axis: the sweep's values, not rounded ticks.
         for p in &s.points {
-            let (px, py) = chart.backend_coord(&(log2(p.window), 0.0));
-            root.draw(&Text::new(
-                int(f64::from(p.window)),
-                (px, py + 8),
-                text(13, BLACK, HPos::Center, VPos::Top),
-            ))
-            .map_err(failed)?;
+            let at = chart.backend_coord(&(log2(p.window), 0.0));
+            draw_x_label(root, at, int(f64::from(p.window)))?;
         }
-        draw_footer(&footer, &legend, &s.notes)?;
-        root.present().map_err(failed)?;
-    }
-    Ok(svg)
+        Ok(())
+    })
 }
