@@ -21,7 +21,10 @@
 # `outbox-bench bench` against target/release/outbox-relay, and removes both servers on any
 # exit (the cluster section's three nodes are started and stopped by outbox-bench itself,
 # also on free ports). Prints the Markdown report and writes it with the figures as JSON to
-# target/bench/<UTC timestamp>.{md,json}; relay logs go to target/bench/<timestamp>/.
+# target/bench/<UTC timestamp>.{md,json}; relay logs and the run's SVG charts (drain.svg,
+# latency.svg, cpu.svg, window.svg: those the run has figures for) go to
+# target/bench/<timestamp>/. To draw the charts of an earlier run again, without running it:
+#   target/release/outbox-bench charts target/bench/<timestamp>.json [--out DIR]
 #
 # Any other argument is passed to `outbox-bench bench` (e.g. --rows 50000, --sweep 1024,4096,
 # --max-in-flight 4096; `target/release/outbox-bench bench --help` lists them).

@@ -123,10 +123,9 @@ pub fn slot_step(names: &OutboxNames, failover: FailoverSlot) -> Step {
          %L, failover => true)', {slot}, 'pgoutput');"
     );
     let before_17 = match failover {
-        FailoverSlot::On => format!(
-            "RAISE EXCEPTION 'a failover slot (--failover-slot on) needs PostgreSQL 17 or later' \
-             USING ERRCODE = 'feature_not_supported';"
-        ),
+        FailoverSlot::On => "RAISE EXCEPTION 'a failover slot (--failover-slot on) needs \
+             PostgreSQL 17 or later' USING ERRCODE = 'feature_not_supported';"
+            .to_string(),
         FailoverSlot::Auto | FailoverSlot::Off => plain.clone(),
     };
     let create = match failover {

@@ -9,7 +9,7 @@
 use std::fmt::{self, Write as _};
 use std::str::FromStr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::results::{
     drain_run_cells, int, median, ms, or_dash, ratio, us_per_msg, Drain, LatencyRun,
@@ -134,7 +134,7 @@ pub fn check_distinct(setups: &[CompareSetup]) -> Result<(), String> {
 }
 
 /// The figures of `--compare`.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CompareResults {
     /// The setups in the order given; ratios are to the first.
     pub setups: Vec<String>,
@@ -156,7 +156,7 @@ pub struct CompareResults {
     pub summary: Vec<SetupSummary>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CompareRun {
     pub round: u32,
     pub setup: String,
@@ -167,7 +167,7 @@ pub struct CompareRun {
 
 /// The broker alone in one round: the minimal publisher ([`crate::independent`]), with a
 /// consumer exactly when the drains have one.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CompareBroker {
     pub round: u32,
     pub messages: u64,
@@ -176,14 +176,14 @@ pub struct CompareBroker {
     pub confirmed_per_sec: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CompareLatency {
     pub setup: String,
     pub run: LatencyRun,
 }
 
 /// One setup's medians over its rounds.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SetupSummary {
     pub setup: String,
     /// Each round's drain rate, in round order.
@@ -241,7 +241,7 @@ impl CompareResults {
                 .latency
                 .iter()
                 .find(|l| &l.setup == setup)
-                .and_then(|l| l.run.latency);
+                .and_then(|l| l.run.latency.as_ref());
             let first = out
                 .first()
                 .map(|s| s.median_msgs_per_sec)
@@ -542,6 +542,7 @@ mod tests {
                         p50: 20.0,
                         p99: 95.0,
                         max: 120.0,
+                        percentiles: Vec::new(),
                     }),
                 },
             }],

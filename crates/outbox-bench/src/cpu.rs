@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 
 use crate::results::{int, Results};
@@ -26,7 +26,7 @@ use outbox_testkit::pg::url_port;
 use outbox_testkit::procfs;
 
 /// µs of CPU per message of each process; `None` where the process was not read.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct CpuSplit {
     /// What the figures are divided by: messages received (confirmed, without a consumer).
     pub messages: u64,

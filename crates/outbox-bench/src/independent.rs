@@ -30,7 +30,7 @@ use futures_util::{FutureExt, StreamExt};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::process::Command;
 use tokio::time::Instant;
 use tokio_postgres::Client;
@@ -104,7 +104,7 @@ pub struct BareBroker<'a> {
 }
 
 /// What the minimal publisher measured; the JSON of `limits.bare_broker*`.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct BareBrokerLimit {
     pub window: u32,
     pub messages: u64,
@@ -279,7 +279,7 @@ fn per_sec(count: u64, elapsed: Duration) -> f64 {
 }
 
 /// What the walsender ceiling measured; the JSON of `limits.walsender`.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct WalsenderLimit {
     /// Rows in the backlog, one per transaction.
     pub rows: u64,

@@ -13,6 +13,7 @@
 //!   CPU each process spends per message ([`cpu`]), and the figures ([`results`]: JSON and
 //!   Markdown).
 //! - [`compare`]: `bench --compare`, setups of one relay binary drained in one run (issue 16).
+//! - [`charts`]: SVG charts of a run's figures (issue 26), from the results or their JSON.
 //!
 //! A tool, not the daemon: errors are `anyhow`, with context saying what failed. It reaches
 //! the relay through `outbox_relay`'s public API and runs its binary as a child process; the
@@ -20,6 +21,7 @@
 //! The harness pieces it shares with the tests (private servers aside: scripts/bench.sh starts
 //! those) come from `outbox-testkit`; what only the benchmark needs stays here.
 
+pub mod charts;
 pub mod compare;
 pub mod cpu;
 pub mod demo;

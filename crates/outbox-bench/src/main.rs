@@ -1,6 +1,7 @@
 //! `outbox-bench`: end-to-end checks and measurements of a running relay (the modules are in
 //! this crate's library, src/lib.rs); this file only parses the command line and writes the report.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -32,6 +33,21 @@ enum Command {
     /// writes it and the figures as JSON.
     // Boxed: its flags make it far larger than `Demo`.
     Bench(Box<BenchArgs>),
+    /// Draw the SVG charts of a results file that `bench --out` wrote (bench draws them
+    /// itself after a run; this redraws any earlier run's without running anything).
+    Charts(ChartsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ChartsArgs {
+    /// A results file: the PREFIX.json of `bench --out PREFIX` (e.g. target/bench/<stamp>.json
+    /// or docs/bench-results/<stamp>.json).
+    file: PathBuf,
+
+    /// The directory the charts go to (default: beside the file, in a directory named like it
+    /// without `.json`, where scripts/bench.sh puts a run's logs and charts).
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -75,19 +91,45 @@ fn main() -> ExitCode {
             let markdown = results.markdown();
             print!("{markdown}");
             if let Some(prefix) = out {
-                if let Err(e) = write_results(&prefix, &results, &markdown) {
+                // The figures first: a chart that cannot be drawn must not cost the run.
+                let written = write_results(&prefix, &results, &markdown)
+                    .and_then(|()| write_charts(&results, &prefix));
+                if let Err(e) = written {
                     eprintln!("error: {e:#}");
                     return ExitCode::FAILURE;
                 }
             }
             ExitCode::SUCCESS
         }
+        Command::Charts(args) => {
+            let dir = args.out.unwrap_or_else(|| args.file.with_extension(""));
+            let drawn = outbox_bench::charts::read(&args.file)
+                .and_then(|results| write_charts(&results, &dir));
+            match drawn {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
+}
+
+/// The run's charts into `dir`, each file named on stderr (or why it was not drawn).
+fn write_charts(results: &outbox_bench::results::Results, dir: &Path) -> anyhow::Result<()> {
+    for (path, skipped) in outbox_bench::charts::write(results, dir)? {
+        match skipped {
+            None => eprintln!("bench: wrote {}", path.display()),
+            Some(why) => eprintln!("bench: no {}: {why}", path.display()),
+        }
+    }
+    Ok(())
 }
 
 /// PREFIX.json (the figures) and PREFIX.md (the report).
 fn write_results(
-    prefix: &std::path::Path,
+    prefix: &Path,
     results: &outbox_bench::results::Results,
     markdown: &str,
 ) -> anyhow::Result<()> {

@@ -45,14 +45,20 @@ pub struct Report {
 }
 
 /// Commit-to-first-receipt latency over the rows that arrived.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Latency {
     pub samples: usize,
     pub avg: Duration,
     pub p50: Duration,
     pub p99: Duration,
     pub max: Duration,
+    /// The 0th, 1st, …, 100th percentile ([`PERCENTILES`] + 1 values, nearest rank): enough
+    /// to draw the distribution (docs/benchmarks.md's latency CDF) without every sample.
+    pub percentiles: Vec<Duration>,
 }
+
+/// [`Latency::percentiles`] holds the quantiles i / PERCENTILES for i = 0..=PERCENTILES.
+pub const PERCENTILES: usize = 100;
 
 impl Report {
     pub fn analyze(written: &Written, arrivals: &[Arrival]) -> Report {
@@ -159,6 +165,9 @@ impl Latency {
             p50: at(0.50),
             p99: at(0.99),
             max,
+            percentiles: (0..=PERCENTILES)
+                .map(|i| at(i as f64 / PERCENTILES as f64))
+                .collect(),
         })
     }
 }
@@ -205,7 +214,7 @@ impl fmt::Display for Report {
             )?,
             _ => writeln!(f, "rate:              n/a (not every row arrived)")?,
         }
-        if let Some(l) = self.latency {
+        if let Some(l) = &self.latency {
             writeln!(
                 f,
                 "latency:           avg {}, p50 {}, p99 {}, max {} (commit to receipt)",
@@ -278,6 +287,12 @@ mod tests {
         assert_eq!(l.p99, ms(99));
         assert_eq!(l.max, ms(100));
         assert_eq!(l.avg, Duration::from_micros(50_500));
+        // One per percent, the same ranks as p50 and p99, from the fastest to the slowest.
+        assert_eq!(l.percentiles.len(), PERCENTILES + 1);
+        assert_eq!(l.percentiles[0], ms(1));
+        assert_eq!(l.percentiles[10], ms(11));
+        assert_eq!((l.percentiles[50], l.percentiles[99]), (l.p50, l.p99));
+        assert_eq!(l.percentiles[100], l.max);
         assert_eq!(
             Latency::of(vec![ms(7)]).map(|l| (l.p50, l.p99)),
             Some((ms(7), ms(7)))

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::compare::CompareResults;
 use crate::cpu::CpuSplit;
@@ -15,7 +15,10 @@ use crate::report::Latency;
 /// The relay setups the reference compares.
 pub const MODES: [&str; 3] = ["1 polling worker", "5 polling workers", "WAL reader"];
 
-#[derive(Debug, Clone, Default, Serialize)]
+/// Read back by `outbox-bench charts` (crate::charts); `serde(default)` here and on the
+/// sections that grew over time lets a file written before a field existed still be read.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Results {
     pub machine: Machine,
     pub scale: Scale,
@@ -42,7 +45,7 @@ pub struct Results {
 
 /// One drain of `--shards-sweep`: `shards` relays, one per shard, into one queue; the drain's
 /// CPU is all relays' together, its peak RSS the largest relay's.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ShardRun {
     pub round: u32,
     pub shards: u32,
@@ -52,7 +55,7 @@ pub struct ShardRun {
 }
 
 /// One writer run of `--emit`: one event per transaction, no relay running.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EmitWriterRun {
     pub round: u32,
     /// `table insert` or `outbox_emit`.
@@ -68,7 +71,7 @@ pub struct EmitWriterRun {
 }
 
 /// One drain of `--emit`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EmitDrainRun {
     pub round: u32,
     pub variant: String,
@@ -118,7 +121,7 @@ pub(crate) fn us_per_msg(seconds: f64, d: &Drain) -> f64 {
 /// The cluster section (issue 11): the WAL reader through a 3-node RabbitMQ cluster
 /// (`pause_minority`) into a quorum queue, beside the broker alone on the same cluster, in
 /// the same placement, in the same run. Nodes are the cluster's indexes (0, 1, 2).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ClusterResults {
     pub nodes: usize,
     pub queue_type: String,
@@ -148,17 +151,24 @@ pub struct ClusterResults {
     pub seconds: f64,
 }
 
+fn wal_setup() -> String {
+    "wal".into()
+}
+
 /// One drain of an A/B.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AbRun {
-    /// What was drained: `wal`, or `poll5` (5 polling workers, default batch).
+    /// What was drained: `wal`, or `poll5` (5 polling workers, default batch). Files from
+    /// before `--ab-setup` have none: their A/Bs drained the WAL reader.
+    #[serde(default = "wal_setup")]
     pub setup: String,
     pub binary: String,
     pub round: u32,
     pub drain: Drain,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Machine {
     pub cores: usize,
     pub memory_mib: u64,
@@ -172,7 +182,8 @@ pub struct Machine {
     pub load_average: String,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Scale {
     pub name: String,
     pub drain_rows: u64,
@@ -187,7 +198,7 @@ pub struct Scale {
     pub status_interval_ms: u64,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ModeResults {
     pub mode: String,
     /// Backlog of single-row transactions.
@@ -199,7 +210,7 @@ pub struct ModeResults {
     pub crash: Option<Crash>,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Drain {
     pub rows: u64,
     pub transaction_rows: u64,
@@ -221,13 +232,17 @@ pub struct Drain {
     pub cpu: Option<CpuSplit>,
 }
 
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct LatencyMs {
     pub samples: usize,
     pub avg: f64,
     pub p50: f64,
     pub p99: f64,
     pub max: f64,
+    /// The 0th to the 100th percentile in ms, one per percent (nearest rank, to the µs); empty
+    /// in files written before they were recorded (those have only p50, p99 and max).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub percentiles: Vec<f64>,
 }
 
 impl From<Latency> for LatencyMs {
@@ -239,11 +254,16 @@ impl From<Latency> for LatencyMs {
             p50: ms(l.p50),
             p99: ms(l.p99),
             max: ms(l.max),
+            percentiles: l
+                .percentiles
+                .iter()
+                .map(|&d| (ms(d) * 1000.0).round() / 1000.0)
+                .collect(),
         }
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LatencyRun {
     pub rate: u32,
     pub rows: u64,
@@ -251,7 +271,7 @@ pub struct LatencyRun {
     pub latency: Option<LatencyMs>,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LoadRun {
     pub writers: u32,
     pub seconds: u64,
@@ -262,7 +282,7 @@ pub struct LoadRun {
     pub latency: Option<LatencyMs>,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Crash {
     pub rows: u64,
     /// Distinct messages received when the relay was killed.
@@ -275,14 +295,15 @@ pub struct Crash {
 
 /// Writer throughput at 100 concurrent writers: no relay (the ceiling), a trigger sending
 /// NOTIFY inside every transaction, and NOTIFY sent after each commit (both with poll --listen).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct NotifyResults {
     pub ceiling: LoadRun,
     pub trigger: LoadRun,
     pub after_commit: LoadRun,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Limits {
     /// Broker alone at each window of the sweep (and the default).
     pub broker: Vec<BrokerLimit>,
@@ -300,7 +321,7 @@ pub struct Limits {
     pub walsender: Option<WalsenderLimit>,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct BrokerLimit {
     pub window: u32,
     pub messages: u64,
@@ -308,14 +329,14 @@ pub struct BrokerLimit {
     pub received_per_sec: f64,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct DecodeLimit {
     pub rows: u64,
     pub rows_per_sec: f64,
     pub method: String,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SweepRow {
     pub window: u32,
     pub drain_msgs_per_sec: f64,
@@ -499,8 +520,12 @@ impl Results {
                 drain_cell(drain),
                 drain_cell(m.drain_batched.as_ref()),
                 or_dash(drain.zip(lower), |(d, l)| ratio(d.msgs_per_sec / l)),
-                or_dash(m.latency.as_ref().and_then(|l| l.latency), |l| ms(l.avg)),
-                or_dash(m.load.as_ref().and_then(|l| l.latency), |l| ms(l.avg)),
+                or_dash(m.latency.as_ref().and_then(|l| l.latency.as_ref()), |l| ms(
+                    l.avg
+                )),
+                or_dash(m.load.as_ref().and_then(|l| l.latency.as_ref()), |l| ms(
+                    l.avg
+                )),
                 or_dash(m.load.as_ref(), |l| int(l.orders_per_sec)),
                 or_dash(drain, |d| format!("{:.2}", d.cpu_seconds_per_100k)),
                 or_dash(drain, |d| format!("{:.1} MiB", d.peak_rss_mib)),
@@ -525,7 +550,7 @@ impl Results {
                 int(b.confirmed_per_sec)
             );
         }
-        if let Some(l) = self.limits.broker_latency {
+        if let Some(l) = &self.limits.broker_latency {
             let _ = writeln!(
                 s,
                 "| Broker alone, relay's publisher, publish→consumer at {} msgs/s | avg {}, p50 {}, p99 {}, max {} |",
@@ -584,14 +609,14 @@ impl Results {
             s,
             "| Setup | Load | Rows | avg | p50 | p99 | max | ÷ broker p50 | ÷ broker p99 | Missing |\n|---|---|---|---|---|---|---|---|---|---|"
         );
-        let broker = self.limits.broker_latency;
+        let broker = self.limits.broker_latency.as_ref();
         for m in &self.modes {
             let runs = [
                 m.latency.as_ref().map(|l| {
                     (
                         format!("{} rows/s, 1 writer", l.rate),
                         l.rows,
-                        l.latency,
+                        l.latency.as_ref(),
                         l.missing,
                     )
                 }),
@@ -599,7 +624,7 @@ impl Results {
                     (
                         format!("{} writers, {} s", l.writers, l.seconds),
                         l.committed,
-                        l.latency,
+                        l.latency.as_ref(),
                         l.missing,
                     )
                 }),
@@ -651,7 +676,7 @@ impl Results {
                     } else {
                         "—".into()
                     },
-                    or_dash(run.latency, |l| ms(l.avg))
+                    or_dash(run.latency.as_ref(), |l| ms(l.avg))
                 );
             }
         }
@@ -732,8 +757,8 @@ impl Results {
                    name: &str,
                    drain: Option<&Drain>,
                    broker: Option<f64>,
-                   latency: Option<LatencyMs>,
-                   broker_latency: Option<LatencyMs>| {
+                   latency: Option<&LatencyMs>,
+                   broker_latency: Option<&LatencyMs>| {
             let times = |a: f64, b: f64| format!("{:.2}×", a / b);
             let _ = writeln!(
                 s,
@@ -756,8 +781,8 @@ impl Results {
             &format!("{}-node cluster, quorum queue", c.nodes),
             Some(&c.drain),
             Some(c.broker.received_per_sec),
-            c.latency.latency,
-            c.broker_latency,
+            c.latency.latency.as_ref(),
+            c.broker_latency.as_ref(),
         );
         if let Some(wal) = self.wal() {
             row(
@@ -765,8 +790,8 @@ impl Results {
                 "1 node, classic queue (same run)",
                 wal.drain.as_ref(),
                 self.limits.broker_at(c.window).map(|b| b.received_per_sec),
-                wal.latency.as_ref().and_then(|l| l.latency),
-                self.limits.broker_latency,
+                wal.latency.as_ref().and_then(|l| l.latency.as_ref()),
+                self.limits.broker_latency.as_ref(),
             );
         }
         let nodes = |n: &[usize]| match n {
@@ -847,8 +872,8 @@ impl Results {
             ));
         }
         if let (Some(l), Some(b)) = (
-            wal.latency.as_ref().and_then(|l| l.latency),
-            self.limits.broker_latency,
+            wal.latency.as_ref().and_then(|l| l.latency.as_ref()),
+            self.limits.broker_latency.as_ref(),
         ) {
             out.push((
                 l.p50 <= 1.5 * b.p50,
@@ -1181,6 +1206,7 @@ mod tests {
             p50: 1.0,
             p99: 4.0,
             max: 9.0,
+            percentiles: Vec::new(),
         };
         let mut results = Results {
             scale: Scale {
@@ -1205,6 +1231,7 @@ mod tests {
                     p50: 0.8,
                     p99: 1.0,
                     max: 2.0,
+                    percentiles: Vec::new(),
                 }),
                 broker_latency_rate: 100,
                 decode: Some(DecodeLimit {
@@ -1257,7 +1284,7 @@ mod tests {
                     rate: 100,
                     rows: 100,
                     missing: 0,
-                    latency: Some(latency),
+                    latency: Some(latency.clone()),
                 }),
                 load: None,
                 crash: Some(Crash {
@@ -1389,6 +1416,7 @@ mod tests {
                     p50: 4.0,
                     p99: 12.0,
                     max: 20.0,
+                    percentiles: Vec::new(),
                 }),
             },
             latency_relay_nodes: vec![1, 2],
@@ -1398,6 +1426,7 @@ mod tests {
                 p50: 2.0,
                 p99: 8.0,
                 max: 10.0,
+                percentiles: Vec::new(),
             }),
             broker_latency_publisher_node: 1,
             broker_latency_rate: 100,

@@ -1101,7 +1101,7 @@ impl Bench {
         relay.stop().await?;
         self.drop_objects(o).await?;
         let latency = report.latency.map(LatencyMs::from);
-        if let Some(l) = latency {
+        if let Some(l) = &latency {
             self.say(&format!(
                 "  avg {:.2} ms, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
                 l.avg, l.p50, l.p99, l.max
@@ -1185,6 +1185,7 @@ impl Bench {
             "  {:.0} orders/s committed; avg commit→consumer {}; {} missing",
             run.orders_per_sec,
             run.latency
+                .as_ref()
                 .map_or("—".to_string(), |l| format!("{:.2} ms", l.avg)),
             run.missing
         ));
@@ -1301,7 +1302,7 @@ impl Bench {
             .await?;
         results.limits.broker_latency = paced.latency.map(LatencyMs::from);
         results.limits.broker_latency_rate = rate;
-        if let Some(l) = results.limits.broker_latency {
+        if let Some(l) = &results.limits.broker_latency {
             self.say(&format!(
                 "  publish→consumer p50 {:.2} ms, p99 {:.2} ms",
                 l.p50, l.p99
@@ -1528,7 +1529,7 @@ impl Bench {
         let messages = u64::from(rate) * self.scale.latency_secs;
         let paced = self.broker_alone(window, messages, Some(rate)).await?;
         let broker_latency = paced.latency.map(LatencyMs::from);
-        if let Some(l) = broker_latency {
+        if let Some(l) = &broker_latency {
             self.say(&format!(
                 "  publish→consumer p50 {:.2} ms, p99 {:.2} ms",
                 l.p50, l.p99
