@@ -28,12 +28,12 @@ use crate::config::{Mode, StatusArgs};
 use crate::db::{self, quote_ident};
 use crate::error::RelayError;
 use crate::observability::http_get;
-use crate::observability::metrics::{BROKER_INFO, NODE_LABEL};
+use crate::observability::metrics::{BROKER_INFO, HOST_LABEL, NODE_LABEL, POSTGRES_INFO};
 use crate::outbox_table::columns;
 use crate::poll::table::{read_backlog, Backlog};
 use crate::shard::Shard;
 use crate::wal::preflight::{idle_slot_timeout, synchronized_standby_slots};
-use crate::wal::slot::{read_slot, SlotReport};
+use crate::wal::slot::{failover_readiness, read_slot, Readiness, SlotReport};
 
 /// The probe's verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,10 +99,25 @@ pub struct Status {
     /// The RabbitMQ node (`host:port`) the running relay is connected to, from its
     /// `/metrics`; `null` when no relay answered or it is not connected.
     pub broker: Option<String>,
+    /// The PostgreSQL server (`host:port`) the running relay streams from, from its
+    /// `/metrics`; `null` when no relay answered.
+    pub postgres: Option<String>,
+    /// With a database URL of several hosts: each, and whether a promotion of it would keep
+    /// the slot. Absent with one host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub servers: Option<Vec<ServerState>>,
     /// With `--shards N` (N > 1): every shard's slot. The slot fields above are then those
     /// of the worst shard. Absent without shards.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shards: Option<Vec<ShardSlot>>,
+}
+
+/// One server of a multi-host database URL, for `status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerState {
+    pub host: String,
+    #[serde(flatten)]
+    pub readiness: Readiness,
 }
 
 /// One shard's slot, for `status --shards N`.
@@ -167,8 +182,18 @@ impl Status {
 }
 
 pub async fn run(args: StatusArgs) -> Result<Probe, RelayError> {
-    let client = db::connect(&args.connections.database_url()?).await?;
-    let status = gather(&client, &args).await?;
+    let url = args.connections.database_url()?;
+    let client = db::connect(&url).await?;
+    let mut status = gather(&client, &args).await?;
+    if db::servers(&url)?.len() > 1 && args.mode.mode != Mode::Poll {
+        let servers = failover_readiness(&url, &status.slot).await;
+        status.servers = Some(
+            servers
+                .into_iter()
+                .map(|(host, readiness)| ServerState { host, readiness })
+                .collect(),
+        );
+    }
     if args.json {
         let text = serde_json::to_string_pretty(&status)
             .map_err(|e| RelayError::Bug(format!("cannot render the status as JSON: {e}")))?;
@@ -247,6 +272,8 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         stuck_message_id: relay.stuck_message_id,
         relay_readiness: relay.readiness,
         broker: relay.broker,
+        postgres: relay.postgres,
+        servers: None,
         shards: slots.shards,
     })
 }
@@ -353,6 +380,7 @@ struct RelayRead {
     /// Its `/readyz` line; `None` when no relay answered.
     readiness: Option<String>,
     broker: Option<String>,
+    postgres: Option<String>,
     stuck_message_id: Option<String>,
 }
 
@@ -364,13 +392,12 @@ async fn ask_relay(addr: Option<SocketAddr>) -> RelayRead {
         },
         None => None,
     };
-    let broker = match (addr, &readiness) {
-        (Some(addr), Some(_)) => match http_get(addr, "/metrics").await {
-            Ok((_, body)) => broker_in_use(&body),
-            Err(_) => None,
-        },
+    let metrics = match (addr, &readiness) {
+        (Some(addr), Some(_)) => http_get(addr, "/metrics").await.ok().map(|(_, body)| body),
         _ => None,
     };
+    let broker = metrics.as_deref().and_then(|m| in_use(m, BROKER_INFO, NODE_LABEL));
+    let postgres = metrics.as_deref().and_then(|m| in_use(m, POSTGRES_INFO, HOST_LABEL));
     let stuck_message_id = readiness
         .as_deref()
         .and_then(|line| line.strip_prefix("stuck message "))
@@ -378,13 +405,14 @@ async fn ask_relay(addr: Option<SocketAddr>) -> RelayRead {
     RelayRead {
         readiness,
         broker,
+        postgres,
         stuck_message_id,
     }
 }
 
 /// The node of the `outbox_relay_broker_info` sample that is 1, in a Prometheus text page.
-fn broker_in_use(metrics: &str) -> Option<String> {
-    let prefix = format!("{BROKER_INFO}{{{NODE_LABEL}=\"");
+fn in_use(metrics: &str, family: &str, label: &str) -> Option<String> {
+    let prefix = format!("{family}{{{label}=\"");
     metrics.lines().find_map(|line| {
         let (node, value) = line.strip_prefix(&prefix)?.split_once("\"}")?;
         (value.trim() == "1").then(|| node.to_string())
@@ -410,6 +438,7 @@ async fn backlog(client: &Client, args: &StatusArgs) -> Result<(i64, Option<f64>
 pub fn render(status: &Status) -> String {
     let mut lines: Vec<(&str, String)> = Vec::new();
     slot_lines(status, &mut lines);
+    server_lines(status, &mut lines);
     table_lines(status, &mut lines);
     relay_lines(status, &mut lines);
     let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
@@ -523,6 +552,20 @@ fn version_lines(status: &Status, lines: &mut Vec<(&'static str, String)>) {
     }
 }
 
+/// A multi-host URL's servers: which is the primary, which standby a promotion would keep
+/// the slot on.
+fn server_lines(status: &Status, lines: &mut Vec<(&'static str, String)>) {
+    for server in status.servers.iter().flatten() {
+        let state = match &server.readiness {
+            Readiness::Primary => "primary".to_string(),
+            Readiness::Ready => "standby, ready for a failover (slot synced)".to_string(),
+            Readiness::NotReady { why } => format!("standby, NOT ready for a failover: {why}"),
+            Readiness::Unknown { why } => format!("unknown: {why}"),
+        };
+        lines.push(("server", format!("{} {state}", server.host)));
+    }
+}
+
 /// The table's lines: its rows, and in poll mode the unsent ones.
 fn table_lines(status: &Status, lines: &mut Vec<(&'static str, String)>) {
     let Some(rows) = status.outbox_rows else {
@@ -561,6 +604,8 @@ fn relay_lines(status: &Status, lines: &mut Vec<(&'static str, String)>) {
     lines.push(("relay", format!("{readiness} (/readyz at {addr})")));
     let broker = status.broker.clone();
     lines.push(("broker", broker.unwrap_or_else(|| "not connected".into())));
+    let postgres = status.postgres.clone();
+    lines.push(("postgres", postgres.unwrap_or_else(|| "not streaming".into())));
     let stuck = status.stuck_message_id.clone();
     lines.push(("stuck message", stuck.unwrap_or_else(|| "none".into())));
 }
@@ -655,6 +700,8 @@ mod tests {
             stuck_message_known: true,
             stuck_message_id: Some("0f9c".into()),
             broker: Some("rabbit-2:5672".into()),
+            postgres: Some("pg-1:5432".into()),
+            servers: None,
             shards: None,
         }
     }
@@ -725,8 +772,8 @@ mod tests {
                     outbox_relay_broker_info{node=\"h1:5672\"} 0\n\
                     outbox_relay_broker_info{node=\"h2:5672\"} 1\n\
                     outbox_relay_ready 1\n";
-        assert_eq!(broker_in_use(page).as_deref(), Some("h2:5672"));
-        assert_eq!(broker_in_use("outbox_relay_ready 1\n"), None);
+        assert_eq!(in_use(page, BROKER_INFO, NODE_LABEL).as_deref(), Some("h2:5672"));
+        assert_eq!(in_use("outbox_relay_ready 1\n", BROKER_INFO, NODE_LABEL), None);
     }
 
     #[test]

@@ -85,6 +85,12 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         &observing,
     );
     if !args.observability.slot_poll_interval.is_zero() {
+        tokio::spawn(slot::run_failover_poller(
+            database_url.clone(),
+            names.slot.to_string(),
+            args.observability.slot_poll_interval,
+            observing.clone(),
+        ));
         tokio::spawn(slot::run_slot_poller(
             database_url.clone(),
             names.slot.to_string(),

@@ -26,7 +26,7 @@ use crate::error::RelayError;
 use time::format_description::well_known::Rfc3339;
 
 use crate::observability::{
-    Health, INVALIDATION_REASONS, REASON_LABEL, SLOT_ACTIVE, SLOT_CONFLICTING, SLOT_FAILOVER,
+    Health, FAILOVER_READY, HOST_LABEL, INVALIDATION_REASONS, REASON_LABEL, SLOT_ACTIVE, SLOT_CONFLICTING, SLOT_FAILOVER,
     SLOT_INACTIVE_SINCE_SECONDS, SLOT_INVALIDATION_REASON, SLOT_LAG_BYTES, SLOT_POLLS_TOTAL,
     SLOT_POLL_ERRORS_TOTAL, SLOT_RETAINED_WAL_BYTES, SLOT_SAFE_WAL_SIZE_BYTES, SLOT_SYNCED,
     SLOT_WAL_STATUS, STATUS_LABEL, WAL_STATUSES,
@@ -315,6 +315,118 @@ pub async fn run_slot_poller(
     let errors = metrics::counter!(SLOT_POLL_ERRORS_TOTAL);
     let job = Job::poller("slot poller", interval, errors);
     periodic::run(&database_url, job, shutdown, read, record).await;
+}
+
+/// How one server of the database URL stands for the next failover.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Readiness {
+    /// The primary: the slot the relay streams from.
+    Primary,
+    /// A standby whose copy of the slot is synced, persistent and valid: a promotion keeps it.
+    Ready,
+    /// A standby a promotion would leave without a usable slot, and why.
+    NotReady { why: String },
+    /// Not reachable, or the catalog could not be read.
+    Unknown { why: String },
+}
+
+/// Each server the database URL names, and whether a promotion of it would keep the slot
+/// (PostgreSQL 17+: `synced AND NOT temporary AND invalidation_reason IS NULL` on the
+/// standby). One read per server, each bounded by the connect timeout.
+pub async fn failover_readiness(database_url: &str, slot: &str) -> Vec<(String, Readiness)> {
+    let Ok(servers) = db::servers(database_url) else {
+        return Vec::new();
+    };
+    let mut found = Vec::with_capacity(servers.len());
+    for server in &servers {
+        let read = tokio::time::timeout(db::CONNECT_TIMEOUT, readiness_of(database_url, server, slot));
+        let readiness = match read.await {
+            Ok(Ok(readiness)) => readiness,
+            Ok(Err(e)) => Readiness::Unknown {
+                why: crate::error::chain(&e),
+            },
+            Err(_) => Readiness::Unknown {
+                why: "no answer within the connect timeout".into(),
+            },
+        };
+        found.push((server.to_string(), readiness));
+    }
+    found
+}
+
+async fn readiness_of(
+    database_url: &str,
+    server: &db::Server,
+    slot: &str,
+) -> Result<Readiness, RelayError> {
+    let client = db::connect_to(database_url, server).await?;
+    let in_recovery: bool = client.query_one("SELECT pg_is_in_recovery()", &[]).await?.get(0);
+    if !in_recovery {
+        return Ok(Readiness::Primary);
+    }
+    // On a standby: the row as JSON again (16 has no `synced`), without the WAL distances
+    // (pg_current_wal_lsn() is refused during recovery).
+    let row = client
+        .query_opt(
+            "SELECT to_jsonb(s)::text FROM pg_catalog.pg_replication_slots s WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Ok(Readiness::NotReady {
+            why: "no copy of the slot (not a failover slot, or the standby does not sync \
+                  slots: sync_replication_slots)"
+                .into(),
+        });
+    };
+    let json: String = row.get(0);
+    let copy: serde_json::Value = serde_json::from_str(&json)
+        .map_err(|e| RelayError::Bug(format!("cannot read pg_replication_slots' row: {e}")))?;
+    let why = match (
+        copy.get("synced").and_then(serde_json::Value::as_bool),
+        copy.get("temporary").and_then(serde_json::Value::as_bool),
+        copy.get("invalidation_reason").and_then(serde_json::Value::as_str),
+    ) {
+        (None, _, _) => "the server has no failover slots (PostgreSQL 16 or older)".to_string(),
+        (_, _, Some(reason)) => format!("its copy was invalidated ({reason})"),
+        (Some(false), _, _) => "its slot of that name is not synced from the primary (a \
+             leftover of an earlier primary? drop it)"
+            .into(),
+        (Some(true), Some(true), _) => "its copy is still temporary (not caught up yet)".into(),
+        (Some(true), _, None) => return Ok(Readiness::Ready),
+    };
+    Ok(Readiness::NotReady { why })
+}
+
+/// Every `interval` until `shutdown`, when the database URL names more than one server:
+/// `outbox_relay_failover_ready{host}` for each standby (1: a promotion keeps the slot).
+pub async fn run_failover_poller(
+    database_url: String,
+    slot: String,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    if db::servers(&database_url).map_or(true, |servers| servers.len() < 2) {
+        return;
+    }
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        for (host, readiness) in failover_readiness(&database_url, &slot).await {
+            let ready = match readiness {
+                // The primary is not a failover target: its series goes to 0 once it was one.
+                Readiness::Primary => 0.0,
+                Readiness::Ready => 1.0,
+                Readiness::NotReady { .. } | Readiness::Unknown { .. } => 0.0,
+            };
+            metrics::gauge!(FAILOVER_READY, HOST_LABEL => host).set(ready);
+        }
+    }
 }
 
 #[cfg(test)]
