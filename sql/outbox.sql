@@ -18,6 +18,15 @@ CREATE TABLE IF NOT EXISTS "public"."outbox" (
 );
 CREATE INDEX IF NOT EXISTS "outbox_created_at_idx" ON "public"."outbox" (created_at);
 
+-- the relay's state: the last acknowledged commit (--on-slot-lost recreate backfills from it)
+CREATE TABLE IF NOT EXISTS "public"."outbox_relay_state" (
+    slot text PRIMARY KEY,
+    acknowledged_commit timestamptz,
+    recovering boolean NOT NULL DEFAULT false,
+    backfill_from timestamptz,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- the publication (insert only, on the outbox table)
 DO $outbox_relay$ BEGIN
     CREATE PUBLICATION "outbox_pub" FOR TABLE "public"."outbox" WITH (publish = 'insert');

@@ -43,6 +43,9 @@ CREATE ROLE outbox_relay LOGIN REPLICATION;
 GRANT CONNECT ON DATABASE app TO outbox_relay;
 GRANT USAGE ON SCHEMA public TO outbox_relay;
 GRANT SELECT, DELETE ON TABLE public.outbox TO outbox_relay;
+-- The relay's own state (the last acknowledged commit, kept for --on-slot-lost recreate),
+-- created by `outbox-relay setup` / sql/outbox.sql.
+GRANT SELECT, INSERT, UPDATE ON TABLE public.outbox_relay_state TO outbox_relay;
 -- The text overload is pg_logical_emit_message(boolean, text, text) up to PostgreSQL 16;
 -- 17 added a fourth argument (flush boolean), so there it is (boolean, text, text, boolean).
 DO $$

@@ -62,6 +62,15 @@ pub fn fix(error: &RelayError) -> Option<String> {
             lost_slot_prevention(reason.as_deref())
         ),
         TableMissing { .. } => "run `outbox-relay setup` or create it from sql/".into(),
+        RecoveryInterrupted { .. } => "run the relay with --on-slot-lost recreate \
+             (OUTBOX_ON_SLOT_LOST) to finish it: it drops the slot the interrupted recovery \
+             made and backfills again from the same point"
+            .into(),
+        CannotBackfill { .. } => "recover by hand (docs/operations.md, \"Recovering from a \
+             lost slot\"): events emitted since the slot's last acknowledged position are \
+             lost, rows of the table can be re-published with `resync --since`; or use \
+             failover slots (PostgreSQL 17+) so a failover keeps the slot"
+            .into(),
         NoReplicationPrivilege { role } => format!(
             "ALTER ROLE {} REPLICATION (sql/role.sql has the least-privilege role), and allow \
              its replication connection in pg_hba.conf with a line for the database name \

@@ -29,6 +29,7 @@ use crate::observability::{Health, CLEANUP_DELETED_ROWS_TOTAL};
 use crate::outbox_table::columns;
 use crate::periodic::{self, Job};
 use crate::shard::Shard;
+use crate::wal::state::record_acknowledged;
 
 /// How long one cleanup statement may take before the round gives up (and retries at the
 /// next interval).
@@ -149,6 +150,8 @@ pub async fn run_cleanup(
                 return Ok(None);
             };
             let client = connection.client().await?;
+            // Where a promoted standby finds it: --on-slot-lost recreate backfills from here.
+            record_acknowledged(&client, &names, acknowledged).await?;
             let deleted = delete_until(
                 &client,
                 &names,

@@ -92,6 +92,25 @@ pub enum RelayError {
     TableMissing { table: String },
 
     #[error(
+        "The replication slot \"{slot}\" cannot be recreated with --on-slot-lost recreate: \
+         this outbox has the emit functions (outbox_emit), whose events are only in the WAL, \
+         so no table holds what the lost slot did not deliver"
+    )]
+    CannotBackfill { slot: String },
+
+    #[error(
+        "A recovery of the replication slot \"{slot}\" (--on-slot-lost recreate) was \
+         interrupted: the rows before the new slot's start may not all be published"
+    )]
+    RecoveryInterrupted { slot: String },
+
+    #[error(
+        "The replication slot \"{slot}\" was lost or dropped while the session started; \
+         the next session recreates it"
+    )]
+    SlotVanished { slot: String },
+
+    #[error(
         "The database role {} may not use replication: it lacks the REPLICATION attribute",
         role.as_deref().map(|r| format!("\"{r}\"")).unwrap_or_else(|| "of the database URL".into())
     )]
@@ -492,6 +511,8 @@ impl RelayError {
             | SlotMissing { .. }
             | SlotUnusable { .. }
             | TableMissing { .. }
+            | CannotBackfill { .. }
+            | RecoveryInterrupted { .. }
             | NoReplicationPrivilege { .. }
             | SlotActive { .. }
             | PublicationNotOwned { .. } => ErrorKind::Provisioning,
@@ -510,7 +531,8 @@ impl RelayError {
             DatabaseConnect { .. }
             | DatabaseTimeout { .. }
             | NotificationsEnded
-            | NoPrimary { .. } => ErrorKind::DatabaseDown,
+            | NoPrimary { .. }
+            | SlotVanished { .. } => ErrorKind::DatabaseDown,
             Replication { sqlstate, source } => replication_kind(sqlstate.as_ref(), source),
             ConnectTimeout { endpoint, .. } => match endpoint {
                 Endpoint::RabbitMq => ErrorKind::BrokerConnectTimeout,

@@ -109,6 +109,17 @@ pub fn shard_publication_step(names: &OutboxNames, shard: Shard) -> Step {
     }
 }
 
+/// The relay's state table (`wal/state.rs`): where `--on-slot-lost recreate` finds, on a
+/// promoted standby too, the last acknowledged commit to backfill from.
+pub fn state_step(names: &OutboxNames) -> Step {
+    Step {
+        object: format!("state table {}", crate::wal::state::STATE_TABLE),
+        about: "the relay's state: the last acknowledged commit (--on-slot-lost recreate \
+                backfills from it)",
+        sql: crate::wal::state::state_table_sql(names),
+    }
+}
+
 /// The logical slot, created only if missing (never recreated: see `SlotLost`), as a
 /// failover slot where `failover` asks for one and the server (17+) has them. One script
 /// for every version: the server's version decides at run time.
@@ -398,6 +409,7 @@ pub fn shards_script(
     let mut steps = Vec::new();
     steps.extend(restrict.map(|_| superuser_check_step()));
     steps.push(table_step(names));
+    steps.push(state_step(names));
     steps.extend(shards.iter().map(|(s, n)| shard_publication_step(n, *s)));
     steps.extend(shards.iter().map(|(_, n)| slot_step(n, failover)));
     steps.push(emit_step(names, emit_prefix));
@@ -756,6 +768,11 @@ async fn ensure_table(client: &Client, args: &SetupArgs) -> Result<(), RelayErro
             "table {}: {}",
             names.table,
             created_or_existed(table_existed)
+        );
+        client.batch_execute(&state_step(names).sql).await?;
+        println!(
+            "state table {}: ready (the last acknowledged commit, for --on-slot-lost recreate)",
+            crate::wal::state::state_table(names)
         );
     }
     Ok(())

@@ -28,6 +28,7 @@ use crate::error::RelayError;
 use crate::observability::RelayMetrics;
 use crate::outbox_table::{columns, TextRelation};
 use crate::publish::{deliver_batch, Broker};
+use crate::shard::Shard;
 
 /// Rows read, mapped and published per round trip.
 const BATCH: i32 = 1000;
@@ -69,7 +70,7 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         .start()
         .await?;
     let statement = transaction
-        .prepare(&select_sql(&names.table, &text))
+        .prepare(&select_sql(&names.table, &text, Shard::UNSHARDED))
         .await?;
     let portal = transaction.bind(&statement, &[&args.since]).await?;
     let read = Read {
@@ -106,24 +107,24 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     Ok(())
 }
 
-/// Where resync reads its rows from.
-struct Read<'a> {
-    transaction: &'a tokio_postgres::Transaction<'a>,
-    portal: &'a tokio_postgres::Portal,
-    text: &'a TextRelation,
-    mapper: &'a crate::mapper::Mapper,
+/// Where resync (and a slot's recovery) reads its rows from.
+pub(crate) struct Read<'a> {
+    pub transaction: &'a tokio_postgres::Transaction<'a>,
+    pub portal: &'a tokio_postgres::Portal,
+    pub text: &'a TextRelation,
+    pub mapper: &'a crate::mapper::Mapper,
 }
 
-/// What resync published: how many, and the created_at range.
-struct Summary {
-    published: u64,
-    first: Option<String>,
-    last: Option<String>,
+/// What was published: how many, and the created_at range.
+pub(crate) struct Summary {
+    pub published: u64,
+    pub first: Option<String>,
+    pub last: Option<String>,
 }
 
 /// Publishes every row of the portal, batch by batch, each confirmed before the next is
 /// read; the failure, with how many were confirmed before it.
-async fn publish_all(
+pub(crate) async fn publish_all(
     read: &Read<'_>,
     broker: &Broker,
     confirm_timeout: std::time::Duration,
@@ -184,14 +185,19 @@ async fn publish_all(
     })
 }
 
-/// Every contract column as text, rows from `$1` (RFC 3339 text) on, in created_at order.
-/// The ORDER BY names the table's columns: a bare `created_at` would sort the text output.
-fn select_sql(outbox: &TableName, text: &TextRelation) -> String {
+/// Every contract column as text, rows from `$1` (RFC 3339 text) on, in created_at order,
+/// `shard`'s only (its publication's row filter). The ORDER BY names the table's columns: a
+/// bare `created_at` would sort the text output.
+pub(crate) fn select_sql(outbox: &TableName, text: &TextRelation, shard: Shard) -> String {
     let table = outbox.qualified_table();
     let created = quote_ident(columns::CREATED_AT);
     let id = quote_ident(columns::ID);
+    let shard_rows = shard
+        .row_filter()
+        .map(|filter| format!(" AND ({filter})"))
+        .unwrap_or_default();
     format!(
-        "SELECT {} FROM {table} WHERE {table}.{created} >= $1::text::timestamptz \
+        "SELECT {} FROM {table} WHERE {table}.{created} >= $1::text::timestamptz{shard_rows} \
          ORDER BY {table}.{created}, {table}.{id}",
         text.select_list()
     )
@@ -260,7 +266,7 @@ mod tests {
                 .collect(),
         };
         let text = TextRelation::new(relation, "text".into()).expect("id and event_type");
-        let sql = select_sql(&table, &text);
+        let sql = select_sql(&table, &text, Shard::UNSHARDED);
         assert_eq!(
             sql,
             "SELECT \"id\"::text, \"event_type\"::text, \"created_at\"::text FROM \

@@ -396,8 +396,12 @@ async fn ask_relay(addr: Option<SocketAddr>) -> RelayRead {
         (Some(addr), Some(_)) => http_get(addr, "/metrics").await.ok().map(|(_, body)| body),
         _ => None,
     };
-    let broker = metrics.as_deref().and_then(|m| in_use(m, BROKER_INFO, NODE_LABEL));
-    let postgres = metrics.as_deref().and_then(|m| in_use(m, POSTGRES_INFO, HOST_LABEL));
+    let broker = metrics
+        .as_deref()
+        .and_then(|m| in_use(m, BROKER_INFO, NODE_LABEL));
+    let postgres = metrics
+        .as_deref()
+        .and_then(|m| in_use(m, POSTGRES_INFO, HOST_LABEL));
     let stuck_message_id = readiness
         .as_deref()
         .and_then(|line| line.strip_prefix("stuck message "))
@@ -605,7 +609,10 @@ fn relay_lines(status: &Status, lines: &mut Vec<(&'static str, String)>) {
     let broker = status.broker.clone();
     lines.push(("broker", broker.unwrap_or_else(|| "not connected".into())));
     let postgres = status.postgres.clone();
-    lines.push(("postgres", postgres.unwrap_or_else(|| "not streaming".into())));
+    lines.push((
+        "postgres",
+        postgres.unwrap_or_else(|| "not streaming".into()),
+    ));
     let stuck = status.stuck_message_id.clone();
     lines.push(("stuck message", stuck.unwrap_or_else(|| "none".into())));
 }
@@ -772,8 +779,14 @@ mod tests {
                     outbox_relay_broker_info{node=\"h1:5672\"} 0\n\
                     outbox_relay_broker_info{node=\"h2:5672\"} 1\n\
                     outbox_relay_ready 1\n";
-        assert_eq!(in_use(page, BROKER_INFO, NODE_LABEL).as_deref(), Some("h2:5672"));
-        assert_eq!(in_use("outbox_relay_ready 1\n", BROKER_INFO, NODE_LABEL), None);
+        assert_eq!(
+            in_use(page, BROKER_INFO, NODE_LABEL).as_deref(),
+            Some("h2:5672")
+        );
+        assert_eq!(
+            in_use("outbox_relay_ready 1\n", BROKER_INFO, NODE_LABEL),
+            None
+        );
     }
 
     #[test]

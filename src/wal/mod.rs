@@ -26,10 +26,12 @@
 pub mod heartbeat;
 pub mod position;
 pub mod preflight;
+pub mod recovery;
 pub mod relations;
 pub mod session;
 pub mod slot;
 pub mod source;
+pub mod state;
 pub mod stream;
 
 use std::time::Duration;

@@ -30,9 +30,9 @@ use crate::shard::Shard;
 use crate::wal::heartbeat::{self, Heartbeat};
 use crate::wal::preflight;
 use crate::wal::relations::RelationCache;
-use crate::wal::slot;
 use crate::wal::source::Source;
 use crate::wal::stream::{ReaderParts, Stop, StreamLoss, StreamReader, FINAL_FEEDBACK_TIMEOUT};
+use crate::wal::{recovery, slot, state};
 
 /// Events the replication client may buffer. Small: events there are in flight but invisible
 /// to the delivery side, and a large buffer hides rows (docs/architecture.md, "Tasks and
@@ -81,10 +81,24 @@ pub struct SeenServer {
 pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<(), RelayError> {
     // Chosen afresh every session: after a failover the primary is another host.
     let server = db::primary(&ctx.database_url).await?;
-    let slot = preflight(ctx, &server).await?;
+    let slot = match preflight(ctx, &server).await {
+        Err(e) if recreates(ctx, &e) => {
+            recovery::recreate(&recovery_of(ctx), &server).await?;
+            preflight(ctx, &server).await?
+        }
+        checked => checked?,
+    };
     let broker = Arc::new(connect_broker(ctx).await?);
     let stuck = ctx.health.stuck();
-    let (client, feedback_sent) = start_streaming(ctx, &server, slot.confirmed_flush).await?;
+    let (client, feedback_sent) = match start_streaming(ctx, &server, slot.confirmed_flush).await {
+        // Lost between the check and START_REPLICATION: the next session recovers it.
+        Err(e) if recreates(ctx, &e) => {
+            return Err(RelayError::SlotVanished {
+                slot: ctx.names.slot.to_string(),
+            })
+        }
+        started => started?,
+    };
     tracing::info!(
         slot = %ctx.names.slot,
         from = %slot.confirmed_flush,
@@ -133,6 +147,32 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
     conclude(ctx, stop).await
 }
 
+/// What a recovery of the slot needs of the session's context.
+fn recovery_of(ctx: &SessionContext) -> recovery::Recovery<'_> {
+    recovery::Recovery {
+        database_url: &ctx.database_url,
+        names: &ctx.names,
+        shard: ctx.shard,
+        failover: ctx.failover,
+        recreate_margin: ctx.recreate_margin,
+        brokers: &ctx.brokers,
+        mapper: &ctx.mapper,
+        dead_letter_exchange: ctx.dead_letter_exchange.as_deref(),
+        confirm_timeout: ctx.tuning.confirm_timeout(),
+    }
+}
+
+/// Whether `--on-slot-lost recreate` replaces the slot after `error`.
+fn recreates(ctx: &SessionContext, error: &RelayError) -> bool {
+    ctx.on_slot_lost == OnSlotLost::Recreate
+        && matches!(
+            error,
+            RelayError::SlotMissing { .. }
+                | RelayError::SlotLost { .. }
+                | RelayError::RecoveryInterrupted { .. }
+        )
+}
+
 /// The checks before streaming, on `server`; the slot's state.
 async fn preflight(
     ctx: &SessionContext,
@@ -140,6 +180,11 @@ async fn preflight(
 ) -> Result<preflight::SlotState, RelayError> {
     let database = db::connect_to(&ctx.database_url, server).await?;
     let slot = preflight::check_all(&database, &ctx.names, ctx.shard, ctx.failover).await?;
+    if state::interrupted(&database, &ctx.names).await? {
+        return Err(RelayError::RecoveryInterrupted {
+            slot: ctx.names.slot.to_string(),
+        });
+    }
     preflight::check_emit_prefix(&database, &ctx.names, &ctx.emit_prefix).await?;
     Ok(slot)
 }

@@ -26,10 +26,10 @@ use crate::error::RelayError;
 use time::format_description::well_known::Rfc3339;
 
 use crate::observability::{
-    Health, FAILOVER_READY, HOST_LABEL, INVALIDATION_REASONS, REASON_LABEL, SLOT_ACTIVE, SLOT_CONFLICTING, SLOT_FAILOVER,
-    SLOT_INACTIVE_SINCE_SECONDS, SLOT_INVALIDATION_REASON, SLOT_LAG_BYTES, SLOT_POLLS_TOTAL,
-    SLOT_POLL_ERRORS_TOTAL, SLOT_RETAINED_WAL_BYTES, SLOT_SAFE_WAL_SIZE_BYTES, SLOT_SYNCED,
-    SLOT_WAL_STATUS, STATUS_LABEL, WAL_STATUSES,
+    Health, FAILOVER_READY, HOST_LABEL, INVALIDATION_REASONS, REASON_LABEL, SLOT_ACTIVE,
+    SLOT_CONFLICTING, SLOT_FAILOVER, SLOT_INACTIVE_SINCE_SECONDS, SLOT_INVALIDATION_REASON,
+    SLOT_LAG_BYTES, SLOT_POLLS_TOTAL, SLOT_POLL_ERRORS_TOTAL, SLOT_RETAINED_WAL_BYTES,
+    SLOT_SAFE_WAL_SIZE_BYTES, SLOT_SYNCED, SLOT_WAL_STATUS, STATUS_LABEL, WAL_STATUSES,
 };
 use crate::periodic::{self, Job};
 
@@ -340,7 +340,10 @@ pub async fn failover_readiness(database_url: &str, slot: &str) -> Vec<(String, 
     };
     let mut found = Vec::with_capacity(servers.len());
     for server in &servers {
-        let read = tokio::time::timeout(db::CONNECT_TIMEOUT, readiness_of(database_url, server, slot));
+        let read = tokio::time::timeout(
+            db::CONNECT_TIMEOUT,
+            readiness_of(database_url, server, slot),
+        );
         let readiness = match read.await {
             Ok(Ok(readiness)) => readiness,
             Ok(Err(e)) => Readiness::Unknown {
@@ -361,7 +364,10 @@ async fn readiness_of(
     slot: &str,
 ) -> Result<Readiness, RelayError> {
     let client = db::connect_to(database_url, server).await?;
-    let in_recovery: bool = client.query_one("SELECT pg_is_in_recovery()", &[]).await?.get(0);
+    let in_recovery: bool = client
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await?
+        .get(0);
     if !in_recovery {
         return Ok(Readiness::Primary);
     }
@@ -386,7 +392,8 @@ async fn readiness_of(
     let why = match (
         copy.get("synced").and_then(serde_json::Value::as_bool),
         copy.get("temporary").and_then(serde_json::Value::as_bool),
-        copy.get("invalidation_reason").and_then(serde_json::Value::as_str),
+        copy.get("invalidation_reason")
+            .and_then(serde_json::Value::as_str),
     ) {
         (None, _, _) => "the server has no failover slots (PostgreSQL 16 or older)".to_string(),
         (_, _, Some(reason)) => format!("its copy was invalidated ({reason})"),

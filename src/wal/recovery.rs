@@ -1,0 +1,315 @@
+//! `--on-slot-lost recreate`: a missing or invalidated slot replaced by a new one, with
+//! nothing lost between them.
+//!
+//! A slot goes missing in a failover without failover slots (PostgreSQL 16 and older: the
+//! promoted standby never had it) and is lost when PostgreSQL invalidates it. Either way the
+//! messages committed after its last acknowledged position are in no slot. The outbox table
+//! still has them (cleanup never deletes rows newer than the last acknowledged commit), so:
+//!
+//! ```text
+//!  lower bound   the last acknowledged commit time the relay recorded in
+//!                <schema>.outbox_relay_state (on the cleanup's schedule), minus
+//!                --recreate-margin for transactions open across it; the whole table if none
+//!  upper bound   the new slot's start: CREATE_REPLICATION_SLOT … (SNAPSHOT 'export') on a
+//!                replication session, imported by the backfill (SET TRANSACTION SNAPSHOT)
+//!                while that session stays idle. A row the snapshot sees committed before the
+//!                slot's consistent point: the backfill publishes it. A row it does not see
+//!                commits after: the slot delivers it.
+//! ```
+//!
+//! Crash-only like the rest: the state row says `recovering` from before the slot is
+//! created until the backfill is confirmed, and nothing is acknowledged on the new slot
+//! before (the session streams it only afterwards). A relay that finds `recovering` set
+//! drops the slot (nothing of it was acknowledged) and starts over from the recorded lower
+//! bound: duplicates, never a gap. Two relays never recover at once: an advisory lock, held
+//! for the recovery, makes the second a standby.
+//!
+//! The table-less outbox (`outbox_emit`) cannot be backfilled: its events were only in the
+//! WAL. A relay whose outbox has the emit functions refuses to recreate, and says why.
+
+use std::time::SystemTime;
+
+use pgwire_replication::ReplicationClient;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::{Client, IsolationLevel};
+
+use crate::config::{FailoverSlot, OutboxNames};
+use crate::db::{self, Server};
+use crate::error::{Endpoint, RelayError};
+use crate::mapper::Mapper;
+use crate::observability::SLOT_RECOVERIES_TOTAL;
+use crate::ops::resync::{publish_all, select_sql, Read};
+use crate::outbox_table::{columns, TextRelation};
+use crate::publish::Broker;
+use crate::publish::BrokerNodes;
+use crate::shard::Shard;
+use crate::wal::slot::read_slot;
+use crate::wal::state::{read_state, state_table, State};
+
+/// What a recovery needs of the relay's configuration.
+pub struct Recovery<'a> {
+    pub database_url: &'a str,
+    pub names: &'a OutboxNames,
+    pub shard: Shard,
+    pub failover: FailoverSlot,
+    pub recreate_margin: Duration,
+    pub brokers: &'a Arc<BrokerNodes>,
+    pub mapper: &'a Mapper,
+    pub dead_letter_exchange: Option<&'a str>,
+    pub confirm_timeout: Duration,
+}
+
+/// Replaces the slot and backfills what it will not deliver (see the module documentation).
+/// `server` is the primary the session uses. Returns the rows re-published.
+pub async fn recreate(ctx: &Recovery<'_>, server: &Server) -> Result<u64, RelayError> {
+    let names = &ctx.names;
+    let client = db::connect_to(ctx.database_url, server).await?;
+    hold_the_recovery_lock(&client, names).await?;
+    refuse_emitted_outbox(&client, names).await?;
+    let state = read_state(&client, names).await?;
+    let from = match &state {
+        Some(State {
+            recovering: true,
+            backfill_from,
+            ..
+        }) => *backfill_from,
+        Some(state) => state.acknowledged_commit.map(|at| {
+            at.checked_sub(ctx.recreate_margin)
+                .unwrap_or(SystemTime::UNIX_EPOCH)
+        }),
+        None => None,
+    };
+    begin(&client, names, from, state.is_some()).await?;
+    drop_old_slot(&client, names).await?;
+    let mut session = create_slot(ctx, server).await?;
+    let backfilled = backfill(ctx, server, &session, from).await;
+    session.abort();
+    let published = backfilled?;
+    finish(&client, names, state.is_some()).await?;
+    metrics::counter!(SLOT_RECOVERIES_TOTAL).increment(1);
+    tracing::warn!(
+        slot = %names.slot,
+        rows = published,
+        from = %from.map_or_else(|| "the oldest row".to_string(), |at| format!("{}", humantime::format_rfc3339_micros(at))),
+        "slot recreated (--on-slot-lost recreate): the rows it will not deliver were \
+         re-published from the table; streaming the new slot"
+    );
+    Ok(published)
+}
+
+/// One recovery at a time, across relays: the lock goes with this connection.
+async fn hold_the_recovery_lock(client: &Client, names: &OutboxNames) -> Result<(), RelayError> {
+    let key = format!("outbox-relay:recreate:{}", names.slot);
+    let locked: bool = client
+        .query_one("SELECT pg_try_advisory_lock(hashtext($1))", &[&key])
+        .await?
+        .get(0);
+    if locked {
+        return Ok(());
+    }
+    Err(RelayError::SlotInUse {
+        slot: names.slot.to_string(),
+        pid: "another relay recreating it".into(),
+    })
+}
+
+/// The emit functions' events were only in the WAL: no table has them to backfill from.
+async fn refuse_emitted_outbox(client: &Client, names: &OutboxNames) -> Result<(), RelayError> {
+    let (schema, table) = names.table_parts();
+    let functions: Vec<String> = crate::emit::FUNCTION_SUFFIXES
+        .iter()
+        .map(|(suffix, _)| format!("{table}{suffix}"))
+        .collect();
+    let emits = client
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n \
+             ON n.oid = p.pronamespace WHERE n.nspname = $1 AND p.proname = ANY($2) LIMIT 1",
+            &[&schema, &functions],
+        )
+        .await?;
+    match emits {
+        None => Ok(()),
+        Some(_) => Err(RelayError::CannotBackfill {
+            slot: names.slot.to_string(),
+        }),
+    }
+}
+
+/// Records, before anything changes, that a recovery from `from` is under way.
+async fn begin(
+    client: &Client,
+    names: &OutboxNames,
+    from: Option<SystemTime>,
+    has_state_table: bool,
+) -> Result<(), RelayError> {
+    if !has_state_table {
+        return Ok(());
+    }
+    let upsert = format!(
+        "INSERT INTO {} AS s (slot, recovering, backfill_from) VALUES ($1, true, $2) \
+         ON CONFLICT (slot) DO UPDATE SET recovering = true, backfill_from = $2, \
+         updated_at = now()",
+        state_table(names)
+    );
+    client.execute(&upsert, &[&names.slot.name, &from]).await?;
+    Ok(())
+}
+
+async fn finish(
+    client: &Client,
+    names: &OutboxNames,
+    has_state_table: bool,
+) -> Result<(), RelayError> {
+    if !has_state_table {
+        return Ok(());
+    }
+    let update = format!(
+        "UPDATE {} SET recovering = false, backfill_from = NULL, updated_at = now() \
+         WHERE slot = $1",
+        state_table(names)
+    );
+    client.execute(&update, &[&names.slot.name]).await?;
+    Ok(())
+}
+
+/// Drops the slot of that name, if there is one: lost, or made by an interrupted recovery
+/// (nothing of it was acknowledged). One a process streams from is left to it (standby).
+async fn drop_old_slot(client: &Client, names: &OutboxNames) -> Result<(), RelayError> {
+    let Some(old) = read_slot(client, &names.slot).await? else {
+        return Ok(());
+    };
+    if let Some(pid) = old.active_pid {
+        return Err(RelayError::SlotInUse {
+            slot: names.slot.to_string(),
+            pid: pid.to_string(),
+        });
+    }
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&names.slot.name])
+        .await?;
+    Ok(())
+}
+
+/// CREATE_REPLICATION_SLOT with an exported snapshot, on a replication session that must
+/// stay open and idle while the snapshot is imported.
+async fn create_slot(ctx: &Recovery<'_>, server: &Server) -> Result<Created, RelayError> {
+    let names = &ctx.names;
+    let config = db::replication_config(ctx.database_url, server, &names.slot, &names.publication)?;
+    let mut session = ReplicationClient::connect_gated(config)
+        .await
+        .map_err(RelayError::replication)?;
+    let client = db::connect_to(ctx.database_url, server).await?;
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await?
+        .get(0);
+    let failover = match ctx.failover {
+        FailoverSlot::Off => false,
+        FailoverSlot::Auto | FailoverSlot::On => version >= 170_000,
+    };
+    let command = format!(
+        "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'export'{})",
+        names.slot,
+        if failover { ", FAILOVER true" } else { "" }
+    );
+    let created = tokio::time::timeout(db::CONNECT_TIMEOUT, session.simple_query(&command)).await;
+    let rows = match created {
+        Ok(Ok(rows)) => rows,
+        Ok(Err(e)) => {
+            session.abort();
+            return Err(RelayError::replication(e));
+        }
+        Err(_) => {
+            session.abort();
+            return Err(RelayError::ConnectTimeout {
+                endpoint: Endpoint::Replication,
+                seconds: db::CONNECT_TIMEOUT.as_secs(),
+            });
+        }
+    };
+    // slot_name, consistent_point, snapshot_name, output_plugin.
+    let snapshot = rows
+        .first()
+        .and_then(|row| row.get(2).cloned().flatten())
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned());
+    match snapshot {
+        Some(snapshot) => Ok(Created { session, snapshot }),
+        None => {
+            session.abort();
+            Err(RelayError::Bug(
+                "CREATE_REPLICATION_SLOT … (SNAPSHOT 'export') returned no snapshot".into(),
+            ))
+        }
+    }
+}
+
+/// A new slot and the snapshot its creation exported.
+struct Created {
+    session: ReplicationClient,
+    snapshot: String,
+}
+
+impl Created {
+    fn abort(&mut self) {
+        self.session.abort();
+    }
+}
+
+/// Publishes every row from `from` on that the snapshot sees, through the delivery loop
+/// (the relay's mapper, exchange and dead-letter policy; a sharded relay its shard's rows).
+async fn backfill(
+    ctx: &Recovery<'_>,
+    server: &Server,
+    created: &Created,
+    from: Option<SystemTime>,
+) -> Result<u64, RelayError> {
+    let names = &ctx.names;
+    let mut reader = db::connect_to(ctx.database_url, server).await?;
+    reader.batch_execute(db::PINNED_SET_STATEMENTS).await?;
+    let text = TextRelation::discover(&reader, &names.table, &[columns::CREATED_AT], |_| {
+        RelayError::Config(format!(
+            "The outbox table {} has no column \"created_at\": recreating a slot backfills by it",
+            names.table
+        ))
+    })
+    .await?;
+    let transaction = reader
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
+    transaction
+        .batch_execute(&format!(
+            "SET TRANSACTION SNAPSHOT {}",
+            db::quote_literal(&created.snapshot)
+        ))
+        .await?;
+    // The lower bound as RFC 3339 text (the select takes it as text): PostgreSQL prints it.
+    let since: String = match from {
+        Some(at) => humantime::format_rfc3339_micros(at).to_string(),
+        None => "-infinity".to_string(),
+    };
+    let statement = transaction
+        .prepare(&select_sql(&names.table, &text, ctx.shard))
+        .await?;
+    let portal = transaction.bind(&statement, &[&since]).await?;
+    let mut broker = Broker::connect(ctx.brokers).await?;
+    broker.declare_exchange(&names.exchange, true).await?;
+    if let Some(exchange) = ctx.dead_letter_exchange {
+        broker.enable_dead_letters(exchange).await?;
+    }
+    let read = Read {
+        transaction: &transaction,
+        portal: &portal,
+        text: &text,
+        mapper: ctx.mapper,
+    };
+    let published = publish_all(&read, &broker, ctx.confirm_timeout).await;
+    broker.close().await;
+    let summary = published.map_err(|(e, _)| e)?;
+    transaction.commit().await?;
+    Ok(summary.published)
+}

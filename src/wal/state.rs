@@ -1,0 +1,89 @@
+//! The relay's own state in the database, `<schema>.outbox_relay_state`: the commit time of
+//! the newest transaction it acknowledged, and a recovery under way. It lives where a
+//! promoted standby has it too (the table replicates like any other), which is what
+//! `--on-slot-lost recreate` (`wal/recovery.rs`) needs to know where to backfill from.
+
+use std::time::SystemTime;
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::Client;
+
+use crate::config::OutboxNames;
+use crate::db::quote_ident;
+use crate::error::RelayError;
+
+/// The state table's name, in the outbox table's schema.
+pub const STATE_TABLE: &str = "outbox_relay_state";
+
+/// `<schema>.outbox_relay_state`, quoted.
+pub fn state_table(names: &OutboxNames) -> String {
+    let (schema, _) = names.table_parts();
+    format!("{}.{}", quote_ident(schema), quote_ident(STATE_TABLE))
+}
+
+/// The state table, created if missing (setup, and sql/outbox.sql).
+pub fn state_table_sql(names: &OutboxNames) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\n\
+         \x20   slot text PRIMARY KEY,\n\
+         \x20   acknowledged_commit timestamptz,\n\
+         \x20   recovering boolean NOT NULL DEFAULT false,\n\
+         \x20   backfill_from timestamptz,\n\
+         \x20   updated_at timestamptz NOT NULL DEFAULT now()\n\
+         );",
+        state_table(names)
+    )
+}
+
+/// Records the commit time of the newest acknowledged transaction where a promoted standby
+/// has it too (the table replicates like any other). `false` when there is no state table
+/// (a setup from before it): recovery then backfills the whole table.
+pub async fn record_acknowledged(
+    client: &Client,
+    names: &OutboxNames,
+    at: SystemTime,
+) -> Result<bool, RelayError> {
+    let upsert = format!(
+        "INSERT INTO {} AS s (slot, acknowledged_commit) VALUES ($1, $2) \
+         ON CONFLICT (slot) DO UPDATE SET acknowledged_commit = \
+         greatest(s.acknowledged_commit, excluded.acknowledged_commit), updated_at = now()",
+        state_table(names)
+    );
+    match client.execute(&upsert, &[&names.slot.name, &at]).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What the state table says of the slot.
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    pub acknowledged_commit: Option<SystemTime>,
+    pub recovering: bool,
+    pub backfill_from: Option<SystemTime>,
+}
+
+pub async fn read_state(client: &Client, names: &OutboxNames) -> Result<Option<State>, RelayError> {
+    let query = format!(
+        "SELECT acknowledged_commit, recovering, backfill_from FROM {} WHERE slot = $1",
+        state_table(names)
+    );
+    match client.query_opt(&query, &[&names.slot.name]).await {
+        Ok(row) => Ok(Some(row.map_or_else(State::default, |row| State {
+            acknowledged_commit: row.get(0),
+            recovering: row.get(1),
+            backfill_from: row.get(2),
+        }))),
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether a recovery was begun and not finished: the slot that exists may then have been
+/// made by it, and the rows before its start may not all be published.
+pub async fn interrupted(client: &Client, names: &OutboxNames) -> Result<bool, RelayError> {
+    Ok(read_state(client, names)
+        .await?
+        .is_some_and(|s| s.recovering))
+}
