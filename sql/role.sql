@@ -44,8 +44,15 @@ GRANT CONNECT ON DATABASE app TO outbox_relay;
 GRANT USAGE ON SCHEMA public TO outbox_relay;
 GRANT SELECT, DELETE ON TABLE public.outbox TO outbox_relay;
 -- The relay's own state (the last acknowledged commit, kept for --on-slot-lost recreate),
--- created by `outbox-relay setup` / sql/outbox.sql.
-GRANT SELECT, INSERT, UPDATE ON TABLE public.outbox_relay_state TO outbox_relay;
+-- created by `outbox-relay setup` / sql/outbox.sql; without it a recovery backfills the
+-- whole table.
+DO $$
+BEGIN
+    IF to_regclass('public.outbox_relay_state') IS NOT NULL THEN
+        GRANT SELECT, INSERT, UPDATE ON TABLE public.outbox_relay_state TO outbox_relay;
+    END IF;
+END
+$$;
 -- The text overload is pg_logical_emit_message(boolean, text, text) up to PostgreSQL 16;
 -- 17 added a fourth argument (flush boolean), so there it is (boolean, text, text, boolean).
 DO $$

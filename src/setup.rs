@@ -524,20 +524,22 @@ async fn ensure_slot(
     names: &OutboxNames,
 ) -> Result<(), RelayError> {
     let failover = args.failover.failover_slot;
-    match preflight::check_slot(client, &names.slot).await {
-        Ok(_) | Err(RelayError::SlotInUse { .. }) => {}
+    let created = match preflight::check_slot(client, &names.slot).await {
+        Ok(_) | Err(RelayError::SlotInUse { .. }) => false,
         Err(RelayError::SlotMissing { .. }) => {
             client
                 .batch_execute(&slot_step(names, failover).sql)
                 .await?;
+            true
         }
         Err(e) => return Err(e),
-    }
+    };
     let report = read_slot(client, &names.slot)
         .await?
         .ok_or_else(|| RelayError::SlotMissing {
             slot: names.slot.to_string(),
         })?;
+    let done = if created { "created" } else { "exists" };
     match (report.failover, failover) {
         (None, FailoverSlot::On) => {
             return Err(RelayError::Config(
@@ -548,10 +550,10 @@ async fn ensure_slot(
         }
         (Some(false), FailoverSlot::Auto | FailoverSlot::On) => {
             turn_on_failover(args, names, report.active_pid).await?;
-            println!("slot {}: exists; failover turned on", names.slot);
+            println!("slot {}: {done} (pgoutput); failover turned on", names.slot);
         }
-        (Some(true), _) => println!("slot {}: exists (pgoutput, failover slot)", names.slot),
-        _ => println!("slot {}: exists (pgoutput)", names.slot),
+        (Some(true), _) => println!("slot {}: {done} (pgoutput) as a failover slot", names.slot),
+        _ => println!("slot {}: {done} (pgoutput)", names.slot),
     }
     Ok(())
 }

@@ -875,7 +875,10 @@ async fn role_outbox(prefix: &str, replication: bool) -> Option<RoleOutbox> {
 
     let mut script = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/sql/role.sql"))
         .expect("read sql/role.sql")
+        // The role's name, not the state table's, which only begins like it.
+        .replace("outbox_relay_state", "\u{0}")
         .replace("outbox_relay", &role)
+        .replace('\u{0}', "outbox_relay_state")
         .replace("ON DATABASE app", &format!("ON DATABASE {db}"));
     if !replication {
         script = script.replace("LOGIN REPLICATION", "LOGIN");
@@ -1199,8 +1202,12 @@ async fn print_sql_for_unusual_names_creates_exactly_those_objects_and_the_relay
              WHERE table_schema NOT IN ('pg_catalog', 'information_schema') ORDER BY 1"
         )
         .await,
-        [format!("{schema}.{table}"), "public.canary".to_string()],
-        "the outbox table and the canary, nothing else"
+        [
+            format!("{schema}.{table}"),
+            format!("{schema}.outbox_relay_state"),
+            "public.canary".to_string()
+        ],
+        "the outbox table, the relay's state table beside it, and the canary, nothing else"
     );
     assert_eq!(
         rows(

@@ -51,9 +51,29 @@ pub async fn record_acknowledged(
     );
     match client.execute(&upsert, &[&names.slot.name, &at]).await {
         Ok(_) => Ok(true),
-        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(false),
+        Err(e) if unavailable(&e) => Ok(false),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The state table is missing (a setup from before it) or the role may not use it (a
+/// least-privilege role granted before it existed): the relay runs as without it, and says
+/// so once.
+fn unavailable(e: &tokio_postgres::Error) -> bool {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let code = e.code();
+    let unavailable =
+        code == Some(&SqlState::UNDEFINED_TABLE) || code == Some(&SqlState::INSUFFICIENT_PRIVILEGE);
+    if unavailable && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            table = STATE_TABLE,
+            reason = %e.as_db_error().map_or_else(|| e.to_string(), |db| db.message().to_string()),
+            "the relay's state table cannot be used: --on-slot-lost recreate would backfill \
+             the whole table. Fix: run `outbox-relay setup`, and grant SELECT, INSERT, UPDATE \
+             on it to the relay's role (sql/role.sql)"
+        );
+    }
+    unavailable
 }
 
 /// What the state table says of the slot.
@@ -75,7 +95,7 @@ pub async fn read_state(client: &Client, names: &OutboxNames) -> Result<Option<S
             recovering: row.get(1),
             backfill_from: row.get(2),
         }))),
-        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(None),
+        Err(e) if unavailable(&e) => Ok(None),
         Err(e) => Err(e.into()),
     }
 }
