@@ -7,6 +7,7 @@
 //! It owns its server's lifecycle; it must never stop or change a server it did not start:
 //! with `OUTBOX_TEST_DATABASE_URL` (an external server) the stop and start methods panic.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::sync::Mutex;
@@ -14,6 +15,7 @@ use std::time::Instant;
 
 use tokio_postgres::{Client, NoTls};
 
+use super::netns::Host;
 use super::{chown_to, free_port, is_root, spawn_watchdog, stop_watchdog, tail_file};
 
 /// Where Debian puts the PostgreSQL 15 server binaries; `OUTBOX_TEST_PG_BIN` overrides.
@@ -36,6 +38,8 @@ type Kind = super::ServerKind<Private>;
 
 struct Private {
     port: u16,
+    /// The test host it runs on ([`super::netns`]); `None`: the root namespace, 127.0.0.1.
+    host: Option<Host>,
     /// Owned by `postgres`: holds `data/`, the socket and `postgres.log`.
     dir: PathBuf,
     state: Mutex<PrivateState>,
@@ -53,6 +57,16 @@ impl PgServer {
     /// replication slots and WAL senders, plus `extra_settings` (written after the
     /// defaults into postgresql.conf, so they override them). About 1 s.
     pub fn start(extra_settings: &[(&str, &str)]) -> PgServer {
+        Self::start_in(None, extra_settings)
+    }
+
+    /// [`PgServer::start`] on test host `host`: listening on its address, open (trust) to the
+    /// hosts of its network.
+    pub fn start_on(host: &Host, extra_settings: &[(&str, &str)]) -> PgServer {
+        Self::start_in(Some(host), extra_settings)
+    }
+
+    fn start_in(host: Option<&Host>, extra_settings: &[(&str, &str)]) -> PgServer {
         let started = Instant::now();
         let tempdir = tempfile::Builder::new()
             .prefix("outbox-test-pg-")
@@ -62,7 +76,7 @@ impl PgServer {
         chown_to(&dir, "postgres");
         let data = dir.join("data");
 
-        let out = pg_command("initdb")
+        let out = pg_command(host, "initdb")
             .arg("-D")
             .arg(&data)
             .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C"])
@@ -78,8 +92,9 @@ impl PgServer {
         );
 
         let mut conf = String::from("\n# outbox-relay test harness\n");
+        let listen = host.map_or(Ipv4Addr::LOCALHOST, Host::addr).to_string();
         let defaults = [
-            ("listen_addresses", "127.0.0.1"),
+            ("listen_addresses", listen.as_str()),
             (
                 "unix_socket_directories",
                 dir.to_str().expect("utf-8 temp dir"),
@@ -97,6 +112,13 @@ impl PgServer {
         let mut existing = std::fs::read_to_string(&conf_path).expect("read postgresql.conf");
         existing += &conf;
         std::fs::write(&conf_path, existing).expect("write postgresql.conf");
+        if let Some(host) = host {
+            // initdb's pg_hba.conf admits only the loopback addresses.
+            let hba_path = data.join("pg_hba.conf");
+            let mut hba = std::fs::read_to_string(&hba_path).expect("read pg_hba.conf");
+            hba += &format!("host all all {} trust\n", host.subnet_cidr());
+            std::fs::write(&hba_path, hba).expect("write pg_hba.conf");
+        }
 
         // Started before the server, so that a test process killed during the start
         // does not leave it behind.
@@ -119,6 +141,7 @@ impl PgServer {
             let port = free_port();
             let private = Private {
                 port,
+                host: host.cloned(),
                 dir: dir.clone(),
                 state: Mutex::new(PrivateState {
                     tempdir: None,
@@ -171,11 +194,14 @@ impl PgServer {
         }
     }
 
-    /// `postgres://postgres@127.0.0.1:PORT/db` (for an external server: its URL with the
-    /// database replaced).
+    /// `postgres://postgres@ADDR:PORT/db`, ADDR 127.0.0.1 or the test host's address (for an
+    /// external server: its URL with the database replaced).
     pub fn url(&self, db: &str) -> String {
         match &self.kind {
-            Kind::Private(p) => format!("postgres://postgres@127.0.0.1:{}/{db}", p.port),
+            Kind::Private(p) => {
+                let addr = p.host.as_ref().map_or(Ipv4Addr::LOCALHOST, Host::addr);
+                format!("postgres://postgres@{addr}:{}/{db}", p.port)
+            }
             Kind::External { url, .. } => replace_url_database(url, db),
         }
     }
@@ -270,7 +296,7 @@ impl Private {
     }
 
     fn pg_ctl(&self, args: &[&str]) -> Output {
-        pg_command("pg_ctl")
+        pg_command(self.host.as_ref(), "pg_ctl")
             .arg("-D")
             .arg(self.data())
             .args(args)
@@ -281,7 +307,7 @@ impl Private {
     fn pg_ctl_start(&self) -> Result<(), String> {
         let log = self.dir.join("postgres.log");
         let port = self.port.to_string();
-        let out = pg_command("pg_ctl")
+        let out = pg_command(self.host.as_ref(), "pg_ctl")
             .arg("-D")
             .arg(self.data())
             .arg("-l")
@@ -312,16 +338,18 @@ impl Private {
     }
 }
 
-/// A server binary, run as `postgres` when we are root.
-fn pg_command(binary: &str) -> Command {
+/// A server binary, run as `postgres` when we are root, on test host `host` if given (the
+/// server that `pg_ctl start` forks stays there).
+fn pg_command(host: Option<&Host>, binary: &str) -> Command {
     let path = format!("{}/{binary}", pg_bin());
-    let mut cmd = if is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--", &path]);
-        c
-    } else {
-        Command::new(path)
+    let program = if is_root() { "runuser" } else { path.as_str() };
+    let mut cmd = match host {
+        Some(host) => host.command(program),
+        None => Command::new(program),
     };
+    if is_root() {
+        cmd.args(["-u", "postgres", "--", &path]);
+    }
     // runuser keeps the cwd; postgres cannot read /root.
     cmd.current_dir("/");
     cmd
