@@ -6,8 +6,9 @@
 #
 # On Debian it first installs the server packages if they are missing, and docker-compose
 # (tests/packaging.rs validates docker-compose.yml with `docker-compose config`; no Docker
-# engine needed). A fresh rabbitmq-server package starts a system node: harmless, the tests
-# use their own.
+# engine needed), iproute2 and nftables (tests/partitions.rs puts the servers on network
+# namespaces of their own and cuts the links between them with nftables rules). A fresh
+# rabbitmq-server package starts a system node: harmless, the tests use their own.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,6 +22,12 @@ if [ ! -x /usr/sbin/rabbitmq-server ]; then
 fi
 if ! command -v docker-compose >/dev/null; then
     need_packages+=(docker-compose)
+fi
+if ! command -v ip >/dev/null; then
+    need_packages+=(iproute2)
+fi
+if ! command -v nft >/dev/null; then
+    need_packages+=(nftables)
 fi
 if [ "${#need_packages[@]}" -gt 0 ]; then
     if ! command -v apt-get >/dev/null; then
