@@ -417,7 +417,11 @@ async fn x1_the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_move
         assert!(
             Instant::now() < deadline,
             "2 minutes after the cut: node {node} paused {paused:?}, relay moved {moved:?}, \
-             streaming {streaming:?} (in use {in_use:?}); log:\n{}",
+             streaming {streaming:?} (in use {in_use:?}; confirmed {} since {confirmed_when_moved}, \
+             in flight {:?}, reconnects {}); log:\n{}",
+            confirmed(&text),
+            metric_value(&text, IN_FLIGHT),
+            reconnect_causes(&text),
             relay.log()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
