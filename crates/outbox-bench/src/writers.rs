@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tokio_postgres::NoTls;
 
 use outbox_relay::db::{parse_url, quote_ident};
+use outbox_testkit::SplitMix64;
 
 /// What the writers insert, and how much.
 #[derive(Debug, Clone)]
@@ -243,7 +244,7 @@ impl Writer {
             if self.until.is_some_and(|until| Instant::now() >= until) {
                 return Ok((rows, transactions));
             }
-            let wanted = 1 + self.sizes.next() % u64::from(self.max_txn_rows);
+            let wanted = 1 + self.sizes.next_u64() % u64::from(self.max_txn_rows);
             let size = claim(&self.budget, wanted);
             if size == 0 {
                 return Ok((rows, transactions));
@@ -288,19 +289,6 @@ fn claim(budget: &AtomicU64, wanted: u64) -> u64 {
     }
 }
 
-/// SplitMix64: a tiny, well-mixed, seedable generator (enough for transaction sizes).
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,7 +306,7 @@ mod tests {
     fn sizes_are_repeatable_and_spread() {
         let sizes = |seed| {
             let mut g = SplitMix64(seed);
-            (0..1000).map(|_| 1 + g.next() % 10).collect::<Vec<_>>()
+            (0..1000).map(|_| 1 + g.next_u64() % 10).collect::<Vec<_>>()
         };
         assert_eq!(sizes(7), sizes(7));
         assert_ne!(sizes(7), sizes(8));

@@ -25,6 +25,7 @@ use super::http::metric_value;
 use super::outbox::Outbox;
 use super::pg::{read_test_decoding, slot_confirmed_flush, PgServer, Txn};
 use super::rabbit::RabbitServer;
+use super::rabbit_cluster::RabbitCluster;
 use super::relay::RelayProcess;
 
 /// The outbox table as `test_decoding` names it.
@@ -226,6 +227,29 @@ pub async fn observed_outbox(
     let oracle = Oracle::create(&outbox).await;
     let consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, keep_content).await;
     (outbox, oracle, consumer)
+}
+
+/// An outbox on the PostgreSQL server of `server_url` whose queue is a quorum queue of
+/// `cluster` led by node `leader` (it declares the queue; asserted), provisioned with
+/// `outbox-relay <setup…>`, its oracle created before any row is written. Its `amqp_url` is
+/// node `leader`'s. Needs a multi-threaded runtime (it waits for the leader blocking).
+pub async fn quorum_outbox(
+    server_url: &str,
+    cluster: &RabbitCluster,
+    leader: usize,
+    prefix: &str,
+    setup: &[&str],
+) -> (Outbox, Oracle) {
+    let url = cluster.url(leader);
+    let arguments = super::amqp::quorum_queue_arguments();
+    let outbox = Outbox::provision(server_url, &url, prefix, setup, arguments).await;
+    let oracle = Oracle::create(&outbox).await;
+    let led_by = tokio::task::block_in_place(|| cluster.quorum_leader(&outbox.queue));
+    assert_eq!(
+        led_by, leader,
+        "a quorum queue is led by its declaring node"
+    );
+    (outbox, oracle)
 }
 
 // ---------------------------------------------------------------------------------

@@ -3,20 +3,43 @@
 //! only; it must never share code with the relay's own HTTP server (an oracle that reused
 //! the server's parser would agree with its bugs).
 
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-/// `GET path` on 127.0.0.1:`port` (e.g. the relay's `--metrics-addr`): status code and body.
-/// `None` if nothing answers within 5 s.
-pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+/// Where an endpoint listens: a port on 127.0.0.1 (`u16`), or an address and port (a relay on
+/// a test host, [`super::netns`]).
+pub trait Endpoint: Copy {
+    fn socket_addr(self) -> SocketAddr;
+}
+
+impl Endpoint for u16 {
+    fn socket_addr(self) -> SocketAddr {
+        SocketAddrV4::new(Ipv4Addr::LOCALHOST, self).into()
+    }
+}
+
+impl Endpoint for SocketAddr {
+    fn socket_addr(self) -> SocketAddr {
+        self
+    }
+}
+
+impl Endpoint for SocketAddrV4 {
+    fn socket_addr(self) -> SocketAddr {
+        self.into()
+    }
+}
+
+/// `GET path` at `at` (e.g. the relay's `--metrics-addr`, or just its port on 127.0.0.1):
+/// status code and body. `None` if nothing answers within 5 s.
+pub async fn http_get(at: impl Endpoint, path: &str) -> Option<(u16, String)> {
+    let addr = at.socket_addr();
     let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()?;
-        let request =
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut response = Vec::new();
         stream.read_to_end(&mut response).await.ok()?;
@@ -36,14 +59,14 @@ pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 /// Polls `GET path` every 50 ms until `wanted` holds for the answer (the relay may not
 /// listen yet); the last answer either way.
 pub async fn wait_http(
-    port: u16,
+    at: impl Endpoint,
     path: &str,
     timeout: Duration,
     wanted: impl Fn(&(u16, String)) -> bool,
 ) -> Option<(u16, String)> {
     let deadline = Instant::now() + timeout;
     loop {
-        let answer = http_get(port, path).await;
+        let answer = http_get(at, path).await;
         if answer.as_ref().is_some_and(&wanted) || Instant::now() >= deadline {
             return answer;
         }
@@ -52,41 +75,42 @@ pub async fn wait_http(
 }
 
 /// The body of `/metrics`; panics if it does not answer.
-pub async fn metrics(port: u16) -> String {
-    http_get(port, "/metrics")
-        .await
-        .expect("/metrics answers")
-        .1
+pub async fn metrics(at: impl Endpoint) -> String {
+    http_get(at, "/metrics").await.expect("/metrics answers").1
 }
 
 /// `/readyz` as (status, body trimmed); panics if it does not answer.
-pub async fn readyz(port: u16) -> (u16, String) {
-    let (status, body) = http_get(port, "/readyz").await.expect("/readyz answers");
+pub async fn readyz(at: impl Endpoint) -> (u16, String) {
+    let (status, body) = http_get(at, "/readyz").await.expect("/readyz answers");
     (status, body.trim().to_string())
 }
 
 /// Waits until `/readyz` answers 200; false after `timeout`.
-pub async fn wait_ready(port: u16, timeout: Duration) -> bool {
-    let answer = wait_http(port, "/readyz", timeout, |(status, _)| *status == 200).await;
+pub async fn wait_ready(at: impl Endpoint, timeout: Duration) -> bool {
+    let answer = wait_http(at, "/readyz", timeout, |(status, _)| *status == 200).await;
     answer.is_some_and(|(status, _)| status == 200)
 }
 
 /// Waits until `/readyz` gives `wanted` (status, body trimmed); the last answer either way,
 /// its body trimmed.
 pub async fn wait_readyz(
-    port: u16,
+    at: impl Endpoint,
     timeout: Duration,
     wanted: (u16, &str),
 ) -> Option<(u16, String)> {
     let matches = |(status, body): &(u16, String)| (*status, body.trim()) == wanted;
-    let answer = wait_http(port, "/readyz", timeout, matches).await;
+    let answer = wait_http(at, "/readyz", timeout, matches).await;
     answer.map(|(status, body)| (status, body.trim().to_string()))
 }
 
 /// Scrapes until `wanted` holds for the text of `/metrics`; the last scrape either way
 /// (panics if `/metrics` never answered).
-pub async fn wait_metrics(port: u16, timeout: Duration, wanted: impl Fn(&str) -> bool) -> String {
-    wait_http(port, "/metrics", timeout, |(_, body)| wanted(body))
+pub async fn wait_metrics(
+    at: impl Endpoint,
+    timeout: Duration,
+    wanted: impl Fn(&str) -> bool,
+) -> String {
+    wait_http(at, "/metrics", timeout, |(_, body)| wanted(body))
         .await
         .expect("/metrics answers")
         .1

@@ -14,6 +14,9 @@
 //! - [`arrivals`]: a consumer that records only each delivery's id, sequence, LSN and
 //!   receive time, acknowledging in batches (the benchmark's and the demo's).
 //! - [`proxy`]: a TCP proxy that delays, black-holes or resets connections.
+//! - [`netns`]: test hosts as network namespaces on a private bridge, and partitions between
+//!   them (nftables drop rules); [`lab`]: the partition tests' hosts with a cluster,
+//!   PostgreSQL and relays each on its own.
 //! - [`relay`]: the `outbox-relay` binary as a child process, and waiting on its log.
 //! - [`procfs`]: a process's CPU time and peak memory from /proc.
 //! - [`http`]: `GET` on the relay's HTTP endpoints and reading Prometheus samples.
@@ -35,6 +38,8 @@ pub mod amqp;
 pub mod arrivals;
 pub mod faults;
 pub mod http;
+pub mod lab;
+pub mod netns;
 pub mod outbox;
 pub mod pg;
 pub mod procfs;
@@ -45,7 +50,7 @@ pub mod relay;
 pub mod tls;
 
 use std::collections::HashSet;
-use std::net::{TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -294,7 +299,12 @@ pub fn free_port() -> u16 {
 
 /// Whether something accepts TCP connections on 127.0.0.1:`port`.
 pub fn port_is_open(port: u16) -> bool {
-    TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)).is_ok()
+    port_is_open_at(Ipv4Addr::LOCALHOST, port)
+}
+
+/// Whether something accepts TCP connections on `addr`:`port` (e.g. a test host's).
+pub fn port_is_open_at(addr: Ipv4Addr, port: u16) -> bool {
+    TcpStream::connect_timeout(&(addr, port).into(), Duration::from_millis(200)).is_ok()
 }
 
 /// The last `n` lines of a text file, or a note that it could not be read.
@@ -365,6 +375,26 @@ pub(crate) fn stop_watchdog(watchdog: Option<Child>) {
 /// Quotes a string for `sh`.
 pub(crate) fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// SplitMix64: a tiny, well-mixed, seedable generator, for schedules a seed must repeat
+/// (transaction sizes, a flapping partition's cuts).
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A duration in [`low`, `high`), to the millisecond.
+    pub fn between(&mut self, low: Duration, high: Duration) -> Duration {
+        let span = (high - low).as_millis().max(1) as u64;
+        low + Duration::from_millis(self.next_u64() % span)
+    }
 }
 
 /// Polls `f` every `every` until it returns true or `timeout` passes.

@@ -3,6 +3,7 @@
 //! that insert like an application. It must never create the outbox's objects itself: the
 //! relay's `setup` is what a test provisions with, so the tests check what operators run.
 
+use std::net::SocketAddrV4;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use lapin::types::FieldTable;
 use tokio_postgres::Client;
 
 use super::amqp::declare_bound_queue_with_args;
+use super::netns::Host;
 use super::pg::{pg_connect, slot_confirmed_flush};
 use super::relay::{binary, RelayProcess, TEST_LOG};
 use super::{services, unique_name};
@@ -140,6 +142,47 @@ impl Outbox {
     pub fn spawn(
         &self,
         command: &str,
+        urls: (&str, &str),
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> RelayProcess {
+        self.spawn_in(None, command, urls, extra, env)
+    }
+
+    /// [`Outbox::spawn`] on test host `host` ([`super::netns`]).
+    pub fn spawn_on(
+        &self,
+        host: &Host,
+        command: &str,
+        urls: (&str, &str),
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> RelayProcess {
+        self.spawn_in(Some(host), command, urls, extra, env)
+    }
+
+    /// [`Outbox::spawn_on`] serving /metrics and /readyz on a free port of `host`'s address,
+    /// which it returns: `outbox-relay <command>` through `amqp_url` (one URL or a broker
+    /// list) with `extra` flags.
+    pub fn spawn_observed_on(
+        &self,
+        host: &Host,
+        command: &str,
+        amqp_url: &str,
+        extra: &[&str],
+    ) -> (RelayProcess, SocketAddrV4) {
+        let at = SocketAddrV4::new(host.addr(), super::free_port());
+        let addr = at.to_string();
+        let mut args = vec!["--metrics-addr", addr.as_str()];
+        args.extend_from_slice(extra);
+        let relay = self.spawn_on(host, command, (&self.db_url, amqp_url), &args, &[]);
+        (relay, at)
+    }
+
+    fn spawn_in(
+        &self,
+        host: Option<&Host>,
+        command: &str,
         (db_url, amqp_url): (&str, &str),
         extra: &[&str],
         env: &[(&str, &str)],
@@ -150,7 +193,10 @@ impl Outbox {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut vars = vec![TEST_LOG];
         vars.extend_from_slice(env);
-        RelayProcess::spawn(&args, &vars)
+        match host {
+            Some(host) => RelayProcess::spawn_on(host, &args, &vars),
+            None => RelayProcess::spawn(&args, &vars),
+        }
     }
 
     /// Starts `outbox-relay run` with this outbox's flags and `extra` ones.

@@ -12,12 +12,15 @@
 //! It owns its server's lifecycle; it must never stop or change a server it did not start:
 //! with `OUTBOX_TEST_DATABASE_URL` (an external server) the stop and start methods panic.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use tokio_postgres::{Client, NoTls};
+
+use super::netns::Host;
 
 use super::{chown_to, free_port, is_root, spawn_watchdog, stop_watchdog, tail_file};
 
@@ -140,6 +143,8 @@ type Kind = super::ServerKind<Private>;
 
 struct Private {
     port: u16,
+    /// The test host it runs on ([`super::netns`]); `None`: the root namespace, 127.0.0.1.
+    host: Option<Host>,
     /// Owned by `postgres`: holds `data/`, the socket and `postgres.log`.
     dir: PathBuf,
     /// The server binaries it runs from.
@@ -160,17 +165,23 @@ impl PgServer {
     /// plus `extra_settings` (written after the defaults into postgresql.conf, so they
     /// override them). About 1 s.
     pub fn start(extra_settings: &[(&str, &str)]) -> PgServer {
-        Self::start_from(pg_bin(), extra_settings)
+        Self::start_from(pg_bin(), None, extra_settings)
+    }
+
+    /// [`PgServer::start`] on test host `host`: listening on its address, open (trust) to the
+    /// hosts of its network.
+    pub fn start_on(host: &Host, extra_settings: &[(&str, &str)]) -> PgServer {
+        Self::start_from(pg_bin(), Some(host), extra_settings)
     }
 
     /// Like [`Self::start`], of the major version `major` whatever [`PG_MAJOR_ENV`] and
     /// [`PG_BIN_ENV`] say: for a test that runs servers of different versions, or one it
     /// names (e.g. a feature of 17).
     pub fn start_major(major: u32, extra_settings: &[(&str, &str)]) -> PgServer {
-        Self::start_from(pg_bin_of(major), extra_settings)
+        Self::start_from(pg_bin_of(major), None, extra_settings)
     }
 
-    fn start_from(bin: PathBuf, extra_settings: &[(&str, &str)]) -> PgServer {
+    fn start_from(bin: PathBuf, host: Option<&Host>, extra_settings: &[(&str, &str)]) -> PgServer {
         let started = Instant::now();
         let tempdir = tempfile::Builder::new()
             .prefix("outbox-test-pg-")
@@ -180,7 +191,7 @@ impl PgServer {
         chown_to(&dir, "postgres");
         let data = dir.join("data");
 
-        let out = pg_command(&bin, "initdb")
+        let out = pg_command(&bin, host, "initdb")
             .arg("-D")
             .arg(&data)
             .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C"])
@@ -195,8 +206,9 @@ impl PgServer {
             output_text(&out)
         );
 
+        let listen = host.map_or(Ipv4Addr::LOCALHOST, Host::addr).to_string();
         let defaults = [
-            ("listen_addresses", "127.0.0.1"),
+            ("listen_addresses", listen.as_str()),
             (
                 "unix_socket_directories",
                 dir.to_str().expect("utf-8 temp dir"),
@@ -209,7 +221,14 @@ impl PgServer {
         ];
         let settings: Vec<(&str, &str)> = defaults.iter().chain(extra_settings).copied().collect();
         append_settings(&data, &settings);
-        Self::launch(tempdir, bin, started)
+        if let Some(host) = host {
+            // initdb's pg_hba.conf admits only the loopback addresses.
+            let hba_path = data.join("pg_hba.conf");
+            let mut hba = std::fs::read_to_string(&hba_path).expect("read pg_hba.conf");
+            hba += &format!("host all all {} trust\n", host.subnet_cidr());
+            std::fs::write(&hba_path, hba).expect("write pg_hba.conf");
+        }
+        Self::launch(tempdir, bin, host.cloned(), started)
     }
 
     /// A streaming standby of the private server `primary`, of its version: creates the
@@ -275,12 +294,17 @@ impl PgServer {
         append_settings(&data, &settings);
         std::fs::write(data.join("standby.signal"), "").expect("write standby.signal");
         chown_to(&data.join("standby.signal"), "postgres");
-        Self::launch(tempdir, source.bin.clone(), started)
+        Self::launch(tempdir, source.bin.clone(), None, started)
     }
 
     /// Starts the server whose data directory is `tempdir`/data on a free port, with a
     /// watchdog that removes it if this process dies first.
-    fn launch(tempdir: tempfile::TempDir, bin: PathBuf, started: Instant) -> PgServer {
+    fn launch(
+        tempdir: tempfile::TempDir,
+        bin: PathBuf,
+        host: Option<Host>,
+        started: Instant,
+    ) -> PgServer {
         let dir = tempdir.path().to_path_buf();
         let data = dir.join("data");
         // Started before the server, so that a test process killed during the start
@@ -304,6 +328,7 @@ impl PgServer {
             let port = free_port();
             let private = Private {
                 port,
+                host: host.clone(),
                 dir: dir.clone(),
                 bin: bin.clone(),
                 state: Mutex::new(PrivateState {
@@ -390,7 +415,10 @@ impl PgServer {
     /// database replaced).
     pub fn url(&self, db: &str) -> String {
         match &self.kind {
-            Kind::Private(p) => format!("postgres://postgres@127.0.0.1:{}/{db}", p.port),
+            Kind::Private(p) => {
+                let addr = p.host.as_ref().map_or(Ipv4Addr::LOCALHOST, Host::addr);
+                format!("postgres://postgres@{addr}:{}/{db}", p.port)
+            }
             Kind::External { url, .. } => replace_url_database(url, db),
         }
     }
@@ -475,7 +503,7 @@ impl Private {
     }
 
     fn pg_ctl(&self, args: &[&str]) -> Output {
-        pg_command(&self.bin, "pg_ctl")
+        pg_command(&self.bin, self.host.as_ref(), "pg_ctl")
             .arg("-D")
             .arg(self.data())
             .args(args)
@@ -486,7 +514,7 @@ impl Private {
     fn pg_ctl_start(&self) -> Result<(), String> {
         let log = self.dir.join("postgres.log");
         let port = self.port.to_string();
-        let out = pg_command(&self.bin, "pg_ctl")
+        let out = pg_command(&self.bin, self.host.as_ref(), "pg_ctl")
             .arg("-D")
             .arg(self.data())
             .arg("-l")
@@ -546,19 +574,28 @@ fn block_on<T: Send>(future: impl std::future::Future<Output = T> + Send) -> T {
     })
 }
 
-/// A server binary of `bin`, run as `postgres` when we are root.
-fn pg_command(bin: &Path, binary: &str) -> Command {
-    pg_user_command(bin.join(binary))
+/// A server binary of `bin`, run as `postgres` when we are root, on test host `host` if
+/// given (the server that `pg_ctl start` forks stays there).
+fn pg_command(bin: &Path, host: Option<&Host>, binary: &str) -> Command {
+    pg_user_command_on(host, bin.join(binary))
 }
 
 /// `program`, run as `postgres` when we are root.
 fn pg_user_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    pg_user_command_on(None, program)
+}
+
+fn pg_user_command_on(host: Option<&Host>, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let start = |name: &std::ffi::OsStr| match host {
+        Some(host) => host.command(name),
+        None => Command::new(name),
+    };
     let mut cmd = if is_root() {
-        let mut c = Command::new("runuser");
+        let mut c = start(std::ffi::OsStr::new("runuser"));
         c.args(["-u", "postgres", "--"]).arg(program);
         c
     } else {
-        Command::new(program)
+        start(program.as_ref())
     };
     // runuser keeps the cwd; postgres cannot read /root.
     cmd.current_dir("/");

@@ -19,7 +19,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{chown_to, free_port, port_is_open, spawn_watchdog, stop_watchdog, tail_file};
+use std::net::Ipv4Addr;
+
+use super::netns::Host;
+use super::{chown_to, free_port, port_is_open_at, spawn_watchdog, stop_watchdog, tail_file};
 
 const RABBITMQ_SERVER: &str = "/usr/sbin/rabbitmq-server";
 const RABBITMQCTL: &str = "/usr/sbin/rabbitmqctl";
@@ -63,7 +66,7 @@ impl RabbitServer {
         // does not leave it behind.
         let node_prefix = node_prefix();
         let mut watchdog = spawn_watchdog(&watchdog_cleanup(&node_prefix, &dir));
-        match Node::start(&node_prefix, &dir, extra_conf) {
+        match Node::start(&node_prefix, &dir, extra_conf, None) {
             Ok(node) => {
                 eprintln!(
                     "harness: rabbitmq {} on port {} ready in {:?} ({})",
@@ -213,36 +216,54 @@ pub(crate) struct Node {
     pub(crate) dist_port: u16,
     /// Owned by `rabbitmq`: `mnesia/`, `log/`, `pid`, `rabbitmq.conf`, `enabled_plugins`.
     pub(crate) dir: PathBuf,
+    /// The test host it runs on ([`super::netns`]); `None`: the root namespace, on
+    /// 127.0.0.1 and `@localhost`.
+    pub(crate) host: Option<Host>,
 }
 
 impl Node {
     /// Creates `dir` (if needed) and boots a node in it named `{name_prefix}{attempt}@localhost`
-    /// on fresh ports, with the default `rabbitmq.conf` plus `extra_conf` lines; up to
-    /// [`ATTEMPTS`] times, a failed attempt killed and its data removed.
+    /// (on a test `host`: `@{its hostname}`, listening on its address) on fresh ports, with the
+    /// default `rabbitmq.conf` plus `extra_conf` lines; up to [`ATTEMPTS`] times, a failed
+    /// attempt killed and its data removed.
     pub(crate) fn start(
         name_prefix: &str,
         dir: &Path,
         extra_conf: &[&str],
+        host: Option<&Host>,
     ) -> Result<Node, String> {
         std::fs::create_dir_all(dir).expect("create the node's dir");
         std::fs::write(dir.join("enabled_plugins"), "[].\n").expect("write enabled_plugins");
         std::fs::create_dir_all(dir.join("log")).expect("mkdir log");
+        // The system's rabbitmq-env.conf may bind epmd and the distribution listener to
+        // 127.0.0.1 (ERL_EPMD_ADDRESS, inet_dist_use_interface; it does on these machines),
+        // where no other host reaches them: a node on a test host reads its own, empty one.
+        if host.is_some() {
+            std::fs::write(
+                dir.join("rabbitmq-env.conf"),
+                "# outbox-relay test host node\n",
+            )
+            .expect("write rabbitmq-env.conf");
+        }
+        let host_part = host.map_or("localhost", |h| h.hostname());
         let mut last_error = String::new();
         for attempt in 0..ATTEMPTS {
             // A failed node leaves its mnesia dir behind; start each attempt clean.
             let _ = std::fs::remove_dir_all(dir.join("mnesia"));
             std::fs::create_dir(dir.join("mnesia")).expect("mkdir mnesia");
             let node = Node {
-                name: format!("{name_prefix}{attempt}@localhost"),
+                name: format!("{name_prefix}{attempt}@{host_part}"),
                 amqp_port: free_port(),
                 dist_port: free_port(),
                 dir: dir.to_path_buf(),
+                host: host.cloned(),
             };
             let mut conf = format!(
-                "listeners.tcp.1 = 127.0.0.1:{}\n\
+                "listeners.tcp.1 = {}:{}\n\
                  loopback_users = none\n\
                  max_message_size = 16777216\n\
                  disk_free_limit.absolute = 1MB\n",
+                node.addr(),
                 node.amqp_port
             );
             for line in extra_conf {
@@ -262,9 +283,41 @@ impl Node {
         Err(last_error)
     }
 
-    /// `amqp://guest:guest@127.0.0.1:PORT/%2f`.
+    /// `amqp://guest:guest@ADDR:PORT/%2f`: 127.0.0.1, or the test host's address.
     pub(crate) fn url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.amqp_port)
+        format!("amqp://guest:guest@{}:{}/%2f", self.addr(), self.amqp_port)
+    }
+
+    /// Where its AMQP listener is: 127.0.0.1, or the test host's address.
+    pub(crate) fn addr(&self) -> Ipv4Addr {
+        self.host.as_ref().map_or(Ipv4Addr::LOCALHOST, Host::addr)
+    }
+
+    /// Whether its AMQP port accepts connections.
+    pub(crate) fn accepts_amqp(&self) -> bool {
+        port_is_open_at(self.addr(), self.amqp_port)
+    }
+
+    /// `program` (a RabbitMQ wrapper) for this node: on its test host, with its own
+    /// `rabbitmq-env.conf` there (see [`Node::start`]) and `RABBITMQ_NODENAME` set to the
+    /// node: `rabbitmqctl` names its own Erlang node after that name's host part (else after
+    /// the machine's hostname, which resolves to 127.0.0.1), and the other nodes send some
+    /// answers straight to it (`list_queues` timed out waiting for theirs).
+    fn command(&self, program: &str) -> Command {
+        match &self.host {
+            None => {
+                let mut command = Command::new(program);
+                command.env_remove("RABBITMQ_CONF_ENV_FILE");
+                command
+            }
+            Some(host) => {
+                let mut command = host.command(program);
+                command
+                    .env("RABBITMQ_CONF_ENV_FILE", self.dir.join("rabbitmq-env.conf"))
+                    .env("RABBITMQ_NODENAME", &self.name);
+                command
+            }
+        }
     }
 
     fn pid_file(&self) -> PathBuf {
@@ -321,7 +374,7 @@ impl Node {
         let _ = self.ctl(&["eval", "mnesia:sync_log()."]);
         self.kill_node();
         let closed = super::poll_until(Duration::from_secs(30), Duration::from_millis(20), || {
-            !port_is_open(self.amqp_port) && !process_alive(pid)
+            !self.accepts_amqp() && !process_alive(pid)
         });
         assert!(
             closed,
@@ -345,7 +398,7 @@ impl Node {
 
     /// `rabbitmqctl -n NODE args…`.
     pub(crate) fn ctl(&self, args: &[&str]) -> Output {
-        Command::new(RABBITMQCTL)
+        self.command(RABBITMQCTL)
             .arg("-n")
             .arg(&self.name)
             .args(args)
@@ -362,7 +415,8 @@ impl Node {
         let startup_log = dir.join("startup.log");
         let out = std::fs::File::create(&startup_log).expect("create startup.log");
         let err = out.try_clone().expect("clone startup.log");
-        let status = Command::new(RABBITMQ_SERVER)
+        let status = self
+            .command(RABBITMQ_SERVER)
             .arg("-detached")
             .env("RABBITMQ_NODENAME", &self.name)
             .env("RABBITMQ_NODE_PORT", self.amqp_port.to_string())
@@ -373,7 +427,6 @@ impl Node {
             .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
             .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
             .env_remove("RABBITMQ_ADVANCED_CONFIG_FILE")
-            .env_remove("RABBITMQ_CONF_ENV_FILE")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -385,7 +438,7 @@ impl Node {
 
         let started = Instant::now();
         loop {
-            if port_is_open(self.amqp_port) {
+            if self.accepts_amqp() {
                 break;
             }
             match self.pid() {

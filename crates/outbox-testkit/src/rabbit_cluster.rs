@@ -16,6 +16,11 @@
 //!   other two are back (they must be restarted together: each waits for the others' tables);
 //! - a restarted node rejoins the cluster from its data dir.
 //!
+//! [`RabbitCluster::start_on`] makes a cluster of its own on three test hosts
+//! ([`super::netns`]), each node named after its host (`…@rabbit0`) and listening on the
+//! host's address, for the partition tests ([`super::lab`]); `rabbitmqctl` then runs on the
+//! node's own host.
+//!
 //! Tests share the cluster: the ones that kill nodes hold [`RabbitCluster::lock`], and every
 //! test calls [`RabbitCluster::ensure_healthy`] at its start and end, so it leaves the cluster
 //! as it found it. It must never touch a node it did not start.
@@ -24,11 +29,16 @@ use std::process::{Child, Output};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::http::Endpoint;
+use super::netns::Host;
 use super::rabbit::{node_prefix, node_tempdir, watchdog_cleanup, Node};
-use super::{port_is_open, spawn_watchdog, stop_watchdog};
+use super::relay::RelayProcess;
+use super::{spawn_watchdog, stop_watchdog};
 
 /// Nodes in the cluster.
 const NODES: usize = 3;
+/// The relay's gauge naming the node it is connected to.
+const BROKER_INFO: &str = "outbox_relay_broker_info";
 /// How long the cluster may take to show every node running again (a paused node restarts
 /// its application once it sees a majority).
 const HEALTHY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -51,7 +61,7 @@ impl RabbitCluster {
     /// stopped when the process exits.
     pub fn shared() -> &'static RabbitCluster {
         let cluster = CLUSTER.get_or_init(|| {
-            let cluster = Self::start()?;
+            let cluster = Self::start(None, &[])?;
             static AT_EXIT: std::sync::Once = std::sync::Once::new();
             // SAFETY: registering a plain `extern "C" fn` with no arguments.
             AT_EXIT.call_once(|| unsafe {
@@ -65,24 +75,45 @@ impl RabbitCluster {
         }
     }
 
+    /// A cluster of its own whose node `i` runs on test host `hosts[i]` ([`super::netns`];
+    /// three hosts), with `extra_conf` lines in every node's `rabbitmq.conf` (e.g.
+    /// `"net_ticktime = 10"`). Panics if it does not form; stopped by `Drop` or
+    /// [`RabbitCluster::shutdown`].
+    pub fn start_on(hosts: &[Host], extra_conf: &[&str]) -> RabbitCluster {
+        assert_eq!(
+            hosts.len(),
+            NODES,
+            "a cluster of {NODES} needs {NODES} hosts"
+        );
+        Self::start(Some(hosts), extra_conf)
+            .unwrap_or_else(|e| panic!("the rabbitmq cluster failed to start: {e}"))
+    }
+
     /// Boots and joins the nodes; once more from scratch (new names, ports and dirs, joining
     /// one node at a time) if that fails. Seen under load in 3.10, about one boot in ten: a
     /// joining node's `start_app` fails in mnesia (`{badmatch, {error, {normal, {mnesia_app,
     /// start, …}}}}`), again after a `reset` and a second join.
-    fn start() -> Result<RabbitCluster, String> {
-        match Self::start_once(true) {
+    fn start(hosts: Option<&[Host]>, extra_conf: &[&str]) -> Result<RabbitCluster, String> {
+        match Self::start_once(true, hosts, extra_conf) {
             Ok(cluster) => Ok(cluster),
             Err(e) => {
                 let first = e.lines().next().unwrap_or_default().to_string();
                 eprintln!(
                     "harness: the rabbitmq cluster failed to form ({first}); starting another"
                 );
-                Self::start_once(false)
+                Self::start_once(false, hosts, extra_conf)
             }
         }
     }
 
-    fn start_once(parallel_joins: bool) -> Result<RabbitCluster, String> {
+    fn start_once(
+        parallel_joins: bool,
+        hosts: Option<&[Host]>,
+        extra_conf: &[&str],
+    ) -> Result<RabbitCluster, String> {
+        let mut conf = vec!["cluster_partition_handling = pause_minority"];
+        conf.extend_from_slice(extra_conf);
+        let conf = conf.as_slice();
         let started = Instant::now();
         let tempdir = node_tempdir();
         let prefix = node_prefix();
@@ -93,13 +124,8 @@ impl RabbitCluster {
                 .map(|i| {
                     let name_prefix = format!("{prefix}{i}-");
                     let dir = tempdir.path().join(format!("node{i}"));
-                    scope.spawn(move || {
-                        Node::start(
-                            &name_prefix,
-                            &dir,
-                            &["cluster_partition_handling = pause_minority"],
-                        )
-                    })
+                    let host = hosts.map(|hosts| &hosts[i]);
+                    scope.spawn(move || Node::start(&name_prefix, &dir, conf, host))
                 })
                 .collect();
             boots
@@ -128,14 +154,10 @@ impl RabbitCluster {
                 watchdog,
             }),
         };
-        // Dropping `cluster` on an error below would not stop it: shut it down by hand.
-        if let Err(e) = cluster
+        // Dropping `cluster` on an error below stops it.
+        cluster
             .join(parallel_joins)
-            .and_then(|()| cluster.wait_clustered())
-        {
-            cluster.shutdown();
-            return Err(e);
-        }
+            .and_then(|()| cluster.wait_clustered())?;
         eprintln!(
             "harness: rabbitmq cluster of {NODES} ready in {:?} (booted in {booted_in:?}; ports {:?}; {})",
             started.elapsed(),
@@ -182,7 +204,7 @@ impl RabbitCluster {
     fn wait_clustered(&self) -> Result<(), String> {
         let mut last = String::new();
         let clustered = super::poll_until(HEALTHY_TIMEOUT, Duration::from_millis(100), || {
-            if let Some(closed) = (0..NODES).find(|&i| !port_is_open(self.port(i))) {
+            if let Some(closed) = (0..NODES).find(|&i| !self.nodes[i].accepts_amqp()) {
                 last = format!("node {closed} does not accept AMQP connections");
                 return false;
             }
@@ -228,7 +250,7 @@ impl RabbitCluster {
     /// The first node that accepts AMQP connections (not killed, not paused).
     fn any_running(&self) -> Result<usize, String> {
         (0..NODES)
-            .find(|&i| port_is_open(self.port(i)))
+            .find(|&i| self.nodes[i].accepts_amqp())
             .ok_or_else(|| "no node accepts AMQP connections".to_string())
     }
 
@@ -262,7 +284,7 @@ impl RabbitCluster {
         self.nodes.is_empty()
     }
 
-    /// `amqp://guest:guest@127.0.0.1:PORT/%2f` of node `i`.
+    /// `amqp://guest:guest@ADDR:PORT/%2f` of node `i` (127.0.0.1, or its test host's address).
     pub fn url(&self, i: usize) -> String {
         self.nodes[i].url()
     }
@@ -285,6 +307,62 @@ impl RabbitCluster {
     /// The node listening for AMQP on `port`, if any.
     pub fn index_of_port(&self, port: u16) -> Option<usize> {
         self.nodes.iter().position(|node| node.amqp_port == port)
+    }
+
+    /// Node `i`'s AMQP listener as the relay names it in `outbox_relay_broker_info{node=…}`:
+    /// `ADDR:PORT`.
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("{}:{}", self.nodes[i].addr(), self.nodes[i].amqp_port)
+    }
+
+    /// Whether node `i` accepts AMQP connections (false while it is killed or paused).
+    pub fn accepts_amqp(&self, i: usize) -> bool {
+        self.nodes[i].accepts_amqp()
+    }
+
+    /// The test host node `i` runs on (`None` for a cluster in the root namespace).
+    pub fn host(&self, i: usize) -> Option<&Host> {
+        self.nodes[i].host.as_ref()
+    }
+
+    /// The nodes the relay's `/metrics` text marks in use (`outbox_relay_broker_info{node=…} 1`),
+    /// by index.
+    pub fn nodes_in_use(&self, metrics: &str) -> Vec<usize> {
+        metrics
+            .lines()
+            .filter(|line| line.starts_with(&format!("{BROKER_INFO}{{")))
+            .filter(|line| line.rsplit(' ').next() == Some("1"))
+            .filter_map(|line| {
+                let node = line.split("node=\"").nth(1)?.split('"').next()?;
+                (0..NODES).find(|&i| self.endpoint(i) == node)
+            })
+            .collect()
+    }
+
+    /// Waits until the relay (`/metrics` at `at`) reports a node in use other than `not`; its
+    /// index. Panics with the relay's log after `timeout`.
+    pub async fn wait_node_in_use(
+        &self,
+        relay: &RelayProcess,
+        at: impl Endpoint,
+        not: Option<usize>,
+        timeout: Duration,
+    ) -> usize {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let text = super::http::http_get(at, "/metrics").await;
+            let in_use = text.map(|(_, body)| self.nodes_in_use(&body));
+            if let Some(&node) = in_use.iter().flatten().find(|&&n| Some(n) != not) {
+                return node;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {BROKER_INFO} 1 for a node other than {not:?} after {timeout:?} \
+                 ({in_use:?}); log:\n{}",
+                relay.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Node `i`'s name, `outbox-test-PID-N-I-A@localhost`.
@@ -341,7 +419,7 @@ impl RabbitCluster {
         loop {
             let last = match self.quorum_status(queue) {
                 Ok((Some(leader), online)) if online.contains(&leader) => {
-                    if port_is_open(self.port(leader)) {
+                    if self.nodes[leader].accepts_amqp() {
                         return leader;
                     }
                     format!("leader {leader} does not accept AMQP connections")
@@ -428,6 +506,12 @@ impl RabbitCluster {
         }
         stop_watchdog(state.watchdog.take());
         state.tempdir.take();
+    }
+}
+
+impl Drop for RabbitCluster {
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }
 

@@ -8,6 +8,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::netns::Host;
+
 /// The relay's log filter in tests: debug for the relay, info for its dependencies.
 pub const TEST_LOG: (&str, &str) = ("RUST_LOG", "info,outbox_relay=debug");
 
@@ -89,10 +91,28 @@ impl RelayProcess {
             .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()))
     }
 
+    /// [`RelayProcess::spawn`] on test host `host` ([`super::netns`]): the relay reaches what
+    /// that host reaches, and serves its endpoints on the host's address
+    /// (`--metrics-addr ADDR:PORT`).
+    pub fn spawn_on(host: &Host, args: &[&str], env: &[(&str, &str)]) -> RelayProcess {
+        Self::try_spawn_command(host.command(binary()), args, env)
+            .unwrap_or_else(|e| panic!("spawn {} on {}: {e}", binary().display(), host.hostname()))
+    }
+
     /// [`RelayProcess::spawn_bin`] that returns the failure (no temp dir, no log file, or the
     /// binary would not start) instead of panicking: for the benchmark, which reports it.
     pub fn try_spawn_bin(
         bin: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> std::io::Result<RelayProcess> {
+        Self::try_spawn_command(Command::new(bin), args, env)
+    }
+
+    /// Spawns `command` (the relay binary, possibly behind `ip netns exec`, which keeps the
+    /// pid) with `args` and `env`, see [`RelayProcess::spawn`].
+    fn try_spawn_command(
+        mut command: Command,
         args: &[&str],
         env: &[(&str, &str)],
     ) -> std::io::Result<RelayProcess> {
@@ -101,7 +121,6 @@ impl RelayProcess {
             .tempdir()?;
         let log_path = dir.path().join("relay.log");
         let log = File::create(&log_path)?;
-        let mut command = Command::new(bin);
         for (key, _) in std::env::vars_os() {
             let key = key.to_string_lossy();
             if key == "DATABASE_URL" || key == "AMQP_URL" || key.starts_with("OUTBOX_") {
