@@ -96,7 +96,6 @@ pub async fn supervise<S: Supervised>(
                     backoff.reset();
                 }
                 let cause = error.kind().label();
-                count_reconnect(cause);
                 let delay = backoff.next_delay();
                 tracing::warn!(
                     cause,
@@ -105,6 +104,8 @@ pub async fn supervise<S: Supervised>(
                     "{}",
                     supervised.retrying()
                 );
+                // After the log line: whoever sees the count can read the line.
+                count_reconnect(cause);
                 delay
             }
         };

@@ -202,7 +202,7 @@ fn memory_alarm(rabbit: &RabbitServer, raised: bool) {
 /// none comes within a minute.
 async fn assert_session_fails(relay: &RelayProcess, unnoticed: &str) {
     assert!(
-        relay.wait_for_log_count("session failed", 1, MINUTE).await,
+        relay.wait_reconnects(1, MINUTE).await,
         "{unnoticed}; log:\n{}",
         relay.log()
     );
@@ -356,7 +356,7 @@ async fn s03_keepalive_reply_while_confirms_lag_acknowledges_only_the_safe_lsn()
         "PostgreSQL never got a status reply while the burst was unconfirmed ({samples} samples)"
     );
     assert_eq!(
-        relay.log_count("session failed"),
+        relay.reconnects(),
         0,
         "the walsender kept the session (replies sent in time); log:\n{}",
         relay.log()
@@ -576,10 +576,7 @@ async fn s08_postgres_immediate_stop_and_start_mid_stream_loses_nothing() {
             ("delivered before the crash", delivered_before.to_string()),
             ("restart to new session", secs(reconnected)),
             ("restart to probe delivered", secs(probe_latency)),
-            (
-                "failed sessions",
-                relay.log_count("session failed").to_string(),
-            ),
+            ("failed sessions", relay.reconnects().to_string()),
         ],
     );
 }
@@ -645,10 +642,7 @@ async fn s09_rabbitmq_kill_9_with_confirms_in_flight_duplicates_within_w_plus_x(
         &tally,
         &[
             ("bound W+X", bound.to_string()),
-            (
-                "failed sessions",
-                relay.log_count("session failed").to_string(),
-            ),
+            ("failed sessions", relay.reconnects().to_string()),
             ("node boot", secs(boot)),
             ("restart begun to new session", secs(reconnected)),
             ("kill to new session", secs(outage)),
@@ -812,9 +806,7 @@ async fn s11_replication_connection_black_hole_is_noticed_and_nothing_is_lost() 
     }
     let server_gave_up = cut.elapsed();
     // ...and the relay must notice on its own: nothing arrives on that connection any more.
-    let noticed = relay
-        .wait_for_log_count("session failed", 1, Duration::from_secs(30))
-        .await;
+    let noticed = relay.wait_reconnects(1, Duration::from_secs(30)).await;
     let detected = cut.elapsed();
     assert!(
         noticed,
@@ -936,7 +928,7 @@ async fn s12_broker_memory_alarm_pauses_publishing_without_a_reconnect_loop() {
     let (_, _, walsender_during) = slot_state(&outbox.client, &outbox.slot)
         .await
         .expect("slot");
-    let failures_during = relay.log_count("session failed");
+    let failures_during = relay.reconnects();
     let delivered_during = consumer.received().len() - delivered_at_block;
     memory_alarm(&rabbit, false);
     let blocked_for = blocked_at.elapsed();
@@ -966,7 +958,7 @@ async fn s12_broker_memory_alarm_pauses_publishing_without_a_reconnect_loop() {
         &[
             ("blocked for", secs(blocked_for)),
             ("delivered while blocked", delivered_during.to_string()),
-            ("reconnects", relay.log_count("session failed").to_string()),
+            ("reconnects", relay.reconnects().to_string()),
             ("cleared to probe delivered", secs(recovery)),
         ],
     );
@@ -1087,21 +1079,14 @@ async fn s12c_long_alarm_with_a_busy_database_keeps_queued_ack_points_bounded() 
             ("alarm", secs(ALARM)),
             ("gauge samples", samples.to_string()),
             ("most ack points queued", most_queued.to_string()),
-            (
-                "session failures",
-                relay.log_count("session failed").to_string(),
-            ),
+            ("session failures", relay.reconnects().to_string()),
         ],
     );
     assert!(
         most_queued <= 2.0,
         "ack points pile up behind the blocked publish: {most_queued} queued"
     );
-    assert_eq!(
-        relay.log_count("session failed"),
-        0,
-        "no reconnect while blocked"
-    );
+    assert_eq!(relay.reconnects(), 0, "no reconnect while blocked");
 }
 
 // ---------------------------------------------------------------------------------

@@ -143,6 +143,9 @@ pub const POSTGRES_INFO: &str = "outbox_relay_postgres_info";
 pub const FAILOVER_READY: &str = "outbox_relay_failover_ready";
 /// Label of [`POSTGRES_INFO`] and [`FAILOVER_READY`].
 pub const HOST_LABEL: &str = "host";
+/// Replication sessions that started streaming (the first one included): a reconnect adds
+/// one.
+pub const SESSIONS_TOTAL: &str = "outbox_relay_sessions_total";
 /// Lost or missing slots the relay recreated and backfilled (`--on-slot-lost recreate`).
 pub const SLOT_RECOVERIES_TOTAL: &str = "outbox_relay_slot_recoveries_total";
 /// Labels of [`BUILD_INFO`].
@@ -288,6 +291,10 @@ pub fn describe() {
         "1 for each standby of the database URL where the slot is synced and valid (ready for a failover), 0 otherwise"
     );
     describe_counter!(
+        SESSIONS_TOTAL,
+        "Replication sessions that started streaming (the first included)"
+    );
+    describe_counter!(
         SLOT_RECOVERIES_TOTAL,
         "Lost or missing slots recreated and backfilled from the table (--on-slot-lost recreate)"
     );
@@ -358,6 +365,7 @@ pub fn register_mode(mode: &'static str) {
                     SLOT_POLLS_TOTAL,
                     SLOT_POLL_ERRORS_TOTAL,
                     IGNORED_LOGICAL_MESSAGES_TOTAL,
+                    SESSIONS_TOTAL,
                 ],
                 &[ACK_POINTS_QUEUED, STANDBY],
             )
@@ -624,6 +632,7 @@ mod tests {
             POSTGRES_INFO,
             FAILOVER_READY,
             SLOT_RECOVERIES_TOTAL,
+            SESSIONS_TOTAL,
             COMMIT_TO_CONFIRM_SECONDS,
             HEARTBEAT_LAG_SECONDS,
             BLOCKED_ON_MESSAGE_SECONDS,

@@ -24,7 +24,9 @@ use crate::config::{CleanupArgs, FailoverSlot, OnSlotLost, OutboxNames, Tuning};
 use crate::db;
 use crate::error::{Endpoint, RelayError};
 use crate::mapper::Mapper;
-use crate::observability::{Health, RelayMetrics, StreamMetrics, HOST_LABEL, POSTGRES_INFO};
+use crate::observability::{
+    Health, RelayMetrics, StreamMetrics, HOST_LABEL, POSTGRES_INFO, SESSIONS_TOTAL,
+};
 use crate::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions};
 use crate::shard::Shard;
 use crate::wal::heartbeat::{self, Heartbeat};
@@ -106,6 +108,7 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
         "streaming"
     );
     ctx.health.set_ready();
+    metrics::counter!(SESSIONS_TOTAL).increment(1);
     let _helpers = Helpers::start(ctx, &broker);
 
     let (inputs, inputs_rx) = mpsc::channel(INPUT_CHANNEL);

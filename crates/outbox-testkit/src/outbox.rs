@@ -190,6 +190,13 @@ impl Outbox {
         let mut args: Vec<String> = vec![command.into()];
         args.extend(self.flags_via(command, db_url, amqp_url));
         args.extend(extra.iter().map(|s| s.to_string()));
+        // A relay serves its endpoints on a port of its own (tests count its sessions and
+        // reconnects there), unless the test chose an address (or `off`).
+        if matches!(command, "run" | "poll") && !extra.contains(&"--metrics-addr") {
+            let ip = host.map_or(std::net::Ipv4Addr::LOCALHOST, Host::addr);
+            args.push("--metrics-addr".into());
+            args.push(SocketAddrV4::new(ip, super::free_port()).to_string());
+        }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut vars = vec![TEST_LOG];
         vars.extend_from_slice(env);

@@ -3,6 +3,7 @@
 //! relay's internals (a test sees only what an operator would: exit status, log, HTTP).
 
 use std::fs::File;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, OnceLock};
@@ -18,6 +19,10 @@ pub const SIGABRT: i32 = libc::SIGABRT;
 
 /// What the relay logs when a session has started streaming.
 pub const SESSION_STARTED: &str = " streaming slot=";
+/// The counter of sessions that started streaming (`run`).
+pub const SESSIONS: &str = "outbox_relay_sessions_total";
+/// The counter of reconnects, by cause.
+pub const RECONNECTS: &str = "outbox_relay_reconnects_total";
 
 /// What starts the one record a relay that stops on an error writes, in text logs
 /// (`--log-format text`): `<time> ERROR outbox_relay: stopped error=<the error chain>`.
@@ -74,7 +79,31 @@ pub struct RelayProcess {
     /// The child and, once reaped, its exit status.
     child: Mutex<(Child, Option<ExitStatus>)>,
     log_path: PathBuf,
+    /// Where it serves /metrics (its `--metrics-addr`), if anywhere.
+    metrics_at: Option<SocketAddr>,
     _dir: tempfile::TempDir,
+}
+
+/// The `--metrics-addr` among `args`, unless `off` or empty.
+fn metrics_addr(args: &[&str]) -> Option<SocketAddr> {
+    let at = args.iter().position(|a| *a == "--metrics-addr")?;
+    args.get(at + 1)?.parse().ok()
+}
+
+/// The sum of the samples of the metric family `name` in a Prometheus text page.
+fn family_sum(page: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in page.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with(' ') || rest.starts_with('{')) {
+            continue;
+        }
+        let value: f64 = rest.rsplit(' ').next()?.parse().ok()?;
+        found = Some(found.unwrap_or(0.0) + value);
+    }
+    found
 }
 
 impl RelayProcess {
@@ -138,6 +167,7 @@ impl RelayProcess {
             pid: child.id(),
             child: Mutex::new((child, None)),
             log_path,
+            metrics_at: metrics_addr(args),
             _dir: dir,
         })
     }
@@ -209,6 +239,31 @@ impl RelayProcess {
     }
 
     /// How many times `needle` occurs in the log so far.
+    /// A counter of the running relay's /metrics (the sum over its labels), read with a
+    /// blocking request: `None` when it serves no endpoint or does not answer (it exited).
+    pub fn counter(&self, name: &str) -> Option<usize> {
+        use std::io::{Read, Write};
+        let at = self.metrics_at?;
+        if self.try_exit().is_some() {
+            return None;
+        }
+        let mut stream = std::net::TcpStream::connect_timeout(&at, Duration::from_secs(2)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        let request = format!("GET /metrics HTTP/1.0\r\nHost: {at}\r\n\r\n");
+        stream.write_all(request.as_bytes()).ok()?;
+        let mut page = String::new();
+        stream.read_to_string(&mut page).ok()?;
+        // A family that has not appeared yet (reconnects before the first) is zero.
+        Some(family_sum(&page, name).map_or(0, |v| v as usize))
+    }
+
+    /// Reconnects so far: `outbox_relay_reconnects_total` while the relay serves /metrics,
+    /// else its "session failed" log lines (a relay that exited).
+    pub fn reconnects(&self) -> usize {
+        self.counter(RECONNECTS)
+            .unwrap_or_else(|| self.log_count("session failed"))
+    }
+
     pub fn log_count(&self, needle: &str) -> usize {
         self.log().matches(needle).count()
     }
@@ -245,17 +300,42 @@ impl RelayProcess {
         }
     }
 
-    /// Sessions the relay has started so far.
+    /// Sessions the relay has started so far: `outbox_relay_sessions_total` while it serves
+    /// /metrics, else its log (a relay that exited, or one without endpoints).
     pub fn sessions(&self) -> usize {
-        self.log_count(SESSION_STARTED)
+        self.counter(SESSIONS)
+            .unwrap_or_else(|| self.log_count(SESSION_STARTED))
     }
 
     /// Waits until the relay starts a session beyond the first `before`; how long that took.
     pub async fn wait_new_session(&self, before: usize, timeout: Duration) -> Option<Duration> {
         let started = Instant::now();
-        self.wait_for_log_count(SESSION_STARTED, before + 1, timeout)
-            .await
-            .then(|| started.elapsed())
+        let deadline = started + timeout;
+        loop {
+            let exited = self.try_exit().is_some();
+            if self.sessions() > before {
+                return Some(started.elapsed());
+            }
+            if exited || Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the relay has reconnected `n` times in all; false after `timeout`.
+    pub async fn wait_reconnects(&self, n: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let exited = self.try_exit().is_some();
+            if self.reconnects() >= n {
+                return true;
+            }
+            if exited || Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// SIGTERM and wait for a clean exit (panics with the log otherwise).
