@@ -34,17 +34,15 @@ EXCEPTION WHEN duplicate_object THEN
     RAISE NOTICE 'publication % already exists', 'outbox_pub';
 END $outbox_relay$;
 
--- the logical replication slot (pgoutput), created only if missing; a failover slot on PostgreSQL 17+ unless --failover-slot off
-DO $outbox_relay$ BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = 'outbox_slot') THEN
-        RETURN;
-    END IF;
-    IF pg_catalog.current_setting('server_version_num')::int >= 170000 THEN
-        EXECUTE pg_catalog.format('SELECT pg_catalog.pg_create_logical_replication_slot(%L, %L, failover => true)', 'outbox_slot', 'pgoutput');
-    ELSE
-        PERFORM pg_catalog.pg_create_logical_replication_slot('outbox_slot', 'pgoutput');
-    END IF;
-END $outbox_relay$;
+-- the logical replication slot (pgoutput), created only if missing; a failover slot on PostgreSQL 17+ unless --failover-slot off (psql's \if picks the statement)
+SELECT pg_catalog.current_setting('server_version_num')::int >= 170000 AS outbox_relay_failover_slots \gset
+\if :outbox_relay_failover_slots
+SELECT pg_catalog.pg_create_logical_replication_slot('outbox_slot', 'pgoutput', failover => true)
+WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = 'outbox_slot');
+\else
+SELECT pg_catalog.pg_create_logical_replication_slot('outbox_slot', 'pgoutput')
+WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = 'outbox_slot');
+\endif
 
 -- the emit functions: events written straight to the WAL (WAL mode only)
 CREATE OR REPLACE FUNCTION "public"."outbox_emit"(

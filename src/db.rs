@@ -237,6 +237,14 @@ async fn is_primary(url: &str, server: &Server) -> Result<bool, RelayError> {
     Ok(!row.get::<_, bool>(0))
 }
 
+/// The server's version as a number (`server_version_num`: 170004 for 17.4).
+pub async fn server_version_num(client: &Client) -> Result<i32, RelayError> {
+    let row = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await?;
+    Ok(row.get(0))
+}
+
 /// Opens an ordinary connection to the primary ([`primary`]); its driver task ends with
 /// the connection.
 pub async fn connect(url: &str) -> Result<Client, RelayError> {

@@ -28,7 +28,7 @@ use crate::error::{Recovery, RelayError};
 use crate::publish::Broker;
 use crate::shard::Shard;
 use crate::wal::preflight;
-use crate::wal::slot::read_slot;
+use crate::wal::slot::{failover_wanted, read_slot, FAILOVER_NEEDS_17};
 
 /// One provisioning step: what it makes, and idempotent SQL that makes it.
 ///
@@ -122,46 +122,56 @@ pub fn state_step(names: &OutboxNames) -> Step {
 
 /// The logical slot, created only if missing (never recreated: see `SlotLost`), as a
 /// failover slot where `failover` asks for one and the server (17+) has them. One script
-/// for every version: the server's version decides at run time.
+/// for every version: psql's `\if` picks the statement by the server's version (the other
+/// branch is never sent, so older servers never parse the `failover` argument).
+///
+/// Top-level statements, never PL/pgSQL: on PostgreSQL 15 a slot created from a DO block
+/// failed now and then with "snapshot reference … is not owned by resource owner
+/// TopTransaction" while other sessions committed (seen in CI); the plain SELECT never did.
 pub fn slot_step(names: &OutboxNames, failover: FailoverSlot) -> Step {
-    let slot = quote_literal(&names.slot);
-    let plain =
-        format!("PERFORM pg_catalog.pg_create_logical_replication_slot({slot}, 'pgoutput');");
-    // Named, as the 4th positional argument is two-phase; EXECUTE, so that older servers
-    // never parse the argument.
-    let with_failover = format!(
-        "EXECUTE pg_catalog.format('SELECT pg_catalog.pg_create_logical_replication_slot(%L, \
-         %L, failover => true)', {slot}, 'pgoutput');"
-    );
-    let before_17 = match failover {
-        FailoverSlot::On => "RAISE EXCEPTION 'a failover slot (--failover-slot on) needs \
-             PostgreSQL 17 or later' USING ERRCODE = 'feature_not_supported';"
-            .to_string(),
-        FailoverSlot::Auto | FailoverSlot::Off => plain.clone(),
-    };
-    let create = match failover {
-        FailoverSlot::Off => plain,
-        FailoverSlot::Auto | FailoverSlot::On => format!(
-            "IF pg_catalog.current_setting('server_version_num')::int >= 170000 THEN\n\
-             \x20       {with_failover}\n\
-             \x20   ELSE\n\
-             \x20       {before_17}\n\
-             \x20   END IF;"
-        ),
+    let sql = match failover {
+        FailoverSlot::Off => create_slot_sql(names, false),
+        FailoverSlot::Auto | FailoverSlot::On => {
+            let before_17 = match failover {
+                FailoverSlot::On => format!(
+                    "DO {DO_TAG} BEGIN\n\
+                     \x20   RAISE EXCEPTION 'a failover slot (--failover-slot on) needs PostgreSQL 17 or later'\n\
+                     \x20       USING ERRCODE = 'feature_not_supported';\n\
+                     END {DO_TAG};"
+                ),
+                _ => create_slot_sql(names, false),
+            };
+            format!(
+                "SELECT pg_catalog.current_setting('server_version_num')::int >= 170000 \
+                 AS outbox_relay_failover_slots \\gset\n\
+                 \\if :outbox_relay_failover_slots\n\
+                 {}\n\
+                 \\else\n\
+                 {before_17}\n\
+                 \\endif",
+                create_slot_sql(names, true)
+            )
+        }
     };
     Step {
         object: format!("slot {}", names.slot),
         about: "the logical replication slot (pgoutput), created only if missing; a failover \
-                slot on PostgreSQL 17+ unless --failover-slot off",
-        sql: format!(
-            "DO {DO_TAG} BEGIN\n\
-             \x20   IF EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = {slot}) THEN\n\
-             \x20       RETURN;\n\
-             \x20   END IF;\n\
-             \x20   {create}\n\
-             END {DO_TAG};"
-        ),
+                slot on PostgreSQL 17+ unless --failover-slot off (psql's \\if picks the \
+                statement)",
+        sql,
     }
+}
+
+/// One statement that creates the slot unless it exists; `failover` (17+ only: older
+/// servers reject the argument) makes it a failover slot. Named, as the 4th positional
+/// argument is two-phase.
+pub fn create_slot_sql(names: &OutboxNames, failover: bool) -> String {
+    let slot = quote_literal(&names.slot);
+    format!(
+        "SELECT pg_catalog.pg_create_logical_replication_slot({slot}, 'pgoutput'{})\n\
+         WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = {slot});",
+        if failover { ", failover => true" } else { "" }
+    )
 }
 
 /// The emit functions of the table-less outbox (src/emit.rs, docs/emit.md), in the table's
@@ -527,9 +537,9 @@ async fn ensure_slot(
     let created = match preflight::check_slot(client, &names.slot).await {
         Ok(_) | Err(RelayError::SlotInUse { .. }) => false,
         Err(RelayError::SlotMissing { .. }) => {
-            client
-                .batch_execute(&slot_step(names, failover).sql)
-                .await?;
+            let version = db::server_version_num(client).await?;
+            let sql = create_slot_sql(names, failover_wanted(failover, version)?);
+            client.batch_execute(&sql).await?;
             true
         }
         Err(e) => return Err(e),
@@ -541,13 +551,7 @@ async fn ensure_slot(
         })?;
     let done = if created { "created" } else { "exists" };
     match (report.failover, failover) {
-        (None, FailoverSlot::On) => {
-            return Err(RelayError::Config(
-                "--failover-slot on needs PostgreSQL 17 or later, which has failover slots. \
-                 Fix: use --failover-slot auto (OUTBOX_FAILOVER_SLOT), or upgrade"
-                    .into(),
-            ))
-        }
+        (None, FailoverSlot::On) => return Err(RelayError::Config(FAILOVER_NEEDS_17.into())),
         (Some(false), FailoverSlot::Auto | FailoverSlot::On) => {
             turn_on_failover(args, names, report.active_pid).await?;
             println!("slot {}: {done} (pgoutput); failover turned on", names.slot);

@@ -201,14 +201,8 @@ async fn create_slot(ctx: &Recovery<'_>, server: &Server) -> Result<Created, Rel
         .await
         .map_err(RelayError::replication)?;
     let client = db::connect_to(ctx.database_url, server).await?;
-    let version: i32 = client
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .await?
-        .get(0);
-    let failover = match ctx.failover {
-        FailoverSlot::Off => false,
-        FailoverSlot::Auto | FailoverSlot::On => version >= 170_000,
-    };
+    let version = db::server_version_num(&client).await?;
+    let failover = crate::wal::slot::failover_wanted(ctx.failover, version)?;
     let command = format!(
         "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'export'{})",
         names.slot,

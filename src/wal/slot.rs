@@ -20,7 +20,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::OutboxNames;
+use crate::config::{FailoverSlot, OutboxNames};
 use crate::db;
 use crate::error::RelayError;
 use time::format_description::well_known::Rfc3339;
@@ -435,6 +435,24 @@ pub async fn run_failover_poller(
         }
     }
 }
+
+/// Whether a slot made now on a server of `server_version_num` is a failover slot, as
+/// `--failover-slot` asks; `on` before 17 is an error that says so.
+pub fn failover_wanted(
+    failover: FailoverSlot,
+    server_version_num: i32,
+) -> Result<bool, RelayError> {
+    let has_failover_slots = server_version_num >= 170_000;
+    match failover {
+        FailoverSlot::Off => Ok(false),
+        FailoverSlot::Auto => Ok(has_failover_slots),
+        FailoverSlot::On if has_failover_slots => Ok(true),
+        FailoverSlot::On => Err(RelayError::Config(FAILOVER_NEEDS_17.into())),
+    }
+}
+
+pub const FAILOVER_NEEDS_17: &str = "--failover-slot on needs PostgreSQL 17 or later, which has \
+     failover slots. Fix: use --failover-slot auto (OUTBOX_FAILOVER_SLOT), or upgrade";
 
 #[cfg(test)]
 mod tests {
