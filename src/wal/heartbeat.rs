@@ -39,7 +39,8 @@ impl Heartbeat {
         }
     }
 
-    fn content(&self, sent_at: u64) -> String {
+    /// What one heartbeat carries (wal/source.rs's tests write their own).
+    pub(super) fn content(&self, sent_at: u64) -> String {
         format!("{} {sent_at}", self.nonce)
     }
 
