@@ -12,9 +12,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::config::HEARTBEAT_PREFIX as PREFIX;
 use crate::db;
-
-pub const PREFIX: &str = "outbox-relay:heartbeat";
 
 /// This process's heartbeat identity.
 #[derive(Debug, Clone)]

@@ -9,11 +9,11 @@ use bytes::Bytes;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use super::*;
+use crate::config::HEARTBEAT_PREFIX;
 use crate::mapper::{headers, AllowedExchanges};
 use crate::message::{HeaderValue, Message, Rejection};
 use crate::pgoutput::tests::encode;
 use crate::pgoutput::{Column, Insert, Relation, Tuple, TupleValue};
-use crate::wal::heartbeat::PREFIX as HEARTBEAT_PREFIX;
 
 const EMIT_PREFIX: &str = "outbox-relay:emit:public.outbox";
 const OUTBOX_OID: u32 = 16385;
