@@ -13,7 +13,8 @@ use crate::config::HEARTBEAT_PREFIX;
 use crate::mapper::{headers, AllowedExchanges};
 use crate::message::{HeaderValue, Message, Rejection};
 use crate::pgoutput::tests::encode;
-use crate::pgoutput::{Column, Insert, Relation, Tuple, TupleValue};
+use crate::pgoutput::{Insert, Tuple, TupleValue};
+use crate::wal::relations;
 
 const EMIT_PREFIX: &str = "outbox-relay:emit:public.outbox";
 const OUTBOX_OID: u32 = 16385;
@@ -146,20 +147,30 @@ fn seq(commit_lsn: u64, index: u32) -> String {
     .seq()
 }
 
-fn begin(final_lsn: u64, commit_time_micros: i64) -> ReplicationEvent {
+/// Each transaction here commits at `commit_lsn` (its Begin's final LSN), at the time of the
+/// same number (µs since 2000), and ends 0x30 bytes later.
+fn begin(commit_lsn: u64) -> ReplicationEvent {
     ReplicationEvent::Begin {
-        final_lsn: lsn(final_lsn),
+        final_lsn: lsn(commit_lsn),
         xid: 700,
-        commit_time_micros,
+        commit_time_micros: commit_lsn as i64,
     }
 }
 
-fn commit(commit_lsn: u64, end_lsn: u64, commit_time_micros: i64) -> ReplicationEvent {
+fn commit(commit_lsn: u64) -> ReplicationEvent {
     ReplicationEvent::Commit {
         lsn: lsn(commit_lsn),
-        end_lsn: lsn(end_lsn),
-        commit_time_micros,
+        end_lsn: lsn(commit_lsn + 0x30),
+        commit_time_micros: commit_lsn as i64,
     }
+}
+
+/// The ack point of the transaction that commits at `commit_lsn`.
+fn committed(commit_lsn: u64) -> Out {
+    Out::Ack(AckPosition::commit(
+        lsn(commit_lsn + 0x30),
+        commit_lsn as i64,
+    ))
 }
 
 fn keepalive(wal_end: u64) -> ReplicationEvent {
@@ -202,22 +213,11 @@ fn data(message: LogicalMessage) -> ReplicationEvent {
     }
 }
 
+/// A Relation of `public.<name>`, every column text.
 fn relation(oid: u32, name: &str, columns: &[&str]) -> ReplicationEvent {
-    data(LogicalMessage::Relation(Relation {
-        oid,
-        namespace: "public".into(),
-        name: name.into(),
-        replica_identity: b'd',
-        columns: columns
-            .iter()
-            .map(|column| Column {
-                flags: 0,
-                name: (*column).into(),
-                type_oid: 25,
-                type_modifier: -1,
-            })
-            .collect(),
-    }))
+    data(LogicalMessage::Relation(relations::tests::relation(
+        oid, name, columns,
+    )))
 }
 
 /// The outbox's Relation: the columns [`row`] fills, in this order.
@@ -242,12 +242,13 @@ fn row(id: &str) -> ReplicationEvent {
     insert(OUTBOX_OID, &[id, "Created", "{}"])
 }
 
-fn published(id: &str, commit_lsn: u64, index: u32, commit_time: i64) -> Out {
+/// Row or event `id`, `index`th of the transaction that commits at `commit_lsn`.
+fn published(id: &str, commit_lsn: u64, index: u32) -> Out {
     Out::Publish {
         id: id.into(),
         seq: seq(commit_lsn, index),
         lsn: lsn(commit_lsn).to_string(),
-        committed_at: Some(pg_timestamp(commit_time)),
+        committed_at: Some(pg_timestamp(commit_lsn as i64)),
     }
 }
 
@@ -255,7 +256,7 @@ fn published(id: &str, commit_lsn: u64, index: u32, commit_time: i64) -> Out {
 fn a_transaction_is_acknowledged_only_after_its_rows_at_its_commit() {
     let mut h = Harness::new();
     assert!(!h.source.in_transaction());
-    let opened = h.feed(vec![begin(0x1000, 70), outbox(), row("a")]);
+    let opened = h.feed(vec![begin(0x1000), outbox(), row("a")]);
     assert!(
         h.source.in_transaction(),
         "a graceful stop waits for the commit"
@@ -265,16 +266,13 @@ fn a_transaction_is_acknowledged_only_after_its_rows_at_its_commit() {
         keepalive(0x5000),
         row("b"),
         logical_message(false, 0x1010, "app:marker", "x"),
-        commit(0x1000, 0x1030, 70),
+        commit(0x1000),
     ]);
     assert!(!h.source.in_transaction());
-    assert_eq!(opened, vec![published("a", 0x1000, 0, 70)]);
+    assert_eq!(opened, vec![published("a", 0x1000, 0)]);
     assert_eq!(
         rest,
-        vec![
-            published("b", 0x1000, 1, 70),
-            Out::Ack(AckPosition::commit(lsn(0x1030), 70)),
-        ],
+        vec![published("b", 0x1000, 1), committed(0x1000)],
         "no ack point before the commit; the commit's end after its rows"
     );
     assert_eq!(h.counted(ROWS), 2);
@@ -311,29 +309,29 @@ fn outside_a_transaction_keepalives_and_other_messages_advance() {
 fn rows_and_emitted_events_share_one_numbering_per_transaction() {
     let mut h = Harness::new();
     let out = h.feed(vec![
-        begin(0x1000, 70),
+        begin(0x1000),
         outbox(),
         row("r0"),
         emitted(0x1008, &envelope("e1", None)),
         row("r2"),
         emitted(0x1018, &envelope("e3", None)),
-        commit(0x1000, 0x1030, 70),
-        begin(0x2000, 80),
+        commit(0x1000),
+        begin(0x2000),
         emitted(0x2008, &envelope("e0", None)),
         row("r1"),
-        commit(0x2000, 0x2030, 80),
+        commit(0x2000),
     ]);
     assert_eq!(
         out,
         vec![
-            published("r0", 0x1000, 0, 70),
-            published("e1", 0x1000, 1, 70),
-            published("r2", 0x1000, 2, 70),
-            published("e3", 0x1000, 3, 70),
-            Out::Ack(AckPosition::commit(lsn(0x1030), 70)),
-            published("e0", 0x2000, 0, 80),
-            published("r1", 0x2000, 1, 80),
-            Out::Ack(AckPosition::commit(lsn(0x2030), 80)),
+            published("r0", 0x1000, 0),
+            published("e1", 0x1000, 1),
+            published("r2", 0x1000, 2),
+            published("e3", 0x1000, 3),
+            committed(0x1000),
+            published("e0", 0x2000, 0),
+            published("r1", 0x2000, 1),
+            committed(0x2000),
         ],
         "numbered in WAL order from 0 in each transaction, by its commit LSN"
     );
@@ -344,7 +342,7 @@ fn rows_and_emitted_events_share_one_numbering_per_transaction() {
 fn messages_with_other_prefixes_are_ignored_and_counted() {
     let mut h = Harness::new();
     let out = h.feed(vec![
-        begin(0x1000, 70),
+        begin(0x1000),
         outbox(),
         row("r0"),
         logical_message(
@@ -355,14 +353,14 @@ fn messages_with_other_prefixes_are_ignored_and_counted() {
         ),
         logical_message(true, 0x1010, HEARTBEAT_PREFIX, "x"),
         row("r1"),
-        commit(0x1000, 0x1030, 70),
+        commit(0x1000),
     ]);
     assert_eq!(
         out,
         vec![
-            published("r0", 0x1000, 0, 70),
-            published("r1", 0x1000, 1, 70),
-            Out::Ack(AckPosition::commit(lsn(0x1030), 70)),
+            published("r0", 0x1000, 0),
+            published("r1", 0x1000, 1),
+            committed(0x1000),
         ],
         "never published, and they take no place in the numbering"
     );
@@ -375,23 +373,23 @@ fn what_cannot_be_published_is_handed_over_in_its_place() {
     let mut h = Harness::new();
     let too_large = format!("\"{}\"", "x".repeat(MAX_MESSAGE_SIZE));
     let out = h.feed(vec![
-        begin(0x1000, 70),
+        begin(0x1000),
         outbox(),
         row("r0"),
         insert(OUTBOX_OID, &["big", "Created", &too_large]),
         emitted(0x1010, r#"{"v": 1, "id": "e2"}"#),
         emitted(0x1018, "not json"),
         row("r4"),
-        commit(0x1000, 0x1030, 70),
+        commit(0x1000),
         // Written with pg_logical_emit_message(false, …): part of no transaction, so never
         // an event, and placed at its own LSN.
         logical_message(false, 0x1040, EMIT_PREFIX, &envelope("loose", None)),
     ]);
-    let committed_at = Some(pg_timestamp(70));
+    let committed_at = Some(pg_timestamp(0x1000));
     assert_eq!(
         out,
         vec![
-            published("r0", 0x1000, 0, 70),
+            published("r0", 0x1000, 0),
             Out::Unpublishable {
                 id: Some("big".into()),
                 rejection: "too_large",
@@ -410,8 +408,8 @@ fn what_cannot_be_published_is_handed_over_in_its_place() {
                 seq: Some(seq(0x1000, 3)),
                 committed_at,
             },
-            published("r4", 0x1000, 4, 70),
-            Out::Ack(AckPosition::commit(lsn(0x1030), 70)),
+            published("r4", 0x1000, 4),
+            committed(0x1000),
             Out::Unpublishable {
                 id: None,
                 rejection: "unmappable",
@@ -427,20 +425,17 @@ fn what_cannot_be_published_is_handed_over_in_its_place() {
 fn rows_of_another_table_are_ignored_with_their_relation() {
     let mut h = Harness::new();
     let out = h.feed(vec![
-        begin(0x1000, 70),
+        begin(0x1000),
         relation(ORDERS_OID, "orders", &["id", "total"]),
         insert(ORDERS_OID, &["1", "10"]),
         outbox(),
         insert(ORDERS_OID, &["2", "20"]),
         row("r0"),
-        commit(0x1000, 0x1030, 70),
+        commit(0x1000),
     ]);
     assert_eq!(
         out,
-        vec![
-            published("r0", 0x1000, 0, 70),
-            Out::Ack(AckPosition::commit(lsn(0x1030), 70)),
-        ],
+        vec![published("r0", 0x1000, 0), committed(0x1000)],
         "another table's rows take no place in the numbering"
     );
     assert_eq!(h.counted(ROWS), 1);
@@ -450,31 +445,31 @@ fn rows_of_another_table_are_ignored_with_their_relation() {
 fn relations_are_per_session_and_follow_schema_changes() {
     let mut h = Harness::new();
     let out = h.feed(vec![
-        begin(0x1000, 70),
+        begin(0x1000),
         outbox(),
         row("r0"),
-        commit(0x1000, 0x1030, 70),
+        commit(0x1000),
         // Known in a later transaction of the session, until a schema change replaces it.
-        begin(0x2000, 80),
+        begin(0x2000),
         row("r1"),
         relation(OUTBOX_OID, "outbox", &["event_type", "id", "payload"]),
         insert(OUTBOX_OID, &["Created", "r2", "{}"]),
-        commit(0x2000, 0x2030, 80),
+        commit(0x2000),
     ]);
     assert_eq!(
         out,
         vec![
-            published("r0", 0x1000, 0, 70),
-            Out::Ack(AckPosition::commit(lsn(0x1030), 70)),
-            published("r1", 0x2000, 0, 80),
-            published("r2", 0x2000, 1, 80),
-            Out::Ack(AckPosition::commit(lsn(0x2030), 80)),
+            published("r0", 0x1000, 0),
+            committed(0x1000),
+            published("r1", 0x2000, 0),
+            published("r2", 0x2000, 1),
+            committed(0x2000),
         ]
     );
     // A new session's source knows no relation: the server sends every Relation again, and a
     // row before its Relation is a protocol break, not a row to guess the columns of.
     let mut next = Harness::new();
-    next.feed(vec![begin(0x3000, 90)]);
+    next.feed(vec![begin(0x3000)]);
     assert!(matches!(
         next.source.on_event(row("r3")),
         Err(RelayError::Protocol(_))
@@ -514,23 +509,23 @@ fn what_breaks_the_protocol_is_an_error() {
 fn a_sharded_relay_takes_only_its_shards_events() {
     let events = || {
         vec![
-            begin(0x1000, 70),
+            begin(0x1000),
             outbox(),
             emitted(0x1008, &envelope("hash-3", Some(3))),
             emitted(0x1010, &envelope("hash-4", Some(4))),
             emitted(0x1018, &envelope("no-hash", None)),
             // The publication's row filter chooses rows: the source takes every row it gets.
             row("r"),
-            commit(0x1000, 0x1030, 70),
+            commit(0x1000),
         ]
     };
     let mut one = Harness::for_shard(Shard::new(1, 2).expect("shard"));
     assert_eq!(
         one.feed(events()),
         vec![
-            published("hash-3", 0x1000, 0, 70),
-            published("r", 0x1000, 1, 70),
-            Out::Ack(AckPosition::commit(lsn(0x1030), 70)),
+            published("hash-3", 0x1000, 0),
+            published("r", 0x1000, 1),
+            committed(0x1000),
         ]
     );
     assert_eq!(one.counted(IGNORED), 2);
@@ -539,10 +534,10 @@ fn a_sharded_relay_takes_only_its_shards_events() {
     assert_eq!(
         zero.feed(events()),
         vec![
-            published("hash-4", 0x1000, 0, 70),
-            published("no-hash", 0x1000, 1, 70),
-            published("r", 0x1000, 2, 70),
-            Out::Ack(AckPosition::commit(lsn(0x1030), 70)),
+            published("hash-4", 0x1000, 0),
+            published("no-hash", 0x1000, 1),
+            published("r", 0x1000, 2),
+            committed(0x1000),
         ]
     );
     assert_eq!(zero.counted(IGNORED), 1);
@@ -554,7 +549,7 @@ fn rejections_name_what_a_dead_letter_would_carry() {
     // dead letter's reason.
     let mut h = Harness::new();
     let too_large = format!("\"{}\"", "x".repeat(MAX_MESSAGE_SIZE));
-    h.feed(vec![begin(0x1000, 70), outbox()]);
+    h.feed(vec![begin(0x1000), outbox()]);
     let input = h
         .source
         .on_event(insert(OUTBOX_OID, &["big", "Created", &too_large]))
