@@ -21,6 +21,7 @@ pub fn report(error: &RelayError) -> String {
 }
 
 /// What to do about `error`, when the relay knows.
+// A flat lookup table, one arm per error and no logic between them: long because the advice is.
 pub fn fix(error: &RelayError) -> Option<String> {
     use RelayError::*;
     Some(match error {

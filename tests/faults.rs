@@ -36,7 +36,6 @@ use common::http::{
     http_get, metric_sum, metric_value, readyz, wait_metrics, wait_ready, wait_readyz,
 };
 use common::outbox::{write_concurrently, Outbox};
-use common::relay::SESSION_STARTED;
 use common::{
     current_wal_lsn, queue_message_count, Consumer, Direction, Mode, PgServer, RabbitServer,
     RelayProcess, Services, TcpProxy,
@@ -52,6 +51,13 @@ const MAX_TXN_ROWS: usize = 10;
 /// Keeps reconnects quick where a server is down for a few seconds (the default is 30 s).
 const FAST_BACKOFF: [&str; 2] = ["--max-backoff-secs", "2"];
 const MINUTE: Duration = Duration::from_secs(60);
+/// What the tests wait on instead of log lines: 1 while the broker blocks the relay, and the
+/// session failures by cause (the supervisor logs each before it counts it).
+const BROKER_BLOCKED: &str = "outbox_relay_broker_blocked";
+const RECONNECTS_UNROUTABLE: &str = "outbox_relay_reconnects_total{cause=\"unroutable\"}";
+const RECONNECTS_EXCHANGE_MISSING: &str =
+    "outbox_relay_reconnects_total{cause=\"exchange_missing\"}";
+const RECONNECTS_NACK: &str = "outbox_relay_reconnects_total{cause=\"nack\"}";
 /// A relay that must notice a silent broker on its own: a 5 s heartbeat (lapin gives up after
 /// two silent intervals, `BROKER_SILENCE_QUERY` on the AMQP URL) and a 5 s confirm timeout.
 const BROKER_SILENCE_QUERY: &str = "?heartbeat=5";
@@ -917,7 +923,7 @@ async fn s12_broker_memory_alarm_pauses_publishing_without_a_reconnect_loop() {
 
     memory_alarm(&rabbit, true);
     assert!(
-        relay.wait_for_log("broker blocked", MINUTE).await,
+        relay.wait_metric(BROKER_BLOCKED, MINUTE, |v| v == 1).await,
         "the relay reports the block; log:\n{}",
         relay.log()
     );
@@ -943,7 +949,7 @@ async fn s12_broker_memory_alarm_pauses_publishing_without_a_reconnect_loop() {
         "the replication connection survived the alarm"
     );
     assert!(
-        relay.wait_for_log("broker unblocked", MINUTE).await,
+        relay.wait_metric(BROKER_BLOCKED, MINUTE, |v| v == 0).await,
         "log:\n{}",
         relay.log()
     );
@@ -1028,7 +1034,7 @@ async fn s12c_long_alarm_with_a_busy_database_keeps_queued_ack_points_bounded() 
     memory_alarm(&rabbit, true);
     let blocked_id = outbox.insert("WhileBlocked", "{}").await;
     assert!(
-        relay.wait_for_log("broker blocked", MINUTE).await,
+        relay.wait_metric(BROKER_BLOCKED, MINUTE, |v| v == 1).await,
         "log:\n{}",
         relay.log()
     );
@@ -1114,7 +1120,9 @@ async fn s13_binding_removed_while_publishing_holds_the_slot_until_rebound() {
     write_concurrently(&outbox.db_url, 2, 200, MAX_TXN_ROWS).await;
     // Returned, then retried (window 1) and returned again: the relay does not move past it.
     assert!(
-        relay.wait_for_log_count("as unroutable", 2, MINUTE).await,
+        relay
+            .wait_metric(RECONNECTS_UNROUTABLE, MINUTE, |n| n >= 2)
+            .await,
         "log:\n{}",
         relay.log()
     );
@@ -1184,7 +1192,10 @@ async fn s14_exchange_deleted_is_a_clear_error_without_advance_until_redeclared(
     let after = write_concurrently(&outbox.db_url, 1, 100, MAX_TXN_ROWS).await;
     let clear = format!("exchange \"{}\" does not exist", outbox.exchange);
     assert!(
-        relay.wait_for_log_count(&clear, 2, MINUTE).await,
+        relay
+            .wait_metric(RECONNECTS_EXCHANGE_MISSING, MINUTE, |n| n >= 2)
+            .await
+            && relay.log_count(&clear) >= 2,
         "a clear error naming the exchange, repeated on retry; log:\n{}",
         relay.log()
     );
@@ -1279,7 +1290,7 @@ async fn full_queue_scenario(scenario: &str, prefix: &str, capacity: i64, backlo
     };
     let relay = outbox.spawn_relay(&FAST_BACKOFF);
     assert!(
-        relay.wait_for_log_count("nacked) message", 3, MINUTE).await,
+        relay.wait_metric(RECONNECTS_NACK, MINUTE, |n| n >= 3).await,
         "nacked, retried, nacked again; log:\n{}",
         relay.log()
     );
@@ -1697,7 +1708,7 @@ async fn s20_second_relay_waits_as_standby_and_takes_over_when_the_first_stops()
     let (outbox, oracle, mut consumer) = shared_observed("standby", false).await;
     let first = outbox.spawn_relay(&[]);
     assert!(
-        first.wait_for_log(SESSION_STARTED, MINUTE).await,
+        first.wait_new_session(0, MINUTE).await.is_some(),
         "log:\n{}",
         first.log()
     );
@@ -1730,7 +1741,7 @@ async fn s20_second_relay_waits_as_standby_and_takes_over_when_the_first_stops()
     first.stop().await;
     let stopped = Instant::now();
     assert!(
-        second.wait_for_log(SESSION_STARTED, MINUTE).await,
+        second.wait_new_session(0, MINUTE).await.is_some(),
         "the standby takes over; log:\n{}",
         second.log()
     );
@@ -2058,9 +2069,9 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
     };
     let streaming = async {
         standby
-            .wait_for_log(SESSION_STARTED, 2 * MINUTE)
+            .wait_new_session(0, 2 * MINUTE)
             .await
-            .then(|| stopped.elapsed())
+            .map(|_| stopped.elapsed())
     };
     let first_confirm = async {
         wait_metrics(standby_port, 2 * MINUTE, |m| {

@@ -1,9 +1,11 @@
 //! The layout docs/architecture.md describes, checked from the source: no import circle among
 //! the files of src/, and the AMQP client named only in src/publish/.
 //!
-//! The import graph is read the way a reader follows it: every `crate::…` and `super::…` path
-//! in a file (comments and its `#[cfg(test)]` module left out) is an arrow to the file of the
-//! longest module prefix it names. A circle means no file in it can be read or changed alone.
+//! The import graph is read the way a reader follows it: every path a file names through
+//! `crate::`, `self::`, `super::` or a child module's bare name, in its `use` items
+//! (re-exports included) and anywhere in its code, is an arrow to the file of the longest
+//! module prefix it names. Comments, string literals and `#[cfg(test)]` items are left out:
+//! tests may import what they test. A circle means no file in it can be read or changed alone.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -36,72 +38,276 @@ fn module_of(file: &Path) -> Vec<String> {
     parts
 }
 
-/// The code of a file without comments and without its test module.
-fn code_of(text: &str) -> String {
-    let code = match text.find("#[cfg(test)]\nmod tests") {
-        Some(at) => &text[..at],
-        None => text,
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// `text` without its comments, and with its string and character literals emptied (`""`,
+/// `' '`): a `//` inside a string is not a comment, and a path in a comment or a string (a
+/// log filter may name lapin's target) is not an import.
+fn without_comments_or_strings(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let starts = |i: usize, s: &str| {
+        s.chars()
+            .enumerate()
+            .all(|(k, c)| chars.get(i + k) == Some(&c))
     };
-    code.lines()
-        .map(|line| line.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// `code` with the contents of its string literals left out.
-fn without_strings(code: &str) -> String {
-    code.split('"').step_by(2).collect::<Vec<_>>().join("\"\"")
-}
-
-/// The paths `crate::a::b` / `super::a` a file names (brace groups expanded one level).
-fn named_paths(code: &str, module: &[String]) -> Vec<Vec<String>> {
-    let mut paths = Vec::new();
-    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    for (root, skip) in [("crate::", 0usize), ("super::", 1)] {
-        let mut rest = code;
-        while let Some(at) = rest.find(root) {
-            let before = rest[..at].chars().last();
-            rest = &rest[at + root.len()..];
-            if before.is_some_and(ident) {
-                continue;
+    let mut code = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let after_ident = i > 0 && is_ident(chars[i - 1]);
+        // A raw string: r"…", r#"…"#, br"…" (not the end of an identifier like `bar`).
+        let raw = match after_ident {
+            true => None,
+            false => {
+                let r = i + usize::from(chars[i] == 'b');
+                let hashes = chars.iter().skip(r + 1).take_while(|c| **c == '#').count();
+                (chars.get(r) == Some(&'r') && chars.get(r + 1 + hashes) == Some(&'"'))
+                    .then_some((r, hashes))
             }
-            let mut base: Vec<String> = match skip {
-                0 => Vec::new(),
-                // `super` of `a/b.rs` is `a`; of `a/b/mod.rs` (module `a::b`) also `a`.
-                _ => module[..module.len().saturating_sub(1)].to_vec(),
-            };
-            let segment: String = rest
-                .chars()
-                .take_while(|c| ident(*c) || *c == ':' || *c == '{' || *c == ',' || *c == ' ')
+        };
+        if let Some((r, hashes)) = raw {
+            let close: String = std::iter::once('"')
+                .chain("#".repeat(hashes).chars())
                 .collect();
-            let (head, group) = match segment.split_once('{') {
-                Some((head, group)) => (head, Some(group)),
-                None => (segment.as_str(), None),
-            };
-            base.extend(
-                head.split("::")
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string),
-            );
-            match group {
-                None => paths.push(base),
-                Some(group) => {
-                    for item in group.split(',') {
-                        let mut path = base.clone();
-                        path.extend(
-                            item.split("::")
-                                .map(str::trim)
-                                .filter(|s| !s.is_empty() && s.chars().all(ident))
-                                .map(str::to_string),
-                        );
-                        paths.push(path);
+            i = r + 2 + hashes;
+            while i < chars.len() && !starts(i, &close) {
+                i += 1;
+            }
+            i += close.len();
+            code.push_str("\"\"");
+        } else if starts(i, "//") {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if starts(i, "/*") {
+            // Block comments nest.
+            let mut depth = 0;
+            loop {
+                if starts(i, "/*") {
+                    depth += 1;
+                    i += 2;
+                } else if starts(i, "*/") {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
                     }
+                } else if i >= chars.len() {
+                    break;
+                } else {
+                    i += 1;
                 }
             }
+        } else if chars[i] == '"' {
+            i += 1;
+            while i < chars.len() && chars[i] != '"' {
+                i += if chars[i] == '\\' { 2 } else { 1 };
+            }
+            i += 1;
+            code.push_str("\"\"");
+        } else if chars[i] == '\'' && chars.get(i + 1) == Some(&'\\') {
+            // An escaped character ('\'', '\n', '\u{…}'): up to the next quote after the escape.
+            i += 3;
+            while i < chars.len() && chars[i] != '\'' {
+                i += 1;
+            }
+            i += 1;
+            code.push_str("' '");
+        } else if chars[i] == '\'' && chars.get(i + 2) == Some(&'\'') {
+            i += 3;
+            code.push_str("' '");
+        } else {
+            // Anything else, a lifetime's quote included.
+            code.push(chars[i]);
+            i += 1;
         }
     }
-    paths
+    code
+}
+
+/// `code` without its `#[cfg(test)]` items (test modules, test-only functions and imports):
+/// tests may import what they test. Code after them stays.
+fn without_test_items(code: &str) -> String {
+    const MARK: &str = "#[cfg(test)]";
+    let mut code = code.to_string();
+    while let Some(at) = code.find(MARK) {
+        let bytes = code.as_bytes();
+        let mut end = at + MARK.len();
+        let mut depth = 0usize;
+        // The item ends at a `;` outside any bracket, or where its first `{…}` (or a
+        // following attribute's `[…]`) closes at the outermost level.
+        while end < bytes.len() {
+            match bytes[end] {
+                b'(' | b'[' | b'{' => depth += 1,
+                b')' | b']' => depth = depth.saturating_sub(1),
+                b'}' => {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 {
+                        break;
+                    }
+                }
+                b';' if depth == 0 => break,
+                _ => {}
+            }
+            end += 1;
+        }
+        code.replace_range(at..(end + 1).min(code.len()), "");
+    }
+    code
+}
+
+/// The code of a file as the import graph reads it.
+fn code_of(text: &str) -> String {
+    without_test_items(&without_comments_or_strings(text))
+}
+
+/// Identifiers, `::`, and single characters (whitespace dropped).
+fn tokens(code: &str) -> Vec<&str> {
+    let mut tokens = Vec::new();
+    let mut rest = code;
+    while let Some(c) = rest.chars().next() {
+        let len = if is_ident(c) {
+            rest.find(|c| !is_ident(c)).unwrap_or(rest.len())
+        } else if rest.starts_with("::") {
+            2
+        } else {
+            c.len_utf8()
+        };
+        if !c.is_whitespace() {
+            tokens.push(&rest[..len]);
+        }
+        rest = &rest[len..];
+    }
+    tokens
+}
+
+/// The paths of one use tree at `tokens[*i..]` (`a::{b, c::{self, D}, e as f, g::*}`), each
+/// as written after `prefix`.
+fn use_tree(tokens: &[&str], i: &mut usize, prefix: &[String], paths: &mut Vec<Vec<String>>) {
+    let mut path = prefix.to_vec();
+    loop {
+        match tokens.get(*i).copied() {
+            Some("{") => {
+                *i += 1;
+                while !matches!(tokens.get(*i).copied(), Some("}") | None) {
+                    use_tree(tokens, i, &path, paths);
+                    if tokens.get(*i) == Some(&",") {
+                        *i += 1;
+                    }
+                }
+                *i += 1;
+                return;
+            }
+            Some("::") => *i += 1,
+            // `x as y` names x; `x::*` names x.
+            Some("as") => *i += 2,
+            Some("*") => *i += 1,
+            Some(segment) if segment.chars().all(is_ident) => {
+                path.push(segment.to_string());
+                *i += 1;
+            }
+            _ => break,
+        }
+    }
+    paths.push(path);
+}
+
+/// The module a path names, from module `scope`: `crate::`, `self::`, `super::` (repeated),
+/// or a child module of `scope` by its bare name; `None` for anything else (another crate,
+/// a type, a local item).
+fn resolve(
+    path: &[String],
+    scope: &[String],
+    modules: &BTreeSet<Vec<String>>,
+) -> Option<Vec<String>> {
+    let first = path.first()?;
+    let (mut module, rest) = match first.as_str() {
+        "crate" => (Vec::new(), &path[1..]),
+        "self" => (scope.to_vec(), &path[1..]),
+        "super" => {
+            let supers = path.iter().take_while(|s| *s == "super").count();
+            (
+                scope[..scope.len().saturating_sub(supers)].to_vec(),
+                &path[supers..],
+            )
+        }
+        child if modules.contains(&[scope, &[child.to_string()]].concat()) => {
+            (scope.to_vec(), path)
+        }
+        _ => return None,
+    };
+    // `a::{self, B}` names `a`.
+    module.extend(rest.iter().filter(|s| *s != "self").cloned());
+    Some(module)
+}
+
+/// The modules a file of module `module` names: in its `use` items (`pub use` re-exports
+/// included, groups nested and over several lines) and in paths anywhere in its code, each
+/// as an absolute module path plus what it names inside. Inline `mod x { … }` blocks are
+/// followed, so that their `super::` and `self::` resolve from them.
+fn named_paths(code: &str, module: &[String], modules: &BTreeSet<Vec<String>>) -> Vec<Vec<String>> {
+    let tokens = tokens(code);
+    let mut named = Vec::new();
+    // The module being read, and the brace depth its block opened at (the file's: 0).
+    let mut scopes = vec![(module.to_vec(), 0usize)];
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < tokens.len() {
+        let scope = &scopes[scopes.len() - 1].0;
+        let previous = i.checked_sub(1).map(|p| tokens[p]);
+        match tokens[i] {
+            "{" => depth += 1,
+            "}" => {
+                if scopes.len() > 1 && scopes[scopes.len() - 1].1 == depth {
+                    scopes.pop();
+                }
+                depth = depth.saturating_sub(1);
+            }
+            "mod" if tokens.get(i + 2) == Some(&"{") => {
+                let inner = [scope.as_slice(), &[tokens[i + 1].to_string()]].concat();
+                depth += 1;
+                scopes.push((inner, depth));
+                i += 3;
+                continue;
+            }
+            "use" => {
+                let end = tokens[i..]
+                    .iter()
+                    .position(|t| *t == ";")
+                    .map_or(tokens.len(), |n| i + n);
+                let mut paths = Vec::new();
+                let mut at = i + 1;
+                use_tree(&tokens[..end], &mut at, &[], &mut paths);
+                named.extend(paths.iter().filter_map(|p| resolve(p, scope, modules)));
+                i = end + 1;
+                continue;
+            }
+            // The start of a path `a::b…` (not a method's `.a::<T>` nor the middle of one).
+            first
+                if first.chars().all(is_ident)
+                    && tokens.get(i + 1) == Some(&"::")
+                    && !matches!(previous, Some("::" | ".")) =>
+            {
+                let mut path = vec![first.to_string()];
+                let mut at = i + 1;
+                while tokens.get(at) == Some(&"::")
+                    && tokens.get(at + 1).is_some_and(|t| t.chars().all(is_ident))
+                {
+                    path.push(tokens[at + 1].to_string());
+                    at += 2;
+                }
+                if path.len() > 1 {
+                    named.extend(resolve(&path, scope, modules));
+                }
+                i = at;
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    named
 }
 
 /// file -> the files it imports.
@@ -111,6 +317,7 @@ fn import_graph() -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
     rust_files(&src, &src, &mut files);
     let modules: BTreeMap<Vec<String>, PathBuf> =
         files.iter().map(|f| (module_of(f), f.clone())).collect();
+    let module_names: BTreeSet<Vec<String>> = modules.keys().cloned().collect();
     let mut graph = BTreeMap::new();
     for file in &files {
         let name = file.to_string_lossy();
@@ -120,7 +327,7 @@ fn import_graph() -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
         let text = std::fs::read_to_string(src.join(file)).expect("read a source file");
         let module = module_of(file);
         let mut targets = BTreeSet::new();
-        for path in named_paths(&code_of(&text), &module) {
+        for path in named_paths(&code_of(&text), &module, &module_names) {
             let longest = (1..=path.len()).rev().find_map(|n| modules.get(&path[..n]));
             if let Some(target) = longest.filter(|target| *target != file) {
                 targets.insert(target.clone());
@@ -207,13 +414,106 @@ fn a_circle_is_found() {
     graph.insert(b.clone(), BTreeSet::from([c.clone()]));
     graph.insert(c.clone(), BTreeSet::from([a.clone()]));
     assert_eq!(circles(&graph), vec![vec![a, b, c]]);
-    let module = ["wal".to_string(), "stream".to_string()];
-    let paths = named_paths(
+    let paths = named(
         "use crate::publish::{Acked, Input};\nuse super::source::Source;",
-        &module,
+        "wal::stream",
     );
-    assert!(paths.contains(&vec!["publish".into(), "Acked".into()]));
-    assert!(paths.contains(&vec!["wal".into(), "source".into(), "Source".into()]));
+    assert!(paths.contains(&"publish::Acked".into()));
+    assert!(paths.contains(&"wal::source::Source".into()));
+}
+
+/// What a file of module `module` (`a::b`) names, each path as `a::b::C`, among the modules
+/// `a`, `a::child`, `a::other`, `wal`, `wal::heartbeat`, `wal::source` and `config`.
+fn named(code: &str, module: &str) -> Vec<String> {
+    let split = |path: &str| -> Vec<String> { path.split("::").map(str::to_string).collect() };
+    let modules = [
+        "a",
+        "a::child",
+        "a::other",
+        "wal",
+        "wal::heartbeat",
+        "wal::source",
+        "config",
+    ]
+    .map(split)
+    .into_iter()
+    .collect();
+    named_paths(&code_of(code), &split(module), &modules)
+        .iter()
+        .map(|path| path.join("::"))
+        .collect()
+}
+
+/// A test module hides only itself: what follows it is read, and so is a file whose test
+/// module is a block rather than a file.
+#[test]
+fn code_after_a_test_item_counts() {
+    let paths = named(
+        "use crate::wal::source::Source;\n\
+         #[cfg(test)]\nmod tests;\n\
+         use crate::config::Before;\n\
+         #[cfg(test)]\nmod more {\n    use crate::a::Hidden;\n    fn f() { if x { crate::a::g() } }\n}\n\
+         #[cfg(test)]\n#[allow(dead_code)]\nfn helper() -> [u8; 2] { crate::a::other::h() }\n\
+         #[cfg(test)]\nuse crate::a::child::Hidden;\n\
+         fn after() { crate::wal::heartbeat::emit(); }",
+        "x",
+    );
+    assert_eq!(
+        paths,
+        [
+            "wal::source::Source",
+            "config::Before",
+            "wal::heartbeat::emit"
+        ]
+    );
+}
+
+/// `self::`, a child module's bare name (in `use` and in code) and re-exports are arrows;
+/// another crate, a type's path and a method's turbofish are not.
+#[test]
+fn self_child_and_reexport_paths_count() {
+    let paths = named(
+        "pub use child::*;\npub use self::other::Thing;\n\
+         fn f() { child::go(); std::mem::take(x); Thing::new(); v.child::<u8>(); }",
+        "a",
+    );
+    assert_eq!(paths, ["a::child", "a::other::Thing", "a::child::go"]);
+    // Inside an inline module, `super::` is the file's module.
+    let paths = named("pub mod headers { use super::child::X; }", "a");
+    assert_eq!(paths, ["a::child::X"]);
+}
+
+/// `use` groups may span lines and nest; `self` in a group names its prefix, `as` and `*`
+/// name what precedes them.
+#[test]
+fn use_groups_over_lines_and_nested_count() {
+    let paths = named(
+        "use crate::{\n    wal::{heartbeat::{self, Heartbeat},\n        source::Source},\n    config as c,\n    a::child::*,\n};",
+        "x",
+    );
+    assert_eq!(
+        paths,
+        [
+            "wal::heartbeat",
+            "wal::heartbeat::Heartbeat",
+            "wal::source::Source",
+            "config",
+            "a::child",
+        ]
+    );
+}
+
+/// A `//` inside a string is not a comment, and paths inside strings, comments and raw
+/// strings are not imports.
+#[test]
+fn strings_are_read_before_comments() {
+    let paths = named(
+        "let url = \"http://crate::wal::x\"; use crate::config::Shown;\n\
+         // use crate::a::Commented;\n/* crate::a::Block /* nested */ crate::a::Still */\n\
+         let q = '\"'; let raw = r#\"crate::a::Raw // \"#; fn f<'a>(x: &'a str) { crate::a::other::y() }",
+        "x",
+    );
+    assert_eq!(paths, ["config::Shown", "a::other::y"]);
 }
 
 /// Only src/publish/ names lapin: everything else hands messages over in the contract's
@@ -229,7 +529,7 @@ fn only_publish_names_the_amqp_client() {
         .filter(|f| {
             let text = std::fs::read_to_string(src.join(f)).expect("read a source file");
             // Outside string literals: a log filter may name lapin's target.
-            without_strings(&code_of(&text)).contains("lapin::")
+            code_of(&text).contains("lapin::")
         })
         .map(|f| f.display().to_string())
         .collect();

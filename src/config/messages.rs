@@ -7,7 +7,10 @@ use super::names::{
     check_name_text, parse_exchange_list, parse_identifier, parse_optional_exchange_name,
 };
 use crate::error::RelayError;
-use crate::wal::heartbeat;
+
+/// The prefix of the relay's WAL heartbeats (src/wal/heartbeat.rs). Owned here, where
+/// `--emit-prefix` is checked against it, so that configuration names no part it configures.
+pub const HEARTBEAT_PREFIX: &str = "outbox-relay:heartbeat";
 
 /// `setup --restrict-emit`: who may write events (docs/emit.md, "Who may emit").
 #[derive(Debug, Clone, Args)]
@@ -52,7 +55,7 @@ pub struct EmitArgs {
 /// functions, dollar-quoted), and not the heartbeats' prefix.
 fn parse_emit_prefix(prefix: &str) -> Result<String, String> {
     check_name_text(prefix).map_err(|e| e.replace("the name", "the prefix"))?;
-    if prefix == heartbeat::PREFIX {
+    if prefix == HEARTBEAT_PREFIX {
         return Err(format!(
             "{prefix:?} is the prefix of the relay's heartbeats; the emit prefix must differ \
              (the default is outbox-relay:emit:<schema>.<table>)"

@@ -212,7 +212,7 @@ fn emit_prefix_defaults_per_table_and_refuses_the_heartbeat_prefix() {
         Ok("outbox-relay:emit:app.events")
     );
     assert_eq!(run(&["--emit-prefix", "mine"]).as_deref(), Ok("mine"));
-    let heartbeat = run(&["--emit-prefix", crate::wal::heartbeat::PREFIX]);
+    let heartbeat = run(&["--emit-prefix", HEARTBEAT_PREFIX]);
     assert!(
         heartbeat
             .as_ref()

@@ -23,8 +23,9 @@ mod cursor;
 mod error;
 mod messages;
 
+// The encoder in tests.rs builds pgoutput bytes for other modules' tests too (wal/source).
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use bytes::Bytes;
 

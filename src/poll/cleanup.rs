@@ -10,9 +10,9 @@ use tokio_util::sync::CancellationToken;
 use crate::error::RelayError;
 use crate::periodic::{self, Job};
 
+use super::shared::Shared;
 use super::table::OutboxTable;
 use super::worker::bounded;
-use super::Shared;
 
 /// Runs a cleanup round every `interval` until `shutdown`; a failed round is logged and the
 /// next one tries again (cleanup never stops the relay).

@@ -16,7 +16,7 @@ use crate::backoff::Backoff;
 use crate::db::{self, quote_ident};
 use crate::error::RelayError;
 
-use super::Shared;
+use super::shared::Shared;
 
 /// Listens until `shutdown`, reconnecting with backoff; never stops the relay.
 pub(crate) async fn run(shared: Arc<Shared>, channel: String, shutdown: CancellationToken) {

@@ -29,12 +29,14 @@
 mod backlog;
 mod cleanup;
 mod listen;
+mod shared;
 pub mod table;
 mod worker;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use shared::{PollStats, Shared};
+
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -42,124 +44,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::assembly::{Outbox, OutboxFlags};
-use crate::config::{Delivery, OnPublished, PollArgs, PublishNames};
+use crate::config::{OnPublished, PollArgs};
 use crate::error::RelayError;
-use crate::mapper::Mapper;
 use crate::observability::{self, PollMetrics, WorkerHealth};
-use crate::publish::BrokerNodes;
-
-/// Counters of one `poll` run for its summary log line; each is also exported as a metric.
-pub struct PollStats {
-    /// Claim queries run.
-    pub polls: AtomicU64,
-    /// Claim queries that found no row.
-    pub empty_polls: AtomicU64,
-    /// Batches published, confirmed and committed.
-    pub batches: AtomicU64,
-    /// Rows published, confirmed and marked.
-    pub published: AtomicU64,
-    /// The largest batch committed.
-    pub largest_batch: AtomicU64,
-    /// Microseconds spent in claim queries, in total (÷ polls = mean poll latency).
-    pub claim_micros: AtomicU64,
-    /// Worker sessions that failed (each rolled back its batch).
-    pub failures: AtomicU64,
-    /// Notifications received with --listen.
-    pub notifications: AtomicU64,
-    /// Published rows deleted by cleanup.
-    pub deleted: AtomicU64,
-    metrics: PollMetrics,
-}
-
-impl PollStats {
-    /// Counters at zero, exporting through `metrics`.
-    pub fn new(metrics: PollMetrics) -> Self {
-        Self {
-            polls: AtomicU64::new(0),
-            empty_polls: AtomicU64::new(0),
-            batches: AtomicU64::new(0),
-            published: AtomicU64::new(0),
-            largest_batch: AtomicU64::new(0),
-            claim_micros: AtomicU64::new(0),
-            failures: AtomicU64::new(0),
-            notifications: AtomicU64::new(0),
-            deleted: AtomicU64::new(0),
-            metrics,
-        }
-    }
-
-    /// One claim query that found `rows` rows and took `claim`.
-    fn record_poll(&self, rows: usize, claim: Duration) {
-        self.polls.fetch_add(1, Ordering::Relaxed);
-        self.metrics.polls.increment(1);
-        self.claim_micros
-            .fetch_add(claim.as_micros() as u64, Ordering::Relaxed);
-        if rows == 0 {
-            self.empty_polls.fetch_add(1, Ordering::Relaxed);
-            self.metrics.empty_polls.increment(1);
-        }
-    }
-
-    /// One batch of `rows` committed, `claim_to_commit` after its claim started.
-    fn record_batch(&self, rows: usize, claim_to_commit: Duration) {
-        let rows = rows as u64;
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        self.published.fetch_add(rows, Ordering::Relaxed);
-        self.largest_batch.fetch_max(rows, Ordering::Relaxed);
-        self.metrics.batch_rows.record(rows as f64);
-        self.metrics
-            .batch_seconds
-            .record(claim_to_commit.as_secs_f64());
-    }
-
-    fn record_notification(&self) {
-        self.notifications.fetch_add(1, Ordering::Relaxed);
-        self.metrics.notifications.increment(1);
-    }
-
-    fn record_deleted(&self, rows: u64) {
-        self.deleted.fetch_add(rows, Ordering::Relaxed);
-        self.metrics.cleanup_deleted.increment(rows);
-    }
-
-    fn log_summary(&self) {
-        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        tracing::info!(
-            published = get(&self.published),
-            batches = get(&self.batches),
-            polls = get(&self.polls),
-            empty_polls = get(&self.empty_polls),
-            failures = get(&self.failures),
-            notifications = get(&self.notifications),
-            deleted = get(&self.deleted),
-            "polling stopped"
-        );
-    }
-}
-
-/// What the workers, the listener and the cleanup share.
-pub(crate) struct Shared {
-    database_url: String,
-    brokers: Arc<BrokerNodes>,
-    names: PublishNames,
-    mapper: Mapper,
-    /// The dead-letter exchange under `--on-unroutable dead-letter`; `None` under halt.
-    dead_letter_exchange: Option<String>,
-    workers: u32,
-    batch_size: u32,
-    on_published: OnPublished,
-    /// The wait after the first empty poll, doubling with each further one up to the max.
-    poll_interval_min: Duration,
-    poll_interval_max: Duration,
-    delivery: Delivery,
-    /// Wakes idle workers: one per notification, one more after each full batch.
-    wake: Notify,
-    /// Whether a worker has looked for the claim index yet (one warning per run).
-    index_checked: AtomicBool,
-    stats: PollStats,
-    /// Each worker's connections, for /readyz.
-    health: WorkerHealth,
-}
 
 /// Runs the polling relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
 pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), RelayError> {

@@ -39,8 +39,8 @@ use crate::observability::{NotReady, WorkerState};
 use crate::publish::{deliver_batch, Broker};
 use crate::supervisor::{supervise, Supervised, Supervision};
 
+use super::shared::Shared;
 use super::table::OutboxTable;
-use super::Shared;
 
 /// How long closing the broker connection may take when a session ends (it may be dead).
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);

@@ -12,9 +12,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::config::HEARTBEAT_PREFIX as PREFIX;
 use crate::db;
-
-pub const PREFIX: &str = "outbox-relay:heartbeat";
 
 /// This process's heartbeat identity.
 #[derive(Debug, Clone)]
@@ -39,7 +38,8 @@ impl Heartbeat {
         }
     }
 
-    fn content(&self, sent_at: u64) -> String {
+    /// What one heartbeat carries (wal/source.rs's tests write their own).
+    pub(super) fn content(&self, sent_at: u64) -> String {
         format!("{} {sent_at}", self.nonce)
     }
 

@@ -72,12 +72,13 @@ impl RelationCache {
     }
 }
 
+// wal/source.rs's tests build their Relations with `relation` too.
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::pgoutput::Column;
 
-    fn relation(oid: u32, name: &str, columns: &[&str]) -> Relation {
+    pub(in crate::wal) fn relation(oid: u32, name: &str, columns: &[&str]) -> Relation {
         Relation {
             oid,
             namespace: "public".into(),

@@ -233,3 +233,6 @@ impl Source {
         )))
     }
 }
+
+#[cfg(test)]
+mod tests;

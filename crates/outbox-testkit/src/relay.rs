@@ -257,6 +257,29 @@ impl RelayProcess {
         Some(family_sum(&page, name).map_or(0, |v| v as usize))
     }
 
+    /// Waits until the running relay's /metrics value of `series` (a family summed over its
+    /// labels, or one `name{labels}` series; absent is 0) satisfies `wanted`; false after
+    /// `timeout`, or if the relay exits first or serves no endpoint.
+    pub async fn wait_metric(
+        &self,
+        series: &str,
+        timeout: Duration,
+        wanted: impl Fn(usize) -> bool,
+    ) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.counter(series) {
+                Some(value) if wanted(value) => return true,
+                None if self.metrics_at.is_none() || self.try_exit().is_some() => return false,
+                _ => {}
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Reconnects so far: `outbox_relay_reconnects_total` while the relay serves /metrics,
     /// else its "session failed" log lines (a relay that exited).
     pub fn reconnects(&self) -> usize {
