@@ -134,7 +134,8 @@ if [ -z "$matrix_only" ]; then
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
     # Plain cargo test (not nextest): the tests of one binary share one server pair.
-    cargo test --workspace --all-targets
+    # --no-fail-fast: one failing binary does not hide how the others fare.
+    cargo test --workspace --all-targets --no-fail-fast
 fi
 
 # ---------------------------------------------------------------------------------------
