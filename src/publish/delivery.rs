@@ -9,17 +9,17 @@
 //!
 //! Owns the in-flight window (at most `window` unconfirmed publishes: it reads no input while
 //! the window is full, which is what holds the source back), the confirm queue, the confirm
-//! timeout, the dead-letter policy and the stuck message's report.
+//! timeout, the dead-letter policy and the stuck message's report. It never knows what a token
+//! means: a WAL position, a polling batch, nothing. It must never report a token before every
+//! publish ahead of it is confirmed without a return, and it stops at the first nack, return
+//! (under halt), closed channel or timeout: nothing after the failure is ever acknowledged.
 //!
 //! The confirm timeout bounds the age of the oldest unsettled publish: it runs from when that
 //! publish was started (or from when the broker last unblocked the connection, if later) and
 //! nothing the broker says resets it, only the publish settling. Answers trickling in from a
 //! broker that holds the connection in credit flow, or an answer whose barrier never passes,
 //! do not keep a stalled session alive. Only `connection.blocked` (a memory or disk alarm)
-//! pauses it: that wait is the broker's stated choice and reconnecting would not end it. It never knows what a token means: a WAL position, a polling
-//! batch, nothing. It must never report a token before every publish ahead of it is
-//! confirmed without a return, and it stops at the first nack, return (under halt), closed
-//! channel or timeout: nothing after the failure is ever acknowledged.
+//! pauses it: that wait is the broker's stated choice and reconnecting would not end it.
 //!
 //! The policy lives here and only here: a source hands over what it could not make
 //! publishable ([`Input::Unpublishable`]); under `--on-unroutable dead-letter` it goes to the
