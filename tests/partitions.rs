@@ -795,14 +795,14 @@ async fn s5_split_brain_the_relay_cut_off_from_postgresql_loses_the_slot_to_its_
     assert_eq!(standby, Some((503, "standby".into())), "log:\n{}", b.log());
     wait_confirmed(&a, at_a, 1_000.0).await;
 
+    // Started before the cut: the marker must follow the cut at once (below).
+    let watch = SlotWatch::start(&outbox.db_url, &slot).await;
     let cut = lab.net.partition(&[host_a], &[lab.pg_host()]);
     let cut_at = Instant::now();
-    // S: anything A received was sent before the cut, so at or before what the walsender
-    // reports having sent now.
-    let sent_at_cut = slot_holder(&outbox.client, &slot).await.sent;
-    let sent_at_cut = sent_at_cut.expect("A's walsender reports what it sent");
-    let watch = SlotWatch::start(&outbox.db_url, &slot).await;
-    // Everything the queue takes after this marker was published after the cut.
+    // Everything the queue takes after this marker was published after the cut. Published
+    // first thing: A drains what it holds at full speed, and whatever it publishes before the
+    // marker is not counted (one run in four found nothing after a marker sent behind the
+    // reads that used to come first).
     let first_marker = barrier(&mut consumer, &outbox.amqp_url, &outbox.queue).await;
     wait_holder(&outbox.client, &slot, MINUTE, "A's walsender ends", |h| {
         h.pid != Some(walsender_a)
@@ -861,6 +861,14 @@ async fn s5_split_brain_the_relay_cut_off_from_postgresql_loses_the_slot_to_its_
         .map(|h| h.confirmed_flush)
         .next_back()
         .expect("the watch saw A's walsender before it ended");
+    // S: anything A received was sent before the cut, so at or before what A's walsender
+    // reported having sent in the watch's last reading of it (5 s after the cut).
+    let sent_at_cut = samples
+        .iter()
+        .filter(|h| h.pid == Some(walsender_a))
+        .filter_map(|h| h.sent)
+        .max()
+        .expect("A's walsender reports what it sent");
     let txns = oracle.transactions(&outbox.client).await;
     let end_of: HashMap<String, u64> = txns
         .iter()
