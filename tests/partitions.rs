@@ -570,7 +570,7 @@ async fn x3_a_one_way_partition_between_two_broker_nodes_loses_no_confirmed_mess
     let (lab, _lock) = exclusive().await;
     let began = Instant::now();
     let cluster = &lab.cluster;
-    let (outbox, oracle) = quorum_outbox(lab, 0, "x3").await;
+    let (mut outbox, oracle) = quorum_outbox(lab, 0, "x3").await;
     let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(5));
     let (relay, at) = spawn_relay(lab, &outbox, 0, &[]);
     let first_node = cluster.wait_node_in_use(&relay, at, None, MINUTE).await;
@@ -605,7 +605,9 @@ async fn x3_a_one_way_partition_between_two_broker_nodes_loses_no_confirmed_mess
     // starting): a consumer on a node that pauses loses what was in flight to it.
     let up = (0..cluster.len()).find(|&i| cluster.accepts_amqp(i));
     let up = up.expect("a node that did not pause");
-    let mut consumer = Consumer::start_with(&cluster.url(up), &outbox.queue, false).await;
+    // The oracle's markers too: node 0 may have paused and not be listening again yet.
+    outbox.amqp_url = cluster.url(up);
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
     let probe = delivered_after(
         &relay,
         &outbox.client,
