@@ -189,6 +189,18 @@ pub enum RelayError {
     #[error("PostgreSQL did not answer within {seconds} s; reconnecting")]
     DatabaseTimeout { seconds: u64 },
 
+    /// A RabbitMQ node took the connection, then did not answer one step of the session's
+    /// setup (`step`: "opening a channel", …).
+    #[error(
+        "RabbitMQ node {node} accepted the connection but did not answer {step} within \
+         {seconds} s; reconnecting, to the next node if there is one"
+    )]
+    BrokerSetupTimeout {
+        node: String,
+        step: &'static str,
+        seconds: u64,
+    },
+
     #[error(
         "None of the database URL's hosts ({}) is the primary: each is in recovery or cannot \
          be reached{}",
@@ -538,6 +550,7 @@ impl RelayError {
                 Endpoint::RabbitMq => ErrorKind::BrokerConnectTimeout,
                 Endpoint::PostgreSql | Endpoint::Replication => ErrorKind::DatabaseConnectTimeout,
             },
+            BrokerSetupTimeout { .. } => ErrorKind::BrokerConnectTimeout,
             Broker(_) => ErrorKind::BrokerDown,
             ConfirmTimeout { .. } => ErrorKind::ConfirmTimeout,
             Nacked { .. } => ErrorKind::Nacked,

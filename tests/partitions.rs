@@ -340,7 +340,7 @@ fn report_within(
 // 0. The lab
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run with `scripts/test.sh --partitions`: about 5 minutes, over CI's budget, and x1 finds an open relay fault (docs/reliability.md, \"Network partitions\")"]
+#[ignore = "run with `scripts/test.sh --partitions`: about 5 minutes, over CI's budget (docs/reliability.md, \"Network partitions\")"]
 async fn s0_the_lab_forms_and_a_cut_drops_one_way_until_healed() {
     let (lab, _lock) = shared().await;
     let (a, b, c) = (lab.relay_host(0), lab.relay_host(1), lab.relay_host(2));
@@ -372,7 +372,7 @@ async fn s0_the_lab_forms_and_a_cut_drops_one_way_until_healed() {
 /// `net_ticktime`, finds itself a minority and pauses (closing its client connections), and
 /// the relay moves to a majority node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run with `scripts/test.sh --partitions`: about 5 minutes, over CI's budget, and x1 finds an open relay fault (docs/reliability.md, \"Network partitions\")"]
+#[ignore = "run with `scripts/test.sh --partitions`: about 5 minutes, over CI's budget (docs/reliability.md, \"Network partitions\")"]
 async fn x1_the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_moves_to_the_majority()
 {
     let (lab, _lock) = exclusive().await;
@@ -438,15 +438,20 @@ async fn x1_the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_move
     let whole = wait_whole_in_background(lab);
     let probe = delivered_after(&relay, &outbox.client, &mut consumer, MINUTE, "the heal").await;
     writers.stop().await;
-    let causes = reconnect_causes(&scrape(at).await);
+    let text = scrape(at).await;
+    let causes = reconnect_causes(&text);
+    // Each session that ends with a window in flight may leave it in the queue: the one the
+    // pause closed, and one the new node held in flow until the confirm timeout gave it up
+    // (docs/reliability.md, "Found by the partition tests").
+    let reconnected = metric_sum(&text, RECONNECTS).unwrap_or(0.0) as usize;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
     let whole = blocking(|| joined(whole));
-    let bound = W + MAX_TXN_ROWS;
+    let bound = (W + MAX_TXN_ROWS) * reconnected;
     report_within(
         "x1 relay's node cut off from the other two",
         began,
         (&committed, &tally),
-        ("bound W+X", bound),
+        ("bound (W+X) x reconnects", bound),
         &[
             ("net_ticktime", format!("{NET_TICKTIME_SECS} s")),
             ("cut to minority paused", secs(paused)),
@@ -477,7 +482,7 @@ async fn x1_the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_move
 /// (lapin gives up after twice `?heartbeat=`, well before the 30 s confirm timeout), and the
 /// relay moves to another node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run with `scripts/test.sh --partitions`: about 5 minutes, over CI's budget, and x1 finds an open relay fault (docs/reliability.md, \"Network partitions\")"]
+#[ignore = "run with `scripts/test.sh --partitions`: about 5 minutes, over CI's budget (docs/reliability.md, \"Network partitions\")"]
 async fn s2_the_relay_cut_off_silently_from_its_own_node_is_moved_by_the_amqp_heartbeat() {
     let (lab, _lock) = shared().await;
     let began = Instant::now();
@@ -560,12 +565,12 @@ const ONE_WAY: Duration = Duration::from_secs(30);
 /// lost confirmed messages: here every message the relay had confirmed (and so acknowledged)
 /// must be in the quorum queue, and every committed row must arrive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run with `scripts/test.sh --partitions`: about 5 minutes, over CI's budget, and x1 finds an open relay fault (docs/reliability.md, \"Network partitions\")"]
+#[ignore = "run with `scripts/test.sh --partitions`: about 5 minutes, over CI's budget (docs/reliability.md, \"Network partitions\")"]
 async fn x3_a_one_way_partition_between_two_broker_nodes_loses_no_confirmed_message() {
     let (lab, _lock) = exclusive().await;
     let began = Instant::now();
     let cluster = &lab.cluster;
-    let (outbox, oracle) = quorum_outbox(lab, 0, "x3").await;
+    let (mut outbox, oracle) = quorum_outbox(lab, 0, "x3").await;
     let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(5));
     let (relay, at) = spawn_relay(lab, &outbox, 0, &[]);
     let first_node = cluster.wait_node_in_use(&relay, at, None, MINUTE).await;
@@ -600,7 +605,9 @@ async fn x3_a_one_way_partition_between_two_broker_nodes_loses_no_confirmed_mess
     // starting): a consumer on a node that pauses loses what was in flight to it.
     let up = (0..cluster.len()).find(|&i| cluster.accepts_amqp(i));
     let up = up.expect("a node that did not pause");
-    let mut consumer = Consumer::start_with(&cluster.url(up), &outbox.queue, false).await;
+    // The oracle's markers too: node 0 may have paused and not be listening again yet.
+    outbox.amqp_url = cluster.url(up);
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
     let probe = delivered_after(
         &relay,
         &outbox.client,
@@ -653,7 +660,7 @@ const SEED_ENV: &str = "OUTBOX_TEST_PARTITION_SEED";
 /// For 60 s, every 2-5 s, a random node is cut off from the other two or the cut is healed,
 /// with writers running. Nothing is lost, and the same relay process ends up streaming.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run with `scripts/test.sh --partitions`: about 5 minutes, over CI's budget, and x1 finds an open relay fault (docs/reliability.md, \"Network partitions\")"]
+#[ignore = "run with `scripts/test.sh --partitions`: about 5 minutes, over CI's budget (docs/reliability.md, \"Network partitions\")"]
 async fn x4_flapping_partitions_for_60_s_lose_nothing_and_the_relay_streams_on_without_a_restart() {
     let (lab, _lock) = exclusive().await;
     let began = Instant::now();
@@ -763,7 +770,7 @@ const SPLIT: Duration = Duration::from_secs(2 * WAL_SENDER_TIMEOUT.as_secs());
 /// walsender's `sent_lsn` read after the cut (S), plus at most one transaction that was
 /// being sent at the cut (X rows).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run with `scripts/test.sh --partitions`: about 5 minutes, over CI's budget, and x1 finds an open relay fault (docs/reliability.md, \"Network partitions\")"]
+#[ignore = "run with `scripts/test.sh --partitions`: about 5 minutes, over CI's budget (docs/reliability.md, \"Network partitions\")"]
 async fn s5_split_brain_the_relay_cut_off_from_postgresql_loses_the_slot_to_its_standby() {
     let (lab, _lock) = shared().await;
     let began = Instant::now();
@@ -790,14 +797,14 @@ async fn s5_split_brain_the_relay_cut_off_from_postgresql_loses_the_slot_to_its_
     assert_eq!(standby, Some((503, "standby".into())), "log:\n{}", b.log());
     wait_confirmed(&a, at_a, 1_000.0).await;
 
+    // Started before the cut: the marker must follow the cut at once (below).
+    let watch = SlotWatch::start(&outbox.db_url, &slot).await;
     let cut = lab.net.partition(&[host_a], &[lab.pg_host()]);
     let cut_at = Instant::now();
-    // S: anything A received was sent before the cut, so at or before what the walsender
-    // reports having sent now.
-    let sent_at_cut = slot_holder(&outbox.client, &slot).await.sent;
-    let sent_at_cut = sent_at_cut.expect("A's walsender reports what it sent");
-    let watch = SlotWatch::start(&outbox.db_url, &slot).await;
-    // Everything the queue takes after this marker was published after the cut.
+    // Everything the queue takes after this marker was published after the cut. Published
+    // first thing: A drains what it holds at full speed, and whatever it publishes before the
+    // marker is not counted (one run in four found nothing after a marker sent behind the
+    // reads that used to come first).
     let first_marker = barrier(&mut consumer, &outbox.amqp_url, &outbox.queue).await;
     wait_holder(&outbox.client, &slot, MINUTE, "A's walsender ends", |h| {
         h.pid != Some(walsender_a)
@@ -856,6 +863,14 @@ async fn s5_split_brain_the_relay_cut_off_from_postgresql_loses_the_slot_to_its_
         .map(|h| h.confirmed_flush)
         .next_back()
         .expect("the watch saw A's walsender before it ended");
+    // S: anything A received was sent before the cut, so at or before what A's walsender
+    // reported having sent in the watch's last reading of it (5 s after the cut).
+    let sent_at_cut = samples
+        .iter()
+        .filter(|h| h.pid == Some(walsender_a))
+        .filter_map(|h| h.sent)
+        .max()
+        .expect("A's walsender reports what it sent");
     let txns = oracle.transactions(&outbox.client).await;
     let end_of: HashMap<String, u64> = txns
         .iter()
@@ -922,7 +937,7 @@ const ISOLATION: Duration = Duration::from_secs(20);
 /// The duplicates are a crash's: the window, what was confirmed but not yet reported, and
 /// the open transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run with `scripts/test.sh --partitions`: about 5 minutes, over CI's budget, and x1 finds an open relay fault (docs/reliability.md, \"Network partitions\")"]
+#[ignore = "run with `scripts/test.sh --partitions`: about 5 minutes, over CI's budget (docs/reliability.md, \"Network partitions\")"]
 async fn s6_the_relay_cut_off_from_postgresql_and_the_brokers_for_20_s_loses_nothing() {
     let (lab, _lock) = shared().await;
     let began = Instant::now();

@@ -18,11 +18,17 @@
 //! A third channel carries nothing but round trips ([`Broker::round_trip`]): the confirm
 //! barrier of [`super::delivery`] needs a frame from the broker that is read after every ack
 //! frame already being handled, without waiting behind the publishes' confirms.
+//!
+//! Every step of the setup after the handshake (channels, confirm mode, the exchange's
+//! declare) waits at most the connect timeout: a node that took the connection and then reads
+//! nothing more (paused, or holding the connection in credit flow) fails the attempt, naming
+//! the node, instead of holding the session before it starts.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::options::{
@@ -58,9 +64,15 @@ pub type Publishing =
 pub type RoundTrip = Pin<Box<dyn Future<Output = Result<(), RelayError>> + Send + 'static>>;
 
 /// How long a polite close may wait for the broker's close-ok.
-const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long one setup request (a channel, confirm mode, a declare) may wait for its answer.
+const SETUP_TIMEOUT: Duration = crate::db::CONNECT_TIMEOUT;
 
 pub struct Broker {
+    /// `nodes[index]` is the node this connection went to: for errors, and to move on from it.
+    nodes: Arc<BrokerNodes>,
+    index: usize,
     connection: Connection,
     channel: Channel,
     /// Round trips only (see the module comment).
@@ -116,32 +128,51 @@ impl Broker {
         let (blocked_tx, blocked) = watch::channel(false);
         let (lost_tx, lost) = watch::channel(None);
         let mut events = connection.events_listener();
-        let nodes = Arc::clone(nodes);
+        let events_nodes = Arc::clone(nodes);
         tokio::spawn(async move {
+            let node = events_nodes.node(index).address();
             while let Some(event) = events.next().await {
                 match event {
                     lapin::Event::ConnectionBlocked(reason) => {
-                        tracing::warn!(%reason, "broker blocked publishing; confirm timeouts paused");
+                        tracing::warn!(%node, %reason, "broker blocked publishing; confirm timeouts paused");
                         blocked_tx.send_replace(true);
                     }
                     lapin::Event::ConnectionUnblocked => {
-                        tracing::info!("broker unblocked publishing");
+                        tracing::info!(%node, "broker unblocked publishing");
                         blocked_tx.send_replace(false);
                     }
+                    // channel.flow: unlike connection.blocked the broker gives no reason and
+                    // no promise; a channel it never lets go is what the confirm timeout is for.
+                    lapin::Event::SendFlow(active) => {
+                        let state = if active { "resumed" } else { "paused" };
+                        tracing::warn!(%node, "broker {state} publishing on a channel (channel.flow); the confirm timeout keeps running");
+                    }
                     lapin::Event::Error(error) => {
-                        nodes.connection_lost(index, &error.to_string());
+                        events_nodes.connection_lost(index, &error.to_string());
                         lost_tx.send_replace(Some(error));
                     }
                     _ => {}
                 }
             }
         });
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        let round_trips = connection.create_channel().await?;
+        let address = nodes.node(index).address();
+        let channel = setup(
+            address,
+            "opening the publishing channel",
+            connection.create_channel(),
+        )
+        .await??;
+        let confirms = channel.confirm_select(ConfirmSelectOptions::default());
+        setup(address, "turning on publisher confirms", confirms).await??;
+        let round_trips = setup(
+            address,
+            "opening the round-trip channel",
+            connection.create_channel(),
+        )
+        .await??;
         Ok(Self {
+            nodes: Arc::clone(nodes),
+            index,
             connection,
             channel,
             round_trips,
@@ -151,6 +182,20 @@ impl Broker {
         })
     }
 
+    /// [`setup`] on this connection's node; a node that stopped answering is given up: the
+    /// next connection tries the node after it first.
+    async fn setup<T>(
+        &self,
+        step: &'static str,
+        request: impl Future<Output = Result<T, lapin::Error>>,
+    ) -> Result<Result<T, lapin::Error>, RelayError> {
+        let answered = setup(self.nodes.node(self.index).address(), step, request).await;
+        if let Err(error) = &answered {
+            self.nodes.connection_lost(self.index, &error.to_string());
+        }
+        answered
+    }
+
     /// Turns on the dead-letter policy: checks that `exchange` exists (passively) and opens
     /// the channel dead letters are published on.
     pub async fn enable_dead_letters(&mut self, exchange: &str) -> Result<(), RelayError> {
@@ -158,10 +203,13 @@ impl Broker {
         let name = ShortString::try_new(exchange).map_err(|_| {
             RelayError::Config(format!("Exchange name {exchange:?} is over 255 bytes"))
         })?;
-        let channel = self.connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
+        let opening = self.connection.create_channel();
+        let channel = self
+            .setup("opening the dead-letter channel", opening)
+            .await??;
+        let confirms = channel.confirm_select(ConfirmSelectOptions::default());
+        self.setup("turning on publisher confirms for dead letters", confirms)
+            .await??;
         self.dead_letters = Some(DeadLetters {
             exchange: name,
             channel,
@@ -192,7 +240,10 @@ impl Broker {
     /// Declares the durable topic exchange (setup), or with `passive` only checks that it
     /// exists (run), on a throwaway channel: a failed declare closes its channel.
     pub async fn declare_exchange(&self, exchange: &str, passive: bool) -> Result<(), RelayError> {
-        let channel = self.connection.create_channel().await?;
+        let opening = self.connection.create_channel();
+        let channel = self
+            .setup("opening a channel to declare the exchange", opening)
+            .await??;
         let options = ExchangeDeclareOptions {
             passive,
             durable: true,
@@ -201,12 +252,16 @@ impl Broker {
         let name = ShortString::try_new(exchange).map_err(|_| {
             RelayError::Config(format!("Exchange name {exchange:?} is over 255 bytes"))
         })?;
-        let declared = channel
-            .exchange_declare(name, ExchangeKind::Topic, options, FieldTable::default())
-            .await;
-        match declared {
+        let declaring =
+            channel.exchange_declare(name, ExchangeKind::Topic, options, FieldTable::default());
+        let step = match passive {
+            true => "checking the exchange",
+            false => "declaring the exchange",
+        };
+        match self.setup(step, declaring).await? {
             Ok(()) => {
-                let _ = channel.close(200, "done".into()).await;
+                let _ =
+                    tokio::time::timeout(CLOSE_TIMEOUT, channel.close(200, "done".into())).await;
                 Ok(())
             }
             Err(e) if passive && is_not_found(&e) => Err(RelayError::ExchangeMissing {
@@ -243,6 +298,22 @@ impl Broker {
         let closing = self.connection.close(200, "outbox-relay stopping".into());
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, closing).await;
     }
+}
+
+/// Awaits one setup request to the node `address`, at most [`SETUP_TIMEOUT`]: the request's
+/// own result, or the timeout naming the node and `step`.
+async fn setup<T>(
+    address: &str,
+    step: &'static str,
+    request: impl Future<Output = Result<T, lapin::Error>>,
+) -> Result<Result<T, lapin::Error>, RelayError> {
+    tokio::time::timeout(SETUP_TIMEOUT, request)
+        .await
+        .map_err(|_| RelayError::BrokerSetupTimeout {
+            node: address.to_string(),
+            step,
+            seconds: SETUP_TIMEOUT.as_secs(),
+        })
 }
 
 /// [`Broker::publish`] on `channel`.
@@ -375,5 +446,31 @@ impl Publisher for Broker {
 
     fn blocked(&self) -> watch::Receiver<bool> {
         Broker::blocked(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_setup_request_left_unanswered_fails_after_the_connect_timeout_naming_the_node() {
+        let began = tokio::time::Instant::now();
+        let unanswered = std::future::pending::<Result<(), lapin::Error>>();
+        let error = setup(
+            "rabbit-2:5672",
+            "opening the publishing channel",
+            unanswered,
+        )
+        .await
+        .expect_err("a request nobody answers times out");
+        assert_eq!(began.elapsed(), SETUP_TIMEOUT);
+        assert_eq!(
+            error.to_string(),
+            "RabbitMQ node rabbit-2:5672 accepted the connection but did not answer opening \
+             the publishing channel within 15 s; reconnecting, to the next node if there is one"
+        );
+        assert_eq!(error.kind().label(), "connect_timeout");
+        assert_eq!(error.recovery(), crate::error::Recovery::Retry);
     }
 }

@@ -9,11 +9,17 @@
 //!
 //! Owns the in-flight window (at most `window` unconfirmed publishes: it reads no input while
 //! the window is full, which is what holds the source back), the confirm queue, the confirm
-//! timeout (paused while the broker blocks publishers), the dead-letter policy and the
-//! stuck message's report. It never knows what a token means: a WAL position, a polling
-//! batch, nothing. It must never report a token before every publish ahead of it is
-//! confirmed without a return, and it stops at the first nack, return (under halt), closed
-//! channel or timeout: nothing after the failure is ever acknowledged.
+//! timeout, the dead-letter policy and the stuck message's report. It never knows what a token
+//! means: a WAL position, a polling batch, nothing. It must never report a token before every
+//! publish ahead of it is confirmed without a return, and it stops at the first nack, return
+//! (under halt), closed channel or timeout: nothing after the failure is ever acknowledged.
+//!
+//! The confirm timeout bounds the age of the oldest unsettled publish: it runs from when that
+//! publish was started (or from when the broker last unblocked the connection, if later) and
+//! nothing the broker says resets it, only the publish settling. Answers trickling in from a
+//! broker that holds the connection in credit flow, or an answer whose barrier never passes,
+//! do not keep a stalled session alive. Only `connection.blocked` (a memory or disk alarm)
+//! pauses it: that wait is the broker's stated choice and reconnecting would not end it.
 //!
 //! The policy lives here and only here: a source hands over what it could not make
 //! publishable ([`Input::Unpublishable`]); under `--on-unroutable dead-letter` it goes to the
@@ -96,7 +102,7 @@ impl<T> Default for Acked<T> {
 pub struct DeliveryOptions {
     /// Most unconfirmed publishes at once.
     pub window: usize,
-    /// How long the front publish may wait for its confirm (paused while blocked).
+    /// How long a publish may stay unsettled after it was started (paused while blocked).
     pub confirm_timeout: Duration,
     /// The message an earlier session failed on: the window is 1 until it is confirmed.
     pub stuck: Option<String>,
@@ -120,6 +126,9 @@ impl DeliveryOptions {
 struct InFlight<S> {
     pending: S,
     committed_at: Option<SystemTime>,
+    /// When it was started (read once per burst): the confirm timeout runs from here. A dead
+    /// letter that replaces a returned publish keeps it: the row has waited since then.
+    started: Instant,
 }
 
 /// Runs until `input` is closed and every publish taken from it is settled (`Ok`), or until
@@ -206,7 +215,7 @@ enum Event<T> {
     RoundTripDone(Result<(), RelayError>),
     /// The source handed over an input (`None`: it closed the channel).
     Received(Option<Input<T>>),
-    /// The front publish waited longer than the confirm timeout.
+    /// The oldest unsettled publish is older than the confirm timeout.
     ConfirmTimedOut,
     /// The broker blocked or unblocked publishing (`false`: the report ended).
     BlockedChanged(bool),
@@ -228,8 +237,9 @@ struct Delivery<'a, T, P: Publisher> {
     /// Under halt: the unpublishable input the loop stopped taking input at. Reported once
     /// everything before it is settled.
     halt: Option<RelayError>,
-    /// Since the broker last answered anything: the confirm timeout runs from here.
-    waiting_since: Instant,
+    /// When the broker last unblocked the connection: no publish's confirm timeout runs from
+    /// before it.
+    unblocked_at: Instant,
     /// At most one round trip at a time, with the barrier it was sent for.
     round_trip: Option<(u64, P::RoundTrip)>,
 }
@@ -257,7 +267,7 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
             blocked_open: true,
             input_open: true,
             halt: None,
-            waiting_since: Instant::now(),
+            unblocked_at: Instant::now(),
             round_trip: None,
         }
     }
@@ -283,7 +293,9 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
                     // The timeout restarts when the broker unblocks: waiting while blocked is
                     // the broker's choice, not a lost confirm.
                     self.blocked_open = open;
-                    self.waiting_since = Instant::now();
+                    if open && !*self.blocked.borrow() {
+                        self.unblocked_at = Instant::now();
+                    }
                 }
             }
         }
@@ -294,8 +306,9 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
     async fn next_event(&mut self, input: &mut mpsc::Receiver<Input<T>>) -> Event<T> {
         let has_unresolved = self.queue.next_unresolved().is_some();
         let room = self.input_open && self.queue.in_flight() < self.window;
-        let timing = self.queue.in_flight() > 0 && !*self.blocked.borrow();
-        let deadline = self.waiting_since + self.options.confirm_timeout;
+        let deadline = self.confirm_deadline();
+        let timing = deadline.is_some();
+        let deadline = deadline.unwrap_or(self.unblocked_at);
         let Delivery {
             queue,
             round_trip,
@@ -326,6 +339,16 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
 
             changed = blocked.changed(), if *blocked_open => Event::BlockedChanged(changed.is_ok()),
         }
+    }
+
+    /// When the oldest unsettled publish times out: `None` while nothing is in flight or the
+    /// broker blocks the connection. Publishes settle in order, so the oldest is the front.
+    fn confirm_deadline(&self) -> Option<Instant> {
+        if *self.blocked.borrow() {
+            return None;
+        }
+        let oldest = self.queue.front_publish()?;
+        Some(oldest.started.max(self.unblocked_at) + self.options.confirm_timeout)
     }
 
     /// Settles what barriers made settleable and passes the ack points behind it, in turn:
@@ -431,7 +454,6 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
     }
 
     fn on_answer(&mut self, answer: Result<Answer, RelayError>) -> Result<(), RelayError> {
-        self.waiting_since = Instant::now();
         observe(&mut self.queue, answer?)?;
         observe_ready(&mut self.queue)?;
         if self.queue.barrier_witnessed() {
@@ -445,7 +467,6 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
     fn on_round_trip(&mut self, result: Result<(), RelayError>) -> Result<(), RelayError> {
         let sent_for = self.round_trip.take().map(|(epoch, _)| epoch);
         result?;
-        self.waiting_since = Instant::now();
         observe_ready(&mut self.queue)?;
         if let Some(epoch) = sent_for {
             self.queue.pass_barrier(epoch);
@@ -461,12 +482,14 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
         input: &mut mpsc::Receiver<Input<T>>,
     ) -> Result<(), RelayError> {
         let mut item = first;
+        // One clock read for the burst: its publishes start within microseconds of it.
+        let now = Instant::now();
         loop {
             let Some(next) = item else {
                 self.input_open = false;
                 return Ok(());
             };
-            self.take(next).await?;
+            self.take(next, now).await?;
             if !self.input_open || self.queue.in_flight() >= self.window {
                 return Ok(());
             }
@@ -478,9 +501,9 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
         }
     }
 
-    /// One input: a publish started, a dead letter started, the halt begun, or an ack point
-    /// queued.
-    async fn take(&mut self, input: Input<T>) -> Result<(), RelayError> {
+    /// One input: a publish started (at `now`), a dead letter started, the halt begun, or an
+    /// ack point queued.
+    async fn take(&mut self, input: Input<T>, now: Instant) -> Result<(), RelayError> {
         match input {
             Input::Publish {
                 message,
@@ -488,7 +511,7 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
             } => {
                 let message_id = message.message_id.clone();
                 let outgoing = Outgoing::from_message(message)?;
-                let pending = self.start(outgoing, committed_at).await?;
+                let pending = self.start(outgoing, committed_at, now).await?;
                 self.queue.push_publish(message_id, pending);
             }
             Input::Unpublishable {
@@ -515,7 +538,7 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
                 let reason = Reason::Rejected(rejection);
                 let letter =
                     dead_letter::dead_letter(exchange, Outgoing::from_message(original)?, &reason);
-                let pending = self.start(letter, committed_at).await?;
+                let pending = self.start(letter, committed_at, now).await?;
                 self.queue.push_dead_letter(message_id, reason, pending);
             }
             Input::AckPoint(token) => {
@@ -531,16 +554,15 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
         &mut self,
         outgoing: Outgoing,
         committed_at: Option<SystemTime>,
+        started: Instant,
     ) -> Result<InFlight<P::Pending>, RelayError> {
-        if self.queue.in_flight() == 0 {
-            self.waiting_since = Instant::now();
-        }
         let pending = self.publisher.start(outgoing).await?;
         self.metrics.published.increment(1);
         self.metrics.in_flight.increment(1.0);
         Ok(InFlight {
             pending,
             committed_at,
+            started,
         })
     }
 }

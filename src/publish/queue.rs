@@ -345,6 +345,15 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         self.acknowledged.as_ref()
     }
 
+    /// The oldest publish not settled yet: the front once [`advance`](Self::advance) has
+    /// popped the ack points before it.
+    pub fn front_publish(&self) -> Option<&P> {
+        self.entries.iter().find_map(|entry| match entry {
+            Entry::Publish { pending, .. } => Some(pending),
+            Entry::AckPoint(_) => None,
+        })
+    }
+
     pub fn front_message_id(&self) -> Option<&str> {
         match self.entries.front() {
             Some(Entry::Publish { message_id, .. }) => Some(message_id),

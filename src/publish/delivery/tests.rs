@@ -4,7 +4,11 @@
 //! these pin down what the loop does with each answer, at a full window.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use tokio::sync::oneshot;
@@ -67,7 +71,26 @@ struct Broker {
     plans: Arc<HashMap<String, Plan>>,
     dead_letters: Option<lapin::types::ShortString>,
     blocked: watch::Receiver<bool>,
-    _blocked_tx: Arc<watch::Sender<bool>>,
+    blocked_tx: Arc<watch::Sender<bool>>,
+    /// Whether round trips come back (at once) or never: a broker that reads nothing more
+    /// from the connection never answers the barrier's request.
+    round_trips_pass: bool,
+}
+
+/// A round trip that passes at once, or never.
+struct FakeRoundTrip {
+    passes: bool,
+}
+
+impl Future for FakeRoundTrip {
+    type Output = Result<(), RelayError>;
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.passes {
+            true => Poll::Ready(Ok(())),
+            false => Poll::Pending,
+        }
+    }
 }
 
 struct FakePending(oneshot::Receiver<Result<Answer, RelayError>>);
@@ -88,7 +111,35 @@ impl Broker {
             plans: Arc::new(plans.iter().map(|(id, p)| (id.to_string(), *p)).collect()),
             dead_letters: dead_letters.then(|| "dlx".into()),
             blocked,
-            _blocked_tx: Arc::new(blocked_tx),
+            blocked_tx: Arc::new(blocked_tx),
+            round_trips_pass: true,
+        }
+    }
+
+    /// A broker that never answers a round trip: no barrier passes, unless a later publish
+    /// witnesses it.
+    fn never_answering_round_trips(mut self) -> Self {
+        self.round_trips_pass = false;
+        self
+    }
+
+    /// Blocks (`true`) or unblocks publishing, as connection.blocked / unblocked.
+    fn set_blocked(&self, blocked: bool) {
+        self.blocked_tx.send_replace(blocked);
+    }
+
+    /// Acks the `n` oldest publishes not answered yet.
+    fn ack_oldest(&self, n: usize) {
+        let mut state = self.state.lock().expect("state");
+        let mut indexes: Vec<usize> = state.waiting.keys().copied().collect();
+        indexes.sort_unstable();
+        for index in indexes.into_iter().take(n) {
+            if let Some(tx) = state.waiting.remove(&index) {
+                let _ = tx.send(Ok(Answer {
+                    acked: true,
+                    returned: None,
+                }));
+            }
         }
     }
 
@@ -191,7 +242,7 @@ impl Broker {
 
 impl Publisher for Broker {
     type Pending = FakePending;
-    type RoundTrip = std::future::Ready<Result<(), RelayError>>;
+    type RoundTrip = FakeRoundTrip;
 
     fn start(
         &self,
@@ -212,7 +263,9 @@ impl Publisher for Broker {
     }
 
     fn round_trip(&self) -> Self::RoundTrip {
-        std::future::ready(Ok(()))
+        FakeRoundTrip {
+            passes: self.round_trips_pass,
+        }
     }
 
     fn blocked(&self) -> watch::Receiver<bool> {
@@ -581,4 +634,155 @@ async fn a_batch_with_an_unpublishable_row_publishes_nothing_under_halt() {
         "{outcome:?}"
     );
     assert!(broker.taken().is_empty());
+}
+
+// ---------------------------------------------------------------------------------
+// The confirm timeout, on paused time: it bounds the age of the oldest unsettled publish.
+
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How a timed run ended.
+struct Timed {
+    outcome: Result<(), RelayError>,
+    /// From the start of the run (the first publish starts at once) to the outcome.
+    after: Duration,
+    /// The newest token reported.
+    reported: Option<Pos>,
+}
+
+/// Runs `deliver` over `inputs` with `window` and the 30 s confirm timeout while `broker_acts`
+/// plays the broker's part (answers, blocks); until the loop ends. Run it on paused time:
+/// the clock jumps to the next timer whenever every task waits.
+async fn run_timed(
+    broker: &Broker,
+    inputs: Vec<Input<Pos>>,
+    window: usize,
+    broker_acts: impl Future<Output = ()>,
+) -> Timed {
+    let (tx, rx) = mpsc::channel(8);
+    let (acked_tx, acked) = watch::channel(Acked::default());
+    let options = DeliveryOptions {
+        window,
+        confirm_timeout: CONFIRM_TIMEOUT,
+        stuck: None,
+        health: None,
+    };
+    let metrics = RelayMetrics::for_batches();
+    let began = Instant::now();
+    let feed = async move {
+        for input in inputs {
+            if tx.send(input).await.is_err() {
+                return;
+            }
+        }
+    };
+    let delivering = async {
+        let outcome = deliver(broker, &options, &metrics, rx, &acked_tx).await;
+        (outcome, began.elapsed())
+    };
+    let acting = async {
+        broker_acts.await;
+        std::future::pending::<Infallible>().await
+    };
+    let ((outcome, after), ()) = tokio::select! {
+        ended = async { tokio::join!(delivering, feed) } => ended,
+        never = acting => match never {},
+    };
+    let reported = acked.borrow().token;
+    Timed {
+        outcome,
+        after,
+        reported,
+    }
+}
+
+/// The run timed out on `message_id`, `seconds` after it started (within a second: the clock
+/// is paused, so only the loop's own order of events can add to it).
+fn assert_timed_out(run: &Timed, message_id: &str, seconds: u64) {
+    assert!(
+        matches!(&run.outcome, Err(RelayError::ConfirmTimeout { message_id: id, .. }) if id == message_id),
+        "{:?}",
+        run.outcome
+    );
+    let expected = Duration::from_secs(seconds);
+    assert!(
+        run.after >= expected && run.after < expected + Duration::from_secs(1),
+        "timed out after {:?}, expected {expected:?}",
+        run.after
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_window_the_broker_never_answers_times_out_at_the_confirm_timeout() {
+    let broker = Broker::new(&[], false);
+    let run = run_timed(&broker, stream(300, 7), 1024, async {}).await;
+    assert_timed_out(&run, "0-0", 30);
+    assert_eq!(broker.counts(), (1024, 1024), "a full window, no answer");
+    assert_eq!(run.reported, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn answers_trickling_in_without_a_passing_barrier_do_not_hold_off_the_timeout() {
+    // A broker draining credit slowly: it answers the oldest publish every 20 s, but the
+    // barrier's round trip never comes back and the full window leaves no room for a witness,
+    // so nothing settles. Each answer used to restart the timeout (20 s < 30 s): the loop
+    // waited as long as answers kept coming, with nothing confirmed.
+    let broker = Broker::new(&[], false).never_answering_round_trips();
+    let trickle = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            broker.ack_oldest(1);
+        }
+    };
+    let run = tokio::time::timeout(
+        Duration::from_secs(600),
+        run_timed(&broker, stream(300, 7), 1024, trickle),
+    )
+    .await
+    .expect("the confirm timeout fires while answers trickle in");
+    assert_timed_out(&run, "0-0", 30);
+    assert_eq!(
+        broker.counts(),
+        (1024, 1023),
+        "one answer came in before the timeout, 30 s after the first publish"
+    );
+    assert_eq!(run.reported, None, "nothing settled");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_blocked_connection_pauses_the_timeout_until_it_is_unblocked() {
+    // Blocked 10 s after the window filled, for 60 s: the front publish's 30 s pass inside
+    // the block. The timeout runs again from the unblock: nothing settles, so it fires once,
+    // 30 s after it.
+    let broker = Broker::new(&[], false);
+    let alarm = async {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        broker.set_blocked(true);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        broker.set_blocked(false);
+    };
+    let run = run_timed(&broker, stream(300, 7), 1024, alarm).await;
+    assert_timed_out(&run, "0-0", 10 + 60 + 30);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_healthy_full_window_that_runs_longer_than_the_timeout_is_never_timed_out() {
+    // 8 answers a second with a window of 64: every publish settles within 8 s of its start,
+    // while the whole run takes 250 s, over eight times the timeout.
+    let broker = Broker::new(&[], false);
+    let steady = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            broker.ack_oldest(8);
+        }
+    };
+    let run = run_timed(&broker, stream(200, 10), 64, steady).await;
+    run.outcome.expect("delivered");
+    assert_eq!(run.reported, Some(Pos(200)));
+    assert!(
+        run.after >= Duration::from_secs(240),
+        "the run lasted {:?}",
+        run.after
+    );
+    assert_eq!(broker.most_unanswered(), 64, "the window was full");
 }
