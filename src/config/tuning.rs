@@ -32,8 +32,10 @@ pub struct Tuning {
 /// the message size limit.
 #[derive(Debug, Clone, Args)]
 pub struct Publishing {
-    /// Seconds a published message may wait for its broker confirm before the relay gives up on
-    /// the connection and reconnects (paused while the broker blocks publishers).
+    /// Seconds a published message may stay unsettled (not yet confirmed, or its confirm not
+    /// yet known to be free of a return) before the relay gives up on the connection and
+    /// reconnects (paused while the broker blocks publishers). Keep it above the time the broker
+    /// needs to confirm a full window.
     #[arg(long, env = "OUTBOX_CONFIRM_TIMEOUT_SECS", default_value_t = 30)]
     pub confirm_timeout_secs: u64,
 
