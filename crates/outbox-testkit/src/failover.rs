@@ -17,7 +17,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_postgres::Client;
 
+use lapin::types::FieldTable;
+
 use super::faults::connect_retrying;
+use super::outbox::Outbox;
 use super::pg::{parse_lsn, query_value, PgServer};
 
 /// The first major version with failover slots (`failover`, `sync_replication_slots`,
@@ -91,6 +94,18 @@ impl FailoverPair {
     /// Whether the servers have failover slots (17+).
     pub fn has_failover_slots(&self) -> bool {
         self.major >= FIRST_FAILOVER_MAJOR
+    }
+
+    /// An outbox in a fresh database of the primary, provisioned by `outbox-relay setup`
+    /// once the standby has the database: a failover slot made before the standby replayed
+    /// `CREATE DATABASE` stops the standby's slot sync worker with an error ("database …
+    /// does not exist"), and the postmaster starts it again only when it next wakes up
+    /// (a new connection, or after up to a minute).
+    pub async fn outbox(&self, amqp_url: &str, prefix: &str) -> Outbox {
+        let name = super::unique_name(prefix);
+        let db_url = self.primary.create_database(&name).await;
+        self.wait_standby_replayed(Duration::from_secs(60)).await;
+        Outbox::provision_in(&db_url, amqp_url, &["setup"], FieldTable::default()).await
     }
 
     /// Both servers in libpq's multi-host form, primary first:
@@ -168,7 +183,8 @@ impl FailoverPair {
             if started.elapsed() >= timeout {
                 return Err(format!(
                     "the standby's copy of slot {slot} is not ready for a failover after \
-                     {timeout:?}: {state:?}"
+                     {timeout:?}: {state:?}; the standby's log (tail):\n{}",
+                    super::tail_file(&self.standby.log_path(), 40)
                 ));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
