@@ -102,9 +102,8 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
         }
         started => started?,
     };
-    // A child: the real shutdown stops it too, and so does the server going away.
-    let stopping = shutdown.child_token();
-    let _watch = watch_for_shutdown(ctx, &server, stopping.clone()).await?;
+    let leaving = CancellationToken::new();
+    let _watch = watch_for_shutdown(ctx, &server, leaving.clone()).await?;
     tracing::info!(
         slot = %ctx.names.slot,
         from = %slot.confirmed_flush,
@@ -149,33 +148,52 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
         acked,
         delivery,
     });
-    let stop = reader.run(stopping.clone()).await;
+    // A child: the real shutdown stops the reading too, and so does the server going away.
+    let stopping = shutdown.child_token();
+    let left = || RelayError::ServerShuttingDown {
+        server: server.to_string(),
+    };
+    let stop = tokio::select! {
+        stop = reader.run(stopping.clone()) => stop,
+        // A clean shutdown lets the reader finish the transaction and send its position
+        // within milliseconds; after a crash nothing will take it, so it is not waited for.
+        () = async {
+            leaving.cancelled().await;
+            stopping.cancel();
+            tokio::time::sleep(LEAVING_GRACE).await;
+        } => {
+            broker.close().await;
+            return Err(left());
+        }
+    };
     broker.close().await;
     match stop {
         Stop::Graceful { stream, .. } if !shutdown.is_cancelled() => {
             // The server shuts down: no final position to wait for on it.
             stream.close().await;
-            Err(RelayError::ServerShuttingDown {
-                server: server.to_string(),
-            })
+            Err(left())
         }
         stop => conclude(ctx, stop).await,
     }
 }
 
-/// Watches `server` on an ordinary connection of its own and cancels `stopping` when the
+/// How long a session whose server shuts down waits for its reader to stop between
+/// transactions before it abandons the stream.
+const LEAVING_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Watches `server` on an ordinary connection of its own and cancels `leaving` when the
 /// server ends that connection because it shuts down (SQLSTATE 57P01, 57P02 or 57P03). On a
 /// clean shutdown (a switchover stops the primary with `-m fast`) PostgreSQL ends every
 /// ordinary connection first, the standby's slot synchronization included, and then keeps
 /// the walsender streaming until the relay has confirmed everything: all the relay
 /// delivered in that time, the promoted standby's copy of the slot does not know about, and
 /// delivers again. Stopping at the first sign of the shutdown (between transactions, as for
-/// SIGTERM) keeps that replay to what a crash costs. Any other end of the connection is left
-/// to the session's own connections to notice.
+/// SIGTERM, or within [`LEAVING_GRACE`]) keeps that replay to what a crash costs. Any other
+/// end of the connection is left to the session's own connections to notice.
 async fn watch_for_shutdown(
     ctx: &SessionContext,
     server: &db::Server,
-    stopping: CancellationToken,
+    leaving: CancellationToken,
 ) -> Result<AbortOnDropHandle<()>, RelayError> {
     let (client, mut received) =
         db::connect_to_for_notifications(&ctx.database_url, server).await?;
@@ -192,7 +210,7 @@ async fn watch_for_shutdown(
             ];
             if e.code().is_some_and(|code| shutting_down.contains(code)) {
                 tracing::warn!(%server, "PostgreSQL is shutting down: stopping the session between transactions");
-                stopping.cancel();
+                leaving.cancel();
             }
             return;
         }
