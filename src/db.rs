@@ -271,6 +271,18 @@ pub async fn connect_for_notifications(url: &str) -> Result<(Client, Notificatio
     Ok((client, received))
 }
 
+/// [`connect_to`], handing over what the connection receives and the error that ends it,
+/// like [`connect_for_notifications`]: for a connection kept open to learn why `server`
+/// closes it (a shutdown).
+pub async fn connect_to_for_notifications(
+    url: &str,
+    server: &Server,
+) -> Result<(Client, Notifications), RelayError> {
+    let (notifications, received) = mpsc::channel(64);
+    let client = connect_with(url, server, Some(notifications)).await?;
+    Ok((client, received))
+}
+
 async fn connect_with(
     url: &str,
     server: &Server,

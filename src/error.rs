@@ -215,6 +215,13 @@ pub enum RelayError {
     #[error("The PostgreSQL connection that listens for notifications ended")]
     NotificationsEnded,
 
+    #[error(
+        "The PostgreSQL server {server} is shutting down (a switchover or a restart): the \
+         session stopped taking changes from it, so that a promoted standby replays as little \
+         as possible; reconnecting to the primary"
+    )]
+    ServerShuttingDown { server: String },
+
     /// The AMQP client's error, as its text (`publish/` converts it: no other part of the
     /// relay names the client).
     #[error("RabbitMQ error: {0}")]
@@ -544,6 +551,7 @@ impl RelayError {
             | DatabaseTimeout { .. }
             | NotificationsEnded
             | NoPrimary { .. }
+            | ServerShuttingDown { .. }
             | SlotVanished { .. } => ErrorKind::DatabaseDown,
             Replication { sqlstate, source } => replication_kind(sqlstate.as_ref(), source),
             ConnectTimeout { endpoint, .. } => match endpoint {

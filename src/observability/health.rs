@@ -36,6 +36,9 @@ pub enum NotReady {
     NoHeartbeat,
     /// The slot was invalidated (`wal_status = 'lost'`).
     SlotLost,
+    /// PostgreSQL sends nothing a standby of `synchronized_standby_slots` has not confirmed,
+    /// and that standby is gone or stalled (the slot poller saw it).
+    WaitingForStandby(StandbyWait),
     /// The broker keeps refusing this message (nack, unroutable, no confirm).
     StuckMessage(String),
 }
@@ -50,6 +53,9 @@ impl fmt::Display for NotReady {
             NotReady::BrokerBlocked => f.write_str("broker blocked"),
             NotReady::NoHeartbeat => f.write_str("no heartbeat"),
             NotReady::SlotLost => f.write_str("slot lost"),
+            NotReady::WaitingForStandby(wait) => {
+                write!(f, "waiting for standby slot {} ({})", wait.slot, wait.why)
+            }
             NotReady::StuckMessage(id) => write!(f, "stuck message {id}"),
         }
     }
@@ -71,15 +77,24 @@ impl NotReady {
     }
 }
 
+/// A physical slot of `synchronized_standby_slots` that holds the relay's failover slot back,
+/// and why (missing, invalidated, no standby connected, or its standby stalled).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StandbyWait {
+    pub slot: String,
+    pub why: String,
+}
+
 /// What the session, the supervisor and the poller report, for `/readyz` and the gauges that
 /// are computed at scrape time. One per process; clones share it.
 ///
 /// Readiness combines independent conditions, each set by whoever knows it, so that no
 /// writer can clear another's: the session's phase ([`set_ready`](Self::set_ready) /
 /// [`set_not_ready`](Self::set_not_ready)), the broker's blocked flag, the heartbeat's
-/// staleness, a stuck message, and a lost slot seen by the poller. `/readyz` answers with
-/// the first that fails, in that order of precedence: slot lost, the phase, broker blocked,
-/// no heartbeat, stuck message.
+/// staleness, a stuck message, and a lost slot or a standby it waits for, seen by the poller.
+/// `/readyz` answers with the first that fails, in that order of precedence: slot lost,
+/// waiting for a standby (the cause of the silence and the reconnects that follow it), the
+/// phase, broker blocked, no heartbeat, stuck message.
 #[derive(Clone, Default)]
 pub struct Health {
     state: Arc<Mutex<HealthState>>,
@@ -94,6 +109,8 @@ struct HealthState {
     heartbeat_stale: bool,
     stuck: Option<(String, Instant)>,
     slot_lost: bool,
+    /// As of the poller's last successful round.
+    waiting_for_standby: Option<StandbyWait>,
     acknowledged: Option<Acknowledged>,
     heartbeat_written: Option<SystemTime>,
 }
@@ -166,6 +183,12 @@ impl Health {
         self.lock().slot_lost = lost;
     }
 
+    /// The slot poller saw a standby of `synchronized_standby_slots` holding the slot back
+    /// (`None`: none does, or nothing can).
+    pub fn set_waiting_for_standby(&self, wait: Option<StandbyWait>) {
+        self.lock().waiting_for_standby = wait;
+    }
+
     /// The relay acknowledged `lsn` to PostgreSQL; `commit_time` is the commit timestamp of
     /// the transaction that ends there (`None` for a keepalive or heartbeat ack point, which
     /// keeps the previous commit time).
@@ -204,6 +227,9 @@ impl Health {
         let state = self.lock();
         if state.slot_lost {
             return Err(NotReady::SlotLost);
+        }
+        if let Some(wait) = &state.waiting_for_standby {
+            return Err(NotReady::WaitingForStandby(wait.clone()));
         }
         if !state.started {
             return Err(NotReady::Starting);
@@ -359,9 +385,18 @@ mod tests {
         assert_eq!(health.readiness(), Err(NotReady::BrokerBlocked));
         health.set_not_ready(NotReady::Standby);
         assert_eq!(health.readiness().unwrap_err().to_string(), "standby");
+        health.set_waiting_for_standby(Some(StandbyWait {
+            slot: "standby_1".into(),
+            why: "no standby is connected to its slot".into(),
+        }));
+        assert_eq!(
+            health.readiness().unwrap_err().to_string(),
+            "waiting for standby slot standby_1 (no standby is connected to its slot)"
+        );
         health.set_slot_lost(true);
         assert_eq!(health.readiness().unwrap_err().to_string(), "slot lost");
         health.set_slot_lost(false);
+        health.set_waiting_for_standby(None);
         health.set_ready();
         health.set_broker_blocked(false);
         health.set_heartbeat_stale(false);

@@ -143,6 +143,12 @@ pub const POSTGRES_INFO: &str = "outbox_relay_postgres_info";
 pub const FAILOVER_READY: &str = "outbox_relay_failover_ready";
 /// Label of [`POSTGRES_INFO`] and [`FAILOVER_READY`].
 pub const HOST_LABEL: &str = "host";
+/// 1 for each physical slot of `synchronized_standby_slots` that holds the relay's failover
+/// slot back (label `slot`: missing, invalidated, no standby connected, or stalled), 0 once it
+/// no longer does. PostgreSQL 17+.
+pub const WAITING_FOR_STANDBY: &str = "outbox_relay_waiting_for_standby";
+/// Label of [`WAITING_FOR_STANDBY`]: the physical slot's name.
+pub const SLOT_LABEL: &str = "slot";
 /// Replication sessions that started streaming (the first one included): a reconnect adds
 /// one.
 pub const SESSIONS_TOTAL: &str = "outbox_relay_sessions_total";
@@ -289,6 +295,10 @@ pub fn describe() {
     describe_gauge!(
         FAILOVER_READY,
         "1 for each standby of the database URL where the slot is synced and valid (ready for a failover), 0 otherwise"
+    );
+    describe_gauge!(
+        WAITING_FOR_STANDBY,
+        "1 for each physical slot of synchronized_standby_slots that holds the relay's slot back, 0 once it no longer does"
     );
     describe_counter!(
         SESSIONS_TOTAL,
@@ -631,6 +641,7 @@ mod tests {
             BROKER_INFO,
             POSTGRES_INFO,
             FAILOVER_READY,
+            WAITING_FOR_STANDBY,
             SLOT_RECOVERIES_TOTAL,
             SESSIONS_TOTAL,
             COMMIT_TO_CONFIRM_SECONDS,

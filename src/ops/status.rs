@@ -29,11 +29,12 @@ use crate::db::{self, quote_ident};
 use crate::error::RelayError;
 use crate::observability::http_get;
 use crate::observability::metrics::{BROKER_INFO, HOST_LABEL, NODE_LABEL, POSTGRES_INFO};
+use crate::observability::StandbyWait;
 use crate::outbox_table::columns;
 use crate::poll::table::{read_backlog, Backlog};
 use crate::shard::Shard;
 use crate::wal::preflight::{idle_slot_timeout, synchronized_standby_slots};
-use crate::wal::slot::{failover_readiness, read_slot, Readiness, SlotReport};
+use crate::wal::slot::{failover_readiness, read_slot, read_standby_slots, Readiness, SlotReport};
 
 /// The probe's verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +80,11 @@ pub struct Status {
     pub idle_replication_slot_timeout: Option<String>,
     /// 17+: the server's synchronized_standby_slots (`""`: unset; `null` before 17).
     pub synchronized_standby_slots: Option<String>,
+    /// 17+: the physical slots of synchronized_standby_slots that hold the slot back now
+    /// (missing, invalidated, or no standby connected): PostgreSQL sends the relay nothing
+    /// past what they confirmed. `null` when nothing can hold it back (unset, before 17, not
+    /// a failover slot); empty when nothing does.
+    pub waiting_for_standby: Option<Vec<StandbyWait>>,
     pub table: String,
     pub outbox_rows: Option<i64>,
     pub oldest_row_age_seconds: Option<f64>,
@@ -235,13 +241,18 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         .as_ref()
         .and_then(|r| r.lost_reason())
         .map(str::to_string);
-    let (idle_replication_slot_timeout, synchronized_standby_slots) = match poll {
-        true => (None, None),
-        false => (
-            idle_slot_timeout(client).await?,
-            synchronized_standby_slots(client).await?,
-        ),
-    };
+    let (idle_replication_slot_timeout, synchronized_standby_slots, waiting_for_standby) =
+        match poll {
+            true => (None, None, None),
+            false => (
+                idle_slot_timeout(client).await?,
+                synchronized_standby_slots(client).await?,
+                // One reading: a standby that stalled is told by the running relay's poller.
+                read_standby_slots(client, &slots.slot)
+                    .await?
+                    .map(|standbys| standbys.waits(None)),
+            ),
+        };
     Ok(Status {
         mode: if poll { "poll" } else { "wal" },
         slot: slots.slot,
@@ -261,6 +272,7 @@ pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayE
         synced,
         idle_replication_slot_timeout,
         synchronized_standby_slots,
+        waiting_for_standby,
         table: args.names.table.to_string(),
         outbox_rows: table.outbox_rows,
         oldest_row_age_seconds: table.oldest_row_age_seconds,
@@ -548,6 +560,15 @@ fn version_lines(status: &Status, lines: &mut Vec<(&'static str, String)>) {
             },
         ));
     }
+    for wait in status.waiting_for_standby.iter().flatten() {
+        lines.push((
+            "waiting for",
+            format!(
+                "standby slot {}: {}; the relay gets nothing past what it confirmed",
+                wait.slot, wait.why
+            ),
+        ));
+    }
     if let Some(timeout) = &status.idle_replication_slot_timeout {
         lines.push((
             "idle slot timeout",
@@ -696,6 +717,7 @@ mod tests {
             synced: None,
             idle_replication_slot_timeout: None,
             synchronized_standby_slots: None,
+            waiting_for_standby: None,
             table: "outbox".into(),
             outbox_rows: Some(12),
             oldest_row_age_seconds: Some(192.4),

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use pgwire_replication::{FeedbackObserver, Lsn, PgWireError, ReplicationClient};
 use tokio::sync::{mpsc, watch, Notify};
+use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -101,6 +102,8 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
         }
         started => started?,
     };
+    let leaving = CancellationToken::new();
+    let _watch = watch_for_shutdown(ctx, &server, leaving.clone()).await?;
     tracing::info!(
         slot = %ctx.names.slot,
         from = %slot.confirmed_flush,
@@ -145,9 +148,73 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
         acked,
         delivery,
     });
-    let stop = reader.run(shutdown).await;
+    // A child: the real shutdown stops the reading too, and so does the server going away.
+    let stopping = shutdown.child_token();
+    let left = || RelayError::ServerShuttingDown {
+        server: server.to_string(),
+    };
+    let stop = tokio::select! {
+        stop = reader.run(stopping.clone()) => stop,
+        // A clean shutdown lets the reader finish the transaction and send its position
+        // within milliseconds; after a crash nothing will take it, so it is not waited for.
+        () = async {
+            leaving.cancelled().await;
+            stopping.cancel();
+            tokio::time::sleep(LEAVING_GRACE).await;
+        } => {
+            broker.close().await;
+            return Err(left());
+        }
+    };
     broker.close().await;
-    conclude(ctx, stop).await
+    match stop {
+        Stop::Graceful { stream, .. } if !shutdown.is_cancelled() => {
+            // The server shuts down: no final position to wait for on it.
+            stream.close().await;
+            Err(left())
+        }
+        stop => conclude(ctx, stop).await,
+    }
+}
+
+/// How long a session whose server shuts down waits for its reader to stop between
+/// transactions before it abandons the stream.
+const LEAVING_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Watches `server` on an ordinary connection of its own and cancels `leaving` when the
+/// server ends that connection because it shuts down (SQLSTATE 57P01, 57P02 or 57P03). On a
+/// clean shutdown (a switchover stops the primary with `-m fast`) PostgreSQL ends every
+/// ordinary connection first, the standby's slot synchronization included, and then keeps
+/// the walsender streaming until the relay has confirmed everything: all the relay
+/// delivered in that time, the promoted standby's copy of the slot does not know about, and
+/// delivers again. Stopping at the first sign of the shutdown (between transactions, as for
+/// SIGTERM, or within [`LEAVING_GRACE`]) keeps that replay to what a crash costs. Any other
+/// end of the connection is left to the session's own connections to notice.
+async fn watch_for_shutdown(
+    ctx: &SessionContext,
+    server: &db::Server,
+    leaving: CancellationToken,
+) -> Result<AbortOnDropHandle<()>, RelayError> {
+    let (client, mut received) =
+        db::connect_to_for_notifications(&ctx.database_url, server).await?;
+    let server = server.to_string();
+    Ok(AbortOnDropHandle::new(tokio::spawn(async move {
+        // Held, not used: the connection is what is watched.
+        let _client = client;
+        while let Some(message) = received.recv().await {
+            let Err(e) = message else { continue };
+            let shutting_down = [
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+            ];
+            if e.code().is_some_and(|code| shutting_down.contains(code)) {
+                tracing::warn!(%server, "PostgreSQL is shutting down: stopping the session between transactions");
+                leaving.cancel();
+            }
+            return;
+        }
+    })))
 }
 
 /// What a recovery of the slot needs of the session's context.

@@ -12,6 +12,12 @@
 //!
 //! The row is read as JSON (`to_jsonb`), so the columns a newer server adds (17's `failover`,
 //! `synced`, `invalidation_reason`, …) are simply there or absent, on every version.
+//!
+//! On 17+, a failover slot is also held back by the standbys that `synchronized_standby_slots`
+//! names: the walsender sends nothing those physical slots have not confirmed. The poller
+//! reads them in the same round ([`read_standby_slots`]) and says when one of them is what
+//! the relay waits for ([`StandbySlots::waits`]): `/readyz` then names it instead of the
+//! symptoms (a growing lag, a silent stream).
 
 use std::time::Duration;
 
@@ -26,10 +32,11 @@ use crate::error::RelayError;
 use time::format_description::well_known::Rfc3339;
 
 use crate::observability::{
-    Health, FAILOVER_READY, HOST_LABEL, INVALIDATION_REASONS, REASON_LABEL, SLOT_ACTIVE,
-    SLOT_CONFLICTING, SLOT_FAILOVER, SLOT_INACTIVE_SINCE_SECONDS, SLOT_INVALIDATION_REASON,
-    SLOT_LAG_BYTES, SLOT_POLLS_TOTAL, SLOT_POLL_ERRORS_TOTAL, SLOT_RETAINED_WAL_BYTES,
-    SLOT_SAFE_WAL_SIZE_BYTES, SLOT_SYNCED, SLOT_WAL_STATUS, STATUS_LABEL, WAL_STATUSES,
+    Health, StandbyWait, FAILOVER_READY, HOST_LABEL, INVALIDATION_REASONS, REASON_LABEL,
+    SLOT_ACTIVE, SLOT_CONFLICTING, SLOT_FAILOVER, SLOT_INACTIVE_SINCE_SECONDS,
+    SLOT_INVALIDATION_REASON, SLOT_LABEL, SLOT_LAG_BYTES, SLOT_POLLS_TOTAL, SLOT_POLL_ERRORS_TOTAL,
+    SLOT_RETAINED_WAL_BYTES, SLOT_SAFE_WAL_SIZE_BYTES, SLOT_SYNCED, SLOT_WAL_STATUS, STATUS_LABEL,
+    WAITING_FOR_STANDBY, WAL_STATUSES,
 };
 use crate::periodic::{self, Job};
 
@@ -282,7 +289,8 @@ pub fn record_slot(report: &SlotReport) {
 }
 
 /// Reads the slot every `interval` until `shutdown`, setting the slot gauges and telling
-/// `health` when the slot is lost.
+/// `health` when the slot is lost, or held back by a standby of `synchronized_standby_slots`
+/// (one more cheap query in the same round).
 pub async fn run_slot_poller(
     database_url: String,
     slot: String,
@@ -292,12 +300,19 @@ pub async fn run_slot_poller(
 ) {
     let polls = metrics::counter!(SLOT_POLLS_TOTAL);
     let mut missing_logged = false;
+    let mut previous_standbys: Option<StandbySlots> = None;
+    let mut waited_on: Vec<String> = Vec::new();
     let name = slot.clone();
     let read = move |connection: periodic::Connection| {
         let slot = slot.clone();
-        async move { read_slot(&*connection.client().await?, &slot).await }
+        async move {
+            let client = connection.client().await?;
+            let report = read_slot(&client, &slot).await?;
+            let standbys = read_standby_slots(&client, &slot).await?;
+            Ok((report, standbys))
+        }
     };
-    let record = move |report: Option<SlotReport>| {
+    let record = move |(report, standbys): (Option<SlotReport>, Option<StandbySlots>)| {
         polls.increment(1);
         match report {
             Some(report) => {
@@ -311,10 +326,175 @@ pub async fn run_slot_poller(
             }
             None => {}
         }
+        let waits = standbys
+            .as_ref()
+            .map(|now| now.waits(previous_standbys.as_ref()))
+            .unwrap_or_default();
+        record_standby_waits(&waits, &mut waited_on);
+        health.set_waiting_for_standby(waits.into_iter().next());
+        previous_standbys = standbys;
     };
     let errors = metrics::counter!(SLOT_POLL_ERRORS_TOTAL);
     let job = Job::poller("slot poller", interval, errors);
     periodic::run(&database_url, job, shutdown, read, record).await;
+}
+
+/// Sets [`WAITING_FOR_STANDBY`] for the standby slots holding the relay back (1), and back to
+/// 0 for those that did at an earlier poll; logs each new wait once.
+fn record_standby_waits(waits: &[StandbyWait], waited_on: &mut Vec<String>) {
+    for wait in waits {
+        if !waited_on.contains(&wait.slot) {
+            tracing::warn!(
+                standby_slot = %wait.slot,
+                why = %wait.why,
+                "PostgreSQL sends the relay nothing this standby has not confirmed \
+                 (synchronized_standby_slots): publishing waits until it is back. Fix: bring \
+                 the standby back, or remove its slot from synchronized_standby_slots on the \
+                 primary (docs/operations.md, \"PostgreSQL high availability\")"
+            );
+            waited_on.push(wait.slot.clone());
+        }
+        metrics::gauge!(WAITING_FOR_STANDBY, SLOT_LABEL => wait.slot.clone()).set(1.0);
+    }
+    waited_on.retain(|slot| {
+        let still = waits.iter().any(|wait| &wait.slot == slot);
+        if !still {
+            tracing::info!(standby_slot = %slot, "the standby no longer holds the relay back");
+            metrics::gauge!(WAITING_FOR_STANDBY, SLOT_LABEL => slot.clone()).set(0.0);
+        }
+        still
+    });
+}
+
+/// One physical slot that `synchronized_standby_slots` names, as the primary sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StandbySlot {
+    pub name: String,
+    /// `None`: no slot of that name exists.
+    pub state: Option<StandbySlotState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StandbySlotState {
+    /// Why it was invalidated, if it was.
+    pub lost_reason: Option<String>,
+    /// A walreceiver streams through it.
+    pub active: bool,
+    /// Its `restart_lsn`: what the standby has flushed.
+    pub flushed: Option<Lsn>,
+}
+
+/// The standbys a failover slot waits for, read in one statement on the primary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StandbySlots {
+    pub slots: Vec<StandbySlot>,
+    /// The relay's slot's `confirmed_flush_lsn`.
+    pub confirmed: Option<Lsn>,
+    pub current: Option<Lsn>,
+}
+
+impl StandbySlots {
+    /// The listed slots that hold the relay's slot back now: missing, invalidated, or with no
+    /// standby streaming through them; or behind: its standby has not flushed anything since
+    /// the `previous` poll while the primary's WAL is past it and the relay has confirmed
+    /// everything up to it (so the relay waits for it, not for itself). A standby a few
+    /// milliseconds behind at one poll is normal and is not reported.
+    pub fn waits(&self, previous: Option<&StandbySlots>) -> Vec<StandbyWait> {
+        let flushed_before = |name: &str| {
+            previous
+                .and_then(|p| p.slots.iter().find(|s| s.name == name))
+                .and_then(|s| s.state.as_ref())
+                .and_then(|s| s.flushed)
+        };
+        self.slots
+            .iter()
+            .filter_map(|slot| {
+                let why = match &slot.state {
+                    None => "its slot does not exist".to_string(),
+                    Some(StandbySlotState {
+                        lost_reason: Some(reason),
+                        ..
+                    }) => format!("its slot was invalidated ({reason})"),
+                    Some(StandbySlotState { active: false, .. }) => {
+                        "no standby is connected to its slot".to_string()
+                    }
+                    Some(StandbySlotState {
+                        flushed: Some(flushed),
+                        ..
+                    }) if flushed_before(&slot.name) == Some(*flushed)
+                        && self.current.is_some_and(|current| current > *flushed)
+                        && self
+                            .confirmed
+                            .is_some_and(|confirmed| confirmed >= *flushed) =>
+                    {
+                        format!(
+                            "its standby has flushed nothing past {flushed} since the last poll"
+                        )
+                    }
+                    Some(_) => return None,
+                };
+                Some(StandbyWait {
+                    slot: slot.name.clone(),
+                    why,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The physical slots `synchronized_standby_slots` names and the relay's slot's position, on
+/// the primary. `None` when nothing can hold the slot back: the setting is unset or unknown
+/// (before 17), or the relay's slot is not a failover slot (PostgreSQL waits only for those).
+pub async fn read_standby_slots(
+    client: &Client,
+    slot: &str,
+) -> Result<Option<StandbySlots>, RelayError> {
+    // The setting is a list of slot names (identifiers: quotes allowed, never needed for a
+    // slot name, which is [a-z0-9_]).
+    let rows = client
+        .query(
+            "WITH relay AS ( \
+                 SELECT confirmed_flush_lsn::text AS confirmed, \
+                        coalesce((to_jsonb(r) ->> 'failover')::bool, false) AS failover \
+                 FROM pg_catalog.pg_replication_slots r WHERE slot_name = $1), \
+             listed AS ( \
+                 SELECT btrim(name, ' \"') AS name \
+                 FROM unnest(string_to_array( \
+                     current_setting('synchronized_standby_slots', true), ',')) AS name) \
+             SELECT l.name, s.slot_name IS NOT NULL, \
+                    coalesce(to_jsonb(s) ->> 'invalidation_reason', \
+                             CASE WHEN s.wal_status = 'lost' THEN 'wal_removed' END), \
+                    coalesce(s.active, false), s.restart_lsn::text, \
+                    relay.confirmed, pg_current_wal_lsn()::text \
+             FROM listed l \
+             CROSS JOIN relay \
+             LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = l.name \
+             WHERE l.name <> '' AND relay.failover",
+            &[&slot],
+        )
+        .await?;
+    let lsn = |text: Option<String>| text.and_then(|t| Lsn::parse(&t).ok());
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let confirmed = lsn(first.get(5));
+    let current = lsn(first.get(6));
+    let slots = rows
+        .iter()
+        .map(|row| StandbySlot {
+            name: row.get(0),
+            state: row.get::<_, bool>(1).then(|| StandbySlotState {
+                lost_reason: row.get(2),
+                active: row.get(3),
+                flushed: lsn(row.get(4)),
+            }),
+        })
+        .collect();
+    Ok(Some(StandbySlots {
+        slots,
+        confirmed,
+        current,
+    }))
 }
 
 /// How one server of the database URL stands for the next failover.
@@ -457,6 +637,59 @@ pub const FAILOVER_NEEDS_17: &str = "--failover-slot on needs PostgreSQL 17 or l
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn standbys(flushed: &str, confirmed: &str, current: &str) -> StandbySlots {
+        let lsn = |text: &str| Lsn::parse(text).ok();
+        StandbySlots {
+            slots: vec![
+                StandbySlot {
+                    name: "gone".into(),
+                    state: None,
+                },
+                StandbySlot {
+                    name: "down".into(),
+                    state: Some(StandbySlotState {
+                        lost_reason: None,
+                        active: false,
+                        flushed: lsn("0/10"),
+                    }),
+                },
+                StandbySlot {
+                    name: "up".into(),
+                    state: Some(StandbySlotState {
+                        lost_reason: None,
+                        active: true,
+                        flushed: lsn(flushed),
+                    }),
+                },
+            ],
+            confirmed: lsn(confirmed),
+            current: lsn(current),
+        }
+    }
+
+    /// A standby a moment behind is normal; one that flushed nothing since the last poll
+    /// while the relay waits at its position holds the slot back.
+    #[test]
+    fn a_standby_holds_the_slot_back_when_missing_down_or_stalled() {
+        let waits = |now: &StandbySlots, before: Option<&StandbySlots>| -> Vec<String> {
+            now.waits(before).into_iter().map(|w| w.slot).collect()
+        };
+        let first = standbys("0/100", "0/100", "0/200");
+        assert_eq!(waits(&first, None), ["gone", "down"]);
+        let moved = standbys("0/180", "0/180", "0/200");
+        assert_eq!(waits(&moved, Some(&first)), ["gone", "down"]);
+        let stalled = standbys("0/180", "0/180", "0/300");
+        assert_eq!(waits(&stalled, Some(&moved)), ["gone", "down", "up"]);
+        let relay_behind = standbys("0/180", "0/100", "0/300");
+        assert_eq!(waits(&relay_behind, Some(&moved)), ["gone", "down"]);
+        let idle = standbys("0/180", "0/180", "0/180");
+        assert_eq!(waits(&idle, Some(&moved)), ["gone", "down"]);
+        assert_eq!(
+            first.waits(None)[1].why,
+            "no standby is connected to its slot"
+        );
+    }
 
     fn report(json: &str) -> SlotReport {
         serde_json::from_str(json).expect("a pg_replication_slots row")

@@ -74,9 +74,26 @@ impl Outbox {
             .await
             .unwrap_or_else(|e| panic!("create database {name}: {e:?}"));
         let db_url = super::pg::replace_url_database(server_url, &name);
+        Self::provision_in(&db_url, amqp_url, setup, queue_arguments).await
+    }
+
+    /// Like [`Outbox::provision`], in the existing, empty database of `db_url`, whose name
+    /// also names the slot, exchange and queue (e.g. a database a standby must have before
+    /// the slot is made: [`super::failover::FailoverPair::outbox`]).
+    pub async fn provision_in(
+        db_url: &str,
+        amqp_url: &str,
+        setup: &[&str],
+        queue_arguments: FieldTable,
+    ) -> Outbox {
+        let name = db_url
+            .split('?')
+            .next()
+            .and_then(|url| url.rsplit('/').next())
+            .expect("a database in the URL");
         let outbox = Outbox {
-            client: pg_connect(&db_url).await,
-            db_url,
+            client: pg_connect(db_url).await,
+            db_url: db_url.to_string(),
             amqp_url: amqp_url.to_string(),
             slot: format!("{name}_slot"),
             exchange: format!("{name}_x"),

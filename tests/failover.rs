@@ -1,0 +1,641 @@
+//! PostgreSQL failover (issue 22): the relay follows a promoted standby with nothing lost and
+//! no phantom events. Each scenario runs its own primary and streaming standby
+//! (`common::failover`) of a version it names, with failover slots synced to the standby and
+//! `synchronized_standby_slots` on the primary, and checks with oracles from outside the
+//! relay:
+//!
+//! - **L0**: every row that exists on the new primary arrived (the rows that survived are the
+//!   oracle: a COMMIT cut by the crash may or may not have committed);
+//! - **no phantom**: nothing arrived whose row is not on the new primary;
+//! - **DUP**: every row that arrives twice comes after the promoted slot's position, and the
+//!   duplicates stay within the bound of docs/reliability.md, "PostgreSQL failover": what
+//!   the standby's copy of the slot was behind the primary's (read from both servers), plus
+//!   W + rate × (the fault's duration + the report lag) + X;
+//! - **ACK**: with the relay stopped, every row of each transaction ending at or below the
+//!   new primary's `confirmed_flush_lsn` is in the queue (the commit-order oracle is a
+//!   `test_decoding` slot made on the standby, which the promotion keeps).
+//!
+//! 1. The primary killed (immediate stop) while a backlog drains with a full window and
+//!    writers commit, the standby promoted: on 17 and 18, the relay reaching the database
+//!    through a multi-host URL, and through a proxy moved to the new primary (a VIP).
+//! 2. A planned switchover: the primary stopped cleanly (fast), then the standby promoted.
+//! 3. The standby stopped: the relay publishes nothing the standby has not flushed, and
+//!    /readyz says which standby it waits for; once the standby is back, it drains.
+//!
+//! Every figure is printed (`--nocapture`) on a `FIGURES` line; docs/reliability.md collects
+//! them.
+
+use outbox_testkit as common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::failover::{
+    create_standby_oracle, outbox_ids, seed_backlog, FailoverPair, PairOptions,
+};
+use common::faults::{
+    assert_nothing_lost_or_invented, barrier, check_ack, ids_of, secs, wait_for_ids, Oracle, Tally,
+    Writers, OUTBOX_TABLE,
+};
+use common::http::{metric_value, metrics, readyz, wait_metrics, wait_readyz};
+use common::outbox::Outbox;
+use common::pg::{query_value, wait_count};
+use common::{
+    format_lsn, read_test_decoding, slot_confirmed_flush, Consumer, RelayProcess, TcpProxy,
+};
+use tokio::time::Instant;
+
+/// The relay's default window, passed explicitly: the duplicate bound depends on it.
+const W: usize = 1024;
+/// How long a position the broker confirmed may take to reach the slot on PostgreSQL: the
+/// relay reports every T (`--status-interval-ms`, default 100 ms), and the walsender reads reports between its sends. The relay-crash
+/// tests allow 2T (docs/reliability.md, "Duplicate bounds"); here two scenarios, each with a
+/// primary, a standby, a relay and 4 writers, share 2 cores with the broker, and up to 0.3 s
+/// more was seen: allowed 1 s.
+const REPORT_LAG: Duration = Duration::from_secs(1);
+/// Rows in the backlog committed while the relay streams (transactions of
+/// [`BACKLOG_TXN_ROWS`]), so it drains at full speed with a full window when the fault comes.
+const BACKLOG: usize = 12_000;
+const BACKLOG_TXN_ROWS: usize = 10;
+/// The fault comes once this share of the backlog has arrived.
+const FAULT_AT: f64 = 0.4;
+/// Writers committing single-row transactions through the fault.
+const WRITERS: usize = 4;
+const WRITER_PAUSE: Duration = Duration::from_millis(2);
+/// Rows the writers must commit on the new primary before they stop.
+const ROWS_AFTER: usize = 1_000;
+/// The issue's bound on the time from the promotion to streaming again: the relay's backoff
+/// after a few failed attempts is 2-4 s (it doubles from 0.5 s), so 10 s is wide.
+const STREAMS_AGAIN_WITHIN: Duration = Duration::from_secs(10);
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// Runs a blocking harness call (server start, kill, stop) without stalling the runtime.
+fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    tokio::task::block_in_place(f)
+}
+
+/// The broker: this binary's private one (the PostgreSQL servers are each scenario's own).
+fn amqp_url() -> String {
+    blocking(common::private_services).rabbit.url()
+}
+
+/// Prints a scenario's figures on one line.
+fn report(scenario: &str, figures: &[(&str, String)]) {
+    let text: Vec<String> = figures.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    eprintln!("FIGURES {scenario}: {}", text.join(", "));
+}
+
+/// Waits until `n` messages have arrived (or `timeout` passed) and returns the highest
+/// arrival rate seen over a quarter of a second on the way (at least the average), per
+/// second: what the relay can have acknowledged in a moment, which the average understates.
+async fn peak_rate_until(consumer: &mut Consumer, n: usize, timeout: Duration) -> f64 {
+    const SPAN: Duration = Duration::from_millis(250);
+    let started = Instant::now();
+    let first = consumer.received().len();
+    let mut samples = std::collections::VecDeque::from([(started, first)]);
+    let mut peak: f64 = 0.0;
+    while consumer.received().len() < n && started.elapsed() < timeout {
+        let count = consumer.wait_for(n, Duration::from_millis(20)).await.len();
+        let now = Instant::now();
+        samples.push_back((now, count));
+        while samples.len() > 2 && now - samples[1].0 >= SPAN {
+            samples.pop_front();
+        }
+        let (since, before) = samples[0];
+        if now - since >= SPAN {
+            peak = peak.max((count - before) as f64 / (now - since).as_secs_f64());
+        }
+    }
+    let average = (consumer.received().len() - first) as f64 / started.elapsed().as_secs_f64();
+    peak.max(average)
+}
+
+/// docs/reliability.md, "PostgreSQL failover": the most duplicates one failover may cause.
+/// The relay resumes on the new primary from the standby's copy of the slot, which is behind
+/// the slot on the old primary by `copy_behind` rows (PostgreSQL's slot synchronization: one
+/// nap of its worker, read from the servers, not assumed). What the relay adds is a relay
+/// crash's bound: the window's messages the broker took but the relay could no longer
+/// acknowledge (W), what it acknowledged between the last reading of the old slot and the
+/// fault taking effect, or had confirmed and not yet reported (rate × (`fault_took` + the
+/// report lag)),
+/// and the confirmed rows of the open transaction (X).
+fn failover_duplicate_bound(
+    copy_behind: usize,
+    rate_per_sec: f64,
+    fault_took: Duration,
+    open_transaction_rows: usize,
+) -> usize {
+    let unreported = rate_per_sec * (fault_took + REPORT_LAG).as_secs_f64();
+    copy_behind + W + unreported.ceil() as usize + open_transaction_rows
+}
+
+/// How the relay and the writers reach the primary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    /// The primary's own address (a scenario without a failover).
+    Primary,
+    /// Both servers in one URL; the relay finds the primary itself.
+    MultiHost,
+    /// One address (a proxy standing in for a VIP or DNS name), moved to the new primary
+    /// once it is promoted.
+    Proxy,
+}
+
+/// How the primary goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// `pg_ctl stop -m immediate`: a crash.
+    Kill,
+    /// `pg_ctl stop -m fast`: a planned switchover.
+    CleanStop,
+}
+
+/// An outbox on a [`FailoverPair`]'s primary, its oracle, its consumer, and a relay
+/// streaming through a [`Route`] with a full window.
+struct Scenario {
+    name: String,
+    pair: FailoverPair,
+    outbox: Outbox,
+    oracle: Oracle,
+    consumer: Consumer,
+    proxy: Option<TcpProxy>,
+    /// The URL the relay and the writers use.
+    url: String,
+    relay: RelayProcess,
+    metrics_port: u16,
+}
+
+impl Scenario {
+    /// Returns once the standby's copy of the relay's slot is ready for a failover (the
+    /// relay has advanced it). The oracle is on the standby, whose promotion keeps it; on the
+    /// primary for [`Route::Primary`], which has no failover.
+    async fn start(name: &str, major: u32, route: Route) -> Scenario {
+        let amqp = amqp_url();
+        let pair = blocking(|| FailoverPair::start(major, PairOptions::default(), &[]));
+        let outbox = pair.outbox(&amqp, "failover").await;
+        let db = database_of(&outbox).to_string();
+        let oracle = match route {
+            Route::Primary => Oracle::create(&outbox).await,
+            Route::MultiHost | Route::Proxy => {
+                let oracle = Oracle {
+                    slot: format!("{}_oracle", outbox.slot),
+                };
+                create_standby_oracle(&pair, &db, &oracle.slot).await;
+                oracle
+            }
+        };
+        let consumer = Consumer::start_with(&amqp, &outbox.queue, false).await;
+        let (proxy, url) = match route {
+            Route::Primary => (None, outbox.db_url.clone()),
+            Route::MultiHost => (None, pair.multi_host_url(&db)),
+            Route::Proxy => {
+                let proxy = TcpProxy::start(&format!("127.0.0.1:{}", pair.primary.port()));
+                let url = format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port());
+                (Some(proxy), url)
+            }
+        };
+        let metrics_port = common::free_port();
+        let metrics_addr = format!("127.0.0.1:{metrics_port}");
+        let window = W.to_string();
+        let flags = ["--max-in-flight", &window, "--metrics-addr", &metrics_addr];
+        let relay = outbox.spawn_relay_via(&url, &amqp, &flags);
+        let ready = pair.wait_failover_ready(&outbox.slot, MINUTE).await;
+        let ready = ready.unwrap_or_else(|e| panic!("{name}: {e}; log:\n{}", relay.log()));
+        eprintln!("{name}: the standby's copy of the slot is failover-ready after {ready:?}");
+        Scenario {
+            name: name.to_string(),
+            pair,
+            outbox,
+            oracle,
+            consumer,
+            proxy,
+            url,
+            relay,
+            metrics_port,
+        }
+    }
+
+    /// With a multi-host URL, the relay's own readiness gauge agrees with the test kit that
+    /// the standby is ready to take over.
+    async fn assert_relay_sees_standby_ready(&self) {
+        let series = format!(
+            "outbox_relay_failover_ready{{host=\"127.0.0.1:{}\"}}",
+            self.pair.standby.port()
+        );
+        let page = wait_metrics(self.metrics_port, MINUTE, |page| {
+            metric_value(page, &series) == Some(1.0)
+        })
+        .await;
+        assert_eq!(
+            metric_value(&page, &series),
+            Some(1.0),
+            "{}: {series} in:\n{page}",
+            self.name
+        );
+    }
+}
+
+/// The outbox's database name.
+fn database_of(outbox: &Outbox) -> &str {
+    outbox.db_url.rsplit('/').next().expect("a database")
+}
+
+/// Scenarios 1 and 2: a backlog drains with a full window and writers commit; the primary
+/// goes (`fault`) once 40 % of the backlog has arrived, the standby is promoted (and the proxy
+/// moved to it). Checks the time to stream again, L0, no phantom, the duplicate bound, ACK.
+async fn failover(major: u32, route: Route, fault: Fault) {
+    let name = format!("{major} {fault:?} {route:?}");
+    let mut s = Scenario::start(&name, major, route).await;
+    if route == Route::MultiHost {
+        s.assert_relay_sees_standby_ready().await;
+    }
+    seed_backlog(&s.outbox.client, BACKLOG, BACKLOG_TXN_ROWS).await;
+    let writers = Writers::start(&s.url, WRITERS, 1, WRITER_PAUSE);
+    let fault_at = (BACKLOG as f64 * FAULT_AT) as usize;
+    let rate = peak_rate_until(&mut s.consumer, fault_at, MINUTE).await;
+    let delivered = s.consumer.received().len();
+    assert!(delivered >= fault_at, "{name}: log:\n{}", s.relay.log());
+    let page = metrics(s.metrics_port).await;
+    let in_flight = metric_value(&page, "outbox_relay_messages_in_flight");
+    let sessions = s.relay.sessions();
+    // The old slot's last position known before the fault: the copy is behind it.
+    let acknowledged = slot_confirmed_flush(&s.outbox.client, &s.outbox.slot).await;
+
+    let stopped = Instant::now();
+    match fault {
+        Fault::Kill => blocking(|| s.pair.primary.stop_immediate()),
+        Fault::CleanStop => blocking(|| s.pair.primary.stop()),
+    }
+    let stop_took = stopped.elapsed();
+    let seen_before: HashSet<String> = ids_of(s.consumer.received())
+        .into_iter()
+        .map(String::from)
+        .collect();
+    // Where the relay must resume: the standby's copy of the slot, which nothing moves now.
+    let copy = s.pair.standby_copy(&s.outbox.slot).await;
+    let copy = copy.unwrap_or_else(|| panic!("{name}: the standby has no copy of the slot"));
+    assert!(copy.is_ready(), "{name}: {copy:?}");
+    let resume_at = copy.confirmed_flush.expect("a synced position");
+    let client = s.pair.promote(database_of(&s.outbox)).await;
+    let promoted = Instant::now();
+    if let Some(proxy) = &s.proxy {
+        proxy.retarget(&format!("127.0.0.1:{}", s.pair.standby.port()));
+    }
+    let streaming = s.relay.wait_new_session(sessions, MINUTE).await;
+    let streams_again = streaming.map(|_| promoted.elapsed());
+    let streams_again =
+        streams_again.unwrap_or_else(|| panic!("{name}: no new session; log:\n{}", s.relay.log()));
+    assert!(
+        streams_again <= STREAMS_AGAIN_WITHIN,
+        "{name}: streaming again took {} after the promotion (bound {})",
+        secs(streams_again),
+        secs(STREAMS_AGAIN_WITHIN)
+    );
+
+    let committed = writers.committed();
+    assert!(
+        writers.wait_committed(committed + ROWS_AFTER, MINUTE).await,
+        "{name}: the writers commit on the new primary"
+    );
+    writers.stop().await;
+    let rows = outbox_ids(&client).await;
+    assert!(
+        wait_for_ids(&mut s.consumer, &rows, Duration::from_secs(180)).await,
+        "{name}: L0: {} of {} rows on the new primary arrived; log:\n{}",
+        rows.len() - Tally::of(s.consumer.received()).lost(&rows).len(),
+        rows.len(),
+        s.relay.log()
+    );
+    s.relay.stop().await;
+    let ack = check_ack(&client, &s.outbox, &s.oracle, &mut s.consumer).await;
+    let tally = Tally::of(s.consumer.received());
+    assert!(tally.lost(&rows).is_empty(), "{name}: L0");
+    let phantoms = tally.unknown(&rows);
+    assert!(
+        phantoms.is_empty(),
+        "{name}: {} messages whose rows are not on the new primary (phantom events), e.g. {:?}",
+        phantoms.len(),
+        &phantoms[..phantoms.len().min(5)]
+    );
+    // The oracle and the table agree on what survived: each vouches for the other.
+    let transactions = s.oracle.transactions(&client).await;
+    let decoded: HashSet<String> = transactions
+        .iter()
+        .flat_map(|t| t.inserted_ids(OUTBOX_TABLE))
+        .collect();
+    let surviving: HashSet<String> = rows.iter().cloned().collect();
+    assert_eq!(decoded, surviving, "{name}: the oracle saw every row");
+    // Only what the standby's copy of the slot had not acknowledged comes again: the relay
+    // resumed from the slot's own position on the new primary, nothing older.
+    let after_copy: HashSet<String> = transactions
+        .iter()
+        .filter(|t| t.end_lsn > resume_at)
+        .flat_map(|t| t.inserted_ids(OUTBOX_TABLE))
+        .collect();
+    let repeated: Vec<&String> = tally
+        .counts
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| id)
+        .collect();
+    let before_copy: Vec<&&String> = repeated
+        .iter()
+        .filter(|id| !after_copy.contains(id.as_str()))
+        .collect();
+    assert!(
+        before_copy.is_empty(),
+        "{name}: {} rows acknowledged in the promoted slot ({}) arrived twice, e.g. {:?}",
+        before_copy.len(),
+        format_lsn(resume_at),
+        &before_copy[..before_copy.len().min(5)]
+    );
+    let copy_behind: usize = transactions
+        .iter()
+        .filter(|t| t.end_lsn > resume_at && t.end_lsn <= acknowledged)
+        .map(|t| t.inserted_ids(OUTBOX_TABLE).len())
+        .sum();
+    let bound = failover_duplicate_bound(copy_behind, rate, stop_took, BACKLOG_TXN_ROWS);
+    assert!(
+        tally.duplicates() <= bound,
+        "{name}: {} duplicates, bound {bound} (copy behind {copy_behind} + W {W} + {rate:.0}/s × \
+         {} + X {BACKLOG_TXN_ROWS})",
+        tally.duplicates(),
+        secs(stop_took + REPORT_LAG)
+    );
+    let seen_after_copy = seen_before
+        .iter()
+        .filter(|id| after_copy.contains(id.as_str()))
+        .count();
+    report(
+        &format!("failover {name}"),
+        &[
+            ("rows on the new primary", rows.len().to_string()),
+            ("lost", "0".into()),
+            ("phantom", "0".into()),
+            ("duplicates", tally.duplicates().to_string()),
+            ("bound", bound.to_string()),
+            (
+                "standby's copy behind the slot (rows)",
+                copy_behind.to_string(),
+            ),
+            ("peak drain rate", format!("{rate:.0}/s")),
+            (
+                "in flight at the fault",
+                in_flight.map_or("?".into(), |n| format!("{n:.0}")),
+            ),
+            ("consumed before the fault", seen_before.len().to_string()),
+            (
+                "of them after the copy's position",
+                seen_after_copy.to_string(),
+            ),
+            ("stop took", secs(stop_took)),
+            ("promotion to streaming", secs(streams_again)),
+            (
+                "acknowledged rows checked",
+                ack.acknowledged_rows.to_string(),
+            ),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// 1. The primary killed, the standby promoted
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1a_pg17_primary_killed_multi_host_url_follows_the_promoted_standby() {
+    failover(17, Route::MultiHost, Fault::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1b_pg17_primary_killed_proxy_moved_to_the_promoted_standby() {
+    failover(17, Route::Proxy, Fault::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1c_pg18_primary_killed_multi_host_url_follows_the_promoted_standby() {
+    failover(18, Route::MultiHost, Fault::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1d_pg18_primary_killed_proxy_moved_to_the_promoted_standby() {
+    failover(18, Route::Proxy, Fault::Kill).await;
+}
+
+// ---------------------------------------------------------------------------------
+// 2. A planned switchover
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f2_pg18_planned_switchover_clean_stop_then_promote() {
+    failover(18, Route::MultiHost, Fault::CleanStop).await;
+}
+
+// ---------------------------------------------------------------------------------
+// 3. The standby down
+
+/// With `synchronized_standby_slots` naming the standby's slot and the standby stopped,
+/// PostgreSQL sends the relay nothing the standby has not flushed: nothing arrives past it
+/// while the writers go on, the relay acknowledges nothing past it, and /readyz, the
+/// metrics and `status` name the standby slot it waits for. Once the standby is back, the
+/// relay drains: L0, ACK, no duplicate (nothing failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_pg18_standby_down_publishes_nothing_past_it_and_readyz_names_it() {
+    let name = "18 standby down";
+    let mut s = Scenario::start(name, 18, Route::Primary).await;
+    let writers = Writers::start(&s.url, WRITERS, 1, WRITER_PAUSE);
+    s.consumer.wait_for(ROWS_AFTER, MINUTE).await;
+    assert!(
+        s.consumer.received().len() >= ROWS_AFTER,
+        "{name}: log:\n{}",
+        s.relay.log()
+    );
+    assert_eq!(readyz(s.metrics_port).await, (200, "ready".to_string()));
+
+    let stopped = Instant::now();
+    blocking(|| s.pair.standby.stop());
+    // What the standby has: its physical slot's position, final now that it is down.
+    let flushed = s.pair.standby_flushed(&s.outbox.client).await;
+    let flushed = flushed.unwrap_or_else(|| panic!("{name}: the standby reported no position"));
+    let waiting = (
+        503,
+        "waiting for standby slot standby_1 (no standby is connected to its slot)",
+    );
+    let answer = wait_readyz(s.metrics_port, MINUTE, waiting).await;
+    assert_eq!(
+        answer,
+        Some((waiting.0, waiting.1.to_string())),
+        "{name}: log:\n{}",
+        s.relay.log()
+    );
+    let told = stopped.elapsed();
+    let page = metrics(s.metrics_port).await;
+    assert_eq!(
+        metric_value(
+            &page,
+            "outbox_relay_waiting_for_standby{slot=\"standby_1\"}"
+        ),
+        Some(1.0),
+        "{name}: {page}"
+    );
+    let status = s.outbox.run_command(&["status", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout)
+        .unwrap_or_else(|e| panic!("{name}: status --json: {e}: {status:?}"));
+    assert_eq!(
+        json["waiting_for_standby"],
+        serde_json::json!([{"slot": "standby_1", "why": "no standby is connected to its slot"}]),
+        "{name}: {json}"
+    );
+
+    // The writers go on; the rows they commit now must not arrive yet.
+    let committed = writers.committed();
+    assert!(
+        writers.wait_committed(committed + ROWS_AFTER, MINUTE).await,
+        "{name}: the writers commit while the standby is down"
+    );
+    let marker = barrier(&mut s.consumer, &s.outbox.amqp_url, &s.outbox.queue).await;
+    let arrived: HashSet<String> = ids_of(&s.consumer.received()[..marker])
+        .into_iter()
+        .map(String::from)
+        .collect();
+    let transactions = s.oracle.transactions(&s.outbox.client).await;
+    let past_standby: Vec<&common::Txn> = transactions
+        .iter()
+        .filter(|t| t.end_lsn > flushed)
+        .collect();
+    let held_back: usize = past_standby
+        .iter()
+        .map(|t| t.inserted_ids(OUTBOX_TABLE).len())
+        .sum();
+    assert!(
+        held_back >= ROWS_AFTER,
+        "{name}: only {held_back} rows committed past the standby's {}",
+        format_lsn(flushed)
+    );
+    let published_past: Vec<String> = past_standby
+        .iter()
+        .flat_map(|t| t.inserted_ids(OUTBOX_TABLE))
+        .filter(|id| arrived.contains(id))
+        .collect();
+    assert!(
+        published_past.is_empty(),
+        "{name}: {} rows committed past what the standby flushed ({}) arrived, e.g. {:?}",
+        published_past.len(),
+        format_lsn(flushed),
+        &published_past[..published_past.len().min(5)]
+    );
+    let acknowledged = s.outbox.confirmed_flush().await;
+    assert!(
+        acknowledged <= flushed,
+        "{name}: the slot acknowledged {} past the standby's {}",
+        format_lsn(acknowledged),
+        format_lsn(flushed)
+    );
+
+    let restarted = Instant::now();
+    blocking(|| s.pair.standby.start_again());
+    let ready = wait_readyz(s.metrics_port, MINUTE, (200, "ready")).await;
+    assert_eq!(
+        ready,
+        Some((200, "ready".to_string())),
+        "{name}: log:\n{}",
+        s.relay.log()
+    );
+    let ready_again = restarted.elapsed();
+    writers.stop().await;
+    let committed = s.oracle.committed_ids(&s.outbox.client).await;
+    assert!(
+        wait_for_ids(&mut s.consumer, &committed, Duration::from_secs(120)).await,
+        "{name}: L0 once the standby is back; log:\n{}",
+        s.relay.log()
+    );
+    let drained = restarted.elapsed();
+    let page = metrics(s.metrics_port).await;
+    assert_eq!(
+        metric_value(
+            &page,
+            "outbox_relay_waiting_for_standby{slot=\"standby_1\"}"
+        ),
+        Some(0.0),
+        "{name}: {page}"
+    );
+    s.relay.stop().await;
+    let ack = check_ack(&s.outbox.client, &s.outbox, &s.oracle, &mut s.consumer).await;
+    let tally = Tally::of(s.consumer.received());
+    assert_nothing_lost_or_invented(&tally, &committed);
+    assert_eq!(
+        tally.duplicates(),
+        0,
+        "{name}: nothing failed, nothing repeats"
+    );
+    report(
+        "failover 18 standby down",
+        &[
+            ("rows", committed.len().to_string()),
+            ("lost", "0".into()),
+            ("duplicates", "0".into()),
+            (
+                "held back while the standby was down",
+                held_back.to_string(),
+            ),
+            ("published past the standby", "0".into()),
+            ("standby stop to /readyz 503", secs(told)),
+            ("standby start to /readyz 200", secs(ready_again)),
+            ("standby start to drained", secs(drained)),
+            (
+                "acknowledged rows checked",
+                ack.acknowledged_rows.to_string(),
+            ),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// The test kit
+
+/// The test kit's pair: an oracle slot made on the standby decodes what the primary
+/// commits, survives the promotion, and a proxy moved to the new primary reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kit_the_standby_oracle_survives_promotion_and_the_proxy_follows() {
+    let pair = blocking(|| FailoverPair::start(17, PairOptions::default(), &[]));
+    let db = common::unique_name("kit");
+    pair.primary.create_database(&db).await;
+    let primary = pair.primary.client(&db).await;
+    primary
+        .batch_execute("CREATE TABLE t (id text PRIMARY KEY)")
+        .await
+        .unwrap();
+    create_standby_oracle(&pair, &db, "oracle").await;
+    primary
+        .batch_execute("INSERT INTO t VALUES ('before the kill')")
+        .await
+        .unwrap();
+
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", pair.primary.port()));
+    let via_proxy = format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port());
+    let before = common::pg_connect(&via_proxy).await;
+    let port: String = query_value(&before, "SHOW port").await;
+    assert_eq!(port, pair.primary.port().to_string());
+    let replicated = pair.standby.client(&db).await;
+    let synced = wait_count(&replicated, "SELECT count(*) FROM t", MINUTE, |n| n == 1).await;
+    assert_eq!(synced, Ok(1), "the standby has the row");
+
+    blocking(|| pair.primary.stop_immediate());
+    let client = pair.promote(&db).await;
+    proxy.retarget(&format!("127.0.0.1:{}", pair.standby.port()));
+    assert!(
+        before.simple_query("SELECT 1").await.is_err(),
+        "reset by the move"
+    );
+    let after = common::pg_connect(&via_proxy).await;
+    let port: String = query_value(&after, "SHOW port").await;
+    assert_eq!(port, pair.standby.port().to_string());
+    let oracle = read_test_decoding(&client, "oracle").await;
+    let ids: Vec<String> = oracle
+        .iter()
+        .flat_map(|t| t.inserted_ids("public.t"))
+        .collect();
+    assert_eq!(
+        ids,
+        ["before the kill"],
+        "the oracle kept what the standby had"
+    );
+}
