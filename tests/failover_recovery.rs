@@ -1,0 +1,535 @@
+//! Slot lost, and PostgreSQL failover without failover slots (issue 22, tests 4-6): the relay
+//! replaces a missing or invalidated slot under `--on-slot-lost recreate` and re-publishes
+//! from the table what the new slot will not deliver, refuses under `stop` (the default), and
+//! polling mode follows a promoted standby. Every server is private to its test.
+//!
+//! Oracles come from outside the relay: the rows that exist on the (new) primary, the queue
+//! (what arrived, how often), the state table as the new primary has it (the backfill's lower
+//! bound), and the new slot after the relay stopped. A `test_decoding` slot cannot be the
+//! committed-set oracle here: it is lost with the relay's slot (invalidated alike, or missing
+//! on the promoted standby).
+//!
+//! The duplicate bound of a recovery (docs/operations.md, "Before 17, or when the slot is gone
+//! anyway"): the rows delivered before the slot was lost whose `created_at` is at or after the
+//! acknowledged commit time recorded in `outbox_relay_state`, minus `--recreate-margin`. Each
+//! test reads that time where the recovery reads it, derives the exact set, and checks that
+//! every duplicate is in it.
+//!
+//! Each test prints its figures (`FIGURES …`), collected in docs/reliability.md, "Slot lost and
+//! failover without failover slots".
+
+use outbox_testkit as common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, SystemTime};
+
+use common::faults::{
+    barrier, check_ack, ids_of, report, secs, slot_state, wait_for_ids, Oracle, Tally, Writers,
+};
+use common::outbox::Outbox;
+use common::relay::final_error;
+use common::{Consumer, PgServer, RabbitServer, RelayProcess};
+use tokio::time::Instant;
+use tokio_postgres::Client;
+
+/// The relay's window, given explicitly: the load these tests run at.
+const WINDOW: &str = "1024";
+/// The cleanup's schedule is when the state is recorded: often, so the bound is tight.
+const CLEANUP_INTERVAL: &str = "1s";
+/// The margin the backfill starts before the recorded commit time: the writers' transactions
+/// take milliseconds, so 2 s covers every one open across it.
+const MARGIN: Duration = Duration::from_secs(2);
+const MARGIN_FLAG: &str = "2s";
+/// Largest transaction of the background writers.
+const MAX_TXN_ROWS: usize = 10;
+/// Rows committed before a relay starts: a backlog it drains with a full window.
+const BACKLOG: usize = 5_000;
+const MINUTE: Duration = Duration::from_secs(60);
+/// Generous bound for draining everything at the end.
+const DRAIN: Duration = Duration::from_secs(180);
+/// What the relay logs when it recreated a slot (WARN), with `rows=N`.
+const RECREATED: &str = "slot recreated (--on-slot-lost recreate)";
+/// The counter of recoveries.
+const RECOVERIES: &str = "outbox_relay_slot_recoveries_total";
+
+/// The broker of this binary (the matrix's through `OUTBOX_TEST_AMQP_URL`): the tests kill
+/// and promote PostgreSQL servers only.
+async fn rabbit() -> &'static RabbitServer {
+    let services = tokio::task::spawn_blocking(common::services)
+        .await
+        .expect("starting the shared servers panicked");
+    &services.rabbit
+}
+
+/// Runs a blocking harness call (server start, stop, promotion) without stalling the runtime.
+fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    tokio::task::block_in_place(f)
+}
+
+/// `run` flags of a relay that recreates a lost slot, at full window, recording its state
+/// every second.
+fn recreate_flags() -> Vec<&'static str> {
+    vec![
+        "--max-in-flight",
+        WINDOW,
+        "--cleanup-interval",
+        CLEANUP_INTERVAL,
+        "--on-slot-lost",
+        "recreate",
+        "--recreate-margin",
+        MARGIN_FLAG,
+    ]
+}
+
+/// `run` flags of a relay under the default `--on-slot-lost stop`.
+fn stop_flags() -> Vec<&'static str> {
+    vec![
+        "--max-in-flight",
+        WINDOW,
+        "--cleanup-interval",
+        CLEANUP_INTERVAL,
+    ]
+}
+
+/// Every row of the outbox table with its `created_at`.
+async fn rows_created(client: &Client) -> HashMap<String, SystemTime> {
+    client
+        .query("SELECT id::text, created_at FROM outbox", &[])
+        .await
+        .expect("read the outbox table")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// The server's clock now (`created_at` and commit times are on it).
+async fn server_now(client: &Client) -> SystemTime {
+    client
+        .query_one("SELECT now()", &[])
+        .await
+        .expect("now()")
+        .get(0)
+}
+
+/// The acknowledged commit time the state table holds for `slot`, and whether a recovery is
+/// marked in progress.
+async fn recorded_state(client: &Client, slot: &str) -> Option<(Option<SystemTime>, bool)> {
+    client
+        .query_opt(
+            "SELECT acknowledged_commit, recovering FROM outbox_relay_state WHERE slot = $1",
+            &[&slot],
+        )
+        .await
+        .expect("read outbox_relay_state")
+        .map(|row| (row.get(0), row.get(1)))
+}
+
+/// Waits until the state table records an acknowledged commit at or after `at`.
+async fn wait_recorded_since(client: &Client, slot: &str, at: SystemTime, relay: &RelayProcess) {
+    let deadline = Instant::now() + MINUTE;
+    loop {
+        if let Some((Some(recorded), _)) = recorded_state(client, slot).await {
+            if recorded >= at {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the state table never recorded an acknowledged commit after {at:?}; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The rows the recovery's WARN line says it re-published.
+fn backfilled_rows(relay: &RelayProcess) -> usize {
+    let line = relay
+        .log_lines(RECREATED)
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no recovery logged; log:\n{}", relay.log()));
+    assert!(line.contains(" WARN "), "the recovery is a WARN: {line}");
+    line.split_whitespace()
+        .find_map(|field| field.strip_prefix("rows="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no rows=N in the recovery line: {line}"))
+}
+
+/// Drains the queue through a marker: the ids of everything the relay published so far.
+async fn delivered_so_far(consumer: &mut Consumer, outbox: &Outbox) -> HashSet<String> {
+    let marker = barrier(consumer, &outbox.amqp_url, &outbox.queue).await;
+    ids_of(&consumer.received()[..marker])
+        .into_iter()
+        .map(String::from)
+        .collect()
+}
+
+/// What a recovery's duplicates are checked against: the rows delivered before the slot was
+/// lost whose `created_at` is at or after `from` (the recorded commit time minus the margin).
+struct DuplicateBound {
+    from: SystemTime,
+    rows: HashSet<String>,
+}
+
+impl DuplicateBound {
+    fn derive(
+        recorded: SystemTime,
+        delivered_before: &HashSet<String>,
+        created: &HashMap<String, SystemTime>,
+    ) -> DuplicateBound {
+        let from = recorded - MARGIN;
+        let rows = delivered_before
+            .iter()
+            .filter(|id| created.get(*id).is_some_and(|at| *at >= from))
+            .cloned()
+            .collect();
+        DuplicateBound { from, rows }
+    }
+
+    /// Every duplicate is a row of the bound, delivered twice at most.
+    fn check(&self, tally: &Tally) -> usize {
+        for (id, n) in &tally.counts {
+            if *n > 1 {
+                assert!(
+                    self.rows.contains(id),
+                    "row {id} arrived {n} times but is outside the documented bound (delivered \
+                     before the loss, created at or after the recorded commit minus the margin)"
+                );
+                assert_eq!(
+                    *n, 2,
+                    "row {id} arrived {n} times: one recovery repeats it once"
+                );
+            }
+        }
+        let duplicates = tally.duplicates();
+        assert!(
+            duplicates <= self.rows.len(),
+            "{duplicates} duplicates, bound {}",
+            self.rows.len()
+        );
+        duplicates
+    }
+}
+
+/// Writes WAL and checkpoints, under a small `max_slot_wal_keep_size`, until every slot in
+/// `slots` is lost (`status_exits_2_when_the_slot_is_lost` in tests/operations.rs does the
+/// same); then lifts the limit again, so that the new slots are not lost in turn. Returns the
+/// rounds it took.
+async fn invalidate_slots(client: &Client, slots: &[&str]) -> usize {
+    // One statement each: ALTER SYSTEM refuses a (multi-statement, implicit) transaction.
+    for statement in [
+        "ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'",
+        "SELECT pg_reload_conf()",
+        "CREATE TABLE IF NOT EXISTS wal_filler (v text)",
+    ] {
+        client.batch_execute(statement).await.expect(statement);
+    }
+    let deadline = Instant::now() + MINUTE;
+    let mut rounds = 0;
+    loop {
+        let mut lost = 0;
+        for slot in slots {
+            let (_, status, _) = slot_state(client, slot).await.expect("the slot exists");
+            lost += usize::from(status.as_deref() == Some("lost"));
+        }
+        if lost == slots.len() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "slots {slots:?} never lost");
+        client
+            .batch_execute(
+                "INSERT INTO wal_filler SELECT repeat('x', 1000) FROM generate_series(1, 2000); \
+                 SELECT pg_switch_wal(); CHECKPOINT;",
+            )
+            .await
+            .expect("write WAL and checkpoint");
+        rounds += 1;
+    }
+    for statement in [
+        "ALTER SYSTEM RESET max_slot_wal_keep_size",
+        "SELECT pg_reload_conf()",
+    ] {
+        client.batch_execute(statement).await.expect(statement);
+    }
+    rounds
+}
+
+// ---------------------------------------------------------------------------------
+// 5. PostgreSQL 15: the slot invalidated while the relay is stopped
+
+/// Two outboxes on one PostgreSQL 15, each with a relay that streams a backlog with writers
+/// running, then stops (SIGTERM); the writers go on, and a small `max_slot_wal_keep_size`
+/// invalidates both slots. (a) `--on-slot-lost recreate`: every row ever inserted arrives,
+/// the duplicates are within the bound, the recovery is a WARN with its row count and counted
+/// once. (b) `stop`: the relay exits non-zero naming the slot, the gap, the reason and the
+/// recovery, and the slot stays lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t5_slot_invalidated_while_stopped_recreate_backfills_and_stop_names_the_gap() {
+    let rabbit = rabbit().await;
+    let pg = blocking(|| PgServer::start_major(15, &[]));
+    let server = pg.url("postgres");
+    let a = Outbox::on(&server, &rabbit.url(), "lost_recreate").await;
+    let b = Outbox::on(&server, &rabbit.url(), "lost_stop").await;
+    let (backlog, _) = common::faults::seed_backlog(&a, BACKLOG, None).await;
+    let mut consumer_a = Consumer::start_with(&a.amqp_url, &a.queue, false).await;
+    let mut consumer_b = Consumer::start_with(&b.amqp_url, &b.queue, false).await;
+    let writers = Writers::start(&a.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(2));
+    let relay_a = a.spawn_relay(&recreate_flags());
+    let relay_b = b.spawn_relay(&stop_flags());
+
+    // (a) streams the backlog and the writers' rows until its state is recorded past them.
+    assert!(
+        wait_for_ids(&mut consumer_a, &backlog, MINUTE).await,
+        "the backlog arrives; log:\n{}",
+        relay_a.log()
+    );
+    let after_backlog = server_now(&a.client).await;
+    wait_recorded_since(&a.client, &a.slot, after_backlog, &relay_a).await;
+    let b_before = vec![b.insert("BeforeTheLoss", "{}").await];
+    assert!(wait_for_ids(&mut consumer_b, &b_before, MINUTE).await);
+    relay_a.stop().await;
+    relay_b.stop().await;
+    let delivered_before = delivered_so_far(&mut consumer_a, &a).await;
+    let committed_at_stop = writers.committed();
+
+    // Stopped; the writers go on, (b) gets rows in its gap too, and both slots are lost.
+    let mut b_gap = Vec::new();
+    for _ in 0..50 {
+        b_gap.push(b.insert("InTheGap", "{}").await);
+    }
+    let b_confirmed: String = b
+        .client
+        .query_one(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&b.slot],
+        )
+        .await
+        .expect("(b)'s slot")
+        .get(0);
+    let invalidated = Instant::now();
+    let rounds = invalidate_slots(&a.client, &[&a.slot, &b.slot]).await;
+    let invalidation = invalidated.elapsed();
+    let (recorded, recovering) = recorded_state(&a.client, &a.slot)
+        .await
+        .expect("(a)'s state row");
+    let recorded = recorded.expect("an acknowledged commit recorded");
+    assert!(!recovering);
+
+    // (b) stop: refuses, naming the slot, the gap, the reason and the recovery.
+    let refused = b.spawn_relay(&stop_flags());
+    let status = refused
+        .wait_exit(MINUTE)
+        .await
+        .unwrap_or_else(|| panic!("(b) keeps running on a lost slot; log:\n{}", refused.log()));
+    assert!(!status.success(), "(b) must not run on a lost slot");
+    let log = refused.log();
+    let message = final_error(&log).unwrap_or_else(|| panic!("no final error; log:\n{log}"));
+    for part in [
+        &format!("\"{}\"", b.slot)[..],
+        "was invalidated",
+        "wal_removed",
+        &format!("messages committed after {b_confirmed} may be missing"),
+        "will not recreate the slot silently",
+        "resync --since",
+    ] {
+        assert!(
+            message.contains(part),
+            "(b)'s message names {part:?}: {message}"
+        );
+    }
+    let (_, b_status, b_active) = slot_state(&b.client, &b.slot).await.expect("(b)'s slot");
+    assert_eq!(
+        b_status.as_deref(),
+        Some("lost"),
+        "(b)'s slot is left as it was"
+    );
+    assert_eq!(b_active, None);
+    let b_received = consumer_b
+        .wait_quiet(Duration::from_millis(300), Duration::from_secs(5))
+        .await;
+    assert_eq!(
+        ids_of(b_received),
+        b_before,
+        "(b) published nothing after the loss"
+    );
+
+    // (a) recreate, the writers still running.
+    let oracle = Oracle::create(&a).await;
+    let started = Instant::now();
+    let relay_a = a.spawn_relay(&recreate_flags());
+    let streaming = relay_a
+        .wait_new_session(0, MINUTE)
+        .await
+        .unwrap_or_else(|| panic!("(a) never streams the new slot; log:\n{}", relay_a.log()));
+    assert_eq!(relay_a.counter(RECOVERIES), Some(1), "one recovery counted");
+    let backfilled = backfilled_rows(&relay_a);
+    assert!(
+        relay_a.log_count("the outbox has the emit functions, but the relay never recorded") == 1,
+        "the recovery says what it could not re-publish; log:\n{}",
+        relay_a.log()
+    );
+    // More rows through the new slot, then the writers stop.
+    assert!(
+        writers
+            .wait_committed(writers.committed() + 2_000, MINUTE)
+            .await
+    );
+    let written = writers.stop().await;
+
+    let created = rows_created(&a.client).await;
+    let every_row: Vec<String> = created.keys().cloned().collect();
+    assert!(
+        written.iter().all(|id| created.contains_key(id)),
+        "every row whose COMMIT returned is in the table"
+    );
+    assert!(
+        wait_for_ids(&mut consumer_a, &every_row, DRAIN).await,
+        "L0: every row ever inserted arrives; log:\n{}",
+        relay_a.log()
+    );
+    relay_a.stop().await;
+    let ack = check_ack(&a.client, &a, &oracle, &mut consumer_a).await;
+    let tally = Tally::of(consumer_a.received());
+    common::faults::assert_nothing_lost_or_invented(&tally, &every_row);
+    let bound = DuplicateBound::derive(recorded, &delivered_before, &created);
+    let duplicates = bound.check(&tally);
+    assert!(
+        backfilled >= bound.rows.len(),
+        "the backfill ({backfilled} rows) holds the bound's rows ({})",
+        bound.rows.len()
+    );
+    let gap = every_row.len() - delivered_before.len();
+    report(
+        "t5 PostgreSQL 15 slot invalidated, recreate",
+        &[
+            ("rows", every_row.len().to_string()),
+            ("lost", "0".into()),
+            (
+                "delivered before the stop",
+                delivered_before.len().to_string(),
+            ),
+            (
+                "committed by the writers at the stop",
+                committed_at_stop.to_string(),
+            ),
+            ("not delivered before the recovery", gap.to_string()),
+            (
+                "invalidation (switch+checkpoint rounds)",
+                format!("{rounds}, {}", secs(invalidation)),
+            ),
+            ("backfilled", backfilled.to_string()),
+            ("duplicates", duplicates.to_string()),
+            ("bound", bound.rows.len().to_string()),
+            ("start to streaming the new slot", secs(streaming)),
+            ("recreate run", secs(started.elapsed())),
+            (
+                "acknowledged rows checked",
+                ack.acknowledged_rows.to_string(),
+            ),
+        ],
+    );
+    eprintln!(
+        "t5: backfill from {} (recorded {} minus {MARGIN:?})",
+        humantime_like(bound.from),
+        humantime_like(recorded)
+    );
+    report(
+        "t5 PostgreSQL 15 slot invalidated, stop",
+        &[
+            ("exit", format!("{status}")),
+            ("gap rows not published", b_gap.len().to_string()),
+        ],
+    );
+    eprintln!("t5 (b) message: {message}");
+}
+
+/// A `SystemTime` as seconds since the epoch, for a report.
+fn humantime_like(at: SystemTime) -> String {
+    let since = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{:.3}", since.as_secs_f64())
+}
+
+// ---------------------------------------------------------------------------------
+// The table-less outbox
+
+/// An outbox whose relay delivered an event of the emit functions (so the state table records
+/// that it carries them) loses its slot: `--on-slot-lost recreate` refuses, names why, and
+/// creates no slot, since those events were only in the WAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recreate_refuses_an_outbox_that_carries_emitted_events() {
+    let services = tokio::task::spawn_blocking(common::services)
+        .await
+        .expect("starting the shared servers panicked");
+    let outbox = Outbox::new("cannot_backfill").await;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let relay = outbox.spawn_relay(&recreate_flags());
+    let event: String = outbox
+        .client
+        .query_one("SELECT outbox_emit('Emitted', '{}')::text", &[])
+        .await
+        .expect("emit an event")
+        .get(0);
+    assert!(
+        wait_for_ids(&mut consumer, std::slice::from_ref(&event), MINUTE).await,
+        "the event arrives; log:\n{}",
+        relay.log()
+    );
+    let deadline = Instant::now() + MINUTE;
+    while !emitted_recorded(&outbox.client, &outbox.slot).await {
+        assert!(
+            Instant::now() < deadline,
+            "the state table never recorded the emitted event; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    relay.stop().await;
+    common::pg::drop_slot_once_released(&outbox.client, &outbox.slot).await;
+
+    let refused = outbox.spawn_relay(&recreate_flags());
+    let status = refused
+        .wait_exit(MINUTE)
+        .await
+        .unwrap_or_else(|| panic!("the relay keeps running; log:\n{}", refused.log()));
+    assert!(!status.success());
+    let log = refused.log();
+    let message = final_error(&log).unwrap_or_else(|| panic!("no final error; log:\n{log}"));
+    for part in [
+        &format!(
+            "\"{}\" cannot be recreated with --on-slot-lost recreate",
+            outbox.slot
+        )[..],
+        "events of the emit functions (outbox_emit)",
+        "only in the WAL",
+        "recover by hand",
+    ] {
+        assert!(message.contains(part), "names {part:?}: {message}");
+    }
+    assert!(
+        slot_state(&outbox.client, &outbox.slot).await.is_none(),
+        "no slot created"
+    );
+    let (_, recovering) = recorded_state(&outbox.client, &outbox.slot)
+        .await
+        .expect("the state row");
+    assert!(!recovering, "no recovery begun");
+    eprintln!(
+        "table-less refusal on PostgreSQL {}: {message}",
+        services.pg.server_version()
+    );
+}
+
+/// Whether the state table records that `slot`'s relay decoded emitted events.
+async fn emitted_recorded(client: &Client, slot: &str) -> bool {
+    client
+        .query_opt(
+            "SELECT emitted_events FROM outbox_relay_state WHERE slot = $1",
+            &[&slot],
+        )
+        .await
+        .expect("read outbox_relay_state")
+        .is_some_and(|row| row.get(0))
+}
