@@ -22,6 +22,8 @@
 //! - [`http`]: `GET` on the relay's HTTP endpoints and reading Prometheus samples.
 //! - [`outbox`]: an outbox provisioned by the relay's own `setup`, and writers.
 //! - [`faults`]: crash-riding writers, the L0/DUP/ACK oracles and a queue barrier.
+//! - [`failover`]: a PostgreSQL primary with a streaming standby (failover slots synced on
+//!   17+), promotion, and the multi-host URL of both.
 //! - [`tls`]: certificates made with the `openssl` CLI.
 //!
 //! Ordinary tests share one server pair per test binary through [`services`], and give
@@ -36,6 +38,7 @@
 
 pub mod amqp;
 pub mod arrivals;
+pub mod failover;
 pub mod faults;
 pub mod http;
 pub mod lab;

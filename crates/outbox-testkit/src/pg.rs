@@ -559,7 +559,7 @@ fn append_settings(data: &Path, settings: &[(&str, &str)]) {
 
 /// Runs `future` to completion on a runtime of its own, in a thread of its own: callable from
 /// any thread, inside a runtime or not (a runtime cannot block on another in its own thread).
-fn block_on<T: Send>(future: impl std::future::Future<Output = T> + Send) -> T {
+pub(crate) fn block_on<T: Send>(future: impl std::future::Future<Output = T> + Send) -> T {
     std::thread::scope(|s| {
         let thread = s.spawn(|| {
             tokio::runtime::Builder::new_current_thread()

@@ -14,6 +14,8 @@
 //!
 //! [`TcpProxy::reset_all`] closes every current connection with an RST on both sides
 //! (SO_LINGER 0, then close). New connections are accepted in every mode.
+//! [`TcpProxy::retarget`] points new connections at another server and resets the current
+//! ones: a VIP or DNS name moved to a promoted standby.
 //!
 //! It owns only the connections it accepted, and never rewrites a byte: every fault it makes
 //! is one a network makes (loss, delay, a stall, a reset).
@@ -52,7 +54,8 @@ pub enum Direction {
 }
 
 struct Shared {
-    target: String,
+    /// Read at each accept: [`TcpProxy::retarget`] changes it.
+    target: Mutex<String>,
     modes: Mutex<[Mode; 2]>,
     /// Bumped by `reset_all`; connections watch it.
     reset: watch::Sender<u64>,
@@ -82,7 +85,7 @@ impl TcpProxy {
         listener.set_nonblocking(true).expect("set_nonblocking");
         let addr = listener.local_addr().expect("proxy address");
         let shared = Arc::new(Shared {
-            target: target.to_string(),
+            target: Mutex::new(target.to_string()),
             modes: Mutex::new([Mode::Pass; 2]),
             reset: watch::channel(0).0,
             live: Mutex::new(HashSet::new()),
@@ -124,8 +127,21 @@ impl TcpProxy {
         self.addr
     }
 
-    pub fn target(&self) -> &str {
-        &self.shared.target
+    /// The server new connections go to (`host:port`).
+    pub fn target(&self) -> String {
+        self.shared
+            .target
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Points new connections at `target` (`host:port`) and resets every current one (an
+    /// RST to both ends, as [`Self::reset_all`]), the way a VIP or DNS name moved to
+    /// another server leaves its clients: whoever reconnects reaches the new server.
+    pub fn retarget(&self, target: &str) {
+        *self.shared.target.lock().unwrap_or_else(|e| e.into_inner()) = target.to_string();
+        self.reset_all();
     }
 
     /// Sets one direction's mode; live connections follow from their next chunk.
@@ -201,8 +217,13 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 
 async fn connection(client: TcpStream, shared: &Shared, mut reset: watch::Receiver<u64>) {
     reset.borrow_and_update();
+    let target = shared
+        .target
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
     let server = tokio::select! {
-        server = TcpStream::connect(&shared.target) => server.ok(),
+        server = TcpStream::connect(&target) => server.ok(),
         _ = reset.changed() => None,
     };
     let Some(server) = server else {
