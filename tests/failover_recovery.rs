@@ -23,9 +23,11 @@ use outbox_testkit as common;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
+use common::failover::{create_standby_oracle, FailoverPair, PairOptions};
 use common::faults::{
     barrier, check_ack, ids_of, report, secs, slot_state, wait_for_ids, Oracle, Tally, Writers,
 };
+use common::http::{readyz, wait_http, wait_ready};
 use common::outbox::Outbox;
 use common::relay::final_error;
 use common::{Consumer, PgServer, RabbitServer, RelayProcess};
@@ -450,6 +452,439 @@ fn humantime_like(at: SystemTime) -> String {
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
     format!("{:.3}", since.as_secs_f64())
+}
+
+// ---------------------------------------------------------------------------------
+// 4. PostgreSQL 16: failover mid-stream, the slot missing on the promoted standby
+
+/// Reconnects within 2 s of the promotion (the default backoff caps at 30 s).
+const FAST_BACKOFF: [&str; 2] = ["--max-backoff-secs", "2"];
+/// Rows committed before the relays start in the failover tests: the primary is killed with
+/// about 40 % of them delivered.
+const FAILOVER_BACKLOG: usize = 20_000;
+
+/// The database an outbox's URL names.
+fn database_of(outbox: &Outbox) -> &str {
+    outbox
+        .db_url
+        .rsplit('/')
+        .next()
+        .and_then(|tail| tail.split('?').next())
+        .expect("a database in the URL")
+}
+
+/// Waits until the server at `client` (a standby whose primary is gone) has replayed all
+/// the WAL it received: what it holds then is what a promotion starts from.
+async fn wait_replayed(client: &Client) {
+    let deadline = Instant::now() + MINUTE;
+    loop {
+        let caught_up: bool = client
+            .query_one(
+                "SELECT pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn()",
+                &[],
+            )
+            .await
+            .expect("read the standby's replay position")
+            .get(0);
+        if caught_up {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standby never replayed what it received"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The `from=` field of the recovery's WARN line: the backfill's lower bound, as the relay
+/// computed it.
+fn recovery_from(relay: &RelayProcess) -> String {
+    relay
+        .log_lines(RECREATED)
+        .into_iter()
+        .next()
+        .and_then(|line| {
+            line.split_whitespace()
+                .find_map(|field| field.strip_prefix("from=").map(String::from))
+        })
+        .unwrap_or_else(|| panic!("no from= in the recovery line; log:\n{}", relay.log()))
+}
+
+/// A PostgreSQL 16 primary and streaming standby (no failover slots); two outboxes, each with
+/// a relay on a multi-host URL streaming a backlog at full window with writers running; the
+/// primary is killed (`stop -m immediate`) mid-stream and the standby promoted, which has no
+/// copy of the slots. (a) `--on-slot-lost recreate`: the slot is re-created and the gap
+/// backfilled; every row on the new primary arrives, the duplicates are within the bound
+/// derived from the state table the new primary holds, ACK holds on the new slot, the
+/// recovery is a WARN with its row count and counted once. (b) `stop` (the default): the
+/// relay exits non-zero with today's message, naming the slot and the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t4_pg16_failover_mid_stream_recreate_backfills_and_stop_refuses() {
+    let rabbit = rabbit().await;
+    let options = PairOptions {
+        synchronized_standby_slots: false,
+    };
+    let pair = blocking(|| FailoverPair::start(16, options, &[]));
+    let primary = pair.primary.url("postgres");
+    let a = Outbox::on(&primary, &rabbit.url(), "fo16_recreate").await;
+    let b = Outbox::on(&primary, &rabbit.url(), "fo16_stop").await;
+    let (url_a, url_b) = (
+        pair.multi_host_url(database_of(&a)),
+        pair.multi_host_url(database_of(&b)),
+    );
+    // The commit-order oracle, on the standby itself: it survives the promotion.
+    let oracle = Oracle {
+        slot: format!("{}_oracle", a.slot),
+    };
+    create_standby_oracle(&pair, database_of(&a), &oracle.slot).await;
+    let mut consumer_a = Consumer::start_with(&a.amqp_url, &a.queue, false).await;
+    let mut consumer_b = Consumer::start_with(&b.amqp_url, &b.queue, false).await;
+    let writers_a = Writers::start(&url_a, 2, MAX_TXN_ROWS, Duration::from_millis(2));
+    let writers_b = Writers::start(&url_b, 1, 1, Duration::from_millis(20));
+    let flags_a = [&recreate_flags()[..], &FAST_BACKOFF].concat();
+    let flags_b = [&stop_flags()[..], &FAST_BACKOFF].concat();
+    let port_a = common::free_port();
+    let metrics_a = format!("127.0.0.1:{port_a}");
+    let observed_a = [&flags_a[..], &["--metrics-addr", &metrics_a]].concat();
+    let relay_a = a.spawn("run", (&url_a, &a.amqp_url), &observed_a, &[]);
+    let relay_b = b.spawn("run", (&url_b, &b.amqp_url), &flags_b, &[]);
+
+    // The writers' rows stream for a while first, so that the bound leaves out the oldest
+    // delivered rows; then a backlog, killed with about 40 % of it delivered.
+    let started = server_now(&a.client).await;
+    wait_recorded_since(&a.client, &a.slot, started + MARGIN * 2, &relay_a).await;
+    let warm = consumer_a.received().len();
+    let (backlog, _) = common::faults::seed_backlog(&a, FAILOVER_BACKLOG, None).await;
+    consumer_a
+        .wait_for(warm + FAILOVER_BACKLOG * 2 / 5, MINUTE)
+        .await;
+    assert!(
+        !consumer_b.wait_for(1, MINUTE).await.is_empty(),
+        "(b) streams"
+    );
+    blocking(|| pair.primary.stop_immediate());
+    let killed = Instant::now();
+    // The sessions end with the stream; what (a)'s published is in the queue before the marker.
+    assert!(
+        relay_a.wait_reconnects(1, MINUTE).await,
+        "(a) notices the kill; log:\n{}",
+        relay_a.log()
+    );
+    let delivered_before = delivered_so_far(&mut consumer_a, &a).await;
+    assert!(
+        backlog.iter().any(|id| !delivered_before.contains(id)),
+        "the kill must land mid-stream"
+    );
+    let standby = pair.standby.client(database_of(&a)).await;
+    wait_replayed(&standby).await;
+    assert!(
+        slot_state(&standby, &a.slot).await.is_none(),
+        "PostgreSQL 16 keeps no copy of the slot on the standby"
+    );
+
+    let new_primary = pair.promote(database_of(&a)).await;
+    let promoted = Instant::now();
+    // What the recovery reads: the new session records anew only a cleanup interval after it
+    // streams, long after this.
+    let (recorded, _) = recorded_state(&new_primary, &a.slot)
+        .await
+        .expect("(a)'s state row replicated to the standby");
+    let recorded = recorded.expect("an acknowledged commit recorded before the kill");
+
+    // (b) stop: today's refusal.
+    let status_b = relay_b.wait_exit(MINUTE).await.unwrap_or_else(|| {
+        panic!(
+            "(b) keeps running without its slot; log:\n{}",
+            relay_b.log()
+        )
+    });
+    assert!(!status_b.success(), "(b) exits non-zero");
+    let log_b = relay_b.log();
+    let message_b = final_error(&log_b).unwrap_or_else(|| panic!("no final error; log:\n{log_b}"));
+    for part in [
+        &format!("The replication slot \"{}\" does not exist", b.slot)[..],
+        "run `outbox-relay setup`",
+        "resync --since",
+    ] {
+        assert!(
+            message_b.contains(part),
+            "(b)'s message names {part:?}: {message_b}"
+        );
+    }
+    writers_b.stop().await;
+
+    // (a) recreate: a new slot, the gap backfilled, streaming again.
+    let arrived = consumer_a.received().len();
+    consumer_a.wait_for(arrived + 1, MINUTE).await;
+    let to_first_message = promoted.elapsed();
+    assert!(
+        relay_a.wait_new_session(1, MINUTE).await.is_some(),
+        "(a) never streams the new slot; log:\n{}",
+        relay_a.log()
+    );
+    let to_streaming = promoted.elapsed();
+    assert_eq!(relay_a.counter(RECOVERIES), Some(1), "one recovery counted");
+    assert!(
+        wait_ready(port_a, Duration::from_secs(10)).await,
+        "(a) ready again within 10 s of streaming the new slot: {:?}",
+        readyz(port_a).await
+    );
+    let backfilled = backfilled_rows(&relay_a);
+    let from = recorded - MARGIN;
+    assert_eq!(
+        recovery_from(&relay_a),
+        humantime::format_rfc3339_micros(from).to_string(),
+        "the backfill starts at the recorded commit minus the margin"
+    );
+
+    // ACK on the new slot: the relay stopped while the writers still commit.
+    assert!(
+        writers_a
+            .wait_committed(writers_a.committed() + 2_000, MINUTE)
+            .await
+    );
+    relay_a.stop().await;
+    let ack = check_ack(&new_primary, &a, &oracle, &mut consumer_a).await;
+    assert!(ack.acknowledged_rows > 0, "the new slot acknowledged rows");
+    let written = writers_a.stop().await;
+
+    // Drain what is left (the slot exists now: no second recovery).
+    let draining = a.spawn("run", (&url_a, &a.amqp_url), &flags_a, &[]);
+    let created = rows_created(&new_primary).await;
+    let every_row: Vec<String> = created.keys().cloned().collect();
+    assert!(
+        wait_for_ids(&mut consumer_a, &every_row, DRAIN).await,
+        "L0: every row on the new primary arrives; log:\n{}",
+        draining.log()
+    );
+    draining.stop().await;
+    assert_eq!(draining.log_count(RECREATED), 0, "the new slot is kept");
+    let final_ack = check_ack(&new_primary, &a, &oracle, &mut consumer_a).await;
+    let tally = Tally::of(consumer_a.received());
+    assert!(
+        tally.lost(&every_row).is_empty(),
+        "L0: lost {:?}",
+        tally.lost(&every_row)
+    );
+    // Published before the failover, never replicated: no later message may be one.
+    let phantoms = tally.unknown(&every_row);
+    assert!(
+        phantoms.iter().all(|id| delivered_before.contains(*id)),
+        "every message for a row the new primary lacks was published before the kill"
+    );
+    let bound = DuplicateBound::derive(recorded, &delivered_before, &created);
+    let duplicates = bound.check(&tally);
+    let commits_lost = written
+        .iter()
+        .filter(|id| !created.contains_key(*id))
+        .count();
+    report(
+        "t4 PostgreSQL 16 failover, recreate",
+        &[
+            ("rows on the new primary", every_row.len().to_string()),
+            ("lost", "0".into()),
+            (
+                "delivered before the kill",
+                delivered_before.len().to_string(),
+            ),
+            ("backfilled", backfilled.to_string()),
+            ("duplicates", duplicates.to_string()),
+            ("bound", bound.rows.len().to_string()),
+            (
+                "phantoms (published, not on the new primary)",
+                phantoms.len().to_string(),
+            ),
+            (
+                "writers' commits lost by the failover",
+                commits_lost.to_string(),
+            ),
+            ("kill to promotion", secs(promoted - killed)),
+            (
+                "promotion to the first message after it",
+                secs(to_first_message),
+            ),
+            (
+                "promotion to streaming the new slot (after the backfill)",
+                secs(to_streaming),
+            ),
+            (
+                "acknowledged rows checked (writers running, end)",
+                format!("{}, {}", ack.acknowledged_rows, final_ack.acknowledged_rows),
+            ),
+        ],
+    );
+    report(
+        "t4 PostgreSQL 16 failover, stop",
+        &[("exit", format!("{status_b}"))],
+    );
+    eprintln!("t4 (b) message: {message_b}");
+}
+
+// ---------------------------------------------------------------------------------
+// 6. Polling mode across a failover
+
+/// Polling workers and batch: the defaults, given explicitly since the bound depends on them.
+const POLL_WORKERS: usize = 2;
+const POLL_BATCH: usize = 1_000;
+
+/// A primary and standby of the tests' version, a polling relay (2 workers × 1,000) on a
+/// multi-host URL draining a backlog with writers running; the primary is killed mid-backlog
+/// and the standby promoted. Every row on the new primary arrives; the duplicates are exactly
+/// the rows published before the kill whose mark (`published_at`) the standby did not
+/// receive, and at most workers × batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t6_polling_follows_a_promoted_standby() {
+    let rabbit = rabbit().await;
+    let options = PairOptions {
+        synchronized_standby_slots: false,
+    };
+    let pair = blocking(|| FailoverPair::start(common::pg::pg_major(), options, &[]));
+    let outbox = Outbox::on_poll(&pair.primary.url("postgres"), &rabbit.url(), "fo_poll").await;
+    let url = pair.multi_host_url(database_of(&outbox));
+    let (backlog, _) = common::faults::seed_backlog(&outbox, FAILOVER_BACKLOG, None).await;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let writers = Writers::start(&url, 2, MAX_TXN_ROWS, Duration::from_millis(2));
+    let (workers, batch) = (POLL_WORKERS.to_string(), POLL_BATCH.to_string());
+    let flags = [
+        "--workers",
+        &workers,
+        "--batch-size",
+        &batch,
+        FAST_BACKOFF[0],
+        FAST_BACKOFF[1],
+    ];
+    let port = common::free_port();
+    let metrics_at = format!("127.0.0.1:{port}");
+    let observed = [&flags[..], &["--metrics-addr", &metrics_at]].concat();
+    let relay = outbox.spawn("poll", (&url, &outbox.amqp_url), &observed, &[]);
+
+    consumer.wait_for(FAILOVER_BACKLOG * 2 / 5, MINUTE).await;
+    blocking(|| pair.primary.stop_immediate());
+    let killed = Instant::now();
+    // Not ready once every worker's session has ended (its batch failed with the server):
+    // what they published is in the queue then.
+    let down = wait_http(port, "/readyz", MINUTE, |(status, _)| *status == 503).await;
+    assert!(
+        down.as_ref().is_some_and(|(status, _)| *status == 503),
+        "the workers notice the kill: {down:?}; log:\n{}",
+        relay.log()
+    );
+    let delivered_before = delivered_so_far(&mut consumer, &outbox).await;
+    assert!(
+        backlog.iter().any(|id| !delivered_before.contains(id)),
+        "the kill must land mid-backlog"
+    );
+    // What the promotion starts from: the marks the standby has.
+    let standby = pair.standby.client(database_of(&outbox)).await;
+    wait_replayed(&standby).await;
+    let unmarked: HashSet<String> = common::pg::first_column(
+        &standby,
+        "SELECT id::text FROM outbox WHERE published_at IS NULL",
+        &[],
+    )
+    .await
+    .into_iter()
+    .collect();
+    let republished: HashSet<&String> = delivered_before.intersection(&unmarked).collect();
+
+    let new_primary = pair.promote(database_of(&outbox)).await;
+    let promoted = Instant::now();
+    let seen = consumer.received().len();
+    consumer.wait_for(seen + 1, MINUTE).await;
+    let to_publishing = promoted.elapsed();
+    assert!(
+        wait_ready(port, Duration::from_secs(10)).await,
+        "ready within 10 s of the promotion: {:?}",
+        readyz(port).await
+    );
+    let to_ready = promoted.elapsed();
+    assert!(
+        writers
+            .wait_committed(writers.committed() + 2_000, MINUTE)
+            .await,
+        "the writers commit on the new primary"
+    );
+    let written = writers.stop().await;
+
+    let created = rows_created(&new_primary).await;
+    let every_row: Vec<String> = created.keys().cloned().collect();
+    assert!(
+        wait_for_ids(&mut consumer, &every_row, DRAIN).await,
+        "L0: every row on the new primary arrives; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+    let marker = barrier(&mut consumer, &outbox.amqp_url, &outbox.queue).await;
+    let tally = Tally::of(&consumer.received()[..marker]);
+    assert!(
+        tally.lost(&every_row).is_empty(),
+        "L0: lost {:?}",
+        tally.lost(&every_row)
+    );
+    let phantoms = tally.unknown(&every_row);
+    assert!(
+        phantoms.iter().all(|id| delivered_before.contains(*id)),
+        "every message for a row the new primary lacks was published before the kill"
+    );
+    let duplicated: HashSet<&String> = tally
+        .counts
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        tally.counts.values().all(|n| *n <= 2),
+        "no row published more than twice"
+    );
+    assert_eq!(
+        duplicated, republished,
+        "the duplicates are the rows published before the kill whose mark the standby lacked"
+    );
+    let duplicates = tally.duplicates();
+    assert!(
+        duplicates <= POLL_WORKERS * POLL_BATCH,
+        "{duplicates} duplicates, bound workers × batch = {}",
+        POLL_WORKERS * POLL_BATCH
+    );
+    let commits_lost = written
+        .iter()
+        .filter(|id| !created.contains_key(*id))
+        .count();
+    report(
+        &format!("t6 polling failover, PostgreSQL {}", pair.major),
+        &[
+            ("rows on the new primary", every_row.len().to_string()),
+            ("lost", "0".into()),
+            (
+                "delivered before the kill",
+                delivered_before.len().to_string(),
+            ),
+            (
+                "published but unmarked on the standby",
+                republished.len().to_string(),
+            ),
+            ("duplicates", duplicates.to_string()),
+            (
+                "bound (workers × batch)",
+                (POLL_WORKERS * POLL_BATCH).to_string(),
+            ),
+            (
+                "phantoms (published, not on the new primary)",
+                phantoms.len().to_string(),
+            ),
+            (
+                "writers' commits lost by the failover",
+                commits_lost.to_string(),
+            ),
+            ("kill to promotion", secs(promoted - killed)),
+            (
+                "promotion to the first message after it",
+                secs(to_publishing),
+            ),
+            ("promotion to ready", secs(to_ready)),
+        ],
+    );
 }
 
 // ---------------------------------------------------------------------------------
