@@ -27,9 +27,10 @@
 //! The table-less outbox (`outbox_emit`) cannot be backfilled: its events were only in the
 //! WAL. `setup` creates the emit functions for every outbox, so their presence says nothing;
 //! the relay records in the state table once it has decoded an emitted event, and refuses to
-//! recreate the slot of an outbox that carries them, and says why. Where the functions exist
-//! but no event was recorded, it recreates and says that events emitted in the gap, if the
-//! application began emitting there, are not in the table.
+//! recreate the slot of an outbox that carries them (or whose state was never recorded), and
+//! says why. Where the functions exist but the record says no event, it recreates and says
+//! that events emitted in the gap, if the application began emitting there, are not in the
+//! table.
 
 use std::time::SystemTime;
 
@@ -73,7 +74,11 @@ pub async fn recreate(ctx: &Recovery<'_>, server: &Server) -> Result<u64, RelayE
     hold_the_recovery_lock(&client, names).await?;
     let state = read_state(&client, names).await?;
     let emit_functions = has_emit_functions(&client, names).await?;
-    if emit_functions && state.as_ref().is_none_or(|state| state.emitted_events) {
+    // Whether events were emitted is known only once a cleanup round recorded the state.
+    let may_carry_events = state
+        .as_ref()
+        .is_none_or(|state| state.emitted_events || state.acknowledged_commit.is_none());
+    if emit_functions && may_carry_events {
         return Err(RelayError::CannotBackfill {
             slot: names.slot.to_string(),
         });
