@@ -919,14 +919,20 @@ async fn t6_polling_follows_a_promoted_standby() {
 // ---------------------------------------------------------------------------------
 // The table-less outbox
 
-/// An outbox whose relay delivered an event of the emit functions (so the state table records
-/// that it carries them) loses its slot: `--on-slot-lost recreate` refuses, names why, and
-/// creates no slot, since those events were only in the WAL.
+/// `--on-slot-lost recreate` refuses, names why, and creates no slot, where emitted events may
+/// be in the gap (they were only in the WAL): an outbox whose state was never recorded (the
+/// emit functions exist, as `setup` makes them, and no cleanup round has said whether the
+/// relay saw an event), and an outbox whose relay delivered an emitted event (recorded).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recreate_refuses_an_outbox_that_carries_emitted_events() {
     let services = tokio::task::spawn_blocking(common::services)
         .await
         .expect("starting the shared servers panicked");
+    let unrecorded = Outbox::new("cannot_say").await;
+    common::pg::drop_slot_once_released(&unrecorded.client, &unrecorded.slot).await;
+    let message = refused_recreate(&unrecorded).await;
+    eprintln!("table-less refusal, no state recorded: {message}");
+
     let outbox = Outbox::new("cannot_backfill").await;
     let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
     let relay = outbox.spawn_relay(&recreate_flags());
@@ -952,7 +958,20 @@ async fn recreate_refuses_an_outbox_that_carries_emitted_events() {
     }
     relay.stop().await;
     common::pg::drop_slot_once_released(&outbox.client, &outbox.slot).await;
+    let message = refused_recreate(&outbox).await;
+    let (_, recovering) = recorded_state(&outbox.client, &outbox.slot)
+        .await
+        .expect("the state row");
+    assert!(!recovering, "no recovery begun");
+    eprintln!(
+        "table-less refusal on PostgreSQL {}: {message}",
+        services.pg.server_version()
+    );
+}
 
+/// Starts `run --on-slot-lost recreate` on `outbox`, whose slot is gone, and checks that it
+/// exits non-zero naming the slot and the emitted events, with no slot created; its message.
+async fn refused_recreate(outbox: &Outbox) -> String {
     let refused = outbox.spawn_relay(&recreate_flags());
     let status = refused
         .wait_exit(MINUTE)
@@ -976,14 +995,7 @@ async fn recreate_refuses_an_outbox_that_carries_emitted_events() {
         slot_state(&outbox.client, &outbox.slot).await.is_none(),
         "no slot created"
     );
-    let (_, recovering) = recorded_state(&outbox.client, &outbox.slot)
-        .await
-        .expect("the state row");
-    assert!(!recovering, "no recovery begun");
-    eprintln!(
-        "table-less refusal on PostgreSQL {}: {message}",
-        services.pg.server_version()
-    );
+    message.to_string()
 }
 
 /// Whether the state table records that `slot`'s relay decoded emitted events.
