@@ -191,8 +191,14 @@ impl DuplicateBound {
         DuplicateBound { rows }
     }
 
-    /// Every duplicate is a row of the bound, delivered twice at most.
-    fn check(&self, tally: &Tally) -> usize {
+    /// Every duplicate is a row of the bound, delivered twice at most, and the backfill (of
+    /// `backfilled` rows, as the relay logged) held every row of the bound.
+    fn check(&self, tally: &Tally, backfilled: usize) -> usize {
+        assert!(
+            backfilled >= self.rows.len(),
+            "the backfill ({backfilled} rows) holds the bound's rows ({})",
+            self.rows.len()
+        );
         for (id, n) in &tally.counts {
             if *n > 1 {
                 assert!(
@@ -402,12 +408,7 @@ async fn t5_slot_invalidated_while_stopped_recreate_backfills_and_stop_names_the
     let tally = Tally::of(consumer_a.received());
     common::faults::assert_nothing_lost_or_invented(&tally, &every_row);
     let bound = DuplicateBound::derive(recorded, &delivered_before, &created);
-    let duplicates = bound.check(&tally);
-    assert!(
-        backfilled >= bound.rows.len(),
-        "the backfill ({backfilled} rows) holds the bound's rows ({})",
-        bound.rows.len()
-    );
+    let duplicates = bound.check(&tally, backfilled);
     report(
         "t5 PostgreSQL 15 slot invalidated, recreate",
         &[
@@ -505,6 +506,57 @@ fn recovery_from(relay: &RelayProcess) -> String {
                 .find_map(|field| field.strip_prefix("from=").map(String::from))
         })
         .unwrap_or_else(|| panic!("no from= in the recovery line; log:\n{}", relay.log()))
+}
+
+/// What a failover to an asynchronously replicated standby cost besides the relay's
+/// duplicates: messages for rows the new primary lacks (phantoms; each must have been
+/// published before the kill, none after) and writers' commits it lacks.
+struct FailoverCost {
+    phantoms: usize,
+    commits_lost: usize,
+}
+
+impl FailoverCost {
+    fn of(
+        tally: &Tally,
+        created: &HashMap<String, SystemTime>,
+        delivered_before: &HashSet<String>,
+        written: &[String],
+    ) -> FailoverCost {
+        let on_new_primary: Vec<String> = created.keys().cloned().collect();
+        let phantoms = tally.unknown(&on_new_primary);
+        assert!(
+            phantoms.iter().all(|id| delivered_before.contains(*id)),
+            "every message for a row the new primary lacks was published before the kill"
+        );
+        FailoverCost {
+            phantoms: phantoms.len(),
+            commits_lost: written
+                .iter()
+                .filter(|id| !created.contains_key(*id))
+                .count(),
+        }
+    }
+
+    /// Its figures, with the failover's times.
+    fn figures(
+        &self,
+        kill_to_promotion: Duration,
+        to_first: Duration,
+    ) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "phantoms (published, not on the new primary)",
+                self.phantoms.to_string(),
+            ),
+            (
+                "writers' commits lost by the failover",
+                self.commits_lost.to_string(),
+            ),
+            ("kill to promotion", secs(kill_to_promotion)),
+            ("promotion to the first message after it", secs(to_first)),
+        ]
+    }
 }
 
 /// A PostgreSQL 16 primary and streaming standby (no failover slots); two outboxes, each with
@@ -663,23 +715,9 @@ async fn t4_pg16_failover_mid_stream_recreate_backfills_and_stop_refuses() {
         "L0: lost {:?}",
         tally.lost(&every_row)
     );
-    // Published before the failover, never replicated: no later message may be one.
-    let phantoms = tally.unknown(&every_row);
-    assert!(
-        phantoms.iter().all(|id| delivered_before.contains(*id)),
-        "every message for a row the new primary lacks was published before the kill"
-    );
+    let cost = FailoverCost::of(&tally, &created, &delivered_before, &written);
     let bound = DuplicateBound::derive(recorded, &delivered_before, &created);
-    let duplicates = bound.check(&tally);
-    assert!(
-        backfilled >= bound.rows.len(),
-        "the backfill ({backfilled} rows) holds the bound's rows ({})",
-        bound.rows.len()
-    );
-    let commits_lost = written
-        .iter()
-        .filter(|id| !created.contains_key(*id))
-        .count();
+    let duplicates = bound.check(&tally, backfilled);
     report(
         "t4 PostgreSQL 16 failover, recreate",
         &[
@@ -697,19 +735,6 @@ async fn t4_pg16_failover_mid_stream_recreate_backfills_and_stop_refuses() {
             ("duplicates", duplicates.to_string()),
             ("bound", bound.rows.len().to_string()),
             (
-                "phantoms (published, not on the new primary)",
-                phantoms.len().to_string(),
-            ),
-            (
-                "writers' commits lost by the failover",
-                commits_lost.to_string(),
-            ),
-            ("kill to promotion", secs(promoted - killed)),
-            (
-                "promotion to the first message after it",
-                secs(to_first_message),
-            ),
-            (
                 "promotion to streaming the new slot (after the backfill)",
                 secs(to_streaming),
             ),
@@ -717,7 +742,10 @@ async fn t4_pg16_failover_mid_stream_recreate_backfills_and_stop_refuses() {
                 "acknowledged rows checked (writers running, end)",
                 format!("{}, {}", ack.acknowledged_rows, final_ack.acknowledged_rows),
             ),
-        ],
+        ]
+        .into_iter()
+        .chain(cost.figures(promoted - killed, to_first_message))
+        .collect::<Vec<_>>(),
     );
     report(
         "t4 PostgreSQL 16 failover, stop",
@@ -829,11 +857,7 @@ async fn t6_polling_follows_a_promoted_standby() {
         "L0: lost {:?}",
         tally.lost(&every_row)
     );
-    let phantoms = tally.unknown(&every_row);
-    assert!(
-        phantoms.iter().all(|id| delivered_before.contains(*id)),
-        "every message for a row the new primary lacks was published before the kill"
-    );
+    let cost = FailoverCost::of(&tally, &created, &delivered_before, &written);
     let duplicated: HashSet<&String> = tally
         .counts
         .iter()
@@ -874,10 +898,6 @@ async fn t6_polling_follows_a_promoted_standby() {
         POLL_WORKERS * POLL_BATCH
     );
     let duplicates = tally.duplicates();
-    let commits_lost = written
-        .iter()
-        .filter(|id| !created.contains_key(*id))
-        .count();
     report(
         &format!("t6 polling failover, PostgreSQL {}", pair.major),
         &[
@@ -898,21 +918,11 @@ async fn t6_polling_follows_a_promoted_standby() {
                 "bound (workers × batch)",
                 (POLL_WORKERS * POLL_BATCH).to_string(),
             ),
-            (
-                "phantoms (published, not on the new primary)",
-                phantoms.len().to_string(),
-            ),
-            (
-                "writers' commits lost by the failover",
-                commits_lost.to_string(),
-            ),
-            ("kill to promotion", secs(promoted - killed)),
-            (
-                "promotion to the first message after it",
-                secs(to_publishing),
-            ),
             ("promotion to ready", secs(to_ready)),
-        ],
+        ]
+        .into_iter()
+        .chain(cost.figures(promoted - killed, to_publishing))
+        .collect::<Vec<_>>(),
     );
 }
 
