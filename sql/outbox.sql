@@ -22,6 +22,7 @@ CREATE INDEX IF NOT EXISTS "outbox_created_at_idx" ON "public"."outbox" (created
 CREATE TABLE IF NOT EXISTS "public"."outbox_relay_state" (
     slot text PRIMARY KEY,
     acknowledged_commit timestamptz,
+    emitted_events boolean NOT NULL DEFAULT false,
     recovering boolean NOT NULL DEFAULT false,
     backfill_from timestamptz,
     updated_at timestamptz NOT NULL DEFAULT now()

@@ -29,7 +29,7 @@ use crate::observability::{Health, CLEANUP_DELETED_ROWS_TOTAL};
 use crate::outbox_table::columns;
 use crate::periodic::{self, Job};
 use crate::shard::Shard;
-use crate::wal::state::record_acknowledged;
+use crate::wal::state::{record_acknowledged, EmittedSeen};
 
 /// How long one cleanup statement may take before the round gives up (and retries at the
 /// next interval).
@@ -132,18 +132,20 @@ async fn bounded<T>(
 /// `shard`'s rows. A round needs the commit time of an acknowledged transaction from
 /// `health`; until the relay has acknowledged one, rounds are skipped. A failed round is
 /// logged and retried at the next interval: cleanup never stops the relay.
-/// `--cleanup-interval 0` turns it off.
+/// `--cleanup-interval 0` turns it off. Each round first records the relay's state
+/// (`wal/state.rs`): the acknowledged commit time and whether `emitted` events were seen.
 pub async fn run_cleanup(
     database_url: String,
     names: OutboxNames,
     shard: Shard,
     args: CleanupArgs,
-    health: Health,
+    (health, emitted): (Health, EmittedSeen),
     shutdown: CancellationToken,
 ) {
     let (retention, batch, stop) = (args.retention, args.cleanup_batch, shutdown.clone());
     let round = move |connection: periodic::Connection| {
-        let (names, health, shutdown) = (names.clone(), health.clone(), stop.clone());
+        let (names, health, emitted, shutdown) =
+            (names.clone(), health.clone(), emitted.clone(), stop.clone());
         async move {
             let Some(acknowledged) = health.acknowledged_commit_time() else {
                 tracing::debug!("cleanup: no transaction acknowledged yet; nothing is deleted");
@@ -151,7 +153,7 @@ pub async fn run_cleanup(
             };
             let client = connection.client().await?;
             // Where a promoted standby finds it: --on-slot-lost recreate backfills from here.
-            record_acknowledged(&client, &names, acknowledged).await?;
+            record_acknowledged(&client, &names, acknowledged, &emitted).await?;
             let deleted = delete_until(
                 &client,
                 &names,

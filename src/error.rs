@@ -93,8 +93,9 @@ pub enum RelayError {
 
     #[error(
         "The replication slot \"{slot}\" cannot be recreated with --on-slot-lost recreate: \
-         this outbox has the emit functions (outbox_emit), whose events are only in the WAL, \
-         so no table holds what the lost slot did not deliver"
+         this outbox carries events of the emit functions (outbox_emit), or the relay's state \
+         table cannot say that it does not (no cleanup round recorded it); those events are \
+         only in the WAL, so no table holds what the lost slot did not deliver"
     )]
     CannotBackfill { slot: String },
 

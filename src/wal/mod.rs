@@ -124,6 +124,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
             on_slot_lost: args.on_slot_lost,
             recreate_margin: args.recreate_margin,
             last_server: std::sync::Mutex::new(None),
+            emitted_seen: state::EmittedSeen::default(),
         },
         role,
     };

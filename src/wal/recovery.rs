@@ -25,7 +25,12 @@
 //! for the recovery, makes the second a standby.
 //!
 //! The table-less outbox (`outbox_emit`) cannot be backfilled: its events were only in the
-//! WAL. A relay whose outbox has the emit functions refuses to recreate, and says why.
+//! WAL. `setup` creates the emit functions for every outbox, so their presence says nothing;
+//! the relay records in the state table once it has decoded an emitted event, and refuses to
+//! recreate the slot of an outbox that carries them (or whose state was never recorded), and
+//! says why. Where the functions exist but the record says no event, it recreates and says
+//! that events emitted in the gap, if the application began emitting there, are not in the
+//! table.
 
 use std::time::SystemTime;
 
@@ -67,8 +72,17 @@ pub async fn recreate(ctx: &Recovery<'_>, server: &Server) -> Result<u64, RelayE
     let names = &ctx.names;
     let client = db::connect_to(ctx.database_url, server).await?;
     hold_the_recovery_lock(&client, names).await?;
-    refuse_emitted_outbox(&client, names).await?;
     let state = read_state(&client, names).await?;
+    let emit_functions = has_emit_functions(&client, names).await?;
+    // Whether events were emitted is known only once a cleanup round recorded the state.
+    let may_carry_events = state
+        .as_ref()
+        .is_none_or(|state| state.emitted_events || state.acknowledged_commit.is_none());
+    if emit_functions && may_carry_events {
+        return Err(RelayError::CannotBackfill {
+            slot: names.slot.to_string(),
+        });
+    }
     let from = match &state {
         Some(State {
             recovering: true,
@@ -96,6 +110,14 @@ pub async fn recreate(ctx: &Recovery<'_>, server: &Server) -> Result<u64, RelayE
         "slot recreated (--on-slot-lost recreate): the rows it will not deliver were \
          re-published from the table; streaming the new slot"
     );
+    if emit_functions {
+        tracing::warn!(
+            slot = %names.slot,
+            "the outbox has the emit functions, but the relay never recorded an emitted \
+             event: events emitted since the last record, if the application began emitting \
+             there, were only in the lost slot's WAL and are not re-published"
+        );
+    }
     Ok(published)
 }
 
@@ -115,8 +137,9 @@ async fn hold_the_recovery_lock(client: &Client, names: &OutboxNames) -> Result<
     })
 }
 
-/// The emit functions' events were only in the WAL: no table has them to backfill from.
-async fn refuse_emitted_outbox(client: &Client, names: &OutboxNames) -> Result<(), RelayError> {
+/// Whether the outbox has the emit functions (`setup` creates them; a DBA's setup may not),
+/// whose events were only in the WAL: no table has them to backfill from.
+async fn has_emit_functions(client: &Client, names: &OutboxNames) -> Result<bool, RelayError> {
     let (schema, table) = names.table_parts();
     let functions: Vec<String> = crate::emit::FUNCTION_SUFFIXES
         .iter()
@@ -129,12 +152,7 @@ async fn refuse_emitted_outbox(client: &Client, names: &OutboxNames) -> Result<(
             &[&schema, &functions],
         )
         .await?;
-    match emits {
-        None => Ok(()),
-        Some(_) => Err(RelayError::CannotBackfill {
-            slot: names.slot.to_string(),
-        }),
-    }
+    Ok(emits.is_some())
 }
 
 /// Records, before anything changes, that a recovery from `from` is under way.

@@ -68,6 +68,8 @@ pub struct SessionContext {
     pub recreate_margin: std::time::Duration,
     /// The PostgreSQL server the last session streamed from.
     pub last_server: std::sync::Mutex<Option<SeenServer>>,
+    /// Set once a session decoded an emitted event; the cleanup records it.
+    pub emitted_seen: state::EmittedSeen,
 }
 
 /// A server a session streamed from: where, and which one (IDENTIFY_SYSTEM).
@@ -139,7 +141,8 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
             ctx.emit_prefix.clone(),
             ctx.shard,
             StreamMetrics::new(),
-        ),
+        )
+        .noting_emitted(ctx.emitted_seen.clone()),
         start: slot.confirmed_flush,
         silence_limit: ctx.tuning.heartbeat_interval().map(|i| i * 3),
         feedback_sent,
@@ -416,7 +419,7 @@ impl Helpers {
                 ctx.names.clone(),
                 ctx.shard,
                 ctx.cleanup.clone(),
-                ctx.health.clone(),
+                (ctx.health.clone(), ctx.emitted_seen.clone()),
                 CancellationToken::new(),
             ))),
             _blocked: AbortOnDropHandle::new(tokio::spawn(report_blocked(

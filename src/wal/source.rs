@@ -34,6 +34,7 @@ use crate::shard::Shard;
 use crate::wal::heartbeat::Heartbeat;
 use crate::wal::position::AckPosition;
 use crate::wal::relations::{Known, RelationCache};
+use crate::wal::state::EmittedSeen;
 
 /// Bytes the decoder cannot read are definite: the same bytes come back on every retry.
 impl From<pgoutput::DecodeError> for RelayError {
@@ -51,6 +52,8 @@ pub struct Source {
     /// Which emitted events are this relay's (rows are chosen by the publication's filter).
     shard: Shard,
     metrics: StreamMetrics,
+    /// Noted at every emitted event (wal/state.rs): a lost slot's recovery needs to know.
+    emitted_seen: EmittedSeen,
     transaction: Option<Transaction>,
 }
 
@@ -77,8 +80,15 @@ impl Source {
             emit_prefix,
             shard,
             metrics,
+            emitted_seen: EmittedSeen::default(),
             transaction: None,
         }
+    }
+
+    /// Notes every emitted event in `seen` (the session's, which the cleanup records).
+    pub fn noting_emitted(mut self, seen: EmittedSeen) -> Self {
+        self.emitted_seen = seen;
+        self
     }
 
     /// `true` between a Begin and its Commit: a graceful stop waits for the Commit.
@@ -197,6 +207,7 @@ impl Source {
             ),
         };
         self.metrics.emitted.increment(1);
+        self.emitted_seen.note();
         let mapped = emit::map(&self.mapper, content, transactional, position);
         Ok(Input::mapped(mapped, committed_at))
     }

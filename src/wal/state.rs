@@ -1,8 +1,11 @@
 //! The relay's own state in the database, `<schema>.outbox_relay_state`: the commit time of
-//! the newest transaction it acknowledged, and a recovery under way. It lives where a
-//! promoted standby has it too (the table replicates like any other), which is what
-//! `--on-slot-lost recreate` (`wal/recovery.rs`) needs to know where to backfill from.
+//! the newest transaction it acknowledged, whether the outbox carries events of the emit
+//! functions, and a recovery under way. It lives where a promoted standby has it too (the
+//! table replicates like any other), which is what `--on-slot-lost recreate`
+//! (`wal/recovery.rs`) needs to know where to backfill from, and whether it can.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use tokio_postgres::error::SqlState;
@@ -27,6 +30,7 @@ pub fn state_table_sql(names: &OutboxNames) -> String {
         "CREATE TABLE IF NOT EXISTS {} (\n\
          \x20   slot text PRIMARY KEY,\n\
          \x20   acknowledged_commit timestamptz,\n\
+         \x20   emitted_events boolean NOT NULL DEFAULT false,\n\
          \x20   recovering boolean NOT NULL DEFAULT false,\n\
          \x20   backfill_from timestamptz,\n\
          \x20   updated_at timestamptz NOT NULL DEFAULT now()\n\
@@ -35,21 +39,44 @@ pub fn state_table_sql(names: &OutboxNames) -> String {
     )
 }
 
-/// Records the commit time of the newest acknowledged transaction where a promoted standby
-/// has it too (the table replicates like any other). `false` when there is no state table
-/// (a setup from before it): recovery then backfills the whole table.
+/// Whether the relay has decoded an event of its outbox's emit functions (`outbox_emit`):
+/// set by the stream, recorded by the cleanup. Such events were only ever in the WAL, so a
+/// recovery of the slot cannot backfill them. Cheap to clone (clones share it).
+#[derive(Debug, Clone, Default)]
+pub struct EmittedSeen(Arc<AtomicBool>);
+
+impl EmittedSeen {
+    pub fn note(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Records the commit time of the newest acknowledged transaction, and whether emitted
+/// events were seen (once set, it stays), where a promoted standby has them too (the table
+/// replicates like any other). `false` when there is no state table (a setup from before
+/// it): recovery then backfills the whole table.
 pub async fn record_acknowledged(
     client: &Client,
     names: &OutboxNames,
     at: SystemTime,
+    emitted: &EmittedSeen,
 ) -> Result<bool, RelayError> {
     let upsert = format!(
-        "INSERT INTO {} AS s (slot, acknowledged_commit) VALUES ($1, $2) \
+        "INSERT INTO {} AS s (slot, acknowledged_commit, emitted_events) VALUES ($1, $2, $3) \
          ON CONFLICT (slot) DO UPDATE SET acknowledged_commit = \
-         greatest(s.acknowledged_commit, excluded.acknowledged_commit), updated_at = now()",
+         greatest(s.acknowledged_commit, excluded.acknowledged_commit), \
+         emitted_events = s.emitted_events OR excluded.emitted_events, updated_at = now()",
         state_table(names)
     );
-    match client.execute(&upsert, &[&names.slot.name, &at]).await {
+    let emitted = emitted.get();
+    match client
+        .execute(&upsert, &[&names.slot.name, &at, &emitted])
+        .await
+    {
         Ok(_) => Ok(true),
         Err(e) if unavailable(&e) => Ok(false),
         Err(e) => Err(e.into()),
@@ -80,20 +107,24 @@ fn unavailable(e: &tokio_postgres::Error) -> bool {
 #[derive(Debug, Clone, Default)]
 pub struct State {
     pub acknowledged_commit: Option<SystemTime>,
+    /// The relay decoded events of the emit functions before (at the last record).
+    pub emitted_events: bool,
     pub recovering: bool,
     pub backfill_from: Option<SystemTime>,
 }
 
 pub async fn read_state(client: &Client, names: &OutboxNames) -> Result<Option<State>, RelayError> {
     let query = format!(
-        "SELECT acknowledged_commit, recovering, backfill_from FROM {} WHERE slot = $1",
+        "SELECT acknowledged_commit, emitted_events, recovering, backfill_from FROM {} \
+         WHERE slot = $1",
         state_table(names)
     );
     match client.query_opt(&query, &[&names.slot.name]).await {
         Ok(row) => Ok(Some(row.map_or_else(State::default, |row| State {
             acknowledged_commit: row.get(0),
-            recovering: row.get(1),
-            backfill_from: row.get(2),
+            emitted_events: row.get(1),
+            recovering: row.get(2),
+            backfill_from: row.get(3),
         }))),
         Err(e) if unavailable(&e) => Ok(None),
         Err(e) => Err(e.into()),

@@ -1,0 +1,1021 @@
+//! Slot lost, and PostgreSQL failover without failover slots (issue 22, tests 4-6): the relay
+//! replaces a missing or invalidated slot under `--on-slot-lost recreate` and re-publishes
+//! from the table what the new slot will not deliver, refuses under `stop` (the default), and
+//! polling mode follows a promoted standby. Every PostgreSQL a test kills, promotes or
+//! reconfigures is its own (the failover pairs of `common::failover`); the broker is the
+//! binary's shared one.
+//!
+//! Oracles come from outside the relay: the rows that exist on the (new) primary, the queue
+//! (what arrived, how often), the state table as the new primary has it (the backfill's lower
+//! bound), and the new slot after the relay stopped. A `test_decoding` slot cannot be the
+//! committed-set oracle on the primary: it is lost with the relay's slot (invalidated alike,
+//! or missing on the promoted standby). Where ACK needs commit positions, the oracle slot is
+//! made after the loss (test 5) or on the standby itself (test 4), which a promotion keeps.
+//!
+//! The duplicate bound of a recovery (docs/operations.md, "Before 17, or when the slot is gone
+//! anyway"): the rows delivered before the slot was lost whose `created_at` is at or after the
+//! acknowledged commit time recorded in `outbox_relay_state`, minus `--recreate-margin`. Each
+//! test reads that time where the recovery reads it, derives the exact set, and checks that
+//! every duplicate is in it.
+//!
+//! Each test prints its figures (`FIGURES …`), collected in docs/reliability.md, "Slot lost and
+//! failover without failover slots".
+
+use outbox_testkit as common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, SystemTime};
+
+use common::failover::{create_standby_oracle, FailoverPair, PairOptions};
+use common::faults::{
+    barrier, check_ack, ids_of, report, secs, slot_state, wait_for_ids, Oracle, Tally, Writers,
+};
+use common::http::{readyz, wait_http, wait_ready};
+use common::outbox::Outbox;
+use common::relay::final_error;
+use common::{Consumer, PgServer, RabbitServer, RelayProcess};
+use tokio::time::Instant;
+use tokio_postgres::Client;
+
+/// The relay's window, given explicitly: the load these tests run at.
+const WINDOW: &str = "1024";
+/// The cleanup's schedule is when the state is recorded: often, so the bound is tight.
+const CLEANUP_INTERVAL: &str = "1s";
+/// The margin the backfill starts before the recorded commit time: the writers' transactions
+/// take milliseconds, so 2 s covers every one open across it.
+const MARGIN: Duration = Duration::from_secs(2);
+const MARGIN_FLAG: &str = "2s";
+/// Largest transaction of the background writers.
+const MAX_TXN_ROWS: usize = 10;
+/// Rows committed before a relay starts: a backlog it drains with a full window.
+const BACKLOG: usize = 5_000;
+const MINUTE: Duration = Duration::from_secs(60);
+/// Generous bound for draining everything at the end.
+const DRAIN: Duration = Duration::from_secs(180);
+/// What the relay logs when it recreated a slot (WARN), with `rows=N`.
+const RECREATED: &str = "slot recreated (--on-slot-lost recreate)";
+/// The counter of recoveries.
+const RECOVERIES: &str = "outbox_relay_slot_recoveries_total";
+
+/// The broker of this binary (the matrix's through `OUTBOX_TEST_AMQP_URL`): the tests kill
+/// and promote PostgreSQL servers only.
+async fn rabbit() -> &'static RabbitServer {
+    let services = tokio::task::spawn_blocking(common::services)
+        .await
+        .expect("starting the shared servers panicked");
+    &services.rabbit
+}
+
+/// Runs a blocking harness call (server start, stop, promotion) without stalling the runtime.
+fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    tokio::task::block_in_place(f)
+}
+
+/// `run` flags of a relay that recreates a lost slot, at full window, recording its state
+/// every second.
+fn recreate_flags() -> Vec<&'static str> {
+    vec![
+        "--max-in-flight",
+        WINDOW,
+        "--cleanup-interval",
+        CLEANUP_INTERVAL,
+        "--on-slot-lost",
+        "recreate",
+        "--recreate-margin",
+        MARGIN_FLAG,
+    ]
+}
+
+/// `run` flags of a relay under the default `--on-slot-lost stop`.
+fn stop_flags() -> Vec<&'static str> {
+    vec![
+        "--max-in-flight",
+        WINDOW,
+        "--cleanup-interval",
+        CLEANUP_INTERVAL,
+    ]
+}
+
+/// Every row of the outbox table with its `created_at`.
+async fn rows_created(client: &Client) -> HashMap<String, SystemTime> {
+    client
+        .query("SELECT id::text, created_at FROM outbox", &[])
+        .await
+        .expect("read the outbox table")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// The server's clock now (`created_at` and commit times are on it).
+async fn server_now(client: &Client) -> SystemTime {
+    client
+        .query_one("SELECT now()", &[])
+        .await
+        .expect("now()")
+        .get(0)
+}
+
+/// The acknowledged commit time the state table holds for `slot`, and whether a recovery is
+/// marked in progress.
+async fn recorded_state(client: &Client, slot: &str) -> Option<(Option<SystemTime>, bool)> {
+    client
+        .query_opt(
+            "SELECT acknowledged_commit, recovering FROM outbox_relay_state WHERE slot = $1",
+            &[&slot],
+        )
+        .await
+        .expect("read outbox_relay_state")
+        .map(|row| (row.get(0), row.get(1)))
+}
+
+/// Waits until the state table records an acknowledged commit at or after `at`.
+async fn wait_recorded_since(client: &Client, slot: &str, at: SystemTime, relay: &RelayProcess) {
+    let deadline = Instant::now() + MINUTE;
+    loop {
+        if let Some((Some(recorded), _)) = recorded_state(client, slot).await {
+            if recorded >= at {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the state table never recorded an acknowledged commit after {at:?}; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The rows the recovery's WARN line says it re-published.
+fn backfilled_rows(relay: &RelayProcess) -> usize {
+    let line = relay
+        .log_lines(RECREATED)
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no recovery logged; log:\n{}", relay.log()));
+    assert!(line.contains(" WARN "), "the recovery is a WARN: {line}");
+    line.split_whitespace()
+        .find_map(|field| field.strip_prefix("rows="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no rows=N in the recovery line: {line}"))
+}
+
+/// Drains the queue through a marker: the ids of everything the relay published so far.
+async fn delivered_so_far(consumer: &mut Consumer, outbox: &Outbox) -> HashSet<String> {
+    let marker = barrier(consumer, &outbox.amqp_url, &outbox.queue).await;
+    ids_of(&consumer.received()[..marker])
+        .into_iter()
+        .map(String::from)
+        .collect()
+}
+
+/// What a recovery's duplicates are checked against: the rows delivered before the slot was
+/// lost whose `created_at` is at or after `from` (the recorded commit time minus the margin).
+struct DuplicateBound {
+    rows: HashSet<String>,
+}
+
+impl DuplicateBound {
+    fn derive(
+        recorded: SystemTime,
+        delivered_before: &HashSet<String>,
+        created: &HashMap<String, SystemTime>,
+    ) -> DuplicateBound {
+        let from = recorded - MARGIN;
+        let rows = delivered_before
+            .iter()
+            .filter(|id| created.get(*id).is_some_and(|at| *at >= from))
+            .cloned()
+            .collect();
+        DuplicateBound { rows }
+    }
+
+    /// Every duplicate is a row of the bound, delivered twice at most, and the backfill (of
+    /// `backfilled` rows, as the relay logged) held every row of the bound.
+    fn check(&self, tally: &Tally, backfilled: usize) -> usize {
+        assert!(
+            backfilled >= self.rows.len(),
+            "the backfill ({backfilled} rows) holds the bound's rows ({})",
+            self.rows.len()
+        );
+        for (id, n) in &tally.counts {
+            if *n > 1 {
+                assert!(
+                    self.rows.contains(id),
+                    "row {id} arrived {n} times but is outside the documented bound (delivered \
+                     before the loss, created at or after the recorded commit minus the margin)"
+                );
+                assert_eq!(
+                    *n, 2,
+                    "row {id} arrived {n} times: one recovery repeats it once"
+                );
+            }
+        }
+        let duplicates = tally.duplicates();
+        assert!(
+            duplicates <= self.rows.len(),
+            "{duplicates} duplicates, bound {}",
+            self.rows.len()
+        );
+        duplicates
+    }
+}
+
+/// Writes WAL and checkpoints, under a small `max_slot_wal_keep_size`, until every slot in
+/// `slots` is lost (`status_exits_2_when_the_slot_is_lost` in tests/operations.rs does the
+/// same); then lifts the limit again, so that the new slots are not lost in turn. Returns the
+/// rounds it took.
+async fn invalidate_slots(client: &Client, slots: &[&str]) -> usize {
+    // One statement each: ALTER SYSTEM refuses a (multi-statement, implicit) transaction.
+    for statement in [
+        "ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'",
+        "SELECT pg_reload_conf()",
+        "CREATE TABLE IF NOT EXISTS wal_filler (v text)",
+    ] {
+        client.batch_execute(statement).await.expect(statement);
+    }
+    let deadline = Instant::now() + MINUTE;
+    let mut rounds = 0;
+    loop {
+        let mut lost = 0;
+        for slot in slots {
+            let (_, status, _) = slot_state(client, slot).await.expect("the slot exists");
+            lost += usize::from(status.as_deref() == Some("lost"));
+        }
+        if lost == slots.len() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "slots {slots:?} never lost");
+        client
+            .batch_execute(
+                "INSERT INTO wal_filler SELECT repeat('x', 1000) FROM generate_series(1, 2000); \
+                 SELECT pg_switch_wal(); CHECKPOINT;",
+            )
+            .await
+            .expect("write WAL and checkpoint");
+        rounds += 1;
+    }
+    for statement in [
+        "ALTER SYSTEM RESET max_slot_wal_keep_size",
+        "SELECT pg_reload_conf()",
+    ] {
+        client.batch_execute(statement).await.expect(statement);
+    }
+    rounds
+}
+
+// ---------------------------------------------------------------------------------
+// 5. PostgreSQL 15: the slot invalidated while the relay is stopped
+
+/// Two outboxes on one PostgreSQL 15, each with a relay that streams a backlog with writers
+/// running, then stops (SIGTERM); the writers go on, and a small `max_slot_wal_keep_size`
+/// invalidates both slots. (a) `--on-slot-lost recreate`: every row ever inserted arrives,
+/// the duplicates are within the bound, the recovery is a WARN with its row count and counted
+/// once. (b) `stop`: the relay exits non-zero naming the slot, the gap, the reason and the
+/// recovery, and the slot stays lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t5_slot_invalidated_while_stopped_recreate_backfills_and_stop_names_the_gap() {
+    let rabbit = rabbit().await;
+    let pg = blocking(|| PgServer::start_major(15, &[]));
+    let server = pg.url("postgres");
+    let a = Outbox::on(&server, &rabbit.url(), "lost_recreate").await;
+    let b = Outbox::on(&server, &rabbit.url(), "lost_stop").await;
+    let (backlog, _) = common::faults::seed_backlog(&a, BACKLOG, None).await;
+    let mut consumer_a = Consumer::start_with(&a.amqp_url, &a.queue, false).await;
+    let mut consumer_b = Consumer::start_with(&b.amqp_url, &b.queue, false).await;
+    let writers = Writers::start(&a.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(2));
+    let relay_a = a.spawn_relay(&recreate_flags());
+    let relay_b = b.spawn_relay(&stop_flags());
+
+    // (a) streams the backlog and the writers' rows until its state is recorded past them.
+    assert!(
+        wait_for_ids(&mut consumer_a, &backlog, MINUTE).await,
+        "the backlog arrives; log:\n{}",
+        relay_a.log()
+    );
+    let after_backlog = server_now(&a.client).await;
+    wait_recorded_since(&a.client, &a.slot, after_backlog, &relay_a).await;
+    let b_before = vec![b.insert("BeforeTheLoss", "{}").await];
+    assert!(wait_for_ids(&mut consumer_b, &b_before, MINUTE).await);
+    relay_a.stop().await;
+    relay_b.stop().await;
+    let delivered_before = delivered_so_far(&mut consumer_a, &a).await;
+    let committed_at_stop = writers.committed();
+
+    // Stopped; the writers go on, (b) gets rows in its gap too, and both slots are lost.
+    let mut b_gap = Vec::new();
+    for _ in 0..50 {
+        b_gap.push(b.insert("InTheGap", "{}").await);
+    }
+    let b_confirmed: String = b
+        .client
+        .query_one(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&b.slot],
+        )
+        .await
+        .expect("(b)'s slot")
+        .get(0);
+    let invalidated = Instant::now();
+    let rounds = invalidate_slots(&a.client, &[&a.slot, &b.slot]).await;
+    let invalidation = invalidated.elapsed();
+    let (recorded, recovering) = recorded_state(&a.client, &a.slot)
+        .await
+        .expect("(a)'s state row");
+    let recorded = recorded.expect("an acknowledged commit recorded");
+    assert!(!recovering);
+
+    // (b) stop: refuses, naming the slot, the gap, the reason and the recovery.
+    let refused = b.spawn_relay(&stop_flags());
+    let status = refused
+        .wait_exit(MINUTE)
+        .await
+        .unwrap_or_else(|| panic!("(b) keeps running on a lost slot; log:\n{}", refused.log()));
+    assert!(!status.success(), "(b) must not run on a lost slot");
+    let log = refused.log();
+    let message = final_error(&log).unwrap_or_else(|| panic!("no final error; log:\n{log}"));
+    for part in [
+        &format!("\"{}\"", b.slot)[..],
+        "was invalidated",
+        "wal_removed",
+        &format!("messages committed after {b_confirmed} may be missing"),
+        "will not recreate the slot silently",
+        "resync --since",
+    ] {
+        assert!(
+            message.contains(part),
+            "(b)'s message names {part:?}: {message}"
+        );
+    }
+    let (_, b_status, b_active) = slot_state(&b.client, &b.slot).await.expect("(b)'s slot");
+    assert_eq!(
+        b_status.as_deref(),
+        Some("lost"),
+        "(b)'s slot is left as it was"
+    );
+    assert_eq!(b_active, None);
+    let b_received = consumer_b
+        .wait_quiet(Duration::from_millis(300), Duration::from_secs(5))
+        .await;
+    assert_eq!(
+        ids_of(b_received),
+        b_before,
+        "(b) published nothing after the loss"
+    );
+
+    // (a) recreate, the writers still running.
+    let oracle = Oracle::create(&a).await;
+    let started = Instant::now();
+    let relay_a = a.spawn_relay(&recreate_flags());
+    let streaming = relay_a
+        .wait_new_session(0, MINUTE)
+        .await
+        .unwrap_or_else(|| panic!("(a) never streams the new slot; log:\n{}", relay_a.log()));
+    assert_eq!(relay_a.counter(RECOVERIES), Some(1), "one recovery counted");
+    let backfilled = backfilled_rows(&relay_a);
+    assert_eq!(
+        recovery_from(&relay_a),
+        humantime::format_rfc3339_micros(recorded - MARGIN).to_string(),
+        "the backfill starts at the recorded commit minus the margin"
+    );
+    assert!(
+        relay_a.log_count("the outbox has the emit functions, but the relay never recorded") == 1,
+        "the recovery says what it could not re-publish; log:\n{}",
+        relay_a.log()
+    );
+    // More rows through the new slot, then the writers stop.
+    assert!(
+        writers
+            .wait_committed(writers.committed() + 2_000, MINUTE)
+            .await
+    );
+    let written = writers.stop().await;
+
+    let created = rows_created(&a.client).await;
+    let every_row: Vec<String> = created.keys().cloned().collect();
+    assert!(
+        written.iter().all(|id| created.contains_key(id)),
+        "every row whose COMMIT returned is in the table"
+    );
+    assert!(
+        wait_for_ids(&mut consumer_a, &every_row, DRAIN).await,
+        "L0: every row ever inserted arrives; log:\n{}",
+        relay_a.log()
+    );
+    relay_a.stop().await;
+    let ack = check_ack(&a.client, &a, &oracle, &mut consumer_a).await;
+    let tally = Tally::of(consumer_a.received());
+    common::faults::assert_nothing_lost_or_invented(&tally, &every_row);
+    let bound = DuplicateBound::derive(recorded, &delivered_before, &created);
+    let duplicates = bound.check(&tally, backfilled);
+    report(
+        "t5 PostgreSQL 15 slot invalidated, recreate",
+        &[
+            ("rows", every_row.len().to_string()),
+            ("lost", "0".into()),
+            (
+                "delivered before the stop",
+                delivered_before.len().to_string(),
+            ),
+            (
+                "committed by the writers at the stop",
+                committed_at_stop.to_string(),
+            ),
+            (
+                "invalidation (switch+checkpoint rounds)",
+                format!("{rounds}, {}", secs(invalidation)),
+            ),
+            ("backfilled", backfilled.to_string()),
+            (
+                "of them first published (the gap)",
+                (backfilled - duplicates).to_string(),
+            ),
+            ("duplicates", duplicates.to_string()),
+            ("bound", bound.rows.len().to_string()),
+            ("start to streaming the new slot", secs(streaming)),
+            ("recreate run", secs(started.elapsed())),
+            (
+                "acknowledged rows checked",
+                ack.acknowledged_rows.to_string(),
+            ),
+        ],
+    );
+    report(
+        "t5 PostgreSQL 15 slot invalidated, stop",
+        &[
+            ("exit", format!("{status}")),
+            ("gap rows not published", b_gap.len().to_string()),
+        ],
+    );
+    eprintln!("t5 (b) message: {message}");
+}
+
+// ---------------------------------------------------------------------------------
+// 4. PostgreSQL 16: failover mid-stream, the slot missing on the promoted standby
+
+/// Reconnects within 2 s of the promotion (the default backoff caps at 30 s).
+const FAST_BACKOFF: [&str; 2] = ["--max-backoff-secs", "2"];
+/// Rows committed before the relays start in the failover tests: the primary is killed with
+/// about 40 % of them delivered.
+const FAILOVER_BACKLOG: usize = 20_000;
+
+/// The database an outbox's URL names.
+fn database_of(outbox: &Outbox) -> &str {
+    outbox
+        .db_url
+        .rsplit('/')
+        .next()
+        .and_then(|tail| tail.split('?').next())
+        .expect("a database in the URL")
+}
+
+/// Waits until the server at `client` (a standby whose primary is gone) has replayed all
+/// the WAL it received: what it holds then is what a promotion starts from.
+async fn wait_replayed(client: &Client) {
+    let deadline = Instant::now() + MINUTE;
+    loop {
+        let caught_up: bool = client
+            .query_one(
+                "SELECT pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn()",
+                &[],
+            )
+            .await
+            .expect("read the standby's replay position")
+            .get(0);
+        if caught_up {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standby never replayed what it received"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The `from=` field of the recovery's WARN line: the backfill's lower bound, as the relay
+/// computed it.
+fn recovery_from(relay: &RelayProcess) -> String {
+    relay
+        .log_lines(RECREATED)
+        .into_iter()
+        .next()
+        .and_then(|line| {
+            line.split_whitespace()
+                .find_map(|field| field.strip_prefix("from=").map(String::from))
+        })
+        .unwrap_or_else(|| panic!("no from= in the recovery line; log:\n{}", relay.log()))
+}
+
+/// What a failover to an asynchronously replicated standby cost besides the relay's
+/// duplicates: messages for rows the new primary lacks (phantoms; each must have been
+/// published before the kill, none after) and writers' commits it lacks.
+struct FailoverCost {
+    phantoms: usize,
+    commits_lost: usize,
+}
+
+impl FailoverCost {
+    fn of(
+        tally: &Tally,
+        created: &HashMap<String, SystemTime>,
+        delivered_before: &HashSet<String>,
+        written: &[String],
+    ) -> FailoverCost {
+        let on_new_primary: Vec<String> = created.keys().cloned().collect();
+        let phantoms = tally.unknown(&on_new_primary);
+        assert!(
+            phantoms.iter().all(|id| delivered_before.contains(*id)),
+            "every message for a row the new primary lacks was published before the kill"
+        );
+        FailoverCost {
+            phantoms: phantoms.len(),
+            commits_lost: written
+                .iter()
+                .filter(|id| !created.contains_key(*id))
+                .count(),
+        }
+    }
+
+    /// Its figures, with the failover's times.
+    fn figures(
+        &self,
+        kill_to_promotion: Duration,
+        to_first: Duration,
+    ) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "phantoms (published, not on the new primary)",
+                self.phantoms.to_string(),
+            ),
+            (
+                "writers' commits lost by the failover",
+                self.commits_lost.to_string(),
+            ),
+            ("kill to promotion", secs(kill_to_promotion)),
+            ("promotion to the first message after it", secs(to_first)),
+        ]
+    }
+}
+
+/// A PostgreSQL 16 primary and streaming standby (no failover slots); two outboxes, each with
+/// a relay on a multi-host URL streaming a backlog at full window with writers running; the
+/// primary is killed (`stop -m immediate`) mid-stream and the standby promoted, which has no
+/// copy of the slots. (a) `--on-slot-lost recreate`: the slot is re-created and the gap
+/// backfilled; every row on the new primary arrives, the duplicates are within the bound
+/// derived from the state table the new primary holds, ACK holds on the new slot, the
+/// recovery is a WARN with its row count and counted once. (b) `stop` (the default): the
+/// relay exits non-zero with today's message, naming the slot and the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t4_pg16_failover_mid_stream_recreate_backfills_and_stop_refuses() {
+    let rabbit = rabbit().await;
+    let options = PairOptions {
+        synchronized_standby_slots: false,
+    };
+    let pair = blocking(|| FailoverPair::start(16, options, &[]));
+    let primary = pair.primary.url("postgres");
+    let a = Outbox::on(&primary, &rabbit.url(), "fo16_recreate").await;
+    let b = Outbox::on(&primary, &rabbit.url(), "fo16_stop").await;
+    let (url_a, url_b) = (
+        pair.multi_host_url(database_of(&a)),
+        pair.multi_host_url(database_of(&b)),
+    );
+    // The commit-order oracle, on the standby itself: it survives the promotion.
+    let oracle = Oracle {
+        slot: format!("{}_oracle", a.slot),
+    };
+    create_standby_oracle(&pair, database_of(&a), &oracle.slot).await;
+    let mut consumer_a = Consumer::start_with(&a.amqp_url, &a.queue, false).await;
+    let mut consumer_b = Consumer::start_with(&b.amqp_url, &b.queue, false).await;
+    let writers_a = Writers::start(&url_a, 2, MAX_TXN_ROWS, Duration::from_millis(2));
+    let writers_b = Writers::start(&url_b, 1, 1, Duration::from_millis(20));
+    let flags_a = [&recreate_flags()[..], &FAST_BACKOFF].concat();
+    let flags_b = [&stop_flags()[..], &FAST_BACKOFF].concat();
+    let port_a = common::free_port();
+    let metrics_a = format!("127.0.0.1:{port_a}");
+    let observed_a = [&flags_a[..], &["--metrics-addr", &metrics_a]].concat();
+    let relay_a = a.spawn("run", (&url_a, &a.amqp_url), &observed_a, &[]);
+    let relay_b = b.spawn("run", (&url_b, &b.amqp_url), &flags_b, &[]);
+
+    // The writers' rows stream for a while first, so that the bound leaves out the oldest
+    // delivered rows; then a backlog, killed with about 40 % of it delivered.
+    let started = server_now(&a.client).await;
+    wait_recorded_since(&a.client, &a.slot, started + MARGIN * 2, &relay_a).await;
+    let warm = consumer_a.received().len();
+    let (backlog, _) = common::faults::seed_backlog(&a, FAILOVER_BACKLOG, None).await;
+    consumer_a
+        .wait_for(warm + FAILOVER_BACKLOG * 2 / 5, MINUTE)
+        .await;
+    assert!(
+        !consumer_b.wait_for(1, MINUTE).await.is_empty(),
+        "(b) streams"
+    );
+    blocking(|| pair.primary.stop_immediate());
+    let killed = Instant::now();
+    // The sessions end with the stream; what (a)'s published is in the queue before the marker.
+    assert!(
+        relay_a.wait_reconnects(1, MINUTE).await,
+        "(a) notices the kill; log:\n{}",
+        relay_a.log()
+    );
+    let delivered_before = delivered_so_far(&mut consumer_a, &a).await;
+    assert!(
+        backlog.iter().any(|id| !delivered_before.contains(id)),
+        "the kill must land mid-stream"
+    );
+    let standby = pair.standby.client(database_of(&a)).await;
+    wait_replayed(&standby).await;
+    assert!(
+        slot_state(&standby, &a.slot).await.is_none(),
+        "PostgreSQL 16 keeps no copy of the slot on the standby"
+    );
+
+    let new_primary = pair.promote(database_of(&a)).await;
+    let promoted = Instant::now();
+    // What the recovery reads: the new session records anew only a cleanup interval after it
+    // streams, long after this.
+    let (recorded, _) = recorded_state(&new_primary, &a.slot)
+        .await
+        .expect("(a)'s state row replicated to the standby");
+    let recorded = recorded.expect("an acknowledged commit recorded before the kill");
+
+    // (b) stop: today's refusal.
+    let status_b = relay_b.wait_exit(MINUTE).await.unwrap_or_else(|| {
+        panic!(
+            "(b) keeps running without its slot; log:\n{}",
+            relay_b.log()
+        )
+    });
+    assert!(!status_b.success(), "(b) exits non-zero");
+    let log_b = relay_b.log();
+    let message_b = final_error(&log_b).unwrap_or_else(|| panic!("no final error; log:\n{log_b}"));
+    for part in [
+        &format!("The replication slot \"{}\" does not exist", b.slot)[..],
+        "run `outbox-relay setup`",
+        "resync --since",
+    ] {
+        assert!(
+            message_b.contains(part),
+            "(b)'s message names {part:?}: {message_b}"
+        );
+    }
+    writers_b.stop().await;
+
+    // (a) recreate: a new slot, the gap backfilled, streaming again.
+    let arrived = consumer_a.received().len();
+    consumer_a.wait_for(arrived + 1, MINUTE).await;
+    let to_first_message = promoted.elapsed();
+    assert!(
+        relay_a.wait_new_session(1, MINUTE).await.is_some(),
+        "(a) never streams the new slot; log:\n{}",
+        relay_a.log()
+    );
+    let to_streaming = promoted.elapsed();
+    assert_eq!(relay_a.counter(RECOVERIES), Some(1), "one recovery counted");
+    assert!(
+        wait_ready(port_a, Duration::from_secs(10)).await,
+        "(a) ready again within 10 s of streaming the new slot: {:?}",
+        readyz(port_a).await
+    );
+    let backfilled = backfilled_rows(&relay_a);
+    let from = recorded - MARGIN;
+    assert_eq!(
+        recovery_from(&relay_a),
+        humantime::format_rfc3339_micros(from).to_string(),
+        "the backfill starts at the recorded commit minus the margin"
+    );
+
+    // ACK on the new slot: the relay stopped while the writers still commit.
+    assert!(
+        writers_a
+            .wait_committed(writers_a.committed() + 2_000, MINUTE)
+            .await
+    );
+    relay_a.stop().await;
+    let ack = check_ack(&new_primary, &a, &oracle, &mut consumer_a).await;
+    assert!(ack.acknowledged_rows > 0, "the new slot acknowledged rows");
+    let written = writers_a.stop().await;
+
+    // Drain what is left (the slot exists now: no second recovery).
+    let draining = a.spawn("run", (&url_a, &a.amqp_url), &flags_a, &[]);
+    let created = rows_created(&new_primary).await;
+    let every_row: Vec<String> = created.keys().cloned().collect();
+    assert!(
+        wait_for_ids(&mut consumer_a, &every_row, DRAIN).await,
+        "L0: every row on the new primary arrives; log:\n{}",
+        draining.log()
+    );
+    draining.stop().await;
+    assert_eq!(draining.log_count(RECREATED), 0, "the new slot is kept");
+    let final_ack = check_ack(&new_primary, &a, &oracle, &mut consumer_a).await;
+    let tally = Tally::of(consumer_a.received());
+    assert!(
+        tally.lost(&every_row).is_empty(),
+        "L0: lost {:?}",
+        tally.lost(&every_row)
+    );
+    let cost = FailoverCost::of(&tally, &created, &delivered_before, &written);
+    let bound = DuplicateBound::derive(recorded, &delivered_before, &created);
+    let duplicates = bound.check(&tally, backfilled);
+    report(
+        "t4 PostgreSQL 16 failover, recreate",
+        &[
+            ("rows on the new primary", every_row.len().to_string()),
+            ("lost", "0".into()),
+            (
+                "delivered before the kill",
+                delivered_before.len().to_string(),
+            ),
+            ("backfilled", backfilled.to_string()),
+            (
+                "of them first published (the gap)",
+                (backfilled - duplicates).to_string(),
+            ),
+            ("duplicates", duplicates.to_string()),
+            ("bound", bound.rows.len().to_string()),
+            (
+                "promotion to streaming the new slot (after the backfill)",
+                secs(to_streaming),
+            ),
+            (
+                "acknowledged rows checked (writers running, end)",
+                format!("{}, {}", ack.acknowledged_rows, final_ack.acknowledged_rows),
+            ),
+        ]
+        .into_iter()
+        .chain(cost.figures(promoted - killed, to_first_message))
+        .collect::<Vec<_>>(),
+    );
+    report(
+        "t4 PostgreSQL 16 failover, stop",
+        &[("exit", format!("{status_b}"))],
+    );
+    eprintln!("t4 (b) message: {message_b}");
+}
+
+// ---------------------------------------------------------------------------------
+// 6. Polling mode across a failover
+
+/// Polling workers and batch: the defaults, given explicitly since the bound depends on them.
+const POLL_WORKERS: usize = 2;
+const POLL_BATCH: usize = 1_000;
+
+/// A primary and standby of the tests' version, a polling relay (2 workers × 1,000) on a
+/// multi-host URL draining a backlog with writers running; the primary is killed mid-backlog
+/// and the standby promoted. Every row on the new primary arrives; the duplicates are exactly
+/// the rows published before the kill whose mark (`published_at`) the standby did not
+/// receive: the batches in flight at the kill (at most workers × batch), plus any batch
+/// whose committed mark the asynchronous replication lost (read on the old primary,
+/// started again alone at the end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t6_polling_follows_a_promoted_standby() {
+    let rabbit = rabbit().await;
+    let options = PairOptions {
+        synchronized_standby_slots: false,
+    };
+    let pair = blocking(|| FailoverPair::start(common::pg::pg_major(), options, &[]));
+    let outbox = Outbox::on_poll(&pair.primary.url("postgres"), &rabbit.url(), "fo_poll").await;
+    let url = pair.multi_host_url(database_of(&outbox));
+    let (backlog, _) = common::faults::seed_backlog(&outbox, FAILOVER_BACKLOG, None).await;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let writers = Writers::start(&url, 2, MAX_TXN_ROWS, Duration::from_millis(2));
+    let (workers, batch) = (POLL_WORKERS.to_string(), POLL_BATCH.to_string());
+    let flags = [
+        "--workers",
+        &workers,
+        "--batch-size",
+        &batch,
+        FAST_BACKOFF[0],
+        FAST_BACKOFF[1],
+    ];
+    let port = common::free_port();
+    let metrics_at = format!("127.0.0.1:{port}");
+    let observed = [&flags[..], &["--metrics-addr", &metrics_at]].concat();
+    let relay = outbox.spawn("poll", (&url, &outbox.amqp_url), &observed, &[]);
+
+    consumer.wait_for(FAILOVER_BACKLOG * 2 / 5, MINUTE).await;
+    blocking(|| pair.primary.stop_immediate());
+    let killed = Instant::now();
+    // Not ready once every worker's session has ended (its batch failed with the server):
+    // what they published is in the queue then.
+    let down = wait_http(port, "/readyz", MINUTE, |(status, _)| *status == 503).await;
+    assert!(
+        down.as_ref().is_some_and(|(status, _)| *status == 503),
+        "the workers notice the kill: {down:?}; log:\n{}",
+        relay.log()
+    );
+    let delivered_before = delivered_so_far(&mut consumer, &outbox).await;
+    assert!(
+        backlog.iter().any(|id| !delivered_before.contains(id)),
+        "the kill must land mid-backlog"
+    );
+    // What the promotion starts from: the marks the standby has.
+    let standby = pair.standby.client(database_of(&outbox)).await;
+    wait_replayed(&standby).await;
+    let unmarked: HashSet<String> = common::pg::first_column(
+        &standby,
+        "SELECT id::text FROM outbox WHERE published_at IS NULL",
+        &[],
+    )
+    .await
+    .into_iter()
+    .collect();
+    let republished: HashSet<&String> = delivered_before.intersection(&unmarked).collect();
+
+    let new_primary = pair.promote(database_of(&outbox)).await;
+    let promoted = Instant::now();
+    let seen = consumer.received().len();
+    consumer.wait_for(seen + 1, MINUTE).await;
+    let to_publishing = promoted.elapsed();
+    assert!(
+        wait_ready(port, Duration::from_secs(10)).await,
+        "ready within 10 s of the promotion: {:?}",
+        readyz(port).await
+    );
+    let to_ready = promoted.elapsed();
+    assert!(
+        writers
+            .wait_committed(writers.committed() + 2_000, MINUTE)
+            .await,
+        "the writers commit on the new primary"
+    );
+    let written = writers.stop().await;
+
+    let created = rows_created(&new_primary).await;
+    let every_row: Vec<String> = created.keys().cloned().collect();
+    assert!(
+        wait_for_ids(&mut consumer, &every_row, DRAIN).await,
+        "L0: every row on the new primary arrives; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+    let marker = barrier(&mut consumer, &outbox.amqp_url, &outbox.queue).await;
+    let tally = Tally::of(&consumer.received()[..marker]);
+    assert!(
+        tally.lost(&every_row).is_empty(),
+        "L0: lost {:?}",
+        tally.lost(&every_row)
+    );
+    let cost = FailoverCost::of(&tally, &created, &delivered_before, &written);
+    let duplicated: HashSet<&String> = tally
+        .counts
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        tally.counts.values().all(|n| *n <= 2),
+        "no row published more than twice"
+    );
+    assert_eq!(
+        duplicated, republished,
+        "the duplicates are the rows published before the kill whose mark the standby lacked"
+    );
+    // Which of them the old primary had marked: it comes back (alone, nothing uses it now)
+    // with every commit it made. Unmarked there too: the batches in flight at the kill, which
+    // the crash bound covers (workers × batch). Marked there: commits asynchronous
+    // replication lost, which no bound of the relay's covers.
+    blocking(|| pair.primary.start_again());
+    let old_primary = pair.primary.client(database_of(&outbox)).await;
+    let marked_on_old: HashSet<String> = common::pg::first_column(
+        &old_primary,
+        "SELECT id::text FROM outbox WHERE published_at IS NOT NULL",
+        &[],
+    )
+    .await
+    .into_iter()
+    .collect();
+    blocking(|| pair.primary.stop_immediate());
+    let marks_lost = republished
+        .iter()
+        .filter(|id| marked_on_old.contains(**id))
+        .count();
+    let in_flight = republished.len() - marks_lost;
+    assert!(
+        in_flight <= POLL_WORKERS * POLL_BATCH,
+        "{in_flight} rows of batches in flight at the kill, bound workers × batch = {}",
+        POLL_WORKERS * POLL_BATCH
+    );
+    let duplicates = tally.duplicates();
+    report(
+        &format!("t6 polling failover, PostgreSQL {}", pair.major),
+        &[
+            ("rows on the new primary", every_row.len().to_string()),
+            ("lost", "0".into()),
+            (
+                "delivered before the kill",
+                delivered_before.len().to_string(),
+            ),
+            (
+                "published but unmarked on the standby",
+                republished.len().to_string(),
+            ),
+            ("duplicates", duplicates.to_string()),
+            ("of batches in flight at the kill", in_flight.to_string()),
+            ("of marks the replication lost", marks_lost.to_string()),
+            (
+                "bound (workers × batch)",
+                (POLL_WORKERS * POLL_BATCH).to_string(),
+            ),
+            ("promotion to ready", secs(to_ready)),
+        ]
+        .into_iter()
+        .chain(cost.figures(promoted - killed, to_publishing))
+        .collect::<Vec<_>>(),
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// The table-less outbox
+
+/// `--on-slot-lost recreate` refuses, names why, and creates no slot, where emitted events may
+/// be in the gap (they were only in the WAL): an outbox whose state was never recorded (the
+/// emit functions exist, as `setup` makes them, and no cleanup round has said whether the
+/// relay saw an event), and an outbox whose relay delivered an emitted event (recorded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recreate_refuses_an_outbox_that_carries_emitted_events() {
+    let services = tokio::task::spawn_blocking(common::services)
+        .await
+        .expect("starting the shared servers panicked");
+    let unrecorded = Outbox::new("cannot_say").await;
+    common::pg::drop_slot_once_released(&unrecorded.client, &unrecorded.slot).await;
+    let message = refused_recreate(&unrecorded).await;
+    eprintln!("table-less refusal, no state recorded: {message}");
+
+    let outbox = Outbox::new("cannot_backfill").await;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let relay = outbox.spawn_relay(&recreate_flags());
+    let event: String = outbox
+        .client
+        .query_one("SELECT outbox_emit('Emitted', '{}')::text", &[])
+        .await
+        .expect("emit an event")
+        .get(0);
+    assert!(
+        wait_for_ids(&mut consumer, std::slice::from_ref(&event), MINUTE).await,
+        "the event arrives; log:\n{}",
+        relay.log()
+    );
+    let deadline = Instant::now() + MINUTE;
+    while !emitted_recorded(&outbox.client, &outbox.slot).await {
+        assert!(
+            Instant::now() < deadline,
+            "the state table never recorded the emitted event; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    relay.stop().await;
+    common::pg::drop_slot_once_released(&outbox.client, &outbox.slot).await;
+    let message = refused_recreate(&outbox).await;
+    let (_, recovering) = recorded_state(&outbox.client, &outbox.slot)
+        .await
+        .expect("the state row");
+    assert!(!recovering, "no recovery begun");
+    eprintln!(
+        "table-less refusal on PostgreSQL {}: {message}",
+        services.pg.server_version()
+    );
+}
+
+/// Starts `run --on-slot-lost recreate` on `outbox`, whose slot is gone, and checks that it
+/// exits non-zero naming the slot and the emitted events, with no slot created; its message.
+async fn refused_recreate(outbox: &Outbox) -> String {
+    let refused = outbox.spawn_relay(&recreate_flags());
+    let status = refused
+        .wait_exit(MINUTE)
+        .await
+        .unwrap_or_else(|| panic!("the relay keeps running; log:\n{}", refused.log()));
+    assert!(!status.success());
+    let log = refused.log();
+    let message = final_error(&log).unwrap_or_else(|| panic!("no final error; log:\n{log}"));
+    for part in [
+        &format!(
+            "\"{}\" cannot be recreated with --on-slot-lost recreate",
+            outbox.slot
+        )[..],
+        "events of the emit functions (outbox_emit)",
+        "only in the WAL",
+        "recover by hand",
+    ] {
+        assert!(message.contains(part), "names {part:?}: {message}");
+    }
+    assert!(
+        slot_state(&outbox.client, &outbox.slot).await.is_none(),
+        "no slot created"
+    );
+    message.to_string()
+}
+
+/// Whether the state table records that `slot`'s relay decoded emitted events.
+async fn emitted_recorded(client: &Client, slot: &str) -> bool {
+    client
+        .query_opt(
+            "SELECT emitted_events FROM outbox_relay_state WHERE slot = $1",
+            &[&slot],
+        )
+        .await
+        .expect("read outbox_relay_state")
+        .is_some_and(|row| row.get(0))
+}
