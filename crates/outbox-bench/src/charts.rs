@@ -22,9 +22,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::compare::{CompareResults, CompareSetup};
+use crate::compare::CompareResults;
 use crate::cpu::CpuSplit;
 use crate::results::{int, median, LatencyMs, Results};
+use crate::setups::{self, DrainSetup, Row, NO_CONSUMER, WITH_CONSUMER};
 
 mod draw;
 
@@ -125,6 +126,8 @@ struct Bars {
     x_desc: String,
     series: Vec<String>,
     groups: Vec<BarGroup>,
+    /// The legend's words for a bar's reference tick ([`Bar::reference`]).
+    reference_desc: String,
     notes: Vec<String>,
 }
 
@@ -139,6 +142,9 @@ struct BarGroup {
 struct Bar {
     value: f64,
     label: String,
+    /// The figure the bar is set against (its broker alone), drawn as a tick across the bar:
+    /// a bar that ends short of its tick is below the broker alone, one past it above.
+    reference: Option<f64>,
 }
 
 /// Horizontal bars stacked from parts, one row each.
@@ -240,14 +246,19 @@ fn run_line(r: &Results) -> String {
 
 /// A bar of `rate` msgs/s labelled with its ratio to `baseline` (none: the rate alone).
 fn rate_bar(rate: f64, baseline: Option<f64>, complete: bool) -> Bar {
+    let baseline = baseline.filter(|b| *b > 0.0);
     let mut label = format!("{} msgs/s", int(rate));
-    if let Some(b) = baseline.filter(|b| *b > 0.0) {
+    if let Some(b) = baseline {
         label.push_str(&format!(" · {:.0} % of broker alone", 100.0 * rate / b));
     }
     if !complete {
         label.push_str(", window ended first");
     }
-    Bar { value: rate, label }
+    Bar {
+        value: rate,
+        label,
+        reference: baseline,
+    }
 }
 
 /// The broker alone that the other bars of its run are set against.
@@ -255,32 +266,14 @@ fn baseline_bar(rate: f64) -> Bar {
     Bar {
         value: rate,
         label: format!("{} msgs/s = 100 %", int(rate)),
+        reference: None,
     }
 }
 
 /// A drain setup's name as a reader knows it (`poll:2x1000` is "2 polling workers × 1,000").
 fn setup_name(spec: &str) -> String {
-    match spec.parse::<CompareSetup>() {
-        Ok(CompareSetup::Wal) => "WAL reader".into(),
-        Ok(CompareSetup::Poll {
-            workers,
-            batch_size,
-            delete,
-        }) => {
-            let mut name = format!(
-                "{workers} polling worker{}",
-                if workers == 1 { "" } else { "s" }
-            );
-            if let Some(b) = batch_size {
-                name.push_str(&format!(" × {}", int(f64::from(b))));
-            }
-            if delete {
-                name.push_str(", delete");
-            }
-            name
-        }
-        Err(_) => spec.to_string(),
-    }
+    spec.parse::<DrainSetup>()
+        .map_or_else(|_| spec.to_string(), |s| s.reader_name())
 }
 
 /// "(median of N rounds)" for a figure taken over rounds, "(1 round)" for one.
@@ -291,10 +284,6 @@ fn rounds_of(n: usize) -> String {
         format!("(median of {n} rounds)")
     }
 }
-
-/// Index of the consumer and no-consumer series in the drain chart.
-const WITH_CONSUMER: usize = 0;
-const NO_CONSUMER: usize = 1;
 
 fn drain_group(
     name: impl Into<String>,
@@ -307,48 +296,87 @@ fn drain_group(
     }
 }
 
-/// Chart 1: the suite's limits and modes, the cluster, and the `--compare`, `--shards-sweep`
-/// and `--emit` drains, each against the broker alone of its own run.
+/// A group of the drain chart from a row of the setups section: each bar labelled with its
+/// ratio to the broker alone of its kind (a broker-alone row: 100 %).
+fn row_group(row: &Row) -> BarGroup {
+    let bar = |cell: &setups::Cell| {
+        if row.baseline {
+            baseline_bar(cell.rate)
+        } else {
+            rate_bar(cell.rate, cell.broker, cell.complete())
+        }
+    };
+    let name = if row.reused {
+        format!("{} ¹", row.name)
+    } else {
+        row.name.clone()
+    };
+    BarGroup {
+        name,
+        bars: row.cells.iter().map(|c| c.as_ref().map(bar)).collect(),
+    }
+}
+
+/// Chart 1: the suite's drain of every setup (or, in files from before it, the limits and
+/// scenario 1's drains), the cluster, and the `--compare`, `--shards-sweep` and `--emit`
+/// drains, each against the broker alone of its own run.
 fn drain_chart(r: &Results, run: &str) -> Option<Bars> {
     let mut groups = Vec::new();
     let mut notes = Vec::new();
     let mut backlogs = Vec::new();
 
     let bare = r.limits.bare_broker.as_ref().map(|b| b.rate());
-    let bare_alone = r
-        .limits
-        .bare_broker_no_consumer
-        .as_ref()
-        .map(|b| b.confirmed_per_sec);
-    let relays_publisher = r
-        .limits
-        .broker_at(r.scale.max_in_flight)
-        .map(|b| b.received_per_sec);
-    // The independent limit (issue 14) when the run measured it; older runs had only the
-    // relay's own publisher.
-    let baseline = bare.or(relays_publisher);
-    if bare.is_some() || bare_alone.is_some() {
-        groups.push(drain_group(
-            "Broker alone, minimal publisher",
-            bare.map(baseline_bar),
-            bare_alone.map(baseline_bar),
-        ));
-    }
-    if let Some(b) = relays_publisher {
-        groups.push(drain_group(
-            "Broker alone, relay's publisher",
-            Some(rate_bar(b, baseline, true)),
-            None,
-        ));
-    }
-    for m in &r.modes {
-        if let Some(d) = &m.drain {
-            backlogs.push(d.rows);
+    let single_node = setups::single_node_rows(r);
+    if let Some(section) = &r.setups {
+        backlogs.push(section.rows);
+        groups.extend(single_node.iter().map(row_group));
+        notes.push(
+            "Every setup drained once with a consumer and once without; N shards: N relays into \
+             one queue, rows of 500 aggregates; outbox_emit: a backlog of emitted events, no row."
+                .to_string(),
+        );
+        if single_node.iter().any(|row| row.reused) {
+            notes.push(
+                "¹ With a consumer: scenario 1's drain (the reference table's), not run again."
+                    .into(),
+            );
+        }
+    } else {
+        let bare_alone = r
+            .limits
+            .bare_broker_no_consumer
+            .as_ref()
+            .map(|b| b.confirmed_per_sec);
+        let relays_publisher = r
+            .limits
+            .broker_at(r.scale.max_in_flight)
+            .map(|b| b.received_per_sec);
+        // The independent limit (issue 14) when the run measured it; older runs had only the
+        // relay's own publisher.
+        let baseline = bare.or(relays_publisher);
+        if bare.is_some() || bare_alone.is_some() {
             groups.push(drain_group(
-                m.mode.clone(),
-                Some(rate_bar(d.msgs_per_sec, baseline, d.complete)),
+                "Broker alone, minimal publisher",
+                bare.map(baseline_bar),
+                bare_alone.map(baseline_bar),
+            ));
+        }
+        if let Some(b) = relays_publisher {
+            groups.push(drain_group(
+                "Broker alone, relay's publisher",
+                Some(rate_bar(b, baseline, true)),
                 None,
             ));
+        }
+        for m in &r.modes {
+            if let Some(d) = &m.drain {
+                backlogs.push(d.rows);
+                groups.push(drain_group(
+                    m.mode.clone(),
+                    Some(rate_bar(d.msgs_per_sec, baseline, d.complete)),
+                    None,
+                ));
+            }
         }
     }
     if !groups.is_empty() {
@@ -364,24 +392,35 @@ fn drain_chart(r: &Results, run: &str) -> Option<Bars> {
     }
     if let Some(c) = &r.cluster {
         backlogs.push(c.drain.rows);
-        let broker = c.broker.received_per_sec;
-        groups.push(drain_group(
-            format!("{}-node cluster: broker alone, relay's publisher", c.nodes),
-            Some(baseline_bar(broker)),
-            None,
-        ));
-        groups.push(drain_group(
-            format!("{}-node cluster: WAL reader", c.nodes),
-            Some(rate_bar(
-                c.drain.msgs_per_sec,
-                Some(broker),
-                c.drain.complete,
-            )),
-            None,
-        ));
+        let rows = setups::cluster_rows(c);
+        if rows.is_empty() {
+            let broker = c.broker.received_per_sec;
+            groups.push(drain_group(
+                format!("{}-node cluster: broker alone, relay's publisher", c.nodes),
+                Some(baseline_bar(broker)),
+                None,
+            ));
+            groups.push(drain_group(
+                format!("{}-node cluster: WAL reader", c.nodes),
+                Some(rate_bar(
+                    c.drain.msgs_per_sec,
+                    Some(broker),
+                    c.drain.complete,
+                )),
+                None,
+            ));
+        } else {
+            groups.extend(rows.iter().map(row_group));
+        }
         notes.push(format!(
-            "{}-node cluster: {} queues, % of the broker alone on the same cluster.",
-            c.nodes, c.queue_type
+            "{}-node cluster: {} queues, % of the broker alone on the same cluster ({}).",
+            c.nodes,
+            c.queue_type,
+            if rows.is_empty() {
+                "the relay's publisher"
+            } else {
+                "the minimal publisher"
+            }
         ));
     }
     if let Some(c) = &r.compare {
@@ -452,8 +491,8 @@ fn drain_chart(r: &Results, run: &str) -> Option<Bars> {
     if groups.iter().any(|g| g.bars.iter().any(Option::is_none)) {
         notes.push(
             "A setup without a bar of one colour was not measured that way in this run (the \
-             suite drains with a consumer; `bench --compare SETUPS --no-consumer` drains without \
-             one)."
+             relay's publisher runs with a consumer only, as did every drain of a full run before \
+             issue 26; `bench --compare SETUPS --no-consumer` drains without one)."
                 .into(),
         );
     }
@@ -471,6 +510,7 @@ fn drain_chart(r: &Results, run: &str) -> Option<Bars> {
             .into(),
         series: vec!["consumer attached".into(), "no consumer".into()],
         groups,
+        reference_desc: "the bar's broker alone (100 %)".into(),
         notes,
     })
 }

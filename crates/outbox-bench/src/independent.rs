@@ -91,8 +91,11 @@ pub fn bare_message(event_type: &str, n: u64) -> BareMessage {
 /// One run of the minimal publisher.
 #[derive(Debug, Clone)]
 pub struct BareBroker<'a> {
-    /// One AMQP URL: the publisher's and the consumer's broker.
+    /// The publisher's AMQP URL (one node).
     pub url: &'a str,
+    /// Where the queue is declared and consumed: `url` on one node; on a cluster the node
+    /// that is to lead the quorum queue, as for the relay's drain.
+    pub consume_url: &'a str,
     pub exchange: &'a str,
     pub queue: &'a str,
     /// The queue's declare arguments (empty: a classic queue).
@@ -156,9 +159,17 @@ pub async fn bare_broker_alone(run: &BareBroker<'_>) -> Result<BareBrokerLimit> 
         .await
         .with_context(|| format!("cannot declare exchange {}", run.exchange))?;
     let mut consumer = if run.consumer {
-        Some(ArrivalConsumer::start(run.url, &queue).await?)
-    } else {
+        Some(ArrivalConsumer::start(run.consume_url, &queue).await?)
+    } else if run.consume_url == run.url {
         arrivals::declare(&channel, &queue).await?;
+        None
+    } else {
+        // A quorum queue is led by the node it is declared through.
+        let declaring = Connection::connect(run.consume_url, ConnectionProperties::default())
+            .await
+            .context("the minimal publisher cannot connect to the queue's node")?;
+        arrivals::declare(&declaring.create_channel().await?, &queue).await?;
+        let _ = declaring.close(200, "queue declared".into()).await;
         None
     };
     channel

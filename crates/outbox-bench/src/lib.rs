@@ -13,6 +13,7 @@
 //!   CPU each process spends per message ([`cpu`]), and the figures ([`results`]: JSON and
 //!   Markdown).
 //! - [`compare`]: `bench --compare`, setups of one relay binary drained in one run (issue 16).
+//! - [`setups`]: the suite's drain of every setup, consumer attached and none (issue 26).
 //! - [`charts`]: SVG charts of a run's figures (issue 26), from the results or their JSON.
 //!
 //! A tool, not the daemon: errors are `anyhow`, with context saying what failed. It reaches
@@ -30,6 +31,7 @@ pub mod limits;
 pub mod relay;
 pub mod report;
 pub mod results;
+pub mod setups;
 pub mod suite;
 pub mod writers;
 

@@ -11,6 +11,7 @@ use crate::compare::CompareResults;
 use crate::cpu::CpuSplit;
 use crate::independent::{BareBrokerLimit, WalsenderLimit};
 use crate::report::Latency;
+use crate::setups::{self, SetupDrains};
 
 /// The relay setups the reference compares.
 pub const MODES: [&str; 3] = ["1 polling worker", "5 polling workers", "WAL reader"];
@@ -41,6 +42,8 @@ pub struct Results {
     pub emit_drains: Vec<EmitDrainRun>,
     /// `--compare`: drains of setups of one relay binary (the suite is not run).
     pub compare: Option<CompareResults>,
+    /// The suite's drain of every setup, consumer attached and none (issue 26).
+    pub setups: Option<SetupDrains>,
 }
 
 /// One drain of `--shards-sweep`: `shards` relays, one per shard, into one queue; the drain's
@@ -145,6 +148,17 @@ pub struct ClusterResults {
     pub broker_latency: Option<LatencyMs>,
     pub broker_latency_publisher_node: usize,
     pub broker_latency_rate: u32,
+    /// The WAL drain with no consumer (issue 26; absent in files from before it), its relay's
+    /// nodes, and the broker alone with the minimal publisher (through `broker_publisher_node`,
+    /// the queue declared through `declared_through`), consumer attached and none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_no_consumer: Option<Drain>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drain_no_consumer_relay_nodes: Vec<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bare_broker: Option<BareBrokerLimit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bare_broker_no_consumer: Option<BareBrokerLimit>,
     /// Starting the cluster (boot, join, check).
     pub startup_secs: f64,
     /// The whole section, the cluster's start included.
@@ -497,6 +511,8 @@ impl Results {
         if self.modes.is_empty() {
             if let Some(c) = &self.cluster {
                 self.cluster_table(&mut s, c);
+                s.push('\n');
+                setups::markdown(self, &mut s);
                 return s;
             }
         }
@@ -537,6 +553,7 @@ impl Results {
              decoding alone, both measured in this run.\n",
             int(f64::from(w))
         );
+        setups::markdown(self, &mut s);
 
         let _ = writeln!(s, "### Limits (same run)\n");
         let _ = writeln!(s, "| Limit | Figure |\n|---|---|");
@@ -1432,6 +1449,7 @@ mod tests {
             broker_latency_rate: 100,
             startup_secs: 20.0,
             seconds: 200.0,
+            ..ClusterResults::default()
         }
     }
 

@@ -28,6 +28,7 @@ use crate::results::{
     EmitWriterRun, LatencyMs, LatencyRun, LoadRun, Machine, ModeResults, NotifyResults, Results,
     Scale, ShardRun, SweepRow, MODES,
 };
+use crate::setups::DrainSetup;
 use crate::writers::{self, WriterOptions, ORDER_NOTE_LEN};
 use crate::Servers;
 use outbox_relay::db::{self, quote_ident, quote_literal};
@@ -37,7 +38,8 @@ use outbox_testkit::faults::relay_crash_duplicate_bound;
 use outbox_testkit::{procfs, RabbitCluster};
 
 mod compare_runs;
-use compare_runs::DrainCounter;
+mod setup_drains;
+use compare_runs::{relay_setup, DrainCounter};
 
 /// The relay is killed once this share of the crash backlog has arrived.
 const KILL_AT: f64 = 0.4;
@@ -287,6 +289,27 @@ struct DrainSpec {
     consumer: bool,
 }
 
+impl DrainSpec {
+    /// How `setup` is drained (the relays, and what the backlog is made of): one spec for
+    /// `--compare`, `--shards-sweep`, `--emit` and the suite's drain of every setup.
+    fn of(setup: DrainSetup, window: u32, rows: u64, pg_cpu: bool, consumer: bool) -> DrainSpec {
+        let (relays, seed, shards) = match setup {
+            DrainSetup::Relay(setup) => (relay_setup(setup, window), Seed::Rows, 1),
+            DrainSetup::Shards(shards) => (Setup::Wal { window }, Seed::Aggregates, shards),
+            DrainSetup::Emit => (Setup::Wal { window }, Seed::Emitted, 1),
+        };
+        DrainSpec {
+            setup: relays,
+            rows,
+            transaction_rows: 1,
+            seed,
+            shards,
+            pg_cpu,
+            consumer,
+        }
+    }
+}
+
 struct Bench {
     args: BenchArgs,
     scale: Scale,
@@ -382,6 +405,7 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
         m.crash = Some(bench.crash(setup, bench.scale.crash_rows).await?);
         results.modes.push(m);
     }
+    bench.setup_drains(&mut results).await?;
     let listen = Setup::Poll {
         workers: 5,
         listen: true,
@@ -955,17 +979,8 @@ impl Bench {
             order.rotate_left((round as usize - 1) % counts.len());
             for shards in order {
                 let load = load_average();
-                let drain = self
-                    .drain_spec(DrainSpec {
-                        setup: Setup::Wal { window },
-                        rows,
-                        transaction_rows: 1,
-                        seed: Seed::Aggregates,
-                        shards,
-                        pg_cpu: true,
-                        consumer: true,
-                    })
-                    .await?;
+                let spec = DrainSpec::of(DrainSetup::Shards(shards), window, rows, true, true);
+                let drain = self.drain_spec(spec).await?;
                 results.shards.push(ShardRun {
                     round,
                     shards,
@@ -997,16 +1012,13 @@ impl Bench {
             }
             for emit in variants {
                 let load = load_average();
+                let setup = if emit {
+                    DrainSetup::Emit
+                } else {
+                    DrainSetup::WAL
+                };
                 let drain = self
-                    .drain_spec(DrainSpec {
-                        setup: Setup::Wal { window },
-                        rows,
-                        transaction_rows: 1,
-                        seed: if emit { Seed::Emitted } else { Seed::Rows },
-                        shards: 1,
-                        pg_cpu: true,
-                        consumer: true,
-                    })
+                    .drain_spec(DrainSpec::of(setup, window, rows, true, true))
                     .await?;
                 results.emit_drains.push(EmitDrainRun {
                     round,
@@ -1346,6 +1358,7 @@ impl Bench {
         let queue = format!("bench_{}", self.runs);
         let run = independent::bare_broker_alone(&BareBroker {
             url: &self.endpoints.publish,
+            consume_url: &self.endpoints.consume,
             exchange: &self.args.exchange,
             queue: &queue,
             queue_arguments: self.endpoints.queue_arguments.clone(),
@@ -1515,6 +1528,28 @@ impl Bench {
             received_per_sec: run.received_per_sec,
         };
 
+        // Chart 1's cluster figures with no consumer (issue 26), and the broker alone with the
+        // minimal publisher both ways, still publishing through the drain relay's node.
+        self.say("cluster: WAL drain, no consumer");
+        let drain_no_consumer = self
+            .drain_spec(DrainSpec::of(DrainSetup::WAL, window, rows, false, false))
+            .await?;
+        let drain_no_consumer_relay_nodes = self.relay_node_indexes(cluster);
+        let mut bare = [None, None];
+        for (slot, consumer) in bare.iter_mut().zip([true, false]) {
+            self.say(&format!(
+                "cluster: broker alone, minimal publisher, window {window}, {rows} messages, {}, \
+                 publisher on node {broker_publisher_node}",
+                if consumer {
+                    "consumer attached"
+                } else {
+                    "no consumer"
+                }
+            ));
+            *slot = Some(self.bare_broker(window, rows, consumer).await?);
+        }
+        let [bare_broker, bare_broker_no_consumer] = bare;
+
         let latency = self.latency(setup).await?;
         let latency_relay_nodes = self.relay_node_indexes(cluster);
         let broker_latency_publisher_node =
@@ -1550,6 +1585,10 @@ impl Bench {
             broker_latency,
             broker_latency_publisher_node,
             broker_latency_rate: rate,
+            drain_no_consumer: Some(drain_no_consumer),
+            drain_no_consumer_relay_nodes,
+            bare_broker,
+            bare_broker_no_consumer,
             startup_secs: 0.0,
             seconds: 0.0,
         })

@@ -82,6 +82,8 @@ enum Swatch {
     Block,
     Line,
     Dashed,
+    /// A bar's reference tick (chart 1).
+    Tick,
 }
 
 /// The footer (legend, then notes): its height for `legend` entries and `notes`.
@@ -132,6 +134,12 @@ fn draw_footer(
                     .draw(&PathElement::new(
                         vec![(x, mid), (x + 22, mid)],
                         c.stroke_width(3),
+                    ))
+                    .map_err(failed)?,
+                Swatch::Tick => area
+                    .draw(&PathElement::new(
+                        vec![(x + 11, mid - 9), (x + 11, mid + 9)],
+                        c.stroke_width(2),
                     ))
                     .map_err(failed)?,
                 Swatch::Dashed => {
@@ -311,14 +319,15 @@ pub(super) fn bars(b: &Bars) -> Result<String> {
     let per_bar = 20u32;
     let group_h = per_bar * b.series.len() as u32 + 22;
     let plot_h = 70 + group_h * b.groups.len() as u32 + 55;
-    let legend = blocks(&b.series);
+    let mut legend = blocks(&b.series);
+    let bars = || b.groups.iter().flat_map(|g| g.bars.iter().flatten());
+    if bars().any(|bar| bar.reference.is_some()) {
+        legend.push((b.reference_desc.clone(), BLACK, Swatch::Tick));
+    }
     canvas(plot_h, &legend, &b.notes, |root, top| {
         let n = b.groups.len() as f64;
-        let max = b
-            .groups
-            .iter()
-            .flat_map(|g| g.bars.iter().flatten())
-            .map(|bar| bar.value)
+        let max = bars()
+            .map(|bar| bar.value.max(bar.reference.unwrap_or(0.0)))
             .fold(0.0, f64::max);
         let x = bar_range(max);
         let mut chart = bar_axes(top, &b.title, x.clone(), b.groups.len(), &b.x_desc, &|v| {
@@ -346,13 +355,28 @@ pub(super) fn bars(b: &Bars) -> Result<String> {
                     ))
                 }))
                 .map_err(failed)?;
+            // The tick a little past the bar's edges, so it shows where the bar ends short.
+            chart
+                .draw_series(b.groups.iter().enumerate().filter_map(|(i, g)| {
+                    let bar = g.bars.get(j)?.as_ref()?;
+                    let reference = bar.reference?;
+                    let (y0, y1) = bar_y(i, g, j);
+                    let over = slot * 0.12;
+                    Some(PathElement::new(
+                        vec![(reference, y0 - over), (reference, y1 + over)],
+                        BLACK.stroke_width(2),
+                    ))
+                }))
+                .map_err(failed)?;
             chart
                 .draw_series(b.groups.iter().enumerate().filter_map(|(i, g)| {
                     let bar = g.bars.get(j)?.as_ref()?;
                     let (y0, y1) = bar_y(i, g, j);
+                    // Past the tick too, which would cross the text.
+                    let end = bar.value.max(bar.reference.unwrap_or(0.0));
                     Some(Text::new(
                         bar.label.clone(),
-                        (bar.value + gap, (y0 + y1) / 2.0),
+                        (end + gap, (y0 + y1) / 2.0),
                         text(13, BLACK, HPos::Left, VPos::Center),
                     ))
                 }))

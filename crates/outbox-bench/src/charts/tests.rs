@@ -1,6 +1,8 @@
 //! The charts drawn from tests/fixtures/results.json: a results file in today's shape with
-//! every section (the suite, the cluster, --compare without a consumer, --shards-sweep,
-//! --emit), trimmed from real runs. The fixture must round-trip through [`Results`] exactly,
+//! every section (the suite with its drain of every setup, the cluster, --compare without a
+//! consumer, --shards-sweep, --emit), trimmed from real runs (the drain of every setup, which
+//! no full run had yet when it was written, from the --compare, --shards-sweep and --emit runs
+//! in docs/bench-results). The fixture must round-trip through [`Results`] exactly,
 //! so a renamed or dropped field fails here instead of silently emptying a chart; each chart
 //! must name every series and axis. No pixel is compared.
 
@@ -132,6 +134,105 @@ fn the_drain_chart_names_every_setup_series_and_axis() {
             "Run 20261201T040840Z, relay 9c07dbc",
         ],
     );
+}
+
+/// Chart 1 of a full run (issue 26): every setup of the suite's drain section and the
+/// cluster, each with its consumer-attached and its no-consumer bar labelled with the ratio to
+/// the broker alone of that kind. The other modes' sections are taken out first, so no name
+/// or figure can come from them.
+#[test]
+fn the_drain_chart_draws_every_setup_of_a_full_run_with_and_without_a_consumer() {
+    let mut results = fixture();
+    results.compare = None;
+    results.shards.clear();
+    results.shards_broker.clear();
+    results.emit_writers.clear();
+    results.emit_drains.clear();
+    let svg = svg_of(&render(&results).expect("renders"), "drain.svg");
+    assert_names(
+        "drain.svg",
+        &svg,
+        &[
+            "consumer attached",
+            "no consumer",
+            "the bar's broker alone (100 %)",
+            // Broker alone, minimal publisher: received with a consumer, confirmed without.
+            "Broker alone, minimal publisher",
+            "15,340 msgs/s = 100 %",
+            "12,405 msgs/s = 100 %",
+            "Broker alone, relay's publisher",
+            "7,594 msgs/s · 50 % of broker alone",
+            // Each setup: with a consumer of 15,340, without of 12,405.
+            "WAL reader ¹",
+            "16,510 msgs/s · 108 % of broker alone",
+            "14,567 msgs/s · 117 % of broker alone",
+            "1 polling worker ¹",
+            "8,448 msgs/s · 55 % of broker alone",
+            "9,796 msgs/s · 79 % of broker alone",
+            "2 polling workers",
+            "12,500 msgs/s · 81 % of broker alone",
+            "11,471 msgs/s · 92 % of broker alone",
+            "5 polling workers ¹",
+            "13,408 msgs/s · 87 % of broker alone",
+            "11,770 msgs/s · 95 % of broker alone",
+            "WAL reader, 2 shards",
+            "15,980 msgs/s · 104 % of broker alone",
+            "14,900 msgs/s · 120 % of broker alone",
+            "WAL reader, outbox_emit events",
+            "16,050 msgs/s · 105 % of broker alone",
+            "14,100 msgs/s · 114 % of broker alone",
+            // The cluster against its own minimal publisher: 7,300 received, 8,200 confirmed.
+            "3-node cluster: broker alone, minimal publisher",
+            "7,300 msgs/s = 100 %",
+            "8,200 msgs/s = 100 %",
+            "3-node cluster: broker alone, relay's publisher",
+            "7,525 msgs/s · 103 % of broker alone",
+            "3-node cluster: WAL reader",
+            "6,160 msgs/s · 84 % of broker alone",
+            "6,800 msgs/s · 83 % of broker alone",
+            "¹ With a consumer: scenario 1's drain",
+            "% of the broker alone on the same cluster (the minimal publisher)",
+        ],
+    );
+    // Scenario 1's drains are drawn once, in the section, not again as the suite's modes.
+    let all = texts(&svg);
+    for name in ["WAL reader", "1 polling worker", "5 polling workers"] {
+        let groups = all
+            .iter()
+            .filter(|t| *t == name || t.strip_prefix(name) == Some(" ¹"))
+            .count();
+        assert_eq!(groups, 1, "{name} drawn {groups} times: {all:?}");
+    }
+}
+
+/// A full run's file from before issue 26 (no drain section, a cluster without its
+/// no-consumer figures) draws scenario 1's drains and the cluster as it did then.
+#[test]
+fn the_drain_chart_of_an_older_full_run_draws_the_suite_drains() {
+    let mut results = fixture();
+    results.setups = None;
+    let cluster = results.cluster.as_mut().expect("the fixture has a cluster");
+    cluster.drain_no_consumer = None;
+    cluster.bare_broker = None;
+    cluster.bare_broker_no_consumer = None;
+    results.compare = None;
+    results.shards.clear();
+    results.emit_drains.clear();
+    let svg = svg_of(&render(&results).expect("renders"), "drain.svg");
+    assert_names(
+        "drain.svg",
+        &svg,
+        &[
+            "16,510 msgs/s · 108 % of broker alone",
+            "8,448 msgs/s · 55 % of broker alone",
+            "3-node cluster: broker alone, relay's publisher",
+            "7,525 msgs/s = 100 %",
+            "6,160 msgs/s · 82 % of broker alone",
+            "A setup without a bar of one colour was not measured that way in this run",
+        ],
+    );
+    let all = texts(&svg).join(" ");
+    assert!(!all.contains("2 polling workers"), "{all}");
 }
 
 #[test]

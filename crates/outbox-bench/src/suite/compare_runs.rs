@@ -6,11 +6,12 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use tokio::time::Instant;
 
-use super::{panic_text, Bench, Distinct, DrainSpec, Seed, Setup};
+use super::{panic_text, Bench, Distinct, DrainSpec, Setup};
 use crate::compare::{
     check_distinct, CompareBroker, CompareLatency, CompareResults, CompareRun, CompareSetup,
 };
 use crate::results::{load_average, Results};
+use crate::setups::DrainSetup;
 use outbox_relay::db;
 use outbox_testkit::arrivals::{ArrivalConsumer, QueueDepth, QueueSpec};
 use outbox_testkit::PgServer;
@@ -69,15 +70,7 @@ impl Bench {
                 let load = load_average();
                 let label = name((setup, server));
                 self.say(&format!("compare round {round}: {label}"));
-                let spec = DrainSpec {
-                    setup: relay_setup(setup, window),
-                    rows,
-                    transaction_rows: 1,
-                    seed: Seed::Rows,
-                    shards: 1,
-                    pg_cpu: true,
-                    consumer,
-                };
+                let spec = DrainSpec::of(DrainSetup::Relay(setup), window, rows, true, consumer);
                 let drain = self
                     .on_server(&servers, server, async |b: &mut Bench| {
                         b.drain_spec(spec).await
@@ -170,7 +163,7 @@ impl Servers {
 }
 
 /// How the suite runs a `--compare` setup.
-fn relay_setup(setup: CompareSetup, window: u32) -> Setup {
+pub(super) fn relay_setup(setup: CompareSetup, window: u32) -> Setup {
     match setup {
         CompareSetup::Wal => Setup::Wal { window },
         CompareSetup::Poll {
