@@ -153,9 +153,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10)]
     pub emit_secs: u64,
 
-    /// After the suite, the cluster section: the WAL drain and latency through a private
-    /// 3-node RabbitMQ cluster (started and stopped by this process) with a quorum queue,
-    /// each beside the broker alone on that cluster. Full scale runs it unless --no-cluster;
+    /// After the suite, the cluster section: the WAL drain (with a consumer and without) and
+    /// latency through a private 3-node RabbitMQ cluster (started and stopped by this process)
+    /// with a quorum queue, each beside the broker alone on that cluster. Full scale runs it unless --no-cluster;
     /// --quick only with this flag.
     #[arg(long)]
     pub cluster: bool,
