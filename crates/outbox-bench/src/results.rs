@@ -435,7 +435,8 @@ pub(crate) fn or_dash<T>(value: Option<T>, f: impl Fn(T) -> String) -> String {
     value.map(f).unwrap_or_else(|| "—".into())
 }
 
-fn drain_cell(d: Option<&Drain>) -> String {
+/// A drain's rate, with how far it got if the window ended first.
+pub(crate) fn drain_cell(d: Option<&Drain>) -> String {
     or_dash(d, |d| {
         let mut cell = int(d.msgs_per_sec);
         if !d.complete {

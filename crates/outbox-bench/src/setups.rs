@@ -14,7 +14,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::compare::CompareSetup;
-use crate::results::{int, or_dash, ratio, ClusterResults, Drain, Results};
+use crate::results::{drain_cell, int, or_dash, ratio, ClusterResults, Drain, Results};
 
 /// One setup of the section: what is drained, by which relays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,7 +204,7 @@ fn broker_cell<'a>(rate: f64) -> Cell<'a> {
     }
 }
 
-fn drain_cell(d: &Drain, broker: Option<f64>) -> Cell<'_> {
+fn drain_figure(d: &Drain, broker: Option<f64>) -> Cell<'_> {
     Cell {
         rate: d.msgs_per_sec,
         broker,
@@ -248,7 +248,7 @@ pub fn single_node_rows(r: &Results) -> Vec<Row<'_>> {
     }
     for setup in section.setups() {
         let run = |consumer: bool| section.run(setup, consumer);
-        let slot = |i: usize| run(i == WITH_CONSUMER).map(|r| drain_cell(&r.drain, brokers[i]));
+        let slot = |i: usize| run(i == WITH_CONSUMER).map(|r| drain_figure(&r.drain, brokers[i]));
         rows.push(Row {
             name: setup
                 .parse::<DrainSetup>()
@@ -299,10 +299,10 @@ pub fn cluster_rows(c: &ClusterResults) -> Vec<Row<'_>> {
             name: format!("{nodes}-node cluster: WAL reader"),
             baseline: false,
             cells: [
-                Some(drain_cell(&c.drain, brokers[WITH_CONSUMER])),
+                Some(drain_figure(&c.drain, brokers[WITH_CONSUMER])),
                 c.drain_no_consumer
                     .as_ref()
-                    .map(|d| drain_cell(d, brokers[NO_CONSUMER])),
+                    .map(|d| drain_figure(d, brokers[NO_CONSUMER])),
             ],
             reused: false,
         },
@@ -314,16 +314,10 @@ fn cells(cell: Option<&Cell>) -> String {
     let Some(c) = cell else {
         return "— | —".into();
     };
-    let mut rate = int(c.rate);
-    if let Some(d) = c.drain.filter(|d| !d.complete) {
-        let _ = write!(
-            rate,
-            " ({} of {} in {:.0} s)",
-            int(d.received as f64),
-            int(d.rows as f64),
-            d.seconds
-        );
-    }
+    let rate = match c.drain {
+        Some(d) => drain_cell(Some(d)),
+        None => int(c.rate),
+    };
     format!("{rate} | {}", or_dash(c.ratio(), ratio))
 }
 
