@@ -233,6 +233,10 @@ struct Delivery<'a, T, P: Publisher> {
     window: usize,
     blocked: watch::Receiver<bool>,
     blocked_open: bool,
+    /// Whether the broker blocks the connection, as far as this loop has taken the reports:
+    /// the timeout reads this, never the watch itself, so an unblock it has not handled yet
+    /// (and whose `unblocked_at` it has not set) cannot start a timeout from before the block.
+    is_blocked: bool,
     input_open: bool,
     /// Under halt: the unpublishable input the loop stopped taking input at. Reported once
     /// everything before it is settled.
@@ -251,6 +255,8 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
         metrics: &'a RelayMetrics,
         acked: &'a watch::Sender<Acked<T>>,
     ) -> Self {
+        let mut blocked = publisher.blocked();
+        let is_blocked = *blocked.borrow_and_update();
         Self {
             publisher,
             options,
@@ -263,8 +269,9 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
             } else {
                 options.window
             },
-            blocked: publisher.blocked(),
+            blocked,
             blocked_open: true,
+            is_blocked,
             input_open: true,
             halt: None,
             unblocked_at: Instant::now(),
@@ -293,7 +300,10 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
                     // The timeout restarts when the broker unblocks: waiting while blocked is
                     // the broker's choice, not a lost confirm.
                     self.blocked_open = open;
-                    if open && !*self.blocked.borrow() {
+                    // Any report counts: a block and its unblock between two looks at the
+                    // watch show only as a change.
+                    self.is_blocked = open && *self.blocked.borrow_and_update();
+                    if !self.is_blocked {
                         self.unblocked_at = Instant::now();
                     }
                 }
@@ -335,16 +345,17 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
 
             item = input.recv(), if room => Event::Received(item),
 
-            () = tokio::time::sleep_until(deadline), if timing => Event::ConfirmTimedOut,
-
+            // Before the timer: a block or unblock reported by now moves the deadline.
             changed = blocked.changed(), if *blocked_open => Event::BlockedChanged(changed.is_ok()),
+
+            () = tokio::time::sleep_until(deadline), if timing => Event::ConfirmTimedOut,
         }
     }
 
     /// When the oldest unsettled publish times out: `None` while nothing is in flight or the
     /// broker blocks the connection. Publishes settle in order, so the oldest is the front.
     fn confirm_deadline(&self) -> Option<Instant> {
-        if *self.blocked.borrow() {
+        if self.is_blocked {
             return None;
         }
         let oldest = self.queue.front_publish()?;

@@ -766,6 +766,25 @@ async fn a_blocked_connection_pauses_the_timeout_until_it_is_unblocked() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_unblock_that_comes_with_an_answer_restarts_the_timeout_from_the_unblock() {
+    // Blocked for 60 s, then unblocked in the same instant as an answer arrives (the broker
+    // resumes and confirms at once). The loop takes the answer first; the timeout must still
+    // run from the unblock, not from the first publish (found by faults.rs s12: the relay
+    // reconnected 0.15 s after an alarm cleared, with a 3 s timeout). Nothing settles after
+    // (round trips never come back), so it fires 30 s after the unblock.
+    let broker = Broker::new(&[], false).never_answering_round_trips();
+    let alarm = async {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        broker.set_blocked(true);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        broker.ack_oldest(1);
+        broker.set_blocked(false);
+    };
+    let run = run_timed(&broker, stream(300, 7), 1024, alarm).await;
+    assert_timed_out(&run, "0-0", 10 + 60 + 30);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_healthy_full_window_that_runs_longer_than_the_timeout_is_never_timed_out() {
     // 8 answers a second with a window of 64: every publish settles within 8 s of its start,
     // while the whole run takes 250 s, over eight times the timeout.
