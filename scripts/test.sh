@@ -8,7 +8,11 @@
 #   scripts/test.sh                  everything
 #   scripts/test.sh --matrix 17,18   only the matrix, on these versions (default: all pinned)
 #   scripts/test.sh --partitions     only tests/partitions.rs (real network partitions on
-#                                    network namespaces; about 5 minutes, so not in CI's run)
+#                                    network namespaces; about 4-5 minutes)
+#
+# tests/partitions.rs (ignored by plain `cargo test`) runs in the full run too, beside the
+# version matrix: its tests mostly wait out partitions and timeouts (a 60 s flap, a 30 s
+# one-way cut), so the two together take about as long as the longer one.
 #
 # On Debian it first installs the server packages if they are missing, and docker-compose
 # (tests/packaging.rs validates docker-compose.yml with `docker-compose config`; no Docker
@@ -130,23 +134,30 @@ if [ -n "$partitions_only" ]; then
     exec cargo test --test partitions -- --ignored
 fi
 
+suite_failed=
 if [ -z "$matrix_only" ]; then
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
     # Plain cargo test (not nextest): the tests of one binary share one server pair.
-    # --no-fail-fast: one failing binary does not hide how the others fare.
-    cargo test --workspace --all-targets --no-fail-fast
+    # --no-fail-fast, and the matrix runs all the same: one failure does not hide the rest.
+    cargo test --workspace --all-targets --no-fail-fast || suite_failed=yes
 fi
 
 # ---------------------------------------------------------------------------------------
 # The version matrix
 
+partitions_pid=
 work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-matrix.XXXXXX")
 chmod 755 "$work"
 epmd_was_running=
 matrix_cleanup() {
     local status=$?
     set +e
+    if [ -n "$partitions_pid" ]; then
+        # Its servers and hosts go with it (the test kit's watchdogs).
+        kill "$partitions_pid" 2>/dev/null
+        wait "$partitions_pid" 2>/dev/null
+    fi
     if [ -n "${RABBIT_DIR:-}" ]; then
         svc_rabbit_stop
         # The node starts epmd if none ran; stop it again.
@@ -160,6 +171,12 @@ matrix_cleanup() {
 trap matrix_cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+
+if [ -z "$matrix_only" ]; then
+    echo "=== tests/partitions.rs, beside the matrix (its output follows the matrix's)"
+    cargo test --test partitions -- --ignored >"$work/partitions.log" 2>&1 &
+    partitions_pid=$!
+fi
 
 # One RabbitMQ for the whole matrix, named to every test binary (the harness's shared
 # services then start only a PostgreSQL of their own; tests needing a broker of their own
@@ -236,4 +253,15 @@ done
 
 echo "=== version matrix"
 printf '    %s\n' "${summary[@]}"
-[ "$failed_versions" -eq 0 ]
+
+partitions_failed=
+if [ -n "$partitions_pid" ]; then
+    wait "$partitions_pid" || partitions_failed=yes
+    partitions_pid=
+    echo "=== tests/partitions.rs"
+    cat "$work/partitions.log"
+fi
+
+[ -z "$suite_failed" ] || echo "=== cargo test --workspace failed (see above)"
+[ -z "$partitions_failed" ] || echo "=== tests/partitions.rs failed (see above)"
+[ "$failed_versions" -eq 0 ] && [ -z "$suite_failed" ] && [ -z "$partitions_failed" ]
