@@ -36,6 +36,7 @@
 //! messages already handed to it (bounded by the shutdown timeout), and the connection closes;
 //! deliveries not yet handed out go back to the queue unacknowledged.
 
+use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -246,6 +247,14 @@ async fn session<E: Effect>(
     result
 }
 
+/// A broker request's answer, within the connect timeout: a node that took the connection
+/// and then reads nothing more must not hold the consumer (or its shutdown) forever.
+async fn answered<T>(request: impl Future<Output = T>) -> Result<T, InboxError> {
+    tokio::time::timeout(CONNECT_TIMEOUT, request)
+        .await
+        .map_err(|_| InboxError::ConnectTimeout { what: "RabbitMQ" })
+}
+
 async fn consume<E: Effect>(
     config: &ConsumerConfig,
     effect: &Arc<E>,
@@ -255,26 +264,23 @@ async fn consume<E: Effect>(
     connection: &Connection,
     workers: Vec<Worker<E::Prepared>>,
 ) -> Result<(), InboxError> {
-    let channel = connection.create_channel().await?;
-    channel
-        .basic_qos(config.prefetch, BasicQosOptions::default())
-        .await?;
-    let mut deliveries = channel
-        .basic_consume(
-            config.queue.as_str().into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| match e.kind() {
-            lapin::ErrorKind::ProtocolError(error) if error.get_id() == NOT_FOUND => {
-                InboxError::QueueMissing {
-                    queue: config.queue.clone(),
-                }
+    let channel = answered(connection.create_channel()).await??;
+    answered(channel.basic_qos(config.prefetch, BasicQosOptions::default())).await??;
+    let mut deliveries = answered(channel.basic_consume(
+        config.queue.as_str().into(),
+        "".into(),
+        BasicConsumeOptions::default(),
+        FieldTable::default(),
+    ))
+    .await?
+    .map_err(|e| match e.kind() {
+        lapin::ErrorKind::ProtocolError(error) if error.get_id() == NOT_FOUND => {
+            InboxError::QueueMissing {
+                queue: config.queue.clone(),
             }
-            _ => InboxError::Broker(e),
-        })?;
+        }
+        _ => InboxError::Broker(e),
+    })?;
     tracing::info!(
         "{}{} consumer={} prefetch={} concurrency={}",
         log::CONSUMING,
@@ -308,9 +314,7 @@ async fn consume<E: Effect>(
         return Err(e);
     }
     // Stopping: no new deliveries; every worker finishes what it was handed.
-    let _ = channel
-        .basic_cancel(deliveries.tag(), BasicCancelOptions::default())
-        .await;
+    let _ = answered(channel.basic_cancel(deliveries.tag(), BasicCancelOptions::default())).await;
     drop(lanes);
     let finish = async {
         while let Some(joined) = tasks.join_next().await {
@@ -535,7 +539,9 @@ async fn apply_batch<E: Effect>(
             Failure::Effect { message_id, error } if !is_transient(&error) => InboxError::Effect {
                 message_id,
                 sqlstate: error.code().map_or("none", |c| c.code()).to_string(),
-                source: error,
+                reason: error
+                    .as_db_error()
+                    .map_or_else(|| error.to_string(), |db| db.message().to_string()),
             },
             Failure::Effect { error, .. } | Failure::Inbox(error) => InboxError::Database(error),
         });

@@ -33,16 +33,17 @@ pub enum InboxError {
     )]
     QueueMissing { queue: String },
 
+    // The server's message only, never its DETAIL: for a constraint violation that is
+    // "Failing row contains (…)", the message's payload.
     #[error(
-        "Applying message {message_id} failed (SQLSTATE {sqlstate}); it stays in the queue and \
-         the consumer stops, because a retry would fail the same way. Fix the effect statement \
-         or the data it needs, then start the consumer again"
+        "Applying message {message_id} failed (SQLSTATE {sqlstate}: {reason}); it stays in the \
+         queue and the consumer stops, because a retry would fail the same way. Fix the effect \
+         statement or the data it needs, then start the consumer again"
     )]
     Effect {
         message_id: String,
         sqlstate: String,
-        #[source]
-        source: tokio_postgres::Error,
+        reason: String,
     },
 
     // ---- retry ----

@@ -66,7 +66,8 @@ impl InboxMessage {
             body: data,
             timestamp: properties
                 .timestamp()
-                .map(|seconds| UNIX_EPOCH + Duration::from_secs(seconds)),
+                // A sender's timestamp past what the clock can hold is no timestamp.
+                .and_then(|seconds| UNIX_EPOCH.checked_add(Duration::from_secs(seconds))),
             redelivered,
         };
         Ok((message, acker))

@@ -859,7 +859,7 @@ async fn definite_errors_stop_the_consumer_naming_the_fix_and_keep_the_message()
     assert_eq!(status.code(), Some(1), "log:\n{}", consumer.log());
     let log = consumer.log();
     assert!(
-        log.contains("Applying message not-a-number failed (SQLSTATE 22P02)"),
+        log.contains("Applying message not-a-number failed (SQLSTATE 22P02: "),
         "{log}"
     );
     assert_eq!(queue_message_count(&amqp, &queue).await, 1, "still queued");
