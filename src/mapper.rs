@@ -577,7 +577,7 @@ impl Mapper {
                 (event, Some(crate::cloudevents::CONTENT_TYPE))
             }
         };
-        short(&message_id, columns::ID, row)?;
+        check_short(&message_id, columns::ID, row)?;
         Ok(Message {
             message_id,
             exchange,
@@ -812,6 +812,16 @@ fn required_str<'a>(
 
 /// `value` as a short text (at most [`MAX_SHORT_TEXT`] bytes), or the error naming the row.
 fn short(value: &str, column: &'static str, row: &dyn Fn() -> RowRef) -> Result<String, MapError> {
+    check_short(value, column, row)?;
+    Ok(value.to_string())
+}
+
+/// [`short`]'s check alone, for a value that is already owned.
+fn check_short(
+    value: &str,
+    column: &'static str,
+    row: &dyn Fn() -> RowRef,
+) -> Result<(), MapError> {
     if value.len() > MAX_SHORT_TEXT {
         return Err(MapError::Invalid {
             row: row(),
@@ -822,7 +832,7 @@ fn short(value: &str, column: &'static str, row: &dyn Fn() -> RowRef) -> Result<
             ),
         });
     }
-    Ok(value.to_string())
+    Ok(())
 }
 
 /// The `headers` jsonb column: an object whose string, number and bool values become AMQP

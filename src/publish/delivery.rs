@@ -359,7 +359,11 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
             return None;
         }
         let oldest = self.queue.front_publish()?;
-        Some(oldest.started.max(self.unblocked_at) + self.options.confirm_timeout)
+        // A timeout too large to add is one that never fires.
+        oldest
+            .started
+            .max(self.unblocked_at)
+            .checked_add(self.options.confirm_timeout)
     }
 
     /// Settles what barriers made settleable and passes the ack points behind it, in turn:
