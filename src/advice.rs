@@ -59,13 +59,22 @@ pub fn fix(error: &RelayError) -> Option<String> {
         SlotLost { reason, .. } => format!(
             "`outbox-relay teardown --yes`, `outbox-relay setup`, then `outbox-relay resync \
              --since <time of the last delivered message>` (docs/operations.md, \"Recovering \
-             from a lost slot\"); {}",
+             from a lost slot\"), or run the relay with --on-slot-lost recreate, which does \
+             that by itself; {}",
             lost_slot_prevention(reason.as_deref())
         ),
         TableMissing { .. } => "run `outbox-relay setup` or create it from sql/".into(),
         RecoveryInterrupted { .. } => "run the relay with --on-slot-lost recreate \
              (OUTBOX_ON_SLOT_LOST) to finish it: it drops the slot the interrupted recovery \
              made and backfills again from the same point"
+            .into(),
+        RecoveryUnrecordable { table, .. } => format!(
+            "run `outbox-relay setup` (it creates {table}) and grant the relay's role SELECT, \
+             INSERT, UPDATE on it (sql/role.sql); until then recover by hand \
+             (docs/operations.md, \"Recovering from a lost slot\")"
+        ),
+        NoPrimary { .. } => "promote a standby (or wait for your HA stack to), or add the \
+             primary's host to the database URL; the relay keeps trying every host"
             .into(),
         CannotBackfill { .. } => "recover by hand (docs/operations.md, \"Recovering from a \
              lost slot\"): events emitted since the slot's last acknowledged position are \

@@ -211,16 +211,29 @@ pub fn servers(url: &str) -> Result<Vec<Server>, RelayError> {
 /// The server that is the primary: the URL's only one, or else the first (in the URL's
 /// order) that answers and is not in recovery. Both of a session's connections, ordinary
 /// and replication, go to it: a standby can neither stream the slot nor take writes.
+///
+/// The primary found last for this URL is asked first: after a failover the old primary is
+/// usually first in the URL, and a host that is gone (not refusing: silent) would cost every
+/// connection of the relay a connect timeout before it reached the new one.
 pub async fn primary(url: &str) -> Result<Server, RelayError> {
-    let servers = servers(url)?;
+    let mut servers = servers(url)?;
     if let [only] = servers.as_slice() {
         // A VIP or DNS name: it is the primary by the operator's word.
         return Ok(only.clone());
     }
+    first_to_ask(&mut servers, last_primary(url).as_ref());
     let mut last_error = None;
     for server in &servers {
-        match is_primary(url, server).await {
-            Ok(true) => return Ok(server.clone()),
+        let asked = tokio::time::timeout(CONNECT_TIMEOUT, is_primary(url, server)).await;
+        let answer = asked.unwrap_or(Err(RelayError::ConnectTimeout {
+            endpoint: Endpoint::PostgreSql,
+            seconds: CONNECT_TIMEOUT.as_secs(),
+        }));
+        match answer {
+            Ok(true) => {
+                remember_primary(url, server);
+                return Ok(server.clone());
+            }
             Ok(false) => tracing::debug!(%server, "a standby (in recovery): trying the next host"),
             Err(e) => last_error = Some(e),
         }
@@ -229,6 +242,34 @@ pub async fn primary(url: &str) -> Result<Server, RelayError> {
         hosts: servers.iter().map(Server::to_string).collect(),
         last_error: last_error.map(|e| crate::error::chain(&e)),
     })
+}
+
+/// Moves `last` (the primary found last) to the front, the others in the URL's order.
+fn first_to_ask(servers: &mut [Server], last: Option<&Server>) {
+    let at = last.and_then(|last| servers.iter().position(|server| server == last));
+    if let Some(at) = at {
+        servers[..=at].rotate_right(1);
+    }
+}
+
+/// The primary found last for each URL (a process has one or two).
+static LAST_PRIMARY: std::sync::Mutex<Vec<(String, Server)>> = std::sync::Mutex::new(Vec::new());
+
+fn last_primary(url: &str) -> Option<Server> {
+    let found = LAST_PRIMARY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    found.iter().find(|(u, _)| u == url).map(|(_, s)| s.clone())
+}
+
+fn remember_primary(url: &str, server: &Server) {
+    let mut found = LAST_PRIMARY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match found.iter_mut().find(|(u, _)| u == url) {
+        Some((_, last)) => *last = server.clone(),
+        None => found.push((url.to_string(), server.clone())),
+    }
 }
 
 async fn is_primary(url: &str, server: &Server) -> Result<bool, RelayError> {
@@ -544,6 +585,28 @@ pub fn quote_literal(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_primary_found_last_is_asked_first_and_the_rest_keep_the_urls_order() {
+        let url = "postgres://a:5432,b:5433,c:5434/app";
+        let mut order = servers(url).expect("servers");
+        let names = |order: &[Server]| order.iter().map(Server::to_string).collect::<Vec<_>>();
+        first_to_ask(&mut order, None);
+        assert_eq!(names(&order), ["a:5432", "b:5433", "c:5434"]);
+        let c = order[2].clone();
+        first_to_ask(&mut order, Some(&c));
+        assert_eq!(names(&order), ["c:5434", "a:5432", "b:5433"]);
+        let gone = Server {
+            host: Host::Tcp("d".into()),
+            port: 5432,
+        };
+        first_to_ask(&mut order, Some(&gone));
+        assert_eq!(
+            names(&order),
+            ["c:5434", "a:5432", "b:5433"],
+            "not in the URL: no change"
+        );
+    }
 
     #[test]
     fn replication_config_follows_the_url() {

@@ -106,7 +106,15 @@ pub enum RelayError {
     RecoveryInterrupted { slot: String },
 
     #[error(
-        "The replication slot \"{slot}\" was lost or dropped while the session started; \
+        "The replication slot \"{slot}\" cannot be recreated with --on-slot-lost recreate: the \
+         relay's state table {table} is missing or this role may not use it, and without it a \
+         recovery interrupted by a crash would go unnoticed and lose the rows it had not \
+         re-published yet"
+    )]
+    RecoveryUnrecordable { slot: String, table: String },
+
+    #[error(
+        "The replication slot \"{slot}\" was lost or dropped under the session: \
          the next session recreates it"
     )]
     SlotVanished { slot: String },
@@ -163,6 +171,12 @@ pub enum RelayError {
     // ---- standby ----
     #[error("The replication slot \"{slot}\" is in use by process {pid}")]
     SlotInUse { slot: String, pid: String },
+
+    #[error(
+        "Another relay is recreating the replication slot \"{slot}\" (--on-slot-lost \
+         recreate): this one waits as its standby"
+    )]
+    RecoveryInProgress { slot: String },
 
     // ---- transient, unless the server's answer says otherwise ----
     #[error("PostgreSQL error")]
@@ -533,6 +547,7 @@ impl RelayError {
             | TableMissing { .. }
             | CannotBackfill { .. }
             | RecoveryInterrupted { .. }
+            | RecoveryUnrecordable { .. }
             | NoReplicationPrivilege { .. }
             | SlotActive { .. }
             | PublicationNotOwned { .. } => ErrorKind::Provisioning,
@@ -543,7 +558,7 @@ impl RelayError {
             },
             Decode(_) | Unpublishable { .. } => ErrorKind::Data,
             Bug(_) => ErrorKind::Bug,
-            SlotInUse { .. } => ErrorKind::SlotHeld,
+            SlotInUse { .. } | RecoveryInProgress { .. } => ErrorKind::SlotHeld,
             Database(e) => match e.code() {
                 Some(code) if !transient_sqlstate(code) => ErrorKind::DatabaseRefused,
                 _ => ErrorKind::DatabaseDown,

@@ -979,6 +979,48 @@ async fn recreate_refuses_an_outbox_that_carries_emitted_events() {
     );
 }
 
+/// Without the state table (a setup from before it, or a role that may not use it) the
+/// relay refuses to recreate: the recovery's mark there is what makes a crash during one
+/// safe. It names the table and the fix, and creates no slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recreate_refuses_without_the_state_table() {
+    let outbox = Outbox::new("no_state").await;
+    // No emit functions either, so the table's absence is the only reason to refuse.
+    outbox
+        .client
+        .batch_execute(
+            "DROP TABLE outbox_relay_state; DROP FUNCTION outbox_emit, outbox_emit_text, \
+             outbox_emit_bytea",
+        )
+        .await
+        .expect("drop the state table and the emit functions");
+    common::pg::drop_slot_once_released(&outbox.client, &outbox.slot).await;
+    let refused = outbox.spawn_relay(&recreate_flags());
+    let status = refused
+        .wait_exit(MINUTE)
+        .await
+        .unwrap_or_else(|| panic!("the relay keeps running; log:\n{}", refused.log()));
+    assert!(!status.success());
+    let log = refused.log();
+    let message = final_error(&log).unwrap_or_else(|| panic!("no final error; log:\n{log}"));
+    for part in [
+        &format!(
+            "\"{}\" cannot be recreated with --on-slot-lost recreate",
+            outbox.slot
+        )[..],
+        "outbox_relay_state",
+        "run `outbox-relay setup`",
+        "sql/role.sql",
+    ] {
+        assert!(message.contains(part), "names {part:?}: {message}");
+    }
+    assert!(
+        slot_state(&outbox.client, &outbox.slot).await.is_none(),
+        "no slot created"
+    );
+    eprintln!("refusal without the state table: {message}");
+}
+
 /// Starts `run --on-slot-lost recreate` on `outbox`, whose slot is gone, and checks that it
 /// exits non-zero naming the slot and the emitted events, with no slot created; its message.
 async fn refused_recreate(outbox: &Outbox) -> String {

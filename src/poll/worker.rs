@@ -166,11 +166,11 @@ impl Session<'_> {
         shutdown: &CancellationToken,
     ) -> Result<(), RelayError> {
         self.broker
-            .declare_exchange(&self.shared.names.exchange, true)
+            .prepare(
+                &self.shared.names.exchange,
+                self.shared.dead_letter_exchange.as_deref(),
+            )
             .await?;
-        if let Some(exchange) = &self.shared.dead_letter_exchange {
-            self.broker.enable_dead_letters(exchange).await?;
-        }
         tracing::debug!(worker, "worker connected");
         let _reporting = AbortOnDropHandle::new(tokio::spawn(report_blocked(
             self.shared.health.clone(),

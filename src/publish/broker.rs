@@ -196,6 +196,20 @@ impl Broker {
         answered
     }
 
+    /// Ready to deliver to `exchange` (checked passively) and, under the dead-letter policy,
+    /// to `dead_letter_exchange`: what every publishing session does first.
+    pub async fn prepare(
+        &mut self,
+        exchange: &str,
+        dead_letter_exchange: Option<&str>,
+    ) -> Result<(), RelayError> {
+        self.declare_exchange(exchange, true).await?;
+        if let Some(dead_letters) = dead_letter_exchange {
+            self.enable_dead_letters(dead_letters).await?;
+        }
+        Ok(())
+    }
+
     /// Turns on the dead-letter policy: checks that `exchange` exists (passively) and opens
     /// the channel dead letters are published on.
     pub async fn enable_dead_letters(&mut self, exchange: &str) -> Result<(), RelayError> {

@@ -157,16 +157,18 @@ impl Supervised for Relay {
         "session failed; reconnecting"
     }
 
-    /// Returns once no process holds the slot (or it is gone: the next session says so),
-    /// and after `at_most` in any case, e.g. when the database cannot be asked.
+    /// Returns once the slot exists and no process holds it, and after `at_most` in any case
+    /// (a slot that stays missing, a database that cannot be asked: the next session says).
     async fn wait_as_standby(&self, at_most: Duration) {
         let watch = async {
             let client = crate::db::connect(&self.ctx.database_url).await?;
             loop {
-                let held = slot::read_slot(&client, &self.ctx.names.slot)
+                // Free: it exists and no process holds it. A missing slot may be another
+                // relay's recovery between dropping and creating it: wait it out.
+                let free = slot::read_slot(&client, &self.ctx.names.slot)
                     .await?
-                    .is_some_and(|slot| slot.active_pid.is_some());
-                if !held {
+                    .is_some_and(|slot| slot.active_pid.is_none());
+                if free {
                     return Ok::<_, RelayError>(());
                 }
                 tokio::time::sleep(STANDBY_WATCH).await;

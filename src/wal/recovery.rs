@@ -72,36 +72,40 @@ pub async fn recreate(ctx: &Recovery<'_>, server: &Server) -> Result<u64, RelayE
     let names = &ctx.names;
     let client = db::connect_to(ctx.database_url, server).await?;
     hold_the_recovery_lock(&client, names).await?;
-    let state = read_state(&client, names).await?;
+    // The `recovering` mark is what makes a crash during the backfill safe: no mark, no
+    // recovery.
+    let Some(state) = read_state(&client, names).await? else {
+        return Err(RelayError::RecoveryUnrecordable {
+            slot: names.slot.to_string(),
+            table: state_table(names),
+        });
+    };
     let emit_functions = has_emit_functions(&client, names).await?;
     // Whether events were emitted is known only once a cleanup round recorded the state.
-    let may_carry_events = state
-        .as_ref()
-        .is_none_or(|state| state.emitted_events || state.acknowledged_commit.is_none());
+    let may_carry_events = state.emitted_events || state.acknowledged_commit.is_none();
     if emit_functions && may_carry_events {
         return Err(RelayError::CannotBackfill {
             slot: names.slot.to_string(),
         });
     }
     let from = match &state {
-        Some(State {
+        State {
             recovering: true,
             backfill_from,
             ..
-        }) => *backfill_from,
-        Some(state) => state.acknowledged_commit.map(|at| {
+        } => *backfill_from,
+        state => state.acknowledged_commit.map(|at| {
             at.checked_sub(ctx.recreate_margin)
                 .unwrap_or(SystemTime::UNIX_EPOCH)
         }),
-        None => None,
     };
-    begin(&client, names, from, state.is_some()).await?;
+    begin(&client, names, from).await?;
     drop_old_slot(&client, names).await?;
     let mut session = create_slot(ctx, server).await?;
     let backfilled = backfill(ctx, server, &session, from).await;
     session.abort();
     let published = backfilled?;
-    finish(&client, names, state.is_some()).await?;
+    finish(&client, names).await?;
     metrics::counter!(SLOT_RECOVERIES_TOTAL).increment(1);
     tracing::warn!(
         slot = %names.slot,
@@ -131,9 +135,8 @@ async fn hold_the_recovery_lock(client: &Client, names: &OutboxNames) -> Result<
     if locked {
         return Ok(());
     }
-    Err(RelayError::SlotInUse {
+    Err(RelayError::RecoveryInProgress {
         slot: names.slot.to_string(),
-        pid: "another relay recreating it".into(),
     })
 }
 
@@ -160,11 +163,7 @@ async fn begin(
     client: &Client,
     names: &OutboxNames,
     from: Option<SystemTime>,
-    has_state_table: bool,
 ) -> Result<(), RelayError> {
-    if !has_state_table {
-        return Ok(());
-    }
     let upsert = format!(
         "INSERT INTO {} AS s (slot, recovering, backfill_from) VALUES ($1, true, $2) \
          ON CONFLICT (slot) DO UPDATE SET recovering = true, backfill_from = $2, \
@@ -175,14 +174,7 @@ async fn begin(
     Ok(())
 }
 
-async fn finish(
-    client: &Client,
-    names: &OutboxNames,
-    has_state_table: bool,
-) -> Result<(), RelayError> {
-    if !has_state_table {
-        return Ok(());
-    }
+async fn finish(client: &Client, names: &OutboxNames) -> Result<(), RelayError> {
     let update = format!(
         "UPDATE {} SET recovering = false, backfill_from = NULL, updated_at = now() \
          WHERE slot = $1",
@@ -309,10 +301,9 @@ async fn backfill(
         .await?;
     let portal = transaction.bind(&statement, &[&since]).await?;
     let mut broker = Broker::connect(ctx.brokers).await?;
-    broker.declare_exchange(&names.exchange, true).await?;
-    if let Some(exchange) = ctx.dead_letter_exchange {
-        broker.enable_dead_letters(exchange).await?;
-    }
+    broker
+        .prepare(&names.exchange, ctx.dead_letter_exchange)
+        .await?;
     let read = Read {
         transaction: &transaction,
         portal: &portal,

@@ -97,11 +97,7 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
     let stuck = ctx.health.stuck();
     let (client, feedback_sent) = match start_streaming(ctx, &server, slot.confirmed_flush).await {
         // Lost between the check and START_REPLICATION: the next session recovers it.
-        Err(e) if recreates(ctx, &e) => {
-            return Err(RelayError::SlotVanished {
-                slot: ctx.names.slot.to_string(),
-            })
-        }
+        Err(e) if recreates(ctx, &e) => return Err(slot_vanished(ctx)),
         started => started?,
     };
     let leaving = CancellationToken::new();
@@ -176,7 +172,20 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
             stream.close().await;
             Err(left())
         }
-        stop => conclude(ctx, stop).await,
+        // Lost while streaming (invalidated under a lagging relay): the next session's
+        // preflight finds it so and recovers it.
+        stop => conclude(ctx, stop)
+            .await
+            .map_err(|e| match recreates(ctx, &e) {
+                true => slot_vanished(ctx),
+                false => e,
+            }),
+    }
+}
+
+fn slot_vanished(ctx: &SessionContext) -> RelayError {
+    RelayError::SlotVanished {
+        slot: ctx.names.slot.to_string(),
     }
 }
 
@@ -265,10 +274,9 @@ async fn preflight(
 /// The broker connection, with the exchange checked and the dead-letter policy's channel.
 async fn connect_broker(ctx: &SessionContext) -> Result<Broker, RelayError> {
     let mut broker = Broker::connect(&ctx.brokers).await?;
-    broker.declare_exchange(&ctx.names.exchange, true).await?;
-    if let Some(exchange) = &ctx.dead_letter_exchange {
-        broker.enable_dead_letters(exchange).await?;
-    }
+    broker
+        .prepare(&ctx.names.exchange, ctx.dead_letter_exchange.as_deref())
+        .await?;
     Ok(broker)
 }
 

@@ -95,8 +95,8 @@ fn unavailable(e: &tokio_postgres::Error) -> bool {
         tracing::warn!(
             table = STATE_TABLE,
             reason = %e.as_db_error().map_or_else(|| e.to_string(), |db| db.message().to_string()),
-            "the relay's state table cannot be used: --on-slot-lost recreate would backfill \
-             the whole table. Fix: run `outbox-relay setup`, and grant SELECT, INSERT, UPDATE \
+            "the relay's state table cannot be used: --on-slot-lost recreate cannot recover \
+             a lost slot without it. Fix: run `outbox-relay setup`, and grant SELECT, INSERT, UPDATE \
              on it to the relay's role (sql/role.sql)"
         );
     }
