@@ -26,7 +26,7 @@ pub const SLOT_SAFE_WAL_SIZE_BYTES: &str = "outbox_relay_slot_safe_wal_size_byte
 pub const SLOT_ACTIVE: &str = "outbox_relay_slot_active";
 /// 1 for the reason the slot was invalidated (label `reason`), 0 for the others; all 0 while
 /// it is valid. PostgreSQL 17+ names the reason; on 15 and 16 a lost slot is `wal_removed`
-/// (16: a conflict with recovery is `rows_removed`).
+/// unless it kept its restart_lsn (16: a conflict with recovery, `rows_removed`).
 pub const SLOT_INVALIDATION_REASON: &str = "outbox_relay_slot_invalidation_reason";
 /// The reasons [`SLOT_INVALIDATION_REASON`] reports (`pg_replication_slots.invalidation_reason`).
 pub const INVALIDATION_REASONS: [&str; 4] = [
@@ -35,7 +35,8 @@ pub const INVALIDATION_REASONS: [&str; 4] = [
     "wal_level_insufficient",
     "idle_timeout",
 ];
-/// PostgreSQL 16+: 1 while the slot is invalidated by a conflict with recovery.
+/// PostgreSQL 16+: the server's `conflicting`: 1 while the slot is invalidated by a conflict
+/// with recovery (16 also sets it for a slot whose WAL was removed).
 pub const SLOT_CONFLICTING: &str = "outbox_relay_slot_conflicting";
 /// PostgreSQL 17+: 1 for a failover slot (synchronized to standbys that ask for it).
 pub const SLOT_FAILOVER: &str = "outbox_relay_slot_failover";
@@ -205,7 +206,7 @@ pub fn describe() {
     );
     describe_gauge!(
         SLOT_CONFLICTING,
-        "PostgreSQL 16+: 1 while the slot is invalidated by a conflict with recovery"
+        "PostgreSQL 16+: 1 while the slot is invalidated by a conflict with recovery (16: by any cause)"
     );
     describe_gauge!(SLOT_FAILOVER, "PostgreSQL 17+: 1 for a failover slot");
     describe_gauge!(

@@ -70,7 +70,8 @@ pub struct Status {
     /// 17+: since when no process has streamed from the slot (`null` while one does, and
     /// before 17).
     pub inactive_since: Option<String>,
-    /// 16+: invalidated by a conflict with recovery (`null` before 16).
+    /// 16+: invalidated by a conflict with recovery (`null` before 16; 16 also sets it for a
+    /// slot whose WAL was removed).
     pub conflicting: Option<bool>,
     /// 17+: a failover slot (`null` before 17).
     pub failover: Option<bool>,

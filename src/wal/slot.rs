@@ -98,18 +98,20 @@ impl SlotReport {
             || self.conflicting == Some(true)
     }
 
-    /// Why the slot was invalidated, in 17's words, on every version: 15 and 16 only report
-    /// removed WAL (`wal_status = 'lost'`) and 16 a conflict with recovery.
+    /// Why the slot was invalidated, in 17's words, on every version. 15 and 16 name no
+    /// reason: any invalidated slot shows `wal_status = 'lost'`, and on 16 any invalidated
+    /// logical slot also shows `conflicting`, even one whose WAL was removed. Removing WAL
+    /// is the one invalidation that clears `restart_lsn`, so that tells them apart.
     pub fn lost_reason(&self) -> Option<&str> {
-        match (
-            &self.invalidation_reason,
-            self.conflicting,
-            self.wal_status.as_deref(),
-        ) {
-            (Some(reason), _, _) => Some(reason),
-            (None, Some(true), _) => Some("rows_removed"),
-            (None, _, Some("lost")) => Some("wal_removed"),
-            _ => None,
+        if let Some(reason) = &self.invalidation_reason {
+            return Some(reason);
+        }
+        let invalidated = self.wal_status.as_deref() == Some("lost");
+        match (invalidated, self.restart_lsn.is_some(), self.conflicting) {
+            (true, false, _) => Some("wal_removed"),
+            (_, _, Some(true)) => Some("rows_removed"),
+            (true, true, _) => Some("wal_removed"),
+            (false, _, _) => None,
         }
     }
 
@@ -724,13 +726,28 @@ mod tests {
         assert_eq!(eighteen.lost_reason(), Some("idle_timeout"));
         assert_eq!(eighteen.failover, Some(true));
 
+        // 16 as it reports a slot on a standby that conflicted with recovery: the WAL it
+        // reserved is still there.
         let sixteen_conflict = report(
             r#"{"slot_name": "s", "slot_type": "logical", "active_pid": null,
-                "wal_status": "reserved", "safe_wal_size": null, "conflicting": true,
-                "confirmed_flush_lsn": null, "restart_lsn": null, "plugin": "pgoutput",
-                "lag_bytes": null, "retained_wal_bytes": null, "current_wal_lsn": "0/1"}"#,
+                "wal_status": "lost", "safe_wal_size": null, "conflicting": true,
+                "confirmed_flush_lsn": "0/16B3748", "restart_lsn": "0/16B3710",
+                "plugin": "pgoutput", "lag_bytes": 10, "retained_wal_bytes": 56,
+                "current_wal_lsn": "0/16B3800"}"#,
         );
         assert!(sixteen_conflict.is_lost());
         assert_eq!(sixteen_conflict.lost_reason(), Some("rows_removed"));
+
+        // 16.14 as it reported a slot invalidated by max_slot_wal_keep_size (a CI run):
+        // `conflicting` too, but the WAL and the restart_lsn are gone.
+        let sixteen_removed = report(
+            r#"{"slot_name": "s", "slot_type": "logical", "active_pid": null,
+                "wal_status": "lost", "safe_wal_size": null, "conflicting": true,
+                "confirmed_flush_lsn": "0/18FFCD0", "restart_lsn": null,
+                "plugin": "pgoutput", "lag_bytes": 7341112, "retained_wal_bytes": null,
+                "current_wal_lsn": "0/2000000"}"#,
+        );
+        assert!(sixteen_removed.is_lost());
+        assert_eq!(sixteen_removed.lost_reason(), Some("wal_removed"));
     }
 }
