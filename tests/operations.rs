@@ -1339,3 +1339,73 @@ async fn malformed_urls_stop_run_and_poll_at_once_without_printing_the_password(
         }
     }
 }
+
+/// PostgreSQL 18's `idle_replication_slot_timeout` invalidates the slot of a relay stopped
+/// for longer: `status` (text and `--json`) shows the setting with its unit as the server's
+/// catalog gives it, and the relay warns at start. On 18 whatever the matrix runs (the
+/// setting is 18's), on a server of its own (it is server-wide).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_idle_slot_timeout_of_18_is_shown_and_warned() {
+    if std::env::var(DATABASE_URL_ENV).is_ok_and(|url| !url.is_empty()) {
+        eprintln!("skipped: needs a private PostgreSQL 18 with the setting");
+        return;
+    }
+    let pg = common::PgServer::start_major(18, &[("idle_replication_slot_timeout", "1d")]);
+    let db_url = pg.create_database(&unique_name("ops_idle")).await;
+    let amqp_url = common::services().rabbit.url();
+    let outbox = Outbox::provision_in(
+        &db_url,
+        &amqp_url,
+        &["setup"],
+        lapin::types::FieldTable::default(),
+    )
+    .await;
+    let row = outbox
+        .client
+        .query_one(
+            "SELECT setting, coalesce(unit, '') FROM pg_settings \
+             WHERE name = 'idle_replication_slot_timeout'",
+            &[],
+        )
+        .await
+        .expect("the setting");
+    let (setting, unit): (String, String) = (row.get(0), row.get(1));
+    assert!(
+        matches!(
+            (setting.as_str(), unit.as_str()),
+            ("86400", "s") | ("1440", "min")
+        ),
+        "one day, in the server's unit: {setting} {unit}"
+    );
+    let shown = format!("{setting}{unit}");
+
+    let status = outbox.run_command(&["status", "--metrics-addr", "off"]);
+    let table = stdout(&status);
+    assert!(
+        table.contains(&format!("{shown} (idle_replication_slot_timeout")),
+        "{}",
+        text(&status)
+    );
+    let json = outbox.run_command(&["status", "--json", "--metrics-addr", "off"]);
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("status JSON");
+    assert_eq!(
+        json["idle_replication_slot_timeout"],
+        shown.as_str(),
+        "{json}"
+    );
+
+    let relay = outbox.spawn_relay(&["--metrics-addr", "off"]);
+    let warned = relay
+        .wait_for_log("idle_replication_slot_timeout", Duration::from_secs(30))
+        .await;
+    let lines = relay.log_lines("idle_replication_slot_timeout");
+    assert!(
+        warned
+            && lines.len() == 1
+            && lines[0].contains("WARN")
+            && lines[0].contains(&format!("idle_replication_slot_timeout={shown}")),
+        "one warning naming {shown}: {lines:?}\nlog:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+}
