@@ -21,6 +21,9 @@
 //! 2. A planned switchover: the primary stopped cleanly (fast), then the standby promoted.
 //! 3. The standby stopped: the relay publishes nothing the standby has not flushed, and
 //!    /readyz says which standby it waits for; once the standby is back, it drains.
+//! 4. Without `synchronized_standby_slots`, the standby stopped while rows arrive, then the
+//!    primary killed and the standby promoted: the relay reports the phantom events it could
+//!    not prevent, with the switch point of the new timeline (1 and 2 report none).
 //!
 //! Every figure is printed (`--nocapture`) on a `FIGURES` line; docs/reliability.md collects
 //! them.
@@ -170,8 +173,12 @@ impl Scenario {
     /// relay has advanced it). The oracle is on the standby, whose promotion keeps it; on the
     /// primary for [`Route::Primary`], which has no failover.
     async fn start(name: &str, major: u32, route: Route) -> Scenario {
+        Scenario::start_with(name, major, route, PairOptions::default()).await
+    }
+
+    async fn start_with(name: &str, major: u32, route: Route, options: PairOptions) -> Scenario {
         let amqp = amqp_url();
-        let pair = blocking(|| FailoverPair::start(major, PairOptions::default(), &[]));
+        let pair = blocking(|| FailoverPair::start(major, options, &[]));
         let outbox = pair.outbox(&amqp, "failover").await;
         let db = database_of(&outbox).to_string();
         let oracle = match route {
@@ -305,6 +312,14 @@ async fn failover(major: u32, route: Route, fault: Fault) {
         rows.len() - Tally::of(s.consumer.received()).lost(&rows).len(),
         rows.len(),
         s.relay.log()
+    );
+    // With synchronized_standby_slots the relay never reads past the standby: its own
+    // verdict on the failover, from the new timeline's history, says so.
+    let page = metrics(s.metrics_port).await;
+    assert_eq!(
+        metric_value(&page, &failovers_series("none")),
+        Some(1.0),
+        "{name}: {page}"
     );
     s.relay.stop().await;
     let ack = check_ack(&client, &s.outbox, &s.oracle, &mut s.consumer).await;
@@ -584,6 +599,121 @@ async fn f3_pg18_standby_down_publishes_nothing_past_it_and_readyz_names_it() {
                 "acknowledged rows checked",
                 ack.acknowledged_rows.to_string(),
             ),
+        ],
+    );
+}
+
+/// `outbox_relay_postgres_failovers_total` with its verdict on phantom events.
+fn failovers_series(phantom_events: &str) -> String {
+    format!("outbox_relay_postgres_failovers_total{{phantom_events=\"{phantom_events}\"}}")
+}
+
+/// Where the new primary's newest timeline left its parent, from its history file as the
+/// server stores it (the oracle for the relay's own reading through TIMELINE_HISTORY).
+async fn switch_point_on(client: &tokio_postgres::Client) -> u64 {
+    let history: String = query_value(
+        client,
+        "SELECT pg_read_file('pg_wal/' || name) FROM pg_ls_waldir() \
+         WHERE name LIKE '%.history' ORDER BY name DESC LIMIT 1",
+    )
+    .await;
+    let last = history
+        .lines()
+        .rfind(|line| !line.trim().is_empty())
+        .unwrap_or_else(|| panic!("an empty history file: {history:?}"));
+    let point = last
+        .split('\t')
+        .nth(1)
+        .unwrap_or_else(|| panic!("a history line without a switch point: {last:?}"));
+    common::pg::parse_lsn(point)
+}
+
+// ---------------------------------------------------------------------------------
+// 4. Without synchronized_standby_slots: phantom events, reported
+
+/// Without `synchronized_standby_slots` the relay reads what the standby may not have. The
+/// standby stopped, writers commit and every row arrives; the primary is killed and the
+/// standby, started again, promoted: the rows committed meanwhile are gone, their events
+/// phantoms. The relay cannot take them back, but it says so: on the new primary it reads the
+/// timeline's history and warns with the switch point (checked against the server's own
+/// history file), counting the failover as `phantom_events="possible"`; the scenarios above,
+/// with the setting, count theirs as "none".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f4_pg17_without_synchronized_standby_slots_phantom_events_are_reported() {
+    let name = "17 phantoms";
+    let options = PairOptions {
+        synchronized_standby_slots: false,
+    };
+    let mut s = Scenario::start_with(name, 17, Route::MultiHost, options).await;
+    let writers = Writers::start(&s.url, WRITERS, 1, WRITER_PAUSE);
+    s.consumer.wait_for(ROWS_AFTER, MINUTE).await;
+    blocking(|| s.pair.standby.stop());
+    let committed = writers.committed();
+    assert!(
+        writers.wait_committed(committed + ROWS_AFTER, MINUTE).await,
+        "{name}: the writers commit while the standby is down"
+    );
+    writers.stop().await;
+    let on_old_primary = outbox_ids(&s.outbox.client).await;
+    assert!(
+        wait_for_ids(&mut s.consumer, &on_old_primary, MINUTE).await,
+        "{name}: every row of the old primary arrives; log:\n{}",
+        s.relay.log()
+    );
+    let sessions = s.relay.sessions();
+    blocking(|| s.pair.primary.stop_immediate());
+    blocking(|| s.pair.standby.start_again());
+    let client = s.pair.promote(database_of(&s.outbox)).await;
+    let streaming = s.relay.wait_new_session(sessions, MINUTE).await;
+    assert!(
+        streaming.is_some(),
+        "{name}: no new session; log:\n{}",
+        s.relay.log()
+    );
+
+    let rows = outbox_ids(&client).await;
+    let phantoms = Tally::of(s.consumer.received()).unknown(&rows).len();
+    assert!(
+        phantoms > 0,
+        "{name}: the scenario made no phantom events ({} rows on the new primary)",
+        rows.len()
+    );
+    let switch_point = switch_point_on(&client).await;
+    let page = metrics(s.metrics_port).await;
+    assert_eq!(
+        metric_value(&page, &failovers_series("possible")),
+        Some(1.0),
+        "{name}: {page}\nlog:\n{}",
+        s.relay.log()
+    );
+    let warned = s.relay.log_lines("phantom events:");
+    let told_where = format!("switch_point={}", format_lsn(switch_point));
+    assert!(
+        warned.len() == 1 && warned[0].contains(&told_where),
+        "{name}: one warning naming {told_where}: {warned:?}"
+    );
+    // What the relay streams on the new primary arrives as usual.
+    let writers = Writers::start(&s.url, 1, 1, WRITER_PAUSE);
+    assert!(
+        writers.wait_committed(ROWS_AFTER / 10, MINUTE).await,
+        "{name}: the writers commit on the new primary"
+    );
+    writers.stop().await;
+    let rows = outbox_ids(&client).await;
+    assert!(
+        wait_for_ids(&mut s.consumer, &rows, MINUTE).await,
+        "{name}: L0 on the new primary; log:\n{}",
+        s.relay.log()
+    );
+    s.relay.stop().await;
+    report(
+        "failover 17 phantoms",
+        &[
+            ("rows on the new primary", rows.len().to_string()),
+            ("lost", "0".into()),
+            ("phantom events", phantoms.to_string()),
+            ("switch point", format_lsn(switch_point)),
+            ("warning", warned[0].clone()),
         ],
     );
 }

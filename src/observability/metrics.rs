@@ -153,6 +153,12 @@ pub const SLOT_LABEL: &str = "slot";
 /// Replication sessions that started streaming (the first one included): a reconnect adds
 /// one.
 pub const SESSIONS_TOTAL: &str = "outbox_relay_sessions_total";
+/// Failovers of PostgreSQL a session found (a newer timeline of the same system), with the
+/// relay's verdict on the events it had handed on (label `phantom_events`: `none`,
+/// `possible`, `unknown`; src/wal/timeline.rs).
+pub const POSTGRES_FAILOVERS_TOTAL: &str = "outbox_relay_postgres_failovers_total";
+/// Label of [`POSTGRES_FAILOVERS_TOTAL`].
+pub const PHANTOM_EVENTS_LABEL: &str = "phantom_events";
 /// Lost or missing slots the relay recreated and backfilled (`--on-slot-lost recreate`).
 pub const SLOT_RECOVERIES_TOTAL: &str = "outbox_relay_slot_recoveries_total";
 /// Labels of [`BUILD_INFO`].
@@ -304,6 +310,10 @@ pub fn describe() {
     describe_counter!(
         SESSIONS_TOTAL,
         "Replication sessions that started streaming (the first included)"
+    );
+    describe_counter!(
+        POSTGRES_FAILOVERS_TOTAL,
+        "PostgreSQL failovers a session found (a newer timeline of the same system); phantom_events=possible when events of transactions the new primary lacks were handed on"
     );
     describe_counter!(
         SLOT_RECOVERIES_TOTAL,
@@ -644,6 +654,7 @@ mod tests {
             FAILOVER_READY,
             WAITING_FOR_STANDBY,
             SLOT_RECOVERIES_TOTAL,
+            POSTGRES_FAILOVERS_TOTAL,
             SESSIONS_TOTAL,
             COMMIT_TO_CONFIRM_SECONDS,
             HEARTBEAT_LAG_SECONDS,

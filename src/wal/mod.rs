@@ -33,6 +33,7 @@ pub mod slot;
 pub mod source;
 pub mod state;
 pub mod stream;
+pub mod timeline;
 
 use std::time::Duration;
 
@@ -124,6 +125,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
             on_slot_lost: args.on_slot_lost,
             recreate_margin: args.recreate_margin,
             last_server: std::sync::Mutex::new(None),
+            handed_over: timeline::HandedOver::default(),
             emitted_seen: state::EmittedSeen::default(),
         },
         role,

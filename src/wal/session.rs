@@ -28,14 +28,17 @@ use crate::mapper::Mapper;
 use crate::observability::{
     Health, RelayMetrics, StreamMetrics, HOST_LABEL, POSTGRES_INFO, SESSIONS_TOTAL,
 };
-use crate::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions};
+use crate::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions, Input};
 use crate::shard::Shard;
 use crate::wal::heartbeat::{self, Heartbeat};
+use crate::wal::position::AckPosition;
 use crate::wal::preflight;
 use crate::wal::relations::RelationCache;
 use crate::wal::source::Source;
-use crate::wal::stream::{ReaderParts, Stop, StreamLoss, StreamReader, FINAL_FEEDBACK_TIMEOUT};
-use crate::wal::{recovery, slot, state};
+use crate::wal::stream::{
+    DeliveryTask, ReaderParts, Stop, StreamLoss, StreamReader, FINAL_FEEDBACK_TIMEOUT,
+};
+use crate::wal::{recovery, slot, state, timeline};
 
 /// Events the replication client may buffer. Small: events there are in flight but invisible
 /// to the delivery side, and a large buffer hides rows (docs/architecture.md, "Tasks and
@@ -68,6 +71,8 @@ pub struct SessionContext {
     pub recreate_margin: std::time::Duration,
     /// The PostgreSQL server the last session streamed from.
     pub last_server: std::sync::Mutex<Option<SeenServer>>,
+    /// Commits of the transactions handed on from that server, for a failover's report.
+    pub handed_over: timeline::HandedOver,
     /// Set once a session decoded an emitted event; the cleanup records it.
     pub emitted_seen: state::EmittedSeen,
 }
@@ -114,31 +119,10 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
 
     let (inputs, inputs_rx) = mpsc::channel(INPUT_CHANNEL);
     let (acked_tx, acked) = watch::channel(Acked::default());
-    let delivery = {
-        let broker = Arc::clone(&broker);
-        let options = DeliveryOptions {
-            window: ctx.tuning.max_in_flight as usize,
-            confirm_timeout: ctx.tuning.confirm_timeout(),
-            stuck,
-            health: Some(ctx.health.clone()),
-        };
-        let metrics = ctx.metrics.clone();
-        AbortOnDropHandle::new(tokio::spawn(async move {
-            deliver(&*broker, &options, &metrics, inputs_rx, &acked_tx).await
-        }))
-    };
-    let (schema, table) = ctx.names.table_parts();
+    let delivery = start_delivery(ctx, &broker, stuck, inputs_rx, acked_tx);
     let reader = StreamReader::new(ReaderParts {
         client,
-        source: Source::new(
-            ctx.mapper.clone(),
-            RelationCache::new(schema, table),
-            ctx.heartbeat.clone(),
-            ctx.emit_prefix.clone(),
-            ctx.shard,
-            StreamMetrics::new(),
-        )
-        .noting_emitted(ctx.emitted_seen.clone()),
+        source: source_of(ctx),
         start: slot.confirmed_flush,
         silence_limit: ctx.tuning.heartbeat_interval().map(|i| i * 3),
         feedback_sent,
@@ -146,6 +130,7 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
         inputs,
         acked,
         delivery,
+        handed_over: ctx.handed_over.clone(),
     });
     // A child: the real shutdown stops the reading too, and so does the server going away.
     let stopping = shutdown.child_token();
@@ -181,6 +166,42 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
                 false => e,
             }),
     }
+}
+
+/// The session's delivery task: publishes what the reader hands on, over `broker`, with a
+/// window of 1 while `stuck` (an earlier session's failed message) is unconfirmed.
+fn start_delivery(
+    ctx: &SessionContext,
+    broker: &Arc<Broker>,
+    stuck: Option<String>,
+    inputs: mpsc::Receiver<Input<AckPosition>>,
+    acked: watch::Sender<Acked<AckPosition>>,
+) -> DeliveryTask {
+    let broker = Arc::clone(broker);
+    let options = DeliveryOptions {
+        window: ctx.tuning.max_in_flight as usize,
+        confirm_timeout: ctx.tuning.confirm_timeout(),
+        stuck,
+        health: Some(ctx.health.clone()),
+    };
+    let metrics = ctx.metrics.clone();
+    AbortOnDropHandle::new(tokio::spawn(async move {
+        deliver(&*broker, &options, &metrics, inputs, &acked).await
+    }))
+}
+
+/// What turns this relay's share of the stream into delivery inputs.
+fn source_of(ctx: &SessionContext) -> Source {
+    let (schema, table) = ctx.names.table_parts();
+    Source::new(
+        ctx.mapper.clone(),
+        RelationCache::new(schema, table),
+        ctx.heartbeat.clone(),
+        ctx.emit_prefix.clone(),
+        ctx.shard,
+        StreamMetrics::new(),
+    )
+    .noting_emitted(ctx.emitted_seen.clone())
 }
 
 fn slot_vanished(ctx: &SessionContext) -> RelayError {
@@ -319,7 +340,16 @@ async fn start_streaming(
     // forever.
     let identified = tokio::time::timeout(db::CONNECT_TIMEOUT, client.identify_system()).await;
     match identified {
-        Ok(Ok(system)) => note_server(ctx, server, system.system_id, system.timeline),
+        Ok(Ok(system)) => {
+            let before = note_server(ctx, server, system.system_id.clone(), system.timeline);
+            if let Some(before) = before {
+                let handed_over = ctx.handed_over.take();
+                if before.system_id == system.system_id && system.timeline > before.timeline {
+                    let (old, new) = (before.timeline, system.timeline);
+                    timeline::report_failover(&mut client, old, new, handed_over).await;
+                }
+            }
+        }
         Ok(Err(e)) => return Err(start_error(e).await),
         Err(_) => {
             client.abort();
@@ -348,8 +378,14 @@ async fn start_streaming(
 /// Records the server this session streams from: the `postgres_info` metric, and a warning
 /// when it is another server than the last session's (a failover: another host, or the same
 /// address now another system or timeline). Nothing is carried over from the old one: the
-/// session starts from the slot's position on this server.
-fn note_server(ctx: &SessionContext, server: &db::Server, system_id: String, timeline: u32) {
+/// session starts from the slot's position on this server. Returns the last session's
+/// server when it was another.
+fn note_server(
+    ctx: &SessionContext,
+    server: &db::Server,
+    system_id: String,
+    timeline: u32,
+) -> Option<SeenServer> {
     let seen = SeenServer {
         address: server.to_string(),
         system_id,
@@ -359,7 +395,8 @@ fn note_server(ctx: &SessionContext, server: &db::Server, system_id: String, tim
         .last_server
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(before) = last.as_ref().filter(|before| **before != seen) {
+    let before = last.as_ref().filter(|before| **before != seen).cloned();
+    if let Some(before) = &before {
         if before.address != seen.address {
             metrics::gauge!(POSTGRES_INFO, HOST_LABEL => before.address.clone()).set(0.0);
         }
@@ -376,6 +413,7 @@ fn note_server(ctx: &SessionContext, server: &db::Server, system_id: String, tim
     }
     metrics::gauge!(POSTGRES_INFO, HOST_LABEL => seen.address.clone()).set(1.0);
     *last = Some(seen);
+    before
 }
 
 /// What the session's end means: a graceful stop once the slot took the final position, or

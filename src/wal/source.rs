@@ -96,6 +96,11 @@ impl Source {
         self.transaction.is_some()
     }
 
+    /// Where the transaction being read commits (its Begin's final LSN).
+    pub fn transaction_commit_lsn(&self) -> Option<Lsn> {
+        self.transaction.as_ref().map(|t| t.commit_lsn)
+    }
+
     /// The delivery input this event makes, if any. An error is definite (a row that cannot
     /// be mapped, malformed input): nothing of this event may be acknowledged.
     pub fn on_event(

@@ -39,6 +39,7 @@ use crate::observability::{pg_timestamp, Health};
 use crate::publish::{Acked, Input};
 use crate::wal::position::AckPosition;
 use crate::wal::source::Source;
+use crate::wal::timeline::HandedOver;
 
 /// How long a stopping session waits for its last acknowledged position to be sent.
 pub const FINAL_FEEDBACK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -128,6 +129,8 @@ pub struct StreamReader {
     /// Since when the reader has been waiting on the stream with room to forward: set when
     /// it starts waiting, cleared by any event and whenever the delivery side is behind.
     waiting_since: Option<Instant>,
+    /// Notes the commit of every transaction whose rows go to delivery.
+    handed_over: HandedOver,
 }
 
 /// What the reader is handed by its session.
@@ -142,6 +145,7 @@ pub struct ReaderParts {
     pub inputs: mpsc::Sender<Input<AckPosition>>,
     pub acked: watch::Receiver<Acked<AckPosition>>,
     pub delivery: DeliveryTask,
+    pub handed_over: HandedOver,
 }
 
 impl StreamReader {
@@ -158,6 +162,7 @@ impl StreamReader {
             delivery: parts.delivery,
             source_error: None,
             waiting_since: None,
+            handed_over: parts.handed_over,
         }
     }
 
@@ -281,6 +286,13 @@ impl StreamReader {
                 let Some(inputs) = &self.inputs else {
                     return;
                 };
+                let commit = match input {
+                    Input::AckPoint(_) => None,
+                    _ => self.source.transaction_commit_lsn(),
+                };
+                if let Some(commit) = commit {
+                    self.handed_over.note(commit);
+                }
                 if let Err(e) = inputs.try_send(input) {
                     if matches!(e, mpsc::error::TrySendError::Full(_)) {
                         self.source_error = Some(RelayError::Bug(
