@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark of docs/benchmarks.md, on one Debian 12 machine, with nothing else running:
 #
-#   scripts/bench.sh                 full scale (200,000-row backlogs, 30 s loads; about 30 min
-#                                    on 2 cores), the 3-node cluster section last (--no-cluster
+#   scripts/bench.sh                 full scale (200,000-row backlogs, 30 s loads; 23 min on
+#                                    2 cores, 2026-12-02), the 3-node cluster section last (--no-cluster
 #                                    leaves it out)
 #   scripts/bench.sh --quick         reduced scale, every scenario (a few minutes; no cluster
 #                                    section unless --cluster)
@@ -12,8 +12,8 @@
 # the backlog drained once with a consumer and once with none by the WAL reader, 1, 2 and 5
 # polling workers, 2 sharded relays and the WAL reader on outbox_emit events (the drains of
 # --compare, --shards-sweep and --emit, one round each; scenario 1's consumer-attached drains
-# reused: nine drains, about 4-5 min at full scale), and in the cluster section the WAL drain
-# with no consumer and the minimal publisher both ways (about 2 min more). The modes below run
+# reused: nine drains, 191 s at full scale), and in the cluster section the WAL drain with no
+# consumer and the minimal publisher both ways (the whole cluster section: 167 s). The modes below run
 # instead of the suite:
 #   scripts/bench.sh --shards-sweep 1,2,4 --rows 100000 --ab-rounds 5
 #                                    only drains with 1, 2 and 4 sharded relays (issue 12, ~5 min)
