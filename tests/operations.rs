@@ -1409,3 +1409,49 @@ async fn the_idle_slot_timeout_of_18_is_shown_and_warned() {
     );
     relay.stop().await;
 }
+
+/// `--on-slot-lost recreate` backfills from what the cleanup rounds record: with the cleanup
+/// off the relay says so when it starts, not only once the slot is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recreate_with_the_cleanup_off_is_warned_at_start() {
+    let s = common::services();
+    let outbox = Outbox::provision(
+        &s.pg.url("postgres"),
+        &s.rabbit.url(),
+        "ops_unrecorded",
+        &["setup"],
+        lapin::types::FieldTable::default(),
+    )
+    .await;
+    let needle = "--on-slot-lost recreate with --cleanup-interval 0";
+    let relay = outbox.spawn_relay(&[
+        "--metrics-addr",
+        "off",
+        "--on-slot-lost",
+        "recreate",
+        "--cleanup-interval",
+        "0",
+    ]);
+    let warned = relay.wait_for_log(needle, Duration::from_secs(30)).await;
+    assert!(warned, "log:\n{}", relay.log());
+    assert!(
+        relay
+            .wait_for_log("streaming", Duration::from_secs(30))
+            .await,
+        "a warning, not a refusal: log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+
+    // With the cleanup on (the default), nothing to warn about.
+    let relay = outbox.spawn_relay(&["--metrics-addr", "off", "--on-slot-lost", "recreate"]);
+    assert!(
+        relay
+            .wait_for_log("streaming", Duration::from_secs(30))
+            .await,
+        "log:\n{}",
+        relay.log()
+    );
+    assert_eq!(relay.log_count(needle), 0, "log:\n{}", relay.log());
+    relay.stop().await;
+}

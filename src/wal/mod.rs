@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::advice::report;
 use crate::assembly::{self, Outbox, OutboxFlags};
-use crate::config::RunArgs;
+use crate::config::{OnSlotLost, RunArgs};
 use crate::error::RelayError;
 use crate::observability::{self, NotReady};
 use crate::supervisor::{supervise, Supervised, Supervision};
@@ -103,6 +103,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         ));
     }
     let emit_prefix = assembly::emit_prefix(&args.emit, &args.names.table);
+    warn_if_recovery_unrecorded(&args);
     let supervision = Supervision {
         max_backoff: args.tuning.max_backoff(),
         stop_timeout: Some(args.tuning.shutdown_timeout()),
@@ -131,6 +132,21 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         role,
     };
     supervise(&mut relay, &supervision, &shutdown).await
+}
+
+/// `--on-slot-lost recreate` backfills from the position the cleanup rounds record; with the
+/// cleanup off nothing is recorded, and a recovery would refuse an outbox that can hold
+/// emitted events, or re-publish the whole table. Said at the start, not when the slot is lost.
+fn warn_if_recovery_unrecorded(args: &RunArgs) {
+    if args.on_slot_lost == OnSlotLost::Recreate && args.cleanup.cleanup_interval.is_zero() {
+        tracing::warn!(
+            "--on-slot-lost recreate with --cleanup-interval 0: no cleanup round records the \
+             acknowledged position, so a lost slot's recovery refuses an outbox with the emit \
+             functions and re-publishes the whole table of one without. Fix: keep the cleanup \
+             on (a long --retention keeps the rows; each round records the position), \
+             docs/operations.md, \"Before 17, or when the slot is gone anyway\""
+        );
+    }
 }
 
 /// The WAL relay as the supervisor sees it: one replication session after another.
