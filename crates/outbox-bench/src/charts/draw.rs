@@ -575,6 +575,7 @@ pub(super) fn sweep(s: &Sweep) -> Result<String> {
         .flat_map(|p| [p.duplicates, p.bound])
         .max()
         .unwrap_or(0) as f64;
+    let y2_top = (dup_max * 1.2).max(10.0);
     canvas(plot_h, &legend, &s.notes, |root, top| {
         let mut chart = ChartBuilder::on(top)
             .caption(&s.title, (FONT, 22))
@@ -584,7 +585,7 @@ pub(super) fn sweep(s: &Sweep) -> Result<String> {
             .right_y_label_area_size(90)
             .build_cartesian_2d(x_lo..x_hi, 0.0..(rate_max * 1.2).max(1.0))
             .map_err(failed)?
-            .set_secondary_coord(x_lo..x_hi, 0.0..(dup_max * 1.2).max(10.0));
+            .set_secondary_coord(x_lo..x_hi, 0.0..y2_top);
         chart
             .configure_mesh()
             .disable_x_mesh()
@@ -674,7 +675,8 @@ pub(super) fn sweep(s: &Sweep) -> Result<String> {
             .draw_secondary_series(duplicates.iter().map(|&(x, y)| {
                 EmptyElement::at((x, y))
                     + TriangleMarker::new((0, 0), 8, colours[2].filled())
-                    + label(int(y), colours[2], (8, 16))
+                    // Above the marker near the axis, where below would meet the x labels.
+                    + label(int(y), colours[2], (8, if y < y2_top * 0.08 { -16 } else { 16 }))
             }))
             .map_err(failed)?;
         chart
