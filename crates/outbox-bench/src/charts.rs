@@ -733,12 +733,19 @@ fn cpu_chart(r: &Results, run: &str) -> Option<Stacked> {
             parts: split_parts(c),
         })
         .collect();
+    let mut cluster_note = None;
     if let Some(c) = &r.cluster {
         if let Some(cpu) = &c.drain.cpu {
             rows.push(StackedRow {
                 name: format!("{}-node cluster: WAL reader: drain", c.nodes),
                 parts: split_parts(cpu),
             });
+            // The relay is given every node's URL, so every node's process is read.
+            cluster_note = Some(format!(
+                "{}-node cluster: RabbitMQ is its {} nodes together (the relay was given every \
+                 node's URL).",
+                c.nodes, c.nodes
+            ));
         }
     }
     let mut medians = |name: String, splits: Vec<&CpuSplit>| {
@@ -800,8 +807,11 @@ fn cpu_chart(r: &Results, run: &str) -> Option<Stacked> {
             "On 2 cores every process shares the CPU: the sum, not the relay alone, sets the \
              drain rate."
                 .into(),
-            run.to_string(),
-        ],
+        ]
+        .into_iter()
+        .chain(cluster_note)
+        .chain([run.to_string()])
+        .collect(),
     })
 }
 
