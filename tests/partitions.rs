@@ -365,6 +365,32 @@ async fn s0_the_lab_forms_and_a_cut_drops_one_way_until_healed() {
     assert_eq!(received[0].message_id.as_deref(), Some("a"));
 }
 
+/// The kit's own repair: a node that runs but does not serve, as RabbitMQ's pause_minority
+/// sometimes leaves one after a heal (its application stopped; here by `rabbitmqctl
+/// stop_app`), is restarted by `ensure_healthy` once it has stayed so too long, and counted,
+/// so the next test finds the cluster whole and the figures say it happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "4-5 minutes of waiting out partitions: scripts/test.sh runs them beside the version matrix (or alone with --partitions)"]
+async fn s9_a_node_left_paused_is_restarted_by_the_kit() {
+    let (lab, _lock) = exclusive().await;
+    let before = lab.cluster.repairs();
+    let stopped = blocking(|| lab.cluster.ctl(2, &["stop_app"]));
+    assert!(stopped.status.success(), "stop_app: {stopped:?}");
+    assert!(!lab.cluster.accepts_amqp(2), "node 2 stopped serving");
+    let started = Instant::now();
+    blocking(|| lab.cluster.ensure_healthy());
+    let whole = started.elapsed();
+    assert!(lab.cluster.accepts_amqp(2), "node 2 serves again");
+    assert_eq!(lab.cluster.repairs(), before + 1, "one node restarted");
+    common::faults::report(
+        "s9 kit repair",
+        &[
+            ("stopped node to cluster whole", secs(whole)),
+            ("nodes restarted", "1".into()),
+        ],
+    );
+}
+
 // ---------------------------------------------------------------------------------
 // 1. The relay's node cut off from the other two
 
@@ -468,6 +494,10 @@ async fn x1_the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_move
                 ack.acknowledged_rows.to_string(),
             ),
             ("heal to cluster whole", secs(whole)),
+            (
+                "paused nodes the kit restarted (so far)",
+                lab.cluster.repairs().to_string(),
+            ),
             ("probe after the heal", secs(probe)),
             ("reconnects", causes),
         ],
@@ -643,6 +673,10 @@ async fn x3_a_one_way_partition_between_two_broker_nodes_loses_no_confirmed_mess
                 acknowledged_in_partition.to_string(),
             ),
             ("heal to cluster whole", secs(whole)),
+            (
+                "paused nodes the kit restarted (so far)",
+                lab.cluster.repairs().to_string(),
+            ),
             ("probe after the heal", secs(probe)),
             ("reconnects", reconnect_causes(&text)),
         ],
@@ -744,6 +778,10 @@ async fn x4_flapping_partitions_for_60_s_lose_nothing_and_the_relay_streams_on_w
             ("cuts", cuts.to_string()),
             ("schedule", schedule.join(" ")),
             ("last heal to cluster whole", secs(whole)),
+            (
+                "paused nodes the kit restarted (so far)",
+                lab.cluster.repairs().to_string(),
+            ),
             ("last heal to relay ready", secs(ready)),
             ("probe", secs(probe)),
             ("reconnects", reconnect_causes(&text)),

@@ -42,11 +42,17 @@ const BROKER_INFO: &str = "outbox_relay_broker_info";
 /// How long the cluster may take to show every node running again (a paused node restarts
 /// its application once it sees a majority).
 const HEALTHY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a node may stay paused once the cluster should be whole again before
+/// [`RabbitCluster::ensure_healthy`] restarts it: every heal in the partition tests took
+/// under 15 s.
+const STUCK_PAUSE: Duration = Duration::from_secs(60);
 
 /// Three clustered RabbitMQ nodes owned by this test binary.
 pub struct RabbitCluster {
     nodes: Vec<Node>,
     state: Mutex<State>,
+    /// Nodes [`RabbitCluster::ensure_healthy`] restarted because they stayed paused.
+    repairs: std::sync::atomic::AtomicUsize,
 }
 
 struct State {
@@ -153,6 +159,7 @@ impl RabbitCluster {
                 tempdir: Some(tempdir),
                 watchdog,
             }),
+            repairs: std::sync::atomic::AtomicUsize::new(0),
         };
         // Dropping `cluster` on an error below stops it.
         cluster
@@ -202,8 +209,12 @@ impl RabbitCluster {
     /// Waits until every node accepts AMQP connections and one of them lists all of them as
     /// running cluster members.
     fn wait_clustered(&self) -> Result<(), String> {
+        self.wait_clustered_within(HEALTHY_TIMEOUT)
+    }
+
+    fn wait_clustered_within(&self, timeout: Duration) -> Result<(), String> {
         let mut last = String::new();
-        let clustered = super::poll_until(HEALTHY_TIMEOUT, Duration::from_millis(100), || {
+        let clustered = super::poll_until(timeout, Duration::from_millis(100), || {
             if let Some(closed) = (0..NODES).find(|&i| !self.nodes[i].accepts_amqp()) {
                 last = format!("node {closed} does not accept AMQP connections");
                 return false;
@@ -224,7 +235,7 @@ impl RabbitCluster {
             Ok(())
         } else {
             Err(format!(
-                "the cluster is not whole after {HEALTHY_TIMEOUT:?}: {last}\n{}",
+                "the cluster is not whole after {timeout:?}: {last}\n{}",
                 self.nodes
                     .iter()
                     .map(|node| node.failure("state"))
@@ -402,13 +413,47 @@ impl RabbitCluster {
 
     /// Restarts every node whose process is gone and waits until all of them run and are
     /// clustered: every test calls it at its start and end, so the next finds the cluster
-    /// whole.
+    /// whole. A node that is alive but still not serving [`STUCK_PAUSE`] later is restarted
+    /// too: RabbitMQ's pause_minority can leave a node paused for good after a partition
+    /// heals (its Mnesia stays partitioned: rabbitmq-server issue 17319; docs/reliability.md,
+    /// "Network partitions"), and a restart is what an operator does. Counted in
+    /// [`RabbitCluster::repairs`] and printed, so a test reports it.
     pub fn ensure_healthy(&self) {
         let dead: Vec<usize> = (0..NODES).filter(|&i| !self.nodes[i].is_alive()).collect();
         if !dead.is_empty() {
             eprintln!("harness: restarting cluster nodes {dead:?}");
+            std::thread::scope(|scope| {
+                for &i in &dead {
+                    let node = &self.nodes[i];
+                    scope.spawn(move || node.restart());
+                }
+            });
         }
-        self.restart_all(&dead);
+        let Err(waited) = self.wait_clustered_within(STUCK_PAUSE) else {
+            return;
+        };
+        let mut stuck: Vec<usize> = (0..NODES).filter(|&i| !self.accepts_amqp(i)).collect();
+        if stuck.is_empty() {
+            let running = self.running_nodes().unwrap_or_default();
+            stuck = (0..NODES).filter(|i| !running.contains(i)).collect();
+        }
+        assert!(!stuck.is_empty(), "{waited}");
+        eprintln!(
+            "harness: cluster nodes {stuck:?} still paused {STUCK_PAUSE:?} after the cluster \
+             should be whole (RabbitMQ's pause_minority did not resume them); restarting them"
+        );
+        self.repairs
+            .fetch_add(stuck.len(), std::sync::atomic::Ordering::Relaxed);
+        for &i in &stuck {
+            self.nodes[i].kill9();
+        }
+        self.restart_all(&stuck);
+    }
+
+    /// How many nodes [`RabbitCluster::ensure_healthy`] has restarted because they stayed
+    /// paused after a partition healed.
+    pub fn repairs(&self) -> usize {
+        self.repairs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The index of the node that leads quorum queue `queue`, once the leader `list_queues`
