@@ -131,6 +131,8 @@ pub struct StreamReader {
     waiting_since: Option<Instant>,
     /// Notes the commit of every transaction whose rows go to delivery.
     handed_over: HandedOver,
+    /// The commit last noted there: once per transaction, not per row.
+    noted_commit: Lsn,
 }
 
 /// What the reader is handed by its session.
@@ -163,6 +165,7 @@ impl StreamReader {
             source_error: None,
             waiting_since: None,
             handed_over: parts.handed_over,
+            noted_commit: Lsn::ZERO,
         }
     }
 
@@ -290,7 +293,8 @@ impl StreamReader {
                     Input::AckPoint(_) => None,
                     _ => self.source.transaction_commit_lsn(),
                 };
-                if let Some(commit) = commit {
+                if let Some(commit) = commit.filter(|&c| c > self.noted_commit) {
+                    self.noted_commit = commit;
                     self.handed_over.note(commit);
                 }
                 if let Err(e) = inputs.try_send(input) {

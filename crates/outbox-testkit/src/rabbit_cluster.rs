@@ -400,15 +400,20 @@ impl RabbitCluster {
     /// Starts the killed nodes `indexes` again in parallel (killed nodes must come back together:
     /// each waits for the others' tables) and waits until the cluster is whole.
     pub fn restart_all(&self, indexes: &[usize]) {
+        self.start_again(indexes);
+        if let Err(e) = self.wait_clustered() {
+            panic!("{e}");
+        }
+    }
+
+    /// Starts the killed nodes `indexes` again in parallel, without waiting for the cluster.
+    fn start_again(&self, indexes: &[usize]) {
         std::thread::scope(|scope| {
             for &i in indexes {
                 let node = &self.nodes[i];
                 scope.spawn(move || node.restart());
             }
         });
-        if let Err(e) = self.wait_clustered() {
-            panic!("{e}");
-        }
     }
 
     /// Restarts every node whose process is gone and waits until all of them run and are
@@ -422,12 +427,7 @@ impl RabbitCluster {
         let dead: Vec<usize> = (0..NODES).filter(|&i| !self.nodes[i].is_alive()).collect();
         if !dead.is_empty() {
             eprintln!("harness: restarting cluster nodes {dead:?}");
-            std::thread::scope(|scope| {
-                for &i in &dead {
-                    let node = &self.nodes[i];
-                    scope.spawn(move || node.restart());
-                }
-            });
+            self.start_again(&dead);
         }
         let Err(waited) = self.wait_clustered_within(STUCK_PAUSE) else {
             return;
