@@ -96,6 +96,15 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
             session_attrs = Some(value.to_string());
             true
         }
+        "keepalives"
+        | "keepalives_idle"
+        | "keepalives_interval"
+        | "keepalives_count"
+        | "keepalives_retries"
+        | "tcp_user_timeout" => {
+            warn_once_keepalive_ignored(key);
+            true
+        }
         _ => false,
     };
     let rest = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
@@ -155,6 +164,20 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
     Ok((rest, tls))
 }
 
+/// libpq's keepalive parameters in the URL: every connection of the relay takes its
+/// keepalives and user timeout from `--peer-timeout` instead (src/liveness.rs), both ends.
+fn warn_once_keepalive_ignored(key: &str) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            parameter = key,
+            "the database URL's keepalive parameters are ignored: the relay sets TCP \
+             keepalives and the user timeout of every connection from --peer-timeout \
+             (OUTBOX_PEER_TIMEOUT). Fix: remove them from the URL and set --peer-timeout"
+        );
+    }
+}
+
 /// One server the URL names: where a connection goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Server {
@@ -208,13 +231,17 @@ pub fn servers(url: &str) -> Result<Vec<Server>, RelayError> {
         .collect())
 }
 
-/// The server that is the primary: the URL's only one, or else the first (in the URL's
-/// order) that answers and is not in recovery. Both of a session's connections, ordinary
-/// and replication, go to it: a standby can neither stream the slot nor take writes.
+/// The server that is the primary: the URL's only one, or else the first that answers and
+/// is not in recovery. Both of a session's connections, ordinary and replication, go to it:
+/// a standby can neither stream the slot nor take writes.
 ///
-/// The primary found last for this URL is asked first: after a failover the old primary is
-/// usually first in the URL, and a host that is gone (not refusing: silent) would cost every
-/// connection of the relay a connect timeout before it reached the new one.
+/// The primary found last for this URL is asked first, alone, for [`PRIMARY_HEAD_START`]:
+/// in the common case that is one connection. If it has not said "primary" by then (it is a
+/// standby now, it refused, or it is gone and silent) every other host is asked at once, and
+/// the first to answer "primary" wins: a vanished old primary costs the head start, not a
+/// connect timeout per host and per connection. Two hosts that both say "primary" (a split
+/// brain an HA manager must not leave behind) are not told apart here: the first to answer is
+/// taken.
 pub async fn primary(url: &str) -> Result<Server, RelayError> {
     let mut servers = servers(url)?;
     if let [only] = servers.as_slice() {
@@ -222,20 +249,40 @@ pub async fn primary(url: &str) -> Result<Server, RelayError> {
         return Ok(only.clone());
     }
     first_to_ask(&mut servers, last_primary(url).as_ref());
-    let mut last_error = None;
-    for server in &servers {
-        let asked = tokio::time::timeout(CONNECT_TIMEOUT, is_primary(url, server)).await;
+    let ask = |server: Server| async move {
+        let asked = tokio::time::timeout(CONNECT_TIMEOUT, is_primary(url, &server)).await;
         let answer = asked.unwrap_or(Err(RelayError::ConnectTimeout {
             endpoint: Endpoint::PostgreSql,
             seconds: CONNECT_TIMEOUT.as_secs(),
         }));
-        match answer {
-            Ok(true) => {
-                remember_primary(url, server);
-                return Ok(server.clone());
+        (server, answer)
+    };
+    let mut others = servers[1..].to_vec();
+    let mut asking = futures_util::stream::FuturesUnordered::new();
+    asking.push(ask(servers[0].clone()));
+    let head_start = tokio::time::sleep(PRIMARY_HEAD_START);
+    tokio::pin!(head_start);
+    let mut last_error = None;
+    loop {
+        let answered = tokio::select! {
+            answered = asking.next(), if !asking.is_empty() => answered,
+            () = &mut head_start, if !others.is_empty() => None,
+        };
+        match answered {
+            Some((server, Ok(true))) => {
+                remember_primary(url, &server);
+                return Ok(server);
             }
-            Ok(false) => tracing::debug!(%server, "a standby (in recovery): trying the next host"),
-            Err(e) => last_error = Some(e),
+            Some((server, Ok(false))) => {
+                tracing::debug!(%server, "a standby (in recovery): asking the other hosts");
+            }
+            Some((_, Err(e))) => last_error = Some(e),
+            None => {}
+        }
+        // The first host did not make it (or its head start ran out): ask all the others.
+        asking.extend(others.drain(..).map(ask));
+        if asking.is_empty() {
+            break;
         }
     }
     Err(RelayError::NoPrimary {
@@ -243,6 +290,10 @@ pub async fn primary(url: &str) -> Result<Server, RelayError> {
         last_error: last_error.map(|e| crate::error::chain(&e)),
     })
 }
+
+/// How long the primary found last is asked alone before the other hosts are asked too: far
+/// above a healthy server's answer (a connection and one query), small next to a failover.
+pub const PRIMARY_HEAD_START: Duration = Duration::from_millis(500);
 
 /// Moves `last` (the primary found last) to the front, the others in the URL's order.
 fn first_to_ask(servers: &mut [Server], last: Option<&Server>) {
@@ -332,6 +383,13 @@ async fn connect_with(
     let (rest, tls) = split_tls(url)?;
     let mut config = parse_driver_url(&rest)?;
     config.application_name(APPLICATION_NAME);
+    // The relay's settings first: options the URL sets itself come after them and win.
+    let settings = crate::liveness::policy().session_settings();
+    let options = match config.get_options() {
+        Some(own) => format!("{settings} {own}"),
+        None => settings,
+    };
+    config.options(&options);
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT);
     }
@@ -380,6 +438,10 @@ async fn open(
         .await
         .map_err(unreachable)?;
     let _ = tcp.set_nodelay(true);
+    crate::liveness::policy()
+        .peer_timeout
+        .apply(&tcp)
+        .map_err(unreachable)?;
     if tls.mode == SslMode::Disable {
         warn_once_if_exposed(&server.host, port, tls.mode, TlsOutcome::Plain);
         let (client, connection) = config.connect_raw(tcp, NoTls).await?;
@@ -540,12 +602,19 @@ pub fn replication_config(
     // to lower case and ends at a space or comma. Quoted, any name setup accepts arrives as
     // it is (the crate doubles the single quotes around it).
     let publication = quote_ident(publication);
+    // No statement timeout here: START_REPLICATION runs for the whole session.
+    let peer_timeout = crate::liveness::policy().peer_timeout;
+    let options = format!(
+        "{PINNED_SESSION_SETTINGS} {}",
+        peer_timeout.server_settings()
+    );
     Ok(
         ReplicationConfig::new(host, user, password, database, slot, publication)
             .with_port(port)
             .with_tls(tls)
-            .with_options(PINNED_SESSION_SETTINGS)
-            .with_application_name(APPLICATION_NAME),
+            .with_options(options)
+            .with_application_name(APPLICATION_NAME)
+            .with_tcp_keepalive(peer_timeout.tcp_keepalive()),
     )
 }
 
@@ -625,7 +694,11 @@ mod tests {
         assert_eq!(c.database, "app");
         assert_eq!(c.slot, "outbox_slot");
         assert_eq!(c.publication.names(), ["\"outbox_pub\""]);
-        assert_eq!(c.options.as_deref(), Some(PINNED_SESSION_SETTINGS));
+        let options = c.options.as_deref().unwrap_or_default();
+        assert!(options.starts_with(PINNED_SESSION_SETTINGS), "{options}");
+        assert!(options.contains("-c tcp_user_timeout="), "{options}");
+        assert!(!options.contains("statement_timeout"), "{options}");
+        assert!(c.tcp_keepalive.is_some());
     }
 
     #[test]

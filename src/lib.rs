@@ -15,7 +15,8 @@
 //! `poll` is the other way in: workers that claim rows from the table (`outbox_table` reads
 //! its columns) and hand each batch to the same delivery loop; `ops::resync` does the same
 //! for a time range. `setup` provisions; `config` and `error` hold the flags and the error
-//! classes (retry, standby, stop); `db` the connections and their pinned settings.
+//! classes (retry, standby, stop); `db` the connections and their pinned settings;
+//! `liveness` how every connection notices a peer that vanished (`--peer-timeout`).
 //! `observability` (metrics, health, the HTTP endpoints), `periodic` (timed database jobs:
 //! the slot and backlog pollers, both cleanups), `cleanup` (deleting delivered rows) and
 //! `ops` (`status`, `teardown`, `resync`) are for running it; `failpoint` opens crash windows
@@ -37,6 +38,7 @@ pub mod db;
 pub mod emit;
 pub mod error;
 pub mod failpoint;
+pub mod liveness;
 pub mod mapper;
 pub mod message;
 pub mod observability;

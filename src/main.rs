@@ -15,6 +15,7 @@ use tracing_subscriber::EnvFilter;
 
 use outbox_relay::advice::report;
 use outbox_relay::config::{Cli, Command, LogFormat};
+use outbox_relay::liveness::{self, PeerTimeout, Policy};
 use outbox_relay::{failpoint, ops, poll, setup, wal};
 
 fn main() -> ExitCode {
@@ -26,6 +27,18 @@ fn main() -> ExitCode {
     if let Err(e) = failpoint::init_from_env() {
         tracing::error!(error = %e, "stopped");
         return ExitCode::FAILURE;
+    }
+    // Before any connection: every one of them reads it.
+    let (peer_timeout, statement_timeout) = cli.command.connection_limits();
+    match PeerTimeout::new(peer_timeout) {
+        Ok(peer_timeout) => liveness::configure(Policy {
+            peer_timeout,
+            statement_timeout,
+        }),
+        Err(e) => {
+            tracing::error!(error = %e, "stopped");
+            return ExitCode::FAILURE;
+        }
     }
     // One thread for all of the relay's tasks: per message it does a few microseconds of
     // work, and handing messages between worker threads (futex wake-ups, cache misses) cost

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use super::connections::{Connections, DatabaseConnection};
+use super::connections::{Connections, DatabaseConnection, PeerTimeoutArgs, StatementTimeoutArgs};
 use super::messages::{
     DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormatArgs, RestrictEmitArgs,
 };
@@ -63,6 +63,22 @@ pub enum Command {
     Resync(ResyncArgs),
 }
 
+impl Command {
+    /// This command's peer timeout, and the statement timeout of the commands that run
+    /// unattended (`run`, `poll`, `resync`); the others leave the server's (`setup` creates a
+    /// slot, which waits for every running transaction).
+    pub fn connection_limits(&self) -> (Duration, Option<Duration>) {
+        match self {
+            Command::Setup(args) => (args.peer_timeout.peer_timeout, None),
+            Command::Run(args) => (args.peer_timeout.peer_timeout, args.statement_timeout.get()),
+            Command::Poll(args) => (args.peer_timeout.peer_timeout, args.statement_timeout.get()),
+            Command::Status(args) => (args.peer_timeout.peer_timeout, None),
+            Command::Teardown(args) => (args.peer_timeout.peer_timeout, None),
+            Command::Resync(args) => (args.peer_timeout.peer_timeout, args.statement_timeout.get()),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 #[command(mut_arg("mode", |arg| arg.help(
     "What to provision for: `wal` (publication and slot) or `poll` (the partial index the \
@@ -71,6 +87,8 @@ pub enum Command {
 pub struct SetupArgs {
     #[command(flatten)]
     pub connections: Connections,
+    #[command(flatten)]
+    pub peer_timeout: PeerTimeoutArgs,
     #[command(flatten)]
     pub names: OutboxNames,
     #[command(flatten)]
@@ -108,6 +126,10 @@ pub struct SetupArgs {
 pub struct RunArgs {
     #[command(flatten)]
     pub connections: Connections,
+    #[command(flatten)]
+    pub peer_timeout: PeerTimeoutArgs,
+    #[command(flatten)]
+    pub statement_timeout: StatementTimeoutArgs,
     #[command(flatten)]
     pub names: OutboxNames,
     #[command(flatten)]
@@ -162,6 +184,10 @@ pub const DEFAULT_POLL_BATCH_SIZE: u32 = 1_000;
 pub struct PollArgs {
     #[command(flatten)]
     pub connections: Connections,
+    #[command(flatten)]
+    pub peer_timeout: PeerTimeoutArgs,
+    #[command(flatten)]
+    pub statement_timeout: StatementTimeoutArgs,
     #[command(flatten)]
     pub names: PublishNames,
 
@@ -267,6 +293,8 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub connections: DatabaseConnection,
     #[command(flatten)]
+    pub peer_timeout: PeerTimeoutArgs,
+    #[command(flatten)]
     pub names: StatusNames,
     #[command(flatten)]
     pub shards: ShardCount,
@@ -289,6 +317,8 @@ pub struct TeardownArgs {
     #[command(flatten)]
     pub connections: DatabaseConnection,
     #[command(flatten)]
+    pub peer_timeout: PeerTimeoutArgs,
+    #[command(flatten)]
     pub names: SlotNames,
     #[command(flatten)]
     pub shards: ShardCount,
@@ -301,6 +331,10 @@ pub struct TeardownArgs {
 pub struct ResyncArgs {
     #[command(flatten)]
     pub connections: Connections,
+    #[command(flatten)]
+    pub peer_timeout: PeerTimeoutArgs,
+    #[command(flatten)]
+    pub statement_timeout: StatementTimeoutArgs,
     #[command(flatten)]
     pub names: PublishNames,
     /// Re-publish rows with created_at at or after this RFC 3339 time, e.g.

@@ -1,8 +1,11 @@
 //! Where the database and the broker are, and the secrets in their URLs (from a flag, its
 //! variable, or a `*_FILE`).
 
+use std::time::Duration;
+
 use clap::Args;
 
+use super::values::{parse_duration, parse_peer_timeout};
 use crate::error::RelayError;
 
 #[derive(Debug, Clone, Args)]
@@ -39,6 +42,36 @@ pub struct Connections {
     pub database: DatabaseConnection,
     #[command(flatten)]
     pub broker: BrokerConnection,
+}
+
+/// How soon a vanished peer is given up: every command.
+#[derive(Debug, Clone, Args)]
+pub struct PeerTimeoutArgs {
+    /// How long a peer (PostgreSQL, RabbitMQ) may leave what the relay sent unacknowledged,
+    /// or its keepalive probes unanswered, before the connection is given up as dead (a host
+    /// powered off, a network dropping packets). Sets TCP keepalives and TCP_USER_TIMEOUT on
+    /// every connection, both ends (PostgreSQL then ends a vanished relay's sessions too),
+    /// and the AMQP heartbeat where the URL sets none (docs/operations.md, "Dead peers").
+    /// From 2s to 1h, whole seconds.
+    #[arg(long, env = "OUTBOX_PEER_TIMEOUT", default_value = "5s", value_parser = parse_peer_timeout)]
+    pub peer_timeout: Duration,
+}
+
+/// How long a statement may run: the commands that run unattended (`run`, `poll`, `resync`).
+#[derive(Debug, Clone, Args)]
+pub struct StatementTimeoutArgs {
+    /// Longest a statement of the relay may run on PostgreSQL (statement_timeout on its
+    /// ordinary connections: the backfill's reads, the state, the cleanup, polling's claims),
+    /// lock waits included, so that no query waits without end. 0 leaves the server's.
+    #[arg(long, env = "OUTBOX_STATEMENT_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub statement_timeout: Duration,
+}
+
+impl StatementTimeoutArgs {
+    /// `None` for 0: the server's own setting.
+    pub fn get(&self) -> Option<Duration> {
+        (!self.statement_timeout.is_zero()).then_some(self.statement_timeout)
+    }
 }
 
 impl DatabaseConnection {

@@ -25,3 +25,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     };
     Duration::try_from_secs_f64(unit.as_secs_f64() * count).map_err(|e| format!("{text:?}: {e}"))
 }
+
+/// `--peer-timeout`: a duration within the range [`crate::liveness::PeerTimeout`] takes.
+pub fn parse_peer_timeout(text: &str) -> Result<Duration, String> {
+    crate::liveness::PeerTimeout::new(parse_duration(text)?).map(|timeout| timeout.get())
+}

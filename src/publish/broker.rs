@@ -117,7 +117,11 @@ impl Broker {
         // A broker (or network) that accepts and goes silent would hold the handshake forever.
         let connection = tokio::time::timeout(
             crate::db::CONNECT_TIMEOUT,
-            Connection::connect(nodes.node(index).url(), properties),
+            super::connect::open_connection(
+                nodes.node(index).url(),
+                properties,
+                crate::liveness::policy().peer_timeout.amqp_heartbeat(),
+            ),
         )
         .await
         .map_err(|_| RelayError::ConnectTimeout {

@@ -1,7 +1,8 @@
 //! The delivery side: everything that talks to RabbitMQ.
 //!
 //! Open the files in this order: [`nodes`] (the RabbitMQ nodes `AMQP_URL` names and which
-//! to try first), [`publisher`] (what delivery needs of a broker), [`broker`] (the lapin
+//! to try first), [`connect`] (how a connection's socket and heartbeat are set up),
+//! [`publisher`] (what delivery needs of a broker), [`broker`] (the lapin
 //! connection, the confirm-mode channel, a publish's stages: the one place messages become
 //! lapin's types), [`queue`] (the pure in-order confirm queue, generic over the token its
 //! source acknowledges with), [`delivery`] (the task that publishes under the in-flight
@@ -14,6 +15,7 @@
 //! delivery hands back.
 
 pub mod broker;
+pub mod connect;
 pub mod dead_letter;
 pub mod delivery;
 pub mod nodes;
@@ -22,6 +24,7 @@ pub mod publisher;
 pub mod queue;
 
 pub use broker::Broker;
+pub use connect::open_connection;
 pub use delivery::{deliver, deliver_batch, Acked, DeliveryOptions, Input};
 pub use nodes::{BrokerNode, BrokerNodes};
 pub use publisher::Publisher;
