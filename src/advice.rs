@@ -73,6 +73,10 @@ pub fn fix(error: &RelayError) -> Option<String> {
              INSERT, UPDATE on it (sql/role.sql); until then recover by hand \
              (docs/operations.md, \"Recovering from a lost slot\")"
         ),
+        RecoveryStateUnreadable { table, .. } => format!(
+            "GRANT SELECT, INSERT, UPDATE ON {table} TO <the relay's role>; (sql/role.sql \
+             grants it to outbox_relay; a role made before the table existed lacks it)"
+        ),
         NoPrimary { .. } => "promote a standby (or wait for your HA stack to), or add the \
              primary's host to the database URL; the relay keeps trying every host"
             .into(),

@@ -5,9 +5,13 @@
 //! goes only when both have passed:
 //! - the **retention** (`--retention`, default 1 h): rows stay around for `resync --since`
 //!   and for people investigating a message;
-//! - the **last acknowledged commit**: a row created after the commit time of the newest
-//!   transaction the relay acknowledged may not be delivered yet. A stalled relay therefore
-//!   keeps every row since it stalled, however long that is: the evidence stays.
+//! - the **last acknowledged commit**, less `--recreate-margin`: a row created after the
+//!   commit time T of the newest transaction the relay acknowledged may not be delivered yet,
+//!   and neither may one created a little before T in a transaction that committed after it
+//!   (`created_at` is the transaction's start). A lost slot's recovery re-publishes from
+//!   T − margin (`wal/recovery.rs`), so the deletion stops there too, never past the
+//!   backfill's start. A stalled relay therefore keeps every row since it stalled, however
+//!   long that is: the evidence stays.
 //!
 //! Deletes run in small batches (`--cleanup-batch`), each its own statement, so no lock is
 //! held for long, and each batch is found through the `created_at` index, oldest first, so
@@ -29,7 +33,7 @@ use crate::observability::{Health, CLEANUP_DELETED_ROWS_TOTAL};
 use crate::outbox_table::columns;
 use crate::periodic::{self, Job};
 use crate::shard::Shard;
-use crate::wal::state::{record_acknowledged, EmittedSeen};
+use crate::wal::state::{backfill_start, record_acknowledged, EmittedSeen};
 
 /// How long one cleanup statement may take before the round gives up (and retries at the
 /// next interval).
@@ -133,11 +137,13 @@ async fn bounded<T>(
 /// `health`; until the relay has acknowledged one, rounds are skipped. A failed round is
 /// logged and retried at the next interval: cleanup never stops the relay.
 /// `--cleanup-interval 0` turns it off. Each round first records the relay's state
-/// (`wal/state.rs`): the acknowledged commit time and whether `emitted` events were seen.
+/// (`wal/state.rs`): the acknowledged commit time and whether `emitted` events were seen;
+/// then it deletes rows created before that commit less `margin` (`--recreate-margin`), where
+/// a recovery from that record would start.
 pub async fn run_cleanup(
     database_url: String,
     names: OutboxNames,
-    shard: Shard,
+    (shard, margin): (Shard, Duration),
     args: CleanupArgs,
     (health, emitted): (Health, EmittedSeen),
     shutdown: CancellationToken,
@@ -152,14 +158,16 @@ pub async fn run_cleanup(
                 return Ok(None);
             };
             let client = connection.client().await?;
-            // Where a promoted standby finds it: --on-slot-lost recreate backfills from here.
+            // Where a promoted standby finds it: --on-slot-lost recreate backfills from here,
+            // less the margin, so the rows from there on stay.
             record_acknowledged(&client, &names, acknowledged, &emitted).await?;
+            let backfill_start = backfill_start(acknowledged, margin);
             let deleted = delete_until(
                 &client,
                 &names,
                 shard,
                 retention,
-                acknowledged,
+                backfill_start,
                 batch,
                 &shutdown,
             )

@@ -94,7 +94,7 @@ pub enum RelayError {
     #[error(
         "The replication slot \"{slot}\" cannot be recreated with --on-slot-lost recreate: \
          this outbox carries events of the emit functions (outbox_emit), or the relay's state \
-         table cannot say that it does not (no cleanup round recorded it); those events are \
+         table cannot say that it does not (no session of the relay recorded it); those events are \
          only in the WAL, so no table holds what the lost slot did not deliver"
     )]
     CannotBackfill { slot: String },
@@ -112,6 +112,13 @@ pub enum RelayError {
          re-published yet"
     )]
     RecoveryUnrecordable { slot: String, table: String },
+
+    #[error(
+        "The relay's role may not read its state table {table}, so it cannot tell whether a \
+         recovery of the replication slot \"{slot}\" (--on-slot-lost recreate) was \
+         interrupted; streaming a half-recovered slot would lose the rows not yet re-published"
+    )]
+    RecoveryStateUnreadable { slot: String, table: String },
 
     #[error(
         "The replication slot \"{slot}\" was lost or dropped under the session: \
@@ -548,6 +555,7 @@ impl RelayError {
             | CannotBackfill { .. }
             | RecoveryInterrupted { .. }
             | RecoveryUnrecordable { .. }
+            | RecoveryStateUnreadable { .. }
             | NoReplicationPrivilege { .. }
             | SlotActive { .. }
             | PublicationNotOwned { .. } => ErrorKind::Provisioning,

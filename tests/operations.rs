@@ -1410,10 +1410,12 @@ async fn the_idle_slot_timeout_of_18_is_shown_and_warned() {
     relay.stop().await;
 }
 
-/// `--on-slot-lost recreate` backfills from what the cleanup rounds record: with the cleanup
-/// off the relay says so when it starts, not only once the slot is lost.
+/// `--on-slot-lost recreate` backfills from the acknowledged commit the relay records: with
+/// the cleanup off (which records at its rounds) the session still records it, at its first
+/// acknowledgement, so a lost slot's recovery starts there instead of re-publishing the whole
+/// table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn recreate_with_the_cleanup_off_is_warned_at_start() {
+async fn the_state_is_recorded_with_the_cleanup_off() {
     let s = common::services();
     let outbox = Outbox::provision(
         &s.pg.url("postgres"),
@@ -1423,20 +1425,53 @@ async fn recreate_with_the_cleanup_off_is_warned_at_start() {
         lapin::types::FieldTable::default(),
     )
     .await;
-    let needle = "--on-slot-lost recreate with --cleanup-interval 0";
-    // With the cleanup off a warning, not a refusal; with it on (the default) none.
-    for (cleanup, warns) in [(&["--cleanup-interval", "0"][..], true), (&[][..], false)] {
-        let flags = [
-            &["--metrics-addr", "off", "--on-slot-lost", "recreate"][..],
-            cleanup,
-        ];
-        let relay = outbox.spawn_relay(&flags.concat());
-        let streaming = relay
-            .wait_for_log("streaming", Duration::from_secs(30))
-            .await;
-        assert!(streaming, "log:\n{}", relay.log());
-        let warned = relay.log_count(needle) == 1;
-        assert_eq!(warned, warns, "cleanup {cleanup:?}: log:\n{}", relay.log());
-        relay.stop().await;
+    let relay = outbox.spawn_relay(&[
+        "--metrics-addr",
+        "off",
+        "--on-slot-lost",
+        "recreate",
+        "--cleanup-interval",
+        "0",
+    ]);
+    let streaming = relay
+        .wait_for_log("streaming", Duration::from_secs(30))
+        .await;
+    assert!(streaming, "log:\n{}", relay.log());
+    outbox
+        .client
+        .execute(
+            "INSERT INTO outbox (event_type, payload) VALUES ('StateRecorded', '{}')",
+            &[],
+        )
+        .await
+        .expect("insert");
+    let committed: std::time::SystemTime = outbox
+        .client
+        .query_one("SELECT max(created_at) FROM outbox", &[])
+        .await
+        .expect("created_at")
+        .get(0);
+    let state = format!(
+        "SELECT acknowledged_commit FROM outbox_relay_state WHERE slot = '{}'",
+        outbox.slot
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let recorded: Option<std::time::SystemTime> = outbox
+            .client
+            .query_opt(&state, &[])
+            .await
+            .expect("read the state")
+            .and_then(|row| row.get(0));
+        if recorded.is_some_and(|at| at >= committed) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no acknowledged commit recorded (state: {recorded:?}); log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    relay.stop().await;
 }

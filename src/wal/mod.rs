@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::advice::report;
 use crate::assembly::{self, Outbox, OutboxFlags};
-use crate::config::{OnSlotLost, RunArgs};
+use crate::config::RunArgs;
 use crate::error::RelayError;
 use crate::observability::{self, NotReady};
 use crate::supervisor::{supervise, Supervised, Supervision};
@@ -103,7 +103,6 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         ));
     }
     let emit_prefix = assembly::emit_prefix(&args.emit, &args.names.table);
-    warn_if_recovery_unrecorded(&args);
     let supervision = Supervision {
         max_backoff: args.tuning.max_backoff(),
         stop_timeout: Some(args.tuning.shutdown_timeout()),
@@ -134,21 +133,6 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
     supervise(&mut relay, &supervision, &shutdown).await
 }
 
-/// `--on-slot-lost recreate` backfills from the position the cleanup rounds record; with the
-/// cleanup off nothing is recorded, and a recovery would refuse an outbox that can hold
-/// emitted events, or re-publish the whole table. Said at the start, not when the slot is lost.
-fn warn_if_recovery_unrecorded(args: &RunArgs) {
-    if args.on_slot_lost == OnSlotLost::Recreate && args.cleanup.cleanup_interval.is_zero() {
-        tracing::warn!(
-            "--on-slot-lost recreate with --cleanup-interval 0: no cleanup round records the \
-             acknowledged position, so a lost slot's recovery refuses an outbox with the emit \
-             functions and re-publishes the whole table of one without. Fix: keep the cleanup \
-             on (a long --retention keeps the rows; each round records the position), \
-             docs/operations.md, \"Before 17, or when the slot is gone anyway\""
-        );
-    }
-}
-
 /// The WAL relay as the supervisor sees it: one replication session after another.
 struct Relay {
     ctx: SessionContext,
@@ -175,18 +159,20 @@ impl Supervised for Relay {
         "session failed; reconnecting"
     }
 
-    /// Returns once the slot exists and no process holds it, and after `at_most` in any case
-    /// (a slot that stays missing, a database that cannot be asked: the next session says).
+    /// Returns once no process holds the slot and no relay is recreating it, and after
+    /// `at_most` in any case (a database that cannot be asked: the next session says).
+    /// While another relay recreates the slot (`--on-slot-lost recreate`) the new slot has no
+    /// reader during the backfill, and may not exist yet: the recovery's lock is what says
+    /// it is taken. A missing slot nobody recovers is this relay's to report or recover.
     async fn wait_as_standby(&self, at_most: Duration) {
+        let names = &self.ctx.names;
         let watch = async {
             let client = crate::db::connect(&self.ctx.database_url).await?;
             loop {
-                // Free: it exists and no process holds it. A missing slot may be another
-                // relay's recovery between dropping and creating it: wait it out.
-                let free = slot::read_slot(&client, &self.ctx.names.slot)
+                let held = slot::read_slot(&client, &names.slot)
                     .await?
-                    .is_some_and(|slot| slot.active_pid.is_none());
-                if free {
+                    .is_some_and(|slot| slot.active_pid.is_some());
+                if !held && !recovery::another_is_recovering(&client, names).await? {
                     return Ok::<_, RelayError>(());
                 }
                 tokio::time::sleep(STANDBY_WATCH).await;

@@ -8,8 +8,10 @@
 //!
 //! ```text
 //!  lower bound   the last acknowledged commit time the relay recorded in
-//!                <schema>.outbox_relay_state (on the cleanup's schedule), minus
-//!                --recreate-margin for transactions open across it; the whole table if none
+//!                <schema>.outbox_relay_state (at a session's first acknowledgement, then
+//!                every minute and at each cleanup round), minus --recreate-margin for
+//!                transactions open across it (the cleanup never deletes past that); the
+//!                whole table if none
 //!  upper bound   the new slot's start: CREATE_REPLICATION_SLOT … (SNAPSHOT 'export') on a
 //!                replication session, imported by the backfill (SET TRANSACTION SNAPSHOT)
 //!                while that session stays idle. A row the snapshot sees committed before the
@@ -22,15 +24,19 @@
 //! before (the session streams it only afterwards). A relay that finds `recovering` set
 //! drops the slot (nothing of it was acknowledged) and starts over from the recorded lower
 //! bound: duplicates, never a gap. Two relays never recover at once: an advisory lock, held
-//! for the recovery, makes the second a standby.
+//! for the recovery, makes the second a standby, which waits while the lock is held (the new
+//! slot has no reader during the backfill); a holder that vanishes loses its session, and
+//! the lock, within the peer timeout (src/liveness.rs). No step waits without a bound but
+//! the slot's creation, which waits for the write transactions running when it began, and
+//! says so (`wait_for_creation`).
 //!
 //! The table-less outbox (`outbox_emit`) cannot be backfilled: its events were only in the
 //! WAL. `setup` creates the emit functions for every outbox, so their presence says nothing;
-//! the relay records in the state table once it has decoded an emitted event, and refuses to
-//! recreate the slot of an outbox that carries them (or whose state was never recorded), and
-//! says why. Where the functions exist but the record says no event, it recreates and says
-//! that events emitted in the gap, if the application began emitting there, are not in the
-//! table.
+//! each session records the slot's row when it starts and whether it has decoded an emitted
+//! event, and the relay refuses to recreate the slot of an outbox that carries them (or whose
+//! state no session ever recorded), and says why. Where the functions exist but the record
+//! says no event, it recreates and says that events emitted in the gap, if the application
+//! began emitting there, are not in the table.
 
 use std::time::SystemTime;
 
@@ -42,7 +48,7 @@ use tokio_postgres::{Client, IsolationLevel};
 
 use crate::config::{FailoverSlot, OutboxNames};
 use crate::db::{self, Server};
-use crate::error::{Endpoint, RelayError};
+use crate::error::RelayError;
 use crate::mapper::Mapper;
 use crate::observability::SLOT_RECOVERIES_TOTAL;
 use crate::ops::resync::{publish_all, select_sql, Read};
@@ -51,7 +57,7 @@ use crate::publish::Broker;
 use crate::publish::BrokerNodes;
 use crate::shard::Shard;
 use crate::wal::slot::read_slot;
-use crate::wal::state::{read_state, state_table, State};
+use crate::wal::state::{backfill_start, read_state, state_table, State};
 
 /// What a recovery needs of the relay's configuration.
 pub struct Recovery<'a> {
@@ -81,8 +87,9 @@ pub async fn recreate(ctx: &Recovery<'_>, server: &Server) -> Result<u64, RelayE
         });
     };
     let emit_functions = has_emit_functions(&client, names).await?;
-    // Whether events were emitted is known only once a cleanup round recorded the state.
-    let may_carry_events = state.emitted_events || state.acknowledged_commit.is_none();
+    // Whether events were emitted is known only where a session recorded the state: it
+    // watches for them from then on.
+    let may_carry_events = state.emitted_events || !state.recorded;
     if emit_functions && may_carry_events {
         return Err(RelayError::CannotBackfill {
             slot: names.slot.to_string(),
@@ -94,10 +101,9 @@ pub async fn recreate(ctx: &Recovery<'_>, server: &Server) -> Result<u64, RelayE
             backfill_from,
             ..
         } => *backfill_from,
-        state => state.acknowledged_commit.map(|at| {
-            at.checked_sub(ctx.recreate_margin)
-                .unwrap_or(SystemTime::UNIX_EPOCH)
-        }),
+        state => state
+            .acknowledged_commit
+            .map(|at| backfill_start(at, ctx.recreate_margin)),
     };
     begin(&client, names, from).await?;
     drop_old_slot(&client, names).await?;
@@ -125,11 +131,21 @@ pub async fn recreate(ctx: &Recovery<'_>, server: &Server) -> Result<u64, RelayE
     Ok(published)
 }
 
-/// One recovery at a time, across relays: the lock goes with this connection.
+/// The advisory lock one recovery of the slot holds, across relays: its key's text (the lock
+/// is `hashtext` of it, a bigint key).
+fn lock_key(names: &OutboxNames) -> String {
+    format!("outbox-relay:recreate:{}", names.slot)
+}
+
+/// One recovery at a time, across relays: the lock goes with this connection (the server
+/// ends it, and frees the lock, within the peer timeout of a holder that vanished:
+/// src/liveness.rs).
 async fn hold_the_recovery_lock(client: &Client, names: &OutboxNames) -> Result<(), RelayError> {
-    let key = format!("outbox-relay:recreate:{}", names.slot);
     let locked: bool = client
-        .query_one("SELECT pg_try_advisory_lock(hashtext($1))", &[&key])
+        .query_one(
+            "SELECT pg_try_advisory_lock(hashtext($1))",
+            &[&lock_key(names)],
+        )
         .await?
         .get(0);
     if locked {
@@ -138,6 +154,29 @@ async fn hold_the_recovery_lock(client: &Client, names: &OutboxNames) -> Result<
     Err(RelayError::RecoveryInProgress {
         slot: names.slot.to_string(),
     })
+}
+
+/// Whether a relay holds the recovery lock of the slot (it is recreating it), read from
+/// `pg_locks` without taking the lock: a standby waits while it is held (the new slot has
+/// no reader during the backfill, so "free" alone would send it into a session every turn).
+/// A bigint advisory key shows its high half as `classid` and its low half as `objid`.
+pub async fn another_is_recovering(
+    client: &Client,
+    names: &OutboxNames,
+) -> Result<bool, RelayError> {
+    let held: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_locks l \
+             JOIN pg_catalog.pg_database d ON d.oid = l.database \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+             AND d.datname = current_database() \
+             AND l.classid = ((hashtext($1)::bigint >> 32) & 4294967295)::oid \
+             AND l.objid = (hashtext($1)::bigint & 4294967295)::oid)",
+            &[&lock_key(names)],
+        )
+        .await?
+        .get(0);
+    Ok(held)
 }
 
 /// Whether the outbox has the emit functions (`setup` creates them; a DBA's setup may not),
@@ -218,19 +257,11 @@ async fn create_slot(ctx: &Recovery<'_>, server: &Server) -> Result<Created, Rel
         names.slot,
         if failover { ", FAILOVER true" } else { "" }
     );
-    let created = tokio::time::timeout(db::CONNECT_TIMEOUT, session.simple_query(&command)).await;
-    let rows = match created {
-        Ok(Ok(rows)) => rows,
-        Ok(Err(e)) => {
+    let rows = match wait_for_creation(session.simple_query(&command), &client, names).await {
+        Ok(rows) => rows,
+        Err(e) => {
             session.abort();
             return Err(RelayError::replication(e));
-        }
-        Err(_) => {
-            session.abort();
-            return Err(RelayError::ConnectTimeout {
-                endpoint: Endpoint::Replication,
-                seconds: db::CONNECT_TIMEOUT.as_secs(),
-            });
         }
     };
     // slot_name, consistent_point, snapshot_name, output_plugin.
@@ -247,6 +278,78 @@ async fn create_slot(ctx: &Recovery<'_>, server: &Server) -> Result<Created, Rel
             ))
         }
     }
+}
+
+/// How long the slot's creation may take before the relay says what it waits for, and how
+/// often it says it again.
+const CREATION_REPORT_EVERY: Duration = Duration::from_secs(10);
+
+/// Waits for CREATE_REPLICATION_SLOT however long it takes: PostgreSQL builds the exported
+/// snapshot once every transaction that held an xid when the creation began has ended, so a
+/// long write transaction holds it for as long as it runs. Capping the wait would make it
+/// never converge (each new attempt waits for the transactions running then, and an
+/// abandoned attempt's walsender keeps building its slot). The wait is bounded by the peer
+/// timeout only (a server that vanished), and said every [`CREATION_REPORT_EVERY`] with the
+/// oldest of those transactions this role can see (pid, age, application; never a query).
+async fn wait_for_creation<T>(
+    creating: impl std::future::Future<Output = pgwire_replication::Result<T>>,
+    client: &Client,
+    names: &OutboxNames,
+) -> pgwire_replication::Result<T> {
+    tokio::pin!(creating);
+    let started = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            created = &mut creating => return created,
+            () = tokio::time::sleep(CREATION_REPORT_EVERY) => {}
+        }
+        let waiting = started.elapsed().as_secs();
+        match oldest_writers(client).await {
+            Ok(writers) if !writers.is_empty() => tracing::warn!(
+                slot = %names.slot,
+                waiting_secs = waiting,
+                transactions = %writers.join("; "),
+                "recreating the slot waits for write transactions that were running when it \
+                 began (PostgreSQL builds the slot's snapshot once they end)"
+            ),
+            _ => tracing::warn!(
+                slot = %names.slot,
+                waiting_secs = waiting,
+                "recreating the slot waits for write transactions that were running when it \
+                 began (PostgreSQL builds the slot's snapshot once they end); this role sees \
+                 none of them: pg_stat_activity WHERE backend_xid IS NOT NULL, as a role with \
+                 pg_read_all_stats, names them"
+            ),
+        }
+    }
+}
+
+/// The oldest transactions holding an xid, other than this session's: `pid <n> (<age> s,
+/// <application>)`.
+async fn oldest_writers(client: &Client) -> Result<Vec<String>, RelayError> {
+    let rows = client
+        .query(
+            "SELECT pid, extract(epoch FROM now() - xact_start)::bigint, application_name \
+             FROM pg_catalog.pg_stat_activity \
+             WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid() \
+             ORDER BY xact_start LIMIT 3",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let (pid, age, application): (i32, Option<i64>, Option<String>) =
+                (row.get(0), row.get(1), row.get(2));
+            format!(
+                "pid {pid} ({} s, {})",
+                age.unwrap_or_default(),
+                application
+                    .filter(|a| !a.is_empty())
+                    .unwrap_or_else(|| "no application_name".into())
+            )
+        })
+        .collect())
 }
 
 /// A new slot and the snapshot its creation exported.

@@ -450,9 +450,11 @@ async fn conclude(ctx: &SessionContext, stop: Stop) -> Result<(), RelayError> {
 }
 
 /// The session's helper tasks: the cleanup job (only the relay that holds the slot deletes),
-/// the broker-blocked report and the heartbeats. Dropping it stops them all.
+/// the state recorder, the broker-blocked report and the heartbeats. Dropping it stops them
+/// all.
 struct Helpers {
     _cleanup: AbortOnDropHandle<()>,
+    _state: AbortOnDropHandle<()>,
     _blocked: AbortOnDropHandle<()>,
     _heartbeats: Option<AbortOnDropHandle<()>>,
 }
@@ -463,8 +465,14 @@ impl Helpers {
             _cleanup: AbortOnDropHandle::new(tokio::spawn(crate::cleanup::run_cleanup(
                 ctx.database_url.clone(),
                 ctx.names.clone(),
-                ctx.shard,
+                (ctx.shard, ctx.recreate_margin),
                 ctx.cleanup.clone(),
+                (ctx.health.clone(), ctx.emitted_seen.clone()),
+                CancellationToken::new(),
+            ))),
+            _state: AbortOnDropHandle::new(tokio::spawn(state::run_recorder(
+                ctx.database_url.clone(),
+                ctx.names.clone(),
                 (ctx.health.clone(), ctx.emitted_seen.clone()),
                 CancellationToken::new(),
             ))),

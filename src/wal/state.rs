@@ -5,15 +5,18 @@
 //! (`wal/recovery.rs`) needs to know where to backfill from, and whether it can.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::OutboxNames;
 use crate::db::quote_ident;
 use crate::error::RelayError;
+use crate::observability::Health;
+use crate::periodic::{self, FailureLog, FirstRound, Job};
 
 /// The state table's name, in the outbox table's schema.
 pub const STATE_TABLE: &str = "outbox_relay_state";
@@ -83,6 +86,66 @@ pub async fn record_acknowledged(
     }
 }
 
+/// How often the recorder looks whether there is something to record: the first
+/// acknowledged commit is recorded within this of being acknowledged.
+const RECORDER_TICK: Duration = Duration::from_millis(250);
+/// After the first, an acknowledged commit is recorded at most this often (the cleanup
+/// records one at each of its rounds too, before it deletes by it).
+const RECORD_EVERY: Duration = Duration::from_secs(60);
+
+/// What the session's recorder wrote so far.
+#[derive(Default)]
+struct Recorded {
+    session: bool,
+    commit: Option<(SystemTime, Instant)>,
+}
+
+/// Records the state for `--on-slot-lost recreate` while a session holds the slot: the row
+/// at once (so a slot lost in the relay's first minute is known to have been watched), the
+/// first acknowledged commit within a [`RECORDER_TICK`] of it, then a newer one every
+/// [`RECORD_EVERY`], with cleanup or without. Until `shutdown`; failures are logged, never
+/// fatal (the next tick tries again).
+pub async fn run_recorder(
+    database_url: String,
+    names: OutboxNames,
+    (health, emitted): (Health, EmittedSeen),
+    shutdown: CancellationToken,
+) {
+    let job = Job {
+        what: "state recorder",
+        interval: RECORDER_TICK,
+        first_round: FirstRound::AtOnce,
+        round_timeout: Some(Duration::from_secs(10)),
+        errors: None,
+        failure_log: FailureLog::OncePerOutage,
+    };
+    let recorded = Arc::new(Mutex::new(Recorded::default()));
+    let round = |connection: periodic::Connection| {
+        let (names, health, emitted) = (names.clone(), health.clone(), emitted.clone());
+        let recorded = Arc::clone(&recorded);
+        async move {
+            let lock = || recorded.lock().unwrap_or_else(PoisonError::into_inner);
+            if !lock().session {
+                record_session(&*connection.client().await?, &names, &emitted).await?;
+                lock().session = true;
+            }
+            let Some(at) = health.acknowledged_commit_time() else {
+                return Ok(());
+            };
+            let due = match lock().commit {
+                None => true,
+                Some((last, when)) => at > last && when.elapsed() >= RECORD_EVERY,
+            };
+            if due {
+                record_acknowledged(&*connection.client().await?, &names, at, &emitted).await?;
+                lock().commit = Some((at, Instant::now()));
+            }
+            Ok::<_, RelayError>(())
+        }
+    };
+    periodic::run(&database_url, job, shutdown, round, |()| {}).await;
+}
+
 /// The state table is missing (a setup from before it) or the role may not use it (a
 /// least-privilege role granted before it existed): the relay runs as without it, and says
 /// so once.
@@ -103,9 +166,21 @@ fn unavailable(e: &tokio_postgres::Error) -> bool {
     unavailable
 }
 
+/// Where a recovery's backfill starts for a recorded acknowledged commit (by `created_at`):
+/// `margin` (`--recreate-margin`) before it, for transactions open across it. The cleanup
+/// never deletes past it.
+pub fn backfill_start(acknowledged_commit: SystemTime, margin: Duration) -> SystemTime {
+    acknowledged_commit
+        .checked_sub(margin)
+        .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
 /// What the state table says of the slot.
 #[derive(Debug, Clone, Default)]
 pub struct State {
+    /// The slot has a row: a relay recorded it (at a session's start, at its first
+    /// acknowledgement, at each cleanup round), and has watched for emitted events since.
+    pub recorded: bool,
     pub acknowledged_commit: Option<SystemTime>,
     /// The relay decoded events of the emit functions before (at the last record).
     pub emitted_events: bool,
@@ -121,6 +196,7 @@ pub async fn read_state(client: &Client, names: &OutboxNames) -> Result<Option<S
     );
     match client.query_opt(&query, &[&names.slot.name]).await {
         Ok(row) => Ok(Some(row.map_or_else(State::default, |row| State {
+            recorded: true,
             acknowledged_commit: row.get(0),
             emitted_events: row.get(1),
             recovering: row.get(2),
@@ -133,8 +209,49 @@ pub async fn read_state(client: &Client, names: &OutboxNames) -> Result<Option<S
 
 /// Whether a recovery was begun and not finished: the slot that exists may then have been
 /// made by it, and the rows before its start may not all be published.
+///
+/// Fails closed: a state table this role may not read could hold such a mark (another
+/// relay's recovery, a crash mid-backfill), and streaming that slot would lose the rows not
+/// yet re-published, so that is an error naming the grant. Only a missing table means no
+/// mark: a recovery refuses to start without one.
 pub async fn interrupted(client: &Client, names: &OutboxNames) -> Result<bool, RelayError> {
-    Ok(read_state(client, names)
-        .await?
-        .is_some_and(|s| s.recovering))
+    let query = format!(
+        "SELECT recovering FROM {} WHERE slot = $1",
+        state_table(names)
+    );
+    match client.query_opt(&query, &[&names.slot.name]).await {
+        Ok(row) => Ok(row.is_some_and(|row| row.get(0))),
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(false),
+        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+            Err(RelayError::RecoveryStateUnreadable {
+                slot: names.slot.to_string(),
+                table: state_table(names),
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Records that a session of this relay holds the slot: the row exists from then on (a
+/// recovery tells "watched, no emitted event seen" from "never recorded" by it), with the
+/// emitted events seen so far. Nothing else changes; `false` without a usable state table.
+pub async fn record_session(
+    client: &Client,
+    names: &OutboxNames,
+    emitted: &EmittedSeen,
+) -> Result<bool, RelayError> {
+    let upsert = format!(
+        "INSERT INTO {} AS s (slot, emitted_events) VALUES ($1, $2) \
+         ON CONFLICT (slot) DO UPDATE SET \
+         emitted_events = s.emitted_events OR excluded.emitted_events, updated_at = now()",
+        state_table(names)
+    );
+    match client
+        .execute(&upsert, &[&names.slot.name, &emitted.get()])
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if unavailable(&e) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
