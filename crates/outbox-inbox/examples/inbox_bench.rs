@@ -295,6 +295,8 @@ fn config(outbox: &Outbox, database_url: &str, prefetch: u16) -> ConsumerConfig 
         batch_size: 1,
         max_backoff: Duration::from_secs(2),
         shutdown_timeout: Duration::from_secs(30),
+        peer_timeout: Default::default(),
+        statement_timeout: Some(outbox_relay::liveness::DEFAULT_STATEMENT_TIMEOUT),
     }
 }
 

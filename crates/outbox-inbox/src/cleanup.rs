@@ -3,16 +3,19 @@
 //! arrives after its row is gone is applied again: the window must outlast every way the
 //! relay can deliver a message twice (docs/consumers.md, "How long to keep the inbox").
 //!
-//! The window counts back from the newest row, not from the clock (from the clock only if
-//! that is earlier): an inbox that receives nothing deletes nothing. While the relay, the
-//! broker or this consumer is down, no copy can arrive, but the copies a crash causes are
-//! the first things delivered when it is over; a window by the clock would have aged their
-//! rows out in the meantime. The same rule as the relay's own cleanup: a stalled relay keeps
-//! the evidence.
+//! Each consumer name's window counts back from that consumer's own newest row, not from the
+//! clock (from the clock only if that is earlier) nor from the table's newest row: a
+//! consumer that receives nothing deletes nothing. While the relay, the broker or this
+//! consumer is down, no copy can arrive, but the copies a crash causes are the first things
+//! delivered when it is over; a window by the clock would have aged their rows out in the
+//! meantime, and so would a window of the whole table while another consumer sharing it
+//! keeps receiving. The same rule as the relay's own cleanup: a stalled relay keeps the
+//! evidence.
 //!
 //! Each batch is one call of `<table>_cleanup` in its own transaction (autocommit), at most
-//! `batch` rows found through the `received_at` index, so no lock is held for long and no
-//! statement scans the table; batches repeat until one deletes fewer than `batch`.
+//! `batch` rows found through the `(consumer, received_at)` index, consumer after consumer,
+//! so no lock is held for long and no statement scans the table; batches repeat until one
+//! deletes fewer than `batch`.
 
 use std::time::Duration;
 
@@ -40,8 +43,9 @@ pub struct Cleaned {
     pub batches: u64,
 }
 
-/// Deletes every row received more than `retention` ago, `batch` rows per transaction,
-/// until a batch comes back short or `stop` is cancelled.
+/// Deletes every row received more than `retention` before its consumer's newest row (or
+/// before now), `batch` rows per transaction, until a batch comes back short or `stop` is
+/// cancelled. The connection's policy is the process's (`outbox_relay::liveness`).
 pub async fn cleanup(
     client: &Client,
     table: &InboxTable,
@@ -79,16 +83,16 @@ pub async fn cleanup(
 }
 
 /// A cleanup of `table` that cannot prepare: its function is missing (or the role may not
-/// call it).
+/// call it); a retry if the error can pass.
 fn missing(table: &InboxTable, source: tokio_postgres::Error) -> InboxError {
-    InboxError::Provisioning {
-        what: format!(
+    let what = || {
+        format!(
             "Cannot call {}: run `outbox-inbox setup` (or sql/inbox.sql) in this database, \
              and grant the consumer's role EXECUTE on it and SELECT, DELETE on {table}",
             table.cleanup_function()
-        ),
-        source,
-    }
+        )
+    };
+    crate::error::provisioning(what, source)
 }
 
 /// Runs [`cleanup`] every `interval` until `stop` is cancelled, on a connection of its own,

@@ -6,8 +6,9 @@
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use outbox_relay::config::parse_duration;
 pub use outbox_relay::config::LogFormat;
+use outbox_relay::config::{parse_duration, parse_peer_timeout};
+use outbox_relay::liveness::{PeerTimeout, Policy};
 
 use crate::error::InboxError;
 use crate::sql::InboxTable;
@@ -67,6 +68,27 @@ impl Database {
     }
 }
 
+/// `--peer-timeout`: every command that connects.
+#[derive(Debug, Clone, Args)]
+pub struct PeerTimeoutArgs {
+    /// How long a peer (PostgreSQL, RabbitMQ) may leave what was sent unacknowledged, or its
+    /// keepalive probes unanswered, before the connection is given up as dead (a host powered
+    /// off, a network dropping packets). Sets TCP keepalives and TCP_USER_TIMEOUT on every
+    /// connection, both ends: PostgreSQL then ends a vanished replica's session, and with it
+    /// the claims it held, within about this; the AMQP heartbeat is half of it (unless the
+    /// URL sets heartbeat=), so RabbitMQ hands a vanished replica's deliveries to another
+    /// within about this too. From 2s to 1h, whole seconds (docs/consumers.md, "A replica
+    /// that vanishes").
+    #[arg(long, env = "OUTBOX_INBOX_PEER_TIMEOUT", default_value = "5s", value_parser = parse_peer_timeout)]
+    pub peer_timeout: Duration,
+}
+
+impl PeerTimeoutArgs {
+    pub fn get(&self) -> Result<PeerTimeout, InboxError> {
+        PeerTimeout::new(self.peer_timeout).map_err(InboxError::Config)
+    }
+}
+
 /// `--table`.
 #[derive(Debug, Clone, Args)]
 pub struct Table {
@@ -82,6 +104,8 @@ pub struct SetupArgs {
     pub database: Database,
     #[command(flatten)]
     pub table: Table,
+    #[command(flatten)]
+    pub peer_timeout: PeerTimeoutArgs,
     /// Print the SQL (for a DBA to review and run with psql) instead of running it; connects
     /// to nothing.
     #[arg(long)]
@@ -91,9 +115,9 @@ pub struct SetupArgs {
 /// The retention and the batch size, shared by `cleanup` and `consume`'s cleanup.
 #[derive(Debug, Clone, Args)]
 pub struct Retention {
-    /// How long an applied message's inbox row is kept, counted back from the newest row (so
-    /// an inbox that receives nothing deletes nothing): a copy arriving later is applied
-    /// again. Must outlast the relay's duplicates (docs/consumers.md, "How long to keep the
+    /// How long an applied message's inbox row is kept, counted back from the newest row of
+    /// the same consumer name (so a consumer that receives nothing loses nothing, whatever
+    /// the others sharing the table receive): a copy arriving later is applied again. Must outlast the relay's duplicates (docs/consumers.md, "How long to keep the
     /// inbox"); at least the outbox's own --retention if the relay's `resync` is to be
     /// absorbed.
     #[arg(long, env = "OUTBOX_INBOX_RETENTION", default_value = "24h", value_parser = parse_duration)]
@@ -110,6 +134,8 @@ pub struct CleanupArgs {
     pub database: Database,
     #[command(flatten)]
     pub table: Table,
+    #[command(flatten)]
+    pub peer_timeout: PeerTimeoutArgs,
     #[command(flatten)]
     pub retention: Retention,
     /// Run again every this long until SIGTERM; 0 runs once and exits (for cron).
@@ -170,6 +196,17 @@ pub struct ConsumeArgs {
     #[arg(long, env = "OUTBOX_INBOX_BATCH_SIZE", default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
     pub batch_size: u16,
 
+    #[command(flatten)]
+    pub peer_timeout: PeerTimeoutArgs,
+
+    /// Longest a statement of a claim or an effect (or of the cleanup) may run on
+    /// PostgreSQL, lock waits included (statement_timeout on every connection). A statement
+    /// that takes longer ends the session as a retry: its unacknowledged deliveries go back
+    /// to the queue and come again. An effect that needs longer needs a longer timeout; 0
+    /// leaves the server's (docs/consumers.md, "Statement timeout").
+    #[arg(long, env = "OUTBOX_INBOX_STATEMENT_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub statement_timeout: Duration,
+
     /// Longest wait between reconnects, in seconds.
     #[arg(long, env = "OUTBOX_INBOX_MAX_BACKOFF_SECS", default_value_t = 30)]
     pub max_backoff_secs: u64,
@@ -187,7 +224,29 @@ pub struct ConsumeArgs {
     pub cleanup_interval: Duration,
 }
 
+impl Command {
+    /// What every connection of this command gets (`outbox_relay::liveness`): the peer
+    /// timeout, and for `consume` the statement timeout; `setup` and `cleanup` leave the
+    /// server's statement timeout (a cleanup batch has its own bound).
+    pub fn connection_policy(&self) -> Result<Policy, InboxError> {
+        let (peer_timeout, statement_timeout) = match self {
+            Command::Setup(args) => (&args.peer_timeout, None),
+            Command::Cleanup(args) => (&args.peer_timeout, None),
+            Command::Consume(args) => (&args.peer_timeout, args.statement_timeout()),
+        };
+        Ok(Policy {
+            peer_timeout: peer_timeout.get()?,
+            statement_timeout,
+        })
+    }
+}
+
 impl ConsumeArgs {
+    /// `--statement-timeout`: `None` for 0, the server's own.
+    pub fn statement_timeout(&self) -> Option<Duration> {
+        (!self.statement_timeout.is_zero()).then_some(self.statement_timeout)
+    }
+
     pub fn amqp_url(&self) -> Result<String, InboxError> {
         match self.amqp_url.as_deref().map(str::trim) {
             Some(url) if !url.is_empty() => Ok(url.to_string()),
@@ -248,5 +307,42 @@ mod tests {
         };
         assert_eq!(args.retention.retention, DEFAULT_RETENTION);
         assert_eq!(args.interval, Duration::ZERO);
+    }
+
+    fn policy_of(args: &[&str]) -> Result<Policy, String> {
+        let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
+        cli.command.connection_policy().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_peer_and_statement_timeouts_default_to_5s_and_60s_and_reach_the_policy() {
+        let consume = ["outbox-inbox", "consume", "--queue", "q", "--consumer", "c"];
+        let consume = [&consume[..], &["--effect-sql", "SELECT 1"]].concat();
+        let policy = policy_of(&consume).expect("defaults");
+        assert_eq!(policy.peer_timeout.get(), Duration::from_secs(5));
+        assert_eq!(policy.statement_timeout, Some(Duration::from_secs(60)));
+        // The flags the partition test gives.
+        let flags = ["--peer-timeout", "5s", "--statement-timeout", "60s"];
+        let given = policy_of(&[&consume[..], &flags[..]].concat()).expect("given");
+        assert_eq!(given, policy);
+        let zero = policy_of(&[&consume[..], &["--statement-timeout", "0"]].concat());
+        assert_eq!(zero.expect("0").statement_timeout, None, "0: the server's");
+        let short = policy_of(&[&consume[..], &["--peer-timeout", "3s"]].concat());
+        assert_eq!(
+            short.expect("3 s").peer_timeout.get(),
+            Duration::from_secs(3)
+        );
+        let refused = policy_of(&[&consume[..], &["--peer-timeout", "1s"]].concat());
+        assert!(refused.expect_err("1 s").contains("between 2 s and 3600 s"));
+
+        for command in [
+            &["outbox-inbox", "setup"][..],
+            &["outbox-inbox", "cleanup"][..],
+        ] {
+            let flags = [command, &["--peer-timeout", "7s"][..]].concat();
+            let policy = policy_of(&flags).expect("setup, cleanup");
+            assert_eq!(policy.peer_timeout.get(), Duration::from_secs(7));
+            assert_eq!(policy.statement_timeout, None, "{command:?}: the server's");
+        }
     }
 }

@@ -1,5 +1,10 @@
 //! Each command of the binary as one function, so that `main` only parses flags, sets up
 //! logging and signals, and the tests can run the same code.
+//!
+//! `main` sets the process's connection policy (`outbox_relay::liveness::configure`: the peer
+//! timeout, and `consume`'s statement timeout) from the flags before any of them runs
+//! ([`crate::cli::Command::connection_policy`]); `consumer::run` sets the same again, for a
+//! library user.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +44,8 @@ pub async fn consume(args: ConsumeArgs, shutdown: CancellationToken) -> Result<(
         batch_size: usize::from(args.batch_size),
         max_backoff: Duration::from_secs(args.max_backoff_secs),
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout_secs),
+        peer_timeout: args.peer_timeout.get()?,
+        statement_timeout: args.statement_timeout(),
     };
     warn_if_short(&args.retention);
     let cleaning = (!args.cleanup_interval.is_zero()).then(|| {

@@ -32,6 +32,20 @@
 //!    their places) and a new session starts after a backoff. Only a stop-class error (a missing
 //!    inbox or queue, an effect that fails on a message) ends the consumer.
 //!
+//! 5. **A vanished replica costs about the peer timeout, never hours.** Replica A's host dies
+//!    inside a transaction: its claims stay uncommitted, and B's claim of a redelivered copy
+//!    (an INSERT that waits for A's row) waits until the server ends A's session. The peer
+//!    timeout T bounds both halves: RabbitMQ declares A dead after 2-3 missed heartbeats of
+//!    T/2 and hands its deliveries to B, and PostgreSQL's keepalives (or user timeout) on A's
+//!    session end it, and its row locks, within about T. The statement timeout bounds every
+//!    claim and effect statement besides (a wait nobody else ends): a statement cancelled by
+//!    it (57014) or by a lock timeout (55P03) ends the session as a retry, invariant 4.
+//!
+//! Both are the process's connection policy (`outbox_relay::liveness`), which every
+//! connection reads where it is opened: [`run`] sets it from [`ConsumerConfig`] before its
+//! first connection, so the binary and a library user get the same; a process running
+//! several consumers gives them the same timeouts (the last `run` to start sets them).
+//!
 //! Shutdown (the token): the consumer cancels its subscription, every worker finishes the
 //! messages already handed to it (bounded by the shutdown timeout), and the connection closes;
 //! deliveries not yet handed out go back to the queue unacknowledged.
@@ -52,6 +66,7 @@ use lapin::Acker;
 use lapin::{Connection, ConnectionProperties};
 use outbox_relay::backoff::Backoff;
 use outbox_relay::error::chain;
+use outbox_relay::liveness::{self, PeerTimeout, Policy};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_postgres::types::ToSql;
@@ -59,7 +74,9 @@ use tokio_postgres::{Client, Statement};
 use tokio_util::sync::CancellationToken;
 
 use crate::effect::Effect;
-use crate::error::{is_serialization_failure, is_transient, InboxError};
+use crate::error::{
+    database_error, is_serialization_failure, is_transient, provisioning, InboxError,
+};
 use crate::failpoint::{failpoint, AFTER_COMMIT, BEFORE_COMMIT};
 use crate::message::{InboxMessage, Refusal};
 use crate::sql::InboxTable;
@@ -101,6 +118,24 @@ pub struct ConsumerConfig {
     pub batch_size: usize,
     pub max_backoff: Duration,
     pub shutdown_timeout: Duration,
+    /// How soon a vanished peer is given up, on every connection and at both ends; the AMQP
+    /// heartbeat is half of it unless the URL sets `heartbeat=` (`--peer-timeout`, default
+    /// 5 s). The process's: [`run`] sets it.
+    pub peer_timeout: PeerTimeout,
+    /// PostgreSQL's `statement_timeout` on every connection of the process, lock waits
+    /// included (`--statement-timeout`, default 60 s); `None`: the server's own. The
+    /// process's: [`run`] sets it.
+    pub statement_timeout: Option<Duration>,
+}
+
+impl ConsumerConfig {
+    /// The connection policy this consumer needs.
+    pub fn connection_policy(&self) -> Policy {
+        Policy {
+            peer_timeout: self.peer_timeout,
+            statement_timeout: self.statement_timeout,
+        }
+    }
 }
 
 /// What the consumer did, over all of its sessions.
@@ -135,6 +170,10 @@ impl Counters {
 /// Consumes until `shutdown` is cancelled (then `Ok` with the totals) or a stop-class error;
 /// retry-class errors start a new session after a backoff. `counters` may be read while it
 /// runs.
+///
+/// First it sets the process's connection policy (`outbox_relay::liveness::configure`) to
+/// the config's peer and statement timeouts: every connection opened from then on, by this
+/// consumer or anything else in the process, gets them.
 pub async fn run<E: Effect>(
     config: ConsumerConfig,
     effect: E,
@@ -142,6 +181,7 @@ pub async fn run<E: Effect>(
     shutdown: CancellationToken,
 ) -> Result<Totals, InboxError> {
     check(&config)?;
+    liveness::configure(config.connection_policy());
     let effect = Arc::new(effect);
     let mut backoff = Backoff::new(Duration::from_millis(500), config.max_backoff);
     loop {
@@ -224,9 +264,13 @@ async fn session<E: Effect>(
         });
     }
     let properties = ConnectionProperties::default().with_connection_name("outbox-inbox".into());
+    // The socket gets the peer timeout's keepalives and user timeout; the heartbeat is half of
+    // it, so that RabbitMQ gives this consumer's deliveries to another within about the
+    // timeout if this host vanishes.
+    let heartbeat = config.peer_timeout.amqp_consumer_heartbeat();
     let connection = tokio::time::timeout(
         CONNECT_TIMEOUT,
-        Connection::connect(&config.amqp_url, properties),
+        outbox_relay::publish::open_connection(&config.amqp_url, properties, heartbeat),
     )
     .await
     .map_err(|_| InboxError::ConnectTimeout { what: "RabbitMQ" })??;
@@ -420,17 +464,17 @@ fn lane_of(key: &str, lanes: usize) -> usize {
 
 async fn prepare_claim(client: &Client, table: &InboxTable) -> Result<Statement, InboxError> {
     let sql = format!("SELECT {}($1, $2, $3)", table.claim_function());
-    client
-        .prepare(&sql)
-        .await
-        .map_err(|source| InboxError::Provisioning {
-            what: format!(
-                "Cannot call {}: run `outbox-inbox setup` (or sql/inbox.sql) in the consumer's \
-                 database, and grant the consumer's role EXECUTE on it and INSERT on {table}",
+    client.prepare(&sql).await.map_err(|source| {
+        let what = || {
+            format!(
+                "Cannot call {}: run `outbox-inbox setup` (or sql/inbox.sql) in the \
+                     consumer's database, and grant the consumer's role EXECUTE on it and \
+                     INSERT on {table}",
                 table.claim_function()
-            ),
-            source,
-        })
+            )
+        };
+        provisioning(what, source)
+    })
 }
 
 /// What became of a message.
@@ -543,7 +587,8 @@ async fn apply_batch<E: Effect>(
                     .as_db_error()
                     .map_or_else(|| error.to_string(), |db| db.message().to_string()),
             },
-            Failure::Effect { error, .. } | Failure::Inbox(error) => InboxError::Database(error),
+            // A statement or lock timeout among them: a retry, never a stop.
+            Failure::Effect { error, .. } | Failure::Inbox(error) => database_error(error),
         });
     }
 }

@@ -12,7 +12,7 @@ use std::future::Future;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Statement, Transaction};
 
-use crate::error::InboxError;
+use crate::error::{provisioning, InboxError};
 use crate::message::InboxMessage;
 
 /// What a consumer does with a message it has claimed.
@@ -21,7 +21,7 @@ pub trait Effect: Send + Sync + 'static {
     type Prepared: Send + Sync + 'static;
 
     /// Prepares this effect on a new connection; an error stops the consumer (the
-    /// statement cannot run on any message).
+    /// statement cannot run on any message) unless it can pass (`error::provisioning`).
     fn prepare(
         &self,
         client: &Client,
@@ -107,13 +107,15 @@ impl Effect for SqlEffect {
         let statement = client
             .prepare_typed(&self.sql, &types)
             .await
-            .map_err(|source| InboxError::Provisioning {
-                what: format!(
-                    "The effect statement does not prepare in the consumer's database. Its \
-                     parameters are {named}: check the statement, the tables it names and the \
-                     role's privileges"
-                ),
-                source,
+            .map_err(|source| {
+                let what = || {
+                    format!(
+                        "The effect statement does not prepare in the consumer's database. Its \
+                         parameters are {named}: check the statement, the tables it names and \
+                         the role's privileges"
+                    )
+                };
+                provisioning(what, source)
             })?;
         if statement.params().len() != PARAMETERS.len() {
             return Err(InboxError::Config(format!(

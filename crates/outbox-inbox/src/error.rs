@@ -1,6 +1,7 @@
 //! Errors, in two classes, as in the relay:
 //! - **retry**: a connection lost (PostgreSQL or RabbitMQ), or a transient SQLSTATE (a
-//!   serialization failure, a deadlock, the server shutting down or out of resources). The
+//!   serialization failure, a deadlock, the server shutting down or out of resources, a
+//!   statement cancelled by the statement timeout or a lock timeout). The
 //!   session ends without acknowledging anything it had not committed; RabbitMQ requeues
 //!   every unacknowledged delivery, and the inbox absorbs the ones that were committed.
 //! - **stop**: the configuration, the database or a message is wrong in a way a retry cannot
@@ -56,6 +57,22 @@ pub enum InboxError {
     #[error("PostgreSQL failed")]
     Database(#[from] tokio_postgres::Error),
 
+    // Retried like any session failure: a wait that another session's end will cut short
+    // (a vanished replica's claim) passes. An effect that always takes longer retries for
+    // ever, so the message says what to change.
+    #[error(
+        "A statement of a claim or an effect was cancelled (SQLSTATE {sqlstate}): it ran, or \
+         waited for a lock, longer than the statement timeout (57014; or an operator \
+         cancelled it) or the lock timeout (55P03). The session ends and its unacknowledged \
+         deliveries go back to the queue. If an effect needs longer, raise --statement-timeout \
+         (OUTBOX_INBOX_STATEMENT_TIMEOUT; 0 leaves the server's)"
+    )]
+    StatementCancelled {
+        sqlstate: &'static str,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
     #[error("RabbitMQ failed")]
     Broker(#[from] lapin::Error),
 
@@ -75,7 +92,8 @@ impl InboxError {
             | InboxError::QueueMissing { .. }
             | InboxError::Effect { .. } => false,
             InboxError::Database(e) => is_transient(e),
-            InboxError::DatabaseConnect(_)
+            InboxError::StatementCancelled { .. }
+            | InboxError::DatabaseConnect(_)
             | InboxError::ConnectTimeout { .. }
             | InboxError::Broker(_)
             | InboxError::ConsumerClosed
@@ -87,15 +105,53 @@ impl InboxError {
 /// Whether a PostgreSQL error can pass by itself: no SQLSTATE (the connection broke), or a
 /// class that names the moment rather than the statement: 08 connection, 40 transaction
 /// rollback (serialization failure, deadlock), 53 insufficient resources, 57 operator
-/// intervention (shutdown, cancel), 58 system error, and 55P03 lock not available.
+/// intervention (shutdown, cancel, the statement timeout), 58 system error, and 55P03 lock
+/// not available (the lock timeout).
 pub fn is_transient(e: &tokio_postgres::Error) -> bool {
-    match e.code() {
-        None => true,
-        Some(code) => {
-            let code = code.code();
-            ["08", "40", "53", "57", "58"].contains(&&code[..2])
-                || code == SqlState::LOCK_NOT_AVAILABLE.code()
+    e.code().is_none_or(is_transient_code)
+}
+
+fn is_transient_code(code: &SqlState) -> bool {
+    let code = code.code();
+    ["08", "40", "53", "57", "58"].contains(&&code[..2])
+        || code == SqlState::LOCK_NOT_AVAILABLE.code()
+}
+
+/// The SQLSTATE of a statement cut short by a timeout: 57014 query_canceled (the statement
+/// timeout, or a cancel request) or 55P03 lock_not_available (the lock timeout).
+fn cancelled(code: &SqlState) -> Option<&'static str> {
+    if *code == SqlState::QUERY_CANCELED {
+        Some("57014")
+    } else if *code == SqlState::LOCK_NOT_AVAILABLE {
+        Some("55P03")
+    } else {
+        None
+    }
+}
+
+/// A statement that fails to prepare: a stop naming the fix (`what`), unless the error can
+/// pass (the connection broke, or the statement timeout cut short a wait for a lock another
+/// session holds on the table, such as an ALTER TABLE): then a retry like any other.
+pub fn provisioning(what: impl FnOnce() -> String, source: tokio_postgres::Error) -> InboxError {
+    if is_transient(&source) {
+        database_error(source)
+    } else {
+        InboxError::Provisioning {
+            what: what(),
+            source,
         }
+    }
+}
+
+/// A failed statement of the consumer's transactions as an error: a timeout says so (and
+/// what to change); anything else is [`InboxError::Database`], classed by its SQLSTATE.
+pub fn database_error(error: tokio_postgres::Error) -> InboxError {
+    match error.code().and_then(cancelled) {
+        Some(sqlstate) => InboxError::StatementCancelled {
+            sqlstate,
+            source: error,
+        },
+        None => InboxError::Database(error),
     }
 }
 
@@ -107,4 +163,32 @@ pub fn is_serialization_failure(e: &tokio_postgres::Error) -> bool {
         e.code(),
         Some(code) if *code == SqlState::T_R_SERIALIZATION_FAILURE || *code == SqlState::T_R_DEADLOCK_DETECTED
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_are_transient_and_named_the_rest_by_class() {
+        assert_eq!(cancelled(&SqlState::QUERY_CANCELED), Some("57014"));
+        assert_eq!(cancelled(&SqlState::LOCK_NOT_AVAILABLE), Some("55P03"));
+        assert_eq!(cancelled(&SqlState::ADMIN_SHUTDOWN), None);
+        for transient in [
+            SqlState::QUERY_CANCELED,
+            SqlState::LOCK_NOT_AVAILABLE,
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CONNECTION_FAILURE,
+        ] {
+            assert!(is_transient_code(&transient), "{}", transient.code());
+        }
+        for definite in [
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::INVALID_TEXT_REPRESENTATION,
+            SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+        ] {
+            assert!(!is_transient_code(&definite), "{}", definite.code());
+        }
+    }
 }

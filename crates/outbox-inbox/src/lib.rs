@@ -8,14 +8,19 @@
 //! - `effect`: what applying a message does, inside the claiming transaction; `SqlEffect`
 //!   runs a statement the user gives.
 //! - `consumer`: the reference consumer (claim, effect, commit, then ack), with prefetch,
-//!   lanes per aggregate and reconnects.
-//! - `cleanup`: retention in bounded batches.
+//!   lanes per aggregate and reconnects; `consumer::run` sets the process's peer and
+//!   statement timeouts (`outbox_relay::liveness`) from its config before it connects, so a
+//!   vanished replica or a statement that waits costs seconds, for a library user as for the
+//!   binary.
+//! - `cleanup`: retention in bounded batches, each consumer name's window counted from its
+//!   own newest row.
 //! - `cli` and `commands`: the `outbox-inbox` binary's flags and commands; `failpoint` opens
 //!   the commit-to-ack crash window for the tests.
 //!
-//! It uses the relay's library for what must be the same on both sides (PostgreSQL
-//! connections and their TLS policy, identifier quoting, duration syntax, the header names of
-//! the message contract), and never the reverse: the relay's build and image leave it out.
+//! It uses the relay's library for what must be the same on both sides (PostgreSQL and AMQP
+//! connections, their TLS policy and liveness, identifier quoting, duration syntax, the
+//! header names of the message contract), and never the reverse: the relay's build and image
+//! leave it out.
 
 #![forbid(unsafe_code)]
 

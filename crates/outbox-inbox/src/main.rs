@@ -12,6 +12,7 @@ use tracing_subscriber::EnvFilter;
 use outbox_inbox::cli::{Cli, Command, LogFormat};
 use outbox_inbox::{commands, failpoint};
 use outbox_relay::error::chain;
+use outbox_relay::liveness;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -19,6 +20,15 @@ fn main() -> ExitCode {
     if let Err(e) = failpoint::init_from_env() {
         tracing::error!(error = %e, "stopped");
         return ExitCode::FAILURE;
+    }
+    // Before any connection (the consumer's cleanup connects beside it): every one of them
+    // reads it.
+    match cli.command.connection_policy() {
+        Ok(policy) => liveness::configure(policy),
+        Err(e) => {
+            tracing::error!(error = %chain(&e), "stopped");
+            return ExitCode::FAILURE;
+        }
     }
     // One thread, as the relay: per message the consumer waits on PostgreSQL and the broker
     // and does microseconds of work itself. lapin's I/O loop keeps its own thread.

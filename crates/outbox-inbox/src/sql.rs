@@ -10,11 +10,18 @@
 //! Every name in the SQL is schema-qualified and quoted, so the functions behave the same
 //! whatever the caller's `search_path`. `inbox_claim` has a SQL-standard body (`BEGIN
 //! ATOMIC`, PostgreSQL 14+): PostgreSQL resolves its table when the function is created, and
-//! refuses to create it against a table of another shape. `inbox_cleanup` counts the window
-//! back from the newest row (see `cleanup`) and builds its DELETE with the batch size as a
-//! literal (`EXECUTE format(…)`), so each batch is planned for its own limit and always reads
-//! the `received_at` index, oldest first (a generic plan could guess a large limit and prefer
-//! a sequential scan).
+//! refuses to create it against a table of another shape. `inbox_cleanup` counts each
+//! consumer's window back from that consumer's own newest row (see `cleanup`): it visits the
+//! consumer names one by one through the `(consumer, received_at)` index (a skip scan, one
+//! probe per name), reads the name's newest row from the same index, and builds its DELETE
+//! with the batch size as a literal (`EXECUTE format(…)`), so each batch is planned for its
+//! own limit and reads that index, oldest first (a generic plan could guess a large limit and
+//! prefer a sequential scan).
+//!
+//! Upgrades: `setup` on an inbox of an earlier version creates the `(consumer, received_at)`
+//! index and then drops the `received_at` one that the window across all consumers used: with
+//! both, the planner reads one consumer's old rows through `received_at` and filters out the
+//! others', which is a scan of every consumer's old rows.
 
 use std::fmt;
 
@@ -28,10 +35,11 @@ pub const DEFAULT_TABLE: &str = "inbox";
 
 /// PostgreSQL's longest name (NAMEDATALEN - 1 bytes): it cuts longer ones short.
 const MAX_NAME_BYTES: usize = 63;
-/// The longest suffix a derived name adds to the table's (`_received_at_idx`).
+/// The longest suffix a derived name adds to the table's (`_received_at_idx`, the index that
+/// earlier versions created and `setup` drops).
 const LONGEST_SUFFIX: &str = "_received_at_idx";
 
-/// The inbox table and the names derived from it: `<table>_pkey`, `<table>_received_at_idx`,
+/// The inbox table and the names derived from it: `<table>_pkey`, `<table>_cleanup_idx`,
 /// `<table>_claim` and `<table>_cleanup`, in the table's schema.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InboxTable {
@@ -101,11 +109,19 @@ impl InboxTable {
         self.in_schema(&format!("{}_cleanup", self.table))
     }
 
-    /// `<table>_received_at_idx`, unquoted (an index lives in its table's schema).
+    /// `<table>_cleanup_idx`, unquoted (an index lives in its table's schema): the cleanup's
+    /// index, on `(consumer, received_at)`.
     pub fn index_name(&self) -> String {
+        format!("{}_cleanup_idx", self.table)
+    }
+
+    /// `<table>_received_at_idx`, unquoted: the index on `received_at` alone that versions
+    /// before the per-consumer window created; `setup` drops it.
+    pub fn old_index_name(&self) -> String {
         format!("{}_received_at_idx", self.table)
     }
 
+    /// `"schema"."name"`.
     fn in_schema(&self, name: &str) -> String {
         format!("{}.{}", quote_ident(&self.schema), quote_ident(name))
     }
@@ -126,21 +142,23 @@ impl fmt::Display for InboxTable {
     }
 }
 
-/// The DELETE of one cleanup batch of `batch` rows, `$1` the cutoff (timestamptz): the
-/// statement `inbox_cleanup` runs, for reading its plan.
+/// The DELETE of one cleanup batch of `batch` rows of one consumer, `$1` the consumer (text)
+/// and `$2` its cutoff (timestamptz): the statement `inbox_cleanup` runs for each consumer
+/// name, for reading its plan.
 pub fn cleanup_batch_statement(table: &InboxTable, batch: u32) -> String {
     batch_delete(&table.qualified(), &batch.to_string())
 }
 
-/// The oldest rows past the window, through the `received_at` index, found first and then
-/// deleted by `ctid` (a TID scan: the row addresses computed first can only be probed, never
-/// joined by a scan of the whole table). Rows another cleanup holds are skipped, so two
-/// cleanups never wait on each other. `limit` is text: a number, or format()'s `%s`.
+/// One consumer's oldest rows past its window, through the `(consumer, received_at)` index,
+/// found first and then deleted by `ctid` (a TID scan: the row addresses computed first can
+/// only be probed, never joined by a scan of the whole table). Rows another cleanup holds are
+/// skipped, so two cleanups never wait on each other. `limit` is text: a number, or
+/// format()'s `%s`.
 fn batch_delete(qualified: &str, limit: &str) -> String {
     format!(
         "DELETE FROM {qualified} WHERE ctid = ANY(ARRAY(\
          SELECT ctid FROM {qualified} \
-         WHERE received_at < $1 \
+         WHERE consumer = $1 AND received_at < $2 \
          ORDER BY received_at LIMIT {limit} FOR UPDATE SKIP LOCKED))"
     )
 }
@@ -151,6 +169,7 @@ pub fn setup_sql(table: &InboxTable) -> String {
     let qualified = table.qualified();
     let pkey = quote_ident(&format!("{}_pkey", table.table));
     let index = quote_ident(&table.index_name());
+    let old_index = table.in_schema(&table.old_index_name());
     let claim = table.claim_function();
     let cleanup = table.cleanup_function();
     // format() reads % as its own: a name's are doubled, the batch size goes in at %s.
@@ -158,7 +177,8 @@ pub fn setup_sql(table: &InboxTable) -> String {
     format!(
         r#"-- outbox-inbox provisioning (generated by `outbox-inbox setup --print-sql`).
 -- Run it in the consumer's database, as a role that may create tables and functions there;
--- it is idempotent. PostgreSQL 14 or later. docs/consumers.md explains each part.
+-- it is idempotent, and upgrades an inbox made by an earlier version. PostgreSQL 14 or later.
+-- docs/consumers.md explains each part.
 
 -- the inbox: one row per message a consumer applied, kept for the deduplication window
 CREATE TABLE IF NOT EXISTS {qualified} (
@@ -169,8 +189,10 @@ CREATE TABLE IF NOT EXISTS {qualified} (
     CONSTRAINT {pkey} PRIMARY KEY (consumer, message_id)
 );
 
--- the cleanup reads the oldest rows first
-CREATE INDEX IF NOT EXISTS {index} ON {qualified} (received_at);
+-- the cleanup reads each consumer's newest row and its oldest rows first. On a large inbox
+-- of an earlier version, create it beforehand with CREATE INDEX CONCURRENTLY (same name and
+-- columns): built here, it blocks the claims while it builds
+CREATE INDEX IF NOT EXISTS {index} ON {qualified} (consumer, received_at);
 
 -- true exactly once per (consumer, message_id): call it inside the transaction that applies
 -- the message, and apply the message only when it returns true. A concurrent claim of the
@@ -191,11 +213,13 @@ BEGIN ATOMIC
     SELECT EXISTS (SELECT FROM claimed);
 END;
 
--- deletes one batch (at most batch_size rows) received more than retention before the
--- newest row (or before now, if that is earlier), oldest first, and returns how many; call
--- it in its own transaction until it returns less than batch_size, so that no lock is held
--- for long. Counting back from the newest row: an inbox that receives nothing (the relay or
--- this consumer is down) deletes nothing, while the copies an outage causes are still to come
+-- deletes one batch (at most batch_size rows) and returns how many: of each consumer, the
+-- rows received more than retention before that consumer's newest row (or before now, if
+-- that is earlier), oldest first. Call it in its own transaction until it returns less than
+-- batch_size, so that no lock is held for long. Each consumer's window counts back from its
+-- own newest row: a consumer that receives nothing (the relay or the consumer is down)
+-- deletes nothing, whatever the others in the table receive, while the copies an outage
+-- causes are still to come
 CREATE OR REPLACE FUNCTION {cleanup}(
     retention  interval,
     batch_size integer DEFAULT 1000
@@ -203,21 +227,33 @@ CREATE OR REPLACE FUNCTION {cleanup}(
 LANGUAGE plpgsql VOLATILE
 AS $inbox$
 DECLARE
+    who     text;
     cutoff  timestamptz;
     deleted integer;
+    total   integer := 0;
 BEGIN
     IF retention IS NULL OR retention < interval '0' OR batch_size IS NULL OR batch_size < 1 THEN
         RAISE EXCEPTION 'the retention must be an interval of at least 0 and batch_size at least 1 (got % and %)',
             retention, batch_size
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT LEAST(pg_catalog.now(), pg_catalog.max(received_at)) - retention
-      INTO cutoff FROM {qualified};
-    EXECUTE pg_catalog.format({batch_statement}, batch_size) USING cutoff;
-    GET DIAGNOSTICS deleted = ROW_COUNT;
-    RETURN deleted;
+    -- each consumer name once, in order, one index probe each
+    SELECT consumer INTO who FROM {qualified} ORDER BY consumer LIMIT 1;
+    WHILE who IS NOT NULL AND total < batch_size LOOP
+        SELECT LEAST(pg_catalog.now(), pg_catalog.max(received_at)) - retention
+          INTO cutoff FROM {qualified} WHERE consumer = who;
+        EXECUTE pg_catalog.format({batch_statement}, batch_size - total) USING who, cutoff;
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        total := total + deleted;
+        SELECT consumer INTO who FROM {qualified} WHERE consumer > who ORDER BY consumer LIMIT 1;
+    END LOOP;
+    RETURN total;
 END
 $inbox$;
+
+-- an earlier version's index on received_at alone: no longer read, and with it the planner
+-- would find one consumer's old rows by filtering every consumer's
+DROP INDEX IF EXISTS {old_index};
 "#
     )
 }
@@ -238,13 +274,11 @@ impl fmt::Display for SetupReport {
 }
 
 /// Applies [`setup_sql`] in one transaction and reports, per object, whether it was created
-/// or already there (the functions are replaced by this version either way).
+/// or already there (the functions are replaced by this version either way), and the old
+/// `received_at` index if it dropped one.
 pub async fn setup(client: &mut Client, table: &InboxTable) -> Result<SetupReport, InboxError> {
-    let index = format!(
-        "{}.{}",
-        quote_ident(&table.schema),
-        quote_ident(&table.index_name())
-    );
+    let index = table.in_schema(&table.index_name());
+    let old_index = table.in_schema(&table.old_index_name());
     let claim = format!("{}(text, text, text)", table.claim_function());
     let cleanup = format!("{}(interval, integer)", table.cleanup_function());
     let txn = client.transaction().await?;
@@ -252,8 +286,9 @@ pub async fn setup(client: &mut Client, table: &InboxTable) -> Result<SetupRepor
     let before = txn
         .query_one(
             "SELECT to_regclass($1)::text, to_regclass($2)::text, \
-                    to_regprocedure($3)::text, to_regprocedure($4)::text",
-            &[&table.qualified(), &index, &claim, &cleanup],
+                    to_regprocedure($3)::text, to_regprocedure($4)::text, \
+                    to_regclass($5)::text",
+            &[&table.qualified(), &index, &claim, &cleanup, &old_index],
         )
         .await?;
     txn.batch_execute(&setup_sql(table))
@@ -269,7 +304,7 @@ pub async fn setup(client: &mut Client, table: &InboxTable) -> Result<SetupRepor
     txn.commit().await?;
     let state = |found: bool, created: &'static str| if found { "exists" } else { created };
     let replaced = |found: bool| if found { "replaced" } else { "created" };
-    let lines = vec![
+    let mut lines = vec![
         format!("table {table}: {}", state(exists(&before, 0), "created")),
         format!(
             "index {}: {}",
@@ -289,6 +324,13 @@ pub async fn setup(client: &mut Client, table: &InboxTable) -> Result<SetupRepor
             replaced(exists(&before, 3))
         ),
     ];
+    if exists(&before, 4) {
+        lines.push(format!(
+            "index {}: dropped (the cleanup reads {})",
+            table.old_index_name(),
+            table.index_name()
+        ));
+    }
     Ok(SetupReport { lines })
 }
 
@@ -342,6 +384,6 @@ mod tests {
             sql.contains(r#"'DELETE FROM "app"."50%% o''clock" WHERE ctid"#),
             "{sql}"
         );
-        assert!(sql.contains("LIMIT %s FOR UPDATE SKIP LOCKED))', batch_size)"));
+        assert!(sql.contains("LIMIT %s FOR UPDATE SKIP LOCKED))', batch_size - total)"));
     }
 }

@@ -487,10 +487,10 @@ async fn polling_with_two_workers_crashed_and_killed_applies_every_row_once() {
 
 /// `outbox-inbox cleanup --retention 24h --cleanup-batch 1000`: every row inside the window
 /// stays (the oldest of them a minute inside it), every older one goes, 1,000 per
-/// transaction at most, found through the `received_at` index. A statement-level trigger
-/// records what each DELETE removed, in which transaction. The window counts back from the
-/// newest row: an inbox whose newest row is 30 hours old (nothing received since) keeps
-/// what is within 24 hours of it.
+/// transaction at most, found through the `(consumer, received_at)` index. A statement-level
+/// trigger records what each DELETE removed, in which transaction. The window counts back
+/// from the newest row (here every consumer's newest row is the same moment): an inbox whose
+/// newest row is 30 hours old (nothing received since) keeps what is within 24 hours of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cleanup_keeps_every_row_inside_the_window_and_deletes_older_ones_in_bounded_batches() {
     let db = ConsumerDb::new("inbox_cleanup").await;
@@ -499,7 +499,8 @@ async fn cleanup_keeps_every_row_inside_the_window_and_deletes_older_ones_in_bou
         .output()
         .expect("run outbox-inbox setup");
     assert!(stalled.status.success(), "setup: {stalled:?}");
-    // Per table: 2,500 rows past the window and 500 inside it, the newest `age` old.
+    // Per table: 2,500 rows past the window and 500 inside it, the newest `age` old: three
+    // of them, one per consumer, so that every consumer's window is the table's.
     let seed = |table: &str, age: &str| {
         format!(
             "CREATE TRIGGER {table}_deletes AFTER DELETE ON {table} REFERENCING OLD TABLE AS gone
@@ -511,7 +512,7 @@ async fn cleanup_keeps_every_row_inside_the_window_and_deletes_older_ones_in_bou
              INSERT INTO {table} (consumer, message_id, received_at)
                  SELECT 'c' || g % 3, 'young-' || g,
                         now() - interval '{age}' - interval '24 hours' + interval '1 minute'
-                            + g * interval '1439 minutes' / 499
+                            + LEAST(g, 497) * interval '1439 minutes' / 497
                  FROM generate_series(0, 499) AS g;"
         )
     };
@@ -553,10 +554,12 @@ async fn cleanup_keeps_every_row_inside_the_window_and_deletes_older_ones_in_bou
             left, young,
             "{table}: exactly the rows inside the window stay"
         );
+        // One DELETE per consumer name in a call: what each transaction removed.
         let deletes = db
             .client
             .query(
-                "SELECT txid, rows FROM deletes WHERE tbl = $1 ORDER BY txid",
+                "SELECT txid, sum(rows)::bigint FROM deletes WHERE tbl = $1 \
+                 GROUP BY txid ORDER BY txid",
                 &[&table],
             )
             .await
@@ -589,14 +592,177 @@ async fn cleanup_keeps_every_row_inside_the_window_and_deletes_older_ones_in_bou
     let batch = cleanup_batch_statement(&InboxTable::default(), 1000);
     let explain = format!(
         "EXPLAIN {}",
-        batch.replace("$1", "now() - interval '24 hours'")
+        batch
+            .replace("$1", "'c'")
+            .replace("$2", "now() - interval '24 hours'")
     );
     let plan = first_column(&db.client, &explain, &[]).await.join("\n");
     assert!(
-        plan.contains("Index Scan using inbox_received_at_idx") && plan.contains("Tid Scan"),
+        plan.contains("Index Scan using inbox_cleanup_idx") && plan.contains("Tid Scan"),
         "{plan}"
     );
     assert!(!plan.contains("Seq Scan"), "{plan}");
+}
+
+/// Two consumer names in one table, the window counted per name: `billing` has been down for
+/// 3 hours (its newest row is 3 h old) while `shipping` kept receiving until now. A cleanup
+/// with a 1 h retention keeps every `billing` row within an hour of `billing`'s own newest
+/// row, and deletes only what is older than that, and the same for `shipping`: a window
+/// counted from the table's newest row (the earlier SQL) deleted all of `billing`'s rows,
+/// whose copies the outage still owes. Batches stay bounded across the names, every
+/// statement of the cleanup reads the `(consumer, received_at)` index (no sequential scan
+/// of the table, on a few thousand rows), and `setup` upgrades an inbox of the earlier
+/// version: the new index created, the old `received_at` one dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_counts_each_consumers_window_back_from_that_consumers_own_newest_row() {
+    let db = ConsumerDb::new("inbox_window").await;
+    // The earlier version's shape, and setup over it.
+    db.client
+        .batch_execute(
+            "DROP INDEX inbox_cleanup_idx;
+             CREATE INDEX inbox_received_at_idx ON inbox (received_at);",
+        )
+        .await
+        .expect("the earlier version's index");
+    let upgrade = Command::new(inbox_bin())
+        .args(["setup", "--database-url", &db.url])
+        .output()
+        .expect("run outbox-inbox setup");
+    let report = String::from_utf8_lossy(&upgrade.stdout);
+    assert!(upgrade.status.success(), "setup: {upgrade:?}");
+    assert!(
+        report.contains("index inbox_cleanup_idx: created\n")
+            && report.contains("index inbox_received_at_idx: dropped"),
+        "{report}"
+    );
+    let indexes = first_column(
+        &db.client,
+        "SELECT indexname::text FROM pg_indexes WHERE tablename = 'inbox' ORDER BY 1",
+        &[],
+    )
+    .await;
+    assert_eq!(indexes, ["inbox_cleanup_idx", "inbox_pkey"]);
+
+    // 2,000 rows each, 3 s apart: billing's newest 3 h old, shipping's 30 min (its newest
+    // is what counts, not the clock). With a 1 h window, each keeps its newest 1,201 rows
+    // (the 1,201st exactly an hour before its newest) and loses the rest.
+    db.client
+        .batch_execute(
+            "INSERT INTO inbox (consumer, message_id, received_at)
+                 SELECT 'billing', 'billing-' || g, now() - interval '3 hours' - g * interval '3 s'
+                 FROM generate_series(0, 1999) AS g;
+             INSERT INTO inbox (consumer, message_id, received_at)
+                 SELECT 'shipping', 'shipping-' || g,
+                        now() - interval '30 minutes' - g * interval '3 s'
+                 FROM generate_series(0, 1999) AS g;
+             ANALYZE inbox;",
+        )
+        .await
+        .expect("seed the inbox");
+    let kept = |consumer: &str| -> HashSet<String> {
+        (0..=1200).map(|g| format!("{consumer}-{g}")).collect()
+    };
+
+    // The plans: each consumer's batch through the index (an ordered index scan; a bitmap
+    // scan of the same index where the planner expects fewer due rows than a batch), and
+    // not one sequential scan in a whole call (a fresh session counts only its own scans;
+    // the call is rolled back).
+    for (consumer, cutoff) in [("billing", "4 hours"), ("shipping", "90 minutes")] {
+        let batch = cleanup_batch_statement(&InboxTable::default(), 500);
+        let explain = format!(
+            "EXPLAIN {}",
+            batch
+                .replace("$1", &format!("'{consumer}'"))
+                .replace("$2", &format!("now() - interval '{cutoff}'"))
+        );
+        let plan = first_column(&db.client, &explain, &[]).await.join("\n");
+        assert!(
+            plan.contains("Index Scan on inbox_cleanup_idx")
+                || plan.contains("Index Scan using inbox_cleanup_idx"),
+            "{consumer}: {plan}"
+        );
+        assert!(!plan.contains("Seq Scan"), "{consumer}: {plan}");
+    }
+    let counting = pg_connect(&db.url).await;
+    counting.batch_execute("BEGIN").await.expect("begin");
+    let deleted: i32 = query_value(&counting, "SELECT inbox_cleanup(interval '1 hour', 500)").await;
+    assert_eq!(deleted, 500, "one bounded batch");
+    let scans = counting
+        .query_one(
+            "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables WHERE relname = 'inbox'",
+            &[],
+        )
+        .await
+        .expect("read the scans");
+    let (seq_scans, index_scans): (i64, i64) = (scans.get(0), scans.get(1));
+    assert_eq!(
+        seq_scans, 0,
+        "a sequential scan of the inbox in the cleanup"
+    );
+    assert!(index_scans > 0);
+    counting.batch_execute("ROLLBACK").await.expect("rollback");
+
+    let cleanup = || {
+        let out = Command::new(inbox_bin())
+            .args(["cleanup", "--database-url", &db.url])
+            .args(["--retention", "1h", "--cleanup-batch", "500"])
+            .output()
+            .expect("run outbox-inbox cleanup");
+        assert!(out.status.success(), "cleanup: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let stdout = cleanup();
+    // 799 of each, 1,598 in all: 500, 500, 500, then 98 (short: done).
+    assert!(
+        stdout.contains("deleted 1598 rows older than 1h from public.inbox in 4 batches"),
+        "{stdout}"
+    );
+    for consumer in ["billing", "shipping"] {
+        let left: HashSet<String> = first_column(
+            &db.client,
+            "SELECT message_id FROM inbox WHERE consumer = $1",
+            &[&consumer],
+        )
+        .await
+        .into_iter()
+        .collect();
+        assert_eq!(
+            left,
+            kept(consumer),
+            "{consumer}: exactly the rows within an hour of its own newest stay"
+        );
+    }
+    // shipping keeps receiving, 15 minutes more: its window moves by as much (300 rows
+    // go); billing, still down, keeps its rows.
+    db.client
+        .batch_execute(
+            "INSERT INTO inbox (consumer, message_id, received_at)
+                 SELECT 'shipping', 'shipping-new-' || g,
+                        (SELECT max(received_at) FROM inbox) + interval '15 minutes'
+                 FROM generate_series(1, 100) AS g",
+        )
+        .await
+        .expect("shipping receives more");
+    let again = cleanup();
+    assert!(again.contains("deleted 300 rows"), "{again}");
+    let shipping: i64 = query_value(
+        &db.client,
+        "SELECT count(*) FROM inbox WHERE consumer = 'shipping' AND message_id NOT LIKE '%new%'",
+    )
+    .await;
+    assert_eq!(
+        shipping, 901,
+        "shipping keeps what is within an hour of its newest"
+    );
+    let billing: i64 = query_value(
+        &db.client,
+        "SELECT count(*) FROM inbox WHERE consumer = 'billing'",
+    )
+    .await;
+    assert_eq!(
+        billing, 1201,
+        "billing's rows stay while it receives nothing"
+    );
 }
 
 // ---------------------------------------------------------------------------------
@@ -620,13 +786,13 @@ async fn setup_is_idempotent_and_a_claim_is_true_exactly_once_per_consumer_and_m
     };
     assert_eq!(
         setup(),
-        "table public.inbox: created\nindex inbox_received_at_idx: created\n\
+        "table public.inbox: created\nindex inbox_cleanup_idx: created\n\
          function public.inbox_claim(text, text, text): created\n\
          function public.inbox_cleanup(interval, integer): created\n"
     );
     assert_eq!(
         setup(),
-        "table public.inbox: exists\nindex inbox_received_at_idx: exists\n\
+        "table public.inbox: exists\nindex inbox_cleanup_idx: exists\n\
          function public.inbox_claim(text, text, text): replaced\n\
          function public.inbox_cleanup(interval, integer): replaced\n"
     );
@@ -883,4 +1049,129 @@ async fn definite_errors_stop_the_consumer_naming_the_fix_and_keep_the_message()
         no_queue.contains("The queue \"no_such_queue\" does not exist"),
         "{no_queue}"
     );
+}
+
+// ---------------------------------------------------------------------------------
+// Timeouts
+
+/// A claim or an effect that waits is bounded by `--statement-timeout`. First the claim: the
+/// test holds an uncommitted claim of the message (what a replica whose host vanished
+/// mid-transaction leaves until the server ends its session), so the consumer's claim waits
+/// on that row. Then the effect: the test holds a row lock the effect's UPDATE needs. Each
+/// time the consumer's statement is cancelled after 2 s (57014), the session ends as a retry
+/// (the delivery goes back, the consumer keeps running) and starts again; once the test
+/// lets go, the message is applied, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_or_effect_waiting_past_the_statement_timeout_is_retried_and_applied_once() {
+    let s = services();
+    let amqp = s.rabbit.url();
+    let name = unique_name("inbox_timeout");
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    declare_bound_queue(&amqp, &exchange, &queue, "#").await;
+    let db = ConsumerDb::new("inbox_timeout_consumer").await;
+    db.client
+        .batch_execute("CREATE TABLE gate (id int PRIMARY KEY, passed int NOT NULL); INSERT INTO gate VALUES (1, 0);")
+        .await
+        .expect("create the gate");
+    let effect = "WITH passed AS (UPDATE gate SET passed = passed + 1 WHERE id = 1 RETURNING 1)
+                  INSERT INTO effect (message_id) SELECT $1 FROM passed";
+    let args = [
+        "--effect-sql",
+        effect,
+        "--concurrency",
+        "1",
+        "--prefetch",
+        "10",
+        "--peer-timeout",
+        "5s",
+        "--statement-timeout",
+        "2s",
+    ];
+    let consumer = db.consume(&amqp, &queue, &args, &[]);
+    let holder = pg_connect(&db.url).await;
+    let cancelled = "SQLSTATE 57014";
+    let ids = [format!("{name}-claim"), format!("{name}-effect")];
+
+    for (id, hold) in ids.iter().zip([
+        format!("SELECT inbox_claim('{CONSUMER}', '{}')", ids[0]),
+        "SELECT * FROM gate WHERE id = 1 FOR UPDATE".to_string(),
+    ]) {
+        holder
+            .batch_execute(&format!("BEGIN; {hold}"))
+            .await
+            .expect("hold the row");
+        let before = consumer.log_count(cancelled);
+        publish_confirmed(&amqp, &exchange, "Test.timeout", &[(id.as_str(), b"{}")]).await;
+        assert!(
+            consumer
+                .wait_for_log_count(cancelled, before + 2, MINUTE)
+                .await,
+            "{id}: the waiting statement was not cancelled twice; log:\n{}",
+            consumer.log()
+        );
+        assert!(
+            consumer.try_exit().is_none(),
+            "a timeout stopped the consumer"
+        );
+        assert!(
+            !db.effects().await.contains_key(id),
+            "{id} applied while its row was held"
+        );
+        // The claim's holder goes away (as the server ends a vanished replica's session);
+        // the effect's commits, having changed nothing.
+        let end = if id == &ids[0] { "ROLLBACK" } else { "COMMIT" };
+        holder.batch_execute(end).await.expect("let go");
+        let applied = wait_count(
+            &db.client,
+            &format!("SELECT count(*) FROM effect WHERE message_id = '{id}'"),
+            MINUTE,
+            |n| n > 0,
+        )
+        .await;
+        assert!(
+            applied.is_ok(),
+            "{id} not applied; log:\n{}",
+            consumer.log()
+        );
+    }
+    // The AMQP heartbeat is half the peer timeout (5 s: 3 s), so that RabbitMQ would give a
+    // vanished replica's deliveries to another within about the timeout.
+    if std::env::var_os(common::AMQP_URL_ENV).is_none() {
+        let mut heartbeat = None;
+        for _ in 0..20 {
+            let out = s
+                .rabbit
+                .ctl(&["list_connections", "client_properties", "timeout"]);
+            let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+            heartbeat = listed
+                .lines()
+                .find(|line| line.contains("outbox-inbox"))
+                .and_then(|line| line.split_whitespace().last().map(String::from));
+            if heartbeat.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert_eq!(heartbeat.as_deref(), Some("3"), "the consumer's heartbeat");
+    }
+    let failures = consumer.log_lines(cancelled);
+    assert!(
+        failures
+            .iter()
+            .all(|line| line.contains("session failed") && line.contains("--statement-timeout")),
+        "{failures:?}"
+    );
+    consumer.stop().await;
+    assert_eq!(
+        totals(&consumer),
+        Totals {
+            applied: 2,
+            duplicates: 0,
+            rejected: 0
+        }
+    );
+    db.assert_applied_once(&ids).await;
+    let passed: i32 = query_value(&db.client, "SELECT passed FROM gate").await;
+    assert_eq!(passed, 2, "each effect committed once");
+    assert_eq!(queue_message_count(&amqp, &queue).await, 0);
 }
