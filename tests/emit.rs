@@ -553,7 +553,8 @@ async fn restrict_emit_lets_only_the_app_role_emit_and_keeps_the_heartbeats() {
         .batch_execute(&format!(
             "CREATE ROLE {app} LOGIN; CREATE ROLE {other} LOGIN; \
              CREATE ROLE {relay_role} LOGIN REPLICATION; \
-             GRANT SELECT, DELETE ON TABLE public.outbox TO {relay_role};"
+             GRANT SELECT, DELETE ON TABLE public.outbox TO {relay_role}; \
+             GRANT SELECT, INSERT, UPDATE ON TABLE public.outbox_relay_state TO {relay_role};"
         ))
         .await
         .expect("roles");
