@@ -37,8 +37,8 @@ use common::failover::{
     create_standby_oracle, outbox_ids, seed_backlog, FailoverPair, PairOptions,
 };
 use common::faults::{
-    assert_nothing_lost_or_invented, barrier, check_ack, ids_of, secs, wait_for_ids, Oracle, Tally,
-    Writers, OUTBOX_TABLE,
+    assert_nothing_lost_or_invented, barrier, check_ack, ids_of, peak_rate_until, secs,
+    wait_for_ids, Oracle, Tally, Writers, OUTBOX_TABLE,
 };
 use common::http::{metric_value, metrics, readyz, wait_metrics, wait_readyz};
 use common::outbox::Outbox;
@@ -86,31 +86,6 @@ fn amqp_url() -> String {
 fn report(scenario: &str, figures: &[(&str, String)]) {
     let text: Vec<String> = figures.iter().map(|(k, v)| format!("{k} {v}")).collect();
     eprintln!("FIGURES {scenario}: {}", text.join(", "));
-}
-
-/// Waits until `n` messages have arrived (or `timeout` passed) and returns the highest
-/// arrival rate seen over a quarter of a second on the way (at least the average), per
-/// second: what the relay can have acknowledged in a moment, which the average understates.
-async fn peak_rate_until(consumer: &mut Consumer, n: usize, timeout: Duration) -> f64 {
-    const SPAN: Duration = Duration::from_millis(250);
-    let started = Instant::now();
-    let first = consumer.received().len();
-    let mut samples = std::collections::VecDeque::from([(started, first)]);
-    let mut peak: f64 = 0.0;
-    while consumer.received().len() < n && started.elapsed() < timeout {
-        let count = consumer.wait_for(n, Duration::from_millis(20)).await.len();
-        let now = Instant::now();
-        samples.push_back((now, count));
-        while samples.len() > 2 && now - samples[1].0 >= SPAN {
-            samples.pop_front();
-        }
-        let (since, before) = samples[0];
-        if now - since >= SPAN {
-            peak = peak.max((count - before) as f64 / (now - since).as_secs_f64());
-        }
-    }
-    let average = (consumer.received().len() - first) as f64 / started.elapsed().as_secs_f64();
-    peak.max(average)
 }
 
 /// docs/reliability.md, "PostgreSQL failover": the most duplicates one failover may cause.

@@ -66,6 +66,10 @@ const IN_FLIGHT: &str = "outbox_relay_messages_in_flight";
 const RECONNECTS: &str = "outbox_relay_reconnects_total";
 const STANDBY: &str = "outbox_relay_standby";
 
+// Hosts that vanish (issue "Dead peers"), the `d…` tests: a module of their own.
+#[path = "partitions/dead_peers.rs"]
+mod dead_peers;
+
 // ---------------------------------------------------------------------------------
 // The lab
 

@@ -9,6 +9,12 @@
 //! reconnect after any error, through a multi-host URL or a proxy); the proxy that stands in
 //! for a VIP or DNS name is [`super::proxy::TcpProxy::retarget`].
 //!
+//! [`FailoverPair::start_on`] puts the primary and the standby each on a test host of its
+//! own ([`super::netns`], the partition lab's `pg1` and `pg2`), so that a test can make the
+//! primary's host vanish ([`super::netns::Network::vanish`]) rather than stop the server: a
+//! crash nobody hears of. Stopping the pair needs no network (pg_ctl signals the server and
+//! watches its pid file), so it stops and drops while its host is gone.
+//!
 //! It owns the pair's servers and their replication settings; it must never reach into the
 //! relay: it sees the servers as an operator does, through SQL.
 
@@ -20,6 +26,7 @@ use tokio_postgres::Client;
 use lapin::types::FieldTable;
 
 use super::faults::connect_retrying;
+use super::netns::Host;
 use super::outbox::Outbox;
 use super::pg::{parse_lsn, query_value, PgServer};
 
@@ -64,7 +71,32 @@ impl FailoverPair {
     /// test's runtime). `primary_settings` go into the primary's postgresql.conf before the
     /// copy, so the standby has them too.
     pub fn start(major: u32, options: PairOptions, primary_settings: &[(&str, &str)]) -> Self {
-        let primary = PgServer::start_major(major, primary_settings);
+        Self::start_in(None, major, options, primary_settings)
+    }
+
+    /// [`Self::start`] with the primary on test host `primary_host` and the standby on
+    /// `standby_host` (hosts of one network), each listening on its host's address; the
+    /// standby streams from the primary's.
+    pub fn start_on(
+        (primary_host, standby_host): (&Host, &Host),
+        major: u32,
+        options: PairOptions,
+        primary_settings: &[(&str, &str)],
+    ) -> Self {
+        let hosts = Some((primary_host, standby_host));
+        Self::start_in(hosts, major, options, primary_settings)
+    }
+
+    fn start_in(
+        hosts: Option<(&Host, &Host)>,
+        major: u32,
+        options: PairOptions,
+        primary_settings: &[(&str, &str)],
+    ) -> Self {
+        let primary = match hosts {
+            Some((host, _)) => PgServer::start_major_on(host, major, primary_settings),
+            None => PgServer::start_major(major, primary_settings),
+        };
         let failover_slots = major >= FIRST_FAILOVER_MAJOR;
         let standby_settings: &[(&str, &str)] = if failover_slots {
             &[
@@ -74,7 +106,12 @@ impl FailoverPair {
         } else {
             &[("hot_standby_feedback", "on")]
         };
-        let standby = PgServer::start_standby_of(&primary, STANDBY_SLOT, standby_settings);
+        let standby = match hosts {
+            Some((_, host)) => {
+                PgServer::start_standby_on(host, &primary, STANDBY_SLOT, standby_settings)
+            }
+            None => PgServer::start_standby_of(&primary, STANDBY_SLOT, standby_settings),
+        };
         let pair = FailoverPair {
             primary,
             standby,
@@ -109,7 +146,8 @@ impl FailoverPair {
     }
 
     /// Both servers in libpq's multi-host form, primary first:
-    /// `postgres://postgres@127.0.0.1:P1,127.0.0.1:P2/db?target_session_attrs=read-write`.
+    /// `postgres://postgres@127.0.0.1:P1,127.0.0.1:P2/db?target_session_attrs=read-write`
+    /// (each server's own address where it runs on a test host).
     /// tokio-postgres takes it (the writers), and so does the relay.
     pub fn multi_host_url(&self, db: &str) -> String {
         multi_host_url(&[&self.primary, &self.standby], db)
@@ -236,7 +274,7 @@ impl FailoverPair {
 pub fn multi_host_url(servers: &[&PgServer], db: &str) -> String {
     let hosts: Vec<String> = servers
         .iter()
-        .map(|server| format!("127.0.0.1:{}", server.port()))
+        .map(|server| format!("{}:{}", server.addr(), server.port()))
         .collect();
     format!(
         "postgres://postgres@{}/{db}?target_session_attrs=read-write",

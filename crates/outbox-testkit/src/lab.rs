@@ -5,12 +5,15 @@
 //! ```text
 //!   rabbit0  rabbit1  rabbit2     a 3-node cluster (pause_minority, net_ticktime 10 s)
 //!   postgres                      PostgreSQL (wal_level=logical, wal_sender_timeout 5 s)
-//!   relay0 … relay4               one relay each (the tests start them)
+//!   relay0 … relay13              one relay (or consumer replica) each (the tests start them)
+//!   pg1  pg2                      a test's own PostgreSQL failover pair (primary, standby),
+//!                                 one test at a time (Lab::lock_pg_pair)
 //!   the test process              on the bridge: writers, consumers, oracles, rabbitmqctl
 //! ```
 //!
 //! The test process itself is never cut off: its writers, consumers and oracles see the
-//! servers as an operator's monitoring would, from outside the partition. `rabbitmqctl`
+//! servers as an operator's monitoring would, from outside the partition. (A host made to
+//! vanish is gone for the test process too, as for everyone: that is what vanishing is.) `rabbitmqctl`
 //! runs on each node's own host, so it reaches a node whatever the node's links.
 //!
 //! Starting it takes as long as the cluster (20-35 s on 2 busy cores); PostgreSQL starts
@@ -26,7 +29,7 @@
 //!
 //! [`Cut`]: super::netns::Cut
 
-use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use super::netns::{Host, Network};
@@ -42,8 +45,13 @@ pub const NET_TICKTIME_SECS: u64 = 10;
 /// relay sent nothing for this long ends the session and releases the slot.
 pub const WAL_SENDER_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Hosts for relays: relay0 … relay4.
-pub const RELAY_HOSTS: usize = 5;
+/// Hosts for relays: relay0 … relay13. A test that runs beside others (shared lock) and
+/// makes one of its hosts vanish has hosts no other test uses.
+pub const RELAY_HOSTS: usize = 14;
+
+/// The hosts of a test's own failover pair ([`super::failover::FailoverPair::start_on`]):
+/// the primary's and the standby's.
+pub const PG_PAIR_HOSTS: [&str; 2] = ["pg1", "pg2"];
 
 /// The hosts, the cluster on rabbit0-2 and PostgreSQL on `postgres`.
 pub struct Lab {
@@ -54,6 +62,7 @@ pub struct Lab {
 
 static LAB: OnceLock<Result<Lab, String>> = OnceLock::new();
 static LOCK: RwLock<()> = RwLock::new(());
+static PG_PAIR: Mutex<()> = Mutex::new(());
 
 impl Lab {
     /// The lab of this test binary, made on first use (blocking) and removed when the
@@ -66,6 +75,7 @@ impl Lab {
                 .into_iter()
                 .map(String::from)
                 .chain((0..RELAY_HOSTS).map(|i| format!("relay{i}")))
+                .chain(PG_PAIR_HOSTS.into_iter().map(String::from))
                 .collect::<Vec<_>>();
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
             let net = std::panic::catch_unwind(|| Network::create(&names))
@@ -124,9 +134,25 @@ impl Lab {
     pub fn relay_host(&self, i: usize) -> &Host {
         assert!(
             i < RELAY_HOSTS,
-            "relay hosts are relay0 .. relay{RELAY_HOSTS}"
+            "relay hosts are relay0 .. relay{}",
+            RELAY_HOSTS - 1
         );
-        &self.net.hosts()[4 + i]
+        self.net.host(&format!("relay{i}"))
+    }
+
+    /// The hosts of a failover pair, primary's first: hold [`Lab::lock_pg_pair`] while a pair
+    /// runs on them.
+    pub fn pg_pair_hosts(&self) -> (&Host, &Host) {
+        let [primary, standby] = PG_PAIR_HOSTS;
+        (self.net.host(primary), self.net.host(standby))
+    }
+
+    /// For a test that runs a failover pair on [`Lab::pg_pair_hosts`]: one such test at a
+    /// time (a second pair's servers would share the hosts, and a vanish would take both).
+    /// Take it after [`Lab::lock_shared`]; a test that panicked holding it does not block the
+    /// others.
+    pub fn lock_pg_pair(&self) -> MutexGuard<'static, ()> {
+        PG_PAIR.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// For a test that cuts broker nodes apart: no other test runs meanwhile. A test that

@@ -22,6 +22,19 @@
 //!   no RST and no FIN, exactly as when a network silently loses packets (a drop in the
 //!   sender's output hook would fail its writes with EPERM). The kernels here have nf_tables
 //!   but no netem, so there is no delay or loss rate, only all or nothing.
+//! - **A host that vanishes**: [`Network::vanish`] drops every packet into and out of one
+//!   host (its own input and output hooks, loopback excepted) until the [`Vanished`] is
+//!   healed or dropped: a powered-off machine, a lost VM or zone, a firewall that drops
+//!   everything. Every other host *and the test process* see exactly that: no RST, no FIN,
+//!   no ICMP, a connect that times out even to a closed port, and data that is never
+//!   acknowledged; only timeouts (TCP's user timeout, keepalives, heartbeats) can tell.
+//!   Unlike a cut, which one set of hosts sees and another does not, nobody reaches a
+//!   vanished host, not even the test process (a cut never involves it), so what a test
+//!   measures is what a peer's own timeouts notice. The processes on the vanished host keep
+//!   running, frozen off the network: their sends fail locally (the output drop returns
+//!   EPERM to a UDP send; TCP retransmits in vain), nothing of theirs leaves, and once healed
+//!   they carry on as a machine back from a long pause would (their peers may long have given
+//!   them up). A test stops them, or lets the host's heal bring them back, as it needs.
 //! - **Cleanup**: everything is named `obxt<pid>…` (namespaces, the bridge, the root side of
 //!   each veth). [`Network::remove`] (also run by `Drop`, and by a watchdog if the test
 //!   process dies without either) kills every process left in the namespaces, deletes them,
@@ -157,7 +170,27 @@ impl Cut<'_> {
 
 impl Drop for Cut<'_> {
     fn drop(&mut self) {
-        self.network.heal_cut(self.id);
+        self.network.heal_fault(self.id);
+    }
+}
+
+/// One host made to vanish by [`Network::vanish`], gone until healed or dropped (so a test
+/// that panics while the host is gone brings it back while unwinding).
+#[must_use = "dropping a Vanished brings the host back at once"]
+pub struct Vanished<'a> {
+    network: &'a Network,
+    id: u64,
+}
+
+impl Vanished<'_> {
+    /// Brings the host back (unless another [`Network::vanish`] of it still holds); returns
+    /// once the rules are gone.
+    pub fn heal(self) {}
+}
+
+impl Drop for Vanished<'_> {
+    fn drop(&mut self) {
+        self.network.heal_fault(self.id);
     }
 }
 
@@ -171,12 +204,25 @@ pub struct Network {
 
 struct State {
     removed: bool,
-    next_cut: u64,
+    /// The id of the next cut or vanish (one sequence: a guard heals its own id).
+    next_fault: u64,
     /// Every active cut by id: the (from, to) host index pairs whose packets are dropped.
     cuts: BTreeMap<u64, Vec<(usize, usize)>>,
-    /// The sources each host drops, as last written to its nftables table.
-    applied: Vec<BTreeSet<usize>>,
+    /// Every vanished host by id: the host's index (a host vanished twice stays gone until
+    /// both are healed).
+    vanished: BTreeMap<u64, usize>,
+    /// Each host's rules, as last written to its nftables table.
+    applied: Vec<Rules>,
     watchdog: Option<Child>,
+}
+
+/// What one host's nftables table drops.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Rules {
+    /// Hosts whose packets are dropped on arrival (cuts).
+    sources: BTreeSet<usize>,
+    /// Everything in and out but loopback (the host vanished).
+    vanished: bool,
 }
 
 impl Network {
@@ -230,9 +276,10 @@ impl Network {
             gateway: Ipv4Addr::new(169, 254, s, 1),
             state: Mutex::new(State {
                 removed: false,
-                next_cut: 0,
+                next_fault: 0,
                 cuts: BTreeMap::new(),
-                applied: vec![BTreeSet::new(); hosts.len()],
+                vanished: BTreeMap::new(),
+                applied: vec![Rules::default(); hosts.len()],
                 // Before anything exists, so that a test process killed now leaves nothing.
                 watchdog: spawn_watchdog(&cleanup_script(&tag, &hosts)),
             }),
@@ -286,7 +333,7 @@ impl Network {
             let dir = PathBuf::from(NETNS_ETC).join(ns);
             std::fs::create_dir_all(&dir).expect("create the namespace's /etc/netns dir");
             std::fs::write(dir.join("hosts"), &hosts_file).expect("write the hosts file");
-            if let Err(e) = nft(host, &BTreeSet::new(), &self.hosts) {
+            if let Err(e) = nft(host, &Rules::default(), &self.hosts) {
                 panic!("{e}");
             }
         }
@@ -342,33 +389,56 @@ impl Network {
     }
 
     fn add_cut(&self, pairs: Vec<(usize, usize)>) -> Cut<'_> {
-        let mut state = self.lock();
-        assert!(!state.removed, "the network was removed");
-        let id = state.next_cut;
-        state.next_cut += 1;
-        state.cuts.insert(id, pairs);
-        if let Err(e) = self.apply(&mut state) {
-            panic!("{e}");
-        }
+        let id = self.add_fault(|state, id| {
+            state.cuts.insert(id, pairs);
+        });
         Cut { network: self, id }
     }
 
-    fn heal_cut(&self, id: u64) {
+    /// Makes `host` vanish: every packet into and out of it is dropped (loopback excepted)
+    /// until the guard is healed or dropped, so every other host and the test process see a
+    /// machine that is silently gone (see the module documentation). Returns once the rules
+    /// are in place.
+    pub fn vanish(&self, host: &Host) -> Vanished<'_> {
+        let index = self.index(host);
+        let id = self.add_fault(|state, id| {
+            state.vanished.insert(id, index);
+        });
+        Vanished { network: self, id }
+    }
+
+    /// Records a new fault with `add` under a fresh id and writes the rules; the id.
+    fn add_fault(&self, add: impl FnOnce(&mut State, u64)) -> u64 {
         let mut state = self.lock();
-        if state.cuts.remove(&id).is_none() || state.removed {
+        assert!(!state.removed, "the network was removed");
+        let id = state.next_fault;
+        state.next_fault += 1;
+        add(&mut state, id);
+        if let Err(e) = self.apply(&mut state) {
+            panic!("{e}");
+        }
+        id
+    }
+
+    fn heal_fault(&self, id: u64) {
+        let mut state = self.lock();
+        let cut = state.cuts.remove(&id).is_some();
+        let vanished = state.vanished.remove(&id).is_some();
+        if !(cut || vanished) || state.removed {
             return;
         }
         match self.apply(&mut state) {
             Ok(()) => {}
             // Healing while a test unwinds: a second panic would abort the process.
-            Err(e) if std::thread::panicking() => eprintln!("harness: healing a cut: {e}"),
+            Err(e) if std::thread::panicking() => eprintln!("harness: healing a fault: {e}"),
             Err(e) => panic!("{e}"),
         }
     }
 
-    /// Whether any cut is in place.
+    /// Whether any cut is in place, or any host vanished.
     pub fn is_cut(&self) -> bool {
-        !self.lock().cuts.is_empty()
+        let state = self.lock();
+        !state.cuts.is_empty() || !state.vanished.is_empty()
     }
 
     /// Kills every process left on the hosts and removes the namespaces, the bridge and the
@@ -397,16 +467,19 @@ impl Network {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Writes the drop rules of every host whose dropped sources changed.
+    /// Writes the drop rules of every host whose rules changed.
     fn apply(&self, state: &mut State) -> Result<(), String> {
-        let mut wanted = vec![BTreeSet::new(); self.hosts.len()];
+        let mut wanted = vec![Rules::default(); self.hosts.len()];
         for &(from, to) in state.cuts.values().flatten() {
-            wanted[to].insert(from);
+            wanted[to].sources.insert(from);
         }
-        for (i, sources) in wanted.into_iter().enumerate() {
-            if state.applied[i] != sources {
-                nft(&self.hosts[i], &sources, &self.hosts)?;
-                state.applied[i] = sources;
+        for &host in state.vanished.values() {
+            wanted[host].vanished = true;
+        }
+        for (i, rules) in wanted.into_iter().enumerate() {
+            if state.applied[i] != rules {
+                nft(&self.hosts[i], &rules, &self.hosts)?;
+                state.applied[i] = rules;
             }
         }
         Ok(())
@@ -419,17 +492,37 @@ impl Drop for Network {
     }
 }
 
+/// Bytes a TCP socket has queued that its peer has not acknowledged (sent or not yet sent:
+/// SIOCOUTQ): how a test sees that a peer went silent, since nothing fails on the socket.
+pub fn unacknowledged(stream: &std::net::TcpStream) -> usize {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: ioctl(2) SIOCOUTQ (TIOCOUTQ) on a TCP socket the caller owns, into a c_int.
+    let done = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
+    assert_eq!(done, 0, "SIOCOUTQ: {}", std::io::Error::last_os_error());
+    usize::try_from(queued).unwrap_or(0)
+}
+
 /// Replaces `host`'s drop rules, atomically (one `nft -f` transaction): packets from the
-/// hosts `sources` are dropped on arrival.
-fn nft(host: &Host, sources: &BTreeSet<usize>, hosts: &[Host]) -> Result<(), String> {
+/// hosts `rules.sources` are dropped on arrival; a vanished host drops everything in and out
+/// but its loopback (its own processes still talk to each other over 127.0.0.1).
+fn nft(host: &Host, rules: &Rules, hosts: &[Host]) -> Result<(), String> {
     let mut script = format!(
         "add table inet {NFT_TABLE}\nflush table inet {NFT_TABLE}\n\
          table inet {NFT_TABLE} {{\n  chain input {{\n    \
          type filter hook input priority filter; policy accept;\n"
     );
-    if !sources.is_empty() {
+    if rules.vanished {
+        script += "    iif \"lo\" accept\n    drop\n";
+    }
+    if !rules.sources.is_empty() {
+        let sources = &rules.sources;
         let addrs: Vec<String> = sources.iter().map(|&i| hosts[i].addr.to_string()).collect();
         script += &format!("    ip saddr {{ {} }} drop\n", addrs.join(", "));
+    }
+    script += "  }\n  chain output {\n    \
+               type filter hook output priority filter; policy accept;\n";
+    if rules.vanished {
+        script += "    oif \"lo\" accept\n    drop\n";
     }
     script += "  }\n}\n";
     let what = format!("nft -f on {}", host.hostname);

@@ -181,6 +181,11 @@ impl PgServer {
         Self::start_from(pg_bin_of(major), None, extra_settings)
     }
 
+    /// [`Self::start_major`] on test host `host` (as [`Self::start_on`]).
+    pub fn start_major_on(host: &Host, major: u32, extra_settings: &[(&str, &str)]) -> PgServer {
+        Self::start_from(pg_bin_of(major), Some(host), extra_settings)
+    }
+
     fn start_from(bin: PathBuf, host: Option<&Host>, extra_settings: &[(&str, &str)]) -> PgServer {
         let started = Instant::now();
         let tempdir = tempfile::Builder::new()
@@ -222,10 +227,12 @@ impl PgServer {
         let settings: Vec<(&str, &str)> = defaults.iter().chain(extra_settings).copied().collect();
         append_settings(&data, &settings);
         if let Some(host) = host {
-            // initdb's pg_hba.conf admits only the loopback addresses.
+            // initdb's pg_hba.conf admits only the loopback addresses; `all` does not cover
+            // physical replication, which a standby on another host needs.
             let hba_path = data.join("pg_hba.conf");
             let mut hba = std::fs::read_to_string(&hba_path).expect("read pg_hba.conf");
-            hba += &format!("host all all {} trust\n", host.subnet_cidr());
+            let subnet = host.subnet_cidr();
+            hba += &format!("host all all {subnet} trust\nhost replication all {subnet} trust\n");
             std::fs::write(&hba_path, hba).expect("write pg_hba.conf");
         }
         Self::launch(tempdir, bin, host.cloned(), started)
@@ -239,6 +246,27 @@ impl PgServer {
     /// returns once the standby accepts connections; it is caught up to where the primary
     /// stopped, and follows it from there.
     pub fn start_standby_of(
+        primary: &PgServer,
+        slot: &str,
+        extra_settings: &[(&str, &str)],
+    ) -> PgServer {
+        Self::start_standby_in(None, primary, slot, extra_settings)
+    }
+
+    /// [`Self::start_standby_of`] on test host `host`: it listens on the host's address and
+    /// streams from the primary's (a primary on a test host of the same network, whose
+    /// pg_hba.conf the copy inherits).
+    pub fn start_standby_on(
+        host: &Host,
+        primary: &PgServer,
+        slot: &str,
+        extra_settings: &[(&str, &str)],
+    ) -> PgServer {
+        Self::start_standby_in(Some(host), primary, slot, extra_settings)
+    }
+
+    fn start_standby_in(
+        host: Option<&Host>,
         primary: &PgServer,
         slot: &str,
         extra_settings: &[(&str, &str)],
@@ -278,10 +306,14 @@ impl PgServer {
             output_text(&copied)
         );
         let conninfo = format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres application_name=standby",
+            "host={} port={} user=postgres dbname=postgres application_name=standby",
+            primary.addr(),
             source.port
         );
+        // The copy's postgresql.conf listens where the primary does.
+        let listen = host.map_or(Ipv4Addr::LOCALHOST, Host::addr).to_string();
         let standby = [
+            ("listen_addresses", listen.as_str()),
             (
                 "unix_socket_directories",
                 dir.to_str().expect("utf-8 temp dir"),
@@ -294,7 +326,7 @@ impl PgServer {
         append_settings(&data, &settings);
         std::fs::write(data.join("standby.signal"), "").expect("write standby.signal");
         chown_to(&data.join("standby.signal"), "postgres");
-        Self::launch(tempdir, source.bin.clone(), None, started)
+        Self::launch(tempdir, source.bin.clone(), host.cloned(), started)
     }
 
     /// Starts the server whose data directory is `tempdir`/data on a free port, with a
@@ -402,6 +434,17 @@ impl PgServer {
     /// The server binaries a private server runs from.
     pub fn bin(&self) -> &Path {
         &self.private("bin").bin
+    }
+
+    /// The address a private server listens on: its test host's, else 127.0.0.1.
+    pub fn addr(&self) -> Ipv4Addr {
+        let host = self.private("addr").host.as_ref();
+        host.map_or(Ipv4Addr::LOCALHOST, Host::addr)
+    }
+
+    /// The test host a private server runs on, if any.
+    pub fn host(&self) -> Option<&Host> {
+        self.private("host").host.as_ref()
     }
 
     pub fn port(&self) -> u16 {

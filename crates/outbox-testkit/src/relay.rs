@@ -72,6 +72,25 @@ pub fn binary() -> &'static Path {
     })
 }
 
+/// The consumer's binary, `outbox-inbox`, beside the relay's ([`binary`]): its package is
+/// another member of the workspace, so cargo names it only to that package's own tests, and
+/// the relay's tests find it where the workspace build put it. Panics naming the build if it
+/// is not there (`cargo test --workspace` builds it; `cargo test --test partitions` alone
+/// does not, so run `cargo build -p outbox-inbox` first, which also keeps it current).
+pub fn inbox_binary() -> &'static Path {
+    static INBOX: OnceLock<PathBuf> = OnceLock::new();
+    INBOX.get_or_init(|| {
+        let path = binary().with_file_name("outbox-inbox");
+        assert!(
+            path.is_file(),
+            "the consumer binary {} is not built: run `cargo build -p outbox-inbox` (cargo \
+             test --workspace builds it too)",
+            path.display()
+        );
+        path
+    })
+}
+
 /// A running `outbox-relay`. Every method takes `&self`. Drop kills it (SIGKILL) and,
 /// if the test is panicking, prints the tail of its log.
 pub struct RelayProcess {
@@ -126,6 +145,17 @@ impl RelayProcess {
     pub fn spawn_on(host: &Host, args: &[&str], env: &[(&str, &str)]) -> RelayProcess {
         Self::try_spawn_command(host.command(binary()), args, env)
             .unwrap_or_else(|e| panic!("spawn {} on {}: {e}", binary().display(), host.hostname()))
+    }
+
+    /// [`RelayProcess::spawn_bin`] on test host `host` (e.g. [`inbox_binary`]'s consumer).
+    pub fn spawn_bin_on(
+        bin: &Path,
+        host: &Host,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> RelayProcess {
+        Self::try_spawn_command(host.command(bin), args, env)
+            .unwrap_or_else(|e| panic!("spawn {} on {}: {e}", bin.display(), host.hostname()))
     }
 
     /// [`RelayProcess::spawn_bin`] that returns the failure (no temp dir, no log file, or the
