@@ -931,8 +931,8 @@ async fn t6_polling_follows_a_promoted_standby() {
 
 /// `--on-slot-lost recreate` refuses, names why, and creates no slot, where emitted events may
 /// be in the gap (they were only in the WAL): an outbox whose state was never recorded (the
-/// emit functions exist, as `setup` makes them, and no cleanup round has said whether the
-/// relay saw an event), and an outbox whose relay delivered an emitted event (recorded).
+/// emit functions exist, as `setup` makes them, and no relay session has said whether it
+/// saw an event), and an outbox whose relay delivered an emitted event (recorded).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recreate_refuses_an_outbox_that_carries_emitted_events() {
     let services = tokio::task::spawn_blocking(common::services)
@@ -1060,4 +1060,938 @@ async fn emitted_recorded(client: &Client, slot: &str) -> bool {
         .await
         .expect("read outbox_relay_state")
         .is_some_and(|row| row.get(0))
+}
+
+// ---------------------------------------------------------------------------------
+// Recovery paths: what a backfill needs survives the cleanup, an unreadable state fails
+// closed, a second relay waits out another's backfill, the slot's creation waits for long
+// transactions.
+
+/// What the tests of this section wait on besides the servers: 1 while the broker blocks
+/// the relay, 1 while it is a standby.
+const BROKER_BLOCKED: &str = "outbox_relay_broker_blocked";
+const STANDBY: &str = "outbox_relay_standby";
+/// The supervisor's standby interval (src/supervisor.rs, `STANDBY_RETRY`): a standby tries a
+/// session at most this often.
+const STANDBY_TURN: Duration = Duration::from_secs(5);
+
+/// Drops the emit functions `setup` made: without them a recovery needs no record of the
+/// state (no emitted event can be in the gap), and one with no acknowledged commit recorded
+/// backfills the whole table.
+async fn without_emit_functions(outbox: &Outbox) {
+    outbox
+        .client
+        .batch_execute("DROP FUNCTION outbox_emit, outbox_emit_text, outbox_emit_bytea")
+        .await
+        .expect("drop the emit functions");
+}
+
+/// Raises RabbitMQ's memory alarm (a watermark no node stays under) or clears it (back to
+/// the default 0.4); tests/faults.rs s12 does the same.
+fn memory_alarm(rabbit: &RabbitServer, raised: bool) {
+    let watermark = if raised { "0.0000001" } else { "0.4" };
+    let set = blocking(|| rabbit.ctl(&["set_vm_memory_high_watermark", watermark]));
+    assert!(
+        set.status.success(),
+        "set_vm_memory_high_watermark {watermark}: {set:?}"
+    );
+}
+
+/// The AMQP connections `rabbit` reports blocked (`rabbitmqctl list_connections state`; about
+/// a second per call).
+fn blocked_connections(rabbit: &RabbitServer) -> usize {
+    let out = blocking(|| rabbit.ctl(&["list_connections", "--no-table-headers", "state"]));
+    assert!(out.status.success(), "list_connections: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| line.trim() == "blocked")
+        .count()
+}
+
+/// Waits until the server's clock reads `at` or later.
+async fn wait_server_time(client: &Client, at: SystemTime) {
+    let deadline = Instant::now() + MINUTE;
+    while server_now(client).await < at {
+        assert!(
+            Instant::now() < deadline,
+            "the server's clock never reached {at:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Whether the outbox table holds the row `id`.
+async fn row_exists(client: &Client, id: &str) -> bool {
+    client
+        .query_one("SELECT count(*) FROM outbox WHERE id::text = $1", &[&id])
+        .await
+        .expect("look the row up")
+        .get::<_, i64>(0)
+        == 1
+}
+
+/// How many of `ids` the outbox table still holds.
+async fn rows_left(client: &Client, ids: &[String]) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE id::text = ANY($1)",
+            &[&ids],
+        )
+        .await
+        .expect("count the rows left")
+        .get(0)
+}
+
+/// When the state table's row of `slot` was last written (each cleanup round writes it
+/// before it deletes).
+async fn state_updated_at(client: &Client, slot: &str) -> Option<SystemTime> {
+    client
+        .query_opt(
+            "SELECT updated_at FROM outbox_relay_state WHERE slot = $1",
+            &[&slot],
+        )
+        .await
+        .expect("read outbox_relay_state")
+        .map(|row| row.get(0))
+}
+
+/// Waits until the state table's row of `slot` has been written `rounds` times at or after
+/// `at` (distinct `updated_at` values): the cleanup round that wrote the first of them has
+/// finished its deletes once the next one writes. Returns the last write.
+async fn wait_rounds_since(
+    client: &Client,
+    slot: &str,
+    at: SystemTime,
+    rounds: usize,
+    relay: &RelayProcess,
+) -> SystemTime {
+    let deadline = Instant::now() + MINUTE;
+    let mut seen = HashSet::new();
+    loop {
+        if let Some(updated) = state_updated_at(client, slot).await {
+            if updated >= at {
+                seen.insert(updated);
+                if seen.len() >= rounds {
+                    return updated;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cleanup recorded {} rounds after {at:?} in a minute, not {rounds}; log:\n{}",
+            seen.len(),
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until a recovery of `slot` is under way: the state table marks it and the new slot
+/// exists (the backfill reads the table from then on).
+async fn wait_backfilling(client: &Client, slot: &str, relay: &RelayProcess) {
+    let deadline = Instant::now() + MINUTE;
+    loop {
+        let recovering = recorded_state(client, slot)
+            .await
+            .is_some_and(|(_, recovering)| recovering);
+        if recovering && slot_state(client, slot).await.is_some() {
+            return;
+        }
+        assert!(
+            relay.try_exit().is_none() && Instant::now() < deadline,
+            "no backfill began; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Advisory locks granted in the database of `client` (a recovery holds one).
+async fn advisory_locks(client: &Client) -> i64 {
+    common::pg::query_value(
+        client,
+        "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database \
+         WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()",
+    )
+    .await
+}
+
+/// Waits until no walsender holds `slot` and no advisory lock is held in the database: a
+/// killed relay's sessions have ended on the server.
+async fn wait_sessions_gone(client: &Client, slot: &str) {
+    let active =
+        format!("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}' AND active");
+    let released = common::pg::wait_count(client, &active, MINUTE, |n| n == 0).await;
+    assert!(released.is_ok(), "slot {slot} still active after a minute");
+    let deadline = Instant::now() + MINUTE;
+    while advisory_locks(client).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the recovery lock outlived its relay"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `url` (a private server of the harness, where every role logs in without a password) as
+/// `role`.
+fn as_role(url: &str, role: &str) -> String {
+    url.replacen("postgres://postgres@", &format!("postgres://{role}@"), 1)
+}
+
+// ---------------------------------------------------------------------------------
+// The cleanup keeps what a backfill needs
+
+/// Test 1's `--recreate-margin` and `--retention`: the old rows are made older than the
+/// margin before the acknowledged commit, the open transaction's row younger.
+const KEEP_MARGIN: Duration = Duration::from_secs(3);
+const KEEP_MARGIN_FLAG: &str = "3s";
+const KEEP_RETENTION: Duration = Duration::from_secs(1);
+
+/// A relay (`--on-slot-lost recreate`, margin 3 s, `--retention 1s`, cleanup every second, no
+/// heartbeats) on a private broker. Rows delivered; a transaction W opens and inserts; a row
+/// committed after it is delivered and acknowledged, so the recorded commit T is after W's
+/// row's `created_at`; the broker's memory alarm blocks publishing, so T stays; W commits.
+/// Cleanup rounds run on, past the retention of W's row: the rows created before T − margin
+/// go, W's row (created before T, committed after it) stays. The relay is killed, the slot
+/// dropped, the alarm cleared, and a recreating relay backfills from T − margin: every
+/// committed row arrives, W's included. (Before, the cleanup deleted by T itself: W's row
+/// went after the retention and the backfill could not find it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_keeps_rows_of_a_transaction_open_across_the_acknowledged_commit() {
+    let rabbit = std::thread::spawn(RabbitServer::start);
+    let pg = blocking(common::private_pg);
+    let rabbit = blocking(|| rabbit.join()).expect("rabbitmq start");
+    let outbox = Outbox::on(&pg.url("postgres"), &rabbit.url(), "keep_margin").await;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let flags = [
+        "--on-slot-lost",
+        "recreate",
+        "--recreate-margin",
+        KEEP_MARGIN_FLAG,
+        "--retention",
+        "1s",
+        "--cleanup-interval",
+        CLEANUP_INTERVAL,
+        // Heartbeats are transactions: without them the acknowledged commit is the outbox's.
+        "--heartbeat-interval-secs",
+        "0",
+    ];
+    let relay = outbox.spawn_relay(&flags);
+
+    // Rows delivered and acknowledged: the ones the cleanup may delete.
+    let old = common::outbox::write_concurrently(&outbox.db_url, 2, 200, MAX_TXN_ROWS).await;
+    assert!(
+        wait_for_ids(&mut consumer, &old, MINUTE).await,
+        "the first rows arrive; log:\n{}",
+        relay.log()
+    );
+    let created = rows_created(&outbox.client).await;
+    let newest_old = old.iter().map(|id| created[id]).max().expect("rows");
+    // They must fall before the backfill's start once T moves past W's start.
+    wait_server_time(
+        &outbox.client,
+        newest_old + KEEP_MARGIN + Duration::from_millis(500),
+    )
+    .await;
+
+    // W opens and inserts (its created_at is its start); R commits after it and is
+    // acknowledged: T, the recorded commit, is R's commit, after W's row was created.
+    let mut w_client = common::pg_connect(&outbox.db_url).await;
+    let w = w_client.transaction().await.expect("begin W");
+    let w_row = w
+        .query_one(
+            "INSERT INTO outbox (event_type, payload) VALUES ('OpenAcross', '{}') \
+             RETURNING id::text, created_at",
+            &[],
+        )
+        .await
+        .expect("W inserts");
+    let (w_id, w_created): (String, SystemTime) = (w_row.get(0), w_row.get(1));
+    let r_id = outbox.insert("CommittedAfter", "{}").await;
+    assert!(
+        wait_for_ids(&mut consumer, std::slice::from_ref(&r_id), MINUTE).await,
+        "R arrives; log:\n{}",
+        relay.log()
+    );
+    let r_created = rows_created(&outbox.client).await[&r_id];
+    wait_recorded_since(&outbox.client, &outbox.slot, r_created, &relay).await;
+    let (recorded, _) = recorded_state(&outbox.client, &outbox.slot)
+        .await
+        .expect("the state row");
+    let t = recorded.expect("an acknowledged commit recorded");
+    assert!(
+        w_created < t && t - KEEP_MARGIN <= w_created,
+        "the scenario: W's row ({w_created:?}) is created before T ({t:?}), within the margin"
+    );
+
+    // The broker blocks; W commits behind T, and T stays.
+    memory_alarm(&rabbit, true);
+    w.commit().await.expect("commit W");
+    assert!(
+        relay.wait_metric(BROKER_BLOCKED, MINUTE, |v| v == 1).await,
+        "the broker blocks W's publish; log:\n{}",
+        relay.log()
+    );
+    let blocked = Instant::now();
+    assert_eq!(
+        blocked_connections(&rabbit),
+        1,
+        "the broker blocks the relay's connection"
+    );
+
+    // Cleanup rounds past W's row's retention: the old rows go, W's row stays.
+    let deadline = Instant::now() + MINUTE;
+    while rows_left(&outbox.client, &old).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the cleanup never deleted the delivered rows; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let past_retention = w_created + KEEP_RETENTION + Duration::from_millis(500);
+    let last_round =
+        wait_rounds_since(&outbox.client, &outbox.slot, past_retention, 3, &relay).await;
+    let (still_recorded, _) = recorded_state(&outbox.client, &outbox.slot)
+        .await
+        .expect("the state row");
+    assert_eq!(still_recorded, Some(t), "T stays while the broker blocks");
+    assert!(
+        row_exists(&outbox.client, &w_id).await,
+        "W's row (created {:.1} s before T, {:.1} s old at the last round) was deleted by the \
+         cleanup: a backfill from T − margin cannot find it; log:\n{}",
+        t.duration_since(w_created)
+            .unwrap_or_default()
+            .as_secs_f64(),
+        last_round
+            .duration_since(w_created)
+            .unwrap_or_default()
+            .as_secs_f64(),
+        relay.log()
+    );
+    assert!(row_exists(&outbox.client, &r_id).await, "R's row stays");
+    let cleanup_deleted = relay.counter("outbox_relay_cleanup_deleted_rows_total");
+    assert!(
+        !ids_of(consumer.received()).contains(&w_id.as_str()),
+        "W's row was published before the alarm took effect: the scenario needs it blocked"
+    );
+    let blocked_for = blocked.elapsed();
+
+    // The slot lost while the relay is down; the recovery backfills from T − margin. The
+    // killed relay's publish of W waits unread in the broker's socket until the broker drops
+    // the connection (its next heartbeat finds the peer gone): the alarm is cleared only
+    // then, or the broker would read and route it, and W would arrive without the backfill.
+    relay.kill9();
+    let killed = Instant::now();
+    common::pg::drop_slot_once_released(&outbox.client, &outbox.slot).await;
+    let deadline = Instant::now() + MINUTE;
+    while blocked_connections(&rabbit) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the broker kept the killed relay's connection"
+        );
+        // Each look costs rabbitmqctl's second of CPU.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let dropped_by_the_broker = killed.elapsed();
+    memory_alarm(&rabbit, false);
+    let recovering = outbox.spawn_relay(&flags);
+    let every_row: Vec<String> = old
+        .iter()
+        .cloned()
+        .chain([r_id.clone(), w_id.clone()])
+        .collect();
+    assert!(
+        wait_for_ids(&mut consumer, &every_row, MINUTE).await,
+        "every committed row arrives, W's included; log:\n{}",
+        recovering.log()
+    );
+    assert!(
+        recovering.wait_new_session(0, MINUTE).await.is_some(),
+        "the new slot streams; log:\n{}",
+        recovering.log()
+    );
+    let after = outbox.insert("AfterRecovery", "{}").await;
+    assert!(
+        wait_for_ids(&mut consumer, std::slice::from_ref(&after), MINUTE).await,
+        "a row after the recovery arrives; log:\n{}",
+        recovering.log()
+    );
+    recovering.stop().await;
+    let backfilled = backfilled_rows(&recovering);
+    assert_eq!(
+        recovery_from(&recovering),
+        humantime::format_rfc3339_micros(t - KEEP_MARGIN).to_string(),
+        "the backfill starts at T − margin"
+    );
+    let every_row: Vec<String> = every_row.into_iter().chain([after]).collect();
+    let tally = Tally::of(consumer.received());
+    common::faults::assert_nothing_lost_or_invented(&tally, &every_row);
+    assert_eq!(
+        (tally.counts[&w_id], tally.counts[&r_id]),
+        (1, 2),
+        "W's row arrives once, from the backfill; R again from it"
+    );
+    assert_eq!(backfilled, 2, "the backfill from T − margin holds R and W");
+    report(
+        "recovery: the cleanup keeps a transaction open across the acknowledged commit",
+        &[
+            ("rows", every_row.len().to_string()),
+            ("lost", "0".into()),
+            (
+                "deleted by the cleanup (delivered, before T − margin)",
+                cleanup_deleted.map_or("?".into(), |n| n.to_string()),
+            ),
+            (
+                "W's row created before T",
+                format!(
+                    "{} ms",
+                    t.duration_since(w_created).unwrap_or_default().as_millis()
+                ),
+            ),
+            (
+                "W's row's age at the last round checked",
+                secs(last_round.duration_since(w_created).unwrap_or_default()),
+            ),
+            (
+                "retention, margin",
+                format!("{}, {}", secs(KEEP_RETENTION), secs(KEEP_MARGIN)),
+            ),
+            ("blocked for", secs(blocked_for)),
+            (
+                "kill to the broker dropping the blocked connection",
+                secs(dropped_by_the_broker),
+            ),
+            ("backfilled", backfilled.to_string()),
+            ("duplicates", tally.duplicates().to_string()),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// An unreadable state fails closed
+
+/// The gap test 2's recovery backfills: long enough to be killed in.
+const UNREADABLE_GAP: usize = 20_000;
+/// Rows of the gap re-published before the kill.
+const KILL_AFTER: usize = 1_000;
+
+/// A recreating relay backfills a 20,000-row gap (the slot dropped while no relay ran) and is
+/// killed (-9) mid-backfill: the new slot exists, `recovering` is set. Rows are committed
+/// after the kill (the new slot would stream them). A least-privilege role without SELECT on
+/// the state table then starts: it exits 1 naming outbox_relay_state and the GRANT, publishes
+/// nothing, and leaves the slot's confirmed_flush_lsn where it was. Once granted, the same
+/// role recovers again and every row arrives. (Before, the permission error read as "no
+/// state": not interrupted, so the relay streamed the half-recovered slot, and the rows the
+/// backfill had not reached were lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_state_fails_closed_after_a_crash_mid_backfill() {
+    let rabbit = rabbit().await;
+    // Roles need a server of the harness's own (they log in without a password).
+    let pg = blocking(common::private_pg);
+    let outbox = Outbox::on(&pg.url("postgres"), &rabbit.url(), "unreadable").await;
+    without_emit_functions(&outbox).await;
+    let (gap, _) = common::faults::seed_backlog(&outbox, UNREADABLE_GAP, None).await;
+    common::pg::drop_slot_once_released(&outbox.client, &outbox.slot).await;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+
+    let crashed = outbox.spawn_relay(&recreate_flags());
+    wait_backfilling(&outbox.client, &outbox.slot, &crashed).await;
+    let backfilling = Instant::now();
+    consumer.wait_for(KILL_AFTER, MINUTE).await;
+    crashed.kill9();
+    let killed_after = backfilling.elapsed();
+    let (_, recovering) = recorded_state(&outbox.client, &outbox.slot)
+        .await
+        .expect("the state row");
+    assert!(
+        recovering,
+        "the kill must land mid-backfill (the recovery finished first); log:\n{}",
+        crashed.log()
+    );
+    wait_sessions_gone(&outbox.client, &outbox.slot).await;
+    // Committed after the new slot's start: it would stream them.
+    let after_kill = common::outbox::write_concurrently(&outbox.db_url, 1, 20, 5).await;
+    let delivered_before = delivered_so_far(&mut consumer, &outbox).await;
+    assert!(
+        delivered_before.len() < gap.len(),
+        "the backfill was cut: {} of {} rows re-published",
+        delivered_before.len(),
+        gap.len()
+    );
+
+    // A least-privilege role that may not read the state table.
+    let role = common::unique_name("relay_noread");
+    outbox
+        .client
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN REPLICATION; \
+             GRANT SELECT, DELETE ON TABLE public.outbox TO {role};"
+        ))
+        .await
+        .expect("create the role");
+    let role_url = as_role(&outbox.db_url, &role);
+    let confirmed_before = outbox.confirmed_flush().await;
+    let refused = outbox.spawn_relay_via(&role_url, &outbox.amqp_url, &recreate_flags());
+    let deadline = Instant::now() + MINUTE;
+    let status = loop {
+        if let Some(status) = refused.try_exit() {
+            break status;
+        }
+        assert_eq!(
+            refused.sessions(),
+            0,
+            "the relay streams the half-recovered slot (confirmed_flush_lsn {} now, {} before); \
+             log:\n{}",
+            common::format_lsn(outbox.confirmed_flush().await),
+            common::format_lsn(confirmed_before),
+            refused.log()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the relay keeps running; log:\n{}",
+            refused.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(1), "exit 1; log:\n{}", refused.log());
+    let log = refused.log();
+    let message = final_error(&log).unwrap_or_else(|| panic!("no final error; log:\n{log}"));
+    for part in [
+        "outbox_relay_state",
+        &format!("\"{}\"", outbox.slot)[..],
+        "GRANT SELECT",
+    ] {
+        assert!(message.contains(part), "names {part:?}: {message}");
+    }
+    assert_eq!(
+        outbox.confirmed_flush().await,
+        confirmed_before,
+        "the half-recovered slot was not streamed"
+    );
+    assert_eq!(
+        delivered_so_far(&mut consumer, &outbox).await,
+        delivered_before,
+        "nothing published"
+    );
+    let (_, still_recovering) = recorded_state(&outbox.client, &outbox.slot)
+        .await
+        .expect("the state row");
+    assert!(still_recovering, "the mark stays");
+
+    // Granted: the same role recovers again, from the recorded start.
+    outbox
+        .client
+        .batch_execute(&format!(
+            "GRANT SELECT, INSERT, UPDATE ON TABLE public.outbox_relay_state TO {role}"
+        ))
+        .await
+        .expect("grant the state table");
+    let granted = Instant::now();
+    let recovered = outbox.spawn_relay_via(&role_url, &outbox.amqp_url, &recreate_flags());
+    let every_row: Vec<String> = gap.iter().cloned().chain(after_kill).collect();
+    assert!(
+        wait_for_ids(&mut consumer, &every_row, DRAIN).await,
+        "every row arrives; log:\n{}",
+        recovered.log()
+    );
+    assert!(
+        recovered.wait_new_session(0, MINUTE).await.is_some(),
+        "the new slot streams; log:\n{}",
+        recovered.log()
+    );
+    let to_streaming = granted.elapsed();
+    recovered.stop().await;
+    let backfilled = backfilled_rows(&recovered);
+    assert_eq!(backfilled, every_row.len(), "the whole table re-published");
+    let (_, recovering) = recorded_state(&outbox.client, &outbox.slot)
+        .await
+        .expect("the state row");
+    assert!(!recovering, "the recovery finished");
+    let tally = Tally::of(consumer.received());
+    common::faults::assert_nothing_lost_or_invented(&tally, &every_row);
+    for (id, n) in &tally.counts {
+        assert!(
+            *n == 1 || (*n == 2 && delivered_before.contains(id)),
+            "row {id} arrived {n} times: only the rows the killed backfill published repeat, once"
+        );
+    }
+    report(
+        "recovery: an unreadable state fails closed",
+        &[
+            ("rows", every_row.len().to_string()),
+            ("lost", "0".into()),
+            (
+                "re-published before the kill",
+                delivered_before.len().to_string(),
+            ),
+            ("killed into the backfill", secs(killed_after)),
+            (
+                "unreadable: exit",
+                status.code().map_or("?".into(), |c| c.to_string()),
+            ),
+            ("confirmed_flush_lsn moved", "no".into()),
+            ("backfilled once granted", backfilled.to_string()),
+            ("grant to streaming", secs(to_streaming)),
+            ("duplicates", tally.duplicates().to_string()),
+        ],
+    );
+    eprintln!("unreadable state: {message}");
+}
+
+// ---------------------------------------------------------------------------------
+// A second relay waits out another's backfill
+
+/// The gap test 3's recovery backfills: a few seconds of re-publishing.
+const STANDBY_GAP: usize = 40_000;
+/// Connections a standby turn may open: the session's preflight, the recovery's attempt at
+/// the lock, the standby's watch, and one to spare; the slot pollers' two once.
+const CONNECTIONS_PER_TURN: usize = 4;
+const POLLER_CONNECTIONS: usize = 2;
+
+/// Relay A recreates a dropped slot and backfills a 40,000-row gap; relay B, same flags, its
+/// database connections through a proxy that counts them, starts once A's backfill is under
+/// way. While A backfills (the state table's `recovering` mark, A's advisory lock in
+/// pg_locks), B reports standby and opens a handful of connections: one standby turn per
+/// 5 s, not a session after another. A then streams; stopped, B takes over; every row
+/// arrives. (Before, the standby wait returned as soon as the slot existed without a reader,
+/// which the new slot has during the backfill, and B started a session, 3-4 connections,
+/// one after another.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_relay_waits_as_a_standby_during_anothers_backfill() {
+    let rabbit = rabbit().await;
+    let pg = blocking(common::private_pg);
+    let outbox = Outbox::on(&pg.url("postgres"), &rabbit.url(), "standby_wait").await;
+    without_emit_functions(&outbox).await;
+    let (gap, _) = common::faults::seed_backlog(&outbox, STANDBY_GAP, None).await;
+    common::pg::drop_slot_once_released(&outbox.client, &outbox.slot).await;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let proxy = common::TcpProxy::start(&format!("{}:{}", pg.addr(), pg.port()));
+    let url_b = format!(
+        "postgres://postgres@127.0.0.1:{}/{}",
+        proxy.port(),
+        database_of(&outbox)
+    );
+
+    let a = outbox.spawn_relay(&recreate_flags());
+    wait_backfilling(&outbox.client, &outbox.slot, &a).await;
+    assert!(
+        advisory_locks(&outbox.client).await >= 1,
+        "A holds the recovery's lock"
+    );
+    let port_b = common::free_port();
+    let metrics_b = format!("127.0.0.1:{port_b}");
+    let flags_b = [&recreate_flags()[..], &["--metrics-addr", &metrics_b]].concat();
+    let b = outbox.spawn_relay_via(&url_b, &outbox.amqp_url, &flags_b);
+    let b_started = Instant::now();
+
+    // Until A's recovery ends (the mark cleared), B is a standby. What B did is sampled before
+    // each look at the mark: a sample followed by a set mark was taken during A's recovery
+    // (B's next turn may rightly start once the mark and the lock are gone).
+    let mut standby_at = None;
+    let mut readiness = None;
+    let mut locked_samples = (0, 0);
+    let mut during = (Duration::ZERO, 0, 0);
+    loop {
+        let sample = (
+            b_started.elapsed(),
+            proxy.accepted_connections(),
+            b.sessions(),
+        );
+        // The lock first: A sets the mark once it holds it and clears it before it lets go.
+        let locked = advisory_locks(&outbox.client).await >= 1;
+        let (_, recovering) = recorded_state(&outbox.client, &outbox.slot)
+            .await
+            .expect("the state row");
+        if !recovering {
+            break;
+        }
+        during = sample;
+        locked_samples.1 += 1;
+        locked_samples.0 += usize::from(locked);
+        if standby_at.is_none() && b.counter(STANDBY) == Some(1) {
+            standby_at = Some(b_started.elapsed());
+            readiness = Some(readyz(port_b).await);
+        }
+        assert!(
+            b_started.elapsed() < DRAIN,
+            "A's backfill never ended; log:\n{}",
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ended = b_started.elapsed();
+    let (overlap, connections, b_sessions_during) = during;
+    let standby_at = standby_at.unwrap_or_else(|| {
+        panic!(
+            "B never reported standby during A's backfill ({:.1} s); log:\n{}",
+            ended.as_secs_f64(),
+            b.log()
+        )
+    });
+    assert_eq!(
+        locked_samples.0, locked_samples.1,
+        "A held the recovery's lock while the mark was set"
+    );
+    assert_eq!(
+        readiness
+            .as_ref()
+            .map(|(status, reason)| (*status, reason.as_str())),
+        Some((503, "standby")),
+        "B's /readyz while A backfills"
+    );
+    assert_eq!(
+        b_sessions_during, 0,
+        "B streamed nothing while A backfilled"
+    );
+    let turns = 1 + (overlap.as_secs_f64() / STANDBY_TURN.as_secs_f64()).floor() as usize;
+    let bound = POLLER_CONNECTIONS + CONNECTIONS_PER_TURN * turns;
+    assert!(
+        connections <= bound,
+        "B opened {connections} connections in A's {:.1} s backfill, bound {bound} ({turns} \
+         standby turns); log:\n{}",
+        overlap.as_secs_f64(),
+        b.log()
+    );
+
+    // A streams the new slot; stopped, B takes over.
+    let deadline = Instant::now() + MINUTE;
+    while a.sessions() == 0 && b.sessions() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "nobody streams the new slot; log:\n{}",
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let a_streamed = a.sessions() > 0;
+    let middle = common::outbox::write_concurrently(&outbox.db_url, 1, 100, MAX_TXN_ROWS).await;
+    assert!(
+        wait_for_ids(&mut consumer, &middle, MINUTE).await,
+        "rows after the backfill arrive; log:\n{}",
+        a.log()
+    );
+    a.stop().await;
+    let stopped = Instant::now();
+    assert!(
+        b.wait_new_session(0, MINUTE).await.is_some(),
+        "B takes over; log:\n{}",
+        b.log()
+    );
+    let takeover = stopped.elapsed();
+    let last = common::outbox::write_concurrently(&outbox.db_url, 1, 100, MAX_TXN_ROWS).await;
+    assert!(
+        wait_for_ids(&mut consumer, &last, MINUTE).await,
+        "B delivers; log:\n{}",
+        b.log()
+    );
+    b.stop().await;
+    let backfilled = backfilled_rows(&a);
+    assert_eq!(backfilled, gap.len(), "A re-published the whole gap");
+    assert_eq!(b.log_count(RECREATED), 0, "B recovered nothing");
+    let every_row: Vec<String> = gap.into_iter().chain(middle).chain(last).collect();
+    let tally = Tally::of(consumer.received());
+    common::faults::assert_nothing_lost_or_invented(&tally, &every_row);
+    report(
+        "recovery: a second relay waits as a standby during another's backfill",
+        &[
+            ("rows", every_row.len().to_string()),
+            ("lost", "0".into()),
+            ("backfilled by A", backfilled.to_string()),
+            ("B started to A's backfill done", secs(ended)),
+            ("B's standby sampled over", secs(overlap)),
+            ("B standby after", secs(standby_at)),
+            ("B's connections meanwhile", connections.to_string()),
+            ("bound", bound.to_string()),
+            ("A streamed after its backfill", a_streamed.to_string()),
+            ("A stopped to B streaming", secs(takeover)),
+            (
+                "B's connections in all",
+                proxy.accepted_connections().to_string(),
+            ),
+            ("duplicates", tally.duplicates().to_string()),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// The slot's creation waits for a long write transaction
+
+/// How long test 5's write transaction stays open once the slot's creation waits for it:
+/// past the connect timeout (15 s) that used to cut the creation.
+const LONG_TRANSACTION: Duration = Duration::from_secs(18);
+/// What the relay warns while the creation waits, 10 s into the wait and every 10 s after.
+const CREATION_WAITS: &str = "recreating the slot waits for write transactions";
+const CREATION_REPORT_EVERY: Duration = Duration::from_secs(10);
+
+/// The walsenders waiting for the transaction of backend `pid` (its xid's lock).
+async fn walsenders_waiting_for(client: &Client, pid: i32) -> Vec<i32> {
+    client
+        .query(
+            "SELECT w.pid FROM pg_locks w \
+             JOIN pg_locks h ON h.locktype = 'transactionid' \
+                  AND h.transactionid = w.transactionid AND h.granted AND h.pid = $1 \
+             JOIN pg_stat_activity a ON a.pid = w.pid \
+             WHERE w.locktype = 'transactionid' AND NOT w.granted \
+                   AND a.backend_type = 'walsender'",
+            &[&pid],
+        )
+        .await
+        .expect("read pg_locks")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// On a PostgreSQL of its own (the transaction holds every slot creation on the server
+/// back): a slot dropped while no relay ran, a backlog, and a transaction that inserted a row
+/// (it has an xid) open when a recreating relay starts. CREATE_REPLICATION_SLOT waits for it
+/// (its walsender waits on the transaction's lock in pg_locks); the transaction stays open
+/// 18 s of that wait, and the relay says which transaction it waits for (its pid). Then it
+/// commits: the slot is created in the one attempt, no session failed, and every row
+/// arrives, the long transaction's among them (the snapshot sees it; the slot starts after
+/// it). (Before, the creation was cut at the 15 s connect timeout: the session failed and
+/// started over, and under transactions longer than that it never converged.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_creation_waits_out_a_long_write_transaction() {
+    let rabbit = rabbit().await;
+    let pg = blocking(|| PgServer::start(&[]));
+    let outbox = Outbox::on(&pg.url("postgres"), &rabbit.url(), "long_txn").await;
+    without_emit_functions(&outbox).await;
+    let (backlog, _) = common::faults::seed_backlog(&outbox, 2_000, None).await;
+    common::pg::drop_slot_once_released(&outbox.client, &outbox.slot).await;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+
+    let mut long_client = common::pg_connect(&outbox.db_url).await;
+    let long = long_client.transaction().await.expect("begin");
+    let row = long
+        .query_one(
+            "INSERT INTO outbox (event_type, payload) VALUES ('Long', '{}') \
+             RETURNING id::text, pg_backend_pid()",
+            &[],
+        )
+        .await
+        .expect("the long transaction inserts");
+    let (long_id, long_pid): (String, i32) = (row.get(0), row.get(1));
+    let opened = Instant::now();
+    let relay = outbox.spawn_relay(&recreate_flags());
+
+    // The creation waits for the transaction; it stays open for LONG_TRANSACTION of that.
+    let deadline = Instant::now() + MINUTE;
+    let mut waiters = HashSet::new();
+    while waiters.is_empty() {
+        waiters.extend(walsenders_waiting_for(&outbox.client, long_pid).await);
+        assert!(
+            relay.try_exit().is_none() && Instant::now() < deadline,
+            "the slot's creation never waited for the transaction; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let waiting = Instant::now();
+    // The duration is the scenario (a transaction longer than the old cap), not a stand-in
+    // for an event: sample the waiters meanwhile.
+    while waiting.elapsed() < LONG_TRANSACTION || relay.log_count(CREATION_WAITS) == 0 {
+        waiters.extend(walsenders_waiting_for(&outbox.client, long_pid).await);
+        assert_eq!(
+            relay.reconnects(),
+            0,
+            "a session failed while the slot's creation waited ({:.1} s in): the creation was \
+             cut; log:\n{}",
+            waiting.elapsed().as_secs_f64(),
+            relay.log()
+        );
+        assert!(
+            relay.try_exit().is_none()
+                && waiting.elapsed() < LONG_TRANSACTION + CREATION_REPORT_EVERY,
+            "no warning while the creation waits; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let failed_meanwhile = relay.reconnects();
+    let held = opened.elapsed();
+    long.commit().await.expect("commit the long transaction");
+    let committed = Instant::now();
+
+    let deadline = Instant::now() + MINUTE;
+    while slot_state(&outbox.client, &outbox.slot).await.is_none()
+        || !walsenders_waiting_for(&outbox.client, long_pid)
+            .await
+            .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no slot after the transaction ended; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let every_row: Vec<String> = backlog.iter().cloned().chain([long_id.clone()]).collect();
+    assert!(
+        wait_for_ids(&mut consumer, &every_row, MINUTE).await,
+        "every row arrives, the long transaction's too; log:\n{}",
+        relay.log()
+    );
+    assert!(
+        relay.wait_new_session(0, MINUTE).await.is_some(),
+        "the new slot streams; log:\n{}",
+        relay.log()
+    );
+    let to_streaming = committed.elapsed();
+    let after = outbox.insert("AfterTheSlot", "{}").await;
+    assert!(
+        wait_for_ids(&mut consumer, std::slice::from_ref(&after), MINUTE).await,
+        "a row after the slot's creation arrives; log:\n{}",
+        relay.log()
+    );
+    let reconnects = relay.reconnects();
+    relay.stop().await;
+
+    let log = relay.log();
+    assert_eq!(
+        (
+            failed_meanwhile,
+            reconnects,
+            relay.log_count("session failed")
+        ),
+        (0, 0, 0),
+        "the creation waited in one attempt, no session failed; log:\n{log}"
+    );
+    assert_eq!(
+        waiters.len(),
+        1,
+        "one walsender created the slot: {waiters:?}"
+    );
+    let warnings = relay.log_lines(CREATION_WAITS);
+    assert!(
+        warnings
+            .iter()
+            .all(|line| line.contains(" WARN ") && line.contains(&format!("pid {long_pid} ("))),
+        "each warning names the transaction (pid {long_pid}): {warnings:#?}"
+    );
+    assert_eq!(
+        backfilled_rows(&relay),
+        every_row.len(),
+        "the whole table re-published"
+    );
+    let every_row: Vec<String> = every_row.into_iter().chain([after]).collect();
+    let tally = Tally::of(consumer.received());
+    common::faults::assert_nothing_lost_or_invented(&tally, &every_row);
+    report(
+        "recovery: the slot's creation waits out a long write transaction",
+        &[
+            ("rows", every_row.len().to_string()),
+            ("lost", "0".into()),
+            ("transaction open", secs(held)),
+            ("creation waited for it", secs(committed - waiting)),
+            ("warnings", warnings.len().to_string()),
+            ("walsenders creating", waiters.len().to_string()),
+            ("session failures", reconnects.to_string()),
+            ("commit to streaming", secs(to_streaming)),
+            ("duplicates", tally.duplicates().to_string()),
+        ],
+    );
+    eprintln!("slot creation warning: {}", warnings[0]);
 }
