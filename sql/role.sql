@@ -3,8 +3,9 @@
 -- and the publication exist (sql/outbox.sql, or `outbox-relay setup --print-sql`: a DBA may
 -- run its table and publication steps and leave the slot to the relay's `setup`).
 --
--- Replace `outbox_relay`, `app` and `public.outbox` with your names. Set the password
--- separately, never in a file like this one: in psql, \password outbox_relay
+-- Replace `outbox_relay`, `app` and `public.outbox` with your names (the role's
+-- `outbox_relay`, not the state table's `outbox_relay_state`, which only begins like it).
+-- Set the password separately, never in a file like this one: in psql, \password outbox_relay
 --
 -- What each privilege is for:
 --   LOGIN REPLICATION            the replication connection; `setup` creates the slot and
