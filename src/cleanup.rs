@@ -21,6 +21,7 @@
 //! src/shard.rs), by its own acknowledged commit: a stopped shard keeps its rows whatever
 //! the others have delivered, with no coordination between the relays.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio_postgres::Client;
@@ -30,10 +31,14 @@ use crate::config::{CleanupArgs, OutboxNames};
 use crate::db::quote_ident;
 use crate::error::RelayError;
 use crate::observability::{Health, CLEANUP_DELETED_ROWS_TOTAL};
-use crate::outbox_table::columns;
+use crate::outbox_table::columns::{self, ColumnMap};
 use crate::periodic::{self, Job};
 use crate::shard::Shard;
 use crate::wal::state::{backfill_start, record_acknowledged, EmittedSeen};
+
+/// Why the cleanup needs `created_at` (`run`'s error when it is unmapped).
+pub const CLEANUP_NEEDS: &str = "the cleanup (--cleanup-interval) deletes delivered rows by \
+     it; turn it off with --cleanup-interval 0 if the table is cleaned otherwise";
 
 /// How long one cleanup statement may take before the round gives up (and retries at the
 /// next interval).
@@ -50,16 +55,18 @@ const STATEMENT_TIMEOUT: Duration = Duration::from_secs(60);
 /// can only be probed through the primary key's index. The limit is a literal so that a
 /// prepared statement never falls back to a generic plan that guesses the row count.
 pub fn delete_sql(names: &OutboxNames, batch: u32) -> String {
-    shard_delete_sql(names, Shard::UNSHARDED, batch)
+    shard_delete_sql(names, &ColumnMap::default(), Shard::UNSHARDED, batch)
 }
 
-/// [`delete_sql`] for one shard's rows: with the shard's row filter in the inner SELECT (the
-/// index scan then skips the other shards' rows).
-pub fn shard_delete_sql(names: &OutboxNames, shard: Shard, batch: u32) -> String {
+/// [`delete_sql`] for one shard's rows of a table whose columns `map` names: with the
+/// shard's row filter in the inner SELECT (the index scan then skips the other shards' rows).
+/// `run` refuses to start the cleanup with `created_at` unmapped ([`CLEANUP_NEEDS`]).
+pub fn shard_delete_sql(names: &OutboxNames, map: &ColumnMap, shard: Shard, batch: u32) -> String {
     let (schema, table) = names.table_parts();
     let qualified = format!("{}.{}", quote_ident(schema), quote_ident(table));
-    let id = quote_ident(columns::ID);
-    let created = quote_ident(columns::CREATED_AT);
+    let quoted = |contract| quote_ident(map.column(contract).unwrap_or(contract));
+    let id = quoted(columns::ID);
+    let created = quoted(columns::CREATED_AT);
     format!(
         "DELETE FROM {qualified} WHERE {id} = ANY(ARRAY(\
          SELECT {id} FROM {qualified} \
@@ -85,7 +92,7 @@ pub async fn delete_batch(
 ) -> Result<u64, RelayError> {
     delete_until(
         client,
-        names,
+        (names, &ColumnMap::default()),
         Shard::UNSHARDED,
         retention,
         acknowledged_commit_time,
@@ -97,7 +104,7 @@ pub async fn delete_batch(
 
 async fn delete_until(
     client: &Client,
-    names: &OutboxNames,
+    (names, map): (&OutboxNames, &ColumnMap),
     shard: Shard,
     retention: Duration,
     acknowledged_commit_time: SystemTime,
@@ -105,7 +112,7 @@ async fn delete_until(
     shutdown: &CancellationToken,
 ) -> Result<u64, RelayError> {
     let batch = batch.max(1);
-    let statement = bounded(client.prepare(&shard_delete_sql(names, shard, batch))).await?;
+    let statement = bounded(client.prepare(&shard_delete_sql(names, map, shard, batch))).await?;
     let seconds = retention.as_secs_f64();
     let deleted_rows = metrics::counter!(CLEANUP_DELETED_ROWS_TOTAL);
     let mut total = 0;
@@ -142,7 +149,7 @@ async fn bounded<T>(
 /// a recovery from that record would start.
 pub async fn run_cleanup(
     database_url: String,
-    names: OutboxNames,
+    (names, map): (OutboxNames, Arc<ColumnMap>),
     (shard, margin): (Shard, Duration),
     args: CleanupArgs,
     (health, emitted): (Health, EmittedSeen),
@@ -150,8 +157,13 @@ pub async fn run_cleanup(
 ) {
     let (retention, batch, stop) = (args.retention, args.cleanup_batch, shutdown.clone());
     let round = move |connection: periodic::Connection| {
-        let (names, health, emitted, shutdown) =
-            (names.clone(), health.clone(), emitted.clone(), stop.clone());
+        let (names, map, health, emitted, shutdown) = (
+            names.clone(),
+            Arc::clone(&map),
+            health.clone(),
+            emitted.clone(),
+            stop.clone(),
+        );
         async move {
             let Some(acknowledged) = health.acknowledged_commit_time() else {
                 tracing::debug!("cleanup: no transaction acknowledged yet; nothing is deleted");
@@ -164,7 +176,7 @@ pub async fn run_cleanup(
             let backfill_start = backfill_start(acknowledged, margin);
             let deleted = delete_until(
                 &client,
-                &names,
+                (&names, &map),
                 shard,
                 retention,
                 backfill_start,
@@ -213,12 +225,36 @@ mod tests {
         };
         assert!(!delete_sql(&names, 10).contains("hashtext"));
         let shard = Shard::new(2, 4).expect("shard");
-        let sql = shard_delete_sql(&names, shard, 10);
+        let sql = shard_delete_sql(&names, &ColumnMap::default(), shard, 10);
         let filter = shard.row_filter().expect("filter");
         assert!(
             sql.contains(&format!(
                 "\"created_at\" < $2::timestamptz AND ({filter}) ORDER BY"
             )),
+            "{sql}"
+        );
+    }
+
+    #[test]
+    fn a_mapped_table_is_deleted_from_by_its_own_columns() {
+        let names = OutboxNames {
+            table: "outbox".into(),
+            publication: "".into(),
+            slot: "".into(),
+            exchange: "".into(),
+        };
+        let map = ColumnMap::resolve(
+            crate::outbox_table::columns::Preset::Debezium,
+            &["created_at=occurred at".to_string()],
+        )
+        .expect("map");
+        let sql = shard_delete_sql(&names, &map, Shard::UNSHARDED, 10);
+        assert!(
+            sql.contains("WHERE \"id\" = ANY(ARRAY(SELECT \"id\""),
+            "{sql}"
+        );
+        assert!(
+            sql.ends_with("ORDER BY \"occurred at\" LIMIT 10))"),
             "{sql}"
         );
     }

@@ -24,7 +24,7 @@ use time::format_description::well_known::Rfc3339;
 use crate::message::{HeaderValue, Message, Rejection, Unpublishable};
 use crate::pgoutput::{Relation, Tuple, TupleValue};
 
-use crate::outbox_table::columns;
+use crate::outbox_table::columns::{self, ColumnMap};
 
 /// Headers the relay adds to every message.
 pub mod headers {
@@ -92,20 +92,27 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// Builds the layout from a Relation message; a new Relation (schema change) builds a new one.
-    pub fn for_relation(relation: &Relation) -> Result<Self, MapError> {
+    /// Builds the layout from a Relation message, finding each contract column under the
+    /// name `columns` maps it to (once per Relation: rows are read by index); a new Relation
+    /// (schema change) builds a new one.
+    pub fn for_relation(relation: &Relation, columns: &ColumnMap) -> Result<Self, MapError> {
         let table = relation.qualified_name();
-        let required = |name: &'static str| {
-            relation
-                .column_index(name)
-                .ok_or_else(|| MapError::MissingColumn {
-                    table: table.clone(),
-                    column: name,
-                })
+        let index = |contract: &'static str| {
+            columns
+                .column(contract)
+                .and_then(|name| relation.column_index(name))
+        };
+        let required = |contract: &'static str| {
+            index(contract).ok_or_else(|| MapError::MissingColumn {
+                table: table.clone(),
+                column: contract,
+                // Required columns are never unmapped (ColumnMap::resolve refuses it).
+                table_column: columns.column(contract).unwrap_or(contract).to_string(),
+            })
         };
         let id = required(columns::ID)?;
         let event_type = required(columns::EVENT_TYPE)?;
-        let payload = relation.column_index(columns::PAYLOAD).map(|i| {
+        let payload = index(columns::PAYLOAD).map(|i| {
             let kind = BodyKind::from_type(relation.columns[i].type_oid);
             (i, kind)
         });
@@ -115,12 +122,12 @@ impl Layout {
             id_is_uuid: relation.columns[id].type_oid == type_oid::UUID,
             event_type,
             payload,
-            headers: relation.column_index(columns::HEADERS),
-            created_at: relation.column_index(columns::CREATED_AT),
-            exchange: relation.column_index(columns::EXCHANGE),
-            routing_key: relation.column_index(columns::ROUTING_KEY),
-            aggregate_type: relation.column_index(columns::AGGREGATE_TYPE),
-            aggregate_id: relation.column_index(columns::AGGREGATE_ID),
+            headers: index(columns::HEADERS),
+            created_at: index(columns::CREATED_AT),
+            exchange: index(columns::EXCHANGE),
+            routing_key: index(columns::ROUTING_KEY),
+            aggregate_type: index(columns::AGGREGATE_TYPE),
+            aggregate_id: index(columns::AGGREGATE_ID),
             table,
         })
     }
@@ -274,10 +281,18 @@ impl fmt::Display for RowRef {
 #[derive(Debug, thiserror::Error)]
 pub enum MapError {
     #[error(
-        "The outbox table {table} has no column \"{column}\", which every message needs. Fix: \
-         add the column (see sql/) or point --table at the outbox table"
+        "The outbox table {table} has no column \"{table_column}\", which every message needs \
+         (the message contract's \"{column}\"). Fix: add the column (see sql/), point --table \
+         at the outbox table, or map \"{column}\" to the table's column with --column \
+         {column}=COLUMN (OUTBOX_COLUMNS; --table-layout debezium for Debezium's table)"
     )]
-    MissingColumn { table: String, column: &'static str },
+    MissingColumn {
+        table: String,
+        /// The contract's name of the column.
+        column: &'static str,
+        /// The table's column the map looked for.
+        table_column: String,
+    },
 
     #[error(
         "Cannot publish {row}: column \"{column}\" is NULL, but the message needs a value. Fix: \
@@ -387,9 +402,11 @@ impl MapError {
     /// `unmappable` dead-letter reason).
     pub fn problem(&self) -> String {
         match self {
-            MapError::MissingColumn { table, column } => {
-                format!("the table {table} has no column \"{column}\"")
-            }
+            MapError::MissingColumn {
+                table,
+                table_column,
+                ..
+            } => format!("the table {table} has no column \"{table_column}\""),
             MapError::Null { column, .. } => format!("column \"{column}\" is NULL"),
             MapError::UnchangedToast { column, .. } => {
                 format!("column {column} arrived as an unchanged TOAST value")
@@ -1063,7 +1080,8 @@ mod tests {
 
     #[test]
     fn maps_a_full_row_per_the_contract() {
-        let layout = Layout::for_relation(&outbox_relation()).expect("layout");
+        let layout =
+            Layout::for_relation(&outbox_relation(), &ColumnMap::default()).expect("layout");
         let m = mapper()
             .map(&layout, &full_row(), Some(pos()))
             .expect("maps");
@@ -1090,7 +1108,8 @@ mod tests {
 
     #[test]
     fn row_columns_override_exchange_and_routing_key() {
-        let layout = Layout::for_relation(&outbox_relation()).expect("layout");
+        let layout =
+            Layout::for_relation(&outbox_relation(), &ColumnMap::default()).expect("layout");
         let mut r = full_row();
         r.0[5] = text("billing");
         r.0[6] = text("orders.eu.created");
@@ -1120,7 +1139,8 @@ mod tests {
 
     #[test]
     fn a_row_naming_an_exchange_not_allowed_is_refused_and_described() {
-        let layout = Layout::for_relation(&outbox_relation()).expect("layout");
+        let layout =
+            Layout::for_relation(&outbox_relation(), &ColumnMap::default()).expect("layout");
         let strict = Mapper::new(
             "outbox",
             1024,
@@ -1184,7 +1204,8 @@ mod tests {
 
     #[test]
     fn errors_name_the_row() {
-        let layout = Layout::for_relation(&outbox_relation()).expect("layout");
+        let layout =
+            Layout::for_relation(&outbox_relation(), &ColumnMap::default()).expect("layout");
         let mut r = full_row();
         r.0[1] = TupleValue::Null;
         let e = mapper()
@@ -1222,15 +1243,97 @@ mod tests {
     fn missing_required_column_is_named() {
         let mut rel = outbox_relation();
         rel.columns.retain(|c| c.name != "event_type");
-        let e = Layout::for_relation(&rel).expect_err("no event_type");
+        let e = Layout::for_relation(&rel, &ColumnMap::default()).expect_err("no event_type");
         assert!(e.to_string().contains("event_type"), "{e}");
+    }
+
+    /// Debezium's documented outbox table, with an extra column of the team's own.
+    fn debezium_relation() -> Relation {
+        Relation {
+            oid: 16385,
+            namespace: "public".into(),
+            name: "outbox".into(),
+            replica_identity: b'd',
+            columns: vec![
+                column("id", type_oid::UUID),
+                column("aggregatetype", 1043),
+                column("aggregateid", 1043),
+                column("type", 1043),
+                column("payload", type_oid::JSONB),
+                column("tenant", 25),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_mapped_relation_is_read_under_the_tables_names() {
+        use crate::outbox_table::columns::Preset;
+        let map = ColumnMap::preset(Preset::Debezium);
+        let layout = Layout::for_relation(&debezium_relation(), &map).expect("layout");
+        let r = row(vec![
+            text(ID),
+            text("Order"),
+            text("42"),
+            text("OrderCreated"),
+            text(r#"{"order_id": 42}"#),
+            text("acme"),
+        ]);
+        let m = mapper().map(&layout, &r, Some(pos())).expect("maps");
+        assert_eq!(m.message_id, ID);
+        assert_eq!(m.event_type.as_deref(), Some("OrderCreated"));
+        assert_eq!(m.routing_key, "OrderCreated");
+        assert_eq!(m.content_type, Some("application/json"));
+        assert_eq!(&m.body[..], br#"{"order_id": 42}"#);
+        assert_eq!(m.timestamp, None, "no created_at in Debezium's table");
+        let header = |name: &str| {
+            m.headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(header(headers::AGGREGATE_TYPE), Some("Order".into()));
+        assert_eq!(header(headers::AGGREGATE_ID), Some("42".into()));
+        assert_eq!(header("tenant"), None, "an unmapped column is not read");
+
+        // The default map finds no event_type in Debezium's table.
+        let e = Layout::for_relation(&debezium_relation(), &ColumnMap::default())
+            .expect_err("no event_type");
+        let text = e.to_string();
+        assert!(text.contains("no column \"event_type\""), "{text}");
+        assert!(text.contains("--column event_type=COLUMN"), "{text}");
+
+        // A mapped column the table lacks is named by both names.
+        let map =
+            ColumnMap::resolve(Preset::Debezium, &["event_type=kind".to_string()]).expect("map");
+        let e = Layout::for_relation(&debezium_relation(), &map).expect_err("no kind");
+        let text = e.to_string();
+        assert!(text.contains("no column \"kind\""), "{text}");
+        assert!(
+            text.contains("the message contract's \"event_type\""),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_unmapped_optional_column_is_absent_even_when_the_table_has_it() {
+        use crate::outbox_table::columns::Preset;
+        let map = ColumnMap::resolve(Preset::Default, &["headers=".to_string()]).expect("map");
+        let layout = Layout::for_relation(&outbox_relation(), &map).expect("layout");
+        let m = mapper()
+            .map(&layout, &full_row(), Some(pos()))
+            .expect("maps");
+        assert!(
+            !m.headers.iter().any(|(n, _)| n == "tenant"),
+            "{:?}",
+            m.headers
+        );
     }
 
     #[test]
     fn bytea_and_text_payloads() {
         let mut rel = outbox_relation();
         rel.columns[2].type_oid = type_oid::BYTEA;
-        let layout = Layout::for_relation(&rel).expect("layout");
+        let layout = Layout::for_relation(&rel, &ColumnMap::default()).expect("layout");
         let mut r = full_row();
         r.0[2] = text("\\x00ff10");
         let m = mapper().map(&layout, &r, Some(pos())).expect("maps");
@@ -1247,7 +1350,7 @@ mod tests {
         assert!(e.to_string().contains("hex bytea format"), "{e}");
 
         rel.columns[2].type_oid = 25;
-        let layout = Layout::for_relation(&rel).expect("layout");
+        let layout = Layout::for_relation(&rel, &ColumnMap::default()).expect("layout");
         r.0[2] = text("plain \\x text");
         let m = mapper().map(&layout, &r, Some(pos())).expect("maps");
         assert_eq!(&m.body[..], b"plain \\x text");
@@ -1374,7 +1477,8 @@ mod tests {
 
     #[test]
     fn unpublishable_rows_are_described_as_far_as_they_can_be_read() {
-        let layout = Layout::for_relation(&outbox_relation()).expect("layout");
+        let layout =
+            Layout::for_relation(&outbox_relation(), &ColumnMap::default()).expect("layout");
         let header_text = |s: &str| Some(HeaderValue::Text(s.into()));
 
         assert!(mapper().map_row(&layout, &full_row(), Some(pos())).is_ok());

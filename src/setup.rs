@@ -25,6 +25,8 @@ use crate::backoff::Backoff;
 use crate::config::{FailoverSlot, Mode, OutboxNames, SetupArgs};
 use crate::db::{self, quote_ident, quote_literal};
 use crate::error::{Recovery, RelayError};
+use crate::outbox_table::columns::{self, ColumnMap};
+use crate::outbox_table::TextRelation;
 use crate::publish::Broker;
 use crate::shard::Shard;
 use crate::wal::preflight;
@@ -435,7 +437,30 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
     // A bad dead-letter configuration is reported before anything is provisioned.
     args.dead_letter.exchange(&names.exchange)?;
     if args.mode.mode == Mode::Poll {
+        crate::assembly::refuse_column_map(&args.columns, "setup --mode poll")?;
         return run_poll(args).await;
+    }
+    let columns =
+        crate::assembly::column_map(&args.columns, &names.table, &[], args.shards.shards)?;
+    if !columns.is_default() && (args.print_sql || !args.no_create_table) {
+        return Err(RelayError::Config(format!(
+            "--table-layout and --column describe an outbox table you already have ({} \
+             mapped otherwise), but setup {} the table under the contract's own names. Fix: \
+             pass --no-create-table (OUTBOX_NO_CREATE_TABLE), and setup checks your table and \
+             provisions the rest{}",
+            columns.changed().join(", "),
+            if args.print_sql {
+                "--print-sql prints"
+            } else {
+                "would create"
+            },
+            if args.print_sql {
+                " (--print-sql has no form for a mapped table yet: run setup against the \
+                 database, or take the publication and slot from sql/)"
+            } else {
+                ""
+            }
+        )));
     }
     let shards = Shard::every(names, args.shards.shards)?;
     let emit_prefix = crate::assembly::emit_prefix(&args.emit, &names.table);
@@ -473,6 +498,9 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
     }
 
     ensure_table(&client, &args).await?;
+    if args.no_create_table {
+        check_columns(&client, &args.names.table, &columns).await?;
+    }
 
     // Every publication before any slot: a slot decodes with the publications that exist.
     for (shard, names) in &shards {
@@ -780,6 +808,46 @@ async fn ensure_table(client: &Client, args: &SetupArgs) -> Result<(), RelayErro
             "state table {}: ready (the last acknowledged commit, for --on-slot-lost recreate)",
             crate::wal::state::state_table(names)
         );
+    }
+    Ok(())
+}
+
+/// With `--no-create-table`: the table has the columns every message needs under the names
+/// `map` gives them (else the error `run` would stop with, naming the flag); prints where
+/// each contract column is read from, and which are absent.
+async fn check_columns(
+    client: &Client,
+    table: &crate::config::TableName,
+    map: &ColumnMap,
+) -> Result<(), RelayError> {
+    let text = TextRelation::discover(client, table, map, &[], |needed| {
+        RelayError::Bug(format!(
+            "setup's column check needs nothing, asked for {needed}"
+        ))
+    })
+    .await?;
+    let present: Vec<&str> = text
+        .relation()
+        .columns
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    let mut read = Vec::new();
+    let mut absent = Vec::new();
+    for contract in columns::CONTRACT {
+        match map.column(contract) {
+            Some(column) if present.contains(&column) && column == contract => {
+                read.push(contract.to_string());
+            }
+            Some(column) if present.contains(&column) => read.push(format!("{contract}={column}")),
+            Some(column) if column == contract => absent.push(contract.to_string()),
+            Some(column) => absent.push(format!("{contract} (no column \"{column}\")")),
+            None => absent.push(format!("{contract} (unmapped)")),
+        }
+    }
+    println!("columns read: {}", read.join(", "));
+    if !absent.is_empty() {
+        println!("columns absent: {}", absent.join(", "));
     }
     Ok(())
 }

@@ -12,7 +12,9 @@ use super::messages::{
     DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormatArgs, RestrictEmitArgs,
 };
 use super::modes::{FailoverSlotArgs, ModeArgs, OnPublished, OnSlotLost, RunShard, ShardCount};
-use super::names::{parse_identifier, OutboxNames, PublishNames, SlotNames, StatusNames};
+use super::names::{
+    parse_identifier, ColumnArgs, OutboxNames, PublishNames, SlotNames, StatusNames,
+};
 use super::observability::{CleanupArgs, EndpointArgs, ObservabilityArgs};
 use super::tuning::{Delivery, Publishing, Tuning};
 use super::values::parse_duration;
@@ -92,6 +94,8 @@ pub struct SetupArgs {
     #[command(flatten)]
     pub names: OutboxNames,
     #[command(flatten)]
+    pub columns: ColumnArgs,
+    #[command(flatten)]
     pub shards: ShardCount,
     /// Do not create the outbox table or the emit functions (a DBA created them); still
     /// checks that the table exists, and says whether the emit functions do.
@@ -132,6 +136,8 @@ pub struct RunArgs {
     pub statement_timeout: StatementTimeoutArgs,
     #[command(flatten)]
     pub names: OutboxNames,
+    #[command(flatten)]
+    pub columns: ColumnArgs,
     #[command(flatten)]
     pub shard: RunShard,
     #[command(flatten)]
@@ -190,6 +196,8 @@ pub struct PollArgs {
     pub statement_timeout: StatementTimeoutArgs,
     #[command(flatten)]
     pub names: PublishNames,
+    #[command(flatten)]
+    pub columns: ColumnArgs,
 
     /// Workers, each with its own database and broker connection, claiming batches in parallel.
     /// After a crash up to workers × batch size rows can be published again.
@@ -297,6 +305,8 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub names: StatusNames,
     #[command(flatten)]
+    pub columns: ColumnArgs,
+    #[command(flatten)]
     pub shards: ShardCount,
     /// Print one JSON object instead of the table.
     #[arg(long)]
@@ -337,6 +347,8 @@ pub struct ResyncArgs {
     pub statement_timeout: StatementTimeoutArgs,
     #[command(flatten)]
     pub names: PublishNames,
+    #[command(flatten)]
+    pub columns: ColumnArgs,
     /// Re-publish rows with created_at at or after this RFC 3339 time, e.g.
     /// 2024-05-01T12:00:00Z or 2024-05-01T14:00:00.5+02:00.
     #[arg(long)]

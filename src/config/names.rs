@@ -3,6 +3,9 @@
 
 use clap::Args;
 
+use crate::error::RelayError;
+use crate::outbox_table::columns::{ColumnMap, Preset};
+
 // Each name is a flag of its own, so that a command takes only the names it uses (`poll`
 // has no slot, `teardown` no exchange): clap then refuses the others on its command line. A
 // name reads as text (`Deref<Target = str>`, `Display`, `== "x"`), and `"x".into()` makes
@@ -81,6 +84,49 @@ pub struct ExchangeName {
     pub name: String,
 }
 name_flag!(ExchangeName);
+
+/// `--table-layout`: a preset of column names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TableLayout {
+    /// The table `setup` creates: every column under its contract name.
+    Default,
+    /// Debezium's Outbox Event Router: id, aggregatetype, aggregateid, type, payload.
+    Debezium,
+}
+
+/// Which column of the outbox table holds each column of the message contract: a preset
+/// and the columns mapped one by one over it (docs/table-layouts.md). Every command that
+/// reads the table takes it.
+#[derive(Debug, Clone, Args)]
+pub struct ColumnArgs {
+    /// The outbox table's column names: `default` (the table `setup` creates) or `debezium`
+    /// (Debezium's Outbox Event Router: id, aggregatetype, aggregateid, type, payload; no
+    /// created_at). --column maps columns over it.
+    #[arg(long, env = "OUTBOX_TABLE_LAYOUT", value_enum, default_value_t = TableLayout::Default)]
+    pub table_layout: TableLayout,
+
+    /// Maps a column of the message contract to a column of the table (repeatable; in the
+    /// variable, separated by commas), e.g. event_type=type or created_at=occurred_at;
+    /// `CONTRACT=` leaves an optional column unmapped. Overrides --table-layout.
+    #[arg(
+        long = "column",
+        env = "OUTBOX_COLUMNS",
+        value_name = "CONTRACT=COLUMN",
+        value_delimiter = ','
+    )]
+    pub columns: Vec<String>,
+}
+
+impl ColumnArgs {
+    /// The map these flags make; a config error naming the flag when it is malformed.
+    pub fn map(&self) -> Result<ColumnMap, RelayError> {
+        let preset = match self.table_layout {
+            TableLayout::Default => Preset::Default,
+            TableLayout::Debezium => Preset::Debezium,
+        };
+        ColumnMap::resolve(preset, &self.columns).map_err(RelayError::Config)
+    }
+}
 
 /// Every name: `setup` and `run`, which provision or use all of the objects.
 #[derive(Debug, Clone, Args)]

@@ -722,3 +722,58 @@ fn dead_letter_policy_defaults_to_halt_and_needs_an_exchange() {
         Some("outbox.dlx".to_string())
     );
 }
+
+/// `--table-layout` and `--column` on every command that reads the table; `--column` is
+/// repeatable and takes comma-separated lists (as OUTBOX_COLUMNS does), over the preset.
+#[test]
+fn column_map_flags_reach_every_command_that_reads_the_table() {
+    use crate::outbox_table::columns::{CREATED_AT, EVENT_TYPE, HEADERS};
+    let db = ["--database-url", "postgres://x"];
+    let mapped = [
+        "--table-layout",
+        "debezium",
+        "--column",
+        "created_at=occurred_at,headers=meta",
+        "--column",
+        "event_type=kind",
+    ];
+    for command in ["setup", "run", "poll", "status", "resync"] {
+        let mut argv = vec![command];
+        argv.extend(db);
+        if command == "resync" {
+            argv.extend(["--since", "2024-05-01T12:00:00Z"]);
+        }
+        argv.extend(mapped);
+        let cli = parse(&argv).unwrap_or_else(|e| panic!("{command}: {e}"));
+        let columns = match &cli.command {
+            Command::Setup(args) => &args.columns,
+            Command::Run(args) => &args.columns,
+            Command::Poll(args) => &args.columns,
+            Command::Status(args) => &args.columns,
+            Command::Resync(args) => &args.columns,
+            Command::Teardown(_) => unreachable!("not parsed"),
+        };
+        let map = columns.map().expect("map");
+        assert_eq!(map.column(EVENT_TYPE), Some("kind"), "{command}");
+        assert_eq!(map.column(CREATED_AT), Some("occurred_at"), "{command}");
+        assert_eq!(map.column(HEADERS), Some("meta"), "{command}");
+    }
+    // teardown reads no table: clap refuses the flags there.
+    let mut argv = vec!["teardown"];
+    argv.extend(db);
+    argv.extend(["--table-layout", "debezium"]);
+    assert!(parse(&argv).is_err());
+
+    let mut argv = vec!["run"];
+    argv.extend(db);
+    argv.extend(["--column", "evnt_type=type"]);
+    let Command::Run(args) = parse(&argv).expect("parses").command else {
+        unreachable!("run")
+    };
+    let error = args
+        .columns
+        .map()
+        .expect_err("unknown contract column")
+        .to_string();
+    assert!(error.contains("--column \"evnt_type=type\""), "{error}");
+}

@@ -26,7 +26,7 @@ use crate::config::{ResyncArgs, TableName};
 use crate::db::{self, quote_ident};
 use crate::error::RelayError;
 use crate::observability::RelayMetrics;
-use crate::outbox_table::{columns, TextRelation};
+use crate::outbox_table::{columns, needs_created_at, TextRelation};
 use crate::publish::{deliver_batch, Broker};
 use crate::shard::Shard;
 
@@ -35,6 +35,7 @@ const BATCH: i32 = 1000;
 
 pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     check_rfc3339(&args.since).map_err(RelayError::Config)?;
+    let map = args.columns.map()?;
     let names = &args.names;
     let Outbox {
         database_url,
@@ -53,11 +54,8 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     let mut client = db::connect(&database_url).await?;
     // The text shapes the mapper parses, as the replication connection pins them.
     client.batch_execute(db::PINNED_SET_STATEMENTS).await?;
-    let text = TextRelation::discover(&client, &names.table, &[columns::CREATED_AT], |_| {
-        RelayError::Config(format!(
-            "The outbox table {} has no column \"created_at\": resync selects rows by it",
-            names.table
-        ))
+    let text = TextRelation::discover(&client, &names.table, &map, &[columns::CREATED_AT], |_| {
+        needs_created_at(&names.table, &map, "resync selects rows by it")
     })
     .await?;
     let broker = Broker::connect(&brokers).await?;
@@ -190,8 +188,13 @@ pub(crate) async fn publish_all(
 /// bare `created_at` would sort the text output.
 pub(crate) fn select_sql(outbox: &TableName, text: &TextRelation, shard: Shard) -> String {
     let table = outbox.qualified_table();
-    let created = quote_ident(columns::CREATED_AT);
-    let id = quote_ident(columns::ID);
+    // `discover` checked both are mapped (id always is, created_at is one of its needs).
+    let quoted = |contract| {
+        text.quoted(contract)
+            .unwrap_or_else(|| quote_ident(contract))
+    };
+    let created = quoted(columns::CREATED_AT);
+    let id = quoted(columns::ID);
     let shard_rows = shard
         .row_filter()
         .map(|filter| format!(" AND ({filter})"))
@@ -221,6 +224,7 @@ pub fn check_rfc3339(text: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbox_table::columns::ColumnMap;
     use crate::pgoutput::{Column, Relation};
 
     #[test]
@@ -265,7 +269,8 @@ mod tests {
                 })
                 .collect(),
         };
-        let text = TextRelation::new(relation, "text".into()).expect("id and event_type");
+        let text = TextRelation::new(relation, &ColumnMap::default(), "text".into())
+            .expect("id and event_type");
         let sql = select_sql(&table, &text, Shard::UNSHARDED);
         assert_eq!(
             sql,

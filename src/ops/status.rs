@@ -189,6 +189,12 @@ impl Status {
 }
 
 pub async fn run(args: StatusArgs) -> Result<Probe, RelayError> {
+    // A malformed column map is refused before anything connects; polling mode's status
+    // does not read a mapped table yet.
+    match args.mode.mode {
+        Mode::Poll => crate::assembly::refuse_column_map(&args.columns, "status --mode poll")?,
+        Mode::Wal => drop(args.columns.map()?),
+    }
     let url = args.connections.database_url()?;
     let client = db::connect(&url).await?;
     let mut status = gather(&client, &args).await?;
@@ -436,13 +442,21 @@ fn in_use(metrics: &str, family: &str, label: &str) -> Option<String> {
     })
 }
 
-/// Rows in the table and the age of the oldest (min(created_at) reads the index).
+/// Rows in the table and the age of the oldest (min(created_at) reads the index; no age
+/// when the column map leaves created_at unmapped).
 async fn backlog(client: &Client, args: &StatusArgs) -> Result<(i64, Option<f64>), RelayError> {
+    let map = args.columns.map()?;
+    let oldest = match map.column(columns::CREATED_AT) {
+        Some(created) => format!(
+            "extract(epoch FROM now() - min({}))::float8",
+            quote_ident(created)
+        ),
+        None => "NULL::float8".to_string(),
+    };
     let row = client
         .query_one(
             &format!(
-                "SELECT count(*), extract(epoch FROM now() - min({}))::float8 FROM {}",
-                quote_ident(columns::CREATED_AT),
+                "SELECT count(*), {oldest} FROM {}",
                 args.names.table.qualified_table()
             ),
             &[],

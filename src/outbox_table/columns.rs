@@ -1,5 +1,12 @@
 //! The outbox table's column names: one list for the mapper, polling, resync, cleanup and
-//! shards.
+//! shards, and the [`ColumnMap`] that says which of the table's columns holds each.
+//!
+//! The constants are the message contract's names (README.md, "The message contract"), and the
+//! names of the table `setup` creates. A table of another design (Debezium's Outbox Event
+//! Router, a framework's) is read through a [`ColumnMap`] (`--table-layout`, `--column`,
+//! docs/table-layouts.md): every contract column is looked up there once per Relation (or per
+//! connect, for SQL), never per row. A column the map leaves unmapped is absent, as if the
+//! table did not have it.
 
 pub const ID: &str = "id";
 pub const EVENT_TYPE: &str = "event_type";
@@ -25,3 +32,284 @@ pub const CONTRACT: [&str; 9] = [
     AGGREGATE_TYPE,
     AGGREGATE_ID,
 ];
+
+/// The columns every message needs: a map cannot leave them unmapped.
+pub const REQUIRED: [&str; 2] = [ID, EVENT_TYPE];
+
+/// Every column a [`ColumnMap`] maps: the contract and polling mode's `published_at`.
+pub const MAPPABLE: [&str; 10] = [
+    ID,
+    EVENT_TYPE,
+    PAYLOAD,
+    HEADERS,
+    CREATED_AT,
+    EXCHANGE,
+    ROUTING_KEY,
+    AGGREGATE_TYPE,
+    AGGREGATE_ID,
+    PUBLISHED_AT,
+];
+
+/// The flag that maps a column, for errors that tell how to map one.
+pub const COLUMN_FLAG: &str = "--column";
+
+/// A preset of column names (`--table-layout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    /// The table `setup` creates: every column under its contract name.
+    Default,
+    /// Debezium's Outbox Event Router with its defaults: `id`, `aggregatetype`,
+    /// `aggregateid`, `type`, `payload`; no `created_at`, headers, exchange or routing key.
+    Debezium,
+}
+
+/// Which column of the table holds each contract column (`None`: the table has none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnMap {
+    /// In [`MAPPABLE`]'s order.
+    columns: [Option<String>; MAPPABLE.len()],
+}
+
+impl Default for ColumnMap {
+    fn default() -> Self {
+        Self::preset(Preset::Default)
+    }
+}
+
+impl ColumnMap {
+    /// The preset's map.
+    pub fn preset(preset: Preset) -> Self {
+        let mut map = Self {
+            columns: MAPPABLE.map(|name| Some(name.to_string())),
+        };
+        if preset == Preset::Debezium {
+            for (contract, column) in [
+                (ID, Some("id")),
+                (EVENT_TYPE, Some("type")),
+                (PAYLOAD, Some("payload")),
+                (AGGREGATE_TYPE, Some("aggregatetype")),
+                (AGGREGATE_ID, Some("aggregateid")),
+                (HEADERS, None),
+                (CREATED_AT, None),
+                (EXCHANGE, None),
+                (ROUTING_KEY, None),
+                (PUBLISHED_AT, None),
+            ] {
+                map.columns[slot(contract)] = column.map(str::to_string);
+            }
+        }
+        map
+    }
+
+    /// The preset's map with `overrides` (`CONTRACT=COLUMN` each; `CONTRACT=` leaves an
+    /// optional column unmapped) applied over it. Errors name the flag: an entry that is not
+    /// `CONTRACT=COLUMN`, an unknown contract column, one mapped twice, a required one left
+    /// unmapped, two contract columns on one table column.
+    pub fn resolve(preset: Preset, overrides: &[String]) -> Result<Self, String> {
+        let mut map = Self::preset(preset);
+        let mut seen: Vec<&'static str> = Vec::new();
+        for entry in overrides {
+            let Some((contract, column)) = entry.split_once('=') else {
+                return Err(format!(
+                    "{COLUMN_FLAG} {entry:?}: expected CONTRACT=COLUMN, e.g. \
+                     {COLUMN_FLAG} event_type=type"
+                ));
+            };
+            let (contract, column) = (contract.trim(), column.trim());
+            let Some(contract) = MAPPABLE.iter().copied().find(|name| *name == contract) else {
+                return Err(format!(
+                    "{COLUMN_FLAG} {entry:?}: \"{contract}\" is not a column of the message \
+                     contract; the columns are {}",
+                    MAPPABLE.join(", ")
+                ));
+            };
+            if seen.contains(&contract) {
+                return Err(format!(
+                    "{COLUMN_FLAG}: \"{contract}\" is mapped twice (OUTBOX_COLUMNS and the \
+                     command line are one list); map each contract column once"
+                ));
+            }
+            seen.push(contract);
+            if column.is_empty() && REQUIRED.contains(&contract) {
+                return Err(format!(
+                    "{COLUMN_FLAG} {entry:?}: every message needs \"{contract}\"; map it to \
+                     one of the table's columns"
+                ));
+            }
+            if let Err(problem) = check_column_name(column) {
+                return Err(format!(
+                    "{COLUMN_FLAG} {entry:?}: the column name {problem}"
+                ));
+            }
+            map.columns[slot(contract)] = (!column.is_empty()).then(|| column.to_string());
+        }
+        for (i, column) in map.columns.iter().enumerate() {
+            let Some(column) = column else { continue };
+            if let Some(j) = (i + 1..MAPPABLE.len())
+                .find(|&j| map.columns[j].as_deref() == Some(column.as_str()))
+            {
+                return Err(format!(
+                    "{COLUMN_FLAG}: \"{}\" and \"{}\" are both mapped to the column \
+                     \"{column}\"; each contract column needs a column of its own (map one \
+                     elsewhere, or leave an optional one unmapped with {COLUMN_FLAG} {}=)",
+                    MAPPABLE[i], MAPPABLE[j], MAPPABLE[j]
+                ));
+            }
+        }
+        Ok(map)
+    }
+
+    /// The table's column for `contract` (one of [`MAPPABLE`]); `None` when unmapped.
+    pub fn column(&self, contract: &str) -> Option<&str> {
+        MAPPABLE
+            .iter()
+            .position(|name| *name == contract)
+            .and_then(|i| self.columns[i].as_deref())
+    }
+
+    /// The contract column the table's `column` holds, if any.
+    pub fn contract_of(&self, column: &str) -> Option<&'static str> {
+        self.columns
+            .iter()
+            .position(|mapped| mapped.as_deref() == Some(column))
+            .map(|i| MAPPABLE[i])
+    }
+
+    /// Whether every contract column is under its own name (the table `setup` creates).
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The contract columns whose table column differs from the default table's (renamed or
+    /// unmapped), for messages that say what a map changes.
+    pub fn changed(&self) -> Vec<&'static str> {
+        let default = Self::default();
+        MAPPABLE
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.columns[*i] != default.columns[*i])
+            .map(|(_, name)| *name)
+            .collect()
+    }
+
+    /// `contract=column` for each contract column, `contract=` when unmapped (logs, errors).
+    pub fn describe(&self) -> String {
+        MAPPABLE
+            .iter()
+            .zip(&self.columns)
+            .map(|(contract, column)| format!("{contract}={}", column.as_deref().unwrap_or("")))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// `contract`'s index in [`MAPPABLE`]; only called with its constants.
+fn slot(contract: &str) -> usize {
+    MAPPABLE
+        .iter()
+        .position(|name| *name == contract)
+        .unwrap_or(0)
+}
+
+/// What quoting cannot make harmless in a column name (the same rules as the other names:
+/// src/config/names.rs): over 63 bytes, control characters, `$`.
+fn check_column_name(column: &str) -> Result<(), String> {
+    if column.len() > 63 {
+        return Err(format!(
+            "is {} bytes long; PostgreSQL names have at most 63",
+            column.len()
+        ));
+    }
+    if column.chars().any(|c| c.is_control() || c == '$') {
+        return Err("may not contain control characters or `$`".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn overrides(entries: &[&str]) -> Vec<String> {
+        entries.iter().map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn the_default_map_is_the_identity() {
+        let map = ColumnMap::default();
+        for name in MAPPABLE {
+            assert_eq!(map.column(name), Some(name));
+            assert_eq!(map.contract_of(name), Some(name));
+        }
+        assert!(map.is_default());
+        assert!(map.changed().is_empty());
+    }
+
+    #[test]
+    fn the_debezium_preset_maps_the_routers_defaults() {
+        let map = ColumnMap::preset(Preset::Debezium);
+        assert_eq!(map.column(ID), Some("id"));
+        assert_eq!(map.column(EVENT_TYPE), Some("type"));
+        assert_eq!(map.column(PAYLOAD), Some("payload"));
+        assert_eq!(map.column(AGGREGATE_TYPE), Some("aggregatetype"));
+        assert_eq!(map.column(AGGREGATE_ID), Some("aggregateid"));
+        for absent in [HEADERS, CREATED_AT, EXCHANGE, ROUTING_KEY, PUBLISHED_AT] {
+            assert_eq!(map.column(absent), None, "{absent}");
+        }
+        assert_eq!(map.contract_of("type"), Some(EVENT_TYPE));
+        assert_eq!(map.contract_of("event_type"), None);
+        assert!(!map.is_default());
+    }
+
+    #[test]
+    fn explicit_columns_override_the_preset() {
+        let map = ColumnMap::resolve(
+            Preset::Debezium,
+            &overrides(&["created_at=occurred_at", " event_type = kind ", "payload="]),
+        )
+        .expect("map");
+        assert_eq!(map.column(CREATED_AT), Some("occurred_at"));
+        assert_eq!(map.column(EVENT_TYPE), Some("kind"));
+        assert_eq!(map.column(PAYLOAD), None);
+        assert_eq!(map.column(AGGREGATE_ID), Some("aggregateid"));
+        let map =
+            ColumnMap::resolve(Preset::Default, &overrides(&["event_type=type"])).expect("map");
+        assert_eq!(map.column(EVENT_TYPE), Some("type"));
+        assert_eq!(map.changed(), vec![EVENT_TYPE]);
+        assert_eq!(map.column(ID), Some("id"));
+    }
+
+    #[test]
+    fn bad_mappings_are_refused_naming_the_flag() {
+        for (entries, expected) in [
+            (&["event_type"][..], "expected CONTRACT=COLUMN"),
+            (
+                &["kind=type"][..],
+                "\"kind\" is not a column of the message contract",
+            ),
+            (
+                &["event_type=type", "event_type=kind"][..],
+                "\"event_type\" is mapped twice",
+            ),
+            (&["id="][..], "every message needs \"id\""),
+            (&["event_type=id"][..], "both mapped to the column \"id\""),
+            (&["event_type=a$b"][..], "`$`"),
+        ] {
+            let error =
+                ColumnMap::resolve(Preset::Default, &overrides(entries)).expect_err("refused");
+            assert!(error.starts_with("--column"), "{error}");
+            assert!(error.contains(expected), "{entries:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn describe_lists_every_column() {
+        let map = ColumnMap::preset(Preset::Debezium);
+        let text = map.describe();
+        assert!(
+            text.starts_with("id=id,event_type=type,payload=payload,headers=,"),
+            "{text}"
+        );
+        assert!(text.ends_with("published_at="), "{text}");
+    }
+}

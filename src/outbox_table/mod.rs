@@ -22,8 +22,32 @@ use crate::error::RelayError;
 use crate::mapper::{Layout, MapError};
 use crate::pgoutput::{Column, Relation, Tuple, TupleValue};
 
-/// Column names of the outbox table (README.md, "The message contract").
+/// Column names of the outbox table (README.md, "The message contract") and the map to a
+/// table of another design.
 pub mod columns;
+
+use columns::ColumnMap;
+
+/// The error of a command or feature that needs the `created_at` column (`why`: what for)
+/// when the table lacks it or the column map leaves it unmapped (`--table-layout
+/// debezium`): it names the column the map looked for and the flag that maps it.
+pub fn needs_created_at(outbox: &TableName, map: &ColumnMap, why: &str) -> RelayError {
+    let contract = columns::CREATED_AT;
+    RelayError::Config(match map.column(contract) {
+        Some(column) => format!(
+            "The outbox table {outbox} has no column \"{column}\" (the message contract's \
+             \"{contract}\"): {why}. Fix: add the column, or map \"{contract}\" to the \
+             table's creation time with {flag} {contract}=COLUMN (OUTBOX_COLUMNS)",
+            flag = columns::COLUMN_FLAG
+        ),
+        None => format!(
+            "The column map leaves \"{contract}\" unmapped (--table-layout debezium has none, \
+             or {flag} {contract}=), but {why}. Fix: map it to the table's creation time \
+             (a timestamptz set on insert) with {flag} {contract}=COLUMN (OUTBOX_COLUMNS)",
+            flag = columns::COLUMN_FLAG
+        ),
+    })
+}
 
 /// One column of the table as the catalog describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,33 +101,41 @@ pub struct TextRelation {
     layout: Layout,
     /// The id column's type as SQL, to cast ids sent back as text.
     id_type: String,
+    /// Which of the table's columns holds each contract column.
+    map: ColumnMap,
 }
 
 impl TextRelation {
-    /// Reads the table's columns. Definite errors: the table is missing; it lacks one of
-    /// `needs` (reported by `missing`, naming what the caller needs it for; checked first);
-    /// it lacks a column every message needs (`id`, `event_type`).
+    /// Reads the table's columns, each contract column under the name `map` gives it.
+    /// Definite errors: the table is missing; it lacks one of `needs` (contract names: an
+    /// unmapped one, or a mapped one the table lacks, reported by `missing`, naming what the
+    /// caller needs it for; checked first); it lacks a column every message needs (`id`,
+    /// `event_type`).
     pub async fn discover(
         client: &Client,
         outbox: &TableName,
+        map: &ColumnMap,
         needs: &[&'static str],
         missing: impl Fn(&'static str) -> RelayError,
     ) -> Result<Self, RelayError> {
         let all = table_columns(client, outbox).await?;
-        if let Some(needed) = needs
-            .iter()
-            .find(|needed| !all.iter().any(|c| c.name == **needed))
-        {
+        if let Some(needed) = needs.iter().find(|needed| {
+            map.column(needed)
+                .is_none_or(|name| !all.iter().any(|c| c.name == name))
+        }) {
             return Err(missing(needed));
         }
         let (schema, table) = outbox.table_parts();
         let read: Vec<&TableColumn> = all
             .iter()
-            .filter(|c| columns::CONTRACT.contains(&c.name.as_str()))
+            .filter(|c| {
+                map.contract_of(&c.name)
+                    .is_some_and(|contract| columns::CONTRACT.contains(&contract))
+            })
             .collect();
         let id_type = read
             .iter()
-            .find(|c| c.name == columns::ID)
+            .find(|c| map.column(columns::ID) == Some(c.name.as_str()))
             .map_or_else(|| "text".to_string(), |c| c.sql_type.clone());
         let relation = Relation {
             oid: 0,
@@ -120,18 +152,24 @@ impl TextRelation {
                 })
                 .collect(),
         };
-        Ok(Self::new(relation, id_type)?)
+        Ok(Self::new(relation, map, id_type)?)
     }
 
-    /// For a relation already known; `MissingColumn` (naming the table) without `id` or
-    /// `event_type`.
-    pub fn new(relation: Relation, id_type: String) -> Result<Self, MapError> {
-        let layout = Layout::for_relation(&relation)?;
+    /// For a relation already known (its columns under the table's names, which `map`
+    /// maps); `MissingColumn` (naming the table) without `id` or `event_type`.
+    pub fn new(relation: Relation, map: &ColumnMap, id_type: String) -> Result<Self, MapError> {
+        let layout = Layout::for_relation(&relation, map)?;
         Ok(Self {
             relation,
             layout,
             id_type,
+            map: map.clone(),
         })
+    }
+
+    /// The table's column for `contract`, quoted for SQL; `None` when unmapped.
+    pub fn quoted(&self, contract: &str) -> Option<String> {
+        self.map.column(contract).map(quote_ident)
     }
 
     pub fn relation(&self) -> &Relation {

@@ -50,6 +50,7 @@ use crate::observability::{self, PollMetrics, WorkerHealth};
 
 /// Runs the polling relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
 pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
+    crate::assembly::refuse_column_map(&args.columns, "poll")?;
     let Outbox {
         database_url,
         brokers,

@@ -10,7 +10,7 @@ use crate::config::{OnPublished, TableName};
 use crate::db::quote_ident;
 use crate::error::RelayError;
 use crate::mapper::Layout;
-use crate::outbox_table::columns::{self, PUBLISHED_AT};
+use crate::outbox_table::columns::{self, ColumnMap, PUBLISHED_AT};
 use crate::outbox_table::TextRelation;
 use crate::pgoutput::Tuple;
 
@@ -73,7 +73,9 @@ impl OutboxTable {
     /// polling needs (`id`, `event_type`, `created_at` to claim in order, `published_at`).
     pub async fn discover(client: &Client, outbox: &TableName) -> Result<Self, RelayError> {
         let needs = [columns::CREATED_AT, PUBLISHED_AT];
-        let text = TextRelation::discover(client, outbox, &needs, |needed| {
+        // Polling reads the table `setup` creates: `poll` refuses a column map at start.
+        let map = ColumnMap::default();
+        let text = TextRelation::discover(client, outbox, &map, &needs, |needed| {
             RelayError::Config(format!(
                 "The outbox table {} has no column \"{needed}\", which polling mode needs \
                  (it claims unpublished rows in created_at order and marks them in \

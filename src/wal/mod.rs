@@ -74,6 +74,22 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
     })?;
     let shard = assembly::shard(&args.shard)?;
     let names = shard.names(&args.names)?;
+    let mut created_at_for = Vec::new();
+    if !args.cleanup.cleanup_interval.is_zero() {
+        created_at_for.push(crate::cleanup::CLEANUP_NEEDS);
+    }
+    if args.on_slot_lost == crate::config::OnSlotLost::Recreate {
+        created_at_for.push(recovery::BACKFILL_NEEDS);
+    }
+    let columns = assembly::column_map(
+        &args.columns,
+        &args.names.table,
+        &created_at_for,
+        shard.count(),
+    )?;
+    if !columns.is_default() {
+        tracing::info!(columns = %columns.describe(), "outbox columns mapped");
+    }
     if shard.is_sharded() {
         // Before the recorder is installed (start_endpoints): the label is global.
         observability::label_every_metric_with_shard(shard.index());
@@ -115,6 +131,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
             shard,
             tuning: args.tuning,
             mapper,
+            columns,
             heartbeat: heartbeat::Heartbeat::new(),
             health,
             metrics: observability::RelayMetrics::new(),

@@ -52,7 +52,8 @@ use crate::error::RelayError;
 use crate::mapper::Mapper;
 use crate::observability::SLOT_RECOVERIES_TOTAL;
 use crate::ops::resync::{publish_all, select_sql, Read};
-use crate::outbox_table::{columns, TextRelation};
+use crate::outbox_table::columns::ColumnMap;
+use crate::outbox_table::{columns, needs_created_at, TextRelation};
 use crate::publish::Broker;
 use crate::publish::BrokerNodes;
 use crate::shard::Shard;
@@ -60,6 +61,10 @@ use crate::wal::slot::read_slot;
 use crate::wal::state::{backfill_start, read_state, state_table, State};
 
 /// What a recovery needs of the relay's configuration.
+/// Why `--on-slot-lost recreate` needs `created_at` (its error when the column is missing).
+pub const BACKFILL_NEEDS: &str =
+    "--on-slot-lost recreate backfills the rows a new slot will not deliver by it";
+
 pub struct Recovery<'a> {
     pub database_url: &'a str,
     pub names: &'a OutboxNames,
@@ -68,6 +73,8 @@ pub struct Recovery<'a> {
     pub recreate_margin: Duration,
     pub brokers: &'a Arc<BrokerNodes>,
     pub mapper: &'a Mapper,
+    /// Which of the table's columns holds each contract column.
+    pub columns: &'a ColumnMap,
     pub dead_letter_exchange: Option<&'a str>,
     pub confirm_timeout: Duration,
 }
@@ -375,12 +382,13 @@ async fn backfill(
     let names = &ctx.names;
     let mut reader = db::connect_to(ctx.database_url, server).await?;
     reader.batch_execute(db::PINNED_SET_STATEMENTS).await?;
-    let text = TextRelation::discover(&reader, &names.table, &[columns::CREATED_AT], |_| {
-        RelayError::Config(format!(
-            "The outbox table {} has no column \"created_at\": recreating a slot backfills by it",
-            names.table
-        ))
-    })
+    let text = TextRelation::discover(
+        &reader,
+        &names.table,
+        ctx.columns,
+        &[columns::CREATED_AT],
+        |_| needs_created_at(&names.table, ctx.columns, BACKFILL_NEEDS),
+    )
     .await?;
     let transaction = reader
         .build_transaction()

@@ -9,9 +9,11 @@
 //! choice); their rows are logged once and ignored, never published.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::error::RelayError;
 use crate::mapper::{Layout, MapError};
+use crate::outbox_table::columns::ColumnMap;
 use crate::pgoutput::Relation;
 
 pub enum Known<'a> {
@@ -27,21 +29,24 @@ enum Entry {
 pub struct RelationCache {
     schema: String,
     table: String,
+    /// Which of the table's columns holds each contract column: applied once per Relation.
+    columns: Arc<ColumnMap>,
     entries: HashMap<u32, Entry>,
 }
 
 impl RelationCache {
-    pub fn new(schema: &str, table: &str) -> Self {
+    pub fn new(schema: &str, table: &str, columns: Arc<ColumnMap>) -> Self {
         Self {
             schema: schema.to_string(),
             table: table.to_string(),
+            columns,
             entries: HashMap::new(),
         }
     }
 
     pub fn update(&mut self, relation: &Relation) -> Result<(), MapError> {
         let entry = if relation.namespace == self.schema && relation.name == self.table {
-            let layout = Layout::for_relation(relation)?;
+            let layout = Layout::for_relation(relation, &self.columns)?;
             tracing::debug!(
                 table = layout.table(),
                 oid = relation.oid,
@@ -98,7 +103,7 @@ pub(super) mod tests {
 
     #[test]
     fn maps_only_the_outbox_and_follows_schema_changes() {
-        let mut cache = RelationCache::new("public", "outbox");
+        let mut cache = RelationCache::new("public", "outbox", Arc::default());
         assert!(cache.get(1).is_err(), "row before Relation");
         cache
             .update(&relation(1, "outbox", &["id", "event_type"]))

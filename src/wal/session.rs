@@ -28,6 +28,7 @@ use crate::mapper::Mapper;
 use crate::observability::{
     Health, RelayMetrics, StreamMetrics, HOST_LABEL, POSTGRES_INFO, SESSIONS_TOTAL,
 };
+use crate::outbox_table::columns::ColumnMap;
 use crate::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions, Input};
 use crate::shard::Shard;
 use crate::wal::heartbeat::{self, Heartbeat};
@@ -56,6 +57,8 @@ pub struct SessionContext {
     pub shard: Shard,
     pub tuning: Tuning,
     pub mapper: Mapper,
+    /// Which of the table's columns holds each contract column (`--table-layout`, `--column`).
+    pub columns: Arc<ColumnMap>,
     pub heartbeat: Heartbeat,
     pub health: Health,
     pub metrics: RelayMetrics,
@@ -75,6 +78,18 @@ pub struct SessionContext {
     pub handed_over: timeline::HandedOver,
     /// Set once a session decoded an emitted event; the cleanup records it.
     pub emitted_seen: state::EmittedSeen,
+}
+
+impl SessionContext {
+    /// How far before the recorded acknowledged commit the cleanup keeps rows: the backfill's
+    /// `--recreate-margin` where a lost slot is recreated; none under `stop`, where no
+    /// backfill reads them (a short `--retention` then deletes delivered rows promptly).
+    fn backfill_margin(&self) -> std::time::Duration {
+        match self.on_slot_lost {
+            OnSlotLost::Recreate => self.recreate_margin,
+            OnSlotLost::Stop => std::time::Duration::ZERO,
+        }
+    }
 }
 
 /// A server a session streamed from: where, and which one (IDENTIFY_SYSTEM).
@@ -195,7 +210,7 @@ fn source_of(ctx: &SessionContext) -> Source {
     let (schema, table) = ctx.names.table_parts();
     Source::new(
         ctx.mapper.clone(),
-        RelationCache::new(schema, table),
+        RelationCache::new(schema, table, Arc::clone(&ctx.columns)),
         ctx.heartbeat.clone(),
         ctx.emit_prefix.clone(),
         ctx.shard,
@@ -260,6 +275,7 @@ fn recovery_of(ctx: &SessionContext) -> recovery::Recovery<'_> {
         recreate_margin: ctx.recreate_margin,
         brokers: &ctx.brokers,
         mapper: &ctx.mapper,
+        columns: &ctx.columns,
         dead_letter_exchange: ctx.dead_letter_exchange.as_deref(),
         confirm_timeout: ctx.tuning.confirm_timeout(),
     }
@@ -464,8 +480,8 @@ impl Helpers {
         Self {
             _cleanup: AbortOnDropHandle::new(tokio::spawn(crate::cleanup::run_cleanup(
                 ctx.database_url.clone(),
-                ctx.names.clone(),
-                (ctx.shard, ctx.recreate_margin),
+                (ctx.names.clone(), Arc::clone(&ctx.columns)),
+                (ctx.shard, ctx.backfill_margin()),
                 ctx.cleanup.clone(),
                 (ctx.health.clone(), ctx.emitted_seen.clone()),
                 CancellationToken::new(),

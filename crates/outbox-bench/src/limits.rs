@@ -73,7 +73,7 @@ impl SyntheticRows {
             ],
         };
         Ok(SyntheticRows {
-            layout: Layout::for_relation(&relation)?,
+            layout: Layout::for_relation(&relation, &Default::default())?,
             mapper: Mapper::new(exchange, usize::MAX, AllowedExchanges::Any)
                 .map_err(anyhow::Error::msg)?,
             event_type: event_type.to_string(),
@@ -290,7 +290,7 @@ pub async fn decode_alone(
     let started = Instant::now();
     let mapper =
         Mapper::new(exchange, usize::MAX, AllowedExchanges::Any).map_err(anyhow::Error::msg)?;
-    let mut relations = RelationCache::new("public", table);
+    let mut relations = RelationCache::new("public", table, std::sync::Arc::default());
     let mut commit_lsn = Lsn::from_u64(0);
     let mut index = 0u32;
     let mut decoded = 0u64;

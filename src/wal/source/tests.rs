@@ -101,7 +101,7 @@ impl Harness {
         Self {
             source: Source::new(
                 mapper,
-                RelationCache::new("public", "outbox"),
+                RelationCache::new("public", "outbox", std::sync::Arc::default()),
                 heartbeat.clone(),
                 EMIT_PREFIX.into(),
                 shard,
