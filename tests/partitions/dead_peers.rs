@@ -266,11 +266,17 @@ async fn d0_a_vanished_host_is_silent_to_its_peers_and_the_test_process_until_he
 
 /// Writers through the pair's multi-host URL, from the test process. They must not wait on
 /// the vanished primary either: a connect gives a host 2 s (tokio-postgres's default is no
-/// limit, and a SYN to a vanished host is retried for about 2 minutes) and a statement's
-/// socket gives up after T (seconds here, unlike libpq's milliseconds).
+/// limit, and a SYN to a vanished host is retried for about 2 minutes), a statement's socket
+/// gives up after T (seconds here, unlike libpq's milliseconds), and keepalives end a
+/// connection waiting for a reply the vanished server will never send (a COMMIT whose bytes
+/// it had acknowledged: nothing is unacknowledged, so the user timeout never runs; a writer
+/// waited for it until the test was killed).
 fn writers_url(multi_host_url: &str) -> String {
     let user_timeout = PEER_TIMEOUT.as_secs();
-    format!("{multi_host_url}&connect_timeout=2&tcp_user_timeout={user_timeout}")
+    format!(
+        "{multi_host_url}&connect_timeout=2&tcp_user_timeout={user_timeout}\
+         &keepalives=1&keepalives_idle=2&keepalives_interval=1&keepalives_retries=3"
+    )
 }
 
 /// The outbox's database name.

@@ -47,6 +47,9 @@ pub struct Writers {
     tasks: Vec<JoinHandle<Vec<String>>>,
 }
 
+/// How long [`Writers::stop`] waits for a writer's statement in flight.
+const WRITER_STOP_TIMEOUT: Duration = Duration::from_secs(120);
+
 impl Writers {
     /// Starts `writers` connections; each pauses `pause` between transactions.
     pub fn start(db_url: &str, writers: usize, max_txn_rows: usize, pause: Duration) -> Writers {
@@ -87,12 +90,21 @@ impl Writers {
         true
     }
 
-    /// Stops the writers and returns the ids whose COMMIT returned.
+    /// Stops the writers and returns the ids whose COMMIT returned. Panics if a writer is
+    /// still waiting on its server after [`WRITER_STOP_TIMEOUT`] (a server that vanished
+    /// without a timeout to notice it): a test fails rather than hangs.
     pub async fn stop(self) -> Vec<String> {
         self.stop.store(true, Ordering::Relaxed);
         let mut ids = Vec::new();
         for task in self.tasks {
-            ids.extend(task.await.expect("writer task"));
+            let done = tokio::time::timeout(WRITER_STOP_TIMEOUT, task).await;
+            let done = done.unwrap_or_else(|_| {
+                panic!(
+                    "a writer still waits on its server {WRITER_STOP_TIMEOUT:?} after the stop: \
+                     its connection needs a timeout for a server that vanished"
+                )
+            });
+            ids.extend(done.expect("writer task"));
         }
         ids
     }
