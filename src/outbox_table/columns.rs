@@ -36,19 +36,16 @@ pub const CONTRACT: [&str; 9] = [
 /// The columns every message needs: a map cannot leave them unmapped.
 pub const REQUIRED: [&str; 2] = [ID, EVENT_TYPE];
 
-/// Every column a [`ColumnMap`] maps: the contract and polling mode's `published_at`.
-pub const MAPPABLE: [&str; 10] = [
-    ID,
-    EVENT_TYPE,
-    PAYLOAD,
-    HEADERS,
-    CREATED_AT,
-    EXCHANGE,
-    ROUTING_KEY,
-    AGGREGATE_TYPE,
-    AGGREGATE_ID,
-    PUBLISHED_AT,
-];
+/// Every column a [`ColumnMap`] maps: the contract, then polling mode's `published_at`.
+pub const MAPPABLE: [&str; CONTRACT.len() + 1] = {
+    let mut all = [PUBLISHED_AT; CONTRACT.len() + 1];
+    let mut i = 0;
+    while i < CONTRACT.len() {
+        all[i] = CONTRACT[i];
+        i += 1;
+    }
+    all
+};
 
 /// The flag that maps a column, for errors that tell how to map one.
 pub const COLUMN_FLAG: &str = "--column";
