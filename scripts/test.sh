@@ -11,8 +11,8 @@
 #                                    network namespaces; about 4-5 minutes)
 #
 # tests/partitions.rs (ignored by plain `cargo test`) runs in the full run too, beside the
-# version matrix: its tests mostly wait out partitions and timeouts (a 60 s flap, a 30 s
-# one-way cut), so the two together take about as long as the longer one.
+# PostgreSQL 15 suite: its tests mostly wait out partitions and timeouts (a 60 s flap, a 30 s
+# one-way cut), so it adds little to the suite's time. The matrix's versions run side by side.
 #
 # On Debian it first installs the server packages if they are missing, and docker-compose
 # (tests/packaging.rs validates docker-compose.yml with `docker-compose config`; no Docker
@@ -136,18 +136,6 @@ if [ -n "$partitions_only" ]; then
     exec cargo test --test partitions -- --ignored
 fi
 
-suite_failed=
-if [ -z "$matrix_only" ]; then
-    cargo fmt --all -- --check
-    cargo clippy --workspace --all-targets -- -D warnings
-    # Plain cargo test (not nextest): the tests of one binary share one server pair.
-    # --no-fail-fast, and the matrix runs all the same: one failure does not hide the rest.
-    cargo test --workspace --all-targets --no-fail-fast || suite_failed=yes
-fi
-
-# ---------------------------------------------------------------------------------------
-# The version matrix
-
 partitions_pid=
 work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-matrix.XXXXXX")
 chmod 755 "$work"
@@ -174,11 +162,23 @@ trap matrix_cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+suite_failed=
 if [ -z "$matrix_only" ]; then
-    echo "=== tests/partitions.rs, beside the matrix (its output follows the matrix's)"
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+    # Every test binary built first: the partitions then start at once, and the two cargo runs
+    # below never wait on each other's build.
+    cargo test --workspace --all-targets --no-run
+    echo "=== tests/partitions.rs, beside the PostgreSQL 15 suite (its output comes last)"
     cargo test --test partitions -- --ignored >"$work/partitions.log" 2>&1 &
     partitions_pid=$!
+    # Plain cargo test (not nextest): the tests of one binary share one server pair.
+    # --no-fail-fast, and the matrix runs all the same: one failure does not hide the rest.
+    cargo test --workspace --all-targets --no-fail-fast || suite_failed=yes
 fi
+
+# ---------------------------------------------------------------------------------------
+# The version matrix
 
 # One RabbitMQ for the whole matrix, named to every test binary (the harness's shared
 # services then start only a PostgreSQL of their own; tests needing a broker of their own
@@ -217,13 +217,10 @@ for entry in "${MATRIX_TESTS[@]}"; do
     done
 done
 
-summary=()
-failed_versions=0
-for major in "${matrix_majors[@]}"; do
-    started=$SECONDS
-    passed=0
-    failed=0
-    failures=()
+# One major version's share of the matrix: its output in $work/matrix-$major.log, its summary
+# line in $work/matrix-$major.summary, exit status 1 if any of its tests failed.
+matrix_version() {
+    local major=$1 started=$SECONDS passed=0 failed=0 failures=() log p f
     echo "=== PostgreSQL $major: the version matrix (OUTBOX_TEST_PG_MAJOR=$major)"
     for entry in "${MATRIX_TESTS[@]}"; do
         matrix_entry "$entry"
@@ -232,7 +229,7 @@ for major in "${matrix_majors[@]}"; do
         fi
         log=$work/$major-$binary.log
         # shellcheck disable=SC2086 # the filters are words
-        if OUTBOX_TEST_PG_MAJOR=$major cargo test --test "$binary" -- $filters 2>&1 | tee "$log"; then
+        if OUTBOX_TEST_PG_MAJOR=$major cargo test --test "$binary" -- $filters >"$log" 2>&1; then
             :
         else
             failures+=("$binary")
@@ -242,15 +239,31 @@ for major in "${matrix_majors[@]}"; do
             awk '{ p += $1; f += $2 } END { print p + 0, f + 0 }')
         passed=$((passed + p))
         failed=$((failed + f))
+        cat "$log"
     done
     version=$("$(scripts/install-postgres.sh --bin-dir "$major")/postgres" --version | awk '{ print $3 }')
     line="PostgreSQL $version ran the matrix: $passed passed, $failed failed in $((SECONDS - started)) s"
-    if [ "${#failures[@]}" -gt 0 ]; then
-        line+=" (failed: ${failures[*]})"
-        failed_versions=$((failed_versions + 1))
-    fi
+    [ "${#failures[@]}" -eq 0 ] || line+=" (failed: ${failures[*]})"
     echo "=== $line"
-    summary+=("$line")
+    echo "$line" >"$work/matrix-$major.summary"
+    [ "${#failures[@]}" -eq 0 ]
+}
+
+# The versions side by side (each test starts its own PostgreSQL; the names of databases,
+# slots and queues carry the process id, so they share the one RabbitMQ): the matrix takes
+# about as long as its longest version instead of their sum. Outputs follow in order.
+matrix_pids=()
+for major in "${matrix_majors[@]}"; do
+    matrix_version "$major" >"$work/matrix-$major.log" 2>&1 &
+    matrix_pids+=($!)
+done
+summary=()
+failed_versions=0
+for i in "${!matrix_majors[@]}"; do
+    major=${matrix_majors[$i]}
+    wait "${matrix_pids[$i]}" || failed_versions=$((failed_versions + 1))
+    cat "$work/matrix-$major.log"
+    summary+=("$(cat "$work/matrix-$major.summary" 2>/dev/null || echo "PostgreSQL $major: no summary")")
 done
 
 echo "=== version matrix"
