@@ -13,11 +13,12 @@ use crate::config::{
     MessageFormatArgs, Publishing, RunShard, TableName,
 };
 use crate::error::RelayError;
-use crate::mapper::{AllowedExchanges, Mapper};
+use crate::mapper::{headers, AllowedExchanges, Mapper};
 use crate::outbox_table::columns::{self, ColumnMap, COLUMN_FLAG};
 use crate::outbox_table::needs_created_at;
 use crate::publish::BrokerNodes;
 use crate::shard::Shard;
+use crate::template::Template;
 
 /// What every publishing command runs with.
 pub struct Outbox {
@@ -53,8 +54,11 @@ impl Outbox {
         let allowed =
             AllowedExchanges::parse(flags.exchanges.allowed_exchanges.as_deref(), flags.exchange)
                 .map_err(RelayError::Config)?;
+        let routing_key = Template::parse(&flags.exchanges.routing_key)
+            .map_err(|e| RelayError::Config(format!("--routing-key: {e}")))?;
         let mapper = Mapper::new(flags.exchange, flags.publishing.max_message_size, allowed)
-            .map_err(RelayError::Config)?;
+            .map_err(RelayError::Config)?
+            .with_routing_key(routing_key);
         let mapper = with_format(mapper, flags.format, &database_url, flags.table)?;
         let dead_letter_exchange = match flags.dead_letter {
             Some(dead_letter) => dead_letter.exchange(flags.exchange)?,
@@ -82,6 +86,22 @@ pub fn column_map(
     shards: u32,
 ) -> Result<Arc<ColumnMap>, RelayError> {
     let map = flags.map()?;
+    if let Some(taken) = map
+        .header_columns()
+        .iter()
+        .find(|h| headers::RESERVED.contains(&h.header.as_str()))
+    {
+        return Err(RelayError::Config(format!(
+            "--header-column {}={}: the relay sets the header \"{}\" itself. Fix: send the \
+             column under another name ({}=x-{}); the relay's own headers are {}",
+            taken.column,
+            taken.header,
+            taken.header,
+            taken.column,
+            taken.column,
+            headers::RESERVED.join(", ")
+        )));
+    }
     if map.column(columns::CREATED_AT).is_none() {
         if let Some(why) = created_at_for.first() {
             return Err(needs_created_at(table, &map, why));

@@ -6,6 +6,7 @@
 //!  {"specversion": "1.0", "id": <message_id>, "source": <--cloudevents-source>,
 //!   "type": <event_type>, "time": <created_at, RFC 3339>, "datacontenttype": <payload's>,
 //!   "aggregatetype": …, "aggregateid": …, "outboxseq": <x-outbox-seq, WAL mode>,
+//!   "traceparent": …, "tracestate": … (the Distributed Tracing extension),
 //!   "data": <JSON payload, or text> | "data_base64": <bytes>}
 //! ```
 //!
@@ -20,8 +21,14 @@ use serde_json::value::RawValue;
 /// The content type of a structured-mode CloudEvent.
 pub const CONTENT_TYPE: &str = "application/cloudevents+json";
 
-/// Our extension attributes.
-pub const EXTENSIONS: [&str; 3] = ["aggregatetype", "aggregateid", "outboxseq"];
+/// Our extension attributes, then the Distributed Tracing extension's.
+pub const EXTENSIONS: [&str; 5] = [
+    "aggregatetype",
+    "aggregateid",
+    "outboxseq",
+    "traceparent",
+    "tracestate",
+];
 
 /// The attributes of one event, from the message the contract built.
 pub struct Attributes<'a> {
@@ -34,6 +41,9 @@ pub struct Attributes<'a> {
     pub aggregate_id: Option<&'a str>,
     /// `x-outbox-seq` (WAL mode).
     pub seq: Option<String>,
+    /// W3C trace context, validated (src/trace_context.rs).
+    pub traceparent: Option<&'a str>,
+    pub tracestate: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -53,6 +63,10 @@ struct Event<'a> {
     aggregateid: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     outboxseq: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traceparent: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tracestate: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     data: Option<Data<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -95,6 +109,8 @@ pub fn structured(attributes: &Attributes<'_>, body: &Bytes, content_type: Optio
         aggregatetype: attributes.aggregate_type,
         aggregateid: attributes.aggregate_id,
         outboxseq: attributes.seq.as_deref(),
+        traceparent: attributes.traceparent,
+        tracestate: attributes.tracestate,
         data,
         data_base64,
     };
@@ -153,6 +169,8 @@ mod tests {
             aggregate_type: Some("Order"),
             aggregate_id: Some("42"),
             seq: Some("0000000001000000-00000002".into()),
+            traceparent: None,
+            tracestate: None,
         }
     }
 

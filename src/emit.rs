@@ -297,6 +297,8 @@ impl<'a> Event<'a> {
             routing_key: wire.routing_key.as_deref(),
             aggregate_type: wire.aggregate_type.as_deref(),
             aggregate_id: wire.aggregate_id.as_deref(),
+            // An event's trace context travels in its headers (`assemble` reads them).
+            trace: Default::default(),
         }
     }
 }

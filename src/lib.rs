@@ -51,4 +51,6 @@ pub mod publish;
 pub mod setup;
 pub mod shard;
 pub mod supervisor;
+pub mod template;
+pub mod trace_context;
 pub mod wal;

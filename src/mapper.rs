@@ -23,8 +23,10 @@ use time::format_description::well_known::Rfc3339;
 
 use crate::message::{HeaderValue, Message, Rejection, Unpublishable};
 use crate::pgoutput::{Relation, Tuple, TupleValue};
+use crate::template::{Fields, Template};
+use crate::trace_context;
 
-use crate::outbox_table::columns::{self, ColumnMap};
+use crate::outbox_table::columns::{self, ColumnMap, HEADER_COLUMN_FLAG};
 
 /// Headers the relay adds to every message.
 pub mod headers {
@@ -36,9 +38,24 @@ pub mod headers {
     pub const SEQ: &str = "x-outbox-seq";
     pub const AGGREGATE_TYPE: &str = "x-aggregate-type";
     pub const AGGREGATE_ID: &str = "x-aggregate-id";
+    pub use crate::trace_context::{TRACEPARENT, TRACESTATE};
+
+    /// The headers the relay sets itself: a header column may not take their names.
+    pub const RESERVED: [&str; 6] = [
+        LSN,
+        SEQ,
+        AGGREGATE_TYPE,
+        AGGREGATE_ID,
+        TRACEPARENT,
+        TRACESTATE,
+    ];
 }
 
 mod type_oid {
+    pub const BOOL: u32 = 16;
+    pub const INT8: u32 = 20;
+    pub const INT2: u32 = 21;
+    pub const INT4: u32 = 23;
     pub const BYTEA: u32 = 17;
     pub const JSON: u32 = 114;
     pub const UUID: u32 = 2950;
@@ -89,6 +106,29 @@ pub struct Layout {
     routing_key: Option<usize>,
     aggregate_type: Option<usize>,
     aggregate_id: Option<usize>,
+    traceparent: Option<usize>,
+    tracestate: Option<usize>,
+    span_context: Option<usize>,
+    /// `--header-column`s: index, header name, how the value is typed.
+    header_columns: Vec<(usize, String, HeaderKind)>,
+}
+
+/// How a header column's value is sent: integers and booleans as AMQP's, the rest as text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeaderKind {
+    Int,
+    Bool,
+    Text,
+}
+
+impl HeaderKind {
+    fn from_type(oid: u32) -> Self {
+        match oid {
+            type_oid::INT2 | type_oid::INT4 | type_oid::INT8 => HeaderKind::Int,
+            type_oid::BOOL => HeaderKind::Bool,
+            _ => HeaderKind::Text,
+        }
+    }
 }
 
 impl Layout {
@@ -116,6 +156,21 @@ impl Layout {
             let kind = BodyKind::from_type(relation.columns[i].type_oid);
             (i, kind)
         });
+        let header_columns = columns
+            .header_columns()
+            .iter()
+            .map(|h| match relation.column_index(&h.column) {
+                Some(i) => Ok((
+                    i,
+                    h.header.clone(),
+                    HeaderKind::from_type(relation.columns[i].type_oid),
+                )),
+                None => Err(MapError::MissingHeaderColumn {
+                    table: table.clone(),
+                    column: h.column.clone(),
+                }),
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Layout {
             width: relation.columns.len(),
             id,
@@ -128,6 +183,10 @@ impl Layout {
             routing_key: index(columns::ROUTING_KEY),
             aggregate_type: index(columns::AGGREGATE_TYPE),
             aggregate_id: index(columns::AGGREGATE_ID),
+            traceparent: index(columns::TRACEPARENT),
+            tracestate: index(columns::TRACESTATE),
+            span_context: index(columns::TRACING_SPAN_CONTEXT),
+            header_columns,
             table,
         })
     }
@@ -175,52 +234,79 @@ pub struct Parts<'a> {
     pub routing_key: Option<&'a str>,
     pub aggregate_type: Option<&'a str>,
     pub aggregate_id: Option<&'a str>,
+    /// Trace context from columns of its own; `assemble` adds the `headers`' keys.
+    pub trace: trace_context::Sources<'a>,
 }
 
 #[derive(Debug, Clone)]
 pub struct Mapper {
     default_exchange: String,
+    /// `--exchange` with placeholders: each message's exchange rendered from it.
+    exchange_template: Option<Template>,
+    /// `--routing-key`: a row's key unless its `routing_key` column names one.
+    routing_key: Template,
     max_message_size: usize,
     allowed_exchanges: AllowedExchanges,
     /// `--message-format cloudevents`: the events' `source`; `None` for plain.
     cloudevents_source: Option<std::sync::Arc<str>>,
 }
 
-/// Which exchanges a row's `exchange` column may name (`--allowed-exchanges`): anyone who
-/// can insert an outbox row would otherwise publish wherever the relay's broker user can.
+/// Which exchanges a row's `exchange` column, or an `--exchange` template, may name
+/// (`--allowed-exchanges`): anyone who can insert an outbox row would otherwise publish
+/// wherever the relay's broker user can.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AllowedExchanges {
     Any,
-    /// These and the default exchange.
+    /// These (a name ending in `*`: any exchange whose name starts with what precedes it)
+    /// and the default exchange.
     Only(Vec<String>),
 }
 
 impl AllowedExchanges {
     /// `list` as configured (`None`: the default exchange only; `*`: any), for an outbox
-    /// whose default exchange is `default_exchange`.
+    /// whose default exchange is `default_exchange` (`--exchange`; a template is no exchange
+    /// of its own, and needs a list).
     pub fn parse(list: Option<&str>, default_exchange: &str) -> Result<Self, String> {
+        let template = crate::template::is_template(default_exchange);
         let Some(list) = list else {
+            if template {
+                return Err(format!(
+                    "--exchange {default_exchange:?} is a template: every message's exchange \
+                     comes from its row, so --allowed-exchanges must say which it may be. Fix: \
+                     list them, or a prefix pattern, e.g. --allowed-exchanges 'events.*' \
+                     (OUTBOX_ALLOWED_EXCHANGES)"
+                ));
+            }
             return Ok(Self::Only(vec![default_exchange.to_string()]));
         };
         let names: Vec<&str> = list.split(',').map(str::trim).collect();
         if names == ["*"] {
             return Ok(Self::Any);
         }
-        if names.iter().any(|name| name.is_empty() || *name == "*") {
+        if names
+            .iter()
+            .any(|name| name.is_empty() || *name == "*" || name.trim_end_matches('*').contains('*'))
+        {
             return Err(format!(
                 "--allowed-exchanges {list:?}: expected exchange names separated by commas, \
-                 or `*` alone to allow any exchange"
+                 each either a name or a prefix ending in `*` (events.*), or `*` alone to \
+                 allow any exchange"
             ));
         }
         let mut allowed: Vec<String> = names.into_iter().map(str::to_string).collect();
-        allowed.push(default_exchange.to_string());
+        if !template {
+            allowed.push(default_exchange.to_string());
+        }
         Ok(Self::Only(allowed))
     }
 
     pub fn allows(&self, exchange: &str) -> bool {
         match self {
             Self::Any => true,
-            Self::Only(names) => names.iter().any(|name| name == exchange),
+            Self::Only(names) => names.iter().any(|name| match name.strip_suffix('*') {
+                Some(prefix) => exchange.starts_with(prefix),
+                None => name == exchange,
+            }),
         }
     }
 }
@@ -293,6 +379,13 @@ pub enum MapError {
         /// The table's column the map looked for.
         table_column: String,
     },
+
+    #[error(
+        "The outbox table {table} has no column \"{column}\", which {HEADER_COLUMN_FLAG} sends \
+         as a header. Fix: correct the column's name in {HEADER_COLUMN_FLAG} \
+         (OUTBOX_HEADER_COLUMNS), or add the column"
+    )]
+    MissingHeaderColumn { table: String, column: String },
 
     #[error(
         "Cannot publish {row}: column \"{column}\" is NULL, but the message needs a value. Fix: \
@@ -385,7 +478,7 @@ impl MapError {
     /// The id of the row this error is about, for the stuck-message report.
     pub fn row_id(&self) -> Option<&str> {
         match self {
-            MapError::MissingColumn { .. } => None,
+            MapError::MissingColumn { .. } | MapError::MissingHeaderColumn { .. } => None,
             MapError::Null { row, .. }
             | MapError::UnchangedToast { row, .. }
             | MapError::TooLarge { row, .. }
@@ -407,6 +500,9 @@ impl MapError {
                 table_column,
                 ..
             } => format!("the table {table} has no column \"{table_column}\""),
+            MapError::MissingHeaderColumn { table, column } => {
+                format!("the table {table} has no header column \"{column}\"")
+            }
             MapError::Null { column, .. } => format!("column \"{column}\" is NULL"),
             MapError::UnchangedToast { column, .. } => {
                 format!("column {column} arrived as an unchanged TOAST value")
@@ -441,12 +537,24 @@ impl Mapper {
                 "Exchange name \"{default_exchange}\" is over {MAX_SHORT_TEXT} bytes"
             ));
         }
+        let exchange_template = Template::parse(default_exchange)
+            .ok()
+            .filter(Template::has_placeholders);
         Ok(Self {
             default_exchange: default_exchange.to_string(),
+            exchange_template,
+            routing_key: Template::field(columns::EVENT_TYPE)?,
             max_message_size,
             allowed_exchanges,
             cloudevents_source: None,
         })
+    }
+
+    /// Routing keys from `template` (`--routing-key`) for rows whose `routing_key` column
+    /// is NULL or unmapped.
+    pub fn with_routing_key(mut self, template: Template) -> Self {
+        self.routing_key = template;
+        self
     }
 
     /// Bodies as CloudEvents in structured mode, with `source` (`--message-format
@@ -499,10 +607,15 @@ impl Mapper {
         };
         let event_type = required_str(values, layout.event_type, columns::EVENT_TYPE, &row)?;
         let body = body(layout, values, &row)?;
-        let headers = match layout.headers {
+        let mut headers = match layout.headers {
             Some(i) => header_table(&values[i], &row)?,
             None => Headers::new(),
         };
+        for (i, header, kind) in &layout.header_columns {
+            if let Some(value) = header_value(values, *i, header, *kind, &row)? {
+                headers.push((header.clone(), value));
+            }
+        }
         let created_at = optional_str(values, layout.created_at, columns::CREATED_AT, &row)?
             .map(|text| {
                 parse_timestamptz_at(text).map_err(|problem| MapError::Invalid {
@@ -528,6 +641,19 @@ impl Mapper {
                 &row,
             )?,
             aggregate_id: optional_str(values, layout.aggregate_id, columns::AGGREGATE_ID, &row)?,
+            trace: trace_context::Sources {
+                columns: (
+                    optional_str(values, layout.traceparent, columns::TRACEPARENT, &row)?,
+                    optional_str(values, layout.tracestate, columns::TRACESTATE, &row)?,
+                ),
+                span_context: optional_str(
+                    values,
+                    layout.span_context,
+                    columns::TRACING_SPAN_CONTEXT,
+                    &row,
+                )?,
+                headers: (None, None),
+            },
         };
         self.assemble(parts, position, &row)
     }
@@ -552,6 +678,7 @@ impl Mapper {
             routing_key,
             aggregate_type,
             aggregate_id,
+            trace,
         } = parts;
         let too_large = |size: usize| MapError::TooLarge {
             row: row(),
@@ -561,11 +688,22 @@ impl Mapper {
         if body.len() > self.max_message_size {
             return Err(too_large(body.len()));
         }
-        let exchange = self.exchange(exchange, row)?;
+        let fields = Fields {
+            event_type: Some(event_type),
+            aggregate_type,
+            aggregate_id,
+            id: Some(&message_id),
+        };
+        let exchange = self.exchange(exchange, &fields, row)?;
         let routing_key = match routing_key {
             Some(key) => short(key, columns::ROUTING_KEY, row)?,
-            None => short(event_type, columns::EVENT_TYPE, row)?,
+            None => {
+                let key = self.render(&self.routing_key, "--routing-key", &fields, row)?;
+                check_short(&key, columns::ROUTING_KEY, row)?;
+                key
+            }
         };
+        let (traceparent, tracestate) = trace_headers(&mut headers, trace);
         insert_stream_headers(&mut headers, position);
         for (header, value) in [
             (self::headers::AGGREGATE_TYPE, aggregate_type),
@@ -586,6 +724,8 @@ impl Mapper {
                     aggregate_type,
                     aggregate_id,
                     seq: position.map(|p| p.seq()),
+                    traceparent: traceparent.as_deref(),
+                    tracestate: tracestate.as_deref(),
                 };
                 let event = crate::cloudevents::structured(&attributes, &body, content_type);
                 if event.len() > self.max_message_size {
@@ -607,18 +747,48 @@ impl Mapper {
         })
     }
 
-    /// A row's exchange, if the policy allows it; else the default exchange.
-    fn exchange(&self, named: Option<&str>, row: &dyn Fn() -> RowRef) -> Result<String, MapError> {
-        match named {
-            Some(name) if !self.allowed_exchanges.allows(name) => {
-                Err(MapError::ExchangeNotAllowed {
-                    row: row(),
-                    exchange: name.to_string(),
-                })
-            }
-            Some(name) => short(name, columns::EXCHANGE, row),
-            None => Ok(self.default_exchange.clone()),
+    /// A row's exchange (its `exchange` column, else the `--exchange` template rendered),
+    /// if the policy allows it; else the default exchange.
+    fn exchange(
+        &self,
+        named: Option<&str>,
+        fields: &Fields<'_>,
+        row: &dyn Fn() -> RowRef,
+    ) -> Result<String, MapError> {
+        let name = match (named, &self.exchange_template) {
+            (Some(name), _) => name.to_string(),
+            (None, Some(template)) => self.render(template, "--exchange", fields, row)?,
+            (None, None) => return Ok(self.default_exchange.clone()),
+        };
+        if !self.allowed_exchanges.allows(&name) {
+            return Err(MapError::ExchangeNotAllowed {
+                row: row(),
+                exchange: name,
+            });
         }
+        check_short(&name, columns::EXCHANGE, row)?;
+        Ok(name)
+    }
+
+    /// `template` (the value of `flag`) for one message; a placeholder whose field is NULL
+    /// or unmapped is the row's error.
+    fn render(
+        &self,
+        template: &Template,
+        flag: &str,
+        fields: &Fields<'_>,
+        row: &dyn Fn() -> RowRef,
+    ) -> Result<String, MapError> {
+        template
+            .render(fields)
+            .map_err(|missing| MapError::Invalid {
+                row: row(),
+                column: missing.0,
+                problem: format!(
+                    "is NULL or unmapped, and {flag} {:?} needs it",
+                    template.source()
+                ),
+            })
     }
 
     /// The default exchange (`--exchange`).
@@ -630,6 +800,47 @@ impl Mapper {
     pub fn max_message_size(&self) -> usize {
         self.max_message_size
     }
+}
+
+/// The message's trace context (src/trace_context.rs) from `trace` and the `traceparent` and
+/// `tracestate` keys of its own headers, which are taken out: only a valid context goes on,
+/// under those names. A value dropped as invalid is counted, never an error.
+fn trace_headers(
+    headers: &mut Headers,
+    trace: trace_context::Sources<'_>,
+) -> (Option<String>, Option<String>) {
+    let mut take = |name: &str| {
+        let at = headers.iter().position(|(header, _)| header == name)?;
+        match headers.remove(at).1 {
+            HeaderValue::Text(text) => Some(text),
+            _ => Some(String::new()),
+        }
+    };
+    let from_headers = (
+        take(trace_context::TRACEPARENT),
+        take(trace_context::TRACESTATE),
+    );
+    let resolved = trace_context::resolve(&trace_context::Sources {
+        headers: (from_headers.0.as_deref(), from_headers.1.as_deref()),
+        ..trace
+    });
+    for header in &resolved.dropped {
+        use crate::observability::metrics::{HEADER_LABEL, TRACE_CONTEXT_DROPPED_TOTAL};
+        metrics::counter!(TRACE_CONTEXT_DROPPED_TOTAL, HEADER_LABEL => *header).increment(1);
+    }
+    let context = (
+        resolved.traceparent.map(str::to_string),
+        resolved.tracestate.map(str::to_string),
+    );
+    for (name, value) in [
+        (trace_context::TRACEPARENT, &context.0),
+        (trace_context::TRACESTATE, &context.1),
+    ] {
+        if let Some(value) = value {
+            headers.push((name.to_string(), value.clone().into()));
+        }
+    }
+    context
 }
 
 /// `x-outbox-lsn` and `x-outbox-seq`, for a row from the stream. Added after the message's
@@ -815,6 +1026,36 @@ fn optional_str<'a>(
             }),
         TupleValue::UnchangedToast => Ok(None),
     }
+}
+
+/// A header column's value (`None` for NULL): integers and booleans typed, the rest as text.
+fn header_value(
+    values: &[TupleValue],
+    index: usize,
+    header: &str,
+    kind: HeaderKind,
+    row: &dyn Fn() -> RowRef,
+) -> Result<Option<HeaderValue>, MapError> {
+    let Some(text) = optional_str(values, Some(index), columns::HEADERS, row)? else {
+        return Ok(None);
+    };
+    let invalid = |problem: String| MapError::Invalid {
+        row: row(),
+        column: columns::HEADERS,
+        problem: format!("(the header column for {header:?}) {problem}"),
+    };
+    Ok(Some(match kind {
+        HeaderKind::Int => HeaderValue::Int(
+            text.parse()
+                .map_err(|_| invalid(format!("is not an integer: {text:?}")))?,
+        ),
+        HeaderKind::Bool => HeaderValue::Bool(match text {
+            "t" | "true" => true,
+            "f" | "false" => false,
+            _ => return Err(invalid(format!("is not a boolean: {text:?}"))),
+        }),
+        HeaderKind::Text => HeaderValue::Text(text.to_string()),
+    }))
 }
 
 fn required_str<'a>(
@@ -1536,5 +1777,207 @@ mod tests {
             .expect_err("no id");
         assert_eq!(unpublishable.original, None);
         assert_eq!(unpublishable.message_id, None);
+    }
+
+    const PARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+    /// The outbox relation with extra columns: a tenant (text), a shard number (int4), a
+    /// flag (bool) and the W3C trace context columns.
+    fn wide_relation() -> Relation {
+        let mut relation = outbox_relation();
+        relation.columns.extend([
+            column("tenant_id", 25),
+            column("shard_no", type_oid::INT4),
+            column("urgent", type_oid::BOOL),
+            column("traceparent", 25),
+            column("tracestate", 25),
+        ]);
+        relation
+    }
+
+    fn wide_row(extra: [TupleValue; 5]) -> Tuple {
+        let mut r = full_row();
+        r.0.extend(extra);
+        r
+    }
+
+    fn header_map() -> ColumnMap {
+        ColumnMap::default()
+            .with_header_columns(&[
+                "tenant_id=x-tenant".to_string(),
+                "shard_no".into(),
+                "urgent".into(),
+            ])
+            .expect("map")
+    }
+
+    #[test]
+    fn header_columns_become_typed_headers() {
+        let layout = Layout::for_relation(&wide_relation(), &header_map()).expect("layout");
+        let r = wide_row([
+            text("acme"),
+            text("7"),
+            text("t"),
+            TupleValue::Null,
+            TupleValue::Null,
+        ]);
+        let m = mapper().map(&layout, &r, Some(pos())).expect("maps");
+        assert_eq!(
+            m.header("x-tenant"),
+            Some(&HeaderValue::Text("acme".into()))
+        );
+        assert_eq!(m.header("shard_no"), Some(&HeaderValue::Int(7)));
+        assert_eq!(m.header("urgent"), Some(&HeaderValue::Bool(true)));
+        let r = wide_row([
+            TupleValue::Null,
+            text("x"),
+            TupleValue::Null,
+            TupleValue::Null,
+            TupleValue::Null,
+        ]);
+        let error = mapper()
+            .map(&layout, &r, Some(pos()))
+            .expect_err("not an integer");
+        assert!(error.to_string().contains("\"shard_no\""), "{error}");
+        let missing = ColumnMap::default()
+            .with_header_columns(&["region".to_string()])
+            .expect("map");
+        let error = Layout::for_relation(&outbox_relation(), &missing).expect_err("no column");
+        assert!(
+            matches!(&error, MapError::MissingHeaderColumn { column, .. } if column == "region"),
+            "{error}"
+        );
+        assert!(error.to_string().contains("--header-column"), "{error}");
+    }
+
+    #[test]
+    fn templates_route_by_the_rows_fields() {
+        let layout =
+            Layout::for_relation(&outbox_relation(), &ColumnMap::default()).expect("layout");
+        let allowed =
+            AllowedExchanges::parse(Some("events.*"), "events.{aggregate_type}").expect("policy");
+        let m = Mapper::new("events.{aggregate_type}", 1024, allowed)
+            .expect("mapper")
+            .with_routing_key(Template::parse("{aggregate_type}.{event_type}").expect("t"));
+        let message = m.map(&layout, &full_row(), Some(pos())).expect("maps");
+        assert_eq!(message.exchange, "events.order");
+        assert_eq!(message.routing_key, "order.OrderCreated");
+        // The row's own columns win over both templates.
+        let mut r = full_row();
+        r.0[5] = text("events.billing");
+        r.0[6] = text("given.key");
+        let message = m.map(&layout, &r, Some(pos())).expect("maps");
+        assert_eq!(
+            (message.exchange.as_str(), message.routing_key.as_str()),
+            ("events.billing", "given.key")
+        );
+        // A field the template needs is NULL: the row's error, naming the flag.
+        let mut r = full_row();
+        r.0[7] = TupleValue::Null;
+        let error = m
+            .map(&layout, &r, Some(pos()))
+            .expect_err("no aggregate_type");
+        let described = error.to_string();
+        assert!(
+            described.contains("\"aggregate_type\"") && described.contains("--exchange"),
+            "{described}"
+        );
+        // A rendered exchange outside the patterns is not allowed.
+        let mut r = full_row();
+        r.0[5] = text("audit");
+        let error = m.map(&layout, &r, Some(pos())).expect_err("not allowed");
+        assert!(
+            matches!(error, MapError::ExchangeNotAllowed { .. }),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn an_exchange_template_needs_a_list_and_patterns_match_prefixes() {
+        let error =
+            AllowedExchanges::parse(None, "events.{aggregate_type}").expect_err("needs a list");
+        assert!(error.contains("--allowed-exchanges"), "{error}");
+        let allowed = AllowedExchanges::parse(Some("events.*, audit"), "events.{aggregate_type}")
+            .expect("policy");
+        assert!(allowed.allows("events.order") && allowed.allows("audit"));
+        assert!(!allowed.allows("eventsx") && !allowed.allows("event"));
+        assert!(AllowedExchanges::parse(Some("ev*nts"), "outbox").is_err());
+    }
+
+    #[test]
+    fn trace_context_goes_on_valid_and_is_dropped_invalid() {
+        let layout = Layout::for_relation(&wide_relation(), &ColumnMap::default()).expect("layout");
+        let r = wide_row([
+            TupleValue::Null,
+            TupleValue::Null,
+            TupleValue::Null,
+            text(PARENT),
+            text("congo=t61rcWkgMzE"),
+        ]);
+        let m = mapper().map(&layout, &r, Some(pos())).expect("maps");
+        assert_eq!(
+            m.header(headers::TRACEPARENT),
+            Some(&HeaderValue::Text(PARENT.into()))
+        );
+        assert_eq!(
+            m.header(headers::TRACESTATE),
+            Some(&HeaderValue::Text("congo=t61rcWkgMzE".into()))
+        );
+        // From the headers column, invalid: left out, the message still published.
+        let mut r = full_row();
+        r.0[3] = text(r#"{"traceparent": "nonsense", "tenant": "a"}"#);
+        let m = mapper()
+            .map(&layout_default(), &r, Some(pos()))
+            .expect("maps");
+        assert_eq!(m.header(headers::TRACEPARENT), None);
+        assert_eq!(m.header("tenant"), Some(&HeaderValue::Text("a".into())));
+        // From the headers column, valid: kept under its name.
+        let mut r = full_row();
+        r.0[3] = text(&format!(r#"{{"traceparent": "{PARENT}"}}"#));
+        let m = mapper()
+            .map(&layout_default(), &r, Some(pos()))
+            .expect("maps");
+        assert_eq!(
+            m.header(headers::TRACEPARENT),
+            Some(&HeaderValue::Text(PARENT.into()))
+        );
+    }
+
+    fn layout_default() -> Layout {
+        Layout::for_relation(&outbox_relation(), &ColumnMap::default()).expect("layout")
+    }
+
+    #[test]
+    fn debeziums_span_context_is_the_trace_context_of_cloudevents_too() {
+        let mut relation = debezium_relation();
+        relation.columns.push(column("tracingspancontext", 25));
+        let layout = Layout::for_relation(
+            &relation,
+            &ColumnMap::preset(crate::outbox_table::columns::Preset::Debezium),
+        )
+        .expect("layout");
+        let mut values: Vec<TupleValue> = relation.columns[..relation.columns.len() - 1]
+            .iter()
+            .map(|c| match c.name.as_str() {
+                "id" => text(ID),
+                "type" => text("OrderCreated"),
+                "payload" => text("{}"),
+                _ => text("x"),
+            })
+            .collect();
+        values.push(text(&format!(
+            "#Tue\ntraceparent={PARENT}\ntracestate=congo=t61\n"
+        )));
+        let m = mapper()
+            .with_cloudevents("urn:test")
+            .map(&layout, &Tuple(values), Some(pos()))
+            .expect("maps");
+        assert_eq!(
+            m.header(headers::TRACEPARENT),
+            Some(&HeaderValue::Text(PARENT.into()))
+        );
+        let event: serde_json::Value = serde_json::from_slice(&m.body).expect("JSON");
+        assert_eq!(event["traceparent"], PARENT);
+        assert_eq!(event["tracestate"], "congo=t61");
     }
 }

@@ -733,8 +733,16 @@ async fn declare_exchanges(args: &SetupArgs) -> Result<(), RelayError> {
     let dead_letter = args.dead_letter.exchange(&names.exchange)?;
     let nodes = crate::assembly::broker_nodes(&args.connections)?;
     let broker = within_connect_timeout(args, "RabbitMQ", || Broker::connect(&nodes)).await?;
-    broker.declare_exchange(&names.exchange, false).await?;
-    println!("exchange {}: declared (durable topic)", names.exchange);
+    if crate::template::is_template(&names.exchange) {
+        println!(
+            "exchange {}: a template, not declared (declare the exchanges it renders to, \
+             which --allowed-exchanges lists, before messages go there)",
+            names.exchange
+        );
+    } else {
+        broker.declare_exchange(&names.exchange, false).await?;
+        println!("exchange {}: declared (durable topic)", names.exchange);
+    }
     if let Some(dead_letter) = dead_letter {
         broker.declare_exchange(&dead_letter, false).await?;
         println!(
@@ -848,6 +856,14 @@ async fn check_columns(
     println!("columns read: {}", read.join(", "));
     if !absent.is_empty() {
         println!("columns absent: {}", absent.join(", "));
+    }
+    let headers: Vec<String> = map
+        .header_columns()
+        .iter()
+        .map(|h| format!("{} as {}", h.column, h.header))
+        .collect();
+    if !headers.is_empty() {
+        println!("header columns: {}", headers.join(", "));
     }
     Ok(())
 }

@@ -200,3 +200,386 @@ async fn a_mapping_that_does_not_fit_the_table_is_refused_naming_the_flag() {
         text(&out)
     );
 }
+
+const PARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+const OTHER_PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const STATE: &str = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
+
+/// A table of its own design: every contract column under another name, three extra
+/// columns sent as headers, the trace context in columns of its own.
+const APP_TABLE: &str = "CREATE TABLE app_events (\
+     event_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+     kind text NOT NULL, \
+     entity text NOT NULL, \
+     entity_key text NOT NULL, \
+     body jsonb, \
+     meta jsonb, \
+     occurred_at timestamptz NOT NULL DEFAULT now(), \
+     tenant_id text, \
+     shard_no int NOT NULL DEFAULT 0, \
+     urgent boolean, \
+     trace_parent text, \
+     trace_state text)";
+
+/// The map of [`APP_TABLE`], as flags.
+const APP_MAP: [&str; 14] = [
+    "--table",
+    "app_events",
+    "--column",
+    "id=event_id,event_type=kind,aggregate_type=entity,aggregate_id=entity_key,payload=body",
+    "--column",
+    "headers=meta,created_at=occurred_at,traceparent=trace_parent,tracestate=trace_state",
+    "--header-column",
+    "tenant_id=x-tenant",
+    "--header-column",
+    "shard_no",
+    "--header-column",
+    "urgent",
+    "--exchange",
+    "events.{aggregate_type}",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_of_its_own_design_is_routed_by_templates_with_header_columns_and_trace_context() {
+    let s = services();
+    let name = unique_name("layout_app");
+    let db_url = s.pg.create_database(&name).await;
+    let amqp_url = s.rabbit.url();
+    let client = common::pg::pg_connect(&db_url).await;
+    client
+        .batch_execute(APP_TABLE)
+        .await
+        .expect("create the table");
+    let slot = format!("{name}_slot");
+    let connection = [
+        "--database-url",
+        &db_url,
+        "--amqp-url",
+        &amqp_url,
+        "--slot",
+        &slot,
+    ];
+
+    let setup = std::process::Command::new(common::relay::binary())
+        .args(["setup", "--no-create-table"])
+        .args(APP_MAP)
+        .args(connection)
+        .output()
+        .expect("run setup");
+    assert!(setup.status.success(), "{}", text(&setup));
+    let printed = text(&setup);
+    assert!(printed.contains("id=event_id"), "{printed}");
+    assert!(
+        printed.contains(
+            "header columns: tenant_id as x-tenant, shard_no as shard_no, urgent as urgent"
+        ),
+        "{printed}"
+    );
+    assert!(printed.contains("a template, not declared"), "{printed}");
+
+    // The exchanges the template renders to are the user's to declare, as for a row's
+    // `exchange` column.
+    let (orders, invoices) = (format!("{name}_orders"), format!("{name}_invoices"));
+    common::declare_bound_queue(&amqp_url, "events.order", &orders, "#").await;
+    common::declare_bound_queue(&amqp_url, "events.invoice", &invoices, "#").await;
+    let mut order_consumer = Consumer::start(&amqp_url, &orders).await;
+    let mut invoice_consumer = Consumer::start(&amqp_url, &invoices).await;
+
+    let metrics_addr = format!("127.0.0.1:{}", common::free_port());
+    let mut args = vec!["run", "--metrics-addr", &metrics_addr];
+    args.extend(APP_MAP);
+    args.extend(connection);
+    args.extend([
+        "--allowed-exchanges",
+        "events.*",
+        "--routing-key",
+        "{aggregate_type}.{event_type}.{aggregate_id}",
+    ]);
+    let relay = common::RelayProcess::spawn(&args, &[]);
+
+    // (kind, entity, key, tenant, shard, urgent, meta, trace_parent, trace_state)
+    type Row = (
+        &'static str,
+        &'static str,
+        &'static str,
+        Option<&'static str>,
+        i32,
+        Option<bool>,
+        String,
+        Option<&'static str>,
+        Option<&'static str>,
+    );
+    let rows: [Row; 4] = [
+        // Trace context from its columns; every header column set.
+        (
+            "OrderCreated",
+            "order",
+            "1",
+            Some("acme"),
+            3,
+            Some(true),
+            "{}".into(),
+            Some(PARENT),
+            Some(STATE),
+        ),
+        // From the headers column; NULL header columns are left out.
+        (
+            "InvoicePaid",
+            "invoice",
+            "9",
+            None,
+            0,
+            None,
+            format!(r#"{{"traceparent": "{OTHER_PARENT}", "source": "billing"}}"#),
+            None,
+            None,
+        ),
+        // The columns win over the headers column.
+        (
+            "OrderPaid",
+            "order",
+            "1",
+            Some("acme"),
+            3,
+            Some(false),
+            format!(r#"{{"traceparent": "{OTHER_PARENT}"}}"#),
+            Some(PARENT),
+            None,
+        ),
+        // Invalid: dropped and counted, the message delivered all the same.
+        (
+            "OrderShipped",
+            "order",
+            "1",
+            Some("acme"),
+            3,
+            None,
+            "{}".into(),
+            Some("not-a-traceparent"),
+            Some(STATE),
+        ),
+    ];
+    for (kind, entity, key, tenant, shard, urgent, meta, parent, state) in &rows {
+        client
+            .execute(
+                "INSERT INTO app_events \
+                 (kind, entity, entity_key, body, meta, tenant_id, shard_no, urgent, trace_parent, trace_state) \
+                 VALUES ($1, $2, $3, jsonb_build_object('kind', $1::text), $4::text::jsonb, $5, $6, $7, $8, $9)",
+                &[kind, entity, key, meta, tenant, shard, urgent, parent, state],
+            )
+            .await
+            .expect("insert a row");
+    }
+
+    let orders = order_consumer
+        .wait_settled(3, Duration::from_secs(60))
+        .await;
+    let invoices = invoice_consumer
+        .wait_settled(1, Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        (orders.len(), invoices.len()),
+        (3, 1),
+        "log:\n{}",
+        relay.log()
+    );
+    let ids: Vec<String> = client
+        .query(
+            "SELECT event_id::text FROM app_events ORDER BY event_id",
+            &[],
+        )
+        .await
+        .expect("ids")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let mut received = orders.iter().chain(invoices.iter()).collect::<Vec<_>>();
+    received.sort_by_key(|m| m.message_id.clone().unwrap_or_default().parse::<u64>().ok());
+    let json = |v: &str| Some(serde_json::json!(v));
+    for (i, (message, row)) in received.iter().zip(&rows).enumerate() {
+        let (kind, entity, key, tenant, shard, urgent, _, _, _) = row;
+        assert_eq!(message.message_id.as_deref(), Some(ids[i].as_str()));
+        assert_eq!(message.kind.as_deref(), Some(*kind));
+        assert_eq!(message.exchange, format!("events.{entity}"));
+        assert_eq!(message.routing_key, format!("{entity}.{kind}.{key}"));
+        assert_eq!(message.body_json(), serde_json::json!({ "kind": kind }));
+        assert!(message.timestamp.is_some(), "created_at is mapped");
+        assert_eq!(
+            message.headers.get("x-tenant").cloned(),
+            tenant.map(|t| serde_json::json!(t))
+        );
+        assert_eq!(
+            message.headers.get("shard_no"),
+            Some(&serde_json::json!(shard))
+        );
+        assert_eq!(
+            message.headers.get("urgent").cloned(),
+            urgent.map(|u| serde_json::json!(u))
+        );
+    }
+    let trace = |m: &common::Received| {
+        (
+            m.headers.get("traceparent").cloned(),
+            m.headers.get("tracestate").cloned(),
+        )
+    };
+    assert_eq!(trace(received[0]), (json(PARENT), json(STATE)));
+    assert_eq!(trace(received[1]), (json(OTHER_PARENT), None));
+    assert_eq!(
+        received[1].headers.get("source"),
+        Some(&serde_json::json!("billing"))
+    );
+    assert_eq!(trace(received[2]), (json(PARENT), None));
+    assert_eq!(trace(received[3]), (None, None));
+    assert!(
+        relay
+            .wait_metric(
+                "outbox_relay_trace_context_dropped_total{header=\"traceparent\"}",
+                Duration::from_secs(10),
+                |n| n == 1,
+            )
+            .await,
+        "one traceparent dropped; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debeziums_span_context_and_extra_columns_reach_a_cloudevents_consumer() {
+    let db_url = debezium_database("layout_trace").await;
+    let amqp_url = services().rabbit.url();
+    let client = common::pg::pg_connect(&db_url).await;
+    client
+        .batch_execute(
+            "ALTER TABLE outbox ADD COLUMN tracingspancontext varchar(256), \
+             ADD COLUMN tenant_id varchar(64)",
+        )
+        .await
+        .expect("Debezium's optional column and one of the user's");
+    let outbox = Outbox::provision_in(
+        &db_url,
+        &amqp_url,
+        &["setup", "--no-create-table", "--table-layout", "debezium"],
+        FieldTable::default(),
+    )
+    .await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let relay = outbox.spawn_relay(&[
+        "--table-layout",
+        "debezium",
+        "--cleanup-interval",
+        "0",
+        "--header-column",
+        "tenant_id=x-tenant",
+        "--routing-key",
+        "{aggregate_type}.{event_type}",
+        "--message-format",
+        "cloudevents",
+    ]);
+    // As Debezium's OpenTelemetry integration writes it: java.util.Properties text.
+    let span_context =
+        format!("#Thu Dec 03 10:00:00 UTC 2026\ntraceparent={PARENT}\ntracestate={STATE}\n");
+    let (id, aggregate_type, aggregate_id, event_type, payload) = ROWS[0];
+    outbox
+        .client
+        .execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tracingspancontext, tenant_id) \
+             VALUES ($1::text::uuid, $2, $3, $4, $5::text::jsonb, $6, 'acme')",
+            &[&id, &aggregate_type, &aggregate_id, &event_type, &payload, &span_context],
+        )
+        .await
+        .expect("insert");
+    let received = consumer.wait_settled(1, Duration::from_secs(60)).await;
+    assert_eq!(received.len(), 1, "log:\n{}", relay.log());
+    let message = &received[0];
+    assert_eq!(
+        message.routing_key,
+        format!("{aggregate_type}.{event_type}")
+    );
+    assert_eq!(
+        message.headers.get("traceparent"),
+        Some(&serde_json::json!(PARENT))
+    );
+    assert_eq!(
+        message.headers.get("tracestate"),
+        Some(&serde_json::json!(STATE))
+    );
+    assert_eq!(
+        message.headers.get("x-tenant"),
+        Some(&serde_json::json!("acme"))
+    );
+    assert_eq!(
+        message.content_type.as_deref(),
+        Some("application/cloudevents+json")
+    );
+    let event = message.body_json();
+    assert_eq!(event["id"], id);
+    assert_eq!(event["type"], event_type);
+    assert_eq!(event["traceparent"], PARENT);
+    assert_eq!(event["tracestate"], STATE);
+    assert_eq!(
+        event["data"],
+        serde_json::from_str::<serde_json::Value>(payload).expect("payload")
+    );
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_header_columns_and_templates_are_refused_naming_the_flag() {
+    let db_url = debezium_database("layout_badt").await;
+    let amqp_url = services().rabbit.url();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(common::relay::binary())
+            .args(args)
+            .args(["--database-url", &db_url, "--amqp-url", &amqp_url])
+            .output()
+            .expect("run outbox-relay");
+        (out.status.code(), text(&out))
+    };
+    let debezium = ["--table-layout", "debezium", "--cleanup-interval", "0"];
+    for (extra, expected) in [
+        (
+            &["--header-column", "type=traceparent"][..],
+            "the relay sets the header \"traceparent\" itself",
+        ),
+        (
+            &["--routing-key", "{tenant}"][..],
+            "not a field of the message contract",
+        ),
+        (
+            &["--exchange", "events.{aggregate_type"][..],
+            "without its `}`",
+        ),
+        (
+            &["--exchange", "events.{aggregate_type}"][..],
+            "must say which it may be",
+        ),
+        (
+            &["--allowed-exchanges", "ev*ts"][..],
+            "a prefix ending in `*`",
+        ),
+    ] {
+        let mut args = vec!["run"];
+        args.extend(debezium);
+        args.extend(extra);
+        let (code, message) = run(&args);
+        assert_ne!(code, Some(0), "{extra:?}: {message}");
+        assert!(message.contains(expected), "{extra:?}: {message}");
+    }
+    // A header column the table lacks: setup names it (run would, at the table's first
+    // Relation).
+    let (code, message) = run(&[
+        "setup",
+        "--no-create-table",
+        "--table-layout",
+        "debezium",
+        "--header-column",
+        "region",
+    ]);
+    assert_eq!(code, Some(1), "{message}");
+    assert!(
+        message.contains("has no column \"region\", which --header-column sends"),
+        "{message}"
+    );
+}

@@ -93,15 +93,39 @@ fn parse_cloudevents_source(source: &str) -> Result<String, String> {
     Ok(source.to_string())
 }
 
-/// Which exchanges a row may send its message to.
+/// Which exchanges a row may send its message to, and with which routing key.
 #[derive(Debug, Clone, Args)]
 pub struct ExchangePolicyArgs {
-    /// Exchanges a row's `exchange` column may name, comma-separated; `*` allows any
-    /// exchange the broker user can write to. The --exchange is always allowed. A row naming
-    /// another exchange is not published: it stops the relay (`halt`) or goes to the
-    /// dead-letter exchange with the reason "exchange not allowed".
+    /// Exchanges a row's `exchange` column (or an --exchange template) may name,
+    /// comma-separated; a name ending in `*` allows every exchange that starts with the rest
+    /// (events.*); `*` alone allows any exchange the broker user can write to. A plain
+    /// --exchange is always allowed. A message naming another exchange is not published: it
+    /// stops the relay (`halt`) or goes to the dead-letter exchange with the reason
+    /// "exchange not allowed".
     #[arg(long, env = "OUTBOX_ALLOWED_EXCHANGES", value_parser = parse_exchange_list)]
     pub allowed_exchanges: Option<String>,
+
+    /// The routing key of a message whose row has no `routing_key` value: a template over the
+    /// contract's fields, {event_type}, {aggregate_type}, {aggregate_id}, {id} (e.g.
+    /// '{aggregate_type}.{event_type}'; `{{` is a literal brace). A field a message lacks
+    /// makes it unpublishable (--on-unroutable decides).
+    #[arg(
+        long,
+        env = "OUTBOX_ROUTING_KEY",
+        value_name = "TEMPLATE",
+        default_value = "{event_type}",
+        value_parser = parse_routing_key
+    )]
+    pub routing_key: String,
+}
+
+/// `--routing-key`: a template that parses (src/template.rs).
+fn parse_routing_key(text: &str) -> Result<String, String> {
+    crate::template::Template::parse(text)?;
+    if text.len() > 255 {
+        return Err("is over 255 bytes: AMQP allows at most 255 in a routing key".into());
+    }
+    Ok(text.to_string())
 }
 
 /// What happens to a message the broker will not route or accept.

@@ -79,8 +79,10 @@ name_flag!(SlotName);
 /// `--exchange`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct ExchangeName {
-    /// The exchange messages go to unless a row names its own (a durable topic exchange).
-    #[arg(id = "exchange", long = "exchange", value_name = "EXCHANGE", env = "OUTBOX_EXCHANGE", default_value = "outbox", value_parser = parse_exchange_name)]
+    /// The exchange messages go to unless a row names its own (a durable topic exchange); or
+    /// a template over the contract's fields, e.g. 'events.{aggregate_type}', which needs
+    /// --allowed-exchanges.
+    #[arg(id = "exchange", long = "exchange", value_name = "EXCHANGE", env = "OUTBOX_EXCHANGE", default_value = "outbox", value_parser = parse_exchange_or_template)]
     pub name: String,
 }
 name_flag!(ExchangeName);
@@ -115,6 +117,18 @@ pub struct ColumnArgs {
         value_delimiter = ','
     )]
     pub columns: Vec<String>,
+
+    /// Sends a column of the table as an AMQP header of every message (repeatable; in the
+    /// variable, separated by commas): `tenant_id` as the header `tenant_id`, or
+    /// `tenant_id=x-tenant` under another name. Integers and booleans keep their type; NULL
+    /// leaves the header out.
+    #[arg(
+        long = "header-column",
+        env = "OUTBOX_HEADER_COLUMNS",
+        value_name = "COLUMN[=HEADER]",
+        value_delimiter = ','
+    )]
+    pub header_columns: Vec<String>,
 }
 
 impl ColumnArgs {
@@ -124,7 +138,9 @@ impl ColumnArgs {
             TableLayout::Default => Preset::Default,
             TableLayout::Debezium => Preset::Debezium,
         };
-        ColumnMap::resolve(preset, &self.columns).map_err(RelayError::Config)
+        ColumnMap::resolve(preset, &self.columns)
+            .and_then(|map| map.with_header_columns(&self.header_columns))
+            .map_err(RelayError::Config)
     }
 }
 
@@ -263,6 +279,14 @@ pub fn parse_exchange_name(name: &str) -> Result<String, String> {
         ));
     }
     Ok(name.to_string())
+}
+
+/// `--exchange`: a name, or a template (src/template.rs) that parses: a brace makes it one.
+fn parse_exchange_or_template(text: &str) -> Result<String, String> {
+    if text.contains(['{', '}']) {
+        crate::template::Template::parse(text)?;
+    }
+    parse_exchange_name(text)
 }
 
 /// `--allowed-exchanges`: each name in the list a valid exchange name (`*`, and the shape of

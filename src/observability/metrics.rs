@@ -75,6 +75,9 @@ pub const COMMIT_TO_CONFIRM_SECONDS: &str = "outbox_relay_commit_to_confirm_seco
 pub const HEARTBEAT_LAG_SECONDS: &str = "outbox_relay_heartbeat_lag_seconds";
 /// Seconds the relay has been failing on the same message (0 when it is not stuck).
 pub const BLOCKED_ON_MESSAGE_SECONDS: &str = "outbox_relay_blocked_on_message_seconds";
+/// W3C trace context values found invalid and left out of a message, by `header`
+/// (`traceparent`, `tracestate`): the message goes on without them.
+pub const TRACE_CONTEXT_DROPPED_TOTAL: &str = "outbox_relay_trace_context_dropped_total";
 /// Session restarts, by cause (`database`, `broker`, `confirm_timeout`, `nack`, …).
 pub const RECONNECTS_TOTAL: &str = "outbox_relay_reconnects_total";
 /// Outbox messages taken from the stream for publishing, by source: `row` (the outbox
@@ -134,6 +137,9 @@ pub const DEAD_LETTER_REASONS: [&str; 4] = [
     "unmappable",
     "exchange_not_allowed",
 ];
+/// Label of [`TRACE_CONTEXT_DROPPED_TOTAL`], and its values.
+pub const HEADER_LABEL: &str = "header";
+pub const TRACE_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
 /// Label of [`BROKER_INFO`].
 pub const NODE_LABEL: &str = "node";
 /// 1 for the PostgreSQL server (label `host`, `host:port`) the newest session went to, 0 for
@@ -279,6 +285,10 @@ pub fn describe() {
     );
     describe_counter!(RECONNECTS_TOTAL, "Session restarts, by cause");
     describe_counter!(
+        TRACE_CONTEXT_DROPPED_TOTAL,
+        "Invalid W3C trace context values left out of messages, by header"
+    );
+    describe_counter!(
         CLEANUP_DELETED_ROWS_TOTAL,
         "Outbox rows deleted by the cleanup job"
     );
@@ -404,6 +414,9 @@ pub fn register_mode(mode: &'static str) {
     }
     for reason in DEAD_LETTER_REASONS {
         metrics::counter!(DEAD_LETTERED_TOTAL, REASON_LABEL => reason).absolute(0);
+    }
+    for header in TRACE_HEADERS {
+        metrics::counter!(TRACE_CONTEXT_DROPPED_TOTAL, HEADER_LABEL => header).absolute(0);
     }
     for name in [MESSAGES_IN_FLIGHT, BROKER_BLOCKED]
         .iter()

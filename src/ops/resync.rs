@@ -59,7 +59,7 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     })
     .await?;
     let broker = Broker::connect(&brokers).await?;
-    broker.declare_exchange(&names.exchange, true).await?;
+    broker.check_exchange(&names.exchange).await?;
 
     let transaction = client
         .build_transaction()

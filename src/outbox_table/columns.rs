@@ -17,11 +17,16 @@ pub const EXCHANGE: &str = "exchange";
 pub const ROUTING_KEY: &str = "routing_key";
 pub const AGGREGATE_TYPE: &str = "aggregate_type";
 pub const AGGREGATE_ID: &str = "aggregate_id";
+/// W3C trace context (src/trace_context.rs), sent as the headers of the same names.
+pub const TRACEPARENT: &str = "traceparent";
+pub const TRACESTATE: &str = "tracestate";
+/// Debezium's trace context: java.util.Properties text with `traceparent` and `tracestate`.
+pub const TRACING_SPAN_CONTEXT: &str = "tracing_span_context";
 /// Polling mode only: marks a claimed row published (NULL until then).
 pub const PUBLISHED_AT: &str = "published_at";
 
 /// The columns a message is made of, read when the table has them; others are ignored.
-pub const CONTRACT: [&str; 9] = [
+pub const CONTRACT: [&str; 12] = [
     ID,
     EVENT_TYPE,
     PAYLOAD,
@@ -31,6 +36,9 @@ pub const CONTRACT: [&str; 9] = [
     ROUTING_KEY,
     AGGREGATE_TYPE,
     AGGREGATE_ID,
+    TRACEPARENT,
+    TRACESTATE,
+    TRACING_SPAN_CONTEXT,
 ];
 
 /// The columns every message needs: a map cannot leave them unmapped.
@@ -50,13 +58,25 @@ pub const MAPPABLE: [&str; CONTRACT.len() + 1] = {
 /// The flag that maps a column, for errors that tell how to map one.
 pub const COLUMN_FLAG: &str = "--column";
 
+/// The flag that sends a column as a header.
+pub const HEADER_COLUMN_FLAG: &str = "--header-column";
+
+/// A column of the table sent as an AMQP header of every message (`--header-column`), as
+/// Debezium's `table.fields.additional.placement` does with `header`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderColumn {
+    pub column: String,
+    pub header: String,
+}
+
 /// A preset of column names (`--table-layout`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Preset {
     /// The table `setup` creates: every column under its contract name.
     Default,
     /// Debezium's Outbox Event Router with its defaults: `id`, `aggregatetype`,
-    /// `aggregateid`, `type`, `payload`; no `created_at`, headers, exchange or routing key.
+    /// `aggregateid`, `type`, `payload`, `tracingspancontext`; no `created_at`, headers,
+    /// exchange or routing key.
     Debezium,
 }
 
@@ -65,6 +85,8 @@ pub enum Preset {
 pub struct ColumnMap {
     /// In [`MAPPABLE`]'s order.
     columns: [Option<String>; MAPPABLE.len()],
+    /// Sent as headers, in the order given.
+    header_columns: Vec<HeaderColumn>,
 }
 
 impl Default for ColumnMap {
@@ -78,6 +100,7 @@ impl ColumnMap {
     pub fn preset(preset: Preset) -> Self {
         let mut map = Self {
             columns: MAPPABLE.map(|name| Some(name.to_string())),
+            header_columns: Vec::new(),
         };
         if preset == Preset::Debezium {
             for (contract, column) in [
@@ -86,6 +109,7 @@ impl ColumnMap {
                 (PAYLOAD, Some("payload")),
                 (AGGREGATE_TYPE, Some("aggregatetype")),
                 (AGGREGATE_ID, Some("aggregateid")),
+                (TRACING_SPAN_CONTEXT, Some("tracingspancontext")),
                 (HEADERS, None),
                 (CREATED_AT, None),
                 (EXCHANGE, None),
@@ -156,6 +180,65 @@ impl ColumnMap {
         Ok(map)
     }
 
+    /// The map with `entries` (`COLUMN[=HEADER]` each; the header is named like the column
+    /// when `=HEADER` is left out) as header columns. Errors name the flag: a column name
+    /// quoting cannot make safe, an empty or over-long header name, a column or a header
+    /// given twice.
+    pub fn with_header_columns(mut self, entries: &[String]) -> Result<Self, String> {
+        for entry in entries {
+            let (column, header) = match entry.split_once('=') {
+                Some((column, header)) => (column.trim(), header.trim()),
+                None => (entry.trim(), entry.trim()),
+            };
+            if column.is_empty() || header.is_empty() {
+                return Err(format!(
+                    "{HEADER_COLUMN_FLAG} {entry:?}: expected COLUMN or COLUMN=HEADER, e.g. \
+                     {HEADER_COLUMN_FLAG} tenant_id=x-tenant"
+                ));
+            }
+            if let Err(problem) = check_column_name(column) {
+                return Err(format!(
+                    "{HEADER_COLUMN_FLAG} {entry:?}: the column name {problem}"
+                ));
+            }
+            if header.len() > 255 {
+                return Err(format!(
+                    "{HEADER_COLUMN_FLAG} {entry:?}: the header name is {} bytes long; AMQP \
+                     allows at most 255",
+                    header.len()
+                ));
+            }
+            if let Some(earlier) = self
+                .header_columns
+                .iter()
+                .find(|h| h.column == column || h.header == header)
+            {
+                return Err(format!(
+                    "{HEADER_COLUMN_FLAG} {entry:?}: the column \"{}\" or the header \"{}\" \
+                     is given twice (OUTBOX_HEADER_COLUMNS and the command line are one list)",
+                    earlier.column, earlier.header
+                ));
+            }
+            self.header_columns.push(HeaderColumn {
+                column: column.to_string(),
+                header: header.to_string(),
+            });
+        }
+        Ok(self)
+    }
+
+    /// The columns sent as headers (`--header-column`).
+    pub fn header_columns(&self) -> &[HeaderColumn] {
+        &self.header_columns
+    }
+
+    /// Whether a message reads the table's `column`: a contract column or a header column.
+    pub fn reads(&self, column: &str) -> bool {
+        self.contract_of(column)
+            .is_some_and(|contract| CONTRACT.contains(&contract))
+            || self.header_columns.iter().any(|h| h.column == column)
+    }
+
     /// The table's column for `contract` (one of [`MAPPABLE`]); `None` when unmapped.
     pub fn column(&self, contract: &str) -> Option<&str> {
         MAPPABLE
@@ -172,7 +255,8 @@ impl ColumnMap {
             .map(|i| MAPPABLE[i])
     }
 
-    /// Whether every contract column is under its own name (the table `setup` creates).
+    /// Whether every contract column is under its own name and no column is a header (the
+    /// table `setup` creates, read as it is).
     pub fn is_default(&self) -> bool {
         *self == Self::default()
     }
@@ -189,12 +273,18 @@ impl ColumnMap {
             .collect()
     }
 
-    /// `contract=column` for each contract column, `contract=` when unmapped (logs, errors).
+    /// `contract=column` for each contract column, `contract=` when unmapped, then
+    /// `header:column=header` for each header column (logs, errors).
     pub fn describe(&self) -> String {
         MAPPABLE
             .iter()
             .zip(&self.columns)
             .map(|(contract, column)| format!("{contract}={}", column.as_deref().unwrap_or("")))
+            .chain(
+                self.header_columns
+                    .iter()
+                    .map(|h| format!("header:{}={}", h.column, h.header)),
+            )
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -250,6 +340,7 @@ mod tests {
         assert_eq!(map.column(PAYLOAD), Some("payload"));
         assert_eq!(map.column(AGGREGATE_TYPE), Some("aggregatetype"));
         assert_eq!(map.column(AGGREGATE_ID), Some("aggregateid"));
+        assert_eq!(map.column(TRACING_SPAN_CONTEXT), Some("tracingspancontext"));
         for absent in [HEADERS, CREATED_AT, EXCHANGE, ROUTING_KEY, PUBLISHED_AT] {
             assert_eq!(map.column(absent), None, "{absent}");
         }
@@ -308,5 +399,49 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("published_at="), "{text}");
+        let map = map
+            .with_header_columns(&overrides(&["tenant_id=x-tenant"]))
+            .expect("map");
+        assert!(map.describe().ends_with(",header:tenant_id=x-tenant"));
+    }
+
+    #[test]
+    fn header_columns_are_read_and_checked() {
+        let map = ColumnMap::default()
+            .with_header_columns(&overrides(&["tenant_id = x-tenant", "region"]))
+            .expect("map");
+        assert_eq!(
+            map.header_columns(),
+            [
+                HeaderColumn {
+                    column: "tenant_id".into(),
+                    header: "x-tenant".into()
+                },
+                HeaderColumn {
+                    column: "region".into(),
+                    header: "region".into()
+                },
+            ]
+        );
+        assert!(map.reads("tenant_id") && map.reads("event_type") && !map.reads("other"));
+        assert!(
+            !map.reads(PUBLISHED_AT),
+            "polling's column is not part of a message"
+        );
+        assert!(!map.is_default());
+        let long = "h".repeat(256);
+        for (entries, expected) in [
+            (vec!["=x".to_string()], "expected COLUMN or COLUMN=HEADER"),
+            (vec!["a$b".to_string()], "`$`"),
+            (vec![format!("a={long}")], "at most 255"),
+            (vec!["a=x".into(), "b=x".into()], "given twice"),
+            (vec!["a=x".into(), "a=y".into()], "given twice"),
+        ] {
+            let error = ColumnMap::default()
+                .with_header_columns(&entries)
+                .expect_err("refused");
+            assert!(error.starts_with(HEADER_COLUMN_FLAG), "{error}");
+            assert!(error.contains(expected), "{entries:?}: {error}");
+        }
     }
 }

@@ -126,13 +126,7 @@ impl TextRelation {
             return Err(missing(needed));
         }
         let (schema, table) = outbox.table_parts();
-        let read: Vec<&TableColumn> = all
-            .iter()
-            .filter(|c| {
-                map.contract_of(&c.name)
-                    .is_some_and(|contract| columns::CONTRACT.contains(&contract))
-            })
-            .collect();
+        let read: Vec<&TableColumn> = all.iter().filter(|c| map.reads(&c.name)).collect();
         let id_type = read
             .iter()
             .find(|c| map.column(columns::ID) == Some(c.name.as_str()))

@@ -207,7 +207,7 @@ impl Broker {
         exchange: &str,
         dead_letter_exchange: Option<&str>,
     ) -> Result<(), RelayError> {
-        self.declare_exchange(exchange, true).await?;
+        self.check_exchange(exchange).await?;
         if let Some(dead_letters) = dead_letter_exchange {
             self.enable_dead_letters(dead_letters).await?;
         }
@@ -253,6 +253,16 @@ impl Broker {
             Some(error) => error.into(),
             None => std::future::pending().await,
         }
+    }
+
+    /// Checks passively that `exchange` (`--exchange`) exists. A template names no exchange
+    /// of its own: each message's rendered exchange is checked by its publish, as a row's
+    /// `exchange` column is.
+    pub async fn check_exchange(&self, exchange: &str) -> Result<(), RelayError> {
+        if crate::template::is_template(exchange) {
+            return Ok(());
+        }
+        self.declare_exchange(exchange, true).await
     }
 
     /// Declares the durable topic exchange (setup), or with `passive` only checks that it

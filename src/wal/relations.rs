@@ -22,7 +22,8 @@ pub enum Known<'a> {
 }
 
 enum Entry {
-    Outbox(Layout),
+    /// Boxed: a Layout is large beside `Ignored`, and looked up once per row either way.
+    Outbox(Box<Layout>),
     Ignored,
 }
 
@@ -52,7 +53,7 @@ impl RelationCache {
                 oid = relation.oid,
                 "outbox relation"
             );
-            Entry::Outbox(layout)
+            Entry::Outbox(Box::new(layout))
         } else {
             if !self.entries.contains_key(&relation.oid) {
                 tracing::warn!(
