@@ -109,8 +109,10 @@ pub struct Layout {
     traceparent: Option<usize>,
     tracestate: Option<usize>,
     span_context: Option<usize>,
-    /// `--header-column`s: index, header name, how the value is typed.
-    header_columns: Vec<(usize, String, HeaderKind)>,
+    /// `--header-column`s: index, column name, header name, how the value is typed.
+    header_columns: Vec<(usize, String, String, HeaderKind)>,
+    /// The contract columns the map renames, with the table's names (for errors).
+    renamed: Vec<(&'static str, String)>,
 }
 
 /// How a header column's value is sent: integers and booleans as AMQP's, the rest as text.
@@ -162,6 +164,7 @@ impl Layout {
             .map(|h| match relation.column_index(&h.column) {
                 Some(i) => Ok((
                     i,
+                    h.column.clone(),
                     h.header.clone(),
                     HeaderKind::from_type(relation.columns[i].type_oid),
                 )),
@@ -187,6 +190,13 @@ impl Layout {
             tracestate: index(columns::TRACESTATE),
             span_context: index(columns::TRACING_SPAN_CONTEXT),
             header_columns,
+            renamed: columns::CONTRACT
+                .into_iter()
+                .filter_map(|contract| {
+                    let table = columns.column(contract)?;
+                    (table != contract).then(|| (contract, table.to_string()))
+                })
+                .collect(),
             table,
         })
     }
@@ -364,6 +374,41 @@ impl fmt::Display for RowRef {
     }
 }
 
+/// The column (or an emitted event's field) an error is about, as the user knows it: the
+/// contract's name, or the table's when the column map renames it (`map` sets that), or a
+/// header column.
+#[derive(Debug, Clone, PartialEq, Eq)]
+// Boxed beyond the common case: a MapError travels in every row's Result.
+pub enum ColumnLabel {
+    Contract(&'static str),
+    /// The contract's name, the table's.
+    Renamed(Box<(&'static str, String)>),
+    /// A header column: the table's name, the header's.
+    Header(Box<(String, String)>),
+}
+
+impl From<&'static str> for ColumnLabel {
+    fn from(contract: &'static str) -> Self {
+        ColumnLabel::Contract(contract)
+    }
+}
+
+impl fmt::Display for ColumnLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ColumnLabel::Contract(contract) => write!(f, "\"{contract}\""),
+            ColumnLabel::Renamed(names) => {
+                let (contract, table) = &**names;
+                write!(f, "\"{table}\" (the contract's {contract})")
+            }
+            ColumnLabel::Header(names) => {
+                let (column, header) = &**names;
+                write!(f, "\"{column}\" (sent as the header {header:?})")
+            }
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum MapError {
     #[error(
@@ -388,11 +433,11 @@ pub enum MapError {
     MissingHeaderColumn { table: String, column: String },
 
     #[error(
-        "Cannot publish {row}: column \"{column}\" is NULL, but the message needs a value. Fix: \
+        "Cannot publish {row}: column {column} is NULL, but the message needs a value. Fix: \
          make the column NOT NULL or correct the row; the relay stops before it and acknowledges \
          nothing past it"
     )]
-    Null { row: RowRef, column: &'static str },
+    Null { row: RowRef, column: ColumnLabel },
 
     #[error(
         "Cannot publish {row}: column \"{column}\" arrived as an unchanged TOAST value in an \
@@ -421,10 +466,10 @@ pub enum MapError {
     )]
     ExchangeNotAllowed { row: RowRef, exchange: String },
 
-    #[error("Cannot publish {row}: {} \"{column}\" {problem}", row.part())]
+    #[error("Cannot publish {row}: {} {column} {problem}", row.part())]
     Invalid {
         row: RowRef,
-        column: &'static str,
+        column: ColumnLabel,
         problem: String,
     },
 
@@ -491,6 +536,18 @@ impl MapError {
 }
 
 impl MapError {
+    /// The error with its contract column named as `layout`'s table names it.
+    fn in_table(mut self, layout: &Layout) -> Self {
+        if let MapError::Null { column, .. } | MapError::Invalid { column, .. } = &mut self {
+            if let ColumnLabel::Contract(contract) = column {
+                if let Some((_, table)) = layout.renamed.iter().find(|(c, _)| c == contract) {
+                    *column = ColumnLabel::Renamed(Box::new((contract, table.clone())));
+                }
+            }
+        }
+        self
+    }
+
     /// What is wrong with the row, without the row reference and the advice (the text of an
     /// `unmappable` dead-letter reason).
     pub fn problem(&self) -> String {
@@ -503,7 +560,7 @@ impl MapError {
             MapError::MissingHeaderColumn { table, column } => {
                 format!("the table {table} has no header column \"{column}\"")
             }
-            MapError::Null { column, .. } => format!("column \"{column}\" is NULL"),
+            MapError::Null { column, .. } => format!("column {column} is NULL"),
             MapError::UnchangedToast { column, .. } => {
                 format!("column {column} arrived as an unchanged TOAST value")
             }
@@ -514,7 +571,7 @@ impl MapError {
                 row,
                 column,
                 problem,
-            } => format!("{} \"{column}\" {problem}", row.part()),
+            } => format!("{} {column} {problem}", row.part()),
             MapError::Envelope { problem, .. } => format!("envelope {problem}"),
             MapError::EnvelopeVersion {
                 version, supported, ..
@@ -564,7 +621,19 @@ impl Mapper {
         self
     }
 
+    /// The row's message, or why it cannot be published, naming its columns as the table
+    /// does.
     pub fn map(
+        &self,
+        layout: &Layout,
+        tuple: &Tuple,
+        position: Option<Position>,
+    ) -> Result<Message, MapError> {
+        self.map_contract(layout, tuple, position)
+            .map_err(|error| error.in_table(layout))
+    }
+
+    fn map_contract(
         &self,
         layout: &Layout,
         tuple: &Tuple,
@@ -580,7 +649,7 @@ impl Mapper {
         if values.len() != layout.width {
             return Err(MapError::Invalid {
                 row: row(),
-                column: columns::ID,
+                column: columns::ID.into(),
                 problem: format!(
                     "is in a row of {} columns, but the table's Relation has {}",
                     values.len(),
@@ -602,7 +671,7 @@ impl Mapper {
         let Some(message_id) = id.clone() else {
             return Err(MapError::Null {
                 row: row(),
-                column: columns::ID,
+                column: columns::ID.into(),
             });
         };
         let event_type = required_str(values, layout.event_type, columns::EVENT_TYPE, &row)?;
@@ -611,8 +680,8 @@ impl Mapper {
             Some(i) => header_table(&values[i], &row)?,
             None => Headers::new(),
         };
-        for (i, header, kind) in &layout.header_columns {
-            if let Some(value) = header_value(values, *i, header, *kind, &row)? {
+        for (i, column, header, kind) in &layout.header_columns {
+            if let Some(value) = header_value(values, *i, column, header, *kind, &row)? {
                 headers.push((header.clone(), value));
             }
         }
@@ -620,7 +689,7 @@ impl Mapper {
             .map(|text| {
                 parse_timestamptz_at(text).map_err(|problem| MapError::Invalid {
                     row: row(),
-                    column: columns::CREATED_AT,
+                    column: columns::CREATED_AT.into(),
                     problem,
                 })
             })
@@ -783,7 +852,7 @@ impl Mapper {
             .render(fields)
             .map_err(|missing| MapError::Invalid {
                 row: row(),
-                column: missing.0,
+                column: missing.0.into(),
                 problem: format!(
                     "is NULL or unmapped, and {flag} {:?} needs it",
                     template.source()
@@ -869,7 +938,7 @@ fn body(
         Some(TupleValue::Text(text)) if kind == BodyKind::Bytea => {
             decode_bytea_hex(text).map_err(|problem| MapError::Invalid {
                 row: row(),
-                column: columns::PAYLOAD,
+                column: columns::PAYLOAD.into(),
                 problem,
             })?
         }
@@ -1021,7 +1090,7 @@ fn optional_str<'a>(
             .map(Some)
             .map_err(|_| MapError::Invalid {
                 row: row(),
-                column,
+                column: column.into(),
                 problem: "is not valid UTF-8 text".into(),
             }),
         TupleValue::UnchangedToast => Ok(None),
@@ -1032,17 +1101,26 @@ fn optional_str<'a>(
 fn header_value(
     values: &[TupleValue],
     index: usize,
+    column: &str,
     header: &str,
     kind: HeaderKind,
     row: &dyn Fn() -> RowRef,
 ) -> Result<Option<HeaderValue>, MapError> {
-    let Some(text) = optional_str(values, Some(index), columns::HEADERS, row)? else {
-        return Ok(None);
+    let label = || ColumnLabel::Header(Box::new((column.to_string(), header.to_string())));
+    let text = match &values[index] {
+        TupleValue::Null | TupleValue::UnchangedToast => return Ok(None),
+        TupleValue::Text(bytes) | TupleValue::Binary(bytes) => {
+            std::str::from_utf8(bytes).map_err(|_| MapError::Invalid {
+                row: row(),
+                column: label(),
+                problem: "is not valid UTF-8 text".into(),
+            })?
+        }
     };
     let invalid = |problem: String| MapError::Invalid {
         row: row(),
-        column: columns::HEADERS,
-        problem: format!("(the header column for {header:?}) {problem}"),
+        column: label(),
+        problem,
     };
     Ok(Some(match kind {
         HeaderKind::Int => HeaderValue::Int(
@@ -1064,8 +1142,10 @@ fn required_str<'a>(
     column: &'static str,
     row: &dyn Fn() -> RowRef,
 ) -> Result<&'a str, MapError> {
-    optional_str(values, Some(index), column, row)?
-        .ok_or_else(|| MapError::Null { row: row(), column })
+    optional_str(values, Some(index), column, row)?.ok_or_else(|| MapError::Null {
+        row: row(),
+        column: column.into(),
+    })
 }
 
 /// `value` as a short text (at most [`MAX_SHORT_TEXT`] bytes), or the error naming the row.
@@ -1083,7 +1163,7 @@ fn check_short(
     if value.len() > MAX_SHORT_TEXT {
         return Err(MapError::Invalid {
             row: row(),
-            column,
+            column: column.into(),
             problem: format!(
                 "is {} bytes long; AMQP allows at most {MAX_SHORT_TEXT} here",
                 value.len()
@@ -1103,7 +1183,7 @@ fn header_table(value: &TupleValue, row: &dyn Fn() -> RowRef) -> Result<Headers,
     };
     headers_from_json(&bytes).map_err(|problem| MapError::Invalid {
         row: row(),
-        column: columns::HEADERS,
+        column: columns::HEADERS.into(),
         problem,
     })
 }
@@ -1979,5 +2059,34 @@ mod tests {
         let event: serde_json::Value = serde_json::from_slice(&m.body).expect("JSON");
         assert_eq!(event["traceparent"], PARENT);
         assert_eq!(event["tracestate"], "congo=t61");
+    }
+
+    #[test]
+    fn row_errors_name_the_tables_column() {
+        let map = ColumnMap::preset(crate::outbox_table::columns::Preset::Debezium);
+        let layout = Layout::for_relation(&debezium_relation(), &map).expect("layout");
+        let values = vec![
+            text(ID),
+            text("Order"),
+            text("1"),
+            TupleValue::Null,
+            text("{}"),
+            text("t"),
+        ];
+        let error = mapper()
+            .map(&layout, &Tuple(values), Some(pos()))
+            .expect_err("NULL type");
+        let described = error.to_string();
+        assert!(
+            described.contains("column \"type\" (the contract's event_type) is NULL"),
+            "{described}"
+        );
+        // Under the contract's own names, the text is as it always was.
+        let mut r = full_row();
+        r.0[1] = TupleValue::Null;
+        let error = mapper()
+            .map(&layout_default(), &r, Some(pos()))
+            .expect_err("NULL event_type");
+        assert_eq!(error.problem(), "column \"event_type\" is NULL");
     }
 }
