@@ -583,3 +583,186 @@ async fn bad_header_columns_and_templates_are_refused_naming_the_flag() {
         "{message}"
     );
 }
+
+/// Waits until every id of `expected` has arrived (duplicates allowed), up to `timeout`;
+/// the ids that never did.
+async fn missing_ids(
+    consumer: &mut Consumer,
+    expected: &std::collections::HashSet<String>,
+    timeout: Duration,
+) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let seen = consumer.received().len();
+        let received: std::collections::HashSet<&str> = consumer
+            .received()
+            .iter()
+            .filter_map(|m| m.message_id.as_deref())
+            .collect();
+        let missing: Vec<String> = expected
+            .iter()
+            .filter(|id| !received.contains(id.as_str()))
+            .cloned()
+            .collect();
+        if missing.is_empty() || tokio::time::Instant::now() >= deadline {
+            return missing;
+        }
+        consumer
+            .wait_for(seen + 1, Duration::from_millis(500))
+            .await;
+    }
+}
+
+/// Inserts `rows` Debezium rows of `event_type` in one transaction; their ids.
+async fn insert_debezium_rows(
+    client: &tokio_postgres::Client,
+    event_type: &str,
+    rows: i32,
+) -> Vec<String> {
+    client
+        .query(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             SELECT gen_random_uuid(), 'Order', (i % 7)::text, $1, jsonb_build_object('i', i) \
+             FROM generate_series(1, $2) i RETURNING id::text",
+            &[&event_type, &rows],
+        )
+        .await
+        .expect("insert Debezium rows")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// `--on-slot-lost recreate` on a mapped table: the slot is dropped while the relay is stopped
+/// and rows are committed in the gap; the next relay recreates the slot and backfills them
+/// from the table, read through the column map (the backfill's SELECT names the mapped
+/// columns; the messages are the stream's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_slot_is_backfilled_from_a_mapped_table() {
+    let db_url = debezium_database("layout_lost").await;
+    let amqp_url = services().rabbit.url();
+    let client = common::pg::pg_connect(&db_url).await;
+    client
+        .batch_execute(
+            "ALTER TABLE outbox ADD COLUMN occurred_at timestamptz NOT NULL DEFAULT now(); \
+             CREATE TABLE outbox_relay_state (slot text PRIMARY KEY, \
+               acknowledged_commit timestamptz, emitted_events boolean NOT NULL DEFAULT false, \
+               recovering boolean NOT NULL DEFAULT false, backfill_from timestamptz, \
+               updated_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .await
+        .expect("a creation time, and the state table sql/outbox.sql makes");
+    let map = [
+        "--table-layout",
+        "debezium",
+        "--column",
+        "created_at=occurred_at",
+    ];
+    let mut setup = vec!["setup", "--no-create-table"];
+    setup.extend(map);
+    let outbox = Outbox::provision_in(&db_url, &amqp_url, &setup, FieldTable::default()).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let mut flags = map.to_vec();
+    flags.extend([
+        "--on-slot-lost",
+        "recreate",
+        "--recreate-margin",
+        "2s",
+        "--cleanup-interval",
+        "1s",
+    ]);
+
+    let relay = outbox.spawn_relay(&flags);
+    let before: std::collections::HashSet<String> =
+        insert_debezium_rows(&outbox.client, "BeforeTheGap", 300)
+            .await
+            .into_iter()
+            .collect();
+    let missing = missing_ids(&mut consumer, &before, Duration::from_secs(60)).await;
+    assert!(
+        missing.is_empty(),
+        "missing {missing:?}; log:\n{}",
+        relay.log()
+    );
+    // The recovery starts from the recorded commit: wait until it covers these rows.
+    let newest: std::time::SystemTime = outbox
+        .client
+        .query_one("SELECT max(occurred_at) FROM outbox", &[])
+        .await
+        .expect("max")
+        .get(0);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let recorded: Option<std::time::SystemTime> = outbox
+            .client
+            .query_opt(
+                "SELECT acknowledged_commit FROM outbox_relay_state WHERE slot = $1",
+                &[&outbox.slot],
+            )
+            .await
+            .expect("state")
+            .and_then(|row| row.get(0));
+        if recorded.is_some_and(|at| at >= newest) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no state recorded; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    relay.stop().await;
+
+    outbox
+        .client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
+        .await
+        .expect("drop the slot");
+    let gap: std::collections::HashSet<String> =
+        insert_debezium_rows(&outbox.client, "InTheGap", 300)
+            .await
+            .into_iter()
+            .collect();
+
+    let relay = outbox.spawn_relay(&flags);
+    let missing = missing_ids(&mut consumer, &gap, Duration::from_secs(60)).await;
+    assert!(
+        missing.is_empty(),
+        "{} of the gap's rows never arrived; log:\n{}",
+        missing.len(),
+        relay.log()
+    );
+    assert!(
+        relay
+            .log()
+            .contains("slot recreated (--on-slot-lost recreate)"),
+        "log:\n{}",
+        relay.log()
+    );
+    let after: std::collections::HashSet<String> =
+        insert_debezium_rows(&outbox.client, "AfterTheGap", 300)
+            .await
+            .into_iter()
+            .collect();
+    let missing = missing_ids(&mut consumer, &after, Duration::from_secs(60)).await;
+    assert!(
+        missing.is_empty(),
+        "missing {missing:?}; log:\n{}",
+        relay.log()
+    );
+    // The backfilled messages are built as the stream's are, through the map.
+    for message in consumer.received() {
+        let id = message.message_id.as_deref().unwrap_or_default();
+        if gap.contains(id) {
+            assert_eq!(message.kind.as_deref(), Some("InTheGap"));
+            assert_eq!(message.routing_key, "InTheGap");
+            assert_eq!(
+                message.headers.get("x-aggregate-type"),
+                Some(&serde_json::json!("Order"))
+            );
+            assert!(message.timestamp.is_some(), "created_at is mapped");
+        }
+    }
+    relay.stop().await;
+}
