@@ -57,6 +57,7 @@ mod type_oid {
     pub const INT2: u32 = 21;
     pub const INT4: u32 = 23;
     pub const BYTEA: u32 = 17;
+    pub const TIMESTAMPTZ: u32 = 1184;
     pub const JSON: u32 = 114;
     pub const UUID: u32 = 2950;
     pub const JSONB: u32 = 3802;
@@ -152,6 +153,17 @@ impl Layout {
                 table_column: columns.column(contract).unwrap_or(contract).to_string(),
             })
         };
+        let created_at = index(columns::CREATED_AT);
+        if let Some(i) = created_at {
+            let column = &relation.columns[i];
+            if column.type_oid != type_oid::TIMESTAMPTZ {
+                return Err(MapError::CreatedAtType {
+                    table: table.clone(),
+                    column: column.name.clone(),
+                    type_oid: column.type_oid,
+                });
+            }
+        }
         let id = required(columns::ID)?;
         let event_type = required(columns::EVENT_TYPE)?;
         let payload = index(columns::PAYLOAD).map(|i| {
@@ -181,7 +193,7 @@ impl Layout {
             event_type,
             payload,
             headers: index(columns::HEADERS),
-            created_at: index(columns::CREATED_AT),
+            created_at,
             exchange: index(columns::EXCHANGE),
             routing_key: index(columns::ROUTING_KEY),
             aggregate_type: index(columns::AGGREGATE_TYPE),
@@ -433,6 +445,20 @@ pub enum MapError {
     MissingHeaderColumn { table: String, column: String },
 
     #[error(
+        "The outbox table {table}'s column \"{column}\", read as the message contract's \
+         \"created_at\", is not a timestamptz (type OID {type_oid}): the relay needs the \
+         offset to know when a row was written (the AMQP timestamp, the cleanup, the backfill). \
+         Fix: make it one (ALTER TABLE … ALTER COLUMN … TYPE timestamptz USING … AT TIME ZONE \
+         'UTC', for values written in UTC), map created_at to another column, or leave it \
+         unmapped with --column created_at= (and --cleanup-interval 0)"
+    )]
+    CreatedAtType {
+        table: String,
+        column: String,
+        type_oid: u32,
+    },
+
+    #[error(
         "Cannot publish {row}: column {column} is NULL, but the message needs a value. Fix: \
          make the column NOT NULL or correct the row; the relay stops before it and acknowledges \
          nothing past it"
@@ -523,7 +549,9 @@ impl MapError {
     /// The id of the row this error is about, for the stuck-message report.
     pub fn row_id(&self) -> Option<&str> {
         match self {
-            MapError::MissingColumn { .. } | MapError::MissingHeaderColumn { .. } => None,
+            MapError::MissingColumn { .. }
+            | MapError::MissingHeaderColumn { .. }
+            | MapError::CreatedAtType { .. } => None,
             MapError::Null { row, .. }
             | MapError::UnchangedToast { row, .. }
             | MapError::TooLarge { row, .. }
@@ -557,6 +585,9 @@ impl MapError {
                 table_column,
                 ..
             } => format!("the table {table} has no column \"{table_column}\""),
+            MapError::CreatedAtType { table, column, .. } => {
+                format!("the table {table}'s column \"{column}\" is not a timestamptz")
+            }
             MapError::MissingHeaderColumn { table, column } => {
                 format!("the table {table} has no header column \"{column}\"")
             }
@@ -2088,5 +2119,23 @@ mod tests {
             .map(&layout_default(), &r, Some(pos()))
             .expect_err("NULL event_type");
         assert_eq!(error.problem(), "column \"event_type\" is NULL");
+    }
+
+    #[test]
+    fn created_at_must_be_a_timestamptz() {
+        let mut relation = outbox_relation();
+        relation.columns[4].type_oid = 1114; // timestamp without time zone
+        let error = Layout::for_relation(&relation, &ColumnMap::default()).expect_err("refused");
+        assert!(
+            matches!(error, MapError::CreatedAtType { type_oid: 1114, .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("Fix:"), "{error}");
+        let unmapped = ColumnMap::resolve(
+            crate::outbox_table::columns::Preset::Default,
+            &["created_at=".to_string()],
+        )
+        .expect("map");
+        assert!(Layout::for_relation(&relation, &unmapped).is_ok());
     }
 }

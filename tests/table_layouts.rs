@@ -733,10 +733,14 @@ async fn a_lost_slot_is_backfilled_from_a_mapped_table() {
         missing.len(),
         relay.log()
     );
+    // Logged once the backfill is done, which may be after its last row arrived.
     assert!(
         relay
-            .log()
-            .contains("slot recreated (--on-slot-lost recreate)"),
+            .wait_for_log(
+                "slot recreated (--on-slot-lost recreate)",
+                Duration::from_secs(30)
+            )
+            .await,
         "log:\n{}",
         relay.log()
     );

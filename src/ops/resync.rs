@@ -264,7 +264,12 @@ mod tests {
                 .map(|name| Column {
                     flags: 0,
                     name: name.to_string(),
-                    type_oid: 25,
+                    // text, and timestamptz for created_at (the mapper refuses another type).
+                    type_oid: if *name == columns::CREATED_AT {
+                        1184
+                    } else {
+                        25
+                    },
                     type_modifier: -1,
                 })
                 .collect(),
