@@ -104,22 +104,6 @@ pub fn column_map(
     Ok(Arc::new(map))
 }
 
-/// Refuses a column map in `command`, which does not read a mapped table yet (the table
-/// `setup` creates only).
-pub fn refuse_column_map(flags: &ColumnArgs, command: &str) -> Result<(), RelayError> {
-    let map = flags.map()?;
-    if map.is_default() {
-        return Ok(());
-    }
-    Err(RelayError::Config(format!(
-        "{command} does not read a table with other column names yet (--table-layout, \
-         {COLUMN_FLAG}: {} mapped otherwise); it reads the table `setup` creates. Fix: drop \
-         --table-layout and {COLUMN_FLAG} (OUTBOX_TABLE_LAYOUT, OUTBOX_COLUMNS) for it, or \
-         use WAL mode (`run`), which reads a mapped table (docs/table-layouts.md)",
-        map.changed().join(", ")
-    )))
-}
-
 /// The RabbitMQ nodes `--amqp-url` names, every URL checked, in a shuffled order.
 pub fn broker_nodes(connections: &Connections) -> Result<Arc<BrokerNodes>, RelayError> {
     BrokerNodes::parse(&connections.amqp_url()?).map(Arc::new)

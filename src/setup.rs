@@ -355,17 +355,22 @@ pub fn restrict_emit_step(names: &OutboxNames, restrict: Restrict<'_>) -> Step {
 
 /// Polling mode's claim index: only unpublished rows, in claim order, so the claim query
 /// stays an index scan however many published rows the table keeps (docs/polling.md).
-pub fn poll_index_step(names: &OutboxNames) -> Step {
+pub fn poll_index_step(names: &OutboxNames, map: &ColumnMap) -> Option<Step> {
+    let published = map.sql(columns::PUBLISHED_AT)?;
+    // Claims go in created_at order, or in id order where it is unmapped.
+    let order = map
+        .sql(columns::CREATED_AT)
+        .or_else(|| map.sql(columns::ID))?;
     let (_, table) = names.table_parts();
     let index = quote_ident(&format!("{table}_unpublished_idx"));
-    Step {
+    Some(Step {
         object: format!("index {table}_unpublished_idx"),
         about: "the claim index: unpublished rows in created_at order",
         sql: format!(
-            "CREATE INDEX IF NOT EXISTS {index} ON {} (created_at) WHERE published_at IS NULL;",
+            "CREATE INDEX IF NOT EXISTS {index} ON {} ({order}) WHERE {published} IS NULL;",
             names.qualified_table()
         ),
-    }
+    })
 }
 
 /// Polling mode's provisioning SQL (`setup --mode poll --print-sql`, `sql/outbox_poll.sql`).
@@ -375,7 +380,8 @@ pub fn poll_script(names: &OutboxNames) -> String {
          poll --print-sql`).\n\
          -- No slot and no publication: `outbox-relay poll` claims rows by published_at.\n",
     );
-    for step in [table_step(names), poll_index_step(names)] {
+    let index = poll_index_step(names, &ColumnMap::default());
+    for step in std::iter::once(table_step(names)).chain(index) {
         let _ = write!(text, "\n-- {}\n{}\n", step.about, step.sql);
     }
     text
@@ -437,31 +443,11 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
     // A bad dead-letter configuration is reported before anything is provisioned.
     args.dead_letter.exchange(&names.exchange)?;
     if args.mode.mode == Mode::Poll {
-        crate::assembly::refuse_column_map(&args.columns, "setup --mode poll")?;
         return run_poll(args).await;
     }
     let columns =
         crate::assembly::column_map(&args.columns, &names.table, &[], args.shards.shards)?;
-    if !columns.is_default() && (args.print_sql || !args.no_create_table) {
-        return Err(RelayError::Config(format!(
-            "--table-layout and --column describe an outbox table you already have ({} \
-             mapped otherwise), but setup {} the table under the contract's own names. Fix: \
-             pass --no-create-table (OUTBOX_NO_CREATE_TABLE), and setup checks your table and \
-             provisions the rest{}",
-            columns.changed().join(", "),
-            if args.print_sql {
-                "--print-sql prints"
-            } else {
-                "would create"
-            },
-            if args.print_sql {
-                " (--print-sql has no form for a mapped table yet: run setup against the \
-                 database, or take the publication and slot from sql/)"
-            } else {
-                ""
-            }
-        )));
-    }
+    refuse_creating_mapped(&columns, &args)?;
     let shards = Shard::every(names, args.shards.shards)?;
     let emit_prefix = crate::assembly::emit_prefix(&args.emit, &names.table);
     check_emit_names(names)?;
@@ -700,7 +686,36 @@ fn check_emit_names(names: &OutboxNames) -> Result<(), RelayError> {
     Ok(())
 }
 
+/// setup creates the table under the contract's own names: a map describes a table the user
+/// already has, so it goes with `--no-create-table` only (and `--print-sql` has no form
+/// for it yet).
+fn refuse_creating_mapped(columns: &ColumnMap, args: &SetupArgs) -> Result<(), RelayError> {
+    if columns.is_default() || (!args.print_sql && args.no_create_table) {
+        return Ok(());
+    }
+    Err(RelayError::Config(format!(
+        "--table-layout and --column describe an outbox table you already have ({} \
+         mapped otherwise), but setup {} the table under the contract's own names. Fix: \
+         pass --no-create-table (OUTBOX_NO_CREATE_TABLE), and setup checks your table and \
+         provisions the rest{}",
+        columns.changed().join(", "),
+        if args.print_sql {
+            "--print-sql prints"
+        } else {
+            "would create"
+        },
+        if args.print_sql {
+            " (--print-sql has no form for a mapped table yet: run setup against the \
+             database, or take the publication and slot from sql/)"
+        } else {
+            ""
+        }
+    )))
+}
+
 /// `setup --mode poll`: the table, the claim index and the exchange; no slot, any wal_level.
+/// With a column map (and `--no-create-table`) it checks the table has what polling reads
+/// under the mapped names, and makes the claim index on them.
 async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
     let names = &args.names;
     if args.shards.shards > 1 {
@@ -711,15 +726,32 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
             args.shards.shards
         )));
     }
+    let columns = crate::assembly::column_map(&args.columns, &names.table, &[], 1)?;
+    refuse_creating_mapped(&columns, &args)?;
     if args.print_sql {
         print!("{}", poll_script(names));
         return Ok(());
     }
     let client = connect_database(&args).await?;
     ensure_table(&client, &args).await?;
-    let index = poll_index_step(names);
-    client.batch_execute(&index.sql).await?;
-    println!("{}: ensured (WHERE published_at IS NULL)", index.object);
+    if args.no_create_table {
+        check_columns(&client, &names.table, &columns).await?;
+        check_poll_columns(&client, &names.table, &columns).await?;
+    }
+    match poll_index_step(names, &columns) {
+        Some(index) => {
+            client.batch_execute(&index.sql).await?;
+            println!(
+                "{}: ensured (WHERE {} IS NULL)",
+                index.object,
+                columns.column(columns::PUBLISHED_AT).unwrap_or_default()
+            );
+        }
+        None => println!(
+            "claim index: none (published_at is unmapped: rows are deleted once published, \
+             so every row in the table is unsent)"
+        ),
+    }
 
     declare_exchanges(&args).await?;
     println!("setup complete");
@@ -848,6 +880,31 @@ async fn check_columns(
     println!("columns read: {}", read.join(", "));
     if !absent.is_empty() {
         println!("columns absent: {}", absent.join(", "));
+    }
+    Ok(())
+}
+
+/// `setup --mode poll --no-create-table`: the mapped table has the columns polling reads
+/// besides the message's (the error `poll` would stop with), and says how rows are claimed.
+async fn check_poll_columns(
+    client: &Client,
+    table: &crate::config::TableName,
+    map: &ColumnMap,
+) -> Result<(), RelayError> {
+    // published_at unmapped is fine for setup: `poll --on-published delete` reads the table.
+    let settle = match map.column(columns::PUBLISHED_AT) {
+        Some(_) => crate::config::OnPublished::Mark,
+        None => crate::config::OnPublished::Delete,
+    };
+    crate::poll::table::OutboxTable::discover(client, table, map, settle).await?;
+    match map.column(columns::PUBLISHED_AT) {
+        Some(column) => println!("published_at: marked in \"{column}\""),
+        None => {
+            println!("published_at: unmapped; only `poll --on-published delete` reads this table")
+        }
+    }
+    if map.column(columns::CREATED_AT).is_none() {
+        println!("claims: in id order (created_at is unmapped)");
     }
     Ok(())
 }

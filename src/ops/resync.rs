@@ -136,10 +136,8 @@ pub(crate) async fn publish_all(
     let mut published: u64 = 0;
     let mut first: Option<String> = None;
     let mut last: Option<String> = None;
-    let created_index = text
-        .relation()
-        .column_index(columns::CREATED_AT)
-        .unwrap_or_default();
+    // The table's name for it: a map may call it otherwise (discover checked it is there).
+    let created_index = text.column_index(columns::CREATED_AT).unwrap_or_default();
     let failed = |e: RelayError, published| (e, published);
     loop {
         let rows = transaction

@@ -172,6 +172,14 @@ impl TextRelation {
         self.map.column(contract).map(quote_ident)
     }
 
+    /// The position of `contract`'s column in the relation (and in a selected row); `None`
+    /// when unmapped or not in the table.
+    pub fn column_index(&self, contract: &str) -> Option<usize> {
+        self.map
+            .column(contract)
+            .and_then(|column| self.relation.column_index(column))
+    }
+
     pub fn relation(&self) -> &Relation {
         &self.relation
     }

@@ -45,8 +45,14 @@ async fn round(
     shutdown: &CancellationToken,
 ) -> Result<u64, RelayError> {
     let client = connection.client().await?;
-    let table = bounded(OutboxTable::discover(&client, &shared.names.table)).await?;
-    let delete = bounded(client.prepare(&table.cleanup_sql(batch))).await?;
+    let table = bounded(OutboxTable::discover(
+        &client,
+        &shared.names.table,
+        &shared.columns,
+        shared.on_published,
+    ))
+    .await?;
+    let delete = bounded(client.prepare(&table.cleanup_sql(batch)?)).await?;
     let seconds = retention.as_secs_f64();
     let mut total = 0;
     loop {

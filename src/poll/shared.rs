@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 use crate::config::{Delivery, OnPublished, PublishNames};
 use crate::mapper::Mapper;
 use crate::observability::{PollMetrics, WorkerHealth};
+use crate::outbox_table::columns::ColumnMap;
 use crate::publish::BrokerNodes;
 
 /// Counters of one `poll` run for its summary log line; each is also exported as a metric.
@@ -106,6 +107,9 @@ pub(super) struct Shared {
     pub(super) database_url: String,
     pub(super) brokers: Arc<BrokerNodes>,
     pub(super) names: PublishNames,
+    /// Which of the table's columns holds each contract column (`--table-layout`,
+    /// `--column`): every connect builds its SQL from it.
+    pub(super) columns: Arc<ColumnMap>,
     pub(super) mapper: Mapper,
     /// The dead-letter exchange under `--on-unroutable dead-letter`; `None` under halt.
     pub(super) dead_letter_exchange: Option<String>,

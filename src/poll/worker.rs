@@ -130,7 +130,13 @@ async fn session(
 ) -> Result<(), RelayError> {
     let client = bounded(db::connect(&shared.database_url)).await?;
     bounded(client.batch_execute(db::PINNED_SET_STATEMENTS)).await?;
-    let table = bounded(OutboxTable::discover(&client, &shared.names.table)).await?;
+    let table = bounded(OutboxTable::discover(
+        &client,
+        &shared.names.table,
+        &shared.columns,
+        shared.on_published,
+    ))
+    .await?;
     if !shared.index_checked.swap(true, Ordering::Relaxed)
         && !bounded(table.has_claim_index(&client)).await?
     {
@@ -141,9 +147,8 @@ async fn session(
              (sql/outbox_poll.sql)"
         );
     }
-    let claim_batch =
-        bounded(client.prepare(&table.claim_sql(shared.batch_size, shared.on_published))).await?;
-    let claim_one = bounded(client.prepare(&table.claim_sql(1, shared.on_published))).await?;
+    let claim_batch = bounded(client.prepare(&table.claim_sql(shared.batch_size))).await?;
+    let claim_one = bounded(client.prepare(&table.claim_sql(1))).await?;
     let broker = Broker::connect(&shared.brokers).await?;
     let mut session = Session {
         shared,
