@@ -51,6 +51,8 @@ use crate::observability::{self, PollMetrics, WorkerHealth};
 /// Runs the polling relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
 pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
     // Checked before anything connects: what the map leaves unmapped must not be needed.
+    // published_at first: without it the command cannot run at all under mark.
+    table::check_on_published(&args.columns.map()?, args.on_published)?;
     let cleanup =
         !args.cleanup.cleanup_interval.is_zero() && args.on_published == OnPublished::Mark;
     let created_at_for: &[&str] = if cleanup {
@@ -59,7 +61,6 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
         &[]
     };
     let columns = crate::assembly::column_map(&args.columns, &args.names.table, created_at_for, 1)?;
-    table::check_on_published(&columns, args.on_published)?;
     let Outbox {
         database_url,
         brokers,
