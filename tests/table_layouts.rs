@@ -12,6 +12,9 @@ use lapin::types::FieldTable;
 use common::outbox::Outbox;
 use common::{services, unique_name, Consumer};
 
+#[path = "table_layouts/poll.rs"]
+mod poll;
+
 /// Debezium's Outbox Event Router table, as its documentation gives it.
 const DEBEZIUM_TABLE: &str = "CREATE TABLE outbox (\
      id uuid PRIMARY KEY, \
