@@ -14,7 +14,7 @@ use crate::config::{
 };
 use crate::error::RelayError;
 use crate::mapper::{AllowedExchanges, Mapper};
-use crate::outbox_table::columns::{self, ColumnMap, COLUMN_FLAG};
+use crate::outbox_table::columns::{self, ColumnMap};
 use crate::outbox_table::needs_created_at;
 use crate::publish::BrokerNodes;
 use crate::shard::Shard;
@@ -72,34 +72,17 @@ impl Outbox {
 
 /// The column map (`--table-layout`, `--column`) of a command that reads the table, checked
 /// against what it will run, before anything connects: each of `created_at_for` (why a
-/// feature that is on needs `created_at`) refuses a map that leaves `created_at` unmapped,
-/// and `shards` above 1 refuses a map that renames `id` or `aggregate_id` (the shards' row
-/// filters name them; not mapped yet).
+/// feature that is on needs `created_at`) refuses a map that leaves `created_at` unmapped.
 pub fn column_map(
     flags: &ColumnArgs,
     table: &TableName,
     created_at_for: &[&str],
-    shards: u32,
 ) -> Result<Arc<ColumnMap>, RelayError> {
     let map = flags.map()?;
     if map.column(columns::CREATED_AT).is_none() {
         if let Some(why) = created_at_for.first() {
             return Err(needs_created_at(table, &map, why));
         }
-    }
-    let renamed = [columns::ID, columns::AGGREGATE_ID]
-        .into_iter()
-        .find(|contract| map.column(contract) != Some(*contract));
-    if let (true, Some(contract)) = (shards > 1, renamed) {
-        return Err(RelayError::Config(format!(
-            "--shards {shards} with a column map that maps \"{contract}\" to {}: the shards' \
-             row filters do not read a mapped table yet. Fix: run one relay (--shards 1), or \
-             keep \"{contract}\" under its own name ({COLUMN_FLAG} {contract}={contract})",
-            match map.column(contract) {
-                Some(column) => format!("\"{column}\""),
-                None => "nothing".to_string(),
-            }
-        )));
     }
     Ok(Arc::new(map))
 }

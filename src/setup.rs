@@ -79,15 +79,15 @@ pub fn table_step(names: &OutboxNames) -> Step {
 /// hence the DO block; the name reaches RAISE as a parameter, not in its format string (where
 /// a `%` would be a placeholder).
 pub fn publication_step(names: &OutboxNames) -> Step {
-    shard_publication_step(names, Shard::UNSHARDED)
+    shard_publication_step(names, Shard::UNSHARDED, &ColumnMap::default())
 }
 
 /// [`publication_step`] for one shard: `names` are the shard's, and the publication takes
-/// only the shard's rows (its row filter, src/shard.rs).
-pub fn shard_publication_step(names: &OutboxNames, shard: Shard) -> Step {
+/// only the shard's rows (its row filter, src/shard.rs, on the columns `map` names).
+pub fn shard_publication_step(names: &OutboxNames, shard: Shard, map: &ColumnMap) -> Step {
     let publication = quote_ident(&names.publication);
     let qualified = names.qualified_table();
-    let (about, filter) = match shard.row_filter() {
+    let (about, filter) = match shard.row_filter(map) {
         Some(filter) => (
             "a shard's publication (insert only, its rows of the outbox table)",
             format!(" WHERE ({filter})"),
@@ -428,7 +428,13 @@ pub fn shards_script(
     steps.extend(restrict.map(|_| superuser_check_step()));
     steps.push(table_step(names));
     steps.push(state_step(names));
-    steps.extend(shards.iter().map(|(s, n)| shard_publication_step(n, *s)));
+    // --print-sql has no form for a mapped table: the script is the default table's.
+    let map = ColumnMap::default();
+    steps.extend(
+        shards
+            .iter()
+            .map(|(s, n)| shard_publication_step(n, *s, &map)),
+    );
     steps.extend(shards.iter().map(|(_, n)| slot_step(n, failover)));
     steps.push(emit_step(names, emit_prefix));
     steps.extend(restrict.map(|restrict| restrict_emit_step(names, restrict)));
@@ -445,8 +451,7 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
     if args.mode.mode == Mode::Poll {
         return run_poll(args).await;
     }
-    let columns =
-        crate::assembly::column_map(&args.columns, &names.table, &[], args.shards.shards)?;
+    let columns = crate::assembly::column_map(&args.columns, &names.table, &[])?;
     refuse_creating_mapped(&columns, &args)?;
     let shards = Shard::every(names, args.shards.shards)?;
     let emit_prefix = crate::assembly::emit_prefix(&args.emit, &names.table);
@@ -485,12 +490,12 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
 
     ensure_table(&client, &args).await?;
     if args.no_create_table {
-        check_columns(&client, &args.names.table, &columns).await?;
+        check_columns(&client, &args.names.table, &columns, args.shards.shards).await?;
     }
 
     // Every publication before any slot: a slot decodes with the publications that exist.
     for (shard, names) in &shards {
-        ensure_publication(&client, names, *shard).await?;
+        ensure_publication(&client, names, *shard, &columns).await?;
     }
     for (_, names) in &shards {
         ensure_slot(&client, &args, names).await?;
@@ -509,10 +514,11 @@ async fn ensure_publication(
     client: &Client,
     names: &OutboxNames,
     shard: Shard,
+    map: &ColumnMap,
 ) -> Result<(), RelayError> {
     match preflight::check_publication(client, names).await {
         Ok(()) => {
-            preflight::check_row_filter(client, names, shard).await?;
+            preflight::check_row_filter(client, names, shard, map).await?;
             println!(
                 "publication {}: exists and covers the table",
                 names.publication
@@ -520,7 +526,7 @@ async fn ensure_publication(
         }
         Err(RelayError::PublicationMissing { .. }) => {
             client
-                .batch_execute(&shard_publication_step(names, shard).sql)
+                .batch_execute(&shard_publication_step(names, shard, map).sql)
                 .await?;
             preflight::check_publication(client, names).await?;
             if shard.is_sharded() {
@@ -726,7 +732,7 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
             args.shards.shards
         )));
     }
-    let columns = crate::assembly::column_map(&args.columns, &names.table, &[], 1)?;
+    let columns = crate::assembly::column_map(&args.columns, &names.table, &[])?;
     refuse_creating_mapped(&columns, &args)?;
     if args.print_sql {
         print!("{}", poll_script(names));
@@ -735,7 +741,7 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
     let client = connect_database(&args).await?;
     ensure_table(&client, &args).await?;
     if args.no_create_table {
-        check_columns(&client, &names.table, &columns).await?;
+        check_columns(&client, &names.table, &columns, 1).await?;
         check_poll_columns(&client, &names.table, &columns).await?;
     }
     match poll_index_step(names, &columns) {
@@ -846,11 +852,13 @@ async fn ensure_table(client: &Client, args: &SetupArgs) -> Result<(), RelayErro
 
 /// With `--no-create-table`: the table has the columns every message needs under the names
 /// `map` gives them (else the error `run` would stop with, naming the flag); prints where
-/// each contract column is read from, and which are absent.
+/// each contract column is read from, and which are absent. With `shards` above 1 the id
+/// must be a uuid: the shards' row filters hash it with uuid_hash.
 async fn check_columns(
     client: &Client,
     table: &crate::config::TableName,
     map: &ColumnMap,
+    shards: u32,
 ) -> Result<(), RelayError> {
     let text = TextRelation::discover(client, table, map, &[], |needed| {
         RelayError::Bug(format!(
@@ -858,6 +866,15 @@ async fn check_columns(
         ))
     })
     .await?;
+    if shards > 1 && text.id_type() != "uuid" {
+        return Err(RelayError::Config(format!(
+            "--shards {shards}: the shards' row filters spread rows by uuid_hash of the id, \
+             but the column \"{}\" of {table} is {}. Fix: run one relay (--shards 1), or \
+             map \"id\" to a uuid column with --column id=COLUMN (OUTBOX_COLUMNS)",
+            map.column(columns::ID).unwrap_or(columns::ID),
+            text.id_type()
+        )));
+    }
     let present: Vec<&str> = text
         .relation()
         .columns
@@ -1049,7 +1066,7 @@ mod tests {
                 "CREATE PUBLICATION \"{}\" FOR TABLE \"public\".\"outbox\" WHERE ({}) WITH \
                  (publish = 'insert');",
                 names.publication,
-                shard.row_filter().expect("filter")
+                shard.row_filter(&ColumnMap::default()).expect("filter")
             );
             last_publication = sql
                 .find(&create)

@@ -194,7 +194,7 @@ pub(crate) fn select_sql(outbox: &TableName, text: &TextRelation, shard: Shard) 
     let created = quoted(columns::CREATED_AT);
     let id = quoted(columns::ID);
     let shard_rows = shard
-        .row_filter()
+        .row_filter(text.map())
         .map(|filter| format!(" AND ({filter})"))
         .unwrap_or_default();
     format!(

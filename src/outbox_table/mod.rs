@@ -180,6 +180,11 @@ impl TextRelation {
             .and_then(|column| self.relation.column_index(column))
     }
 
+    /// Which of the table's columns holds each contract column.
+    pub fn map(&self) -> &ColumnMap {
+        &self.map
+    }
+
     pub fn relation(&self) -> &Relation {
         &self.relation
     }

@@ -60,7 +60,7 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
     } else {
         &[]
     };
-    let columns = crate::assembly::column_map(&args.columns, &args.names.table, created_at_for, 1)?;
+    let columns = crate::assembly::column_map(&args.columns, &args.names.table, created_at_for)?;
     let Outbox {
         database_url,
         brokers,
