@@ -219,6 +219,34 @@ async fn polling_a_mapped_table_that_lacks_what_it_needs_is_refused_naming_the_f
     // setup creates the table under the contract's names only: a map needs --no-create-table.
     let message = run(&["setup", "--mode", "poll", "--table-layout", "debezium"]);
     assert!(message.contains("--no-create-table"), "{message}");
+
+    // Shards spread rows by uuid_hash of the id: a table whose id is a bigint is refused
+    // before anything is provisioned.
+    let client = common::pg::pg_connect(&db_url).await;
+    client
+        .batch_execute(
+            "CREATE TABLE serial_outbox (id bigint PRIMARY KEY, aggregatetype text, \
+             aggregateid text, type text NOT NULL, payload jsonb)",
+        )
+        .await
+        .expect("create a table with a bigint id");
+    let message = run(&[
+        "setup",
+        "--no-create-table",
+        "--table",
+        "serial_outbox",
+        "--table-layout",
+        "debezium",
+        "--shards",
+        "2",
+    ]);
+    assert!(
+        message.contains("uuid_hash") && message.contains("is bigint") && message.contains("Fix:"),
+        "{message}"
+    );
+    let publications: i64 =
+        common::pg::query_value(&client, "SELECT count(*) FROM pg_publication").await;
+    assert_eq!(publications, 0, "nothing provisioned");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,4 +295,135 @@ async fn resync_republishes_a_mapped_table() {
     // resync only reads: the table is as it was.
     let rows: i64 = common::pg::query_value(&outbox.client, "SELECT count(*) FROM outbox").await;
     assert_eq!(rows, 2);
+}
+
+/// Debezium's table with the id under another name and rows without an aggregate: the two
+/// columns the shards' row filters read, both renamed, and both branches of the filter.
+const RENAMED_ID_TABLE: &str = "CREATE TABLE outbox (\
+     event_id uuid PRIMARY KEY, \
+     aggregatetype varchar(255) NOT NULL, \
+     aggregateid varchar(255), \
+     type varchar(255) NOT NULL, \
+     payload jsonb)";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_split_a_table_with_a_renamed_id_by_the_mapped_columns() {
+    let s = services();
+    let db_url =
+        s.pg.create_database(&common::unique_name("layout_shards"))
+            .await;
+    let client = common::pg::pg_connect(&db_url).await;
+    client
+        .batch_execute(RENAMED_ID_TABLE)
+        .await
+        .expect("create the table");
+    let map = [
+        "--table-layout",
+        "debezium",
+        "--column",
+        "id=event_id",
+        "--shards",
+        "2",
+    ];
+    let mut setup = vec!["setup", "--no-create-table"];
+    setup.extend_from_slice(&map);
+    let outbox =
+        Outbox::provision_in(&db_url, &s.rabbit.url(), &setup, FieldTable::default()).await;
+    let filters = common::pg::first_column(
+        &outbox.client,
+        "SELECT rowfilter FROM pg_publication_tables WHERE tablename = 'outbox' ORDER BY pubname",
+        &[],
+    )
+    .await;
+    assert_eq!(filters.len(), 2, "{filters:?}");
+    assert!(
+        filters
+            .iter()
+            .all(|f| f.contains("uuid_hash(event_id)")
+                && f.contains("hashtext((aggregateid)::text)")),
+        "{filters:?}"
+    );
+
+    // Each shard's relay publishes to an exchange of its own: its queue is what it delivered.
+    let mut relays = Vec::new();
+    let mut consumers = Vec::new();
+    for shard in 0..2u32 {
+        let exchange = format!("{}_{shard}", outbox.exchange);
+        let queue = format!("{}_{shard}", outbox.queue);
+        common::amqp::declare_exchange(&outbox.amqp_url, &exchange).await;
+        common::declare_bound_queue(&outbox.amqp_url, &exchange, &queue, "#").await;
+        consumers.push(Consumer::start(&outbox.amqp_url, &queue).await);
+        let shard = shard.to_string();
+        let mut args = vec![
+            "--exchange",
+            exchange.as_str(),
+            "--shard",
+            shard.as_str(),
+            "--cleanup-interval",
+            "0",
+        ];
+        args.extend_from_slice(&map);
+        relays.push(common::RelayProcess::spawn(
+            &[
+                &[
+                    "run",
+                    "--database-url",
+                    &outbox.db_url,
+                    "--amqp-url",
+                    &outbox.amqp_url,
+                ][..],
+                &["--slot", &outbox.slot],
+                &args[..],
+            ]
+            .concat(),
+            &[common::relay::TEST_LOG],
+        ));
+    }
+
+    // Each row's shard, computed here with the documented expression on the table's names.
+    let rows = outbox
+        .client
+        .query(
+            "INSERT INTO outbox (event_id, aggregatetype, aggregateid, type, payload) \
+             SELECT gen_random_uuid(), 'Order', \
+                    CASE WHEN g % 3 = 0 THEN NULL ELSE (g % 5)::text END, \
+                    'OrderCreated', jsonb_build_object('n', g) \
+             FROM generate_series(1, 30) g \
+             RETURNING event_id::text, ((CASE WHEN aggregateid IS NOT NULL \
+               THEN hashtext(aggregateid) ELSE uuid_hash(event_id) END) & 2147483647) % 2",
+            &[],
+        )
+        .await
+        .expect("insert rows");
+    let mut expected = [Vec::new(), Vec::new()];
+    for row in &rows {
+        let shard: i32 = row.get(1);
+        expected[shard as usize].push(row.get::<_, String>(0));
+    }
+    assert!(
+        expected.iter().all(|ids| !ids.is_empty()),
+        "both shards get rows: {expected:?}"
+    );
+    for (shard, consumer) in consumers.iter_mut().enumerate() {
+        let want = &expected[shard];
+        let got: Vec<String> = consumer
+            .wait_settled(want.len(), DEADLINE)
+            .await
+            .iter()
+            .filter_map(|m| m.message_id.clone())
+            .collect();
+        let mut got_sorted = got.clone();
+        got_sorted.sort();
+        let mut want_sorted = want.clone();
+        want_sorted.sort();
+        assert_eq!(
+            got_sorted,
+            want_sorted,
+            "shard {shard} delivers exactly its rows; log:\n{}",
+            relays[shard].log()
+        );
+    }
+    for relay in &relays {
+        relay.stop().await;
+    }
 }
