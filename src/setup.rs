@@ -968,6 +968,22 @@ mod tests {
     }
 
     #[test]
+    fn the_claim_index_is_on_the_mapped_columns() {
+        use crate::outbox_table::columns::Preset;
+        let names = default_names();
+        let map = ColumnMap::resolve(Preset::Debezium, &["published_at=sent at".to_string()])
+            .expect("map");
+        let step = poll_index_step(&names, &map).expect("published_at is mapped");
+        assert_eq!(
+            step.sql,
+            "CREATE INDEX IF NOT EXISTS \"outbox_unpublished_idx\" ON \"public\".\"outbox\" (id) \
+             WHERE \"sent at\" IS NULL;"
+        );
+        // Nothing to index when published rows leave the table.
+        assert!(poll_index_step(&names, &ColumnMap::preset(Preset::Debezium)).is_none());
+    }
+
+    #[test]
     fn publication_comes_before_slot() {
         let sql = script(&default_names(), "p", None);
         let publication = sql.find("CREATE PUBLICATION").expect("publication");

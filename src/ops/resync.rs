@@ -223,7 +223,6 @@ pub fn check_rfc3339(text: &str) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::outbox_table::columns::ColumnMap;
-    use crate::pgoutput::{Column, Relation};
 
     #[test]
     fn rfc3339_times_are_checked() {
@@ -252,23 +251,10 @@ mod tests {
     #[test]
     fn select_orders_by_the_table_columns() {
         let table = TableName::from("outbox");
-        let relation = Relation {
-            oid: 0,
-            namespace: "public".into(),
-            name: "outbox".into(),
-            replica_identity: b'd',
-            columns: [columns::ID, columns::EVENT_TYPE, columns::CREATED_AT]
-                .iter()
-                .map(|name| Column {
-                    flags: 0,
-                    name: name.to_string(),
-                    type_oid: 25,
-                    type_modifier: -1,
-                })
-                .collect(),
-        };
-        let text = TextRelation::new(relation, &ColumnMap::default(), "text".into())
-            .expect("id and event_type");
+        let text = crate::outbox_table::text_relation(
+            &[columns::ID, columns::EVENT_TYPE, columns::CREATED_AT],
+            &ColumnMap::default(),
+        );
         let sql = select_sql(&table, &text, Shard::UNSHARDED);
         assert_eq!(
             sql,

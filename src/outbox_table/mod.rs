@@ -49,6 +49,28 @@ pub fn needs_created_at(outbox: &TableName, map: &ColumnMap, why: &str) -> Relay
     })
 }
 
+/// `public.outbox` with `columns` (text-typed), as `discover` would read it: for tests of
+/// the SQL built on a [`TextRelation`].
+#[cfg(test)]
+pub(crate) fn text_relation(columns: &[&str], map: &ColumnMap) -> TextRelation {
+    let relation = Relation {
+        oid: 0,
+        namespace: "public".into(),
+        name: "outbox".into(),
+        replica_identity: b'd',
+        columns: columns
+            .iter()
+            .map(|name| Column {
+                flags: 0,
+                name: name.to_string(),
+                type_oid: 25,
+                type_modifier: -1,
+            })
+            .collect(),
+    };
+    TextRelation::new(relation, map, "uuid".into()).expect("id and event_type")
+}
+
 /// One column of the table as the catalog describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableColumn {

@@ -324,35 +324,23 @@ fn missing_column(outbox: &TableName, map: &ColumnMap, contract: &'static str) -
 mod tests {
     use super::*;
     use crate::outbox_table::columns::Preset;
-    use crate::pgoutput::{Column, Relation};
 
     /// Debezium's table plus `published_at`, read through the Debezium preset with
-    /// `published_at` mapped back in (as `poll` would with `--column published_at=…`).
-    fn debezium(on_published: OnPublished, published: &str) -> OutboxTable {
-        let map = ColumnMap::resolve(Preset::Debezium, &[format!("published_at={published}")])
-            .expect("map");
-        let relation = Relation {
-            oid: 0,
-            namespace: "public".into(),
-            name: "outbox".into(),
-            replica_identity: b'd',
-            columns: ["id", "aggregatetype", "aggregateid", "type", "payload"]
-                .iter()
-                .map(|name| Column {
-                    flags: 0,
-                    name: name.to_string(),
-                    type_oid: 25,
-                    type_modifier: -1,
-                })
-                .collect(),
-        };
-        let text = TextRelation::new(relation, &map, "uuid".into()).expect("layout");
+    /// `published_at` mapped to `published` (`None`: left unmapped, as the preset has it).
+    fn debezium(on_published: OnPublished, published: Option<&str>) -> OutboxTable {
+        let overrides: Vec<String> = published
+            .map(|column| format!("published_at={column}"))
+            .into_iter()
+            .collect();
+        let map = ColumnMap::resolve(Preset::Debezium, &overrides).expect("map");
+        let columns = ["id", "aggregatetype", "aggregateid", "type", "payload"];
+        let text = crate::outbox_table::text_relation(&columns, &map);
         OutboxTable::new(&TableName::from("outbox"), text, &map, on_published)
     }
 
     #[test]
     fn the_claim_names_the_mapped_columns_and_goes_in_id_order_without_created_at() {
-        let sql = debezium(OnPublished::Mark, "sent at").claim_sql(10);
+        let sql = debezium(OnPublished::Mark, Some("sent at")).claim_sql(10);
         assert!(
             sql.contains(
                 "SELECT \"id\" FROM \"public\".\"outbox\" WHERE \"sent at\" IS NULL ORDER BY \
@@ -391,10 +379,7 @@ mod tests {
                 && e.contains("--on-published delete"),
             "{e}"
         );
-        let mut table = debezium(OnPublished::Delete, "x");
-        // As `discover` makes it for the preset itself (published_at unmapped).
-        table.published = None;
-        let sql = table.claim_sql(5);
+        let sql = debezium(OnPublished::Delete, None).claim_sql(5);
         assert!(
             sql.contains("SELECT \"id\" FROM \"public\".\"outbox\" ORDER BY"),
             "{sql}"
@@ -407,7 +392,7 @@ mod tests {
 
     #[test]
     fn the_cleanup_refuses_without_created_at_naming_the_flag() {
-        let e = debezium(OnPublished::Mark, "published_at")
+        let e = debezium(OnPublished::Mark, Some("published_at"))
             .cleanup_sql(100)
             .expect_err("no created_at")
             .to_string();
