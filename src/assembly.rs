@@ -14,7 +14,7 @@ use crate::config::{
 };
 use crate::error::RelayError;
 use crate::mapper::{headers, AllowedExchanges, Mapper};
-use crate::outbox_table::columns::{self, ColumnMap, COLUMN_FLAG};
+use crate::outbox_table::columns::{self, ColumnMap};
 use crate::outbox_table::needs_created_at;
 use crate::publish::BrokerNodes;
 use crate::shard::Shard;
@@ -76,14 +76,11 @@ impl Outbox {
 
 /// The column map (`--table-layout`, `--column`) of a command that reads the table, checked
 /// against what it will run, before anything connects: each of `created_at_for` (why a
-/// feature that is on needs `created_at`) refuses a map that leaves `created_at` unmapped,
-/// and `shards` above 1 refuses a map that renames `id` or `aggregate_id` (the shards' row
-/// filters name them; not mapped yet).
+/// feature that is on needs `created_at`) refuses a map that leaves `created_at` unmapped.
 pub fn column_map(
     flags: &ColumnArgs,
     table: &TableName,
     created_at_for: &[&str],
-    shards: u32,
 ) -> Result<Arc<ColumnMap>, RelayError> {
     let map = flags.map()?;
     if let Some(taken) = map
@@ -107,37 +104,7 @@ pub fn column_map(
             return Err(needs_created_at(table, &map, why));
         }
     }
-    let renamed = [columns::ID, columns::AGGREGATE_ID]
-        .into_iter()
-        .find(|contract| map.column(contract) != Some(*contract));
-    if let (true, Some(contract)) = (shards > 1, renamed) {
-        return Err(RelayError::Config(format!(
-            "--shards {shards} with a column map that maps \"{contract}\" to {}: the shards' \
-             row filters do not read a mapped table yet. Fix: run one relay (--shards 1), or \
-             keep \"{contract}\" under its own name ({COLUMN_FLAG} {contract}={contract})",
-            match map.column(contract) {
-                Some(column) => format!("\"{column}\""),
-                None => "nothing".to_string(),
-            }
-        )));
-    }
     Ok(Arc::new(map))
-}
-
-/// Refuses a column map in `command`, which does not read a mapped table yet (the table
-/// `setup` creates only).
-pub fn refuse_column_map(flags: &ColumnArgs, command: &str) -> Result<(), RelayError> {
-    let map = flags.map()?;
-    if map.is_default() {
-        return Ok(());
-    }
-    Err(RelayError::Config(format!(
-        "{command} does not read a table with other column names yet (--table-layout, \
-         {COLUMN_FLAG}: {} mapped otherwise); it reads the table `setup` creates. Fix: drop \
-         --table-layout and {COLUMN_FLAG} (OUTBOX_TABLE_LAYOUT, OUTBOX_COLUMNS) for it, or \
-         use WAL mode (`run`), which reads a mapped table (docs/table-layouts.md)",
-        map.changed().join(", ")
-    )))
 }
 
 /// The RabbitMQ nodes `--amqp-url` names, every URL checked, in a shuffled order.

@@ -74,7 +74,7 @@ pub fn shard_delete_sql(names: &OutboxNames, map: &ColumnMap, shard: Shard, batc
          AND {created} < $2::timestamptz{shard_rows} \
          ORDER BY {created} LIMIT {batch}))",
         shard_rows = shard
-            .row_filter()
+            .row_filter(map)
             .map(|filter| format!(" AND ({filter})"))
             .unwrap_or_default()
     )
@@ -226,7 +226,7 @@ mod tests {
         assert!(!delete_sql(&names, 10).contains("hashtext"));
         let shard = Shard::new(2, 4).expect("shard");
         let sql = shard_delete_sql(&names, &ColumnMap::default(), shard, 10);
-        let filter = shard.row_filter().expect("filter");
+        let filter = shard.row_filter(&ColumnMap::default()).expect("filter");
         assert!(
             sql.contains(&format!(
                 "\"created_at\" < $2::timestamptz AND ({filter}) ORDER BY"

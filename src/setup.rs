@@ -79,15 +79,15 @@ pub fn table_step(names: &OutboxNames) -> Step {
 /// hence the DO block; the name reaches RAISE as a parameter, not in its format string (where
 /// a `%` would be a placeholder).
 pub fn publication_step(names: &OutboxNames) -> Step {
-    shard_publication_step(names, Shard::UNSHARDED)
+    shard_publication_step(names, Shard::UNSHARDED, &ColumnMap::default())
 }
 
 /// [`publication_step`] for one shard: `names` are the shard's, and the publication takes
-/// only the shard's rows (its row filter, src/shard.rs).
-pub fn shard_publication_step(names: &OutboxNames, shard: Shard) -> Step {
+/// only the shard's rows (its row filter, src/shard.rs, on the columns `map` names).
+pub fn shard_publication_step(names: &OutboxNames, shard: Shard, map: &ColumnMap) -> Step {
     let publication = quote_ident(&names.publication);
     let qualified = names.qualified_table();
-    let (about, filter) = match shard.row_filter() {
+    let (about, filter) = match shard.row_filter(map) {
         Some(filter) => (
             "a shard's publication (insert only, its rows of the outbox table)",
             format!(" WHERE ({filter})"),
@@ -355,17 +355,22 @@ pub fn restrict_emit_step(names: &OutboxNames, restrict: Restrict<'_>) -> Step {
 
 /// Polling mode's claim index: only unpublished rows, in claim order, so the claim query
 /// stays an index scan however many published rows the table keeps (docs/polling.md).
-pub fn poll_index_step(names: &OutboxNames) -> Step {
+pub fn poll_index_step(names: &OutboxNames, map: &ColumnMap) -> Option<Step> {
+    let published = map.sql(columns::PUBLISHED_AT)?;
+    // Claims go in created_at order, or in id order where it is unmapped.
+    let order = map
+        .sql(columns::CREATED_AT)
+        .or_else(|| map.sql(columns::ID))?;
     let (_, table) = names.table_parts();
     let index = quote_ident(&format!("{table}_unpublished_idx"));
-    Step {
+    Some(Step {
         object: format!("index {table}_unpublished_idx"),
         about: "the claim index: unpublished rows in created_at order",
         sql: format!(
-            "CREATE INDEX IF NOT EXISTS {index} ON {} (created_at) WHERE published_at IS NULL;",
+            "CREATE INDEX IF NOT EXISTS {index} ON {} ({order}) WHERE {published} IS NULL;",
             names.qualified_table()
         ),
-    }
+    })
 }
 
 /// Polling mode's provisioning SQL (`setup --mode poll --print-sql`, `sql/outbox_poll.sql`).
@@ -375,7 +380,8 @@ pub fn poll_script(names: &OutboxNames) -> String {
          poll --print-sql`).\n\
          -- No slot and no publication: `outbox-relay poll` claims rows by published_at.\n",
     );
-    for step in [table_step(names), poll_index_step(names)] {
+    let index = poll_index_step(names, &ColumnMap::default());
+    for step in std::iter::once(table_step(names)).chain(index) {
         let _ = write!(text, "\n-- {}\n{}\n", step.about, step.sql);
     }
     text
@@ -422,7 +428,13 @@ pub fn shards_script(
     steps.extend(restrict.map(|_| superuser_check_step()));
     steps.push(table_step(names));
     steps.push(state_step(names));
-    steps.extend(shards.iter().map(|(s, n)| shard_publication_step(n, *s)));
+    // --print-sql has no form for a mapped table: the script is the default table's.
+    let map = ColumnMap::default();
+    steps.extend(
+        shards
+            .iter()
+            .map(|(s, n)| shard_publication_step(n, *s, &map)),
+    );
     steps.extend(shards.iter().map(|(_, n)| slot_step(n, failover)));
     steps.push(emit_step(names, emit_prefix));
     steps.extend(restrict.map(|restrict| restrict_emit_step(names, restrict)));
@@ -437,31 +449,10 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
     // A bad dead-letter configuration is reported before anything is provisioned.
     args.dead_letter.exchange(&names.exchange)?;
     if args.mode.mode == Mode::Poll {
-        crate::assembly::refuse_column_map(&args.columns, "setup --mode poll")?;
         return run_poll(args).await;
     }
-    let columns =
-        crate::assembly::column_map(&args.columns, &names.table, &[], args.shards.shards)?;
-    if !columns.is_default() && (args.print_sql || !args.no_create_table) {
-        return Err(RelayError::Config(format!(
-            "--table-layout and --column describe an outbox table you already have ({} \
-             mapped otherwise), but setup {} the table under the contract's own names. Fix: \
-             pass --no-create-table (OUTBOX_NO_CREATE_TABLE), and setup checks your table and \
-             provisions the rest{}",
-            columns.changed().join(", "),
-            if args.print_sql {
-                "--print-sql prints"
-            } else {
-                "would create"
-            },
-            if args.print_sql {
-                " (--print-sql has no form for a mapped table yet: run setup against the \
-                 database, or take the publication and slot from sql/)"
-            } else {
-                ""
-            }
-        )));
-    }
+    let columns = crate::assembly::column_map(&args.columns, &names.table, &[])?;
+    refuse_creating_mapped(&columns, &args)?;
     let shards = Shard::every(names, args.shards.shards)?;
     let emit_prefix = crate::assembly::emit_prefix(&args.emit, &names.table);
     check_emit_names(names)?;
@@ -499,12 +490,12 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
 
     ensure_table(&client, &args).await?;
     if args.no_create_table {
-        check_columns(&client, &args.names.table, &columns).await?;
+        check_columns(&client, &args.names.table, &columns, args.shards.shards).await?;
     }
 
     // Every publication before any slot: a slot decodes with the publications that exist.
     for (shard, names) in &shards {
-        ensure_publication(&client, names, *shard).await?;
+        ensure_publication(&client, names, *shard, &columns).await?;
     }
     for (_, names) in &shards {
         ensure_slot(&client, &args, names).await?;
@@ -523,10 +514,11 @@ async fn ensure_publication(
     client: &Client,
     names: &OutboxNames,
     shard: Shard,
+    map: &ColumnMap,
 ) -> Result<(), RelayError> {
     match preflight::check_publication(client, names).await {
         Ok(()) => {
-            preflight::check_row_filter(client, names, shard).await?;
+            preflight::check_row_filter(client, names, shard, map).await?;
             println!(
                 "publication {}: exists and covers the table",
                 names.publication
@@ -534,7 +526,7 @@ async fn ensure_publication(
         }
         Err(RelayError::PublicationMissing { .. }) => {
             client
-                .batch_execute(&shard_publication_step(names, shard).sql)
+                .batch_execute(&shard_publication_step(names, shard, map).sql)
                 .await?;
             preflight::check_publication(client, names).await?;
             if shard.is_sharded() {
@@ -700,7 +692,36 @@ fn check_emit_names(names: &OutboxNames) -> Result<(), RelayError> {
     Ok(())
 }
 
+/// setup creates the table under the contract's own names: a map describes a table the user
+/// already has, so it goes with `--no-create-table` only (and `--print-sql` has no form
+/// for it yet).
+fn refuse_creating_mapped(columns: &ColumnMap, args: &SetupArgs) -> Result<(), RelayError> {
+    if columns.is_default() || (!args.print_sql && args.no_create_table) {
+        return Ok(());
+    }
+    Err(RelayError::Config(format!(
+        "--table-layout and --column describe an outbox table you already have ({} \
+         mapped otherwise), but setup {} the table under the contract's own names. Fix: \
+         pass --no-create-table (OUTBOX_NO_CREATE_TABLE), and setup checks your table and \
+         provisions the rest{}",
+        columns.changed().join(", "),
+        if args.print_sql {
+            "--print-sql prints"
+        } else {
+            "would create"
+        },
+        if args.print_sql {
+            " (--print-sql has no form for a mapped table yet: run setup against the \
+             database, or take the publication and slot from sql/)"
+        } else {
+            ""
+        }
+    )))
+}
+
 /// `setup --mode poll`: the table, the claim index and the exchange; no slot, any wal_level.
+/// With a column map (and `--no-create-table`) it checks the table has what polling reads
+/// under the mapped names, and makes the claim index on them.
 async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
     let names = &args.names;
     if args.shards.shards > 1 {
@@ -711,15 +732,32 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
             args.shards.shards
         )));
     }
+    let columns = crate::assembly::column_map(&args.columns, &names.table, &[])?;
+    refuse_creating_mapped(&columns, &args)?;
     if args.print_sql {
         print!("{}", poll_script(names));
         return Ok(());
     }
     let client = connect_database(&args).await?;
     ensure_table(&client, &args).await?;
-    let index = poll_index_step(names);
-    client.batch_execute(&index.sql).await?;
-    println!("{}: ensured (WHERE published_at IS NULL)", index.object);
+    if args.no_create_table {
+        check_columns(&client, &names.table, &columns, 1).await?;
+        check_poll_columns(&client, &names.table, &columns).await?;
+    }
+    match poll_index_step(names, &columns) {
+        Some(index) => {
+            client.batch_execute(&index.sql).await?;
+            println!(
+                "{}: ensured (WHERE {} IS NULL)",
+                index.object,
+                columns.column(columns::PUBLISHED_AT).unwrap_or_default()
+            );
+        }
+        None => println!(
+            "claim index: none (published_at is unmapped: rows are deleted once published, \
+             so every row in the table is unsent)"
+        ),
+    }
 
     declare_exchanges(&args).await?;
     println!("setup complete");
@@ -822,11 +860,13 @@ async fn ensure_table(client: &Client, args: &SetupArgs) -> Result<(), RelayErro
 
 /// With `--no-create-table`: the table has the columns every message needs under the names
 /// `map` gives them (else the error `run` would stop with, naming the flag); prints where
-/// each contract column is read from, and which are absent.
+/// each contract column is read from, and which are absent. With `shards` above 1 the id
+/// must be a uuid: the shards' row filters hash it with uuid_hash.
 async fn check_columns(
     client: &Client,
     table: &crate::config::TableName,
     map: &ColumnMap,
+    shards: u32,
 ) -> Result<(), RelayError> {
     let text = TextRelation::discover(client, table, map, &[], |needed| {
         RelayError::Bug(format!(
@@ -834,6 +874,15 @@ async fn check_columns(
         ))
     })
     .await?;
+    if shards > 1 && text.id_type() != "uuid" {
+        return Err(RelayError::Config(format!(
+            "--shards {shards}: the shards' row filters spread rows by uuid_hash of the id, \
+             but the column \"{}\" of {table} is {}. Fix: run one relay (--shards 1), or \
+             map \"id\" to a uuid column with --column id=COLUMN (OUTBOX_COLUMNS)",
+            map.column(columns::ID).unwrap_or(columns::ID),
+            text.id_type()
+        )));
+    }
     let present: Vec<&str> = text
         .relation()
         .columns
@@ -864,6 +913,31 @@ async fn check_columns(
         .collect();
     if !headers.is_empty() {
         println!("header columns: {}", headers.join(", "));
+    }
+    Ok(())
+}
+
+/// `setup --mode poll --no-create-table`: the mapped table has the columns polling reads
+/// besides the message's (the error `poll` would stop with), and says how rows are claimed.
+async fn check_poll_columns(
+    client: &Client,
+    table: &crate::config::TableName,
+    map: &ColumnMap,
+) -> Result<(), RelayError> {
+    // published_at unmapped is fine for setup: `poll --on-published delete` reads the table.
+    let settle = match map.column(columns::PUBLISHED_AT) {
+        Some(_) => crate::config::OnPublished::Mark,
+        None => crate::config::OnPublished::Delete,
+    };
+    crate::poll::table::OutboxTable::discover(client, table, map, settle).await?;
+    match map.column(columns::PUBLISHED_AT) {
+        Some(column) => println!("published_at: marked in \"{column}\""),
+        None => {
+            println!("published_at: unmapped; only `poll --on-published delete` reads this table")
+        }
+    }
+    if map.column(columns::CREATED_AT).is_none() {
+        println!("claims: in id order (created_at is unmapped)");
     }
     Ok(())
 }
@@ -907,6 +981,22 @@ mod tests {
             poll_script(&default_names()),
             "sql/outbox_poll.sql is stale: regenerate it with `outbox-relay setup --mode poll --print-sql > sql/outbox_poll.sql`"
         );
+    }
+
+    #[test]
+    fn the_claim_index_is_on_the_mapped_columns() {
+        use crate::outbox_table::columns::Preset;
+        let names = default_names();
+        let map = ColumnMap::resolve(Preset::Debezium, &["published_at=sent at".to_string()])
+            .expect("map");
+        let step = poll_index_step(&names, &map).expect("published_at is mapped");
+        assert_eq!(
+            step.sql,
+            "CREATE INDEX IF NOT EXISTS \"outbox_unpublished_idx\" ON \"public\".\"outbox\" (id) \
+             WHERE \"sent at\" IS NULL;"
+        );
+        // Nothing to index when published rows leave the table.
+        assert!(poll_index_step(&names, &ColumnMap::preset(Preset::Debezium)).is_none());
     }
 
     #[test]
@@ -1008,7 +1098,7 @@ mod tests {
                 "CREATE PUBLICATION \"{}\" FOR TABLE \"public\".\"outbox\" WHERE ({}) WITH \
                  (publish = 'insert');",
                 names.publication,
-                shard.row_filter().expect("filter")
+                shard.row_filter(&ColumnMap::default()).expect("filter")
             );
             last_publication = sql
                 .find(&create)

@@ -20,9 +20,8 @@
 
 pub use crate::config::modes::MAX_SHARDS;
 use crate::config::names::{parse_identifier, parse_slot_name, OutboxNames};
-use crate::db::sql_name;
 use crate::error::RelayError;
-use crate::outbox_table::columns;
+use crate::outbox_table::columns::{self, ColumnMap};
 
 /// One shard of `count` (`index` < `count`); `count` 1 is the unsharded outbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,14 +83,23 @@ impl Shard {
     }
 
     /// The row filter of this shard's publication (a boolean SQL expression on the outbox
-    /// table's columns); `None` when unsharded.
-    pub fn row_filter(&self) -> Option<String> {
+    /// table's columns, under the names `map` gives them); `None` when unsharded. With
+    /// `aggregate_id` unmapped every row spreads by its id.
+    pub fn row_filter(&self, map: &ColumnMap) -> Option<String> {
         self.is_sharded().then(|| {
+            // `id` is required: a map always has it.
+            let id = map
+                .sql(columns::ID)
+                .unwrap_or_else(|| columns::ID.to_string());
+            let hash = match map.sql(columns::AGGREGATE_ID) {
+                Some(aggregate) => format!(
+                    "(CASE WHEN {aggregate} IS NOT NULL THEN hashtext({aggregate}) ELSE \
+                     uuid_hash({id}) END)"
+                ),
+                None => format!("uuid_hash({id})"),
+            };
             format!(
-                "((CASE WHEN {aggregate} IS NOT NULL THEN hashtext({aggregate}) ELSE \
-                 uuid_hash({id}) END) & 2147483647) % {count} = {index}",
-                aggregate = sql_name(columns::AGGREGATE_ID),
-                id = sql_name(columns::ID),
+                "({hash} & 2147483647) % {count} = {index}",
                 count = self.count,
                 index = self.index
             )
@@ -171,15 +179,37 @@ mod tests {
     #[test]
     fn the_row_filter_is_the_documented_expression() {
         let shard = Shard::new(1, 3).expect("shard");
+        let default = ColumnMap::default();
         assert_eq!(
-            shard.row_filter().as_deref(),
+            shard.row_filter(&default).as_deref(),
             Some(
                 "((CASE WHEN aggregate_id IS NOT NULL THEN hashtext(aggregate_id) ELSE \
                  uuid_hash(id) END) & 2147483647) % 3 = 1"
             )
         );
-        assert!(!shard.row_filter().expect("filter").contains("abs("));
-        assert_eq!(Shard::UNSHARDED.row_filter(), None);
+        assert!(!shard.row_filter(&default).expect("filter").contains("abs("));
+        assert_eq!(Shard::UNSHARDED.row_filter(&default), None);
+    }
+
+    #[test]
+    fn the_row_filter_names_the_mapped_columns() {
+        let shard = Shard::new(0, 2).expect("shard");
+        let debezium = ColumnMap::resolve(columns::Preset::Debezium, &["id=event id".to_string()])
+            .expect("map");
+        assert_eq!(
+            shard.row_filter(&debezium).as_deref(),
+            Some(
+                "((CASE WHEN \"aggregateid\" IS NOT NULL THEN hashtext(\"aggregateid\") ELSE \
+                 uuid_hash(\"event id\") END) & 2147483647) % 2 = 0"
+            )
+        );
+        let no_aggregate =
+            ColumnMap::resolve(columns::Preset::Default, &["aggregate_id=".to_string()])
+                .expect("map");
+        assert_eq!(
+            shard.row_filter(&no_aggregate).as_deref(),
+            Some("(uuid_hash(id) & 2147483647) % 2 = 0")
+        );
         assert_eq!(Shard::new(0, 1).expect("one"), Shard::UNSHARDED);
     }
 

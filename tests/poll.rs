@@ -20,6 +20,7 @@ use common::{
 use outbox_relay::config::{
     OnPublished, OutboxNames, DEFAULT_POLL_BATCH_SIZE, DEFAULT_POLL_WORKERS,
 };
+use outbox_relay::outbox_table::columns::ColumnMap;
 use outbox_relay::poll::table::OutboxTable;
 use outbox_relay::setup;
 use tokio_postgres::Client;
@@ -677,11 +678,12 @@ async fn claim_query_uses_the_partial_index_on_a_mostly_published_table() {
         .await
         .expect("seed 100,000 rows");
 
-    let table = OutboxTable::discover(&client, &names("outbox").table)
+    let map = ColumnMap::default();
+    let table = OutboxTable::discover(&client, &names("outbox").table, &map, OnPublished::Mark)
         .await
         .expect("discover");
     for limit in [1, 500] {
-        let explain = format!("EXPLAIN {}", table.claim_sql(limit, OnPublished::Mark));
+        let explain = format!("EXPLAIN {}", table.claim_sql(limit));
         let plan = common::pg::first_column(&client, &explain, &[]).await;
         let plan = plan.join("\n");
         eprintln!("claim query plan (LIMIT {limit}):\n{plan}");

@@ -31,7 +31,7 @@ use crate::observability::http_get;
 use crate::observability::metrics::{BROKER_INFO, HOST_LABEL, NODE_LABEL, POSTGRES_INFO};
 use crate::observability::StandbyWait;
 use crate::outbox_table::columns;
-use crate::poll::table::{read_backlog, Backlog};
+use crate::poll::table::{Backlog, BacklogQuery};
 use crate::shard::Shard;
 use crate::wal::preflight::{idle_slot_timeout, synchronized_standby_slots};
 use crate::wal::slot::{failover_readiness, read_slot, read_standby_slots, Readiness, SlotReport};
@@ -189,12 +189,8 @@ impl Status {
 }
 
 pub async fn run(args: StatusArgs) -> Result<Probe, RelayError> {
-    // A malformed column map is refused before anything connects; polling mode's status
-    // does not read a mapped table yet.
-    match args.mode.mode {
-        Mode::Poll => crate::assembly::refuse_column_map(&args.columns, "status --mode poll")?,
-        Mode::Wal => drop(args.columns.map()?),
-    }
+    // A malformed column map is refused before anything connects.
+    args.columns.map()?;
     let url = args.connections.database_url()?;
     let client = db::connect(&url).await?;
     let mut status = gather(&client, &args).await?;
@@ -369,20 +365,32 @@ async fn read_table(client: &Client, args: &StatusArgs, poll: bool) -> TableRead
         Err(e) => (None, None, Some(advice::report(&e))),
     };
     // Only in poll mode: WAL mode never writes published_at, so there every row is "unsent".
-    let unsent = match poll {
-        false => None,
-        true => match read_backlog(client, &names.table).await {
+    let query = match args.columns.map() {
+        Ok(map) => Some(BacklogQuery::new(&names.table, &map)),
+        Err(e) => {
+            error.get_or_insert_with(|| advice::report(&e));
+            None
+        }
+    };
+    let unsent = match (poll, &query) {
+        (true, Some(query)) => match query.read(client).await {
             Ok(unsent) => unsent,
             Err(e) => {
                 error.get_or_insert_with(|| advice::report(&e));
                 None
             }
         },
+        _ => None,
     };
     if poll && unsent.is_none() && error.is_none() {
+        let column = query
+            .as_ref()
+            .and_then(BacklogQuery::published_column)
+            .unwrap_or(columns::PUBLISHED_AT);
         error = Some(format!(
-            "{} has no published_at column, which polling mode needs: run `outbox-relay \
-             setup --mode poll`",
+            "{} has no column \"{column}\" (the message contract's published_at), which \
+             polling mode marks published rows in. Fix: run `outbox-relay setup --mode poll`, \
+             add the column, or map published_at with --column published_at=COLUMN",
             names.table
         ));
     }

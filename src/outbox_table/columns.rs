@@ -247,6 +247,17 @@ impl ColumnMap {
             .and_then(|i| self.columns[i].as_deref())
     }
 
+    /// The table's column for `contract` as SQL: bare when it is the contract's own name
+    /// (those are plain lower-case non-keywords, so the documented SQL reads as before),
+    /// quoted otherwise; `None` when unmapped.
+    pub fn sql(&self, contract: &str) -> Option<String> {
+        self.column(contract)
+            .map(|column| match column == contract {
+                true => column.to_string(),
+                false => crate::db::quote_ident(column),
+            })
+    }
+
     /// The contract column the table's `column` holds, if any.
     pub fn contract_of(&self, column: &str) -> Option<&'static str> {
         self.columns

@@ -49,6 +49,33 @@ pub fn needs_created_at(outbox: &TableName, map: &ColumnMap, why: &str) -> Relay
     })
 }
 
+/// `public.outbox` with `columns` (text-typed), as `discover` would read it: for tests of
+/// the SQL built on a [`TextRelation`].
+#[cfg(test)]
+pub(crate) fn text_relation(columns: &[&str], map: &ColumnMap) -> TextRelation {
+    let relation = Relation {
+        oid: 0,
+        namespace: "public".into(),
+        name: "outbox".into(),
+        replica_identity: b'd',
+        columns: columns
+            .iter()
+            .map(|name| Column {
+                flags: 0,
+                name: name.to_string(),
+                // text, and timestamptz for created_at (the mapper refuses another type).
+                type_oid: if map.column(columns::CREATED_AT) == Some(*name) {
+                    1184
+                } else {
+                    25
+                },
+                type_modifier: -1,
+            })
+            .collect(),
+    };
+    TextRelation::new(relation, map, "uuid".into()).expect("id and event_type")
+}
+
 /// One column of the table as the catalog describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableColumn {
@@ -164,6 +191,19 @@ impl TextRelation {
     /// The table's column for `contract`, quoted for SQL; `None` when unmapped.
     pub fn quoted(&self, contract: &str) -> Option<String> {
         self.map.column(contract).map(quote_ident)
+    }
+
+    /// The position of `contract`'s column in the relation (and in a selected row); `None`
+    /// when unmapped or not in the table.
+    pub fn column_index(&self, contract: &str) -> Option<usize> {
+        self.map
+            .column(contract)
+            .and_then(|column| self.relation.column_index(column))
+    }
+
+    /// Which of the table's columns holds each contract column.
+    pub fn map(&self) -> &ColumnMap {
+        &self.map
     }
 
     pub fn relation(&self) -> &Relation {

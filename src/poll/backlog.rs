@@ -10,24 +10,23 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::TableName;
 use crate::observability::{BACKLOG_POLL_ERRORS_TOTAL, BACKLOG_ROWS, OLDEST_UNSENT_AGE_SECONDS};
 use crate::periodic::{self, Job};
 
-use super::table::{read_backlog, Backlog};
+use super::table::{Backlog, BacklogQuery};
 
 /// Reads the backlog every `interval` until `shutdown`.
 pub(crate) async fn run(
     database_url: String,
-    table: TableName,
+    query: BacklogQuery,
     interval: Duration,
     shutdown: CancellationToken,
 ) {
     let rows = metrics::gauge!(BACKLOG_ROWS);
     let age = metrics::gauge!(OLDEST_UNSENT_AGE_SECONDS);
     let read = move |connection: periodic::Connection| {
-        let table = table.clone();
-        async move { read_backlog(&*connection.client().await?, &table).await }
+        let query = query.clone();
+        async move { query.read(&*connection.client().await?).await }
     };
     let record = move |backlog: Option<Backlog>| {
         // None: no published_at column; the workers stop with an error that names it.

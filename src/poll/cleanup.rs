@@ -11,7 +11,6 @@ use crate::error::RelayError;
 use crate::periodic::{self, Job};
 
 use super::shared::Shared;
-use super::table::OutboxTable;
 use super::worker::bounded;
 
 /// Runs a cleanup round every `interval` until `shutdown`; a failed round is logged and the
@@ -45,8 +44,8 @@ async fn round(
     shutdown: &CancellationToken,
 ) -> Result<u64, RelayError> {
     let client = connection.client().await?;
-    let table = bounded(OutboxTable::discover(&client, &shared.names.table)).await?;
-    let delete = bounded(client.prepare(&table.cleanup_sql(batch))).await?;
+    let table = bounded(shared.outbox_table(&client)).await?;
+    let delete = bounded(client.prepare(&table.cleanup_sql(batch)?)).await?;
     let seconds = retention.as_secs_f64();
     let mut total = 0;
     loop {

@@ -50,7 +50,17 @@ use crate::observability::{self, PollMetrics, WorkerHealth};
 
 /// Runs the polling relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
 pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
-    crate::assembly::refuse_column_map(&args.columns, "poll")?;
+    // Checked before anything connects: what the map leaves unmapped must not be needed.
+    // published_at first: without it the command cannot run at all under mark.
+    table::check_on_published(&args.columns.map()?, args.on_published)?;
+    let cleanup =
+        !args.cleanup.cleanup_interval.is_zero() && args.on_published == OnPublished::Mark;
+    let created_at_for: &[&str] = if cleanup {
+        &[table::CLEANUP_NEEDS]
+    } else {
+        &[]
+    };
+    let columns = crate::assembly::column_map(&args.columns, &args.names.table, created_at_for)?;
     let Outbox {
         database_url,
         brokers,
@@ -81,10 +91,14 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
         listen = args.listen,
         "polling"
     );
+    if !columns.is_default() {
+        tracing::info!(columns = %columns.describe(), "outbox columns mapped");
+    }
     let shared = Arc::new(Shared {
         database_url,
         brokers,
         names: args.names.clone(),
+        columns,
         mapper,
         dead_letter_exchange,
         workers: args.workers,
@@ -101,7 +115,7 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
     if !args.backlog_poll_interval.is_zero() {
         tokio::spawn(backlog::run(
             shared.database_url.clone(),
-            shared.names.table.clone(),
+            table::BacklogQuery::new(&shared.names.table, &shared.columns),
             args.backlog_poll_interval,
             observing.clone(),
         ));

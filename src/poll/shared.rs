@@ -8,9 +8,13 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::config::{Delivery, OnPublished, PublishNames};
+use crate::error::RelayError;
 use crate::mapper::Mapper;
 use crate::observability::{PollMetrics, WorkerHealth};
+use crate::outbox_table::columns::ColumnMap;
 use crate::publish::BrokerNodes;
+
+use super::table::OutboxTable;
 
 /// Counters of one `poll` run for its summary log line; each is also exported as a metric.
 pub(super) struct PollStats {
@@ -106,6 +110,9 @@ pub(super) struct Shared {
     pub(super) database_url: String,
     pub(super) brokers: Arc<BrokerNodes>,
     pub(super) names: PublishNames,
+    /// Which of the table's columns holds each contract column (`--table-layout`,
+    /// `--column`): every connect builds its SQL from it.
+    pub(super) columns: Arc<ColumnMap>,
     pub(super) mapper: Mapper,
     /// The dead-letter exchange under `--on-unroutable dead-letter`; `None` under halt.
     pub(super) dead_letter_exchange: Option<String>,
@@ -123,4 +130,15 @@ pub(super) struct Shared {
     pub(super) stats: PollStats,
     /// Each worker's connections, for /readyz.
     pub(super) health: WorkerHealth,
+}
+
+impl Shared {
+    /// The outbox table as this run reads it (its column map, its `--on-published`): what
+    /// every worker session and cleanup round learns on connect.
+    pub(super) async fn outbox_table(
+        &self,
+        client: &tokio_postgres::Client,
+    ) -> Result<OutboxTable, RelayError> {
+        OutboxTable::discover(client, &self.names.table, &self.columns, self.on_published).await
+    }
 }

@@ -130,20 +130,20 @@ async fn session(
 ) -> Result<(), RelayError> {
     let client = bounded(db::connect(&shared.database_url)).await?;
     bounded(client.batch_execute(db::PINNED_SET_STATEMENTS)).await?;
-    let table = bounded(OutboxTable::discover(&client, &shared.names.table)).await?;
+    let table = bounded(shared.outbox_table(&client)).await?;
     if !shared.index_checked.swap(true, Ordering::Relaxed)
         && !bounded(table.has_claim_index(&client)).await?
     {
         tracing::warn!(
             table = %shared.names.table,
-            "no partial index on (created_at) WHERE published_at IS NULL: every claim reads \
-             past the published rows still in the table. Fix: `outbox-relay setup --mode poll` \
-             (sql/outbox_poll.sql)"
+            "no partial index on (created_at) WHERE published_at IS NULL (the columns the \
+             column map names): every claim reads past the published rows still in the table. \
+             Fix: `outbox-relay setup --mode poll` (with a map: --no-create-table; \
+             sql/outbox_poll.sql)"
         );
     }
-    let claim_batch =
-        bounded(client.prepare(&table.claim_sql(shared.batch_size, shared.on_published))).await?;
-    let claim_one = bounded(client.prepare(&table.claim_sql(1, shared.on_published))).await?;
+    let claim_batch = bounded(client.prepare(&table.claim_sql(shared.batch_size))).await?;
+    let claim_one = bounded(client.prepare(&table.claim_sql(1))).await?;
     let broker = Broker::connect(&shared.brokers).await?;
     let mut session = Session {
         shared,

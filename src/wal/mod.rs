@@ -81,12 +81,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
     if args.on_slot_lost == crate::config::OnSlotLost::Recreate {
         created_at_for.push(recovery::BACKFILL_NEEDS);
     }
-    let columns = assembly::column_map(
-        &args.columns,
-        &args.names.table,
-        &created_at_for,
-        shard.count(),
-    )?;
+    let columns = assembly::column_map(&args.columns, &args.names.table, &created_at_for)?;
     if !columns.is_default() {
         tracing::info!(columns = %columns.describe(), "outbox columns mapped");
     }

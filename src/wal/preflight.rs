@@ -12,6 +12,7 @@ use tokio_postgres::Client;
 
 use crate::config::{FailoverSlot, OutboxNames};
 use crate::error::{RelayError, SlotProblem};
+use crate::outbox_table::columns::ColumnMap;
 use crate::shard::Shard;
 use crate::wal::slot::read_slot;
 
@@ -92,8 +93,9 @@ pub async fn check_row_filter(
     client: &Client,
     names: &OutboxNames,
     shard: Shard,
+    map: &ColumnMap,
 ) -> Result<(), RelayError> {
-    let Some(expected) = shard.row_filter() else {
+    let Some(expected) = shard.row_filter(map) else {
         return Ok(());
     };
     let (schema, table) = names.table_parts();
@@ -304,12 +306,13 @@ pub async fn check_all(
     client: &Client,
     names: &OutboxNames,
     shard: Shard,
+    map: &ColumnMap,
     failover: FailoverSlot,
 ) -> Result<SlotState, RelayError> {
     check_wal_level(client).await?;
     warn_if_idle_slots_expire(client, &names.slot).await?;
     check_publication(client, names).await?;
-    check_row_filter(client, names, shard).await?;
+    check_row_filter(client, names, shard, map).await?;
     let slot = check_slot(client, &names.slot).await?;
     warn_about_failover(client, &names.slot, failover).await?;
     Ok(slot)

@@ -298,7 +298,8 @@ async fn preflight(
     server: &db::Server,
 ) -> Result<preflight::SlotState, RelayError> {
     let database = db::connect_to(&ctx.database_url, server).await?;
-    let slot = preflight::check_all(&database, &ctx.names, ctx.shard, ctx.failover).await?;
+    let slot =
+        preflight::check_all(&database, &ctx.names, ctx.shard, &ctx.columns, ctx.failover).await?;
     if state::interrupted(&database, &ctx.names).await? {
         return Err(RelayError::RecoveryInterrupted {
             slot: ctx.names.slot.to_string(),
