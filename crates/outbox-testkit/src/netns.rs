@@ -608,7 +608,7 @@ pub fn remove_leftovers() {
         let Ok(pid) = digits.parse::<i32>() else {
             return false;
         };
-        pid != std::process::id() as i32 && !super::rabbit::process_alive(pid)
+        pid != std::process::id() as i32 && !super::procfs::process_alive(pid)
     };
     let listed = Command::new("ip").args(["netns", "list"]).output();
     let namespaces: Vec<String> = listed
@@ -674,7 +674,7 @@ fn remove_namespaces(namespaces: &[&str]) {
         namespaces.iter().all(|ns| {
             pids_in(ns)
                 .into_iter()
-                .all(|pid| !super::rabbit::process_alive(pid))
+                .all(|pid| !super::procfs::process_alive(pid))
         })
     });
     for ns in namespaces {

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use std::net::Ipv4Addr;
 
 use super::netns::Host;
+use super::procfs::process_alive;
 use super::{chown_to, free_port, port_is_open_at, spawn_watchdog, stop_watchdog, tail_file};
 
 const RABBITMQ_SERVER: &str = "/usr/sbin/rabbitmq-server";
@@ -481,18 +482,6 @@ impl Node {
             self.log_path().display(),
             tail_file(&self.log_path(), 40),
         )
-    }
-}
-
-/// Whether a process exists and is not a zombie.
-pub fn process_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // "pid (comm) S ...": the state follows the last ')'.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .map(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']))
-            .unwrap_or(false),
-        Err(_) => false,
     }
 }
 
