@@ -3,8 +3,9 @@
 //! same servers, rounds interleaved; never against a figure from another day (on this machine
 //! the load moves a drain more than most levers).
 //!
-//! This module is the setups (`--compare wal,poll:5,poll:5x1000,poll:5x500:delete`) and the
-//! figures with their Markdown; `suite::compare_runs` runs them.
+//! This module is the setups (`--compare wal,poll:5,poll:5x1000,poll:5x500:delete`,
+//! `--compare layout:default,layout:debezium`) and the figures with their Markdown;
+//! `suite::compare_runs` runs them.
 
 use std::fmt::{self, Write as _};
 use std::str::FromStr;
@@ -25,6 +26,10 @@ const MAX_BATCH_SIZE: u32 = 100_000;
 pub enum CompareSetup {
     /// `wal`: the WAL reader (`run`) at --max-in-flight.
     Wal,
+    /// `layout:default`, `layout:debezium`: the WAL reader as `wal`, on rows that each carry
+    /// an aggregate, in a table of that layout (docs/table-layouts.md): the two differ only in
+    /// the column map and the routing-key template.
+    Layout(Layout),
     /// `poll:WORKERS[xBATCH][:delete]`: `poll --workers WORKERS [--batch-size BATCH]
     /// [--on-published delete]`.
     Poll {
@@ -35,13 +40,24 @@ pub enum CompareSetup {
     },
 }
 
+/// The outbox table a `layout:` setup drains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// The contract's column names; the relay's default flags (routing key: the event type).
+    Default,
+    /// Debezium's Outbox Event Router names for the event type and the aggregate; the relay
+    /// with `--table-layout debezium --routing-key '{aggregate_type}.{event_type}'`.
+    Debezium,
+}
+
 impl FromStr for CompareSetup {
     type Err = String;
 
     fn from_str(text: &str) -> Result<CompareSetup, String> {
         let spec = text.trim();
-        let usage = "expected wal, poll:WORKERS or poll:WORKERSxBATCH (e.g. poll:5x1000), a \
-                     poll setup optionally followed by :delete";
+        let usage = "expected wal, layout:default, layout:debezium, poll:WORKERS or \
+                     poll:WORKERSxBATCH (e.g. poll:5x1000), a poll setup optionally followed by \
+                     :delete";
         let (kind, options) = match spec.split_once(':') {
             Some((kind, options)) => (kind, Some(options)),
             None => (spec, None),
@@ -50,6 +66,11 @@ impl FromStr for CompareSetup {
             ("wal", None) => Ok(CompareSetup::Wal),
             ("wal", Some(_)) => Err(format!(
                 "setup `{spec}`: wal takes no options (it runs at --max-in-flight)"
+            )),
+            ("layout", Some("default")) => Ok(CompareSetup::Layout(Layout::Default)),
+            ("layout", Some("debezium")) => Ok(CompareSetup::Layout(Layout::Debezium)),
+            ("layout", _) => Err(format!(
+                "setup `{spec}`: a layout is layout:default or layout:debezium"
             )),
             ("poll", None) | ("poll", Some("")) => Err(format!(
                 "setup `{spec}`: poll needs a number of workers, e.g. poll:5 or poll:5x1000"
@@ -105,6 +126,8 @@ impl fmt::Display for CompareSetup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CompareSetup::Wal => f.write_str("wal"),
+            CompareSetup::Layout(Layout::Default) => f.write_str("layout:default"),
+            CompareSetup::Layout(Layout::Debezium) => f.write_str("layout:debezium"),
             CompareSetup::Poll {
                 workers,
                 batch_size,
@@ -379,10 +402,20 @@ impl CompareResults {
             s,
             "\nwal: the WAL reader at --max-in-flight {window}; poll:N: `poll --workers N` at the \
              relay's default batch size, poll:NxB with --batch-size B, :delete with \
-             --on-published delete; every relay with --cleanup-interval 0. The setups' order \
-             rotates from round to round. MPS: {counted}, from the relay's start to the \
-             last.{latency_note}",
+             --on-published delete;{layout_note} every relay with --cleanup-interval 0. The \
+             setups' order rotates from round to round. MPS: {counted}, from the relay's start \
+             to the last.{latency_note}",
             window = int(f64::from(self.window)),
+            layout_note = if self.setups.iter().any(|s| s.starts_with("layout:")) {
+                " layout:default: the WAL reader as wal, on rows that each carry an aggregate \
+                 (type Order, 500 ids), default flags (routing key: the event type); \
+                 layout:debezium: the same rows in a table whose event_type, aggregate_type and \
+                 aggregate_id are Debezium's type, aggregatetype and aggregateid, the relay with \
+                 --table-layout debezium --routing-key '{aggregate_type}.{event_type}' (key \
+                 Order.<event type>);"
+            } else {
+                ""
+            },
             latency_note = if latency {
                 format!(
                     " Latency: commit→consumer at {rate} rows/s, one writer, one run per setup."
@@ -406,6 +439,14 @@ mod tests {
     #[test]
     fn setups_parse() {
         assert_eq!(parse("wal"), Ok(CompareSetup::Wal));
+        assert_eq!(
+            parse("layout:default"),
+            Ok(CompareSetup::Layout(Layout::Default))
+        );
+        assert_eq!(
+            parse(" layout:debezium "),
+            Ok(CompareSetup::Layout(Layout::Debezium))
+        );
         assert_eq!(
             parse(" poll:5 "),
             Ok(CompareSetup::Poll {
@@ -444,6 +485,8 @@ mod tests {
     fn setups_print_canonically() {
         for (text, shown) in [
             ("wal", "wal"),
+            ("layout:default", "layout:default"),
+            ("layout:debezium", "layout:debezium"),
             ("poll:05", "poll:5"),
             ("poll:5x1000", "poll:5x1000"),
             ("poll:5x500:delete", "poll:5x500:delete"),
@@ -458,6 +501,10 @@ mod tests {
         assert!(error("").contains("an empty setup"));
         assert!(error("kafka").contains("unknown setup `kafka`: expected wal"));
         assert!(error("wal:4096").contains("wal takes no options"));
+        assert!(error("layout").contains("a layout is layout:default or layout:debezium"));
+        assert!(error("layout:").contains("a layout is layout:default or layout:debezium"));
+        assert!(error("layout:outbox").contains("a layout is layout:default or layout:debezium"));
+        assert!(error("layout:Debezium").contains("a layout is layout:default"));
         assert!(error("poll").contains("poll needs a number of workers"));
         assert!(error("poll:").contains("poll needs a number of workers"));
         assert!(error("poll:five").contains("workers `five` is not a whole number"));
@@ -626,5 +673,38 @@ mod tests {
         );
         assert!(text.contains("÷ broker alone (confirmed)"), "{text}");
         assert!(!text.contains("p50 at"), "{text}");
+    }
+
+    #[test]
+    fn the_layout_setups_are_explained_when_drained() {
+        let mut text = String::new();
+        sample().markdown(&mut text);
+        assert!(!text.contains("layout:"), "{text}");
+
+        let mut c = sample();
+        c.setups = vec!["layout:default".into(), "layout:debezium".into()];
+        for run in &mut c.runs {
+            run.setup = if run.setup == "wal" {
+                "layout:default".into()
+            } else {
+                "layout:debezium".into()
+            };
+        }
+        c.latency.clear();
+        c.summary = c.summarize();
+        let mut text = String::new();
+        c.markdown(&mut text);
+        assert!(text.contains("| ÷ layout:default |"), "{text}");
+        assert!(
+            text.contains("| layout:debezium | 14,000 · 16,000 · 12,000 | 14,000 | 0.70× |"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "--table-layout debezium --routing-key '{aggregate_type}.{event_type}' (key \
+                 Order.<event type>);"
+            ),
+            "{text}"
+        );
     }
 }

@@ -13,13 +13,14 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::compare::CompareSetup;
+use crate::compare::{CompareSetup, Layout};
 use crate::results::{drain_cell, int, or_dash, ratio, ClusterResults, Drain, Results};
 
 /// One setup of the section: what is drained, by which relays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrainSetup {
-    /// `wal` or `poll:…` (as `--compare` spells them): one relay, a backlog of rows.
+    /// `wal`, `layout:…` or `poll:…` (as `--compare` spells them): one relay, a backlog of
+    /// rows.
     Relay(CompareSetup),
     /// `shards:N`: N relays of `setup --shards N` into one queue, a backlog of rows of 500
     /// aggregates (as `--shards-sweep`).
@@ -44,6 +45,12 @@ impl DrainSetup {
     pub fn reader_name(&self) -> String {
         match self {
             DrainSetup::Relay(CompareSetup::Wal) => "WAL reader".into(),
+            DrainSetup::Relay(CompareSetup::Layout(Layout::Default)) => {
+                "WAL reader, default layout".into()
+            }
+            DrainSetup::Relay(CompareSetup::Layout(Layout::Debezium)) => {
+                "WAL reader, Debezium layout + template".into()
+            }
             DrainSetup::Relay(CompareSetup::Poll {
                 workers,
                 batch_size,
@@ -396,6 +403,10 @@ mod tests {
         for (text, setup) in [
             ("wal", DrainSetup::WAL),
             ("poll:2", DrainSetup::poll(2)),
+            (
+                "layout:debezium",
+                DrainSetup::Relay(CompareSetup::Layout(Layout::Debezium)),
+            ),
             ("shards:2", DrainSetup::Shards(2)),
             ("emit", DrainSetup::Emit),
         ] {
@@ -520,6 +531,16 @@ mod tests {
         let mut text = String::new();
         markdown(&results, &mut text);
         assert_eq!(text, "");
+    }
+
+    #[test]
+    fn the_layout_setups_are_named_for_what_differs() {
+        let name = |text: &str| text.parse::<DrainSetup>().expect(text).reader_name();
+        assert_eq!(name("layout:default"), "WAL reader, default layout");
+        assert_eq!(
+            name("layout:debezium"),
+            "WAL reader, Debezium layout + template"
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use clap::Args;
 use tokio::time::Instant;
 use tokio_postgres::Client;
 
-use crate::compare::CompareSetup;
+use crate::compare::{CompareSetup, Layout};
 use crate::cpu::{self, CpuProbe};
 use crate::independent::{self, BareBroker, BareBrokerLimit};
 use crate::limits::{self, Endpoints};
@@ -172,9 +172,12 @@ pub struct BenchArgs {
     /// each of these setups of the relay binary, beside the broker alone at --max-in-flight,
     /// --ab-rounds times (the order rotated from round to round); rates, ratios to the first
     /// setup, the relay's and PostgreSQL's CPU per message. A setup is `wal` (the WAL reader
-    /// at --max-in-flight), `poll:WORKERS` or `poll:WORKERSxBATCH` (polling workers, the
-    /// relay's default batch size if none), either poll form optionally ending in `:delete`
-    /// (--on-published delete). E.g. `--compare wal,poll:1,poll:5,poll:5x1000`.
+    /// at --max-in-flight), `layout:default` or `layout:debezium` (the WAL reader on rows that
+    /// each carry an aggregate, in a table under the contract's column names or Debezium's,
+    /// read with `--table-layout debezium --routing-key '{aggregate_type}.{event_type}'`),
+    /// `poll:WORKERS` or `poll:WORKERSxBATCH` (polling workers, the relay's default batch size
+    /// if none), either poll form optionally ending in `:delete` (--on-published delete). E.g.
+    /// `--compare wal,poll:1,poll:5,poll:5x1000`, `--compare layout:default,layout:debezium`.
     #[arg(long, value_name = "SETUPS", value_delimiter = ',', conflicts_with_all = ["ab_with", "cluster_only", "shards_sweep", "emit"])]
     pub compare: Vec<CompareSetup>,
 
@@ -247,9 +250,62 @@ struct Objects {
     wal: bool,
     /// `setup --shards`: 1, or that many publications and slots suffixed `_<k>`.
     shards: u32,
+    /// The table's column names, and so how the relay reads it: `setup` makes the default,
+    /// [`Bench::use_layout`] renames.
+    layout: Layout,
 }
 
+/// The columns a Debezium table names otherwise (docs/table-layouts.md, the Debezium preset):
+/// the contract's name, Debezium's. The other columns keep theirs: the preset reads
+/// `traceparent` and `tracestate` (NULL here) and leaves `headers`, `created_at`, `exchange` and
+/// `routing_key` unmapped.
+const DEBEZIUM_COLUMNS: [(&str, &str); 3] = [
+    ("event_type", "type"),
+    ("aggregate_type", "aggregatetype"),
+    ("aggregate_id", "aggregateid"),
+];
+
+/// The aggregate type of every row of a `layout:` backlog ([`Seed::Orders`]).
+const AGGREGATE_TYPE: &str = "Order";
+
+/// The routing key of a Debezium table's messages: `Order.<event type>`.
+const DEBEZIUM_ROUTING_KEY: &str = "{aggregate_type}.{event_type}";
+
 impl Objects {
+    /// The table's name of contract column `column`.
+    fn column(&self, column: &'static str) -> &'static str {
+        match self.layout {
+            Layout::Default => column,
+            Layout::Debezium => DEBEZIUM_COLUMNS
+                .iter()
+                .find(|(contract, _)| *contract == column)
+                .map_or(column, |(_, debezium)| debezium),
+        }
+    }
+
+    /// The relay's flags that read the table as it is named.
+    fn layout_args(&self) -> Vec<String> {
+        match self.layout {
+            Layout::Default => Vec::new(),
+            Layout::Debezium => vec![
+                "--table-layout".into(),
+                "debezium".into(),
+                "--routing-key".into(),
+                DEBEZIUM_ROUTING_KEY.into(),
+            ],
+        }
+    }
+
+    /// The routing key of the seeded rows' messages, which the drain's queue is bound with:
+    /// the event type, or what [`DEBEZIUM_ROUTING_KEY`] renders (exactly, not `#`: a key
+    /// rendered wrong leaves the drain incomplete).
+    fn routing_key(&self) -> String {
+        match self.layout {
+            Layout::Default => self.event_type.clone(),
+            Layout::Debezium => format!("{AGGREGATE_TYPE}.{}", self.event_type),
+        }
+    }
+
     /// The slots `setup` made: one, or one per shard suffixed `_<k>`.
     fn slot_names(&self) -> Vec<String> {
         if self.shards > 1 {
@@ -271,6 +327,9 @@ enum Seed {
     Aggregates,
     /// Events written by the table's `outbox_emit` function, no row.
     Emitted,
+    /// Rows that each carry an aggregate: type [`AGGREGATE_TYPE`], 500 ids (the `layout:`
+    /// setups, whose Debezium relay routes by the type).
+    Orders,
 }
 
 /// One backlog drain: what is seeded, and how the relays run.
@@ -287,16 +346,28 @@ struct DrainSpec {
     /// Count distinct ids at a consumer; false: count the messages in the queue, nothing
     /// consuming (`--compare --no-consumer`).
     consumer: bool,
+    /// The table's column names, given right after `setup` made it.
+    layout: Layout,
 }
 
 impl DrainSpec {
     /// How `setup` is drained (the relays, and what the backlog is made of): one spec for
     /// `--compare`, `--shards-sweep`, `--emit` and the suite's drain of every setup.
     fn of(setup: DrainSetup, window: u32, rows: u64, pg_cpu: bool, consumer: bool) -> DrainSpec {
-        let (relays, seed, shards) = match setup {
-            DrainSetup::Relay(setup) => (relay_setup(setup, window), Seed::Rows, 1),
-            DrainSetup::Shards(shards) => (Setup::Wal { window }, Seed::Aggregates, shards),
-            DrainSetup::Emit => (Setup::Wal { window }, Seed::Emitted, 1),
+        let (relays, seed, shards, layout) = match setup {
+            DrainSetup::Relay(CompareSetup::Layout(layout)) => {
+                (Setup::Wal { window }, Seed::Orders, 1, layout)
+            }
+            DrainSetup::Relay(setup) => {
+                (relay_setup(setup, window), Seed::Rows, 1, Layout::Default)
+            }
+            DrainSetup::Shards(shards) => (
+                Setup::Wal { window },
+                Seed::Aggregates,
+                shards,
+                Layout::Default,
+            ),
+            DrainSetup::Emit => (Setup::Wal { window }, Seed::Emitted, 1, Layout::Default),
         };
         DrainSpec {
             setup: relays,
@@ -306,6 +377,7 @@ impl DrainSpec {
             shards,
             pg_cpu,
             consumer,
+            layout,
         }
     }
 }
@@ -501,6 +573,7 @@ impl Bench {
             event_type: format!("bench.{k}"),
             wal,
             shards,
+            layout: Layout::Default,
         };
         let mut args = vec!["setup".to_string()];
         args.extend(self.names(&objects));
@@ -530,6 +603,26 @@ impl Bench {
             ]);
         }
         args
+    }
+
+    /// Renames the table's columns to `layout`'s names (`setup` made the contract's), before
+    /// any row or relay.
+    async fn use_layout(&self, o: &mut Objects, layout: Layout) -> Result<()> {
+        o.layout = layout;
+        if layout == Layout::Debezium {
+            for (contract, debezium) in DEBEZIUM_COLUMNS {
+                self.admin
+                    .batch_execute(&format!(
+                        "ALTER TABLE {} RENAME COLUMN {} TO {}",
+                        quote_ident(&o.table),
+                        quote_ident(contract),
+                        quote_ident(debezium)
+                    ))
+                    .await
+                    .with_context(|| format!("cannot rename {}.{contract}", o.table))?;
+            }
+        }
+        Ok(())
     }
 
     async fn drop_objects(&self, o: Objects) -> Result<()> {
@@ -637,7 +730,7 @@ impl Bench {
             exchange: self.args.exchange.clone(),
             queue: o.queue.clone(),
             arguments: self.endpoints.queue_arguments.clone(),
-            binding_key: o.event_type.clone(),
+            binding_key: o.routing_key(),
             purge: true,
             prefetch: 1000,
             delete_on_close: true,
@@ -656,6 +749,7 @@ impl Bench {
         };
         let mut args = vec![command.to_string()];
         args.extend(self.names(o));
+        args.extend(o.layout_args());
         let name = if o.shards > 1 {
             args.extend([
                 "--shards".into(),
@@ -721,6 +815,8 @@ impl Bench {
         // Durability of the seed is not what is measured; the WAL it writes is the same.
         client.batch_execute("SET synchronous_commit = off").await?;
         let table = quote_ident(&o.table);
+        let [event_type_column, aggregate_type, aggregate_id] =
+            ["event_type", "aggregate_type", "aggregate_id"].map(|c| quote_ident(o.column(c)));
         let event_type = quote_literal(&o.event_type);
         let payload = format!(
             "jsonb_build_object('order_id', i, 'customer_id', i % 9973, 'status', 'created', \
@@ -729,11 +825,18 @@ impl Bench {
         );
         let write = match seed {
             Seed::Rows => format!(
-                "INSERT INTO {table} (event_type, payload) VALUES ({event_type}, {payload})"
+                "INSERT INTO {table} ({event_type_column}, payload) VALUES ({event_type}, \
+                 {payload})"
             ),
             Seed::Aggregates => format!(
-                "INSERT INTO {table} (event_type, payload, aggregate_id) VALUES ({event_type}, \
-                 {payload}, CASE WHEN i % 10 = 0 THEN NULL ELSE 'agg-' || (i * 7) % 500 END)"
+                "INSERT INTO {table} ({event_type_column}, payload, {aggregate_id}) VALUES \
+                 ({event_type}, {payload}, CASE WHEN i % 10 = 0 THEN NULL ELSE 'agg-' || \
+                 (i * 7) % 500 END)"
+            ),
+            Seed::Orders => format!(
+                "INSERT INTO {table} ({event_type_column}, payload, {aggregate_type}, \
+                 {aggregate_id}) VALUES ({event_type}, {payload}, {}, 'agg-' || (i % 500))",
+                quote_literal(AGGREGATE_TYPE)
             ),
             Seed::Emitted => format!(
                 "PERFORM {}({event_type}, {payload})",
@@ -828,6 +931,7 @@ impl Bench {
             // machine.
             pg_cpu: self.args.ab_with.is_some(),
             consumer: true,
+            layout: Layout::Default,
         })
         .await
     }
@@ -841,13 +945,15 @@ impl Bench {
             shards,
             pg_cpu,
             consumer,
+            layout,
         } = spec;
-        let o = self
+        let mut o = self
             .sharded_objects(matches!(setup, Setup::Wal { .. }), shards)
             .await?;
+        self.use_layout(&mut o, layout).await?;
         self.say(&format!(
             "drain: {setup:?}, {rows} {seed:?} in {transaction_rows}-row transactions, \
-             {shards} relay(s) ({}), load {}",
+             {layout:?} layout, {shards} relay(s) ({}), load {}",
             o.table,
             load_average()
         ));

@@ -28,6 +28,17 @@ impl Bench {
     /// with --compare-latency, each setup's latency at the fixed rate.
     pub(super) async fn compare(&mut self, results: &mut Results) -> Result<()> {
         check_distinct(&self.args.compare).map_err(|e| anyhow!(e))?;
+        let layout = self
+            .args
+            .compare
+            .iter()
+            .find(|s| matches!(s, CompareSetup::Layout(_)));
+        if let (true, Some(layout)) = (self.args.compare_latency, layout) {
+            anyhow::bail!(
+                "--compare-latency does not measure `{layout}`: its writer inserts under the \
+                 contract's column names and no aggregate; leave the flag or the setup out"
+            );
+        }
         let servers = Servers::start(&self.args.compare_pg).await?;
         // Every setup on every server (or on DATABASE_URL's alone), named for both.
         let setups: Vec<(CompareSetup, Option<usize>)> = self
@@ -165,7 +176,8 @@ impl Servers {
 /// How the suite runs a `--compare` setup.
 pub(super) fn relay_setup(setup: CompareSetup, window: u32) -> Setup {
     match setup {
-        CompareSetup::Wal => Setup::Wal { window },
+        // A layout's table, seed and relay flags are the drain's (`DrainSpec::of`).
+        CompareSetup::Wal | CompareSetup::Layout(_) => Setup::Wal { window },
         CompareSetup::Poll {
             workers,
             batch_size,
