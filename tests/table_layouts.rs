@@ -621,7 +621,7 @@ async fn insert_debezium_rows(
     client: &tokio_postgres::Client,
     event_type: &str,
     rows: i32,
-) -> Vec<String> {
+) -> std::collections::HashSet<String> {
     client
         .query(
             "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
@@ -676,11 +676,7 @@ async fn a_lost_slot_is_backfilled_from_a_mapped_table() {
     ]);
 
     let relay = outbox.spawn_relay(&flags);
-    let before: std::collections::HashSet<String> =
-        insert_debezium_rows(&outbox.client, "BeforeTheGap", 300)
-            .await
-            .into_iter()
-            .collect();
+    let before = insert_debezium_rows(&outbox.client, "BeforeTheGap", 300).await;
     let missing = missing_ids(&mut consumer, &before, Duration::from_secs(60)).await;
     assert!(
         missing.is_empty(),
@@ -722,11 +718,7 @@ async fn a_lost_slot_is_backfilled_from_a_mapped_table() {
         .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
         .await
         .expect("drop the slot");
-    let gap: std::collections::HashSet<String> =
-        insert_debezium_rows(&outbox.client, "InTheGap", 300)
-            .await
-            .into_iter()
-            .collect();
+    let gap = insert_debezium_rows(&outbox.client, "InTheGap", 300).await;
 
     let relay = outbox.spawn_relay(&flags);
     let missing = missing_ids(&mut consumer, &gap, Duration::from_secs(60)).await;
@@ -747,11 +739,7 @@ async fn a_lost_slot_is_backfilled_from_a_mapped_table() {
         "log:\n{}",
         relay.log()
     );
-    let after: std::collections::HashSet<String> =
-        insert_debezium_rows(&outbox.client, "AfterTheGap", 300)
-            .await
-            .into_iter()
-            .collect();
+    let after = insert_debezium_rows(&outbox.client, "AfterTheGap", 300).await;
     let missing = missing_ids(&mut consumer, &after, Duration::from_secs(60)).await;
     assert!(
         missing.is_empty(),
