@@ -761,3 +761,138 @@ async fn a_lost_slot_is_backfilled_from_a_mapped_table() {
     }
     relay.stop().await;
 }
+
+/// What the templates cannot route follows `--on-unroutable`, and delivery goes on: a rendered
+/// exchange outside `--allowed-exchanges` and a NULL field the routing key needs become dead
+/// letters naming why (the field under the table's own name), the rows around them arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_template_cannot_route_follows_on_unroutable() {
+    let s = services();
+    let name = unique_name("layout_unroutable");
+    let db_url = s.pg.create_database(&name).await;
+    let amqp_url = s.rabbit.url();
+    let client = common::pg::pg_connect(&db_url).await;
+    client
+        .batch_execute(DEBEZIUM_TABLE)
+        .await
+        .expect("create Debezium's table");
+    client
+        .batch_execute("ALTER TABLE outbox ALTER COLUMN aggregateid DROP NOT NULL")
+        .await
+        .expect("a nullable aggregate id");
+    let slot = format!("{name}_slot");
+    let dead_letters = format!("{name}.dead-letter");
+    let connection = [
+        "--database-url",
+        &db_url,
+        "--amqp-url",
+        &amqp_url,
+        "--slot",
+        &slot,
+    ];
+    let routing = [
+        "--table-layout",
+        "debezium",
+        "--exchange",
+        "events.{aggregate_type}",
+        "--on-unroutable",
+        "dead-letter",
+        "--dead-letter-exchange",
+        &dead_letters,
+    ];
+    let setup = std::process::Command::new(common::relay::binary())
+        .args(["setup", "--no-create-table"])
+        .args(routing)
+        .args(connection)
+        .output()
+        .expect("run setup");
+    assert!(setup.status.success(), "{}", text(&setup));
+
+    let (orders, dead) = (format!("{name}_orders"), format!("{name}_dead"));
+    common::declare_bound_queue(&amqp_url, "events.order", &orders, "#").await;
+    common::declare_bound_queue(&amqp_url, &dead_letters, &dead, "#").await;
+    let mut order_consumer = Consumer::start(&amqp_url, &orders).await;
+    let mut dead_consumer = Consumer::start(&amqp_url, &dead).await;
+    let mut args = vec!["run", "--cleanup-interval", "0"];
+    args.extend(routing);
+    args.extend(connection);
+    args.extend([
+        "--allowed-exchanges",
+        "events.order",
+        "--routing-key",
+        "{aggregate_id}.{event_type}",
+    ]);
+    let relay = common::RelayProcess::spawn(&args, &[]);
+
+    // (id, aggregatetype, aggregateid, type)
+    let rows = [
+        (
+            "11111111-1111-4111-8111-111111111111",
+            "order",
+            Some("1"),
+            "OrderCreated",
+        ),
+        (
+            "22222222-2222-4222-8222-222222222222",
+            "invoice",
+            Some("9"),
+            "InvoicePaid",
+        ),
+        (
+            "33333333-3333-4333-8333-333333333333",
+            "order",
+            None,
+            "OrderShipped",
+        ),
+        (
+            "44444444-4444-4444-8444-444444444444",
+            "order",
+            Some("1"),
+            "OrderPaid",
+        ),
+    ];
+    for (id, aggregate_type, aggregate_id, event_type) in rows {
+        client
+            .execute(
+                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+                 VALUES ($1::text::uuid, $2, $3, $4, '{}')",
+                &[&id, &aggregate_type, &aggregate_id, &event_type],
+            )
+            .await
+            .expect("insert");
+    }
+
+    let delivered = order_consumer
+        .wait_settled(2, Duration::from_secs(60))
+        .await;
+    let delivered: Vec<(Option<&str>, &str)> = delivered
+        .iter()
+        .map(|m| (m.message_id.as_deref(), m.routing_key.as_str()))
+        .collect();
+    assert_eq!(
+        delivered,
+        [
+            (Some(rows[0].0), "1.OrderCreated"),
+            (Some(rows[3].0), "1.OrderPaid")
+        ],
+        "log:\n{}",
+        relay.log()
+    );
+    let dead = dead_consumer.wait_settled(2, Duration::from_secs(60)).await;
+    assert_eq!(dead.len(), 2, "log:\n{}", relay.log());
+    let reason = |id: &str| {
+        dead.iter()
+            .find(|m| m.message_id.as_deref() == Some(id))
+            .and_then(|m| m.header_str("x-outbox-dead-letter-reason"))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no dead letter for {id}: {dead:?}"))
+    };
+    assert_eq!(reason(rows[1].0), "exchange not allowed: events.invoice");
+    let unmappable = reason(rows[2].0);
+    assert!(
+        unmappable.starts_with("unmappable: column \"aggregateid\" (the contract's aggregate_id)")
+            && unmappable.contains("--routing-key \"{aggregate_id}.{event_type}\" needs it"),
+        "{unmappable}"
+    );
+    relay.stop().await;
+}
