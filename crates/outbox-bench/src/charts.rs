@@ -24,10 +24,17 @@ use anyhow::{Context, Result};
 
 use crate::compare::CompareResults;
 use crate::cpu::CpuSplit;
-use crate::results::{int, median, LatencyMs, Results};
-use crate::setups::{self, DrainSetup, Row, NO_CONSUMER, WITH_CONSUMER};
+use crate::figures::{int, median, LatencyMs};
+use crate::results::Results;
+use crate::setup_table::{self, Row, NO_CONSUMER, WITH_CONSUMER};
+use crate::setups::DrainSetup;
 
 mod draw;
+mod model;
+
+use model::{
+    Bar, BarGroup, Bars, Cdf, Curve, Stacked, StackedRow, Sweep, SweepPoint, LATENCY_FLOOR_MS,
+};
 
 /// One chart: its file name and what was drawn.
 #[derive(Debug, Clone)]
@@ -119,99 +126,6 @@ pub fn read(path: &Path) -> Result<Results> {
     })
 }
 
-/// Grouped horizontal bars: one bar per series in each group.
-#[derive(Debug)]
-struct Bars {
-    title: String,
-    x_desc: String,
-    series: Vec<String>,
-    groups: Vec<BarGroup>,
-    /// The legend's words for a bar's reference tick ([`Bar::reference`]).
-    reference_desc: String,
-    notes: Vec<String>,
-}
-
-#[derive(Debug)]
-struct BarGroup {
-    name: String,
-    /// One per series; `None`: not measured in this run.
-    bars: Vec<Option<Bar>>,
-}
-
-#[derive(Debug)]
-struct Bar {
-    value: f64,
-    label: String,
-    /// The figure the bar is set against (its broker alone), drawn as a tick across the bar:
-    /// a bar that ends short of its tick is below the broker alone, one past it above.
-    reference: Option<f64>,
-}
-
-/// Horizontal bars stacked from parts, one row each.
-#[derive(Debug)]
-struct Stacked {
-    title: String,
-    x_desc: String,
-    parts: Vec<String>,
-    rows: Vec<StackedRow>,
-    notes: Vec<String>,
-}
-
-#[derive(Debug)]
-struct StackedRow {
-    name: String,
-    /// One per part; `None`: no figure (no such process in the setup, or not read).
-    parts: Vec<Option<f64>>,
-}
-
-/// Cumulative distributions on a log axis.
-#[derive(Debug)]
-struct Cdf {
-    title: String,
-    x_desc: String,
-    y_desc: String,
-    curves: Vec<Curve>,
-    notes: Vec<String>,
-}
-
-/// Where the latency axis starts at the latest: a message can reach the consumer before its
-/// writer's COMMIT call has returned (the relay reads the WAL once it is flushed), which
-/// measures as 0; such points are drawn at the axis' start and counted in a note.
-const LATENCY_FLOOR_MS: f64 = 0.1;
-
-#[derive(Debug)]
-struct Curve {
-    name: String,
-    /// (ms, share of messages 0..=1), ascending.
-    points: Vec<(f64, f64)>,
-    /// Only p50, p99 and max were recorded: drawn dashed through those points.
-    coarse: bool,
-    /// The same setup has the same colour in every chart: [`draw`]'s palette index.
-    colour: usize,
-}
-
-/// The sweep: two figures per window on the left axis, two on the right.
-#[derive(Debug)]
-struct Sweep {
-    title: String,
-    x_desc: String,
-    y_desc: String,
-    y2_desc: String,
-    /// Left axis: drain, broker alone; right axis: crash duplicates, their bound.
-    series: [String; 4],
-    points: Vec<SweepPoint>,
-    notes: Vec<String>,
-}
-
-#[derive(Debug)]
-struct SweepPoint {
-    window: u32,
-    drain: f64,
-    broker: Option<f64>,
-    duplicates: u64,
-    bound: u64,
-}
-
 /// What run a chart shows: stamp, relay commit, machine, load.
 fn run_line(r: &Results) -> String {
     let m = &r.machine;
@@ -299,7 +213,7 @@ fn drain_group(
 /// A group of the drain chart from a row of the setups section: each bar labelled with its
 /// ratio to the broker alone of its kind (a broker-alone row: 100 %).
 fn row_group(row: &Row) -> BarGroup {
-    let bar = |cell: &setups::Cell| {
+    let bar = |cell: &setup_table::Cell| {
         if row.baseline {
             baseline_bar(cell.rate)
         } else {
@@ -326,7 +240,7 @@ fn drain_chart(r: &Results, run: &str) -> Option<Bars> {
     let mut backlogs = Vec::new();
 
     let bare = r.limits.bare_broker.as_ref().map(|b| b.rate());
-    let single_node = setups::single_node_rows(r);
+    let single_node = setup_table::single_node_rows(r);
     if let Some(section) = &r.setups {
         backlogs.push(section.rows);
         groups.extend(single_node.iter().map(row_group));
@@ -392,7 +306,7 @@ fn drain_chart(r: &Results, run: &str) -> Option<Bars> {
     }
     if let Some(c) = &r.cluster {
         backlogs.push(c.drain.rows);
-        let rows = setups::cluster_rows(c);
+        let rows = setup_table::cluster_rows(c);
         if rows.is_empty() {
             let broker = c.broker.received_per_sec;
             groups.push(drain_group(

@@ -14,8 +14,8 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::{Bars, Cdf, Stacked, Sweep};
-use crate::results::int;
+use super::model::{BarGroup, Bars, Cdf, Stacked, StackedRow, Sweep, LATENCY_FLOOR_MS};
+use crate::figures::int;
 
 const WIDTH: u32 = 1200;
 const FONT: &str = "sans-serif";
@@ -337,7 +337,7 @@ pub(super) fn bars(b: &Bars) -> Result<String> {
         // order) are centred in it, one slot each.
         let k = b.series.len().max(1) as f64;
         let slot = 0.76 / k;
-        let bar_y = |i: usize, g: &super::BarGroup, j: usize| {
+        let bar_y = |i: usize, g: &BarGroup, j: usize| {
             let present = g.bars.iter().filter(|b| b.is_some()).count() as f64;
             let rank = g.bars[..j].iter().filter(|b| b.is_some()).count() as f64;
             let top = n - i as f64 - 0.5 + slot * present / 2.0 - slot * rank;
@@ -394,7 +394,7 @@ pub(super) fn stacked(s: &Stacked) -> Result<String> {
     let legend = blocks(&s.parts);
     canvas(plot_h, &legend, &s.notes, |root, top| {
         let n = s.rows.len() as f64;
-        let total = |r: &super::StackedRow| r.parts.iter().flatten().sum::<f64>();
+        let total = |r: &StackedRow| r.parts.iter().flatten().sum::<f64>();
         let max = s.rows.iter().map(total).fold(0.0, f64::max);
         let x = 0.0..(max * 1.2).max(1.0);
         let mut chart = bar_axes(top, &s.title, x.clone(), s.rows.len(), &s.x_desc, &|v| {
@@ -448,7 +448,7 @@ pub(super) fn stacked(s: &Stacked) -> Result<String> {
 fn latency_range(c: &Cdf) -> Range<f64> {
     let values = c.curves.iter().flat_map(|k| k.points.iter().map(|p| p.0));
     let (lo, hi) = values.fold((f64::MAX, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    let lo = (lo / 1.5).max(super::LATENCY_FLOOR_MS);
+    let lo = (lo / 1.5).max(LATENCY_FLOOR_MS);
     let hi = (hi * 1.5).max(lo * 10.0);
     lo..hi
 }
