@@ -33,13 +33,14 @@ use crate::writers::{self, WriterOptions, ORDER_NOTE_LEN};
 use crate::Servers;
 use outbox_relay::db::{self, quote_ident, quote_literal};
 use outbox_testkit::amqp::quorum_queue_arguments;
-use outbox_testkit::arrivals::{Arrival, ArrivalConsumer, Outstanding, QueueSpec};
+use outbox_testkit::arrivals::{ArrivalConsumer, Outstanding, QueueSpec};
 use outbox_testkit::faults::relay_crash_duplicate_bound;
 use outbox_testkit::{procfs, RabbitCluster};
 
 mod compare_runs;
+mod counting;
 mod setup_drains;
-use compare_runs::{relay_setup, DrainCounter};
+use counting::{Distinct, DrainCounter};
 
 /// The relay is killed once this share of the crash backlog has arrived.
 const KILL_AT: f64 = 0.4;
@@ -202,6 +203,24 @@ pub struct BenchArgs {
     /// per setup, after the drains).
     #[arg(long, requires = "compare")]
     pub compare_latency: bool,
+}
+
+/// How the suite runs a `--compare` setup.
+fn relay_setup(setup: CompareSetup, window: u32) -> Setup {
+    match setup {
+        // A layout's table, seed and relay flags are the drain's (`DrainSpec::of`).
+        CompareSetup::Wal | CompareSetup::Layout(_) => Setup::Wal { window },
+        CompareSetup::Poll {
+            workers,
+            batch_size,
+            delete,
+        } => Setup::Poll {
+            workers,
+            listen: false,
+            batch_size,
+            delete,
+        },
+    }
 }
 
 /// How a relay is run.
@@ -1822,34 +1841,6 @@ async fn collect(
     }
     let arrivals = consumer.close().await;
     Ok(Report::analyze(written, &arrivals))
-}
-
-/// Distinct message ids received so far, and when the first and the newest distinct one
-/// arrived.
-#[derive(Default)]
-struct Distinct {
-    ids: HashSet<String>,
-    seen: usize,
-    first: Option<Instant>,
-    last: Option<Instant>,
-}
-
-impl Distinct {
-    fn add(&mut self, arrivals: &[Arrival]) {
-        for a in &arrivals[self.seen..] {
-            if let Some(id) = &a.message_id {
-                if self.ids.insert(id.clone()) {
-                    self.first.get_or_insert(a.received_at);
-                    self.last = Some(a.received_at);
-                }
-            }
-        }
-        self.seen = arrivals.len();
-    }
-
-    fn count(&self) -> usize {
-        self.ids.len()
-    }
 }
 
 /// How an --emit variant is named in the results.

@@ -1,25 +1,16 @@
-//! The runs of `--compare` (issue 16; the setups and figures are [`crate::compare`]), and how
-//! a drain counts what arrived: at a consumer, or, with `--no-consumer`, in the queue itself.
-
-use std::time::Duration;
+//! The runs of `--compare` (issue 16; the setups and figures are [`crate::compare`]); how a
+//! drain counts what arrived is [`super::counting`].
 
 use anyhow::{anyhow, Result};
-use tokio::time::Instant;
 
-use super::{panic_text, Bench, Distinct, DrainSpec, Setup};
+use super::{panic_text, relay_setup, Bench, DrainSpec};
 use crate::compare::{
     check_distinct, CompareBroker, CompareLatency, CompareResults, CompareRun, CompareSetup,
 };
 use crate::results::{load_average, Results};
 use crate::setups::DrainSetup;
 use outbox_relay::db;
-use outbox_testkit::arrivals::{ArrivalConsumer, QueueDepth, QueueSpec};
 use outbox_testkit::PgServer;
-
-/// How often a drain with no consumer asks the broker for the queue's depth: the end of the
-/// drain is known to this much (against drains of seconds), at a cost to the broker of one
-/// passive declare per interval.
-const DEPTH_INTERVAL: Duration = Duration::from_millis(5);
 
 impl Bench {
     /// `--compare`: per round, the broker alone at --max-in-flight, then a drain of --rows
@@ -169,91 +160,6 @@ impl Servers {
             Box::new(std::iter::once(None))
         } else {
             Box::new((0..self.pg.len()).map(Some))
-        }
-    }
-}
-
-/// How the suite runs a `--compare` setup.
-pub(super) fn relay_setup(setup: CompareSetup, window: u32) -> Setup {
-    match setup {
-        // A layout's table, seed and relay flags are the drain's (`DrainSpec::of`).
-        CompareSetup::Wal | CompareSetup::Layout(_) => Setup::Wal { window },
-        CompareSetup::Poll {
-            workers,
-            batch_size,
-            delete,
-        } => Setup::Poll {
-            workers,
-            listen: false,
-            batch_size,
-            delete,
-        },
-    }
-}
-
-/// What a drain counts its messages with.
-pub(super) enum DrainCounter {
-    /// Distinct message ids at a consumer, and when each first arrived.
-    Consumer(ArrivalConsumer),
-    /// The messages in the queue, nothing consuming it (`--no-consumer`): the broker's count
-    /// of what it took, duplicates included (a drain without failures publishes none).
-    Queue(QueueDepth),
-}
-
-impl DrainCounter {
-    /// Declares and binds the queue, with a consumer if `consumer`.
-    pub(super) async fn start(url: &str, spec: &QueueSpec, consumer: bool) -> Result<DrainCounter> {
-        Ok(if consumer {
-            DrainCounter::Consumer(ArrivalConsumer::start(url, spec).await?)
-        } else {
-            DrainCounter::Queue(QueueDepth::start(url, spec).await?)
-        })
-    }
-
-    /// Waits until `rows` messages were counted, or `deadline`: how many, and when the last
-    /// of them was counted (a consumer: its receipt; the queue: the answer of the passive
-    /// declare that first counted them all).
-    pub(super) async fn wait_for(
-        &mut self,
-        rows: u64,
-        deadline: Instant,
-    ) -> Result<(u64, Option<Instant>)> {
-        match self {
-            DrainCounter::Consumer(consumer) => {
-                let mut counter = Distinct::default();
-                while (counter.count() as u64) < rows {
-                    if !consumer.wait_for_more(deadline).await? {
-                        break;
-                    }
-                    counter.add(consumer.arrivals());
-                }
-                Ok((counter.count() as u64, counter.last))
-            }
-            DrainCounter::Queue(depth) => {
-                let mut ticks = tokio::time::interval(DEPTH_INTERVAL);
-                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let mut counted = 0;
-                let mut last = None;
-                while counted < rows && Instant::now() < deadline {
-                    ticks.tick().await;
-                    let count = u64::from(depth.count().await?);
-                    if count > counted {
-                        counted = count;
-                        last = Some(Instant::now());
-                    }
-                }
-                Ok((counted, last))
-            }
-        }
-    }
-
-    /// Closes the consumer or the depth watch; the queue is deleted if its spec says so.
-    pub(super) async fn close(self) {
-        match self {
-            DrainCounter::Consumer(consumer) => {
-                consumer.close().await;
-            }
-            DrainCounter::Queue(depth) => depth.close().await,
         }
     }
 }
