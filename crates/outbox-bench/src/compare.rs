@@ -12,7 +12,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::results::{
+use crate::figures::{
     drain_run_cells, int, median, ms, or_dash, ratio, us_per_msg, Drain, LatencyRun,
 };
 

@@ -25,14 +25,18 @@
 pub mod charts;
 pub mod compare;
 pub mod cpu;
+pub mod cpu_table;
 pub mod demo;
+pub mod figures;
 pub mod independent;
 pub mod limits;
 pub mod relay;
 pub mod report;
 pub mod results;
+pub mod setup_table;
 pub mod setups;
 pub mod suite;
+pub mod summary;
 pub mod writers;
 
 /// The PostgreSQL and RabbitMQ both subcommands drive (`bench` needs a PostgreSQL superuser:
