@@ -217,8 +217,7 @@ async fn c2_kill_9_of_the_relays_node_fails_over_within_10_s_duplicates_within_w
     );
 
     let before = relay.sessions();
-    let killed = Instant::now();
-    blocking(|| cluster.kill9(node));
+    let killed = blocking(|| cluster.kill9(node));
     let now_on = cluster
         .wait_node_in_use(&relay, port, Some(node), MINUTE)
         .await;
@@ -294,8 +293,7 @@ async fn c3_kill_9_of_the_quorum_leader_confirms_resume_after_the_election() {
     );
 
     let sessions = relay.sessions();
-    let killed = Instant::now();
-    blocking(|| cluster.kill9(0));
+    let killed = blocking(|| cluster.kill9(0));
     let confirmed_at_kill = confirmed_total(port).await;
     let delivered_at_kill = consumer.received().len();
     let new_leader = blocking(|| cluster.quorum_leader(&outbox.queue));
@@ -471,8 +469,7 @@ async fn c5_polling_kill_9_of_the_relays_node_fails_over_duplicates_within_worke
     let marked = common::pg::wait_count(&outbox.client, published, MINUTE, at_least(2_000)).await;
     assert!(marked.is_ok(), "relay too slow; log:\n{}", relay.log());
 
-    let killed = Instant::now();
-    blocking(|| cluster.kill9(node));
+    let killed = blocking(|| cluster.kill9(node));
     let marked_at_kill: i64 = common::pg::query_value(&outbox.client, published).await;
     assert!(
         marked_at_kill < BACKLOG,

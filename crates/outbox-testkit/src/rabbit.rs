@@ -144,9 +144,10 @@ impl RabbitServer {
         self.private("pid").node.pid()
     }
 
-    /// kill -9 of the node; returns once its AMQP port is closed.
-    pub fn kill9(&self) {
-        self.private("kill9").node.kill9();
+    /// kill -9 of the node; returns once its AMQP port is closed, with the instant of the
+    /// signal.
+    pub fn kill9(&self) -> Instant {
+        self.private("kill9").node.kill9()
     }
 
     /// Starts the node again on the same ports and data dir and waits for it.
@@ -364,8 +365,10 @@ impl Node {
         }
     }
 
-    /// kill -9 of the node; returns once its AMQP port is closed and its process gone.
-    pub(crate) fn kill9(&self) {
+    /// kill -9 of the node; returns once its AMQP port is closed and its process gone, with
+    /// the instant of the signal (a fault test's clock starts there, not before the
+    /// `rabbitmqctl` call ahead of it, which takes seconds on a loaded machine).
+    pub(crate) fn kill9(&self) -> Instant {
         let pid = self.pid().expect("rabbitmq pid file");
         // Mnesia (RabbitMQ 3.x's metadata store) appends committed declarations to its log
         // asynchronously: a kill -9 soon after a test declared its queue and bindings could
@@ -373,6 +376,7 @@ impl Node {
         // relay does (seen once under load: NO_ROUTE after the restart). Syncing the log
         // first keeps the fault about messages and connections, which is what it tests.
         let _ = self.ctl(&["eval", "mnesia:sync_log()."]);
+        let killed = Instant::now();
         self.kill_node();
         let closed = super::poll_until(Duration::from_secs(30), Duration::from_millis(20), || {
             !self.accepts_amqp() && !process_alive(pid)
@@ -382,6 +386,7 @@ impl Node {
             "rabbitmq {} (pid {pid}) still running after kill -9",
             self.name
         );
+        killed
     }
 
     /// Starts the node again on the same ports and data dir and waits for it.

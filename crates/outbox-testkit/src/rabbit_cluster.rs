@@ -386,9 +386,10 @@ impl RabbitCluster {
         self.nodes[i].ctl(args)
     }
 
-    /// kill -9 of node `i`; returns once its AMQP port is closed and its process gone.
-    pub fn kill9(&self, i: usize) {
-        self.nodes[i].kill9();
+    /// kill -9 of node `i`; returns once its AMQP port is closed and its process gone, with
+    /// the instant of the signal.
+    pub fn kill9(&self, i: usize) -> Instant {
+        self.nodes[i].kill9()
     }
 
     /// Starts killed node `i` again (same name, ports and data) and waits until the cluster is
