@@ -344,7 +344,7 @@ fn report_within(
 // 0. The lab
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "4-5 minutes of waiting out partitions: scripts/test.sh runs them beside the version matrix (or alone with --partitions)"]
+#[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
 async fn s0_the_lab_forms_and_a_cut_drops_one_way_until_healed() {
     let (lab, _lock) = shared().await;
     let (a, b, c) = (lab.relay_host(0), lab.relay_host(1), lab.relay_host(2));
@@ -374,7 +374,7 @@ async fn s0_the_lab_forms_and_a_cut_drops_one_way_until_healed() {
 /// stop_app`), is restarted by `ensure_healthy` once it has stayed so too long, and counted,
 /// so the next test finds the cluster whole and the figures say it happened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "4-5 minutes of waiting out partitions: scripts/test.sh runs them beside the version matrix (or alone with --partitions)"]
+#[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
 async fn s9_a_node_left_paused_is_restarted_by_the_kit() {
     let (lab, _lock) = exclusive().await;
     let before = lab.cluster.repairs();
@@ -402,7 +402,7 @@ async fn s9_a_node_left_paused_is_restarted_by_the_kit() {
 /// `net_ticktime`, finds itself a minority and pauses (closing its client connections), and
 /// the relay moves to a majority node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "4-5 minutes of waiting out partitions: scripts/test.sh runs them beside the version matrix (or alone with --partitions)"]
+#[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
 async fn x1_the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_moves_to_the_majority()
 {
     let (lab, _lock) = exclusive().await;
@@ -516,7 +516,7 @@ async fn x1_the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_move
 /// (lapin gives up after twice `?heartbeat=`, well before the 30 s confirm timeout), and the
 /// relay moves to another node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "4-5 minutes of waiting out partitions: scripts/test.sh runs them beside the version matrix (or alone with --partitions)"]
+#[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
 async fn s2_the_relay_cut_off_silently_from_its_own_node_is_moved_by_the_amqp_heartbeat() {
     let (lab, _lock) = shared().await;
     let began = Instant::now();
@@ -599,7 +599,7 @@ const ONE_WAY: Duration = Duration::from_secs(30);
 /// lost confirmed messages: here every message the relay had confirmed (and so acknowledged)
 /// must be in the quorum queue, and every committed row must arrive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "4-5 minutes of waiting out partitions: scripts/test.sh runs them beside the version matrix (or alone with --partitions)"]
+#[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
 async fn x3_a_one_way_partition_between_two_broker_nodes_loses_no_confirmed_message() {
     let (lab, _lock) = exclusive().await;
     let began = Instant::now();
@@ -698,7 +698,7 @@ const SEED_ENV: &str = "OUTBOX_TEST_PARTITION_SEED";
 /// For 60 s, every 2-5 s, a random node is cut off from the other two or the cut is healed,
 /// with writers running. Nothing is lost, and the same relay process ends up streaming.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "4-5 minutes of waiting out partitions: scripts/test.sh runs them beside the version matrix (or alone with --partitions)"]
+#[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
 async fn x4_flapping_partitions_for_60_s_lose_nothing_and_the_relay_streams_on_without_a_restart() {
     let (lab, _lock) = exclusive().await;
     let began = Instant::now();
@@ -812,7 +812,7 @@ const SPLIT: Duration = Duration::from_secs(2 * WAL_SENDER_TIMEOUT.as_secs());
 /// walsender's `sent_lsn` read after the cut (S), plus at most one transaction that was
 /// being sent at the cut (X rows).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "4-5 minutes of waiting out partitions: scripts/test.sh runs them beside the version matrix (or alone with --partitions)"]
+#[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
 async fn s5_split_brain_the_relay_cut_off_from_postgresql_loses_the_slot_to_its_standby() {
     let (lab, _lock) = shared().await;
     let began = Instant::now();
@@ -979,7 +979,7 @@ const ISOLATION: Duration = Duration::from_secs(20);
 /// The duplicates are a crash's: the window, what was confirmed but not yet reported, and
 /// the open transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "4-5 minutes of waiting out partitions: scripts/test.sh runs them beside the version matrix (or alone with --partitions)"]
+#[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
 async fn s6_the_relay_cut_off_from_postgresql_and_the_brokers_for_20_s_loses_nothing() {
     let (lab, _lock) = shared().await;
     let began = Instant::now();
