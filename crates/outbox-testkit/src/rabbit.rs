@@ -346,11 +346,16 @@ impl Node {
     /// kill -9 of the pid file's process and of any process still carrying this node's
     /// name in its environment (a node that died or hung before writing its pid file).
     pub(crate) fn kill_node(&self) {
+        self.signal_node(libc::SIGKILL);
+    }
+
+    /// Sends `signal` to the node's processes (the beam and its helpers).
+    pub(crate) fn signal_node(&self, signal: libc::c_int) {
         let mut pids: Vec<i32> = self.pid().into_iter().collect();
         pids.extend(node_processes(&self.name));
         for pid in pids {
             // SAFETY: kill(2) of a process this harness started.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            unsafe { libc::kill(pid, signal) };
         }
     }
 
@@ -369,7 +374,19 @@ impl Node {
     /// the instant of the signal (a fault test's clock starts there, not before the
     /// `rabbitmqctl` call ahead of it, which takes seconds on a loaded machine).
     pub(crate) fn kill9(&self) -> Instant {
-        let pid = self.pid().expect("rabbitmq pid file");
+        // The pid file may be gone while the node runs (CI, 2026-12-03: a node restarted
+        // earlier in the run, its application stopped by `stop_app`, had none, and the
+        // kit's repair of it panicked): its processes are found by name too.
+        let pids: Vec<i32> = self
+            .pid()
+            .into_iter()
+            .chain(node_processes(&self.name))
+            .collect();
+        assert!(
+            !pids.is_empty(),
+            "rabbitmq {}: no pid file and no beam.smp carrying its name",
+            self.name
+        );
         // Mnesia (RabbitMQ 3.x's metadata store) appends committed declarations to its log
         // asynchronously: a kill -9 soon after a test declared its queue and bindings could
         // lose them, and the test would see its own topology vanish rather than what the
@@ -379,11 +396,11 @@ impl Node {
         let killed = Instant::now();
         self.kill_node();
         let closed = super::poll_until(Duration::from_secs(30), Duration::from_millis(20), || {
-            !self.accepts_amqp() && !process_alive(pid)
+            !self.accepts_amqp() && !pids.iter().any(|&pid| process_alive(pid))
         });
         assert!(
             closed,
-            "rabbitmq {} (pid {pid}) still running after kill -9",
+            "rabbitmq {} (pids {pids:?}) still running after kill -9",
             self.name
         );
         killed

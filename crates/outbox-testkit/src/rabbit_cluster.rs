@@ -392,6 +392,17 @@ impl RabbitCluster {
         self.nodes[i].kill9()
     }
 
+    /// SIGSTOP of node `i`: frozen, as by a stopped VM, its sockets open and silent until
+    /// [`RabbitCluster::resume`].
+    pub fn pause(&self, i: usize) {
+        self.nodes[i].signal_node(libc::SIGSTOP);
+    }
+
+    /// SIGCONT of node `i` after [`RabbitCluster::pause`].
+    pub fn resume(&self, i: usize) {
+        self.nodes[i].signal_node(libc::SIGCONT);
+    }
+
     /// Starts killed node `i` again (same name, ports and data) and waits until the cluster is
     /// whole.
     pub fn restart(&self, i: usize) {
