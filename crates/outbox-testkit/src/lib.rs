@@ -24,6 +24,8 @@
 //! - [`faults`]: crash-riding writers, the L0/DUP/ACK oracles and a queue barrier.
 //! - [`failover`]: a PostgreSQL primary with a streaming standby (failover slots synced on
 //!   17+), promotion, and the multi-host URL of both.
+//! - [`nemesis`]: a seeded, reproducible schedule of mixed faults (kills, pauses,
+//!   partitions, promotions, alarms) within rules the system must survive; it only plans.
 //! - [`tls`]: certificates made with the `openssl` CLI.
 //!
 //! Ordinary tests share one server pair per test binary through [`services`], and give
@@ -42,6 +44,7 @@ pub mod failover;
 pub mod faults;
 pub mod http;
 pub mod lab;
+pub mod nemesis;
 pub mod netns;
 pub mod outbox;
 pub mod pg;
