@@ -9,6 +9,9 @@
 #   scripts/test.sh --matrix 17,18   only the matrix, on these versions (default: all pinned)
 #   scripts/test.sh --partitions     only tests/partitions.rs (real network partitions on
 #                                    network namespaces; about 8 minutes)
+#   scripts/test.sh --nemesis MINUTES [--seed S]
+#                                    only the nemesis campaign (tests/partitions/nemesis.rs),
+#                                    this long, from seed S (default: a fresh one, printed)
 #
 # tests/partitions.rs (ignored by plain `cargo test`) runs in the full run too, last and
 # alone: its lab (a 3-node cluster, PostgreSQL and relays on hosts of their own) is most of
@@ -66,11 +69,23 @@ pg_majors_pinned() {
 
 matrix_only=
 partitions_only=
+nemesis_minutes=
+nemesis_seed=
 matrix_majors=()
 while [ $# -gt 0 ]; do
     case $1 in
         --partitions)
             partitions_only=yes
+            ;;
+        --nemesis)
+            [ $# -gt 1 ] || { echo "--nemesis needs MINUTES" >&2; exit 2; }
+            nemesis_minutes=$2
+            shift
+            ;;
+        --seed)
+            [ $# -gt 1 ] || { echo "--seed needs a seed" >&2; exit 2; }
+            nemesis_seed=$2
+            shift
             ;;
         --matrix)
             matrix_only=yes
@@ -80,7 +95,7 @@ while [ $# -gt 0 ]; do
             fi
             ;;
         *)
-            echo "usage: scripts/test.sh [--matrix [MAJOR,...] | --partitions]" >&2
+            echo "usage: scripts/test.sh [--matrix [MAJOR,...] | --partitions | --nemesis MINUTES [--seed S]]" >&2
             exit 2
             ;;
     esac
@@ -130,6 +145,18 @@ if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
 fi
 
 export RUST_BACKTRACE=1
+
+if [ -n "$nemesis_minutes" ]; then
+    cargo test --workspace --all-targets --no-run
+    export OUTBOX_NEMESIS_MINUTES=$nemesis_minutes
+    if [ -n "$nemesis_seed" ]; then
+        export OUTBOX_NEMESIS_SEED=$nemesis_seed
+    fi
+    exec cargo test --test partitions nemesis -- --ignored --nocapture
+fi
+# The full run's campaign (with the partitions): a fixed seed, so that CI replays one
+# schedule; a long campaign or another seed with --nemesis.
+export OUTBOX_NEMESIS_SEED=${OUTBOX_NEMESIS_SEED:-42}
 
 if [ -n "$partitions_only" ]; then
     # Ignored in the default run (see tests/partitions.rs): run them, and only them. The

@@ -69,6 +69,9 @@ const STANDBY: &str = "outbox_relay_standby";
 // Hosts that vanish (issue "Dead peers"), the `d…` tests: a module of their own.
 #[path = "partitions/dead_peers.rs"]
 mod dead_peers;
+// The nemesis campaign: every kind of fault at once, from a seeded schedule.
+#[path = "partitions/nemesis.rs"]
+mod nemesis;
 
 // ---------------------------------------------------------------------------------
 // The lab

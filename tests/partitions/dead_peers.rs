@@ -71,7 +71,7 @@ use tokio_postgres::Client;
 
 /// The peer timeout of every relay and consumer here: `--peer-timeout`'s default, given
 /// explicitly (the bounds below derive from it).
-const PEER_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 /// The same for the relay and the consumer, by environment (see the module documentation).
 const RELAY_PEER_TIMEOUT: (&str, &str) = ("OUTBOX_PEER_TIMEOUT", "5s");
 const INBOX_PEER_TIMEOUT: (&str, &str) = ("OUTBOX_INBOX_PEER_TIMEOUT", "5s");
@@ -107,7 +107,7 @@ enum Load {
 /// `outbox-relay run` on `host` through `db_url` and `amqp_url` (a broker list: no
 /// `heartbeat=`, so the relay's own default, T), with the peer timeout, [`RELAY_FLAGS`] and
 /// `extra`; its `/metrics` address.
-fn spawn_relay_via(
+pub(super) fn spawn_relay_via(
     outbox: &Outbox,
     host: &Host,
     (db_url, amqp_url): (&str, &str),
@@ -271,7 +271,7 @@ async fn d0_a_vanished_host_is_silent_to_its_peers_and_the_test_process_until_he
 /// connection waiting for a reply the vanished server will never send (a COMMIT whose bytes
 /// it had acknowledged: nothing is unacknowledged, so the user timeout never runs; a writer
 /// waited for it until the test was killed).
-fn writers_url(multi_host_url: &str) -> String {
+pub(super) fn writers_url(multi_host_url: &str) -> String {
     let user_timeout = PEER_TIMEOUT.as_secs();
     format!(
         "{multi_host_url}&connect_timeout=2&tcp_user_timeout={user_timeout}\
@@ -661,7 +661,7 @@ fn effect_sql(slow_on: Ipv4Addr) -> String {
 }
 
 /// `outbox-inbox consume` on `host`.
-fn spawn_replica(
+pub(super) fn spawn_replica(
     host: &Host,
     db_url: &str,
     amqp_url: &str,
@@ -760,7 +760,7 @@ impl Trickle {
 }
 
 /// The messages that have an effect, with how many each, and who applied them.
-async fn effects(client: &Client) -> HashMap<String, (i64, String)> {
+pub(super) async fn effects(client: &Client) -> HashMap<String, (i64, String)> {
     let rows = client
         .query(
             "SELECT message_id, count(*), string_agg(applied_by, ',') FROM effect \
