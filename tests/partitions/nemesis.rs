@@ -425,9 +425,9 @@ async fn n1_a_seeded_campaign_of_mixed_faults_loses_nothing_and_applies_each_eff
         .max()
         .unwrap_or_else(SystemTime::now);
     let healed_at = Instant::now();
-    blocking(|| lab.cluster.ensure_healthy());
 
-    // Ready again: a relay answers /readyz 200.
+    // Ready again: a relay answers /readyz 200 (a majority of nodes is enough for that; the
+    // kit makes the cluster whole after, which may take a paused node's restart).
     let ready_again = async {
         loop {
             for slot in &world.relays {
@@ -451,6 +451,13 @@ async fn n1_a_seeded_campaign_of_mixed_faults_loses_nothing_and_applies_each_eff
         }
     };
     let ready_after = ready_again.await;
+    assert!(
+        ready_after <= READY_WITHIN,
+        "nemesis ({seed}): a relay was ready only {} after the last fault (bound {})",
+        secs(ready_after),
+        secs(READY_WITHIN)
+    );
+    blocking(|| lab.cluster.ensure_healthy());
     tokio::time::sleep(common::nemesis::QUIET).await;
     writers.stop().await;
 
