@@ -59,6 +59,7 @@ use common::faults::{
     Tally, Writers, OUTBOX_TABLE,
 };
 use common::http::{metric_sum, metric_value, wait_http};
+use common::lab::Lab;
 use common::netns::{unacknowledged, Host};
 use common::outbox::Outbox;
 use common::pg::{drop_slot_once_released, pg_connect, query_value, wait_count};
@@ -759,6 +760,30 @@ impl Trickle {
     }
 }
 
+/// A database of the lab's PostgreSQL for consumers' effects: `outbox-inbox setup` run in it,
+/// and an `effect` table (one row per application, naming the applying host). Its URL and a
+/// client.
+pub(super) async fn effects_database(lab: &Lab, prefix: &str) -> (String, Client) {
+    let db_url = lab.pg.create_database(&unique_name(prefix)).await;
+    let setup = blocking(|| {
+        std::process::Command::new(inbox_binary())
+            .args(["setup", "--database-url", &db_url])
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("run outbox-inbox setup")
+    });
+    assert!(setup.status.success(), "outbox-inbox setup: {setup:?}");
+    let client = pg_connect(&db_url).await;
+    client
+        .batch_execute(
+            "CREATE TABLE effect (n bigserial PRIMARY KEY, message_id text NOT NULL, \
+             applied_by text NOT NULL, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+        )
+        .await
+        .expect("create the effect table");
+    (db_url, client)
+}
+
 /// The messages that have an effect, with how many each, and who applied them.
 pub(super) async fn effects(client: &Client) -> HashMap<String, (i64, String)> {
     let rows = client
@@ -811,23 +836,7 @@ async fn replica_vanishes(scenario: &str, load: Load, (a, b): (usize, usize)) {
     let (lab, _lock) = shared().await;
     let began = Instant::now();
     let (host_a, host_b) = (lab.relay_host(a), lab.relay_host(b));
-    let db_url = lab.pg.create_database(&unique_name("d3")).await;
-    let setup = blocking(|| {
-        std::process::Command::new(inbox_binary())
-            .args(["setup", "--database-url", &db_url])
-            .env_remove("DATABASE_URL")
-            .output()
-            .expect("run outbox-inbox setup")
-    });
-    assert!(setup.status.success(), "outbox-inbox setup: {setup:?}");
-    let client = pg_connect(&db_url).await;
-    client
-        .batch_execute(
-            "CREATE TABLE effect (n bigserial PRIMARY KEY, message_id text NOT NULL, \
-             applied_by text NOT NULL, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())",
-        )
-        .await
-        .expect("create the effect table");
+    let (db_url, client) = effects_database(lab, "d3").await;
     // The queue on node 1, which nothing here cuts; both replicas consume through it.
     let amqp = lab.cluster.url(1);
     let queue = unique_name("d3_q");

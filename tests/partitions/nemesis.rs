@@ -30,7 +30,9 @@
 //! left out and the printed schedule says so.
 
 use super::common;
-use super::dead_peers::{effects, spawn_relay_via, spawn_replica, writers_url, PEER_TIMEOUT};
+use super::dead_peers::{
+    effects, effects_database, spawn_relay_via, spawn_replica, writers_url, PEER_TIMEOUT,
+};
 use super::{blocking, exclusive, MINUTE, W};
 
 use std::collections::{BTreeMap, HashMap};
@@ -46,7 +48,7 @@ use common::lab::Lab;
 use common::nemesis::{Fault, FaultKind, Host, Plan, RelayRole, Schedule, Seed, Step, Topology};
 use common::outbox::Outbox;
 use common::pg::{pg_connect, wait_count};
-use common::{unique_name, Consumer, RelayProcess};
+use common::{Consumer, RelayProcess};
 use tokio::time::Instant;
 
 /// The campaign's length unless `OUTBOX_NEMESIS_MINUTES` says otherwise: CI's short one.
@@ -332,23 +334,7 @@ async fn n1_a_seeded_campaign_of_mixed_faults_loses_nothing_and_applies_each_eff
     delete_queue(&outbox.amqp_url, &outbox.queue).await;
     outbox.queue = tally_queue;
 
-    let effects_url = lab.pg.create_database(&unique_name("nemesis_fx")).await;
-    let setup = blocking(|| {
-        std::process::Command::new(common::relay::inbox_binary())
-            .args(["setup", "--database-url", &effects_url])
-            .env_remove("DATABASE_URL")
-            .output()
-            .expect("run outbox-inbox setup")
-    });
-    assert!(setup.status.success(), "outbox-inbox setup: {setup:?}");
-    let effects_client = pg_connect(&effects_url).await;
-    effects_client
-        .batch_execute(
-            "CREATE TABLE effect (n bigserial PRIMARY KEY, message_id text NOT NULL, \
-             applied_by text NOT NULL, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())",
-        )
-        .await
-        .expect("create the effect table");
+    let (effects_url, effects_client) = effects_database(lab, "nemesis_fx").await;
 
     let relay_url = pair.multi_host_url(&db);
     let world = Arc::new(World {
