@@ -64,6 +64,30 @@ pub struct FailoverPair {
     pub major: u32,
     /// The standby's physical slot on the primary: [`STANDBY_SLOT`].
     pub physical_slot: String,
+    options: PairOptions,
+}
+
+/// How the old primary comes back after a promotion ([`FailoverPair::rejoin`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejoin {
+    /// Stopped cleanly (a switchover): it follows the new primary's timeline as it is, once
+    /// its stale slots are dropped.
+    AsItIs,
+    /// Crashed: its WAL may run past the new primary's history, so it is rebuilt from an
+    /// online copy of the new primary.
+    Rebuilt,
+}
+
+/// The settings a standby of `major` runs with: on 17+ it synchronizes the failover slots.
+fn standby_settings(major: u32) -> &'static [(&'static str, &'static str)] {
+    if major >= FIRST_FAILOVER_MAJOR {
+        &[
+            ("sync_replication_slots", "on"),
+            ("hot_standby_feedback", "on"),
+        ]
+    } else {
+        &[("hot_standby_feedback", "on")]
+    }
 }
 
 impl FailoverPair {
@@ -97,30 +121,21 @@ impl FailoverPair {
             Some((host, _)) => PgServer::start_major_on(host, major, primary_settings),
             None => PgServer::start_major(major, primary_settings),
         };
-        let failover_slots = major >= FIRST_FAILOVER_MAJOR;
-        let standby_settings: &[(&str, &str)] = if failover_slots {
-            &[
-                ("sync_replication_slots", "on"),
-                ("hot_standby_feedback", "on"),
-            ]
-        } else {
-            &[("hot_standby_feedback", "on")]
-        };
+        let settings = standby_settings(major);
         let standby = match hosts {
-            Some((_, host)) => {
-                PgServer::start_standby_on(host, &primary, STANDBY_SLOT, standby_settings)
-            }
-            None => PgServer::start_standby_of(&primary, STANDBY_SLOT, standby_settings),
+            Some((_, host)) => PgServer::start_standby_on(host, &primary, STANDBY_SLOT, settings),
+            None => PgServer::start_standby_of(&primary, STANDBY_SLOT, settings),
         };
         let pair = FailoverPair {
             primary,
             standby,
             major,
             physical_slot: STANDBY_SLOT.to_string(),
+            options,
         };
         if options.synchronized_standby_slots {
             assert!(
-                failover_slots,
+                pair.has_failover_slots(),
                 "synchronized_standby_slots needs PostgreSQL {FIRST_FAILOVER_MAJOR}+"
             );
             super::pg::block_on(pair.set_synchronized_standby_slots(true));
@@ -201,6 +216,90 @@ impl FailoverPair {
         let in_recovery: bool = query_value(&client, "SELECT pg_is_in_recovery()").await;
         assert!(!in_recovery, "the promoted standby is out of recovery");
         client
+    }
+
+    /// Promotes the standby once the primary is down (crashed or stopped), as an HA manager
+    /// does, and swaps the roles: the promoted server is `primary` from now on and the old
+    /// one `standby`, still down until [`Self::rejoin`]. A client of the new primary in `db`.
+    pub async fn fail_over(&mut self, db: &str) -> Client {
+        let client = self.promote(db).await;
+        std::mem::swap(&mut self.primary, &mut self.standby);
+        client
+    }
+
+    /// Brings the old primary (`standby` after [`Self::fail_over`], stopped) back as the new
+    /// primary's streaming standby on its own host and port, so a multi-host URL naming both
+    /// still holds (blocking, seconds: call it through `spawn_blocking` or `block_in_place`).
+    /// [`Rejoin::AsItIs`] drops its stale slots as docs/operations.md says ("The stale slot
+    /// after a switchover"): the slots it had as a primary, unsynced, would block the
+    /// synchronization of the new primary's slots of the same names. Once it streams,
+    /// `synchronized_standby_slots` is set on the new primary (if the pair's options say so),
+    /// and it waits until the standby's copy of `slot` is ready for the next failover. How
+    /// long all of that took; `Err` after `timeout` naming what it waited for.
+    pub fn rejoin(&self, how: Rejoin, slot: &str, timeout: Duration) -> Result<Duration, String> {
+        let started = Instant::now();
+        let settings = standby_settings(self.major);
+        match how {
+            Rejoin::AsItIs => {
+                self.standby
+                    .restart_as_standby_of(&self.primary, &self.physical_slot, settings);
+                super::pg::block_on(async {
+                    let client = self.standby.client("postgres").await;
+                    client
+                        .batch_execute(
+                            "SELECT pg_drop_replication_slot(slot_name) FROM \
+                             pg_replication_slots WHERE NOT synced AND NOT active",
+                        )
+                        .await
+                        .expect("drop the old primary's stale slots");
+                });
+            }
+            Rejoin::Rebuilt => {
+                self.standby
+                    .rebuild_as_standby_of(&self.primary, &self.physical_slot, settings)
+            }
+        }
+        super::pg::block_on(async {
+            self.wait_streaming(timeout.saturating_sub(started.elapsed()))
+                .await?;
+            if self.options.synchronized_standby_slots {
+                self.set_synchronized_standby_slots(true).await;
+            }
+            self.wait_failover_ready(slot, timeout.saturating_sub(started.elapsed()))
+                .await?;
+            Ok(started.elapsed())
+        })
+    }
+
+    /// Waits until the primary sees its standby's walreceiver streaming through the physical
+    /// slot.
+    async fn wait_streaming(&self, timeout: Duration) -> Result<(), String> {
+        let started = Instant::now();
+        let primary = self.primary.client("postgres").await;
+        loop {
+            let streaming: bool = primary
+                .query_one(
+                    "SELECT EXISTS (SELECT FROM pg_replication_slots s JOIN \
+                     pg_stat_replication r ON r.pid = s.active_pid \
+                     WHERE s.slot_name = $1 AND r.state = 'streaming')",
+                    &[&self.physical_slot],
+                )
+                .await
+                .expect("read pg_stat_replication")
+                .get(0);
+            if streaming {
+                return Ok(());
+            }
+            if started.elapsed() >= timeout {
+                return Err(format!(
+                    "the rejoined standby does not stream through {} after {timeout:?}; its \
+                     log (tail):\n{}",
+                    self.physical_slot,
+                    super::tail_file(&self.standby.log_path(), 40)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Waits until the standby's copy of logical slot `slot` is ready for a failover

@@ -44,7 +44,19 @@ pub const MARKER_PREFIX: &str = "test-marker-";
 pub struct Writers {
     stop: Arc<AtomicBool>,
     committed: Arc<AtomicUsize>,
-    tasks: Vec<JoinHandle<Vec<String>>>,
+    tasks: Vec<JoinHandle<Vec<Commit>>>,
+}
+
+/// A transaction a writer committed: its rows, and (from [`Writers::start_noting_positions`])
+/// a WAL position its commit record ends at or before: `pg_current_wal_lsn()` read on the
+/// same connection once the COMMIT returned (with `synchronous_commit` on, the commit is
+/// written by then). A physical standby has the same positions, so the bound still holds on
+/// a promoted one. `None` when not asked for, or when the connection failed right after the
+/// COMMIT.
+#[derive(Debug, Clone)]
+pub struct Commit {
+    pub ids: Vec<String>,
+    pub ended_by: Option<u64>,
 }
 
 /// How long [`Writers::stop`] waits for a writer's statement in flight.
@@ -53,6 +65,28 @@ const WRITER_STOP_TIMEOUT: Duration = Duration::from_secs(120);
 impl Writers {
     /// Starts `writers` connections; each pauses `pause` between transactions.
     pub fn start(db_url: &str, writers: usize, max_txn_rows: usize, pause: Duration) -> Writers {
+        Self::start_with(db_url, writers, max_txn_rows, pause, false)
+    }
+
+    /// [`Self::start`], each writer also reading the WAL position after each COMMIT (one
+    /// more round trip per transaction): the ACK check of [`check_ack_of_commits`], which
+    /// needs no `test_decoding` slot and so survives any number of promotions.
+    pub fn start_noting_positions(
+        db_url: &str,
+        writers: usize,
+        max_txn_rows: usize,
+        pause: Duration,
+    ) -> Writers {
+        Self::start_with(db_url, writers, max_txn_rows, pause, true)
+    }
+
+    fn start_with(
+        db_url: &str,
+        writers: usize,
+        max_txn_rows: usize,
+        pause: Duration,
+        note_positions: bool,
+    ) -> Writers {
         let stop = Arc::new(AtomicBool::new(false));
         let committed = Arc::new(AtomicUsize::new(0));
         let tasks = (0..writers)
@@ -60,10 +94,15 @@ impl Writers {
                 let db_url = db_url.to_string();
                 let stop = stop.clone();
                 let committed = committed.clone();
-                tokio::spawn(async move {
-                    write_until_stopped(&db_url, writer, max_txn_rows, pause, &stop, &committed)
-                        .await
-                })
+                let shape = Shape {
+                    writer,
+                    max_txn_rows,
+                    pause,
+                    note_positions,
+                };
+                tokio::spawn(
+                    async move { write_until_stopped(&db_url, shape, &stop, &committed).await },
+                )
             })
             .collect();
         Writers {
@@ -94,8 +133,14 @@ impl Writers {
     /// still waiting on its server after [`WRITER_STOP_TIMEOUT`] (a server that vanished
     /// without a timeout to notice it): a test fails rather than hangs.
     pub async fn stop(self) -> Vec<String> {
+        let commits = self.stop_with_commits().await;
+        commits.into_iter().flat_map(|c| c.ids).collect()
+    }
+
+    /// [`Self::stop`], by transaction, with the positions if noted.
+    pub async fn stop_with_commits(self) -> Vec<Commit> {
         self.stop.store(true, Ordering::Relaxed);
-        let mut ids = Vec::new();
+        let mut commits = Vec::new();
         for task in self.tasks {
             let done = tokio::time::timeout(WRITER_STOP_TIMEOUT, task).await;
             let done = done.unwrap_or_else(|_| {
@@ -104,21 +149,35 @@ impl Writers {
                      its connection needs a timeout for a server that vanished"
                 )
             });
-            ids.extend(done.expect("writer task"));
+            commits.extend(done.expect("writer task"));
         }
-        ids
+        commits
     }
+}
+
+/// One writer: who it is and what it writes.
+#[derive(Clone, Copy)]
+struct Shape {
+    writer: usize,
+    max_txn_rows: usize,
+    pause: Duration,
+    note_positions: bool,
 }
 
 async fn write_until_stopped(
     db_url: &str,
-    writer: usize,
-    max_txn_rows: usize,
-    pause: Duration,
+    shape: Shape,
     stop: &AtomicBool,
     committed: &AtomicUsize,
-) -> Vec<String> {
-    let mut ids = Vec::new();
+) -> Vec<Commit> {
+    let Shape {
+        writer,
+        max_txn_rows,
+        pause,
+        note_positions,
+    } = shape;
+    let mut commits: Vec<Commit> = Vec::new();
+    let mut written = 0;
     let mut seed = writer as u64 * 7919 + 17;
     'connect: while !stop.load(Ordering::Relaxed) {
         let mut client = match tokio_postgres::connect(db_url, NoTls).await {
@@ -144,7 +203,7 @@ async fn write_until_stopped(
             };
             let mut rows = Vec::with_capacity(size);
             for _ in 0..size {
-                let payload = format!(r#"{{"writer": {writer}, "n": {}}}"#, ids.len() + rows.len());
+                let payload = format!(r#"{{"writer": {writer}, "n": {}}}"#, written + rows.len());
                 match txn
                     .query_one(
                         "INSERT INTO outbox (event_type, payload) \
@@ -161,13 +220,25 @@ async fn write_until_stopped(
                 continue 'connect;
             }
             committed.fetch_add(rows.len(), Ordering::Relaxed);
-            ids.extend(rows);
+            written += rows.len();
+            let ended_by = if note_positions {
+                let lsn = client
+                    .query_one("SELECT pg_current_wal_lsn()::text", &[])
+                    .await;
+                lsn.ok().map(|row| super::pg::parse_lsn(row.get(0)))
+            } else {
+                None
+            };
+            commits.push(Commit {
+                ids: rows,
+                ended_by,
+            });
             if !pause.is_zero() {
                 tokio::time::sleep(pause).await;
             }
         }
     }
-    ids
+    commits
 }
 
 /// A client that retries until the server accepts connections (after a restart).
@@ -459,6 +530,46 @@ pub async fn check_ack(
                 "ACK violated: row {id} of the transaction ending at {} is acknowledged \
                  (confirmed_flush_lsn {}) but is not in the queue",
                 super::pg::format_lsn(txn.end_lsn),
+                super::pg::format_lsn(confirmed)
+            );
+            acknowledged_rows += 1;
+        }
+    }
+    Ack {
+        confirmed,
+        acknowledged_rows,
+    }
+}
+
+/// The ACK invariant as [`check_ack`] checks it, with the writers' own record of where
+/// each transaction ended ([`Writers::start_noting_positions`]) instead of a `test_decoding`
+/// slot: every row of a transaction whose noted position is at or below the slot's
+/// confirmed_flush_lsn is in the queue (its commit ended at or before that position, so the
+/// relay acknowledged it). `commits` are those whose rows `client`'s server has (a commit
+/// lost with a crashed primary was never the new one's to deliver). Weaker only in what it
+/// leaves out: a transaction whose position was not read is not checked.
+pub async fn check_ack_of_commits(
+    client: &Client,
+    outbox: &Outbox,
+    commits: &[Commit],
+    consumer: &mut Consumer,
+) -> Ack {
+    let slot = outbox.slot.as_str();
+    let queue = outbox.queue.as_str();
+    let confirmed = slot_confirmed_flush(client, slot).await;
+    let marker = barrier(consumer, &outbox.amqp_url, queue).await;
+    let delivered: HashSet<&str> = ids_of(&consumer.received()[..marker]).into_iter().collect();
+    let mut acknowledged_rows = 0;
+    for commit in commits {
+        let Some(ended_by) = commit.ended_by.filter(|at| *at <= confirmed) else {
+            continue;
+        };
+        for id in &commit.ids {
+            assert!(
+                delivered.contains(id.as_str()),
+                "ACK violated: row {id} of a transaction ending at or before {} is \
+                 acknowledged (confirmed_flush_lsn {}) but is not in the queue",
+                super::pg::format_lsn(ended_by),
                 super::pg::format_lsn(confirmed)
             );
             acknowledged_rows += 1;

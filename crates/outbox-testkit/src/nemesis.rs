@@ -30,8 +30,12 @@ use std::num::ParseIntError;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The environment variable that fixes the seed, to replay a failed campaign.
+/// The environment variable that fixes the seed, to replay a failed campaign: a seed, or
+/// several separated by commas (one campaign each, in turn), where `random` stands for a
+/// fresh one ([`Seed::list_from_env`]).
 pub const SEED_ENV: &str = "OUTBOX_NEMESIS_SEED";
+/// The word in [`SEED_ENV`]'s list that draws a fresh seed.
+pub const RANDOM_SEED: &str = "random";
 
 /// The fault-free time after [`Plan::duration`], for the oracles to see every delivery land.
 pub const QUIET: Duration = Duration::from_secs(30);
@@ -48,19 +52,36 @@ const ATTEMPTS: usize = 16;
 pub struct Seed(pub u64);
 
 impl Seed {
-    /// [`SEED_ENV`] when set (and not empty), else a fresh seed from the clock and the pid.
-    pub fn from_env() -> Result<Seed, SeedError> {
-        match std::env::var_os(SEED_ENV) {
-            None => Ok(Seed::from_clock()),
-            Some(value) if value.is_empty() => Ok(Seed::from_clock()),
-            Some(value) => match value.to_str() {
-                Some(text) => text.parse(),
-                None => Err(SeedError {
-                    input: value.to_string_lossy().into_owned(),
-                    source: None,
-                }),
-            },
+    /// [`SEED_ENV`] as a list: each comma-separated entry a seed, or [`RANDOM_SEED`] for a
+    /// fresh one; unset or empty, one fresh seed. CI's `42,random` runs a fixed schedule
+    /// and one no run has seen before.
+    pub fn list_from_env() -> Result<Vec<Seed>, SeedError> {
+        let text = match std::env::var_os(SEED_ENV) {
+            None => return Ok(vec![Seed::from_clock()]),
+            Some(value) => value.into_string().map_err(|value| SeedError {
+                input: value.to_string_lossy().into_owned(),
+                source: None,
+            })?,
+        };
+        Self::list(&text)
+    }
+
+    fn list(text: &str) -> Result<Vec<Seed>, SeedError> {
+        if text.trim().is_empty() {
+            return Ok(vec![Seed::from_clock()]);
         }
+        text.split(',')
+            .enumerate()
+            .map(|(i, entry)| match entry.trim() {
+                RANDOM_SEED => {
+                    // Two fresh seeds drawn in one instant must differ too.
+                    let Seed(fresh) = Seed::from_clock();
+                    let mut mix = fresh ^ i as u64;
+                    Ok(Seed(splitmix64(&mut mix)))
+                }
+                _ => entry.parse(),
+            })
+            .collect()
     }
 
     /// A seed that differs between runs and between processes started in the same instant.
@@ -109,7 +130,7 @@ impl fmt::Display for SeedError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{SEED_ENV} must be a u64 in decimal or 0x-hex (e.g. 42 or 0x2a), not {:?}",
+            "{SEED_ENV} must be a u64 in decimal or 0x-hex (e.g. 42 or 0x2a), or a comma-separated list of them and \"{RANDOM_SEED}\", not {:?}",
             self.input
         )
     }
@@ -1170,6 +1191,19 @@ mod tests {
                 .parse(),
             Ok(printed)
         );
+    }
+
+    #[test]
+    fn a_list_of_seeds_runs_each_and_random_draws_fresh_ones() {
+        assert_eq!(Seed::list("42"), Ok(vec![Seed(42)]));
+        assert_eq!(Seed::list("42, 0x7"), Ok(vec![Seed(42), Seed(7)]));
+        let drawn = Seed::list("42,random,random").expect("a valid list");
+        assert_eq!(drawn.len(), 3);
+        assert_eq!(drawn[0], Seed(42));
+        assert_ne!(drawn[1], drawn[2], "two fresh seeds of one list differ");
+        assert_eq!(Seed::list(" ").map(|seeds| seeds.len()), Ok(1));
+        let error = Seed::list("42,fresh").expect_err("not a seed");
+        assert_eq!(error.input, "fresh");
     }
 
     #[test]

@@ -273,16 +273,7 @@ impl PgServer {
     ) -> PgServer {
         let started = Instant::now();
         let source = primary.private("start_standby_of");
-        block_on(async {
-            let client = primary.client("postgres").await;
-            client
-                .execute(
-                    "SELECT pg_create_physical_replication_slot($1, true)",
-                    &[&slot],
-                )
-                .await
-                .unwrap_or_else(|e| panic!("create the physical slot {slot}: {e:?}"));
-        });
+        block_on(create_physical_slot(primary, slot));
         primary.stop();
         let tempdir = tempfile::Builder::new()
             .prefix("outbox-test-pg-standby-")
@@ -305,28 +296,133 @@ impl PgServer {
             source.data().display(),
             output_text(&copied)
         );
-        let conninfo = format!(
-            "host={} port={} user=postgres dbname=postgres application_name=standby",
-            primary.addr(),
-            source.port
-        );
         // The copy's postgresql.conf listens where the primary does.
         let listen = host.map_or(Ipv4Addr::LOCALHOST, Host::addr).to_string();
-        let standby = [
+        let own = [
             ("listen_addresses", listen.as_str()),
             (
                 "unix_socket_directories",
                 dir.to_str().expect("utf-8 temp dir"),
             ),
-            ("primary_conninfo", conninfo.as_str()),
-            ("primary_slot_name", slot),
-            ("hot_standby", "on"),
         ];
-        let settings: Vec<(&str, &str)> = standby.iter().chain(extra_settings).copied().collect();
-        append_settings(&data, &settings);
-        std::fs::write(data.join("standby.signal"), "").expect("write standby.signal");
-        chown_to(&data.join("standby.signal"), "postgres");
+        append_settings(&data, &own);
+        follow(&data, primary, slot, extra_settings);
         Self::launch(tempdir, source.bin.clone(), host.cloned(), started)
+    }
+
+    /// Brings this stopped server back as a streaming standby of `primary` (its new primary
+    /// after a switchover) on its own host and port, with `extra_settings`: `standby.signal`,
+    /// the settings [`Self::start_standby_of`] writes, `synchronized_standby_slots` removed
+    /// from its `postgresql.auto.conf` (a primary's setting: left on a standby, it would stall
+    /// logical decoding after a later promotion); the physical slot `slot` is made on
+    /// `primary` first. It follows the new primary's timeline from where it stopped, which
+    /// works when it stopped cleanly and the standby had received its last WAL before the
+    /// promotion; a crashed primary may have WAL the new one lacks: see
+    /// [`Self::rebuild_as_standby_of`]. Returns once it accepts connections.
+    pub fn restart_as_standby_of(
+        &self,
+        primary: &PgServer,
+        slot: &str,
+        extra_settings: &[(&str, &str)],
+    ) {
+        block_on(create_physical_slot(primary, slot));
+        follow(
+            &self.private("restart_as_standby_of").data(),
+            primary,
+            slot,
+            extra_settings,
+        );
+        self.start_again();
+    }
+
+    /// Replaces this stopped server's data with an online copy of `primary` (the low-level
+    /// base backup: `pg_backup_start`, a copy of the running data directory, `pg_backup_stop`
+    /// and its `backup_label`; the 16-18 binaries have no pg_basebackup) and starts it as
+    /// [`Self::restart_as_standby_of`] does. Its own `postgresql.conf`, `pg_hba.conf` and
+    /// `pg_ident.conf` stay (its address, port and socket); the copy leaves out WAL segments,
+    /// replication slots and the run-time files PostgreSQL's documentation names. For a
+    /// crashed primary, whose WAL may run past the new primary's history.
+    pub fn rebuild_as_standby_of(
+        &self,
+        primary: &PgServer,
+        slot: &str,
+        extra_settings: &[(&str, &str)],
+    ) {
+        let data = self.private("rebuild_as_standby_of").data();
+        let source = primary.private("rebuild_as_standby_of").data();
+        block_on(create_physical_slot(primary, slot));
+        let keep = ["postgresql.conf", "pg_hba.conf", "pg_ident.conf"];
+        let mut clear = pg_user_command("find");
+        clear.arg(&data).args(["-mindepth", "1", "-maxdepth", "1"]);
+        for name in keep {
+            clear.args(["!", "-name", name]);
+        }
+        let cleared = clear
+            .args(["-exec", "rm", "-rf", "{}", "+"])
+            .output()
+            .expect("run find");
+        assert!(
+            cleared.status.success(),
+            "clearing {}: {}",
+            data.display(),
+            output_text(&cleared)
+        );
+        let label = block_on(async {
+            let client = primary.client("postgres").await;
+            client
+                .execute("SELECT pg_backup_start('outbox-test rebuild', true)", &[])
+                .await
+                .expect("pg_backup_start");
+            let excluded = [
+                "./postmaster.pid",
+                "./postmaster.opts",
+                "./pg_wal/0*",
+                "./pg_replslot/*",
+                "./pg_stat_tmp/*",
+                "./pg_dynshmem/*",
+                "./pg_notify/*",
+                "./pg_serial/*",
+                "./pg_snapshots/*",
+                "./pg_subtrans/*",
+                "./base/pgsql_tmp/*",
+                "./standby.signal",
+                "./backup_label*",
+            ]
+            .map(String::from)
+            .into_iter()
+            .chain(keep.iter().map(|name| format!("./{name}")))
+            .map(|pattern| format!("--exclude={}", super::shell_quote(&pattern)))
+            .collect::<Vec<_>>()
+            .join(" ");
+            // tar exits 1 for a file that changed while it was read: the backup's WAL
+            // replay makes such a file right, which is what the backup API is for.
+            let script = format!(
+                "tar -C {src} {excluded} -cf - . | tar -C {dst} -xf -; \
+                 s=(${{PIPESTATUS[@]}}); [ ${{s[0]}} -le 1 ] && [ ${{s[1]}} -eq 0 ]",
+                src = super::shell_quote(source.to_str().expect("utf-8 data dir")),
+                dst = super::shell_quote(data.to_str().expect("utf-8 data dir")),
+            );
+            let copied = pg_user_command("bash")
+                .args(["-c", &script])
+                .output()
+                .expect("run tar");
+            assert!(
+                copied.status.success(),
+                "copying {} online: {}",
+                source.display(),
+                output_text(&copied)
+            );
+            let row = client
+                .query_one("SELECT labelfile FROM pg_backup_stop(false)", &[])
+                .await
+                .expect("pg_backup_stop");
+            row.get::<_, String>(0)
+        });
+        let label_path = data.join("backup_label");
+        std::fs::write(&label_path, label).expect("write backup_label");
+        chown_to(&label_path, "postgres");
+        follow(&data, primary, slot, extra_settings);
+        self.start_again();
     }
 
     /// Starts the server whose data directory is `tempdir`/data on a free port, with a
@@ -598,6 +694,58 @@ fn append_settings(data: &Path, settings: &[(&str, &str)]) {
     let mut existing = std::fs::read_to_string(&conf_path).expect("read postgresql.conf");
     existing += &conf;
     std::fs::write(&conf_path, existing).expect("write postgresql.conf");
+}
+
+/// Makes the data directory `data` a streaming standby of `primary` through its physical
+/// slot `slot`: `standby.signal`, `primary_conninfo` (with the `dbname` slot synchronization
+/// needs), `primary_slot_name`, `hot_standby` and `extra_settings` appended to its
+/// postgresql.conf, and no `synchronized_standby_slots` in its postgresql.auto.conf.
+fn follow(data: &Path, primary: &PgServer, slot: &str, extra_settings: &[(&str, &str)]) {
+    let conninfo = format!(
+        "host={} port={} user=postgres dbname=postgres application_name=standby",
+        primary.addr(),
+        primary.port()
+    );
+    let standby = [
+        ("primary_conninfo", conninfo.as_str()),
+        ("primary_slot_name", slot),
+        ("hot_standby", "on"),
+    ];
+    let settings: Vec<(&str, &str)> = standby.iter().chain(extra_settings).copied().collect();
+    append_settings(data, &settings);
+    let auto = data.join("postgresql.auto.conf");
+    if let Ok(text) = std::fs::read_to_string(&auto) {
+        let kept: String = text
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("synchronized_standby_slots"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        std::fs::write(&auto, kept).expect("write postgresql.auto.conf");
+    }
+    let signal = data.join("standby.signal");
+    std::fs::write(&signal, "").expect("write standby.signal");
+    chown_to(&signal, "postgres");
+}
+
+/// Creates the physical slot `slot` on `primary`, reserving WAL at once; one of that name
+/// that no standby streams from (left from an earlier standby) is dropped first.
+async fn create_physical_slot(primary: &PgServer, slot: &str) {
+    let client = primary.client("postgres").await;
+    client
+        .execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+             WHERE slot_name = $1 AND NOT active",
+            &[&slot],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("drop the old physical slot {slot}: {e:?}"));
+    client
+        .execute(
+            "SELECT pg_create_physical_replication_slot($1, true)",
+            &[&slot],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create the physical slot {slot}: {e:?}"));
 }
 
 /// Runs `future` to completion on a runtime of its own, in a thread of its own: callable from
