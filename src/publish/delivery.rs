@@ -86,6 +86,12 @@ impl<T> Input<T> {
     }
 }
 
+/// The deliberately broken build (cargo feature `broken-ack-before-confirm`, never in a
+/// release): every ack point is acknowledged the moment it is queued, before the broker
+/// confirmed what precedes it. It exists to show that the nemesis campaign catches a relay
+/// that breaks invariant 1 (docs/reliability.md, "Nemesis"); off, this is a constant `false`.
+const ACK_BEFORE_CONFIRM: bool = cfg!(feature = "broken-ack-before-confirm");
+
 /// What the delivery task reports back (on a watch: a source reads the newest value).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Acked<T> {
@@ -379,7 +385,7 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
             }
             advanced = true;
         };
-        if advanced {
+        if advanced && !ACK_BEFORE_CONFIRM {
             let token = self.queue.acknowledged().cloned();
             self.acked.send_modify(|acked| acked.token = token);
             self.metrics.ack_points.set(self.queue.ack_points() as f64);
@@ -557,6 +563,12 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
                 self.queue.push_dead_letter(message_id, reason, pending);
             }
             Input::AckPoint(token) => {
+                if ACK_BEFORE_CONFIRM {
+                    self.acked.send_modify(|acked| match &mut acked.token {
+                        Some(older) => older.fold(token.clone()),
+                        None => acked.token = Some(token.clone()),
+                    });
+                }
                 self.queue.push_ack_point(token);
                 self.metrics.ack_points.set(self.queue.ack_points() as f64);
             }

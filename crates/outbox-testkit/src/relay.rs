@@ -50,12 +50,20 @@ pub fn set_binary(path: impl Into<PathBuf>) {
     );
 }
 
-/// The relay binary: the one handed to [`set_binary`], else `CARGO_BIN_EXE_outbox-relay`
+/// Names a relay binary to run instead of the one cargo built (the nemesis's deliberately
+/// broken relay, `scripts/test.sh --nemesis … --broken`).
+pub const RELAY_BIN_ENV: &str = "OUTBOX_TEST_RELAY_BIN";
+
+/// The relay binary: the one handed to [`set_binary`], else [`RELAY_BIN_ENV`]'s, else
+/// `CARGO_BIN_EXE_outbox-relay`
 /// (which cargo sets when it runs the relay package's integration tests), else
 /// `outbox-relay` beside the directory of this executable (`target/<profile>/deps/..`, for
 /// a test binary started by hand).
 pub fn binary() -> &'static Path {
     BINARY.get_or_init(|| {
+        if let Some(path) = std::env::var_os(RELAY_BIN_ENV) {
+            return PathBuf::from(path);
+        }
         if let Some(path) = std::env::var_os("CARGO_BIN_EXE_outbox-relay") {
             return PathBuf::from(path);
         }
