@@ -12,6 +12,11 @@
 #   scripts/test.sh --nemesis MINUTES [--seed S]
 #                                    only the nemesis campaign (tests/partitions/nemesis.rs),
 #                                    this long, from seed S (default: a fresh one, printed)
+#   scripts/test.sh --nemesis MINUTES [--seed S] --broken
+#                                    the same campaign against a deliberately broken relay
+#                                    (cargo feature broken-ack-before-confirm: it acknowledges
+#                                    before the broker confirms); succeeds only if the campaign
+#                                    FAILS, and prints what caught it
 #
 # tests/partitions.rs (ignored by plain `cargo test`) runs in the full run too, last and
 # alone: its lab (a 3-node cluster, PostgreSQL and relays on hosts of their own) is most of
@@ -71,6 +76,7 @@ matrix_only=
 partitions_only=
 nemesis_minutes=
 nemesis_seed=
+nemesis_broken=
 matrix_majors=()
 while [ $# -gt 0 ]; do
     case $1 in
@@ -87,6 +93,9 @@ while [ $# -gt 0 ]; do
             nemesis_seed=$2
             shift
             ;;
+        --broken)
+            nemesis_broken=yes
+            ;;
         --matrix)
             matrix_only=yes
             if [ $# -gt 1 ] && [[ $2 != -* ]]; then
@@ -95,7 +104,7 @@ while [ $# -gt 0 ]; do
             fi
             ;;
         *)
-            echo "usage: scripts/test.sh [--matrix [MAJOR,...] | --partitions | --nemesis MINUTES [--seed S]]" >&2
+            echo "usage: scripts/test.sh [--matrix [MAJOR,...] | --partitions | --nemesis MINUTES [--seed S] [--broken]]" >&2
             exit 2
             ;;
     esac
@@ -152,11 +161,30 @@ if [ -n "$nemesis_minutes" ]; then
     if [ -n "$nemesis_seed" ]; then
         export OUTBOX_NEMESIS_SEED=$nemesis_seed
     fi
-    exec cargo test --test partitions nemesis -- --ignored --nocapture
+    if [ -z "$nemesis_broken" ]; then
+        exec cargo test --test partitions nemesis -- --ignored --nocapture
+    fi
+    # The broken relay is built beside the real one and run in its place: the feature changes
+    # only the relay crate, so this rebuilds that crate twice, not its dependencies.
+    broken=target/nemesis-broken
+    mkdir -p "$broken"
+    cargo build --bin outbox-relay --features broken-ack-before-confirm
+    cp target/debug/outbox-relay "$broken/outbox-relay"
+    cp target/debug/outbox-inbox "$broken/outbox-inbox"
+    cargo build --workspace --bins
+    if OUTBOX_TEST_RELAY_BIN=$PWD/$broken/outbox-relay \
+        cargo test --test partitions nemesis -- --ignored --nocapture; then
+        echo "=== the campaign passed against a relay that acknowledges before the confirm: it cannot catch that" >&2
+        exit 1
+    fi
+    echo "=== the campaign caught the broken relay (its failure is above)"
+    exit 0
 fi
-# The full run's campaign (with the partitions): a fixed seed, so that CI replays one
-# schedule; a long campaign or another seed with --nemesis.
-export OUTBOX_NEMESIS_SEED=${OUTBOX_NEMESIS_SEED:-42}
+# The full run's campaigns (with the partitions), 1.5 minutes each: a fixed seed, so that
+# every CI run replays one schedule, then a fresh one (printed, so a failure replays with
+# --nemesis 1.5 --seed S); a long campaign or another seed with --nemesis.
+export OUTBOX_NEMESIS_SEED=${OUTBOX_NEMESIS_SEED:-42,random}
+export OUTBOX_NEMESIS_MINUTES=${OUTBOX_NEMESIS_MINUTES:-1.5}
 
 if [ -n "$partitions_only" ]; then
     # Ignored in the default run (see tests/partitions.rs): run them, and only them. The

@@ -669,6 +669,17 @@ pub(super) fn spawn_replica(
     queue: &str,
     sql: &str,
 ) -> RelayProcess {
+    spawn_replica_with(host, (db_url, amqp_url), queue, sql, &[])
+}
+
+/// [`spawn_replica`] with more environment (e.g. `OUTBOX_INBOX_FAILPOINTS`).
+pub(super) fn spawn_replica_with(
+    host: &Host,
+    (db_url, amqp_url): (&str, &str),
+    queue: &str,
+    sql: &str,
+    extra_env: &[(&str, &str)],
+) -> RelayProcess {
     let args = [
         "consume",
         "--database-url",
@@ -686,11 +697,12 @@ pub(super) fn spawn_replica(
         "--max-backoff-secs",
         "2",
     ];
-    let env = [
+    let mut env = vec![
         ("RUST_LOG", "info,outbox_inbox=debug"),
         INBOX_PEER_TIMEOUT,
         INBOX_STATEMENT_TIMEOUT,
     ];
+    env.extend_from_slice(extra_env);
     RelayProcess::spawn_bin_on(inbox_binary(), host, &args, &env)
 }
 
