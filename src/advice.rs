@@ -9,7 +9,7 @@
 //! Every error the relay reports to a person goes through [`report`].
 
 use crate::db::{quote_ident, sql_name, sql_table};
-use crate::error::{chain, RelayError, SlotProblem, TlsProblem};
+use crate::error::{chain, ConfigProblem, RelayError, SlotProblem, TlsProblem};
 
 /// The error, its sources, and what to do about it, on one line.
 pub fn report(error: &RelayError) -> String {
@@ -119,7 +119,118 @@ pub fn fix(error: &RelayError) -> Option<String> {
              the exchange and, under `--on-unroutable dead-letter`, the dead-letter exchange, \
              both durable topic exchanges) or declare it; the relay retries"
             .into(),
+        Configuration(problem) => return config_fix(problem),
         _ => return None,
+    })
+}
+
+/// What to do about a configuration that cannot work, when the relay knows.
+fn config_fix(problem: &ConfigProblem) -> Option<String> {
+    use ConfigProblem::*;
+    Some(match problem {
+        SecretTwice { .. } => "set only one of them".into(),
+        SecretMissing { .. } => "set one of them".into(),
+        SessionAttrs { .. } => "use read-write or primary, or leave it out: with several hosts \
+             the relay finds the primary itself"
+            .into(),
+        DeadLetterExchangeMissing => "set --dead-letter-exchange (or \
+             OUTBOX_DEAD_LETTER_EXCHANGE), and run `outbox-relay setup` with both flags to \
+             declare it"
+            .into(),
+        DeadLetterExchangeIsMain { exchange } => {
+            format!("name another exchange, e.g. \"{exchange}.dead-letter\"")
+        }
+        DeadLetterExchangeTooLong { .. } => "use a shorter name".into(),
+        ReservedHeader {
+            column, reserved, ..
+        } => format!(
+            "send the column under another name ({column}=x-{column}); the relay's own headers \
+             are {}",
+            reserved.join(", ")
+        ),
+        ShardOutOfRange { .. } => "set --shard (OUTBOX_SHARD) to one of them, and --shards \
+             (OUTBOX_SHARDS) to the number `setup --shards` was run with"
+            .into(),
+        ShardNotGiven { count } => format!(
+            "set --shard (OUTBOX_SHARD) to 0..{}, one relay per shard",
+            count - 1
+        ),
+        ShardedNameInvalid { flag, .. } => format!("a shorter {flag}"),
+        StatusShardsInPollMode => "drop --shards (OUTBOX_SHARDS) with --mode poll".into(),
+        SetupShardsInPollMode { .. } => "drop --shards (OUTBOX_SHARDS), or raise `poll \
+             --workers` to scale polling"
+            .into(),
+        ShardsNeedUuidId { .. } => "run one relay (--shards 1), or map \"id\" to a uuid column \
+             with --column id=COLUMN (OUTBOX_COLUMNS)"
+            .into(),
+        CreatedAtMissing { contract, flag, .. } => format!(
+            "add the column, or map \"{contract}\" to the table's creation time with {flag} \
+             {contract}=COLUMN (OUTBOX_COLUMNS)"
+        ),
+        CreatedAtUnmapped { contract, flag, .. } => format!(
+            "map it to the table's creation time (a timestamptz set on insert) with {flag} \
+             {contract}=COLUMN (OUTBOX_COLUMNS)"
+        ),
+        PublishedAtUnmapped { contract, flag } => format!(
+            "add a nullable timestamptz column and map it with {flag} {contract}=COLUMN \
+             (OUTBOX_COLUMNS), or delete each row once published with --on-published delete \
+             (OUTBOX_ON_PUBLISHED)"
+        ),
+        PollColumnMissing {
+            contract,
+            flag,
+            unmapped,
+            ..
+        } => match unmapped {
+            None => "run `outbox-relay setup --mode poll`, or add the column (see \
+                 sql/outbox_poll.sql)"
+                .into(),
+            Some(unmapped) => format!(
+                "add the column, map \"{contract}\" to one the table has with {flag} \
+                 {contract}=COLUMN (OUTBOX_COLUMNS), or leave it unmapped with {flag} \
+                 {contract}= ({unmapped})"
+            ),
+        },
+        PollPublishedColumnMissing { .. } => "run `outbox-relay setup --mode poll`, add the \
+             column, or map published_at with --column published_at=COLUMN"
+            .into(),
+        EmitPrefixMismatch { .. } => "run `outbox-relay setup` with the same --emit-prefix \
+             (OUTBOX_EMIT_PREFIX) as `run`"
+            .into(),
+        FailoverNeeds17 => "use --failover-slot auto (OUTBOX_FAILOVER_SLOT), or upgrade".into(),
+        FailoverSlotHeld { .. } => "stop the relays of this slot, run `outbox-relay setup` \
+             again, start them; or keep it as it is with --failover-slot off"
+            .into(),
+        RestrictNeedsSuperuser { .. } => "run it with a superuser's DATABASE_URL (the relay \
+             itself need not be one), or have a DBA run `setup --restrict-emit --print-sql` \
+             with psql"
+            .into(),
+        EmitFunctionsRestricted { .. } => "run setup with --restrict-emit --emit-role <the \
+             application's role> again"
+            .into(),
+        TableNameTooLongForEmit { room, .. } => {
+            format!("use a table name of at most {room} bytes")
+        }
+        MappedTableCreation { print_sql, .. } => format!(
+            "pass --no-create-table (OUTBOX_NO_CREATE_TABLE), and setup checks your table and \
+             provisions the rest{}",
+            if *print_sql {
+                " (--print-sql has no form for a mapped table yet: run setup against the \
+                 database, or take the publication and slot from sql/)"
+            } else {
+                ""
+            }
+        ),
+        SecretFileEmpty { .. }
+        | DatabaseUrl { .. }
+        | DatabaseUrlNoUser
+        | SslMode { .. }
+        | AmqpUrl { .. }
+        | NoAmqpUrl
+        | ExchangeNameTooLong { .. }
+        | RoutingKey { .. }
+        | ShardCount { .. }
+        | TeardownUnconfirmed { .. } => return None,
     })
 }
 

@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use tokio_postgres::config::{Host, SslMode as DriverSslMode};
 use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Notification};
 
-use crate::error::{Endpoint, RelayError};
+use crate::error::{ConfigProblem, Endpoint, RelayError};
 
 /// Both spellings of one list of session settings, so they cannot drift apart.
 macro_rules! pinned_session_settings {
@@ -65,9 +65,9 @@ fn parse_driver_url(url: &str) -> Result<Config, RelayError> {
     url.parse::<Config>().map_err(|e| {
         // The error's own text names only the kind of problem; its source (left out) may
         // quote part of the URL, and the URL may hold a password.
-        RelayError::Config(format!(
-            "The database URL is not valid ({e}). Expected postgres://user:password@host:port/database"
-        ))
+        RelayError::from(ConfigProblem::DatabaseUrl {
+            problem: e.to_string(),
+        })
     })
 }
 
@@ -139,11 +139,7 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
     if let Some(attrs) =
         session_attrs.filter(|a| !["read-write", "primary", "any"].contains(&a.as_str()))
     {
-        return Err(RelayError::Config(format!(
-            "The database URL has target_session_attrs={attrs}, but the relay needs the \
-             primary (it holds the slot there, and polling writes). Fix: use read-write or \
-             primary, or leave it out: with several hosts the relay finds the primary itself"
-        )));
+        return Err(ConfigProblem::SessionAttrs { attrs }.into());
     }
     let tls = match mode.as_deref().unwrap_or("prefer") {
         "disable" => TlsConfig::disabled(),
@@ -155,10 +151,10 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
         "require" | "verify-ca" => TlsConfig::verify_ca(root_cert),
         "verify-full" => TlsConfig::verify_full(root_cert),
         other => {
-            return Err(RelayError::Config(format!(
-                "The database URL has sslmode={other}, which PostgreSQL does not know. Use \
-                 disable, prefer, require, verify-ca or verify-full"
-            )))
+            return Err(ConfigProblem::SslMode {
+                mode: other.to_string(),
+            }
+            .into())
         }
     };
     Ok((rest, tls))
@@ -591,7 +587,7 @@ pub fn replication_config(
     let port = server.port;
     let user = config
         .get_user()
-        .ok_or_else(|| RelayError::Config("The database URL names no user".into()))?
+        .ok_or(ConfigProblem::DatabaseUrlNoUser)?
         .to_string();
     let password = config
         .get_password()

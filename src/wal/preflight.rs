@@ -11,7 +11,7 @@ use pgwire_replication::Lsn;
 use tokio_postgres::Client;
 
 use crate::config::{FailoverSlot, OutboxNames};
-use crate::error::{RelayError, SlotProblem};
+use crate::error::{ConfigProblem, RelayError, SlotProblem};
 use crate::outbox_table::columns::ColumnMap;
 use crate::shard::Shard;
 use crate::wal::slot::read_slot;
@@ -345,10 +345,6 @@ pub async fn check_emit_prefix(
         .map(|row| row.get(0));
     match other {
         None => Ok(()),
-        Some(function) => Err(RelayError::Config(format!(
-            "The emit function {function} does not write the prefix {literal} that --emit-prefix \
-             names: its events would be skipped, and the WAL is their only copy. Fix: run \
-             `outbox-relay setup` with the same --emit-prefix (OUTBOX_EMIT_PREFIX) as `run`"
-        ))),
+        Some(function) => Err(ConfigProblem::EmitPrefixMismatch { function, literal }.into()),
     }
 }

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{FailoverSlot, OutboxNames};
 use crate::db;
-use crate::error::RelayError;
+use crate::error::{ConfigProblem, RelayError};
 use time::format_description::well_known::Rfc3339;
 
 use crate::observability::{
@@ -629,12 +629,9 @@ pub fn failover_wanted(
         FailoverSlot::Off => Ok(false),
         FailoverSlot::Auto => Ok(has_failover_slots),
         FailoverSlot::On if has_failover_slots => Ok(true),
-        FailoverSlot::On => Err(RelayError::Config(FAILOVER_NEEDS_17.into())),
+        FailoverSlot::On => Err(ConfigProblem::FailoverNeeds17.into()),
     }
 }
-
-pub const FAILOVER_NEEDS_17: &str = "--failover-slot on needs PostgreSQL 17 or later, which has \
-     failover slots. Fix: use --failover-slot auto (OUTBOX_FAILOVER_SLOT), or upgrade";
 
 #[cfg(test)]
 mod tests {
