@@ -9,7 +9,7 @@
 //! Every error the relay reports to a person goes through [`report`].
 
 use crate::db::{quote_ident, sql_name, sql_table};
-use crate::error::{chain, ConfigProblem, RelayError, SlotProblem, TlsProblem};
+use crate::error::{chain, ConfigProblem, MapProblem, RelayError, SlotProblem, TlsProblem};
 
 /// The error, its sources, and what to do about it, on one line.
 pub fn report(error: &RelayError) -> String {
@@ -120,7 +120,49 @@ pub fn fix(error: &RelayError) -> Option<String> {
              both durable topic exchanges) or declare it; the relay retries"
             .into(),
         Configuration(problem) => return config_fix(problem),
+        Unpublishable { fault, .. } => return map_fix(*fault),
         _ => return None,
+    })
+}
+
+/// What to do about a row, event or table the mapper cannot make a message of.
+fn map_fix(fault: MapProblem) -> Option<String> {
+    Some(match fault {
+        MapProblem::MissingColumn { contract } => format!(
+            "add the column (see sql/), point --table at the outbox table, or map \"{contract}\" \
+             to the table's column with --column {contract}=COLUMN (OUTBOX_COLUMNS; \
+             --table-layout debezium for Debezium's table)"
+        ),
+        MapProblem::MissingHeaderColumn { flag } => format!(
+            "correct the column's name in {flag} (OUTBOX_HEADER_COLUMNS), or add the column"
+        ),
+        MapProblem::CreatedAtType => "make it one (ALTER TABLE … ALTER COLUMN … TYPE \
+             timestamptz USING … AT TIME ZONE 'UTC', for values written in UTC), map created_at \
+             to another column, or leave it unmapped with --column created_at= (and \
+             --cleanup-interval 0)"
+            .into(),
+        MapProblem::Null => "make the column NOT NULL or correct the row; the relay stops \
+             before it and acknowledges nothing past it"
+            .into(),
+        MapProblem::UnchangedToast => {
+            "check the table's replica identity and that nothing rewrites outbox rows".into()
+        }
+        MapProblem::TooLarge => "store large payloads elsewhere and send a reference, or raise \
+             both limits"
+            .into(),
+        MapProblem::ExchangeNotAllowed => "add it to --allowed-exchanges \
+             (OUTBOX_ALLOWED_EXCHANGES) if messages may be published there, or correct the \
+             message; with --on-unroutable dead-letter such messages go to the dead-letter \
+             exchange"
+            .into(),
+        MapProblem::Envelope => "write events with the emit functions `setup` creates \
+             (outbox_emit); a message written by hand with the emit prefix must follow the \
+             envelope of docs/emit.md"
+            .into(),
+        MapProblem::EnvelopeVersion => {
+            "upgrade the relay to the release whose `setup` created the emit functions".into()
+        }
+        MapProblem::Invalid => return None,
     })
 }
 
@@ -141,6 +183,11 @@ fn config_fix(problem: &ConfigProblem) -> Option<String> {
             format!("name another exchange, e.g. \"{exchange}.dead-letter\"")
         }
         DeadLetterExchangeTooLong { .. } => "use a shorter name".into(),
+        ExchangeTemplateUnlisted { .. } => {
+            "list them, or a prefix pattern, e.g. --allowed-exchanges \
+             'events.*' (OUTBOX_ALLOWED_EXCHANGES)"
+                .into()
+        }
         ReservedHeader {
             column, reserved, ..
         } => format!(
@@ -228,6 +275,7 @@ fn config_fix(problem: &ConfigProblem) -> Option<String> {
         | AmqpUrl { .. }
         | NoAmqpUrl
         | ExchangeNameTooLong { .. }
+        | AllowedExchangesList { .. }
         | RoutingKey { .. }
         | ShardCount { .. }
         | TeardownUnconfirmed { .. } => return None,

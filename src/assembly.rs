@@ -52,8 +52,7 @@ impl Outbox {
             .get_user()
             .map(str::to_string);
         let allowed =
-            AllowedExchanges::parse(flags.exchanges.allowed_exchanges.as_deref(), flags.exchange)
-                .map_err(RelayError::Config)?;
+            AllowedExchanges::parse(flags.exchanges.allowed_exchanges.as_deref(), flags.exchange)?;
         let routing_key = Template::parse(&flags.exchanges.routing_key)
             .map_err(|problem| ConfigProblem::RoutingKey { problem })?;
         let mapper = Mapper::new(flags.exchange, flags.publishing.max_message_size, allowed)

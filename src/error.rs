@@ -33,8 +33,9 @@ use tokio_postgres::error::SqlState;
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     // ---- definite: configuration and provisioning ----
-    /// A parser's own text for a flag it cannot read (`--since`, `--allowed-exchanges`, a
-    /// name): free-form because the parser says what is wrong in its own words.
+    /// A parser's own text for a flag it cannot read (`--since`, `--column`, the exchange's
+    /// name): free-form because the parser says what is wrong in its own words, with no
+    /// advice to add. Any other configuration error is a [`ConfigProblem`].
     #[error("{0}")]
     Config(String),
 
@@ -169,11 +170,13 @@ pub enum RelayError {
     Decode(String),
 
     /// A row or emitted event that cannot be published, under the halt policy (or without an
-    /// id to dead-letter it by). `problem` names the row and the fix.
+    /// id to dead-letter it by). `problem` names the row and what is wrong with it; `fault`
+    /// is what kind of problem that is, for the advice.
     #[error("{problem}")]
     Unpublishable {
         message_id: Option<String>,
         problem: String,
+        fault: MapProblem,
     },
 
     // ---- definite: the relay's own invariant ----
@@ -425,6 +428,18 @@ pub enum ConfigProblem {
     #[error("--dead-letter-exchange is {bytes} bytes long; AMQP allows at most 255")]
     DeadLetterExchangeTooLong { bytes: usize },
 
+    #[error(
+        "--exchange {exchange:?} is a template: every message's exchange comes from its row, \
+         so --allowed-exchanges must say which it may be"
+    )]
+    ExchangeTemplateUnlisted { exchange: String },
+
+    #[error(
+        "--allowed-exchanges {list:?}: expected exchange names separated by commas, each \
+         either a name or a prefix ending in `*` (events.*), or `*` alone to allow any exchange"
+    )]
+    AllowedExchangesList { list: String },
+
     #[error("--routing-key: {problem}")]
     RoutingKey { problem: String },
 
@@ -601,6 +616,33 @@ pub enum ConfigProblem {
         publications: String,
         all: &'static str,
     },
+}
+
+/// What kind of row, emitted event or table the mapper cannot make a message of
+/// (`crate::mapper::MapError`), for the advice on it: the error's own text says which row and
+/// what exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MapProblem {
+    /// The table lacks a column every message needs (`contract`: the contract's name).
+    MissingColumn { contract: &'static str },
+    /// The table lacks a column `flag` (`--header-column`) sends as a header.
+    MissingHeaderColumn { flag: &'static str },
+    /// The column read as `created_at` is not a timestamptz.
+    CreatedAtType,
+    /// A column the message needs is NULL.
+    Null,
+    /// A column arrived as an unchanged TOAST value in an INSERT.
+    UnchangedToast,
+    /// The body is over the broker's size limit.
+    TooLarge,
+    /// The row names an exchange `--allowed-exchanges` does not allow.
+    ExchangeNotAllowed,
+    /// An emitted event's envelope cannot be read.
+    Envelope,
+    /// An emitted event's envelope is newer than the relay reads.
+    EnvelopeVersion,
+    /// A value the contract cannot take: the message says which and why.
+    Invalid,
 }
 
 /// What a slot found by its name cannot be used for.
