@@ -6,17 +6,86 @@
 //! Kept apart from the error types because advice needs the names of commands, flags and
 //! quoting, which the error types must not depend on.
 //!
-//! Every error the relay reports to a person goes through [`report`].
+//! Every error the relay reports to a person goes through [`report`], and every warning that
+//! says what to do through [`warning`].
 
-use crate::db::{quote_ident, sql_name, sql_table};
 use crate::error::{chain, ConfigProblem, MapProblem, RelayError, SlotProblem, TlsProblem};
+use crate::quote::quote_ident;
 
 /// The error, its sources, and what to do about it, on one line.
 pub fn report(error: &RelayError) -> String {
     let text = chain(error);
     match fix(error) {
-        Some(fix) => format!("{text}. Fix: {fix}"),
+        Some(fix) => with_fix(&text, &fix),
         None => text,
+    }
+}
+
+/// What is wrong, then what to do about it: the one place a "Fix:" is written.
+fn with_fix(text: &str, fix: &str) -> String {
+    format!("{text}. Fix: {fix}")
+}
+
+/// A condition the relay warns about and runs on. The warning says what is wrong where it
+/// is found; what to do about it is here, as it is for errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Warning<'a> {
+    /// A secret file (`path`) its group or others may read.
+    SecretFileReadable { path: &'a str },
+    /// The database URL sets libpq's keepalive parameters, which the relay ignores.
+    KeepaliveIgnored,
+    /// A connection over the network without a verified certificate.
+    UnverifiedTls,
+    /// Polling without the partial index its claims read through.
+    NoClaimIndex,
+    /// The server invalidates slots idle longer than `idle_replication_slot_timeout`.
+    IdleSlotsExpire,
+    /// The slot is not a failover slot (PostgreSQL 17+).
+    NotFailoverSlot,
+    /// A failover slot without `synchronized_standby_slots` on the primary.
+    StandbySlotsUnset,
+    /// A standby named in `synchronized_standby_slots` holds the relay back.
+    WaitingForStandby,
+    /// The relay's state table is missing or the role may not use it.
+    StateTableUnusable,
+}
+
+/// A warning's text: what is wrong (`problem`, as the caller found it), then what to do.
+pub fn warning(problem: &str, warning: Warning<'_>) -> String {
+    with_fix(problem, &warning_fix(warning))
+}
+
+/// What to do about a condition the relay warns about.
+fn warning_fix(warning: Warning<'_>) -> String {
+    match warning {
+        Warning::SecretFileReadable { path } => format!(
+            "chmod 600 {path} (owned by the relay's user; in Kubernetes, defaultMode: 0400)"
+        ),
+        Warning::KeepaliveIgnored => "remove them from the URL and set --peer-timeout".into(),
+        Warning::UnverifiedTls => "add sslmode=verify-full&sslrootcert=<the CA file of the \
+             server's certificate> to the database URL (docs/operations.md, \"TLS\")"
+            .into(),
+        Warning::NoClaimIndex => "`outbox-relay setup --mode poll` (with a map: \
+             --no-create-table; sql/outbox_poll.sql)"
+            .into(),
+        Warning::IdleSlotsExpire => "set it to 0 (off), or well above the longest outage you \
+             plan for (docs/operations.md, \"idle_replication_slot_timeout\")"
+            .into(),
+        Warning::NotFailoverSlot => "stop the relays of this slot and run `outbox-relay setup` \
+             (it turns failover on), or --failover-slot off to keep it so (docs/operations.md, \
+             \"PostgreSQL high availability\")"
+            .into(),
+        Warning::StandbySlotsUnset => "on the primary, set synchronized_standby_slots to the \
+             physical slots of the standbys that sync this slot (docs/operations.md, \
+             \"PostgreSQL high availability\")"
+            .into(),
+        Warning::WaitingForStandby => "bring the standby back, or remove its slot from \
+             synchronized_standby_slots on the primary (docs/operations.md, \"PostgreSQL high \
+             availability\")"
+            .into(),
+        Warning::StateTableUnusable => "run `outbox-relay setup`, and grant SELECT, INSERT, \
+             UPDATE on it to the relay's role (sql/role.sql)"
+            .into(),
     }
 }
 
@@ -282,6 +351,28 @@ fn config_fix(problem: &ConfigProblem) -> Option<String> {
     })
 }
 
+/// A name for SQL a person will read and paste (the fix of an error): bare when it is a
+/// plain lower-case identifier, quoted otherwise.
+fn sql_name(name: &str) -> String {
+    let plain = name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain {
+        name.to_string()
+    } else {
+        quote_ident(name)
+    }
+}
+
+/// [`sql_name`] for a `table` or `schema.table` as configured.
+fn sql_table(table: &str) -> String {
+    match table.split_once('.') {
+        Some((schema, table)) => format!("{}.{}", sql_name(schema), sql_name(table)),
+        None => sql_name(table),
+    }
+}
+
 /// How to keep the next slot from the same fate.
 fn lost_slot_prevention(reason: Option<&str>) -> &'static str {
     match reason {
@@ -330,6 +421,18 @@ fn tls_fix(problem: TlsProblem, ca_given: bool) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(sql_name("outbox_pub"), "outbox_pub");
+        assert_eq!(
+            sql_name("Pub; DROP TABLE t; --"),
+            "\"Pub; DROP TABLE t; --\""
+        );
+        assert_eq!(sql_name("1st"), "\"1st\"");
+        assert_eq!(sql_table("app.outbox"), "app.outbox");
+        assert_eq!(sql_table("My App.out\"box"), "\"My App\".\"out\"\"box\"");
+    }
 
     #[test]
     fn missing_replication_privilege_names_the_fix() {

@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::values::{parse_duration, parse_peer_timeout};
+use crate::advice::{self, Warning};
 use crate::error::{ConfigProblem, RelayError};
 
 #[derive(Debug, Clone, Args)]
@@ -170,8 +171,11 @@ fn warn_if_others_may_read(path: &str) {
         tracing::warn!(
             file = %path,
             mode = %format!("{:03o}", mode & 0o777),
-            "the secret file is readable by its group or by others. Fix: chmod 600 {path} \
-             (owned by the relay's user; in Kubernetes, defaultMode: 0400)"
+            "{}",
+            advice::warning(
+                "the secret file is readable by its group or by others",
+                Warning::SecretFileReadable { path }
+            )
         );
     }
 }

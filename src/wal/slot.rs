@@ -26,6 +26,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
+use crate::advice::{self, Warning};
 use crate::config::{FailoverSlot, OutboxNames};
 use crate::db;
 use crate::error::{ConfigProblem, RelayError};
@@ -349,10 +350,12 @@ fn record_standby_waits(waits: &[StandbyWait], waited_on: &mut Vec<String>) {
             tracing::warn!(
                 standby_slot = %wait.slot,
                 why = %wait.why,
-                "PostgreSQL sends the relay nothing this standby has not confirmed \
-                 (synchronized_standby_slots): publishing waits until it is back. Fix: bring \
-                 the standby back, or remove its slot from synchronized_standby_slots on the \
-                 primary (docs/operations.md, \"PostgreSQL high availability\")"
+                "{}",
+                advice::warning(
+                    "PostgreSQL sends the relay nothing this standby has not confirmed \
+                     (synchronized_standby_slots): publishing waits until it is back",
+                    Warning::WaitingForStandby
+                )
             );
             waited_on.push(wait.slot.clone());
         }
