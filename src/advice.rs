@@ -7,7 +7,8 @@
 //! quoting, which the error types must not depend on.
 //!
 //! Every error the relay reports to a person goes through [`report`], and every warning that
-//! says what to do through [`warning`].
+//! says what to do through [`warning`]. No other file of src/ writes a "Fix:"
+//! (tests/layout.rs checks it).
 
 use crate::error::{chain, ConfigProblem, MapProblem, RelayError, SlotProblem, TlsProblem};
 use crate::quote::quote_ident;

@@ -24,7 +24,7 @@
 //! as retry (the relay would loop on a row it can never deliver), nor a transient one as stop
 //! (an outage would end the relay).
 //!
-//! The messages say what is wrong; what to do about it ("Fix: …", with SQL to paste) is
+//! The messages say what is wrong; what to do about it (the fix, with SQL to paste) is
 //! written by `crate::advice`, which knows the names and flags. This module depends on no
 //! other part of the relay: every module may use it.
 
