@@ -6,17 +6,87 @@
 //! Kept apart from the error types because advice needs the names of commands, flags and
 //! quoting, which the error types must not depend on.
 //!
-//! Every error the relay reports to a person goes through [`report`].
+//! Every error the relay reports to a person goes through [`report`], and every warning that
+//! says what to do through [`warning`]. No other file of src/ writes a "Fix:"
+//! (tests/layout.rs checks it).
 
-use crate::db::{quote_ident, sql_name, sql_table};
-use crate::error::{chain, RelayError, SlotProblem, TlsProblem};
+use crate::error::{chain, ConfigProblem, MapProblem, RelayError, SlotProblem, TlsProblem};
+use crate::quote::quote_ident;
 
 /// The error, its sources, and what to do about it, on one line.
 pub fn report(error: &RelayError) -> String {
     let text = chain(error);
     match fix(error) {
-        Some(fix) => format!("{text}. Fix: {fix}"),
+        Some(fix) => with_fix(&text, &fix),
         None => text,
+    }
+}
+
+/// What is wrong, then what to do about it: the one place a "Fix:" is written.
+fn with_fix(text: &str, fix: &str) -> String {
+    format!("{text}. Fix: {fix}")
+}
+
+/// A condition the relay warns about and runs on. The warning says what is wrong where it
+/// is found; what to do about it is here, as it is for errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Warning<'a> {
+    /// A secret file (`path`) its group or others may read.
+    SecretFileReadable { path: &'a str },
+    /// The database URL sets libpq's keepalive parameters, which the relay ignores.
+    KeepaliveIgnored,
+    /// A connection over the network without a verified certificate.
+    UnverifiedTls,
+    /// Polling without the partial index its claims read through.
+    NoClaimIndex,
+    /// The server invalidates slots idle longer than `idle_replication_slot_timeout`.
+    IdleSlotsExpire,
+    /// The slot is not a failover slot (PostgreSQL 17+).
+    NotFailoverSlot,
+    /// A failover slot without `synchronized_standby_slots` on the primary.
+    StandbySlotsUnset,
+    /// A standby named in `synchronized_standby_slots` holds the relay back.
+    WaitingForStandby,
+    /// The relay's state table is missing or the role may not use it.
+    StateTableUnusable,
+}
+
+/// A warning's text: what is wrong (`problem`, as the caller found it), then what to do.
+pub fn warning(problem: &str, warning: Warning<'_>) -> String {
+    with_fix(problem, &warning_fix(warning))
+}
+
+/// What to do about a condition the relay warns about.
+fn warning_fix(warning: Warning<'_>) -> String {
+    match warning {
+        Warning::SecretFileReadable { path } => format!(
+            "chmod 600 {path} (owned by the relay's user; in Kubernetes, defaultMode: 0400)"
+        ),
+        Warning::KeepaliveIgnored => "remove them from the URL and set --peer-timeout".into(),
+        Warning::UnverifiedTls => "add sslmode=verify-full&sslrootcert=<the CA file of the \
+             server's certificate> to the database URL (docs/operations.md, \"TLS\")"
+            .into(),
+        Warning::NoClaimIndex => "`outbox-relay setup --mode poll` (with a map: \
+             --no-create-table; sql/outbox_poll.sql)"
+            .into(),
+        Warning::IdleSlotsExpire => "set it to 0 (off), or well above the longest outage you \
+             plan for (docs/operations.md, \"idle_replication_slot_timeout\")"
+            .into(),
+        Warning::NotFailoverSlot => "stop the relays of this slot and run `outbox-relay setup` \
+             (it turns failover on), or --failover-slot off to keep it so (docs/operations.md, \
+             \"PostgreSQL high availability\")"
+            .into(),
+        Warning::StandbySlotsUnset => "on the primary, set synchronized_standby_slots to the \
+             physical slots of the standbys that sync this slot (docs/operations.md, \
+             \"PostgreSQL high availability\")"
+            .into(),
+        Warning::WaitingForStandby => "bring the standby back, or remove its slot from \
+             synchronized_standby_slots on the primary (docs/operations.md, \"PostgreSQL high \
+             availability\")"
+            .into(),
+        Warning::StateTableUnusable => "run `outbox-relay setup`, and grant SELECT, INSERT, \
+             UPDATE on it to the relay's role (sql/role.sql)"
+            .into(),
     }
 }
 
@@ -119,8 +189,189 @@ pub fn fix(error: &RelayError) -> Option<String> {
              the exchange and, under `--on-unroutable dead-letter`, the dead-letter exchange, \
              both durable topic exchanges) or declare it; the relay retries"
             .into(),
+        Configuration(problem) => return config_fix(problem),
+        Unpublishable { fault, .. } => return map_fix(*fault),
         _ => return None,
     })
+}
+
+/// What to do about a row, event or table the mapper cannot make a message of.
+fn map_fix(fault: MapProblem) -> Option<String> {
+    Some(match fault {
+        MapProblem::MissingColumn { contract } => format!(
+            "add the column (see sql/), point --table at the outbox table, or map \"{contract}\" \
+             to the table's column with --column {contract}=COLUMN (OUTBOX_COLUMNS; \
+             --table-layout debezium for Debezium's table)"
+        ),
+        MapProblem::MissingHeaderColumn { flag } => format!(
+            "correct the column's name in {flag} (OUTBOX_HEADER_COLUMNS), or add the column"
+        ),
+        MapProblem::CreatedAtType => "make it one (ALTER TABLE … ALTER COLUMN … TYPE \
+             timestamptz USING … AT TIME ZONE 'UTC', for values written in UTC), map created_at \
+             to another column, or leave it unmapped with --column created_at= (and \
+             --cleanup-interval 0)"
+            .into(),
+        MapProblem::Null => "make the column NOT NULL or correct the row; the relay stops \
+             before it and acknowledges nothing past it"
+            .into(),
+        MapProblem::UnchangedToast => {
+            "check the table's replica identity and that nothing rewrites outbox rows".into()
+        }
+        MapProblem::TooLarge => "store large payloads elsewhere and send a reference, or raise \
+             both limits"
+            .into(),
+        MapProblem::ExchangeNotAllowed => "add it to --allowed-exchanges \
+             (OUTBOX_ALLOWED_EXCHANGES) if messages may be published there, or correct the \
+             message; with --on-unroutable dead-letter such messages go to the dead-letter \
+             exchange"
+            .into(),
+        MapProblem::Envelope => "write events with the emit functions `setup` creates \
+             (outbox_emit); a message written by hand with the emit prefix must follow the \
+             envelope of docs/emit.md"
+            .into(),
+        MapProblem::EnvelopeVersion => {
+            "upgrade the relay to the release whose `setup` created the emit functions".into()
+        }
+        MapProblem::Invalid => return None,
+    })
+}
+
+/// What to do about a configuration that cannot work, when the relay knows.
+fn config_fix(problem: &ConfigProblem) -> Option<String> {
+    use ConfigProblem::*;
+    Some(match problem {
+        SecretTwice { .. } => "set only one of them".into(),
+        SecretMissing { .. } => "set one of them".into(),
+        SessionAttrs { .. } => "use read-write or primary, or leave it out: with several hosts \
+             the relay finds the primary itself"
+            .into(),
+        DeadLetterExchangeMissing => "set --dead-letter-exchange (or \
+             OUTBOX_DEAD_LETTER_EXCHANGE), and run `outbox-relay setup` with both flags to \
+             declare it"
+            .into(),
+        DeadLetterExchangeIsMain { exchange } => {
+            format!("name another exchange, e.g. \"{exchange}.dead-letter\"")
+        }
+        DeadLetterExchangeTooLong { .. } => "use a shorter name".into(),
+        ExchangeTemplateUnlisted { .. } => {
+            "list them, or a prefix pattern, e.g. --allowed-exchanges \
+             'events.*' (OUTBOX_ALLOWED_EXCHANGES)"
+                .into()
+        }
+        ReservedHeader {
+            column, reserved, ..
+        } => format!(
+            "send the column under another name ({column}=x-{column}); the relay's own headers \
+             are {}",
+            reserved.join(", ")
+        ),
+        ShardOutOfRange { .. } => "set --shard (OUTBOX_SHARD) to one of them, and --shards \
+             (OUTBOX_SHARDS) to the number `setup --shards` was run with"
+            .into(),
+        ShardNotGiven { count } => format!(
+            "set --shard (OUTBOX_SHARD) to 0..{}, one relay per shard",
+            count - 1
+        ),
+        ShardedNameInvalid { flag, .. } => format!("a shorter {flag}"),
+        StatusShardsInPollMode => "drop --shards (OUTBOX_SHARDS) with --mode poll".into(),
+        SetupShardsInPollMode { .. } => "drop --shards (OUTBOX_SHARDS), or raise `poll \
+             --workers` to scale polling"
+            .into(),
+        ShardsNeedUuidId { .. } => "run one relay (--shards 1), or map \"id\" to a uuid column \
+             with --column id=COLUMN (OUTBOX_COLUMNS)"
+            .into(),
+        CreatedAtMissing { contract, flag, .. } => format!(
+            "add the column, or map \"{contract}\" to the table's creation time with {flag} \
+             {contract}=COLUMN (OUTBOX_COLUMNS)"
+        ),
+        CreatedAtUnmapped { contract, flag, .. } => format!(
+            "map it to the table's creation time (a timestamptz set on insert) with {flag} \
+             {contract}=COLUMN (OUTBOX_COLUMNS)"
+        ),
+        PublishedAtUnmapped { contract, flag } => format!(
+            "add a nullable timestamptz column and map it with {flag} {contract}=COLUMN \
+             (OUTBOX_COLUMNS), or delete each row once published with --on-published delete \
+             (OUTBOX_ON_PUBLISHED)"
+        ),
+        PollColumnMissing {
+            contract,
+            flag,
+            unmapped,
+            ..
+        } => match unmapped {
+            None => "run `outbox-relay setup --mode poll`, or add the column (see \
+                 sql/outbox_poll.sql)"
+                .into(),
+            Some(unmapped) => format!(
+                "add the column, map \"{contract}\" to one the table has with {flag} \
+                 {contract}=COLUMN (OUTBOX_COLUMNS), or leave it unmapped with {flag} \
+                 {contract}= ({unmapped})"
+            ),
+        },
+        PollPublishedColumnMissing { .. } => "run `outbox-relay setup --mode poll`, add the \
+             column, or map published_at with --column published_at=COLUMN"
+            .into(),
+        EmitPrefixMismatch { .. } => "run `outbox-relay setup` with the same --emit-prefix \
+             (OUTBOX_EMIT_PREFIX) as `run`"
+            .into(),
+        FailoverNeeds17 => "use --failover-slot auto (OUTBOX_FAILOVER_SLOT), or upgrade".into(),
+        FailoverSlotHeld { .. } => "stop the relays of this slot, run `outbox-relay setup` \
+             again, start them; or keep it as it is with --failover-slot off"
+            .into(),
+        RestrictNeedsSuperuser { .. } => "run it with a superuser's DATABASE_URL (the relay \
+             itself need not be one), or have a DBA run `setup --restrict-emit --print-sql` \
+             with psql"
+            .into(),
+        EmitFunctionsRestricted { .. } => "run setup with --restrict-emit --emit-role <the \
+             application's role> again"
+            .into(),
+        TableNameTooLongForEmit { room, .. } => {
+            format!("use a table name of at most {room} bytes")
+        }
+        MappedTableCreation { print_sql, .. } => format!(
+            "pass --no-create-table (OUTBOX_NO_CREATE_TABLE), and setup checks your table and \
+             provisions the rest{}",
+            if *print_sql {
+                " (--print-sql has no form for a mapped table yet: run setup against the \
+                 database, or take the publication and slot from sql/)"
+            } else {
+                ""
+            }
+        ),
+        SecretFileEmpty { .. }
+        | DatabaseUrl { .. }
+        | DatabaseUrlNoUser
+        | SslMode { .. }
+        | AmqpUrl { .. }
+        | NoAmqpUrl
+        | ExchangeNameTooLong { .. }
+        | AllowedExchangesList { .. }
+        | RoutingKey { .. }
+        | ShardCount { .. }
+        | TeardownUnconfirmed { .. } => return None,
+    })
+}
+
+/// A name for SQL a person will read and paste (the fix of an error): bare when it is a
+/// plain lower-case identifier, quoted otherwise.
+fn sql_name(name: &str) -> String {
+    let plain = name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain {
+        name.to_string()
+    } else {
+        quote_ident(name)
+    }
+}
+
+/// [`sql_name`] for a `table` or `schema.table` as configured.
+fn sql_table(table: &str) -> String {
+    match table.split_once('.') {
+        Some((schema, table)) => format!("{}.{}", sql_name(schema), sql_name(table)),
+        None => sql_name(table),
+    }
 }
 
 /// How to keep the next slot from the same fate.
@@ -171,6 +422,18 @@ fn tls_fix(problem: TlsProblem, ca_given: bool) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(sql_name("outbox_pub"), "outbox_pub");
+        assert_eq!(
+            sql_name("Pub; DROP TABLE t; --"),
+            "\"Pub; DROP TABLE t; --\""
+        );
+        assert_eq!(sql_name("1st"), "\"1st\"");
+        assert_eq!(sql_table("app.outbox"), "app.outbox");
+        assert_eq!(sql_table("My App.out\"box"), "\"My App\".\"out\"\"box\"");
+    }
 
     #[test]
     fn missing_replication_privilege_names_the_fix() {

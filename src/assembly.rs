@@ -12,7 +12,7 @@ use crate::config::{
     ColumnArgs, Connections, DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormat,
     MessageFormatArgs, Publishing, RunShard, TableName,
 };
-use crate::error::RelayError;
+use crate::error::{ConfigProblem, RelayError};
 use crate::mapper::{headers, AllowedExchanges, Mapper};
 use crate::outbox_table::columns::{self, ColumnMap};
 use crate::outbox_table::needs_created_at;
@@ -52,10 +52,9 @@ impl Outbox {
             .get_user()
             .map(str::to_string);
         let allowed =
-            AllowedExchanges::parse(flags.exchanges.allowed_exchanges.as_deref(), flags.exchange)
-                .map_err(RelayError::Config)?;
+            AllowedExchanges::parse(flags.exchanges.allowed_exchanges.as_deref(), flags.exchange)?;
         let routing_key = Template::parse(&flags.exchanges.routing_key)
-            .map_err(|e| RelayError::Config(format!("--routing-key: {e}")))?;
+            .map_err(|problem| ConfigProblem::RoutingKey { problem })?;
         let mapper = Mapper::new(flags.exchange, flags.publishing.max_message_size, allowed)
             .map_err(RelayError::Config)?
             .with_routing_key(routing_key);
@@ -88,16 +87,12 @@ pub fn column_map(
         .iter()
         .find(|h| headers::RESERVED.contains(&h.header.as_str()))
     {
-        return Err(RelayError::Config(format!(
-            "--header-column {}={}: the relay sets the header \"{}\" itself. Fix: send the \
-             column under another name ({}=x-{}); the relay's own headers are {}",
-            taken.column,
-            taken.header,
-            taken.header,
-            taken.column,
-            taken.column,
-            headers::RESERVED.join(", ")
-        )));
+        return Err(ConfigProblem::ReservedHeader {
+            column: taken.column.clone(),
+            header: taken.header.clone(),
+            reserved: headers::RESERVED.to_vec(),
+        }
+        .into());
     }
     if map.column(columns::CREATED_AT).is_none() {
         if let Some(why) = created_at_for.first() {
@@ -120,11 +115,7 @@ pub fn shard(flags: &RunShard) -> Result<Shard, RelayError> {
         None if count == 1 => Ok(Shard::UNSHARDED),
         // Not shard 0 by default: a forgotten OUTBOX_SHARD would make every relay a standby
         // of shard 0 while the other shards' rows wait unnoticed.
-        None => Err(RelayError::Config(format!(
-            "--shards is {count} but no --shard is given: a sharded relay streams one \
-             shard. Fix: set --shard (OUTBOX_SHARD) to 0..{}, one relay per shard",
-            count - 1
-        ))),
+        None => Err(ConfigProblem::ShardNotGiven { count }.into()),
     }
 }
 

@@ -27,7 +27,10 @@ use tokio::sync::mpsc;
 use tokio_postgres::config::{Host, SslMode as DriverSslMode};
 use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Notification};
 
-use crate::error::{Endpoint, RelayError};
+use crate::advice::{self, Warning};
+use crate::error::{ConfigProblem, Endpoint, RelayError};
+// Re-exported: the relay's modules and the other crates quote their SQL through `db`.
+pub use crate::quote::{quote_ident, quote_literal};
 
 /// Both spellings of one list of session settings, so they cannot drift apart.
 macro_rules! pinned_session_settings {
@@ -65,9 +68,9 @@ fn parse_driver_url(url: &str) -> Result<Config, RelayError> {
     url.parse::<Config>().map_err(|e| {
         // The error's own text names only the kind of problem; its source (left out) may
         // quote part of the URL, and the URL may hold a password.
-        RelayError::Config(format!(
-            "The database URL is not valid ({e}). Expected postgres://user:password@host:port/database"
-        ))
+        RelayError::from(ConfigProblem::DatabaseUrl {
+            problem: e.to_string(),
+        })
     })
 }
 
@@ -139,11 +142,7 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
     if let Some(attrs) =
         session_attrs.filter(|a| !["read-write", "primary", "any"].contains(&a.as_str()))
     {
-        return Err(RelayError::Config(format!(
-            "The database URL has target_session_attrs={attrs}, but the relay needs the \
-             primary (it holds the slot there, and polling writes). Fix: use read-write or \
-             primary, or leave it out: with several hosts the relay finds the primary itself"
-        )));
+        return Err(ConfigProblem::SessionAttrs { attrs }.into());
     }
     let tls = match mode.as_deref().unwrap_or("prefer") {
         "disable" => TlsConfig::disabled(),
@@ -155,10 +154,10 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
         "require" | "verify-ca" => TlsConfig::verify_ca(root_cert),
         "verify-full" => TlsConfig::verify_full(root_cert),
         other => {
-            return Err(RelayError::Config(format!(
-                "The database URL has sslmode={other}, which PostgreSQL does not know. Use \
-                 disable, prefer, require, verify-ca or verify-full"
-            )))
+            return Err(ConfigProblem::SslMode {
+                mode: other.to_string(),
+            }
+            .into())
         }
     };
     Ok((rest, tls))
@@ -171,9 +170,13 @@ fn warn_once_keepalive_ignored(key: &str) {
     if !WARNED.swap(true, Ordering::Relaxed) {
         tracing::warn!(
             parameter = key,
-            "the database URL's keepalive parameters are ignored: the relay sets TCP \
-             keepalives and the user timeout of every connection from --peer-timeout \
-             (OUTBOX_PEER_TIMEOUT). Fix: remove them from the URL and set --peer-timeout"
+            "{}",
+            advice::warning(
+                "the database URL's keepalive parameters are ignored: the relay sets TCP \
+                 keepalives and the user timeout of every connection from --peer-timeout \
+                 (OUTBOX_PEER_TIMEOUT)",
+                Warning::KeepaliveIgnored
+            )
         );
     }
 }
@@ -510,10 +513,9 @@ pub fn tls_warning(host: &Host, port: u16, mode: SslMode, outcome: TlsOutcome) -
         ),
         (TlsOutcome::ChainVerified | TlsOutcome::Verified, _) => return None,
     };
-    Some(format!(
-        "the connection to PostgreSQL at {name}:{port} {problem}. Fix: add \
-         sslmode=verify-full&sslrootcert=<the CA file of the server's certificate> to the \
-         database URL (docs/operations.md, \"TLS\")"
+    Some(advice::warning(
+        &format!("the connection to PostgreSQL at {name}:{port} {problem}"),
+        Warning::UnverifiedTls,
     ))
 }
 
@@ -591,7 +593,7 @@ pub fn replication_config(
     let port = server.port;
     let user = config
         .get_user()
-        .ok_or_else(|| RelayError::Config("The database URL names no user".into()))?
+        .ok_or(ConfigProblem::DatabaseUrlNoUser)?
         .to_string();
     let password = config
         .get_password()
@@ -616,39 +618,6 @@ pub fn replication_config(
             .with_application_name(APPLICATION_NAME)
             .with_tcp_keepalive(peer_timeout.tcp_keepalive()),
     )
-}
-
-/// Quotes an identifier for SQL text (names come from configuration, not from users, but a
-/// schema-qualified or mixed-case name must still survive).
-pub fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// A name for SQL a person will read and paste (the "Fix:" of an error): bare when it is a
-/// plain lower-case identifier, quoted otherwise.
-pub fn sql_name(name: &str) -> String {
-    let plain = name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if plain {
-        name.to_string()
-    } else {
-        quote_ident(name)
-    }
-}
-
-/// [`sql_name`] for a `table` or `schema.table` as configured.
-pub fn sql_table(table: &str) -> String {
-    match table.split_once('.') {
-        Some((schema, table)) => format!("{}.{}", sql_name(schema), sql_name(table)),
-        None => sql_name(table),
-    }
-}
-
-/// Quotes a string literal for SQL text.
-pub fn quote_literal(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
 }
 
 #[cfg(test)]
@@ -870,19 +839,5 @@ mod tests {
         }
         let socket = Host::Unix(PathBuf::from("/run/postgresql"));
         assert_eq!(tls_warning(&socket, 5432, SslMode::Prefer, Plain), None);
-    }
-
-    #[test]
-    fn quoting() {
-        assert_eq!(quote_ident("we\"ird"), "\"we\"\"ird\"");
-        assert_eq!(quote_literal("it's"), "'it''s'");
-        assert_eq!(sql_name("outbox_pub"), "outbox_pub");
-        assert_eq!(
-            sql_name("Pub; DROP TABLE t; --"),
-            "\"Pub; DROP TABLE t; --\""
-        );
-        assert_eq!(sql_name("1st"), "\"1st\"");
-        assert_eq!(sql_table("app.outbox"), "app.outbox");
-        assert_eq!(sql_table("My App.out\"box"), "\"My App\".\"out\"\"box\"");
     }
 }

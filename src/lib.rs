@@ -54,6 +54,7 @@ pub mod periodic;
 pub mod pgoutput;
 pub mod poll;
 pub mod publish;
+pub mod quote;
 pub mod setup;
 pub mod shard;
 pub mod supervisor;

@@ -21,6 +21,7 @@ use bytes::Bytes;
 use pgwire_replication::Lsn;
 use time::format_description::well_known::Rfc3339;
 
+use crate::error::{ConfigProblem, MapProblem};
 use crate::message::{HeaderValue, Message, Rejection, Unpublishable};
 use crate::pgoutput::{Relation, Tuple, TupleValue};
 use crate::template::{Fields, Template};
@@ -288,16 +289,13 @@ impl AllowedExchanges {
     /// `list` as configured (`None`: the default exchange only; `*`: any), for an outbox
     /// whose default exchange is `default_exchange` (`--exchange`; a template is no exchange
     /// of its own, and needs a list).
-    pub fn parse(list: Option<&str>, default_exchange: &str) -> Result<Self, String> {
+    pub fn parse(list: Option<&str>, default_exchange: &str) -> Result<Self, ConfigProblem> {
         let template = crate::template::is_template(default_exchange);
         let Some(list) = list else {
             if template {
-                return Err(format!(
-                    "--exchange {default_exchange:?} is a template: every message's exchange \
-                     comes from its row, so --allowed-exchanges must say which it may be. Fix: \
-                     list them, or a prefix pattern, e.g. --allowed-exchanges 'events.*' \
-                     (OUTBOX_ALLOWED_EXCHANGES)"
-                ));
+                return Err(ConfigProblem::ExchangeTemplateUnlisted {
+                    exchange: default_exchange.to_string(),
+                });
             }
             return Ok(Self::Only(vec![default_exchange.to_string()]));
         };
@@ -309,11 +307,9 @@ impl AllowedExchanges {
             .iter()
             .any(|name| name.is_empty() || *name == "*" || name.trim_end_matches('*').contains('*'))
         {
-            return Err(format!(
-                "--allowed-exchanges {list:?}: expected exchange names separated by commas, \
-                 each either a name or a prefix ending in `*` (events.*), or `*` alone to \
-                 allow any exchange"
-            ));
+            return Err(ConfigProblem::AllowedExchangesList {
+                list: list.to_string(),
+            });
         }
         let mut allowed: Vec<String> = names.into_iter().map(str::to_string).collect();
         if !template {
@@ -425,9 +421,7 @@ impl fmt::Display for ColumnLabel {
 pub enum MapError {
     #[error(
         "The outbox table {table} has no column \"{table_column}\", which every message needs \
-         (the message contract's \"{column}\"). Fix: add the column (see sql/), point --table \
-         at the outbox table, or map \"{column}\" to the table's column with --column \
-         {column}=COLUMN (OUTBOX_COLUMNS; --table-layout debezium for Debezium's table)"
+         (the message contract's \"{column}\")"
     )]
     MissingColumn {
         table: String,
@@ -439,18 +433,14 @@ pub enum MapError {
 
     #[error(
         "The outbox table {table} has no column \"{column}\", which {HEADER_COLUMN_FLAG} sends \
-         as a header. Fix: correct the column's name in {HEADER_COLUMN_FLAG} \
-         (OUTBOX_HEADER_COLUMNS), or add the column"
+         as a header"
     )]
     MissingHeaderColumn { table: String, column: String },
 
     #[error(
         "The outbox table {table}'s column \"{column}\", read as the message contract's \
          \"created_at\", is not a timestamptz (type OID {type_oid}): the relay needs the \
-         offset to know when a row was written (the AMQP timestamp, the cleanup, the backfill). \
-         Fix: make it one (ALTER TABLE … ALTER COLUMN … TYPE timestamptz USING … AT TIME ZONE \
-         'UTC', for values written in UTC), map created_at to another column, or leave it \
-         unmapped with --column created_at= (and --cleanup-interval 0)"
+         offset to know when a row was written (the AMQP timestamp, the cleanup, the backfill)"
     )]
     CreatedAtType {
         table: String,
@@ -458,24 +448,18 @@ pub enum MapError {
         type_oid: u32,
     },
 
-    #[error(
-        "Cannot publish {row}: column {column} is NULL, but the message needs a value. Fix: \
-         make the column NOT NULL or correct the row; the relay stops before it and acknowledges \
-         nothing past it"
-    )]
+    #[error("Cannot publish {row}: column {column} is NULL, but the message needs a value")]
     Null { row: RowRef, column: ColumnLabel },
 
     #[error(
         "Cannot publish {row}: column \"{column}\" arrived as an unchanged TOAST value in an \
-         INSERT, which carries no data. Fix: check the table's replica identity and that \
-         nothing rewrites outbox rows"
+         INSERT, which carries no data"
     )]
     UnchangedToast { row: RowRef, column: String },
 
     #[error(
         "Cannot publish {row}: its body is {size} bytes, over the broker's limit of {limit} \
-         bytes (--max-message-size, RabbitMQ max_message_size). Fix: store large payloads \
-         elsewhere and send a reference, or raise both limits"
+         bytes (--max-message-size, RabbitMQ max_message_size)"
     )]
     TooLarge {
         row: RowRef,
@@ -485,9 +469,7 @@ pub enum MapError {
 
     #[error(
         "Cannot publish {row}: its exchange {} names \"{exchange}\", which \
-         --allowed-exchanges does not allow. Fix: add it to --allowed-exchanges \
-         (OUTBOX_ALLOWED_EXCHANGES) if messages may be published there, or correct the \
-         message; with --on-unroutable dead-letter such messages go to the dead-letter exchange",
+         --allowed-exchanges does not allow",
         row.part()
     )]
     ExchangeNotAllowed { row: RowRef, exchange: String },
@@ -499,17 +481,12 @@ pub enum MapError {
         problem: String,
     },
 
-    #[error(
-        "Cannot publish {row}: its envelope {problem}. Fix: write events with the emit \
-         functions `setup` creates (outbox_emit); a message written by hand with the emit \
-         prefix must follow the envelope of docs/emit.md"
-    )]
+    #[error("Cannot publish {row}: its envelope {problem}")]
     Envelope { row: RowRef, problem: String },
 
     #[error(
         "Cannot publish {row}: its envelope is version {version}, newer than this relay reads \
-         (up to {supported}). Fix: upgrade the relay to the release whose `setup` created the \
-         emit functions"
+         (up to {supported})"
     )]
     EnvelopeVersion {
         row: RowRef,
@@ -524,6 +501,7 @@ impl From<MapError> for crate::error::RelayError {
         crate::error::RelayError::Unpublishable {
             message_id: error.row_id().map(str::to_string),
             problem: error.to_string(),
+            fault: error.fault(),
         }
     }
 }
@@ -543,6 +521,26 @@ impl MapError {
             other => Rejection::Unmappable {
                 error: other.problem(),
             },
+        }
+    }
+
+    /// What kind of problem this is, for the advice on it (`crate::advice`).
+    pub fn fault(&self) -> MapProblem {
+        match self {
+            MapError::MissingColumn { column, .. } => {
+                MapProblem::MissingColumn { contract: column }
+            }
+            MapError::MissingHeaderColumn { .. } => MapProblem::MissingHeaderColumn {
+                flag: HEADER_COLUMN_FLAG,
+            },
+            MapError::CreatedAtType { .. } => MapProblem::CreatedAtType,
+            MapError::Null { .. } => MapProblem::Null,
+            MapError::UnchangedToast { .. } => MapProblem::UnchangedToast,
+            MapError::TooLarge { .. } => MapProblem::TooLarge,
+            MapError::ExchangeNotAllowed { .. } => MapProblem::ExchangeNotAllowed,
+            MapError::Invalid { .. } => MapProblem::Invalid,
+            MapError::Envelope { .. } => MapProblem::Envelope,
+            MapError::EnvelopeVersion { .. } => MapProblem::EnvelopeVersion,
         }
     }
 
@@ -1040,6 +1038,7 @@ impl Mapper {
             rejection: error.rejection(),
             message_id: error.row_id().map(str::to_string),
             problem: error.to_string(),
+            fault: error.fault(),
         })
     }
 }
@@ -1484,7 +1483,9 @@ mod tests {
         }
         assert!(!listed.allows("bill"));
         for bad in ["", "a,,b", "a,*", "a,"] {
-            let err = AllowedExchanges::parse(Some(bad), "outbox").unwrap_err();
+            let err = AllowedExchanges::parse(Some(bad), "outbox")
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("--allowed-exchanges"), "{bad:?}: {err}");
         }
     }
@@ -1650,7 +1651,7 @@ mod tests {
         // The default map finds no event_type in Debezium's table.
         let e = Layout::for_relation(&debezium_relation(), &ColumnMap::default())
             .expect_err("no event_type");
-        let text = e.to_string();
+        let text = crate::advice::report(&e.into());
         assert!(text.contains("no column \"event_type\""), "{text}");
         assert!(text.contains("--column event_type=COLUMN"), "{text}");
 
@@ -2005,8 +2006,9 @@ mod tests {
 
     #[test]
     fn an_exchange_template_needs_a_list_and_patterns_match_prefixes() {
-        let error =
-            AllowedExchanges::parse(None, "events.{aggregate_type}").expect_err("needs a list");
+        let error = AllowedExchanges::parse(None, "events.{aggregate_type}")
+            .expect_err("needs a list")
+            .to_string();
         assert!(error.contains("--allowed-exchanges"), "{error}");
         let allowed = AllowedExchanges::parse(Some("events.*, audit"), "events.{aggregate_type}")
             .expect("policy");
@@ -2130,7 +2132,8 @@ mod tests {
             matches!(error, MapError::CreatedAtType { type_oid: 1114, .. }),
             "{error}"
         );
-        assert!(error.to_string().contains("Fix:"), "{error}");
+        let text = crate::advice::report(&error.into());
+        assert!(text.contains("Fix:"), "{text}");
         let unmapped = ColumnMap::resolve(
             crate::outbox_table::columns::Preset::Default,
             &["created_at=".to_string()],

@@ -18,6 +18,8 @@ use std::fmt;
 
 use bytes::Bytes;
 
+use crate::error::MapProblem;
+
 /// One message of the contract (docs/architecture.md, "The message contract"), ready to
 /// publish. Every message the relay publishes is persistent and mandatory: that is the
 /// broker side's business, not a field here.
@@ -86,8 +88,10 @@ pub struct Unpublishable {
     pub rejection: Rejection,
     /// The row's id, when readable.
     pub message_id: Option<String>,
-    /// What stops the relay under the halt policy: names the row and the fix.
+    /// What stops the relay under the halt policy: names the row and what is wrong with it.
     pub problem: String,
+    /// What kind of problem that is, for the advice on it.
+    pub fault: MapProblem,
 }
 
 /// Why a source could not build a message: the text a dead letter carries.

@@ -24,13 +24,13 @@ use crate::advice::report;
 use crate::backoff::Backoff;
 use crate::config::{FailoverSlot, Mode, OutboxNames, SetupArgs};
 use crate::db::{self, quote_ident, quote_literal};
-use crate::error::{Recovery, RelayError};
+use crate::error::{ConfigProblem, Recovery, RelayError};
 use crate::outbox_table::columns::{self, ColumnMap};
 use crate::outbox_table::TextRelation;
 use crate::publish::Broker;
 use crate::shard::Shard;
 use crate::wal::preflight;
-use crate::wal::slot::{failover_wanted, read_slot, FAILOVER_NEEDS_17};
+use crate::wal::slot::{failover_wanted, read_slot};
 
 /// One provisioning step: what it makes, and idempotent SQL that makes it.
 ///
@@ -478,11 +478,9 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
             .await
             .map_err(|e| match e.code() {
                 Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {
-                    RelayError::Config(format!(
-                        "setup --restrict-emit: {SUPERUSER_NEEDED}. Nothing was changed. Fix: \
-                         run it with a superuser's DATABASE_URL (the relay itself need not be \
-                         one), or have a DBA run `setup --restrict-emit --print-sql` with psql"
-                    ))
+                    RelayError::from(ConfigProblem::RestrictNeedsSuperuser {
+                        needed: SUPERUSER_NEEDED,
+                    })
                 }
                 _ => RelayError::Database(e),
             })?;
@@ -571,7 +569,7 @@ async fn ensure_slot(
         })?;
     let done = if created { "created" } else { "exists" };
     match (report.failover, failover) {
-        (None, FailoverSlot::On) => return Err(RelayError::Config(FAILOVER_NEEDS_17.into())),
+        (None, FailoverSlot::On) => return Err(ConfigProblem::FailoverNeeds17.into()),
         (Some(false), FailoverSlot::Auto | FailoverSlot::On) => {
             turn_on_failover(args, names, report.active_pid).await?;
             println!("slot {}: {done} (pgoutput); failover turned on", names.slot);
@@ -591,13 +589,11 @@ async fn turn_on_failover(
     active_pid: Option<i32>,
 ) -> Result<(), RelayError> {
     if let Some(pid) = active_pid {
-        return Err(RelayError::Config(format!(
-            "The slot {} is not a failover slot, and turning failover on \
-             (ALTER_REPLICATION_SLOT) waits while a process streams from it: process {pid} does. \
-             Fix: stop the relays of this slot, run `outbox-relay setup` again, start them; or \
-             keep it as it is with --failover-slot off",
-            names.slot
-        )));
+        return Err(ConfigProblem::FailoverSlotHeld {
+            slot: names.slot.to_string(),
+            pid,
+        }
+        .into());
     }
     let url = args.connections.database_url()?;
     let server = db::primary(&url).await?;
@@ -654,12 +650,10 @@ async fn ensure_emit_functions(
         return Ok(());
     }
     if restricted && restrict.is_none() {
-        return Err(RelayError::Config(format!(
-            "The {} are restricted (SECURITY DEFINER: set up with --restrict-emit), and \
-             replacing them without --restrict-emit would undo that. Fix: run setup with \
-             --restrict-emit --emit-role <the application's role> again",
-            step.object
-        )));
+        return Err(ConfigProblem::EmitFunctionsRestricted {
+            functions: step.object,
+        }
+        .into());
     }
     client.batch_execute(&step.sql).await?;
     println!("{}: ensured (prefix {prefix})", step.object);
@@ -682,12 +676,11 @@ fn check_emit_names(names: &OutboxNames) -> Result<(), RelayError> {
     let (_, table) = names.table_parts();
     let room = 63 - crate::emit::LONGEST_SUFFIX;
     if table.len() > room {
-        return Err(RelayError::Config(format!(
-            "The table name \"{table}\" is {} bytes long; the emit functions are named after \
-             it ({table}_emit_bytea) and PostgreSQL names hold at most 63 bytes. Fix: use a \
-             table name of at most {room} bytes",
-            table.len()
-        )));
+        return Err(ConfigProblem::TableNameTooLongForEmit {
+            table: table.to_string(),
+            room,
+        }
+        .into());
     }
     Ok(())
 }
@@ -699,24 +692,11 @@ fn refuse_creating_mapped(columns: &ColumnMap, args: &SetupArgs) -> Result<(), R
     if columns.is_default() || (!args.print_sql && args.no_create_table) {
         return Ok(());
     }
-    Err(RelayError::Config(format!(
-        "--table-layout and --column describe an outbox table you already have ({} \
-         mapped otherwise), but setup {} the table under the contract's own names. Fix: \
-         pass --no-create-table (OUTBOX_NO_CREATE_TABLE), and setup checks your table and \
-         provisions the rest{}",
-        columns.changed().join(", "),
-        if args.print_sql {
-            "--print-sql prints"
-        } else {
-            "would create"
-        },
-        if args.print_sql {
-            " (--print-sql has no form for a mapped table yet: run setup against the \
-             database, or take the publication and slot from sql/)"
-        } else {
-            ""
-        }
-    )))
+    Err(ConfigProblem::MappedTableCreation {
+        changed: columns.changed(),
+        print_sql: args.print_sql,
+    }
+    .into())
 }
 
 /// `setup --mode poll`: the table, the claim index and the exchange; no slot, any wal_level.
@@ -725,12 +705,10 @@ fn refuse_creating_mapped(columns: &ColumnMap, args: &SetupArgs) -> Result<(), R
 async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
     let names = &args.names;
     if args.shards.shards > 1 {
-        return Err(RelayError::Config(format!(
-            "--shards {} is for WAL mode (one row-filtered publication and slot per shard); \
-             polling mode has neither. Fix: drop --shards (OUTBOX_SHARDS), or raise \
-             `poll --workers` to scale polling",
-            args.shards.shards
-        )));
+        return Err(ConfigProblem::SetupShardsInPollMode {
+            shards: args.shards.shards,
+        }
+        .into());
     }
     let columns = crate::assembly::column_map(&args.columns, &names.table, &[])?;
     refuse_creating_mapped(&columns, &args)?;
@@ -875,13 +853,13 @@ async fn check_columns(
     })
     .await?;
     if shards > 1 && text.id_type() != "uuid" {
-        return Err(RelayError::Config(format!(
-            "--shards {shards}: the shards' row filters spread rows by uuid_hash of the id, \
-             but the column \"{}\" of {table} is {}. Fix: run one relay (--shards 1), or \
-             map \"id\" to a uuid column with --column id=COLUMN (OUTBOX_COLUMNS)",
-            map.column(columns::ID).unwrap_or(columns::ID),
-            text.id_type()
-        )));
+        return Err(ConfigProblem::ShardsNeedUuidId {
+            shards,
+            column: map.column(columns::ID).unwrap_or(columns::ID).to_string(),
+            table: table.to_string(),
+            id_type: text.id_type().to_string(),
+        }
+        .into());
     }
     let present: Vec<&str> = text
         .relation()

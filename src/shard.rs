@@ -20,7 +20,7 @@
 
 pub use crate::config::modes::MAX_SHARDS;
 use crate::config::names::{parse_identifier, parse_slot_name, OutboxNames};
-use crate::error::RelayError;
+use crate::error::{ConfigProblem, RelayError};
 use crate::outbox_table::columns::{self, ColumnMap};
 
 /// One shard of `count` (`index` < `count`); `count` 1 is the unsharded outbox.
@@ -37,17 +37,14 @@ impl Shard {
     /// Shard `index` of `count`; the error says what is wrong with them, naming the flags.
     pub fn new(index: u32, count: u32) -> Result<Shard, RelayError> {
         if count == 0 || count > MAX_SHARDS {
-            return Err(RelayError::Config(format!(
-                "--shards is {count}; it must be between 1 and {MAX_SHARDS}"
-            )));
+            return Err(ConfigProblem::ShardCount {
+                count,
+                max: MAX_SHARDS,
+            }
+            .into());
         }
         if index >= count {
-            return Err(RelayError::Config(format!(
-                "--shard is {index} but --shards is {count}: shards are numbered 0 to {}. \
-                 Fix: set --shard (OUTBOX_SHARD) to one of them, and --shards (OUTBOX_SHARDS) \
-                 to the number `setup --shards` was run with",
-                count - 1
-            )));
+            return Err(ConfigProblem::ShardOutOfRange { index, count }.into());
         }
         Ok(Shard { index, count })
     }
@@ -131,7 +128,7 @@ impl Shard {
     /// flag to shorten.
     fn suffixed(
         &self,
-        flag: &str,
+        flag: &'static str,
         name: &str,
         parse: fn(&str) -> Result<String, String>,
     ) -> Result<String, RelayError> {
@@ -140,11 +137,13 @@ impl Shard {
         }
         let sharded = format!("{name}_{}", self.index);
         parse(&sharded).map_err(|problem| {
-            RelayError::Config(format!(
-                "With --shards {}, {flag} \"{name}\" becomes \"{sharded}\", and {problem}. Fix: \
-                 a shorter {flag}",
-                self.count
-            ))
+            RelayError::from(ConfigProblem::ShardedNameInvalid {
+                count: self.count,
+                flag,
+                name: name.to_string(),
+                sharded: sharded.clone(),
+                problem,
+            })
         })
     }
 

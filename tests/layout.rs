@@ -1,5 +1,7 @@
 //! The layout docs/architecture.md describes, checked from the source: no import circle among
-//! the files of src/, and the AMQP client named only in src/publish/.
+//! the files of src/, the AMQP client named only in src/publish/, the advice on errors and
+//! warnings ("Fix: …") written only in src/advice.rs, and no more untyped configuration errors
+//! (`RelayError::Config(String)`) than are left.
 //!
 //! The import graph is read the way a reader follows it: every path a file names through
 //! `crate::`, `self::`, `super::` or a child module's bare name, in its `use` items
@@ -46,6 +48,12 @@ fn is_ident(c: char) -> bool {
 /// `' '`): a `//` inside a string is not a comment, and a path in a comment or a string (a
 /// log filter may name lapin's target) is not an import.
 fn without_comments_or_strings(text: &str) -> String {
+    without_comments(text, |_| "\"\"".to_string())
+}
+
+/// `text` without its comments, each string literal replaced by what `literal` makes of its
+/// content (as written, escapes included), and its character literals by `' '`.
+fn without_comments(text: &str, mut literal: impl FnMut(String) -> String) -> String {
     let chars: Vec<char> = text.chars().collect();
     let starts = |i: usize, s: &str| {
         s.chars()
@@ -71,11 +79,13 @@ fn without_comments_or_strings(text: &str) -> String {
                 .chain("#".repeat(hashes).chars())
                 .collect();
             i = r + 2 + hashes;
+            let start = i;
             while i < chars.len() && !starts(i, &close) {
                 i += 1;
             }
+            let content = chars[start..i.min(chars.len())].iter().collect();
             i += close.len();
-            code.push_str("\"\"");
+            code.push_str(&literal(content));
         } else if starts(i, "//") {
             while i < chars.len() && chars[i] != '\n' {
                 i += 1;
@@ -101,11 +111,13 @@ fn without_comments_or_strings(text: &str) -> String {
             }
         } else if chars[i] == '"' {
             i += 1;
+            let start = i;
             while i < chars.len() && chars[i] != '"' {
                 i += if chars[i] == '\\' { 2 } else { 1 };
             }
+            let content = chars[start..i.min(chars.len())].iter().collect();
             i += 1;
-            code.push_str("\"\"");
+            code.push_str(&literal(content));
         } else if chars[i] == '\'' && chars.get(i + 1) == Some(&'\\') {
             // An escaped character ('\'', '\n', '\u{…}'): up to the next quote after the escape.
             i += 3;
@@ -550,4 +562,144 @@ fn only_publish_names_the_amqp_client() {
         naming.is_empty(),
         "lapin named outside src/publish/: {naming:?}"
     );
+}
+
+/// The string literals of a file's code, as written (escapes included), without those in
+/// comments and in `#[cfg(test)]` items (a test may assert on the advice it reads).
+fn literals_outside_tests(text: &str) -> Vec<String> {
+    let mut literals = Vec::new();
+    // Each literal stands in the code as its number, so that the literals the test items
+    // hide can be told from those that stay.
+    let code = without_comments(text, |content| {
+        literals.push(content);
+        format!("\"{}\"", literals.len() - 1)
+    });
+    without_test_items(&code)
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .filter_map(|number| number.parse::<usize>().ok())
+        .map(|number| literals[number].clone())
+        .collect()
+}
+
+/// A file that is all tests (`tests.rs`, or below a `tests/` folder).
+fn is_test_file(file: &Path) -> bool {
+    let name = file.to_string_lossy();
+    name.ends_with("tests.rs") || name.contains("tests/")
+}
+
+/// What to do about an error or a warning is src/advice.rs's to say, behind a typed error
+/// (`ConfigProblem`, `MapProblem`, a `RelayError` variant) or an `advice::Warning`: a "Fix:"
+/// written anywhere else would be advice no one finds, checks or quotes like the rest.
+#[test]
+fn only_advice_writes_a_fix() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &src, &mut files);
+    assert!(files.len() > 50, "read {} files only", files.len());
+    let writes_a_fix = |file: &Path| {
+        let text = std::fs::read_to_string(src.join(file)).expect("read a source file");
+        literals_outside_tests(&text)
+            .iter()
+            .any(|literal| literal.contains("Fix:"))
+    };
+    let writing: Vec<String> = files
+        .iter()
+        .filter(|f| f.as_path() != Path::new("advice.rs") && !is_test_file(f))
+        .filter(|f| writes_a_fix(f))
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(
+        writing.is_empty(),
+        "\"Fix:\" written outside src/advice.rs (give the error a typed variant, or the warning \
+         an advice::Warning, and its fix in src/advice.rs): {writing:?}"
+    );
+    // The reader is not blind: it finds the advice where it is.
+    assert!(writes_a_fix(Path::new("advice.rs")));
+}
+
+/// The reader can fail: a "Fix:" in a string literal is found, in a format string, an
+/// attribute or a raw string alike; one in a comment or a test is not.
+#[test]
+fn a_fix_in_code_is_found() {
+    let literals = literals_outside_tests(
+        "// Fix: in a comment\n\
+         fn f() -> String { format!(\"{x}. Fix: y\") }\n\
+         #[error(\"a. Fix: b\")]\nX,\n\
+         #[cfg(test)]\nmod tests { fn t() { assert!(s.contains(\"Fix:\")); } }\n\
+         const R: &str = r#\"raw \"Fix:\" \"#;\n\
+         const C: char = '\"'; const PLAIN: &str = \"no advice\";",
+    );
+    assert_eq!(
+        literals,
+        ["{x}. Fix: y", "a. Fix: b", "raw \"Fix:\" ", "no advice"]
+    );
+}
+
+/// The files of src/ that still make an untyped configuration error
+/// (`RelayError::Config(text)`), and how many times: parsers of one flag each, whose own
+/// words say what is wrong and which have no advice to give. A new configuration error is a
+/// typed `ConfigProblem` (its fix, if any, in src/advice.rs): these may go, none may be added.
+const UNTYPED_CONFIG_ERRORS: &[(&str, usize)] = &[
+    // The mapper's own check of the exchange and the routing key's field.
+    ("assembly.rs", 1),
+    // --column and --header-column.
+    ("config/names.rs", 1),
+    // --since.
+    ("ops/resync.rs", 1),
+];
+
+/// How many times `text` names `RelayError::Config` in its code (comments, strings and
+/// `#[cfg(test)]` items left out).
+fn untyped_config_errors(text: &str) -> usize {
+    let code = code_of(text);
+    tokens(&code)
+        .windows(3)
+        .filter(|path| *path == ["RelayError", "::", "Config"])
+        .count()
+}
+
+#[test]
+fn untyped_configuration_errors_do_not_grow() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &src, &mut files);
+    let allowed: BTreeMap<PathBuf, usize> = UNTYPED_CONFIG_ERRORS
+        .iter()
+        .map(|(file, count)| (PathBuf::from(file), *count))
+        .collect();
+    let mut found = BTreeMap::new();
+    for file in files.iter().filter(|f| !is_test_file(f)) {
+        let text = std::fs::read_to_string(src.join(file)).expect("read a source file");
+        let count = untyped_config_errors(&text);
+        if count > 0 {
+            found.insert(file.clone(), count);
+        }
+    }
+    let grown: Vec<String> = found
+        .iter()
+        .filter(|(file, count)| **count > allowed.get(*file).copied().unwrap_or(0))
+        .map(|(file, count)| format!("{}: {count}", file.display()))
+        .collect();
+    assert!(
+        grown.is_empty(),
+        "untyped RelayError::Config beyond {UNTYPED_CONFIG_ERRORS:?} (make it a ConfigProblem \
+         variant instead): {grown:?}"
+    );
+    // The reader is not blind: the sites that are left are found.
+    assert!(!found.is_empty(), "no RelayError::Config found at all");
+}
+
+/// The count can fail: a constructor and a function path both count, a typed problem, a
+/// comment, a string and a test do not.
+#[test]
+fn an_untyped_configuration_error_is_counted() {
+    let text = "fn a() -> R { Err(RelayError::Config(format!(\"x\"))) }\n\
+                fn b() -> R { parse().map_err(RelayError::Config) }\n\
+                fn c() -> R { Err(ConfigProblem::NoAmqpUrl.into()) }\n\
+                // RelayError::Config(in a comment)\n\
+                const S: &str = \"RelayError::Config(\";\n\
+                #[cfg(test)]\nmod tests { fn t() { RelayError::Config(\"t\".into()); } }";
+    assert_eq!(untyped_config_errors(text), 2);
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 use clap::Args;
 
 use super::values::{parse_duration, parse_peer_timeout};
-use crate::error::RelayError;
+use crate::advice::{self, Warning};
+use crate::error::{ConfigProblem, RelayError};
 
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseConnection {
@@ -113,10 +114,13 @@ pub(super) fn secret(
 ) -> Result<String, RelayError> {
     let flag = format!("--{}", var.to_ascii_lowercase().replace('_', "-"));
     match (given(value), given(file)) {
-        (Some(_), Some(path)) => Err(RelayError::Config(format!(
-            "The {what} is given twice: by {var} (or {flag}) and by {var}_FILE (or \
-             {flag}-file, {path}). Fix: set only one of them"
-        ))),
+        (Some(_), Some(path)) => Err(ConfigProblem::SecretTwice {
+            what,
+            var,
+            flag,
+            path: path.to_string(),
+        }
+        .into()),
         (Some(value), None) => Ok(value.trim().to_string()),
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path).map_err(|source| RelayError::SecretFile {
@@ -126,21 +130,26 @@ pub(super) fn secret(
             })?;
             warn_if_others_may_read(path);
             match text.trim() {
-                "" => Err(RelayError::Config(format!(
-                    "The file {path}, named by {var}_FILE (or {flag}-file), is empty: it must \
-                     hold the {what}"
-                ))),
+                "" => Err(ConfigProblem::SecretFileEmpty {
+                    what,
+                    var,
+                    flag,
+                    path: path.to_string(),
+                }
+                .into()),
                 text => Ok(text.to_string()),
             }
         }
         (None, None) => {
             let state = |v: &Option<String>| if v.is_some() { "empty" } else { "not set" };
-            Err(RelayError::Config(format!(
-                "No {what} given: {var} (or {flag}) is {} and {var}_FILE (or {flag}-file) is \
-                 {}. Fix: set one of them",
-                state(value),
-                state(file)
-            )))
+            Err(ConfigProblem::SecretMissing {
+                what,
+                var,
+                flag,
+                value_state: state(value),
+                file_state: state(file),
+            }
+            .into())
         }
     }
 }
@@ -162,8 +171,11 @@ fn warn_if_others_may_read(path: &str) {
         tracing::warn!(
             file = %path,
             mode = %format!("{:03o}", mode & 0o777),
-            "the secret file is readable by its group or by others. Fix: chmod 600 {path} \
-             (owned by the relay's user; in Kubernetes, defaultMode: 0400)"
+            "{}",
+            advice::warning(
+                "the secret file is readable by its group or by others",
+                Warning::SecretFileReadable { path }
+            )
         );
     }
 }

@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 use super::names::{
     check_name_text, parse_exchange_list, parse_identifier, parse_optional_exchange_name,
 };
-use crate::error::RelayError;
+use crate::error::{ConfigProblem, RelayError};
 
 /// The prefix of the relay's WAL heartbeats (src/wal/heartbeat.rs). Owned here, where
 /// `--emit-prefix` is checked against it, so that configuration names no part it configures.
@@ -163,22 +163,14 @@ impl DeadLetterArgs {
             return Ok(None);
         }
         match self.dead_letter_exchange.as_deref().map(str::trim) {
-            None | Some("") => Err(RelayError::Config(
-                "--on-unroutable dead-letter needs the exchange to send dead letters to. Fix: \
-                 set --dead-letter-exchange (or OUTBOX_DEAD_LETTER_EXCHANGE), and run \
-                 `outbox-relay setup` with both flags to declare it"
-                    .into(),
-            )),
-            Some(name) if name == exchange => Err(RelayError::Config(format!(
-                "--dead-letter-exchange is \"{name}\", the exchange messages are published to: \
-                 a message it cannot route would come back unroutable again. Fix: name another \
-                 exchange, e.g. \"{exchange}.dead-letter\""
-            ))),
-            Some(name) if name.len() > 255 => Err(RelayError::Config(format!(
-                "--dead-letter-exchange is {} bytes long; AMQP allows at most 255. Fix: use a \
-                 shorter name",
-                name.len()
-            ))),
+            None | Some("") => Err(ConfigProblem::DeadLetterExchangeMissing.into()),
+            Some(name) if name == exchange => Err(ConfigProblem::DeadLetterExchangeIsMain {
+                exchange: exchange.to_string(),
+            }
+            .into()),
+            Some(name) if name.len() > 255 => {
+                Err(ConfigProblem::DeadLetterExchangeTooLong { bytes: name.len() }.into())
+            }
             Some(name) => Ok(Some(name.to_string())),
         }
     }

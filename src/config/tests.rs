@@ -664,9 +664,7 @@ fn a_sharded_relay_needs_its_shard_below_the_count() {
     );
     let two_of_four = shard(&["--shards", "4", "--shard", "2"]).expect("2 of 4");
     assert_eq!((two_of_four.index(), two_of_four.count()), (2, 4));
-    let e = shard(&["--shards", "3"])
-        .expect_err("no --shard")
-        .to_string();
+    let e = crate::advice::report(&shard(&["--shards", "3"]).expect_err("no --shard"));
     assert!(
         e.contains("--shards is 3 but no --shard") && e.contains("OUTBOX_SHARD"),
         "{e}"
@@ -702,8 +700,8 @@ fn dead_letter_policy_defaults_to_halt_and_needs_an_exchange() {
     assert_eq!(halt.on_unroutable, OnUnroutable::Halt);
     assert_eq!(halt.exchange("outbox").expect("halt"), None);
     let dead_letter = run(&["--on-unroutable", "dead-letter"]);
-    let e = dead_letter.exchange("outbox").expect_err("no exchange");
-    assert!(e.to_string().contains("--dead-letter-exchange"), "{e}");
+    let e = crate::advice::report(&dead_letter.exchange("outbox").expect_err("no exchange"));
+    assert!(e.contains("--dead-letter-exchange"), "{e}");
     let same = run(&[
         "--on-unroutable",
         "dead-letter",

@@ -147,7 +147,7 @@ fn a_newer_envelope_is_refused_by_version_whatever_its_shape() {
             ),
             "{error:?}"
         );
-        let text = error.to_string();
+        let text = crate::advice::report(&error.into());
         assert!(
             text.contains("version 2") && text.contains("upgrade the relay"),
             "{text}"
@@ -201,11 +201,11 @@ fn malformed_envelopes_are_errors_that_name_the_event_and_never_quote_values() {
     ];
     for (json, problem) in cases {
         let error = map(json).expect_err(json);
-        let text = error.to_string();
         assert!(
             matches!(error, MapError::Envelope { .. }),
             "{json}: {error:?}"
         );
+        let text = crate::advice::report(&error.into());
         assert!(text.contains(problem), "{json}: {text}");
         assert!(text.contains("emitted event"), "{text}");
         assert!(text.contains("docs/emit.md"), "{text}");

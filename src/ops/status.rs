@@ -26,7 +26,7 @@ use tokio_postgres::Client;
 use crate::advice;
 use crate::config::{Mode, StatusArgs};
 use crate::db::{self, quote_ident};
-use crate::error::RelayError;
+use crate::error::{ConfigProblem, RelayError};
 use crate::observability::http_get;
 use crate::observability::metrics::{BROKER_INFO, HOST_LABEL, NODE_LABEL, POSTGRES_INFO};
 use crate::observability::StandbyWait;
@@ -309,11 +309,7 @@ async fn read_slots(
     let names = &args.names;
     let shards = Shard::all(args.shards.shards)?;
     if poll && shards.len() > 1 {
-        return Err(RelayError::Config(
-            "--shards is for WAL mode's slots; polling mode has none. Fix: drop --shards \
-             (OUTBOX_SHARDS) with --mode poll"
-                .into(),
-        ));
+        return Err(ConfigProblem::StatusShardsInPollMode.into());
     }
     if poll || shards.len() == 1 {
         let report = match poll {
@@ -387,12 +383,12 @@ async fn read_table(client: &Client, args: &StatusArgs, poll: bool) -> TableRead
             .as_ref()
             .and_then(BacklogQuery::published_column)
             .unwrap_or(columns::PUBLISHED_AT);
-        error = Some(format!(
-            "{} has no column \"{column}\" (the message contract's published_at), which \
-             polling mode marks published rows in. Fix: run `outbox-relay setup --mode poll`, \
-             add the column, or map published_at with --column published_at=COLUMN",
-            names.table
-        ));
+        error = Some(advice::report(&RelayError::from(
+            ConfigProblem::PollPublishedColumnMissing {
+                table: names.table.to_string(),
+                column: column.to_string(),
+            },
+        )));
     }
     TableRead {
         outbox_rows,

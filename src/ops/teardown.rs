@@ -24,7 +24,7 @@ use tokio_postgres::Client;
 
 use crate::config::TeardownArgs;
 use crate::db::{self, quote_ident};
-use crate::error::RelayError;
+use crate::error::{ConfigProblem, RelayError};
 use crate::shard::Shard;
 use crate::wal::slot::{read_slot, SlotReport};
 
@@ -52,12 +52,12 @@ pub async fn run(args: TeardownArgs) -> Result<(), RelayError> {
                 "them all",
             ),
         };
-        return Err(RelayError::Config(format!(
-            "Teardown drops {slots} and {publications}: rows committed afterwards reach no \
-             slot (only `outbox-relay resync --since` can publish them later). Do drop a slot \
-             you no longer use, though: an abandoned slot pins WAL on the primary until it is \
-             dropped, and can fill its disk. Run again with --yes to drop {all}"
-        )));
+        return Err(ConfigProblem::TeardownUnconfirmed {
+            slots,
+            publications,
+            all,
+        }
+        .into());
     }
     let client = db::connect(&args.connections.database_url()?).await?;
     for slot in &slots {

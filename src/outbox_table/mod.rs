@@ -18,7 +18,7 @@ use tokio_postgres::{Client, Row};
 
 use crate::config::names::TableName;
 use crate::db::quote_ident;
-use crate::error::RelayError;
+use crate::error::{ConfigProblem, RelayError};
 use crate::mapper::{Layout, MapError};
 use crate::pgoutput::{Column, Relation, Tuple, TupleValue};
 
@@ -33,20 +33,23 @@ use columns::ColumnMap;
 /// debezium`): it names the column the map looked for and the flag that maps it.
 pub fn needs_created_at(outbox: &TableName, map: &ColumnMap, why: &str) -> RelayError {
     let contract = columns::CREATED_AT;
-    RelayError::Config(match map.column(contract) {
-        Some(column) => format!(
-            "The outbox table {outbox} has no column \"{column}\" (the message contract's \
-             \"{contract}\"): {why}. Fix: add the column, or map \"{contract}\" to the \
-             table's creation time with {flag} {contract}=COLUMN (OUTBOX_COLUMNS)",
-            flag = columns::COLUMN_FLAG
-        ),
-        None => format!(
-            "The column map leaves \"{contract}\" unmapped (--table-layout debezium has none, \
-             or {flag} {contract}=), but {why}. Fix: map it to the table's creation time \
-             (a timestamptz set on insert) with {flag} {contract}=COLUMN (OUTBOX_COLUMNS)",
-            flag = columns::COLUMN_FLAG
-        ),
-    })
+    let flag = columns::COLUMN_FLAG;
+    let why = why.to_string();
+    match map.column(contract) {
+        Some(column) => ConfigProblem::CreatedAtMissing {
+            outbox: outbox.to_string(),
+            column: column.to_string(),
+            contract,
+            why,
+            flag,
+        },
+        None => ConfigProblem::CreatedAtUnmapped {
+            contract,
+            why,
+            flag,
+        },
+    }
+    .into()
 }
 
 /// `public.outbox` with `columns` (text-typed), as `discover` would read it: for tests of

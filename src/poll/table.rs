@@ -8,7 +8,7 @@ use tokio_postgres::{Client, Row};
 
 use crate::config::{OnPublished, TableName};
 use crate::db::quote_ident;
-use crate::error::RelayError;
+use crate::error::{ConfigProblem, RelayError};
 use crate::mapper::Layout;
 use crate::outbox_table::columns::{self, ColumnMap, COLUMN_FLAG, PUBLISHED_AT};
 use crate::outbox_table::{needs_created_at, TextRelation};
@@ -25,13 +25,11 @@ pub fn check_on_published(map: &ColumnMap, on_published: OnPublished) -> Result<
     if on_published == OnPublished::Delete || map.column(PUBLISHED_AT).is_some() {
         return Ok(());
     }
-    Err(RelayError::Config(format!(
-        "poll --on-published mark (the default) marks each published row in \
-         \"{PUBLISHED_AT}\", which the column map leaves unmapped (--table-layout debezium \
-         has none, or {COLUMN_FLAG} {PUBLISHED_AT}=). Fix: add a nullable timestamptz column \
-         and map it with {COLUMN_FLAG} {PUBLISHED_AT}=COLUMN (OUTBOX_COLUMNS), or delete each \
-         row once published with --on-published delete (OUTBOX_ON_PUBLISHED)"
-    )))
+    Err(ConfigProblem::PublishedAtUnmapped {
+        contract: PUBLISHED_AT,
+        flag: COLUMN_FLAG,
+    }
+    .into())
 }
 
 /// The rows polling mode has not sent yet (`published_at IS NULL`).
@@ -300,24 +298,20 @@ fn missing_column(outbox: &TableName, map: &ColumnMap, contract: &'static str) -
         }
         _ => "which polling mode needs: it claims rows in its order",
     };
-    let fix = if map.is_default() {
-        "run `outbox-relay setup --mode poll`, or add the column (see sql/outbox_poll.sql)"
-            .to_string()
-    } else {
-        let unmapped = match contract {
-            PUBLISHED_AT => "only with --on-published delete",
-            _ => "then rows are claimed in id order",
-        };
-        format!(
-            "add the column, map \"{contract}\" to one the table has with {COLUMN_FLAG} \
-             {contract}=COLUMN (OUTBOX_COLUMNS), or leave it unmapped with {COLUMN_FLAG} \
-             {contract}= ({unmapped})"
-        )
-    };
-    RelayError::Config(format!(
-        "The outbox table {outbox} has no column \"{column}\" (the message contract's \
-         \"{contract}\"), {why}. Fix: {fix}"
-    ))
+    // What leaving the column unmapped means, for a map that is not the default.
+    let unmapped = (!map.is_default()).then_some(match contract {
+        PUBLISHED_AT => "only with --on-published delete",
+        _ => "then rows are claimed in id order",
+    });
+    ConfigProblem::PollColumnMissing {
+        outbox: outbox.to_string(),
+        column: column.to_string(),
+        contract,
+        why,
+        flag: COLUMN_FLAG,
+        unmapped,
+    }
+    .into()
 }
 
 #[cfg(test)]
@@ -369,9 +363,9 @@ mod tests {
     fn delete_without_published_at_claims_every_row_in_the_table() {
         let map = ColumnMap::preset(Preset::Debezium);
         assert!(check_on_published(&map, OnPublished::Delete).is_ok());
-        let e = check_on_published(&map, OnPublished::Mark)
-            .expect_err("mark needs published_at")
-            .to_string();
+        let e = crate::advice::report(
+            &check_on_published(&map, OnPublished::Mark).expect_err("mark needs published_at"),
+        );
         assert!(
             e.contains("leaves unmapped")
                 && e.contains("Fix:")
@@ -392,10 +386,11 @@ mod tests {
 
     #[test]
     fn the_cleanup_refuses_without_created_at_naming_the_flag() {
-        let e = debezium(OnPublished::Mark, Some("published_at"))
-            .cleanup_sql(100)
-            .expect_err("no created_at")
-            .to_string();
+        let e = crate::advice::report(
+            &debezium(OnPublished::Mark, Some("published_at"))
+                .cleanup_sql(100)
+                .expect_err("no created_at"),
+        );
         assert!(e.contains("--column created_at=COLUMN"), "{e}");
     }
 

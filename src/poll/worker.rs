@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
+use crate::advice::{self, Warning};
 use crate::backoff::Backoff;
 use crate::db;
 use crate::error::RelayError;
@@ -136,10 +137,13 @@ async fn session(
     {
         tracing::warn!(
             table = %shared.names.table,
-            "no partial index on (created_at) WHERE published_at IS NULL (the columns the \
-             column map names): every claim reads past the published rows still in the table. \
-             Fix: `outbox-relay setup --mode poll` (with a map: --no-create-table; \
-             sql/outbox_poll.sql)"
+            "{}",
+            advice::warning(
+                "no partial index on (created_at) WHERE published_at IS NULL (the columns the \
+                 column map names): every claim reads past the published rows still in the \
+                 table",
+                Warning::NoClaimIndex
+            )
         );
     }
     let claim_batch = bounded(client.prepare(&table.claim_sql(shared.batch_size))).await?;

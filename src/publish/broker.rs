@@ -45,7 +45,7 @@ use super::nodes::BrokerNodes;
 pub use super::outgoing::Outgoing;
 use super::publisher::{Answer, Pending, Publisher, ReturnedMessage};
 use super::queue::Returned;
-use crate::error::{Endpoint, RelayError};
+use crate::error::{ConfigProblem, Endpoint, RelayError};
 
 /// Any failure of the AMQP client is the broker's: the connection or channel is gone (a
 /// passive declare's 404 is told apart before it gets here).
@@ -108,7 +108,7 @@ impl Broker {
                 }
             }
         }
-        Err(last_error.unwrap_or_else(|| RelayError::Config("No RabbitMQ URL given".to_string())))
+        Err(last_error.unwrap_or_else(|| ConfigProblem::NoAmqpUrl.into()))
     }
 
     async fn connect_to(nodes: &Arc<BrokerNodes>, index: usize) -> Result<Self, RelayError> {
@@ -219,7 +219,9 @@ impl Broker {
     pub async fn enable_dead_letters(&mut self, exchange: &str) -> Result<(), RelayError> {
         self.declare_exchange(exchange, true).await?;
         let name = ShortString::try_new(exchange).map_err(|_| {
-            RelayError::Config(format!("Exchange name {exchange:?} is over 255 bytes"))
+            RelayError::from(ConfigProblem::ExchangeNameTooLong {
+                exchange: exchange.to_string(),
+            })
         })?;
         let opening = self.connection.create_channel();
         let channel = self
@@ -278,7 +280,9 @@ impl Broker {
             ..ExchangeDeclareOptions::default()
         };
         let name = ShortString::try_new(exchange).map_err(|_| {
-            RelayError::Config(format!("Exchange name {exchange:?} is over 255 bytes"))
+            RelayError::from(ConfigProblem::ExchangeNameTooLong {
+                exchange: exchange.to_string(),
+            })
         })?;
         let declaring =
             channel.exchange_declare(name, ExchangeKind::Topic, options, FieldTable::default());

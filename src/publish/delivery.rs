@@ -208,6 +208,7 @@ fn halts<P: Publisher>(publisher: &P, unpublishable: &Unpublishable) -> Option<R
     Some(RelayError::Unpublishable {
         message_id: unpublishable.message_id.clone(),
         problem: unpublishable.problem.clone(),
+        fault: unpublishable.fault,
     })
 }
 

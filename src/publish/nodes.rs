@@ -14,7 +14,7 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Mutex;
 
-use crate::error::{chain, RelayError};
+use crate::error::{chain, ConfigProblem, RelayError};
 use crate::observability::metrics::{BROKER_INFO, NODE_LABEL};
 
 /// One broker URL and its `host:port` name.
@@ -183,13 +183,11 @@ fn split_urls(list: &str) -> Vec<&str> {
 /// Checks one URL the way lapin will parse it, and names it by `host:port`. `position` is
 /// its place in the list as written (0-based), for the error.
 fn check_url(url: &str, position: usize) -> Result<BrokerNode, RelayError> {
-    let which = format!("AMQP URL #{}", position + 1);
     let bad = |problem: String| {
-        RelayError::Config(format!(
-            "{which} is not a valid RabbitMQ URL: {problem}. Expected \
-             amqp://user:password@host:5672/vhost (amqps:// for TLS; percent-encode the \
-             vhost's '/' as %2f); several URLs are separated by commas"
-        ))
+        RelayError::from(ConfigProblem::AmqpUrl {
+            number: position + 1,
+            problem,
+        })
     };
     if url.is_empty() {
         return Err(bad("it is empty".into()));

@@ -10,8 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use pgwire_replication::Lsn;
 use tokio_postgres::Client;
 
+use crate::advice::{self, Warning};
 use crate::config::{FailoverSlot, OutboxNames};
-use crate::error::{RelayError, SlotProblem};
+use crate::error::{ConfigProblem, RelayError, SlotProblem};
 use crate::outbox_table::columns::ColumnMap;
 use crate::shard::Shard;
 use crate::wal::slot::read_slot;
@@ -232,11 +233,13 @@ async fn warn_if_idle_slots_expire(client: &Client, slot: &str) -> Result<(), Re
         tracing::warn!(
             %slot,
             idle_replication_slot_timeout = %timeout,
-            "PostgreSQL invalidates a slot no process has streamed from for longer than \
-             idle_replication_slot_timeout: if every relay of this slot is stopped that long \
-             (a standby relay waiting does not count), the slot is lost (idle_timeout). Fix: \
-             set it to 0 (off), or well above the longest outage you plan for \
-             (docs/operations.md, \"idle_replication_slot_timeout\")"
+            "{}",
+            advice::warning(
+                "PostgreSQL invalidates a slot no process has streamed from for longer than \
+                 idle_replication_slot_timeout: if every relay of this slot is stopped that \
+                 long (a standby relay waiting does not count), the slot is lost (idle_timeout)",
+                Warning::IdleSlotsExpire
+            )
         );
     }
     Ok(())
@@ -275,10 +278,12 @@ async fn warn_about_failover(
         (Some(false), _) => {
             tracing::warn!(
                 %slot,
-                "the slot is not a failover slot: a standby promoted after a failover will not \
-                 have it. Fix: stop the relays of this slot and run `outbox-relay setup` (it \
-                 turns failover on), or --failover-slot off to keep it so \
-                 (docs/operations.md, \"PostgreSQL high availability\")"
+                "{}",
+                advice::warning(
+                    "the slot is not a failover slot: a standby promoted after a failover will \
+                     not have it",
+                    Warning::NotFailoverSlot
+                )
             );
         }
         (Some(true), _) => {
@@ -288,11 +293,13 @@ async fn warn_about_failover(
             {
                 tracing::warn!(
                     %slot,
-                    "synchronized_standby_slots is not set on the primary: the relay can \
-                     publish transactions that a failover to a standby which had not received \
-                     them yet then loses (phantom events). Fix: on the primary, set \
-                     synchronized_standby_slots to the physical slots of the standbys that \
-                     sync this slot (docs/operations.md, \"PostgreSQL high availability\")"
+                    "{}",
+                    advice::warning(
+                        "synchronized_standby_slots is not set on the primary: the relay can \
+                         publish transactions that a failover to a standby which had not \
+                         received them yet then loses (phantom events)",
+                        Warning::StandbySlotsUnset
+                    )
                 );
             }
         }
@@ -345,10 +352,6 @@ pub async fn check_emit_prefix(
         .map(|row| row.get(0));
     match other {
         None => Ok(()),
-        Some(function) => Err(RelayError::Config(format!(
-            "The emit function {function} does not write the prefix {literal} that --emit-prefix \
-             names: its events would be skipped, and the WAL is their only copy. Fix: run \
-             `outbox-relay setup` with the same --emit-prefix (OUTBOX_EMIT_PREFIX) as `run`"
-        ))),
+        Some(function) => Err(ConfigProblem::EmitPrefixMismatch { function, literal }.into()),
     }
 }

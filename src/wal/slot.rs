@@ -26,9 +26,10 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
+use crate::advice::{self, Warning};
 use crate::config::{FailoverSlot, OutboxNames};
 use crate::db;
-use crate::error::RelayError;
+use crate::error::{ConfigProblem, RelayError};
 use time::format_description::well_known::Rfc3339;
 
 use crate::observability::{
@@ -349,10 +350,12 @@ fn record_standby_waits(waits: &[StandbyWait], waited_on: &mut Vec<String>) {
             tracing::warn!(
                 standby_slot = %wait.slot,
                 why = %wait.why,
-                "PostgreSQL sends the relay nothing this standby has not confirmed \
-                 (synchronized_standby_slots): publishing waits until it is back. Fix: bring \
-                 the standby back, or remove its slot from synchronized_standby_slots on the \
-                 primary (docs/operations.md, \"PostgreSQL high availability\")"
+                "{}",
+                advice::warning(
+                    "PostgreSQL sends the relay nothing this standby has not confirmed \
+                     (synchronized_standby_slots): publishing waits until it is back",
+                    Warning::WaitingForStandby
+                )
             );
             waited_on.push(wait.slot.clone());
         }
@@ -629,12 +632,9 @@ pub fn failover_wanted(
         FailoverSlot::Off => Ok(false),
         FailoverSlot::Auto => Ok(has_failover_slots),
         FailoverSlot::On if has_failover_slots => Ok(true),
-        FailoverSlot::On => Err(RelayError::Config(FAILOVER_NEEDS_17.into())),
+        FailoverSlot::On => Err(ConfigProblem::FailoverNeeds17.into()),
     }
 }
-
-pub const FAILOVER_NEEDS_17: &str = "--failover-slot on needs PostgreSQL 17 or later, which has \
-     failover slots. Fix: use --failover-slot auto (OUTBOX_FAILOVER_SLOT), or upgrade";
 
 #[cfg(test)]
 mod tests {

@@ -12,6 +12,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
+use crate::advice::{self, Warning};
 use crate::config::OutboxNames;
 use crate::db::quote_ident;
 use crate::error::RelayError;
@@ -158,9 +159,12 @@ fn unavailable(e: &tokio_postgres::Error) -> bool {
         tracing::warn!(
             table = STATE_TABLE,
             reason = %e.as_db_error().map_or_else(|| e.to_string(), |db| db.message().to_string()),
-            "the relay's state table cannot be used: --on-slot-lost recreate cannot recover \
-             a lost slot without it. Fix: run `outbox-relay setup`, and grant SELECT, INSERT, UPDATE \
-             on it to the relay's role (sql/role.sql)"
+            "{}",
+            advice::warning(
+                "the relay's state table cannot be used: --on-slot-lost recreate cannot recover \
+                 a lost slot without it",
+                Warning::StateTableUnusable
+            )
         );
     }
     unavailable

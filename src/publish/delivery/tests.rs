@@ -14,6 +14,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::*;
+use crate::error::MapProblem;
 use crate::message::{HeaderValue, Rejection};
 use crate::publish::dead_letter::{headers as dl, ReturnedContent};
 use crate::publish::publisher::ReturnedMessage;
@@ -493,6 +494,7 @@ fn unpublishable(id: Option<&str>) -> Input<Pos> {
             rejection: Rejection::TooLarge { size: 9, limit: 8 },
             message_id: id.map(str::to_string),
             problem: format!("Cannot publish row id {}: too large", id.unwrap_or("?")),
+            fault: MapProblem::TooLarge,
         }),
         committed_at: None,
     }
@@ -619,6 +621,7 @@ async fn a_batch_with_an_unpublishable_row_publishes_nothing_under_halt() {
             },
             message_id: Some("b".into()),
             problem: "Cannot publish row id b".into(),
+            fault: MapProblem::Null,
         })),
         Ok(message("c")),
     ];
