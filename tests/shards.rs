@@ -31,7 +31,7 @@ use tokio_postgres::Client;
 
 const OUTBOX: &str = "public.outbox";
 
-/// A row's shard of `shards`, as anyone can compute it (docs/operations.md, "Scaling out"):
+/// A row's shard of `shards`, as anyone can compute it (docs/scaling.md, "Scaling out"):
 /// written out here, not taken from the relay.
 fn shard_sql(shards: u32) -> String {
     format!(
@@ -1013,7 +1013,7 @@ async fn kill_9_of_one_shards_relay_and_a_restart_5_s_later_leaves_the_others_al
 }
 
 /// Acceptance 5 of issue 12: resharding 2 → 4 under writers, by the outline in
-/// docs/operations.md ("Changing the number of shards"): new publications and slots under
+/// docs/scaling.md ("Changing the number of shards"): new publications and slots under
 /// other names, the old relays kept until every old slot has passed the newest new slot's
 /// consistent point, then the switch and the old ones dropped. Nothing is lost; the rows
 /// between the new slots' creation and the old relays' stop may arrive twice.
