@@ -1,4 +1,4 @@
-//! The table-less outbox (issue 13): events written with the emit functions `setup` creates,
+//! The table-less outbox: events written with the emit functions `setup` creates,
 //! published by `run` like rows, against real PostgreSQL and RabbitMQ.
 //!
 //! Oracles come from outside the relay: a `test_decoding` slot created before the writers

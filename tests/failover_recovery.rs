@@ -1,4 +1,4 @@
-//! Slot lost, and PostgreSQL failover without failover slots (issue 22, tests 4-6): the relay
+//! Slot lost, and PostgreSQL failover without failover slots: the relay
 //! replaces a missing or invalidated slot under `--on-slot-lost recreate` and re-publishes
 //! from the table what the new slot will not deliver, refuses under `stop` (the default), and
 //! polling mode follows a promoted standby. Every PostgreSQL a test kills, promotes or

@@ -253,7 +253,7 @@ fn run_defaults_match_the_design() {
 }
 
 #[test]
-fn poll_defaults_match_the_issue() {
+fn poll_defaults_are_the_documented_ones() {
     let cli = Cli::try_parse_from(["outbox-relay", "poll", "--database-url", "postgres://x"])
         .expect("parses");
     let Command::Poll(poll) = cli.command else {

@@ -1,4 +1,4 @@
-//! A PostgreSQL primary with a streaming standby, for the failover tests (issue 22): started
+//! A PostgreSQL primary with a streaming standby, for the failover tests: started
 //! of a chosen major version, with failover slots synchronized to the standby on 17+, and
 //! what a failover test does to them: promote the standby, wait until its copy of a slot
 //! would survive a promotion, name both servers in one multi-host URL, and read the rows that
