@@ -8,7 +8,7 @@
 #                                    section unless --cluster)
 #   scripts/bench.sh --cluster-only  only the 3-node cluster, quorum queue section (~4-6 min)
 #
-# Both full and --quick include the drain of every setup (issue 26; chart 1): after scenario 1,
+# Both full and --quick include the drain of every setup (chart 1): after scenario 1,
 # the backlog drained once with a consumer and once with none by the WAL reader, 1, 2 and 5
 # polling workers, 2 sharded relays and the WAL reader on outbox_emit events (the drains of
 # --compare, --shards-sweep and --emit, one round each; scenario 1's consumer-attached drains
@@ -16,13 +16,13 @@
 # consumer and the minimal publisher both ways (the whole cluster section: 167 s). The modes below run
 # instead of the suite:
 #   scripts/bench.sh --shards-sweep 1,2,4 --rows 100000 --ab-rounds 5
-#                                    only drains with 1, 2 and 4 sharded relays (issue 12, ~5 min)
+#                                    only drains with 1, 2 and 4 sharded relays (~5 min)
 #   scripts/bench.sh --emit --rows 100000 --ab-rounds 3
-#                                    only writers and drains of rows vs outbox_emit (issue 13, ~5 min)
+#                                    only writers and drains of rows vs outbox_emit (~5 min)
 #   scripts/bench.sh --compare wal,poll:1,poll:5,poll:5x1000 --rows 100000 --ab-rounds 5
 #                                    only drains of setups of one relay: WAL, polling workers
 #                                    (poll:WORKERS[xBATCH][:delete]) beside the broker alone; ratios
-#                                    to the first setup (issue 16; --no-consumer: queue depth instead
+#                                    to the first setup (--no-consumer: queue depth instead
 #                                    of a consumer; --compare-latency: p50/p99 at 100 rows/s)
 #
 # Installs PostgreSQL and RabbitMQ if missing, builds the release binaries, starts a private

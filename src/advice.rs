@@ -64,25 +64,25 @@ fn warning_fix(warning: Warning<'_>) -> String {
         ),
         Warning::KeepaliveIgnored => "remove them from the URL and set --peer-timeout".into(),
         Warning::UnverifiedTls => "add sslmode=verify-full&sslrootcert=<the CA file of the \
-             server's certificate> to the database URL (docs/operations.md, \"TLS\")"
+             server's certificate> to the database URL (docs/security.md, \"TLS\")"
             .into(),
         Warning::NoClaimIndex => "`outbox-relay setup --mode poll` (with a map: \
              --no-create-table; sql/outbox_poll.sql)"
             .into(),
         Warning::IdleSlotsExpire => "set it to 0 (off), or well above the longest outage you \
-             plan for (docs/operations.md, \"idle_replication_slot_timeout\")"
+             plan for (docs/recovery.md, \"idle_replication_slot_timeout\")"
             .into(),
         Warning::NotFailoverSlot => "stop the relays of this slot and run `outbox-relay setup` \
-             (it turns failover on), or --failover-slot off to keep it so (docs/operations.md, \
-             \"PostgreSQL high availability\")"
+             (it turns failover on), or --failover-slot off to keep it so \
+             (docs/high-availability.md, \"PostgreSQL high availability\")"
             .into(),
         Warning::StandbySlotsUnset => "on the primary, set synchronized_standby_slots to the \
-             physical slots of the standbys that sync this slot (docs/operations.md, \
-             \"PostgreSQL high availability\")"
+             physical slots of the standbys that sync this slot \
+             (docs/high-availability.md, \"PostgreSQL high availability\")"
             .into(),
         Warning::WaitingForStandby => "bring the standby back, or remove its slot from \
-             synchronized_standby_slots on the primary (docs/operations.md, \"PostgreSQL high \
-             availability\")"
+             synchronized_standby_slots on the primary (docs/high-availability.md, \
+             \"PostgreSQL high availability\")"
             .into(),
         Warning::StateTableUnusable => "run `outbox-relay setup`, and grant SELECT, INSERT, \
              UPDATE on it to the relay's role (sql/role.sql)"
@@ -111,7 +111,7 @@ pub fn fix(error: &RelayError) -> Option<String> {
         ),
         ShardFilterMismatch { .. } => "give every relay the --shards (OUTBOX_SHARDS) that \
              `outbox-relay setup --shards` made the publications with (a filter's `% N) = K` \
-             names both); to change the number of shards, follow docs/operations.md, \
+             names both); to change the number of shards, follow docs/scaling.md, \
              \"Scaling out\""
             .into(),
         SlotMissing { .. } => "run `outbox-relay setup` (it creates the slot after the \
@@ -128,7 +128,7 @@ pub fn fix(error: &RelayError) -> Option<String> {
         },
         SlotLost { reason, .. } => format!(
             "`outbox-relay teardown --yes`, `outbox-relay setup`, then `outbox-relay resync \
-             --since <time of the last delivered message>` (docs/operations.md, \"Recovering \
+             --since <time of the last delivered message>` (docs/recovery.md, \"Recovering \
              from a lost slot\"), or run the relay with --on-slot-lost recreate, which does \
              that by itself; {}",
             lost_slot_prevention(reason.as_deref())
@@ -141,7 +141,7 @@ pub fn fix(error: &RelayError) -> Option<String> {
         RecoveryUnrecordable { table, .. } => format!(
             "run `outbox-relay setup` (it creates {table}) and grant the relay's role SELECT, \
              INSERT, UPDATE on it (sql/role.sql); until then recover by hand \
-             (docs/operations.md, \"Recovering from a lost slot\")"
+             (docs/recovery.md, \"Recovering from a lost slot\")"
         ),
         RecoveryStateUnreadable { table, .. } => format!(
             "GRANT SELECT, INSERT, UPDATE ON {table} TO <the relay's role>; (sql/role.sql \
@@ -150,7 +150,7 @@ pub fn fix(error: &RelayError) -> Option<String> {
         NoPrimary { .. } => "promote a standby (or wait for your HA stack to), or add the \
              primary's host to the database URL; the relay keeps trying every host"
             .into(),
-        CannotBackfill { .. } => "recover by hand (docs/operations.md, \"Recovering from a \
+        CannotBackfill { .. } => "recover by hand (docs/recovery.md, \"Recovering from a \
              lost slot\"): events emitted since the slot's last acknowledged position are \
              lost, rows of the table can be re-published with `resync --since`; or use \
              failover slots (PostgreSQL 17+) so a failover keeps the slot"

@@ -42,8 +42,8 @@ fn main() -> ExitCode {
     }
     // One thread for all of the relay's tasks: per message it does a few microseconds of
     // work, and handing messages between worker threads (futex wake-ups, cache misses) cost
-    // more than the parallelism gave (docs/benchmarks.md, "One runtime thread"). lapin's I/O
-    // loop and blocking calls keep their own threads.
+    // more than the parallelism gave (docs/records/2026-12-01-relay-cpu.md, "One runtime
+    // thread"). lapin's I/O loop and blocking calls keep their own threads.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

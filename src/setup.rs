@@ -420,7 +420,7 @@ pub fn shards_script(
         let _ = write!(
             text,
             "-- {} shards: one publication per shard, each with a row filter that takes the\n\
-             -- shard's rows, then one slot per shard (docs/operations.md, \"Scaling out\").\n",
+             -- shard's rows, then one slot per shard (docs/scaling.md, \"Scaling out\").\n",
             shard.count()
         );
     }

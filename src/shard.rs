@@ -1,5 +1,5 @@
 //! Sharding: past one slot's throughput, N relays each stream their own slot through their
-//! own publication, whose row filter takes one shard's rows (docs/operations.md, "Scaling out"). No
+//! own publication, whose row filter takes one shard's rows (docs/scaling.md, "Scaling out"). No
 //! coordination of our own: PostgreSQL splits the rows, the slot keeps each shard's order,
 //! and a second relay on the same shard waits as its standby like any relay on a held slot.
 //!

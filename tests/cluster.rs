@@ -1,4 +1,4 @@
-//! The relay against a 3-node RabbitMQ cluster (issue 11): quorum queues, failover to another
+//! The relay against a 3-node RabbitMQ cluster: quorum queues, failover to another
 //! node when the relay's node dies, a quorum queue's leader election, and a paused minority.
 //!
 //! The binary shares one private cluster ([`RabbitCluster::shared`], `pause_minority`) and one

@@ -1,5 +1,5 @@
 //! The confirm timeout against a broker that holds the relay's connection in credit flow
-//! (issue 25, x1): RabbitMQ stops reading the connection's socket, sends no
+//! (scenario x1 of docs/reliability.md): RabbitMQ stops reading the connection's socket, sends no
 //! `connection.blocked`, and neither side's heartbeat ends the connection. On one private node
 //! without a partition: the outbox's classic queue process is suspended (`sys:suspend`), so it
 //! takes no more messages and grants no more credit. A backlog committed then fills the

@@ -1,4 +1,4 @@
-//! The dead-letter policy (issue 3's acceptance 5; issue 5's scenarios 13 and 19 under
+//! The dead-letter policy (fault scenarios 13 and 19 of docs/reliability.md under
 //! `--on-unroutable dead-letter`), against real PostgreSQL and RabbitMQ.
 //!
 //! Oracles come from outside the relay: the `test_decoding` slot (which transaction ends
@@ -500,7 +500,7 @@ async fn insert_to_exchange(outbox: &Outbox, exchange: &str) -> String {
         .get(0)
 }
 
-/// `--allowed-exchanges` (issue 15, item 5): by default a row may name only the configured
+/// `--allowed-exchanges`: by default a row may name only the configured
 /// exchange; another one stops the relay (halt) or is dead-lettered; listing it lets it through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_naming_an_exchange_not_allowed_halts_or_is_dead_lettered_unless_listed() {
@@ -582,8 +582,8 @@ async fn a_row_naming_an_exchange_not_allowed_halts_or_is_dead_lettered_unless_l
     relay.stop().await;
 }
 
-/// Issue 15, item 7's stress: at full speed, every unroutable row is dead-lettered and every
-/// other row reaches its queue, once, with the slot past the last row.
+/// The confirm barrier's stress: at full speed, every unroutable row is dead-lettered and
+/// every other row reaches its queue, once, with the slot past the last row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_speed_drain_with_one_percent_unroutable_dead_letters_exactly_those() {
     let dl = DeadLetterOutbox::new("dl_stress").await;

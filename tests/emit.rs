@@ -1,4 +1,4 @@
-//! The table-less outbox (issue 13): events written with the emit functions `setup` creates,
+//! The table-less outbox: events written with the emit functions `setup` creates,
 //! published by `run` like rows, against real PostgreSQL and RabbitMQ.
 //!
 //! Oracles come from outside the relay: a `test_decoding` slot created before the writers
@@ -875,7 +875,7 @@ async fn cloudevents_format_parses_with_the_sdk_for_rows_and_emitted_events() {
 }
 
 /// The envelope's `shard_hash` is the hash a sharded outbox's row filter computes
-/// (docs/operations.md, "Scaling out"): a shard can select its events by it without reimplementing
+/// (docs/scaling.md, "Scaling out"): a shard can select its events by it without reimplementing
 /// PostgreSQL's hash functions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shard_hash_is_the_row_filters_hash_computed_in_sql() {

@@ -1,4 +1,4 @@
-//! PostgreSQL failover (issue 22): the relay follows a promoted standby with nothing lost and
+//! PostgreSQL failover: the relay follows a promoted standby with nothing lost and
 //! no phantom events. Each scenario runs its own primary and streaming standby
 //! (`common::failover`) of a version it names, with failover slots synced to the standby and
 //! `synchronized_standby_slots` on the primary, and checks with oracles from outside the

@@ -1,4 +1,4 @@
-//! Slot lost, and PostgreSQL failover without failover slots (issue 22, tests 4-6): the relay
+//! Slot lost, and PostgreSQL failover without failover slots: the relay
 //! replaces a missing or invalidated slot under `--on-slot-lost recreate` and re-publishes
 //! from the table what the new slot will not deliver, refuses under `stop` (the default), and
 //! polling mode follows a promoted standby. Every PostgreSQL a test kills, promotes or
@@ -12,7 +12,7 @@
 //! or missing on the promoted standby). Where ACK needs commit positions, the oracle slot is
 //! made after the loss (test 5) or on the standby itself (test 4), which a promotion keeps.
 //!
-//! The duplicate bound of a recovery (docs/operations.md, "Before 17, or when the slot is gone
+//! The duplicate bound of a recovery (docs/recovery.md, "Before 17, or when the slot is gone
 //! anyway"): the rows delivered before the slot was lost whose `created_at` is at or after the
 //! acknowledged commit time recorded in `outbox_relay_state`, minus `--recreate-margin`. Each
 //! test reads that time where the recovery reads it, derives the exact set, and checks that

@@ -1,4 +1,4 @@
-//! Faults and bad inputs (issue 5), against real PostgreSQL and RabbitMQ processes that this
+//! Faults and bad inputs, against real PostgreSQL and RabbitMQ processes that this
 //! binary owns. Each scenario injects one fault and checks the invariants with oracles from
 //! outside the relay (`common::faults`):
 //!
@@ -1857,7 +1857,7 @@ async fn s21_polling_crash_between_confirms_and_commit_twice_loses_nothing() {
 }
 
 // ---------------------------------------------------------------------------------
-// 22. Broker down: what an operator sees (issue 3, acceptance 1)
+// 22. Broker down: what an operator sees
 
 const HEARTBEAT_LAG: &str = "outbox_relay_heartbeat_lag_seconds";
 
@@ -1985,7 +1985,7 @@ async fn s22_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_rec
 }
 
 // ---------------------------------------------------------------------------------
-// 23. Standby takeover under load (issue 3, acceptance 2)
+// 23. Standby takeover under load
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stop {

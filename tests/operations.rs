@@ -309,12 +309,12 @@ fn scraped_families(metrics: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// What docs/operations.md's "Metrics" table says each mode exports: the `outbox_relay_`
+/// What docs/metrics.md's "Metrics" table says each mode exports: the `outbox_relay_`
 /// families of every row whose "modes" column names `mode` (labels such as `{cause}`
 /// stripped), and those of them it marks as appearing only with their first event.
 fn documented_families(mode: &str) -> (BTreeSet<String>, BTreeSet<String>) {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md");
-    let doc = std::fs::read_to_string(path).expect("read docs/operations.md");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/metrics.md");
+    let doc = std::fs::read_to_string(path).expect("read docs/metrics.md");
     let section = doc
         .split("\n## Metrics\n")
         .nth(1)
@@ -343,7 +343,7 @@ fn documented_families(mode: &str) -> (BTreeSet<String>, BTreeSet<String>) {
     (all, on_event)
 }
 
-/// docs/operations.md lists the metrics each mode exports: a running `run` and a running
+/// docs/metrics.md lists the metrics each mode exports: a running `run` and a running
 /// `poll` relay, once a row is delivered and the slot or backlog has been read, export
 /// exactly those (the ones documented as appearing with their first event may be missing;
 /// here, only a reconnect's cause is such an event).

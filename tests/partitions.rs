@@ -1,4 +1,4 @@
-//! Real network partitions (issue 25): RabbitMQ nodes, PostgreSQL and relays each on a test
+//! Real network partitions: RabbitMQ nodes, PostgreSQL and relays each on a test
 //! host of its own (a network namespace, `common::netns`), and nftables rules that drop the
 //! packets between chosen hosts, one way or both, silently (no RST, no FIN), until healed.
 //!

@@ -1,4 +1,4 @@
-//! Polling mode against real PostgreSQL and RabbitMQ (issue 4's acceptance list).
+//! Polling mode against real PostgreSQL and RabbitMQ.
 //!
 //! Oracles come from outside the relay: the queue (what arrived, how often) and the table
 //! (which rows are marked published). "Everything arrived" is established by a sentinel:
@@ -388,7 +388,7 @@ async fn on_published_delete_kill_9_mid_backlog_loses_nothing_and_leaves_an_empt
     kill_9_mid_backlog(OnPublished::Delete).await;
 }
 
-/// At the defaults (issue 16): no --workers or --batch-size.
+/// At the defaults: no --workers or --batch-size.
 async fn kill_9_mid_backlog(on_published: OnPublished) {
     const WORKERS: usize = DEFAULT_POLL_WORKERS as usize;
     const BATCH: usize = DEFAULT_POLL_BATCH_SIZE as usize;

@@ -1,4 +1,4 @@
-//! Sharded relays (issue 12), against a real PostgreSQL and RabbitMQ: `setup --shards N`,
+//! Sharded relays, against a real PostgreSQL and RabbitMQ: `setup --shards N`,
 //! one relay per shard on row-filtered publications, per-aggregate order, the row-filter
 //! check, a standby per shard, cleanup per shard and `teardown --shards N`.
 //!
@@ -31,7 +31,7 @@ use tokio_postgres::Client;
 
 const OUTBOX: &str = "public.outbox";
 
-/// A row's shard of `shards`, as anyone can compute it (docs/operations.md, "Scaling out"):
+/// A row's shard of `shards`, as anyone can compute it (docs/scaling.md, "Scaling out"):
 /// written out here, not taken from the relay.
 fn shard_sql(shards: u32) -> String {
     format!(
@@ -399,7 +399,7 @@ async fn setup_with_three_shards_creates_filtered_publications_and_slots_and_tea
     );
 }
 
-/// Acceptance 1 of issue 12: 4 shards, 4 relays, 50,000 rows from 8 writers over 500
+/// 4 shards, 4 relays, 50,000 rows from 8 writers over 500
 /// aggregates (one row in ten without one), written while the relays stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_relays_deliver_50_000_rows_once_each_aggregate_in_commit_order() {
@@ -545,7 +545,7 @@ async fn four_relays_deliver_50_000_rows_once_each_aggregate_in_commit_order() {
     );
 }
 
-/// Acceptance 3 of issue 12: `--shards 3 --shard 1` against publications made for 4 shards.
+/// `--shards 3 --shard 1` against publications made for 4 shards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_whose_shards_differ_from_its_publication_refuses_to_start() {
     let outbox = sharded_outbox("shards_wrong", 4).await;
@@ -653,7 +653,7 @@ async fn two_relays_on_one_shard_one_streams_the_other_waits_and_takes_over() {
     second.stop().await;
 }
 
-/// Acceptance 4 of issue 12: cleanup with 4 shards, one of them stopped. The running relays
+/// Cleanup with 4 shards, one of them stopped. The running relays
 /// delete their own delivered rows past the retention; the stopped shard's rows newer than
 /// its acknowledged commit all stay, however long the others run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -834,7 +834,7 @@ async fn the_least_privilege_role_runs_a_shard() {
     }
 }
 
-/// Acceptance 2 of issue 12: kill -9 of one shard's relay under writers, and a restart 5 s
+/// Kill -9 of one shard's relay under writers, and a restart 5 s
 /// later. That shard loses nothing and its duplicates stay within one relay's bound; the
 /// other shards deliver exactly once, and the rows they committed while it was down arrived
 /// while it was down (their queues, read every 100 ms of the 5 s, are the oracle).
@@ -1012,8 +1012,8 @@ async fn kill_9_of_one_shards_relay_and_a_restart_5_s_later_leaves_the_others_al
     );
 }
 
-/// Acceptance 5 of issue 12: resharding 2 → 4 under writers, by the outline in
-/// docs/operations.md ("Changing the number of shards"): new publications and slots under
+/// Resharding 2 → 4 under writers, by the outline in
+/// docs/scaling.md ("Changing the number of shards"): new publications and slots under
 /// other names, the old relays kept until every old slot has passed the newest new slot's
 /// consistent point, then the switch and the old ones dropped. Nothing is lost; the rows
 /// between the new slots' creation and the old relays' stop may arrive twice.
@@ -1153,10 +1153,10 @@ async fn resharding_two_to_four_under_writers_loses_nothing() {
     );
 }
 
-/// Issue 13 with shards: PostgreSQL does not row-filter logical messages, so every shard's
-/// walsender sends every emitted event; each relay publishes only those whose envelope hash
-/// is its shard's, by the same expression as the rows (computed here in SQL from the event's
-/// aggregate, or its id when it has none).
+/// The table-less outbox with shards: PostgreSQL does not row-filter logical messages, so
+/// every shard's walsender sends every emitted event; each relay publishes only those whose
+/// envelope hash is its shard's, by the same expression as the rows (computed here in SQL from
+/// the event's aggregate, or its id when it has none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_relays_each_publish_only_their_shards_emitted_events_and_rows() {
     const SHARDS: u32 = 2;

@@ -1,5 +1,5 @@
 //! TLS to PostgreSQL, on both of the relay's connections, as `sslmode` and `sslrootcert` in
-//! the database URL ask (issue 3). A private PostgreSQL with `ssl = on` and a certificate
+//! the database URL ask. A private PostgreSQL with `ssl = on` and a certificate
 //! for `localhost` signed by a CA made for this test (`common::tls`); a private RabbitMQ.
 //!
 //! The oracle for "this connection is encrypted" is PostgreSQL's own `pg_stat_ssl`, for

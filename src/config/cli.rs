@@ -157,7 +157,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub failover: FailoverSlotArgs,
     /// What to do when the slot is missing (a failover without failover slots: PostgreSQL
-    /// 16 and older) or invalidated: `stop` (a person recovers: docs/operations.md,
+    /// 16 and older) or invalidated: `stop` (a person recovers: docs/recovery.md,
     /// "Recovering from a lost slot"), or `recreate`: create a new slot and re-publish from
     /// the table every row it will not deliver, from the last acknowledged commit recorded
     /// in the database (minus --recreate-margin), then stream it.
@@ -171,7 +171,8 @@ pub struct RunArgs {
 
 /// Polling workers by default: two overlap one's claim and commit with the other's confirms,
 /// and drained a backlog at 0.94× the WAL reader where one worker managed 0.62×
-/// (docs/benchmarks.md, "Polling defaults"). A crash re-publishes at most workers × batch.
+/// (docs/records/2026-12-01-polling-levers.md, "Polling defaults"). A crash re-publishes at
+/// most workers × batch.
 pub const DEFAULT_POLL_WORKERS: u32 = 2;
 /// Rows per polling batch by default: fewer, larger batches cost PostgreSQL less per row (one
 /// worker: 22 against 32 µs at 500, same benchmark), while 2 × 1,000 keeps the crash bound

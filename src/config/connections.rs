@@ -52,8 +52,8 @@ pub struct PeerTimeoutArgs {
     /// or its keepalive probes unanswered, before the connection is given up as dead (a host
     /// powered off, a network dropping packets). Sets TCP keepalives and TCP_USER_TIMEOUT on
     /// every connection, both ends (PostgreSQL then ends a vanished relay's sessions too),
-    /// and the AMQP heartbeat where the URL sets none (docs/operations.md, "Dead peers").
-    /// From 2s to 1h, whole seconds.
+    /// and the AMQP heartbeat where the URL sets none (docs/network-failures.md, "Dead
+    /// peers"). From 2s to 1h, whole seconds.
     #[arg(long, env = "OUTBOX_PEER_TIMEOUT", default_value = "5s", value_parser = parse_peer_timeout)]
     pub peer_timeout: Duration,
 }

@@ -137,7 +137,7 @@ pub enum OnUnroutable {
     DeadLetter,
 }
 
-/// The dead-letter policy (src/publish/dead_letter.rs, docs/operations.md).
+/// The dead-letter policy (src/publish/dead_letter.rs, docs/recovery.md, "Dead letters").
 #[derive(Debug, Clone, Args)]
 pub struct DeadLetterArgs {
     /// What to do with a message the broker returns as unroutable (no binding for its routing

@@ -3,7 +3,7 @@
 use clap::{Args, ValueEnum};
 
 /// The most shards `--shards` takes. Each shard costs a slot and a walsender that decodes
-/// the whole WAL: far fewer are useful (docs/operations.md, "Scaling out").
+/// the whole WAL: far fewer are useful (docs/scaling.md, "Scaling out").
 pub const MAX_SHARDS: u32 = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -37,7 +37,7 @@ pub struct ShardCount {
     /// How many shards: N publications <publication>_<k>, each with a row filter that takes
     /// shard k's rows (by a hash of aggregate_id, so an aggregate's events stay in order),
     /// and N slots <slot>_<k>, for k = 0..N-1. 1 is no sharding: the one publication and slot
-    /// named --publication and --slot (docs/operations.md, "Scaling out").
+    /// named --publication and --slot (docs/scaling.md, "Scaling out").
     #[arg(long, env = "OUTBOX_SHARDS", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SHARDS)))]
     pub shards: u32,
 }
@@ -74,7 +74,7 @@ pub struct FailoverSlotArgs {
     /// Create the slot as a failover slot, and turn failover on for an existing one
     /// (ALTER_REPLICATION_SLOT, which waits while a relay streams from the slot: stop it
     /// first): `auto` = on from PostgreSQL 17, `on` (an error before 17), `off`
-    /// (docs/operations.md, "PostgreSQL high availability").
+    /// (docs/high-availability.md, "PostgreSQL high availability").
     #[arg(long, env = "OUTBOX_FAILOVER_SLOT", value_enum, default_value_t = FailoverSlot::Auto)]
     pub failover_slot: FailoverSlot,
 }
@@ -85,6 +85,6 @@ pub enum OnSlotLost {
     /// Stop, naming the slot and the recovery (a person decides).
     Stop,
     /// Create a new slot and re-publish from the table what it will not deliver
-    /// (docs/operations.md, "When the slot is lost").
+    /// (docs/recovery.md, "When the slot is lost").
     Recreate,
 }

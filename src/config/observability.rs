@@ -6,7 +6,7 @@ use clap::Args;
 
 use super::values::parse_duration;
 
-/// The HTTP endpoints, in both modes (src/observability/http.rs, docs/operations.md).
+/// The HTTP endpoints, in both modes (src/observability/http.rs, docs/metrics.md).
 #[derive(Debug, Clone, Args)]
 pub struct EndpointArgs {
     /// Address for /metrics, /healthz and /readyz (IP:port; in a container 0.0.0.0:9187 so
@@ -16,7 +16,7 @@ pub struct EndpointArgs {
 }
 
 /// `run`'s HTTP endpoints and slot poller (src/observability/http.rs, src/wal/slot.rs,
-/// docs/operations.md).
+/// docs/metrics.md).
 #[derive(Debug, Clone, Args)]
 pub struct ObservabilityArgs {
     #[command(flatten)]

@@ -66,6 +66,192 @@ fn help_of_every_command_is_unchanged() {
     assert_eq!(actual.lines().count(), expected.lines().count(), "{path}");
 }
 
+/// docs/flags.md: every flag of every command as the help gives it (its text, variable,
+/// default and possible values), one row per flag and help, naming the commands that take
+/// it. Written with the help snapshot (OUTBOX_UPDATE_HELP_SNAPSHOT=1), from the same clap
+/// definition, so the reference cannot drift from `--help`.
+#[test]
+fn flag_reference_is_the_help() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/flags.md");
+    let actual = flag_reference();
+    if std::env::var_os("OUTBOX_UPDATE_HELP_SNAPSHOT").is_some() {
+        std::fs::write(path, &actual).expect("write the flag reference");
+    }
+    let expected = std::fs::read_to_string(path).expect("read the flag reference");
+    for (line, (want, got)) in expected.lines().zip(actual.lines()).enumerate() {
+        assert_eq!(
+            got,
+            want,
+            "the flag reference differs at line {} of {path}",
+            line + 1
+        );
+    }
+    assert_eq!(actual.lines().count(), expected.lines().count(), "{path}");
+}
+
+/// The Markdown of docs/flags.md, from the commands' clap definitions.
+fn flag_reference() -> String {
+    let mut cli = Cli::command();
+    cli.build();
+    let commands: Vec<&clap::Command> = cli
+        .get_subcommands()
+        .filter(|c| c.get_name() != "help")
+        .collect();
+    let mut out = String::from(FLAG_REFERENCE_HEAD);
+    for command in &commands {
+        let about = command.get_long_about().or(command.get_about());
+        let about = about.map(|a| a.to_string()).unwrap_or_default();
+        out.push_str(&format!(
+            "| `{}` | {} |\n",
+            command.get_name(),
+            cell(&about)
+        ));
+    }
+    out.push_str("\n## Flags\n\n");
+    out.push_str("| flag | environment | default | commands | meaning |\n|---|---|---|---|---|\n");
+    // One row per flag and help text: a flag whose help differs between commands gets a row
+    // for each text, naming the commands that give it.
+    let mut rows: Vec<(String, Vec<&str>)> = Vec::new();
+    for command in &commands {
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if arg.is_hide_set() || long == "help" || long == "version" {
+                continue;
+            }
+            let row = flag_row(long, arg);
+            match rows.iter_mut().find(|(r, _)| *r == row) {
+                Some((_, names)) => names.push(command.get_name()),
+                None => rows.push((row, vec![command.get_name()])),
+            }
+        }
+    }
+    for (row, names) in rows {
+        let names = if names.len() == commands.len() {
+            "every command".to_string()
+        } else {
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        out.push_str(&row.replacen("{commands}", &names, 1));
+    }
+    out
+}
+
+/// One table row of the flag reference, `{commands}` standing for the commands' cell.
+fn flag_row(long: &str, arg: &clap::Arg) -> String {
+    let takes_value = arg.get_action().takes_values();
+    let flag = match arg.get_value_names() {
+        Some(names) if takes_value => {
+            let names: Vec<String> = names.iter().map(|n| format!("<{n}>")).collect();
+            format!("`--{long} {}`", names.join(" "))
+        }
+        _ => format!("`--{long}`"),
+    };
+    let env = arg
+        .get_env()
+        .map(|e| format!("`{}`", e.to_string_lossy()))
+        .unwrap_or_else(|| "—".into());
+    let defaults: Vec<String> = arg
+        .get_default_values()
+        .iter()
+        .map(|d| d.to_string_lossy().into_owned())
+        .collect();
+    let default = if defaults.is_empty() || !takes_value {
+        "—".to_string()
+    } else {
+        format!("`{}`", defaults.join(","))
+    };
+    let help = arg.get_long_help().or(arg.get_help());
+    let mut meaning = help.map(|h| h.to_string()).unwrap_or_default();
+    let values: Vec<_> = arg
+        .get_possible_values()
+        .into_iter()
+        .filter(|v| !v.is_hide_set())
+        .collect();
+    if takes_value && !values.is_empty() {
+        let listed: Vec<String> = values
+            .iter()
+            .map(|v| match v.get_help() {
+                Some(help) => format!("`{}`: {help}", v.get_name()),
+                None => format!("`{}`", v.get_name()),
+            })
+            .collect();
+        let sep = if values.iter().any(|v| v.get_help().is_some()) {
+            "; "
+        } else {
+            ", "
+        };
+        meaning.push_str(&format!("\n\nPossible values: {}.", listed.join(sep)));
+    }
+    format!(
+        "| {flag} | {env} | {} | {{commands}} | {} |\n",
+        cell(&default),
+        cell(&meaning)
+    )
+}
+
+/// A help text as one Markdown table cell: its paragraphs joined by a line break.
+fn cell(text: &str) -> String {
+    let paragraphs = text.trim().split("\n\n");
+    let escaped: Vec<String> = paragraphs.map(|p| escaped(&p.replace('\n', " "))).collect();
+    escaped.join("<br>")
+}
+
+/// Outside `code`, the characters Markdown would read as markup escaped (`<…>` is a
+/// placeholder in the help, not HTML; `*` and `_` between words are not emphasis); `|`
+/// escaped everywhere, as a table cell needs.
+fn escaped(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let word = |j: Option<usize>| {
+        j.and_then(|j| chars.get(j))
+            .is_some_and(|c| c.is_alphanumeric())
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut in_code = false;
+    for (i, &c) in chars.iter().enumerate() {
+        match c {
+            '`' => {
+                in_code = !in_code;
+                out.push(c);
+            }
+            '|' => out.push_str("\\|"),
+            '<' if !in_code => out.push_str("&lt;"),
+            '>' if !in_code => out.push_str("&gt;"),
+            '_' if !in_code && word(i.checked_sub(1)) && word(Some(i + 1)) => out.push(c),
+            '*' | '_' if !in_code => {
+                out.push('\\');
+                out.push(c);
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// The opening of docs/flags.md, before the tables.
+const FLAG_REFERENCE_HEAD: &str = "\
+# Flags
+
+Every flag of every command, with its environment variable, its default and what it does: the
+relay's `--help` as Markdown (`outbox-relay <command> --help` prints the same). This file is
+generated: a unit test (`flag_reference_is_the_help`, `src/config/tests.rs`) checks that it
+matches the help, and `OUTBOX_UPDATE_HELP_SNAPSHOT=1 cargo test --lib help` rewrites it with the
+help snapshot (`src/snapshots/cli_help.txt`); do not edit it by hand.
+
+A command refuses a flag it does not take on its command line; an environment variable a
+command does not use is not read by it, so one environment can serve every command. URLs carry
+passwords: give them by environment or by file (`DATABASE_URL_FILE`, `AMQP_URL_FILE`), never
+only in argv ([security.md](security.md#secrets)).
+
+## Commands
+
+| command | what it does |
+|---|---|
+";
+
 /// `outbox-relay <argv>`, parsed.
 fn parse(argv: &[&str]) -> Result<Cli, clap::Error> {
     Cli::try_parse_from(std::iter::once("outbox-relay").chain(argv.iter().copied()))
@@ -253,7 +439,7 @@ fn run_defaults_match_the_design() {
 }
 
 #[test]
-fn poll_defaults_match_the_issue() {
+fn poll_defaults_are_the_documented_ones() {
     let cli = Cli::try_parse_from(["outbox-relay", "poll", "--database-url", "postgres://x"])
         .expect("parses");
     let Command::Poll(poll) = cli.command else {

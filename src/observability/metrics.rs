@@ -373,7 +373,7 @@ pub fn update_process_metrics() {
 
 /// Creates, at 0, the counters and gauges of `mode` (the command, `run` or `poll`), and only
 /// those: a counter exists from the start so that rate() sees its first increment, and a
-/// family the mode never records is not exported at all (docs/operations.md lists each
+/// family the mode never records is not exported at all (docs/metrics.md lists each
 /// mode's). What carries a measurement (the slot and backlog gauges, the histograms,
 /// `reconnects_total{cause}`) appears with its first one.
 pub fn register_mode(mode: &'static str) {

@@ -1,8 +1,8 @@
 //! `outbox-relay resync --since <time>`: re-publishes rows from the table.
 //!
 //! For the rows no slot will ever deliver: those inserted before the slot existed, and those
-//! committed while a lost slot could not decode them (docs/operations.md, "Recovering from a
-//! lost slot"). Rows still in the table with `created_at >= since` are published again in
+//! committed while a lost slot could not decode them (docs/recovery.md, "Recovering from a lost
+//! slot"). Rows still in the table with `created_at >= since` are published again in
 //! `created_at` order (rows of one transaction share a created_at; they go in id order), with
 //! the same message id as before, so consumers that deduplicate on `message_id` drop what they
 //! already have. Rows the cleanup job already deleted are gone: resync can only reach back as

@@ -497,7 +497,7 @@ fn slot_lines(status: &Status, lines: &mut Vec<(&'static str, String)>) {
         ),
         "lost" => format!(
             "{} LOST (invalidated: {}): messages may be missing. Recover with teardown, setup \
-             and resync --since (docs/operations.md)",
+             and resync --since (docs/recovery.md)",
             status.slot,
             status
                 .invalidation_reason

@@ -195,7 +195,7 @@ impl OutboxTable {
     /// them, in one statement; the rows stay locked and the change uncommitted until the
     /// transaction ends, which is after every confirm (a rollback leaves them unpublished).
     /// One statement instead of a SELECT and an UPDATE saves a round trip and a second index
-    /// lookup per batch (issue 16).
+    /// lookup per batch.
     ///
     /// With the partial index on (created_at) WHERE published_at IS NULL the inner SELECT
     /// reads only unpublished rows. RETURNING has no order, so the rows are numbered in claim

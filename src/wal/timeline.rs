@@ -6,8 +6,8 @@
 //! the relay had already read it (it can, without `synchronized_standby_slots`), consumers
 //! hold events of rows that do not exist (phantom events). Nothing can take them back; the
 //! relay says so when a session finds itself on a newer timeline of the same system
-//! (IDENTIFY_SYSTEM), reading the history with TIMELINE_HISTORY (docs/operations.md,
-//! "Phantom events").
+//! (IDENTIFY_SYSTEM), reading the history with TIMELINE_HISTORY
+//! (docs/high-availability.md, "Phantom events").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -123,7 +123,7 @@ pub async fn report_failover(
              the old primary at or after the switch point, up to the handed_over commit; the \
              new primary does not have their rows. Consumers may hold events whose rows do not \
              exist. Set synchronized_standby_slots on the primary to prevent it \
-             (docs/operations.md, \"Phantom events\")"
+             (docs/high-availability.md, \"Phantom events\")"
         ),
         Phantoms::None { switch_point } => tracing::info!(
             old_timeline,

@@ -26,8 +26,8 @@
 //! followed, the fault's time later, by the standby's promotion, as an HA manager would do it
 //! once the standby's copy of the slot is ready; at the heal the old primary comes back as
 //! the new one's standby on its own host and port (so the multi-host URL still names both):
-//! after a switchover as it is, its stale slots dropped as docs/operations.md says, after a
-//! crash rebuilt from an online copy. The ACK oracle is the writers' own record of where
+//! after a switchover as it is, its stale slots dropped as docs/high-availability.md says,
+//! after a crash rebuilt from an online copy. The ACK oracle is the writers' own record of where
 //! each commit ended (`check_ack_of_commits`): a `test_decoding` slot would not survive
 //! several promotions.
 //!
@@ -85,7 +85,8 @@ const EFFECT_SQL: &str = "INSERT INTO effect (message_id, applied_by) \
 const DRAIN_WITHIN: Duration = Duration::from_secs(600);
 /// How long before a fault's start a row may have committed and still be replayed because
 /// of it: a failover replays what the relay acknowledged since the standby last copied the
-/// slot (the sync worker naps up to 6.4 s while the heartbeats move it, docs/operations.md),
+/// slot (the sync worker naps up to 6.4 s while the heartbeats move it,
+/// docs/high-availability.md),
 /// a relay crash what it had not acknowledged (the window, at 100 rows/s well under 1 s).
 const REPLAY_REACH: Duration = Duration::from_secs(10);
 /// How long a consumer restarted with the after-commit failpoint may take to reach it (it

@@ -1,4 +1,4 @@
-//! The charts of a run (issue 26), drawn as SVG from [`Results`]: the figures `bench --out`
+//! The charts of a run, drawn as SVG from [`Results`]: the figures `bench --out`
 //! writes as JSON, read back, so any run's file can be drawn again
 //! (`outbox-bench charts FILE.json --out DIR`; scripts/bench.sh draws them after each run).
 //!
@@ -79,7 +79,7 @@ pub fn render(results: &Results) -> Result<Vec<Chart>> {
             match cpu_chart(results, &run) {
                 Some(stacked) => draw::stacked(&stacked).map(Drawing::Svg),
                 None => Ok(Drawing::Empty(
-                    "no CPU split in this file (runs before issue 14 did not measure one)".into(),
+                    "no CPU split in this file (older runs did not measure one)".into(),
                 )),
             },
         )?,
@@ -265,7 +265,7 @@ fn drain_chart(r: &Results, run: &str) -> Option<Bars> {
             .limits
             .broker_at(r.scale.max_in_flight)
             .map(|b| b.received_per_sec);
-        // The independent limit (issue 14) when the run measured it; older runs had only the
+        // The independent limit when the run measured it; older runs had only the
         // relay's own publisher.
         let baseline = bare.or(relays_publisher);
         if bare.is_some() || bare_alone.is_some() {
@@ -406,7 +406,8 @@ fn drain_chart(r: &Results, run: &str) -> Option<Bars> {
         notes.push(
             "A setup without a bar of one colour was not measured that way in this run (the \
              relay's publisher runs with a consumer only, as did every drain of a full run before \
-             issue 26; `bench --compare SETUPS --no-consumer` drains without one)."
+             the drains of every setup were added; `bench --compare SETUPS --no-consumer` \
+             drains without one)."
                 .into(),
         );
     }

@@ -1,4 +1,4 @@
-//! `outbox-bench bench --compare` (issue 16): setups of one relay binary drained in the same
+//! `outbox-bench bench --compare`: setups of one relay binary drained in the same
 //! run, so a polling setup's rate is set against the WAL reader's measured beside it on the
 //! same servers, rounds interleaved; never against a figure from another day (on this machine
 //! the load moves a drain more than most levers).

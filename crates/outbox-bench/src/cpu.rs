@@ -1,4 +1,4 @@
-//! The CPU split of a measurement (issue 14): the µs of CPU per message each process spent,
+//! The CPU split of a measurement: the µs of CPU per message each process spent,
 //! the relay, the walsender serving its slot, the RabbitMQ node and this process (the
 //! consumer; in the broker-alone limits the publisher too). On a 2-core machine they all
 //! share the CPU, so a drain's rate alone cannot say whose work the messages cost.

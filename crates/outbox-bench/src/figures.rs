@@ -65,7 +65,7 @@ pub struct Drain {
     /// only the A/B, --shards-sweep and --emit measure it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pg_cpu_seconds: Option<f64>,
-    /// µs of CPU per message of each process (issue 14), where they could be read.
+    /// µs of CPU per message of each process, where they could be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CpuSplit>,
 }

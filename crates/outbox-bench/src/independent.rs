@@ -1,4 +1,4 @@
-//! The limits that share no code with the relay (issue 14): what RabbitMQ and PostgreSQL's
+//! The limits that share no code with the relay: what RabbitMQ and PostgreSQL's
 //! walsender do on their own. [`crate::limits`] runs the relay's own publisher and decoder, so
 //! its ceilings include whatever those cost and cannot show it; a relay figure set against
 //! these shows the relay's own cost.

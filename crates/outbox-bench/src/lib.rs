@@ -5,16 +5,16 @@
 //!   delivery's id, `x-outbox-seq` and receive time.
 //! - [`report`]: compares the two: missing, duplicates, commit order, rate, latency.
 //! - [`demo`]: the `demo` subcommand built from those three.
-//! - [`suite`]: the `bench` subcommand (issue 6, docs/benchmarks.md): the relay as a child
+//! - [`suite`]: the `bench` subcommand (docs/benchmarks.md): the relay as a child
 //!   process ([`relay`]: the test-kit's relay process, its CPU and memory from
 //!   [`outbox_testkit::procfs`]), the limits it is set against ([`limits`]: broker alone
 //!   and decoding alone through the relay's own code; [`independent`]: broker alone with a
 //!   minimal publisher and the walsender ceiling, which share no code with the relay), the
 //!   CPU each process spends per message ([`cpu`]), and the figures ([`results`]: JSON and
 //!   Markdown).
-//! - [`compare`]: `bench --compare`, setups of one relay binary drained in one run (issue 16).
-//! - [`setups`]: the suite's drain of every setup, consumer attached and none (issue 26).
-//! - [`charts`]: SVG charts of a run's figures (issue 26), from the results or their JSON.
+//! - [`compare`]: `bench --compare`, setups of one relay binary drained in one run.
+//! - [`setups`]: the suite's drain of every setup, consumer attached and none.
+//! - [`charts`]: SVG charts of a run's figures, from the results or their JSON.
 //!
 //! A tool, not the daemon: errors are `anyhow`, with context saying what failed. It reaches
 //! the relay through `outbox_relay`'s public API and runs its binary as a child process; the

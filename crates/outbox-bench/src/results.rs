@@ -43,7 +43,7 @@ pub struct Results {
     pub emit_drains: Vec<EmitDrainRun>,
     /// `--compare`: drains of setups of one relay binary (the suite is not run).
     pub compare: Option<CompareResults>,
-    /// The suite's drain of every setup, consumer attached and none (issue 26).
+    /// The suite's drain of every setup, consumer attached and none.
     pub setups: Option<SetupDrains>,
 }
 
@@ -83,7 +83,7 @@ pub struct EmitDrainRun {
     pub drain: Drain,
 }
 
-/// The cluster section (issue 11): the WAL reader through a 3-node RabbitMQ cluster
+/// The cluster section: the WAL reader through a 3-node RabbitMQ cluster
 /// (`pause_minority`) into a quorum queue, beside the broker alone on the same cluster, in
 /// the same placement, in the same run. Nodes are the cluster's indexes (0, 1, 2).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -110,9 +110,10 @@ pub struct ClusterResults {
     pub broker_latency: Option<LatencyMs>,
     pub broker_latency_publisher_node: usize,
     pub broker_latency_rate: u32,
-    /// The WAL drain with no consumer (issue 26; absent in files from before it), its relay's
-    /// nodes, and the broker alone with the minimal publisher (through `broker_publisher_node`,
-    /// the queue declared through `declared_through`), consumer attached and none.
+    /// The WAL drain with no consumer (absent in files from before the drains of every setup),
+    /// its relay's nodes, and the broker alone with the minimal publisher (through
+    /// `broker_publisher_node`, the queue declared through `declared_through`), consumer
+    /// attached and none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_no_consumer: Option<Drain>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -228,11 +229,11 @@ pub struct Limits {
     /// The CPU split of the broker alone through the relay's publisher at --max-in-flight.
     pub broker_cpu: Option<CpuSplit>,
     /// Broker alone with a minimal publisher (no relay code) at --max-in-flight, the
-    /// consumer attached (issue 14).
+    /// consumer attached.
     pub bare_broker: Option<BareBrokerLimit>,
     /// The same with no consumer: confirms per second.
     pub bare_broker_no_consumer: Option<BareBrokerLimit>,
-    /// pg_recvlogical streaming a backlog of single-row transactions (issue 14).
+    /// pg_recvlogical streaming a backlog of single-row transactions.
     pub walsender: Option<WalsenderLimit>,
 }
 

@@ -1,4 +1,4 @@
-//! The full run's drain of every setup (issue 26): the WAL reader, 1, 2 and 5 polling workers,
+//! The full run's drain of every setup: the WAL reader, 1, 2 and 5 polling workers,
 //! two sharded relays and `outbox_emit` events, each with a consumer attached and with none,
 //! set against the broker alone (the minimal publisher) of the same run, and the 3-node
 //! cluster's WAL reader against the broker alone on that cluster. One table in the report,
@@ -76,7 +76,8 @@ impl DrainSetup {
 }
 
 /// The setups of the full run's section, in the order of its table and chart. Two shards
-/// are enough to show what sharding does to one queue's drain (issue 12 measured 1, 2 and 4).
+/// are enough to show what sharding does to one queue's drain (`--shards-sweep` measured 1, 2
+/// and 4).
 pub const FULL_RUN: [DrainSetup; 6] = [
     DrainSetup::WAL,
     DrainSetup::poll(1),
@@ -318,7 +319,7 @@ mod tests {
     }
 
     #[test]
-    fn the_full_run_drains_every_setup_of_issue_26() {
+    fn the_full_run_drains_every_setup() {
         let names: Vec<String> = FULL_RUN.iter().map(DrainSetup::reader_name).collect();
         assert_eq!(
             names,

@@ -1,4 +1,4 @@
-//! `outbox-bench bench`: the benchmark of issue 6, every scenario in one run against a
+//! `outbox-bench bench`: the benchmark, every scenario in one run against a
 //! PostgreSQL and a RabbitMQ given by URL (scripts/bench.sh starts private ones).
 //!
 //! Each measurement gets fresh objects (table, publication, slot, queue, routing key) and
@@ -131,7 +131,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     pub ab_rounds: u32,
 
-    /// Instead of the suite (issue 12): drain a backlog of --rows single-row transactions
+    /// Instead of the suite: drain a backlog of --rows single-row transactions
     /// (rows of 500 aggregates, one in ten of none) with each of these numbers of sharded
     /// relays (`setup --shards N`, one `run --shards N --shard K` each) into one queue, beside
     /// the broker alone at --max-in-flight, --ab-rounds times; the relays' and PostgreSQL's
@@ -139,7 +139,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["ab_with", "cluster_only", "emit"])]
     pub shards_sweep: Vec<u32>,
 
-    /// Instead of the suite (issue 13): writers calling `outbox_emit` against writers
+    /// Instead of the suite: writers calling `outbox_emit` against writers
     /// inserting rows, at each of --emit-clients for --emit-secs each, no relay running (events
     /// per second and WAL bytes per event), then the WAL relay's drain of a backlog of --rows
     /// emitted events against one of rows; --ab-rounds times, the variants alternating.
@@ -169,7 +169,7 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with = "ab_with")]
     pub cluster_only: bool,
 
-    /// Instead of the suite (issue 16): drain a backlog of --rows single-row transactions with
+    /// Instead of the suite: drain a backlog of --rows single-row transactions with
     /// each of these setups of the relay binary, beside the broker alone at --max-in-flight,
     /// --ab-rounds times (the order rotated from round to round); rates, ratios to the first
     /// setup, the relay's and PostgreSQL's CPU per message. A setup is `wal` (the WAL reader
@@ -998,7 +998,7 @@ impl Bench {
         let pg_cpu_before = postmaster
             .map(procfs::process_and_children_cpu)
             .transpose()?;
-        // The CPU split (issue 14): RabbitMQ and this process from here; the relay's and its
+        // The CPU split: RabbitMQ and this process from here; the relay's and its
         // walsenders' at the end (they start with the drain).
         let walsender_parent = match setup {
             Setup::Wal { .. } => self.postmaster_pid().await.ok(),
@@ -1077,7 +1077,7 @@ impl Bench {
         Ok(drain)
     }
 
-    /// `--shards-sweep` (issue 12): per round, the broker alone at the relay's window, then a
+    /// `--shards-sweep`: per round, the broker alone at the relay's window, then a
     /// drain with each number of shards (the order rotated from round to round, so drift of
     /// the machine does not favour one), every drain with PostgreSQL's CPU.
     async fn shards_sweep(&mut self, results: &mut Results) -> Result<()> {
@@ -1117,7 +1117,7 @@ impl Bench {
         Ok(())
     }
 
-    /// `--emit` (issue 13): writers inserting rows against writers calling `outbox_emit` at
+    /// `--emit`: writers inserting rows against writers calling `outbox_emit` at
     /// each client count, then the drain of a backlog of each; the variants alternate.
     async fn emit(&mut self, results: &mut Results) -> Result<()> {
         let window = self.scale.max_in_flight;
@@ -1469,7 +1469,7 @@ impl Bench {
         self.independent_limits(results).await
     }
 
-    /// The limits that share no code with the relay ([`independent`], issue 14): broker alone
+    /// The limits that share no code with the relay ([`independent`]): broker alone
     /// with the minimal publisher at --max-in-flight, with the consumer and without, then the
     /// walsender ceiling on a backlog like the drain's.
     /// One run of the minimal publisher (broker alone, no relay code) on a queue of its own.
@@ -1588,7 +1588,7 @@ impl Bench {
         .await
     }
 
-    /// The cluster section (issue 11): the WAL drain and the latency at the fixed rate through
+    /// The cluster section: the WAL drain and the latency at the fixed rate through
     /// a private 3-node RabbitMQ cluster with a quorum queue, each beside the broker alone on
     /// the same cluster in the same placement. The cluster is started here and stopped after.
     async fn cluster(&mut self, results: &mut Results) -> Result<()> {
@@ -1653,7 +1653,7 @@ impl Bench {
             received_per_sec: run.received_per_sec,
         };
 
-        // Chart 1's cluster figures with no consumer (issue 26), and the broker alone with the
+        // Chart 1's cluster figures with no consumer, and the broker alone with the
         // minimal publisher both ways, still publishing through the drain relay's node.
         self.say("cluster: WAL drain, no consumer");
         let drain_no_consumer = self

@@ -306,7 +306,7 @@ impl Results {
 
         let targets = self.targets();
         if !targets.is_empty() {
-            let _ = writeln!(s, "\n### WAL targets (issue 6)\n");
+            let _ = writeln!(s, "\n### WAL targets\n");
             for (met, text) in targets {
                 let _ = writeln!(s, "- {} {text}", if met { "met:" } else { "**missed:**" });
             }
@@ -403,7 +403,7 @@ impl Results {
         );
     }
 
-    /// Each WAL target of issue 6 with whether this run met it.
+    /// Each WAL target (the goals the benchmark checks) with whether this run met it.
     pub fn targets(&self) -> Vec<(bool, String)> {
         let mut out = Vec::new();
         let Some(wal) = self.wal() else {

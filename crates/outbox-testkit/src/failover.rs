@@ -1,4 +1,4 @@
-//! A PostgreSQL primary with a streaming standby, for the failover tests (issue 22): started
+//! A PostgreSQL primary with a streaming standby, for the failover tests: started
 //! of a chosen major version, with failover slots synchronized to the standby on 17+, and
 //! what a failover test does to them: promote the standby, wait until its copy of a slot
 //! would survive a promotion, name both servers in one multi-host URL, and read the rows that
@@ -230,7 +230,7 @@ impl FailoverPair {
     /// Brings the old primary (`standby` after [`Self::fail_over`], stopped) back as the new
     /// primary's streaming standby on its own host and port, so a multi-host URL naming both
     /// still holds (blocking, seconds: call it through `spawn_blocking` or `block_in_place`).
-    /// [`Rejoin::AsItIs`] drops its stale slots as docs/operations.md says ("The stale slot
+    /// [`Rejoin::AsItIs`] drops its stale slots as docs/high-availability.md says ("The stale slot
     /// after a switchover"): the slots it had as a primary, unsynced, would block the
     /// synchronization of the new primary's slots of the same names. Once it streams,
     /// `synchronized_standby_slots` is set on the new primary (if the pair's options say so),

@@ -136,7 +136,7 @@ fn the_drain_chart_names_every_setup_series_and_axis() {
     );
 }
 
-/// Chart 1 of a full run (issue 26): every setup of the suite's drain section and the
+/// Chart 1 of a full run: every setup of the suite's drain section and the
 /// cluster, each with its consumer-attached and its no-consumer bar labelled with the ratio to
 /// the broker alone of that kind. The other modes' sections are taken out first, so no name
 /// or figure can come from them.
@@ -205,8 +205,8 @@ fn the_drain_chart_draws_every_setup_of_a_full_run_with_and_without_a_consumer()
     }
 }
 
-/// A full run's file from before issue 26 (no drain section, a cluster without its
-/// no-consumer figures) draws scenario 1's drains and the cluster as it did then.
+/// A full run's file from before the drains of every setup (no drain section, a cluster
+/// without its no-consumer figures) draws scenario 1's drains and the cluster as it did then.
 #[test]
 fn the_drain_chart_of_an_older_full_run_draws_the_suite_drains() {
     let mut results = fixture();

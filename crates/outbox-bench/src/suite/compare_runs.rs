@@ -1,4 +1,4 @@
-//! The runs of `--compare` (issue 16; the setups and figures are [`crate::compare`]); how a
+//! The runs of `--compare` (the setups and figures are [`crate::compare`]); how a
 //! drain counts what arrived is [`super::counting`].
 
 use anyhow::{anyhow, Result};
@@ -58,7 +58,7 @@ impl Bench {
                 "compare round {round}: broker alone (minimal publisher), window {window}, {rows} messages, load {}",
                 load_average()
             ));
-            // The independent limit (issue 14), with a consumer exactly when the drains have one.
+            // The independent limit, with a consumer exactly when the drains have one.
             let run = self.bare_broker(window, rows, consumer).await?;
             c.broker.push(CompareBroker {
                 round,

@@ -1,4 +1,4 @@
-//! The suite's drain of every setup (issue 26; the setups and figures are [`crate::setups`]):
+//! The suite's drain of every setup (the setups and figures are [`crate::setups`]):
 //! the drains of `--compare`, `--shards-sweep` and `--emit`, one round each, with a consumer
 //! and without, so one full run draws chart 1 whole.
 
