@@ -514,11 +514,7 @@ pub async fn check_ack(
     oracle: &Oracle,
     consumer: &mut Consumer,
 ) -> Ack {
-    let slot = outbox.slot.as_str();
-    let queue = outbox.queue.as_str();
-    let confirmed = slot_confirmed_flush(client, slot).await;
-    let marker = barrier(consumer, &outbox.amqp_url, queue).await;
-    let delivered: HashSet<&str> = ids_of(&consumer.received()[..marker]).into_iter().collect();
+    let (confirmed, delivered) = acknowledged_and_delivered(client, outbox, consumer).await;
     let mut acknowledged_rows = 0;
     for txn in oracle.transactions(client).await {
         if txn.end_lsn > confirmed {
@@ -541,6 +537,22 @@ pub async fn check_ack(
     }
 }
 
+/// The slot's confirmed_flush_lsn, then every id in the queue before a barrier published
+/// after reading it: what the ACK checks compare.
+async fn acknowledged_and_delivered(
+    client: &Client,
+    outbox: &Outbox,
+    consumer: &mut Consumer,
+) -> (u64, HashSet<String>) {
+    let confirmed = slot_confirmed_flush(client, &outbox.slot).await;
+    let marker = barrier(consumer, &outbox.amqp_url, &outbox.queue).await;
+    let delivered = ids_of(&consumer.received()[..marker])
+        .into_iter()
+        .map(String::from)
+        .collect();
+    (confirmed, delivered)
+}
+
 /// The ACK invariant as [`check_ack`] checks it, with the writers' own record of where
 /// each transaction ended ([`Writers::start_noting_positions`]) instead of a `test_decoding`
 /// slot: every row of a transaction whose noted position is at or below the slot's
@@ -554,11 +566,7 @@ pub async fn check_ack_of_commits(
     commits: &[Commit],
     consumer: &mut Consumer,
 ) -> Ack {
-    let slot = outbox.slot.as_str();
-    let queue = outbox.queue.as_str();
-    let confirmed = slot_confirmed_flush(client, slot).await;
-    let marker = barrier(consumer, &outbox.amqp_url, queue).await;
-    let delivered: HashSet<&str> = ids_of(&consumer.received()[..marker]).into_iter().collect();
+    let (confirmed, delivered) = acknowledged_and_delivered(client, outbox, consumer).await;
     let mut acknowledged_rows = 0;
     for commit in commits {
         let Some(ended_by) = commit.ended_by.filter(|at| *at <= confirmed) else {
