@@ -35,8 +35,9 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# The core tests of the version matrix, by test binary (BINARY@MAJOR: on that version only),
-# then name filters (cargo test's substring match; each must match at least one test):
+# The core tests of the version matrix, by module of the one test binary (tests/main.rs;
+# MODULE@MAJOR: on that version only), then name filters (cargo test's substring match of
+# MODULE::FILTER; each must match at least one test of that module and none of another):
 #   wal                commit order against a test_decoding oracle; SIGTERM and restart with
 #                      no duplicate; setup (idempotent) and run naming missing objects
 #   faults s01         kill -9 mid-stream, with the ACK check after each kill
@@ -162,7 +163,7 @@ if [ -n "$nemesis_minutes" ]; then
         export OUTBOX_NEMESIS_SEED=$nemesis_seed
     fi
     if [ -z "$nemesis_broken" ]; then
-        exec cargo test --test partitions nemesis -- --ignored --nocapture
+        exec cargo test --test main -- --ignored partitions::nemesis --nocapture
     fi
     # The broken relay is built beside the real one and run in its place: the feature changes
     # only the relay crate, so this rebuilds that crate twice, not its dependencies.
@@ -173,7 +174,7 @@ if [ -n "$nemesis_minutes" ]; then
     cp target/debug/outbox-inbox "$broken/outbox-inbox"
     cargo build --workspace --bins
     if OUTBOX_TEST_RELAY_BIN=$PWD/$broken/outbox-relay \
-        cargo test --test partitions nemesis -- --ignored --nocapture; then
+        cargo test --test main -- --ignored partitions::nemesis --nocapture; then
         echo "=== the campaign passed against a relay that acknowledges before the confirm: it cannot catch that" >&2
         exit 1
     fi
@@ -190,7 +191,7 @@ if [ -n "$partitions_only" ]; then
     # Ignored in the default run (see tests/partitions.rs): run them, and only them. The
     # dead-peer tests start outbox-inbox, another member's binary: the workspace build makes it.
     cargo test --workspace --all-targets --no-run
-    exec cargo test --test partitions -- --ignored
+    exec cargo test --test main -- --ignored partitions::
 fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-matrix.XXXXXX")
@@ -259,23 +260,30 @@ if [ -z "${OUTBOX_TEST_AMQP_URL:-}" ]; then
     export OUTBOX_TEST_AMQP_URL=$RABBIT_URL
 fi
 
-# An entry of MATRIX_TESTS -> binary, only (a major version or empty), filters.
+# An entry of MATRIX_TESTS -> module, only (a major version or empty), filters.
 matrix_entry() {
-    read -r binary filters <<<"$(echo "$1" | tr '\n' ' ')"
-    binary=${binary%:}
+    read -r module filters <<<"$(echo "$1" | tr '\n' ' ')"
+    module=${module%:}
     only=
-    if [[ $binary == *@* ]]; then
-        only=${binary#*@}
-        binary=${binary%@*}
+    if [[ $module == *@* ]]; then
+        only=${module#*@}
+        module=${module%@*}
     fi
 }
 
-# Each filter must still name a test: a renamed test would otherwise drop out silently.
+# Each filter must still name a test of its module, and only of its module: a renamed test
+# would otherwise drop out silently, and a substring of another module's names would run
+# that module's tests too.
 for entry in "${MATRIX_TESTS[@]}"; do
     matrix_entry "$entry"
     for filter in $filters; do
-        if ! cargo test -q --test "$binary" -- --list "$filter" 2>/dev/null | grep -q ': test$'; then
-            echo "version matrix: no test in tests/$binary.rs matches \"$filter\"" >&2
+        listed=$(cargo test -q --test main -- --list "$module::$filter" 2>/dev/null | sed -n 's/: test$//p')
+        if [ -z "$listed" ]; then
+            echo "version matrix: no test in tests/$module.rs matches \"$filter\"" >&2
+            exit 1
+        fi
+        if grep -v "^$module::" <<<"$listed" | grep -q .; then
+            echo "version matrix: \"$module::$filter\" also matches $(grep -v "^$module::" <<<"$listed" | tr '\n' ' ')" >&2
             exit 1
         fi
     done
@@ -284,27 +292,30 @@ done
 # One major version's share of the matrix: its output in $work/matrix-$major.log, its summary
 # line in $work/matrix-$major.summary, exit status 1 if any of its tests failed.
 matrix_version() {
-    local major=$1 started=$SECONDS passed=0 failed=0 failures=() log p f
+    local major=$1 started=$SECONDS passed=0 failed=0 failures=() selected=() log p f
     echo "=== PostgreSQL $major: the version matrix (OUTBOX_TEST_PG_MAJOR=$major)"
     for entry in "${MATRIX_TESTS[@]}"; do
         matrix_entry "$entry"
         if [ -n "$only" ] && [ "$only" != "$major" ]; then
             continue
         fi
-        log=$work/$major-$binary.log
-        # shellcheck disable=SC2086 # the filters are words
-        if OUTBOX_TEST_PG_MAJOR=$major cargo test --test "$binary" -- $filters >"$log" 2>&1; then
-            :
-        else
-            failures+=("$binary")
-        fi
-        # "test result: ok. 4 passed; 0 failed; 0 ignored; …"
-        read -r p f < <(sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p' "$log" |
-            awk '{ p += $1; f += $2 } END { print p + 0, f + 0 }')
-        passed=$((passed + p))
-        failed=$((failed + f))
-        cat "$log"
+        for filter in $filters; do
+            selected+=("$module::$filter")
+        done
     done
+    # One process for the version: its tests share one server pair, as in the suite.
+    log=$work/$major-matrix.log
+    if ! OUTBOX_TEST_PG_MAJOR=$major cargo test --test main -- "${selected[@]}" >"$log" 2>&1; then
+        # "test wal::setup_is_idempotent_and_run_names_missing_objects ... FAILED"
+        mapfile -t failures < <(sed -n 's/^test \([^ ]*\) \.\.\. FAILED$/\1/p' "$log")
+        [ "${#failures[@]}" -gt 0 ] || failures=("cargo test")
+    fi
+    # "test result: ok. 4 passed; 0 failed; 0 ignored; …"
+    read -r p f < <(sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p' "$log" |
+        awk '{ p += $1; f += $2 } END { print p + 0, f + 0 }')
+    passed=$((passed + p))
+    failed=$((failed + f))
+    cat "$log"
     version=$("$(scripts/install-postgres.sh --bin-dir "$major")/postgres" --version | awk '{ print $3 }')
     line="PostgreSQL $version ran the matrix: $passed passed, $failed failed in $((SECONDS - started)) s"
     [ "${#failures[@]}" -eq 0 ] || line+=" (failed: ${failures[*]})"
@@ -339,10 +350,10 @@ if [ -z "$matrix_only" ]; then
     # The lab starts servers of its own: the matrix's broker would only take memory and CPU.
     matrix_rabbit_stop
     echo "=== tests/partitions.rs"
-    cargo test --test partitions -- --ignored --skip nemesis || partitions_failed=yes
+    cargo test --test main -- --ignored partitions:: --skip partitions::nemesis || partitions_failed=yes
     # The campaigns apart and uncaptured: their schedules, the fresh seed and the FIGURES
     # lines belong in the log even when they pass (the lab starts again: about 20 s).
-    cargo test --test partitions nemesis -- --ignored --nocapture || partitions_failed=yes
+    cargo test --test main -- --ignored partitions::nemesis --nocapture || partitions_failed=yes
     phase_done "tests/partitions.rs"
 fi
 

@@ -300,7 +300,7 @@ async fn child_process_log_signals_and_memory_are_observable() {
 }
 
 /// The fault-test API on private servers. About 20 s, so not in the default run:
-/// `cargo test --test harness_smoke -- --ignored`.
+/// `cargo test --test main harness_smoke:: -- --ignored`.
 #[tokio::test]
 #[ignore = "slow: starts, kills and restarts private servers"]
 async fn private_servers_can_be_crashed_and_restarted() {

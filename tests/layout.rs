@@ -703,3 +703,39 @@ fn an_untyped_configuration_error_is_counted() {
                 #[cfg(test)]\nmod tests { fn t() { RelayError::Config(\"t\".into()); } }";
     assert_eq!(untyped_config_errors(text), 2);
 }
+
+/// The `mod` items of tests/main.rs.
+fn modules_of_main(main: &str) -> BTreeSet<String> {
+    main.lines()
+        .filter_map(|line| line.strip_prefix("mod ")?.strip_suffix(';'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// tests/ builds one binary (`autotests = false`): a file that tests/main.rs does not name is
+/// never compiled, and its tests never run.
+#[test]
+fn every_test_file_is_a_module_of_main() {
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let main = std::fs::read_to_string(tests.join("main.rs")).expect("read tests/main.rs");
+    let declared = modules_of_main(&main);
+    let files: BTreeSet<String> = std::fs::read_dir(&tests)
+        .expect("read tests/")
+        .map(|entry| entry.expect("tests/ entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "rs"))
+        .filter_map(|path| Some(path.file_stem()?.to_str()?.to_string()))
+        .filter(|stem| stem != "main")
+        .collect();
+    assert!(files.len() > 10, "tests/ read as {files:?}");
+    let missing: Vec<_> = files.difference(&declared).collect();
+    assert!(missing.is_empty(), "tests/main.rs does not declare: {missing:?}");
+    let stale: Vec<_> = declared.difference(&files).collect();
+    assert!(stale.is_empty(), "tests/main.rs declares missing files: {stale:?}");
+}
+
+/// The check can fail: an undeclared module is not read as declared.
+#[test]
+fn a_test_file_missing_from_main_is_found() {
+    let declared = modules_of_main("//! mod doc;\nmod wal;\n// mod poll;\nmod faults;\n");
+    assert_eq!(declared, BTreeSet::from(["wal".into(), "faults".into()]));
+}

@@ -67,10 +67,8 @@ const RECONNECTS: &str = "outbox_relay_reconnects_total";
 const STANDBY: &str = "outbox_relay_standby";
 
 // Hosts that vanish (issue "Dead peers"), the `d…` tests: a module of their own.
-#[path = "partitions/dead_peers.rs"]
 mod dead_peers;
 // The nemesis campaign: every kind of fault at once, from a seeded schedule.
-#[path = "partitions/nemesis.rs"]
 mod nemesis;
 
 // ---------------------------------------------------------------------------------

@@ -1003,7 +1003,7 @@ async fn xact_commits(client: &Client) -> i64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement for docs/polling.md (about 4 minutes): cargo test --test poll -- --ignored --nocapture idle_query_rate"]
+#[ignore = "a measurement for docs/polling.md (about 4 minutes): cargo test --test main poll::idle_query_rate -- --ignored --nocapture"]
 async fn idle_query_rate_fixed_versus_adaptive_poll_interval() {
     use common::http::metric_value;
     const WINDOW: Duration = Duration::from_secs(30);

@@ -12,7 +12,6 @@ use lapin::types::FieldTable;
 use common::outbox::Outbox;
 use common::{services, unique_name, Consumer};
 
-#[path = "table_layouts/poll.rs"]
 mod poll;
 
 /// Debezium's Outbox Event Router table, as its documentation gives it.

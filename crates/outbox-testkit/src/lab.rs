@@ -1,4 +1,4 @@
-//! The partition tests' lab: one set of test hosts per test binary ([`Lab::shared`]), each
+//! The partition tests' lab: one set of test hosts per test process ([`Lab::shared`]), each
 //! server on a host of its own, so that a test can cut any link between them
 //! ([`super::netns`]).
 //!
@@ -65,7 +65,7 @@ static LOCK: RwLock<()> = RwLock::new(());
 static PG_PAIR: Mutex<()> = Mutex::new(());
 
 impl Lab {
-    /// The lab of this test binary, made on first use (blocking) and removed when the
+    /// The lab of this test process, made on first use (blocking) and removed when the
     /// process exits. Panics, saying why, where it cannot be made (no network namespaces:
     /// the tests fail, they never pass without their partitions).
     pub fn shared() -> &'static Lab {

@@ -1,5 +1,5 @@
-//! The integration-test harness of outbox-relay, shared by its test binaries (`use
-//! outbox_testkit as common;`) and the benchmark. It owns the servers and processes a test
+//! The integration-test harness of outbox-relay, shared by its test binary (tests/main.rs,
+//! `use outbox_testkit as common;`), the inbox's tests and the benchmark. It owns the servers and processes a test
 //! needs around the relay and the oracles that judge it from outside; it must never link
 //! the relay library (the relay runs only as its binary, see [`relay::binary`]) nor be a
 //! dependency of the product.
@@ -8,7 +8,7 @@
 //!   `test_decoding` commit-order oracle.
 //! - [`rabbit`]: a private RabbitMQ node (own node name, ports and data dir).
 //! - [`rabbit_cluster`]: a private 3-node RabbitMQ cluster (`pause_minority`), one per test
-//!   binary, for the failover tests: kill, restart and quorum queue leaders by node index.
+//!   process, for the failover tests: kill, restart and quorum queue leaders by node index.
 //! - [`amqp`]: queue and exchange topology, publishing with confirms, and a consumer that
 //!   collects deliveries.
 //! - [`arrivals`]: a consumer that records only each delivery's id, sequence, LSN and
@@ -28,12 +28,12 @@
 //!   partitions, promotions, alarms) within rules the system must survive; it only plans.
 //! - [`tls`]: certificates made with the `openssl` CLI.
 //!
-//! Ordinary tests share one server pair per test binary through [`services`], and give
+//! Ordinary tests share one server pair per test process through [`services`], and give
 //! every database, slot and queue its own [`unique_name`]. Fault tests, which kill and
 //! restart servers, start private ones with [`PgServer::start`] and [`RabbitServer::start`];
-//! the failover tests share their binary's [`RabbitCluster::shared`] and [`private_pg`].
+//! the failover tests share the process's [`RabbitCluster::shared`] and [`private_pg`].
 //!
-//! Servers outlive a test binary only if it is killed with SIGKILL before the cleanup
+//! Servers outlive a test process only if it is killed with SIGKILL before the cleanup
 //! watchdog notices (it checks once a second): every server is stopped by `Drop`, the
 //! shared ones by an `atexit` handler, and a detached watchdog stops them if the test
 //! process dies without running either.
@@ -123,7 +123,7 @@ impl<P: PrivateServer> Drop for ServerKind<P> {
     }
 }
 
-/// The server pair shared by the tests of one test binary.
+/// The server pair shared by the tests of one test process.
 pub struct Services {
     pub pg: PgServer,
     pub rabbit: RabbitServer,
@@ -133,7 +133,7 @@ static SERVICES: OnceLock<Result<Services, String>> = OnceLock::new();
 static PRIVATE_SERVICES: OnceLock<Result<Services, String>> = OnceLock::new();
 static PRIVATE_PG: OnceLock<PgServer> = OnceLock::new();
 
-/// The shared PostgreSQL and RabbitMQ of this test binary, started on first use (both in
+/// The shared PostgreSQL and RabbitMQ of this test process, started on first use (both in
 /// parallel, with blocking process calls: fine from any thread, inside a runtime or not)
 /// and stopped when the process exits. [`DATABASE_URL_ENV`] and [`AMQP_URL_ENV`] name
 /// existing servers to use instead.
@@ -197,7 +197,7 @@ fn services_in(
     }
 }
 
-/// A private PostgreSQL of this test binary alone, started on first use and stopped when the
+/// A private PostgreSQL of this test process alone, started on first use and stopped when the
 /// process exits: for tests whose broker is not a [`Services`] one (the
 /// [`RabbitCluster`]'s).
 pub fn private_pg() -> &'static PgServer {

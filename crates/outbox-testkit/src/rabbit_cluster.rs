@@ -1,4 +1,4 @@
-//! A private 3-node RabbitMQ cluster, shared by the tests of one test binary
+//! A private 3-node RabbitMQ cluster, shared by the tests of one test process
 //! ([`RabbitCluster::shared`]), for the failover tests (a node dies, a quorum queue elects a
 //! new leader, a minority pauses).
 //!
@@ -47,7 +47,7 @@ const HEALTHY_TIMEOUT: Duration = Duration::from_secs(120);
 /// under 15 s.
 const STUCK_PAUSE: Duration = Duration::from_secs(60);
 
-/// Three clustered RabbitMQ nodes owned by this test binary.
+/// Three clustered RabbitMQ nodes owned by this test process.
 pub struct RabbitCluster {
     nodes: Vec<Node>,
     state: Mutex<State>,
@@ -63,7 +63,7 @@ struct State {
 static CLUSTER: OnceLock<Result<RabbitCluster, String>> = OnceLock::new();
 
 impl RabbitCluster {
-    /// The cluster of this test binary, started on first use (blocking, about 15-30 s) and
+    /// The cluster of this test process, started on first use (blocking, about 15-30 s) and
     /// stopped when the process exits.
     pub fn shared() -> &'static RabbitCluster {
         let cluster = CLUSTER.get_or_init(|| {
@@ -541,7 +541,7 @@ impl RabbitCluster {
         Ok((leader, online))
     }
 
-    /// Serializes the tests of one binary that kill nodes (tests in a binary run in
+    /// Serializes the tests that kill nodes (the tests of a process run in
     /// parallel). A test that panicked while holding it does not block the others.
     pub fn lock(&self) -> MutexGuard<'static, ()> {
         static FAULTS: Mutex<()> = Mutex::new(());

@@ -83,7 +83,7 @@ pub fn binary() -> &'static Path {
 /// The consumer's binary, `outbox-inbox`, beside the relay's ([`binary`]): its package is
 /// another member of the workspace, so cargo names it only to that package's own tests, and
 /// the relay's tests find it where the workspace build put it. Panics naming the build if it
-/// is not there (`cargo test --workspace` builds it; `cargo test --test partitions` alone
+/// is not there (`cargo test --workspace` builds it; `cargo test --test main partitions::` alone
 /// does not, so run `cargo build -p outbox-inbox` first, which also keeps it current).
 pub fn inbox_binary() -> &'static Path {
     static INBOX: OnceLock<PathBuf> = OnceLock::new();
