@@ -311,6 +311,51 @@ impl SlotWatch {
     }
 }
 
+/// The relay's broker reconnects so far, by its metrics.
+fn reconnect_count(metrics: &str) -> usize {
+    metric_sum(metrics, RECONNECTS).unwrap_or(0.0) as usize
+}
+
+/// The lowest slot position the relay could have resumed from at any of its reconnects,
+/// sampled over a fault: a reconnect re-streams only transactions ending past the slot's
+/// position, so a repeat of a row at or beneath it was not re-sent by the relay (the broker
+/// stored or delivered it twice).
+struct ResendFloor {
+    last: (u64, usize),
+    floor: Option<u64>,
+}
+
+impl ResendFloor {
+    fn new(acknowledged: u64, reconnects: usize) -> ResendFloor {
+        ResendFloor {
+            last: (acknowledged, reconnects),
+            floor: None,
+        }
+    }
+
+    /// The slot's position, then the reconnect count read after it: a reconnect since the
+    /// last sample resumed from at least the last sample's position.
+    fn sample(&mut self, acknowledged: u64, reconnects: usize) {
+        if reconnects > self.last.1 {
+            let before = self.last.0;
+            self.floor = Some(self.floor.map_or(before, |f| f.min(before)));
+        }
+        self.last = (acknowledged, reconnects);
+    }
+
+    /// Repeats of rows whose transaction ended at or beneath the floor.
+    fn repeats_beneath(&self, txns: &[common::Txn], tally: &Tally) -> usize {
+        let Some(floor) = self.floor else {
+            return 0;
+        };
+        txns.iter()
+            .filter(|t| t.end_lsn <= floor)
+            .flat_map(|t| t.inserted_ids(common::faults::OUTBOX_TABLE))
+            .map(|id| tally.counts.get(&id).map_or(0, |n| n.saturating_sub(1)))
+            .sum()
+    }
+}
+
 /// Rows of the transactions whose commit ends in (`after`, `up_to`].
 fn rows_ending_between(txns: &[common::Txn], after: u64, up_to: u64) -> usize {
     txns.iter()
@@ -612,8 +657,12 @@ async fn x3_a_one_way_partition_between_two_broker_nodes_loses_no_confirmed_mess
     wait_confirmed(&relay, at, 500.0).await;
 
     let acknowledged_at_cut = outbox.confirmed_flush().await;
+    let reconnects_at_cut = reconnect_count(&scrape(at).await);
     let cut = lab.net.cut(&[lab.rabbit_host(0)], &[lab.rabbit_host(1)]);
     let cut_at = Instant::now();
+    // The relay re-sends only rows past the slot's position when it reconnects: the lowest
+    // position read before any reconnect tells its repeats from the broker's own.
+    let mut resend_floor = ResendFloor::new(acknowledged_at_cut, reconnects_at_cut);
     // What the partition does, sampled each second for the report: which nodes take AMQP
     // connections (a paused one refuses them), where the relay is, how far the slot moves.
     let mut paused_seconds = [0u32; 3];
@@ -625,12 +674,14 @@ async fn x3_a_one_way_partition_between_two_broker_nodes_loses_no_confirmed_mess
         for (i, paused) in paused_seconds.iter_mut().enumerate() {
             *paused += u32::from(!cluster.accepts_amqp(i));
         }
+        let acknowledged = outbox.confirmed_flush().await;
         if let Some((_, text)) = common::http::http_get(at, "/metrics").await {
             for node in cluster.nodes_in_use(&text) {
                 if relay_nodes.last() != Some(&node) {
                     relay_nodes.push(node);
                 }
             }
+            resend_floor.sample(acknowledged, reconnect_count(&text));
         }
     }
     let acknowledged_at_heal = outbox.confirmed_flush().await;
@@ -660,7 +711,9 @@ async fn x3_a_one_way_partition_between_two_broker_nodes_loses_no_confirmed_mess
     let txns = oracle.transactions(&outbox.client).await;
     let acknowledged_in_partition =
         rows_ending_between(&txns, acknowledged_at_cut, acknowledged_at_heal);
-    let reconnected = metric_sum(&text, RECONNECTS).unwrap_or(0.0) as usize;
+    let reconnected = reconnect_count(&text);
+    resend_floor.sample(acknowledged_at_heal, reconnected);
+    let not_resent = resend_floor.repeats_beneath(&txns, &tally);
     let bound = (W + MAX_TXN_ROWS) * reconnected;
     report_within(
         "x3 one-way partition node 0 -> node 1 for 30 s",
@@ -676,6 +729,11 @@ async fn x3_a_one_way_partition_between_two_broker_nodes_loses_no_confirmed_mess
             (
                 "rows acknowledged during the partition",
                 acknowledged_in_partition.to_string(),
+            ),
+            ("reconnects before the cut", reconnects_at_cut.to_string()),
+            (
+                "repeats of rows acknowledged before a reconnect (not re-sent by the relay)",
+                not_resent.to_string(),
             ),
             ("heal to cluster whole", secs(whole)),
             (

@@ -267,8 +267,43 @@ impl FailoverPair {
             }
             self.wait_failover_ready(slot, timeout.saturating_sub(started.elapsed()))
                 .await?;
+            // A copy this server kept from an earlier time as a standby (a promoted server's
+            // slots stay `synced`) is ready at once, at the position it had then: the next
+            // failover would replay from there. Ready means caught up with the primary's slot.
+            let primary = self.primary.client("postgres").await;
+            let target = super::pg::slot_confirmed_flush(&primary, slot).await;
+            self.wait_copy_reaches(slot, target, timeout.saturating_sub(started.elapsed()))
+                .await?;
             Ok(started.elapsed())
         })
+    }
+
+    /// Waits until the standby's copy of `slot` is ready and its `confirmed_flush_lsn` is at
+    /// or past `target`.
+    async fn wait_copy_reaches(
+        &self,
+        slot: &str,
+        target: u64,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let started = Instant::now();
+        let client = self.standby.client("postgres").await;
+        loop {
+            let state = standby_copy(&client, slot).await;
+            let reached = state
+                .as_ref()
+                .is_some_and(|c| c.is_ready() && c.confirmed_flush.is_some_and(|at| at >= target));
+            if reached {
+                return Ok(());
+            }
+            if started.elapsed() >= timeout {
+                return Err(format!(
+                    "the standby's copy of slot {slot} has not reached the primary's \
+                     {target:X} after {timeout:?}: {state:?}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Waits until the primary sees its standby's walreceiver streaming through the physical

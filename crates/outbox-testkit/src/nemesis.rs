@@ -322,6 +322,28 @@ impl Fault {
         }
     }
 
+    /// The broker nodes this fault may leave paused once it has healed: RabbitMQ's
+    /// pause_minority pauses a node that finds itself cut from the majority, and can fail to
+    /// resume it (a runner restarts such a node, as an operator would). A cut between a node
+    /// and a client pauses nothing.
+    pub fn may_leave_paused(&self) -> Vec<usize> {
+        match *self {
+            Fault::RabbitPause { node } | Fault::PartitionMinority { node } => vec![node],
+            Fault::HostVanish {
+                host: Host::Rabbit(node),
+            } => vec![node],
+            Fault::PartitionOneWay {
+                from: Host::Rabbit(a),
+                to: Host::Rabbit(b),
+            }
+            | Fault::PartitionFlapping {
+                hosts: (Host::Rabbit(a), Host::Rabbit(b)),
+                ..
+            } => vec![a, b],
+            _ => Vec::new(),
+        }
+    }
+
     /// What the fault impairs, for the safety rules of the module doc.
     fn impact(&self) -> Impact {
         let mut impact = Impact::default();
@@ -811,6 +833,36 @@ fn fits(step: &Step, active: &[&Step], plan: &Plan, topology: &Topology) -> bool
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_nodes_a_fault_may_leave_paused_are_the_cut_or_stopped_ones() {
+        let cut = |from, to| Fault::PartitionOneWay { from, to };
+        assert_eq!(Fault::PartitionMinority { node: 2 }.may_leave_paused(), [2]);
+        assert_eq!(Fault::RabbitPause { node: 1 }.may_leave_paused(), [1]);
+        assert_eq!(
+            Fault::HostVanish {
+                host: Host::Rabbit(0)
+            }
+            .may_leave_paused(),
+            [0]
+        );
+        assert_eq!(
+            cut(Host::Rabbit(0), Host::Rabbit(2)).may_leave_paused(),
+            [0, 2]
+        );
+        assert!(cut(Host::Rabbit(0), Host::Relay(1))
+            .may_leave_paused()
+            .is_empty());
+        assert!(Fault::HostVanish {
+            host: Host::Relay(0)
+        }
+        .may_leave_paused()
+        .is_empty());
+        assert!(Fault::RabbitKill9 { node: 0 }.may_leave_paused().is_empty());
+        assert!(Fault::RabbitMemoryAlarm { node: 0 }
+            .may_leave_paused()
+            .is_empty());
+    }
+
     use super::*;
 
     const HOUR: Duration = Duration::from_secs(3600);

@@ -462,8 +462,29 @@ impl RabbitCluster {
         self.restart_all(&stuck);
     }
 
-    /// How many nodes [`RabbitCluster::ensure_healthy`] has restarted because they stayed
-    /// paused after a partition healed.
+    /// What an operator does for one node after a fault on it healed, while faults elsewhere
+    /// go on (so not [`RabbitCluster::ensure_healthy`], which waits for every node): if node
+    /// `i` does not serve AMQP within `within` (pause_minority left it paused for good, as
+    /// above), it is restarted, counted in [`RabbitCluster::repairs`] and printed. Returns
+    /// whether it was; the restart waits for the node itself, not for the cluster.
+    pub fn repair_if_stuck(&self, i: usize, within: Duration) -> bool {
+        let node = &self.nodes[i];
+        if super::poll_until(within, Duration::from_millis(100), || node.accepts_amqp()) {
+            return false;
+        }
+        eprintln!(
+            "harness: cluster node {i} still does not serve AMQP {within:?} after its fault \
+             healed (RabbitMQ's pause_minority did not resume it); restarting it"
+        );
+        self.repairs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        node.kill9();
+        node.restart();
+        true
+    }
+
+    /// How many nodes [`RabbitCluster::ensure_healthy`] and [`RabbitCluster::repair_if_stuck`]
+    /// have restarted because they stayed paused after a partition healed.
     pub fn repairs(&self) -> usize {
         self.repairs.load(std::sync::atomic::Ordering::Relaxed)
     }
