@@ -12,8 +12,8 @@ use crate::config::{
     ColumnArgs, Connections, DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormat,
     MessageFormatArgs, Publishing, RunShard, TableName,
 };
+use crate::contract::mapper::{headers, AllowedExchanges, Mapper};
 use crate::error::{ConfigProblem, RelayError};
-use crate::mapper::{headers, AllowedExchanges, Mapper};
 use crate::outbox_table::columns::{self, ColumnMap};
 use crate::outbox_table::needs_created_at;
 use crate::publish::BrokerNodes;
@@ -123,7 +123,7 @@ pub fn shard(flags: &RunShard) -> Result<Shard, RelayError> {
 pub fn emit_prefix(flags: &EmitArgs, table: &TableName) -> String {
     match &flags.emit_prefix {
         Some(prefix) => prefix.clone(),
-        None => crate::emit::default_prefix(table.table_parts()),
+        None => crate::contract::emit::default_prefix(table.table_parts()),
     }
 }
 
@@ -146,7 +146,7 @@ fn with_format(
                 .get_dbname()
                 .or(config.get_user())
                 .unwrap_or("postgres");
-            crate::cloudevents::default_source(database, table.table_parts())
+            crate::contract::cloudevents::default_source(database, table.table_parts())
         }
     };
     Ok(mapper.with_cloudevents(&source))

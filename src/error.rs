@@ -619,7 +619,7 @@ pub enum ConfigProblem {
 }
 
 /// What kind of row, emitted event or table the mapper cannot make a message of
-/// (`crate::mapper::MapError`), for the advice on it: the error's own text says which row and
+/// (`crate::contract::mapper::MapError`), for the advice on it: the error's own text says which row and
 /// what exactly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MapProblem {

@@ -110,7 +110,7 @@ pub(crate) struct Read<'a> {
     pub transaction: &'a tokio_postgres::Transaction<'a>,
     pub portal: &'a tokio_postgres::Portal,
     pub text: &'a TextRelation,
-    pub mapper: &'a crate::mapper::Mapper,
+    pub mapper: &'a crate::contract::mapper::Mapper,
 }
 
 /// What was published: how many, and the created_at range.

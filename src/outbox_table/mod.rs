@@ -17,9 +17,9 @@ use bytes::Bytes;
 use tokio_postgres::{Client, Row};
 
 use crate::config::names::TableName;
+use crate::contract::mapper::{Layout, MapError};
 use crate::db::quote_ident;
 use crate::error::{ConfigProblem, RelayError};
-use crate::mapper::{Layout, MapError};
 use crate::pgoutput::{Column, Relation, Tuple, TupleValue};
 
 /// Column names of the outbox table (README.md, "The message contract") and the map to a

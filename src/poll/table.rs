@@ -7,9 +7,9 @@
 use tokio_postgres::{Client, Row};
 
 use crate::config::{OnPublished, TableName};
+use crate::contract::mapper::Layout;
 use crate::db::quote_ident;
 use crate::error::{ConfigProblem, RelayError};
-use crate::mapper::Layout;
 use crate::outbox_table::columns::{self, ColumnMap, COLUMN_FLAG, PUBLISHED_AT};
 use crate::outbox_table::{needs_created_at, TextRelation};
 use crate::pgoutput::Tuple;

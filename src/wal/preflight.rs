@@ -335,7 +335,7 @@ pub async fn check_emit_prefix(
     prefix: &str,
 ) -> Result<(), RelayError> {
     let (schema, table) = names.table_parts();
-    let functions: Vec<String> = crate::emit::FUNCTION_SUFFIXES
+    let functions: Vec<String> = crate::contract::emit::FUNCTION_SUFFIXES
         .iter()
         .map(|(suffix, _)| format!("{table}{suffix}"))
         .collect();

@@ -11,8 +11,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::contract::mapper::{Layout, MapError};
 use crate::error::RelayError;
-use crate::mapper::{Layout, MapError};
 use crate::outbox_table::columns::ColumnMap;
 use crate::pgoutput::Relation;
 

@@ -22,9 +22,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{CleanupArgs, FailoverSlot, OnSlotLost, OutboxNames, Tuning};
+use crate::contract::mapper::Mapper;
 use crate::db;
 use crate::error::{Endpoint, RelayError};
-use crate::mapper::Mapper;
 use crate::observability::{
     Health, RelayMetrics, StreamMetrics, HOST_LABEL, POSTGRES_INFO, SESSIONS_TOTAL,
 };

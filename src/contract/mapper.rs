@@ -9,7 +9,7 @@
 //! policy, not the mapper's.
 //!
 //! Pure and synchronous: it owns the translation, no I/O, and knows no broker client's
-//! types (the message is `crate::message`'s). It must never make up a value the
+//! types (the message is `crate::contract::message`'s). It must never make up a value the
 //! contract requires (a NULL `id` or `event_type`, an unchanged-TOAST value, a malformed
 //! column is a [`MapError`] naming the row): a message published with a wrong id or type
 //! cannot be called back. Only optional columns have defaults (the exchange, the routing key =
@@ -21,8 +21,8 @@ use bytes::Bytes;
 use pgwire_replication::Lsn;
 use time::format_description::well_known::Rfc3339;
 
+use crate::contract::message::{HeaderValue, Message, Rejection, Unpublishable};
 use crate::error::{ConfigProblem, MapProblem};
-use crate::message::{HeaderValue, Message, Rejection, Unpublishable};
 use crate::pgoutput::{Relation, Tuple, TupleValue};
 use crate::template::{Fields, Template};
 use crate::trace_context;
@@ -336,7 +336,7 @@ impl AllowedExchanges {
 pub struct RowRef {
     pub id: Option<String>,
     pub position: Option<Position>,
-    /// An event written by the emit functions (src/emit.rs), not a row of the table.
+    /// An event written by the emit functions (src/contract/emit.rs), not a row of the table.
     pub emitted: bool,
 }
 
@@ -644,7 +644,7 @@ impl Mapper {
     }
 
     /// Bodies as CloudEvents in structured mode, with `source` (`--message-format
-    /// cloudevents`, src/cloudevents.rs).
+    /// cloudevents`, src/contract/cloudevents.rs).
     pub fn with_cloudevents(mut self, source: &str) -> Self {
         self.cloudevents_source = Some(source.into());
         self
@@ -814,7 +814,7 @@ impl Mapper {
         let (body, content_type) = match &self.cloudevents_source {
             None => (body, content_type),
             Some(source) => {
-                let attributes = crate::cloudevents::Attributes {
+                let attributes = crate::contract::cloudevents::Attributes {
                     id: &message_id,
                     source,
                     event_type,
@@ -825,11 +825,12 @@ impl Mapper {
                     traceparent: traceparent.as_deref(),
                     tracestate: tracestate.as_deref(),
                 };
-                let event = crate::cloudevents::structured(&attributes, &body, content_type);
+                let event =
+                    crate::contract::cloudevents::structured(&attributes, &body, content_type);
                 if event.len() > self.max_message_size {
                     return Err(too_large(event.len()));
                 }
-                (event, Some(crate::cloudevents::CONTENT_TYPE))
+                (event, Some(crate::contract::cloudevents::CONTENT_TYPE))
             }
         };
         check_short(&message_id, columns::ID, row)?;

@@ -26,8 +26,10 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::mapper::{self, BodyKind, Headers, MapError, Mapper, Parts, Position, Readable, RowRef};
-use crate::message::{Message, Unpublishable};
+use crate::contract::mapper::{
+    self, BodyKind, Headers, MapError, Mapper, Parts, Position, Readable, RowRef,
+};
+use crate::contract::message::{Message, Unpublishable};
 
 /// The envelope version this relay writes (in the emit functions) and reads.
 pub const VERSION: u64 = 1;
