@@ -12,9 +12,9 @@ use crate::config::{
     ColumnArgs, Connections, DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormat,
     MessageFormatArgs, Publishing, RunShard, TableName,
 };
+use crate::contract::columns::{self, ColumnMap};
 use crate::contract::mapper::{headers, AllowedExchanges, Mapper};
 use crate::error::{ConfigProblem, RelayError};
-use crate::outbox_table::columns::{self, ColumnMap};
 use crate::outbox_table::needs_created_at;
 use crate::publish::BrokerNodes;
 use crate::shard::Shard;

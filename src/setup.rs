@@ -23,9 +23,9 @@ use tokio_postgres::Client;
 use crate::advice::report;
 use crate::backoff::Backoff;
 use crate::config::{FailoverSlot, Mode, OutboxNames, SetupArgs};
+use crate::contract::columns::{self, ColumnMap};
 use crate::db::{self, quote_ident, quote_literal};
 use crate::error::{ConfigProblem, Recovery, RelayError};
-use crate::outbox_table::columns::{self, ColumnMap};
 use crate::outbox_table::TextRelation;
 use crate::publish::Broker;
 use crate::shard::Shard;
@@ -963,7 +963,7 @@ mod tests {
 
     #[test]
     fn the_claim_index_is_on_the_mapped_columns() {
-        use crate::outbox_table::columns::Preset;
+        use crate::contract::columns::Preset;
         let names = default_names();
         let map = ColumnMap::resolve(Preset::Debezium, &["published_at=sent at".to_string()])
             .expect("map");

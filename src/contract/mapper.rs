@@ -27,7 +27,7 @@ use crate::pgoutput::{Relation, Tuple, TupleValue};
 use crate::template::{Fields, Template};
 use crate::trace_context;
 
-use crate::outbox_table::columns::{self, ColumnMap, HEADER_COLUMN_FLAG};
+use crate::contract::columns::{self, ColumnMap, HEADER_COLUMN_FLAG};
 
 /// Headers the relay adds to every message.
 pub mod headers {
@@ -1621,7 +1621,7 @@ mod tests {
 
     #[test]
     fn a_mapped_relation_is_read_under_the_tables_names() {
-        use crate::outbox_table::columns::Preset;
+        use crate::contract::columns::Preset;
         let map = ColumnMap::preset(Preset::Debezium);
         let layout = Layout::for_relation(&debezium_relation(), &map).expect("layout");
         let r = row(vec![
@@ -1670,7 +1670,7 @@ mod tests {
 
     #[test]
     fn an_unmapped_optional_column_is_absent_even_when_the_table_has_it() {
-        use crate::outbox_table::columns::Preset;
+        use crate::contract::columns::Preset;
         let map = ColumnMap::resolve(Preset::Default, &["headers=".to_string()]).expect("map");
         let layout = Layout::for_relation(&outbox_relation(), &map).expect("layout");
         let m = mapper()
@@ -2067,7 +2067,7 @@ mod tests {
         relation.columns.push(column("tracingspancontext", 25));
         let layout = Layout::for_relation(
             &relation,
-            &ColumnMap::preset(crate::outbox_table::columns::Preset::Debezium),
+            &ColumnMap::preset(crate::contract::columns::Preset::Debezium),
         )
         .expect("layout");
         let mut values: Vec<TupleValue> = relation.columns[..relation.columns.len() - 1]
@@ -2097,7 +2097,7 @@ mod tests {
 
     #[test]
     fn row_errors_name_the_tables_column() {
-        let map = ColumnMap::preset(crate::outbox_table::columns::Preset::Debezium);
+        let map = ColumnMap::preset(crate::contract::columns::Preset::Debezium);
         let layout = Layout::for_relation(&debezium_relation(), &map).expect("layout");
         let values = vec![
             text(ID),
@@ -2136,7 +2136,7 @@ mod tests {
         let text = crate::advice::report(&error.into());
         assert!(text.contains("Fix:"), "{text}");
         let unmapped = ColumnMap::resolve(
-            crate::outbox_table::columns::Preset::Default,
+            crate::contract::columns::Preset::Default,
             &["created_at=".to_string()],
         )
         .expect("map");

@@ -4,13 +4,14 @@
 //! becomes which AMQP property or header.
 //!
 //! ```text
-//!  wal/ (pgoutput tuple, logical message)    poll/, ops/resync.rs (rows as text, outbox_table)
-//!        │                                          │
-//!        ▼                                          ▼
-//!  contract/  mapper.rs   row -> Parts ─┐
-//!             emit.rs     envelope -> Parts ─┴▶ Mapper::assemble ─▶ Message | Unpublishable
-//!             cloudevents.rs  the body under --message-format cloudevents
-//!        │
+//!  wal/ (decoded rows, logical messages)      poll/, ops/resync.rs (rows read as text)
+//!        │                                            │
+//!        ▼                                            ▼
+//!  contract/  mapper.rs  a row, by its Layout ──────────┐
+//!             emit.rs    an emitted event's envelope ───┴─▶ Mapper::assemble
+//!             (columns.rs: the contract's column names and which of the table's holds each;
+//!              cloudevents.rs: the body under --message-format cloudevents)
+//!        │  message.rs: Message | Unpublishable
 //!        ▼
 //!  publish/ (delivery: publishes a Message; halts on, or dead-letters, an Unpublishable)
 //! ```
@@ -26,6 +27,9 @@
 //! Values are parsed in exactly the shapes the pinned session settings produce (`db.rs`).
 
 pub mod cloudevents;
+/// Column names of the outbox table (README.md, "The message contract") and the map to a
+/// table of another design.
+pub mod columns;
 pub mod emit;
 pub mod mapper;
 pub mod message;

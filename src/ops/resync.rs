@@ -23,10 +23,11 @@ use tokio_postgres::IsolationLevel;
 
 use crate::assembly::{Outbox, OutboxFlags};
 use crate::config::{ResyncArgs, TableName};
+use crate::contract::columns;
 use crate::db::{self, quote_ident};
 use crate::error::RelayError;
 use crate::observability::RelayMetrics;
-use crate::outbox_table::{columns, needs_created_at, TextRelation};
+use crate::outbox_table::{needs_created_at, TextRelation};
 use crate::publish::{deliver_batch, Broker};
 use crate::shard::Shard;
 
@@ -222,7 +223,7 @@ pub fn check_rfc3339(text: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox_table::columns::ColumnMap;
+    use crate::contract::columns::ColumnMap;
 
     #[test]
     fn rfc3339_times_are_checked() {

@@ -12,8 +12,8 @@ use tokio_postgres::Client;
 
 use crate::advice::{self, Warning};
 use crate::config::{FailoverSlot, OutboxNames};
+use crate::contract::columns::ColumnMap;
 use crate::error::{ConfigProblem, RelayError, SlotProblem};
-use crate::outbox_table::columns::ColumnMap;
 use crate::shard::Shard;
 use crate::wal::slot::read_slot;
 

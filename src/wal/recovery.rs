@@ -47,13 +47,13 @@ use std::time::Duration;
 use tokio_postgres::{Client, IsolationLevel};
 
 use crate::config::{FailoverSlot, OutboxNames};
+use crate::contract::columns::{self, ColumnMap};
 use crate::contract::mapper::Mapper;
 use crate::db::{self, Server};
 use crate::error::RelayError;
 use crate::observability::SLOT_RECOVERIES_TOTAL;
 use crate::ops::resync::{publish_all, select_sql, Read};
-use crate::outbox_table::columns::ColumnMap;
-use crate::outbox_table::{columns, needs_created_at, TextRelation};
+use crate::outbox_table::{needs_created_at, TextRelation};
 use crate::publish::Broker;
 use crate::publish::BrokerNodes;
 use crate::shard::Shard;

@@ -11,9 +11,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::contract::columns::ColumnMap;
 use crate::contract::mapper::{Layout, MapError};
 use crate::error::RelayError;
-use crate::outbox_table::columns::ColumnMap;
 use crate::pgoutput::Relation;
 
 pub enum Known<'a> {
