@@ -13,7 +13,8 @@ use crate::config::{
     MessageFormatArgs, Publishing, RunShard, TableName,
 };
 use crate::contract::columns::{self, ColumnMap};
-use crate::contract::mapper::{headers, AllowedExchanges, Mapper};
+use crate::contract::headers;
+use crate::contract::mapper::{AllowedExchanges, Mapper};
 use crate::error::{ConfigProblem, RelayError};
 use crate::outbox_table::needs_created_at;
 use crate::publish::BrokerNodes;

@@ -619,8 +619,8 @@ pub enum ConfigProblem {
 }
 
 /// What kind of row, emitted event or table the mapper cannot make a message of
-/// (`crate::contract::mapper::MapError`), for the advice on it: the error's own text says which row and
-/// what exactly.
+/// (`crate::contract::row_error::MapError`), for the advice on it: the error's own text says
+/// which row and what exactly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MapProblem {
     /// The table lacks a column every message needs (`contract`: the contract's name).

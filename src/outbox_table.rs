@@ -18,7 +18,8 @@ use tokio_postgres::{Client, Row};
 
 use crate::config::names::TableName;
 use crate::contract::columns::{self, ColumnMap};
-use crate::contract::mapper::{Layout, MapError};
+use crate::contract::mapper::Layout;
+use crate::contract::row_error::MapError;
 use crate::db::quote_ident;
 use crate::error::{ConfigProblem, RelayError};
 use crate::pgoutput::{Column, Relation, Tuple, TupleValue};

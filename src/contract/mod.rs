@@ -8,13 +8,18 @@
 //!        │                                            │
 //!        ▼                                            ▼
 //!  contract/  mapper.rs  a row, by its Layout ──────────┐
-//!             emit.rs    an emitted event's envelope ───┴─▶ Mapper::assemble
-//!             (columns.rs: the contract's column names and which of the table's holds each;
-//!              cloudevents.rs: the body under --message-format cloudevents)
-//!        │  message.rs: Message | Unpublishable
+//!             emit.rs    an emitted event's envelope ───┴─▶ Mapper::assemble ─▶ Message
+//!             salvage.rs what could be read of a rejected one ──────────────▶ Unpublishable
+//!        │    message.rs: Message | Unpublishable, what delivery is handed
 //!        ▼
 //!  publish/ (delivery: publishes a Message; halts on, or dead-letters, an Unpublishable)
 //! ```
+//!
+//! Beside them: columns.rs, the contract's column names and which of the table's columns
+//! holds each (`--table-layout`, `--column`); headers.rs, the headers the relay adds and a
+//! row's stream position; row_error.rs, why a row cannot be mapped, naming the row and column;
+//! pg_text.rs, PostgreSQL's text forms (bytea, uuid, timestamptz) and a JSON object of
+//! headers; cloudevents.rs, the body under `--message-format cloudevents`.
 //!
 //! A source hands delivery a [`message::Message`], ready to publish, or a
 //! [`message::Unpublishable`]: what could be read of it and why it cannot be published (a
@@ -31,5 +36,11 @@ pub mod cloudevents;
 /// table of another design.
 pub mod columns;
 pub mod emit;
+#[cfg(test)]
+mod fixtures;
+pub mod headers;
 pub mod mapper;
 pub mod message;
+pub mod pg_text;
+pub mod row_error;
+pub mod salvage;

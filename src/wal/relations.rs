@@ -12,7 +12,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::contract::columns::ColumnMap;
-use crate::contract::mapper::{Layout, MapError};
+use crate::contract::mapper::Layout;
+use crate::contract::row_error::MapError;
 use crate::error::RelayError;
 use crate::pgoutput::Relation;
 

@@ -2,7 +2,8 @@
 //! that no input panics.
 
 use super::*;
-use crate::contract::mapper::{headers as stream_headers, AllowedExchanges};
+use crate::contract::headers as stream_headers;
+use crate::contract::mapper::AllowedExchanges;
 use crate::contract::message::{HeaderValue, Rejection};
 use pgwire_replication::Lsn;
 use proptest::prelude::*;

@@ -10,7 +10,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use super::*;
 use crate::config::HEARTBEAT_PREFIX;
-use crate::contract::mapper::{headers, AllowedExchanges};
+use crate::contract::headers;
+use crate::contract::mapper::AllowedExchanges;
 use crate::contract::message::{HeaderValue, Message, Rejection};
 use crate::pgoutput::tests::encode;
 use crate::pgoutput::{Insert, Tuple, TupleValue};
