@@ -25,7 +25,7 @@ use crate::backoff::Backoff;
 use crate::config::{FailoverSlot, Mode, OutboxNames, SetupArgs};
 use crate::contract::columns::{self, ColumnMap};
 use crate::db::{self, quote_ident, quote_literal};
-use crate::error::{ConfigProblem, Recovery, RelayError};
+use crate::error::{ConfigProblem, RelayError, SupervisorAction};
 use crate::outbox_table::TextRelation;
 use crate::publish::Broker;
 use crate::shard::Shard;
@@ -800,7 +800,7 @@ where
             Err(error) => error,
         };
         let left = deadline.saturating_duration_since(Instant::now());
-        if error.recovery() != Recovery::Retry || left.is_zero() {
+        if error.recovery() != SupervisorAction::Retry || left.is_zero() {
             return Err(error);
         }
         let delay = backoff.next_delay().min(left);

@@ -503,6 +503,6 @@ mod tests {
              the publishing channel within 15 s; reconnecting, to the next node if there is one"
         );
         assert_eq!(error.kind().label(), "connect_timeout");
-        assert_eq!(error.recovery(), crate::error::Recovery::Retry);
+        assert_eq!(error.recovery(), crate::error::SupervisorAction::Retry);
     }
 }
