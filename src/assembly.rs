@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::config::{
     ColumnArgs, Connections, DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormat,
-    MessageFormatArgs, Publishing, RunShard, TableName,
+    MessageFormatArgs, PublishLimits, RunShard, TableName,
 };
 use crate::contract::columns::{self, ColumnMap};
 use crate::contract::headers;
@@ -39,7 +39,7 @@ pub struct OutboxFlags<'a> {
     pub connections: &'a Connections,
     pub table: &'a TableName,
     pub exchange: &'a str,
-    pub publishing: &'a Publishing,
+    pub publishing: &'a PublishLimits,
     pub exchanges: &'a ExchangePolicyArgs,
     pub format: &'a MessageFormatArgs,
     /// `None` for a command without the dead-letter policy (`resync`).
