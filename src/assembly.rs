@@ -21,8 +21,9 @@ use crate::publish::BrokerNodes;
 use crate::shard::Shard;
 use crate::template::Template;
 
-/// What every publishing command runs with.
-pub struct Outbox {
+/// What every publishing command (`run`, `poll`, `resync`) runs with: the database it reads,
+/// the broker nodes it publishes to, the mapper between them and the dead-letter exchange.
+pub struct RelayParts {
     /// Checked: a malformed URL is a definite error before anything starts, never an outage
     /// to retry.
     pub database_url: String,
@@ -34,8 +35,8 @@ pub struct Outbox {
     pub dead_letter_exchange: Option<String>,
 }
 
-/// The flag groups a publishing command's [`Outbox`] is made from.
-pub struct OutboxFlags<'a> {
+/// The flag groups a publishing command's [`RelayParts`] are made from.
+pub struct RelayPartsFlags<'a> {
     pub connections: &'a Connections,
     pub table: &'a TableName,
     pub exchange: &'a str,
@@ -46,8 +47,8 @@ pub struct OutboxFlags<'a> {
     pub dead_letter: Option<&'a DeadLetterArgs>,
 }
 
-impl Outbox {
-    pub fn new(flags: OutboxFlags<'_>) -> Result<Outbox, RelayError> {
+impl RelayParts {
+    pub fn new(flags: RelayPartsFlags<'_>) -> Result<RelayParts, RelayError> {
         let database_url = flags.connections.database_url()?;
         let role = crate::db::parse_url(&database_url)?
             .get_user()
@@ -64,7 +65,7 @@ impl Outbox {
             Some(dead_letter) => dead_letter.exchange(flags.exchange)?,
             None => None,
         };
-        Ok(Outbox {
+        Ok(RelayParts {
             brokers: broker_nodes(flags.connections)?,
             database_url,
             role,

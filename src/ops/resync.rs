@@ -21,7 +21,7 @@
 
 use tokio_postgres::IsolationLevel;
 
-use crate::assembly::{Outbox, OutboxFlags};
+use crate::assembly::{RelayParts, RelayPartsFlags};
 use crate::config::{ResyncArgs, TableName};
 use crate::contract::columns;
 use crate::db::{self, quote_ident};
@@ -38,12 +38,12 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     check_rfc3339(&args.since).map_err(RelayError::Config)?;
     let map = args.columns.map()?;
     let names = &args.names;
-    let Outbox {
+    let RelayParts {
         database_url,
         brokers,
         mapper,
         ..
-    } = Outbox::new(OutboxFlags {
+    } = RelayParts::new(RelayPartsFlags {
         connections: &args.connections,
         table: &names.table,
         exchange: &names.exchange,
