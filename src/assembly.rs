@@ -10,18 +10,20 @@ use std::sync::Arc;
 
 use crate::config::{
     ColumnArgs, Connections, DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormat,
-    MessageFormatArgs, Publishing, RunShard, TableName,
+    MessageFormatArgs, PublishLimits, RunShard, TableName,
 };
+use crate::contract::columns::{self, ColumnMap};
+use crate::contract::headers;
+use crate::contract::mapper::{AllowedExchanges, Mapper};
 use crate::error::{ConfigProblem, RelayError};
-use crate::mapper::{headers, AllowedExchanges, Mapper};
-use crate::outbox_table::columns::{self, ColumnMap};
 use crate::outbox_table::needs_created_at;
 use crate::publish::BrokerNodes;
 use crate::shard::Shard;
 use crate::template::Template;
 
-/// What every publishing command runs with.
-pub struct Outbox {
+/// What every publishing command (`run`, `poll`, `resync`) runs with: the database it reads,
+/// the broker nodes it publishes to, the mapper between them and the dead-letter exchange.
+pub struct RelayParts {
     /// Checked: a malformed URL is a definite error before anything starts, never an outage
     /// to retry.
     pub database_url: String,
@@ -33,20 +35,20 @@ pub struct Outbox {
     pub dead_letter_exchange: Option<String>,
 }
 
-/// The flag groups a publishing command's [`Outbox`] is made from.
-pub struct OutboxFlags<'a> {
+/// The flag groups a publishing command's [`RelayParts`] are made from.
+pub struct RelayPartsFlags<'a> {
     pub connections: &'a Connections,
     pub table: &'a TableName,
     pub exchange: &'a str,
-    pub publishing: &'a Publishing,
+    pub publishing: &'a PublishLimits,
     pub exchanges: &'a ExchangePolicyArgs,
     pub format: &'a MessageFormatArgs,
     /// `None` for a command without the dead-letter policy (`resync`).
     pub dead_letter: Option<&'a DeadLetterArgs>,
 }
 
-impl Outbox {
-    pub fn new(flags: OutboxFlags<'_>) -> Result<Outbox, RelayError> {
+impl RelayParts {
+    pub fn new(flags: RelayPartsFlags<'_>) -> Result<RelayParts, RelayError> {
         let database_url = flags.connections.database_url()?;
         let role = crate::db::parse_url(&database_url)?
             .get_user()
@@ -63,7 +65,7 @@ impl Outbox {
             Some(dead_letter) => dead_letter.exchange(flags.exchange)?,
             None => None,
         };
-        Ok(Outbox {
+        Ok(RelayParts {
             brokers: broker_nodes(flags.connections)?,
             database_url,
             role,
@@ -123,7 +125,7 @@ pub fn shard(flags: &RunShard) -> Result<Shard, RelayError> {
 pub fn emit_prefix(flags: &EmitArgs, table: &TableName) -> String {
     match &flags.emit_prefix {
         Some(prefix) => prefix.clone(),
-        None => crate::emit::default_prefix(table.table_parts()),
+        None => crate::contract::emit::default_prefix(table.table_parts()),
     }
 }
 
@@ -146,7 +148,7 @@ fn with_format(
                 .get_dbname()
                 .or(config.get_user())
                 .unwrap_or("postgres");
-            crate::cloudevents::default_source(database, table.table_parts())
+            crate::contract::cloudevents::default_source(database, table.table_parts())
         }
     };
     Ok(mapper.with_cloudevents(&source))

@@ -28,10 +28,10 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{CleanupArgs, OutboxNames};
+use crate::contract::columns::{self, ColumnMap};
 use crate::db::quote_ident;
 use crate::error::RelayError;
 use crate::observability::{Health, CLEANUP_DELETED_ROWS_TOTAL};
-use crate::outbox_table::columns::{self, ColumnMap};
 use crate::periodic::{self, Job};
 use crate::shard::Shard;
 use crate::wal::state::{backfill_start, record_acknowledged, EmittedSeen};
@@ -244,7 +244,7 @@ mod tests {
             exchange: "".into(),
         };
         let map = ColumnMap::resolve(
-            crate::outbox_table::columns::Preset::Debezium,
+            crate::contract::columns::Preset::Debezium,
             &["created_at=occurred at".to_string()],
         )
         .expect("map");

@@ -619,8 +619,8 @@ pub enum ConfigProblem {
 }
 
 /// What kind of row, emitted event or table the mapper cannot make a message of
-/// (`crate::mapper::MapError`), for the advice on it: the error's own text says which row and
-/// what exactly.
+/// (`crate::contract::row_error::MapError`), for the advice on it: the error's own text says
+/// which row and what exactly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MapProblem {
     /// The table lacks a column every message needs (`contract`: the contract's name).
@@ -714,7 +714,7 @@ impl std::fmt::Display for Endpoint {
 
 /// What the supervisor does after a session ends with an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Recovery {
+pub enum SupervisorAction {
     /// Reconnect after a backoff and resume from the slot.
     Retry,
     /// Another process holds the slot: wait as a standby and retry.
@@ -776,12 +776,12 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub fn recovery(self) -> Recovery {
+    pub fn recovery(self) -> SupervisorAction {
         use ErrorKind::*;
         match self {
             Config | Provisioning | SlotLost | TlsConfig | DatabaseRefused | ReplicationRefused
-            | Data | Bug => Recovery::Stop,
-            SlotHeld => Recovery::Standby,
+            | Data | Bug => SupervisorAction::Stop,
+            SlotHeld => SupervisorAction::Standby,
             DatabaseDown
             | TlsHandshake
             | DatabaseConnectTimeout
@@ -796,7 +796,7 @@ impl ErrorKind {
             | Nacked
             | Returned
             | ReturnedAfterSettle
-            | DeadLetterReturned => Recovery::Retry,
+            | DeadLetterReturned => SupervisorAction::Retry,
         }
     }
 
@@ -914,7 +914,7 @@ impl RelayError {
     }
 
     /// Shorthand for `self.kind().recovery()`.
-    pub fn recovery(&self) -> Recovery {
+    pub fn recovery(&self) -> SupervisorAction {
         self.kind().recovery()
     }
 
@@ -1034,7 +1034,7 @@ mod tests {
     fn missing_replication_privilege_is_named() {
         let e = server("must be superuser or replication role to start walsender (SQLSTATE 42501)")
             .clarify(Some("app_relay"));
-        assert_eq!(e.recovery(), Recovery::Stop);
+        assert_eq!(e.recovery(), SupervisorAction::Stop);
         assert!(matches!(e, RelayError::NoReplicationPrivilege { .. }));
         let sixteen = server(
             "permission denied to start WAL sender: Only roles with the REPLICATION attribute \
@@ -1049,22 +1049,25 @@ mod tests {
     #[test]
     fn slot_in_use_is_standby_and_auth_stops() {
         let e = server("replication slot \"s\" is active for PID 42 (SQLSTATE 55006)");
-        assert_eq!(e.recovery(), Recovery::Standby);
+        assert_eq!(e.recovery(), SupervisorAction::Standby);
         assert_eq!(e.kind().label(), "standby");
         let e = RelayError::replication(pgwire_replication::PgWireError::Auth("no".into()));
-        assert_eq!(e.recovery(), Recovery::Stop);
+        assert_eq!(e.recovery(), SupervisorAction::Stop);
         let e = server("terminating connection due to administrator command (SQLSTATE 57P01)");
-        assert_eq!(e.recovery(), Recovery::Retry);
+        assert_eq!(e.recovery(), SupervisorAction::Retry);
         assert_eq!(e.kind().side(), Side::Stream);
         // A server error without a SQLSTATE is an outage until shown otherwise.
-        assert_eq!(server("connection lost").recovery(), Recovery::Retry);
+        assert_eq!(
+            server("connection lost").recovery(),
+            SupervisorAction::Retry
+        );
     }
 
     /// A broken invariant of the relay stops it: retrying would repeat the bug forever.
     #[test]
     fn a_bug_stops_and_says_it_is_one() {
         let e = RelayError::Bug("settled a front that is not a publish".into());
-        assert_eq!(e.recovery(), Recovery::Stop);
+        assert_eq!(e.recovery(), SupervisorAction::Stop);
         assert_eq!(e.kind().label(), "bug");
         assert!(e.to_string().contains("a bug in outbox-relay"), "{e}");
     }
@@ -1085,12 +1088,12 @@ mod tests {
             pgwire_replication::PgWireError::Tls("invalid peer certificate: Expired".into()),
             false,
         );
-        assert_eq!(e.recovery(), Recovery::Stop);
+        assert_eq!(e.recovery(), SupervisorAction::Stop);
         let e = RelayError::pg_tls(
             pgwire_replication::PgWireError::Tls("connection reset by peer".into()),
             false,
         );
-        assert_eq!(e.recovery(), Recovery::Retry);
+        assert_eq!(e.recovery(), SupervisorAction::Retry);
     }
 
     #[test]

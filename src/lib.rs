@@ -5,8 +5,9 @@
 //! 1. `wal` — the PostgreSQL side. `wal::stream` owns the replication client: it reads the
 //!    stream and tells PostgreSQL the acknowledged position, nothing else. `wal::source` turns
 //!    each event into a delivery input, using `pgoutput` (the decoder), `wal::relations` (the
-//!    relation cache) and `mapper` (row -> AMQP message); `wal::position` is the token a
-//!    position is acknowledged with. `wal::session` wires one session; `wal` (mod) restarts it.
+//!    relation cache) and `contract` (row -> message: the message contract); `wal::position`
+//!    is the token a position is acknowledged with. `wal::session` wires one session; `wal`
+//!    (mod) restarts it.
 //! 2. `publish` — the delivery side. `publish::delivery` publishes under the in-flight window
 //!    on `publish::broker`'s channel, awaits confirms in order through `publish::queue`, sends
 //!    returned rows to `publish::dead_letter` when asked, and hands back "acknowledged up to
@@ -38,15 +39,12 @@ pub mod advice;
 pub mod assembly;
 pub mod backoff;
 pub mod cleanup;
-pub mod cloudevents;
 pub mod config;
+pub mod contract;
 pub mod db;
-pub mod emit;
 pub mod error;
 pub mod failpoint;
 pub mod liveness;
-pub mod mapper;
-pub mod message;
 pub mod observability;
 pub mod ops;
 pub mod outbox_table;

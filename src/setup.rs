@@ -23,9 +23,9 @@ use tokio_postgres::Client;
 use crate::advice::report;
 use crate::backoff::Backoff;
 use crate::config::{FailoverSlot, Mode, OutboxNames, SetupArgs};
+use crate::contract::columns::{self, ColumnMap};
 use crate::db::{self, quote_ident, quote_literal};
-use crate::error::{ConfigProblem, Recovery, RelayError};
-use crate::outbox_table::columns::{self, ColumnMap};
+use crate::error::{ConfigProblem, RelayError, SupervisorAction};
 use crate::outbox_table::TextRelation;
 use crate::publish::Broker;
 use crate::shard::Shard;
@@ -176,7 +176,7 @@ pub fn create_slot_sql(names: &OutboxNames, failover: bool) -> String {
     )
 }
 
-/// The emit functions of the table-less outbox (src/emit.rs, docs/emit.md), in the table's
+/// The emit functions of the table-less outbox (src/contract/emit.rs, docs/emit.md), in the table's
 /// schema and named after the table: `<table>_emit` (jsonb payload), `<table>_emit_text`
 /// and `<table>_emit_bytea`, so no call resolves to the wrong overload. Each checks its
 /// arguments in the writer's transaction (a bad event fails there, not in the relay), writes
@@ -185,7 +185,7 @@ pub fn create_slot_sql(names: &OutboxNames, failover: bool) -> String {
 /// nothing. WAL mode only: polling reads the table and never sees them.
 // Longer than the others: one function's SQL text, kept whole so it reads as the SQL it is.
 pub fn emit_step(names: &OutboxNames, prefix: &str) -> Step {
-    use crate::emit::{fields, FUNCTION_SUFFIXES, VERSION};
+    use crate::contract::emit::{fields, FUNCTION_SUFFIXES, VERSION};
     let (schema, table) = names.table_parts();
     let prefix = quote_literal(prefix);
     let mut sql = String::new();
@@ -197,7 +197,7 @@ pub fn emit_step(names: &OutboxNames, prefix: &str) -> Step {
         );
         let payload_type = kind.sql_type();
         let payload = match kind {
-            crate::emit::PayloadType::Bytea => {
+            crate::contract::emit::PayloadType::Bytea => {
                 "pg_catalog.translate(pg_catalog.encode(payload, 'base64'), E'\\n', '')"
             }
             _ => "payload",
@@ -332,7 +332,7 @@ pub fn restrict_emit_step(names: &OutboxNames, restrict: Restrict<'_>) -> Step {
          \x20   END LOOP;\n\
          END {DO_TAG};"
     );
-    for (suffix, kind) in crate::emit::FUNCTION_SUFFIXES {
+    for (suffix, kind) in crate::contract::emit::FUNCTION_SUFFIXES {
         let function = format!(
             "{}.{}(text, {}, jsonb, text, text, text, text)",
             quote_ident(schema),
@@ -625,7 +625,7 @@ async fn ensure_emit_functions(
     let names = &args.names;
     let step = emit_step(names, prefix);
     let (schema, table) = names.table_parts();
-    let functions: Vec<String> = crate::emit::FUNCTION_SUFFIXES
+    let functions: Vec<String> = crate::contract::emit::FUNCTION_SUFFIXES
         .iter()
         .map(|(suffix, _)| format!("{table}{suffix}"))
         .collect();
@@ -674,7 +674,7 @@ async fn ensure_emit_functions(
 /// suffixes within PostgreSQL's 63 bytes, or PostgreSQL would cut them short.
 fn check_emit_names(names: &OutboxNames) -> Result<(), RelayError> {
     let (_, table) = names.table_parts();
-    let room = 63 - crate::emit::LONGEST_SUFFIX;
+    let room = 63 - crate::contract::emit::LONGEST_SUFFIX;
     if table.len() > room {
         return Err(ConfigProblem::TableNameTooLongForEmit {
             table: table.to_string(),
@@ -800,7 +800,7 @@ where
             Err(error) => error,
         };
         let left = deadline.saturating_duration_since(Instant::now());
-        if error.recovery() != Recovery::Retry || left.is_zero() {
+        if error.recovery() != SupervisorAction::Retry || left.is_zero() {
             return Err(error);
         }
         let delay = backoff.next_delay().min(left);
@@ -963,7 +963,7 @@ mod tests {
 
     #[test]
     fn the_claim_index_is_on_the_mapped_columns() {
-        use crate::outbox_table::columns::Preset;
+        use crate::contract::columns::Preset;
         let names = default_names();
         let map = ColumnMap::resolve(Preset::Debezium, &["published_at=sent at".to_string()])
             .expect("map");

@@ -20,8 +20,8 @@
 
 pub use crate::config::modes::MAX_SHARDS;
 use crate::config::names::{parse_identifier, parse_slot_name, OutboxNames};
+use crate::contract::columns::{self, ColumnMap};
 use crate::error::{ConfigProblem, RelayError};
-use crate::outbox_table::columns::{self, ColumnMap};
 
 /// One shard of `count` (`index` < `count`); `count` 1 is the unsharded outbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::advice::report;
 use crate::backoff::Backoff;
-use crate::error::{Recovery, RelayError};
+use crate::error::{RelayError, SupervisorAction};
 use crate::observability::count_reconnect;
 
 /// The first reconnect delay; it doubles up to the configured maximum.
@@ -82,15 +82,15 @@ pub async fn supervise<S: Supervised>(
         supervised.failed(&error);
         let recovery = error.recovery();
         let delay = match recovery {
-            Recovery::Stop => return Err(error),
-            Recovery::Standby => {
+            SupervisorAction::Stop => return Err(error),
+            SupervisorAction::Standby => {
                 if !standby_logged {
                     tracing::info!(error = %report(&error), "standby: waiting for the slot");
                     standby_logged = true;
                 }
                 STANDBY_RETRY
             }
-            Recovery::Retry => {
+            SupervisorAction::Retry => {
                 standby_logged = false;
                 if supervised.progressed(started.elapsed()) {
                     backoff.reset();
@@ -111,7 +111,7 @@ pub async fn supervise<S: Supervised>(
         };
         let wait = async {
             match recovery {
-                Recovery::Standby => supervised.wait_as_standby(delay).await,
+                SupervisorAction::Standby => supervised.wait_as_standby(delay).await,
                 _ => tokio::time::sleep(delay).await,
             }
         };

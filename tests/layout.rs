@@ -542,7 +542,7 @@ fn strings_are_read_before_comments() {
 }
 
 /// Only src/publish/ names lapin: everything else hands messages over in the contract's
-/// terms (src/message.rs).
+/// terms (src/contract/message.rs).
 #[test]
 fn only_publish_names_the_amqp_client() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");

@@ -20,7 +20,7 @@ use common::{
 use outbox_relay::config::{
     OnPublished, OutboxNames, DEFAULT_POLL_BATCH_SIZE, DEFAULT_POLL_WORKERS,
 };
-use outbox_relay::outbox_table::columns::ColumnMap;
+use outbox_relay::contract::columns::ColumnMap;
 use outbox_relay::poll::table::OutboxTable;
 use outbox_relay::setup;
 use tokio_postgres::Client;

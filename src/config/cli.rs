@@ -16,7 +16,7 @@ use super::names::{
     parse_identifier, ColumnArgs, OutboxNames, PublishNames, SlotNames, StatusNames,
 };
 use super::observability::{CleanupArgs, EndpointArgs, ObservabilityArgs};
-use super::tuning::{Delivery, Publishing, Tuning};
+use super::tuning::{Delivery, PublishLimits, Tuning};
 use super::values::parse_duration;
 
 #[derive(Debug, Parser)]
@@ -355,7 +355,7 @@ pub struct ResyncArgs {
     #[arg(long)]
     pub since: String,
     #[command(flatten)]
-    pub publishing: Publishing,
+    pub publishing: PublishLimits,
     #[command(flatten)]
     pub exchanges: ExchangePolicyArgs,
     #[command(flatten)]

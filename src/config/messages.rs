@@ -73,7 +73,7 @@ pub enum MessageFormat {
     Cloudevents,
 }
 
-/// `--message-format` and the CloudEvents `source` (src/cloudevents.rs, docs/emit.md).
+/// `--message-format` and the CloudEvents `source` (src/contract/cloudevents.rs, docs/emit.md).
 #[derive(Debug, Clone, Args)]
 pub struct MessageFormatArgs {
     /// The body of every message: `plain` (the payload) or `cloudevents` (a CloudEvents 1.0
@@ -89,7 +89,7 @@ pub struct MessageFormatArgs {
 }
 
 fn parse_cloudevents_source(source: &str) -> Result<String, String> {
-    crate::cloudevents::check_source(source)?;
+    crate::contract::cloudevents::check_source(source)?;
     Ok(source.to_string())
 }
 

@@ -3,8 +3,8 @@
 
 use clap::Args;
 
+use crate::contract::columns::{ColumnMap, Preset};
 use crate::error::RelayError;
-use crate::outbox_table::columns::{ColumnMap, Preset};
 
 // Each name is a flag of its own, so that a command takes only the names it uses (`poll`
 // has no slot, `teardown` no exchange): clap then refuses the others on its command line. A

@@ -911,7 +911,7 @@ fn dead_letter_policy_defaults_to_halt_and_needs_an_exchange() {
 /// repeatable and takes comma-separated lists (as OUTBOX_COLUMNS does), over the preset.
 #[test]
 fn column_map_flags_reach_every_command_that_reads_the_table() {
-    use crate::outbox_table::columns::{CREATED_AT, EVENT_TYPE, HEADERS};
+    use crate::contract::columns::{CREATED_AT, EVENT_TYPE, HEADERS};
     let db = ["--database-url", "postgres://x"];
     let mapped = [
         "--table-layout",

@@ -31,7 +31,7 @@ pub struct Tuning {
 /// What every publishing command needs (`run`, `poll`, `resync`): the confirm timeout and
 /// the message size limit.
 #[derive(Debug, Clone, Args)]
-pub struct Publishing {
+pub struct PublishLimits {
     /// Seconds a published message may stay unsettled (not yet confirmed, or its confirm not
     /// yet known to be free of a return) before the relay gives up on the connection and
     /// reconnects (paused while the broker blocks publishers). Keep it above the time the broker
@@ -50,7 +50,7 @@ pub struct Publishing {
 #[derive(Debug, Clone, Args)]
 pub struct Delivery {
     #[command(flatten)]
-    pub publishing: Publishing,
+    pub publishing: PublishLimits,
 
     /// Longest wait between reconnect attempts, in seconds (backoff doubles from 0.5 s).
     #[arg(long, env = "OUTBOX_MAX_BACKOFF_SECS", default_value_t = 30)]
@@ -84,13 +84,13 @@ impl std::ops::Deref for Tuning {
 /// The publishing knobs read as `delivery.max_message_size`, as before they were split out
 /// for `resync`.
 impl std::ops::Deref for Delivery {
-    type Target = Publishing;
-    fn deref(&self) -> &Publishing {
+    type Target = PublishLimits;
+    fn deref(&self) -> &PublishLimits {
         &self.publishing
     }
 }
 
-impl Publishing {
+impl PublishLimits {
     pub fn confirm_timeout(&self) -> Duration {
         Duration::from_secs(self.confirm_timeout_secs)
     }

@@ -21,12 +21,13 @@
 
 use tokio_postgres::IsolationLevel;
 
-use crate::assembly::{Outbox, OutboxFlags};
+use crate::assembly::{RelayParts, RelayPartsFlags};
 use crate::config::{ResyncArgs, TableName};
+use crate::contract::columns;
 use crate::db::{self, quote_ident};
 use crate::error::RelayError;
 use crate::observability::RelayMetrics;
-use crate::outbox_table::{columns, needs_created_at, TextRelation};
+use crate::outbox_table::{needs_created_at, TextRelation};
 use crate::publish::{deliver_batch, Broker};
 use crate::shard::Shard;
 
@@ -37,12 +38,12 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     check_rfc3339(&args.since).map_err(RelayError::Config)?;
     let map = args.columns.map()?;
     let names = &args.names;
-    let Outbox {
+    let RelayParts {
         database_url,
         brokers,
         mapper,
         ..
-    } = Outbox::new(OutboxFlags {
+    } = RelayParts::new(RelayPartsFlags {
         connections: &args.connections,
         table: &names.table,
         exchange: &names.exchange,
@@ -110,7 +111,7 @@ pub(crate) struct Read<'a> {
     pub transaction: &'a tokio_postgres::Transaction<'a>,
     pub portal: &'a tokio_postgres::Portal,
     pub text: &'a TextRelation,
-    pub mapper: &'a crate::mapper::Mapper,
+    pub mapper: &'a crate::contract::mapper::Mapper,
 }
 
 /// What was published: how many, and the created_at range.
@@ -222,7 +223,7 @@ pub fn check_rfc3339(text: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox_table::columns::ColumnMap;
+    use crate::contract::columns::ColumnMap;
 
     #[test]
     fn rfc3339_times_are_checked() {

@@ -25,12 +25,12 @@ use tokio_postgres::Client;
 
 use crate::advice;
 use crate::config::{Mode, StatusArgs};
+use crate::contract::columns;
 use crate::db::{self, quote_ident};
 use crate::error::{ConfigProblem, RelayError};
 use crate::observability::http_get;
 use crate::observability::metrics::{BROKER_INFO, HOST_LABEL, NODE_LABEL, POSTGRES_INFO};
 use crate::observability::StandbyWait;
-use crate::outbox_table::columns;
 use crate::poll::table::{Backlog, BacklogQuery};
 use crate::shard::Shard;
 use crate::wal::preflight::{idle_slot_timeout, synchronized_standby_slots};

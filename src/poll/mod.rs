@@ -43,7 +43,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::assembly::{Outbox, OutboxFlags};
+use crate::assembly::{RelayParts, RelayPartsFlags};
 use crate::config::{OnPublished, PollArgs};
 use crate::error::RelayError;
 use crate::observability::{self, PollMetrics, WorkerHealth};
@@ -61,13 +61,13 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
         &[]
     };
     let columns = crate::assembly::column_map(&args.columns, &args.names.table, created_at_for)?;
-    let Outbox {
+    let RelayParts {
         database_url,
         brokers,
         mapper,
         dead_letter_exchange,
         ..
-    } = Outbox::new(OutboxFlags {
+    } = RelayParts::new(RelayPartsFlags {
         connections: &args.connections,
         table: &args.names.table,
         exchange: &args.names.exchange,

@@ -8,10 +8,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::config::{Delivery, OnPublished, PublishNames};
+use crate::contract::columns::ColumnMap;
+use crate::contract::mapper::Mapper;
 use crate::error::RelayError;
-use crate::mapper::Mapper;
 use crate::observability::{PollMetrics, WorkerHealth};
-use crate::outbox_table::columns::ColumnMap;
 use crate::publish::BrokerNodes;
 
 use super::table::OutboxTable;

@@ -7,10 +7,10 @@
 use tokio_postgres::{Client, Row};
 
 use crate::config::{OnPublished, TableName};
+use crate::contract::columns::{self, ColumnMap, COLUMN_FLAG, PUBLISHED_AT};
+use crate::contract::mapper::Layout;
 use crate::db::quote_ident;
 use crate::error::{ConfigProblem, RelayError};
-use crate::mapper::Layout;
-use crate::outbox_table::columns::{self, ColumnMap, COLUMN_FLAG, PUBLISHED_AT};
 use crate::outbox_table::{needs_created_at, TextRelation};
 use crate::pgoutput::Tuple;
 
@@ -317,7 +317,7 @@ fn missing_column(outbox: &TableName, map: &ColumnMap, contract: &'static str) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox_table::columns::Preset;
+    use crate::contract::columns::Preset;
 
     /// Debezium's table plus `published_at`, read through the Debezium preset with
     /// `published_at` mapped to `published` (`None`: left unmapped, as the preset has it).

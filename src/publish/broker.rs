@@ -55,9 +55,9 @@ impl From<lapin::Error> for RelayError {
     }
 }
 
-/// A publish whose frames are queued on the connection: resolves to its confirm future once
-/// they are written.
-pub type Publishing =
+/// One basic.publish (lapin's future, boxed): its first poll queues the frames on the
+/// connection; it resolves to the confirm future once they are written.
+pub type BasicPublish =
     Pin<Box<dyn Future<Output = Result<PublisherConfirm, lapin::Error>> + Send + 'static>>;
 
 /// A [`Broker::round_trip`] in progress.
@@ -309,7 +309,7 @@ impl Broker {
     /// frames on the connection; it then resolves, once the frames are written, to the confirm
     /// future. Polling it once and moving on keeps many publishes in flight without waiting
     /// for the connection's writer after each one.
-    pub fn publish(&self, message: Outgoing) -> Publishing {
+    pub fn publish(&self, message: Outgoing) -> BasicPublish {
         publish_on(self.channel.clone(), message)
     }
 
@@ -349,7 +349,7 @@ async fn setup<T>(
 }
 
 /// [`Broker::publish`] on `channel`.
-fn publish_on(channel: Channel, message: Outgoing) -> Publishing {
+fn publish_on(channel: Channel, message: Outgoing) -> BasicPublish {
     Box::pin(async move {
         channel
             .basic_publish(
@@ -375,13 +375,13 @@ fn is_not_found(e: &lapin::Error) -> bool {
 
 /// A publish in flight: its frames still being written, or waiting for the broker's answer.
 pub enum Stage {
-    Writing(Publishing),
+    Writing(BasicPublish),
     Confirming(PublisherConfirm),
 }
 
 impl Stage {
     /// One poll of `publishing`: enough to take the delivery tag and queue the frames.
-    async fn started(mut publishing: Publishing) -> Result<Stage, RelayError> {
+    async fn started(mut publishing: BasicPublish) -> Result<Stage, RelayError> {
         Ok(match futures_util::poll!(&mut publishing) {
             Poll::Ready(confirm) => Stage::Confirming(confirm?),
             Poll::Pending => Stage::Writing(publishing),
@@ -503,6 +503,6 @@ mod tests {
              the publishing channel within 15 s; reconnecting, to the next node if there is one"
         );
         assert_eq!(error.kind().label(), "connect_timeout");
-        assert_eq!(error.recovery(), crate::error::Recovery::Retry);
+        assert_eq!(error.recovery(), crate::error::SupervisorAction::Retry);
     }
 }

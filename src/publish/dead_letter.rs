@@ -3,7 +3,7 @@
 //!
 //! A message is dead-lettered when the broker returns it as unroutable (basic.return of a
 //! mandatory publish), or when its source could not make it publishable (over
-//! `--max-message-size`, or a row the mapper rejects: a `crate::message::Unpublishable`). It goes to the dead-letter exchange
+//! `--max-message-size`, or a row the mapper rejects: a `crate::contract::message::Unpublishable`). It goes to the dead-letter exchange
 //! with the reason in headers, and only once the broker CONFIRMS that publish is the
 //! original settled: its position may then be acknowledged like a delivered one. A dead
 //! letter the broker cannot route either stops the pipeline (halt), naming the exchange.
@@ -19,7 +19,7 @@ use lapin::types::{AMQPValue, LongString, ShortString};
 use lapin::BasicProperties;
 
 use super::outgoing::Outgoing;
-use crate::message::Rejection;
+use crate::contract::message::Rejection;
 
 /// Headers a dead letter carries on top of the message's own (`x-outbox-lsn`, `x-outbox-seq`,
 /// the row's headers).
@@ -156,7 +156,7 @@ pub fn for_returned(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{HeaderValue, Message};
+    use crate::contract::message::{HeaderValue, Message};
 
     fn header<'a>(message: &'a Outgoing, name: &str) -> Option<&'a AMQPValue> {
         message

@@ -43,8 +43,8 @@ use super::dead_letter::{self, Reason};
 use super::outgoing::Outgoing;
 use super::publisher::{Answer, Pending, Publisher};
 use super::queue::{AckToken, ConfirmQueue, Failure, Settled};
+use crate::contract::message::{Message, Unpublishable};
 use crate::error::{ErrorKind, RelayError};
-use crate::message::{Message, Unpublishable};
 use crate::observability::{Health, RelayMetrics, DEAD_LETTERED_TOTAL, REASON_LABEL};
 
 /// What a source hands the delivery task, in source order.

@@ -1,12 +1,12 @@
-//! The one place a message of the contract (`crate::message::Message`) becomes lapin's
+//! The one place a message of the contract (`crate::contract::message::Message`) becomes lapin's
 //! types: what `basic_publish` takes, and what dead letters are built from.
 
 use bytes::Bytes;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 
+use crate::contract::message::{HeaderValue, Message};
 use crate::error::RelayError;
-use crate::message::{HeaderValue, Message};
 
 /// A message in lapin's terms, ready for `basic_publish`.
 #[derive(Debug, Clone, PartialEq)]

@@ -678,7 +678,8 @@ mod tests {
     #[test]
     fn a_returned_dead_letter_stops_the_queue() {
         let mut q = ConfirmQueue::new();
-        let reason = Reason::Rejected(crate::message::Rejection::TooLarge { size: 9, limit: 8 });
+        let reason =
+            Reason::Rejected(crate::contract::message::Rejection::TooLarge { size: 9, limit: 8 });
         q.push_dead_letter("a".into(), reason, ());
         q.push_ack_point(Pos(100));
         q.record_return("a".into(), returned()).expect("queued");
@@ -714,7 +715,7 @@ mod tests {
     fn a_pushed_dead_letter_settles_in_order_with_its_reason() {
         let mut q = ConfirmQueue::new();
         q.push_publish("a".into(), ());
-        let reason = Reason::Rejected(crate::message::Rejection::Unmappable {
+        let reason = Reason::Rejected(crate::contract::message::Rejection::Unmappable {
             error: "column \"event_type\" is NULL".into(),
         });
         q.push_dead_letter("b".into(), reason.clone(), ());

@@ -41,7 +41,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::advice::report;
-use crate::assembly::{self, Outbox, OutboxFlags};
+use crate::assembly::{self, RelayParts, RelayPartsFlags};
 use crate::config::RunArgs;
 use crate::error::RelayError;
 use crate::observability::{self, NotReady};
@@ -57,13 +57,13 @@ const HEALTHY_SESSION: Duration = Duration::from_secs(60);
 
 /// Runs the WAL relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
 pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
-    let Outbox {
+    let RelayParts {
         database_url,
         role,
         brokers,
         mapper,
         dead_letter_exchange,
-    } = Outbox::new(OutboxFlags {
+    } = RelayParts::new(RelayPartsFlags {
         connections: &args.connections,
         table: &args.names.table,
         exchange: &args.names.exchange,

@@ -12,8 +12,8 @@ use tokio_postgres::Client;
 
 use crate::advice::{self, Warning};
 use crate::config::{FailoverSlot, OutboxNames};
+use crate::contract::columns::ColumnMap;
 use crate::error::{ConfigProblem, RelayError, SlotProblem};
-use crate::outbox_table::columns::ColumnMap;
 use crate::shard::Shard;
 use crate::wal::slot::read_slot;
 
@@ -335,7 +335,7 @@ pub async fn check_emit_prefix(
     prefix: &str,
 ) -> Result<(), RelayError> {
     let (schema, table) = names.table_parts();
-    let functions: Vec<String> = crate::emit::FUNCTION_SUFFIXES
+    let functions: Vec<String> = crate::contract::emit::FUNCTION_SUFFIXES
         .iter()
         .map(|(suffix, _)| format!("{table}{suffix}"))
         .collect();

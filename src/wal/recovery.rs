@@ -47,13 +47,13 @@ use std::time::Duration;
 use tokio_postgres::{Client, IsolationLevel};
 
 use crate::config::{FailoverSlot, OutboxNames};
+use crate::contract::columns::{self, ColumnMap};
+use crate::contract::mapper::Mapper;
 use crate::db::{self, Server};
 use crate::error::RelayError;
-use crate::mapper::Mapper;
 use crate::observability::SLOT_RECOVERIES_TOTAL;
 use crate::ops::resync::{publish_all, select_sql, Read};
-use crate::outbox_table::columns::ColumnMap;
-use crate::outbox_table::{columns, needs_created_at, TextRelation};
+use crate::outbox_table::{needs_created_at, TextRelation};
 use crate::publish::Broker;
 use crate::publish::BrokerNodes;
 use crate::shard::Shard;
@@ -190,7 +190,7 @@ pub async fn another_is_recovering(
 /// whose events were only in the WAL: no table has them to backfill from.
 async fn has_emit_functions(client: &Client, names: &OutboxNames) -> Result<bool, RelayError> {
     let (schema, table) = names.table_parts();
-    let functions: Vec<String> = crate::emit::FUNCTION_SUFFIXES
+    let functions: Vec<String> = crate::contract::emit::FUNCTION_SUFFIXES
         .iter()
         .map(|(suffix, _)| format!("{table}{suffix}"))
         .collect();

@@ -11,9 +11,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::contract::columns::ColumnMap;
+use crate::contract::mapper::Layout;
+use crate::contract::row_error::MapError;
 use crate::error::RelayError;
-use crate::mapper::{Layout, MapError};
-use crate::outbox_table::columns::ColumnMap;
 use crate::pgoutput::Relation;
 
 pub enum Known<'a> {

@@ -22,13 +22,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{CleanupArgs, FailoverSlot, OnSlotLost, OutboxNames, Tuning};
+use crate::contract::columns::ColumnMap;
+use crate::contract::mapper::Mapper;
 use crate::db;
 use crate::error::{Endpoint, RelayError};
-use crate::mapper::Mapper;
 use crate::observability::{
     Health, RelayMetrics, StreamMetrics, HOST_LABEL, POSTGRES_INFO, SESSIONS_TOTAL,
 };
-use crate::outbox_table::columns::ColumnMap;
 use crate::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions, Input};
 use crate::shard::Shard;
 use crate::wal::heartbeat::{self, Heartbeat};

@@ -24,9 +24,10 @@
 
 use pgwire_replication::{Lsn, ReplicationEvent};
 
-use crate::emit;
+use crate::contract::emit;
+use crate::contract::headers::Position as RowPosition;
+use crate::contract::mapper::Mapper;
 use crate::error::RelayError;
-use crate::mapper::{Mapper, Position as RowPosition};
 use crate::observability::{pg_timestamp, StreamMetrics};
 use crate::pgoutput::{self, LogicalMessage};
 use crate::publish::Input;

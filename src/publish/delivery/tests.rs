@@ -14,8 +14,8 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::*;
+use crate::contract::message::{HeaderValue, Rejection};
 use crate::error::MapProblem;
-use crate::message::{HeaderValue, Rejection};
 use crate::publish::dead_letter::{headers as dl, ReturnedContent};
 use crate::publish::publisher::ReturnedMessage;
 use crate::publish::queue::Returned;

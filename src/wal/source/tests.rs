@@ -10,8 +10,9 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use super::*;
 use crate::config::HEARTBEAT_PREFIX;
-use crate::mapper::{headers, AllowedExchanges};
-use crate::message::{HeaderValue, Message, Rejection};
+use crate::contract::headers;
+use crate::contract::mapper::AllowedExchanges;
+use crate::contract::message::{HeaderValue, Message, Rejection};
 use crate::pgoutput::tests::encode;
 use crate::pgoutput::{Insert, Tuple, TupleValue};
 use crate::wal::relations;

@@ -2,8 +2,9 @@
 //! that no input panics.
 
 use super::*;
-use crate::mapper::{headers as stream_headers, AllowedExchanges};
-use crate::message::{HeaderValue, Rejection};
+use crate::contract::headers as stream_headers;
+use crate::contract::mapper::AllowedExchanges;
+use crate::contract::message::{HeaderValue, Rejection};
 use pgwire_replication::Lsn;
 use proptest::prelude::*;
 

@@ -26,8 +26,12 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::mapper::{self, BodyKind, Headers, MapError, Mapper, Parts, Position, Readable, RowRef};
-use crate::message::{Message, Unpublishable};
+use crate::contract::headers::Position;
+use crate::contract::mapper::{BodyKind, Mapper, Parts};
+use crate::contract::message::{Headers, Message, Unpublishable, MAX_SHORT_TEXT};
+use crate::contract::pg_text::headers_from_json;
+use crate::contract::row_error::{MapError, RowRef};
+use crate::contract::salvage::Readable;
 
 /// The envelope version this relay writes (in the emit functions) and reads.
 pub const VERSION: u64 = 1;
@@ -243,7 +247,7 @@ impl<'a> Event<'a> {
         };
         let headers = match wire.headers {
             None => Headers::new(),
-            Some(raw) => mapper::headers_from_json(raw.get().as_bytes())
+            Some(raw) => headers_from_json(raw.get().as_bytes())
                 .map_err(|problem| envelope(format!("\"{}\" {problem}", fields::HEADERS)))?,
         };
         let created_at = match &wire.created_at {
@@ -393,7 +397,7 @@ fn readable_event<'a>(
 ) -> Readable<'a> {
     let message_id = event
         .map(|e| e.wire.id.to_string())
-        .filter(|id| id.len() <= mapper::MAX_SHORT_TEXT)
+        .filter(|id| id.len() <= MAX_SHORT_TEXT)
         .unwrap_or_else(|| format!("emitted-{}", position.seq()));
     match event {
         Some(event) => Readable {

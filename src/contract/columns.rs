@@ -254,7 +254,7 @@ impl ColumnMap {
         self.column(contract)
             .map(|column| match column == contract {
                 true => column.to_string(),
-                false => crate::db::quote_ident(column),
+                false => crate::quote::quote_ident(column),
             })
     }
 

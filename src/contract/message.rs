@@ -3,13 +3,13 @@
 //!
 //! ```text
 //!  WAL source, poll worker, resync ── Message ───────────▶ publish/ (delivery)
-//!   (mapper.rs, emit.rs)           └─ Unpublishable ─────▶   halt or dead-letter: delivery's call
+//!   (mapper.rs, emit.rs, salvage.rs) └─ Unpublishable ───▶   halt or dead-letter: delivery's call
 //! ```
 //!
 //! A source turns a row (or an emitted event) into either a [`Message`], ready to publish, or
 //! an [`Unpublishable`]: what could be read of it and why it cannot be published. It never
 //! decides what happens to an unpublishable one; only delivery applies the policy
-//! (`--on-unroutable halt|dead-letter`), in stream order. Only `publish/broker.rs` turns a
+//! (`--on-unroutable halt|dead-letter`), in stream order. Only `publish/outgoing.rs` turns a
 //! `Message` into the AMQP client's types: nothing outside `publish/` names lapin.
 //!
 //! Pure data.
@@ -35,7 +35,7 @@ pub struct Message {
     /// The AMQP `timestamp`: Unix seconds.
     pub timestamp: Option<u64>,
     /// The message's own headers and the relay's, in the order they were added.
-    pub headers: Vec<(String, HeaderValue)>,
+    pub headers: Headers,
     pub body: Bytes,
 }
 
@@ -55,6 +55,14 @@ impl Message {
         self.headers.push((name.to_string(), value));
     }
 }
+
+/// A message's headers, in the order they were added.
+pub type Headers = Vec<(String, HeaderValue)>;
+
+/// AMQP's limit for a short string (the exchange, routing key, message id, type and header
+/// names): the contract checks it, so that a row over it is named like any other mapping
+/// error rather than failing at the broker.
+pub const MAX_SHORT_TEXT: usize = 255;
 
 /// A header's value: what a JSON object of headers can hold (nested values travel as their
 /// JSON text).

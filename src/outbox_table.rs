@@ -1,7 +1,7 @@
 //! The outbox table as the relay reads it with SQL instead of from the stream (polling mode,
-//! `resync`): its column names (the message contract, README.md), its columns as
-//! the catalog describes them, and a row read as text turned into the tuple the decoder
-//! would have produced.
+//! `resync`): its columns as the catalog describes them (found under the names
+//! `contract::columns` maps), and a row read as text turned into the tuple the decoder would
+//! have produced.
 //!
 //! Rows are selected with every contract column cast to `text`, on a connection with the
 //! session settings the replication connection pins (`db::PINNED_SET_STATEMENTS`: ISO dates
@@ -17,16 +17,12 @@ use bytes::Bytes;
 use tokio_postgres::{Client, Row};
 
 use crate::config::names::TableName;
+use crate::contract::columns::{self, ColumnMap};
+use crate::contract::mapper::Layout;
+use crate::contract::row_error::MapError;
 use crate::db::quote_ident;
 use crate::error::{ConfigProblem, RelayError};
-use crate::mapper::{Layout, MapError};
 use crate::pgoutput::{Column, Relation, Tuple, TupleValue};
-
-/// Column names of the outbox table (README.md, "The message contract") and the map to a
-/// table of another design.
-pub mod columns;
-
-use columns::ColumnMap;
 
 /// The error of a command or feature that needs the `created_at` column (`why`: what for)
 /// when the table lacks it or the column map leaves it unmapped (`--table-layout
