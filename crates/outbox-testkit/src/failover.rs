@@ -267,9 +267,9 @@ impl FailoverPair {
             }
             self.wait_failover_ready(slot, timeout.saturating_sub(started.elapsed()))
                 .await?;
-            // A copy this server kept from an earlier time as a standby (a promoted server's
-            // slots stay `synced`) is ready at once, at the position it had then: the next
-            // failover would replay from there. Ready means caught up with the primary's slot.
+            // A server promoted before keeps its slots flagged `synced`: the one the relays
+            // used on it stays as its copy and is ready at once. Ready here also means at or
+            // past the primary's slot, whichever way the copy came.
             let primary = self.primary.client("postgres").await;
             let target = super::pg::slot_confirmed_flush(&primary, slot).await;
             self.wait_copy_reaches(slot, target, timeout.saturating_sub(started.elapsed()))
