@@ -728,9 +728,15 @@ fn every_test_file_is_a_module_of_main() {
         .collect();
     assert!(files.len() > 10, "tests/ read as {files:?}");
     let missing: Vec<_> = files.difference(&declared).collect();
-    assert!(missing.is_empty(), "tests/main.rs does not declare: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "tests/main.rs does not declare: {missing:?}"
+    );
     let stale: Vec<_> = declared.difference(&files).collect();
-    assert!(stale.is_empty(), "tests/main.rs declares missing files: {stale:?}");
+    assert!(
+        stale.is_empty(),
+        "tests/main.rs declares missing files: {stale:?}"
+    );
 }
 
 /// The check can fail: an undeclared module is not read as declared.

@@ -50,13 +50,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use common::amqp::{declare_bound_queue_with_args, delete_queue, quorum_queue_arguments};
-use common::failover::{outbox_ids, FailoverPair, PairOptions, Rejoin};
+use common::failover::{FailoverPair, PairOptions, Rejoin};
 use common::faults::{check_ack_of_commits, report, secs, Tally, Writers};
 use common::http::wait_http;
 use common::lab::Lab;
 use common::nemesis::{Fault, FaultKind, Host, Plan, RelayRole, Schedule, Seed, Step, Topology};
 use common::outbox::Outbox;
-use common::pg::{pg_connect, wait_count};
+use common::pg::{first_column, pg_connect, wait_count};
 use common::{Consumer, RelayProcess};
 use tokio::time::Instant;
 
@@ -96,6 +96,19 @@ const AT_COMMIT_WITHIN: Duration = Duration::from_secs(10);
 /// How long a promotion waits for the standby's copy of the slot to be ready, and a heal
 /// for the old primary to stream again as a standby with its copy ready.
 const PROMOTION_WAITS: Duration = Duration::from_secs(90);
+/// The relays' cleanup deletes delivered rows while the faults go on, as in production but
+/// sooner than the default hour (the first hour-long campaign's oracle took the rows its
+/// default retention deleted at the end for rows the final primary lacked).
+const CLEANUP_FLAGS: [&str; 4] = ["--retention", "2m", "--cleanup-interval", "15s"];
+/// What the final primary's history holds, whatever the cleanup deleted: a trigger copies
+/// each row's id and created_at in the row's own transaction, so a failover keeps or loses
+/// the copy with the row, and the cleanup never touches it. Not in the publication.
+const WRITTEN_SQL: &str = "CREATE TABLE outbox_written (id uuid PRIMARY KEY, \
+     created_at timestamptz NOT NULL);
+     CREATE FUNCTION outbox_written() RETURNS trigger LANGUAGE plpgsql AS $$
+     BEGIN INSERT INTO outbox_written VALUES (NEW.id, NEW.created_at); RETURN NULL; END $$;
+     CREATE TRIGGER outbox_written AFTER INSERT ON outbox FOR EACH ROW \
+     EXECUTE FUNCTION outbox_written();";
 
 /// A process the campaign stops and starts again, with what it needs to start again.
 struct Slot {
@@ -144,7 +157,7 @@ impl World {
     fn start_relay(&self, i: usize) {
         let host = self.lab.relay_host(RELAY_HOSTS[i]);
         let urls = (self.relay_url.as_str(), self.brokers.as_str());
-        let (process, at) = spawn_relay_via(&self.outbox, host, urls, &[]);
+        let (process, at) = spawn_relay_via(&self.outbox, host, urls, &CLEANUP_FLAGS);
         let mut slot = self.relays[i].lock().unwrap();
         slot.process = Some(process);
         slot.metrics = Some(at);
@@ -411,6 +424,11 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
         FailoverPair::start_on(lab.pg_pair_hosts(), major, PairOptions::default(), &[])
     });
     let mut outbox = pair.outbox(&lab.cluster.url(1), "nemesis").await;
+    outbox
+        .client
+        .batch_execute(WRITTEN_SQL)
+        .await
+        .expect("the written-rows table and its trigger");
     let db = outbox
         .db_url
         .rsplit('/')
@@ -550,7 +568,7 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
     // not have happened): each has its effect exactly once, nothing else has one.
     let primary_url = world.pair.read().await.primary.url(&world.db);
     let primary = pg_connect(&primary_url).await;
-    let rows = outbox_ids(&primary).await;
+    let rows = first_column(&primary, "SELECT id::text FROM outbox_written", &[]).await;
     let every = rows.len() as i64;
     let sql = "SELECT count(DISTINCT message_id) FROM effect";
     let applied = wait_count(&effects_client, sql, APPLIED_WITHIN, |n| n >= every).await;
@@ -622,7 +640,7 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
     // Per kind: how many, and the worst time from a fault's heal until a row committed after
     // it had its effect.
     let created: HashMap<String, SystemTime> = primary
-        .query("SELECT id::text, created_at FROM outbox", &[])
+        .query("SELECT id::text, created_at FROM outbox_written", &[])
         .await
         .expect("read the outbox")
         .iter()
