@@ -14,6 +14,7 @@
 //!
 //! Pure data.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use bytes::Bytes;
@@ -31,7 +32,9 @@ pub struct Message {
     pub routing_key: String,
     /// The AMQP `type` (the event type); `None` only for what an unpublishable row lacked.
     pub event_type: Option<String>,
-    pub content_type: Option<&'static str>,
+    /// The contract's own are static; a message the broker returned carries the one it
+    /// hands back.
+    pub content_type: Option<Cow<'static, str>>,
     /// The AMQP `timestamp`: Unix seconds.
     pub timestamp: Option<u64>,
     /// The message's own headers and the relay's, in the order they were added.

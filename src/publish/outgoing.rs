@@ -44,7 +44,7 @@ impl Outgoing {
             properties = properties.with_type(short(event_type)?);
         }
         if let Some(content_type) = message.content_type {
-            properties = properties.with_content_type(content_type.into());
+            properties = properties.with_content_type(short(content_type.into_owned())?);
         }
         if let Some(seconds) = message.timestamp {
             properties = properties.with_timestamp(seconds);

@@ -280,7 +280,7 @@ fn message(id: &str) -> Message {
         exchange: "outbox".into(),
         routing_key: "Created".into(),
         event_type: Some("Created".into()),
-        content_type: Some("application/json"),
+        content_type: Some("application/json".into()),
         timestamp: None,
         headers: vec![("x-outbox-seq".into(), HeaderValue::Text(id.into()))],
         body: Bytes::from_static(b"{}"),
