@@ -19,9 +19,11 @@ pub mod connect;
 pub mod dead_letter;
 pub mod delivery;
 pub mod nodes;
-pub mod outgoing;
+mod outgoing;
 pub mod publisher;
 pub mod queue;
+#[cfg(test)]
+pub mod testing;
 
 pub use broker::Broker;
 pub use connect::open_connection;
