@@ -9,8 +9,9 @@
 //! A source turns a row (or an emitted event) into either a [`Message`], ready to publish, or
 //! an [`Unpublishable`]: what could be read of it and why it cannot be published. It never
 //! decides what happens to an unpublishable one; only delivery applies the policy
-//! (`--on-unroutable halt|dead-letter`), in stream order. Only `publish/outgoing.rs` turns a
-//! `Message` into the AMQP client's types: nothing outside `publish/` names lapin.
+//! (`--on-unroutable halt|dead-letter`), in stream order. Only the broker's start
+//! (`publish/broker.rs`, with `publish/outgoing.rs`) turns a `Message` into the AMQP client's
+//! types: delivery, its queue and dead letters, like every source, handle `Message`s.
 //!
 //! Pure data.
 
