@@ -18,6 +18,8 @@
 //! cannot be called back. Only optional columns have defaults (the exchange, the routing key =
 //! `event_type`, an empty body for a NULL payload).
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use time::format_description::well_known::Rfc3339;
 
@@ -518,7 +520,7 @@ impl Mapper {
             exchange,
             routing_key,
             event_type: Some(short(event_type, columns::EVENT_TYPE, row)?),
-            content_type,
+            content_type: content_type.map(Cow::Borrowed),
             timestamp: created_at.and_then(|at| u64::try_from(at.unix_timestamp()).ok()),
             headers,
             body,
@@ -797,7 +799,7 @@ mod tests {
         assert_eq!(m.routing_key, "OrderCreated");
         assert_eq!(&m.body[..], br#"{"order_id": 42}"#);
         assert_eq!(m.event_type.as_deref(), Some("OrderCreated"));
-        assert_eq!(m.content_type, Some("application/json"));
+        assert_eq!(m.content_type.as_deref(), Some("application/json"));
         assert_eq!(m.timestamp, Some(1_796_019_969));
         let text = |s: &str| Some(HeaderValue::Text(s.into()));
         assert_eq!(m.header("tenant").cloned(), text("a"));
@@ -916,7 +918,7 @@ mod tests {
         assert_eq!(m.message_id, ID);
         assert_eq!(m.event_type.as_deref(), Some("OrderCreated"));
         assert_eq!(m.routing_key, "OrderCreated");
-        assert_eq!(m.content_type, Some("application/json"));
+        assert_eq!(m.content_type.as_deref(), Some("application/json"));
         assert_eq!(&m.body[..], br#"{"order_id": 42}"#);
         assert_eq!(m.timestamp, None, "no created_at in Debezium's table");
         let header = |name: &str| {
@@ -972,7 +974,7 @@ mod tests {
         r.0[2] = text("\\x00ff10");
         let m = mapper().map(&layout, &r, Some(pos())).expect("maps");
         assert_eq!(&m.body[..], &[0x00, 0xff, 0x10]);
-        assert_eq!(m.content_type, Some("application/octet-stream"));
+        assert_eq!(m.content_type.as_deref(), Some("application/octet-stream"));
         r.0[2] = text("\\x0");
         let e = mapper().map(&layout, &r, Some(pos())).expect_err("odd");
         assert!(e.to_string().contains("odd number of hex digits"), "{e}");

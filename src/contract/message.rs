@@ -9,11 +9,13 @@
 //! A source turns a row (or an emitted event) into either a [`Message`], ready to publish, or
 //! an [`Unpublishable`]: what could be read of it and why it cannot be published. It never
 //! decides what happens to an unpublishable one; only delivery applies the policy
-//! (`--on-unroutable halt|dead-letter`), in stream order. Only `publish/outgoing.rs` turns a
-//! `Message` into the AMQP client's types: nothing outside `publish/` names lapin.
+//! (`--on-unroutable halt|dead-letter`), in stream order. Only the broker's start
+//! (`publish/broker.rs`, with `publish/outgoing.rs`) turns a `Message` into the AMQP client's
+//! types: delivery, its queue and dead letters, like every source, handle `Message`s.
 //!
 //! Pure data.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use bytes::Bytes;
@@ -31,7 +33,9 @@ pub struct Message {
     pub routing_key: String,
     /// The AMQP `type` (the event type); `None` only for what an unpublishable row lacked.
     pub event_type: Option<String>,
-    pub content_type: Option<&'static str>,
+    /// The contract's own are static; a message the broker returned carries the one it
+    /// hands back.
+    pub content_type: Option<Cow<'static, str>>,
     /// The AMQP `timestamp`: Unix seconds.
     pub timestamp: Option<u64>,
     /// The message's own headers and the relay's, in the order they were added.

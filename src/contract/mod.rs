@@ -28,7 +28,8 @@
 //! requires and never decides what happens to an unpublishable message: that is delivery's
 //! policy (`--on-unroutable halt|dead-letter`).
 //!
-//! Pure and synchronous: no I/O, and no broker client's types (only `publish/` names lapin).
+//! Pure and synchronous: no I/O, and no broker client's types (only the broker's files in
+//! `publish/` name lapin).
 //! Values are parsed in exactly the shapes the pinned session settings produce (`db.rs`).
 
 pub mod cloudevents;

@@ -5,6 +5,8 @@
 //! by nothing (`original: None`): a dead letter without an id could not be told apart, so such
 //! a row always stops the relay.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 
 use crate::contract::columns;
@@ -56,7 +58,7 @@ impl Mapper {
                         .or_else(|| event_type.clone())
                         .unwrap_or_default(),
                     event_type,
-                    content_type: readable.content_type,
+                    content_type: readable.content_type.map(Cow::Borrowed),
                     timestamp: None,
                     headers,
                     body: if readable.body.len() > self.max_message_size() {

@@ -1,8 +1,11 @@
 //! The broker connection: one confirm-mode channel for publishing, mandatory persistent
 //! messages, and a second channel for dead letters under the dead-letter policy.
 //!
-//! Messages arrive here in lapin's terms ([`Outgoing`], made from the contract's message in
-//! `outgoing.rs`): nothing outside `publish/` names the AMQP client.
+//! Messages arrive here in the contract's terms, and this is where one becomes lapin's types:
+//! [`Publisher::start`] (and `start_dead_letter`) converts it with `outgoing.rs`, once, before
+//! its first poll; a returned message goes back the same way (`answer_of`). Only this file
+//! and `outgoing.rs` name lapin on the delivery path (`connect.rs` and `nodes.rs` open and
+//! choose connections).
 //!
 //! Owns the lapin connection and nothing else: no ordering, no acknowledgement (that is
 //! [`super::delivery`]). It never relies on lapin's auto-recovery: after any channel or
@@ -40,11 +43,11 @@ use lapin::{
 };
 use tokio::sync::watch;
 
-use super::dead_letter::ReturnedContent;
 use super::nodes::BrokerNodes;
+// Public for the benchmark's check that its bare publisher sends the relay's bytes.
 pub use super::outgoing::Outgoing;
-use super::publisher::{Answer, Pending, Publisher, ReturnedMessage};
-use super::queue::Returned;
+use super::publisher::{Answer, Pending, Publisher, Returned};
+use crate::contract::message::Message;
 use crate::error::{ConfigProblem, Endpoint, RelayError};
 
 /// Any failure of the AMQP client is the broker's: the connection or channel is gone (a
@@ -303,16 +306,6 @@ impl Broker {
         }
     }
 
-    /// Publishes one message (mandatory, so an unroutable one comes back).
-    ///
-    /// The first poll of the returned future takes the message's delivery tag and queues its
-    /// frames on the connection; it then resolves, once the frames are written, to the confirm
-    /// future. Polling it once and moving on keeps many publishes in flight without waiting
-    /// for the connection's writer after each one.
-    pub fn publish(&self, message: Outgoing) -> BasicPublish {
-        publish_on(self.channel.clone(), message)
-    }
-
     /// One request the broker answers on this connection (basic.qos on a channel that
     /// consumes nothing: no permission needed, no effect). Its answer is read after every
     /// frame that arrived before the request was sent.
@@ -348,9 +341,17 @@ async fn setup<T>(
         })
 }
 
-/// [`Broker::publish`] on `channel`.
-fn publish_on(channel: Channel, message: Outgoing) -> BasicPublish {
-    Box::pin(async move {
+/// Publishes `message` on `channel` (mandatory, so an unroutable one comes back), made into
+/// lapin's types here: the one conversion of a publish.
+///
+/// The first poll of the returned future takes the message's delivery tag and queues its
+/// frames on the connection; it then resolves, once the frames are written, to the confirm
+/// future. Polling it once and moving on keeps many publishes in flight without waiting for
+/// the connection's writer after each one.
+fn publish_on(channel: &Channel, message: Message) -> Result<BasicPublish, RelayError> {
+    let message = Outgoing::from_message(message)?;
+    let channel = channel.clone();
+    Ok(Box::pin(async move {
         channel
             .basic_publish(
                 message.exchange,
@@ -363,7 +364,7 @@ fn publish_on(channel: Channel, message: Outgoing) -> BasicPublish {
                 message.properties,
             )
             .await
-    })
+    }))
 }
 
 /// AMQP reply code 404 NOT_FOUND: what a passive declare of a missing exchange fails with.
@@ -421,25 +422,19 @@ fn answer_of(confirmation: Confirmation) -> Result<Answer, RelayError> {
             ))
         }
     };
+    // Rare (an unroutable message): converting it back costs nothing on the hot path.
     let returned = returned.map(|returned| {
         let delivery = returned.delivery;
-        ReturnedMessage {
-            message_id: delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|id| id.as_str().to_string())
-                .unwrap_or_default(),
-            returned: Returned {
-                exchange: delivery.exchange.as_str().to_string(),
-                routing_key: delivery.routing_key.as_str().to_string(),
-                reply_code: returned.reply_code,
-                reply_text: returned.reply_text.as_str().to_string(),
-                content: ReturnedContent {
-                    properties: delivery.properties,
-                    body: delivery.data.into(),
-                },
-            },
+        let published = Outgoing {
+            exchange: delivery.exchange,
+            routing_key: delivery.routing_key,
+            properties: delivery.properties,
+            body: delivery.data.into(),
+        };
+        Returned {
+            message: published.into_message(),
+            reply_code: returned.reply_code,
+            reply_text: returned.reply_text.into(),
         }
     });
     Ok(Answer { acked, returned })
@@ -449,27 +444,27 @@ impl Publisher for Broker {
     type Pending = Stage;
     type RoundTrip = RoundTrip;
 
-    fn start(&self, message: Outgoing) -> impl Future<Output = Result<Stage, RelayError>> + Send {
-        Stage::started(self.publish(message))
+    fn start(&self, message: Message) -> impl Future<Output = Result<Stage, RelayError>> + Send {
+        // Converted now, at the call: the returned future only polls the publish.
+        let publishing = publish_on(&self.channel, message);
+        async move { Stage::started(publishing?).await }
     }
 
     fn start_dead_letter(
         &self,
-        message: Outgoing,
+        message: Message,
     ) -> impl Future<Output = Result<Stage, RelayError>> + Send {
-        let channel = self.dead_letters.as_ref().map(|d| d.channel.clone());
-        async move {
-            match channel {
-                Some(channel) => Stage::started(publish_on(channel, message)).await,
-                None => Err(RelayError::Bug(
-                    "a dead letter was published without the dead-letter policy".into(),
-                )),
-            }
-        }
+        let publishing = match &self.dead_letters {
+            Some(dead_letters) => publish_on(&dead_letters.channel, message),
+            None => Err(RelayError::Bug(
+                "a dead letter was published without the dead-letter policy".into(),
+            )),
+        };
+        async move { Stage::started(publishing?).await }
     }
 
-    fn dead_letter_exchange(&self) -> Option<&ShortString> {
-        self.dead_letters.as_ref().map(|d| &d.exchange)
+    fn dead_letter_exchange(&self) -> Option<&str> {
+        self.dead_letters.as_ref().map(|d| d.exchange.as_str())
     }
 
     fn round_trip(&self) -> RoundTrip {

@@ -40,7 +40,6 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::dead_letter::{self, Reason};
-use super::outgoing::Outgoing;
 use super::publisher::{Answer, Pending, Publisher};
 use super::queue::{AckToken, ConfirmQueue, Failure, Settled};
 use crate::contract::message::{Message, Unpublishable};
@@ -449,13 +448,12 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
             }
             Some(Err(failure)) => failure,
         };
-        let (Failure::Returned { returned, .. }, Some(exchange)) =
-            (&failure, self.publisher.dead_letter_exchange())
-        else {
-            return Err(failure_error(failure));
+        let (returned, exchange) = match (failure, self.publisher.dead_letter_exchange()) {
+            (Failure::Returned { returned, .. }, Some(exchange)) => (returned, exchange),
+            (failure, _) => return Err(failure_error(failure)),
         };
-        let reason = returned.reason();
-        let letter = dead_letter::for_returned(exchange, returned.content.clone(), &reason);
+        let reason = Reason::of_return(&returned);
+        let letter = dead_letter::dead_letter(exchange, returned.message, &reason);
         let pending = self.publisher.start_dead_letter(letter).await?;
         if let Some(front) = self.queue.dead_letter_front(reason) {
             front.pending = pending;
@@ -532,8 +530,7 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
                 committed_at,
             } => {
                 let message_id = message.message_id.clone();
-                let outgoing = Outgoing::from_message(message)?;
-                let pending = self.start(outgoing, committed_at, now).await?;
+                let pending = self.start(message, committed_at, now).await?;
                 self.queue.push_publish(message_id, pending);
             }
             Input::Unpublishable {
@@ -558,8 +555,7 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
                 };
                 let message_id = original.message_id.clone();
                 let reason = Reason::Rejected(rejection);
-                let letter =
-                    dead_letter::dead_letter(exchange, Outgoing::from_message(original)?, &reason);
+                let letter = dead_letter::dead_letter(exchange, original, &reason);
                 let pending = self.start(letter, committed_at, now).await?;
                 self.queue.push_dead_letter(message_id, reason, pending);
             }
@@ -580,11 +576,11 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
     /// Starts one publish on the publishing channel; delivery tags follow the calls' order.
     async fn start(
         &mut self,
-        outgoing: Outgoing,
+        message: Message,
         committed_at: Option<SystemTime>,
         started: Instant,
     ) -> Result<InFlight<P::Pending>, RelayError> {
-        let pending = self.publisher.start(outgoing).await?;
+        let pending = self.publisher.start(message).await?;
         self.metrics.published.increment(1);
         self.metrics.in_flight.increment(1.0);
         Ok(InFlight {
@@ -602,9 +598,7 @@ fn observe<T: AckToken, S>(
     answer: Answer,
 ) -> Result<(), RelayError> {
     if let Some(returned) = answer.returned {
-        queue
-            .record_return(returned.message_id, returned.returned)
-            .map_err(failure_error)?;
+        queue.record_return(returned).map_err(failure_error)?;
     }
     queue.resolve_next(answer.acked);
     Ok(())
@@ -636,8 +630,8 @@ fn failure_error(failure: Failure) -> RelayError {
             returned,
         } => RelayError::Returned {
             message_id,
-            exchange: returned.exchange,
-            routing_key: returned.routing_key,
+            exchange: returned.message.exchange,
+            routing_key: returned.message.routing_key,
             reply_code: returned.reply_code,
             reply_text: returned.reply_text,
         },
@@ -646,8 +640,8 @@ fn failure_error(failure: Failure) -> RelayError {
             returned,
         } => RelayError::DeadLetterReturned {
             message_id,
-            exchange: returned.exchange,
-            routing_key: returned.routing_key,
+            exchange: returned.message.exchange,
+            routing_key: returned.message.routing_key,
             reply_code: returned.reply_code,
             reply_text: returned.reply_text,
         },
@@ -656,8 +650,8 @@ fn failure_error(failure: Failure) -> RelayError {
             returned,
         } => RelayError::ReturnedAfterSettle {
             message_id,
-            exchange: returned.exchange,
-            routing_key: returned.routing_key,
+            exchange: returned.message.exchange,
+            routing_key: returned.message.routing_key,
             reply_code: returned.reply_code,
             reply_text: returned.reply_text,
         },

@@ -2,12 +2,18 @@
 //!
 //! Open the files in this order: [`nodes`] (the RabbitMQ nodes `AMQP_URL` names and which
 //! to try first), [`connect`] (how a connection's socket and heartbeat are set up),
-//! [`publisher`] (what delivery needs of a broker), [`broker`] (the lapin
-//! connection, the confirm-mode channel, a publish's stages: the one place messages become
-//! lapin's types), [`queue`] (the pure in-order confirm queue, generic over the token its
-//! source acknowledges with), [`delivery`] (the task that publishes under the in-flight
-//! window, awaits confirms in order and reports the acknowledged token), [`dead_letter`] (what
-//! goes to the dead-letter exchange, and why).
+//! [`publisher`] (what delivery needs of a broker, in the message contract's terms),
+//! [`broker`] (the lapin connection, the confirm-mode channel, a publish's stages), then
+//! [`queue`] (the pure in-order confirm queue, generic over the token its source
+//! acknowledges with), [`delivery`] (the task that publishes under the in-flight window,
+//! awaits confirms in order and reports the acknowledged token), [`dead_letter`] (what goes
+//! to the dead-letter exchange, and why). `testing` (test builds only) is a stand-in broker
+//! that answers when a test says so.
+//!
+//! A message of the contract becomes lapin's types in one place: the broker's
+//! `Publisher::start` (and `start_dead_letter`), with `outgoing.rs`, once per publish; a
+//! returned message comes back to the contract's terms there too. Queue, delivery and dead
+//! letters never see lapin's types.
 //!
 //! Every mode feeds the same delivery loop: WAL mode with positions in the slot, polling mode
 //! and resync with the end of a batch, the benchmark's broker-alone limit with nothing. This
@@ -19,9 +25,11 @@ pub mod connect;
 pub mod dead_letter;
 pub mod delivery;
 pub mod nodes;
-pub mod outgoing;
+mod outgoing;
 pub mod publisher;
 pub mod queue;
+#[cfg(test)]
+pub mod testing;
 
 pub use broker::Broker;
 pub use connect::open_connection;

@@ -2,18 +2,21 @@
 //! [`super::delivery`] and the AMQP client ([`super::broker`], on lapin).
 //!
 //! Shaped like supabase/etl's `Destination`: the loop hands a message over and gets back a
-//! pending publish whose answer it awaits later, in order. Keeping lapin behind it lets the
-//! loop's own logic (window, ordering, barriers, returns, nacks, dead letters) be tested in
-//! process against a stand-in ([`super::delivery`]'s tests), while every integration test
-//! runs it against a real RabbitMQ.
+//! pending publish whose answer it awaits later, in order. Everything that crosses is in the
+//! message contract's terms: a [`Message`] goes in, an [`Answer`] comes back, and a message
+//! the broker returned comes back as a [`Returned`] `Message`. A `Message` becomes lapin's
+//! types in one place, the broker's `start` (with `outgoing.rs`), once per publish.
+//!
+//! Keeping lapin behind it lets the loop's own logic (window, ordering, barriers, returns,
+//! nacks, dead letters) be tested in process against a stand-in that answers when a test
+//! says so (`publish/testing.rs`), while every integration test runs it against a real
+//! RabbitMQ.
 
 use std::future::Future;
 
-use lapin::types::ShortString;
 use tokio::sync::watch;
 
-use super::outgoing::Outgoing;
-use super::queue::Returned;
+use crate::contract::message::Message;
 use crate::error::RelayError;
 
 /// The broker side of delivery.
@@ -27,7 +30,7 @@ pub trait Publisher: Sync {
     /// and queues its frames: calling this in input order keeps delivery tags in that order.
     fn start(
         &self,
-        message: Outgoing,
+        message: Message,
     ) -> impl Future<Output = Result<Self::Pending, RelayError>> + Send;
 
     /// Starts publishing a dead letter, alone on a channel of its own: its return, if any,
@@ -35,11 +38,11 @@ pub trait Publisher: Sync {
     /// is `Some`.
     fn start_dead_letter(
         &self,
-        message: Outgoing,
+        message: Message,
     ) -> impl Future<Output = Result<Self::Pending, RelayError>> + Send;
 
     /// Where dead letters go: `Some` under the dead-letter policy, `None` under halt.
-    fn dead_letter_exchange(&self) -> Option<&ShortString>;
+    fn dead_letter_exchange(&self) -> Option<&str>;
 
     /// A request the broker answers after every frame that arrived before it was sent (the
     /// confirm barrier's witness).
@@ -61,15 +64,17 @@ pub trait Pending: Send {
 pub struct Answer {
     /// Ack (true) or nack (false).
     pub acked: bool,
-    /// A return that rode on this answer. It may name ANOTHER publish: AMQP 0-9-1's
+    /// A return that rode on this answer. It may be of ANOTHER publish: AMQP 0-9-1's
     /// basic.return carries no delivery tag, and lapin hands a waiting return to whichever
     /// confirm it resolves next (docs/architecture.md, "Returns and the confirm barrier").
-    pub returned: Option<ReturnedMessage>,
+    pub returned: Option<Returned>,
 }
 
-/// A message the broker returned as unroutable, by the id it was published with.
+/// A message the broker returned as unroutable (basic.return), as it was published: its
+/// `message_id` names the publish it belongs to.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ReturnedMessage {
-    pub message_id: String,
-    pub returned: Returned,
+pub struct Returned {
+    pub message: Message,
+    pub reply_code: u16,
+    pub reply_text: String,
 }

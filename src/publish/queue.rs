@@ -38,7 +38,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::dead_letter::{Reason, ReturnedContent};
+use super::dead_letter::Reason;
+use super::publisher::Returned;
 
 /// What an ack point carries. Ack points acknowledged together fold into one, oldest first:
 /// `fold` keeps what the source needs of both (WAL mode: the highest position and the newest
@@ -75,28 +76,6 @@ pub enum Failure {
         message_id: String,
         returned: Returned,
     },
-}
-
-/// What the broker said when it returned a message (basic.return), and the message.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Returned {
-    pub exchange: String,
-    pub routing_key: String,
-    pub reply_code: u16,
-    pub reply_text: String,
-    pub content: ReturnedContent,
-}
-
-impl Returned {
-    /// The dead-letter reason for this return.
-    pub fn reason(&self) -> Reason {
-        Reason::Unroutable {
-            reply_code: self.reply_code,
-            reply_text: self.reply_text.clone(),
-            exchange: self.exchange.clone(),
-            routing_key: self.routing_key.clone(),
-        }
-    }
 }
 
 /// A publish the broker settled: delivered, or delivered to the dead-letter exchange.
@@ -361,21 +340,22 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         }
     }
 
-    /// Records a return carried by any confirm: the publish with this id fails when it reaches
-    /// the front. A return for a publish no longer queued fails at once.
+    /// Records a return carried by any confirm: the publish with the returned message's id
+    /// fails when it reaches the front. A return for a publish no longer queued fails at once.
     // Returns are rare and the error ends the session: no point boxing it.
     #[allow(clippy::result_large_err)]
-    pub fn record_return(&mut self, message_id: String, returned: Returned) -> Result<(), Failure> {
+    pub fn record_return(&mut self, returned: Returned) -> Result<(), Failure> {
+        let message_id = &returned.message.message_id;
         let queued = self.entries.iter().any(
-            |entry| matches!(entry, Entry::Publish { message_id: id, .. } if *id == message_id),
+            |entry| matches!(entry, Entry::Publish { message_id: id, .. } if id == message_id),
         );
         if !queued {
             return Err(Failure::ReturnedAfterSettle {
-                message_id,
+                message_id: message_id.clone(),
                 returned,
             });
         }
-        self.returned.entry(message_id).or_insert(returned);
+        self.returned.entry(message_id.clone()).or_insert(returned);
         Ok(())
     }
 
@@ -467,6 +447,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::message::Message;
 
     /// A position like WAL mode's: folding keeps the highest.
     #[derive(Debug, Clone, Copy, PartialEq)]
@@ -490,16 +471,21 @@ mod tests {
         q.acknowledged().map(|p| p.0)
     }
 
-    fn returned() -> Returned {
+    /// Message `id` as the broker returns it, unroutable.
+    fn returned(id: &str) -> Returned {
         Returned {
-            exchange: "outbox".into(),
-            routing_key: "Nobody".into(),
-            reply_code: 312,
-            reply_text: "NO_ROUTE".into(),
-            content: ReturnedContent {
-                properties: Default::default(),
+            message: Message {
+                message_id: id.into(),
+                exchange: "outbox".into(),
+                routing_key: "Nobody".into(),
+                event_type: Some("Nobody".into()),
+                content_type: None,
+                timestamp: None,
+                headers: Vec::new(),
                 body: Default::default(),
             },
+            reply_code: 312,
+            reply_text: "NO_ROUTE".into(),
         }
     }
 
@@ -599,7 +585,7 @@ mod tests {
         q.push_ack_point(Pos(100));
         q.push_publish("c".into(), ());
         q.push_ack_point(Pos(200));
-        q.record_return("c".into(), returned()).expect("queued");
+        q.record_return(returned("c")).expect("queued");
         q.settle_front(true).expect("front").expect("a delivered");
         q.settle_front(true).expect("front").expect("b delivered");
         assert_eq!(advance(&mut q), Some(100));
@@ -607,7 +593,7 @@ mod tests {
             q.settle_front(true).expect("front").map(|_| ()),
             Err(Failure::Returned {
                 message_id: "c".into(),
-                returned: returned()
+                returned: returned("c")
             })
         );
         assert_eq!(acknowledged(&q), Some(100));
@@ -643,7 +629,7 @@ mod tests {
         q.push_ack_point(Pos(100));
         q.push_publish("b".into(), "b");
         q.push_ack_point(Pos(200));
-        q.record_return("a".into(), returned()).expect("queued");
+        q.record_return(returned("a")).expect("queued");
         let failed = q.settle_front(true).expect("front");
         assert!(matches!(failed, Err(Failure::Returned { .. })));
         assert_eq!(
@@ -651,7 +637,7 @@ mod tests {
             Some("a"),
             "a failure stays at the front"
         );
-        let reason = returned().reason();
+        let reason = Reason::of_return(&returned("a"));
         *q.dead_letter_front(reason.clone()).expect("front publish") = "dead letter";
         assert!(
             q.dead_letter_front(reason.clone()).is_none(),
@@ -682,12 +668,12 @@ mod tests {
             Reason::Rejected(crate::contract::message::Rejection::TooLarge { size: 9, limit: 8 });
         q.push_dead_letter("a".into(), reason, ());
         q.push_ack_point(Pos(100));
-        q.record_return("a".into(), returned()).expect("queued");
+        q.record_return(returned("a")).expect("queued");
         assert_eq!(
             q.settle_front(true).expect("front").map(|_| ()),
             Err(Failure::DeadLetterReturned {
                 message_id: "a".into(),
-                returned: returned()
+                returned: returned("a")
             })
         );
         assert_eq!(advance(&mut q), None);
@@ -699,9 +685,11 @@ mod tests {
         let mut q = ConfirmQueue::new();
         q.push_publish("a".into(), ());
         q.push_ack_point(Pos(100));
-        q.record_return("a".into(), returned()).expect("queued");
+        q.record_return(returned("a")).expect("queued");
         assert!(q.settle_front(true).expect("front").is_err());
-        assert!(q.dead_letter_front(returned().reason()).is_some());
+        assert!(q
+            .dead_letter_front(Reason::of_return(&returned("a")))
+            .is_some());
         assert_eq!(
             q.settle_front(false).expect("front").map(|_| ()),
             Err(Failure::Nacked {
@@ -736,7 +724,7 @@ mod tests {
         carries: Option<&str>,
     ) -> Result<(), Failure> {
         if let Some(id) = carries {
-            q.record_return(id.into(), returned())?;
+            q.record_return(returned(id))?;
         }
         q.resolve_next(acked);
         Ok(())
@@ -782,7 +770,7 @@ mod tests {
             q.settle_front(true).expect("front").map(|_| ()),
             Err(Failure::Returned {
                 message_id: "a".into(),
-                returned: returned()
+                returned: returned("a")
             })
         );
         assert_eq!(advance(&mut q), None);
@@ -845,7 +833,7 @@ mod tests {
             resolve(&mut q, true, Some("a")),
             Err(Failure::ReturnedAfterSettle {
                 message_id: "a".into(),
-                returned: returned()
+                returned: returned("a")
             })
         );
     }
@@ -856,7 +844,7 @@ mod tests {
         q.push_publish("a".into(), "a");
         q.push_publish("b".into(), "b");
         q.push_ack_point(Pos(100));
-        q.record_return("a".into(), returned()).expect("queued");
+        q.record_return(returned("a")).expect("queued");
         q.resolve_next(true);
         q.resolve_next(true);
         assert_eq!(q.next_unresolved(), None);
@@ -866,7 +854,8 @@ mod tests {
             q.settle_front(true),
             Some(Err(Failure::Returned { .. }))
         ));
-        *q.dead_letter_front(returned().reason()).expect("front") = "dead letter of a";
+        *q.dead_letter_front(Reason::of_return(&returned("a")))
+            .expect("front") = "dead letter of a";
         assert_eq!(q.next_unresolved(), Some(&mut "dead letter of a"));
         assert_eq!(q.settleable_front(), None);
         q.resolve_next(true);

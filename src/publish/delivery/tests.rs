@@ -1,24 +1,21 @@
-//! The delivery loop's own logic, in process, against a stand-in publisher that answers as
-//! a broker may: late, out of order, with nacks, and with returns riding on another
-//! publish's confirm. Every integration test runs the same loop against a real RabbitMQ;
-//! these pin down what the loop does with each answer, at a full window.
+//! The delivery loop's own logic, in process, against the stand-in broker of
+//! `publish/testing.rs`, scripted to answer as a broker may: late, out of order, with nacks,
+//! and with returns riding on another publish's confirm. Every integration test runs the same
+//! loop against a real RabbitMQ; these pin down what the loop does with each answer, at a
+//! full window.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use tokio::sync::oneshot;
 
 use super::*;
 use crate::contract::message::{HeaderValue, Rejection};
 use crate::error::MapProblem;
-use crate::publish::dead_letter::{headers as dl, ReturnedContent};
-use crate::publish::publisher::ReturnedMessage;
-use crate::publish::queue::Returned;
+use crate::publish::dead_letter::headers as dl;
+use crate::publish::publisher::Returned;
+use crate::publish::testing::{until_idle, Publish, StandInBroker};
 
 /// A test token: the position of an ack point (folds to the highest).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -30,7 +27,7 @@ impl AckToken for Pos {
     }
 }
 
-/// What the stand-in does with a publish, by message id.
+/// What the scripted broker does with a publish, by message id.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Plan {
     Ack,
@@ -42,235 +39,68 @@ enum Plan {
     },
 }
 
-/// One publish the stand-in took.
-#[derive(Clone)]
-struct Taken {
-    message_id: String,
-    exchange: String,
-    /// Published on the dead-letter channel.
-    dead_letter_channel: bool,
-    outgoing: Outgoing,
-}
-
-#[derive(Default)]
-struct State {
-    taken: Vec<Taken>,
-    /// Answers not given yet, by publish index.
-    waiting: HashMap<usize, oneshot::Sender<Result<Answer, RelayError>>>,
+/// A broker as the tests script it: it answers the stand-in's publishes by `plans` (default:
+/// ack; a dead letter is always acked), in a scrambled order.
+struct Script {
+    plans: HashMap<String, Plan>,
     /// Returns to attach to the answer of a later publish: (carrier index, return).
-    riding: Vec<(usize, ReturnedMessage)>,
-    most_unanswered: usize,
-    /// For each publish, how many were unanswered once it was taken (itself included).
-    unanswered_at: Vec<usize>,
+    riding: Vec<(usize, Returned)>,
+    /// A small LCG's state: scrambles reproducibly.
+    seed: u64,
 }
 
-/// A broker stand-in: publishes are recorded, and answered by [`Broker::answer_some`]
-/// according to `plans` (default: ack) whenever the loop has nothing else to do.
-#[derive(Clone)]
-struct Broker {
-    state: Arc<Mutex<State>>,
-    plans: Arc<HashMap<String, Plan>>,
-    dead_letters: Option<lapin::types::ShortString>,
-    blocked: watch::Receiver<bool>,
-    blocked_tx: Arc<watch::Sender<bool>>,
-    /// Whether round trips come back (at once) or never: a broker that reads nothing more
-    /// from the connection never answers the barrier's request.
-    round_trips_pass: bool,
-}
-
-/// A round trip that passes at once, or never.
-struct FakeRoundTrip {
-    passes: bool,
-}
-
-impl Future for FakeRoundTrip {
-    type Output = Result<(), RelayError>;
-
-    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.passes {
-            true => Poll::Ready(Ok(())),
-            false => Poll::Pending,
-        }
-    }
-}
-
-struct FakePending(oneshot::Receiver<Result<Answer, RelayError>>);
-
-impl Pending for FakePending {
-    async fn answer(&mut self) -> Result<Answer, RelayError> {
-        (&mut self.0)
-            .await
-            .unwrap_or_else(|_| Err(RelayError::Bug("the stand-in dropped an answer".into())))
-    }
-}
-
-impl Broker {
-    fn new(plans: &[(&str, Plan)], dead_letters: bool) -> Self {
-        let (blocked_tx, blocked) = watch::channel(false);
+impl Script {
+    fn new(plans: &[(&str, Plan)]) -> Self {
         Self {
-            state: Arc::default(),
-            plans: Arc::new(plans.iter().map(|(id, p)| (id.to_string(), *p)).collect()),
-            dead_letters: dead_letters.then(|| "dlx".into()),
-            blocked,
-            blocked_tx: Arc::new(blocked_tx),
-            round_trips_pass: true,
+            plans: plans.iter().map(|(id, p)| (id.to_string(), *p)).collect(),
+            riding: Vec::new(),
+            seed: 7,
         }
     }
 
-    /// A broker that never answers a round trip: no barrier passes, unless a later publish
-    /// witnesses it.
-    fn never_answering_round_trips(mut self) -> Self {
-        self.round_trips_pass = false;
-        self
-    }
-
-    /// Blocks (`true`) or unblocks publishing, as connection.blocked / unblocked.
-    fn set_blocked(&self, blocked: bool) {
-        self.blocked_tx.send_replace(blocked);
-    }
-
-    /// Acks the `n` oldest publishes not answered yet.
-    fn ack_oldest(&self, n: usize) {
-        let mut state = self.state.lock().expect("state");
-        let mut indexes: Vec<usize> = state.waiting.keys().copied().collect();
-        indexes.sort_unstable();
-        for index in indexes.into_iter().take(n) {
-            if let Some(tx) = state.waiting.remove(&index) {
-                let _ = tx.send(Ok(Answer {
-                    acked: true,
-                    returned: None,
-                }));
-            }
+    fn plan(&self, publish: &Publish) -> Plan {
+        match publish.dead_letter_channel {
+            true => Plan::Ack,
+            false => self
+                .plans
+                .get(&publish.message.message_id)
+                .copied()
+                .unwrap_or(Plan::Ack),
         }
-    }
-
-    fn take(&self, outgoing: Outgoing, dead_letter_channel: bool) -> FakePending {
-        let (tx, rx) = oneshot::channel();
-        let mut state = self.state.lock().expect("state");
-        let message_id = outgoing
-            .properties
-            .message_id()
-            .as_ref()
-            .map(|id| id.to_string())
-            .unwrap_or_default();
-        let index = state.taken.len();
-        state.taken.push(Taken {
-            message_id,
-            exchange: outgoing.exchange.to_string(),
-            dead_letter_channel,
-            outgoing,
-        });
-        state.waiting.insert(index, tx);
-        state.most_unanswered = state.most_unanswered.max(state.waiting.len());
-        let unanswered = state.waiting.len();
-        state.unanswered_at.push(unanswered);
-        FakePending(rx)
     }
 
     /// Answers every publish not answered yet, in a scrambled order (a multiple ack's
     /// confirms resolve in no particular order), holding back the newest `hold` of them.
-    fn answer_some(&self, hold: usize, seed: &mut u64) {
-        let mut state = self.state.lock().expect("state");
-        let mut indexes: Vec<usize> = state.waiting.keys().copied().collect();
-        indexes.sort_unstable();
+    fn answer_some(&mut self, broker: &StandInBroker, hold: usize) {
+        let mut indexes = broker.unanswered();
         indexes.truncate(indexes.len().saturating_sub(hold));
+        let plans: Vec<Plan> = indexes
+            .iter()
+            .map(|&index| self.plan(&broker.publish(index)))
+            .collect();
         // Returns first, so that each rides on its carrier's answer.
-        for &index in &indexes {
-            let taken = state.taken[index].clone();
-            let plan = match taken.dead_letter_channel {
-                true => Plan::Ack,
-                false => self
-                    .plans
-                    .get(&taken.message_id)
-                    .copied()
-                    .unwrap_or(Plan::Ack),
-            };
+        for (&index, plan) in indexes.iter().zip(&plans) {
             if let Plan::Return { later } = plan {
-                let carrier = index + later;
-                let returned = ReturnedMessage {
-                    message_id: taken.message_id.clone(),
-                    returned: Returned {
-                        exchange: taken.exchange.clone(),
-                        routing_key: taken.outgoing.routing_key.to_string(),
-                        reply_code: 312,
-                        reply_text: "NO_ROUTE".into(),
-                        content: ReturnedContent {
-                            properties: taken.outgoing.properties.clone(),
-                            body: taken.outgoing.body.clone(),
-                        },
-                    },
-                };
-                state.riding.push((carrier, returned));
+                self.riding.push((index + later, broker.unroutable(index)));
             }
         }
-        for step in 0..indexes.len() {
-            // A small LCG: scrambles reproducibly.
-            *seed = seed
+        let mut answers: Vec<(usize, Plan)> = indexes.into_iter().zip(plans).collect();
+        for step in 0..answers.len() {
+            self.seed = self
+                .seed
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
-            let pick = step + (*seed >> 33) as usize % (indexes.len() - step);
-            indexes.swap(step, pick);
+            let pick = step + (self.seed >> 33) as usize % (answers.len() - step);
+            answers.swap(step, pick);
         }
-        for index in indexes {
-            let taken = &state.taken[index];
-            let acked =
-                taken.dead_letter_channel || self.plans.get(&taken.message_id) != Some(&Plan::Nack);
-            let ride = state
+        for (index, plan) in answers {
+            let ride = self
                 .riding
                 .iter()
                 .position(|(carrier, _)| *carrier == index);
-            let returned = ride.map(|at| state.riding.remove(at).1);
-            if let Some(tx) = state.waiting.remove(&index) {
-                let _ = tx.send(Ok(Answer { acked, returned }));
-            }
+            let returned = ride.map(|at| self.riding.remove(at).1);
+            broker.answer(index, plan != Plan::Nack, returned);
         }
-    }
-
-    /// (publishes taken, publishes not answered yet).
-    fn counts(&self) -> (usize, usize) {
-        let state = self.state.lock().expect("state");
-        (state.taken.len(), state.waiting.len())
-    }
-
-    fn taken(&self) -> Vec<Taken> {
-        self.state.lock().expect("state").taken.clone()
-    }
-
-    fn most_unanswered(&self) -> usize {
-        self.state.lock().expect("state").most_unanswered
-    }
-}
-
-impl Publisher for Broker {
-    type Pending = FakePending;
-    type RoundTrip = FakeRoundTrip;
-
-    fn start(
-        &self,
-        message: Outgoing,
-    ) -> impl std::future::Future<Output = Result<FakePending, RelayError>> + Send {
-        std::future::ready(Ok(self.take(message, false)))
-    }
-
-    fn start_dead_letter(
-        &self,
-        message: Outgoing,
-    ) -> impl std::future::Future<Output = Result<FakePending, RelayError>> + Send {
-        std::future::ready(Ok(self.take(message, true)))
-    }
-
-    fn dead_letter_exchange(&self) -> Option<&lapin::types::ShortString> {
-        self.dead_letters.as_ref()
-    }
-
-    fn round_trip(&self) -> Self::RoundTrip {
-        FakeRoundTrip {
-            passes: self.round_trips_pass,
-        }
-    }
-
-    fn blocked(&self) -> watch::Receiver<bool> {
-        self.blocked.clone()
     }
 }
 
@@ -280,7 +110,7 @@ fn message(id: &str) -> Message {
         exchange: "outbox".into(),
         routing_key: "Created".into(),
         event_type: Some("Created".into()),
-        content_type: Some("application/json"),
+        content_type: Some("application/json".into()),
         timestamp: None,
         headers: vec![("x-outbox-seq".into(), HeaderValue::Text(id.into()))],
         body: Bytes::from_static(b"{}"),
@@ -307,19 +137,26 @@ struct Run {
     outcome: Result<(), RelayError>,
     /// Every token the loop reported, in order.
     reported: Vec<Pos>,
-    broker: Broker,
+    broker: StandInBroker,
 }
 
-/// Runs `deliver` over `inputs` with `window`. Whenever the loop and the source are idle
-/// (waiting for answers: nothing was published over a few turns of the single-threaded
-/// runtime), the stand-in answers all but the newest `hold` publishes, or all of them when
-/// no more than `hold` wait: the window fills before any answer comes.
-async fn run(broker: Broker, inputs: Vec<Input<Pos>>, window: usize, hold: usize) -> Run {
-    run_with(broker, inputs, window, hold, None).await
+/// Runs `deliver` over `inputs` with `window`, `broker` answering by `script`. Whenever the
+/// loop and the source are idle (waiting for answers), the broker answers all but the newest
+/// `hold` publishes, or all of them when no more than `hold` wait: the window fills before
+/// any answer comes. Needs the paused clock ([`until_idle`]).
+async fn run(
+    broker: StandInBroker,
+    script: Script,
+    inputs: Vec<Input<Pos>>,
+    window: usize,
+    hold: usize,
+) -> Run {
+    run_with(broker, script, inputs, window, hold, None).await
 }
 
 async fn run_with(
-    broker: Broker,
+    broker: StandInBroker,
+    mut script: Script,
     inputs: Vec<Input<Pos>>,
     window: usize,
     hold: usize,
@@ -341,25 +178,11 @@ async fn run_with(
             }
         }
     };
-    let answering = {
-        let broker = broker.clone();
-        async move {
-            let mut seed = 7;
-            loop {
-                let mut counts = broker.counts();
-                loop {
-                    for _ in 0..8 {
-                        tokio::task::yield_now().await;
-                    }
-                    let now = broker.counts();
-                    if now == counts {
-                        break;
-                    }
-                    counts = now;
-                }
-                let (_, unanswered) = counts;
-                broker.answer_some(if unanswered > hold { hold } else { 0 }, &mut seed);
-            }
+    let answering = async {
+        loop {
+            until_idle().await;
+            let unanswered = broker.unanswered().len();
+            script.answer_some(&broker, if unanswered > hold { hold } else { 0 });
         }
     };
     let mut reported = Vec::new();
@@ -386,18 +209,21 @@ async fn run_with(
     }
 }
 
-fn ids(taken: &[Taken]) -> Vec<&str> {
-    taken.iter().map(|t| t.message_id.as_str()).collect()
+fn ids(published: &[Publish]) -> Vec<&str> {
+    published
+        .iter()
+        .map(|p| p.message.message_id.as_str())
+        .collect()
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_full_window_publishes_in_order_and_acknowledges_every_transaction() {
     let window = 64;
-    let broker = Broker::new(&[], false);
     // The stand-in always holds some answers back: the window stays full.
-    let run = run(broker, stream(500, 7), window, 5).await;
+    let script = Script::new(&[]);
+    let run = run(StandInBroker::new(), script, stream(500, 7), window, 5).await;
     run.outcome.expect("delivered");
-    let taken = run.broker.taken();
+    let taken = run.broker.published();
     let expected: Vec<String> = (0..500)
         .flat_map(|t| (0..7).map(move |r| format!("{t}-{r}")))
         .collect();
@@ -414,11 +240,11 @@ async fn a_full_window_publishes_in_order_and_acknowledges_every_transaction() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_nack_in_a_full_window_acknowledges_nothing_after_it() {
     // 3-4 is nacked: transaction 3 (ack point 4) and everything after must stay unacknowledged.
-    let broker = Broker::new(&[("3-4", Plan::Nack)], false);
-    let run = run(broker, stream(200, 7), 64, 3).await;
+    let script = Script::new(&[("3-4", Plan::Nack)]);
+    let run = run(StandInBroker::new(), script, stream(200, 7), 64, 3).await;
     assert!(
         matches!(run.outcome, Err(RelayError::Nacked { ref message_id }) if message_id == "3-4"),
         "{:?}",
@@ -431,12 +257,12 @@ async fn a_nack_in_a_full_window_acknowledges_nothing_after_it() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_return_riding_on_a_later_confirm_fails_the_returned_message() {
     // 5-2's own confirm is an ack; its return rides on the confirm of 5-5, three publishes
     // later. The loop must not count 5-2 delivered.
-    let broker = Broker::new(&[("5-2", Plan::Return { later: 3 })], false);
-    let run = run(broker, stream(100, 7), 64, 0).await;
+    let script = Script::new(&[("5-2", Plan::Return { later: 3 })]);
+    let run = run(StandInBroker::new(), script, stream(100, 7), 64, 0).await;
     assert!(
         matches!(run.outcome, Err(RelayError::Returned { ref message_id, .. }) if message_id == "5-2"),
         "{:?}",
@@ -449,38 +275,29 @@ async fn a_return_riding_on_a_later_confirm_fails_the_returned_message() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn under_dead_letter_a_returned_message_goes_to_the_dead_letter_exchange_and_delivery_goes_on(
 ) {
-    let broker = Broker::new(
-        &[
-            ("2-1", Plan::Return { later: 0 }),
-            ("7-0", Plan::Return { later: 2 }),
-        ],
-        true,
-    );
-    let run = run(broker, stream(50, 4), 32, 2).await;
+    let script = Script::new(&[
+        ("2-1", Plan::Return { later: 0 }),
+        ("7-0", Plan::Return { later: 2 }),
+    ]);
+    let broker = StandInBroker::new().with_dead_letters("dlx");
+    let run = run(broker, script, stream(50, 4), 32, 2).await;
     run.outcome.expect("delivered");
     assert_eq!(run.reported.last(), Some(&Pos(50)));
-    let letters: Vec<Taken> = run
+    let letters: Vec<Publish> = run
         .broker
-        .taken()
+        .published()
         .into_iter()
-        .filter(|t| t.dead_letter_channel)
+        .filter(|p| p.dead_letter_channel)
         .collect();
     assert_eq!(ids(&letters), ["2-1", "7-0"]);
     for letter in &letters {
-        assert_eq!(letter.exchange, "dlx");
-        let headers = letter
-            .outgoing
-            .properties
-            .headers()
-            .clone()
-            .unwrap_or_default();
-        let reason = headers.inner().get(dl::REASON).cloned();
+        assert_eq!(letter.message.exchange, "dlx");
         assert_eq!(
-            reason,
-            Some(lapin::types::AMQPValue::LongString(
+            letter.message.header(dl::REASON),
+            Some(&HeaderValue::Text(
                 "unroutable: NO_ROUTE 312 exchange=outbox routing_key=Created".into()
             ))
         );
@@ -520,10 +337,10 @@ fn stream_with_unpublishable(id: Option<&str>) -> Vec<Input<Pos>> {
     inputs
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn under_halt_an_unpublishable_row_stops_after_everything_before_it_is_acknowledged() {
-    let broker = Broker::new(&[], false);
-    let run = run(broker, stream_with_unpublishable(Some("3-1")), 64, 0).await;
+    let inputs = stream_with_unpublishable(Some("3-1"));
+    let run = run(StandInBroker::new(), Script::new(&[]), inputs, 64, 0).await;
     assert!(
         matches!(run.outcome, Err(RelayError::Unpublishable { ref message_id, .. }) if message_id.as_deref() == Some("3-1")),
         "{:?}",
@@ -534,7 +351,7 @@ async fn under_halt_an_unpublishable_row_stops_after_everything_before_it_is_ack
         Some(&Pos(3)),
         "the transactions before it"
     );
-    let taken = run.broker.taken();
+    let taken = run.broker.published();
     assert_eq!(
         ids(&taken).last(),
         Some(&"3-0"),
@@ -542,27 +359,35 @@ async fn under_halt_an_unpublishable_row_stops_after_everything_before_it_is_ack
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn under_dead_letter_an_unpublishable_row_is_dead_lettered_in_stream_order() {
-    let broker = Broker::new(&[], true);
-    let run = run(broker, stream_with_unpublishable(Some("3-1")), 64, 1).await;
+    let broker = StandInBroker::new().with_dead_letters("dlx");
+    let inputs = stream_with_unpublishable(Some("3-1"));
+    let run = run(broker, Script::new(&[]), inputs, 64, 1).await;
     run.outcome.expect("delivered");
     assert_eq!(run.reported.last(), Some(&Pos(7)));
-    let taken = run.broker.taken();
+    let taken = run.broker.published();
     let at = ids(&taken)
         .iter()
         .position(|id| *id == "3-1")
         .expect("dead letter");
     assert_eq!(&ids(&taken)[at - 1..=at + 1], ["3-0", "3-1", "3-2"]);
-    assert_eq!(taken[at].exchange, "dlx");
+    assert_eq!(taken[at].message.exchange, "dlx");
     assert!(!taken[at].dead_letter_channel, "published in stream order");
-    assert!(taken[at].outgoing.body.is_empty(), "too large: no body");
+    assert!(taken[at].message.body.is_empty(), "too large: no body");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_unpublishable_row_without_an_id_stops_even_under_dead_letter() {
-    let broker = Broker::new(&[], true);
-    let run = run(broker, stream_with_unpublishable(None), 64, 0).await;
+    let broker = StandInBroker::new().with_dead_letters("dlx");
+    let run = run(
+        broker,
+        Script::new(&[]),
+        stream_with_unpublishable(None),
+        64,
+        0,
+    )
+    .await;
     assert!(
         matches!(
             run.outcome,
@@ -577,25 +402,27 @@ async fn an_unpublishable_row_without_an_id_stops_even_under_dead_letter() {
     assert_eq!(run.reported.last(), Some(&Pos(3)));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_stuck_message_is_published_alone_until_it_is_confirmed() {
-    let broker = Broker::new(&[], false);
-    let run = run_with(broker, stream(40, 5), 64, 0, Some("2-3")).await;
+    let inputs = stream(40, 5);
+    let run = run_with(
+        StandInBroker::new(),
+        Script::new(&[]),
+        inputs,
+        64,
+        0,
+        Some("2-3"),
+    )
+    .await;
     run.outcome.expect("delivered");
     // Up to the stuck message one at a time, then the full window again.
-    let taken = run.broker.taken();
+    let taken = run.broker.published();
     assert_eq!(taken.len(), 200);
     let stuck = ids(&taken)
         .iter()
         .position(|id| *id == "2-3")
         .expect("published");
-    let unanswered = run
-        .broker
-        .state
-        .lock()
-        .expect("state")
-        .unanswered_at
-        .clone();
+    let unanswered = run.broker.unanswered_at();
     assert!(
         unanswered[..=stuck].iter().all(|&n| n == 1),
         "alone until confirmed: {:?}",
@@ -611,7 +438,7 @@ async fn a_stuck_message_is_published_alone_until_it_is_confirmed() {
 
 #[tokio::test]
 async fn a_batch_with_an_unpublishable_row_publishes_nothing_under_halt() {
-    let broker = Broker::new(&[], false);
+    let broker = StandInBroker::new();
     let batch = vec![
         Ok(message("a")),
         Err(Box::new(Unpublishable {
@@ -636,7 +463,7 @@ async fn a_batch_with_an_unpublishable_row_publishes_nothing_under_halt() {
         matches!(outcome, Err(RelayError::Unpublishable { .. })),
         "{outcome:?}"
     );
-    assert!(broker.taken().is_empty());
+    assert_eq!(broker.published_count(), 0);
 }
 
 // ---------------------------------------------------------------------------------
@@ -657,7 +484,7 @@ struct Timed {
 /// plays the broker's part (answers, blocks); until the loop ends. Run it on paused time:
 /// the clock jumps to the next timer whenever every task waits.
 async fn run_timed(
-    broker: &Broker,
+    broker: &StandInBroker,
     inputs: Vec<Input<Pos>>,
     window: usize,
     broker_acts: impl Future<Output = ()>,
@@ -717,7 +544,7 @@ fn assert_timed_out(run: &Timed, message_id: &str, seconds: u64) {
 
 #[tokio::test(start_paused = true)]
 async fn a_full_window_the_broker_never_answers_times_out_at_the_confirm_timeout() {
-    let broker = Broker::new(&[], false);
+    let broker = StandInBroker::new();
     let run = run_timed(&broker, stream(300, 7), 1024, async {}).await;
     assert_timed_out(&run, "0-0", 30);
     assert_eq!(broker.counts(), (1024, 1024), "a full window, no answer");
@@ -730,7 +557,7 @@ async fn answers_trickling_in_without_a_passing_barrier_do_not_hold_off_the_time
     // barrier's round trip never comes back and the full window leaves no room for a witness,
     // so nothing settles. Each answer used to restart the timeout (20 s < 30 s): the loop
     // waited as long as answers kept coming, with nothing confirmed.
-    let broker = Broker::new(&[], false).never_answering_round_trips();
+    let broker = StandInBroker::new().never_answering_round_trips();
     let trickle = async {
         loop {
             tokio::time::sleep(Duration::from_secs(20)).await;
@@ -757,7 +584,7 @@ async fn a_blocked_connection_pauses_the_timeout_until_it_is_unblocked() {
     // Blocked 10 s after the window filled, for 60 s: the front publish's 30 s pass inside
     // the block. The timeout runs again from the unblock: nothing settles, so it fires once,
     // 30 s after it.
-    let broker = Broker::new(&[], false);
+    let broker = StandInBroker::new();
     let alarm = async {
         tokio::time::sleep(Duration::from_secs(10)).await;
         broker.set_blocked(true);
@@ -775,7 +602,7 @@ async fn an_unblock_that_comes_with_an_answer_restarts_the_timeout_from_the_unbl
     // run from the unblock, not from the first publish (found by faults.rs s12: the relay
     // reconnected 0.15 s after an alarm cleared, with a 3 s timeout). Nothing settles after
     // (round trips never come back), so it fires 30 s after the unblock.
-    let broker = Broker::new(&[], false).never_answering_round_trips();
+    let broker = StandInBroker::new().never_answering_round_trips();
     let alarm = async {
         tokio::time::sleep(Duration::from_secs(10)).await;
         broker.set_blocked(true);
@@ -791,7 +618,7 @@ async fn an_unblock_that_comes_with_an_answer_restarts_the_timeout_from_the_unbl
 async fn a_healthy_full_window_that_runs_longer_than_the_timeout_is_never_timed_out() {
     // 8 answers a second with a window of 64: every publish settles within 8 s of its start,
     // while the whole run takes 250 s, over eight times the timeout.
-    let broker = Broker::new(&[], false);
+    let broker = StandInBroker::new();
     let steady = async {
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -807,4 +634,54 @@ async fn a_healthy_full_window_that_runs_longer_than_the_timeout_is_never_timed_
         run.after
     );
     assert_eq!(broker.most_unanswered(), 64, "the window was full");
+}
+
+// ---------------------------------------------------------------------------------
+// Answers the test gives itself, publish by publish: each step waits for what the loop must
+// have done by then, never for a number of scheduler turns.
+
+#[tokio::test(start_paused = true)]
+async fn a_return_carried_by_a_later_confirm_of_the_same_ack_fails_the_returned_publish() {
+    // One multiple ack answers 0-0, 0-1 and 0-2 at once, and 0-0's return rides on 0-2's
+    // confirm: 0-0's own answer, taken first, must not settle it as delivered.
+    let broker = StandInBroker::new();
+    let one_ack_frame = async {
+        broker.published_reaches(3).await;
+        // No await between them: the loop sees the three answers together.
+        broker.ack(0);
+        broker.ack(1);
+        broker.answer(2, true, Some(broker.unroutable(0)));
+    };
+    let run = run_timed(&broker, stream(1, 3), 3, one_ack_frame).await;
+    assert!(
+        matches!(&run.outcome, Err(RelayError::Returned { message_id, .. }) if message_id == "0-0"),
+        "{:?}",
+        run.outcome
+    );
+    assert_eq!(run.reported, None, "nothing acknowledged");
+}
+
+#[tokio::test(start_paused = true)]
+async fn answers_out_of_order_settle_in_publish_order_and_a_nack_stops_at_its_own_publish() {
+    let broker = StandInBroker::new();
+    let answers = async {
+        broker.published_reaches(2).await;
+        // 0-1 answered before 0-0: nothing settles, so the window (2) does not move on.
+        broker.ack(1);
+        until_idle().await;
+        assert_eq!(broker.counts(), (2, 1), "no publish past the full window");
+        broker.ack(0);
+        broker.published_reaches(4).await;
+        // 1-1 nacked before 1-0 is answered: 1-0 still settles, and the loop stops at 1-1.
+        broker.nack(3);
+        until_idle().await;
+        broker.ack(2);
+    };
+    let run = run_timed(&broker, stream(2, 2), 2, answers).await;
+    assert!(
+        matches!(&run.outcome, Err(RelayError::Nacked { message_id }) if message_id == "1-1"),
+        "{:?}",
+        run.outcome
+    );
+    assert_eq!(run.reported, Some(Pos(1)), "the transaction before it");
 }

@@ -1,0 +1,276 @@
+//! A broker stand-in for tests of the delivery loop: [`StandInBroker`] records every publish,
+//! in order, and answers one only when the test says so.
+//!
+//! A test waits for the publishes it expects ([`StandInBroker::published_reaches`]), then
+//! acks, nacks or returns exactly the ones it names, by their place in publish order. Answers
+//! given between two awaits reach the loop together, as the confirms of one ack frame do
+//! (lapin resolves them all before it reads the next frame). A test that plays a broker
+//! answering whenever the loop waits uses [`until_idle`], which tells exactly when that is.
+//!
+//! Everything here speaks the message contract: the stand-in never sees lapin's types, as
+//! the delivery loop does not. Every integration test runs the same loop against a real
+//! RabbitMQ.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+
+use super::publisher::{Answer, Pending, Publisher, Returned};
+use crate::contract::message::Message;
+use crate::error::RelayError;
+
+/// One publish the stand-in took.
+#[derive(Debug, Clone)]
+pub struct Publish {
+    pub message: Message,
+    /// Published on the dead-letter channel ([`Publisher::start_dead_letter`]).
+    pub dead_letter_channel: bool,
+}
+
+/// A broker that answers only when told: see the module comment.
+#[derive(Clone)]
+pub struct StandInBroker {
+    shared: Arc<Shared>,
+    dead_letter_exchange: Option<String>,
+    /// Whether round trips come back (at once) or never: a broker that reads nothing more
+    /// from the connection never answers the barrier's request.
+    round_trips_pass: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// How many publishes were taken: what [`StandInBroker::published_reaches`] waits on.
+    published: watch::Sender<usize>,
+    blocked: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct State {
+    publishes: Vec<Publish>,
+    /// Answers not given yet, by place in publish order.
+    unanswered: BTreeMap<usize, oneshot::Sender<Answer>>,
+    most_unanswered: usize,
+    /// For each publish, how many were unanswered once it was taken (itself included).
+    unanswered_at: Vec<usize>,
+}
+
+impl Default for StandInBroker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StandInBroker {
+    /// A broker without the dead-letter policy, whose round trips pass at once.
+    pub fn new() -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                state: Mutex::default(),
+                published: watch::Sender::new(0),
+                blocked: watch::Sender::new(false),
+            }),
+            dead_letter_exchange: None,
+            round_trips_pass: true,
+        }
+    }
+
+    /// Under the dead-letter policy, with `exchange` as the dead-letter exchange.
+    pub fn with_dead_letters(mut self, exchange: &str) -> Self {
+        self.dead_letter_exchange = Some(exchange.to_string());
+        self
+    }
+
+    /// A broker that never answers a round trip: no barrier passes, unless a later publish
+    /// witnesses it.
+    pub fn never_answering_round_trips(mut self) -> Self {
+        self.round_trips_pass = false;
+        self
+    }
+
+    /// Blocks (`true`) or unblocks publishing, as connection.blocked / unblocked.
+    pub fn set_blocked(&self, blocked: bool) {
+        self.shared.blocked.send_replace(blocked);
+    }
+
+    /// Returns once at least `count` publishes were taken.
+    pub async fn published_reaches(&self, count: usize) {
+        let mut published = self.shared.published.subscribe();
+        // Err only if the stand-in is gone, and `self` is the stand-in.
+        let _ = published.wait_for(|&taken| taken >= count).await;
+    }
+
+    /// Answers publish `index` (its place in publish order): ack or nack, carrying
+    /// `returned` (a return may ride on any publish's answer, as lapin attaches it).
+    ///
+    /// Panics when that publish was never taken or is answered already: a test's mistake.
+    pub fn answer(&self, index: usize, acked: bool, returned: Option<Returned>) {
+        let answer = self.state().unanswered.remove(&index);
+        let Some(answer) = answer else {
+            panic!("publish {index} was never taken or is answered already");
+        };
+        // The loop may have ended (a failure) and dropped the publish: nobody to tell.
+        let _ = answer.send(Answer { acked, returned });
+    }
+
+    /// Acks publish `index`, nothing returned.
+    pub fn ack(&self, index: usize) {
+        self.answer(index, true, None);
+    }
+
+    /// Nacks publish `index`.
+    pub fn nack(&self, index: usize) {
+        self.answer(index, false, None);
+    }
+
+    /// Acks the `n` oldest publishes not answered yet.
+    pub fn ack_oldest(&self, n: usize) {
+        for index in self.unanswered().into_iter().take(n) {
+            self.ack(index);
+        }
+    }
+
+    /// Publish `index` as the broker returns an unroutable message (312 NO_ROUTE): to ride
+    /// on the answer of it or of another publish.
+    pub fn unroutable(&self, index: usize) -> Returned {
+        Returned {
+            message: self.publish(index).message,
+            reply_code: 312,
+            reply_text: "NO_ROUTE".into(),
+        }
+    }
+
+    /// Publish `index` as taken. Panics when there is none: a test's mistake.
+    pub fn publish(&self, index: usize) -> Publish {
+        self.state().publishes[index].clone()
+    }
+
+    /// Every publish taken, in order.
+    pub fn published(&self) -> Vec<Publish> {
+        self.state().publishes.clone()
+    }
+
+    pub fn published_count(&self) -> usize {
+        self.state().publishes.len()
+    }
+
+    /// (publishes taken, publishes not answered yet).
+    pub fn counts(&self) -> (usize, usize) {
+        let state = self.state();
+        (state.publishes.len(), state.unanswered.len())
+    }
+
+    /// The places of the publishes not answered yet, oldest first.
+    pub fn unanswered(&self) -> Vec<usize> {
+        self.state().unanswered.keys().copied().collect()
+    }
+
+    /// The most publishes that were unanswered at once.
+    pub fn most_unanswered(&self) -> usize {
+        self.state().most_unanswered
+    }
+
+    /// For each publish, how many were unanswered once it was taken (itself included).
+    pub fn unanswered_at(&self) -> Vec<usize> {
+        self.state().unanswered_at.clone()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A test that panicked while holding it has failed already.
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take(&self, message: Message, dead_letter_channel: bool) -> StandInPending {
+        let (answer, answered) = oneshot::channel();
+        let taken = {
+            let mut state = self.state();
+            let index = state.publishes.len();
+            state.publishes.push(Publish {
+                message,
+                dead_letter_channel,
+            });
+            state.unanswered.insert(index, answer);
+            let unanswered = state.unanswered.len();
+            state.most_unanswered = state.most_unanswered.max(unanswered);
+            state.unanswered_at.push(unanswered);
+            state.publishes.len()
+        };
+        self.shared.published.send_replace(taken);
+        StandInPending(answered)
+    }
+}
+
+/// A publish the stand-in took, until the test answers it.
+pub struct StandInPending(oneshot::Receiver<Answer>);
+
+impl Pending for StandInPending {
+    async fn answer(&mut self) -> Result<Answer, RelayError> {
+        (&mut self.0)
+            .await
+            .map_err(|_| RelayError::Bug("the stand-in dropped an unanswered publish".into()))
+    }
+}
+
+/// A round trip that passes at once, or never.
+pub struct StandInRoundTrip {
+    passes: bool,
+}
+
+impl Future for StandInRoundTrip {
+    type Output = Result<(), RelayError>;
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.passes {
+            true => Poll::Ready(Ok(())),
+            false => Poll::Pending,
+        }
+    }
+}
+
+impl Publisher for StandInBroker {
+    type Pending = StandInPending;
+    type RoundTrip = StandInRoundTrip;
+
+    fn start(
+        &self,
+        message: Message,
+    ) -> impl Future<Output = Result<StandInPending, RelayError>> + Send {
+        std::future::ready(Ok(self.take(message, false)))
+    }
+
+    fn start_dead_letter(
+        &self,
+        message: Message,
+    ) -> impl Future<Output = Result<StandInPending, RelayError>> + Send {
+        std::future::ready(Ok(self.take(message, true)))
+    }
+
+    fn dead_letter_exchange(&self) -> Option<&str> {
+        self.dead_letter_exchange.as_deref()
+    }
+
+    fn round_trip(&self) -> StandInRoundTrip {
+        StandInRoundTrip {
+            passes: self.round_trips_pass,
+        }
+    }
+
+    fn blocked(&self) -> watch::Receiver<bool> {
+        self.shared.blocked.subscribe()
+    }
+}
+
+/// Returns once every other task of this runtime waits: for an answer, for input, for a
+/// timer. The test's runtime must be current-thread with the clock paused
+/// (`#[tokio::test(start_paused = true)]`): the paused clock moves on only when no task can
+/// run, so the short sleep here ends exactly then, where counting `yield_now` rounds guesses.
+/// Each call moves the clock a millisecond.
+pub async fn until_idle() {
+    // Panics ("time is not frozen") on a running clock, which would make this a guess again.
+    tokio::time::advance(Duration::ZERO).await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+}
