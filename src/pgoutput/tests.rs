@@ -539,3 +539,47 @@ proptest! {
         prop_assert_eq!(decode(&encode(&m)), Ok(m));
     }
 }
+
+/// The pgoutput fuzz target's seeds (fuzz/corpus/pgoutput/) are these samples and a few edge
+/// cases, encoded. `OUTBOX_WRITE_FUZZ_SEEDS=1 cargo test --lib pgoutput::tests::fuzz_seeds`
+/// writes them again after a change.
+#[test]
+fn fuzz_seeds_are_the_samples() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/pgoutput");
+    let names = [
+        "begin", "commit", "origin", "relation", "type", "insert", "truncate", "message",
+    ];
+    let mut seeds: Vec<(&str, Bytes)> = names
+        .into_iter()
+        .zip(samples().iter().map(encode))
+        .collect();
+    seeds.push((
+        "insert_empty_values",
+        encode(&LogicalMessage::Insert(Insert {
+            relation_oid: 1,
+            tuple: Tuple(vec![
+                TupleValue::Text(Bytes::new()),
+                TupleValue::Binary(Bytes::new()),
+            ]),
+        })),
+    ));
+    seeds.push((
+        "update",
+        Enc::default().u8(b'U').u32(16385).u8(b'K').i16(0).done(),
+    ));
+    let write = std::env::var_os("OUTBOX_WRITE_FUZZ_SEEDS").is_some();
+    for (name, data) in seeds {
+        let path = dir.join(name);
+        if write {
+            std::fs::create_dir_all(&dir).expect("seed folder");
+            std::fs::write(&path, &data).expect("seed written");
+        }
+        let committed = std::fs::read(&path).unwrap_or_default();
+        assert_eq!(
+            committed,
+            data.to_vec(),
+            "{} is not the encoded sample: OUTBOX_WRITE_FUZZ_SEEDS=1 writes it",
+            path.display()
+        );
+    }
+}

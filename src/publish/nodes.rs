@@ -30,6 +30,14 @@ impl BrokerNode {
         &self.url
     }
 
+    /// `host:port` as lapin reads the URL: where it connects, which [`Self::address`] must
+    /// name (the fuzz target checks it, src/fuzzing.rs).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn lapin_address(&self) -> Result<String, String> {
+        let uri: lapin::uri::AMQPUri = self.url.parse()?;
+        Ok(format!("{}:{}", uri.authority.host, uri.authority.port))
+    }
+
     /// `host:port`, the name logs, metrics and `status` use.
     pub fn address(&self) -> &str {
         &self.address
