@@ -262,32 +262,69 @@ pub fn timestamptz(data: &[u8]) {
 /// leaks the password into logs.
 const SECRET: &str = "Pa55w0rd";
 
-/// Whether [`SECRET`] occurs in `url` once and only as its password: in the user info after
-/// `user:`, or as a `password=` value. Elsewhere (a host name, say) a message may rightly
-/// quote it.
-fn secret_is_only_the_password(url: &str) -> bool {
-    let Some(at) = url.find(SECRET) else {
+/// The byte range of [`SECRET`] in `text` when it occurs there once.
+fn the_secret(text: &str) -> Option<std::ops::Range<usize>> {
+    let at = text.find(SECRET)?;
+    (text.matches(SECRET).count() == 1).then_some(at..at + SECRET.len())
+}
+
+/// Whether `range` lies inside the password of `user_info` (`user:password`), which starts
+/// at byte `start` of the text.
+fn in_password(range: &std::ops::Range<usize>, user_info: &str, start: usize) -> bool {
+    user_info
+        .find(':')
+        .is_some_and(|colon| range.start > start + colon && range.end <= start + user_info.len())
+}
+
+/// Whether [`SECRET`] is the database URL's password, and nothing else, as tokio-postgres
+/// reads the URL: in a URI the credentials end at the first `@`, and `password=` may be a
+/// parameter after the `?`; in the key=value form, the value of `password`. Elsewhere (a host
+/// name, say) a message may rightly quote it.
+fn secret_is_the_database_password(url: &str) -> bool {
+    let Some(range) = the_secret(url) else {
         return false;
     };
-    if url.matches(SECRET).count() != 1 {
+    let uri = ["postgres://", "postgresql://"]
+        .iter()
+        .find_map(|prefix| url.strip_prefix(prefix));
+    match uri {
+        Some(rest) => {
+            let start = url.len() - rest.len();
+            match rest.find('@') {
+                Some(at) => in_password(&range, &rest[..at], start),
+                None => {
+                    let after = &url[range.end..];
+                    (url[..range.start].ends_with("?password=")
+                        || url[..range.start].ends_with("&password="))
+                        && (after.is_empty() || after.starts_with('&'))
+                }
+            }
+        }
+        None => crate::db::key_value_params(url).is_some_and(|params| {
+            params
+                .iter()
+                .any(|p| p.key == "password" && p.value.contains(SECRET))
+        }),
+    }
+}
+
+/// Whether [`SECRET`] is the password of one of the AMQP URLs, and nothing else, as the URL
+/// parser reads it: the authority ends at `/`, `?` or `#`, its user info at its last `@`.
+fn secret_is_an_amqp_password(list: &str) -> bool {
+    let Some(range) = the_secret(list) else {
         return false;
-    }
-    let after = &url[at + SECRET.len()..];
-    if url[..at].ends_with("password=") && (after.is_empty() || after.starts_with([' ', '&'])) {
-        return true;
-    }
-    let Some(scheme) = url.find("://") else {
+    };
+    let Some(scheme) = list[..range.start].rfind("://") else {
         return false;
     };
     let start = scheme + 3;
-    let authority = url[start..]
+    let authority = list[start..]
         .split(['/', '?', '#'])
         .next()
         .unwrap_or_default();
-    let Some(user_info) = authority.rfind('@') else {
-        return false;
-    };
-    at >= start && at + SECRET.len() <= start + user_info && url[start..at].contains(':')
+    authority
+        .rfind('@')
+        .is_some_and(|at| in_password(&range, &authority[..at], start))
 }
 
 /// A database URL (`DATABASE_URL`), in libpq's URI or key=value form. Whatever the relay
@@ -297,7 +334,7 @@ pub fn database_url(data: &[u8]) {
     let Ok(url) = std::str::from_utf8(data) else {
         return;
     };
-    let secret = secret_is_only_the_password(url);
+    let secret = secret_is_the_database_password(url);
     let no_secret = |text: String| {
         assert!(
             !(secret && text.contains(SECRET)),
@@ -332,7 +369,7 @@ pub fn amqp_url(data: &[u8]) {
     let Ok(list) = std::str::from_utf8(data) else {
         return;
     };
-    let secret = secret_is_only_the_password(list);
+    let secret = secret_is_an_amqp_password(list);
     let no_secret = |text: &str| {
         assert!(
             !(secret && text.contains(SECRET)),
@@ -421,14 +458,26 @@ mod tests {
     fn the_secret_is_found_only_where_a_password_goes() {
         for (url, expected) in [
             ("postgres://relay:Pa55w0rd@db:5432/app", true),
-            ("amqp://guest:Pa55w0rd@broker/%2f", true),
             ("host=db user=relay password=Pa55w0rd", true),
+            ("host=db password = 'x Pa55w0rd'", true),
             ("postgres://db/app?password=Pa55w0rd&sslmode=disable", true),
             ("postgres://relay@Pa55w0rd:5432/app", false),
-            ("amqp://Pa55w0rd@broker", false),
+            ("postgres://relay:w0rd@Pa55w0rd@db/app", false),
             ("postgres://relay:Pa55w0rd@Pa55w0rd/app", false),
+            ("postgres://db password=Pa55w0rd", false),
+            ("host= sslmode=Pa55w0rd password=x", false),
         ] {
-            assert_eq!(secret_is_only_the_password(url), expected, "{url}");
+            assert_eq!(secret_is_the_database_password(url), expected, "{url}");
+        }
+        for (list, expected) in [
+            ("amqp://guest:Pa55w0rd@broker/%2f", true),
+            ("amqp://h1,amqp://u:Pa55w0rd@h2:5672", true),
+            ("amqp://u:w0rd@Pa55w0rd@h", true),
+            ("amqp://Pa55w0rd@broker", false),
+            ("amqp://u:p@Pa55w0rd:5672", false),
+            ("amqp://u:Pa55w0rd/@h", false),
+        ] {
+            assert_eq!(secret_is_an_amqp_password(list), expected, "{list}");
         }
     }
 }
