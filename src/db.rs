@@ -111,7 +111,14 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
         _ => false,
     };
     let rest = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        match url.split_once('?') {
+        // tokio-postgres reads the credentials, up to the first '@', before anything else: a
+        // '?' in a password is not where the query starts (taken for it, the URL's sslmode
+        // went unseen, a silent `prefer`, and the error on a bogus one quoted the password).
+        let credentials_end = url.find('@').map_or(0, |at| at + 1);
+        let query = url[credentials_end..]
+            .find('?')
+            .map(|at| url.split_at(credentials_end + at));
+        match query.map(|(base, query)| (base, &query[1..])) {
             None => url.to_string(),
             Some((base, query)) => {
                 let kept: Vec<&str> = query
@@ -727,6 +734,18 @@ mod tests {
         assert!(options.contains("-c tcp_user_timeout="), "{options}");
         assert!(!options.contains("statement_timeout"), "{options}");
         assert!(c.tcp_keepalive.is_some());
+    }
+
+    #[test]
+    fn a_question_mark_in_the_password_does_not_start_the_query() {
+        let url = "postgres://relay:p?sslmode=x@db/app?sslmode=require";
+        let (rest, tls) = split_tls(url).expect("valid");
+        assert_eq!(rest, "postgres://relay:p?sslmode=x@db/app");
+        assert_eq!(tls.mode, SslMode::Require);
+        let config = parse_url(url).expect("valid");
+        assert_eq!(config.get_password(), Some(&b"p?sslmode=x"[..]));
+        let error = parse_url("postgres://relay:p?sslmode=secret@db/app").map(|_| ());
+        assert!(error.is_ok(), "{error:?}");
     }
 
     #[test]
