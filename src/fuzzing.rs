@@ -454,6 +454,33 @@ mod tests {
         }
     }
 
+    /// Each target has its AFL binary in fuzz/, and each binary is a target.
+    #[test]
+    fn every_target_has_its_binary() {
+        let manifest =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/Cargo.toml"))
+                .expect("fuzz/Cargo.toml");
+        let mut binaries: Vec<&str> = manifest
+            .split("[[bin]]")
+            .skip(1)
+            .filter_map(|bin| bin.lines().find_map(|l| l.strip_prefix("name = ")))
+            .map(|name| name.trim_matches('"'))
+            .collect();
+        binaries.sort();
+        let mut targets: Vec<&str> = TARGETS.iter().map(|(name, _)| *name).collect();
+        targets.sort();
+        assert_eq!(binaries, targets);
+        for name in targets {
+            let source =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fuzz/fuzz_targets/{name}.rs"));
+            let source = std::fs::read_to_string(&source).expect("the target's source");
+            assert!(
+                source.contains(&format!("outbox_relay::fuzzing::{name}(")),
+                "{name}"
+            );
+        }
+    }
+
     #[test]
     fn the_secret_is_found_only_where_a_password_goes() {
         for (url, expected) in [
