@@ -181,9 +181,9 @@ pub(crate) struct Param<'a> {
 
 /// The parameters of a key=value connection string, read the way libpq and tokio-postgres
 /// read them: spaces allowed around `=`, a value in single quotes, backslash escapes. Split at
-/// spaces instead, `host = db sslmode = require` lost its sslmode and `host= sslmode=x
-/// password=p` turned the password into the host name. `None` when the text is not of that
-/// form.
+/// spaces instead, `host = db sslmode = require` was refused for an empty sslmode, and in
+/// `host= sslmode=x password=p` (the host is `sslmode=x`) the password became the host name.
+/// `None` when the text is not of that form.
 pub(crate) fn key_value_params(text: &str) -> Option<Vec<Param<'_>>> {
     let mut params = Vec::new();
     let mut rest = text.trim_start();
