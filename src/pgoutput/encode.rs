@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use pgwire_replication::Lsn;
 
-use super::{LogicalMessage, Tuple, TupleValue};
+use super::messages::{LogicalMessage, Tuple, TupleValue};
 
 /// Writes pgoutput fields, big-endian, the way PostgreSQL's `pq_send*` functions do.
 #[derive(Default)]
