@@ -250,6 +250,12 @@ if [ -z "$matrix_only" ]; then
         export OUTBOX_FUZZ_TARGET_DIR=${OUTBOX_FUZZ_TARGET_DIR:-/var/cache/outbox-relay/fuzz-target}
     fi
     scripts/fuzz.sh --all 10 || fuzz_failed=yes
+    if [ -n "${OUTBOX_FUZZ_TARGET_DIR:-}" ]; then
+        # A clone in another folder builds the relay and the binaries anew (cargo keys them
+        # by path): keep only the dependencies, or every run would add its 1 GiB to the cache.
+        CARGO_TARGET_DIR=$OUTBOX_FUZZ_TARGET_DIR cargo clean --release --manifest-path fuzz/Cargo.toml \
+            -p outbox-relay -p outbox-fuzz -p pgwire-replication
+    fi
     phase_done "fuzzing"
 fi
 
