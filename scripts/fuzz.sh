@@ -85,6 +85,9 @@ echo "=== the instrumented build took $((SECONDS - started)) s"
 # core pattern check (a crash is seen all the same), no CPU binding (the other jobs of the
 # machine hold the cores), no status screen.
 export AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_NO_AFFINITY=1 AFL_NO_UI=1
+# A panic prints no backtrace under AFL: symbolizing one took over the 1 s timeout on a busy
+# machine, and the crash was saved as a hang (the replay command prints it).
+export RUST_BACKTRACE=0
 
 out=fuzz/out
 found=()

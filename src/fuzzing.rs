@@ -292,12 +292,14 @@ fn secret_is_the_database_password(url: &str) -> bool {
             let start = url.len() - rest.len();
             match rest.find('@') {
                 Some(at) => in_password(&range, &rest[..at], start),
-                None => {
-                    let after = &url[range.end..];
-                    (url[..range.start].ends_with("?password=")
-                        || url[..range.start].ends_with("&password="))
-                        && (after.is_empty() || after.starts_with('&'))
-                }
+                // No credentials: the `password` parameter of the query, which starts at the
+                // first '?' and is split at '&', each pair at its first '='.
+                None => rest.split_once('?').is_some_and(|(_, query)| {
+                    query.split('&').any(|pair| {
+                        pair.split_once('=')
+                            .is_some_and(|(key, value)| key == "password" && value.contains(SECRET))
+                    })
+                }),
             }
         }
         None => crate::db::key_value_params(url).is_some_and(|params| {
@@ -492,6 +494,8 @@ mod tests {
             ("postgres://relay:w0rd@Pa55w0rd@db/app", false),
             ("postgres://relay:Pa55w0rd@Pa55w0rd/app", false),
             ("postgres://db password=Pa55w0rd", false),
+            ("postgres://db&password=Pa55w0rd", false),
+            ("postgres://db?sslmode=x?password=Pa55w0rd", false),
             ("host= sslmode=Pa55w0rd password=x", false),
         ] {
             assert_eq!(secret_is_the_database_password(url), expected, "{url}");
