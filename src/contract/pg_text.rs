@@ -278,6 +278,18 @@ mod tests {
     }
 
     #[test]
+    fn header_floats_arrive_as_written() {
+        let headers = headers_from_json(br#"{"f": 1.5e200, "n": {"x": 1.5e200}}"#);
+        assert_eq!(
+            headers,
+            Ok(vec![
+                ("f".into(), HeaderValue::Float(1.5e200)),
+                ("n".into(), HeaderValue::Text(r#"{"x":1.5e+200}"#.into())),
+            ])
+        );
+    }
+
+    #[test]
     fn uuid_binary_renders_canonically() {
         let raw: Vec<u8> = (0u8..16).collect();
         assert_eq!(
