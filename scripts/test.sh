@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full check of the whole workspace (the relay, crates/outbox-bench, crates/outbox-testkit):
 # formatting, clippy, and every test target against private PostgreSQL and RabbitMQ instances
-# that the test harness starts itself. One cargo run per step covers every member, in the
+# that the test harness starts itself; then a short run of each fuzz target (scripts/fuzz.sh). One cargo run per step covers every member, in the
 # workspace's one target dir. Every test runs on PostgreSQL 15 (Debian's); then the version
 # matrix runs the core tests (MATRIX_TESTS below) again on each newer major version.
 #
@@ -230,8 +230,11 @@ phase_done() {
 }
 
 suite_failed=
+fuzz_failed=
 if [ -z "$matrix_only" ]; then
     cargo fmt --all -- --check
+    # fuzz/ is a workspace of its own (it builds instrumented): --all does not reach it.
+    cargo fmt --manifest-path fuzz/Cargo.toml -- --check
     cargo clippy --workspace --all-targets -- -D warnings
     phase_done "fmt and clippy"
     cargo test --workspace --all-targets --no-run
@@ -240,6 +243,20 @@ if [ -z "$matrix_only" ]; then
     # --no-fail-fast, and the matrix runs all the same: one failure does not hide the rest.
     cargo test --workspace --all-targets --no-fail-fast || suite_failed=yes
     phase_done "the PostgreSQL 15 suite"
+    # The fuzz targets, 10 s each from their seeds (docs/testing.md, "Fuzzing"): a crash or a
+    # hang fails the run, with its target and input printed. As root (CI), the instrumented
+    # build is kept between runs beside the PostgreSQL binaries, like cargo-afl itself.
+    if [ "$(id -u)" -eq 0 ]; then
+        export OUTBOX_FUZZ_TARGET_DIR=${OUTBOX_FUZZ_TARGET_DIR:-/var/cache/outbox-relay/fuzz-target}
+    fi
+    scripts/fuzz.sh --all 10 || fuzz_failed=yes
+    if [ -n "${OUTBOX_FUZZ_TARGET_DIR:-}" ]; then
+        # A clone in another folder builds the relay and the binaries anew (cargo keys them
+        # by path): keep only the dependencies, or every run would add its 1 GiB to the cache.
+        CARGO_TARGET_DIR=$OUTBOX_FUZZ_TARGET_DIR cargo clean --release --manifest-path fuzz/Cargo.toml \
+            -p outbox-relay -p outbox-fuzz -p pgwire-replication
+    fi
+    phase_done "fuzzing"
 fi
 
 # ---------------------------------------------------------------------------------------
@@ -361,5 +378,7 @@ echo "=== phases"
 printf '    %s\n' "${phase_times[@]}"
 
 [ -z "$suite_failed" ] || echo "=== cargo test --workspace failed (see above)"
+[ -z "$fuzz_failed" ] || echo "=== fuzzing found a crash or a hang (see above)"
 [ -z "$partitions_failed" ] || echo "=== tests/partitions.rs failed (see above)"
-[ "$failed_versions" -eq 0 ] && [ -z "$suite_failed" ] && [ -z "$partitions_failed" ]
+[ "$failed_versions" -eq 0 ] && [ -z "$suite_failed" ] && [ -z "$fuzz_failed" ] &&
+    [ -z "$partitions_failed" ]

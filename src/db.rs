@@ -111,7 +111,14 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
         _ => false,
     };
     let rest = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        match url.split_once('?') {
+        // tokio-postgres reads the credentials, up to the first '@', before anything else: a
+        // '?' in a password is not where the query starts (taken for it, the URL's sslmode
+        // went unseen, a silent `prefer`, and the error on a bogus one quoted the password).
+        let credentials_end = url.find('@').map_or(0, |at| at + 1);
+        let query = url[credentials_end..]
+            .find('?')
+            .map(|at| url.split_at(credentials_end + at));
+        match query.map(|(base, query)| (base, &query[1..])) {
             None => url.to_string(),
             Some((base, query)) => {
                 let kept: Vec<&str> = query
@@ -129,15 +136,16 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
             }
         }
     } else {
-        // key=value form: these two values need no quoting in practice (a mode name, a
-        // path without spaces); a quoted one stays in and tokio-postgres reports it.
-        url.split_whitespace()
-            .filter(|pair| {
-                let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-                !take(key, value)
-            })
-            .collect::<Vec<_>>()
-            .join(" ")
+        match key_value_params(url) {
+            Some(params) => params
+                .iter()
+                .filter(|param| !take(param.key, &param.value))
+                .map(|param| param.text)
+                .collect::<Vec<_>>()
+                .join(" "),
+            // Not key=value text: tokio-postgres says what is wrong with it.
+            None => url.to_string(),
+        }
     };
     if let Some(attrs) =
         session_attrs.filter(|a| !["read-write", "primary", "any"].contains(&a.as_str()))
@@ -161,6 +169,64 @@ fn split_tls(url: &str) -> Result<(String, TlsConfig), RelayError> {
         }
     };
     Ok((rest, tls))
+}
+
+/// One parameter of libpq's key=value form: its keyword, its value (unquoted, unescaped) and
+/// the parameter as written.
+pub(crate) struct Param<'a> {
+    pub key: &'a str,
+    pub value: String,
+    pub text: &'a str,
+}
+
+/// The parameters of a key=value connection string, read the way libpq and tokio-postgres
+/// read them: spaces allowed around `=`, a value in single quotes, backslash escapes. Split at
+/// spaces instead, `host = db sslmode = require` was refused for an empty sslmode, and in
+/// `host= sslmode=x password=p` (the host is `sslmode=x`) the password became the host name.
+/// `None` when the text is not of that form.
+pub(crate) fn key_value_params(text: &str) -> Option<Vec<Param<'_>>> {
+    let mut params = Vec::new();
+    let mut rest = text.trim_start();
+    while !rest.is_empty() {
+        let start = text.len() - rest.len();
+        let key_len = rest.find(|c: char| c.is_whitespace() || c == '=')?;
+        let key = rest.get(..key_len).filter(|key| !key.is_empty())?;
+        rest = rest[key_len..].trim_start().strip_prefix('=')?.trim_start();
+        let quoted = rest.starts_with('\'');
+        let mut chars = rest.char_indices().skip(usize::from(quoted));
+        let mut value = String::new();
+        let mut end = None;
+        while let Some((at, c)) = chars.next() {
+            match c {
+                '\\' => value.extend(chars.next().map(|(_, escaped)| escaped)),
+                '\'' if quoted => {
+                    end = Some(at + 1);
+                    break;
+                }
+                c if c.is_whitespace() && !quoted => {
+                    end = Some(at);
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        let end = match end {
+            Some(end) => end,
+            None if quoted => return None,
+            None => rest.len(),
+        };
+        if !quoted && value.is_empty() {
+            return None;
+        }
+        let stop = text.len() - rest.len() + end;
+        rest = rest[end..].trim_start();
+        params.push(Param {
+            key,
+            value,
+            text: &text[start..stop],
+        });
+    }
+    Some(params)
 }
 
 /// libpq's keepalive parameters in the URL: every connection of the relay takes its
@@ -668,6 +734,54 @@ mod tests {
         assert!(options.contains("-c tcp_user_timeout="), "{options}");
         assert!(!options.contains("statement_timeout"), "{options}");
         assert!(c.tcp_keepalive.is_some());
+    }
+
+    #[test]
+    fn a_question_mark_in_the_password_does_not_start_the_query() {
+        let url = "postgres://relay:p?sslmode=x@db/app?sslmode=require";
+        let (rest, tls) = split_tls(url).expect("valid");
+        assert_eq!(rest, "postgres://relay:p?sslmode=x@db/app");
+        assert_eq!(tls.mode, SslMode::Require);
+        let config = parse_url(url).expect("valid");
+        assert_eq!(config.get_password(), Some(&b"p?sslmode=x"[..]));
+        let error = parse_url("postgres://relay:p?sslmode=secret@db/app").map(|_| ());
+        assert!(error.is_ok(), "{error:?}");
+    }
+
+    #[test]
+    fn key_value_parameters_are_read_as_libpq_reads_them() {
+        let params = |text| {
+            key_value_params(text).map(|params| {
+                params
+                    .iter()
+                    .map(|p| (p.key.to_string(), p.value.clone(), p.text.to_string()))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let param = |key: &str, value: &str, text: &str| (key.into(), value.into(), text.into());
+        assert_eq!(
+            params(" host = db  password='a b\\'c' sslmode= require x=a\\ "),
+            Some(vec![
+                param("host", "db", "host = db"),
+                param("password", "a b'c", "password='a b\\'c'"),
+                param("sslmode", "require", "sslmode= require"),
+                param("x", "a ", "x=a\\ "),
+            ])
+        );
+        for bad in ["host", "=db", "host=", "host='db", "host=\\"] {
+            assert!(params(bad).is_none(), "{bad}");
+        }
+        // Spaces around `=` keep the mode out of what tokio-postgres reads, and a value that
+        // looks like a parameter stays the value it is.
+        let (rest, tls) = split_tls("host = db sslmode = verify-full user=r").expect("valid");
+        assert_eq!(
+            (rest.as_str(), tls.mode),
+            ("host = db user=r", SslMode::VerifyFull)
+        );
+        let (rest, _) = split_tls("host= sslmode=x password=p").expect("valid");
+        assert_eq!(rest, "host= sslmode=x password=p");
+        let server = servers("host= sslmode=x password=p").expect("valid");
+        assert_eq!(server[0].host_text(), "sslmode=x");
     }
 
     #[test]

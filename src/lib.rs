@@ -44,6 +44,9 @@ pub mod contract;
 pub mod db;
 pub mod error;
 pub mod failpoint;
+// The fuzz targets' checks (fuzz/): test builds and the `fuzzing` feature only.
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod liveness;
 pub mod observability;
 pub mod ops;

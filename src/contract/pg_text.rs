@@ -80,7 +80,7 @@ pub(super) fn uuid_text(raw: &[u8]) -> Option<String> {
 
 /// timestamptz as PostgreSQL prints it under `datestyle = ISO`: `2026-11-30 06:26:09.5+00`,
 /// the fraction optional, the offset in hours with optional minutes and seconds (`+05:30`).
-const ISO_TIMESTAMPTZ: &[time::format_description::BorrowedFormatItem<'static>] = time::macros::format_description!(
+pub(crate) const ISO_TIMESTAMPTZ: &[time::format_description::BorrowedFormatItem<'static>] = time::macros::format_description!(
     "[year]-[month]-[day] [hour]:[minute]:[second][optional [.[subsecond]]]\
          [offset_hour sign:mandatory][optional [:[offset_minute]]][optional [:[offset_second]]]"
 );
@@ -108,7 +108,7 @@ pub fn parse_timestamptz_at(text: &str) -> Result<time::OffsetDateTime, String> 
 /// year, fraction of 1-9 digits, offset `+HH[:MM[:SS]]`), read without the general parser, which
 /// cost about 4 % of the relay's CPU per message. `None` for anything else, out-of-range fields
 /// included: the general parser then decides, so both accept and reject the same texts.
-fn parse_iso_common(text: &[u8]) -> Option<time::OffsetDateTime> {
+pub(crate) fn parse_iso_common(text: &[u8]) -> Option<time::OffsetDateTime> {
     fn digits(text: &[u8], at: usize, len: usize) -> Option<u32> {
         text.get(at..at + len)?.iter().try_fold(0u32, |value, &b| {
             b.is_ascii_digit().then(|| value * 10 + u32::from(b - b'0'))
@@ -275,6 +275,18 @@ mod tests {
                 "{:?}", text
             );
         }
+    }
+
+    #[test]
+    fn header_floats_arrive_as_written() {
+        let headers = headers_from_json(br#"{"f": 1.5e200, "n": {"x": 1.5e200}}"#);
+        assert_eq!(
+            headers,
+            Ok(vec![
+                ("f".into(), HeaderValue::Float(1.5e200)),
+                ("n".into(), HeaderValue::Text(r#"{"x":1.5e+200}"#.into())),
+            ])
+        );
     }
 
     #[test]

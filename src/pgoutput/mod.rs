@@ -20,16 +20,22 @@
 //! trailing bytes after a complete message, is a [`DecodeError`], never a panic.
 
 mod cursor;
+// The encoder builds pgoutput bytes for the decoder's tests, other modules' tests (wal/source)
+// and the fuzz target's round trip; the relay itself never encodes.
+#[cfg(any(test, feature = "fuzzing"))]
+mod encode;
 mod error;
 mod messages;
-
-// The encoder in tests.rs builds pgoutput bytes for other modules' tests too (wal/source).
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;
 
 use bytes::Bytes;
 
 use cursor::Cursor;
+#[cfg(any(test, feature = "fuzzing"))]
+pub use encode::encode;
+#[cfg(test)]
+pub(crate) use encode::Enc;
 pub use error::{DecodeError, Field, MessageKind};
 pub use messages::{
     Begin, Column, Commit, Insert, LogicalDecodingMessage, LogicalMessage, Origin, Relation,

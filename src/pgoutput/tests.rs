@@ -7,103 +7,6 @@ use proptest::prelude::*;
 
 use super::*;
 
-/// Writes pgoutput fields, big-endian, the way PostgreSQL's `pq_send*` functions do.
-#[derive(Default)]
-struct Enc(Vec<u8>);
-
-impl Enc {
-    fn u8(mut self, v: u8) -> Self {
-        self.0.push(v);
-        self
-    }
-    fn i16(mut self, v: i16) -> Self {
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
-    }
-    fn i32(mut self, v: i32) -> Self {
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
-    }
-    fn u32(mut self, v: u32) -> Self {
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
-    }
-    fn i64(mut self, v: i64) -> Self {
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
-    }
-    fn lsn(self, v: Lsn) -> Self {
-        self.i64(v.as_u64() as i64)
-    }
-    fn cstr(mut self, s: &str) -> Self {
-        self.0.extend_from_slice(s.as_bytes());
-        self.0.push(0);
-        self
-    }
-    fn raw(mut self, b: &[u8]) -> Self {
-        self.0.extend_from_slice(b);
-        self
-    }
-    /// Int32 length then the bytes.
-    fn counted(self, b: &[u8]) -> Self {
-        self.i32(b.len() as i32).raw(b)
-    }
-    fn tuple(self, t: &Tuple) -> Self {
-        t.0.iter().fold(self.i16(t.0.len() as i16), |e, v| match v {
-            TupleValue::Null => e.u8(b'n'),
-            TupleValue::UnchangedToast => e.u8(b'u'),
-            TupleValue::Text(b) => e.u8(b't').counted(b),
-            TupleValue::Binary(b) => e.u8(b'b').counted(b),
-        })
-    }
-    fn done(self) -> Bytes {
-        Bytes::from(self.0)
-    }
-}
-
-/// Encodes a message exactly as PostgreSQL (protocol 1) would send it.
-pub(crate) fn encode(m: &LogicalMessage) -> Bytes {
-    let e = Enc::default();
-    match m {
-        LogicalMessage::Begin(b) => e.u8(b'B').lsn(b.final_lsn).i64(b.commit_time).u32(b.xid),
-        LogicalMessage::Commit(c) => e
-            .u8(b'C')
-            .u8(c.flags)
-            .lsn(c.commit_lsn)
-            .lsn(c.end_lsn)
-            .i64(c.commit_time),
-        LogicalMessage::Origin(o) => e.u8(b'O').lsn(o.commit_lsn).cstr(&o.name),
-        LogicalMessage::Relation(r) => r.columns.iter().fold(
-            e.u8(b'R')
-                .u32(r.oid)
-                .cstr(&r.namespace)
-                .cstr(&r.name)
-                .u8(r.replica_identity)
-                .i16(r.columns.len() as i16),
-            |e, c| {
-                e.u8(c.flags)
-                    .cstr(&c.name)
-                    .u32(c.type_oid)
-                    .i32(c.type_modifier)
-            },
-        ),
-        LogicalMessage::Type(t) => e.u8(b'Y').u32(t.oid).cstr(&t.namespace).cstr(&t.name),
-        LogicalMessage::Insert(i) => e.u8(b'I').u32(i.relation_oid).u8(b'N').tuple(&i.tuple),
-        LogicalMessage::Truncate(t) => t.relation_oids.iter().fold(
-            e.u8(b'T').i32(t.relation_oids.len() as i32).u8(t.options),
-            |e, &oid| e.u32(oid),
-        ),
-        LogicalMessage::Message(m) => e
-            .u8(b'M')
-            .u8(u8::from(m.transactional))
-            .lsn(m.lsn)
-            .cstr(&m.prefix)
-            .counted(&m.content),
-        LogicalMessage::Skipped(tag) => e.u8(*tag),
-    }
-    .done()
-}
-
 fn lsn(s: &str) -> Lsn {
     Lsn::parse(s).expect("test LSN")
 }
@@ -634,5 +537,49 @@ proptest! {
     fn message_round_trips(msg in message_strategy()) {
         let m = LogicalMessage::Message(msg);
         prop_assert_eq!(decode(&encode(&m)), Ok(m));
+    }
+}
+
+/// The pgoutput fuzz target's seeds (fuzz/corpus/pgoutput/) are these samples and a few edge
+/// cases, encoded. `OUTBOX_WRITE_FUZZ_SEEDS=1 cargo test --lib pgoutput::tests::fuzz_seeds`
+/// writes them again after a change.
+#[test]
+fn fuzz_seeds_are_the_samples() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/pgoutput");
+    let names = [
+        "begin", "commit", "origin", "relation", "type", "insert", "truncate", "message",
+    ];
+    let mut seeds: Vec<(&str, Bytes)> = names
+        .into_iter()
+        .zip(samples().iter().map(encode))
+        .collect();
+    seeds.push((
+        "insert_empty_values",
+        encode(&LogicalMessage::Insert(Insert {
+            relation_oid: 1,
+            tuple: Tuple(vec![
+                TupleValue::Text(Bytes::new()),
+                TupleValue::Binary(Bytes::new()),
+            ]),
+        })),
+    ));
+    seeds.push((
+        "update",
+        Enc::default().u8(b'U').u32(16385).u8(b'K').i16(0).done(),
+    ));
+    let write = std::env::var_os("OUTBOX_WRITE_FUZZ_SEEDS").is_some();
+    for (name, data) in seeds {
+        let path = dir.join(name);
+        if write {
+            std::fs::create_dir_all(&dir).expect("seed folder");
+            std::fs::write(&path, &data).expect("seed written");
+        }
+        let committed = std::fs::read(&path).unwrap_or_default();
+        assert_eq!(
+            committed,
+            data.to_vec(),
+            "{} is not the encoded sample: OUTBOX_WRITE_FUZZ_SEEDS=1 writes it",
+            path.display()
+        );
     }
 }

@@ -30,6 +30,14 @@ impl BrokerNode {
         &self.url
     }
 
+    /// `host:port` as lapin reads the URL: where it connects, which [`Self::address`] must
+    /// name (the fuzz target checks it, src/fuzzing.rs).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn lapin_address(&self) -> Result<String, String> {
+        let uri: lapin::uri::AMQPUri = self.url.parse()?;
+        Ok(format!("{}:{}", uri.authority.host, uri.authority.port))
+    }
+
     /// `host:port`, the name logs, metrics and `status` use.
     pub fn address(&self) -> &str {
         &self.address
@@ -195,16 +203,14 @@ fn check_url(url: &str, position: usize) -> Result<BrokerNode, RelayError> {
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(bad("it has no scheme".into()));
     };
-    let default_port = match scheme.to_ascii_lowercase().as_str() {
-        "amqp" => 5672,
-        "amqps" => 5671,
-        _ => return Err(bad(format!("the scheme {scheme:?} is not amqp or amqps"))),
-    };
-    // lapin's own parser decides; its message may quote the URL, password and all.
-    if let Err(problem) = url.parse::<lapin::uri::AMQPUri>() {
-        let problem = problem.replace(url, "<the URL>");
-        return Err(bad(problem));
+    if !["amqp", "amqps"].contains(&scheme.to_ascii_lowercase().as_str()) {
+        return Err(bad(format!("the scheme {scheme:?} is not amqp or amqps")));
     }
+    // lapin's own parser decides; its message may quote the URL, password and all.
+    let uri = match url.parse::<lapin::uri::AMQPUri>() {
+        Ok(uri) => uri,
+        Err(problem) => return Err(bad(problem.replace(url, "<the URL>"))),
+    };
     // The authority ends at the first '/', '?' or '#' (a password must percent-encode them).
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
     let host_port = authority
@@ -221,10 +227,9 @@ fn check_url(url: &str, position: usize) -> Result<BrokerNode, RelayError> {
                 .into(),
         ));
     }
-    let address = match host_port.contains(':') {
-        true => host_port.to_string(),
-        false => format!("{host_port}:{default_port}"),
-    };
+    // Named by where lapin connects: an empty port is the default one, and the host is
+    // percent-decoded ("h:" and "h%31:5672" are h:5672 and h1:5672).
+    let address = format!("{}:{}", uri.authority.host, uri.authority.port);
     Ok(BrokerNode {
         url: url.to_string(),
         address,
@@ -256,6 +261,19 @@ mod tests {
         let nodes = BrokerNodes::parse("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap();
         assert_eq!(addresses(&nodes), ["127.0.0.1:5672"]);
         assert_eq!(nodes.node(0).url(), "amqp://guest:guest@127.0.0.1:5672/%2f");
+    }
+
+    #[test]
+    fn a_node_is_named_by_where_lapin_connects() {
+        for (url, address) in [
+            ("amqp://h:/%2f", "h:5672"),
+            ("amqps://u:p@h:", "h:5671"),
+            ("amqp://h%31/%2f", "h1:5672"),
+            ("amqp://u:p@broker.example:5673", "broker.example:5673"),
+        ] {
+            let nodes = BrokerNodes::parse(url).unwrap();
+            assert_eq!(addresses(&nodes), [address], "{url}");
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::config::HEARTBEAT_PREFIX;
 use crate::contract::headers;
 use crate::contract::mapper::AllowedExchanges;
 use crate::contract::message::{HeaderValue, Message, Rejection};
-use crate::pgoutput::tests::encode;
+use crate::pgoutput::encode;
 use crate::pgoutput::{Insert, Tuple, TupleValue};
 use crate::wal::relations;
 
