@@ -217,7 +217,7 @@ fn carries_the_same_event(plain: &Message, structured: &Message) {
         use base64::Engine as _;
         let decoded = base64::engine::general_purpose::STANDARD.decode(encoded);
         assert_eq!(decoded.ok().as_deref(), Some(body));
-    } else if plain.content_type == Some("application/json") {
+    } else if plain.content_type.as_deref() == Some("application/json") {
         assert_eq!(
             serde_json::from_slice::<Value>(body).ok(),
             Some(event["data"].clone())
