@@ -218,6 +218,91 @@ struct Ran {
     late: Duration,
     began: SystemTime,
     healed: SystemTime,
+    /// A PostgreSQL stop's: where the slot resumed.
+    rewind: Option<Rewind>,
+}
+
+/// What a PostgreSQL stop can take back: the slot resumes `from` its persisted position (a
+/// restart: the state file, saved only at checkpoints and when `restart_lsn` moves, about
+/// every 15 s here) or its standby copy's (a promotion: what the sync worker last copied),
+/// and every row committed above that and before the stop (`to` bounds those: the server's
+/// WAL end read after it) may be delivered again. A relay fault's W + X does not cover this.
+#[derive(Clone, Copy, Debug)]
+struct Rewind {
+    from: u64,
+    to: u64,
+}
+
+impl Rewind {
+    /// The rows of `commits` this stop may deliver again; a commit whose end the writer
+    /// could not note (its connection broke right after the COMMIT) counts as one of them.
+    fn rows(&self, commits: &[common::faults::Commit]) -> usize {
+        commits
+            .iter()
+            .filter(|c| c.ended_by.is_none_or(|at| at > self.from && at <= self.to))
+            .map(|c| c.ids.len())
+            .sum()
+    }
+}
+
+/// The current WAL position of the server `url` names, asked until it answers: a network
+/// fault overlapping a PostgreSQL one may hold the connection up for its time.
+async fn wal_end_after(url: &str) -> u64 {
+    let deadline = Instant::now() + PROMOTION_WAITS;
+    loop {
+        let asked = tokio::time::timeout(Duration::from_secs(5), async {
+            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                .await
+                .ok()?;
+            tokio::spawn(connection);
+            let row = client
+                .query_one("SELECT pg_current_wal_lsn()::text", &[])
+                .await
+                .ok()?;
+            Some(common::pg::parse_lsn(row.get(0)))
+        })
+        .await;
+        if let Ok(Some(lsn)) = asked {
+            return lsn;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nemesis: {url} did not answer for {} after a PostgreSQL fault",
+            secs(PROMOTION_WAITS)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `slot`'s `confirmed_flush` as the stopped server `server` saved it: what the slot resumes
+/// from when the server starts again. From `pg_replslot/SLOT/state`, a
+/// `ReplicationSlotOnDisk` (PostgreSQL 16-18): magic, checksum, version and length (4 bytes
+/// each), then `ReplicationSlotPersistentData`: the name (64 bytes), database, persistency,
+/// xmin, catalog_xmin (4 each), restart_lsn (8), the invalidation cause (4, padded to 8),
+/// confirmed_flush (8) at byte 112.
+fn persisted_confirmed_flush(server: &common::pg::PgServer, slot: &str) -> u64 {
+    const SLOT_MAGIC: u32 = 0x1051_CA1;
+    let path = server
+        .dir()
+        .join("data/pg_replslot")
+        .join(slot)
+        .join("state");
+    let state = std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let u32_at = |at: usize| u32::from_le_bytes(state[at..at + 4].try_into().unwrap());
+    let u64_at = |at: usize| u64::from_le_bytes(state[at..at + 8].try_into().unwrap());
+    assert!(
+        state.len() >= 120 && u32_at(0) == SLOT_MAGIC,
+        "{}: not a replication slot's state file",
+        path.display()
+    );
+    let name = &state[16..16 + slot.len() + 1];
+    assert_eq!(
+        name,
+        [slot.as_bytes(), &[0]].concat(),
+        "{}: the layout is not PostgreSQL 16-18's (the name is not at byte 16)",
+        path.display()
+    );
+    u64_at(112)
 }
 
 /// Runs one step: waits for its start, does the fault, waits its time, heals.
@@ -227,6 +312,7 @@ async fn run_step(world: Arc<World>, started: Instant, step: Step) -> Ran {
     let began = SystemTime::now();
     let lasts = step.lasts;
     let lab = world.lab;
+    let mut rewind = None;
     match step.fault {
         Fault::RelayKill9 { relay } | Fault::RelaySigterm { relay } => {
             let i = world.relay_of(relay).await;
@@ -267,8 +353,11 @@ async fn run_step(world: Arc<World>, started: Instant, step: Step) -> Ran {
         Fault::PgRestart => {
             let pair = world.pair.read().await;
             blocking(|| pair.primary.stop_immediate());
+            let from = persisted_confirmed_flush(&pair.primary, &world.outbox.slot);
             tokio::time::sleep(lasts).await;
             blocking(|| pair.primary.start_again());
+            let to = wal_end_after(&pair.primary.url("postgres")).await;
+            rewind = Some(Rewind { from, to });
         }
         Fault::PgPrimaryCrash | Fault::PgSwitchover => {
             let crash = matches!(step.fault, Fault::PgPrimaryCrash);
@@ -283,8 +372,18 @@ async fn run_step(world: Arc<World>, started: Instant, step: Step) -> Ran {
             } else {
                 blocking(|| pair.primary.stop());
             }
+            // The primary is gone: the standby's copy no longer moves.
+            let copy = pair.standby_copy(&world.outbox.slot).await;
+            let from = copy.and_then(|c| c.confirmed_flush).unwrap_or_else(|| {
+                panic!(
+                    "nemesis, {}: the standby has no copy of the slot",
+                    step.fault
+                )
+            });
             tokio::time::sleep(lasts).await;
             pair.fail_over(&world.db).await;
+            let to = wal_end_after(&pair.primary.url("postgres")).await;
+            rewind = Some(Rewind { from, to });
             let how = if crash {
                 Rejoin::Rebuilt
             } else {
@@ -374,6 +473,7 @@ async fn run_step(world: Arc<World>, started: Instant, step: Step) -> Ran {
         late,
         began,
         healed,
+        rewind,
     }
 }
 
@@ -623,17 +723,24 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
     // barrier waits only for what follows them.
     consumer.wait_for(rows.len(), DRAIN_WITHIN).await;
     let on_primary: std::collections::HashSet<&str> = rows.iter().map(String::as_str).collect();
+    let rewound: usize = ran
+        .iter()
+        .filter_map(|r| r.rewind)
+        .map(|w| w.rows(&commits))
+        .sum();
     let surviving: Vec<_> = commits
-        .into_iter()
+        .iter()
         .filter(|c| c.ids.iter().all(|id| on_primary.contains(id.as_str())))
+        .cloned()
         .collect();
     let ack = check_ack_of_commits(&primary, &outbox, &surviving, &mut consumer).await;
     let tally = Tally::of(consumer.received());
     common::faults::assert_nothing_lost_or_invented(&tally, &rows);
-    let bound = (W + MAX_TXN_ROWS) * ran.len();
+    let bound = (W + MAX_TXN_ROWS) * ran.len() + rewound;
     assert!(
         tally.duplicates() <= bound,
-        "nemesis ({seed}): {} repeats in the test's queue, bound (W + X) x faults = {bound}",
+        "nemesis ({seed}): {} repeats in the test's queue, bound (W + X) x faults + rows \
+         PostgreSQL stops took back = {bound} (of which {rewound} taken back)",
         tally.duplicates()
     );
 
@@ -680,6 +787,7 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
             .unwrap_or_default();
         let entry = by_kind.entry(r.step.fault.kind()).or_default();
         entry.count += 1;
+        entry.taken_back += r.rewind.map_or(0, |w| w.rows(&commits));
         entry.again = entry.again.max(again);
         entry.stall = entry.stall.max(stall);
     }
@@ -725,7 +833,8 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
                 "repeats in the test's queue",
                 tally.duplicates().to_string(),
             ),
-            ("bound (W+X) x faults", bound.to_string()),
+            ("bound (W+X) x faults + taken back", bound.to_string()),
+            ("rows PostgreSQL stops took back", rewound.to_string()),
             ("last heal to a relay ready", secs(ready_after)),
             ("last heal to an effect applied", secs(after_last)),
             (
@@ -750,13 +859,14 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
         println!(
             "FIGURES n1 nemesis {}: count {}, worst heal to delivering again {}, worst \
              commit to effect of a row committed during it {}, repeats attributed {} (W + X \
-             per fault: {})",
+             per fault: {}, rows taken back: {})",
             kind.name(),
             figures.count,
             secs(figures.again),
             secs(figures.stall),
             figures.repeats,
-            (W + MAX_TXN_ROWS) * figures.count
+            (W + MAX_TXN_ROWS) * figures.count,
+            figures.taken_back
         );
     }
     println!("FIGURES n1 nemesis repeats committed outside every fault's window: {unattributed}");
@@ -772,6 +882,8 @@ struct Figures {
     stall: Duration,
     /// Repeats in the test's queue of rows committed around such a fault.
     repeats: usize,
+    /// Rows such a fault's PostgreSQL stops may deliver again (see [`Rewind`]).
+    taken_back: usize,
 }
 
 fn relay_logs(world: &World) -> String {
