@@ -8,7 +8,7 @@
 
 use outbox_testkit as common;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use common::amqp::{bind_queue, exchange_exists, unbind_queue};
@@ -665,10 +665,10 @@ const IN_FLIGHT: &str = "outbox_relay_messages_in_flight";
 const LOAD_TXN_ROWS: usize = 100;
 /// One seeded transaction in this many is unroutable as a whole; in the others about one row
 /// in twenty is.
-const WHOLE_UNROUTABLE_EVERY: usize = 20;
+const WHOLE_UNROUTABLE_EVERY: usize = 25;
 /// Consecutive transactions unroutable as a whole in the middle of the backlog: a run of
-/// rows longer than the window, so that for a while every publish in flight is returned.
-const UNROUTABLE_RUN_TRANSACTIONS: usize = W.div_ceil(LOAD_TXN_ROWS) + 5;
+/// rows over twice the window, so that for a while every publish in flight is returned.
+const UNROUTABLE_RUN_TRANSACTIONS: usize = 2 * W.div_ceil(LOAD_TXN_ROWS) + 5;
 /// Rows of the load tests' backlog (`OUTBOX_TEST_DEAD_LETTER_ROWS` overrides): sized so one
 /// drain takes well under half a minute on two shared cores, where each dead letter costs
 /// the broker's round trip for its confirm (docs/reliability.md, row 13l).
@@ -683,12 +683,15 @@ fn load_rows() -> usize {
         .unwrap_or(LOAD_ROWS)
 }
 
-/// Which committed ids are unroutable: the seed's own record, never the relay's.
+/// Which committed ids are unroutable, with their event type and the `g` of their payload:
+/// the seed's own record, never the relay's.
 struct Backlog {
-    unroutable: HashSet<String>,
+    unroutable: HashMap<String, (String, i64)>,
     /// Transactions unroutable as a whole, and unroutable rows inside routable ones.
     whole: usize,
     single: usize,
+    /// The rows (by commit order) of the run of unroutable transactions.
+    run: std::ops::Range<usize>,
 }
 
 impl Backlog {
@@ -698,7 +701,7 @@ impl Backlog {
         committed
             .iter()
             .cloned()
-            .partition(|id| !self.unroutable.contains(id))
+            .partition(|id| !self.unroutable.contains_key(id))
     }
 }
 
@@ -708,14 +711,15 @@ impl Backlog {
 /// [`UNROUTABLE_RUN_TRANSACTIONS`] in the middle (`Nobody.whole`), and in the others the rows g
 /// with (g × 7919) mod 97 < 5 (`Nobody.single`, about 5 %, 0 to 3 in a transaction).
 async fn seed_a_tenth_unroutable(outbox: &Outbox, rows: usize) -> Backlog {
-    let mut backlog = Backlog {
-        unroutable: HashSet::new(),
-        whole: 0,
-        single: 0,
-    };
     let transactions = rows.div_ceil(LOAD_TXN_ROWS);
     let run_start = transactions.saturating_sub(UNROUTABLE_RUN_TRANSACTIONS) / 2;
     let run = run_start..run_start + UNROUTABLE_RUN_TRANSACTIONS;
+    let mut backlog = Backlog {
+        unroutable: HashMap::new(),
+        whole: 0,
+        single: 0,
+        run: run.start * LOAD_TXN_ROWS..(run.end * LOAD_TXN_ROWS).min(rows),
+    };
     for (txn, start) in (0..rows).step_by(LOAD_TXN_ROWS).enumerate() {
         let end = (start + LOAD_TXN_ROWS).min(rows) as i64;
         let whole =
@@ -729,24 +733,19 @@ async fn seed_a_tenth_unroutable(outbox: &Outbox, rows: usize) -> Backlog {
                              ELSE 'Good.load' END, \
                         jsonb_build_object('g', g) \
                  FROM generate_series($1::bigint, $2::bigint - 1) AS g \
-                 RETURNING id::text, event_type",
+                 RETURNING id::text, event_type, (payload->>'g')::bigint",
                 &[&(start as i64), &end, &whole],
             )
             .await
             .expect("seed the backlog");
         backlog.whole += usize::from(whole);
         for row in inserted {
-            let (id, event_type): (String, String) = (row.get(0), row.get(1));
-            match event_type.as_str() {
-                "Good.load" => {}
-                "Nobody.single" => {
-                    backlog.single += 1;
-                    backlog.unroutable.insert(id);
-                }
-                _ => {
-                    backlog.unroutable.insert(id);
-                }
+            let (id, event_type, g): (String, String, i64) = (row.get(0), row.get(1), row.get(2));
+            if event_type == "Good.load" {
+                continue;
             }
+            backlog.single += usize::from(event_type == "Nobody.single");
+            backlog.unroutable.insert(id, (event_type, g));
         }
     }
     backlog
@@ -766,22 +765,40 @@ async fn wait_window_full(relay: &RelayProcess, port: u16) -> f64 {
     in_flight(&page)
 }
 
-/// `letter` is the dead letter of a row the outbox's exchange returned as unroutable: on the
-/// dead-letter exchange, its reason naming NO_ROUTE 312, the exchange and its routing key.
-fn assert_dead_lettered_as_unroutable(letter: &Received, dl: &DeadLetterOutbox) {
-    assert!(
-        letter.routing_key.starts_with("Nobody."),
-        "a routable row was dead-lettered: {letter:?}"
-    );
+/// `letter` is the dead letter of an unroutable row of `backlog`, built from the message the
+/// broker returned for that very row: on the dead-letter exchange with the row's event type as
+/// routing key and type, its payload, persistent, and its reason naming NO_ROUTE 312, the
+/// outbox's exchange and the routing key.
+fn assert_dead_lettered_as_unroutable(letter: &Received, dl: &DeadLetterOutbox, backlog: &Backlog) {
+    let id = letter.message_id.as_deref().unwrap_or_default();
+    let Some((event_type, g)) = backlog.unroutable.get(id) else {
+        panic!("a row that is not unroutable was dead-lettered: {letter:?}");
+    };
     assert_eq!(letter.exchange, dl.dead_letter_exchange);
+    assert_eq!(&letter.routing_key, event_type, "{letter:?}");
+    assert_eq!(letter.kind.as_ref(), Some(event_type), "{letter:?}");
+    assert_eq!(
+        letter.body_json(),
+        serde_json::json!({ "g": g }),
+        "{letter:?}"
+    );
+    assert_eq!(letter.delivery_mode, Some(2), "{letter:?}");
     let reason = format!(
-        "unroutable: NO_ROUTE 312 exchange={} routing_key={}",
-        dl.outbox.exchange, letter.routing_key
+        "unroutable: NO_ROUTE 312 exchange={} routing_key={event_type}",
+        dl.outbox.exchange
     );
     assert_eq!(
         letter.header_str(REASON),
         Some(reason.as_str()),
         "{letter:?}"
+    );
+    assert_eq!(
+        letter.header_str("x-outbox-original-exchange"),
+        Some(dl.outbox.exchange.as_str())
+    );
+    assert_eq!(
+        letter.header_str("x-outbox-original-routing-key"),
+        Some(event_type.as_str())
     );
 }
 
@@ -811,10 +828,12 @@ fn letters(received: &[Received]) -> impl Iterator<Item = &Received> {
 }
 
 /// Returns at load under the dead-letter policy: a backlog committed first, a tenth of it
-/// unroutable (whole transactions and single rows inside routable ones), drained at full speed
-/// with the default window full. Each routable row reaches the outbox's queue once and each
-/// unroutable one the dead-letter queue once, each queue in commit order; the slot passes the
-/// last commit and never acknowledged a row that was on neither queue.
+/// unroutable (whole transactions, a run longer than the window, single rows inside routable
+/// transactions), drained at full speed with the default window full. Each routable row
+/// reaches the outbox's queue once and each unroutable one the dead-letter queue once, intact
+/// and with its reason, each queue in commit order; the slot passes the last commit and, at
+/// three checks while draining and one after, has acknowledged no row that was on neither
+/// queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_window_drain_of_a_tenth_unroutable_puts_each_row_once_on_its_queue_in_commit_order() {
     let dl = DeadLetterOutbox::new("dl_load").await;
@@ -832,6 +851,25 @@ async fn full_window_drain_of_a_tenth_unroutable_puts_each_row_once_on_its_queue
     let started = Instant::now();
     let (relay, port) = spawn_observed(outbox, &dl.policy());
     wait_window_full(&relay, port).await;
+    // ACK while it drains, the middle check about when the run of unroutable rows longer
+    // than the window is in flight: nothing acknowledged that neither queue holds.
+    let mut acknowledged_while_draining = Vec::new();
+    for tenths in [2, 5, 8] {
+        let arrived = rows * tenths / 10;
+        let mut both = [&mut consumer, &mut dead_letters];
+        peak_combined_rate_until(&mut both, arrived, FIVE_MINUTES).await;
+        let ack = check_ack_across(
+            &outbox.client,
+            outbox,
+            &oracle,
+            &mut [
+                (outbox.queue.as_str(), &mut consumer),
+                (dead_letter_queue.as_str(), &mut dead_letters),
+            ],
+        )
+        .await;
+        acknowledged_while_draining.push(ack.acknowledged_rows.to_string());
+    }
     assert!(
         wait_for_ids(&mut dead_letters, &unroutable, FIVE_MINUTES).await,
         "every unroutable row dead-lettered; log:\n{}",
@@ -845,16 +883,36 @@ async fn full_window_drain_of_a_tenth_unroutable_puts_each_row_once_on_its_queue
     let drained = started.elapsed();
     let last = committed.last().expect("rows committed");
     assert_acknowledged(outbox, &oracle, &relay, last, MINUTE).await;
+    // The relay's counts agree with the queues, and the gauge that read W is back at 0.
+    let page = common::http::metrics(port).await;
+    let count = |name: &str| common::http::metric_sum(&page, name);
     assert_eq!(
-        metric(port, &dead_lettered("unroutable")).await,
+        metric_value(&page, &dead_lettered("unroutable")),
         Some(unroutable.len() as f64)
     );
+    assert_eq!(
+        count("outbox_relay_messages_returned_total"),
+        Some(unroutable.len() as f64)
+    );
+    assert_eq!(
+        count("outbox_relay_messages_confirmed_total"),
+        Some(routable.len() as f64)
+    );
+    assert_eq!(metric_value(&page, IN_FLIGHT), Some(0.0));
     assert_eq!(relay.sessions(), 1, "no reconnect; log:\n{}", relay.log());
     relay.stop().await;
 
     for letter in letters(dead_letters.received()) {
-        assert_dead_lettered_as_unroutable(letter, &dl);
+        assert_dead_lettered_as_unroutable(letter, &dl, &backlog);
     }
+    // The `x-outbox-seq` each took over from its returned message increases along the queue.
+    let seqs: Vec<Option<&str>> = letters(dead_letters.received())
+        .map(|letter| letter.header_str("x-outbox-seq"))
+        .collect();
+    assert!(
+        seqs.iter().all(Option::is_some) && seqs.windows(2).all(|pair| pair[0] < pair[1]),
+        "x-outbox-seq missing or out of order on the dead-letter queue"
+    );
     // With the relay stopped: every acknowledged row is on one of the two queues, and
     // everything either queue will ever hold has arrived (before the barriers).
     let ack = check_ack_across(
@@ -884,6 +942,10 @@ async fn full_window_drain_of_a_tenth_unroutable_puts_each_row_once_on_its_queue
             ("dead letters", unroutable.len().to_string()),
             ("whole unroutable transactions", backlog.whole.to_string()),
             ("single unroutable rows", backlog.single.to_string()),
+            (
+                "acknowledged rows at the ACK checks while draining",
+                acknowledged_while_draining.join("/"),
+            ),
             ("drained in", secs(drained)),
             (
                 "msgs/s",
@@ -893,10 +955,10 @@ async fn full_window_drain_of_a_tenth_unroutable_puts_each_row_once_on_its_queue
     );
 }
 
-/// The same backlog with the relay killed (-9) mid-drain, its window full, and started again:
-/// nothing is lost on either queue, nothing was acknowledged that neither queue held at the
-/// kill, and the rows delivered or dead-lettered twice stay within a relay crash's bound
-/// (docs/reliability.md, "Duplicate bounds").
+/// The same backlog with the relay killed (-9) halfway, its window full of returned messages,
+/// and started again: nothing is lost on either queue, nothing was acknowledged that neither
+/// queue held at the kill, and the rows delivered or dead-lettered twice stay within a relay
+/// crash's bound (docs/reliability.md, "Duplicate bounds").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_kill_9_mid_drain_of_a_tenth_unroutable_loses_nothing_on_either_queue_within_the_crash_bound(
 ) {
@@ -915,9 +977,11 @@ async fn relay_kill_9_mid_drain_of_a_tenth_unroutable_loses_nothing_on_either_qu
     let started = Instant::now();
     let (first, port) = spawn_observed(outbox, &dl.policy());
     wait_window_full(&first, port).await;
-    // Mid-backlog: 40 % of the rows on the two queues together. The peak rate on the way
-    // bounds what the relay can have had confirmed without reporting it yet.
-    let mid = rows * 2 / 5;
+    // Inside the run of unroutable rows, W/2 into it: the relay has settled everything before
+    // its front (dead letters one at a time), so the rows on the two queues together are
+    // about where its front is, and the window ahead of it holds returned messages only. The
+    // peak rate on the way bounds what it can have had confirmed without reporting it yet.
+    let mid = backlog.run.start + W / 2;
     let rate =
         peak_combined_rate_until(&mut [&mut consumer, &mut dead_letters], mid, FIVE_MINUTES).await;
     let arrived = consumer.received().len() + dead_letters.received().len();
@@ -941,6 +1005,23 @@ async fn relay_kill_9_mid_drain_of_a_tenth_unroutable_loses_nothing_on_either_qu
     )
     .await;
     let dead_letters_at_kill = ids_of(dead_letters.received()).len();
+    // Where the window was, seen from the queues: the run's rows dead-lettered so far put the
+    // front inside the run, and no routable row past the run arrived (the window never
+    // reached beyond it). Reported, not asserted: it depends on how quickly the kill followed.
+    let position: HashMap<&str, usize> = committed
+        .iter()
+        .enumerate()
+        .map(|(at, id)| (id.as_str(), at))
+        .collect();
+    let at = |id: &str| position.get(id).copied().unwrap_or(usize::MAX);
+    let run_dead_lettered = ids_of(dead_letters.received())
+        .into_iter()
+        .filter(|id| backlog.run.contains(&at(id)))
+        .count();
+    let delivered_past_run = ids_of(consumer.received())
+        .into_iter()
+        .filter(|id| at(id) >= backlog.run.end)
+        .count();
 
     let restarted = Instant::now();
     let (second, port) = spawn_observed(outbox, &dl.policy());
@@ -980,7 +1061,7 @@ async fn relay_kill_9_mid_drain_of_a_tenth_unroutable_loses_nothing_on_either_qu
     let dead_lettered = Tally::of(dead_letters.received());
     assert_nothing_lost_or_invented(&dead_lettered, &unroutable);
     for letter in letters(dead_letters.received()) {
-        assert_dead_lettered_as_unroutable(letter, &dl);
+        assert_dead_lettered_as_unroutable(letter, &dl, &backlog);
     }
     // The second relay counts what its dead-letter exchange confirmed; the queue got those
     // after the kill's barrier, plus at most the one dead letter the first relay still had
@@ -1006,6 +1087,18 @@ async fn relay_kill_9_mid_drain_of_a_tenth_unroutable_loses_nothing_on_either_qu
             ("bound W + rate×2T + X", bound.to_string()),
             ("dead letters", unroutable.len().to_string()),
             ("in flight at the kill", in_flight.to_string()),
+            (
+                "rows of the unroutable run",
+                format!("{}..{}", backlog.run.start, backlog.run.end),
+            ),
+            (
+                "of them dead-lettered at the kill",
+                run_dead_lettered.to_string(),
+            ),
+            (
+                "routable rows past the run delivered at the kill",
+                delivered_past_run.to_string(),
+            ),
             ("killed after", secs(killed_after)),
             ("arrived at the kill", arrived.to_string()),
             (
