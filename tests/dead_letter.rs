@@ -669,9 +669,9 @@ const WHOLE_UNROUTABLE_EVERY: usize = 25;
 /// Consecutive transactions unroutable as a whole in the middle of the backlog: a run of
 /// rows over twice the window, so that for a while every publish in flight is returned.
 const UNROUTABLE_RUN_TRANSACTIONS: usize = 2 * W.div_ceil(LOAD_TXN_ROWS) + 5;
-/// Rows of the load tests' backlog (`OUTBOX_TEST_DEAD_LETTER_ROWS` overrides): sized so one
-/// drain takes well under half a minute on two shared cores, where each dead letter costs
-/// the broker's round trip for its confirm (docs/reliability.md, row 13l).
+/// Rows of the load tests' backlog (`OUTBOX_TEST_DEAD_LETTER_ROWS` overrides), the size of the
+/// other full-speed drains: one drain takes 12–21 s on two shared cores, a test about 30 s
+/// with the servers' start (docs/reliability.md, rows 13l).
 const LOAD_ROWS: usize = 100_000;
 const FIVE_MINUTES: Duration = Duration::from_secs(300);
 const REASON: &str = "x-outbox-dead-letter-reason";
