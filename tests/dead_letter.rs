@@ -8,16 +8,19 @@
 
 use outbox_testkit as common;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use common::amqp::{bind_queue, exchange_exists, unbind_queue};
 use common::faults::{
-    assert_acknowledged, assert_not_acknowledged, assert_stuck_on_returned, ids_of, wait_for_ids,
-    Oracle,
+    assert_acknowledged, assert_not_acknowledged, assert_nothing_lost_or_invented,
+    assert_stuck_on_returned, check_ack_across, ids_of, peak_combined_rate_until,
+    relay_crash_duplicate_bound, report, secs, wait_for_ids, Oracle, Tally,
 };
-use common::http::{http_get, metric_value, readyz, wait_ready};
+use common::http::{http_get, metric_value, readyz, wait_metrics, wait_ready};
 use common::outbox::Outbox;
 use common::{declare_bound_queue, unique_name, Consumer, Received, RelayProcess};
+use tokio::time::Instant;
 
 const MINUTE: Duration = Duration::from_secs(60);
 const DEAD_LETTERED: &str = "outbox_relay_messages_dead_lettered_total";
@@ -647,4 +650,467 @@ async fn full_speed_drain_with_one_percent_unroutable_halts_at_the_first_one() {
     )
     .await;
     relay.stop().await;
+}
+
+// ---------------------------------------------------------------------------------
+// At load: a tenth of a backlog unroutable, drained with a full window
+
+/// The relay's default window (`--max-in-flight`, not passed): the load tests see its gauge
+/// reach it, and bound a crash's duplicates with it.
+const W: usize = 1024;
+/// The relay's default status interval (`--status-interval-ms`), for the crash bound.
+const T: Duration = Duration::from_millis(100);
+const IN_FLIGHT: &str = "outbox_relay_messages_in_flight";
+/// Rows per seeded transaction: the most a crash can replay of the transaction it cut (X).
+const LOAD_TXN_ROWS: usize = 100;
+/// One seeded transaction in this many is unroutable as a whole; in the others about one row
+/// in twenty is.
+const WHOLE_UNROUTABLE_EVERY: usize = 25;
+/// Consecutive transactions unroutable as a whole in the middle of the backlog: a run of
+/// rows over twice the window, so that for a while every publish in flight is returned.
+const UNROUTABLE_RUN_TRANSACTIONS: usize = 2 * W.div_ceil(LOAD_TXN_ROWS) + 5;
+/// Rows of the load tests' backlog (`OUTBOX_TEST_DEAD_LETTER_ROWS` overrides), the size of the
+/// other full-speed drains: one drain takes 12–21 s on two shared cores, a test about 30 s
+/// with the servers' start (docs/reliability.md, rows 13l).
+const LOAD_ROWS: usize = 100_000;
+const FIVE_MINUTES: Duration = Duration::from_secs(300);
+const REASON: &str = "x-outbox-dead-letter-reason";
+
+fn load_rows() -> usize {
+    std::env::var("OUTBOX_TEST_DEAD_LETTER_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(LOAD_ROWS)
+}
+
+/// Which committed ids are unroutable, with their event type and the `g` of their payload:
+/// the seed's own record, never the relay's.
+struct Backlog {
+    unroutable: HashMap<String, (String, i64)>,
+    /// Transactions unroutable as a whole, and unroutable rows inside routable ones.
+    whole: usize,
+    single: usize,
+    /// The rows (by commit order) of the run of unroutable transactions.
+    run: std::ops::Range<usize>,
+}
+
+impl Backlog {
+    /// `committed` (the oracle's ids, in commit order) split into (routable, unroutable),
+    /// each still in commit order.
+    fn split(&self, committed: &[String]) -> (Vec<String>, Vec<String>) {
+        committed
+            .iter()
+            .cloned()
+            .partition(|id| !self.unroutable.contains_key(id))
+    }
+}
+
+/// Commits `rows` rows in transactions of [`LOAD_TXN_ROWS`] before any relay runs, about a
+/// tenth of them with an event type no queue is bound for, deterministically but scattered:
+/// every [`WHOLE_UNROUTABLE_EVERY`]th transaction as a whole and a run of
+/// [`UNROUTABLE_RUN_TRANSACTIONS`] in the middle (`Nobody.whole`), and in the others the rows g
+/// with (g × 7919) mod 97 < 5 (`Nobody.single`, about 5 %, 0 to 3 in a transaction).
+async fn seed_a_tenth_unroutable(outbox: &Outbox, rows: usize) -> Backlog {
+    let transactions = rows.div_ceil(LOAD_TXN_ROWS);
+    let run_start = transactions.saturating_sub(UNROUTABLE_RUN_TRANSACTIONS) / 2;
+    let run = run_start..run_start + UNROUTABLE_RUN_TRANSACTIONS;
+    let mut backlog = Backlog {
+        unroutable: HashMap::new(),
+        whole: 0,
+        single: 0,
+        run: run.start * LOAD_TXN_ROWS..(run.end * LOAD_TXN_ROWS).min(rows),
+    };
+    for (txn, start) in (0..rows).step_by(LOAD_TXN_ROWS).enumerate() {
+        let end = (start + LOAD_TXN_ROWS).min(rows) as i64;
+        let whole =
+            txn % WHOLE_UNROUTABLE_EVERY == WHOLE_UNROUTABLE_EVERY / 2 || run.contains(&txn);
+        let inserted = outbox
+            .client
+            .query(
+                "INSERT INTO outbox (event_type, payload) \
+                 SELECT CASE WHEN $3::boolean THEN 'Nobody.whole' \
+                             WHEN (g * 7919) % 97 < 5 THEN 'Nobody.single' \
+                             ELSE 'Good.load' END, \
+                        jsonb_build_object('g', g) \
+                 FROM generate_series($1::bigint, $2::bigint - 1) AS g \
+                 RETURNING id::text, event_type, (payload->>'g')::bigint",
+                &[&(start as i64), &end, &whole],
+            )
+            .await
+            .expect("seed the backlog");
+        backlog.whole += usize::from(whole);
+        for row in inserted {
+            let (id, event_type, g): (String, String, i64) = (row.get(0), row.get(1), row.get(2));
+            if event_type == "Good.load" {
+                continue;
+            }
+            backlog.single += usize::from(event_type == "Nobody.single");
+            backlog.unroutable.insert(id, (event_type, g));
+        }
+    }
+    backlog
+}
+
+/// Waits until the relay on `port` has a full window in flight: its gauge reads [`W`], which
+/// it can never exceed. Returns the reading; panics with the log if it never got there.
+async fn wait_window_full(relay: &RelayProcess, port: u16) -> f64 {
+    let in_flight = |page: &str| metric_value(page, IN_FLIGHT).unwrap_or(0.0);
+    let page = wait_metrics(port, MINUTE, |page| in_flight(page) >= W as f64).await;
+    assert_eq!(
+        in_flight(&page),
+        W as f64,
+        "the window never filled; log:\n{}",
+        relay.log()
+    );
+    in_flight(&page)
+}
+
+/// `letter` is the dead letter of an unroutable row of `backlog`, built from the message the
+/// broker returned for that very row: on the dead-letter exchange with the row's event type as
+/// routing key and type, its payload, persistent, and its reason naming NO_ROUTE 312, the
+/// outbox's exchange and the routing key.
+fn assert_dead_lettered_as_unroutable(letter: &Received, dl: &DeadLetterOutbox, backlog: &Backlog) {
+    let id = letter.message_id.as_deref().unwrap_or_default();
+    let Some((event_type, g)) = backlog.unroutable.get(id) else {
+        panic!("a row that is not unroutable was dead-lettered: {letter:?}");
+    };
+    assert_eq!(letter.exchange, dl.dead_letter_exchange);
+    assert_eq!(&letter.routing_key, event_type, "{letter:?}");
+    assert_eq!(letter.kind.as_ref(), Some(event_type), "{letter:?}");
+    assert_eq!(
+        letter.body_json(),
+        serde_json::json!({ "g": g }),
+        "{letter:?}"
+    );
+    assert_eq!(letter.delivery_mode, Some(2), "{letter:?}");
+    let reason = format!(
+        "unroutable: NO_ROUTE 312 exchange={} routing_key={event_type}",
+        dl.outbox.exchange
+    );
+    assert_eq!(
+        letter.header_str(REASON),
+        Some(reason.as_str()),
+        "{letter:?}"
+    );
+    assert_eq!(
+        letter.header_str("x-outbox-original-exchange"),
+        Some(dl.outbox.exchange.as_str())
+    );
+    assert_eq!(
+        letter.header_str("x-outbox-original-routing-key"),
+        Some(event_type.as_str())
+    );
+}
+
+/// `received` (barrier markers left out) is exactly `expected`, in that order; panics naming
+/// the first difference.
+fn assert_arrived_in_order(received: &[Received], expected: &[String], queue: &str) {
+    let arrived = ids_of(received);
+    let first_difference = arrived
+        .iter()
+        .zip(expected)
+        .position(|(arrived, expected)| arrived != expected);
+    assert!(
+        first_difference.is_none() && arrived.len() == expected.len(),
+        "{queue}: {} messages for {} rows, first difference at position {first_difference:?}",
+        arrived.len(),
+        expected.len()
+    );
+}
+
+/// The dead letters among `received` (barrier markers left out).
+fn letters(received: &[Received]) -> impl Iterator<Item = &Received> {
+    received.iter().filter(|r| {
+        r.message_id
+            .as_deref()
+            .is_some_and(|id| !id.starts_with(common::faults::MARKER_PREFIX))
+    })
+}
+
+/// Returns at load under the dead-letter policy: a backlog committed first, a tenth of it
+/// unroutable (whole transactions, a run longer than the window, single rows inside routable
+/// transactions), drained at full speed with the default window full. Each routable row
+/// reaches the outbox's queue once and each unroutable one the dead-letter queue once, intact
+/// and with its reason, each queue in commit order; the slot passes the last commit and, at
+/// three checks while draining and one after, has acknowledged no row that was on neither
+/// queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_window_drain_of_a_tenth_unroutable_puts_each_row_once_on_its_queue_in_commit_order() {
+    let dl = DeadLetterOutbox::new("dl_load").await;
+    let outbox = &dl.outbox;
+    let oracle = Oracle::create(outbox).await;
+    let rows = load_rows();
+    let backlog = seed_a_tenth_unroutable(outbox, rows).await;
+    let committed = oracle.committed_ids(&outbox.client).await;
+    assert_eq!(committed.len(), rows, "the oracle saw every seeded row");
+    let (routable, unroutable) = backlog.split(&committed);
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let dead_letter_queue = dl.bind_dead_letter_queue().await;
+    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
+
+    let started = Instant::now();
+    let (relay, port) = spawn_observed(outbox, &dl.policy());
+    wait_window_full(&relay, port).await;
+    // ACK while it drains, the middle check about when the run of unroutable rows longer
+    // than the window is in flight: nothing acknowledged that neither queue holds.
+    let mut acknowledged_while_draining = Vec::new();
+    for tenths in [2, 5, 8] {
+        let arrived = rows * tenths / 10;
+        let mut both = [&mut consumer, &mut dead_letters];
+        peak_combined_rate_until(&mut both, arrived, FIVE_MINUTES).await;
+        let ack = check_ack_across(
+            &outbox.client,
+            outbox,
+            &oracle,
+            &mut [
+                (outbox.queue.as_str(), &mut consumer),
+                (dead_letter_queue.as_str(), &mut dead_letters),
+            ],
+        )
+        .await;
+        acknowledged_while_draining.push(ack.acknowledged_rows.to_string());
+    }
+    assert!(
+        wait_for_ids(&mut dead_letters, &unroutable, FIVE_MINUTES).await,
+        "every unroutable row dead-lettered; log:\n{}",
+        relay.log()
+    );
+    assert!(
+        wait_for_ids(&mut consumer, &routable, FIVE_MINUTES).await,
+        "every routable row delivered; log:\n{}",
+        relay.log()
+    );
+    let drained = started.elapsed();
+    let last = committed.last().expect("rows committed");
+    assert_acknowledged(outbox, &oracle, &relay, last, MINUTE).await;
+    // The relay's counts agree with the queues, and the gauge that read W is back at 0.
+    let page = common::http::metrics(port).await;
+    let count = |name: &str| common::http::metric_sum(&page, name);
+    assert_eq!(
+        metric_value(&page, &dead_lettered("unroutable")),
+        Some(unroutable.len() as f64)
+    );
+    assert_eq!(
+        count("outbox_relay_messages_returned_total"),
+        Some(unroutable.len() as f64)
+    );
+    assert_eq!(
+        count("outbox_relay_messages_confirmed_total"),
+        Some(routable.len() as f64)
+    );
+    assert_eq!(metric_value(&page, IN_FLIGHT), Some(0.0));
+    assert_eq!(relay.sessions(), 1, "no reconnect; log:\n{}", relay.log());
+    relay.stop().await;
+
+    for letter in letters(dead_letters.received()) {
+        assert_dead_lettered_as_unroutable(letter, &dl, &backlog);
+    }
+    // The `x-outbox-seq` each took over from its returned message increases along the queue.
+    let seqs: Vec<Option<&str>> = letters(dead_letters.received())
+        .map(|letter| letter.header_str("x-outbox-seq"))
+        .collect();
+    assert!(
+        seqs.iter().all(Option::is_some) && seqs.windows(2).all(|pair| pair[0] < pair[1]),
+        "x-outbox-seq missing or out of order on the dead-letter queue"
+    );
+    // With the relay stopped: every acknowledged row is on one of the two queues, and
+    // everything either queue will ever hold has arrived (before the barriers).
+    let ack = check_ack_across(
+        &outbox.client,
+        outbox,
+        &oracle,
+        &mut [
+            (outbox.queue.as_str(), &mut consumer),
+            (dead_letter_queue.as_str(), &mut dead_letters),
+        ],
+    )
+    .await;
+    assert_eq!(ack.acknowledged_rows, rows, "the slot is past every row");
+    // Once each, on its own queue, in commit order: nothing lost, doubled or misrouted.
+    assert_arrived_in_order(consumer.received(), &routable, "the outbox's queue");
+    assert_arrived_in_order(
+        dead_letters.received(),
+        &unroutable,
+        "the dead-letter queue",
+    );
+    report(
+        "13l returns at load, dead-letter",
+        &[
+            ("rows", rows.to_string()),
+            ("lost", "0".into()),
+            ("duplicates", "0".into()),
+            ("dead letters", unroutable.len().to_string()),
+            ("whole unroutable transactions", backlog.whole.to_string()),
+            ("single unroutable rows", backlog.single.to_string()),
+            (
+                "acknowledged rows at the ACK checks while draining",
+                acknowledged_while_draining.join("/"),
+            ),
+            ("drained in", secs(drained)),
+            (
+                "msgs/s",
+                format!("{:.0}", rows as f64 / drained.as_secs_f64()),
+            ),
+        ],
+    );
+}
+
+/// The same backlog with the relay killed (-9) halfway, its window full of returned messages,
+/// and started again: nothing is lost on either queue, nothing was acknowledged that neither
+/// queue held at the kill, and the rows delivered or dead-lettered twice stay within a relay
+/// crash's bound (docs/reliability.md, "Duplicate bounds").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_kill_9_mid_drain_of_a_tenth_unroutable_loses_nothing_on_either_queue_within_the_crash_bound(
+) {
+    let dl = DeadLetterOutbox::new("dl_load_kill").await;
+    let outbox = &dl.outbox;
+    let oracle = Oracle::create(outbox).await;
+    let rows = load_rows();
+    let backlog = seed_a_tenth_unroutable(outbox, rows).await;
+    let committed = oracle.committed_ids(&outbox.client).await;
+    assert_eq!(committed.len(), rows, "the oracle saw every seeded row");
+    let (routable, unroutable) = backlog.split(&committed);
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let dead_letter_queue = dl.bind_dead_letter_queue().await;
+    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
+
+    let started = Instant::now();
+    let (first, port) = spawn_observed(outbox, &dl.policy());
+    wait_window_full(&first, port).await;
+    // Inside the run of unroutable rows, W/2 into it: the relay has settled everything before
+    // its front (dead letters one at a time), so the rows on the two queues together are
+    // about where its front is, and the window ahead of it holds returned messages only. The
+    // peak rate on the way bounds what it can have had confirmed without reporting it yet.
+    let mid = backlog.run.start + W / 2;
+    let rate =
+        peak_combined_rate_until(&mut [&mut consumer, &mut dead_letters], mid, FIVE_MINUTES).await;
+    let arrived = consumer.received().len() + dead_letters.received().len();
+    assert!(
+        arrived >= mid,
+        "{arrived} of {rows} rows arrived; log:\n{}",
+        first.log()
+    );
+    // The kill lands on a full window.
+    let in_flight = wait_window_full(&first, port).await;
+    first.kill9();
+    let killed_after = started.elapsed();
+    let ack_at_kill = check_ack_across(
+        &outbox.client,
+        outbox,
+        &oracle,
+        &mut [
+            (outbox.queue.as_str(), &mut consumer),
+            (dead_letter_queue.as_str(), &mut dead_letters),
+        ],
+    )
+    .await;
+    let dead_letters_at_kill = ids_of(dead_letters.received()).len();
+    // Where the window was, seen from the queues: the run's rows dead-lettered so far put the
+    // front inside the run, and no routable row past the run arrived (the window never
+    // reached beyond it). Reported, not asserted: it depends on how quickly the kill followed.
+    let position: HashMap<&str, usize> = committed
+        .iter()
+        .enumerate()
+        .map(|(at, id)| (id.as_str(), at))
+        .collect();
+    let at = |id: &str| position.get(id).copied().unwrap_or(usize::MAX);
+    let run_dead_lettered = ids_of(dead_letters.received())
+        .into_iter()
+        .filter(|id| backlog.run.contains(&at(id)))
+        .count();
+    let delivered_past_run = ids_of(consumer.received())
+        .into_iter()
+        .filter(|id| at(id) >= backlog.run.end)
+        .count();
+
+    let restarted = Instant::now();
+    let (second, port) = spawn_observed(outbox, &dl.policy());
+    assert!(
+        wait_for_ids(&mut dead_letters, &unroutable, FIVE_MINUTES).await,
+        "every unroutable row dead-lettered; log:\n{}",
+        second.log()
+    );
+    assert!(
+        wait_for_ids(&mut consumer, &routable, FIVE_MINUTES).await,
+        "every routable row delivered; log:\n{}",
+        second.log()
+    );
+    let rest_drained = restarted.elapsed();
+    let last = committed.last().expect("rows committed");
+    assert_acknowledged(outbox, &oracle, &second, last, MINUTE).await;
+    let dead_lettered_by_second = metric(port, &dead_lettered("unroutable"))
+        .await
+        .unwrap_or_default() as usize;
+    assert_eq!(second.sessions(), 1, "no reconnect; log:\n{}", second.log());
+    second.stop().await;
+    let ack = check_ack_across(
+        &outbox.client,
+        outbox,
+        &oracle,
+        &mut [
+            (outbox.queue.as_str(), &mut consumer),
+            (dead_letter_queue.as_str(), &mut dead_letters),
+        ],
+    )
+    .await;
+    assert_eq!(ack.acknowledged_rows, rows, "the slot is past every row");
+
+    // L0 on each queue, and nothing on the wrong one (an id of the other kind is "invented").
+    let delivered = Tally::of(consumer.received());
+    assert_nothing_lost_or_invented(&delivered, &routable);
+    let dead_lettered = Tally::of(dead_letters.received());
+    assert_nothing_lost_or_invented(&dead_lettered, &unroutable);
+    for letter in letters(dead_letters.received()) {
+        assert_dead_lettered_as_unroutable(letter, &dl, &backlog);
+    }
+    // The second relay counts what its dead-letter exchange confirmed; the queue got those
+    // after the kill's barrier, plus at most the one dead letter the first relay still had
+    // on its way (it publishes them one at a time).
+    let after_kill = ids_of(dead_letters.received()).len() - dead_letters_at_kill;
+    assert!(
+        (dead_lettered_by_second..=dead_lettered_by_second + 1).contains(&after_kill),
+        "{after_kill} dead letters arrived after the kill, the second relay counted \
+         {dead_lettered_by_second}"
+    );
+    let duplicates = delivered.duplicates() + dead_lettered.duplicates();
+    let bound = relay_crash_duplicate_bound(W, rate, T, LOAD_TXN_ROWS);
+    report(
+        "13l returns at load, dead-letter, relay kill -9",
+        &[
+            ("rows", rows.to_string()),
+            ("lost", "0".into()),
+            ("duplicates", duplicates.to_string()),
+            (
+                "of them dead letters",
+                dead_lettered.duplicates().to_string(),
+            ),
+            ("bound W + rate×2T + X", bound.to_string()),
+            ("dead letters", unroutable.len().to_string()),
+            ("in flight at the kill", in_flight.to_string()),
+            (
+                "rows of the unroutable run",
+                format!("{}..{}", backlog.run.start, backlog.run.end),
+            ),
+            (
+                "of them dead-lettered at the kill",
+                run_dead_lettered.to_string(),
+            ),
+            (
+                "routable rows past the run delivered at the kill",
+                delivered_past_run.to_string(),
+            ),
+            ("killed after", secs(killed_after)),
+            ("arrived at the kill", arrived.to_string()),
+            (
+                "acknowledged rows at the kill",
+                ack_at_kill.acknowledged_rows.to_string(),
+            ),
+            ("peak rate", format!("{rate:.0} msg/s")),
+            ("restart to drained", secs(rest_drained)),
+        ],
+    );
+    assert!(
+        duplicates <= bound,
+        "DUP: {duplicates} duplicates, bound W + rate×2T + X = {bound}"
+    );
 }

@@ -6,10 +6,11 @@
 //! - **L0**: every id the `test_decoding` oracle saw committed to the outbox arrived.
 //! - **DUP**: how many arrivals were repeats ([`Tally::duplicates`]), against a stated bound.
 //! - **ACK**: every row of each transaction ending at or below the slot's
-//!   `confirmed_flush_lsn` is already in the queue ([`check_ack`]). "Already" is exact: the
-//!   slot position is read first, then a marker is published straight into the queue; rows
-//!   the broker confirmed before the relay acknowledged that position were enqueued before the
-//!   marker, so they must arrive before it.
+//!   `confirmed_flush_lsn` is already in the queue ([`check_ack`]; under the dead-letter
+//!   policy, in the queue or the dead-letter queue: [`check_ack_across`]). "Already" is
+//!   exact: the slot position is read first, then a marker is published straight into the
+//!   queue; rows the broker confirmed before the relay acknowledged that position were
+//!   enqueued before the marker, so they must arrive before it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -438,24 +439,46 @@ pub async fn wait_for_ids(consumer: &mut Consumer, wanted: &[String], timeout: D
 /// arrival rate seen over a quarter of a second on the way (at least the average), per
 /// second: what the relay can have acknowledged in a moment, which the average understates.
 pub async fn peak_rate_until(consumer: &mut Consumer, n: usize, timeout: Duration) -> f64 {
+    peak_combined_rate_until(&mut [consumer], n, timeout).await
+}
+
+/// [`peak_rate_until`] over several queues at once (the outbox's queue and a dead-letter
+/// queue): waits until `n` messages have arrived on them together and returns the highest
+/// combined arrival rate over a quarter of a second, per second.
+pub async fn peak_combined_rate_until(
+    consumers: &mut [&mut Consumer],
+    n: usize,
+    timeout: Duration,
+) -> f64 {
     const SPAN: Duration = Duration::from_millis(250);
+    const TICK: Duration = Duration::from_millis(20);
+    let count = |consumers: &mut [&mut Consumer]| -> usize {
+        consumers.iter_mut().map(|c| c.received().len()).sum()
+    };
     let started = Instant::now();
-    let first = consumer.received().len();
+    let first = count(consumers);
     let mut samples = std::collections::VecDeque::from([(started, first)]);
     let mut peak: f64 = 0.0;
-    while consumer.received().len() < n && started.elapsed() < timeout {
-        let count = consumer.wait_for(n, Duration::from_millis(20)).await.len();
+    while count(consumers) < n && started.elapsed() < timeout {
+        match consumers {
+            // One queue: wake on its next delivery, as before.
+            [only] => {
+                only.wait_for(n, TICK).await;
+            }
+            _ => tokio::time::sleep(TICK).await,
+        }
+        let total = count(consumers);
         let now = Instant::now();
-        samples.push_back((now, count));
+        samples.push_back((now, total));
         while samples.len() > 2 && now - samples[1].0 >= SPAN {
             samples.pop_front();
         }
         let (since, before) = samples[0];
         if now - since >= SPAN {
-            peak = peak.max((count - before) as f64 / (now - since).as_secs_f64());
+            peak = peak.max((total - before) as f64 / (now - since).as_secs_f64());
         }
     }
-    let average = (consumer.received().len() - first) as f64 / started.elapsed().as_secs_f64();
+    let average = (count(consumers) - first) as f64 / started.elapsed().as_secs_f64();
     peak.max(average)
 }
 
@@ -514,7 +537,30 @@ pub async fn check_ack(
     oracle: &Oracle,
     consumer: &mut Consumer,
 ) -> Ack {
-    let (confirmed, delivered) = acknowledged_and_delivered(client, outbox, consumer).await;
+    let queue = outbox.queue.clone();
+    check_ack_across(client, outbox, oracle, &mut [(queue.as_str(), consumer)]).await
+}
+
+/// [`check_ack`] for rows that go to more than one queue (under the dead-letter policy the
+/// unroutable ones reach a dead-letter queue instead): every row of each transaction ending at
+/// or below the slot's confirmed_flush_lsn is in one of `queues` (each a queue's name and its
+/// consumer), before a barrier through each published after reading the slot. Which queue a
+/// row belongs in is the caller's check.
+pub async fn check_ack_across(
+    client: &Client,
+    outbox: &Outbox,
+    oracle: &Oracle,
+    queues: &mut [(&str, &mut Consumer)],
+) -> Ack {
+    let confirmed = slot_confirmed_flush(client, &outbox.slot).await;
+    let mut delivered = HashSet::new();
+    for (queue, consumer) in queues.iter_mut() {
+        delivered.extend(delivered_before_barrier(consumer, &outbox.amqp_url, queue).await);
+    }
+    let in_queue = match queues {
+        [_] => "the queue",
+        _ => "any of the queues",
+    };
     let mut acknowledged_rows = 0;
     for txn in oracle.transactions(client).await {
         if txn.end_lsn > confirmed {
@@ -524,7 +570,7 @@ pub async fn check_ack(
             assert!(
                 delivered.contains(id.as_str()),
                 "ACK violated: row {id} of the transaction ending at {} is acknowledged \
-                 (confirmed_flush_lsn {}) but is not in the queue",
+                 (confirmed_flush_lsn {}) but is not in {in_queue}",
                 super::pg::format_lsn(txn.end_lsn),
                 super::pg::format_lsn(confirmed)
             );
@@ -545,12 +591,21 @@ async fn acknowledged_and_delivered(
     consumer: &mut Consumer,
 ) -> (u64, HashSet<String>) {
     let confirmed = slot_confirmed_flush(client, &outbox.slot).await;
-    let marker = barrier(consumer, &outbox.amqp_url, &outbox.queue).await;
-    let delivered = ids_of(&consumer.received()[..marker])
+    let delivered = delivered_before_barrier(consumer, &outbox.amqp_url, &outbox.queue).await;
+    (confirmed, delivered)
+}
+
+/// Every id `consumer` received from `queue` before a barrier published now.
+async fn delivered_before_barrier(
+    consumer: &mut Consumer,
+    amqp_url: &str,
+    queue: &str,
+) -> HashSet<String> {
+    let marker = barrier(consumer, amqp_url, queue).await;
+    ids_of(&consumer.received()[..marker])
         .into_iter()
         .map(String::from)
-        .collect();
-    (confirmed, delivered)
+        .collect()
 }
 
 /// The ACK invariant as [`check_ack`] checks it, with the writers' own record of where
