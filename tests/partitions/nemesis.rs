@@ -281,7 +281,7 @@ async fn wal_end_after(url: &str) -> u64 {
 /// xmin, catalog_xmin (4 each), restart_lsn (8), the invalidation cause (4, padded to 8),
 /// confirmed_flush (8) at byte 112.
 fn persisted_confirmed_flush(server: &common::pg::PgServer, slot: &str) -> u64 {
-    const SLOT_MAGIC: u32 = 0x1051_CA1;
+    const SLOT_MAGIC: u32 = 0x0105_1CA1;
     let path = server
         .dir()
         .join("data/pg_replslot")
