@@ -120,7 +120,7 @@ impl Broker {
         // A broker (or network) that accepts and goes silent would hold the handshake forever.
         let connection = tokio::time::timeout(
             crate::db::CONNECT_TIMEOUT,
-            super::connect::open_connection(
+            super::open_connection(
                 nodes.node(index).url(),
                 properties,
                 crate::liveness::policy().peer_timeout.amqp_heartbeat(),

@@ -1,4 +1,4 @@
-//! Dead peers: how every connection the relay opens notices, within the peer timeout, that
+//! Dead peers: how every connection the relay or the inbox opens notices, within the peer timeout, that
 //! the host at the other end is gone without closing it (a machine powered off, a VM or
 //! zone lost, a firewall or NAT entry dropping packets).
 //!
@@ -32,8 +32,8 @@
 //! statement timeout, the confirm timeout).
 //!
 //! The policy is the process's: each binary sets it once from its flags ([`configure`])
-//! before it connects anywhere, and every connection reads it where it is opened (`db.rs`,
-//! `publish/connect.rs`), so no caller can open a connection without it.
+//! before it connects anywhere, and every connection reads it where it is opened (the
+//! relay's `db.rs`, [`crate::amqp`]), so no caller can open a connection without it.
 
 use std::os::fd::AsFd;
 use std::sync::RwLock;
