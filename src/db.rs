@@ -45,6 +45,7 @@ pinned_session_settings!(
     "extra_float_digits" = "3",
 );
 
+/// The URL as tokio-postgres reads it, the TLS settings taken out (outbox_common::pg::parse_url).
 pub fn parse_url(url: &str) -> Result<Config, RelayError> {
     Ok(pg::parse_url(url)?)
 }

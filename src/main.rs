@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
+use outbox_common::error::chain;
 use outbox_common::logging::{start, stop_on_signal};
 use outbox_relay::advice::report;
 use outbox_relay::config::{Cli, Command};
@@ -23,8 +24,12 @@ const FINISHING: &str = "finishing the current transaction";
 fn main() -> ExitCode {
     // A usage error exits here, printed by clap: logging is not set up yet.
     let cli = Cli::parse();
-    let Some(runtime) = start(cli.log_format, failpoint::init_from_env) else {
-        return ExitCode::FAILURE;
+    let runtime = match start(cli.log_format, failpoint::init_from_env) {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            tracing::error!(error = %chain(&e), "stopped");
+            return ExitCode::FAILURE;
+        }
     };
     // Before any connection: every one of them reads it.
     let (peer_timeout, statement_timeout) = cli.command.connection_limits();

@@ -14,10 +14,21 @@ pub enum LogFormat {
     Json,
 }
 
+/// Why a process cannot start, for its `main` to log: under the binary's own log target, so
+/// that its one "stopped" record looks the same whatever stopped it.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The failpoints' variable is wrong (or set in a build without failpoints).
+    #[error("{0}")]
+    Failpoints(String),
+    #[error("cannot start the async runtime")]
+    Runtime(#[source] std::io::Error),
+}
+
 /// The start both binaries share: logging in `format`, then their failpoints armed
-/// (`arm_failpoints`, which says what is wrong with the variable), then the runtime. `None`
-/// once the reason the process cannot run is logged: from here on an error is reported once,
-/// as a log record in the chosen format (a second plain line would break a JSON stream).
+/// (`arm_failpoints`, which says what is wrong with the variable), then the runtime. From
+/// here on an error is reported once, as a log record in the chosen format (a second plain
+/// line would break a JSON stream).
 ///
 /// One thread for all of a process's tasks: per message the relay and the consumer do a few
 /// microseconds of work, and handing messages between worker threads (futex wake-ups, cache
@@ -26,22 +37,13 @@ pub enum LogFormat {
 pub fn start(
     format: LogFormat,
     arm_failpoints: fn() -> Result<(), String>,
-) -> Option<tokio::runtime::Runtime> {
+) -> Result<tokio::runtime::Runtime, StartError> {
     init_logging(format);
-    if let Err(e) = arm_failpoints() {
-        tracing::error!(error = %e, "stopped");
-        return None;
-    }
-    match tokio::runtime::Builder::new_current_thread()
+    arm_failpoints().map_err(StartError::Failpoints)?;
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(runtime) => Some(runtime),
-        Err(e) => {
-            tracing::error!(error = %e, "stopped: cannot start the async runtime");
-            None
-        }
-    }
+        .map_err(StartError::Runtime)
 }
 
 /// Logs go to stderr. Libraries that can print message contents (lapin logs a returned

@@ -297,7 +297,7 @@ pub fn key_value_params(text: &str) -> Option<Vec<Param<'_>>> {
 }
 
 /// libpq's keepalive parameters in the URL: every connection of the relay takes its
-/// keepalives and user timeout from `--peer-timeout` instead (src/liveness.rs), both ends.
+/// keepalives and user timeout from `--peer-timeout` instead ([`crate::liveness`]), both ends.
 fn warn_once_keepalive_ignored(key: &str) {
     static WARNED: AtomicBool = AtomicBool::new(false);
     if !WARNED.swap(true, Ordering::Relaxed) {

@@ -18,8 +18,12 @@ const FINISHING: &str = "finishing the messages in hand";
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let Some(runtime) = start(cli.log_format, failpoint::init_from_env) else {
-        return ExitCode::FAILURE;
+    let runtime = match start(cli.log_format, failpoint::init_from_env) {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            tracing::error!(error = %chain(&e), "stopped");
+            return ExitCode::FAILURE;
+        }
     };
     // Before any connection (the consumer's cleanup connects beside it): every one of them
     // reads it.
