@@ -166,13 +166,15 @@ if [ -n "$nemesis_minutes" ]; then
         exec cargo test --test main -- --ignored partitions::nemesis --nocapture
     fi
     # The broken relay is built beside the real one and run in its place: the feature changes
-    # only the relay crate, so this rebuilds that crate twice, not its dependencies.
+    # only the relay crate, so this rebuilds that crate twice, not its dependencies. Both builds
+    # keep the failpoints of the test builds (`cargo test` turns them on, a plain build does
+    # not): the campaign arms the consumer's.
     broken=target/nemesis-broken
     mkdir -p "$broken"
-    cargo build --bin outbox-relay --features broken-ack-before-confirm
+    cargo build --bin outbox-relay --features broken-ack-before-confirm,failpoints
     cp target/debug/outbox-relay "$broken/outbox-relay"
     cp target/debug/outbox-inbox "$broken/outbox-inbox"
-    cargo build --workspace --bins
+    cargo test --workspace --all-targets --no-run
     if OUTBOX_TEST_RELAY_BIN=$PWD/$broken/outbox-relay \
         cargo test --test main -- --ignored partitions::nemesis --nocapture; then
         echo "=== the campaign passed against a relay that acknowledges before the confirm: it cannot catch that" >&2

@@ -10,6 +10,8 @@
 //! says what to do through [`warning`]. No other file of src/ writes a "Fix:"
 //! (tests/layout.rs checks it).
 
+use outbox_common::pg::{Unreachable, UrlProblem};
+
 use crate::error::{chain, ConfigProblem, MapProblem, RelayError, SlotProblem, TlsProblem};
 use crate::quote::quote_ident;
 
@@ -22,7 +24,21 @@ pub fn report(error: &RelayError) -> String {
     }
 }
 
-/// What is wrong, then what to do about it: the one place a "Fix:" is written.
+/// A periodic job's failed round is reported like any error of the relay, with its fix.
+impl outbox_common::periodic::RoundError for RelayError {
+    fn timed_out(bound: std::time::Duration) -> Self {
+        RelayError::DatabaseTimeout {
+            seconds: bound.as_secs(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        report(self)
+    }
+}
+
+/// What is wrong, then what to do about it: the one place the relay writes a "Fix:" (the
+/// shared crate's connections write their two warnings' own: outbox_common::pg).
 fn with_fix(text: &str, fix: &str) -> String {
     format!("{text}. Fix: {fix}")
 }
@@ -33,10 +49,6 @@ fn with_fix(text: &str, fix: &str) -> String {
 pub enum Warning<'a> {
     /// A secret file (`path`) its group or others may read.
     SecretFileReadable { path: &'a str },
-    /// The database URL sets libpq's keepalive parameters, which the relay ignores.
-    KeepaliveIgnored,
-    /// A connection over the network without a verified certificate.
-    UnverifiedTls,
     /// Polling without the partial index its claims read through.
     NoClaimIndex,
     /// The server invalidates slots idle longer than `idle_replication_slot_timeout`.
@@ -62,10 +74,6 @@ fn warning_fix(warning: Warning<'_>) -> String {
         Warning::SecretFileReadable { path } => format!(
             "chmod 600 {path} (owned by the relay's user; in Kubernetes, defaultMode: 0400)"
         ),
-        Warning::KeepaliveIgnored => "remove them from the URL and set --peer-timeout".into(),
-        Warning::UnverifiedTls => "add sslmode=verify-full&sslrootcert=<the CA file of the \
-             server's certificate> to the database URL (docs/security.md, \"TLS\")"
-            .into(),
         Warning::NoClaimIndex => "`outbox-relay setup --mode poll` (with a map: \
              --no-create-table; sql/outbox_poll.sql)"
             .into(),
@@ -147,9 +155,11 @@ pub fn fix(error: &RelayError) -> Option<String> {
             "GRANT SELECT, INSERT, UPDATE ON {table} TO <the relay's role>; (sql/role.sql \
              grants it to outbox_relay; a role made before the table existed lacks it)"
         ),
-        NoPrimary { .. } => "promote a standby (or wait for your HA stack to), or add the \
+        DatabaseUnreachable(Unreachable::NoPrimary { .. }) => {
+            "promote a standby (or wait for your HA stack to), or add the \
              primary's host to the database URL; the relay keeps trying every host"
-            .into(),
+                .into()
+        }
         CannotBackfill { .. } => "recover by hand (docs/recovery.md, \"Recovering from a \
              lost slot\"): events emitted since the slot's last acknowledged position are \
              lost, rows of the table can be re-published with `resync --since`; or use \
@@ -242,8 +252,8 @@ fn config_fix(problem: &ConfigProblem) -> Option<String> {
     Some(match problem {
         SecretTwice { .. } => "set only one of them".into(),
         SecretMissing { .. } => "set one of them".into(),
-        SessionAttrs { .. } => "use read-write or primary, or leave it out: with several hosts \
-             the relay finds the primary itself"
+        DatabaseUrl(UrlProblem::SessionAttrs { .. }) => "use read-write or primary, or leave it \
+             out: with several hosts the relay finds the primary itself"
             .into(),
         DeadLetterExchangeMissing => "set --dead-letter-exchange (or \
              OUTBOX_DEAD_LETTER_EXCHANGE), and run `outbox-relay setup` with both flags to \
@@ -339,9 +349,8 @@ fn config_fix(problem: &ConfigProblem) -> Option<String> {
             }
         ),
         SecretFileEmpty { .. }
-        | DatabaseUrl { .. }
+        | DatabaseUrl(UrlProblem::DatabaseUrl { .. } | UrlProblem::SslMode { .. })
         | DatabaseUrlNoUser
-        | SslMode { .. }
         | AmqpUrl { .. }
         | NoAmqpUrl
         | ExchangeNameTooLong { .. }

@@ -184,7 +184,7 @@ pub async fn run_cleanup(
                 &shutdown,
             )
             .await?;
-            Ok(Some(deleted))
+            Ok::<_, RelayError>(Some(deleted))
         }
     };
     let record = |deleted: Option<u64>| match deleted {

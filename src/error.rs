@@ -198,13 +198,9 @@ pub enum RelayError {
     #[error("PostgreSQL error")]
     Database(#[from] tokio_postgres::Error),
 
-    #[error("Cannot reach PostgreSQL at {host}:{port}")]
-    DatabaseConnect {
-        host: String,
-        port: u16,
-        #[source]
-        source: std::io::Error,
-    },
+    /// No host of the URL answered, or none is the primary (outbox_common::pg).
+    #[error(transparent)]
+    DatabaseUnreachable(#[from] outbox_common::pg::Unreachable),
 
     #[error("Replication stream error")]
     Replication {
@@ -230,17 +226,6 @@ pub enum RelayError {
         node: String,
         step: &'static str,
         seconds: u64,
-    },
-
-    #[error(
-        "None of the database URL's hosts ({}) is the primary: each is in recovery or cannot \
-         be reached{}",
-        hosts.join(", "),
-        last_error.as_deref().map(|e| format!(" (last: {e})")).unwrap_or_default()
-    )]
-    NoPrimary {
-        hosts: Vec<String>,
-        last_error: Option<String>,
     },
 
     #[error("The PostgreSQL connection that listens for notifications ended")]
@@ -379,27 +364,13 @@ pub enum ConfigProblem {
         file_state: &'static str,
     },
 
-    /// `problem` names only the kind of problem: the URL may hold a password.
-    #[error(
-        "The database URL is not valid ({problem}). Expected \
-         postgres://user:password@host:port/database"
-    )]
-    DatabaseUrl { problem: String },
+    /// An invalid URL, a standby-seeking target_session_attrs or an unknown sslmode, found
+    /// where the URL is read (outbox_common::pg).
+    #[error(transparent)]
+    DatabaseUrl(#[from] outbox_common::pg::UrlProblem),
 
     #[error("The database URL names no user")]
     DatabaseUrlNoUser,
-
-    #[error(
-        "The database URL has target_session_attrs={attrs}, but the relay needs the primary \
-         (it holds the slot there, and polling writes)"
-    )]
-    SessionAttrs { attrs: String },
-
-    #[error(
-        "The database URL has sslmode={mode}, which PostgreSQL does not know. Use disable, \
-         prefer, require, verify-ca or verify-full"
-    )]
-    SslMode { mode: String },
 
     /// `number` counts from 1, as the list is written.
     #[error(
@@ -888,10 +859,9 @@ impl RelayError {
                 Some(code) if !transient_sqlstate(code) => ErrorKind::DatabaseRefused,
                 _ => ErrorKind::DatabaseDown,
             },
-            DatabaseConnect { .. }
+            DatabaseUnreachable(_)
             | DatabaseTimeout { .. }
             | NotificationsEnded
-            | NoPrimary { .. }
             | ServerShuttingDown { .. }
             | SlotVanished { .. } => ErrorKind::DatabaseDown,
             Replication { sqlstate, source } => replication_kind(sqlstate.as_ref(), source),
@@ -1007,19 +977,29 @@ fn replication_kind(
     }
 }
 
-/// An error and its sources, one line (`a: b: c`), for logs.
-pub fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.ends_with(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
+// The inbox logs its errors the same way: one function, in the crate both share.
+pub use outbox_common::error::chain;
+
+/// A connection error of the shared crate as the relay's error of the same text, which the
+/// advice knows what to do about.
+impl From<outbox_common::pg::PgError> for RelayError {
+    fn from(error: outbox_common::pg::PgError) -> Self {
+        use outbox_common::pg::PgError;
+        match error {
+            PgError::Url(problem) => ConfigProblem::DatabaseUrl(problem).into(),
+            PgError::Tls { reason, ca_given } => RelayError::PgTls {
+                problem: TlsProblem::of(&reason),
+                reason,
+                ca_given,
+            },
+            PgError::Database(e) => RelayError::Database(e),
+            PgError::Unreachable(unreachable) => RelayError::DatabaseUnreachable(unreachable),
+            PgError::ConnectTimeout { seconds } => RelayError::ConnectTimeout {
+                endpoint: Endpoint::PostgreSql,
+                seconds,
+            },
         }
-        source = cause.source();
     }
-    text
 }
 
 #[cfg(test)]

@@ -37,7 +37,6 @@ compile_error!(
 
 pub mod advice;
 pub mod assembly;
-pub mod backoff;
 pub mod cleanup;
 pub mod config;
 pub mod contract;
@@ -47,18 +46,19 @@ pub mod failpoint;
 // The fuzz targets' checks (fuzz/): test builds and the `fuzzing` feature only.
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
-pub mod liveness;
 pub mod observability;
 pub mod ops;
 pub mod outbox_table;
-pub mod periodic;
 pub mod pgoutput;
 pub mod poll;
 pub mod publish;
-pub mod quote;
 pub mod setup;
 pub mod shard;
 pub mod supervisor;
 pub mod template;
 pub mod trace_context;
 pub mod wal;
+
+// Moved to the crate the inbox shares (crates/outbox-common), kept at their old paths so that
+// the relay's modules and the other crates name them as before.
+pub use outbox_common::{backoff, liveness, periodic, quote};

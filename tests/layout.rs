@@ -1,7 +1,8 @@
 //! The layout docs/architecture.md describes, checked from the source: no import circle among
-//! the files of src/, the AMQP client named only in src/publish/, the advice on errors and
-//! warnings ("Fix: …") written only in src/advice.rs, and no more untyped configuration errors
-//! (`RelayError::Config(String)`) than are left.
+//! the files of src/ nor of any other crate, the AMQP client named only in src/publish/ and
+//! the shared crate's amqp.rs, the advice on errors and warnings ("Fix: …") written only in
+//! src/advice.rs (and, for its two warnings, the shared crate's pg.rs), and no more untyped
+//! configuration errors (`RelayError::Config(String)`) than are left.
 //!
 //! The import graph is read the way a reader follows it: every path a file names through
 //! `crate::`, `self::`, `super::` or a child module's bare name, in its `use` items
@@ -422,7 +423,12 @@ fn no_file_of_src_is_in_an_import_circle() {
 fn no_file_of_another_crate_is_in_an_import_circle() {
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
     let mut found = Vec::new();
-    for name in ["outbox-bench", "outbox-inbox", "outbox-testkit"] {
+    for name in [
+        "outbox-bench",
+        "outbox-common",
+        "outbox-inbox",
+        "outbox-testkit",
+    ] {
         let graph = import_graph(&crates.join(name).join("src"));
         assert!(graph.len() > 3, "{name}: read {} files only", graph.len());
         found.extend(circles(&graph).into_iter().map(|circle| (name, circle)));
@@ -542,34 +548,63 @@ fn strings_are_read_before_comments() {
 }
 
 /// Only the broker's own files name lapin: the connection and its translation of a message
-/// (`publish/broker.rs`, `publish/outgoing.rs`), and the opening and choice of a connection
-/// (`publish/connect.rs`, `publish/nodes.rs`). Everything else, delivery and its queue and
-/// dead letters included, handles messages in the contract's terms (src/contract/message.rs).
+/// (`publish/broker.rs`, `publish/outgoing.rs`), and the choice of a connection
+/// (`publish/nodes.rs`); its opening, the inbox's too, is the shared crate's (`amqp.rs`, see
+/// the next test). Everything else, delivery and its queue and dead letters included, handles
+/// messages in the contract's terms (src/contract/message.rs).
 #[test]
 fn only_the_broker_names_the_amqp_client() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let allowed = [
         "publish/broker.rs",
         "publish/outgoing.rs",
-        "publish/connect.rs",
         "publish/nodes.rs",
     ];
-    let mut files = Vec::new();
-    rust_files(&src, &src, &mut files);
-    let naming: Vec<String> = files
-        .iter()
-        .filter(|f| !allowed.iter().any(|a| Path::new(a) == f.as_path()))
-        .filter(|f| {
-            let text = std::fs::read_to_string(src.join(f)).expect("read a source file");
-            // Outside string literals: a log filter may name lapin's target.
-            code_of(&text).contains("lapin::")
-        })
-        .map(|f| f.display().to_string())
-        .collect();
+    let naming = files_where("src", 50, &allowed, names_lapin);
     assert!(
         naming.is_empty(),
         "lapin named outside the broker's files {allowed:?}: {naming:?}"
     );
+}
+
+/// In the crate the relay and the inbox share, only `amqp.rs` (opening a connection) names
+/// lapin: the rest serves a process that may not talk to a broker at all.
+#[test]
+fn only_amqp_names_the_amqp_client_in_the_shared_crate() {
+    let naming = files_where("crates/outbox-common/src", 5, &[], names_lapin);
+    assert_eq!(naming, ["amqp.rs"], "lapin named outside amqp.rs");
+}
+
+/// Whether a file's code names lapin: outside string literals, since a log filter may name
+/// lapin's target.
+fn names_lapin(text: &str) -> bool {
+    code_of(text).contains("lapin::")
+}
+
+/// The files below `dir` (from the repository's root; more than `more_than` of them, or the
+/// reader is lost), but `except` and files that are all tests, whose text `holds` for: their
+/// paths relative to `dir`, sorted.
+fn files_where(
+    dir: &str,
+    more_than: usize,
+    except: &[&str],
+    holds: fn(&str) -> bool,
+) -> Vec<String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let mut files = Vec::new();
+    rust_files(&src, &src, &mut files);
+    assert!(
+        files.len() > more_than,
+        "{dir}: read {} files only",
+        files.len()
+    );
+    let mut found: Vec<String> = files
+        .iter()
+        .filter(|f| !except.iter().any(|e| Path::new(e) == f.as_path()) && !is_test_file(f))
+        .filter(|f| holds(&std::fs::read_to_string(src.join(f)).expect("read a source file")))
+        .map(|f| f.display().to_string())
+        .collect();
+    found.sort();
+    found
 }
 
 /// The string literals of a file's code, as written (escapes included), without those in
@@ -602,29 +637,30 @@ fn is_test_file(file: &Path) -> bool {
 /// written anywhere else would be advice no one finds, checks or quotes like the rest.
 #[test]
 fn only_advice_writes_a_fix() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &src, &mut files);
-    assert!(files.len() > 50, "read {} files only", files.len());
-    let writes_a_fix = |file: &Path| {
-        let text = std::fs::read_to_string(src.join(file)).expect("read a source file");
-        literals_outside_tests(&text)
-            .iter()
-            .any(|literal| literal.contains("Fix:"))
-    };
-    let writing: Vec<String> = files
-        .iter()
-        .filter(|f| f.as_path() != Path::new("advice.rs") && !is_test_file(f))
-        .filter(|f| writes_a_fix(f))
-        .map(|f| f.display().to_string())
-        .collect();
-    assert!(
-        writing.is_empty(),
-        "\"Fix:\" written outside src/advice.rs (give the error a typed variant, or the warning \
-         an advice::Warning, and its fix in src/advice.rs): {writing:?}"
-    );
     // The reader is not blind: it finds the advice where it is.
-    assert!(writes_a_fix(Path::new("advice.rs")));
+    let writing = files_where("src", 50, &[], writes_a_fix);
+    assert_eq!(
+        writing,
+        ["advice.rs"],
+        "\"Fix:\" written outside src/advice.rs (give the error a typed variant, or the warning \
+         an advice::Warning, and its fix in src/advice.rs)"
+    );
+}
+
+/// The shared crate has no advice module of its own: only its connections (`pg.rs`) write a
+/// "Fix:", for the two warnings they give (keepalive parameters in the URL, a connection
+/// without a verified certificate); its errors leave the fix to the relay's advice.
+#[test]
+fn only_the_shared_connections_write_a_fix_in_the_shared_crate() {
+    let writing = files_where("crates/outbox-common/src", 5, &[], writes_a_fix);
+    assert_eq!(writing, ["pg.rs"], "\"Fix:\" written outside pg.rs");
+}
+
+/// Whether a file's code (its tests left out) writes a "Fix:" in a string literal.
+fn writes_a_fix(text: &str) -> bool {
+    literals_outside_tests(text)
+        .iter()
+        .any(|literal| literal.contains("Fix:"))
 }
 
 /// The reader can fail: a "Fix:" in a string literal is found, in a format string, an

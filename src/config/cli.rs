@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
 use super::connections::{Connections, DatabaseConnection, PeerTimeoutArgs, StatementTimeoutArgs};
 use super::messages::{
@@ -37,11 +37,7 @@ pub struct Cli {
     pub log_format: LogFormat,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+pub use outbox_common::logging::LogFormat;
 
 #[derive(Debug, Subcommand)]
 pub enum Command {

@@ -5,15 +5,9 @@ use pgwire_replication::Lsn;
 
 use crate::contract::message::Headers;
 
-/// Commit LSN of the row's transaction (`X/Y`).
-pub const LSN: &str = "x-outbox-lsn";
-/// Commit LSN and position in the transaction: increases along the stream, so a replay
-/// can be traced. Not a high-water mark to drop duplicates by: after a nack or a return
-/// the replay brings messages a consumer never had (deduplicate on `message_id`).
-pub const SEQ: &str = "x-outbox-seq";
-pub const AGGREGATE_TYPE: &str = "x-aggregate-type";
-pub const AGGREGATE_ID: &str = "x-aggregate-id";
+// The names are the consumer's too: they live in the crate both share.
 pub use crate::trace_context::{TRACEPARENT, TRACESTATE};
+pub use outbox_common::headers::{AGGREGATE_ID, AGGREGATE_TYPE, LSN, SEQ};
 
 /// The headers the relay sets itself: a header column may not take their names.
 pub const RESERVED: [&str; 6] = [

@@ -4,8 +4,8 @@
 //! Messages arrive here in the contract's terms, and this is where one becomes lapin's types:
 //! [`Publisher::start`] (and `start_dead_letter`) converts it with `outgoing.rs`, once, before
 //! its first poll; a returned message goes back the same way (`answer_of`). Only this file
-//! and `outgoing.rs` name lapin on the delivery path (`connect.rs` and `nodes.rs` open and
-//! choose connections).
+//! and `outgoing.rs` name lapin on the delivery path (`nodes.rs` chooses connections,
+//! outbox-common's `amqp.rs` opens them).
 //!
 //! Owns the lapin connection and nothing else: no ordering, no acknowledgement (that is
 //! [`super::delivery`]). It never relies on lapin's auto-recovery: after any channel or
@@ -120,7 +120,7 @@ impl Broker {
         // A broker (or network) that accepts and goes silent would hold the handshake forever.
         let connection = tokio::time::timeout(
             crate::db::CONNECT_TIMEOUT,
-            super::connect::open_connection(
+            outbox_common::amqp::open_connection(
                 nodes.node(index).url(),
                 properties,
                 crate::liveness::policy().peer_timeout.amqp_heartbeat(),

@@ -1,9 +1,9 @@
 //! The delivery side: everything that talks to RabbitMQ.
 //!
 //! Open the files in this order: [`nodes`] (the RabbitMQ nodes `AMQP_URL` names and which
-//! to try first), [`connect`] (how a connection's socket and heartbeat are set up),
-//! [`publisher`] (what delivery needs of a broker, in the message contract's terms),
-//! [`broker`] (the lapin connection, the confirm-mode channel, a publish's stages), then
+//! to try first), [`open_connection`] (how a connection's socket and heartbeat are set up:
+//! outbox_common::amqp, shared with the inbox), [`publisher`] (what delivery needs of a
+//! broker, in the message contract's terms), [`broker`] (the lapin connection, the confirm-mode channel, a publish's stages), then
 //! [`queue`] (the pure in-order confirm queue, generic over the token its source
 //! acknowledges with), [`delivery`] (the task that publishes under the in-flight window,
 //! awaits confirms in order and reports the acknowledged token), [`dead_letter`] (what goes
@@ -21,7 +21,6 @@
 //! delivery hands back.
 
 pub mod broker;
-pub mod connect;
 pub mod dead_letter;
 pub mod delivery;
 pub mod nodes;
@@ -32,8 +31,8 @@ pub mod queue;
 pub mod testing;
 
 pub use broker::Broker;
-pub use connect::open_connection;
 pub use delivery::{deliver, deliver_batch, Acked, DeliveryOptions, Input};
 pub use nodes::{BrokerNode, BrokerNodes};
+pub use outbox_common::amqp::open_connection;
 pub use publisher::Publisher;
 pub use queue::AckToken;

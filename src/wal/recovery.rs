@@ -26,8 +26,8 @@
 //! bound: duplicates, never a gap. Two relays never recover at once: an advisory lock, held
 //! for the recovery, makes the second a standby, which waits while the lock is held (the new
 //! slot has no reader during the backfill); a holder that vanishes loses its session, and
-//! the lock, within the peer timeout (src/liveness.rs). No step waits without a bound but
-//! the slot's creation, which waits for the write transactions running when it began, and
+//! the lock, within the peer timeout (outbox_common::liveness). No step waits without a bound
+//! but the slot's creation, which waits for the write transactions running when it began, and
 //! says so (`wait_for_creation`).
 //!
 //! The table-less outbox (`outbox_emit`) cannot be backfilled: its events were only in the
@@ -146,7 +146,7 @@ fn lock_key(names: &OutboxNames) -> String {
 
 /// One recovery at a time, across relays: the lock goes with this connection (the server
 /// ends it, and frees the lock, within the peer timeout of a holder that vanished:
-/// src/liveness.rs).
+/// outbox_common::liveness).
 async fn hold_the_recovery_lock(client: &Client, names: &OutboxNames) -> Result<(), RelayError> {
     let locked: bool = client
         .query_one(

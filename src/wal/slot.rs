@@ -312,7 +312,7 @@ pub async fn run_slot_poller(
             let client = connection.client().await?;
             let report = read_slot(&client, &slot).await?;
             let standbys = read_standby_slots(&client, &slot).await?;
-            Ok((report, standbys))
+            Ok::<_, RelayError>((report, standbys))
         }
     };
     let record = move |(report, standbys): (Option<SlotReport>, Option<StandbySlots>)| {

@@ -296,7 +296,7 @@ fn config(outbox: &Outbox, database_url: &str, prefetch: u16) -> ConsumerConfig 
         max_backoff: Duration::from_secs(2),
         shutdown_timeout: Duration::from_secs(30),
         peer_timeout: Default::default(),
-        statement_timeout: Some(outbox_relay::liveness::DEFAULT_STATEMENT_TIMEOUT),
+        statement_timeout: Some(outbox_common::liveness::DEFAULT_STATEMENT_TIMEOUT),
     }
 }
 

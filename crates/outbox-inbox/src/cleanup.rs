@@ -19,6 +19,7 @@
 
 use std::time::Duration;
 
+use outbox_common::periodic::{self, FailureLog, FirstRound, Job};
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
@@ -45,7 +46,7 @@ pub struct Cleaned {
 
 /// Deletes every row received more than `retention` before its consumer's newest row (or
 /// before now), `batch` rows per transaction, until a batch comes back short or `stop` is
-/// cancelled. The connection's policy is the process's (`outbox_relay::liveness`).
+/// cancelled. The connection's policy is the process's (`outbox_common::liveness`).
 pub async fn cleanup(
     client: &Client,
     table: &InboxTable,
@@ -106,35 +107,31 @@ pub async fn every(
     interval: Duration,
     stop: CancellationToken,
 ) {
-    let mut client = None;
-    loop {
-        let round = async {
-            let connected = match client.take() {
-                Some(connected) => connected,
-                None => crate::connect(&database_url).await?,
-            };
-            let cleaned = cleanup(&connected, &table, retention, batch, &stop).await;
-            client = Some(connected);
-            cleaned
-        };
-        match round.await {
-            Ok(cleaned) if cleaned.deleted > 0 => tracing::info!(
+    // The first round at once: a consumer started after an outage finds its backlog of old
+    // rows cleaned before the first interval is over.
+    let job = Job {
+        what: "inbox cleanup",
+        interval,
+        first_round: FirstRound::AtOnce,
+        round_timeout: None,
+        errors: None,
+        failure_log: FailureLog::Every,
+    };
+    let round = |connection: periodic::Connection| {
+        let (table, stop) = (table.clone(), stop.clone());
+        async move {
+            let client = connection.client().await.map_err(crate::connect_error)?;
+            cleanup(&client, &table, retention, batch, &stop).await
+        }
+    };
+    let record = |cleaned: Cleaned| {
+        if cleaned.deleted > 0 {
+            tracing::info!(
                 deleted = cleaned.deleted,
                 batches = cleaned.batches,
                 "inbox cleanup"
-            ),
-            Ok(_) => {}
-            Err(e) => {
-                client = None;
-                tracing::warn!(
-                    error = %outbox_relay::error::chain(&e),
-                    "inbox cleanup failed; retrying at the next interval"
-                );
-            }
+            );
         }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
-        }
-    }
+    };
+    periodic::run(&database_url, job, stop.clone(), round, record).await;
 }

@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-pub use outbox_relay::config::LogFormat;
-use outbox_relay::config::{parse_duration, parse_peer_timeout};
-use outbox_relay::liveness::{PeerTimeout, Policy};
+use outbox_common::duration::{parse_duration, parse_peer_timeout};
+use outbox_common::liveness::{PeerTimeout, Policy};
+pub use outbox_common::logging::LogFormat;
 
 use crate::error::InboxError;
 use crate::sql::InboxTable;
@@ -225,7 +225,7 @@ pub struct ConsumeArgs {
 }
 
 impl Command {
-    /// What every connection of this command gets (`outbox_relay::liveness`): the peer
+    /// What every connection of this command gets (`outbox_common::liveness`): the peer
     /// timeout, and for `consume` the statement timeout; `setup` and `cleanup` leave the
     /// server's statement timeout (a cleanup batch has its own bound).
     pub fn connection_policy(&self) -> Result<Policy, InboxError> {

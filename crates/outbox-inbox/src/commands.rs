@@ -1,7 +1,7 @@
 //! Each command of the binary as one function, so that `main` only parses flags, sets up
 //! logging and signals, and the tests can run the same code.
 //!
-//! `main` sets the process's connection policy (`outbox_relay::liveness::configure`: the peer
+//! `main` sets the process's connection policy (`outbox_common::liveness::configure`: the peer
 //! timeout, and `consume`'s statement timeout) from the flags before any of them runs
 //! ([`crate::cli::Command::connection_policy`]); `consumer::run` sets the same again, for a
 //! library user.

@@ -41,7 +41,7 @@
 //!    claim and effect statement besides (a wait nobody else ends): a statement cancelled by
 //!    it (57014) or by a lock timeout (55P03) ends the session as a retry, invariant 4.
 //!
-//! Both are the process's connection policy (`outbox_relay::liveness`), which every
+//! Both are the process's connection policy (`outbox_common::liveness`), which every
 //! connection reads where it is opened: [`run`] sets it from [`ConsumerConfig`] before its
 //! first connection, so the binary and a library user get the same; a process running
 //! several consumers gives them the same timeouts (the last `run` to start sets them).
@@ -64,9 +64,9 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::Acker;
 use lapin::{Connection, ConnectionProperties};
-use outbox_relay::backoff::Backoff;
-use outbox_relay::error::chain;
-use outbox_relay::liveness::{self, PeerTimeout, Policy};
+use outbox_common::backoff::Backoff;
+use outbox_common::error::chain;
+use outbox_common::liveness::{self, PeerTimeout, Policy};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_postgres::types::ToSql;
@@ -171,7 +171,7 @@ impl Counters {
 /// retry-class errors start a new session after a backoff. `counters` may be read while it
 /// runs.
 ///
-/// First it sets the process's connection policy (`outbox_relay::liveness::configure`) to
+/// First it sets the process's connection policy (`outbox_common::liveness::configure`) to
 /// the config's peer and statement timeouts: every connection opened from then on, by this
 /// consumer or anything else in the process, gets them.
 pub async fn run<E: Effect>(
@@ -226,7 +226,8 @@ fn check(config: &ConsumerConfig) -> Result<(), InboxError> {
                 .into(),
         ));
     }
-    outbox_relay::db::parse_url(&config.database_url).map_err(|e| InboxError::Config(chain(&e)))?;
+    outbox_common::pg::parse_url(&config.database_url)
+        .map_err(|e| InboxError::Config(chain(&e)))?;
     Ok(())
 }
 
@@ -270,7 +271,7 @@ async fn session<E: Effect>(
     let heartbeat = config.peer_timeout.amqp_consumer_heartbeat();
     let connection = tokio::time::timeout(
         CONNECT_TIMEOUT,
-        outbox_relay::publish::open_connection(&config.amqp_url, properties, heartbeat),
+        outbox_common::amqp::open_connection(&config.amqp_url, properties, heartbeat),
     )
     .await
     .map_err(|_| InboxError::ConnectTimeout { what: "RabbitMQ" })??;

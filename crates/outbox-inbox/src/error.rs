@@ -12,7 +12,7 @@
 
 use tokio_postgres::error::SqlState;
 
-/// A boxed source error (the relay's connection errors, which this crate does not match on).
+/// A boxed source error (the shared connection errors, which this crate does not match on).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +81,20 @@ pub enum InboxError {
 
     #[error("A cleanup batch took longer than {seconds} s")]
     CleanupTimeout { seconds: u64 },
+}
+
+/// The cleanup's rounds: logged with their sources. The cleanup sets no round bound (each
+/// batch has its own), so a timed-out round is a batch's timeout.
+impl outbox_common::periodic::RoundError for InboxError {
+    fn timed_out(bound: std::time::Duration) -> Self {
+        InboxError::CleanupTimeout {
+            seconds: bound.as_secs(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        outbox_common::error::chain(self)
+    }
 }
 
 impl InboxError {

@@ -9,18 +9,18 @@
 //!   runs a statement the user gives.
 //! - `consumer`: the reference consumer (claim, effect, commit, then ack), with prefetch,
 //!   lanes per aggregate and reconnects; `consumer::run` sets the process's peer and
-//!   statement timeouts (`outbox_relay::liveness`) from its config before it connects, so a
+//!   statement timeouts (`outbox_common::liveness`) from its config before it connects, so a
 //!   vanished replica or a statement that waits costs seconds, for a library user as for the
 //!   binary.
 //! - `cleanup`: retention in bounded batches, each consumer name's window counted from its
-//!   own newest row.
+//!   own newest row, every interval on outbox-common's periodic runner.
 //! - `cli` and `commands`: the `outbox-inbox` binary's flags and commands; `failpoint` opens
 //!   the commit-to-ack crash window for the tests.
 //!
-//! It uses the relay's library for what must be the same on both sides (PostgreSQL and AMQP
-//! connections, their TLS policy and liveness, identifier quoting, duration syntax, the
-//! header names of the message contract), and never the reverse: the relay's build and image
-//! leave it out.
+//! It shares with the relay, through outbox-common, what must be the same on both sides
+//! (PostgreSQL and AMQP connections, their TLS policy and liveness, identifier quoting,
+//! duration syntax, the header names of the message contract, logging, the periodic runner,
+//! failpoints), and depends on the relay not at all: neither build holds the other.
 
 #![forbid(unsafe_code)]
 
@@ -38,7 +38,10 @@ use error::{BoxError, InboxError};
 
 /// A connection to the consumer's database, with the relay's TLS policy and timeouts.
 pub(crate) async fn connect(url: &str) -> Result<tokio_postgres::Client, InboxError> {
-    outbox_relay::db::connect(url)
-        .await
-        .map_err(|e| InboxError::DatabaseConnect(BoxError::from(e)))
+    outbox_common::pg::connect(url).await.map_err(connect_error)
+}
+
+/// A connection that could not be opened, as the inbox's (retryable) error.
+pub(crate) fn connect_error(error: outbox_common::pg::PgError) -> InboxError {
+    InboxError::DatabaseConnect(BoxError::from(error))
 }

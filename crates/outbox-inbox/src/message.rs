@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lapin::message::Delivery;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::Acker;
-use outbox_relay::contract::headers;
+use outbox_common::headers;
 
 /// One message to apply.
 #[derive(Debug, Clone, PartialEq)]

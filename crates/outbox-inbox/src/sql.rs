@@ -25,7 +25,7 @@
 
 use std::fmt;
 
-use outbox_relay::db::{quote_ident, quote_literal};
+use outbox_common::quote::{quote_ident, quote_literal};
 use tokio_postgres::Client;
 
 use crate::error::InboxError;

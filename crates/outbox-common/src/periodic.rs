@@ -1,6 +1,6 @@
-//! The one way the relay runs a job against PostgreSQL on a timer: the slot poller
-//! ([`crate::wal::slot`]), the backlog poller and both cleanups ([`crate::cleanup`] and
-//! polling mode's) are each a [`Job`] plus a round.
+//! The one way a job runs against PostgreSQL on a timer: the relay's slot poller, backlog
+//! poller and both cleanups, and the inbox's cleanup, are each a [`Job`] plus a round. A round
+//! ends with the caller's own error type ([`RoundError`]).
 //!
 //! What [`run`] guarantees:
 //! - **Interval.** A round starts `interval` after the previous one ended (the first at once,
@@ -14,7 +14,8 @@
 //!   is abandoned as failed after that long, so it cannot stop the next ones. Without one,
 //!   the round bounds its own statements (a cleanup may run many short ones).
 //! - **Errors.** A failed round never ends the job: it is counted on the job's error counter
-//!   (if any) and logged, once per outage or at every failure ([`FailureLog`]).
+//!   (if any) and logged as [`RoundError::describe`] says, once per outage or at every
+//!   failure ([`FailureLog`]).
 //! - **Cancellation.** The job ends when `shutdown` is cancelled, at the latest when the
 //!   round in progress ends (a long round should watch the token itself).
 //!
@@ -29,17 +30,23 @@ use metrics::Counter;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
-use crate::advice::report;
-use crate::db;
-use crate::error::RelayError;
+use crate::pg::{self, PgError};
 
 /// The shortest bound of a poller's round: an interval below it still gets this long.
 const MIN_POLL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// An error a round ends with, as the job needs it.
+pub trait RoundError {
+    /// A round abandoned after `bound` (the job's round timeout).
+    fn timed_out(bound: Duration) -> Self;
+    /// The error as the job's warning shows it.
+    fn describe(&self) -> String;
+}
+
 /// When the first round runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FirstRound {
-    /// At once: gauges are filled as soon as the relay starts.
+    /// At once: gauges are filled as soon as the process starts.
     AtOnce,
     /// After one interval: deleting rows can wait until the relay has run a while.
     AfterInterval,
@@ -114,11 +121,11 @@ impl Connection {
     }
 
     /// The open connection, or a new one if there is none or the server closed it.
-    pub async fn client(&self) -> Result<Arc<Client>, RelayError> {
+    pub async fn client(&self) -> Result<Arc<Client>, PgError> {
         if let Some(client) = self.slot().as_ref().filter(|c| !c.is_closed()) {
             return Ok(Arc::clone(client));
         }
-        let client = Arc::new(db::connect(&self.database_url).await?);
+        let client = Arc::new(pg::connect(&self.database_url).await?);
         *self.slot() = Some(Arc::clone(&client));
         Ok(client)
     }
@@ -134,7 +141,7 @@ impl Connection {
 
 /// Runs `round` on the schedule of `job` until `shutdown` (see the module doc for what it
 /// guarantees), handing each successful result to `record`.
-pub async fn run<T, Round, Fut>(
+pub async fn run<T, E, Round, Fut>(
     database_url: &str,
     job: Job,
     shutdown: CancellationToken,
@@ -142,7 +149,8 @@ pub async fn run<T, Round, Fut>(
     mut record: impl FnMut(T),
 ) where
     Round: FnMut(Connection) -> Fut,
-    Fut: Future<Output = Result<T, RelayError>>,
+    Fut: Future<Output = Result<T, E>>,
+    E: RoundError,
 {
     if job.interval.is_zero() {
         return;
@@ -163,9 +171,7 @@ pub async fn run<T, Round, Fut>(
             None => round(connection.clone()).await,
             Some(bound) => tokio::time::timeout(bound, round(connection.clone()))
                 .await
-                .unwrap_or(Err(RelayError::DatabaseTimeout {
-                    seconds: bound.as_secs(),
-                })),
+                .unwrap_or_else(|_| Err(E::timed_out(bound))),
         };
         match outcome {
             Ok(value) => {
@@ -180,10 +186,10 @@ pub async fn run<T, Round, Fut>(
                 match job.failure_log {
                     FailureLog::OncePerOutage if failing => {}
                     FailureLog::OncePerOutage => {
-                        tracing::warn!(error = %report(&e), "{} failed; retrying", job.what);
+                        tracing::warn!(error = %e.describe(), "{} failed; retrying", job.what);
                     }
                     FailureLog::Every => tracing::warn!(
-                        error = %report(&e),
+                        error = %e.describe(),
                         "{} failed; retrying next interval",
                         job.what
                     ),
@@ -202,6 +208,20 @@ mod tests {
     use super::*;
     use std::time::Instant;
 
+    /// A round's error in these tests: what timed out, or failed.
+    #[derive(Debug)]
+    struct Failed;
+
+    impl RoundError for Failed {
+        fn timed_out(_bound: Duration) -> Self {
+            Failed
+        }
+
+        fn describe(&self) -> String {
+            "failed".into()
+        }
+    }
+
     /// A URL nothing listens on: no round here asks for the connection.
     const NOWHERE: &str = "postgres://relay@127.0.0.1:1/none";
 
@@ -211,7 +231,7 @@ mod tests {
     async fn rounds_of(
         mut job: Job,
         count: usize,
-        outcome: fn(usize) -> Option<Result<usize, RelayError>>,
+        outcome: fn(usize) -> Option<Result<usize, Failed>>,
     ) -> (Vec<Duration>, usize, String) {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
         if job.errors.is_some() {
@@ -259,13 +279,7 @@ mod tests {
     #[tokio::test]
     async fn a_cleanup_waits_an_interval_and_outlives_a_failed_round() {
         let interval = Duration::from_millis(300);
-        let failed = |n| {
-            Some(if n == 0 {
-                Err(RelayError::DatabaseTimeout { seconds: 1 })
-            } else {
-                Ok(n)
-            })
-        };
+        let failed = |n| Some(if n == 0 { Err(Failed) } else { Ok(n) });
         let (started, _, errors) = rounds_of(Job::cleanup(interval), 2, failed).await;
         assert!(
             started[0] >= interval,

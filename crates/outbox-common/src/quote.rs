@@ -1,6 +1,6 @@
-//! SQL text: names and literals quoted for statements the relay runs and for the SQL its
-//! advice prints. Below every module that writes SQL, the connections' (`db`) and the
-//! advice's (`advice`) alike, so that neither depends on the other for it.
+//! SQL text: names and literals quoted for the statements the relay and the inbox run and for
+//! the SQL the relay's advice prints. Below every module that writes SQL, so that none depends
+//! on another for it.
 
 /// Quotes an identifier for SQL text (names come from configuration, not from users, but a
 /// schema-qualified or mixed-case name must still survive).

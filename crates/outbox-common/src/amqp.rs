@@ -1,6 +1,6 @@
-//! Opening an AMQP connection the way every connection of the relay is opened: its socket
-//! carries the peer timeout's keepalives and user timeout, and the AMQP heartbeat is the
-//! caller's (derived from the peer timeout: src/liveness.rs) unless the URL asks for one.
+//! Opening an AMQP connection the way every connection of the relay and the inbox is opened:
+//! its socket carries the peer timeout's keepalives and user timeout, and the AMQP heartbeat is
+//! the caller's (derived from the peer timeout: [`crate::liveness`]) unless the URL asks for one.
 //!
 //! lapin opens its socket itself; its `Connection::connector` hands the opening to us. The
 //! socket options go on the plain TCP stream, before the TLS handshake of `amqps://`.

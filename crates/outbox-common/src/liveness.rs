@@ -1,6 +1,6 @@
-//! Dead peers: how every connection the relay opens notices, within the peer timeout, that
-//! the host at the other end is gone without closing it (a machine powered off, a VM or
-//! zone lost, a firewall or NAT entry dropping packets).
+//! Dead peers: how every connection the relay or the inbox opens notices, within the peer
+//! timeout, that the host at the other end is gone without closing it (a machine powered
+//! off, a VM or zone lost, a firewall or NAT entry dropping packets).
 //!
 //! Such a peer sends nothing, not even a reset: without help a busy connection retransmits
 //! for about 15 minutes and an idle one waits for the system's keepalive (off, or 2 hours)
@@ -32,8 +32,8 @@
 //! statement timeout, the confirm timeout).
 //!
 //! The policy is the process's: each binary sets it once from its flags ([`configure`])
-//! before it connects anywhere, and every connection reads it where it is opened (`db.rs`,
-//! `publish/connect.rs`), so no caller can open a connection without it.
+//! before it connects anywhere, and every connection reads it where it is opened (the
+//! relay's `db.rs`, [`crate::amqp`]), so no caller can open a connection without it.
 
 use std::os::fd::AsFd;
 use std::sync::RwLock;
