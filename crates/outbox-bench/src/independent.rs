@@ -100,6 +100,8 @@ pub struct BareBroker<'a> {
     pub queue: &'a str,
     /// The queue's declare arguments (empty: a classic queue).
     pub queue_arguments: FieldTable,
+    /// Every node of the broker, whose processes the CPU split counts (`Endpoints::nodes`).
+    pub nodes: &'a str,
     pub window: usize,
     pub messages: u64,
     /// Attach the benchmark's consumer; without it the queue only fills.
@@ -175,7 +177,7 @@ pub async fn bare_broker_alone(run: &BareBroker<'_>) -> Result<BareBrokerLimit> 
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
-    let rabbitmq = cpu::rabbitmq_pids(run.url).unwrap_or_default();
+    let rabbitmq = cpu::rabbitmq_pids(run.nodes).unwrap_or_default();
     let probe = CpuProbe::start(&rabbitmq);
     let started = Instant::now();
     // Each publish's future writes its frames, then waits for its confirm; they complete in

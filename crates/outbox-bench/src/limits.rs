@@ -139,6 +139,10 @@ pub struct Endpoints {
     pub consume: String,
     /// The queue's declare arguments (empty: a classic queue).
     pub queue_arguments: FieldTable,
+    /// Every node of the broker, whose processes the CPU split counts: on a cluster a
+    /// publish costs the node it enters, the queue's leader and its followers, and the relay's
+    /// drains count all three, so the broker alone must too.
+    pub nodes: String,
 }
 
 impl Endpoints {
@@ -146,6 +150,7 @@ impl Endpoints {
     pub fn single(amqp_url: &str) -> Endpoints {
         Endpoints {
             publish: amqp_url.to_string(),
+            nodes: amqp_url.to_string(),
             consume: amqp_url.to_string(),
             queue_arguments: FieldTable::default(),
         }
@@ -187,7 +192,7 @@ pub async fn broker_alone(
         ticks
     });
     let mut written = Written::default();
-    let rabbitmq = cpu::rabbitmq_pids(&endpoints.publish).unwrap_or_default();
+    let rabbitmq = cpu::rabbitmq_pids(&endpoints.nodes).unwrap_or_default();
     let probe = CpuProbe::start(&rabbitmq);
     let started = Instant::now();
     written.started = Some(started);

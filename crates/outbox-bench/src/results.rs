@@ -122,6 +122,12 @@ pub struct ClusterResults {
     pub bare_broker: Option<BareBrokerLimit>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bare_broker_no_consumer: Option<BareBrokerLimit>,
+    /// The node both the consumer-less drain's relay (given only its URL) and the minimal
+    /// publisher without a consumer went through: the queue's leader. Absent in files from
+    /// before 2026-12-04, whose consumer-less relay picked a node at random and whose
+    /// publisher went through `broker_publisher_node`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_consumer_node: Option<usize>,
     /// Starting the cluster (boot, join, check).
     pub startup_secs: f64,
     /// The whole section, the cluster's start included.

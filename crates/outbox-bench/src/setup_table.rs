@@ -226,10 +226,17 @@ pub fn markdown(r: &Results, s: &mut String) {
         }
     }
     if let Some(c) = r.cluster.as_ref().filter(|_| !cluster.is_empty()) {
+        let no_consumer = match c.no_consumer_node {
+            Some(node) => format!(
+                "; with no consumer, the relay given only the queue leader's URL and the \
+                 publisher through it too (node {node})"
+            ),
+            None => String::new(),
+        };
         notes.push(format!(
             "{}-node cluster: {} queues; % of the minimal publisher on the same cluster, \
-             publishing through the node the consumer-attached drain's relay used ({}); every \
-             queue declared and consumed through node {}.",
+             publishing through the node the consumer-attached drain's relay used \
+             ({}){no_consumer}; every queue declared and consumed through node {}.",
             c.nodes, c.queue_type, c.broker_publisher_node, c.declared_through
         ));
     }

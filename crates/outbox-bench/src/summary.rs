@@ -387,7 +387,7 @@ impl Results {
              declared through node {decl} by the consumer connected there (a probe quorum queue \
              declared so was led by node {leader}); the relay got the three nodes' URLs and \
              connected to {dn} for the drain and {ln} for the latency run; each broker-alone run \
-             published through the node of the matching relay run ({bp}, {blp}). Latency: \
+             published through the node of the matching relay run ({bp}, {blp}){nc}. Latency: \
              commit→consumer for the relay, publish→consumer for the broker alone, at {rate} \
              per second. The section took {secs:.0} s, starting the cluster {start:.0} s of it.",
             w = int(f64::from(c.window)),
@@ -397,6 +397,10 @@ impl Results {
             ln = nodes(&c.latency_relay_nodes),
             bp = c.broker_publisher_node,
             blp = c.broker_latency_publisher_node,
+            nc = c.no_consumer_node.map_or(String::new(), |node| format!(
+                "; the drain with no consumer had only the queue leader's URL, and its \
+                 broker alone published through the leader too (node {node})"
+            )),
             rate = c.broker_latency_rate,
             secs = c.seconds,
             start = c.startup_secs,
