@@ -871,8 +871,14 @@ impl Bench {
             .batch_execute(&sql)
             .await
             .with_context(|| format!("cannot seed {}", o.table))?;
+        // The seed's dirty pages are written now, not by the next checkpoint or the kernel's
+        // writeback while the relay drains: a cluster's quorum queue with no consumer writes
+        // every message to disk beside them, and the broker alone it is compared with runs
+        // with no seed behind it (docs/records/2026-12-04-cluster-drain-placement.md).
+        client.batch_execute("CHECKPOINT").await?;
         self.say(&format!(
-            "seeded {rows} {seed:?} in {transaction_rows}-row transactions in {:.1} s",
+            "seeded {rows} {seed:?} in {transaction_rows}-row transactions in {:.1} s \
+             (checkpoint included)",
             started.elapsed().as_secs_f64()
         ));
         Ok(())
@@ -1554,11 +1560,13 @@ impl Bench {
     }
 
     /// The RabbitMQ processes behind the relay's AMQP URLs, if they run on this machine.
+    /// Every node of the broker (`Endpoints::nodes`), not only those the relay is given: a
+    /// relay pinned to one node of a cluster still costs the others.
     fn rabbitmq_pids(&self) -> Vec<u32> {
-        match cpu::rabbitmq_pids(&self.relay.amqp_url) {
+        match cpu::rabbitmq_pids(&self.endpoints.nodes) {
             Ok(pids) if !pids.is_empty() => pids,
             Ok(_) => {
-                self.say("  no process here listens on the relay's AMQP ports: no RabbitMQ CPU");
+                self.say("  no process here listens on the broker's AMQP ports: no RabbitMQ CPU");
                 Vec::new()
             }
             Err(e) => {
