@@ -150,6 +150,30 @@ fn connect_outcome(host: &Host, port: u16) -> ErrorKind {
     }
 }
 
+/// A read of `stream` that waits at most `within`. A signal interrupts a read with a receive
+/// timeout whatever `SA_RESTART` says (signal(7)), and this process gets them: tokio handles
+/// SIGCHLD for the lab's children, which other tests start and stop meanwhile. So an
+/// interrupted read is read again for the time left (CI, 2026-12-04: `Err(Interrupted)` where
+/// only a timeout was expected).
+fn read_within(
+    stream: &mut TcpStream,
+    buffer: &mut [u8],
+    within: Duration,
+) -> std::io::Result<usize> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(ErrorKind::TimedOut.into());
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(buffer) {
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            read => return read,
+        }
+    }
+}
+
 /// A vanished host is silent to everyone: a connection from the test process to a listener
 /// on it takes writes and acknowledges none, reports no error, and brings nothing back (the
 /// host's own writes are dropped on their way out); a closed port no longer refuses; other
@@ -190,10 +214,8 @@ async fn d0_a_vanished_host_is_silent_to_its_peers_and_the_test_process_until_he
             .write_all(b"from the void")
             .expect("so is the host's");
         // Nothing arrives within a second, and nothing fails: no RST, no FIN, no error.
-        client
-            .set_read_timeout(Some(Duration::from_secs(1)))
-            .expect("timeout");
-        let read = client.read(&mut buffer).map_err(|e| e.kind());
+        let read =
+            read_within(&mut client, &mut buffer, Duration::from_secs(1)).map_err(|e| e.kind());
         assert!(
             matches!(read, Err(ErrorKind::WouldBlock | ErrorKind::TimedOut)),
             "the test process reads nothing from the vanished host: {read:?}"

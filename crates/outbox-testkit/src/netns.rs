@@ -138,11 +138,23 @@ impl Host {
             return false;
         };
         let mut buffer = [0u8; 8];
-        sender.send_to(b"probe", at).is_ok()
-            && receiver
-                .set_read_timeout(Some(Duration::from_secs(1)))
-                .is_ok()
-            && receiver.recv(&mut buffer).is_ok()
+        if sender.send_to(b"probe", at).is_err() {
+            return false;
+        }
+        // A signal (SIGCHLD of a child another test stopped) interrupts a receive with a
+        // timeout whatever SA_RESTART says (signal(7)): receive again for the time left.
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || receiver.set_read_timeout(Some(left)).is_err() {
+                return false;
+            }
+            match receiver.recv(&mut buffer) {
+                Ok(_) => return true,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return false,
+            }
+        }
     }
 
     /// `program` run on this host: `ip netns exec NETNS program` (same pid, environment and
