@@ -827,6 +827,49 @@ fn letters(received: &[Received]) -> impl Iterator<Item = &Received> {
     })
 }
 
+/// A load test's start: the outbox with its dead-letter exchange, the oracle, the seeded
+/// backlog split by routability in commit order, and a consumer on each queue.
+struct LoadBacklog {
+    dl: DeadLetterOutbox,
+    oracle: Oracle,
+    rows: usize,
+    backlog: Backlog,
+    committed: Vec<String>,
+    routable: Vec<String>,
+    unroutable: Vec<String>,
+    consumer: Consumer,
+    dead_letter_queue: String,
+    dead_letters: Consumer,
+}
+
+impl LoadBacklog {
+    async fn seed(name: &str) -> LoadBacklog {
+        let dl = DeadLetterOutbox::new(name).await;
+        let outbox = &dl.outbox;
+        let oracle = Oracle::create(outbox).await;
+        let rows = load_rows();
+        let backlog = seed_a_tenth_unroutable(outbox, rows).await;
+        let committed = oracle.committed_ids(&outbox.client).await;
+        assert_eq!(committed.len(), rows, "the oracle saw every seeded row");
+        let (routable, unroutable) = backlog.split(&committed);
+        let consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+        let dead_letter_queue = dl.bind_dead_letter_queue().await;
+        let dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
+        LoadBacklog {
+            dl,
+            oracle,
+            rows,
+            backlog,
+            committed,
+            routable,
+            unroutable,
+            consumer,
+            dead_letter_queue,
+            dead_letters,
+        }
+    }
+}
+
 /// Returns at load under the dead-letter policy: a backlog committed first, a tenth of it
 /// unroutable (whole transactions, a run longer than the window, single rows inside routable
 /// transactions), drained at full speed with the default window full. Each routable row
@@ -836,17 +879,19 @@ fn letters(received: &[Received]) -> impl Iterator<Item = &Received> {
 /// queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_window_drain_of_a_tenth_unroutable_puts_each_row_once_on_its_queue_in_commit_order() {
-    let dl = DeadLetterOutbox::new("dl_load").await;
+    let LoadBacklog {
+        dl,
+        oracle,
+        rows,
+        backlog,
+        committed,
+        routable,
+        unroutable,
+        mut consumer,
+        dead_letter_queue,
+        mut dead_letters,
+    } = LoadBacklog::seed("dl_load").await;
     let outbox = &dl.outbox;
-    let oracle = Oracle::create(outbox).await;
-    let rows = load_rows();
-    let backlog = seed_a_tenth_unroutable(outbox, rows).await;
-    let committed = oracle.committed_ids(&outbox.client).await;
-    assert_eq!(committed.len(), rows, "the oracle saw every seeded row");
-    let (routable, unroutable) = backlog.split(&committed);
-    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
-    let dead_letter_queue = dl.bind_dead_letter_queue().await;
-    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
 
     let started = Instant::now();
     let (relay, port) = spawn_observed(outbox, &dl.policy());
@@ -962,17 +1007,19 @@ async fn full_window_drain_of_a_tenth_unroutable_puts_each_row_once_on_its_queue
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_kill_9_mid_drain_of_a_tenth_unroutable_loses_nothing_on_either_queue_within_the_crash_bound(
 ) {
-    let dl = DeadLetterOutbox::new("dl_load_kill").await;
+    let LoadBacklog {
+        dl,
+        oracle,
+        rows,
+        backlog,
+        committed,
+        routable,
+        unroutable,
+        mut consumer,
+        dead_letter_queue,
+        mut dead_letters,
+    } = LoadBacklog::seed("dl_load_kill").await;
     let outbox = &dl.outbox;
-    let oracle = Oracle::create(outbox).await;
-    let rows = load_rows();
-    let backlog = seed_a_tenth_unroutable(outbox, rows).await;
-    let committed = oracle.committed_ids(&outbox.client).await;
-    assert_eq!(committed.len(), rows, "the oracle saw every seeded row");
-    let (routable, unroutable) = backlog.split(&committed);
-    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
-    let dead_letter_queue = dl.bind_dead_letter_queue().await;
-    let mut dead_letters = Consumer::start(&outbox.amqp_url, &dead_letter_queue).await;
 
     let started = Instant::now();
     let (first, port) = spawn_observed(outbox, &dl.policy());
