@@ -370,6 +370,15 @@ impl Node {
         }
     }
 
+    /// [`Node::kill9`] for a repair: a node left paused may also have exited by the time it
+    /// is repaired (CI, 2026-12-04: one of two nodes still paused 60 s after a heal had no
+    /// process left, and the repair's kill -9 panicked), and then there is nothing to kill.
+    pub(crate) fn stop_if_running(&self) {
+        if self.is_alive() {
+            self.kill9();
+        }
+    }
+
     /// kill -9 of the node; returns once its AMQP port is closed and its process gone, with
     /// the instant of the signal (a fault test's clock starts there, not before the
     /// `rabbitmqctl` call ahead of it, which takes seconds on a loaded machine).

@@ -457,7 +457,7 @@ impl RabbitCluster {
         self.repairs
             .fetch_add(stuck.len(), std::sync::atomic::Ordering::Relaxed);
         for &i in &stuck {
-            self.nodes[i].kill9();
+            self.nodes[i].stop_if_running();
         }
         self.restart_all(&stuck);
     }
@@ -478,7 +478,7 @@ impl RabbitCluster {
         );
         self.repairs
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        node.kill9();
+        node.stop_if_running();
         node.restart();
         true
     }
