@@ -1559,9 +1559,9 @@ impl Bench {
         Ok(())
     }
 
-    /// The RabbitMQ processes behind the relay's AMQP URLs, if they run on this machine.
-    /// Every node of the broker (`Endpoints::nodes`), not only those the relay is given: a
-    /// relay pinned to one node of a cluster still costs the others.
+    /// The RabbitMQ processes of every node of the broker (`Endpoints::nodes`), if they run on
+    /// this machine: not only the relay's URLs, since a relay pinned to one node of a cluster
+    /// still costs the others.
     fn rabbitmq_pids(&self) -> Vec<u32> {
         match cpu::rabbitmq_pids(&self.endpoints.nodes) {
             Ok(pids) if !pids.is_empty() => pids,
@@ -1666,7 +1666,7 @@ impl Bench {
         // Chart 1's cluster figures with no consumer: the relay given only the queue leader's
         // URL and the minimal publisher through the same node. A publish through a follower
         // is forwarded to the leader, and the relay picks a node at random: compared with a
-        // publisher on another node, the ratio measured the placement (54-72 % with the relay
+        // publisher on another node, the ratio measured the placement (54-63 % with the relay
         // on a follower against the leader, 100-117 % the other way round, in the runs of
         // 2026-12-04), not the relay.
         self.say(&format!(
