@@ -48,6 +48,15 @@ impl CpuSplit {
         .flatten()
         .sum()
     }
+
+    /// The relay's CPU per message over RabbitMQ's in the same run: a machine's speed
+    /// changes both, so this ratio compares across machines where µs do not (the target in
+    /// docs/benchmarks.md is 0.2 or less).
+    pub fn relay_per_rabbitmq(&self) -> Option<f64> {
+        self.relay_us
+            .zip(self.rabbitmq_us.filter(|r| *r > 0.0))
+            .map(|(relay, rabbitmq)| relay / rabbitmq)
+    }
 }
 
 /// The CPU already used when a measurement starts, by the processes read again at its end.

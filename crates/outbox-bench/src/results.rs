@@ -515,6 +515,50 @@ mod tests {
         assert_eq!(find("crash: zero lost"), Some(true));
         assert_eq!(find("crash duplicates below"), Some(true));
         assert_eq!(find("peak RSS"), Some(true));
+        let cpu = targets
+            .iter()
+            .find(|(_, t)| t.starts_with("relay CPU per message ≤ 0.2 × RabbitMQ's"))
+            .expect("the CPU ratio's target");
+        assert!(!cpu.0, "{cpu:?}");
+        assert!(cpu.1.ends_with("20.0 of 40.0 µs = 0.50×"), "{cpu:?}");
+    }
+
+    #[test]
+    fn the_cluster_target_needs_both_no_consumer_runs_through_the_leader() {
+        let mut cluster = cluster_sample();
+        let results = |cluster: &ClusterResults| Results {
+            cluster: Some(cluster.clone()),
+            ..Results::default()
+        };
+        assert!(results(&cluster).targets().is_empty());
+        cluster.drain_no_consumer = Some(Drain {
+            msgs_per_sec: 9_300.0,
+            ..Drain::default()
+        });
+        cluster.bare_broker_no_consumer = Some(BareBrokerLimit {
+            window: 1024,
+            messages: 200_000,
+            consumer: false,
+            confirmed_per_sec: 10_000.0,
+            received_per_sec: None,
+            cpu: None,
+        });
+        // An older run: the relay connected to any node, so the ratio measured placement.
+        assert!(results(&cluster).targets().is_empty());
+        cluster.no_consumer_node = Some(0);
+        let targets = results(&cluster).targets();
+        assert_eq!(
+            targets,
+            vec![(
+                true,
+                "3-node cluster, no consumer, both through the leader's node 0: drain ≥ 90 % of \
+                 the minimal publisher: 9,300 of 10,000 = 93 %"
+                    .to_string()
+            )]
+        );
+        assert!(results(&cluster)
+            .markdown()
+            .contains("- met: 3-node cluster, no consumer"));
     }
 
     fn cluster_sample() -> ClusterResults {

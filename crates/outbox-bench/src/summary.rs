@@ -72,6 +72,7 @@ impl Results {
                 self.cluster_table(&mut s, c);
                 s.push('\n');
                 setup_table::markdown(self, &mut s);
+                self.targets_list(&mut s);
                 return s;
             }
         }
@@ -304,13 +305,7 @@ impl Results {
             }
         }
 
-        let targets = self.targets();
-        if !targets.is_empty() {
-            let _ = writeln!(s, "\n### WAL targets\n");
-            for (met, text) in targets {
-                let _ = writeln!(s, "- {} {text}", if met { "met:" } else { "**missed:**" });
-            }
-        }
+        self.targets_list(&mut s);
         if let Some(c) = &self.cluster {
             s.push('\n');
             self.cluster_table(&mut s, c);
@@ -407,8 +402,25 @@ impl Results {
         );
     }
 
+    /// The "WAL targets" list (nothing when the run measured none).
+    fn targets_list(&self, s: &mut String) {
+        let targets = self.targets();
+        if !targets.is_empty() {
+            let _ = writeln!(s, "\n### WAL targets\n");
+            for (met, text) in targets {
+                let _ = writeln!(s, "- {} {text}", if met { "met:" } else { "**missed:**" });
+            }
+        }
+    }
+
     /// Each WAL target (the goals the benchmark checks) with whether this run met it.
     pub fn targets(&self) -> Vec<(bool, String)> {
+        let mut out = self.single_node_targets();
+        out.extend(self.cluster.as_ref().and_then(cluster_target));
+        out
+    }
+
+    fn single_node_targets(&self) -> Vec<(bool, String)> {
         let mut out = Vec::new();
         let Some(wal) = self.wal() else {
             return out;
@@ -503,6 +515,19 @@ impl Results {
                 ));
             }
         }
+        if let Some(c) = wal.drain.as_ref().and_then(|d| d.cpu.as_ref()) {
+            if let Some((r, (relay, rabbitmq))) =
+                c.relay_per_rabbitmq().zip(c.relay_us.zip(c.rabbitmq_us))
+            {
+                out.push((
+                    r <= 0.2,
+                    format!(
+                        "relay CPU per message ≤ 0.2 × RabbitMQ's in the drain (single-row \
+                         txns, window {w}): {relay:.1} of {rabbitmq:.1} µs = {r:.2}×"
+                    ),
+                ));
+            }
+        }
         if let Some(d) = &wal.drain {
             out.push((
                 d.peak_rss_mib <= 64.0,
@@ -514,6 +539,26 @@ impl Results {
         }
         out
     }
+}
+
+/// The cluster's drain with no consumer against the minimal publisher, when both went through
+/// the queue leader's node (runs before that placement compared different hops).
+fn cluster_target(c: &ClusterResults) -> Option<(bool, String)> {
+    let node = c.no_consumer_node?;
+    let drain = c.drain_no_consumer.as_ref()?;
+    let broker = c.bare_broker_no_consumer.as_ref()?;
+    let r = drain.msgs_per_sec / broker.confirmed_per_sec;
+    Some((
+        r >= 0.90,
+        format!(
+            "{}-node cluster, no consumer, both through the leader's node {node}: drain ≥ 90 % \
+             of the minimal publisher: {} of {} = {}",
+            c.nodes,
+            int(drain.msgs_per_sec),
+            int(broker.confirmed_per_sec),
+            ratio(r)
+        ),
+    ))
 }
 
 /// The A/B runs, then each binary's median drain rate and CPU per message.
