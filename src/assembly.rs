@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::config::{
     ColumnArgs, Connections, DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormat,
-    MessageFormatArgs, PublishLimits, RunShard, TableName,
+    MessageFormatArgs, NodeOrder, PublishLimits, RunShard, TableName,
 };
 use crate::contract::columns::{self, ColumnMap};
 use crate::contract::headers;
@@ -104,9 +104,14 @@ pub fn column_map(
     Ok(Arc::new(map))
 }
 
-/// The RabbitMQ nodes `--amqp-url` names, every URL checked, in a shuffled order.
+/// The RabbitMQ nodes `--amqp-url` names, every URL checked, in `--amqp-node-order`.
 pub fn broker_nodes(connections: &Connections) -> Result<Arc<BrokerNodes>, RelayError> {
-    BrokerNodes::parse(&connections.amqp_url()?).map(Arc::new)
+    let list = connections.amqp_url()?;
+    match connections.broker.amqp_node_order {
+        NodeOrder::Shuffled => BrokerNodes::parse(&list),
+        NodeOrder::Listed => BrokerNodes::parse_listed(&list),
+    }
+    .map(Arc::new)
 }
 
 /// The shard `run` streams; [`Shard::UNSHARDED`] for `--shards 1`.

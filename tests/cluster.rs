@@ -188,6 +188,50 @@ async fn c1_quorum_queue_20000_rows_from_writers_arrive_once_in_commit_order() {
     blocking(|| cluster.ensure_healthy());
 }
 
+/// `--amqp-node-order listed`: the relay connects to the first URL of the list, whichever node
+/// that is (a shuffled list would start at the named node in one start of three), and delivers
+/// through it. An operator lists the node leading the outbox's quorum queues first, since a
+/// publish through another node is forwarded to the leader (docs/high-availability.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c1b_listed_node_order_connects_to_the_first_url_each_time() {
+    const ROWS: usize = 2_000;
+    let (pg, cluster, _lock) = servers().await;
+    let (outbox, oracle) = quorum_outbox(pg, cluster, 2, "listed", &["setup"]).await;
+    let listed = |first: usize| {
+        (0..cluster.len())
+            .map(|offset| cluster.url((first + offset) % cluster.len()))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let order = ["--amqp-node-order", "listed"];
+    // Three starts, each listing another node first: a shuffle passes all three by chance
+    // once in 27.
+    for first in [1, 0] {
+        let (relay, port) = spawn_observed(&outbox, "run", &listed(first), &order);
+        let node = cluster.wait_node_in_use(&relay, port, None, MINUTE).await;
+        assert_eq!(node, first, "listed order; log:\n{}", relay.log());
+        relay.stop().await;
+    }
+    let (relay, port) = spawn_observed(&outbox, "run", &listed(2), &order);
+    let node = cluster.wait_node_in_use(&relay, port, None, MINUTE).await;
+    assert_eq!(node, 2, "listed order; log:\n{}", relay.log());
+    let mut consumer = Consumer::start_with(&cluster.url(2), &outbox.queue, false).await;
+    write_concurrently(&outbox.db_url, 2, ROWS, MAX_TXN_ROWS).await;
+    let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
+    assert_eq!(committed.len(), ROWS);
+    assert_eq!(tally.duplicates(), 0, "DUP: no fault, no duplicate");
+    let arrived: Vec<&str> = ids_of(consumer.received()).into_iter().collect();
+    assert!(arrived == committed, "arrival order is the commit order");
+    assert_eq!(relay.sessions(), 1, "no reconnect; log:\n{}", relay.log());
+    report_tally(
+        "c1b listed node order",
+        &committed,
+        &tally,
+        &[("node in use, listed first", node.to_string())],
+    );
+    blocking(|| cluster.ensure_healthy());
+}
+
 // ---------------------------------------------------------------------------------
 // 2. The relay's node dies
 

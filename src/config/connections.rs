@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use super::values::{parse_duration, parse_peer_timeout};
 use crate::advice::{self, Warning};
@@ -26,14 +26,30 @@ pub struct DatabaseConnection {
 #[derive(Debug, Clone, Args)]
 pub struct BrokerConnection {
     /// RabbitMQ URL, e.g. amqp://user:secret@broker:5672/%2f (amqps:// for TLS). A cluster:
-    /// its nodes' URLs separated by commas; the relay tries them in a shuffled order and
-    /// moves to the next node when its connection is lost.
+    /// its nodes' URLs separated by commas; the relay tries them in a shuffled order (see
+    /// --amqp-node-order) and moves to the next node when its connection is lost.
     #[arg(long, env = "AMQP_URL", hide_env_values = true)]
     pub amqp_url: Option<String>,
 
     /// File holding the RabbitMQ URL or URLs (instead of --amqp-url).
     #[arg(long, env = "AMQP_URL_FILE")]
     pub amqp_url_file: Option<String>,
+
+    /// The order the relay tries a cluster's nodes in: `shuffled` (once at start, so a fleet
+    /// of relays spreads over the nodes) or `listed` (the first URL first: the node that leads
+    /// the outbox's quorum queues, since a publish through another node is forwarded to it;
+    /// docs/high-availability.md).
+    #[arg(long, env = "AMQP_NODE_ORDER", value_enum, default_value_t = NodeOrder::Shuffled)]
+    pub amqp_node_order: NodeOrder,
+}
+
+/// `--amqp-node-order`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NodeOrder {
+    /// Shuffled once at start.
+    Shuffled,
+    /// As `--amqp-url` lists them.
+    Listed,
 }
 
 /// Where the database and the broker are.

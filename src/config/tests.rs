@@ -497,6 +497,26 @@ fn run_observability_and_cleanup_defaults() {
 }
 
 #[test]
+fn the_broker_nodes_are_shuffled_unless_listed_order_is_asked_for() {
+    let order = |extra: &[&str]| {
+        let mut argv = vec!["run", "--database-url", "postgres://x"];
+        argv.extend_from_slice(extra);
+        match parse(&argv).map(|cli| cli.command) {
+            Ok(Command::Run(run)) => Ok(run.connections.broker.amqp_node_order),
+            Ok(_) => panic!("expected run"),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    assert_eq!(order(&[]), Ok(NodeOrder::Shuffled));
+    assert_eq!(
+        order(&["--amqp-node-order", "listed"]),
+        Ok(NodeOrder::Listed)
+    );
+    let err = order(&["--amqp-node-order", "leader"]).unwrap_err();
+    assert!(err.contains("[possible values: shuffled, listed]"), "{err}");
+}
+
+#[test]
 fn metrics_addr_can_be_turned_off() {
     assert_eq!(parse_metrics_addr("off"), Ok(MetricsAddr(None)));
     assert_eq!(parse_metrics_addr(""), Ok(MetricsAddr(None)));

@@ -66,13 +66,23 @@ impl BrokerNodes {
     /// Parses `AMQP_URL` (one URL, or several separated by commas), checks every URL and
     /// shuffles the list, so that a fleet of relays spreads over the nodes.
     pub fn parse(list: &str) -> Result<Self, RelayError> {
-        let mut nodes = split_urls(list)
+        let mut nodes = Self::checked(list)?;
+        shuffle(&mut nodes, RandomState::new().build_hasher().finish());
+        Ok(Self::in_order(nodes))
+    }
+
+    /// [`Self::parse`] without the shuffle: the first URL is tried first, for an operator who
+    /// knows which node leads the queues (`--amqp-node-order listed`).
+    pub fn parse_listed(list: &str) -> Result<Self, RelayError> {
+        Ok(Self::in_order(Self::checked(list)?))
+    }
+
+    fn checked(list: &str) -> Result<Vec<BrokerNode>, RelayError> {
+        split_urls(list)
             .into_iter()
             .enumerate()
             .map(|(position, url)| check_url(url, position))
-            .collect::<Result<Vec<_>, _>>()?;
-        shuffle(&mut nodes, RandomState::new().build_hasher().finish());
-        Ok(Self::in_order(nodes))
+            .collect()
     }
 
     fn in_order(nodes: Vec<BrokerNode>) -> Self {
@@ -291,6 +301,21 @@ mod tests {
         let mut found = addresses(&nodes);
         found.sort();
         assert_eq!(found, ["h1:5672", "h2:5671", "h3:1"]);
+    }
+
+    #[test]
+    fn listed_order_keeps_the_list_and_tries_its_first_node_first() {
+        let list = "amqp://h1/%2f,amqp://h2/%2f,amqp://h3/%2f,amqp://h4/%2f,amqp://h5/%2f";
+        let nodes = BrokerNodes::parse_listed(list).unwrap();
+        assert_eq!(
+            addresses(&nodes),
+            ["h1:5672", "h2:5672", "h3:5672", "h4:5672", "h5:5672"]
+        );
+        assert_eq!(nodes.attempt_order(), [0, 1, 2, 3, 4]);
+        let err = BrokerNodes::parse_listed("amqp://h1/%2f,amqp://u:secret@h2:notaport/%2f")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("#2") && !err.contains("secret"), "{err}");
     }
 
     #[test]
