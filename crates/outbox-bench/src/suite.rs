@@ -1106,9 +1106,7 @@ impl Bench {
                 confirmed_per_sec: run.confirmed_per_sec,
                 received_per_sec: run.received_per_sec,
             });
-            let mut order = counts.clone();
-            order.rotate_left((round as usize - 1) % counts.len());
-            for shards in order {
+            for shards in rotated(&counts, round) {
                 let load = load_average();
                 let spec = DrainSpec::of(DrainSetup::Shards(shards), window, rows, true, true);
                 let drain = self.drain_spec(spec).await?;
@@ -1602,6 +1600,30 @@ impl Bench {
     /// the same cluster in the same placement. The cluster is started here and stopped after.
     async fn cluster(&mut self, results: &mut Results) -> Result<()> {
         let started = Instant::now();
+        let (mut c, startup_secs) = self
+            .on_cluster(async |b: &mut Bench, cluster: &'static RabbitCluster| {
+                b.cluster_runs(cluster).await
+            })
+            .await?;
+        c.startup_secs = startup_secs;
+        c.seconds = started.elapsed().as_secs_f64();
+        self.say(&format!(
+            "cluster: section took {:.0} s (cluster start {startup_secs:.0} s)",
+            c.seconds
+        ));
+        results.cluster = Some(c);
+        Ok(())
+    }
+
+    /// Starts a private 3-node RabbitMQ cluster, points the relay (every node's URL), the
+    /// consumers and the broker-alone publisher (node [`LEADER`], quorum queues) at it, runs
+    /// `run`, then points them back and stops the cluster, also when `run` failed. Returns
+    /// what `run` returned and how long the cluster took to start, in seconds.
+    async fn on_cluster<T>(
+        &mut self,
+        run: impl AsyncFnOnce(&mut Bench, &'static RabbitCluster) -> Result<T>,
+    ) -> Result<(T, f64)> {
+        let started = Instant::now();
         self.say("cluster: starting a private 3-node RabbitMQ cluster (pause_minority)");
         let cluster = tokio::task::spawn_blocking(RabbitCluster::shared)
             .await
@@ -1618,19 +1640,11 @@ impl Bench {
                 nodes: cluster.url_list(),
             },
         );
-        let measured = self.cluster_runs(cluster).await;
+        let measured = run(self, cluster).await;
         self.relay.amqp_url = relay_url;
         self.endpoints = endpoints;
         cluster.shutdown();
-        let mut c = measured?;
-        c.startup_secs = startup_secs;
-        c.seconds = started.elapsed().as_secs_f64();
-        self.say(&format!(
-            "cluster: section took {:.0} s (cluster start {startup_secs:.0} s)",
-            c.seconds
-        ));
-        results.cluster = Some(c);
-        Ok(())
+        Ok((measured?, startup_secs))
     }
 
     async fn cluster_runs(&mut self, cluster: &'static RabbitCluster) -> Result<ClusterResults> {
@@ -1863,6 +1877,17 @@ async fn collect(
     }
     let arrivals = consumer.close().await;
     Ok(Report::analyze(written, &arrivals))
+}
+
+/// `items` rotated left by one per round after the first, so that drift of the machine
+/// does not favour the setup that always runs first.
+fn rotated<T: Clone>(items: &[T], round: u32) -> Vec<T> {
+    let mut order = items.to_vec();
+    let len = order.len();
+    if len > 0 {
+        order.rotate_left(round.saturating_sub(1) as usize % len);
+    }
+    order
 }
 
 /// How an --emit variant is named in the results.
