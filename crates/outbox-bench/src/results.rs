@@ -332,6 +332,7 @@ mod tests {
                 rabbitmq_us: Some(40.0),
                 bench_us: None,
             }),
+            payload_bytes: None,
         };
         let latency = LatencyMs {
             samples: 100,
@@ -626,6 +627,7 @@ mod tests {
             peak_rss_mib: 20.0,
             pg_cpu_seconds: Some(pg),
             cpu: None,
+            payload_bytes: None,
         }
     }
 
