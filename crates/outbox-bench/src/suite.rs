@@ -38,6 +38,7 @@ use outbox_testkit::faults::relay_crash_duplicate_bound;
 use outbox_testkit::{procfs, RabbitCluster};
 
 mod compare_runs;
+mod cost_growth_runs;
 mod counting;
 mod setup_drains;
 use counting::{Distinct, DrainCounter};
@@ -145,6 +146,27 @@ pub struct BenchArgs {
     /// emitted events against one of rows; --ab-rounds times, the variants alternating.
     #[arg(long, conflicts_with_all = ["ab_with", "cluster_only"])]
     pub emit: bool,
+
+    /// Instead of the suite: how a drain's cost grows, --ab-rounds times (the order rotated
+    /// from round to round), each drain a backlog of --rows single-row transactions (rows of
+    /// 500 aggregates) with a consumer: on the single node the broker alone at
+    /// --max-in-flight and drains with each of --cost-growth-shards sharded relays, then one
+    /// relay with payloads of each of --cost-growth-payloads (beside the broker alone at that
+    /// body size); then, unless --no-cluster, the same shard counts through a private 3-node
+    /// cluster's quorum queue (started once; the relays given only the queue leader's URL).
+    /// Every drain with the CPU per message of the relays, every shard's walsender, PostgreSQL
+    /// (on this machine) and RabbitMQ.
+    #[arg(long, conflicts_with_all = ["ab_with", "cluster_only", "cluster", "shards_sweep", "emit", "compare"])]
+    pub cost_growth: bool,
+
+    /// The numbers of sharded relays of --cost-growth.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub cost_growth_shards: Vec<u32>,
+
+    /// The payload sizes of --cost-growth's one-relay drains, in bytes of JSON text (the
+    /// message body; the seed's padding is sized to reach it).
+    #[arg(long, value_delimiter = ',', default_value = "1024,16384")]
+    pub cost_growth_payloads: Vec<u32>,
 
     /// The numbers of concurrent writers of --emit.
     #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
@@ -481,6 +503,10 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
     }
     if bench.args.emit {
         bench.emit(&mut results).await?;
+        return Ok(results);
+    }
+    if bench.args.cost_growth {
+        bench.cost_growth(&mut results).await?;
         return Ok(results);
     }
     if !bench.args.compare.is_empty() {
