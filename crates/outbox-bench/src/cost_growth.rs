@@ -18,11 +18,11 @@ use crate::figures::{int, median, or_dash, ratio, us_per_msg, Drain};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CostPart {
-    /// One RabbitMQ node, N sharded relays, the ~200-byte order.
+    /// One RabbitMQ node, N sharded relays, the default order (~240 bytes of JSON).
     Shards,
     /// One RabbitMQ node, one relay, payloads of a given size.
     Payload,
-    /// The 3-node cluster (quorum queue), N sharded relays, the ~200-byte order.
+    /// The 3-node cluster (quorum queue), N sharded relays, the default order (~240 bytes of JSON).
     Cluster,
 }
 
@@ -88,7 +88,7 @@ pub struct CostRun {
     pub round: u32,
     /// Relays, one per shard.
     pub shards: u32,
-    /// The payload size asked for (bytes of JSON text); None: the ~200-byte order. The size
+    /// The payload size asked for (bytes of JSON text); None: the default order (~240 bytes of JSON). The size
     /// reached is `drain.payload_bytes`.
     pub payload_bytes: Option<u32>,
     /// /proc/loadavg when the drain started.
@@ -132,7 +132,7 @@ pub struct CostSummary {
     /// Every shard's walsender together.
     pub walsender_us_per_msg: Option<f64>,
     /// The walsender's median over its baseline's: the part's smallest shard count, or for a
-    /// payload the single node's one relay with the ~200-byte order.
+    /// payload the single node's one relay with the default order (~240 bytes of JSON).
     pub walsender_growth: Option<f64>,
     /// The postmaster and every backend, walsenders included.
     pub pg_us_per_msg: Option<f64>,
@@ -310,18 +310,18 @@ impl CostGrowth {
         let parts = [
             (
                 CostPart::Shards,
-                format!("#### Single node: {counts} sharded relays, ~200-byte payload"),
+                format!("#### Single node: {counts} sharded relays, default payload"),
                 format!("÷ {}", setup_name(CostPart::Shards, fewest, None)),
             ),
             (
                 CostPart::Payload,
                 "#### Single node: 1 relay, larger payloads".to_string(),
-                "÷ 1 shard, ~200 B".to_string(),
+                "÷ 1 shard, default payload".to_string(),
             ),
             (
                 CostPart::Cluster,
                 format!(
-                    "#### 3-node cluster, quorum queue: {counts} sharded relays, ~200-byte payload"
+                    "#### 3-node cluster, quorum queue: {counts} sharded relays, default payload"
                 ),
                 format!("÷ {}", setup_name(CostPart::Cluster, fewest, None)),
             ),
@@ -360,7 +360,14 @@ impl CostGrowth {
              body); a larger payload's padding is hex digits, which TOAST stores uncompressed \
              and out of line (one letter repeated would be compressed to a few hundred bytes, \
              and the WAL would not grow with the payload; a real JSON payload compresses \
-             partly, so its WAL and walsender figures lie between). — : not measured."
+             partly, so its WAL and walsender figures lie between). /proc counts CPU in 10 ms \
+             ticks: over {} messages a figure moves in steps of {:.2} µs. — : not measured.",
+            int(self.rows as f64),
+            if self.rows > 0 {
+                10_000.0 / self.rows as f64
+            } else {
+                0.0
+            }
         );
     }
 
@@ -462,7 +469,8 @@ impl CostGrowth {
                         "{}: {}{}",
                         m.setup,
                         or_dash(m.walsender_us_per_msg, |w| format!("{w:.1}")),
-                        or_dash(m.walsender_growth, |g| format!(" (×{g:.2})"))
+                        m.walsender_growth
+                            .map_or(String::new(), |g| format!(" (×{g:.2})"))
                     )
                 })
                 .collect();
@@ -601,7 +609,7 @@ pub(crate) mod tests {
         assert_eq!(four.walsender_us_per_msg, Some(40.0));
         assert_eq!(four.walsender_growth, Some(40.0 / 12.0));
         assert_eq!(four.pg_us_per_msg, Some(60.0));
-        // A payload's growth is against the single node's 1 shard, ~200 B.
+        // A payload's growth is against the single node's 1 shard, default payload.
         let payload = find(CostPart::Payload, 1);
         assert_eq!(payload.setup, "1 relay, 1,024 B payload");
         assert_eq!(payload.avg_payload_bytes, Some(1_030.0));
@@ -670,6 +678,26 @@ pub(crate) mod tests {
                 "single node: 1 shard: 12.0 (×1.00), 4 shards: 40.0 (×3.33); cluster: 1 shard: \
                  11.0 (×1.00), 4 shards: 44.0 (×4.00)."
             ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_walsender_below_one_tick_has_no_growth() {
+        let mut c = sample();
+        for r in c.runs.iter_mut().filter(|r| r.part == CostPart::Cluster) {
+            if let Some(split) = r.drain.cpu.as_mut().filter(|_| r.shards == 1) {
+                split.walsender_us = Some(0.0);
+            }
+        }
+        let mut text = String::new();
+        c.markdown(&mut text);
+        assert!(
+            text.contains("cluster: 1 shard: 0.0, 4 shards: 44.0."),
+            "{text}"
+        );
+        assert!(
+            text.contains("over 10,000 messages a figure moves in steps of 1.00 µs"),
             "{text}"
         );
     }

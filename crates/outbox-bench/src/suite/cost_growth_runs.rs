@@ -94,7 +94,7 @@ impl Bench {
     }
 
     /// The broker alone at the relays' window, with bodies of about `payload` bytes (None: the
-    /// ~200-byte order), on the single node.
+    /// default order, ~240 bytes), on the single node.
     async fn cost_broker(
         &mut self,
         c: &mut CostGrowth,
