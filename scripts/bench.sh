@@ -19,6 +19,14 @@
 #                                    only drains with 1, 2 and 4 sharded relays (~5 min)
 #   scripts/bench.sh --emit --rows 100000 --ab-rounds 3
 #                                    only writers and drains of rows vs outbox_emit (~5 min)
+#   scripts/bench.sh --cost-growth --rows 100000 --ab-rounds 3
+#                                    only how cost grows: drains with 1, 2, 4 sharded relays and
+#                                    one relay at ~1 KiB and ~16 KiB payloads on the single node
+#                                    (each beside the broker alone), then 1, 2, 4 shards on a
+#                                    3-node cluster (--no-cluster leaves it out); CPU per message
+#                                    of relays, walsenders, PostgreSQL, RabbitMQ (an estimated
+#                                    15-20 min: a 3,000-row, 1-round smoke run took 24 s, 13 s of
+#                                    it the cluster's start, scaled by rows and rounds)
 #   scripts/bench.sh --compare wal,poll:1,poll:5,poll:5x1000 --rows 100000 --ab-rounds 5
 #                                    only drains of setups of one relay: WAL, polling workers
 #                                    (poll:WORKERS[xBATCH][:delete]) beside the broker alone; ratios

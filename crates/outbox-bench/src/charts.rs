@@ -720,6 +720,16 @@ fn cpu_chart(r: &Results, run: &str) -> Option<Stacked> {
             .collect();
         medians(format!("WAL reader, {variant}: drain"), splits);
     }
+    if let Some(c) = &r.cost_growth {
+        for m in c.summarize() {
+            let splits = c
+                .runs_of(m.part, m.shards, m.payload_bytes)
+                .into_iter()
+                .filter_map(|run| run.drain.cpu.as_ref())
+                .collect();
+            medians(format!("{}, {}: drain", m.part.place(), m.setup), splits);
+        }
+    }
     if rows.is_empty() {
         return None;
     }

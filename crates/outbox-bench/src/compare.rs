@@ -542,6 +542,7 @@ mod tests {
             peak_rss_mib: 20.0,
             pg_cpu_seconds: Some(pg),
             cpu: None,
+            payload_bytes: None,
         }
     }
 

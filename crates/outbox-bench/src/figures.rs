@@ -68,6 +68,10 @@ pub struct Drain {
     /// µs of CPU per message of each process, where they could be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CpuSplit>,
+    /// The backlog's average payload, bytes of JSON text (the message body); only
+    /// `--cost-growth` measures it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_bytes: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -13,6 +13,7 @@
 //!   CPU each process spends per message ([`cpu`]), and the figures ([`results`]: JSON and
 //!   Markdown).
 //! - [`compare`]: `bench --compare`, setups of one relay binary drained in one run.
+//! - [`cost_growth`]: `bench --cost-growth`, the CPU per message by shards, payload and broker.
 //! - [`setups`]: the suite's drain of every setup, consumer attached and none.
 //! - [`charts`]: SVG charts of a run's figures, from the results or their JSON.
 //!
@@ -24,6 +25,7 @@
 
 pub mod charts;
 pub mod compare;
+pub mod cost_growth;
 pub mod cpu;
 pub mod cpu_table;
 pub mod demo;

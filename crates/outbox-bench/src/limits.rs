@@ -44,6 +44,8 @@ pub struct SyntheticRows {
     mapper: Mapper,
     event_type: String,
     created_at: Bytes,
+    /// The payload's `note` padding ([`ORDER_NOTE_LEN`]: a ~200-byte order).
+    note_len: u32,
 }
 
 mod type_oid {
@@ -79,12 +81,18 @@ impl SyntheticRows {
                 .map_err(anyhow::Error::msg)?,
             event_type: event_type.to_string(),
             created_at: Bytes::from_static(b"2026-01-01 00:00:00.123456+00"),
+            note_len: ORDER_NOTE_LEN,
         })
+    }
+
+    /// The same rows with `note_len` bytes of padding in each payload.
+    pub fn with_note_len(self, note_len: u32) -> SyntheticRows {
+        SyntheticRows { note_len, ..self }
     }
 
     /// Row `n` as the relay would publish it (the payload shaped like a seeded order).
     pub fn message(&self, n: u64) -> Result<Message> {
-        let (id, payload) = synthetic_order(n);
+        let (id, payload) = synthetic_order_padded(n, self.note_len);
         let tuple = Tuple(vec![
             TupleValue::Text(Bytes::from(id)),
             TupleValue::Text(Bytes::from(self.event_type.clone())),
@@ -102,11 +110,16 @@ impl SyntheticRows {
 /// The id and payload of synthetic row `n`, shared by [`SyntheticRows`] and the minimal
 /// publisher (`independent::bare_message`): a ~200-byte order shaped like a seeded one.
 pub fn synthetic_order(n: u64) -> (String, String) {
+    synthetic_order_padded(n, ORDER_NOTE_LEN)
+}
+
+/// [`synthetic_order`] with `note_len` bytes of padding: the body of a larger payload.
+pub fn synthetic_order_padded(n: u64, note_len: u32) -> (String, String) {
     let id = format!("00000000-0000-4000-8000-{n:012x}");
     let payload = format!(
         "{{\"note\": \"{}\", \"total_cents\": {}, \"order_id\": {n}, \"status\": \"created\", \
          \"currency\": \"EUR\", \"customer_id\": {}}}",
-        "x".repeat(ORDER_NOTE_LEN as usize),
+        "x".repeat(note_len as usize),
         (n * 7919) % 100_000,
         n % 9973
     );
@@ -159,7 +172,8 @@ impl Endpoints {
 
 /// Publishes `messages` synthetic messages through the relay's publisher with `window`
 /// unconfirmed at most; paced at `rate` per second if given, as fast as confirms allow if not.
-/// The consumer reads `queue`, bound to `exchange` with the messages' routing key.
+/// The consumer reads `queue`, bound to `exchange` with the messages' routing key. Each
+/// payload carries `note_len` bytes of padding ([`ORDER_NOTE_LEN`]: a ~200-byte order).
 pub async fn broker_alone(
     endpoints: &Endpoints,
     exchange: &str,
@@ -167,9 +181,10 @@ pub async fn broker_alone(
     window: usize,
     messages: u64,
     rate: Option<u32>,
+    note_len: u32,
 ) -> Result<BrokerRun> {
     let event_type = format!("bench.{queue}");
-    let rows = SyntheticRows::new(exchange, &event_type)?;
+    let rows = SyntheticRows::new(exchange, &event_type)?.with_note_len(note_len);
     let spec = QueueSpec {
         exchange: exchange.to_string(),
         queue: queue.to_string(),

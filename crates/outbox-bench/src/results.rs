@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::compare::CompareResults;
+use crate::cost_growth::CostGrowth;
 use crate::cpu::CpuSplit;
 pub use crate::figures::{
     drain_cell, drain_run_cells, int, load_average, median, ms, or_dash, ratio, us_per_msg, Drain,
@@ -45,6 +46,9 @@ pub struct Results {
     pub compare: Option<CompareResults>,
     /// The suite's drain of every setup, consumer attached and none.
     pub setups: Option<SetupDrains>,
+    /// `--cost-growth`: drains by shard count, payload size and broker (the suite is not run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_growth: Option<CostGrowth>,
 }
 
 /// One drain of `--shards-sweep`: `shards` relays, one per shard, into one queue; the drain's
@@ -332,6 +336,7 @@ mod tests {
                 rabbitmq_us: Some(40.0),
                 bench_us: None,
             }),
+            payload_bytes: None,
         };
         let latency = LatencyMs {
             samples: 100,
@@ -670,6 +675,7 @@ mod tests {
             peak_rss_mib: 20.0,
             pg_cpu_seconds: Some(pg),
             cpu: None,
+            payload_bytes: None,
         }
     }
 

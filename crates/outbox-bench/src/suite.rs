@@ -38,6 +38,7 @@ use outbox_testkit::faults::relay_crash_duplicate_bound;
 use outbox_testkit::{procfs, RabbitCluster};
 
 mod compare_runs;
+mod cost_growth_runs;
 mod counting;
 mod setup_drains;
 use counting::{Distinct, DrainCounter};
@@ -145,6 +146,27 @@ pub struct BenchArgs {
     /// emitted events against one of rows; --ab-rounds times, the variants alternating.
     #[arg(long, conflicts_with_all = ["ab_with", "cluster_only"])]
     pub emit: bool,
+
+    /// Instead of the suite: how a drain's cost grows, --ab-rounds times (the order rotated
+    /// from round to round), each drain a backlog of --rows single-row transactions (rows of
+    /// 500 aggregates) with a consumer: on the single node the broker alone at
+    /// --max-in-flight and drains with each of --cost-growth-shards sharded relays, then one
+    /// relay with payloads of each of --cost-growth-payloads (beside the broker alone at that
+    /// body size); then, unless --no-cluster, the same shard counts through a private 3-node
+    /// cluster's quorum queue (started once; the relays given only the queue leader's URL).
+    /// Every drain with the CPU per message of the relays, every shard's walsender, PostgreSQL
+    /// (on this machine) and RabbitMQ.
+    #[arg(long, conflicts_with_all = ["ab_with", "cluster_only", "cluster", "shards_sweep", "emit", "compare"])]
+    pub cost_growth: bool,
+
+    /// The numbers of sharded relays of --cost-growth.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub cost_growth_shards: Vec<u32>,
+
+    /// The payload sizes of --cost-growth's one-relay drains, in bytes of JSON text (the
+    /// message body; the seed's padding is sized to reach it).
+    #[arg(long, value_delimiter = ',', default_value = "1024,16384")]
+    pub cost_growth_payloads: Vec<u32>,
 
     /// The numbers of concurrent writers of --emit.
     #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
@@ -367,6 +389,10 @@ struct DrainSpec {
     consumer: bool,
     /// The table's column names, given right after `setup` made it.
     layout: Layout,
+    /// The payload's JSON text in bytes, about (None: the ~200-byte order).
+    payload_bytes: Option<u32>,
+    /// Read the seeded payloads' average size back from the table ([`Drain::payload_bytes`]).
+    measure_payload: bool,
 }
 
 impl DrainSpec {
@@ -397,6 +423,8 @@ impl DrainSpec {
             pg_cpu,
             consumer,
             layout,
+            payload_bytes: None,
+            measure_payload: false,
         }
     }
 }
@@ -475,6 +503,10 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
     }
     if bench.args.emit {
         bench.emit(&mut results).await?;
+        return Ok(results);
+    }
+    if bench.args.cost_growth {
+        bench.cost_growth(&mut results).await?;
         return Ok(results);
     }
     if !bench.args.compare.is_empty() {
@@ -819,15 +851,19 @@ impl Bench {
     /// transactions, much faster than a client round trip per row). Payloads are ~200-byte
     /// orders shaped like the writers' and the broker-alone messages.
     async fn seed(&self, o: &Objects, rows: u64, transaction_rows: u64) -> Result<()> {
-        self.seed_with(o, rows, transaction_rows, Seed::Rows).await
+        self.seed_with(o, rows, transaction_rows, Seed::Rows, None)
+            .await
     }
 
+    /// [`Bench::seed`] of `seed`'s rows, with payloads of about `payload_bytes` bytes of JSON
+    /// text (None: the ~200-byte order).
     async fn seed_with(
         &self,
         o: &Objects,
         rows: u64,
         transaction_rows: u64,
         seed: Seed,
+        payload_bytes: Option<u32>,
     ) -> Result<()> {
         let started = Instant::now();
         let client = db::connect(&self.args.servers.database_url).await?;
@@ -837,11 +873,23 @@ impl Bench {
         let [event_type_column, aggregate_type, aggregate_id] =
             ["event_type", "aggregate_type", "aggregate_id"].map(|c| quote_ident(o.column(c)));
         let event_type = quote_literal(&o.event_type);
-        let payload = format!(
-            "jsonb_build_object('order_id', i, 'customer_id', i % 9973, 'status', 'created', \
-               'currency', 'EUR', 'total_cents', (i::bigint * 7919) % 100000, \
-               'note', repeat('x', {ORDER_NOTE_LEN}))"
-        );
+        // `pad` is the DO block's variable, set once below.
+        let payload = "jsonb_build_object('order_id', i, 'customer_id', i % 9973, 'status', \
+                       'created', 'currency', 'EUR', 'total_cents', (i::bigint * 7919) % 100000, \
+                       'note', pad)";
+        let pad = match payload_bytes {
+            None => format!("repeat('x', {ORDER_NOTE_LEN})"),
+            // Hex digits, not one letter repeated: TOAST compresses 16 KiB of `x` to ~200
+            // bytes, so the WAL, and the walsender's work, would stay small; it stores hex
+            // digits uncompressed, out of line like a real payload of that size.
+            Some(bytes) => {
+                let note_len = self.note_len_for(payload, bytes, rows).await?;
+                format!(
+                    "(SELECT left(string_agg(md5(k::text), ''), {note_len}) \
+                     FROM generate_series(1, {note_len} / 32 + 1) AS k)"
+                )
+            }
+        };
         let write = match seed {
             Seed::Rows => format!(
                 "INSERT INTO {table} ({event_type_column}, payload) VALUES ({event_type}, \
@@ -863,7 +911,7 @@ impl Bench {
             ),
         };
         let sql = format!(
-            "DO $$ BEGIN FOR i IN 1..{rows} LOOP {write}; \
+            "DO $$ DECLARE pad text := {pad}; BEGIN FOR i IN 1..{rows} LOOP {write}; \
                IF i % {transaction_rows} = 0 THEN COMMIT; END IF; \
              END LOOP; END $$"
         );
@@ -882,6 +930,43 @@ impl Bench {
             started.elapsed().as_secs_f64()
         ));
         Ok(())
+    }
+
+    /// The note length that makes `payload`'s JSON text `bytes` long, from the server's own
+    /// rendering of the payload with an empty note in the backlog's middle row.
+    async fn note_len_for(&self, payload: &str, bytes: u32, rows: u64) -> Result<u32> {
+        let middle = (rows / 2).max(1);
+        let empty: i32 = self
+            .admin
+            .query_one(
+                &format!(
+                    "SELECT octet_length(({payload})::text) \
+                     FROM (SELECT {middle}::int AS i, ''::text AS pad) AS s"
+                ),
+                &[],
+            )
+            .await
+            .context("cannot render an empty payload")?
+            .try_get(0)?;
+        Ok(bytes.saturating_sub(u32::try_from(empty).unwrap_or(0)))
+    }
+
+    /// The average size of the table's payloads as JSON text (the message bodies); None for
+    /// a table with no row (emitted events).
+    async fn average_payload_bytes(&self, o: &Objects) -> Result<Option<f64>> {
+        let average: Option<f64> = self
+            .admin
+            .query_one(
+                &format!(
+                    "SELECT avg(octet_length(payload::text))::float8 FROM {}",
+                    quote_ident(&o.table)
+                ),
+                &[],
+            )
+            .await
+            .with_context(|| format!("cannot measure the payloads of {}", o.table))?
+            .try_get(0)?;
+        Ok(average)
     }
 
     /// Every id in the table: what the relay must deliver.
@@ -957,6 +1042,8 @@ impl Bench {
             pg_cpu: self.args.ab_with.is_some(),
             consumer: true,
             layout: Layout::Default,
+            payload_bytes: None,
+            measure_payload: false,
         })
         .await
     }
@@ -971,6 +1058,8 @@ impl Bench {
             pg_cpu,
             consumer,
             layout,
+            payload_bytes,
+            measure_payload,
         } = spec;
         let mut o = self
             .sharded_objects(matches!(setup, Setup::Wal { .. }), shards)
@@ -993,7 +1082,14 @@ impl Bench {
         }
         let mut counter =
             DrainCounter::start(&self.endpoints.consume, &self.queue_spec(&o), consumer).await?;
-        self.seed_with(&o, rows, transaction_rows, seed).await?;
+        self.seed_with(&o, rows, transaction_rows, seed, payload_bytes)
+            .await?;
+        // Read before PostgreSQL's CPU is: the scan is not the drain's.
+        let avg_payload_bytes = if measure_payload {
+            self.average_payload_bytes(&o).await?
+        } else {
+            None
+        };
         let postmaster = if pg_cpu {
             // The seeding session's backend must be gone (and reaped) before the first read.
             self.wait_backends_gone().await?;
@@ -1070,6 +1166,7 @@ impl Bench {
             peak_rss_mib: peak_rss_kib as f64 / 1024.0,
             pg_cpu_seconds,
             cpu: Some(cpu_split),
+            payload_bytes: avg_payload_bytes,
         };
         self.say(&format!(
             "  {:.0} msgs/s ({received} in {seconds:.2} s), cpu {cpu_seconds:.2} s{}, peak rss {:.1} MiB",
@@ -1106,9 +1203,7 @@ impl Bench {
                 confirmed_per_sec: run.confirmed_per_sec,
                 received_per_sec: run.received_per_sec,
             });
-            let mut order = counts.clone();
-            order.rotate_left((round as usize - 1) % counts.len());
-            for shards in order {
+            for shards in rotated(&counts, round) {
                 let load = load_average();
                 let spec = DrainSpec::of(DrainSetup::Shards(shards), window, rows, true, true);
                 let drain = self.drain_spec(spec).await?;
@@ -1576,12 +1671,24 @@ impl Bench {
         }
     }
 
-    /// The broker alone ([`limits::broker_alone`]) on a fresh queue.
+    /// The broker alone ([`limits::broker_alone`]) on a fresh queue, ~200-byte orders.
     async fn broker_alone(
         &mut self,
         window: u32,
         messages: u64,
         rate: Option<u32>,
+    ) -> Result<limits::BrokerRun> {
+        self.broker_alone_padded(window, messages, rate, ORDER_NOTE_LEN)
+            .await
+    }
+
+    /// [`Bench::broker_alone`] with `note_len` bytes of padding in each payload.
+    async fn broker_alone_padded(
+        &mut self,
+        window: u32,
+        messages: u64,
+        rate: Option<u32>,
+        note_len: u32,
     ) -> Result<limits::BrokerRun> {
         self.runs += 1;
         let queue = format!("bench_{}", self.runs);
@@ -1593,6 +1700,7 @@ impl Bench {
             window,
             messages,
             rate,
+            note_len,
         )
         .await
     }
@@ -1601,6 +1709,30 @@ impl Bench {
     /// a private 3-node RabbitMQ cluster with a quorum queue, each beside the broker alone on
     /// the same cluster in the same placement. The cluster is started here and stopped after.
     async fn cluster(&mut self, results: &mut Results) -> Result<()> {
+        let started = Instant::now();
+        let (mut c, startup_secs) = self
+            .on_cluster(async |b: &mut Bench, cluster: &'static RabbitCluster| {
+                b.cluster_runs(cluster).await
+            })
+            .await?;
+        c.startup_secs = startup_secs;
+        c.seconds = started.elapsed().as_secs_f64();
+        self.say(&format!(
+            "cluster: section took {:.0} s (cluster start {startup_secs:.0} s)",
+            c.seconds
+        ));
+        results.cluster = Some(c);
+        Ok(())
+    }
+
+    /// Starts a private 3-node RabbitMQ cluster, points the relay (every node's URL), the
+    /// consumers and the broker-alone publisher (node [`LEADER`], quorum queues) at it, runs
+    /// `run`, then points them back and stops the cluster, also when `run` failed. Returns
+    /// what `run` returned and how long the cluster took to start, in seconds.
+    async fn on_cluster<T>(
+        &mut self,
+        run: impl AsyncFnOnce(&mut Bench, &'static RabbitCluster) -> Result<T>,
+    ) -> Result<(T, f64)> {
         let started = Instant::now();
         self.say("cluster: starting a private 3-node RabbitMQ cluster (pause_minority)");
         let cluster = tokio::task::spawn_blocking(RabbitCluster::shared)
@@ -1618,19 +1750,11 @@ impl Bench {
                 nodes: cluster.url_list(),
             },
         );
-        let measured = self.cluster_runs(cluster).await;
+        let measured = run(self, cluster).await;
         self.relay.amqp_url = relay_url;
         self.endpoints = endpoints;
         cluster.shutdown();
-        let mut c = measured?;
-        c.startup_secs = startup_secs;
-        c.seconds = started.elapsed().as_secs_f64();
-        self.say(&format!(
-            "cluster: section took {:.0} s (cluster start {startup_secs:.0} s)",
-            c.seconds
-        ));
-        results.cluster = Some(c);
-        Ok(())
+        Ok((measured?, startup_secs))
     }
 
     async fn cluster_runs(&mut self, cluster: &'static RabbitCluster) -> Result<ClusterResults> {
@@ -1863,6 +1987,17 @@ async fn collect(
     }
     let arrivals = consumer.close().await;
     Ok(Report::analyze(written, &arrivals))
+}
+
+/// `items` rotated left by one per round after the first, so that drift of the machine
+/// does not favour the setup that always runs first.
+fn rotated<T: Clone>(items: &[T], round: u32) -> Vec<T> {
+    let mut order = items.to_vec();
+    let len = order.len();
+    if len > 0 {
+        order.rotate_left(round.saturating_sub(1) as usize % len);
+    }
+    order
 }
 
 /// How an --emit variant is named in the results.

@@ -59,6 +59,10 @@ impl Results {
             c.markdown(&mut s);
             return s;
         }
+        if let Some(c) = &self.cost_growth {
+            c.markdown(&mut s);
+            return s;
+        }
         if !self.shards.is_empty() {
             self.shards_table(&mut s);
             return s;

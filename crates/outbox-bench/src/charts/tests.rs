@@ -294,6 +294,24 @@ fn the_cpu_chart_names_every_process_and_run() {
 }
 
 #[test]
+fn the_cpu_chart_has_a_bar_per_cost_growth_setup() {
+    let results = Results {
+        cost_growth: Some(crate::cost_growth::tests::sample()),
+        ..Results::default()
+    };
+    let svg = svg_of(&render(&results).expect("renders"), "cpu.svg");
+    assert_names(
+        "cpu.svg",
+        &svg,
+        &[
+            "1 node, 4 shards: drain (median of 2 rounds)",
+            "1 node, 1 relay, 1,024 B payload: drain",
+            "3-node cluster, 1 shard: drain (1 round)",
+        ],
+    );
+}
+
+#[test]
 fn the_window_chart_names_every_series_axis_and_window() {
     let results = fixture();
     let svg = svg_of(&render(&results).expect("renders"), "window.svg");
@@ -393,6 +411,11 @@ fn every_committed_results_file_draws() {
             || results.cluster.iter().any(|c| c.drain.cpu.is_some())
             || results.emit_drains.iter().any(|e| e.drain.cpu.is_some())
             || results.shards.iter().any(|s| s.drain.cpu.is_some())
+            || results
+                .cost_growth
+                .iter()
+                .flat_map(|c| &c.runs)
+                .any(|r| r.drain.cpu.is_some())
             || results
                 .compare
                 .iter()

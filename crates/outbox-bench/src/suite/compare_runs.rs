@@ -3,7 +3,7 @@
 
 use anyhow::{anyhow, Result};
 
-use super::{panic_text, relay_setup, Bench, DrainSpec};
+use super::{panic_text, relay_setup, rotated, Bench, DrainSpec};
 use crate::compare::{
     check_distinct, CompareBroker, CompareLatency, CompareResults, CompareRun, CompareSetup,
 };
@@ -66,9 +66,7 @@ impl Bench {
                 received_per_sec: run.received_per_sec,
                 confirmed_per_sec: run.confirmed_per_sec,
             });
-            let mut order = setups.clone();
-            order.rotate_left((round as usize - 1) % setups.len());
-            for (setup, server) in order {
+            for (setup, server) in rotated(&setups, round) {
                 let load = load_average();
                 let label = name((setup, server));
                 self.say(&format!("compare round {round}: {label}"));
