@@ -27,15 +27,6 @@ pub enum CostPart {
 }
 
 impl CostPart {
-    /// The single-node part a broker alone at this body size belongs to.
-    pub fn of_broker(payload_bytes: Option<u32>) -> CostPart {
-        if payload_bytes.is_some() {
-            CostPart::Payload
-        } else {
-            CostPart::Shards
-        }
-    }
-
     /// Where the part's drains ran, as the CPU chart names them.
     pub fn place(self) -> &'static str {
         match self {
@@ -337,7 +328,8 @@ impl CostGrowth {
                     let _ = writeln!(
                         s,
                         "{} nodes (started in {:.0} s); every queue led by node {}, the relays \
-                         given only its URL, the consumer on it.\n",
+                         given only its URL, the consumer on it, the broker alone publishing \
+                         through it.\n",
                         c.nodes, c.startup_secs, c.leader_node
                     );
                 }
@@ -530,7 +522,11 @@ pub(crate) mod tests {
 
     fn broker(round: u32, payload: Option<u32>, body: u64, received: f64) -> CostBroker {
         CostBroker {
-            part: CostPart::of_broker(payload),
+            part: if payload.is_some() {
+                CostPart::Payload
+            } else {
+                CostPart::Shards
+            },
             round,
             payload_bytes: payload,
             body_bytes: body,
@@ -574,6 +570,10 @@ pub(crate) mod tests {
                 broker(1, Some(1024), 1_031, 8_000.0),
                 broker(2, None, 207, 12_000.0),
                 broker(2, Some(1024), 1_031, 6_000.0),
+                CostBroker {
+                    part: Cluster,
+                    ..broker(1, None, 207, 4_000.0)
+                },
             ],
             cluster: Some(CostCluster {
                 nodes: 3,
@@ -615,10 +615,10 @@ pub(crate) mod tests {
         assert_eq!(payload.avg_payload_bytes, Some(1_030.0));
         assert_eq!(payload.walsender_growth, Some(15.0 / 12.0));
         assert_eq!(payload.ratio_to_broker, Some(6_000.0 / 8_000.0));
-        // The cluster's against its own 1 shard; no broker alone there.
+        // The cluster's against its own 1 shard and its own broker alone.
         let cluster = find(CostPart::Cluster, 4);
         assert_eq!(cluster.walsender_growth, Some(4.0));
-        assert_eq!(cluster.ratio_to_broker, None);
+        assert_eq!(cluster.ratio_to_broker, Some(2_500.0 / 4_000.0));
     }
 
     #[test]

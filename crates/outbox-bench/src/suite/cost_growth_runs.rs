@@ -31,13 +31,15 @@ impl Bench {
             ..CostGrowth::default()
         };
         for round in 1..=c.rounds {
-            self.cost_broker(&mut c, round, None).await?;
+            self.cost_broker(&mut c, CostPart::Shards, round, None)
+                .await?;
             for shards in rotated(&c.shard_counts, round) {
                 self.cost_drain(&mut c, CostPart::Shards, round, shards, None)
                     .await?;
             }
             for payload in rotated(&c.payloads, round) {
-                self.cost_broker(&mut c, round, Some(payload)).await?;
+                self.cost_broker(&mut c, CostPart::Payload, round, Some(payload))
+                    .await?;
             }
             for payload in rotated(&c.payloads, round) {
                 self.cost_drain(&mut c, CostPart::Payload, round, 1, Some(payload))
@@ -79,12 +81,15 @@ impl Bench {
              its URL, consumer on it"
         ));
         self.relay.amqp_url = cluster.url(leader_node);
+        // The broker alone publishes through the leader too: the same hops as the relays.
+        self.endpoints.publish = cluster.url(leader_node);
         c.cluster = Some(CostCluster {
             nodes: cluster.len(),
             leader_node,
             startup_secs: 0.0,
         });
         for round in 1..=c.rounds {
+            self.cost_broker(c, CostPart::Cluster, round, None).await?;
             for shards in rotated(&c.shard_counts, round) {
                 self.cost_drain(c, CostPart::Cluster, round, shards, None)
                     .await?;
@@ -94,10 +99,11 @@ impl Bench {
     }
 
     /// The broker alone at the relays' window, with bodies of about `payload` bytes (None: the
-    /// default order, ~240 bytes), on the single node.
+    /// default order, ~240 bytes), on the broker of `part`.
     async fn cost_broker(
         &mut self,
         c: &mut CostGrowth,
+        part: CostPart,
         round: u32,
         payload: Option<u32>,
     ) -> Result<()> {
@@ -123,7 +129,7 @@ impl Bench {
         ));
         self.say(&cpu_split_line(&run.cpu));
         c.brokers.push(CostBroker {
-            part: CostPart::of_broker(payload),
+            part,
             round,
             payload_bytes: payload,
             body_bytes: u64::from(body_bytes),
