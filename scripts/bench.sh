@@ -24,9 +24,8 @@
 #                                    one relay at ~1 KiB and ~16 KiB payloads on the single node
 #                                    (each beside the broker alone), then 1, 2, 4 shards on a
 #                                    3-node cluster (--no-cluster leaves it out); CPU per message
-#                                    of relays, walsenders, PostgreSQL, RabbitMQ (an estimated
-#                                    15-20 min: a 3,000-row, 1-round smoke run took 24 s, 13 s of
-#                                    it the cluster's start, scaled by rows and rounds)
+#                                    of relays, walsenders, PostgreSQL, RabbitMQ (7 min on
+#                                    2 cores, 2026-12-04, the cluster's start included)
 #   scripts/bench.sh --compare wal,poll:1,poll:5,poll:5x1000 --rows 100000 --ab-rounds 5
 #                                    only drains of setups of one relay: WAL, polling workers
 #                                    (poll:WORKERS[xBATCH][:delete]) beside the broker alone; ratios
