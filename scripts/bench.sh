@@ -6,7 +6,8 @@
 #                                    leaves it out)
 #   scripts/bench.sh --quick         reduced scale, every scenario (a few minutes; no cluster
 #                                    section unless --cluster)
-#   scripts/bench.sh --cluster-only  only the 3-node cluster, quorum queue section (~4-6 min)
+#   scripts/bench.sh --cluster-only  only the 3-node cluster, quorum queue section (~4-6 min;
+#                                    --cluster-rounds 3: the consumer-less pair three times)
 #
 # Both full and --quick include the drain of every setup (chart 1): after scenario 1,
 # the backlog drained once with a consumer and once with none by the WAL reader, 1, 2 and 5

@@ -132,10 +132,31 @@ pub struct ClusterResults {
     /// publisher went through `broker_publisher_node`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub no_consumer_node: Option<usize>,
+    /// With `--cluster-rounds` above 1, every pair of the consumer-less runs, the first being
+    /// `drain_no_consumer` and `bare_broker_no_consumer`; empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub no_consumer_pairs: Vec<NoConsumerPair>,
     /// Starting the cluster (boot, join, check).
     pub startup_secs: f64,
     /// The whole section, the cluster's start included.
     pub seconds: f64,
+}
+
+/// One pair of the cluster's consumer-less runs, both through the queue leader's node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NoConsumerPair {
+    pub round: u32,
+    /// The relay's drain ran before the minimal publisher's.
+    pub relay_first: bool,
+    pub drain: Drain,
+    pub broker: BareBrokerLimit,
+}
+
+impl NoConsumerPair {
+    /// The drain's rate over the publisher's confirm rate.
+    pub fn ratio(&self) -> f64 {
+        self.drain.msgs_per_sec / self.broker.confirmed_per_sec
+    }
 }
 
 fn wal_setup() -> String {
@@ -564,6 +585,31 @@ mod tests {
         assert!(results(&cluster)
             .markdown()
             .contains("- met: 3-node cluster, no consumer"));
+        // With pairs, the median of their ratios: 0.93, 0.80 and 0.85.
+        let pair = |round: u32, drain: f64| NoConsumerPair {
+            round,
+            relay_first: round % 2 == 1,
+            drain: Drain {
+                msgs_per_sec: drain,
+                ..Drain::default()
+            },
+            broker: cluster.bare_broker_no_consumer.clone().expect("set above"),
+        };
+        cluster.no_consumer_pairs = vec![pair(1, 9_300.0), pair(2, 8_000.0), pair(3, 8_500.0)];
+        let targets = results(&cluster).targets();
+        assert_eq!(targets.len(), 1);
+        assert!(!targets[0].0, "{targets:?}");
+        assert!(
+            targets[0]
+                .1
+                .ends_with("median of 3 pairs (93 %, 80 %, 85 %): 85 %"),
+            "{targets:?}"
+        );
+        let text = results(&cluster).markdown();
+        assert!(
+            text.contains("1, relay first: 9,300 of 10,000 = 93 %; 2, publisher first: 8,000 of"),
+            "{text}"
+        );
     }
 
     fn cluster_sample() -> ClusterResults {

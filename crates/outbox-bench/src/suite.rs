@@ -25,8 +25,8 @@ use crate::relay::{Relay, RelayBinary};
 use crate::report::Report;
 use crate::results::{
     load_average, AbRun, BrokerLimit, ClusterResults, Crash, DecodeLimit, Drain, EmitDrainRun,
-    EmitWriterRun, LatencyMs, LatencyRun, LoadRun, Machine, ModeResults, NotifyResults, Results,
-    Scale, ShardRun, SweepRow, MODES,
+    EmitWriterRun, LatencyMs, LatencyRun, LoadRun, Machine, ModeResults, NoConsumerPair,
+    NotifyResults, Results, Scale, ShardRun, SweepRow, MODES,
 };
 use crate::setups::DrainSetup;
 use crate::writers::{self, WriterOptions, ORDER_NOTE_LEN};
@@ -190,6 +190,13 @@ pub struct BenchArgs {
     /// Only the cluster section (no single-node scenario).
     #[arg(long, conflicts_with = "ab_with")]
     pub cluster_only: bool,
+
+    /// Pairs of the cluster section's consumer-less runs (the WAL drain and the minimal
+    /// publisher, both through the queue leader's node), their order alternating from pair to
+    /// pair: the ratio moves between runs more than its target's margin, so the target takes
+    /// the median of the pairs' ratios. 1: one pair, as before.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub cluster_rounds: u32,
 
     /// Instead of the suite: drain a backlog of --rows single-row transactions with
     /// each of these setups of the relay binary, beside the broker alone at --max-in-flight,
@@ -1819,6 +1826,21 @@ impl Bench {
             *slot = Some(self.bare_broker(window, rows, consumer).await?);
         }
         let [bare_broker, bare_broker_no_consumer] = bare;
+        let mut no_consumer_pairs = Vec::new();
+        if let Some(broker) = &bare_broker_no_consumer {
+            if self.args.cluster_rounds > 1 {
+                no_consumer_pairs.push(NoConsumerPair {
+                    round: 1,
+                    relay_first: true,
+                    drain: drain_no_consumer.clone(),
+                    broker: broker.clone(),
+                });
+            }
+        }
+        for round in 2..=self.args.cluster_rounds {
+            let pair = self.no_consumer_pair(cluster, leader_node, round).await?;
+            no_consumer_pairs.push(pair);
+        }
 
         let latency = self.latency(setup).await?;
         let latency_relay_nodes = self.relay_node_indexes(cluster);
@@ -1860,9 +1882,58 @@ impl Bench {
             bare_broker,
             bare_broker_no_consumer,
             no_consumer_node: Some(leader_node),
+            no_consumer_pairs,
             startup_secs: 0.0,
             seconds: 0.0,
         })
+    }
+
+    /// One more pair of the consumer-less runs through `leader`: the minimal publisher first in
+    /// even rounds, the relay's drain first in odd ones (round 1 is the section's own pair,
+    /// relay first).
+    async fn no_consumer_pair(
+        &mut self,
+        cluster: &'static RabbitCluster,
+        leader: usize,
+        round: u32,
+    ) -> Result<NoConsumerPair> {
+        let relay_first = round % 2 == 1;
+        self.say(&format!(
+            "cluster: consumer-less pair {round}, through node {leader}, {} first",
+            if relay_first {
+                "the relay"
+            } else {
+                "the minimal publisher"
+            }
+        ));
+        self.endpoints.publish = cluster.url(leader);
+        let all_nodes = std::mem::replace(&mut self.relay.amqp_url, cluster.url(leader));
+        let runs = self.no_consumer_runs(relay_first).await;
+        self.relay.amqp_url = all_nodes;
+        let (drain, broker) = runs?;
+        let pair = NoConsumerPair {
+            round,
+            relay_first,
+            drain,
+            broker,
+        };
+        self.say(&format!("  ratio {:.2}", pair.ratio()));
+        Ok(pair)
+    }
+
+    /// The WAL drain with no consumer and the minimal publisher with none, in that order or the
+    /// other, on the endpoints and relay URL already set.
+    async fn no_consumer_runs(&mut self, relay_first: bool) -> Result<(Drain, BareBrokerLimit)> {
+        let window = self.scale.max_in_flight;
+        let rows = self.scale.drain_rows;
+        let relay = DrainSpec::of(DrainSetup::WAL, window, rows, false, false);
+        if relay_first {
+            let drain = self.drain_spec(relay).await?;
+            Ok((drain, self.bare_broker(window, rows, false).await?))
+        } else {
+            let broker = self.bare_broker(window, rows, false).await?;
+            Ok((self.drain_spec(relay).await?, broker))
+        }
     }
 
     /// The cluster's indexes of the nodes the newest relay connected to, in order.

@@ -404,6 +404,28 @@ impl Results {
             secs = c.seconds,
             start = c.startup_secs,
         );
+        if !c.no_consumer_pairs.is_empty() {
+            let pairs: Vec<String> = c
+                .no_consumer_pairs
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}, {} first: {} of {} = {}",
+                        p.round,
+                        if p.relay_first { "relay" } else { "publisher" },
+                        int(p.drain.msgs_per_sec),
+                        int(p.broker.confirmed_per_sec),
+                        ratio(p.ratio())
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                s,
+                "\nThe consumer-less drain against the minimal publisher with no consumer, both \
+                 through the leader, in pairs whose order alternates (msgs/s): {}.",
+                pairs.join("; ")
+            );
+        }
     }
 
     /// The "WAL targets" list (nothing when the run measured none).
@@ -549,15 +571,32 @@ impl Results {
 /// the queue leader's node (runs before that placement compared different hops).
 fn cluster_target(c: &ClusterResults) -> Option<(bool, String)> {
     let node = c.no_consumer_node?;
+    let target = format!(
+        "{}-node cluster, no consumer, both through the leader's node {node}: drain ≥ 90 % of \
+         the minimal publisher",
+        c.nodes
+    );
+    if !c.no_consumer_pairs.is_empty() {
+        let ratios: Vec<f64> = c.no_consumer_pairs.iter().map(|p| p.ratio()).collect();
+        let each: Vec<String> = ratios.iter().map(|r| ratio(*r)).collect();
+        let r = median(ratios);
+        return Some((
+            r >= 0.90,
+            format!(
+                "{target}, median of {} pairs ({}): {}",
+                each.len(),
+                each.join(", "),
+                ratio(r)
+            ),
+        ));
+    }
     let drain = c.drain_no_consumer.as_ref()?;
     let broker = c.bare_broker_no_consumer.as_ref()?;
     let r = drain.msgs_per_sec / broker.confirmed_per_sec;
     Some((
         r >= 0.90,
         format!(
-            "{}-node cluster, no consumer, both through the leader's node {node}: drain ≥ 90 % \
-             of the minimal publisher: {} of {} = {}",
-            c.nodes,
+            "{target}: {} of {} = {}",
             int(drain.msgs_per_sec),
             int(broker.confirmed_per_sec),
             ratio(r)
