@@ -154,11 +154,14 @@ impl Figures {
         }
     }
 
-    /// The relays' CPU over RabbitMQ's.
+    /// The relays' CPU over RabbitMQ's, as [`CpuSplit::relay_per_rabbitmq`] gives it.
     pub fn relay_per_rabbitmq(&self) -> Option<f64> {
-        self.relay
-            .zip(self.rabbitmq.filter(|r| *r > 0.0))
-            .map(|(relay, rabbitmq)| relay / rabbitmq)
+        CpuSplit {
+            relay_us: self.relay,
+            rabbitmq_us: self.rabbitmq,
+            ..CpuSplit::default()
+        }
+        .relay_per_rabbitmq()
     }
 }
 
