@@ -181,6 +181,12 @@ impl ArrivalConsumer {
                 let _ = channel
                     .queue_delete(name, QueueDeleteOptions::default())
                     .await;
+                // Closed before the connection: a channel dropped open is closed in the
+                // background, and that close racing the connection's made lapin log a
+                // connection error after every benchmark run with a consumer.
+                let _ = channel
+                    .close(200, short_lossy("outbox-arrivals done"))
+                    .await;
             }
         }
         let _ = self
