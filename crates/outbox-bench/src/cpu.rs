@@ -103,6 +103,51 @@ impl CpuProbe {
     }
 }
 
+/// A share of one core below which the broker counts as quiet: an idle node uses well under
+/// 1 % (0.2 % measured on the benchmark's machine); a node still deleting a full queue uses
+/// most of a core.
+pub const QUIET_SHARE: f64 = 0.10;
+
+/// How busy the broker was as a run was about to start, and how long it was waited for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settle {
+    pub waited: Duration,
+    /// The broker's CPU over the last sample, in cores; `None` if its processes were not read.
+    pub share: Option<f64>,
+}
+
+impl Settle {
+    pub fn quiet(&self) -> bool {
+        self.share.is_some_and(|s| s < QUIET_SHARE)
+    }
+}
+
+/// Waits, at most `limit`, until `pids` together use less than [`QUIET_SHARE`] of a core over
+/// half a second. A run that ends by deleting a queue of 200,000 messages (the minimal
+/// publisher without a consumer) leaves a quorum queue's nodes busy for seconds, and the
+/// next run measured on the same nodes paid for it (docs/records/2026-12-04-full-run.md).
+/// Processes that cannot be read are not waited for.
+pub async fn wait_quiet(pids: &[u32], limit: Duration) -> Settle {
+    const SAMPLE: Duration = Duration::from_millis(500);
+    let started = tokio::time::Instant::now();
+    loop {
+        let sample_start = tokio::time::Instant::now();
+        let before = cpu_of(pids);
+        tokio::time::sleep(SAMPLE).await;
+        let span = sample_start.elapsed().as_secs_f64();
+        let share = before
+            .zip(cpu_of(pids))
+            .map(|(b, a)| a.saturating_sub(b).as_secs_f64() / span);
+        let settle = Settle {
+            waited: started.elapsed(),
+            share,
+        };
+        if settle.share.is_none() || settle.quiet() || settle.waited >= limit {
+            return settle;
+        }
+    }
+}
+
 /// The CPU used so far by all of `pids`; `None` if there are none or one cannot be read.
 fn cpu_of(pids: &[u32]) -> Option<Duration> {
     if pids.is_empty() {
@@ -181,6 +226,30 @@ mod tests {
             ["amqp://a:1/%2f", "amqps://b:2/v?x=1,2", "amqp://c"]
         );
         assert!(split_amqp_urls("").is_empty());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_busy_process_is_waited_for_up_to_the_limit_and_an_unread_one_not() {
+        let me = [std::process::id()];
+        // Spins a core until told to stop: this process is then far over the quiet share.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spinner = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        let busy = wait_quiet(&me, Duration::from_secs(1)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        spinner.join().expect("the spinner ends");
+        assert!(!busy.quiet(), "{busy:?}");
+        assert!(busy.waited >= Duration::from_secs(1), "{busy:?}");
+        // Unread processes are not waited for.
+        let unread = wait_quiet(&[u32::MAX], Duration::from_secs(30)).await;
+        assert_eq!(unread.share, None);
+        assert!(unread.waited < Duration::from_secs(30), "{unread:?}");
     }
 
     #[test]

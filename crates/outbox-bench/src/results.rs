@@ -135,16 +135,25 @@ pub struct ClusterResults {
     /// With `--cluster-rounds` above 1, every pair of the consumer-less runs, the first being
     /// `drain_no_consumer` and `bare_broker_no_consumer`; empty otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub no_consumer_pairs: Vec<NoConsumerPair>,
+    pub no_consumer_pairs: Vec<PublisherPair>,
+    /// With `--cluster-follower-pairs`: the follower both sides of `follower_pairs` went
+    /// through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follower_node: Option<usize>,
+    /// The same consumer-less pairs through `follower_node`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub follower_pairs: Vec<PublisherPair>,
     /// Starting the cluster (boot, join, check).
     pub startup_secs: f64,
     /// The whole section, the cluster's start included.
     pub seconds: f64,
 }
 
-/// One pair of the cluster's consumer-less runs, both through the queue leader's node.
+/// One pair of runs in the same placement, adjacent: the relay's WAL drain and the minimal
+/// publisher, both with a consumer or both without (the cluster's consumer-less pairs go
+/// through the queue leader's node).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct NoConsumerPair {
+pub struct PublisherPair {
     pub round: u32,
     /// The relay's drain ran before the minimal publisher's.
     pub relay_first: bool,
@@ -152,10 +161,10 @@ pub struct NoConsumerPair {
     pub broker: BareBrokerLimit,
 }
 
-impl NoConsumerPair {
-    /// The drain's rate over the publisher's confirm rate.
+impl PublisherPair {
+    /// The drain's rate over the publisher's: arrivals with a consumer, confirms without.
     pub fn ratio(&self) -> f64 {
-        self.drain.msgs_per_sec / self.broker.confirmed_per_sec
+        self.drain.msgs_per_sec / self.broker.rate()
     }
 }
 
@@ -266,6 +275,10 @@ pub struct Limits {
     pub bare_broker_no_consumer: Option<BareBrokerLimit>,
     /// pg_recvlogical streaming a backlog of single-row transactions.
     pub walsender: Option<WalsenderLimit>,
+    /// `--single-node-pairs`: the WAL drain and the minimal publisher, consumer attached, in
+    /// adjacent pairs whose order alternates.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub consumer_pairs: Vec<PublisherPair>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -550,6 +563,48 @@ mod tests {
     }
 
     #[test]
+    fn consumer_pairs_put_the_median_on_the_independent_target() {
+        let mut results = sample();
+        let broker = |received: f64| BareBrokerLimit {
+            received_per_sec: Some(received),
+            ..results.limits.bare_broker.clone().expect("in the sample")
+        };
+        let pair = |round: u32, drain: f64, broker: BareBrokerLimit| PublisherPair {
+            round,
+            relay_first: round % 2 == 1,
+            drain: Drain {
+                msgs_per_sec: drain,
+                ..Drain::default()
+            },
+            broker,
+        };
+        // Each over the lower of its publisher and the walsender ceiling (21,000): 18,000 of
+        // 20,000, 19,000 of 21,000, 17,000 of 20,000.
+        results.limits.consumer_pairs = vec![
+            pair(1, 18_000.0, broker(20_000.0)),
+            pair(2, 19_000.0, broker(23_000.0)),
+            pair(3, 17_000.0, broker(20_000.0)),
+        ];
+        let targets = results.targets();
+        let independent: Vec<_> = targets
+            .iter()
+            .filter(|(_, t)| t.contains("lower independent limit"))
+            .collect();
+        assert_eq!(independent.len(), 1, "{targets:?}");
+        assert!(independent[0].0, "{independent:?}");
+        assert!(
+            independent[0]
+                .1
+                .ends_with("median of 3 adjacent pairs with a consumer (90 %, 90 %, 85 %): 90 %"),
+            "{independent:?}"
+        );
+        assert!(results.markdown().contains(
+            "in adjacent pairs whose order alternates (msgs/s): 1, relay first: 18,000 of \
+             20,000 = 90 %; 2, publisher first: 19,000 of 23,000 = 83 %;"
+        ));
+    }
+
+    #[test]
     fn the_cluster_target_needs_both_no_consumer_runs_through_the_leader() {
         let mut cluster = cluster_sample();
         let results = |cluster: &ClusterResults| Results {
@@ -586,7 +641,7 @@ mod tests {
             .markdown()
             .contains("- met: 3-node cluster, no consumer"));
         // With pairs, the median of their ratios: 0.93, 0.80 and 0.85.
-        let pair = |round: u32, drain: f64| NoConsumerPair {
+        let pair = |round: u32, drain: f64| PublisherPair {
             round,
             relay_first: round % 2 == 1,
             drain: Drain {
@@ -608,6 +663,19 @@ mod tests {
         let text = results(&cluster).markdown();
         assert!(
             text.contains("1, relay first: 9,300 of 10,000 = 93 %; 2, publisher first: 8,000 of"),
+            "{text}"
+        );
+        // Pairs through a follower are reported beside them, and are no target.
+        cluster.follower_node = Some(1);
+        cluster.follower_pairs = vec![pair(1, 7_000.0), pair(2, 6_000.0)];
+        assert_eq!(results(&cluster).targets(), targets);
+        let text = results(&cluster).markdown();
+        assert!(
+            text.contains(
+                "through the follower node 1, which forwards every publish to the leader \
+                 (msgs/s): 1, relay first: 7,000 of 10,000 = 70 %; 2, publisher first: 6,000 of \
+                 10,000 = 60 %; median 70 %."
+            ),
             "{text}"
         );
     }

@@ -25,8 +25,8 @@ use crate::relay::{Relay, RelayBinary};
 use crate::report::Report;
 use crate::results::{
     load_average, AbRun, BrokerLimit, ClusterResults, Crash, DecodeLimit, Drain, EmitDrainRun,
-    EmitWriterRun, LatencyMs, LatencyRun, LoadRun, Machine, ModeResults, NoConsumerPair,
-    NotifyResults, Results, Scale, ShardRun, SweepRow, MODES,
+    EmitWriterRun, LatencyMs, LatencyRun, LoadRun, Machine, ModeResults, NotifyResults,
+    PublisherPair, Results, Scale, ShardRun, SweepRow, MODES,
 };
 use crate::setups::DrainSetup;
 use crate::writers::{self, WriterOptions, ORDER_NOTE_LEN};
@@ -197,6 +197,26 @@ pub struct BenchArgs {
     /// the median of the pairs' ratios. 1: one pair, as before.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub cluster_rounds: u32,
+
+    /// After the independent limits, this many adjacent pairs of the WAL drain and the minimal
+    /// publisher, consumer attached, on the single node, their order alternating: the target
+    /// against the independent limit then takes the median of the pairs' ratios instead of
+    /// comparing two runs minutes apart. 0: none, as before 2026-12-05.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=20))]
+    pub single_node_pairs: u32,
+
+    /// After the cluster's consumer-less pairs through the leader, this many more through a
+    /// follower (the relay and the minimal publisher both given the same follower's URL),
+    /// reported beside them; no target (0.61-0.85 in single runs of 2026-12-02 to 12-04).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=20))]
+    pub cluster_follower_pairs: u32,
+
+    /// Before each measured run (a drain, the broker alone, the minimal publisher), wait up to
+    /// this many seconds for RabbitMQ to go quiet (under 10 % of a core over half a second),
+    /// so that no run pays for the one before it, e.g. the deletion of a full queue. 0: no
+    /// wait, as before 2026-12-05.
+    #[arg(long, default_value_t = 30)]
+    pub settle_secs: u64,
 
     /// Instead of the suite: drain a backlog of --rows single-row transactions with
     /// each of these setups of the relay binary, beside the broker alone at --max-in-flight,
@@ -1113,7 +1133,9 @@ impl Bench {
             Setup::Wal { .. } => self.postmaster_pid().await.ok(),
             Setup::Poll { .. } => None,
         };
-        let cpu_probe = CpuProbe::start(&self.rabbitmq_pids());
+        let rabbitmq = self.rabbitmq_pids();
+        self.settle(&rabbitmq).await;
+        let cpu_probe = CpuProbe::start(&rabbitmq);
         let started = Instant::now();
         let relays = (0..shards)
             .map(|k| self.start_shard(setup, &o, "drain", k))
@@ -1587,6 +1609,7 @@ impl Bench {
         messages: u64,
         consumer: bool,
     ) -> Result<BareBrokerLimit> {
+        self.settle(&self.rabbitmq_pids()).await;
         self.runs += 1;
         let queue = format!("bench_{}", self.runs);
         let run = independent::bare_broker_alone(&BareBroker {
@@ -1658,7 +1681,30 @@ impl Bench {
             run.rows_per_sec, run.seconds
         ));
         results.limits.walsender = Some(run);
-        Ok(())
+        self.consumer_pairs(results).await
+    }
+
+    /// Waits (at most --settle-secs) for the broker's nodes to go quiet before a measured run;
+    /// says so when that took a while or did not happen.
+    async fn settle(&self, rabbitmq: &[u32]) {
+        if self.args.settle_secs == 0 || rabbitmq.is_empty() {
+            return;
+        }
+        let limit = Duration::from_secs(self.args.settle_secs);
+        let settle = cpu::wait_quiet(rabbitmq, limit).await;
+        let waited = settle.waited.as_secs_f64();
+        match settle.share {
+            None => self.say("  RabbitMQ's CPU cannot be read: not waiting for it to go quiet"),
+            Some(share) if !settle.quiet() => self.say(&format!(
+                "  RabbitMQ still busy after {waited:.1} s ({:.0} % of a core): measuring anyway",
+                share * 100.0
+            )),
+            Some(share) if waited >= 1.0 => self.say(&format!(
+                "  RabbitMQ quiet after {waited:.1} s ({:.0} % of a core)",
+                share * 100.0
+            )),
+            Some(_) => {}
+        }
     }
 
     /// The RabbitMQ processes of every node of the broker (`Endpoints::nodes`), if they run on
@@ -1697,6 +1743,7 @@ impl Bench {
         rate: Option<u32>,
         note_len: u32,
     ) -> Result<limits::BrokerRun> {
+        self.settle(&self.rabbitmq_pids()).await;
         self.runs += 1;
         let queue = format!("bench_{}", self.runs);
         let window = window as usize;
@@ -1829,7 +1876,7 @@ impl Bench {
         let mut no_consumer_pairs = Vec::new();
         if let Some(broker) = &bare_broker_no_consumer {
             if self.args.cluster_rounds > 1 {
-                no_consumer_pairs.push(NoConsumerPair {
+                no_consumer_pairs.push(PublisherPair {
                     round: 1,
                     relay_first: true,
                     drain: drain_no_consumer.clone(),
@@ -1840,6 +1887,13 @@ impl Bench {
         for round in 2..=self.args.cluster_rounds {
             let pair = self.no_consumer_pair(cluster, leader_node, round).await?;
             no_consumer_pairs.push(pair);
+        }
+        // The same pairs through a follower, which forwards every publish to the leader.
+        let follower_node = (leader_node + 1) % cluster.len();
+        let mut follower_pairs = Vec::new();
+        for round in 1..=self.args.cluster_follower_pairs {
+            let pair = self.no_consumer_pair(cluster, follower_node, round).await?;
+            follower_pairs.push(pair);
         }
 
         let latency = self.latency(setup).await?;
@@ -1883,35 +1937,37 @@ impl Bench {
             bare_broker_no_consumer,
             no_consumer_node: Some(leader_node),
             no_consumer_pairs,
+            follower_node: (!follower_pairs.is_empty()).then_some(follower_node),
+            follower_pairs,
             startup_secs: 0.0,
             seconds: 0.0,
         })
     }
 
-    /// One more pair of the consumer-less runs through `leader`: the minimal publisher first in
-    /// even rounds, the relay's drain first in odd ones (round 1 is the section's own pair,
-    /// relay first).
+    /// One more pair of the consumer-less runs through `node`: the minimal publisher first in
+    /// even rounds, the relay's drain first in odd ones (through the leader, round 1 is the
+    /// section's own pair, relay first).
     async fn no_consumer_pair(
         &mut self,
         cluster: &'static RabbitCluster,
-        leader: usize,
+        node: usize,
         round: u32,
-    ) -> Result<NoConsumerPair> {
+    ) -> Result<PublisherPair> {
         let relay_first = round % 2 == 1;
         self.say(&format!(
-            "cluster: consumer-less pair {round}, through node {leader}, {} first",
+            "cluster: consumer-less pair {round}, through node {node}, {} first",
             if relay_first {
                 "the relay"
             } else {
                 "the minimal publisher"
             }
         ));
-        self.endpoints.publish = cluster.url(leader);
-        let all_nodes = std::mem::replace(&mut self.relay.amqp_url, cluster.url(leader));
-        let runs = self.no_consumer_runs(relay_first).await;
+        self.endpoints.publish = cluster.url(node);
+        let all_nodes = std::mem::replace(&mut self.relay.amqp_url, cluster.url(node));
+        let runs = self.publisher_pair_runs(relay_first, false).await;
         self.relay.amqp_url = all_nodes;
         let (drain, broker) = runs?;
-        let pair = NoConsumerPair {
+        let pair = PublisherPair {
             round,
             relay_first,
             drain,
@@ -1921,19 +1977,49 @@ impl Bench {
         Ok(pair)
     }
 
-    /// The WAL drain with no consumer and the minimal publisher with none, in that order or the
-    /// other, on the endpoints and relay URL already set.
-    async fn no_consumer_runs(&mut self, relay_first: bool) -> Result<(Drain, BareBrokerLimit)> {
+    /// The WAL drain and the minimal publisher, both with a consumer or both without, in that
+    /// order or the other, on the endpoints and relay URL already set.
+    async fn publisher_pair_runs(
+        &mut self,
+        relay_first: bool,
+        consumer: bool,
+    ) -> Result<(Drain, BareBrokerLimit)> {
         let window = self.scale.max_in_flight;
         let rows = self.scale.drain_rows;
-        let relay = DrainSpec::of(DrainSetup::WAL, window, rows, false, false);
+        let relay = DrainSpec::of(DrainSetup::WAL, window, rows, false, consumer);
         if relay_first {
             let drain = self.drain_spec(relay).await?;
-            Ok((drain, self.bare_broker(window, rows, false).await?))
+            Ok((drain, self.bare_broker(window, rows, consumer).await?))
         } else {
-            let broker = self.bare_broker(window, rows, false).await?;
+            let broker = self.bare_broker(window, rows, consumer).await?;
             Ok((self.drain_spec(relay).await?, broker))
         }
+    }
+
+    /// `--single-node-pairs`: the WAL drain and the minimal publisher, consumer attached, in
+    /// adjacent pairs, the relay first in odd pairs.
+    async fn consumer_pairs(&mut self, results: &mut Results) -> Result<()> {
+        for round in 1..=self.args.single_node_pairs {
+            let relay_first = round % 2 == 1;
+            self.say(&format!(
+                "single node: consumer-attached pair {round}, {} first",
+                if relay_first {
+                    "the relay"
+                } else {
+                    "the minimal publisher"
+                }
+            ));
+            let (drain, broker) = self.publisher_pair_runs(relay_first, true).await?;
+            let pair = PublisherPair {
+                round,
+                relay_first,
+                drain,
+                broker,
+            };
+            self.say(&format!("  ratio {:.2}", pair.ratio()));
+            results.limits.consumer_pairs.push(pair);
+        }
+        Ok(())
     }
 
     /// The cluster's indexes of the nodes the newest relay connected to, in order.

@@ -7,7 +7,9 @@ use std::fmt::Write as _;
 use crate::figures::{
     drain_cell, drain_run_cells, int, median, ms, or_dash, ratio, us_per_msg, Drain, LatencyMs,
 };
-use crate::results::{AbRun, ClusterResults, EmitWriterRun, ModeResults, Results, MODES};
+use crate::results::{
+    AbRun, ClusterResults, EmitWriterRun, ModeResults, PublisherPair, Results, MODES,
+};
 use crate::setup_table;
 
 impl Results {
@@ -184,6 +186,14 @@ impl Results {
             );
         }
         self.cpu_split_table(&mut s);
+        if !self.limits.consumer_pairs.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nThe WAL drain against the minimal publisher, consumer attached, in adjacent \
+                 pairs whose order alternates (msgs/s): {}.",
+                pairs_text(&self.limits.consumer_pairs)
+            );
+        }
 
         let _ = writeln!(s, "\n### Latency, commit→consumer\n");
         let _ = writeln!(
@@ -405,25 +415,21 @@ impl Results {
             start = c.startup_secs,
         );
         if !c.no_consumer_pairs.is_empty() {
-            let pairs: Vec<String> = c
-                .no_consumer_pairs
-                .iter()
-                .map(|p| {
-                    format!(
-                        "{}, {} first: {} of {} = {}",
-                        p.round,
-                        if p.relay_first { "relay" } else { "publisher" },
-                        int(p.drain.msgs_per_sec),
-                        int(p.broker.confirmed_per_sec),
-                        ratio(p.ratio())
-                    )
-                })
-                .collect();
             let _ = writeln!(
                 s,
                 "\nThe consumer-less drain against the minimal publisher with no consumer, both \
                  through the leader, in pairs whose order alternates (msgs/s): {}.",
-                pairs.join("; ")
+                pairs_text(&c.no_consumer_pairs)
+            );
+        }
+        if let Some(node) = c.follower_node {
+            let ratios = c.follower_pairs.iter().map(PublisherPair::ratio).collect();
+            let _ = writeln!(
+                s,
+                "\nThe same pairs through the follower node {node}, which forwards every publish \
+                 to the leader (msgs/s): {}; median {}.",
+                pairs_text(&c.follower_pairs),
+                ratio(median(ratios))
             );
         }
     }
@@ -476,7 +482,11 @@ impl Results {
                 ),
             ));
         }
-        if let (Some(d), Some((limit, name))) = (wal.drain.as_ref(), self.limits.independent()) {
+        if let Some(target) = self.consumer_pairs_target() {
+            out.push(target);
+        } else if let (Some(d), Some((limit, name))) =
+            (wal.drain.as_ref(), self.limits.independent())
+        {
             let r = d.msgs_per_sec / limit;
             out.push((
                 r >= 0.90,
@@ -569,6 +579,57 @@ impl Results {
 
 /// The cluster's drain with no consumer against the minimal publisher, when both went through
 /// the queue leader's node (runs before that placement compared different hops).
+impl Results {
+    /// With `--single-node-pairs`: the independent limits' target on the median of the pairs'
+    /// ratios, each pair's drain over the lower of its own minimal publisher and the walsender
+    /// ceiling.
+    fn consumer_pairs_target(&self) -> Option<(bool, String)> {
+        let pairs = &self.limits.consumer_pairs;
+        if pairs.is_empty() {
+            return None;
+        }
+        let walsender = self.limits.walsender.as_ref().map(|w| w.rows_per_sec);
+        let ratios: Vec<f64> = pairs
+            .iter()
+            .map(|p| {
+                let limit = walsender.map_or(p.broker.rate(), |w| w.min(p.broker.rate()));
+                p.drain.msgs_per_sec / limit
+            })
+            .collect();
+        let each: Vec<String> = ratios.iter().map(|r| ratio(*r)).collect();
+        let r = median(ratios);
+        Some((
+            r >= 0.90,
+            format!(
+                "drain ≥ 90 % of the lower independent limit, min(broker alone with the minimal \
+                 publisher, walsender ceiling), median of {} adjacent pairs with a consumer \
+                 ({}): {}",
+                each.len(),
+                each.join(", "),
+                ratio(r)
+            ),
+        ))
+    }
+}
+
+/// Each pair as "round, who first: drain of publisher = ratio".
+fn pairs_text(pairs: &[PublisherPair]) -> String {
+    let each: Vec<String> = pairs
+        .iter()
+        .map(|p| {
+            format!(
+                "{}, {} first: {} of {} = {}",
+                p.round,
+                if p.relay_first { "relay" } else { "publisher" },
+                int(p.drain.msgs_per_sec),
+                int(p.broker.rate()),
+                ratio(p.ratio())
+            )
+        })
+        .collect();
+    each.join("; ")
+}
+
 fn cluster_target(c: &ClusterResults) -> Option<(bool, String)> {
     let node = c.no_consumer_node?;
     let target = format!(
