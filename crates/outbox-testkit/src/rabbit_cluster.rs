@@ -3,9 +3,10 @@
 //! new leader, a minority pauses).
 //!
 //! Each node is a [`rabbit`](super::rabbit) node of its own (name, AMQP and distribution
-//! ports, data dir) with `cluster_partition_handling = pause_minority`. The nodes share the
-//! `rabbitmq` user's cookie (the Debian wrappers run them as that user), so nodes 1 and 2 join
-//! node 0 with `rabbitmqctl stop_app; join_cluster; start_app`. Seen in RabbitMQ 3.10:
+//! ports, data dir) with `cluster_partition_handling = pause_minority` and a 64 MiB Raft WAL
+//! (see `start_once`). The nodes share the `rabbitmq` user's cookie (the Debian wrappers run
+//! them as that user), so nodes 1 and 2 join node 0 with `rabbitmqctl stop_app;
+//! join_cluster; start_app`. Seen in RabbitMQ 3.10:
 //!
 //! - the three boots and the two joins each run in parallel: 20-35 s in all on 2 busy cores;
 //!   a join that fails (rarely, under load) costs a second cluster from scratch;
@@ -117,7 +118,15 @@ impl RabbitCluster {
         hosts: Option<&[Host]>,
         extra_conf: &[&str],
     ) -> Result<RabbitCluster, String> {
-        let mut conf = vec!["cluster_partition_handling = pause_minority"];
+        let mut conf = vec![
+            "cluster_partition_handling = pause_minority",
+            // Quorum queues write every message to each node's Raft WAL; when a WAL file fills
+            // up, a segment writer moves what it holds into the queues' segment files. At the
+            // default 512 MiB that happened once every ~5 benchmark runs of 200,000 messages,
+            // and the run it landed in drained up to 40 % slower. At 64 MiB every run pays its
+            // share (docs/records/2026-12-05-pairs.md).
+            "raft.wal_max_size_bytes = 67108864",
+        ];
         conf.extend_from_slice(extra_conf);
         let conf = conf.as_slice();
         let started = Instant::now();
