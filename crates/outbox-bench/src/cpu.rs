@@ -122,14 +122,17 @@ impl Settle {
     }
 }
 
-/// Waits, at most `limit`, until `pids` together use less than [`QUIET_SHARE`] of a core over
-/// half a second. A run that ends by deleting a queue of 200,000 messages (the minimal
-/// publisher without a consumer) leaves a quorum queue's nodes busy for seconds, and the
-/// next run measured on the same nodes paid for it (docs/records/2026-12-04-full-run.md).
-/// Processes that cannot be read are not waited for.
+/// Waits, at most `limit`, until `pids` together have used less than [`QUIET_SHARE`] of a
+/// core in each half second of the last two. A run that ends by deleting a queue of 200,000
+/// messages (the minimal publisher without a consumer) could leave a quorum queue's nodes
+/// busy into the next run, which then paid for it (docs/records/2026-12-05-pairs.md); one
+/// quiet half second right after a run proved too short a look. Processes that cannot be read
+/// are not waited for.
 pub async fn wait_quiet(pids: &[u32], limit: Duration) -> Settle {
     const SAMPLE: Duration = Duration::from_millis(500);
+    const QUIET_SAMPLES: u32 = 4;
     let started = tokio::time::Instant::now();
+    let mut quiet_samples = 0;
     loop {
         let sample_start = tokio::time::Instant::now();
         let before = cpu_of(pids);
@@ -142,7 +145,8 @@ pub async fn wait_quiet(pids: &[u32], limit: Duration) -> Settle {
             waited: started.elapsed(),
             share,
         };
-        if settle.share.is_none() || settle.quiet() || settle.waited >= limit {
+        quiet_samples = if settle.quiet() { quiet_samples + 1 } else { 0 };
+        if settle.share.is_none() || quiet_samples == QUIET_SAMPLES || settle.waited >= limit {
             return settle;
         }
     }
