@@ -15,6 +15,7 @@
 //! - [`compare`]: `bench --compare`, setups of one relay binary drained in one run.
 //! - [`cost_growth`]: `bench --cost-growth`, the CPU per message by shards, payload and broker.
 //! - [`setups`]: the suite's drain of every setup, consumer attached and none.
+//! - [`pinning`]: `bench --pin-broker`, RabbitMQ on a CPU of its own.
 //! - [`charts`]: SVG charts of a run's figures, from the results or their JSON.
 //!
 //! A tool, not the daemon: errors are `anyhow`, with context saying what failed. It reaches
@@ -32,6 +33,7 @@ pub mod demo;
 pub mod figures;
 pub mod independent;
 pub mod limits;
+pub mod pinning;
 pub mod relay;
 pub mod report;
 pub mod results;

@@ -197,6 +197,9 @@ pub struct Machine {
     pub started_at: String,
     /// /proc/loadavg when the run started.
     pub load_average: String,
+    /// With `--pin-broker`: which CPUs RabbitMQ and everything else ran on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinning: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

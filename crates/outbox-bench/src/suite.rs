@@ -21,6 +21,7 @@ use crate::compare::{CompareSetup, Layout};
 use crate::cpu::{self, CpuProbe};
 use crate::independent::{self, BareBroker, BareBrokerLimit};
 use crate::limits::{self, Endpoints};
+use crate::pinning::{self, Pinning};
 use crate::relay::{Relay, RelayBinary};
 use crate::report::Report;
 use crate::results::{
@@ -211,10 +212,17 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=20))]
     pub cluster_follower_pairs: u32,
 
+    /// RabbitMQ's node on the last CPU, PostgreSQL, the relays and this process (the consumer
+    /// and the minimal publisher) on the others, as when the broker has hosts of its own: on
+    /// a shared CPU a drain's rate follows the CPU all processes spend per message. Needs the
+    /// servers on this machine and 2 CPUs or more; leaves the cluster section out.
+    #[arg(long, conflicts_with_all = ["cluster", "cluster_only", "cost_growth"])]
+    pub pin_broker: bool,
+
     /// Before each measured run (a drain, the broker alone, the minimal publisher), wait up to
-    /// this many seconds for RabbitMQ to go quiet (under 10 % of a core over half a second),
-    /// so that no run pays for the one before it, e.g. the deletion of a full queue. 0: no
-    /// wait, as before 2026-12-05.
+    /// this many seconds for RabbitMQ to go quiet (under 10 % of a core in each half second of
+    /// the last two), so that no run pays for the one before it, e.g. the deletion of a full
+    /// queue. 0: no wait, as before 2026-12-05.
     #[arg(long, default_value_t = 30)]
     pub settle_secs: u64,
 
@@ -516,6 +524,11 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
         scale: bench.scale.clone(),
         ..Results::default()
     };
+    if bench.args.pin_broker {
+        let pinning = Pinning::of(results.machine.cores)?;
+        bench.pin_broker(&pinning).await?;
+        results.machine.pinning = Some(pinning.describe());
+    }
     if let Some(other) = bench.args.ab_with.clone() {
         results.ab = bench.drain_ab(other).await?;
         return Ok(results);
@@ -569,7 +582,7 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
     });
     bench.sweep(&mut results).await?;
     // A few minutes at full scale (docs/benchmarks.md), so a full run includes it.
-    if bench.args.cluster || !(bench.args.quick || bench.args.no_cluster) {
+    if bench.args.cluster || !(bench.args.quick || bench.args.no_cluster || bench.args.pin_broker) {
         bench.cluster(&mut results).await?;
     }
     Ok(results)
@@ -630,6 +643,7 @@ impl Bench {
             relay_commit: self.args.relay_commit.clone(),
             started_at: self.args.started_at.clone(),
             load_average: load_average(),
+            pinning: None,
         })
     }
 
@@ -1684,6 +1698,24 @@ impl Bench {
         self.consumer_pairs(results).await
     }
 
+    /// `--pin-broker`: the RabbitMQ node on its CPU, the postmaster with its processes and this
+    /// process on the others.
+    async fn pin_broker(&self, pinning: &Pinning) -> Result<()> {
+        let rabbitmq = self.rabbitmq_pids();
+        if rabbitmq.is_empty() {
+            anyhow::bail!(
+                "--pin-broker: no RabbitMQ process of this machine listens on the broker's ports"
+            );
+        }
+        for pid in rabbitmq {
+            pinning::pin_with_children(pid, &pinning.broker)?;
+        }
+        pinning::pin_with_children(self.postmaster_pid().await?, &pinning.others)?;
+        pinning::pin_with_children(std::process::id(), &pinning.others)?;
+        self.say(&pinning.describe());
+        Ok(())
+    }
+
     /// Waits (at most --settle-secs) for the broker's nodes to go quiet before a measured run;
     /// says so when that took a while or did not happen.
     async fn settle(&self, rabbitmq: &[u32]) {
@@ -1699,7 +1731,7 @@ impl Bench {
                 "  RabbitMQ still busy after {waited:.1} s ({:.0} % of a core): measuring anyway",
                 share * 100.0
             )),
-            Some(share) if waited >= 1.0 => self.say(&format!(
+            Some(share) if waited >= 3.0 => self.say(&format!(
                 "  RabbitMQ quiet after {waited:.1} s ({:.0} % of a core)",
                 share * 100.0
             )),

@@ -53,6 +53,9 @@ impl Results {
         if !m.load_average.is_empty() {
             let _ = writeln!(s, "Load average at the start: {}.\n", m.load_average);
         }
+        if let Some(pinning) = &m.pinning {
+            let _ = writeln!(s, "CPUs: {pinning}.\n");
+        }
         if !self.ab.is_empty() {
             ab_table(&mut s, &self.ab);
             return s;

@@ -89,6 +89,16 @@ pub fn process_and_children_cpu(pid: u32) -> Result<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .with_context(|| format!("cannot read /proc/{pid}/stat"))?;
     let mut total = cpu_time(&stat)? + reaped_children_cpu_time(&stat)?;
+    for (_, stat) in children(pid)? {
+        total += cpu_time(&stat)?;
+    }
+    Ok(total)
+}
+
+/// The live direct children of `pid`, each with its `/proc/<child>/stat` line; a process that
+/// ends mid-scan is skipped.
+pub fn children(pid: u32) -> Result<Vec<(u32, String)>> {
+    let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").context("cannot list /proc")? {
         let Some(child) = entry?
             .file_name()
@@ -101,10 +111,10 @@ pub fn process_and_children_cpu(pid: u32) -> Result<Duration> {
             continue;
         };
         if parent_pid(&stat)? == pid {
-            total += cpu_time(&stat)?;
+            found.push((child, stat));
         }
     }
-    Ok(total)
+    Ok(found)
 }
 
 /// The processes holding a socket that listens on TCP `port` (any local address, IPv4 or
