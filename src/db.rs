@@ -126,7 +126,7 @@ pub fn replication_config(
     let peer_timeout = crate::liveness::policy().peer_timeout;
     let options = format!(
         "{PINNED_SESSION_SETTINGS} {}",
-        peer_timeout.server_settings()
+        peer_timeout.replication_server_settings()
     );
     Ok(
         ReplicationConfig::new(host, user, password, database, slot, publication)
@@ -165,7 +165,10 @@ mod tests {
         assert_eq!(c.publication.names(), ["\"outbox_pub\""]);
         let options = c.options.as_deref().unwrap_or_default();
         assert!(options.starts_with(PINNED_SESSION_SETTINGS), "{options}");
-        assert!(options.contains("-c tcp_user_timeout="), "{options}");
+        assert!(options.contains("-c tcp_keepalives_idle="), "{options}");
+        // A relay holding back for the broker stops reading: no user timeout on the server's
+        // end, or a zero window would end the session (crates/outbox-common/src/liveness.rs).
+        assert!(options.contains("-c tcp_user_timeout=0"), "{options}");
         assert!(!options.contains("statement_timeout"), "{options}");
         assert!(c.tcp_keepalive.is_some());
     }

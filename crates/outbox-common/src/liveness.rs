@@ -16,8 +16,11 @@
 //!  PostgreSQL's end of each session (startup options)  the same, as tcp_keepalives_idle,
 //!                                                       _interval, _count and tcp_user_timeout:
 //!                                                       the server ends a vanished relay's
-//!                                                       sessions (its locks, its walsender and
-//!                                                       so the slot) in about T, not 2 hours
+//!                                                       sessions (its locks) in about T, not
+//!                                                       2 hours
+//!  PostgreSQL's end of the replication session         the keepalives, tcp_user_timeout=0:
+//!                                                       the walsender of a vanished relay
+//!                                                       ends after wal_sender_timeout (below)
 //!  AMQP heartbeat (unless the URL sets heartbeat=)     T for a publisher (lapin gives the
 //!                                                       connection up after 2 T of silence);
 //!                                                       T/2 for a consumer, which RabbitMQ
@@ -25,11 +28,21 @@
 //!                                                       handing its deliveries to another
 //! ```
 //!
-//! What T does not cut short: a peer that is alive but slow. TCP acknowledges at the
-//! kernel, whatever the process is doing, so a server busy for minutes on a statement, or a
-//! broker that stopped reading under an alarm (a zero window whose probes it still answers,
-//! Linux 5.11 and later), keeps its connection. Those waits have their own bounds (the
-//! statement timeout, the confirm timeout).
+//! What T does not cut short: a peer that is alive but slow to answer. TCP acknowledges at
+//! the kernel, whatever the process is doing, so a server busy for minutes on a statement
+//! keeps its connection; that wait has its own bound (the statement timeout).
+//!
+//! What T does cut short: a peer that stops *reading* while data waits to go to it. Since
+//! Linux 5.11 a zero window that lasts the user timeout ends the connection, answered probes
+//! or not (checked on 6.18, 2026-12-05: ETIMEDOUT 2 s into a zero window under a 2 s
+//! timeout). The relay stops reading its replication stream while a stalled broker holds its
+//! window full, and the walsender always has WAL to send on a busy database: with a user
+//! timeout on PostgreSQL's end, a broker stall longer than T cost a reconnect and a window
+//! of re-publishes. So that end has none, and `wal_sender_timeout` (PostgreSQL's, 60 s by
+//! default) ends a vanished relay's walsender; the relay's standby status updates go on
+//! while it holds back, so a live relay never reaches it. The same holds the other way for
+//! a broker that stops reading the relay's publishes for longer than T (credit flow, an
+//! alarm): not addressed yet.
 //!
 //! The policy is the process's: each binary sets it once from its flags ([`configure`])
 //! before it connects anywhere, and every connection reads it where it is opened (the
@@ -118,12 +131,28 @@ impl PeerTimeout {
     /// The same for PostgreSQL's end of a session, as startup options (`-c name=value`).
     pub fn server_settings(self) -> String {
         format!(
-            "-c tcp_keepalives_idle={} -c tcp_keepalives_interval={} -c tcp_keepalives_count={} \
-             -c tcp_user_timeout={}",
+            "{} -c tcp_user_timeout={}",
+            self.server_keepalives(),
+            self.0.as_millis()
+        )
+    }
+
+    /// PostgreSQL's end of a replication session: the keepalives, and no user timeout. The
+    /// walsender sends WAL as fast as the relay reads it; a relay holding back for a stalled
+    /// broker stops reading, and Linux ends a connection whose zero window lasts the user
+    /// timeout (5.11 and later; answered probes do not keep it). PostgreSQL's own
+    /// `wal_sender_timeout` ends a vanished relay's walsender instead: the relay's replies go
+    /// on while it holds back (docs/network-failures.md, "Dead peers").
+    pub fn replication_server_settings(self) -> String {
+        format!("{} -c tcp_user_timeout=0", self.server_keepalives())
+    }
+
+    fn server_keepalives(self) -> String {
+        format!(
+            "-c tcp_keepalives_idle={} -c tcp_keepalives_interval={} -c tcp_keepalives_count={}",
             self.keepalive_idle().as_secs(),
             self.keepalive_interval().as_secs(),
             KEEPALIVE_PROBES,
-            self.0.as_millis()
         )
     }
 
@@ -232,6 +261,11 @@ mod tests {
             policy.session_settings(),
             "-c tcp_keepalives_idle=2 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=3 \
              -c tcp_user_timeout=5000 -c statement_timeout=60000"
+        );
+        assert_eq!(
+            policy.peer_timeout.replication_server_settings(),
+            "-c tcp_keepalives_idle=2 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=3 \
+             -c tcp_user_timeout=0"
         );
         assert_eq!(policy.peer_timeout.amqp_heartbeat(), 5);
         assert_eq!(policy.peer_timeout.amqp_consumer_heartbeat(), 3);
