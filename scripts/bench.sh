@@ -8,6 +8,10 @@
 #                                    section unless --cluster)
 #   scripts/bench.sh --cluster-only  only the 3-node cluster, quorum queue section (~4-6 min;
 #                                    --cluster-rounds 3: the consumer-less pair three times)
+#   scripts/bench.sh --pin-broker --no-cluster --single-node-pairs 3
+#                                    the single-node suite with RabbitMQ on a CPU of its own
+#                                    (as on production hosts), three adjacent pairs of the WAL
+#                                    drain and the minimal publisher (19 min, 2026-12-05)
 #
 # Both full and --quick include the drain of every setup (chart 1): after scenario 1,
 # the backlog drained once with a consumer and once with none by the WAL reader, 1, 2 and 5

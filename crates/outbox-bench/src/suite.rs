@@ -1727,7 +1727,7 @@ impl Bench {
         let waited = settle.waited.as_secs_f64();
         match settle.share {
             None => self.say("  RabbitMQ's CPU cannot be read: not waiting for it to go quiet"),
-            Some(share) if !settle.quiet() => self.say(&format!(
+            Some(share) if !settle.quiet => self.say(&format!(
                 "  RabbitMQ still busy after {waited:.1} s ({:.0} % of a core): measuring anyway",
                 share * 100.0
             )),
