@@ -7,6 +7,8 @@
 //! - [`pg`]: a private PostgreSQL (initdb in a temp dir, `wal_level=logical`) and the
 //!   `test_decoding` commit-order oracle.
 //! - [`rabbit`]: a private RabbitMQ node (own node name, ports and data dir).
+//! - [`rabbit_release`]: which RabbitMQ series every node runs (`OUTBOX_TEST_RABBITMQ`:
+//!   4.0 by default, 4.3, or Debian 12's 3.10), and how a command reaches it.
 //! - [`rabbit_cluster`]: a private 3-node RabbitMQ cluster (`pause_minority`), one per test
 //!   process, for the failover tests: kill, restart and quorum queue leaders by node index.
 //! - [`amqp`]: queue and exchange topology, publishing with confirms, and a consumer that
@@ -52,6 +54,7 @@ pub mod procfs;
 pub mod proxy;
 pub mod rabbit;
 pub mod rabbit_cluster;
+pub mod rabbit_release;
 pub mod relay;
 pub mod tls;
 

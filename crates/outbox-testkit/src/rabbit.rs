@@ -1,10 +1,11 @@
-//! A private RabbitMQ node for tests.
+//! A private RabbitMQ node for tests, of the series [`super::rabbit_release`] chooses.
 //!
-//! Debian's `/usr/sbin/rabbitmq-*` wrappers, run as root, switch to the `rabbitmq` user
-//! with `su` (not a login shell), which keeps the environment: the `RABBITMQ_*`
+//! On 3.10, Debian's `/usr/sbin/rabbitmq-*` wrappers, run as root, switch to the `rabbitmq`
+//! user with `su` (not a login shell), which keeps the environment: the `RABBITMQ_*`
 //! variables set here reach the node, and override `/etc/rabbitmq/rabbitmq-env.conf`.
 //! The node runs with the system cookie (`/var/lib/rabbitmq`), so `rabbitmqctl -n NODE`
-//! reaches it, and registers with the system's epmd on 4369.
+//! reaches it, and registers with the system's epmd on 4369. A 4.x node runs in its Debian
+//! root with the same variables ([`super::rabbit_release`]).
 //!
 //! `rabbitmq-server -detached` returns at once; the node writes its pid file ~2 s later
 //! and opens the AMQP port at the end of its boot (~5 s on these machines). The node's
@@ -23,10 +24,9 @@ use std::net::Ipv4Addr;
 
 use super::netns::Host;
 use super::procfs::process_alive;
+use super::rabbit_release::{release, Program};
 use super::{chown_to, free_port, port_is_open_at, spawn_watchdog, stop_watchdog, tail_file};
 
-const RABBITMQ_SERVER: &str = "/usr/sbin/rabbitmq-server";
-const RABBITMQCTL: &str = "/usr/sbin/rabbitmqctl";
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(90);
 /// Boot attempts per node, each with a fresh node name and ports.
 const ATTEMPTS: u32 = 3;
@@ -70,7 +70,8 @@ impl RabbitServer {
         match Node::start(&node_prefix, &dir, extra_conf, None) {
             Ok(node) => {
                 eprintln!(
-                    "harness: rabbitmq {} on port {} ready in {:?} ({})",
+                    "harness: rabbitmq {} {} on port {} ready in {:?} ({})",
+                    release().series(),
                     node.name,
                     node.amqp_port,
                     started.elapsed(),
@@ -268,7 +269,7 @@ impl Node {
                 node.addr(),
                 node.amqp_port
             );
-            for line in extra_conf {
+            for line in release().conf_lines().iter().chain(extra_conf) {
                 conf += line;
                 conf += "\n";
             }
@@ -300,26 +301,24 @@ impl Node {
         port_is_open_at(self.addr(), self.amqp_port)
     }
 
-    /// `program` (a RabbitMQ wrapper) for this node: on its test host, with its own
+    /// `program` of the release for this node: on its test host, with its own
     /// `rabbitmq-env.conf` there (see [`Node::start`]) and `RABBITMQ_NODENAME` set to the
     /// node: `rabbitmqctl` names its own Erlang node after that name's host part (else after
     /// the machine's hostname, which resolves to 127.0.0.1), and the other nodes send some
     /// answers straight to it (`list_queues` timed out waiting for theirs).
-    fn command(&self, program: &str) -> Command {
+    fn command(&self, program: Program) -> Command {
+        let mut command = release().command(program, self.host.as_ref());
         match &self.host {
             None => {
-                let mut command = Command::new(program);
                 command.env_remove("RABBITMQ_CONF_ENV_FILE");
-                command
             }
-            Some(host) => {
-                let mut command = host.command(program);
+            Some(_) => {
                 command
                     .env("RABBITMQ_CONF_ENV_FILE", self.dir.join("rabbitmq-env.conf"))
                     .env("RABBITMQ_NODENAME", &self.name);
-                command
             }
         }
+        command
     }
 
     fn pid_file(&self) -> PathBuf {
@@ -430,7 +429,7 @@ impl Node {
 
     /// `rabbitmqctl -n NODE args…`.
     pub(crate) fn ctl(&self, args: &[&str]) -> Output {
-        self.command(RABBITMQCTL)
+        self.command(Program::Ctl)
             .arg("-n")
             .arg(&self.name)
             .args(args)
@@ -448,7 +447,7 @@ impl Node {
         let out = std::fs::File::create(&startup_log).expect("create startup.log");
         let err = out.try_clone().expect("clone startup.log");
         let status = self
-            .command(RABBITMQ_SERVER)
+            .command(Program::Server)
             .arg("-detached")
             .env("RABBITMQ_NODENAME", &self.name)
             .env("RABBITMQ_NODE_PORT", self.amqp_port.to_string())
@@ -463,7 +462,7 @@ impl Node {
             .stdout(out)
             .stderr(err)
             .status()
-            .map_err(|e| format!("cannot run {RABBITMQ_SERVER}: {e}"))?;
+            .map_err(|e| format!("cannot run {}: {e}", release().describe(Program::Server)))?;
         if !status.success() {
             return Err(self.failure(&format!("rabbitmq-server -detached exited with {status}")));
         }
