@@ -195,6 +195,23 @@ pub fn fix(error: &RelayError) -> Option<String> {
             "bind a queue to \"{exchange}\" (with `#` for every dead letter); the relay retries \
              and does not move past this message"
         ),
+        PublishRefused {
+            reply_code: 406, ..
+        } => "raise RabbitMQ's max_message_size, or \
+             store large payloads elsewhere and send a reference; the relay now checks bodies \
+             against the limit the broker named, so under --on-unroutable dead-letter the next \
+             attempt dead-letters the message (without its body), under halt it stops naming it"
+            .into(),
+        PublishRefused { .. } | PublishRefusedAmong { .. } => "repair what the broker names \
+             (declare the exchange, give the relay's user write access to it, raise its \
+             max_message_size), or correct the message; with --on-unroutable dead-letter such \
+             messages go to the dead-letter exchange"
+            .into(),
+        RoutedToMissingExchange { exchange, .. } => format!(
+            "declare \"{exchange}\" (a durable topic exchange, bound to the queues that want \
+             these messages), or correct the row's exchange or the --exchange template; with \
+             --on-unroutable dead-letter such messages go to the dead-letter exchange"
+        ),
         ExchangeMissing { .. } => "run `outbox-relay setup` with the same flags (it declares \
              the exchange and, under `--on-unroutable dead-letter`, the dead-letter exchange, \
              both durable topic exchanges) or declare it; the relay retries"

@@ -243,6 +243,53 @@ pub enum RelayError {
     #[error("RabbitMQ error: {0}")]
     Broker(String),
 
+    /// The broker closed the publishing channel with a channel-level (soft) error, as the
+    /// answer to the publishes in flight: one of them caused it. `publish/` tells which.
+    #[error("RabbitMQ closed the publishing channel: {reply_code} {reply_text}")]
+    ChannelClosed { reply_code: u16, reply_text: String },
+
+    /// The broker closed the publishing channel because of message `message_id`, the one
+    /// publish in flight (or the one whose size it names): a 404 for an exchange that
+    /// vanished, a 406 for a body over its `max_message_size`, a 403 for a denied exchange.
+    #[error(
+        "RabbitMQ refused message {message_id} ({size} bytes) and closed the publishing \
+         channel: {reply_code} {reply_text}; the relay retries it alone and does not move past \
+         it"
+    )]
+    PublishRefused {
+        message_id: String,
+        size: usize,
+        reply_code: u16,
+        reply_text: String,
+    },
+
+    /// The broker closed the publishing channel with `unconfirmed` publishes in flight and
+    /// nothing names the one that caused it: the next session publishes them one at a time,
+    /// through `last_message_id`, which finds it.
+    #[error(
+        "RabbitMQ closed the publishing channel ({reply_code} {reply_text}) with \
+         {unconfirmed} messages unconfirmed; retrying them one at a time, through message \
+         {last_message_id}, to find the one it refuses"
+    )]
+    PublishRefusedAmong {
+        last_message_id: String,
+        unconfirmed: usize,
+        reply_code: u16,
+        reply_text: String,
+    },
+
+    /// A message routed (by its row's `exchange` column or the `--exchange` template) to an
+    /// exchange the broker does not have: checked before its first publish, so the broker
+    /// never closes the channel over it.
+    #[error(
+        "Message {message_id} is routed to exchange \"{exchange}\", which does not exist on \
+         the broker; the relay retries it alone and does not move past it"
+    )]
+    RoutedToMissingExchange {
+        message_id: String,
+        exchange: String,
+    },
+
     #[error("RabbitMQ did not confirm message {message_id} within {seconds} s; reconnecting")]
     ConfirmTimeout { message_id: String, seconds: u64 },
 
@@ -744,6 +791,8 @@ pub enum ErrorKind {
     Returned,
     ReturnedAfterSettle,
     DeadLetterReturned,
+    /// The broker closed the publishing channel over a message.
+    PublishRefused,
 }
 
 impl ErrorKind {
@@ -767,7 +816,8 @@ impl ErrorKind {
             | Nacked
             | Returned
             | ReturnedAfterSettle
-            | DeadLetterReturned => SupervisorAction::Retry,
+            | DeadLetterReturned
+            | PublishRefused => SupervisorAction::Retry,
         }
     }
 
@@ -785,6 +835,7 @@ impl ErrorKind {
             Returned => "unroutable",
             ReturnedAfterSettle => "returned_after_settle",
             DeadLetterReturned => "dead_letter_unroutable",
+            PublishRefused => "publish_refused",
             ExchangeMissing => "exchange_missing",
             StreamEnded => "stream_ended",
             StreamSilent => "no_heartbeat",
@@ -803,7 +854,7 @@ impl ErrorKind {
             ReplicationDown | ReplicationRefused | StreamEnded | StreamSilent | SlotHeld
             | SlotLost => Side::Stream,
             BrokerDown | BrokerConnectTimeout | ExchangeMissing | ConfirmTimeout | Nacked
-            | Returned | ReturnedAfterSettle | DeadLetterReturned => Side::Broker,
+            | Returned | ReturnedAfterSettle | DeadLetterReturned | PublishRefused => Side::Broker,
             Config
             | Provisioning
             | TlsConfig
@@ -870,7 +921,9 @@ impl RelayError {
                 Endpoint::PostgreSql | Endpoint::Replication => ErrorKind::DatabaseConnectTimeout,
             },
             BrokerSetupTimeout { .. } => ErrorKind::BrokerConnectTimeout,
-            Broker(_) => ErrorKind::BrokerDown,
+            Broker(_) | ChannelClosed { .. } => ErrorKind::BrokerDown,
+            PublishRefused { .. } | PublishRefusedAmong { .. } => ErrorKind::PublishRefused,
+            RoutedToMissingExchange { .. } => ErrorKind::ExchangeMissing,
             ConfirmTimeout { .. } => ErrorKind::ConfirmTimeout,
             Nacked { .. } => ErrorKind::Nacked,
             Returned { .. } => ErrorKind::Returned,
@@ -896,7 +949,13 @@ impl RelayError {
             | RelayError::Nacked { message_id }
             | RelayError::Returned { message_id, .. }
             | RelayError::ReturnedAfterSettle { message_id, .. }
-            | RelayError::DeadLetterReturned { message_id, .. } => Some(message_id),
+            | RelayError::DeadLetterReturned { message_id, .. }
+            | RelayError::PublishRefused { message_id, .. }
+            | RelayError::RoutedToMissingExchange { message_id, .. }
+            | RelayError::PublishRefusedAmong {
+                last_message_id: message_id,
+                ..
+            } => Some(message_id),
             _ => None,
         }
     }

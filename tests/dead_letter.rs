@@ -8,6 +8,8 @@
 
 use outbox_testkit as common;
 
+mod refusals;
+
 use std::collections::HashMap;
 use std::time::Duration;
 

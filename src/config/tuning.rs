@@ -39,9 +39,11 @@ pub struct PublishLimits {
     #[arg(long, env = "OUTBOX_CONFIRM_TIMEOUT_SECS", default_value_t = 30)]
     pub confirm_timeout_secs: u64,
 
-    /// Largest message body the broker accepts (RabbitMQ's max_message_size; its default is
-    /// 128 MiB). A larger row stops the relay with an error naming it, before publishing.
-    #[arg(long, env = "OUTBOX_MAX_MESSAGE_SIZE", default_value_t = 134_217_728)]
+    /// Largest message body to publish (RabbitMQ's max_message_size: 16 MiB by default in
+    /// 4.x, 128 MiB in 3.x). A larger row stops the relay naming it (or, under
+    /// --on-unroutable dead-letter, is dead-lettered without its body), before publishing. A
+    /// broker that refuses a smaller body names its own limit, which the relay then applies too.
+    #[arg(long, env = "OUTBOX_MAX_MESSAGE_SIZE", default_value_t = 16_777_216)]
     pub max_message_size: usize,
 }
 

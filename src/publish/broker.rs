@@ -27,9 +27,10 @@
 //! nothing more (paused, or holding the connection in credit flow) fails the attempt, naming
 //! the node, instead of holding the session before it starts.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -77,7 +78,12 @@ pub struct Broker {
     nodes: Arc<BrokerNodes>,
     index: usize,
     connection: Connection,
-    channel: Channel,
+    /// The publishing channel: replaced by [`Broker::reopen`] after the broker closed it over
+    /// a message the delivery loop dealt with (nothing else in flight on it).
+    channel: Mutex<Channel>,
+    /// Exchanges a passive declare found on this connection: a message to any other is
+    /// checked before its first publish ([`Publisher::exchange_exists`]).
+    known_exchanges: Mutex<HashSet<String>>,
     /// Round trips only (see the module comment).
     round_trips: Channel,
     blocked: watch::Receiver<bool>,
@@ -181,7 +187,8 @@ impl Broker {
             nodes: Arc::clone(nodes),
             index,
             connection,
-            channel,
+            channel: Mutex::new(channel),
+            known_exchanges: Mutex::new(HashSet::new()),
             round_trips,
             blocked,
             dead_letters: None,
@@ -267,7 +274,53 @@ impl Broker {
         if crate::template::is_template(exchange) {
             return Ok(());
         }
-        self.declare_exchange(exchange, true).await
+        self.declare_exchange(exchange, true).await?;
+        self.known_exchanges().insert(exchange.to_string());
+        Ok(())
+    }
+
+    fn known_exchanges(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.known_exchanges
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `exchange` exists: known on this connection, or found now by a passive
+    /// declare (a round trip, once per exchange and connection).
+    pub async fn exchange_exists(&self, exchange: &str) -> Result<bool, RelayError> {
+        if self.known_exchanges().contains(exchange) {
+            return Ok(true);
+        }
+        match self.declare_exchange(exchange, true).await {
+            Ok(()) => {
+                self.known_exchanges().insert(exchange.to_string());
+                Ok(true)
+            }
+            Err(RelayError::ExchangeMissing { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The publishing channel as it is now (a handle: lapin's channels are shared).
+    fn publishing_channel(&self) -> Channel {
+        self.channel
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Opens a new publishing channel in confirm mode in place of one the broker closed.
+    /// Only while nothing is in flight on the old one: its confirms are gone with it.
+    pub async fn reopen(&self) -> Result<(), RelayError> {
+        let opening = self.connection.create_channel();
+        let channel = self
+            .setup("opening the publishing channel again", opening)
+            .await??;
+        let confirms = channel.confirm_select(ConfirmSelectOptions::default());
+        self.setup("turning on publisher confirms", confirms)
+            .await??;
+        *self.channel.lock().unwrap_or_else(PoisonError::into_inner) = channel;
+        Ok(())
     }
 
     /// Declares the durable topic exchange (setup), or with `passive` only checks that it
@@ -405,7 +458,24 @@ impl Stage {
 
 impl Pending for Stage {
     async fn answer(&mut self) -> Result<Answer, RelayError> {
-        answer_of(self.confirmation().await?)
+        answer_of(self.confirmation().await.map_err(publish_error)?)
+    }
+}
+
+/// A publish's failure: the broker closing the channel with a channel-level (soft) error is
+/// the answer to one of the publishes in flight ([`RelayError::ChannelClosed`], which the
+/// delivery loop attributes); anything else is the connection's.
+fn publish_error(error: lapin::Error) -> RelayError {
+    match error.kind() {
+        lapin::ErrorKind::ProtocolError(amqp)
+            if matches!(amqp.kind(), lapin::protocol::AMQPErrorKind::Soft(_)) =>
+        {
+            RelayError::ChannelClosed {
+                reply_code: amqp.get_id(),
+                reply_text: amqp.get_message().to_string(),
+            }
+        }
+        _ => error.into(),
     }
 }
 
@@ -446,7 +516,7 @@ impl Publisher for Broker {
 
     fn start(&self, message: Message) -> impl Future<Output = Result<Stage, RelayError>> + Send {
         // Converted now, at the call: the returned future only polls the publish.
-        let publishing = publish_on(&self.channel, message);
+        let publishing = publish_on(&self.publishing_channel(), message);
         async move { Stage::started(publishing?).await }
     }
 
@@ -473,6 +543,25 @@ impl Publisher for Broker {
 
     fn blocked(&self) -> watch::Receiver<bool> {
         Broker::blocked(self)
+    }
+
+    fn exchange_exists(
+        &self,
+        exchange: &str,
+    ) -> impl Future<Output = Result<bool, RelayError>> + Send {
+        Broker::exchange_exists(self, exchange)
+    }
+
+    fn reopen(&self) -> impl Future<Output = Result<(), RelayError>> + Send {
+        Broker::reopen(self)
+    }
+
+    fn max_message_size(&self) -> Option<usize> {
+        self.nodes.max_message_size()
+    }
+
+    fn learn_max_message_size(&self, limit: usize) {
+        self.nodes.learn_max_message_size(limit);
     }
 }
 

@@ -2,8 +2,10 @@
 //! exchange, with which headers, and why.
 //!
 //! A message is dead-lettered when the broker returns it as unroutable (basic.return of a
-//! mandatory publish), or when its source could not make it publishable (over
-//! `--max-message-size`, or a row the mapper rejects: a `crate::contract::message::Unpublishable`).
+//! mandatory publish), when its source could not make it publishable (over
+//! `--max-message-size`, or a row the mapper rejects: a `crate::contract::message::Unpublishable`),
+//! when it is routed to an exchange the broker does not have, or when the broker closed the
+//! publishing channel over it (a body over its `max_message_size`, a denied exchange).
 //! It goes to the dead-letter exchange with the reason in headers, and only once the broker
 //! CONFIRMS that publish is the original settled: its position may then be acknowledged like a
 //! delivered one. A dead letter the broker cannot route either stops the pipeline (halt),
@@ -46,8 +48,16 @@ pub enum Reason {
         routing_key: String,
     },
     /// Its source could not make it publishable (too large, unmappable, exchange not
-    /// allowed).
+    /// allowed), or it is over the limit the broker named when it refused a body.
     Rejected(Rejection),
+    /// Routed to an exchange the broker does not have (checked before its first publish).
+    ExchangeMissing { exchange: String },
+    /// The broker closed the publishing channel over it (a channel error, not a return).
+    Refused {
+        reply_code: u16,
+        reply_text: String,
+        exchange: String,
+    },
 }
 
 impl Reason {
@@ -66,6 +76,8 @@ impl Reason {
         match self {
             Reason::Unroutable { .. } => "unroutable",
             Reason::Rejected(rejection) => rejection.label(),
+            Reason::ExchangeMissing { .. } => "exchange_missing",
+            Reason::Refused { .. } => "refused",
         }
     }
 }
@@ -84,6 +96,12 @@ impl fmt::Display for Reason {
                 "unroutable: {reply_text} {reply_code} exchange={exchange} routing_key={routing_key}"
             ),
             Reason::Rejected(rejection) => rejection.fmt(f),
+            Reason::ExchangeMissing { exchange } => write!(f, "exchange missing: {exchange}"),
+            Reason::Refused {
+                reply_code,
+                reply_text,
+                exchange,
+            } => write!(f, "refused: {reply_text} {reply_code} exchange={exchange}"),
         }
     }
 }

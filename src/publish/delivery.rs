@@ -41,9 +41,9 @@ use tokio::time::Instant;
 
 use super::dead_letter::{self, Reason};
 use super::publisher::{Answer, Pending, Publisher};
-use super::queue::{AckToken, ConfirmQueue, Failure, Settled};
-use crate::contract::message::{Message, Unpublishable};
-use crate::error::{ErrorKind, RelayError};
+use super::queue::{AckToken, ConfirmQueue, Failure, PublishId, Settled};
+use crate::contract::message::{Message, Rejection, Unpublishable};
+use crate::error::{ErrorKind, MapProblem, RelayError};
 use crate::observability::{Health, RelayMetrics, DEAD_LETTERED_TOTAL, REASON_LABEL};
 
 /// What a source hands the delivery task, in source order.
@@ -134,7 +134,16 @@ struct InFlight<S> {
     /// When it was started (read once per burst): the confirm timeout runs from here. A dead
     /// letter that replaces a returned publish keeps it: the row has waited since then.
     started: Instant,
+    /// The body's size: a 406 that closes the channel names the size it refused.
+    body_len: usize,
+    /// The message as published, kept only while a stuck message holds the window at 1: if
+    /// the broker closes the channel over it, the dead-letter policy needs it again.
+    original: Option<Message>,
 }
+
+/// How long a publish that found the channel closed waits for the close's reason, which
+/// fails the publishes in flight at the same moment.
+const CLOSE_REASON_WAIT: Duration = Duration::from_secs(1);
 
 /// Runs until `input` is closed and every publish taken from it is settled (`Ok`), or until
 /// the first failure (`Err`); under the halt policy, an unpublishable input is that failure
@@ -252,6 +261,9 @@ struct Delivery<'a, T, P: Publisher> {
     unblocked_at: Instant,
     /// At most one round trip at a time, with the barrier it was sent for.
     round_trip: Option<(u64, P::RoundTrip)>,
+    /// The exchange the newest publish went to, known to exist: most messages go where the
+    /// one before went, and need no other check.
+    exchange_checked: String,
 }
 
 impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
@@ -282,6 +294,7 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
             halt: None,
             unblocked_at: Instant::now(),
             round_trip: None,
+            exchange_checked: String::new(),
         }
     }
 
@@ -293,9 +306,21 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
             }
             self.prepare_barrier();
             match self.next_event(input).await {
-                Event::Answered(answer) => self.on_answer(answer)?,
-                Event::RoundTripDone(result) => self.on_round_trip(result)?,
-                Event::Received(item) => self.on_received(item, input).await?,
+                Event::Answered(answer) => {
+                    if let Err(error) = self.on_answer(answer) {
+                        self.on_answer_failed(error).await?;
+                    }
+                }
+                Event::RoundTripDone(result) => {
+                    if let Err(error) = self.on_round_trip(result) {
+                        self.on_answer_failed(error).await?;
+                    }
+                }
+                Event::Received(item) => {
+                    if let Err(error) = self.on_received(item, input).await {
+                        return Err(self.on_start_failed(error).await);
+                    }
+                }
                 Event::ConfirmTimedOut => {
                     return Err(RelayError::ConfirmTimeout {
                         message_id: self.queue.front_message_id().unwrap_or_default().into(),
@@ -529,9 +554,12 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
                 message,
                 committed_at,
             } => {
-                let message_id = message.message_id.clone();
+                if let Some(reason) = self.refusal_before_publish(&message).await? {
+                    return self.refuse(message, reason, committed_at, now).await;
+                }
+                let id = PublishId::of(&message);
                 let pending = self.start(message, committed_at, now).await?;
-                self.queue.push_publish(message_id, pending);
+                self.queue.push_publish(id, pending);
             }
             Input::Unpublishable {
                 unpublishable,
@@ -548,16 +576,11 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
                     rejection,
                     ..
                 } = *unpublishable;
-                let (Some(original), Some(exchange)) =
-                    (original, self.publisher.dead_letter_exchange())
-                else {
+                let Some(original) = original else {
                     return Err(RelayError::Bug("dead-lettered without an original".into()));
                 };
-                let message_id = original.message_id.clone();
-                let reason = Reason::Rejected(rejection);
-                let letter = dead_letter::dead_letter(exchange, original, &reason);
-                let pending = self.start(letter, committed_at, now).await?;
-                self.queue.push_dead_letter(message_id, reason, pending);
+                self.push_dead_letter(original, Reason::Rejected(rejection), committed_at, now)
+                    .await?;
             }
             Input::AckPoint(token) => {
                 if ACK_BEFORE_CONFIRM {
@@ -580,6 +603,8 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
         committed_at: Option<SystemTime>,
         started: Instant,
     ) -> Result<InFlight<P::Pending>, RelayError> {
+        let body_len = message.body.len();
+        let original = self.stuck.is_some().then(|| message.clone());
         let pending = self.publisher.start(message).await?;
         self.metrics.published.increment(1);
         self.metrics.in_flight.increment(1.0);
@@ -587,8 +612,233 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
             pending,
             committed_at,
             started,
+            body_len,
+            original,
         })
     }
+
+    /// Publishes `original`'s dead letter for `reason` on the publishing channel, in stream
+    /// order, in its place (the dead-letter policy is on).
+    async fn push_dead_letter(
+        &mut self,
+        original: Message,
+        reason: Reason,
+        committed_at: Option<SystemTime>,
+        now: Instant,
+    ) -> Result<(), RelayError> {
+        let Some(exchange) = self.publisher.dead_letter_exchange() else {
+            return Err(RelayError::Bug(
+                "dead-lettered without the dead-letter policy".into(),
+            ));
+        };
+        let id = PublishId::of(&original);
+        let letter = dead_letter::dead_letter(exchange, original, &reason);
+        let pending = self.start(letter, committed_at, now).await?;
+        self.queue.push_dead_letter(id, reason, pending);
+        Ok(())
+    }
+
+    /// Why the broker would refuse `message` if it were published now, known before it is:
+    /// a body over the limit the broker named by refusing one, or an exchange it does not
+    /// have. Either would close the publishing channel and take every confirm in flight
+    /// with it.
+    async fn refusal_before_publish(
+        &mut self,
+        message: &Message,
+    ) -> Result<Option<Reason>, RelayError> {
+        if let Some(limit) = self.publisher.max_message_size() {
+            let size = message.body.len();
+            if size > limit {
+                return Ok(Some(Reason::Rejected(Rejection::TooLarge { size, limit })));
+            }
+        }
+        if message.exchange != self.exchange_checked {
+            if !self.publisher.exchange_exists(&message.exchange).await? {
+                return Ok(Some(Reason::ExchangeMissing {
+                    exchange: message.exchange.clone(),
+                }));
+            }
+            self.exchange_checked.clone_from(&message.exchange);
+        }
+        Ok(None)
+    }
+
+    /// A message the broker would refuse (`reason`): its dead letter under the dead-letter
+    /// policy; under halt the loop takes no further input and, once everything before it is
+    /// settled, stops naming it.
+    async fn refuse(
+        &mut self,
+        message: Message,
+        reason: Reason,
+        committed_at: Option<SystemTime>,
+        now: Instant,
+    ) -> Result<(), RelayError> {
+        if self.publisher.dead_letter_exchange().is_some() {
+            return self
+                .push_dead_letter(message, reason, committed_at, now)
+                .await;
+        }
+        let message_id = message.message_id;
+        self.halt = Some(match reason {
+            Reason::Rejected(Rejection::TooLarge { size, limit }) => RelayError::Unpublishable {
+                problem: format!(
+                    "Message {message_id} has a body of {size} bytes, over the {limit} bytes \
+                     RabbitMQ takes (its max_message_size, which it named refusing a body)"
+                ),
+                message_id: Some(message_id),
+                fault: MapProblem::TooLarge,
+            },
+            Reason::ExchangeMissing { exchange } => RelayError::RoutedToMissingExchange {
+                message_id,
+                exchange,
+            },
+            other => {
+                return Err(RelayError::Bug(format!(
+                    "refused before publishing for {other}"
+                )))
+            }
+        });
+        self.input_open = false;
+        Ok(())
+    }
+
+    /// An answer failed. The broker closing the publishing channel is the answer to one of
+    /// the publishes in flight: attributed to it, it follows the unroutable policy (see
+    /// [`Self::on_channel_closed`]). Any other failure ends the loop.
+    async fn on_answer_failed(&mut self, error: RelayError) -> Result<(), RelayError> {
+        match error {
+            RelayError::ChannelClosed {
+                reply_code,
+                reply_text,
+            } => self.on_channel_closed(reply_code, reply_text).await,
+            other => Err(other),
+        }
+    }
+
+    /// Starting a publish failed: the loop ends. A publish started just after the broker
+    /// closed the channel fails with the channel's state, not the close's reason; the
+    /// publishes in flight carry that reason, so the error names what the broker refused.
+    async fn on_start_failed(&mut self, error: RelayError) -> RelayError {
+        if !matches!(error, RelayError::Broker(_)) {
+            return error;
+        }
+        let Some(next) = self.queue.next_unresolved() else {
+            return error;
+        };
+        match tokio::time::timeout(CLOSE_REASON_WAIT, next.pending.answer()).await {
+            Ok(Err(RelayError::ChannelClosed {
+                reply_code,
+                reply_text,
+            })) => self.refused_error(reply_code, &reply_text),
+            _ => error,
+        }
+    }
+
+    /// The broker closed the publishing channel (`reply_code`, `reply_text`) over one of the
+    /// publishes in flight. Alone in flight with its original kept (the window is 1 while a
+    /// stuck message is retried) and under the dead-letter policy, it is dead-lettered and
+    /// publishing goes on on a new channel; otherwise the loop ends with the error that names
+    /// it, or, when several were in flight and nothing says which, the newest of them: the
+    /// next session publishes them one at a time up to it, which finds the one.
+    async fn on_channel_closed(
+        &mut self,
+        reply_code: u16,
+        reply_text: String,
+    ) -> Result<(), RelayError> {
+        let refused_size = refused_size(reply_code, &reply_text);
+        if let Some((_, limit)) = refused_size {
+            self.publisher.learn_max_message_size(limit);
+        }
+        // Kept only while the window is 1: alone in flight, it is the front.
+        let alone_and_kept = self.queue.unresolved().count() == 1
+            && self
+                .queue
+                .next_unresolved()
+                .is_some_and(|next| next.original.is_some());
+        let dead_letters = self.publisher.dead_letter_exchange().map(str::to_string);
+        let (Some(exchange), true) = (dead_letters, alone_and_kept) else {
+            return Err(self.refused_error(reply_code, &reply_text));
+        };
+        let Some(original) = self
+            .queue
+            .next_unresolved()
+            .and_then(|next| next.original.take())
+        else {
+            return Err(self.refused_error(reply_code, &reply_text));
+        };
+        let reason = match refused_size {
+            Some((size, limit)) => Reason::Rejected(Rejection::TooLarge { size, limit }),
+            None => Reason::Refused {
+                reply_code,
+                reply_text,
+                exchange: original.exchange.clone(),
+            },
+        };
+        let letter = dead_letter::dead_letter(&exchange, original, &reason);
+        let pending = self.publisher.start_dead_letter(letter).await?;
+        let Some(front) = self.queue.dead_letter_front(reason) else {
+            return Err(RelayError::Bug(
+                "the refused publish is not the front".into(),
+            ));
+        };
+        front.pending = pending;
+        self.publisher.reopen().await?;
+        // The new channel's first publish goes where the refused one went only if it exists.
+        self.exchange_checked.clear();
+        Ok(())
+    }
+
+    /// The error the broker's closing of the publishing channel ends the loop with: naming
+    /// the publish it refused when one is alone in flight or has the size a 406 names, else
+    /// the newest publish in flight (see [`Self::on_channel_closed`]).
+    fn refused_error(&self, reply_code: u16, reply_text: &str) -> RelayError {
+        let unresolved: Vec<(&str, &InFlight<P::Pending>)> = self.queue.unresolved().collect();
+        let by_size = refused_size(reply_code, reply_text).and_then(|(size, _)| {
+            unresolved
+                .iter()
+                .find(|(_, in_flight)| in_flight.body_len == size)
+        });
+        let culprit = by_size.or(match unresolved.as_slice() {
+            [only] => Some(only),
+            _ => None,
+        });
+        if let Some((message_id, in_flight)) = culprit {
+            return RelayError::PublishRefused {
+                message_id: message_id.to_string(),
+                size: in_flight.body_len,
+                reply_code,
+                reply_text: reply_text.to_string(),
+            };
+        }
+        match unresolved.last() {
+            Some((newest, _)) => RelayError::PublishRefusedAmong {
+                last_message_id: newest.to_string(),
+                unconfirmed: unresolved.len(),
+                reply_code,
+                reply_text: reply_text.to_string(),
+            },
+            None => RelayError::ChannelClosed {
+                reply_code,
+                reply_text: reply_text.to_string(),
+            },
+        }
+    }
+}
+
+/// The body size and the limit a 406 that closed the channel names: RabbitMQ's text is
+/// "PRECONDITION_FAILED - message size 20971532 is larger than configured max size
+/// 16777216". `None` for another code or text: attribution then does without it.
+fn refused_size(reply_code: u16, reply_text: &str) -> Option<(usize, usize)> {
+    const PRECONDITION_FAILED: u16 = 406;
+    if reply_code != PRECONDITION_FAILED {
+        return None;
+    }
+    let number_after = |marker: &str| -> Option<usize> {
+        let rest = &reply_text[reply_text.find(marker)? + marker.len()..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    Some((number_after("message size ")?, number_after("max size ")?))
 }
 
 /// Records the broker's answer for the queue's next unresolved publish, and the return it

@@ -12,6 +12,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::error::{chain, ConfigProblem, RelayError};
@@ -50,6 +51,10 @@ impl BrokerNode {
 pub struct BrokerNodes {
     nodes: Vec<BrokerNode>,
     state: Mutex<NodeState>,
+    /// The largest body the broker takes, once it named it by refusing a larger one (0:
+    /// not known). AMQP 0-9-1 has no way to ask: RabbitMQ's `max_message_size` shows only in
+    /// the 406 that closes the channel.
+    refused_above: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -89,6 +94,29 @@ impl BrokerNodes {
         Self {
             nodes,
             state: Mutex::new(NodeState::default()),
+            refused_above: AtomicUsize::new(0),
+        }
+    }
+
+    /// The largest body the broker takes, if it named it ([`Self::learn_max_message_size`]).
+    pub(super) fn max_message_size(&self) -> Option<usize> {
+        match self.refused_above.load(Ordering::Relaxed) {
+            0 => None,
+            limit => Some(limit),
+        }
+    }
+
+    /// The broker refused a body over `limit` bytes: later bodies are checked against it
+    /// before they are published. The smallest limit named wins (nodes may differ).
+    pub(super) fn learn_max_message_size(&self, limit: usize) {
+        let limit = limit.max(1);
+        let previous =
+            self.refused_above
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |known| {
+                    (known == 0 || limit < known).then_some(limit)
+                });
+        if previous.is_ok() {
+            tracing::warn!(limit, "RabbitMQ refuses message bodies over {limit} bytes (its max_message_size): larger ones are now handled as too large before they are published");
         }
     }
 

@@ -50,6 +50,23 @@ pub trait Publisher: Sync {
 
     /// `true` while the broker blocks publishing (memory or disk alarm).
     fn blocked(&self) -> watch::Receiver<bool>;
+
+    /// Whether the broker has `exchange` (a round trip the first time a connection asks):
+    /// a publish to a missing one would make the broker close the publishing channel.
+    fn exchange_exists(
+        &self,
+        exchange: &str,
+    ) -> impl Future<Output = Result<bool, RelayError>> + Send;
+
+    /// A new publishing channel in place of one the broker closed. Only while nothing is in
+    /// flight on it: the old channel's answers are gone.
+    fn reopen(&self) -> impl Future<Output = Result<(), RelayError>> + Send;
+
+    /// The largest body the broker takes, once it named it by refusing a larger one.
+    fn max_message_size(&self) -> Option<usize>;
+
+    /// The broker refused a body over `limit` bytes (its 406 said so).
+    fn learn_max_message_size(&self, limit: usize);
 }
 
 /// A publish awaiting the broker's answer.

@@ -40,6 +40,7 @@ use std::collections::{HashMap, VecDeque};
 
 use super::dead_letter::Reason;
 use super::publisher::Returned;
+use crate::contract::message::{HeaderValue, Message};
 
 /// What an ack point carries. Ack points acknowledged together fold into one, oldest first:
 /// `fold` keeps what the source needs of both (WAL mode: the highest position and the newest
@@ -51,6 +52,35 @@ pub trait AckToken {
 /// Polling mode and resync acknowledge a whole batch: the token says nothing more.
 impl AckToken for () {
     fn fold(&mut self, _newer: Self) {}
+}
+
+/// What a publish is known by: its message id (for errors and the stuck message), and the
+/// key a return is matched to it by. A user's table may repeat `message_id` within a window
+/// (a non-unique mapped column, a partitioned table, an id inserted again), so the key is
+/// `x-outbox-seq` where the message carries it (WAL mode: unique along the stream), else the
+/// message id (polling and resync claim rows by a unique id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishId {
+    pub message_id: String,
+    stream_seq: Option<String>,
+}
+
+impl PublishId {
+    pub fn of(message: &Message) -> Self {
+        let stream_seq = match message.header(outbox_common::headers::SEQ) {
+            Some(HeaderValue::Text(seq)) => Some(seq.clone()),
+            _ => None,
+        };
+        Self {
+            message_id: message.message_id.clone(),
+            stream_seq,
+        }
+    }
+
+    /// What returns are matched by.
+    fn key(&self) -> &str {
+        self.stream_seq.as_deref().unwrap_or(&self.message_id)
+    }
 }
 
 /// Why the queue stopped at a publish. The publish stays at the front.
@@ -89,7 +119,7 @@ pub struct Settled<P> {
 
 enum Entry<T, P> {
     Publish {
-        message_id: String,
+        id: PublishId,
         pending: P,
         /// `Some` when `pending` is the message's dead letter.
         dead_letter: Option<Reason>,
@@ -120,6 +150,7 @@ struct Barrier {
 /// publish (its confirm future); the queue only orders them.
 pub struct ConfirmQueue<T, P> {
     entries: VecDeque<Entry<T, P>>,
+    /// Returns recorded and not yet met at the front, by [`PublishId`]'s key.
     returned: HashMap<String, Returned>,
     in_flight: usize,
     /// Ack points in `entries`: at most one more than the publishes between them.
@@ -163,20 +194,20 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         }
     }
 
-    pub fn push_publish(&mut self, message_id: String, pending: P) {
-        self.push(message_id, pending, None);
+    pub fn push_publish(&mut self, id: PublishId, pending: P) {
+        self.push(id, pending, None);
     }
 
     /// A publish that is the dead letter of a message that could not be published (`reason`).
-    pub fn push_dead_letter(&mut self, message_id: String, reason: Reason, pending: P) {
-        self.push(message_id, pending, Some(reason));
+    pub fn push_dead_letter(&mut self, id: PublishId, reason: Reason, pending: P) {
+        self.push(id, pending, Some(reason));
     }
 
-    fn push(&mut self, message_id: String, pending: P, dead_letter: Option<Reason>) {
+    fn push(&mut self, id: PublishId, pending: P, dead_letter: Option<Reason>) {
         self.in_flight += 1;
         let seq = self.take_seq();
         self.entries.push_back(Entry::Publish {
-            message_id,
+            id,
             pending,
             dead_letter,
             seq,
@@ -333,29 +364,46 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         })
     }
 
+    /// The publishes the broker has not answered yet, oldest first, with their ids.
+    pub fn unresolved(&self) -> impl Iterator<Item = (&str, &P)> {
+        self.entries.iter().filter_map(|entry| match entry {
+            Entry::Publish {
+                id,
+                pending,
+                resolution: None,
+                ..
+            } => Some((id.message_id.as_str(), pending)),
+            _ => None,
+        })
+    }
+
     pub fn front_message_id(&self) -> Option<&str> {
         match self.entries.front() {
-            Some(Entry::Publish { message_id, .. }) => Some(message_id),
+            Some(Entry::Publish { id, .. }) => Some(&id.message_id),
             _ => None,
         }
     }
 
-    /// Records a return carried by any confirm: the publish with the returned message's id
-    /// fails when it reaches the front. A return for a publish no longer queued fails at once.
+    /// Records a return carried by any confirm: the publish it belongs to (by
+    /// [`PublishId`]'s key) fails when it reaches the front. A return for a publish no
+    /// longer queued fails at once.
     // Returns are rare and the error ends the session: no point boxing it.
     #[allow(clippy::result_large_err)]
     pub fn record_return(&mut self, returned: Returned) -> Result<(), Failure> {
-        let message_id = &returned.message.message_id;
-        let queued = self.entries.iter().any(
-            |entry| matches!(entry, Entry::Publish { message_id: id, .. } if id == message_id),
-        );
+        let of = PublishId::of(&returned.message);
+        let queued = self
+            .entries
+            .iter()
+            .any(|entry| matches!(entry, Entry::Publish { id, .. } if id.key() == of.key()));
         if !queued {
             return Err(Failure::ReturnedAfterSettle {
-                message_id: message_id.clone(),
+                message_id: of.message_id,
                 returned,
             });
         }
-        self.returned.entry(message_id.clone()).or_insert(returned);
+        self.returned
+            .entry(of.key().to_string())
+            .or_insert(returned);
         Ok(())
     }
 
@@ -364,15 +412,13 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     /// front); `None` when the front is not a publish (call [`advance`](Self::advance) first).
     pub fn settle_front(&mut self, acked: bool) -> Option<Result<Settled<P>, Failure>> {
         let Some(Entry::Publish {
-            message_id,
-            dead_letter,
-            ..
+            id, dead_letter, ..
         }) = self.entries.front()
         else {
             return None;
         };
-        if let Some(returned) = self.returned.remove(message_id) {
-            let message_id = message_id.clone();
+        if let Some(returned) = self.returned.remove(id.key()) {
+            let message_id = id.message_id.clone();
             return Some(Err(if dead_letter.is_some() {
                 Failure::DeadLetterReturned {
                     message_id,
@@ -387,11 +433,11 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         }
         if !acked {
             return Some(Err(Failure::Nacked {
-                message_id: message_id.clone(),
+                message_id: id.message_id.clone(),
             }));
         }
         let Some(Entry::Publish {
-            message_id,
+            id,
             pending,
             dead_letter,
             ..
@@ -402,7 +448,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         self.in_flight -= 1;
         self.cursor = self.cursor.saturating_sub(1);
         Some(Ok(Settled {
-            message_id,
+            message_id: id.message_id,
             pending,
             dead_lettered: dead_letter,
         }))
@@ -447,6 +493,16 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A publish known by its message id alone, as a message without `x-outbox-seq` is.
+    impl From<&str> for PublishId {
+        fn from(message_id: &str) -> Self {
+            PublishId {
+                message_id: message_id.into(),
+                stream_seq: None,
+            }
+        }
+    }
     use crate::contract::message::Message;
 
     /// A position like WAL mode's: folding keeps the highest.

@@ -11,7 +11,7 @@
 //! the delivery loop does not. Every integration test runs the same loop against a real
 //! RabbitMQ.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -44,6 +44,12 @@ pub struct StandInBroker {
 
 struct Shared {
     state: Mutex<State>,
+    /// Exchanges the stand-in says do not exist (every other one does).
+    missing_exchanges: Mutex<HashSet<String>>,
+    /// The body limit the delivery loop learned from a refusal.
+    max_message_size: Mutex<Option<usize>>,
+    /// How many times the publishing channel was opened again.
+    reopened: Mutex<usize>,
     /// How many publishes were taken: what [`StandInBroker::published_reaches`] waits on.
     published: watch::Sender<usize>,
     blocked: watch::Sender<bool>,
@@ -53,7 +59,7 @@ struct Shared {
 struct State {
     publishes: Vec<Publish>,
     /// Answers not given yet, by place in publish order.
-    unanswered: BTreeMap<usize, oneshot::Sender<Answer>>,
+    unanswered: BTreeMap<usize, oneshot::Sender<Result<Answer, RelayError>>>,
     most_unanswered: usize,
     /// For each publish, how many were unanswered once it was taken (itself included).
     unanswered_at: Vec<usize>,
@@ -71,6 +77,9 @@ impl StandInBroker {
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::default(),
+                missing_exchanges: Mutex::default(),
+                max_message_size: Mutex::default(),
+                reopened: Mutex::default(),
                 published: watch::Sender::new(0),
                 blocked: watch::Sender::new(false),
             }),
@@ -90,6 +99,43 @@ impl StandInBroker {
     pub fn never_answering_round_trips(mut self) -> Self {
         self.round_trips_pass = false;
         self
+    }
+
+    /// A broker without `exchange`: [`Publisher::exchange_exists`] says so.
+    pub fn without_exchange(self, exchange: &str) -> Self {
+        lock(&self.shared.missing_exchanges).insert(exchange.to_string());
+        self
+    }
+
+    /// The broker closes the publishing channel (`reply_code`, `reply_text`): every publish
+    /// on it not answered yet fails with that, as lapin fails their confirms. Publishes on
+    /// the dead-letter channel are not on it.
+    pub fn close_channel(&self, reply_code: u16, reply_text: &str) {
+        let mut state = self.state();
+        let on_channel: Vec<usize> = state
+            .unanswered
+            .keys()
+            .copied()
+            .filter(|&index| !state.publishes[index].dead_letter_channel)
+            .collect();
+        for index in on_channel {
+            if let Some(answer) = state.unanswered.remove(&index) {
+                let _ = answer.send(Err(RelayError::ChannelClosed {
+                    reply_code,
+                    reply_text: reply_text.to_string(),
+                }));
+            }
+        }
+    }
+
+    /// How many times the delivery loop opened the publishing channel again.
+    pub fn reopened(&self) -> usize {
+        *lock(&self.shared.reopened)
+    }
+
+    /// The body limit the delivery loop learned from a refusal, if any.
+    pub fn learned_max_message_size(&self) -> Option<usize> {
+        *lock(&self.shared.max_message_size)
     }
 
     /// Blocks (`true`) or unblocks publishing, as connection.blocked / unblocked.
@@ -114,7 +160,7 @@ impl StandInBroker {
             panic!("publish {index} was never taken or is answered already");
         };
         // The loop may have ended (a failure) and dropped the publish: nobody to tell.
-        let _ = answer.send(Answer { acked, returned });
+        let _ = answer.send(Ok(Answer { acked, returned }));
     }
 
     /// Acks publish `index`, nothing returned.
@@ -180,8 +226,7 @@ impl StandInBroker {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        // A test that panicked while holding it has failed already.
-        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.shared.state)
     }
 
     fn take(&self, message: Message, dead_letter_channel: bool) -> StandInPending {
@@ -204,14 +249,19 @@ impl StandInBroker {
     }
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A test that panicked while holding it has failed already.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A publish the stand-in took, until the test answers it.
-pub struct StandInPending(oneshot::Receiver<Answer>);
+pub struct StandInPending(oneshot::Receiver<Result<Answer, RelayError>>);
 
 impl Pending for StandInPending {
     async fn answer(&mut self) -> Result<Answer, RelayError> {
         (&mut self.0)
             .await
-            .map_err(|_| RelayError::Bug("the stand-in dropped an unanswered publish".into()))
+            .map_err(|_| RelayError::Bug("the stand-in dropped an unanswered publish".into()))?
     }
 }
 
@@ -261,6 +311,28 @@ impl Publisher for StandInBroker {
 
     fn blocked(&self) -> watch::Receiver<bool> {
         self.shared.blocked.subscribe()
+    }
+
+    fn exchange_exists(
+        &self,
+        exchange: &str,
+    ) -> impl Future<Output = Result<bool, RelayError>> + Send {
+        let exists = !lock(&self.shared.missing_exchanges).contains(exchange);
+        std::future::ready(Ok(exists))
+    }
+
+    fn reopen(&self) -> impl Future<Output = Result<(), RelayError>> + Send {
+        *lock(&self.shared.reopened) += 1;
+        std::future::ready(Ok(()))
+    }
+
+    fn max_message_size(&self) -> Option<usize> {
+        *lock(&self.shared.max_message_size)
+    }
+
+    fn learn_max_message_size(&self, limit: usize) {
+        let mut known = lock(&self.shared.max_message_size);
+        *known = Some(known.map_or(limit, |known| known.min(limit)));
     }
 }
 

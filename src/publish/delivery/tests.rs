@@ -37,6 +37,13 @@ enum Plan {
     Return {
         later: usize,
     },
+    /// The broker closes the publishing channel over it (a channel error, not a return): the
+    /// publishes before it are acked, and every publish on the channel not answered by then
+    /// fails, as lapin fails their confirms.
+    Close {
+        reply_code: u16,
+        reply_text: &'static str,
+    },
 }
 
 /// A broker as the tests script it: it answers the stand-in's publishes by `plans` (default:
@@ -83,6 +90,23 @@ impl Script {
             if let Plan::Return { later } = plan {
                 self.riding.push((index + later, broker.unroutable(index)));
             }
+        }
+        let closing = indexes
+            .iter()
+            .zip(&plans)
+            .find_map(|(&index, plan)| match plan {
+                Plan::Close {
+                    reply_code,
+                    reply_text,
+                } => Some((index, *reply_code, *reply_text)),
+                _ => None,
+            });
+        if let Some((culprit, reply_code, reply_text)) = closing {
+            for &index in indexes.iter().filter(|&&index| index < culprit) {
+                broker.ack(index);
+            }
+            broker.close_channel(reply_code, reply_text);
+            return;
         }
         let mut answers: Vec<(usize, Plan)> = indexes.into_iter().zip(plans).collect();
         for step in 0..answers.len() {
@@ -304,6 +328,47 @@ async fn under_dead_letter_a_returned_message_goes_to_the_dead_letter_exchange_a
     }
 }
 
+#[tokio::test(start_paused = true)]
+async fn two_unroutable_messages_with_one_id_in_one_window_are_both_dead_lettered() {
+    // A table may repeat an id (a non-unique mapped column, a partitioned table): returns are
+    // matched by x-outbox-seq, so each return fails its own publish. Matched by id, the
+    // second return was dropped and its message acknowledged as delivered: lost.
+    let same_id = |seq: &str| {
+        let mut message = message("dup");
+        message.set_header("x-outbox-seq", seq.into());
+        Input::Publish {
+            message,
+            committed_at: None,
+        }
+    };
+    let inputs = vec![
+        Input::Publish {
+            message: message("a"),
+            committed_at: None,
+        },
+        same_id("0-1"),
+        same_id("0-2"),
+        Input::AckPoint(Pos(1)),
+    ];
+    let script = Script::new(&[("dup", Plan::Return { later: 0 })]);
+    let broker = StandInBroker::new().with_dead_letters("dlx");
+    let run = run(broker, script, inputs, 64, 0).await;
+    run.outcome.expect("delivered");
+    assert_eq!(run.reported.last(), Some(&Pos(1)));
+    let letters: Vec<Option<HeaderValue>> = run
+        .broker
+        .published()
+        .into_iter()
+        .filter(|p| p.dead_letter_channel)
+        .map(|p| p.message.header("x-outbox-seq").cloned())
+        .collect();
+    assert_eq!(
+        letters,
+        [Some("0-1".into()), Some("0-2".into())],
+        "each returned publish dead-lettered once"
+    );
+}
+
 fn unpublishable(id: Option<&str>) -> Input<Pos> {
     Input::Unpublishable {
         unpublishable: Box::new(Unpublishable {
@@ -434,6 +499,271 @@ async fn a_stuck_message_is_published_alone_until_it_is_confirmed() {
         "the full window again after it"
     );
     assert_eq!(run.reported.last(), Some(&Pos(40)));
+}
+
+// ---------------------------------------------------------------------------------
+// The broker closing the publishing channel over one message (a 404, 406 or 403 on
+// basic.publish): not a return, and every confirm in flight goes with the channel.
+
+/// `stream(100, 5)` with message `3-2`'s body `size` bytes long (the others: 2 bytes).
+fn stream_with_body(size: usize) -> Vec<Input<Pos>> {
+    stream(100, 5)
+        .into_iter()
+        .map(|input| match input {
+            Input::Publish {
+                mut message,
+                committed_at,
+            } if message.message_id == "3-2" => {
+                message.body = Bytes::from(vec![b'x'; size]);
+                Input::Publish {
+                    message,
+                    committed_at,
+                }
+            }
+            other => other,
+        })
+        .collect()
+}
+
+const TOO_LARGE: &str =
+    "PRECONDITION_FAILED - message size 50 is larger than configured max size 40";
+
+#[tokio::test(start_paused = true)]
+async fn a_406_naming_a_size_names_the_message_of_that_size_and_teaches_the_limit() {
+    let script = Script::new(&[(
+        "3-2",
+        Plan::Close {
+            reply_code: 406,
+            reply_text: TOO_LARGE,
+        },
+    )]);
+    let run = run(StandInBroker::new(), script, stream_with_body(50), 64, 3).await;
+    assert!(
+        matches!(&run.outcome, Err(RelayError::PublishRefused { message_id, size: 50, reply_code: 406, .. }) if message_id == "3-2"),
+        "{:?}",
+        run.outcome
+    );
+    assert_eq!(
+        run.outcome
+            .as_ref()
+            .err()
+            .and_then(|e| e.stuck_message_id()),
+        Some("3-2")
+    );
+    assert!(
+        run.reported.iter().all(|&p| p <= Pos(3)),
+        "{:?}",
+        run.reported
+    );
+    assert_eq!(run.broker.learned_max_message_size(), Some(40));
+
+    // The next session (the same broker: the limit is the process's) checks the body before
+    // publishing it. Under halt it stops naming the row, as a body over --max-message-size
+    // does, without publishing it again.
+    let before = run.broker.published_count();
+    let again = run_with(
+        run.broker,
+        Script::new(&[]),
+        stream_with_body(50),
+        64,
+        0,
+        Some("3-2"),
+    )
+    .await;
+    assert!(
+        matches!(&again.outcome, Err(RelayError::Unpublishable { message_id: Some(id), fault: MapProblem::TooLarge, .. }) if id == "3-2"),
+        "{:?}",
+        again.outcome
+    );
+    assert_eq!(again.reported.last(), Some(&Pos(3)), "everything before it");
+    let retaken = &again.broker.published()[before..];
+    assert!(
+        !ids(retaken).contains(&"3-2"),
+        "not published again: {:?}",
+        ids(retaken)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_dead_letter_a_body_over_the_learned_limit_is_dead_lettered_without_it() {
+    let broker = StandInBroker::new().with_dead_letters("dlx");
+    broker.learn_max_message_size(40);
+    let run = run(broker, Script::new(&[]), stream_with_body(50), 64, 3).await;
+    run.outcome.expect("delivered");
+    assert_eq!(run.reported.last(), Some(&Pos(100)));
+    let taken = run.broker.published();
+    let letter = taken
+        .iter()
+        .find(|p| p.message.message_id == "3-2")
+        .expect("its dead letter");
+    assert_eq!(letter.message.exchange, "dlx");
+    assert!(letter.message.body.is_empty(), "too large: no body");
+    assert_eq!(
+        letter.message.header(dl::REASON),
+        Some(&HeaderValue::Text("too large: 50 bytes > limit 40".into()))
+    );
+}
+
+const DENIED: &str = "ACCESS_REFUSED - access to exchange 'outbox' in vhost '/' refused";
+
+#[tokio::test(start_paused = true)]
+async fn a_close_among_many_names_the_newest_and_the_next_session_walks_them_alone_to_the_culprit()
+{
+    let script = || {
+        Script::new(&[(
+            "3-2",
+            Plan::Close {
+                reply_code: 403,
+                reply_text: DENIED,
+            },
+        )])
+    };
+    let run = run(StandInBroker::new(), script(), stream(100, 5), 64, 3).await;
+    let Err(RelayError::PublishRefusedAmong {
+        last_message_id,
+        unconfirmed,
+        ..
+    }) = &run.outcome
+    else {
+        panic!("{:?}", run.outcome);
+    };
+    assert!(*unconfirmed > 1, "{unconfirmed}");
+    let published = ids(&run.broker.published())
+        .iter()
+        .map(|id| id.to_string())
+        .collect::<Vec<_>>();
+    let newest = published.last().expect("published");
+    assert_eq!(last_message_id, newest, "the newest publish in flight");
+    assert!(
+        run.reported.iter().all(|&p| p <= Pos(3)),
+        "{:?}",
+        run.reported
+    );
+
+    // The next session publishes one at a time up to that message: the broker refuses the
+    // culprit alone, and the error names it.
+    let before = run.broker.published_count();
+    let again = run_with(run.broker, script(), stream(100, 5), 64, 3, Some(newest)).await;
+    assert!(
+        matches!(&again.outcome, Err(RelayError::PublishRefused { message_id, reply_code: 403, .. }) if message_id == "3-2"),
+        "{:?}",
+        again.outcome
+    );
+    let alone = &again.broker.unanswered_at()[before..];
+    assert!(alone.iter().all(|&n| n == 1), "{alone:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_dead_letter_a_refused_message_alone_in_flight_is_dead_lettered_on_a_new_channel() {
+    let script = Script::new(&[(
+        "3-2",
+        Plan::Close {
+            reply_code: 403,
+            reply_text: DENIED,
+        },
+    )]);
+    let broker = StandInBroker::new().with_dead_letters("dlx");
+    // A session after one that named 3-4 among several: one at a time up to it.
+    let run = run_with(broker, script, stream(100, 5), 64, 3, Some("3-4")).await;
+    run.outcome.expect("delivered");
+    assert_eq!(run.reported.last(), Some(&Pos(100)));
+    assert_eq!(
+        run.broker.reopened(),
+        1,
+        "a new publishing channel after the close"
+    );
+    let letters: Vec<Publish> = run
+        .broker
+        .published()
+        .into_iter()
+        .filter(|p| p.dead_letter_channel)
+        .collect();
+    assert_eq!(ids(&letters), ["3-2"]);
+    assert_eq!(
+        letters[0].message.header(dl::REASON),
+        Some(&HeaderValue::Text(format!(
+            "refused: {DENIED} 403 exchange=outbox"
+        )))
+    );
+    let unanswered = run.broker.unanswered_at();
+    assert_eq!(
+        unanswered.iter().max(),
+        Some(&64),
+        "the full window after 3-4"
+    );
+}
+
+/// `stream(10, 3)` with message `4-1` routed to exchange `events.gone`.
+fn stream_to_missing_exchange() -> Vec<Input<Pos>> {
+    stream(10, 3)
+        .into_iter()
+        .map(|input| match input {
+            Input::Publish {
+                mut message,
+                committed_at,
+            } if message.message_id == "4-1" => {
+                message.exchange = "events.gone".into();
+                Input::Publish {
+                    message,
+                    committed_at,
+                }
+            }
+            other => other,
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_to_a_missing_exchange_is_never_published_and_halts_naming_it() {
+    let broker = StandInBroker::new().without_exchange("events.gone");
+    let run = run(
+        broker,
+        Script::new(&[]),
+        stream_to_missing_exchange(),
+        64,
+        0,
+    )
+    .await;
+    assert!(
+        matches!(&run.outcome, Err(RelayError::RoutedToMissingExchange { message_id, exchange }) if message_id == "4-1" && exchange == "events.gone"),
+        "{:?}",
+        run.outcome
+    );
+    assert_eq!(
+        run.outcome.as_ref().err().map(|e| e.recovery()),
+        Some(crate::error::SupervisorAction::Retry)
+    );
+    assert_eq!(run.reported.last(), Some(&Pos(4)), "everything before it");
+    let taken = run.broker.published();
+    assert_eq!(ids(&taken).last(), Some(&"4-0"), "nothing from it on");
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_dead_letter_a_message_to_a_missing_exchange_is_dead_lettered_in_stream_order() {
+    let broker = StandInBroker::new()
+        .with_dead_letters("dlx")
+        .without_exchange("events.gone");
+    let run = run(
+        broker,
+        Script::new(&[]),
+        stream_to_missing_exchange(),
+        64,
+        1,
+    )
+    .await;
+    run.outcome.expect("delivered");
+    assert_eq!(run.reported.last(), Some(&Pos(10)));
+    let taken = run.broker.published();
+    let letter = taken
+        .iter()
+        .find(|p| p.message.message_id == "4-1")
+        .expect("its dead letter");
+    assert_eq!(letter.message.exchange, "dlx");
+    assert_eq!(
+        letter.message.header(dl::REASON),
+        Some(&HeaderValue::Text("exchange missing: events.gone".into()))
+    );
+    assert!(!taken.iter().any(|p| p.message.exchange == "events.gone"));
 }
 
 #[tokio::test]
