@@ -67,7 +67,7 @@ stack_packages
 stack_build
 stack_start bench
 
-rabbit_version=$($SUDO /usr/sbin/rabbitmqctl -n "$RABBIT_NODE" version 2>/dev/null || echo unknown)
+rabbit_version=$(svc_rabbit rabbitmqctl -n "$RABBIT_NODE" version 2>/dev/null || echo unknown)
 commit=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ -n "$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
     commit="$commit+dirty"

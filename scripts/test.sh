@@ -2,11 +2,18 @@
 # The full check of the whole workspace (the relay, crates/outbox-bench, crates/outbox-testkit):
 # formatting, clippy, and every test target against private PostgreSQL and RabbitMQ instances
 # that the test harness starts itself; then a short run of each fuzz target (scripts/fuzz.sh). One cargo run per step covers every member, in the
-# workspace's one target dir. Every test runs on PostgreSQL 15 (Debian's); then the version
-# matrix runs the core tests (MATRIX_TESTS below) again on each newer major version.
+# workspace's one target dir. Every test runs on PostgreSQL 15 (Debian's) and RabbitMQ 4.0
+# (Debian 13's, from a root scripts/install-rabbitmq.sh makes); then the version matrices run
+# the core tests again: MATRIX_TESTS on each newer PostgreSQL, RABBIT_MATRIX_TESTS on
+# RabbitMQ 3.10 (Debian 12's own).
+#
+# OUTBOX_TEST_RABBITMQ=4.3 scripts/test.sh runs all of it on Debian testing's RabbitMQ
+# instead of 4.0 (a moving target: scripts/install-rabbitmq.sh --refresh 4.3 updates it).
 #
 #   scripts/test.sh                  everything
-#   scripts/test.sh --matrix 17,18   only the matrix, on these versions (default: all pinned)
+#   scripts/test.sh --matrix         only the version matrices (PostgreSQL and RabbitMQ)
+#   scripts/test.sh --matrix 17,18   only the PostgreSQL matrix, on these versions
+#   scripts/test.sh --rabbit-matrix  only the RabbitMQ matrix (RABBIT_MATRIX_TESTS on 3.10)
 #   scripts/test.sh --partitions     only tests/partitions.rs (real network partitions on
 #                                    network namespaces; about 8 minutes)
 #   scripts/test.sh --nemesis MINUTES [--seed S]
@@ -69,11 +76,32 @@ MATRIX_TESTS=(
      a_role_without_replication_gets_a_clear_error"
 )
 
+# The core tests of the RabbitMQ matrix, run again on 3.10 (the series before 4.x, still in
+# Debian 12), in the same form as MATRIX_TESTS:
+#   wal                commit order against the test_decoding oracle
+#   faults             kill -9 of the relay and of RabbitMQ, a return, nacks of a full queue
+#   dead_letter        returns dead-lettered at load; the broker's refusals (its 406 text)
+#   credit_flow        a connection held in credit flow
+#   cluster            quorum queues: commit order, the relay's node killed, the leader killed
+RABBIT_MATRIX_TESTS=(
+    "wal: concurrent_writers_arrive_once_in_commit_order"
+    "faults: s01_relay_kill_9_repeatedly s09_rabbitmq_kill_9 s13_binding_removed
+     s15b_full_speed_drain_into_a_filling_queue"
+    "dead_letter: full_window_drain_of_a_tenth_unroutable refusals::a_body_over_the_brokers
+     refusals::under_dead_letter_a_write_the_broker_denies"
+    "credit_flow: a_connection_held_in_credit_flow"
+    "cluster: c1_quorum_queue c2_kill_9_of_the_relays_node c3_kill_9_of_the_quorum_leader"
+)
+RABBIT_MATRIX_SERIES=3.10
+# The series every other test runs on.
+export OUTBOX_TEST_RABBITMQ=${OUTBOX_TEST_RABBITMQ:-4.0}
+
 pg_majors_pinned() {
     grep -v -e '^#' -e '^[[:space:]]*$' crates/outbox-testkit/postgres-versions | awk '{ print $1 }'
 }
 
 matrix_only=
+rabbit_matrix_wanted=yes
 partitions_only=
 nemesis_minutes=
 nemesis_seed=
@@ -101,11 +129,16 @@ while [ $# -gt 0 ]; do
             matrix_only=yes
             if [ $# -gt 1 ] && [[ $2 != -* ]]; then
                 IFS=, read -r -a matrix_majors <<<"$2"
+                rabbit_matrix_wanted=
                 shift
             fi
             ;;
+        --rabbit-matrix)
+            matrix_only=yes
+            matrix_majors=(none)
+            ;;
         *)
-            echo "usage: scripts/test.sh [--matrix [MAJOR,...] | --partitions | --nemesis MINUTES [--seed S] [--broken]]" >&2
+            echo "usage: scripts/test.sh [--matrix [MAJOR,...] | --rabbit-matrix | --partitions | --nemesis MINUTES [--seed S] [--broken]]" >&2
             exit 2
             ;;
     esac
@@ -113,6 +146,8 @@ while [ $# -gt 0 ]; do
 done
 if [ "${#matrix_majors[@]}" -eq 0 ]; then
     mapfile -t matrix_majors < <(pg_majors_pinned)
+elif [ "${matrix_majors[*]}" = none ]; then
+    matrix_majors=()
 fi
 
 sudo=()
@@ -148,6 +183,8 @@ if [ "${#need_packages[@]}" -gt 0 ]; then
 fi
 # Before the tests: tests/harness_smoke.rs starts the newest one beside 15.
 scripts/install-postgres.sh "${matrix_majors[@]}"
+# 3.10 is Debian 12's package (above); the others a root each, cached.
+scripts/install-rabbitmq.sh "$OUTBOX_TEST_RABBITMQ"
 
 if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
     # shellcheck source=/dev/null
@@ -199,13 +236,17 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-matrix.XXXXXX")
 chmod 755 "$work"
 epmd_was_running=
+# The epmd port of the series the matrix's RabbitMQ runs (3.10: the system's 4369).
+epmd_port=$(awk -v series="$OUTBOX_TEST_RABBITMQ" '$1 == series { print $4 }' \
+    crates/outbox-testkit/rabbitmq-versions)
+epmd_port=${epmd_port:-4369}
 # Stops the matrix's RabbitMQ (and the epmd it started), if it runs; idempotent.
 matrix_rabbit_stop() {
     if [ -n "${RABBIT_DIR:-}" ]; then
         svc_rabbit_stop
         # The node starts epmd if none ran; stop it again.
-        if [ -z "$epmd_was_running" ] && svc_port_open 4369; then
-            "${sudo[@]}" runuser -u rabbitmq -- epmd -kill >/dev/null 2>&1
+        if [ -z "$epmd_was_running" ] && svc_port_open "$epmd_port"; then
+            "${sudo[@]}" env ERL_EPMD_PORT="$epmd_port" epmd -kill >/dev/null 2>&1
         fi
         RABBIT_DIR=
     fi
@@ -270,7 +311,7 @@ fi
 if [ -z "${OUTBOX_TEST_AMQP_URL:-}" ]; then
     # shellcheck source=scripts/lib/services.sh
     . scripts/lib/services.sh
-    svc_port_open 4369 && epmd_was_running=yes
+    svc_port_open "$epmd_port" && epmd_was_running=yes
     SVC_RABBIT_NAME=outbox-matrix
     svc_rabbit_start "$work" || {
         echo "cannot start the matrix's RabbitMQ" >&2
@@ -293,7 +334,7 @@ matrix_entry() {
 # Each filter must still name a test of its module, and only of its module: a renamed test
 # would otherwise drop out silently, and a substring of another module's names would run
 # that module's tests too.
-for entry in "${MATRIX_TESTS[@]}"; do
+for entry in "${MATRIX_TESTS[@]}" "${RABBIT_MATRIX_TESTS[@]}"; do
     matrix_entry "$entry"
     for filter in $filters; do
         listed=$(cargo test -q --test main -- --list "$module::$filter" 2>/dev/null | sed -n 's/: test$//p')
@@ -343,6 +384,36 @@ matrix_version() {
     [ "${#failures[@]}" -eq 0 ]
 }
 
+# The RabbitMQ matrix: RABBIT_MATRIX_TESTS on RabbitMQ $RABBIT_MATRIX_SERIES, in one process
+# whose nodes the kit starts itself (not the matrix's shared broker), on PostgreSQL 15. Its
+# output in $work/matrix-rabbit.log, its summary line in $work/matrix-rabbit.summary.
+rabbit_matrix() {
+    local started=$SECONDS passed=0 failed=0 failures=() selected=() log p f
+    echo "=== RabbitMQ $RABBIT_MATRIX_SERIES: the RabbitMQ matrix (OUTBOX_TEST_RABBITMQ=$RABBIT_MATRIX_SERIES)"
+    for entry in "${RABBIT_MATRIX_TESTS[@]}"; do
+        matrix_entry "$entry"
+        for filter in $filters; do
+            selected+=("$module::$filter")
+        done
+    done
+    log=$work/rabbit-matrix.log
+    if ! env -u OUTBOX_TEST_AMQP_URL OUTBOX_TEST_RABBITMQ=$RABBIT_MATRIX_SERIES \
+        cargo test --test main -- "${selected[@]}" >"$log" 2>&1; then
+        mapfile -t failures < <(sed -n 's/^test \([^ ]*\) \.\.\. FAILED$/\1/p' "$log")
+        [ "${#failures[@]}" -gt 0 ] || failures=("cargo test")
+    fi
+    read -r p f < <(sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p' "$log" |
+        awk '{ p += $1; f += $2 } END { print p + 0, f + 0 }')
+    passed=$((passed + p))
+    failed=$((failed + f))
+    cat "$log"
+    line="RabbitMQ $(/usr/sbin/rabbitmqctl version 2>/dev/null || echo "$RABBIT_MATRIX_SERIES") ran the RabbitMQ matrix: $passed passed, $failed failed in $((SECONDS - started)) s"
+    [ "${#failures[@]}" -eq 0 ] || line+=" (failed: ${failures[*]})"
+    echo "=== $line"
+    echo "$line" >"$work/matrix-rabbit.summary"
+    [ "${#failures[@]}" -eq 0 ]
+}
+
 # The versions side by side (each test starts its own PostgreSQL; the names of databases,
 # slots and queues carry the process id, so they share the one RabbitMQ): the matrix takes
 # about as long as its longest version instead of their sum. Outputs follow in order.
@@ -359,10 +430,20 @@ for i in "${!matrix_majors[@]}"; do
     cat "$work/matrix-$major.log"
     summary+=("$(cat "$work/matrix-$major.summary" 2>/dev/null || echo "PostgreSQL $major: no summary")")
 done
+phase_done "the PostgreSQL matrix"
 
-echo "=== version matrix"
+# After the PostgreSQL matrix, not beside it: its cluster tests bound a failover in seconds,
+# and a 3-node cluster beside three PostgreSQL versions' tests is more than two cores hold.
+if [ -n "$rabbit_matrix_wanted" ]; then
+    matrix_rabbit_stop
+    rabbit_matrix >"$work/matrix-rabbit.out" 2>&1 || failed_versions=$((failed_versions + 1))
+    cat "$work/matrix-rabbit.out"
+    summary+=("$(cat "$work/matrix-rabbit.summary" 2>/dev/null || echo "RabbitMQ $RABBIT_MATRIX_SERIES: no summary")")
+    phase_done "the RabbitMQ matrix"
+fi
+
+echo "=== version matrices"
 printf '    %s\n' "${summary[@]}"
-phase_done "the version matrix"
 
 partitions_failed=
 if [ -z "$matrix_only" ]; then

@@ -11,6 +11,13 @@
 #   svc_rabbit_start WORKDIR    -> RABBIT_NODE, RABBIT_PORT, RABBIT_DIR, RABBIT_URL
 #                                  (SVC_RABBIT_NAME: the node name's prefix, outbox-demo)
 #   svc_rabbit_stop
+#   svc_rabbit PROGRAM ARGS...  rabbitmqctl (or another RabbitMQ program) of the series
+#
+# The RabbitMQ series is the tests' (OUTBOX_TEST_RABBITMQ: 4.0 by default, 4.3, or Debian
+# 12's own 3.10). A 4.x node runs from the Debian root scripts/install-rabbitmq.sh makes, with
+# chroot, in a mount namespace that binds /proc, the hosts file and the temp dir into it, as
+# root, on the series' own epmd port (crates/outbox-testkit/src/rabbit_release.rs does the
+# same for the tests).
 #
 # Debian's /usr/sbin/rabbitmq-* wrappers, run as root, switch to the rabbitmq user with
 # `su` (not a login shell), which keeps the environment: the RABBITMQ_* variables reach the
@@ -115,6 +122,36 @@ svc_pg_stop() {
     fi
 }
 
+# The RabbitMQ series scripts run: the tests' default, or OUTBOX_TEST_RABBITMQ.
+svc_rabbit_series() {
+    echo "${OUTBOX_TEST_RABBITMQ:-4.0}"
+}
+
+# Runs RabbitMQ program $1 (rabbitmq-server, rabbitmqctl) of the series with the remaining
+# arguments. RABBITMQ_* variables of the caller's environment (a prefix of the call will do)
+# reach the program, through sudo too.
+svc_rabbit() {
+    local program=$1 series root epmd temp vars=()
+    shift
+    mapfile -t vars < <(env | grep '^RABBITMQ_' || true)
+    series=$(svc_rabbit_series)
+    if [ "$series" = 3.10 ]; then
+        $SUDO env "${vars[@]}" "/usr/sbin/$program" "$@"
+        return
+    fi
+    root=$("$SVC_SCRIPTS/install-rabbitmq.sh" --root "$series") || return 1
+    epmd=$(awk -v series="$series" '$1 == series { print $4 }' \
+        "$SVC_SCRIPTS/../crates/outbox-testkit/rabbitmq-versions")
+    temp=${TMPDIR:-/tmp}
+    # shellcheck disable=SC2016 # expanded by the inner shell
+    $SUDO unshare --mount --propagation private -- sh -c 'set -e; root=$0; temp=$1; shift
+        mount -t proc proc "$root/proc"
+        mount --bind /etc/hosts "$root/etc/hosts"
+        mkdir -p "$root$temp"; mount --bind "$temp" "$root$temp"
+        exec chroot "$root" "$@"' "$root" "$temp" \
+        /usr/bin/env "${vars[@]}" HOME=/root ERL_EPMD_PORT="$epmd" "/usr/lib/rabbitmq/bin/$program" "$@"
+}
+
 # A private RabbitMQ node in WORKDIR/rabbit, owned by the rabbitmq user: its own node
 # name, AMQP and distribution ports, mnesia, logs, pid file, plugins and config files.
 svc_rabbit_start() {
@@ -134,8 +171,7 @@ listeners.tcp.1 = 127.0.0.1:$RABBIT_PORT
 disk_free_limit.absolute = 50MB
 EOF
     $SUDO chown -R rabbitmq: "$RABBIT_DIR"
-    if ! $SUDO env \
-        RABBITMQ_NODENAME="$RABBIT_NODE" \
+    if ! RABBITMQ_NODENAME="$RABBIT_NODE" \
         RABBITMQ_NODE_PORT="$RABBIT_PORT" \
         RABBITMQ_DIST_PORT="$RABBIT_DIST_PORT" \
         RABBITMQ_MNESIA_BASE="$RABBIT_DIR/mnesia" \
@@ -143,7 +179,7 @@ EOF
         RABBITMQ_PID_FILE="$RABBIT_DIR/pid" \
         RABBITMQ_ENABLED_PLUGINS_FILE="$RABBIT_DIR/enabled_plugins" \
         RABBITMQ_CONFIG_FILE="$RABBIT_DIR/rabbitmq.conf" \
-        /usr/sbin/rabbitmq-server -detached >"$work/rabbit-startup.log" 2>&1; then
+        svc_rabbit rabbitmq-server -detached >"$work/rabbit-startup.log" 2>&1; then
         echo "rabbitmq-server -detached failed:" >&2
         cat "$work/rabbit-startup.log" >&2
         return 1
@@ -165,7 +201,7 @@ EOF
         fi
         sleep 0.2
     done
-    if ! $SUDO /usr/sbin/rabbitmqctl -n "$RABBIT_NODE" await_startup --timeout 60 \
+    if ! svc_rabbit rabbitmqctl -n "$RABBIT_NODE" await_startup --timeout 60 \
         >>"$work/rabbit-startup.log" 2>&1; then
         echo "rabbitmqctl await_startup failed:" >&2
         tail -n 20 "$work/rabbit-startup.log" >&2

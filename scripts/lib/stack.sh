@@ -32,7 +32,10 @@ stack_packages() {
         15) svc_pg_bin >/dev/null 2>&1 || missing+=(postgresql) ;;
         *) "$REPO/scripts/install-postgres.sh" "$OUTBOX_TEST_PG_MAJOR" ;;
     esac
-    [ -x /usr/sbin/rabbitmq-server ] || missing+=(rabbitmq-server)
+    case $(svc_rabbit_series) in
+        3.10) [ -x /usr/sbin/rabbitmq-server ] || missing+=(rabbitmq-server) ;;
+        *) "$REPO/scripts/install-rabbitmq.sh" "$(svc_rabbit_series)" ;;
+    esac
     command -v cc >/dev/null 2>&1 || missing+=(build-essential)
     if [ ${#missing[@]} -gt 0 ]; then
         say "installing ${missing[*]} with apt"

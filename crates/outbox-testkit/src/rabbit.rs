@@ -67,11 +67,14 @@ impl RabbitServer {
         // does not leave it behind.
         let node_prefix = node_prefix();
         let mut watchdog = spawn_watchdog(&watchdog_cleanup(&node_prefix, &dir));
-        match Node::start(&node_prefix, &dir, extra_conf, None) {
+        match Node::start(&node_prefix, &dir, extra_conf, None, false)
+            .and_then(|node| node.enable_khepri_if_chosen().map(|()| node))
+        {
             Ok(node) => {
                 eprintln!(
-                    "harness: rabbitmq {} {} on port {} ready in {:?} ({})",
+                    "harness: rabbitmq {} ({:?}) {} on port {} ready in {:?} ({})",
                     release().series(),
+                    release().metadata(),
                     node.name,
                     node.amqp_port,
                     started.elapsed(),
@@ -227,13 +230,14 @@ pub(crate) struct Node {
 impl Node {
     /// Creates `dir` (if needed) and boots a node in it named `{name_prefix}{attempt}@localhost`
     /// (on a test `host`: `@{its hostname}`, listening on its address) on fresh ports, with the
-    /// default `rabbitmq.conf` plus `extra_conf` lines; up to [`ATTEMPTS`] times, a failed
-    /// attempt killed and its data removed.
+    /// default `rabbitmq.conf` plus `extra_conf` lines (and the release's, for a `clustered`
+    /// node or not); up to [`ATTEMPTS`] times, a failed attempt killed and its data removed.
     pub(crate) fn start(
         name_prefix: &str,
         dir: &Path,
         extra_conf: &[&str],
         host: Option<&Host>,
+        clustered: bool,
     ) -> Result<Node, String> {
         std::fs::create_dir_all(dir).expect("create the node's dir");
         std::fs::write(dir.join("enabled_plugins"), "[].\n").expect("write enabled_plugins");
@@ -269,7 +273,7 @@ impl Node {
                 node.addr(),
                 node.amqp_port
             );
-            for line in release().conf_lines().iter().chain(extra_conf) {
+            for line in release().conf_lines(clustered).iter().chain(extra_conf) {
                 conf += line;
                 conf += "\n";
             }
@@ -425,6 +429,25 @@ impl Node {
             self.name,
             started.elapsed()
         );
+    }
+
+    /// Turns the `khepri_db` feature flag on when the release says so
+    /// ([`super::rabbit_release::METADATA_ENV`]); on a cluster, once it is whole (it migrates
+    /// every member).
+    pub(crate) fn enable_khepri_if_chosen(&self) -> Result<(), String> {
+        if !release().enables_khepri() {
+            return Ok(());
+        }
+        let out = self.ctl(&["enable_feature_flag", "khepri_db"]);
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(self.failure(&format!(
+                "rabbitmqctl enable_feature_flag khepri_db failed:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )))
+        }
     }
 
     /// `rabbitmqctl -n NODE args…`.

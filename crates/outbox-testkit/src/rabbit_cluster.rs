@@ -140,7 +140,7 @@ impl RabbitCluster {
                     let name_prefix = format!("{prefix}{i}-");
                     let dir = tempdir.path().join(format!("node{i}"));
                     let host = hosts.map(|hosts| &hosts[i]);
-                    scope.spawn(move || Node::start(&name_prefix, &dir, conf, host))
+                    scope.spawn(move || Node::start(&name_prefix, &dir, conf, host, true))
                 })
                 .collect();
             boots
@@ -173,9 +173,12 @@ impl RabbitCluster {
         // Dropping `cluster` on an error below stops it.
         cluster
             .join(parallel_joins)
-            .and_then(|()| cluster.wait_clustered())?;
+            .and_then(|()| cluster.wait_clustered())
+            .and_then(|()| cluster.nodes[0].enable_khepri_if_chosen())?;
         eprintln!(
-            "harness: rabbitmq cluster of {NODES} ready in {:?} (booted in {booted_in:?}; ports {:?}; {})",
+            "harness: rabbitmq {} ({:?}) cluster of {NODES} ready in {:?} (booted in {booted_in:?}; ports {:?}; {})",
+            super::rabbit_release::release().series(),
+            super::rabbit_release::release().metadata(),
             started.elapsed(),
             (0..NODES).map(|i| cluster.port(i)).collect::<Vec<_>>(),
             cluster.nodes[0].dir.parent().unwrap().display(),

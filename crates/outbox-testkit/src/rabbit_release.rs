@@ -32,6 +32,10 @@ pub const RABBITMQ_ENV: &str = "OUTBOX_TEST_RABBITMQ";
 pub const DEFAULT_SERIES: &str = "4.0";
 /// Debian 12's own RabbitMQ.
 pub const HOST_SERIES: &str = "3.10";
+/// Environment variable choosing the metadata store of 4.0's nodes: `khepri` turns on the
+/// `khepri_db` feature flag once a node or cluster is up; `mnesia` (or unset) leaves the
+/// series' default (4.0: Mnesia; 4.3: Khepri, which cannot be turned off).
+pub const METADATA_ENV: &str = "OUTBOX_TEST_RABBITMQ_METADATA";
 /// Environment variable naming the cache of the installed roots (default [`RABBITMQ_CACHE`]).
 pub const RABBITMQ_CACHE_ENV: &str = "OUTBOX_TEST_RABBITMQ_CACHE";
 /// The default cache, beside the PostgreSQL binaries.
@@ -62,6 +66,15 @@ pub struct Release {
     series: String,
     /// A 4.x series' root and its epmd port; `None` for Debian 12's own 3.10.
     root: Option<(PathBuf, u16)>,
+    /// The kit turns Khepri on once a node or cluster is up ([`METADATA_ENV`]).
+    enable_khepri: bool,
+}
+
+/// The metadata store the nodes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metadata {
+    Mnesia,
+    Khepri,
 }
 
 /// The series a test process can choose: 3.10, then the listed ones.
@@ -99,7 +112,23 @@ pub fn release() -> &'static Release {
             .map(|value| value.trim().to_string())
             .filter(|value| !value.is_empty())
             .unwrap_or_else(|| DEFAULT_SERIES.to_string());
-        Release::of(&series)
+        let mut release = Release::of(&series);
+        match std::env::var(METADATA_ENV).as_deref().map(str::trim) {
+            Err(_) | Ok("") => {}
+            Ok("mnesia") => assert!(
+                release.metadata() == Metadata::Mnesia,
+                "{METADATA_ENV}=mnesia: RabbitMQ {series} runs Khepri, which cannot be turned off"
+            ),
+            Ok("khepri") => {
+                assert!(
+                    release.major() >= 4,
+                    "{METADATA_ENV}=khepri: RabbitMQ {series} has no Khepri (4.0 and later do)"
+                );
+                release.enable_khepri = release.metadata() == Metadata::Mnesia;
+            }
+            Ok(other) => panic!("{METADATA_ENV}={other:?}: mnesia or khepri"),
+        }
+        release
     })
 }
 
@@ -114,6 +143,7 @@ impl Release {
             return Release {
                 series: series.to_string(),
                 root: None,
+                enable_khepri: false,
             };
         }
         let Some((_, epmd_port)) = listed().into_iter().find(|(s, _)| *s == series) else {
@@ -139,7 +169,29 @@ impl Release {
         Release {
             series: series.to_string(),
             root: Some((root, epmd_port)),
+            enable_khepri: false,
         }
+    }
+
+    /// The metadata store its nodes run once the kit has set them up.
+    pub fn metadata(&self) -> Metadata {
+        let minor: u32 = self
+            .series
+            .split('.')
+            .nth(1)
+            .and_then(|minor| minor.parse().ok())
+            .unwrap_or(0);
+        // 4.2 made Khepri the default of a new cluster.
+        if self.enable_khepri || (self.major(), minor) >= (4, 2) {
+            Metadata::Khepri
+        } else {
+            Metadata::Mnesia
+        }
+    }
+
+    /// Whether the kit turns Khepri on once a node or cluster is up.
+    pub(crate) fn enables_khepri(&self) -> bool {
+        self.enable_khepri
     }
 
     /// `3.10`, `4.0`, `4.3`.
@@ -166,15 +218,19 @@ impl Release {
 
     /// `rabbitmq.conf` lines every node of this release gets: on 4.x the deprecated features
     /// a client could still use are refused, so that a test fails where the relay, the
-    /// inbox or the kit leans on one (3.10 predates the mechanism).
-    pub(crate) fn conf_lines(&self) -> &'static [&'static str] {
-        if self.major() >= 4 {
-            &[
+    /// inbox or the kit leans on one (3.10 predates the mechanism). Transient non-exclusive
+    /// queues only on a node of its own: 4.0.5 checks that none is in use while a joining
+    /// node boots, before its Mnesia tables have loaded, and the check's failure fails the
+    /// boot (`failed_to_deny_deprecated_features`; seen on every join in the partition lab).
+    /// Every single-node test, the relay's and the inbox's included, runs with both refused.
+    pub(crate) fn conf_lines(&self, clustered: bool) -> &'static [&'static str] {
+        match (self.major() >= 4, clustered) {
+            (false, _) => &[],
+            (true, true) => &["deprecated_features.permit.global_qos = false"],
+            (true, false) => &[
                 "deprecated_features.permit.transient_nonexcl_queues = false",
                 "deprecated_features.permit.global_qos = false",
-            ]
-        } else {
-            &[]
+            ],
         }
     }
 
@@ -252,6 +308,7 @@ mod tests {
         let release = Release {
             series: "4.0".into(),
             root: Some((PathBuf::from("/cache/4.0/root"), 4370)),
+            enable_khepri: false,
         };
         let command = release.command(Program::Ctl, None);
         assert_eq!(command.get_program(), "unshare");
