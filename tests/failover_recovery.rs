@@ -1830,6 +1830,35 @@ const LONG_TRANSACTION: Duration = Duration::from_secs(18);
 const CREATION_WAITS: &str = "recreating the slot waits for write transactions";
 const CREATION_REPORT_EVERY: Duration = Duration::from_secs(10);
 
+/// Waits until every row of `rows` arrived and `relay` streams the new slot (how long after
+/// `since`), then until a row inserted after that arrives too; returns both.
+async fn recovered(
+    relay: &RelayProcess,
+    consumer: &mut Consumer,
+    outbox: &Outbox,
+    rows: &[String],
+    since: Instant,
+) -> (Duration, String) {
+    assert!(
+        wait_for_ids(consumer, rows, MINUTE).await,
+        "every row arrives; log:\n{}",
+        relay.log()
+    );
+    assert!(
+        relay.wait_new_session(0, MINUTE).await.is_some(),
+        "the new slot streams; log:\n{}",
+        relay.log()
+    );
+    let to_streaming = since.elapsed();
+    let after = outbox.insert("AfterTheRecovery", "{}").await;
+    assert!(
+        wait_for_ids(consumer, std::slice::from_ref(&after), MINUTE).await,
+        "a row after the recovery arrives; log:\n{}",
+        relay.log()
+    );
+    (to_streaming, after)
+}
+
 /// The walsenders waiting for the transaction of backend `pid` (its xid's lock).
 async fn walsenders_waiting_for(client: &Client, pid: i32) -> Vec<i32> {
     client
@@ -1934,23 +1963,8 @@ async fn slot_creation_waits_out_a_long_write_transaction() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let every_row: Vec<String> = backlog.iter().cloned().chain([long_id.clone()]).collect();
-    assert!(
-        wait_for_ids(&mut consumer, &every_row, MINUTE).await,
-        "every row arrives, the long transaction's too; log:\n{}",
-        relay.log()
-    );
-    assert!(
-        relay.wait_new_session(0, MINUTE).await.is_some(),
-        "the new slot streams; log:\n{}",
-        relay.log()
-    );
-    let to_streaming = committed.elapsed();
-    let after = outbox.insert("AfterTheSlot", "{}").await;
-    assert!(
-        wait_for_ids(&mut consumer, std::slice::from_ref(&after), MINUTE).await,
-        "a row after the slot's creation arrives; log:\n{}",
-        relay.log()
-    );
+    let (to_streaming, after) =
+        recovered(&relay, &mut consumer, &outbox, &every_row, committed).await;
     let reconnects = relay.reconnects();
     relay.stop().await;
 
@@ -1999,4 +2013,103 @@ async fn slot_creation_waits_out_a_long_write_transaction() {
         ],
     );
     eprintln!("slot creation warning: {}", warnings[0]);
+}
+
+// ---------------------------------------------------------------------------------
+// Slot recreation's replication connect is bounded
+
+/// What a replication connection's startup message holds (pgwire-replication asks for a
+/// logical replication session): an ordinary connection's does not.
+const REPLICATION_STARTUP: &[u8] = b"replication\0database\0";
+/// The error of a connect that took longer than the connect timeout (15 s).
+const REPLICATION_CONNECT_TIMED_OUT: &str =
+    "Connecting to the PostgreSQL replication connection took longer than 15 s";
+/// A wide margin over the connect timeout: what a bounded connect gives up within.
+const GIVE_UP_WITHIN: Duration = Duration::from_secs(60);
+
+/// A recreating relay whose PostgreSQL is behind a proxy that sends replication connections
+/// (and only those) into a black hole, after the server's SSL answer: a proxy that accepts
+/// and never answers. The recovery gives up each such attempt with a connect-timeout error
+/// naming the replication connection, well within a minute (the timeout is 15 s), having
+/// made no slot. Once the proxy heals, the recovery completes
+/// and every row arrives. (Before, the creation waited without a bound behind the unbounded
+/// connect, saying every 10 s that it waited for write transactions, and held the recovery
+/// lock, and every standby, for ever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_recreation_gives_up_a_replication_connect_into_a_black_hole() {
+    let rabbit = rabbit().await;
+    let pg = blocking(common::private_pg);
+    let outbox = Outbox::on(&pg.url("postgres"), &rabbit.url(), "repl_hole").await;
+    without_emit_functions(&outbox).await;
+    let (backlog, _) = common::faults::seed_backlog(&outbox, 2_000, None).await;
+    common::pg::drop_slot_once_released(&outbox.client, &outbox.slot).await;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let proxy = common::TcpProxy::start(&format!("{}:{}", pg.addr(), pg.port()));
+    proxy.set_mode_of_matching(REPLICATION_STARTUP, common::Mode::BlackHole);
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/{}",
+        proxy.port(),
+        database_of(&outbox)
+    );
+
+    let relay = outbox.spawn_relay_via(&url, &outbox.amqp_url, &recreate_flags());
+    let started = Instant::now();
+    let deadline = Instant::now() + MINUTE;
+    while proxy.matched_connections() == 0 {
+        assert!(
+            relay.try_exit().is_none() && Instant::now() < deadline,
+            "the recovery never opened a replication connection; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let into_the_hole = started.elapsed();
+    assert!(
+        relay
+            .wait_for_log(REPLICATION_CONNECT_TIMED_OUT, GIVE_UP_WITHIN)
+            .await,
+        "the recovery still waits on a replication connection into a black hole {} s after \
+         opening it (no connect timeout); log:\n{}",
+        GIVE_UP_WITHIN.as_secs(),
+        relay.log()
+    );
+    let gave_up = started.elapsed();
+    let line = relay.log_lines(REPLICATION_CONNECT_TIMED_OUT).remove(0);
+    assert!(
+        line.contains("session failed"),
+        "a session's failure: {line}"
+    );
+    assert!(
+        slot_state(&outbox.client, &outbox.slot).await.is_none(),
+        "no slot made through the hole"
+    );
+
+    proxy.clear_mode_of_matching();
+    let healed = Instant::now();
+    let (to_streaming, after) = recovered(&relay, &mut consumer, &outbox, &backlog, healed).await;
+    let attempts = relay.log_count(REPLICATION_CONNECT_TIMED_OUT);
+    relay.stop().await;
+    let every_row: Vec<String> = backlog.into_iter().chain([after]).collect();
+    let tally = Tally::of(consumer.received());
+    common::faults::assert_nothing_lost_or_invented(&tally, &every_row);
+    report(
+        "recovery: slot recreation gives up a replication connect into a black hole",
+        &[
+            ("rows", every_row.len().to_string()),
+            ("lost", "0".into()),
+            (
+                "replication connect into the hole after",
+                secs(into_the_hole),
+            ),
+            ("first attempt given up after", secs(gave_up)),
+            ("attempts given up", attempts.to_string()),
+            (
+                "replication connections into the hole",
+                proxy.matched_connections().to_string(),
+            ),
+            ("healed to streaming", secs(to_streaming)),
+            ("duplicates", tally.duplicates().to_string()),
+        ],
+    );
+    eprintln!("replication connect timeout: {line}");
 }

@@ -28,7 +28,7 @@
 //! slot has no reader during the backfill); a holder that vanishes loses its session, and
 //! the lock, within the peer timeout (outbox_common::liveness). No step waits without a bound
 //! but the slot's creation, which waits for the write transactions running when it began, and
-//! says so (`wait_for_creation`).
+//! says so (`wait_for_creation`); connecting for it is bounded like any connect.
 //!
 //! The table-less outbox (`outbox_emit`) cannot be backfilled: its events were only in the
 //! WAL. `setup` creates the emit functions for every outbox, so their presence says nothing;
@@ -249,12 +249,15 @@ async fn drop_old_slot(client: &Client, names: &OutboxNames) -> Result<(), Relay
 }
 
 /// CREATE_REPLICATION_SLOT with an exported snapshot, on a replication session that must
-/// stay open and idle while the snapshot is imported.
+/// stay open and idle while the snapshot is imported. Connecting, TLS and authentication are
+/// bounded as a session's are (a server or proxy that accepts and never answers would hold
+/// the recovery's lock, and every standby, for ever); only the creation itself waits as
+/// long as it must ([`wait_for_creation`]).
 async fn create_slot(ctx: &Recovery<'_>, server: &Server) -> Result<Created, RelayError> {
     let names = &ctx.names;
     let config = db::replication_config(ctx.database_url, server, &names.slot, &names.publication)?;
-    let mut session = ReplicationClient::connect_gated(config)
-        .await
+    let (mut session, _) = db::connect_replication(config)
+        .await?
         .map_err(RelayError::replication)?;
     let client = db::connect_to(ctx.database_url, server).await?;
     let version = db::server_version_num(&client).await?;
