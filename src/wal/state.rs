@@ -213,7 +213,7 @@ pub struct Backfilled {
     /// something, which none does before the recovery finishes.
     pub slot_lsn: Lsn,
     /// The server's time once the slot was made: every row committed before the slot's
-    /// start was created before it.
+    /// start was created before it (`created_at` is its transaction's `now()`).
     pub until: SystemTime,
     /// The last confirmed row's `created_at` and id, as the backfill read them (text).
     pub confirmed: Option<(String, String)>,
