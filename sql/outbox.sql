@@ -25,8 +25,17 @@ CREATE TABLE IF NOT EXISTS "public"."outbox_relay_state" (
     emitted_events boolean NOT NULL DEFAULT false,
     recovering boolean NOT NULL DEFAULT false,
     backfill_from timestamptz,
+    backfill_slot_lsn pg_lsn,
+    backfill_until timestamptz,
+    backfill_confirmed_created_at text,
+    backfill_confirmed_id text,
     updated_at timestamptz NOT NULL DEFAULT now()
 );
+ALTER TABLE "public"."outbox_relay_state"
+    ADD COLUMN IF NOT EXISTS backfill_slot_lsn pg_lsn,
+    ADD COLUMN IF NOT EXISTS backfill_until timestamptz,
+    ADD COLUMN IF NOT EXISTS backfill_confirmed_created_at text,
+    ADD COLUMN IF NOT EXISTS backfill_confirmed_id text;
 
 -- the publication (insert only, on the outbox table)
 DO $outbox_relay$ BEGIN

@@ -143,13 +143,14 @@ pub fn fix(error: &RelayError) -> Option<String> {
         ),
         TableMissing { .. } => "run `outbox-relay setup` or create it from sql/".into(),
         RecoveryInterrupted { .. } => "run the relay with --on-slot-lost recreate \
-             (OUTBOX_ON_SLOT_LOST) to finish it: it drops the slot the interrupted recovery \
-             made and backfills again from the same point"
+             (OUTBOX_ON_SLOT_LOST) to finish it: it resumes the backfill after the last row the \
+             broker confirmed (or, when the slot the interrupted recovery made is gone, makes \
+             another and backfills again from the same point)"
             .into(),
         RecoveryUnrecordable { table, .. } => format!(
-            "run `outbox-relay setup` (it creates {table}) and grant the relay's role SELECT, \
-             INSERT, UPDATE on it (sql/role.sql); until then recover by hand \
-             (docs/recovery.md, \"Recovering from a lost slot\")"
+            "run `outbox-relay setup` (it creates {table}, or adds the columns it lacks) and \
+             grant the relay's role SELECT, INSERT, UPDATE on it (sql/role.sql); until then \
+             recover by hand (docs/recovery.md, \"Recovering from a lost slot\")"
         ),
         RecoveryStateUnreadable { table, .. } => format!(
             "GRANT SELECT, INSERT, UPDATE ON {table} TO <the relay's role>; (sql/role.sql \

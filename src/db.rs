@@ -7,15 +7,17 @@
 //! It owns how the relay reaches PostgreSQL (the pinned session settings, identifier quoting),
 //! never what it runs there: no relay query lives here, each belongs to the module that needs
 //! it. Every connection the relay opens comes from here ([`connect`],
-//! [`connect_for_notifications`] for polling's LISTEN, [`replication_config`]): none may
-//! bypass the TLS policy.
+//! [`connect_for_notifications`] for polling's LISTEN, [`replication_config`] and
+//! [`connect_replication`]): none may bypass the TLS policy.
 
 use outbox_common::pg;
-use pgwire_replication::{ReplicationConfig, TlsConfig};
+use pgwire_replication::{
+    IdentifySystem, PgWireError, ReplicationClient, ReplicationConfig, TlsConfig,
+};
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, Config};
 
-use crate::error::{ConfigProblem, RelayError};
+use crate::error::{ConfigProblem, Endpoint, RelayError};
 pub use outbox_common::pg::{
     key_value_params, parse_driver_url, split_tls, tls_warning, Notifications, Param, Server,
     TlsOutcome, APPLICATION_NAME, CONNECT_TIMEOUT, PRIMARY_HEAD_START,
@@ -91,6 +93,33 @@ pub async fn server_version_num(client: &Client) -> Result<i32, RelayError> {
         .query_one("SELECT current_setting('server_version_num')::int", &[])
         .await?;
     Ok(row.get(0))
+}
+
+/// Opens a gated replication session (nothing streams before `start`) and waits, at most
+/// [`CONNECT_TIMEOUT`], until it is connected, past TLS and authentication, and has answered
+/// IDENTIFY_SYSTEM. The crate connects in its worker and reports only at the first command,
+/// so this round trip is what bounds the connect: without it a server (or a proxy) that
+/// accepts and never answers holds the caller for ever. The timeout is the outer error
+/// (`ConnectTimeout`, the session aborted); what the server said is the inner one, for the
+/// caller to name.
+pub async fn connect_replication(
+    config: ReplicationConfig,
+) -> Result<Result<(ReplicationClient, IdentifySystem), PgWireError>, RelayError> {
+    let mut client = match ReplicationClient::connect_gated(config).await {
+        Ok(client) => client,
+        Err(e) => return Ok(Err(e)),
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, client.identify_system()).await {
+        Ok(Ok(system)) => Ok(Ok((client, system))),
+        Ok(Err(e)) => Ok(Err(e)),
+        Err(_) => {
+            client.abort();
+            Err(RelayError::ConnectTimeout {
+                endpoint: Endpoint::Replication,
+                seconds: CONNECT_TIMEOUT.as_secs(),
+            })
+        }
+    }
 }
 
 /// The replication connection's configuration for `slot` and `publication`, to `server`

@@ -114,9 +114,10 @@ pub enum RelayError {
 
     #[error(
         "The replication slot \"{slot}\" cannot be recreated with --on-slot-lost recreate: the \
-         relay's state table {table} is missing or this role may not use it, and without it a \
-         recovery interrupted by a crash would go unnoticed and lose the rows it had not \
-         re-published yet"
+         relay's state table {table} is missing, lacks the columns of a recovery's progress (made \
+         by an older setup), or this role may not use it, and without it a recovery \
+         interrupted by a crash would go unnoticed and lose the rows it had not re-published \
+         yet"
     )]
     RecoveryUnrecordable { slot: String, table: String },
 

@@ -4,6 +4,9 @@
 //! Points:
 //! - `poll-before-commit`: a polling worker after every confirm of its batch arrived and the
 //!   rows were marked, just before COMMIT (the window that duplicates a batch).
+//! - `recovery-backfill-confirmed`: a slot's recovery after every confirm of a backfill batch
+//!   arrived, just before the batch's last row is recorded as its progress (the window that
+//!   re-publishes a batch when the backfill resumes).
 
 pub use outbox_common::failpoint::failpoint;
 
@@ -11,9 +14,11 @@ pub use outbox_common::failpoint::failpoint;
 pub const ENV: &str = "OUTBOX_FAILPOINTS";
 
 /// Every failpoint the relay has; a name not in this list is a configuration error.
-pub const POINTS: [&str; 1] = [POLL_BEFORE_COMMIT];
+pub const POINTS: [&str; 2] = [POLL_BEFORE_COMMIT, RECOVERY_BACKFILL_CONFIRMED];
 /// See the module documentation.
 pub const POLL_BEFORE_COMMIT: &str = "poll-before-commit";
+/// See the module documentation.
+pub const RECOVERY_BACKFILL_CONFIRMED: &str = "recovery-backfill-confirmed";
 
 /// Reads [`ENV`] and arms its points. Call once at startup; an invalid value is an error
 /// naming the problem (so a typo never silently disables a test's crash).

@@ -1487,7 +1487,8 @@ const KILL_AFTER: usize = 1_000;
 /// after the kill (the new slot would stream them). A least-privilege role without SELECT on
 /// the state table then starts: it exits 1 naming outbox_relay_state and the GRANT, publishes
 /// nothing, and leaves the slot's confirmed_flush_lsn where it was. Once granted, the same
-/// role recovers again and every row arrives. (Before, the permission error read as "no
+/// role resumes the recovery on the slot the killed one made, from the last row it had
+/// confirmed, and every row arrives. (Before, the permission error read as "no
 /// state": not interrupted, so the relay streamed the half-recovered slot, and the rows the
 /// backfill had not reached were lost.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1585,7 +1586,7 @@ async fn unreadable_state_fails_closed_after_a_crash_mid_backfill() {
         .expect("the state row");
     assert!(still_recovering, "the mark stays");
 
-    // Granted: the same role recovers again, from the recorded start.
+    // Granted: the same role resumes the recovery, from the last confirmed row.
     outbox
         .client
         .batch_execute(&format!(
@@ -1609,7 +1610,15 @@ async fn unreadable_state_fails_closed_after_a_crash_mid_backfill() {
     let to_streaming = granted.elapsed();
     recovered.stop().await;
     let backfilled = backfilled_rows(&recovered);
-    assert_eq!(backfilled, every_row.len(), "the whole table re-published");
+    // Resumed on the killed recovery's slot: the rows committed after the kill come through
+    // it, not through the backfill.
+    assert!(
+        backfilled <= gap.len(),
+        "the backfill re-published {backfilled} rows, more than the gap of {} ({} before the \
+         kill)",
+        gap.len(),
+        delivered_before.len()
+    );
     let (_, recovering) = recorded_state(&outbox.client, &outbox.slot)
         .await
         .expect("the state row");
@@ -1830,6 +1839,35 @@ const LONG_TRANSACTION: Duration = Duration::from_secs(18);
 const CREATION_WAITS: &str = "recreating the slot waits for write transactions";
 const CREATION_REPORT_EVERY: Duration = Duration::from_secs(10);
 
+/// Waits until every row of `rows` arrived and `relay` streams the new slot (how long after
+/// `since`), then until a row inserted after that arrives too; returns both.
+async fn recovered(
+    relay: &RelayProcess,
+    consumer: &mut Consumer,
+    outbox: &Outbox,
+    rows: &[String],
+    since: Instant,
+) -> (Duration, String) {
+    assert!(
+        wait_for_ids(consumer, rows, MINUTE).await,
+        "every row arrives; log:\n{}",
+        relay.log()
+    );
+    assert!(
+        relay.wait_new_session(0, MINUTE).await.is_some(),
+        "the new slot streams; log:\n{}",
+        relay.log()
+    );
+    let to_streaming = since.elapsed();
+    let after = outbox.insert("AfterTheRecovery", "{}").await;
+    assert!(
+        wait_for_ids(consumer, std::slice::from_ref(&after), MINUTE).await,
+        "a row after the recovery arrives; log:\n{}",
+        relay.log()
+    );
+    (to_streaming, after)
+}
+
 /// The walsenders waiting for the transaction of backend `pid` (its xid's lock).
 async fn walsenders_waiting_for(client: &Client, pid: i32) -> Vec<i32> {
     client
@@ -1934,23 +1972,8 @@ async fn slot_creation_waits_out_a_long_write_transaction() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let every_row: Vec<String> = backlog.iter().cloned().chain([long_id.clone()]).collect();
-    assert!(
-        wait_for_ids(&mut consumer, &every_row, MINUTE).await,
-        "every row arrives, the long transaction's too; log:\n{}",
-        relay.log()
-    );
-    assert!(
-        relay.wait_new_session(0, MINUTE).await.is_some(),
-        "the new slot streams; log:\n{}",
-        relay.log()
-    );
-    let to_streaming = committed.elapsed();
-    let after = outbox.insert("AfterTheSlot", "{}").await;
-    assert!(
-        wait_for_ids(&mut consumer, std::slice::from_ref(&after), MINUTE).await,
-        "a row after the slot's creation arrives; log:\n{}",
-        relay.log()
-    );
+    let (to_streaming, after) =
+        recovered(&relay, &mut consumer, &outbox, &every_row, committed).await;
     let reconnects = relay.reconnects();
     relay.stop().await;
 
@@ -1999,4 +2022,299 @@ async fn slot_creation_waits_out_a_long_write_transaction() {
         ],
     );
     eprintln!("slot creation warning: {}", warnings[0]);
+}
+
+// ---------------------------------------------------------------------------------
+// An interrupted backfill resumes from its last confirmed row
+
+/// The gap test 6's recovery backfills: twenty of the backfill's batches.
+const RESUME_GAP: usize = 20_000;
+/// Rows a backfill publishes and has confirmed at a time (src/ops/resync.rs).
+const BACKFILL_BATCH: usize = 1_000;
+/// Each of the first relays crashes once this many batches are confirmed, before the last
+/// of them is recorded: the window that re-publishes a batch.
+const CRASH_AFTER_BATCHES: usize = 5;
+/// Relays that crash so before one finishes.
+const CRASHES: usize = 3;
+/// The failpoint (src/failpoint.rs) and what a relay prints when it fires.
+const BACKFILL_CONFIRMED: &str = "recovery-backfill-confirmed";
+/// What a relay logs when it resumes an interrupted recovery.
+const RESUMING: &str = "resuming an interrupted recovery";
+
+/// The recovery's record in the state table, as JSON (the columns a version has).
+async fn state_json(client: &Client, slot: &str) -> serde_json::Value {
+    let text: String = client
+        .query_one(
+            "SELECT to_jsonb(s)::text FROM outbox_relay_state s WHERE slot = $1",
+            &[&slot],
+        )
+        .await
+        .expect("read outbox_relay_state")
+        .get(0);
+    serde_json::from_str(&text).expect("a JSON row")
+}
+
+/// A timestamptz of a state row read as JSON.
+async fn json_time(client: &Client, value: &serde_json::Value) -> Option<SystemTime> {
+    let text = value.as_str()?;
+    let row = client
+        .query_one("SELECT $1::text::timestamptz", &[&text])
+        .await
+        .expect("parse a timestamptz");
+    Some(row.get(0))
+}
+
+/// A recreating relay backfills a 20,000-row gap (the slot dropped while no relay ran) with
+/// writers committing all along, and crashes (a failpoint aborts it) once the broker
+/// confirmed its fifth batch, before that batch is recorded; a second and a third relay do
+/// the same; a fourth finishes. Each resumed attempt goes on from the last recorded row on
+/// the slot the first attempt made (pg_replication_slots: its confirmed_flush_lsn stays),
+/// so every crash re-publishes the batch in flight and the row it resumes from, at most:
+/// duplicates ≤ crashes × (batch + 1). Rows the writers committed after the slot's start
+/// come through the slot, once, unless created before the recovery recorded the slot's
+/// time (`backfill_until`). Every row arrives. (Before, each attempt dropped the slot and
+/// re-published the gap from its start: crashes × 5,000 duplicates, and a backfill that
+/// fails every time at the same depth never finishes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_backfill_resumes_from_its_last_confirmed_row() {
+    use std::os::unix::process::ExitStatusExt;
+
+    let rabbit = rabbit().await;
+    // Slot creation waits for every writer on the server: a server of its own.
+    let pg = blocking(|| PgServer::start(&[]));
+    let outbox = Outbox::on(&pg.url("postgres"), &rabbit.url(), "resume").await;
+    without_emit_functions(&outbox).await;
+    let (gap, _) = common::faults::seed_backlog(&outbox, RESUME_GAP, None).await;
+    common::pg::drop_slot_once_released(&outbox.client, &outbox.slot).await;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(2));
+
+    let crash_at = format!("{BACKFILL_CONFIRMED}=abort@{CRASH_AFTER_BATCHES}");
+    let mut slots = Vec::new();
+    let mut until = None;
+    let mut resumed = 0;
+    let started = Instant::now();
+    for crash in 1..=CRASHES {
+        let relay = outbox.spawn(
+            "run",
+            (&outbox.db_url, &outbox.amqp_url),
+            &recreate_flags(),
+            &[("OUTBOX_FAILPOINTS", crash_at.as_str())],
+        );
+        let status = relay
+            .wait_exit(DRAIN)
+            .await
+            .unwrap_or_else(|| panic!("relay {crash} never crashed; log:\n{}", relay.log()));
+        assert_eq!(
+            status.signal(),
+            Some(common::relay::SIGABRT),
+            "relay {crash} aborted at the failpoint; log:\n{}",
+            relay.log()
+        );
+        assert_eq!(
+            relay.log_count(&format!("failpoint {BACKFILL_CONFIRMED} fired")),
+            1,
+            "relay {crash}; log:\n{}",
+            relay.log()
+        );
+        resumed += relay.log_count(RESUMING);
+        wait_sessions_gone(&outbox.client, &outbox.slot).await;
+        let state = state_json(&outbox.client, &outbox.slot).await;
+        assert_eq!(
+            state["recovering"],
+            serde_json::Value::Bool(true),
+            "relay {crash} crashed mid-backfill: {state}"
+        );
+        until = until.or(json_time(&outbox.client, &state["backfill_until"]).await);
+        assert!(
+            slot_state(&outbox.client, &outbox.slot).await.is_some(),
+            "relay {crash} left its slot; log:\n{}",
+            relay.log()
+        );
+        slots.push(outbox.confirmed_flush().await);
+    }
+    let crashed = started.elapsed();
+
+    let finishing = outbox.spawn_relay(&recreate_flags());
+    assert!(
+        finishing.wait_new_session(0, DRAIN).await.is_some(),
+        "the last relay finishes the recovery and streams; log:\n{}",
+        finishing.log()
+    );
+    let to_streaming = started.elapsed();
+    resumed += finishing.log_count(RESUMING);
+    let written = writers.stop().await;
+    let every_row: Vec<String> = gap.iter().cloned().chain(written.iter().cloned()).collect();
+    assert!(
+        wait_for_ids(&mut consumer, &every_row, DRAIN).await,
+        "every row arrives; log:\n{}",
+        finishing.log()
+    );
+    let backfilled = backfilled_rows(&finishing);
+    finishing.stop().await;
+
+    let tally = Tally::of(consumer.received());
+    common::faults::assert_nothing_lost_or_invented(&tally, &every_row);
+    let gap_rows: HashSet<&str> = gap.iter().map(String::as_str).collect();
+    let repeated = |rows: &dyn Fn(&str) -> bool| -> usize {
+        tally
+            .counts
+            .iter()
+            .filter(|(id, _)| rows(id))
+            .map(|(_, n)| n - 1)
+            .sum()
+    };
+    let gap_duplicates = repeated(&|id| gap_rows.contains(id));
+    let bound = CRASHES * (BACKFILL_BATCH + 1);
+    assert!(
+        gap_duplicates <= bound,
+        "{gap_duplicates} rows of the gap re-published after {CRASHES} crashes, bound {bound} \
+         (a batch and the row it resumes from per crash)"
+    );
+    for (id, n) in &tally.counts {
+        assert!(*n <= 2, "row {id} arrived {n} times");
+    }
+    assert!(
+        slots.windows(2).all(|pair| pair[0] == pair[1]),
+        "every attempt resumed on the slot the first made (confirmed_flush_lsn after each \
+         crash: {slots:?})"
+    );
+    assert_eq!(resumed, CRASHES, "each later relay resumed the recovery");
+    assert!(
+        backfilled < RESUME_GAP,
+        "the last relay resumed ({backfilled} rows), not the whole gap"
+    );
+    // Writers' rows committed after the slot's start come through it; those created before
+    // its time was recorded were also read by a resumed backfill.
+    let created = rows_created(&outbox.client).await;
+    let until = until.expect("the recovery recorded its slot's time");
+    let writer_duplicates = repeated(&|id| !gap_rows.contains(id));
+    for (id, n) in &tally.counts {
+        if *n > 1 && !gap_rows.contains(id.as_str()) {
+            assert!(
+                created.get(id).is_some_and(|at| *at <= until),
+                "the writers' row {id} arrived twice but was created after the recovery's \
+                 slot was made"
+            );
+        }
+    }
+    let (_, recovering) = recorded_state(&outbox.client, &outbox.slot)
+        .await
+        .expect("the state row");
+    assert!(!recovering, "the recovery finished");
+    report(
+        "recovery: an interrupted backfill resumes from its last confirmed row",
+        &[
+            ("rows", every_row.len().to_string()),
+            ("lost", "0".into()),
+            ("gap", gap.len().to_string()),
+            ("crashes", CRASHES.to_string()),
+            ("writers' rows", written.len().to_string()),
+            ("gap duplicates", gap_duplicates.to_string()),
+            ("bound", bound.to_string()),
+            ("writers' duplicates", writer_duplicates.to_string()),
+            ("backfilled by the last relay", backfilled.to_string()),
+            ("three crashes", secs(crashed)),
+            ("start to streaming", secs(to_streaming)),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// Slot recreation's replication connect is bounded
+
+/// What a replication connection's startup message holds (pgwire-replication asks for a
+/// logical replication session): an ordinary connection's does not.
+const REPLICATION_STARTUP: &[u8] = b"replication\0database\0";
+/// The error of a connect that took longer than the connect timeout (15 s).
+const REPLICATION_CONNECT_TIMED_OUT: &str =
+    "Connecting to the PostgreSQL replication connection took longer than 15 s";
+/// A wide margin over the connect timeout: what a bounded connect gives up within.
+const GIVE_UP_WITHIN: Duration = Duration::from_secs(60);
+
+/// A recreating relay whose PostgreSQL is behind a proxy that sends replication connections
+/// (and only those) into a black hole, after the server's SSL answer: a proxy that accepts
+/// and never answers. The recovery gives up each such attempt with a connect-timeout error
+/// naming the replication connection, well within a minute (the timeout is 15 s), having
+/// made no slot. Once the proxy heals, the recovery completes
+/// and every row arrives. (Before, the creation waited without a bound behind the unbounded
+/// connect, saying every 10 s that it waited for write transactions, and held the recovery
+/// lock, and every standby, for ever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_recreation_gives_up_a_replication_connect_into_a_black_hole() {
+    let rabbit = rabbit().await;
+    let pg = blocking(common::private_pg);
+    let outbox = Outbox::on(&pg.url("postgres"), &rabbit.url(), "repl_hole").await;
+    without_emit_functions(&outbox).await;
+    let (backlog, _) = common::faults::seed_backlog(&outbox, 2_000, None).await;
+    common::pg::drop_slot_once_released(&outbox.client, &outbox.slot).await;
+    let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
+    let proxy = common::TcpProxy::start(&format!("{}:{}", pg.addr(), pg.port()));
+    proxy.set_mode_of_matching(REPLICATION_STARTUP, common::Mode::BlackHole);
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/{}",
+        proxy.port(),
+        database_of(&outbox)
+    );
+
+    let relay = outbox.spawn_relay_via(&url, &outbox.amqp_url, &recreate_flags());
+    let started = Instant::now();
+    let deadline = Instant::now() + MINUTE;
+    while proxy.matched_connections() == 0 {
+        assert!(
+            relay.try_exit().is_none() && Instant::now() < deadline,
+            "the recovery never opened a replication connection; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let into_the_hole = started.elapsed();
+    assert!(
+        relay
+            .wait_for_log(REPLICATION_CONNECT_TIMED_OUT, GIVE_UP_WITHIN)
+            .await,
+        "the recovery still waits on a replication connection into a black hole {} s after \
+         opening it (no connect timeout); log:\n{}",
+        GIVE_UP_WITHIN.as_secs(),
+        relay.log()
+    );
+    let gave_up = started.elapsed();
+    let line = relay.log_lines(REPLICATION_CONNECT_TIMED_OUT).remove(0);
+    assert!(
+        line.contains("session failed"),
+        "a session's failure: {line}"
+    );
+    assert!(
+        slot_state(&outbox.client, &outbox.slot).await.is_none(),
+        "no slot made through the hole"
+    );
+
+    proxy.clear_mode_of_matching();
+    let healed = Instant::now();
+    let (to_streaming, after) = recovered(&relay, &mut consumer, &outbox, &backlog, healed).await;
+    let attempts = relay.log_count(REPLICATION_CONNECT_TIMED_OUT);
+    relay.stop().await;
+    let every_row: Vec<String> = backlog.into_iter().chain([after]).collect();
+    let tally = Tally::of(consumer.received());
+    common::faults::assert_nothing_lost_or_invented(&tally, &every_row);
+    report(
+        "recovery: slot recreation gives up a replication connect into a black hole",
+        &[
+            ("rows", every_row.len().to_string()),
+            ("lost", "0".into()),
+            (
+                "replication connect into the hole after",
+                secs(into_the_hole),
+            ),
+            ("first attempt given up after", secs(gave_up)),
+            ("attempts given up", attempts.to_string()),
+            (
+                "replication connections into the hole",
+                proxy.matched_connections().to_string(),
+            ),
+            ("healed to streaming", secs(to_streaming)),
+            ("duplicates", tally.duplicates().to_string()),
+        ],
+    );
+    eprintln!("replication connect timeout: {line}");
 }

@@ -650,6 +650,8 @@ async fn a_lost_slot_is_backfilled_from_a_mapped_table() {
              CREATE TABLE outbox_relay_state (slot text PRIMARY KEY, \
                acknowledged_commit timestamptz, emitted_events boolean NOT NULL DEFAULT false, \
                recovering boolean NOT NULL DEFAULT false, backfill_from timestamptz, \
+               backfill_slot_lsn pg_lsn, backfill_until timestamptz, \
+               backfill_confirmed_created_at text, backfill_confirmed_id text, \
                updated_at timestamptz NOT NULL DEFAULT now())",
         )
         .await

@@ -69,7 +69,7 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         .start()
         .await?;
     let statement = transaction
-        .prepare(&select_sql(&names.table, &text, Shard::UNSHARDED))
+        .prepare(&select_sql(&names.table, &text, Shard::UNSHARDED, None))
         .await?;
     let portal = transaction.bind(&statement, &[&args.since]).await?;
     let read = Read {
@@ -78,7 +78,9 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         text: &text,
         mapper: &mapper,
     };
-    let published = publish_all(&read, &broker, args.publishing.confirm_timeout()).await;
+    // resync keeps no progress: run again, it publishes from `--since` again.
+    let confirmed = async |_: &tokio_postgres::Row| Ok::<_, RelayError>(());
+    let published = publish_all(&read, &broker, args.publishing.confirm_timeout(), confirmed).await;
     let Summary {
         published,
         first,
@@ -122,11 +124,13 @@ pub(crate) struct Summary {
 }
 
 /// Publishes every row of the portal, batch by batch, each confirmed before the next is
-/// read; the failure, with how many were confirmed before it.
+/// read, handing `confirmed` the last row of each confirmed batch; the failure, with how
+/// many were confirmed before it.
 pub(crate) async fn publish_all(
     read: &Read<'_>,
     broker: &Broker,
     confirm_timeout: std::time::Duration,
+    mut confirmed: impl AsyncFnMut(&tokio_postgres::Row) -> Result<(), RelayError>,
 ) -> Result<Summary, (RelayError, u64)> {
     let Read {
         transaction,
@@ -164,6 +168,9 @@ pub(crate) async fn publish_all(
         .await
         .map_err(|e| failed(e, published))?;
         published += rows.len() as u64;
+        if let Some(row) = rows.last() {
+            confirmed(row).await.map_err(|e| failed(e, published))?;
+        }
         first = first.or_else(|| {
             rows.first()
                 .and_then(|r| r.get::<_, Option<String>>(created_index))
@@ -182,10 +189,25 @@ pub(crate) async fn publish_all(
     })
 }
 
+/// What a slot's recovery that resumes its backfill (wal/recovery.rs) adds to the select:
+/// rows created at or before `$2` only (the slot it made delivers the later ones) and, once a
+/// row was confirmed, from that row, `($3, $4)` (its created_at and id as text), on. That
+/// row is read again: an id need not be unique, and a row of the same key after it must not
+/// be skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Resumed {
+    pub from_confirmed: bool,
+}
+
 /// Every contract column as text, rows from `$1` (RFC 3339 text) on, in created_at order,
-/// `shard`'s only (its publication's row filter). The ORDER BY names the table's columns: a
-/// bare `created_at` would sort the text output.
-pub(crate) fn select_sql(outbox: &TableName, text: &TextRelation, shard: Shard) -> String {
+/// `shard`'s only (its publication's row filter), within `resumed`'s bounds. The ORDER BY
+/// names the table's columns: a bare `created_at` would sort the text output.
+pub(crate) fn select_sql(
+    outbox: &TableName,
+    text: &TextRelation,
+    shard: Shard,
+    resumed: Option<Resumed>,
+) -> String {
     let table = outbox.qualified_table();
     // `discover` checked both are mapped (id always is, created_at is one of its needs).
     let quoted = |contract| {
@@ -198,9 +220,24 @@ pub(crate) fn select_sql(outbox: &TableName, text: &TextRelation, shard: Shard) 
         .row_filter(text.map())
         .map(|filter| format!(" AND ({filter})"))
         .unwrap_or_default();
+    let resumed_rows = match resumed {
+        None => String::new(),
+        Some(Resumed { from_confirmed }) => {
+            let until = format!(" AND {table}.{created} <= $2::text::timestamptz");
+            let from = format!(
+                " AND ({table}.{created}, {table}.{id}) >= ($3::text::timestamptz, $4::text::{})",
+                text.id_type()
+            );
+            if from_confirmed {
+                until + &from
+            } else {
+                until
+            }
+        }
+    };
     format!(
-        "SELECT {} FROM {table} WHERE {table}.{created} >= $1::text::timestamptz{shard_rows} \
-         ORDER BY {table}.{created}, {table}.{id}",
+        "SELECT {} FROM {table} WHERE {table}.{created} >= $1::text::timestamptz\
+         {shard_rows}{resumed_rows} ORDER BY {table}.{created}, {table}.{id}",
         text.select_list()
     )
 }
@@ -256,7 +293,7 @@ mod tests {
             &[columns::ID, columns::EVENT_TYPE, columns::CREATED_AT],
             &ColumnMap::default(),
         );
-        let sql = select_sql(&table, &text, Shard::UNSHARDED);
+        let sql = select_sql(&table, &text, Shard::UNSHARDED, None);
         assert_eq!(
             sql,
             "SELECT \"id\"::text, \"event_type\"::text, \"created_at\"::text FROM \
@@ -264,5 +301,35 @@ mod tests {
              $1::text::timestamptz ORDER BY \"public\".\"outbox\".\"created_at\", \
              \"public\".\"outbox\".\"id\""
         );
+    }
+
+    #[test]
+    fn a_resumed_select_reads_up_to_the_slot_from_the_confirmed_row() {
+        let table = TableName::from("outbox");
+        let text = crate::outbox_table::text_relation(
+            &[columns::ID, columns::EVENT_TYPE, columns::CREATED_AT],
+            &ColumnMap::default(),
+        );
+        let (created, id) = (
+            "\"public\".\"outbox\".\"created_at\"",
+            "\"public\".\"outbox\".\"id\"",
+        );
+        let resumed = |from_confirmed| {
+            select_sql(
+                &table,
+                &text,
+                Shard::UNSHARDED,
+                Some(Resumed { from_confirmed }),
+            )
+        };
+        let until =
+            format!("{created} >= $1::text::timestamptz AND {created} <= $2::text::timestamptz");
+        let from = format!("AND ({created}, {id}) >= ($3::text::timestamptz, $4::text::uuid)");
+        let order = format!(" ORDER BY {created}, {id}");
+        let sql = resumed(true);
+        assert!(sql.contains(&format!("{until} {from}{order}")), "{sql}");
+        let sql = resumed(false);
+        assert!(sql.contains(&format!("{until}{order}")), "{sql}");
+        assert!(!sql.contains("$3"), "{sql}");
     }
 }

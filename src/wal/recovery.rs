@@ -21,14 +21,33 @@
 //!
 //! Crash-only like the rest: the state row says `recovering` from before the slot is
 //! created until the backfill is confirmed, and nothing is acknowledged on the new slot
-//! before (the session streams it only afterwards). A relay that finds `recovering` set
-//! drops the slot (nothing of it was acknowledged) and starts over from the recorded lower
-//! bound: duplicates, never a gap. Two relays never recover at once: an advisory lock, held
-//! for the recovery, makes the second a standby, which waits while the lock is held (the new
-//! slot has no reader during the backfill); a holder that vanishes loses its session, and
-//! the lock, within the peer timeout (outbox_common::liveness). No step waits without a bound
-//! but the slot's creation, which waits for the write transactions running when it began, and
-//! says so (`wait_for_creation`).
+//! before (the session streams it only afterwards). The row also records the slot's
+//! consistent point and the server's time once it was made (`until`), then, as the broker
+//! confirms each batch, the batch's last row (`created_at`, id: the backfill's order). A
+//! relay that finds `recovering` set resumes on that slot, if it is still the one the
+//! recovery made (there, valid, its confirmed position still the consistent point):
+//!
+//! ```text
+//!  committed before the slot's start, up to the last confirmed row   confirmed already
+//!  committed before the slot's start, after it                       created before `until`:
+//!                                                                    read again from a new
+//!                                                                    snapshot, from that row on
+//!  committed after the slot's start                                  the slot delivers them
+//! ```
+//!
+//! A resumed backfill re-publishes only what was in flight (a batch at most, and the last
+//! confirmed row), and rows of transactions still open when the slot was made that were
+//! created before `until` (the slot delivers them too). Any other slot (lost again, missing
+//! after a failover, made by someone else) is dropped and the recovery starts over from the
+//! recorded lower bound with a new one: a new snapshot skips nothing, so the rows between
+//! the two slots' starts are published. Duplicates, never a gap.
+//!
+//! Two relays never recover at once: an advisory lock, held for the recovery, makes the
+//! second a standby, which waits while the lock is held (the new slot has no reader during
+//! the backfill); a holder that vanishes loses its session, and the lock, within the peer
+//! timeout (outbox_common::liveness). No step waits without a bound but the slot's creation,
+//! which waits for the write transactions running when it began, and says so
+//! (`wait_for_creation`); connecting for it is bounded like any connect.
 //!
 //! The table-less outbox (`outbox_emit`) cannot be backfilled: its events were only in the
 //! WAL. `setup` creates the emit functions for every outbox, so their presence says nothing;
@@ -40,10 +59,11 @@
 
 use std::time::SystemTime;
 
-use pgwire_replication::ReplicationClient;
+use pgwire_replication::{Lsn, ReplicationClient};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, IsolationLevel};
 
 use crate::config::{FailoverSlot, OutboxNames};
@@ -51,14 +71,15 @@ use crate::contract::columns::{self, ColumnMap};
 use crate::contract::mapper::Mapper;
 use crate::db::{self, Server};
 use crate::error::RelayError;
+use crate::failpoint::{failpoint, RECOVERY_BACKFILL_CONFIRMED};
 use crate::observability::SLOT_RECOVERIES_TOTAL;
-use crate::ops::resync::{publish_all, select_sql, Read};
+use crate::ops::resync::{publish_all, select_sql, Read, Resumed};
 use crate::outbox_table::{needs_created_at, TextRelation};
 use crate::publish::Broker;
 use crate::publish::BrokerNodes;
 use crate::shard::Shard;
 use crate::wal::slot::read_slot;
-use crate::wal::state::{backfill_start, read_state, state_table, State};
+use crate::wal::state::{backfill_start, read_state, state_table, Backfilled, State};
 
 /// What a recovery needs of the relay's configuration.
 /// Why `--on-slot-lost recreate` needs `created_at` (its error when the column is missing).
@@ -112,11 +133,30 @@ pub async fn recreate(ctx: &Recovery<'_>, server: &Server) -> Result<u64, RelayE
             .acknowledged_commit
             .map(|at| backfill_start(at, ctx.recreate_margin)),
     };
-    begin(&client, names, from).await?;
-    drop_old_slot(&client, names).await?;
-    let mut session = create_slot(ctx, server).await?;
-    let backfilled = backfill(ctx, server, &session, from).await;
-    session.abort();
+    let backfilled = match resumable(&client, names, &state).await? {
+        Some(progress) => {
+            tracing::warn!(
+                slot = %names.slot,
+                "resuming an interrupted recovery on the slot it made: the backfill goes on \
+                 from the last row the broker confirmed"
+            );
+            backfill(ctx, server, &client, from, Rows::Resumed(&progress)).await
+        }
+        None => {
+            begin(&client, names, from).await?;
+            drop_old_slot(&client, names).await?;
+            let mut created = create_slot(ctx, server).await?;
+            let backfilled = match record_slot(&client, names, created.consistent_point).await {
+                Ok(()) => {
+                    let rows = Rows::Snapshot(&created.snapshot);
+                    backfill(ctx, server, &client, from, rows).await
+                }
+                Err(e) => Err(e),
+            };
+            created.abort();
+            backfilled
+        }
+    };
     let published = backfilled?;
     finish(&client, names).await?;
     metrics::counter!(SLOT_RECOVERIES_TOTAL).increment(1);
@@ -204,7 +244,8 @@ async fn has_emit_functions(client: &Client, names: &OutboxNames) -> Result<bool
     Ok(emits.is_some())
 }
 
-/// Records, before anything changes, that a recovery from `from` is under way.
+/// Records, before anything changes, that a recovery from `from` is under way, with no
+/// slot and no progress yet.
 async fn begin(
     client: &Client,
     names: &OutboxNames,
@@ -213,21 +254,85 @@ async fn begin(
     let upsert = format!(
         "INSERT INTO {} AS s (slot, recovering, backfill_from) VALUES ($1, true, $2) \
          ON CONFLICT (slot) DO UPDATE SET recovering = true, backfill_from = $2, \
-         updated_at = now()",
+         {NO_PROGRESS}, updated_at = now()",
         state_table(names)
     );
     client.execute(&upsert, &[&names.slot.name, &from]).await?;
     Ok(())
 }
 
+/// The progress columns of a recovery, cleared.
+const NO_PROGRESS: &str = "backfill_slot_lsn = NULL, backfill_until = NULL, \
+     backfill_confirmed_created_at = NULL, backfill_confirmed_id = NULL";
+
+/// Records the slot the recovery made, by its consistent point, and the server's time now,
+/// after its creation returned: rows committed before the slot's start were created before
+/// it.
+async fn record_slot(
+    client: &Client,
+    names: &OutboxNames,
+    consistent_point: Lsn,
+) -> Result<(), RelayError> {
+    let update = format!(
+        "UPDATE {} SET backfill_slot_lsn = $2::text::pg_lsn, backfill_until = now(), \
+         updated_at = now() WHERE slot = $1",
+        state_table(names)
+    );
+    let lsn = consistent_point.to_string();
+    client.execute(&update, &[&names.slot.name, &lsn]).await?;
+    Ok(())
+}
+
+/// Records the last row of a batch the broker confirmed: a resumed backfill starts there.
+async fn record_confirmed(
+    client: &Client,
+    names: &OutboxNames,
+    (created_at, id): (&str, &str),
+) -> Result<(), RelayError> {
+    let update = format!(
+        "UPDATE {} SET backfill_confirmed_created_at = $2, backfill_confirmed_id = $3, \
+         updated_at = now() WHERE slot = $1",
+        state_table(names)
+    );
+    client
+        .execute(&update, &[&names.slot.name, &created_at, &id])
+        .await?;
+    Ok(())
+}
+
 async fn finish(client: &Client, names: &OutboxNames) -> Result<(), RelayError> {
     let update = format!(
-        "UPDATE {} SET recovering = false, backfill_from = NULL, updated_at = now() \
-         WHERE slot = $1",
+        "UPDATE {} SET recovering = false, backfill_from = NULL, {NO_PROGRESS}, \
+         updated_at = now() WHERE slot = $1",
         state_table(names)
     );
     client.execute(&update, &[&names.slot.name]).await?;
     Ok(())
+}
+
+/// The progress of an interrupted recovery whose slot is still the one it made: there, not
+/// invalidated, and at its consistent point (nothing acknowledged it, so the slot delivers
+/// every row committed after its start). `None` otherwise: the recovery starts over. A slot
+/// a process streams from is left to it (standby).
+async fn resumable(
+    client: &Client,
+    names: &OutboxNames,
+    state: &State,
+) -> Result<Option<Backfilled>, RelayError> {
+    let Some(progress) = state.backfilled.as_ref().filter(|_| state.recovering) else {
+        return Ok(None);
+    };
+    let Some(slot) = read_slot(client, &names.slot).await? else {
+        return Ok(None);
+    };
+    if let Some(pid) = slot.active_pid {
+        return Err(RelayError::SlotInUse {
+            slot: names.slot.to_string(),
+            pid: pid.to_string(),
+        });
+    }
+    let made_by_it = !slot.is_lost() && slot.confirmed_flush() == Some(progress.slot_lsn);
+    Ok(made_by_it.then(|| progress.clone()))
 }
 
 /// Drops the slot of that name, if there is one: lost, or made by an interrupted recovery
@@ -249,12 +354,15 @@ async fn drop_old_slot(client: &Client, names: &OutboxNames) -> Result<(), Relay
 }
 
 /// CREATE_REPLICATION_SLOT with an exported snapshot, on a replication session that must
-/// stay open and idle while the snapshot is imported.
+/// stay open and idle while the snapshot is imported. Connecting, TLS and authentication are
+/// bounded as a session's are (a server or proxy that accepts and never answers would hold
+/// the recovery's lock, and every standby, for ever); only the creation itself waits as
+/// long as it must ([`wait_for_creation`]).
 async fn create_slot(ctx: &Recovery<'_>, server: &Server) -> Result<Created, RelayError> {
     let names = &ctx.names;
     let config = db::replication_config(ctx.database_url, server, &names.slot, &names.publication)?;
-    let mut session = ReplicationClient::connect_gated(config)
-        .await
+    let (mut session, _) = db::connect_replication(config)
+        .await?
         .map_err(RelayError::replication)?;
     let client = db::connect_to(ctx.database_url, server).await?;
     let version = db::server_version_num(&client).await?;
@@ -272,16 +380,24 @@ async fn create_slot(ctx: &Recovery<'_>, server: &Server) -> Result<Created, Rel
         }
     };
     // slot_name, consistent_point, snapshot_name, output_plugin.
-    let snapshot = rows
-        .first()
-        .and_then(|row| row.get(2).cloned().flatten())
-        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned());
-    match snapshot {
-        Some(snapshot) => Ok(Created { session, snapshot }),
-        None => {
+    let column = |i: usize| {
+        rows.first()
+            .and_then(|row| row.get(i).cloned().flatten())
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+    };
+    let consistent_point = column(1).and_then(|text| Lsn::parse(&text).ok());
+    match (consistent_point, column(2)) {
+        (Some(consistent_point), Some(snapshot)) => Ok(Created {
+            session,
+            consistent_point,
+            snapshot,
+        }),
+        _ => {
             session.abort();
             Err(RelayError::Bug(
-                "CREATE_REPLICATION_SLOT … (SNAPSHOT 'export') returned no snapshot".into(),
+                "CREATE_REPLICATION_SLOT … (SNAPSHOT 'export') returned no consistent point \
+                 or no snapshot"
+                    .into(),
             ))
         }
     }
@@ -359,9 +475,10 @@ async fn oldest_writers(client: &Client) -> Result<Vec<String>, RelayError> {
         .collect())
 }
 
-/// A new slot and the snapshot its creation exported.
+/// A new slot, its consistent point (its start), and the snapshot its creation exported.
 struct Created {
     session: ReplicationClient,
+    consistent_point: Lsn,
     snapshot: String,
 }
 
@@ -371,13 +488,25 @@ impl Created {
     }
 }
 
-/// Publishes every row from `from` on that the snapshot sees, through the delivery loop
-/// (the relay's mapper, exchange and dead-letter policy; a sharded relay its shard's rows).
+/// Which rows a backfill reads, from the lower bound on.
+enum Rows<'a> {
+    /// Those the snapshot a new slot's creation exported sees: committed before its start.
+    Snapshot(&'a str),
+    /// An interrupted recovery's, on the slot it made: those created before it was made
+    /// (the later ones come through it), from the last one confirmed on, read from a new
+    /// snapshot (see the module documentation).
+    Resumed(&'a Backfilled),
+}
+
+/// Publishes `rows` from `from` on through the delivery loop (the relay's mapper, exchange
+/// and dead-letter policy; a sharded relay its shard's rows), recording on `state` (the
+/// recovery's connection) the last row of each batch the broker confirmed.
 async fn backfill(
     ctx: &Recovery<'_>,
     server: &Server,
-    created: &Created,
+    state: &Client,
     from: Option<SystemTime>,
+    rows: Rows<'_>,
 ) -> Result<u64, RelayError> {
     let names = &ctx.names;
     let mut reader = db::connect_to(ctx.database_url, server).await?;
@@ -396,21 +525,38 @@ async fn backfill(
         .read_only(true)
         .start()
         .await?;
-    transaction
-        .batch_execute(&format!(
-            "SET TRANSACTION SNAPSHOT {}",
-            db::quote_literal(&created.snapshot)
-        ))
-        .await?;
-    // The lower bound as RFC 3339 text (the select takes it as text): PostgreSQL prints it.
+    if let Rows::Snapshot(snapshot) = rows {
+        transaction
+            .batch_execute(&format!(
+                "SET TRANSACTION SNAPSHOT {}",
+                db::quote_literal(snapshot)
+            ))
+            .await?;
+    }
+    // The bounds as RFC 3339 text (the select takes them as text): PostgreSQL prints them.
     let since: String = match from {
         Some(at) => humantime::format_rfc3339_micros(at).to_string(),
         None => "-infinity".to_string(),
     };
+    let (resumed, until, confirmed) = match rows {
+        Rows::Snapshot(_) => (None, None, None),
+        Rows::Resumed(progress) => (
+            Some(Resumed {
+                from_confirmed: progress.confirmed.is_some(),
+            }),
+            Some(humantime::format_rfc3339_micros(progress.until).to_string()),
+            progress.confirmed.as_ref(),
+        ),
+    };
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&since];
+    params.extend(until.as_ref().map(|until| until as &(dyn ToSql + Sync)));
+    if let Some((created_at, id)) = confirmed {
+        params.extend([created_at as &(dyn ToSql + Sync), id]);
+    }
     let statement = transaction
-        .prepare(&select_sql(&names.table, &text, ctx.shard))
+        .prepare(&select_sql(&names.table, &text, ctx.shard, resumed))
         .await?;
-    let portal = transaction.bind(&statement, &[&since]).await?;
+    let portal = transaction.bind(&statement, &params).await?;
     let mut broker = Broker::connect(ctx.brokers).await?;
     broker
         .prepare(&names.exchange, ctx.dead_letter_exchange)
@@ -421,7 +567,19 @@ async fn backfill(
         text: &text,
         mapper: ctx.mapper,
     };
-    let published = publish_all(&read, &broker, ctx.confirm_timeout).await;
+    // The key of the backfill's order, as text (discover checked both columns are there).
+    let key = [columns::CREATED_AT, columns::ID].map(|column| text.column_index(column));
+    let progress = async |row: &tokio_postgres::Row| {
+        failpoint(RECOVERY_BACKFILL_CONFIRMED);
+        let [created_at, id] =
+            key.map(|i| i.and_then(|i| row.try_get::<_, Option<String>>(i).ok().flatten()));
+        match created_at.as_deref().zip(id.as_deref()) {
+            Some(last) => record_confirmed(state, names, last).await,
+            // A row without an id: the progress stays at the row before (more duplicates).
+            None => Ok(()),
+        }
+    };
+    let published = publish_all(&read, &broker, ctx.confirm_timeout, progress).await;
     broker.close().await;
     let summary = published.map_err(|(e, _)| e)?;
     transaction.commit().await?;

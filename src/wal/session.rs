@@ -348,34 +348,19 @@ async fn start_streaming(
             e => slot::replication_error(e, &ctx.names, &ctx.database_url).await,
         }
     };
-    let mut client = match ReplicationClient::connect_gated(config).await {
-        Ok(client) => client,
+    let (mut client, system) = match db::connect_replication(config).await? {
+        Ok(connected) => connected,
         Err(e) => return Err(start_error(e).await),
     };
-    // Connecting, IDENTIFY_SYSTEM and START_REPLICATION run in the crate's worker: bound the
-    // wait, since a server that accepts and goes silent would otherwise hold this session
-    // forever.
-    let identified = tokio::time::timeout(db::CONNECT_TIMEOUT, client.identify_system()).await;
-    match identified {
-        Ok(Ok(system)) => {
-            let before = note_server(ctx, server, system.system_id.clone(), system.timeline);
-            if let Some(before) = before {
-                let handed_over = ctx.handed_over.take();
-                if before.system_id == system.system_id && system.timeline > before.timeline {
-                    let (old, new) = (before.timeline, system.timeline);
-                    timeline::report_failover(&mut client, old, new, handed_over).await;
-                }
-            }
-        }
-        Ok(Err(e)) => return Err(start_error(e).await),
-        Err(_) => {
-            client.abort();
-            return Err(RelayError::ConnectTimeout {
-                endpoint: Endpoint::Replication,
-                seconds: db::CONNECT_TIMEOUT.as_secs(),
-            });
+    let before = note_server(ctx, server, system.system_id.clone(), system.timeline);
+    if let Some(before) = before {
+        let handed_over = ctx.handed_over.take();
+        if before.system_id == system.system_id && system.timeline > before.timeline {
+            let (old, new) = (before.timeline, system.timeline);
+            timeline::report_failover(&mut client, old, new, handed_over).await;
         }
     }
+    // START_REPLICATION runs in the crate's worker too: bounded like the connect.
     if let Err(e) = client.start().await {
         return Err(start_error(e).await);
     }

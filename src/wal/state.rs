@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
+use pgwire_replication::Lsn;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
@@ -28,18 +29,28 @@ pub fn state_table(names: &OutboxNames) -> String {
     format!("{}.{}", quote_ident(schema), quote_ident(STATE_TABLE))
 }
 
-/// The state table, created if missing (setup, and sql/outbox.sql).
+/// The state table, created if missing (setup, and sql/outbox.sql); the columns of a
+/// recovery's progress are added to one made before them.
 pub fn state_table_sql(names: &OutboxNames) -> String {
+    let table = state_table(names);
     format!(
-        "CREATE TABLE IF NOT EXISTS {} (\n\
+        "CREATE TABLE IF NOT EXISTS {table} (\n\
          \x20   slot text PRIMARY KEY,\n\
          \x20   acknowledged_commit timestamptz,\n\
          \x20   emitted_events boolean NOT NULL DEFAULT false,\n\
          \x20   recovering boolean NOT NULL DEFAULT false,\n\
          \x20   backfill_from timestamptz,\n\
+         \x20   backfill_slot_lsn pg_lsn,\n\
+         \x20   backfill_until timestamptz,\n\
+         \x20   backfill_confirmed_created_at text,\n\
+         \x20   backfill_confirmed_id text,\n\
          \x20   updated_at timestamptz NOT NULL DEFAULT now()\n\
-         );",
-        state_table(names)
+         );\n\
+         ALTER TABLE {table}\n\
+         \x20   ADD COLUMN IF NOT EXISTS backfill_slot_lsn pg_lsn,\n\
+         \x20   ADD COLUMN IF NOT EXISTS backfill_until timestamptz,\n\
+         \x20   ADD COLUMN IF NOT EXISTS backfill_confirmed_created_at text,\n\
+         \x20   ADD COLUMN IF NOT EXISTS backfill_confirmed_id text;"
     )
 }
 
@@ -190,23 +201,55 @@ pub struct State {
     pub emitted_events: bool,
     pub recovering: bool,
     pub backfill_from: Option<SystemTime>,
+    /// How far the recovery under way got, once it made its slot.
+    pub backfilled: Option<Backfilled>,
+}
+
+/// A recovery's progress (wal/recovery.rs): the slot it made, and the last row its backfill
+/// had confirmed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backfilled {
+    /// The slot's consistent point: its `confirmed_flush_lsn` until a session acknowledges
+    /// something, which none does before the recovery finishes.
+    pub slot_lsn: Lsn,
+    /// The server's time once the slot was made: every row committed before the slot's
+    /// start was created before it (`created_at` is its transaction's `now()`).
+    pub until: SystemTime,
+    /// The last confirmed row's `created_at` and id, as the backfill read them (text).
+    pub confirmed: Option<(String, String)>,
 }
 
 pub async fn read_state(client: &Client, names: &OutboxNames) -> Result<Option<State>, RelayError> {
     let query = format!(
-        "SELECT acknowledged_commit, emitted_events, recovering, backfill_from FROM {} \
-         WHERE slot = $1",
+        "SELECT acknowledged_commit, emitted_events, recovering, backfill_from, \
+         backfill_slot_lsn::text, backfill_until, backfill_confirmed_created_at, \
+         backfill_confirmed_id FROM {} WHERE slot = $1",
         state_table(names)
     );
     match client.query_opt(&query, &[&names.slot.name]).await {
-        Ok(row) => Ok(Some(row.map_or_else(State::default, |row| State {
-            recorded: true,
-            acknowledged_commit: row.get(0),
-            emitted_events: row.get(1),
-            recovering: row.get(2),
-            backfill_from: row.get(3),
+        Ok(row) => Ok(Some(row.map_or_else(State::default, |row| {
+            let slot_lsn: Option<String> = row.get(4);
+            let until: Option<SystemTime> = row.get(5);
+            let confirmed: (Option<String>, Option<String>) = (row.get(6), row.get(7));
+            State {
+                recorded: true,
+                acknowledged_commit: row.get(0),
+                emitted_events: row.get(1),
+                recovering: row.get(2),
+                backfill_from: row.get(3),
+                backfilled: slot_lsn
+                    .and_then(|lsn| Lsn::parse(&lsn).ok())
+                    .zip(until)
+                    .map(|(slot_lsn, until)| Backfilled {
+                        slot_lsn,
+                        until,
+                        confirmed: confirmed.0.zip(confirmed.1),
+                    }),
+            }
         }))),
         Err(e) if unavailable(&e) => Ok(None),
+        // A table made before the progress columns: `setup` adds them.
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_COLUMN) => Ok(None),
         Err(e) => Err(e.into()),
     }
 }

@@ -12,6 +12,10 @@
 //!   lost: switching back to `Pass` resumes a corrupted stream.
 //! - `Pause`: stop reading; what is sent waits and flows intact when the mode changes.
 //!
+//! [`TcpProxy::set_mode_of_matching`] gives the connections whose client sends a pattern
+//! early (one protocol's handshake: a PostgreSQL replication connection's startup message)
+//! a mode of their own, like a firewall rule for that protocol alone.
+//!
 //! [`TcpProxy::reset_all`] closes every current connection with an RST on both sides
 //! (SO_LINGER 0, then close). New connections are accepted in every mode.
 //! [`TcpProxy::retarget`] points new connections at another server and resets the current
@@ -23,7 +27,7 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,13 +65,49 @@ struct Shared {
     reset: watch::Sender<u64>,
     live: Mutex<HashSet<u64>>,
     accepted: AtomicUsize,
+    /// [`TcpProxy::set_mode_of_matching`]: the pattern and its mode.
+    matching: Mutex<Option<(Vec<u8>, Mode)>>,
+    /// Connections the pattern selected since the start.
+    matched: AtomicUsize,
 }
 
 impl Shared {
     fn mode(&self, direction: Direction) -> Mode {
         self.modes.lock().unwrap_or_else(|e| e.into_inner())[direction as usize]
     }
+
+    /// The mode of one connection's direction: the matching mode once its client sent the
+    /// pattern, while one is set; the proxy's otherwise.
+    fn mode_of(&self, direction: Direction, selected: &AtomicBool) -> Mode {
+        if selected.load(Ordering::Relaxed) {
+            let matching = self.matching.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((_, mode)) = &*matching {
+                return *mode;
+            }
+        }
+        self.mode(direction)
+    }
+
+    /// Selects the connection when `chunk`, read from its client within its first
+    /// [`MATCH_WITHIN`] bytes (`seen` before it), holds the pattern.
+    fn classify(&self, chunk: &[u8], seen: usize, selected: &AtomicBool) {
+        if seen >= MATCH_WITHIN || selected.load(Ordering::Relaxed) {
+            return;
+        }
+        let matching = self.matching.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((pattern, _)) = &*matching else {
+            return;
+        };
+        if !pattern.is_empty() && chunk.windows(pattern.len()).any(|w| w == &pattern[..]) {
+            selected.store(true, Ordering::Relaxed);
+            self.matched.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
+
+/// How far into what a client sends [`TcpProxy::set_mode_of_matching`] looks: a handshake,
+/// not the traffic after it.
+const MATCH_WITHIN: usize = 1024;
 
 /// A TCP proxy on a free 127.0.0.1 port in front of `target`.
 pub struct TcpProxy {
@@ -90,6 +130,8 @@ impl TcpProxy {
             reset: watch::channel(0).0,
             live: Mutex::new(HashSet::new()),
             accepted: AtomicUsize::new(0),
+            matching: Mutex::new(None),
+            matched: AtomicUsize::new(0),
         });
         let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel();
         let thread_shared = shared.clone();
@@ -156,6 +198,35 @@ impl TcpProxy {
 
     pub fn mode(&self, direction: Direction) -> Mode {
         self.shared.mode(direction)
+    }
+
+    /// Gives every connection whose client sends `pattern` within its first 1 KiB `mode`, in
+    /// both directions, from the chunk that holds it on, whatever the proxy's modes: a rule
+    /// for one protocol alone (a PostgreSQL replication connection's startup message holds
+    /// `replication\0database\0`; an ordinary one's does not). Connections accepted earlier
+    /// are matched too if they are still within their first 1 KiB; those selected follow a
+    /// change of `mode` at once.
+    pub fn set_mode_of_matching(&self, pattern: &[u8], mode: Mode) {
+        *self
+            .shared
+            .matching
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some((pattern.to_vec(), mode));
+    }
+
+    /// Ends [`Self::set_mode_of_matching`]: the selected connections follow the proxy's
+    /// modes again (what a black hole dropped stays lost).
+    pub fn clear_mode_of_matching(&self) {
+        *self
+            .shared
+            .matching
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Connections [`Self::set_mode_of_matching`]'s patterns selected since the start.
+    pub fn matched_connections(&self) -> usize {
+        self.shared.matched.load(Ordering::Relaxed)
     }
 
     /// Closes every current connection with an RST to both ends, and returns once they
@@ -235,11 +306,12 @@ async fn connection(client: TcpStream, shared: &Shared, mut reset: watch::Receiv
     let _ = server.set_nodelay(true);
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
+    let selected = AtomicBool::new(false);
     let clean = tokio::select! {
         outcome = async {
             tokio::try_join!(
-                pump(&mut client_read, &mut server_write, shared, Direction::ClientToServer),
-                pump(&mut server_read, &mut client_write, shared, Direction::ServerToClient),
+                pump(&mut client_read, &mut server_write, (shared, &selected), Direction::ClientToServer),
+                pump(&mut server_read, &mut client_write, (shared, &selected), Direction::ServerToClient),
             )
         } => outcome.is_ok(),
         // A reset, or the proxy shutting down.
@@ -281,23 +353,30 @@ fn set_zero_linger(fd: RawFd) {
 
 /// Forwards one direction until EOF (then half-closes the far side: FIN) or an error.
 /// In `BlackHole` mode an EOF or error is swallowed too: the direction just goes quiet.
+/// `selected`: whether the connection's client sent [`TcpProxy::set_mode_of_matching`]'s
+/// pattern (the client's direction decides it).
 async fn pump(
     from: &mut OwnedReadHalf,
     to: &mut OwnedWriteHalf,
-    shared: &Shared,
+    (shared, selected): (&Shared, &AtomicBool),
     direction: Direction,
 ) -> Result<(), ()> {
     // Chunks with the time they are due; bounded, so a slow reader pushes back.
     let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(256);
     let reader = async move {
         let mut buf = vec![0u8; 64 * 1024];
+        let mut seen = 0;
         loop {
-            if shared.mode(direction) == Mode::Pause {
+            if shared.mode_of(direction, selected) == Mode::Pause {
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
             let read = from.read(&mut buf).await;
-            let mode = shared.mode(direction);
+            if let (Ok(n), Direction::ClientToServer) = (&read, direction) {
+                shared.classify(&buf[..*n], seen, selected);
+                seen += n;
+            }
+            let mode = shared.mode_of(direction, selected);
             match (read, mode) {
                 (Ok(0) | Err(_), Mode::BlackHole) => std::future::pending::<()>().await,
                 // Dropping `tx` lets the writer finish and send the FIN.
