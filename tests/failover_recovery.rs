@@ -1094,12 +1094,7 @@ async fn without_emit_functions(outbox: &Outbox) {
 /// Raises RabbitMQ's memory alarm (a watermark no node stays under) or clears it (back to
 /// the default 0.4); tests/faults.rs s12 does the same.
 fn memory_alarm(rabbit: &RabbitServer, raised: bool) {
-    let watermark = if raised { "0.0000001" } else { "0.4" };
-    let set = blocking(|| rabbit.ctl(&["set_vm_memory_high_watermark", watermark]));
-    assert!(
-        set.status.success(),
-        "set_vm_memory_high_watermark {watermark}: {set:?}"
-    );
+    blocking(|| rabbit.set_memory_alarm(raised));
 }
 
 /// The AMQP connections `rabbit` reports blocked (`rabbitmqctl list_connections state`; about

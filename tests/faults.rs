@@ -196,12 +196,7 @@ fn spawn_relay_via_pg_proxy(outbox: &Outbox, proxy: &TcpProxy) -> RelayProcess {
 /// Raises RabbitMQ's memory alarm (a watermark no node stays under) or clears it (back to
 /// the default 0.4).
 fn memory_alarm(rabbit: &RabbitServer, raised: bool) {
-    let watermark = if raised { "0.0000001" } else { "0.4" };
-    let set = blocking(|| rabbit.ctl(&["set_vm_memory_high_watermark", watermark]));
-    assert!(
-        set.status.success(),
-        "set_vm_memory_high_watermark {watermark}: {set:?}"
-    );
+    blocking(|| rabbit.set_memory_alarm(raised));
 }
 
 /// Waits for the relay to log its first failed session; `unnoticed` says what it missed if

@@ -31,3 +31,4 @@ mod shards;
 mod table_layouts;
 mod tls;
 mod wal;
+mod zero_window;

@@ -1084,12 +1084,7 @@ async fn broker_alarm_reads_broker_blocked_and_delivery_resumes_without_a_reconn
     ]);
     wait_http(port, "/readyz", |status, _| status == 200).await;
 
-    let set =
-        tokio::task::block_in_place(|| rabbit.ctl(&["set_vm_memory_high_watermark", "0.0000001"]));
-    assert!(
-        set.status.success(),
-        "set_vm_memory_high_watermark: {set:?}"
-    );
+    tokio::task::block_in_place(|| rabbit.set_memory_alarm(true));
     // The broker blocks a connection when it next publishes: the worker that claims this row.
     let ids = insert_rows(&client, 0, 0, 1).await;
     wait_http(port, "/readyz", |status, body| {
@@ -1107,9 +1102,7 @@ async fn broker_alarm_reads_broker_blocked_and_delivery_resumes_without_a_reconn
         "nothing marked while blocked"
     );
 
-    let clear =
-        tokio::task::block_in_place(|| rabbit.ctl(&["set_vm_memory_high_watermark", "0.4"]));
-    assert!(clear.status.success(), "clear the alarm: {clear:?}");
+    tokio::task::block_in_place(|| rabbit.set_memory_alarm(false));
     wait_http(port, "/readyz", |status, _| status == 200).await;
     let got = consumer.wait_for(1, DEADLINE).await;
     assert_eq!(got[0].message_id.as_deref(), Some(ids[0].as_str()));

@@ -66,10 +66,11 @@ pub struct Connections {
 pub struct PeerTimeoutArgs {
     /// How long a peer (PostgreSQL, RabbitMQ) may leave what the relay sent unacknowledged,
     /// or its keepalive probes unanswered, before the connection is given up as dead (a host
-    /// powered off, a network dropping packets). Sets TCP keepalives and TCP_USER_TIMEOUT on
-    /// every connection, both ends (PostgreSQL then ends a vanished relay's sessions too; its
-    /// walsender after wal_sender_timeout), and the AMQP heartbeat where the URL sets none
-    /// (docs/network-failures.md, "Dead peers"). From 2s to 1h, whole seconds.
+    /// powered off, a network dropping packets). Sets TCP keepalives on every connection,
+    /// TCP_USER_TIMEOUT on the PostgreSQL ones, both ends (PostgreSQL then ends a vanished
+    /// relay's sessions too; its walsender after wal_sender_timeout), and the AMQP heartbeat
+    /// (half of it) where the URL sets none (docs/network-failures.md, "Dead peers"). From 2s
+    /// to 1h, whole seconds.
     #[arg(long, env = "OUTBOX_PEER_TIMEOUT", default_value = "5s", value_parser = parse_peer_timeout)]
     pub peer_timeout: Duration,
 }

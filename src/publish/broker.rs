@@ -126,11 +126,7 @@ impl Broker {
         // A broker (or network) that accepts and goes silent would hold the handshake forever.
         let connection = tokio::time::timeout(
             crate::db::CONNECT_TIMEOUT,
-            outbox_common::amqp::open_connection(
-                nodes.node(index).url(),
-                properties,
-                crate::liveness::policy().peer_timeout.amqp_heartbeat(),
-            ),
+            outbox_common::amqp::open_connection(nodes.node(index).url(), properties),
         )
         .await
         .map_err(|_| RelayError::ConnectTimeout {

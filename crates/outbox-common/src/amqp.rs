@@ -1,6 +1,7 @@
 //! Opening an AMQP connection the way every connection of the relay and the inbox is opened:
-//! its socket carries the peer timeout's keepalives and user timeout, and the AMQP heartbeat is
-//! the caller's (derived from the peer timeout: [`crate::liveness`]) unless the URL asks for one.
+//! its socket carries the peer timeout's keepalives but no user timeout (a broker that blocks
+//! a publisher stops reading its socket), and the AMQP heartbeat, derived from the peer timeout
+//! ([`crate::liveness`]) unless the URL asks for one, notices a dead broker.
 //!
 //! lapin opens its socket itself; its `Connection::connector` hands the opening to us. The
 //! socket options go on the plain TCP stream, before the TLS handshake of `amqps://`.
@@ -9,20 +10,18 @@ use lapin::tcp::{AsyncTcpStream, OwnedTLSConfig};
 use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{Connection, ConnectionProperties};
 
-/// Opens a connection to the broker at `url`, with `heartbeat` seconds unless the URL sets
-/// `heartbeat=` (a publisher: `PeerTimeout::amqp_heartbeat`; a consumer:
-/// `amqp_consumer_heartbeat`).
+/// Opens a connection to the broker at `url`, with the heartbeat of the process's peer
+/// timeout unless the URL sets `heartbeat=`.
 pub async fn open_connection(
     url: &str,
     properties: ConnectionProperties,
-    heartbeat: u16,
 ) -> Result<Connection, lapin::Error> {
     let mut uri: AMQPUri = url.parse().map_err(|problem: String| {
         std::io::Error::new(std::io::ErrorKind::InvalidInput, problem)
     })?;
     let peer_timeout = crate::liveness::policy().peer_timeout;
     if uri.query.heartbeat.is_none() {
-        uri.query.heartbeat = Some(heartbeat);
+        uri.query.heartbeat = Some(peer_timeout.amqp_heartbeat());
     }
     let runtime = lapin::runtime::default_runtime()?;
     Connection::connector(
@@ -35,7 +34,7 @@ pub async fn open_connection(
                 .collect();
             let stream = AsyncTcpStream::connect(&runtime, addresses).await?;
             if let AsyncTcpStream::Plain(plain) = &stream {
-                peer_timeout.apply(plain.get_ref())?;
+                peer_timeout.apply_keepalives(plain.get_ref())?;
             }
             Ok(match uri.scheme {
                 AMQPScheme::AMQP => stream,

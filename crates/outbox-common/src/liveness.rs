@@ -8,11 +8,13 @@
 //! connection:
 //!
 //! ```text
-//!  relay's socket (ordinary SQL, replication, AMQP)    TCP_USER_TIMEOUT = T: data unacknowledged
+//!  relay's socket (ordinary SQL, replication)          TCP_USER_TIMEOUT = T: data unacknowledged
 //!                                                       for T drops the connection;
 //!                                                       keepalive probes after T/2 idle, then
 //!                                                       every (T - T/2)/3: an idle connection
 //!                                                       finds out in about T too
+//!  AMQP socket (the relay's and the inbox's)           the keepalives, no user timeout: the
+//!                                                       heartbeat below notices a dead broker
 //!  PostgreSQL's end of each session (startup options)  the same, as tcp_keepalives_idle,
 //!                                                       _interval, _count and tcp_user_timeout:
 //!                                                       the server ends a vanished relay's
@@ -21,10 +23,9 @@
 //!  PostgreSQL's end of the replication session         the keepalives, tcp_user_timeout=0:
 //!                                                       the walsender of a vanished relay
 //!                                                       ends after wal_sender_timeout (below)
-//!  AMQP heartbeat (unless the URL sets heartbeat=)     T for a publisher (lapin gives the
-//!                                                       connection up after 2 T of silence);
-//!                                                       T/2 for a consumer, which RabbitMQ
-//!                                                       declares dead after 2-3 heartbeats,
+//!  AMQP heartbeat (unless the URL sets heartbeat=)     T/2: lapin gives the connection up
+//!                                                       after 2 heartbeats of silence (about
+//!                                                       T), RabbitMQ a consumer after 2-3,
 //!                                                       handing its deliveries to another
 //! ```
 //!
@@ -40,9 +41,11 @@
 //! timeout on PostgreSQL's end, a broker stall longer than T cost a reconnect and a window
 //! of re-publishes. So that end has none, and `wal_sender_timeout` (PostgreSQL's, 60 s by
 //! default) ends a vanished relay's walsender; the relay's standby status updates go on
-//! while it holds back, so a live relay never reaches it. The same holds the other way for
-//! a broker that stops reading the relay's publishes for longer than T (credit flow, an
-//! alarm): not addressed yet.
+//! while it holds back, so a live relay never reaches it. The same holds the other way: a
+//! broker stops reading a publisher's socket for as long as an alarm or credit flow lasts,
+//! and a full window of large publishes fills it. So the AMQP socket has no user timeout
+//! either; the broker's heartbeats go on while it blocks the relay (and it pauses its watch
+//! of the relay's), so the heartbeat tells a dead broker from a blocked one.
 //!
 //! The policy is the process's: each binary sets it once from its flags ([`configure`])
 //! before it connects anywhere, and every connection reads it where it is opened (the
@@ -119,13 +122,18 @@ impl PeerTimeout {
 
     /// Sets the options on a connected TCP socket.
     pub fn apply(self, socket: &impl AsFd) -> std::io::Result<()> {
-        let socket = socket2::SockRef::from(socket);
+        self.apply_keepalives(socket)?;
+        socket2::SockRef::from(socket).set_tcp_user_timeout(Some(self.0))
+    }
+
+    /// Sets the keepalives alone on a connected TCP socket: an AMQP socket, which a blocking
+    /// broker stops reading for as long as it likes (see the module documentation).
+    pub fn apply_keepalives(self, socket: &impl AsFd) -> std::io::Result<()> {
         let keepalive = socket2::TcpKeepalive::new()
             .with_time(self.keepalive_idle())
             .with_interval(self.keepalive_interval())
             .with_retries(KEEPALIVE_PROBES);
-        socket.set_tcp_keepalive(&keepalive)?;
-        socket.set_tcp_user_timeout(Some(self.0))
+        socket2::SockRef::from(socket).set_tcp_keepalive(&keepalive)
     }
 
     /// The same for PostgreSQL's end of a session, as startup options (`-c name=value`).
@@ -156,17 +164,12 @@ impl PeerTimeout {
         )
     }
 
-    /// The AMQP heartbeat a publisher asks for, in seconds, where the URL names none: the
-    /// timeout itself (lapin then gives a silent broker up after twice it, a backstop to the
-    /// socket's user timeout).
+    /// The AMQP heartbeat asked for, in seconds, where the URL names none: half the
+    /// timeout, rounded up. lapin gives a silent broker up after two heartbeats, and
+    /// RabbitMQ gives a silent consumer's unacknowledged deliveries to another once it
+    /// declares it dead, 2 to 3 heartbeats after it fell silent: both within about the
+    /// timeout. It is what notices a dead broker: the AMQP socket has no user timeout.
     pub fn amqp_heartbeat(self) -> u16 {
-        u16::try_from(self.0.as_secs()).unwrap_or(u16::MAX)
-    }
-
-    /// The same for a consumer: half the timeout, rounded up. RabbitMQ gives a silent
-    /// consumer's unacknowledged deliveries to another only once it declares it dead, 2 to 3
-    /// heartbeats after it fell silent, so that happens within about the timeout.
-    pub fn amqp_consumer_heartbeat(self) -> u16 {
         u16::try_from(self.0.as_secs().div_ceil(2)).unwrap_or(u16::MAX)
     }
 }
@@ -267,8 +270,7 @@ mod tests {
             "-c tcp_keepalives_idle=2 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=3 \
              -c tcp_user_timeout=0"
         );
-        assert_eq!(policy.peer_timeout.amqp_heartbeat(), 5);
-        assert_eq!(policy.peer_timeout.amqp_consumer_heartbeat(), 3);
+        assert_eq!(policy.peer_timeout.amqp_heartbeat(), 3);
         let replication = policy.peer_timeout.tcp_keepalive();
         assert_eq!(replication.user_timeout, Some(secs(5)));
         assert_eq!((replication.idle, replication.interval), (secs(2), secs(1)));
@@ -290,5 +292,11 @@ mod tests {
             socket.tcp_user_timeout().expect("user timeout"),
             Some(secs(7))
         );
+        let amqp =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        timeout.apply_keepalives(&amqp).expect("set");
+        let amqp = socket2::SockRef::from(&amqp);
+        assert_eq!(amqp.tcp_keepalive_time().expect("idle"), secs(3));
+        assert_eq!(amqp.tcp_user_timeout().expect("user timeout"), None);
     }
 }

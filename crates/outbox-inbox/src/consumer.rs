@@ -265,13 +265,12 @@ async fn session<E: Effect>(
         });
     }
     let properties = ConnectionProperties::default().with_connection_name("outbox-inbox".into());
-    // The socket gets the peer timeout's keepalives and user timeout; the heartbeat is half of
-    // it, so that RabbitMQ gives this consumer's deliveries to another within about the
-    // timeout if this host vanishes.
-    let heartbeat = config.peer_timeout.amqp_consumer_heartbeat();
+    // The heartbeat is half the peer timeout (set above as the process's policy), so that
+    // RabbitMQ gives this consumer's deliveries to another within about the timeout if this
+    // host vanishes.
     let connection = tokio::time::timeout(
         CONNECT_TIMEOUT,
-        outbox_common::amqp::open_connection(&config.amqp_url, properties, heartbeat),
+        outbox_common::amqp::open_connection(&config.amqp_url, properties),
     )
     .await
     .map_err(|_| InboxError::ConnectTimeout { what: "RabbitMQ" })??;

@@ -175,6 +175,47 @@ fn listening_inodes(table: &str, port: u16) -> Vec<u64> {
         .collect()
 }
 
+/// The queues of one established TCP connection, from this machine's end, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpQueues {
+    /// Sent or waiting to be sent, and not acknowledged by the peer: what a peer that stops
+    /// reading leaves here once its receive buffer is full (a zero window).
+    pub send: u64,
+    /// Received and not yet read by the process.
+    pub receive: u64,
+}
+
+/// The queues of every established connection of this network namespace to remote `port`
+/// (`/proc/net/tcp{,6}`: `tx_queue:rx_queue` is the fifth field, in hex).
+pub fn tcp_queues_to(port: u16) -> Vec<TcpQueues> {
+    let mut queues = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        if let Ok(text) = std::fs::read_to_string(table) {
+            queues.extend(queues_to(&text, port));
+        }
+    }
+    queues
+}
+
+fn queues_to(table: &str, port: u16) -> Vec<TcpQueues> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (_, remote_port) = fields.get(2)?.rsplit_once(':')?;
+            let established = *fields.get(3)? == "01";
+            let (send, receive) = fields.get(4)?.split_once(':')?;
+            (established && u16::from_str_radix(remote_port, 16).ok()? == port).then_some(
+                TcpQueues {
+                    send: u64::from_str_radix(send, 16).ok()?,
+                    receive: u64::from_str_radix(receive, 16).ok()?,
+                },
+            )
+        })
+        .collect()
+}
+
 /// `VmHWM` in KiB from the text of `/proc/<pid>/status`.
 pub fn peak_rss_kib(status: &str) -> Result<u64> {
     status
@@ -198,6 +239,23 @@ pub fn process_alive(pid: i32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_queues_of_established_connections_to_a_port_are_read_in_hex() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:D431 0100007F:1628 01 00100000:00000010 00:00000000 00000000     0        0 1 1
+   1: 0100007F:D432 0100007F:1628 06 00000005:00000000 00:00000000 00000000     0        0 2 1
+   2: 0100007F:D433 0100007F:1629 01 00000007:00000000 00:00000000 00000000     0        0 3 1
+   3: 0100007F:1628 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4 1";
+        // 0x1628 is 5672: one established connection to it (the TIME_WAIT one is not).
+        assert_eq!(
+            super::queues_to(table, 5672),
+            [super::TcpQueues {
+                send: 0x0010_0000,
+                receive: 0x10
+            }]
+        );
+    }
+
     use super::*;
 
     #[test]

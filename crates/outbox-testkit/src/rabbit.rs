@@ -143,6 +143,18 @@ impl RabbitServer {
         self.private("ctl").node.ctl(args)
     }
 
+    /// Raises the node's memory alarm (a watermark no node stays under: it blocks every
+    /// publishing connection) or clears it (back to the default 0.4). Blocking: call it with
+    /// `tokio::task::block_in_place` from a runtime.
+    pub fn set_memory_alarm(&self, raised: bool) {
+        let watermark = if raised { "0.0000001" } else { "0.4" };
+        let set = self.ctl(&["set_vm_memory_high_watermark", watermark]);
+        assert!(
+            set.status.success(),
+            "set_vm_memory_high_watermark {watermark}: {set:?}"
+        );
+    }
+
     /// The beam process's pid, from the pid file.
     pub fn pid(&self) -> Option<i32> {
         self.private("pid").node.pid()

@@ -1,0 +1,181 @@
+//! A peer that stops reading is not a dead peer. While RabbitMQ blocks the relay (a memory
+//! alarm), nothing the relay sends is read: its publishes pile up in its AMQP socket, and it
+//! stops reading its replication stream, whose socket fills while a busy database goes on
+//! writing. Linux (5.11+) ends a connection whose zero window lasts its user timeout, answered
+//! probes or not. So no user timeout may sit on either end of those two connections, or a
+//! stall longer than `--peer-timeout` costs a reconnect and a window of re-publishes
+//! (docs/network-failures.md, "Dead peers"); dead peers are noticed by heartbeats instead.
+//!
+//! Each test holds the stall for five peer timeouts after the zero window is seen (the kernel's
+//! own queues, `/proc/net/tcp`, are the witness), then asserts that the connection outlived it.
+
+use outbox_testkit as common;
+
+use std::time::Duration;
+
+use common::faults::{finish, observed_outbox, report_tally, secs, slot_state};
+use common::procfs::tcp_queues_to;
+use common::{PgServer, RabbitServer};
+use tokio::time::Instant;
+
+const MINUTE: Duration = Duration::from_secs(60);
+/// The shortest `--peer-timeout`: the stall lasts several of them.
+const PEER_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long each stall is held once the zero window is seen.
+const HELD: Duration = Duration::from_secs(5 * 2);
+/// Bytes waiting in a socket queue that only a peer that stopped reading leaves there (more
+/// than any pause in a flowing connection).
+const STALLED: u64 = 1024 * 1024;
+
+fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    tokio::task::block_in_place(f)
+}
+
+/// Waits until a connection to `port` holds at least [`STALLED`] bytes in the queue `which`
+/// picks; returns that many.
+async fn wait_stalled(port: u16, which: fn(&common::procfs::TcpQueues) -> u64) -> Option<u64> {
+    let deadline = Instant::now() + MINUTE;
+    loop {
+        let most = tcp_queues_to(port).iter().map(which).max().unwrap_or(0);
+        if most >= STALLED {
+            return Some(most);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Inserts `rows` rows of about `kib` KiB each (distinct text, so nothing compresses them
+/// away on the wire), in transactions of 10.
+async fn insert_large_rows(outbox: &common::outbox::Outbox, rows: i32, kib: i32) {
+    outbox
+        .client
+        .batch_execute(&format!(
+            "DO $$ BEGIN FOR t IN 0..{} LOOP \
+               INSERT INTO outbox (event_type, payload) \
+               SELECT 'Large', jsonb_build_object('pad', repeat(md5((t * 10 + i)::text), {})) \
+               FROM generate_series(1, 10) AS i; \
+               COMMIT; END LOOP; END $$",
+            rows / 10 - 1,
+            kib * 32
+        ))
+        .await
+        .expect("insert the large rows");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_stops_reading_a_full_window_of_large_publishes_keeps_the_connection() {
+    let rabbit = std::thread::spawn(RabbitServer::start);
+    let pg = blocking(|| PgServer::start(&[]));
+    let rabbit = blocking(|| rabbit.join()).expect("rabbitmq start");
+    let (outbox, oracle, mut consumer) = observed_outbox(&pg, &rabbit, "zw_amqp", false).await;
+    let peer_timeout = PEER_TIMEOUT.as_secs().to_string();
+    let relay = outbox.spawn_relay(&["--peer-timeout", &peer_timeout]);
+    outbox.insert("Before", "{}").await;
+    consumer.wait_for(1, MINUTE).await;
+    assert_eq!(consumer.received().len(), 1, "log:\n{}", relay.log());
+
+    blocking(|| rabbit.set_memory_alarm(true));
+    // 400 rows of 64 KiB: 25 MiB of publishes, more than both ends' socket buffers hold.
+    insert_large_rows(&outbox, 400, 64).await;
+    let queued = wait_stalled(rabbit.amqp_port(), |q| q.send).await;
+    assert!(
+        queued.is_some(),
+        "the relay's publishes never piled up in its socket; log:\n{}",
+        relay.log()
+    );
+    let stalled_at = Instant::now();
+    tokio::time::sleep(HELD).await;
+    let reconnects = relay.reconnects();
+    let still_queued = tcp_queues_to(rabbit.amqp_port())
+        .iter()
+        .map(|q| q.send)
+        .max()
+        .unwrap_or(0);
+    blocking(|| rabbit.set_memory_alarm(false));
+    assert_eq!(
+        reconnects,
+        0,
+        "the AMQP connection ended while the broker did not read it; log:\n{}",
+        relay.log()
+    );
+    assert!(
+        still_queued >= STALLED,
+        "the window stayed closed for the whole stall ({still_queued} bytes queued at its end)"
+    );
+
+    let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
+    report_tally(
+        "zero window on the AMQP connection",
+        &committed,
+        &tally,
+        &[
+            (
+                "queued at the stall",
+                format!("{} bytes", queued.unwrap_or(0)),
+            ),
+            ("held", secs(stalled_at.elapsed())),
+            ("reconnects", relay.reconnects().to_string()),
+        ],
+    );
+    assert_eq!(tally.duplicates(), 0, "no reconnect, so no replay");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirms_held_back_while_the_database_is_busy_keep_the_replication_session() {
+    let rabbit = std::thread::spawn(RabbitServer::start);
+    let pg = blocking(|| PgServer::start(&[]));
+    let rabbit = blocking(|| rabbit.join()).expect("rabbitmq start");
+    let (outbox, oracle, mut consumer) = observed_outbox(&pg, &rabbit, "zw_repl", false).await;
+    let peer_timeout = PEER_TIMEOUT.as_secs().to_string();
+    let relay = outbox.spawn_relay(&["--peer-timeout", &peer_timeout]);
+    outbox.insert("Before", "{}").await;
+    consumer.wait_for(1, MINUTE).await;
+    assert_eq!(consumer.received().len(), 1, "log:\n{}", relay.log());
+    let (_, _, walsender) = slot_state(&outbox.client, &outbox.slot)
+        .await
+        .expect("slot");
+
+    // Small publishes fill the relay's window without filling its AMQP socket; then it stops
+    // reading the stream, and the rows written meanwhile (about 60 MiB of WAL) pile up in the
+    // replication connection.
+    blocking(|| rabbit.set_memory_alarm(true));
+    insert_large_rows(&outbox, 30_000, 2).await;
+    let unread = wait_stalled(pg.port(), |q| q.receive).await;
+    assert!(
+        unread.is_some(),
+        "the stream never piled up unread in the relay's socket; log:\n{}",
+        relay.log()
+    );
+    let stalled_at = Instant::now();
+    tokio::time::sleep(HELD).await;
+    let reconnects = relay.reconnects();
+    let (_, _, walsender_after) = slot_state(&outbox.client, &outbox.slot)
+        .await
+        .expect("slot");
+    blocking(|| rabbit.set_memory_alarm(false));
+    assert_eq!(
+        (reconnects, walsender_after),
+        (0, walsender),
+        "the replication session ended while the relay held back; log:\n{}",
+        relay.log()
+    );
+
+    let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
+    report_tally(
+        "zero window on the replication connection",
+        &committed,
+        &tally,
+        &[
+            (
+                "unread at the stall",
+                format!("{} bytes", unread.unwrap_or(0)),
+            ),
+            ("held", secs(stalled_at.elapsed())),
+            ("reconnects", relay.reconnects().to_string()),
+        ],
+    );
+    assert_eq!(tally.duplicates(), 0, "no reconnect, so no replay");
+}
