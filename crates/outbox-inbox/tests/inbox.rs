@@ -977,15 +977,90 @@ async fn a_message_without_a_message_id_goes_to_the_dead_letter_exchange_and_the
         .await;
 }
 
+/// A message_id or an x-outbox-seq holding a NUL byte cannot be stored in PostgreSQL text,
+/// so the claim would fail on it at every attempt: it is refused like a message without a
+/// message_id (dead-lettered), and the consumer goes on with the next message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_byte_in_the_message_id_or_seq_goes_to_the_dead_letter_exchange_and_the_rest_are_applied(
+) {
+    let s = services();
+    let amqp = s.rabbit.url();
+    let name = unique_name("inbox_nul");
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    let (dead_letters, dead_letter_queue) = (format!("{name}_dlx"), format!("{name}_dlq"));
+    declare_bound_queue(&amqp, &dead_letters, &dead_letter_queue, "#").await;
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString(dead_letters.as_str().into()),
+    );
+    declare_bound_queue_with_args(&amqp, &exchange, &queue, "#", arguments).await;
+    let seq = |value: &str| {
+        let mut headers = FieldTable::default();
+        headers.insert("x-outbox-seq".into(), AMQPValue::LongString(value.into()));
+        headers
+    };
+    publish(&amqp, &exchange, Some("first")).await;
+    publish(&amqp, &exchange, Some("nul\0in the id")).await;
+    publish_with(
+        &amqp,
+        &exchange,
+        Some("nul-in-the-seq"),
+        seq("0000000001A2B3C4\0-00000000"),
+    )
+    .await;
+    publish_with(
+        &amqp,
+        &exchange,
+        Some("last"),
+        seq("0000000001A2B3C4-00000001"),
+    )
+    .await;
+    let mut dead = Consumer::start(&amqp, &dead_letter_queue).await;
+    let db = ConsumerDb::new("inbox_nul_consumer").await;
+    let consumer = db.consume(&amqp, &queue, &[], &[]);
+    let letters = dead.wait_for(2, MINUTE).await;
+    let ids: HashSet<&str> = letters
+        .iter()
+        .filter_map(|l| l.message_id.as_deref())
+        .collect();
+    assert_eq!(
+        ids,
+        ["nul\0in the id", "nul-in-the-seq"].into(),
+        "both refused deliveries dead-lettered; consumer log:\n{}",
+        consumer.log()
+    );
+    db.wait_applied(2, &consumer).await;
+    consumer.stop().await;
+    assert_eq!(
+        totals(&consumer),
+        Totals {
+            applied: 2,
+            duplicates: 0,
+            rejected: 2
+        }
+    );
+    assert_eq!(consumer.log_count(log::REJECTED_NUL), 2);
+    db.assert_applied_once(&["first".into(), "last".into()])
+        .await;
+}
+
 /// Publishes one persistent message, with `message_id` if given, and waits for its confirm.
 async fn publish(amqp: &str, exchange: &str, message_id: Option<&str>) {
+    publish_with(amqp, exchange, message_id, FieldTable::default()).await;
+}
+
+/// [`publish`] with `headers`.
+async fn publish_with(amqp: &str, exchange: &str, message_id: Option<&str>, headers: FieldTable) {
     let connection = amqp_connect(amqp).await;
     let channel = connection.create_channel().await.expect("channel");
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirm_select");
-    let mut properties = BasicProperties::default().with_delivery_mode(2);
+    let mut properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_headers(headers);
     if let Some(id) = message_id {
         properties = properties.with_message_id(id.into());
     }
