@@ -175,8 +175,9 @@ impl Counters {
 /// runs.
 ///
 /// First it sets the process's connection policy (`outbox_common::liveness::configure`) to
-/// the config's peer and statement timeouts: every connection opened from then on, by this
-/// consumer or anything else in the process, gets them.
+/// the config's peer and statement timeouts, and the name its PostgreSQL sessions show
+/// ([`crate::APPLICATION_NAME`], unless the URL names them): every connection opened from
+/// then on, by this consumer or anything else in the process, gets them.
 pub async fn run<E: Effect>(
     config: ConsumerConfig,
     effect: E,
@@ -185,6 +186,7 @@ pub async fn run<E: Effect>(
 ) -> Result<Totals, InboxError> {
     check(&config)?;
     liveness::configure(config.connection_policy());
+    outbox_common::pg::set_application_name(crate::APPLICATION_NAME);
     let effect = Arc::new(effect);
     let mut backoff = Backoff::new(Duration::from_millis(500), config.max_backoff);
     loop {

@@ -1127,6 +1127,48 @@ async fn definite_errors_stop_the_consumer_naming_the_fix_and_keep_the_message()
 }
 
 // ---------------------------------------------------------------------------------
+// Connections
+
+/// The consumer's PostgreSQL sessions say who they are in pg_stat_activity: `outbox-inbox`,
+/// or the application_name its database URL sets (which wins).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumers_sessions_are_named_outbox_inbox_unless_the_url_names_them() {
+    let s = services();
+    let amqp = s.rabbit.url();
+    let name = unique_name("inbox_appname");
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    declare_bound_queue(&amqp, &exchange, &queue, "#").await;
+    for (url_name, expected) in [
+        (Some("billing-inbox"), "billing-inbox"),
+        (None, "outbox-inbox"),
+    ] {
+        let mut db = ConsumerDb::new("inbox_appname_consumer").await;
+        if let Some(url_name) = url_name {
+            db.url = format!("{}?application_name={url_name}", db.url);
+        }
+        let consumer = db.consume(&amqp, &queue, &["--concurrency", "2"], &[]);
+        let named = format!(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name = '{expected}'"
+        );
+        let sessions = wait_count(&db.client, &named, MINUTE, |n| n >= 2).await;
+        let seen = first_column(
+            &db.client,
+            "SELECT DISTINCT application_name FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await;
+        assert!(
+            sessions.is_ok(),
+            "the consumer's sessions are named {expected:?}: seen {seen:?}; log:\n{}",
+            consumer.log()
+        );
+        consumer.stop().await;
+    }
+}
+
+// ---------------------------------------------------------------------------------
 // Timeouts
 
 /// A claim or an effect that waits is bounded by `--statement-timeout`. First the claim: the
