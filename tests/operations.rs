@@ -1475,3 +1475,32 @@ async fn the_state_is_recorded_with_the_cleanup_off() {
     }
     relay.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------
+// logging
+
+/// Logging never stops the relay: with stdout and stderr a pipe nobody reads any more
+/// (`outbox-relay run 2>&1 | head -1` once head has exited), every log line fails to be
+/// written, and the relay delivers all the same and stops on SIGTERM with exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stderr_does_not_stop_the_relay() {
+    let outbox = Outbox::new("ops_stderr").await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let mut args = vec!["run".to_string()];
+    args.extend(outbox.flags("run"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let relay = RelayProcess::spawn_unread(&args, &[common::relay::TEST_LOG]);
+    let id = outbox.insert("PastAClosedStderr", "{}").await;
+    let received = consumer.wait_for(1, Duration::from_secs(60)).await;
+    let ids: Vec<&str> = received
+        .iter()
+        .filter_map(|r| r.message_id.as_deref())
+        .collect();
+    assert_eq!(
+        ids,
+        [id.as_str()],
+        "delivered with stderr closed; the relay's exit so far: {:?}",
+        relay.try_exit().map(|status| status.to_string())
+    );
+    relay.stop().await;
+}
