@@ -61,6 +61,8 @@ pub enum Warning<'a> {
     WaitingForStandby,
     /// The relay's state table is missing or the role may not use it.
     StateTableUnusable,
+    /// `wal_sender_timeout = 0`: a vanished relay's walsender holds the slot for minutes.
+    WalSenderTimeoutOff,
     /// Rows of a table newly created under the outbox table's name.
     OutboxRecreated,
     /// Rows written to the former outbox table, renamed, while another table has its name.
@@ -98,6 +100,12 @@ fn warning_fix(warning: Warning<'_>) -> String {
             .into(),
         Warning::StateTableUnusable => "run `outbox-relay setup`, and grant SELECT, INSERT, \
              UPDATE on it to the relay's role (sql/role.sql)"
+            .into(),
+        Warning::WalSenderTimeoutOff => "ALTER SYSTEM SET wal_sender_timeout = '10s'; \
+             SELECT pg_reload_conf(); (or ALTER ROLE / ALTER DATABASE … RESET \
+             wal_sender_timeout where it was set to 0 there): the relay reports every \
+             --status-interval-ms, so a live one never reaches it (docs/network-failures.md, \
+             \"Dead peers\")"
             .into(),
         Warning::OutboxRecreated => "if rows were written to the new table before it was \
              added to the publication, re-publish them with `outbox-relay resync --since \

@@ -1504,3 +1504,54 @@ async fn a_closed_stderr_does_not_stop_the_relay() {
     );
     relay.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------
+// startup warnings
+
+/// `wal_sender_timeout = 0` turns off what ends the walsender of a relay whose host
+/// vanished: a standby relay then waits for TCP to give up (about 15 minutes with data in
+/// flight). `run` warns at start, naming the setting and the fix; with the default, it does
+/// not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_sender_timeout_off_is_warned_about_at_start() {
+    const WARNING: &str = "wal_sender_timeout is 0";
+    let outbox = Outbox::new("ops_walsender").await;
+    let relay = outbox.spawn_relay(&[]);
+    assert!(
+        relay
+            .wait_for_log(common::relay::SESSION_STARTED, Duration::from_secs(60))
+            .await,
+        "log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+    assert_eq!(relay.log_count(WARNING), 0, "log:\n{}", relay.log());
+
+    let database: String =
+        common::pg::query_value(&outbox.client, "SELECT current_database()").await;
+    outbox
+        .client
+        .batch_execute(&format!(
+            "ALTER DATABASE {database} SET wal_sender_timeout = 0"
+        ))
+        .await
+        .expect("turn wal_sender_timeout off for the database");
+    let relay = outbox.spawn_relay(&[]);
+    assert!(
+        relay
+            .wait_for_log(common::relay::SESSION_STARTED, Duration::from_secs(60))
+            .await,
+        "log:\n{}",
+        relay.log()
+    );
+    let warned = relay.log_lines(WARNING);
+    assert!(
+        warned.len() == 1
+            && warned[0].contains(" WARN ")
+            && warned[0].contains("Fix: ")
+            && warned[0].contains("wal_sender_timeout = '10s'"),
+        "one warning naming the setting and the fix; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+}

@@ -339,6 +339,34 @@ async fn warn_if_idle_slots_expire(client: &Client, slot: &str) -> Result<(), Re
     Ok(())
 }
 
+/// Warns, once per process, that `wal_sender_timeout` is 0 (for the server, or the role or
+/// database the relay connects as, which its walsender takes too): then nothing ends the
+/// walsender of a relay whose host vanished but TCP giving up, about 15 minutes with data in
+/// flight (PostgreSQL's end of the replication session has keepalives and no user timeout:
+/// outbox_common::liveness), and the slot is held, a standby relay waiting, all that time.
+async fn warn_if_walsenders_never_time_out(client: &Client) -> Result<(), RelayError> {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let setting: String = client
+        .query_one(
+            "SELECT setting FROM pg_catalog.pg_settings WHERE name = 'wal_sender_timeout'",
+            &[],
+        )
+        .await?
+        .get(0);
+    if setting == "0" && !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "{}",
+            advice::warning(
+                "wal_sender_timeout is 0 (off): if the relay's host vanishes, PostgreSQL keeps \
+                 its walsender, and the slot, until TCP gives up (about 15 minutes with data \
+                 in flight), and a standby relay cannot take over until then",
+                Warning::WalSenderTimeoutOff
+            )
+        );
+    }
+    Ok(())
+}
+
 /// PostgreSQL 17's `synchronized_standby_slots` on this server: `Some("")` when the
 /// server has it unset, `None` before 17.
 pub async fn synchronized_standby_slots(client: &Client) -> Result<Option<String>, RelayError> {
@@ -412,6 +440,7 @@ pub async fn check_all(
 ) -> Result<SlotState, RelayError> {
     check_wal_level(client).await?;
     warn_if_idle_slots_expire(client, &names.slot).await?;
+    warn_if_walsenders_never_time_out(client).await?;
     check_publication(client, names).await?;
     check_row_filter(client, names, shard, map).await?;
     let slot = check_slot(client, &names.slot).await?;
