@@ -737,6 +737,37 @@ async fn resync_republishes_exactly_the_rows_from_that_time_on() {
     assert!(text(&out).contains("RFC 3339"), "{}", text(&out));
 }
 
+/// resync selects rows by `created_at`: a row whose `created_at` is NULL (a nullable column
+/// mapped to it) is never published. When nothing is, it says so plainly, and why, counting
+/// the rows it cannot select; no message reaches the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resync_that_publishes_nothing_says_so_and_why() {
+    let outbox = Outbox::new("ops_resync_none").await;
+    outbox
+        .client
+        .batch_execute(
+            "ALTER TABLE outbox ALTER COLUMN created_at DROP NOT NULL;
+             INSERT INTO outbox (event_type, payload, created_at)
+             SELECT 'Undated', '{}', NULL FROM generate_series(1, 2);",
+        )
+        .await
+        .expect("rows without created_at");
+    let since = "2000-01-01T00:00:00Z";
+    let out = outbox.run_command(&["resync", "--since", since]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = stdout(&out);
+    assert!(
+        said.contains(&format!(
+            "resync: published nothing: no row has created_at at or after {since}"
+        )) && said.contains("2 rows have a NULL created_at"),
+        "{said}"
+    );
+    assert_eq!(
+        common::queue_message_count(&outbox.amqp_url, &outbox.queue).await,
+        0
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // cleanup
 
