@@ -933,24 +933,31 @@ async fn messages_of_one_aggregate_are_applied_one_at_a_time_in_delivery_order()
 // ---------------------------------------------------------------------------------
 // Refusals
 
+/// An exchange and a queue bound to it with `#` whose dead letters go to a dead-letter
+/// exchange and its queue, all named after `prefix`: the exchange, the queue, the
+/// dead-letter queue.
+async fn dead_lettering_queue(amqp: &str, prefix: &str) -> (String, String, String) {
+    let name = unique_name(prefix);
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    let (dead_letters, dead_letter_queue) = (format!("{name}_dlx"), format!("{name}_dlq"));
+    declare_bound_queue(amqp, &dead_letters, &dead_letter_queue, "#").await;
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString(dead_letters.as_str().into()),
+    );
+    declare_bound_queue_with_args(amqp, &exchange, &queue, "#", arguments).await;
+    (exchange, queue, dead_letter_queue)
+}
+
 /// A delivery without a message_id (or with an empty one) is rejected without requeue: it
 /// lands on the queue's dead-letter exchange, nothing is applied for it, and the consumer
 /// goes on with the next message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_without_a_message_id_goes_to_the_dead_letter_exchange_and_the_rest_are_applied()
 {
-    let s = services();
-    let amqp = s.rabbit.url();
-    let name = unique_name("inbox_noid");
-    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
-    let (dead_letters, dead_letter_queue) = (format!("{name}_dlx"), format!("{name}_dlq"));
-    declare_bound_queue(&amqp, &dead_letters, &dead_letter_queue, "#").await;
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-dead-letter-exchange".into(),
-        AMQPValue::LongString(dead_letters.as_str().into()),
-    );
-    declare_bound_queue_with_args(&amqp, &exchange, &queue, "#", arguments).await;
+    let amqp = services().rabbit.url();
+    let (exchange, queue, dead_letter_queue) = dead_lettering_queue(&amqp, "inbox_noid").await;
     for id in [Some("first"), None, Some(""), Some("last")] {
         publish(&amqp, &exchange, id).await;
     }
@@ -983,18 +990,8 @@ async fn a_message_without_a_message_id_goes_to_the_dead_letter_exchange_and_the
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nul_byte_in_the_message_id_or_seq_goes_to_the_dead_letter_exchange_and_the_rest_are_applied(
 ) {
-    let s = services();
-    let amqp = s.rabbit.url();
-    let name = unique_name("inbox_nul");
-    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
-    let (dead_letters, dead_letter_queue) = (format!("{name}_dlx"), format!("{name}_dlq"));
-    declare_bound_queue(&amqp, &dead_letters, &dead_letter_queue, "#").await;
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-dead-letter-exchange".into(),
-        AMQPValue::LongString(dead_letters.as_str().into()),
-    );
-    declare_bound_queue_with_args(&amqp, &exchange, &queue, "#", arguments).await;
+    let amqp = services().rabbit.url();
+    let (exchange, queue, dead_letter_queue) = dead_lettering_queue(&amqp, "inbox_nul").await;
     let seq = |value: &str| {
         let mut headers = FieldTable::default();
         headers.insert("x-outbox-seq".into(), AMQPValue::LongString(value.into()));
