@@ -61,6 +61,12 @@ pub enum Warning<'a> {
     WaitingForStandby,
     /// The relay's state table is missing or the role may not use it.
     StateTableUnusable,
+    /// `wal_sender_timeout = 0`: a vanished relay's walsender holds the slot for minutes.
+    WalSenderTimeoutOff,
+    /// Rows of a table newly created under the outbox table's name.
+    OutboxRecreated,
+    /// Rows written to the former outbox table, renamed, while another table has its name.
+    FormerOutboxRows,
 }
 
 /// A warning's text: what is wrong (`problem`, as the caller found it), then what to do.
@@ -95,6 +101,20 @@ fn warning_fix(warning: Warning<'_>) -> String {
         Warning::StateTableUnusable => "run `outbox-relay setup`, and grant SELECT, INSERT, \
              UPDATE on it to the relay's role (sql/role.sql)"
             .into(),
+        Warning::WalSenderTimeoutOff => "ALTER SYSTEM SET wal_sender_timeout = '10s'; \
+             SELECT pg_reload_conf(); (or ALTER ROLE / ALTER DATABASE … RESET \
+             wal_sender_timeout where it was set to 0 there): the relay reports every \
+             --status-interval-ms, so a live one never reaches it (docs/network-failures.md, \
+             \"Dead peers\")"
+            .into(),
+        Warning::OutboxRecreated => "if rows were written to the new table before it was \
+             added to the publication, re-publish them with `outbox-relay resync --since \
+             <when the table was created>`"
+            .into(),
+        Warning::FormerOutboxRows => "if they are events, insert them into the outbox table \
+             again with their ids (consumers drop what they already have); docs/deployment.md, \
+             \"Renaming the outbox table\""
+            .into(),
     }
 }
 
@@ -112,10 +132,20 @@ pub fn fix(error: &RelayError) -> Option<String> {
             sql_name(publication),
             sql_table(table)
         ),
-        PublicationDoesNotCoverTable { publication, table } => format!(
-            "ALTER PUBLICATION {} ADD TABLE {}",
+        PublicationDoesNotCoverTable {
+            publication,
+            table,
+            covers,
+        } => format!(
+            "ALTER PUBLICATION {} ADD TABLE {}{}",
             sql_name(publication),
-            sql_table(table)
+            sql_table(table),
+            match covers.is_empty() {
+                true => "",
+                false =>
+                    "; but if one of the tables it includes is the outbox table renamed, \
+                     rename it back instead (docs/deployment.md, \"Renaming the outbox table\")",
+            }
         ),
         ShardFilterMismatch { .. } => "give every relay the --shards (OUTBOX_SHARDS) that \
              `outbox-relay setup --shards` made the publications with (a filter's `% N) = K` \
@@ -142,6 +172,25 @@ pub fn fix(error: &RelayError) -> Option<String> {
             lost_slot_prevention(reason.as_deref())
         ),
         TableMissing { .. } => "run `outbox-relay setup` or create it from sql/".into(),
+        OutboxUnpublished {
+            publication, table, ..
+        } => format!(
+            "ALTER PUBLICATION {} ADD TABLE {}, start the relay again, and re-publish the rows \
+             written to the table in between with `outbox-relay resync --since <when it left \
+             the publication>` (docs/deployment.md, \"Renaming the outbox table\")",
+            sql_name(publication),
+            sql_table(table)
+        ),
+        OutboxRenamed { from, to, .. } => format!(
+            "rename it back ({}) and start the relay again: it then delivers every row, those \
+             written under the new name too. Or keep the new name: start the relay with \
+             --table {}.{} (OUTBOX_TABLE). Not a new table under the old name: the relay would \
+             take that one for the outbox and skip the rows written to this one \
+             (docs/deployment.md, \"Renaming the outbox table\")",
+            rename_back(from, to),
+            to.0,
+            to.1
+        ),
         RecoveryInterrupted { .. } => "run the relay with --on-slot-lost recreate \
              (OUTBOX_ON_SLOT_LOST) to finish it: it resumes the backfill after the last row the \
              broker confirmed (or, when the slot the interrupted recovery made is gone, makes \
@@ -401,6 +450,24 @@ fn sql_table(table: &str) -> String {
     }
 }
 
+/// The SQL that gives a renamed table, now `to`, its name `from` back (both (schema, table)).
+fn rename_back(from: &(String, String), to: &(String, String)) -> String {
+    let now = format!("{}.{}", sql_name(&to.0), sql_name(&to.1));
+    if from.0 == to.0 {
+        return format!("ALTER TABLE {now} RENAME TO {}", sql_name(&from.1));
+    }
+    let moved = format!("ALTER TABLE {now} SET SCHEMA {}", sql_name(&from.0));
+    if from.1 == to.1 {
+        return moved;
+    }
+    format!(
+        "{moved}; ALTER TABLE {}.{} RENAME TO {}",
+        sql_name(&from.0),
+        sql_name(&to.1),
+        sql_name(&from.1)
+    )
+}
+
 /// How to keep the next slot from the same fate.
 fn lost_slot_prevention(reason: Option<&str>) -> &'static str {
     match reason {
@@ -474,6 +541,37 @@ mod tests {
         assert!(text.contains("pg_hba.conf"), "{text}");
     }
 
+    /// The SQL that undoes a rename, a move to another schema, or both, names quoted.
+    #[test]
+    fn a_renamed_outbox_is_told_how_to_rename_it_back() {
+        let part = |s: &str| s.to_string();
+        let renamed = |from: (&str, &str), to: (&str, &str)| {
+            report(&RelayError::OutboxRenamed {
+                oid: 16385,
+                from: (part(from.0), part(from.1)),
+                to: (part(to.0), part(to.1)),
+            })
+        };
+        let text = renamed(("public", "outbox"), ("public", "Outbox Old"));
+        assert!(
+            text.contains("(ALTER TABLE public.\"Outbox Old\" RENAME TO outbox)"),
+            "{text}"
+        );
+        assert!(text.contains("--table public.Outbox Old"), "{text}");
+        let text = renamed(("app", "outbox"), ("archive", "outbox"));
+        assert!(
+            text.contains("(ALTER TABLE archive.outbox SET SCHEMA app)"),
+            "{text}"
+        );
+        let text = renamed(("app", "outbox"), ("archive", "old"));
+        assert!(
+            text.contains(
+                "(ALTER TABLE archive.old SET SCHEMA app; ALTER TABLE app.old RENAME TO outbox)"
+            ),
+            "{text}"
+        );
+    }
+
     /// A name that reaches a "Fix:" is quoted there, so pasting the fix runs only the fix.
     #[test]
     fn names_in_the_suggested_sql_are_quoted_where_needed() {
@@ -492,6 +590,7 @@ mod tests {
         let uncovered = report(&RelayError::PublicationDoesNotCoverTable {
             publication: publication.clone(),
             table,
+            covers: Vec::new(),
         });
         assert!(
             uncovered.contains(

@@ -162,7 +162,8 @@ pub fn replication_config(
             .with_port(port)
             .with_tls(tls)
             .with_options(options)
-            .with_application_name(APPLICATION_NAME)
+            // The URL's name wins, as on the ordinary connections (outbox_common::pg).
+            .with_application_name(config.get_application_name().unwrap_or(APPLICATION_NAME))
             .with_tcp_keepalive(peer_timeout.tcp_keepalive()),
     )
 }
@@ -200,6 +201,12 @@ mod tests {
         assert!(options.contains("-c tcp_user_timeout=0"), "{options}");
         assert!(!options.contains("statement_timeout"), "{options}");
         assert!(c.tcp_keepalive.is_some());
+        assert_eq!(c.application_name.as_deref(), Some(APPLICATION_NAME));
+        // A name the URL sets wins (pg_stat_replication shows it).
+        let named = "postgres://relay@db.example/app?application_name=billing-relay";
+        let c =
+            replication_config(named, &servers(named).expect("one")[0], "s", "p").expect("config");
+        assert_eq!(c.application_name.as_deref(), Some("billing-relay"));
     }
 
     #[test]

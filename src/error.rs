@@ -60,8 +60,19 @@ pub enum RelayError {
     #[error("The publication \"{publication}\" does not exist")]
     PublicationMissing { publication: String, table: String },
 
-    #[error("The publication \"{publication}\" does not include the table {table}")]
-    PublicationDoesNotCoverTable { publication: String, table: String },
+    #[error(
+        "The publication \"{publication}\" does not include the table {table}{}",
+        match covers.as_slice() {
+            [] => String::new(),
+            tables => format!(" (it includes {})", tables.join(", ")),
+        }
+    )]
+    PublicationDoesNotCoverTable {
+        publication: String,
+        table: String,
+        /// The tables it does include (a few): a renamed outbox table is among them.
+        covers: Vec<String>,
+    },
 
     #[error(
         "The publication \"{publication}\" {found}, but shard {shard} of --shards {shards} \
@@ -97,6 +108,36 @@ pub enum RelayError {
 
     #[error("The table {table} does not exist")]
     TableMissing { table: String },
+
+    /// The outbox table's OID arrived in the stream under another name or schema: renamed
+    /// (ALTER TABLE … RENAME / SET SCHEMA) while the relay streamed it. `from` and `to` are
+    /// (schema, table).
+    #[error(
+        "The outbox table {}.{} was renamed to {}.{} (table OID {oid}) and rows were written to \
+         it under the new name: the relay publishes the table --table names, so it stops \
+         before those rows, with none of them acknowledged",
+        from.0, from.1, to.0, to.1
+    )]
+    OutboxRenamed {
+        oid: u32,
+        from: (String, String),
+        to: (String, String),
+    },
+
+    /// The publication stopped including the outbox table while the relay streamed: the
+    /// table was dropped and created again (DROP TABLE takes it out of the publication), or
+    /// taken out of the publication.
+    #[error(
+        "The publication \"{publication}\" no longer includes the outbox table {table}{}: rows \
+         written to it now are decoded by no slot, so the relay stops rather than run on \
+         without them",
+        if *recreated { " (the table was dropped and created again)" } else { "" }
+    )]
+    OutboxUnpublished {
+        publication: String,
+        table: String,
+        recreated: bool,
+    },
 
     #[error(
         "The replication slot \"{slot}\" cannot be recreated with --on-slot-lost recreate: \
@@ -892,6 +933,8 @@ impl RelayError {
             | SlotMissing { .. }
             | SlotUnusable { .. }
             | TableMissing { .. }
+            | OutboxRenamed { .. }
+            | OutboxUnpublished { .. }
             | CannotBackfill { .. }
             | RecoveryInterrupted { .. }
             | RecoveryUnrecordable { .. }

@@ -737,6 +737,37 @@ async fn resync_republishes_exactly_the_rows_from_that_time_on() {
     assert!(text(&out).contains("RFC 3339"), "{}", text(&out));
 }
 
+/// resync selects rows by `created_at`: a row whose `created_at` is NULL (a nullable column
+/// mapped to it) is never published. When nothing is, it says so plainly, and why, counting
+/// the rows it cannot select; no message reaches the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resync_that_publishes_nothing_says_so_and_why() {
+    let outbox = Outbox::new("ops_resync_none").await;
+    outbox
+        .client
+        .batch_execute(
+            "ALTER TABLE outbox ALTER COLUMN created_at DROP NOT NULL;
+             INSERT INTO outbox (event_type, payload, created_at)
+             SELECT 'Undated', '{}', NULL FROM generate_series(1, 2);",
+        )
+        .await
+        .expect("rows without created_at");
+    let since = "2000-01-01T00:00:00Z";
+    let out = outbox.run_command(&["resync", "--since", since]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = stdout(&out);
+    assert!(
+        said.contains(&format!(
+            "resync: published nothing: no row has created_at at or after {since}"
+        )) && said.contains("2 rows have a NULL created_at"),
+        "{said}"
+    );
+    assert_eq!(
+        common::queue_message_count(&outbox.amqp_url, &outbox.queue).await,
+        0
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // cleanup
 
@@ -1474,4 +1505,77 @@ async fn the_state_is_recorded_with_the_cleanup_off() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     relay.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// logging
+
+/// Logging never stops the relay: with stdout and stderr a pipe nobody reads any more
+/// (`outbox-relay run 2>&1 | head -1` once head has exited), every log line fails to be
+/// written, and the relay delivers all the same and stops on SIGTERM with exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stderr_does_not_stop_the_relay() {
+    let outbox = Outbox::new("ops_stderr").await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let mut args = vec!["run".to_string()];
+    args.extend(outbox.flags("run"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let relay = RelayProcess::spawn_unread(&args, &[common::relay::TEST_LOG]);
+    let id = outbox.insert("PastAClosedStderr", "{}").await;
+    let received = consumer.wait_for(1, Duration::from_secs(60)).await;
+    let ids: Vec<&str> = received
+        .iter()
+        .filter_map(|r| r.message_id.as_deref())
+        .collect();
+    assert_eq!(
+        ids,
+        [id.as_str()],
+        "delivered with stderr closed; the relay's exit so far: {:?}",
+        relay.try_exit().map(|status| status.to_string())
+    );
+    relay.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// startup warnings
+
+/// `wal_sender_timeout = 0` turns off what ends the walsender of a relay whose host
+/// vanished: a standby relay then waits for TCP to give up (about 15 minutes with data in
+/// flight). `run` warns at start, naming the setting and the fix; with the default, it does
+/// not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_sender_timeout_off_is_warned_about_at_start() {
+    const WARNING: &str = "wal_sender_timeout is 0";
+    let outbox = Outbox::new("ops_walsender").await;
+    // The log of a relay run until its first session streamed.
+    let streamed = || async {
+        let relay = outbox.spawn_relay(&[]);
+        let started = relay
+            .wait_for_log(common::relay::SESSION_STARTED, Duration::from_secs(60))
+            .await;
+        assert!(started, "log:\n{}", relay.log());
+        relay.stop().await;
+        relay.log()
+    };
+    let log = streamed().await;
+    assert_eq!(log.matches(WARNING).count(), 0, "log:\n{log}");
+
+    let database: String =
+        common::pg::query_value(&outbox.client, "SELECT current_database()").await;
+    outbox
+        .client
+        .batch_execute(&format!(
+            "ALTER DATABASE {database} SET wal_sender_timeout = 0"
+        ))
+        .await
+        .expect("turn wal_sender_timeout off for the database");
+    let log = streamed().await;
+    let warned: Vec<&str> = log.lines().filter(|l| l.contains(WARNING)).collect();
+    assert!(
+        warned.len() == 1
+            && warned[0].contains(" WARN ")
+            && warned[0].contains("Fix: ")
+            && warned[0].contains("wal_sender_timeout = '10s'"),
+        "one warning naming the setting and the fix; log:\n{log}"
+    );
 }

@@ -434,3 +434,251 @@ async fn wal_level_replica_is_a_clear_error() {
         );
     }
 }
+
+/// Inserts `rows` rows into `table` (a name the outbox table has for now), in transactions of
+/// `per_transaction`; returns their ids.
+async fn insert_into(
+    client: &tokio_postgres::Client,
+    table: &str,
+    rows: usize,
+    per_transaction: usize,
+) -> Vec<String> {
+    let mut ids = Vec::with_capacity(rows);
+    while ids.len() < rows {
+        let n = per_transaction.min(rows - ids.len()) as i32;
+        let inserted = client
+            .query(
+                &format!(
+                    "INSERT INTO {table} (event_type, payload) \
+                     SELECT 'TestEvent', jsonb_build_object('n', g) \
+                     FROM generate_series(1, $1::int) g RETURNING id::text"
+                ),
+                &[&n],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("insert into {table}: {e:?}"));
+        ids.extend(inserted.iter().map(|row| row.get::<_, String>(0)));
+    }
+    ids
+}
+
+/// What a renamed outbox left: the rows delivered before the rename, and those written to
+/// the table under its new name, `public.outbox_renamed`, none of them delivered yet.
+struct Renamed {
+    outbox: Outbox,
+    consumer: Consumer,
+    before: Vec<String>,
+    renamed: Vec<String>,
+}
+
+/// `ALTER TABLE outbox RENAME` while the relay streams, then 200 rows under the new name:
+/// those must neither vanish nor be acknowledged. The relay stops, naming both names and
+/// the fix, with the slot below the first commit into the renamed table (the
+/// `test_decoding` oracle), and a relay started again as it is names the renamed table.
+async fn rename_while_streaming(prefix: &str) -> Renamed {
+    let outbox = Outbox::new(prefix).await;
+    let oracle = format!("{}_oracle", outbox.slot);
+    create_test_decoding_slot(&outbox.client, &oracle).await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let relay = outbox.spawn_relay(&[]);
+    let before = outbox.seed_single_row_transactions(50, 2).await;
+    let wanted: HashSet<&str> = before.iter().map(String::as_str).collect();
+    assert!(
+        wait_for_ids(&mut consumer, &wanted, Duration::from_secs(60)).await,
+        "rows before the rename arrive; log:\n{}",
+        relay.log()
+    );
+
+    outbox
+        .client
+        .batch_execute("ALTER TABLE outbox RENAME TO outbox_renamed")
+        .await
+        .expect("rename");
+    let renamed = insert_into(&outbox.client, "outbox_renamed", 200, 50).await;
+    let first_renamed_commit = read_test_decoding(&outbox.client, &oracle)
+        .await
+        .iter()
+        .find(|t| !t.inserted_ids("public.outbox_renamed").is_empty())
+        .expect("the oracle saw the rows of the renamed table")
+        .end_lsn;
+    // Until the relay exits, and once more after: the slot never passes those rows.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let exited = relay.try_exit();
+        let confirmed = outbox.confirmed_flush().await;
+        assert!(
+            confirmed < first_renamed_commit,
+            "the slot was acknowledged past the rows written to the renamed table \
+             (confirmed_flush_lsn {confirmed:X}, their first commit ends at \
+             {first_renamed_commit:X}); delivered {} of them; log:\n{}",
+            renamed
+                .iter()
+                .filter(|id| received_ids(consumer.received()).contains(&id.as_str()))
+                .count(),
+            relay.log()
+        );
+        if let Some(status) = exited {
+            break status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the relay did not stop; log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let log = relay.log();
+    assert_eq!(status.code(), Some(1), "exit status; log:\n{log}");
+    let error =
+        common::relay::final_error(&log).unwrap_or_else(|| panic!("no final error; log:\n{log}"));
+    assert!(
+        error.contains("The outbox table public.outbox was renamed to public.outbox_renamed")
+            && error.contains(
+                "Fix: rename it back (ALTER TABLE public.outbox_renamed RENAME TO outbox)"
+            )
+            && error.contains("--table public.outbox_renamed"),
+        "the error names the old and the new name and the fix: {error}"
+    );
+    let delivered: HashSet<&str> = received_ids(consumer.received()).into_iter().collect();
+    assert!(
+        renamed.iter().all(|id| !delivered.contains(id.as_str())),
+        "nothing of the renamed table was published"
+    );
+
+    // Started again as it is, the relay stops at once, naming the table the publication has.
+    let again = outbox.spawn_relay(&[]);
+    let status = again.wait_exit(Duration::from_secs(60)).await;
+    let log = again.log();
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "log:\n{log}");
+    let error = common::relay::final_error(&log).unwrap_or_default();
+    assert!(
+        error.contains("(it includes public.outbox_renamed)")
+            && error.contains("rename it back instead"),
+        "{error}"
+    );
+    Renamed {
+        outbox,
+        consumer,
+        before,
+        renamed,
+    }
+}
+
+/// Renamed back (the error's first fix), every row arrives on a new relay, the ones written
+/// under the other name too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_outbox_stops_the_relay_and_renamed_back_delivers_every_row() {
+    let Renamed {
+        outbox,
+        mut consumer,
+        before,
+        renamed,
+    } = rename_while_streaming("rename").await;
+    outbox
+        .client
+        .batch_execute("ALTER TABLE outbox_renamed RENAME TO outbox")
+        .await
+        .expect("rename back");
+    let after = outbox.insert("AfterRenameBack", "{}").await;
+    let relay = outbox.spawn_relay(&[]);
+    let every: HashSet<&str> = before
+        .iter()
+        .chain(&renamed)
+        .chain([&after])
+        .map(String::as_str)
+        .collect();
+    assert!(
+        wait_for_ids(&mut consumer, &every, Duration::from_secs(60)).await,
+        "every row arrives after the rename back; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+}
+
+/// Kept under the new name (the error's second fix: `--table` names it), every row arrives,
+/// the ones the table took under its old name before the stop too (here: none undelivered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_outbox_is_delivered_under_its_new_name_with_table() {
+    let Renamed {
+        outbox,
+        mut consumer,
+        renamed,
+        ..
+    } = rename_while_streaming("rename_kept").await;
+    let relay = outbox.spawn_relay(&["--table", "public.outbox_renamed"]);
+    let wanted: HashSet<&str> = renamed.iter().map(String::as_str).collect();
+    assert!(
+        wait_for_ids(&mut consumer, &wanted, Duration::from_secs(60)).await,
+        "the rows written under the new name arrive; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+}
+
+/// The reverse of a rename: the outbox table dropped and created again under its name. DROP
+/// TABLE took the old table out of the publication and the new one is not in it, so its rows
+/// are decoded by no slot and nothing in the stream says so. The relay stops, naming the
+/// publication and the fix, rather than run on without them; fixed as the error says (the
+/// table added to the publication, `resync` for the rows in between), every row arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_outbox_outside_the_publication_stops_the_relay() {
+    let outbox = Outbox::new("recreate").await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let relay = outbox.spawn_relay(&[]);
+    let first = outbox.insert("BeforeRecreate", "{}").await;
+    assert!(
+        wait_for_ids(
+            &mut consumer,
+            &[first.as_str()].into(),
+            Duration::from_secs(60)
+        )
+        .await,
+        "log:\n{}",
+        relay.log()
+    );
+    outbox
+        .client
+        .batch_execute(
+            "CREATE TABLE outbox_new (LIKE outbox INCLUDING ALL);
+             DROP TABLE outbox;
+             ALTER TABLE outbox_new RENAME TO outbox;",
+        )
+        .await
+        .expect("recreate");
+    let now = "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', \
+               'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')";
+    let since: String = common::pg::query_value(&outbox.client, now).await;
+    let unpublished = outbox.insert("AfterRecreate", "{}").await;
+
+    let status = relay.wait_exit(Duration::from_secs(60)).await;
+    let log = relay.log();
+    let status = status.unwrap_or_else(|| {
+        panic!("the relay ran on with the outbox table outside the publication; log:\n{log}")
+    });
+    assert_eq!(status.code(), Some(1), "log:\n{log}");
+    let error = common::relay::final_error(&log).unwrap_or_default();
+    assert!(
+        error.contains("no longer includes the outbox table public.outbox")
+            && error.contains("dropped and created again")
+            && error.contains("ALTER PUBLICATION outbox_pub ADD TABLE public.outbox")
+            && error.contains("resync --since"),
+        "{error}"
+    );
+
+    outbox
+        .client
+        .batch_execute("ALTER PUBLICATION outbox_pub ADD TABLE outbox")
+        .await
+        .expect("add the new table");
+    let resync = outbox.run_command(&["resync", "--since", &since]);
+    assert!(resync.status.success(), "{resync:?}");
+    let relay = outbox.spawn_relay(&[]);
+    let later = outbox.insert("AfterFix", "{}").await;
+    let wanted: HashSet<&str> = [unpublished.as_str(), later.as_str()].into();
+    assert!(
+        wait_for_ids(&mut consumer, &wanted, Duration::from_secs(60)).await,
+        "log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+}

@@ -93,19 +93,78 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
             return Err(e);
         }
     };
+    let undated = undated_rows(&transaction, &names.table, &text).await?;
     transaction.commit().await?;
     broker.close().await;
-    match (first, last) {
-        (Some(first), Some(last)) => println!(
-            "resync: published {published} messages (created_at from {first} to {last}), each \
-             confirmed by the broker"
+    let summary = Summary {
+        published,
+        first,
+        last,
+    };
+    println!("{}", resync_report(&summary, &args.since, undated));
+    Ok(())
+}
+
+/// How many rows of the table have a NULL created_at: resync selects by it, so it never
+/// publishes them (a nullable column mapped to created_at).
+async fn undated_rows(
+    transaction: &tokio_postgres::Transaction<'_>,
+    outbox: &TableName,
+    text: &TextRelation,
+) -> Result<u64, RelayError> {
+    let table = outbox.qualified_table();
+    let created = text
+        .quoted(columns::CREATED_AT)
+        .unwrap_or_else(|| quote_ident(columns::CREATED_AT));
+    let count: i64 = transaction
+        .query_one(
+            &format!("SELECT count(*) FROM {table} WHERE {table}.{created} IS NULL"),
+            &[],
+        )
+        .await?
+        .get(0);
+    Ok(u64::try_from(count).unwrap_or_default())
+}
+
+/// What resync prints once it is done (`since`: its --since; `undated`: rows it cannot
+/// select, their created_at being NULL). Nothing published is said so, with why.
+pub(crate) fn resync_report(summary: &Summary, since: &str, undated: u64) -> String {
+    let published = match (&summary.first, &summary.last) {
+        (Some(first), Some(last)) if summary.published > 0 => format!(
+            "resync: published {} messages (created_at from {first} to {last}), each \
+             confirmed by the broker",
+            summary.published
         ),
-        _ => println!(
-            "resync: published {published} messages (no row has created_at >= {})",
-            args.since
+        _ => format!("resync: published nothing: no row has created_at at or after {since}"),
+    };
+    match undated {
+        0 => published,
+        n => format!(
+            "{published}; {n} rows have a NULL created_at, which resync cannot select by \
+             time: they were not published"
         ),
     }
-    Ok(())
+}
+
+/// What a lost slot's recovery (wal/recovery.rs) logs once its backfill is confirmed:
+/// `published` rows from `from` (`None`: the whole table) on. Nothing re-published is said so,
+/// with why.
+pub(crate) fn backfill_report(published: u64, from: Option<&str>) -> String {
+    if published > 0 {
+        return format!(
+            "slot recreated (--on-slot-lost recreate): the {published} rows it will not \
+             deliver were re-published from the table; streaming the new slot"
+        );
+    }
+    let none = match from {
+        Some(from) => format!("no row of the table has created_at at or after {from}"),
+        None => "no row of the table has a created_at".to_string(),
+    };
+    format!(
+        "slot recreated (--on-slot-lost recreate), and nothing was re-published: {none} (a \
+         row with a NULL created_at is never re-published: the backfill selects rows by \
+         it); streaming the new slot"
+    )
 }
 
 /// Where resync (and a slot's recovery) reads its rows from.
@@ -284,6 +343,61 @@ mod tests {
         ] {
             assert!(check_rfc3339(bad).is_err(), "{bad}");
         }
+    }
+
+    /// Nothing published is said plainly, with why: no row from that time on, and the rows a
+    /// NULL created_at keeps out.
+    #[test]
+    fn a_resync_that_published_nothing_says_so_and_why() {
+        let summary = |published, range: Option<(&str, &str)>| Summary {
+            published,
+            first: range.map(|(first, _)| first.to_string()),
+            last: range.map(|(_, last)| last.to_string()),
+        };
+        let since = "2026-01-01T00:00:00Z";
+        assert_eq!(
+            resync_report(&summary(0, None), since, 0),
+            "resync: published nothing: no row has created_at at or after 2026-01-01T00:00:00Z"
+        );
+        assert_eq!(
+            resync_report(&summary(0, None), since, 3),
+            "resync: published nothing: no row has created_at at or after \
+             2026-01-01T00:00:00Z; 3 rows have a NULL created_at, which resync cannot select \
+             by time: they were not published"
+        );
+        let range = Some(("2026-01-01 00:00:01+00", "2026-01-01 00:00:09+00"));
+        assert_eq!(
+            resync_report(&summary(2, range), since, 1),
+            "resync: published 2 messages (created_at from 2026-01-01 00:00:01+00 to \
+             2026-01-01 00:00:09+00), each confirmed by the broker; 1 rows have a NULL \
+             created_at, which resync cannot select by time: they were not published"
+        );
+    }
+
+    /// A recovery whose backfill found no row says that nothing was re-published, and why.
+    #[test]
+    fn a_backfill_that_re_published_nothing_says_so_and_why() {
+        let since = "2026-01-01T00:00:00Z";
+        let nothing = backfill_report(0, Some(since));
+        assert!(
+            nothing.contains("nothing was re-published")
+                && nothing.contains(
+                    "no row of the table has created_at at or after 2026-01-01T00:00:00Z"
+                )
+                && nothing.contains("NULL created_at")
+                && !nothing.contains("were re-published"),
+            "{nothing}"
+        );
+        let whole = backfill_report(0, None);
+        assert!(
+            whole.contains("no row of the table has a created_at"),
+            "{whole}"
+        );
+        let some = backfill_report(5, Some(since));
+        assert!(
+            some.contains("5 rows it will not deliver were re-published from the table"),
+            "{some}"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use pgwire_replication::Lsn;
 use tokio_postgres::Client;
 
 use crate::advice::{self, Warning};
-use crate::config::{FailoverSlot, OutboxNames};
+use crate::config::{FailoverSlot, OutboxNames, TableName};
 use crate::contract::columns::ColumnMap;
 use crate::error::{ConfigProblem, RelayError, SlotProblem};
 use crate::shard::Shard;
@@ -71,12 +71,106 @@ pub async fn check_publication(client: &Client, names: &OutboxNames) -> Result<(
         )
         .await?;
     if covered.is_none() {
+        // Named in the error: after ALTER TABLE … RENAME the outbox table is among them.
+        let covers = client
+            .query(
+                "SELECT schemaname || '.' || tablename FROM pg_catalog.pg_publication_tables \
+                 WHERE pubname = $1 ORDER BY 1 LIMIT 5",
+                &[&names.publication.name],
+            )
+            .await?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
         return Err(RelayError::PublicationDoesNotCoverTable {
             publication: names.publication.to_string(),
             table: names.table.to_string(),
+            covers,
         });
     }
     Ok(())
+}
+
+/// The outbox table as the session found it: which table (its OID) carries the configured
+/// name, and a WAL position by which that was so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutboxTable {
+    pub oid: u32,
+    /// Read before the catalog was: every transaction that committed before it was visible
+    /// to the catalog query, so a rename the stream shows committing before it had been undone
+    /// by then (the table had the configured name again).
+    pub named_since: Lsn,
+}
+
+/// Which table the configured name names now (`TableMissing` if none), and since when at
+/// the latest (see [`OutboxTable`]): the relation cache tells a rename of the outbox from its
+/// history by it.
+pub async fn outbox_table(client: &Client, outbox: &TableName) -> Result<OutboxTable, RelayError> {
+    let position: String = client
+        .query_one("SELECT pg_catalog.pg_current_wal_lsn()::text", &[])
+        .await?
+        .get(0);
+    let named_since = Lsn::parse(&position).map_err(|_| {
+        RelayError::Protocol(format!(
+            "PostgreSQL gave an unreadable WAL position {position:?}"
+        ))
+    })?;
+    let (schema, table) = outbox.table_parts();
+    let row = client
+        .query_opt(
+            "SELECT c.oid FROM pg_catalog.pg_class c \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2",
+            &[&schema, &table],
+        )
+        .await?;
+    match row {
+        Some(row) => Ok(OutboxTable {
+            oid: row.get(0),
+            named_since,
+        }),
+        None => Err(RelayError::TableMissing {
+            table: outbox.to_string(),
+        }),
+    }
+}
+
+/// What became of the outbox table since the session started, by the catalog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboxNow {
+    /// A table of that name is in the publication (the same or, dropped and created again
+    /// and added back, another: its Relation says so when its rows come).
+    Published,
+    /// No table has the name: renamed (the stream says so when rows come) or dropped.
+    Gone,
+    /// The table of that name is not in the publication; `recreated`: it is another table
+    /// than the session started with.
+    Unpublished { recreated: bool },
+}
+
+pub async fn outbox_now(
+    client: &Client,
+    names: &OutboxNames,
+    outbox: OutboxTable,
+) -> Result<OutboxNow, RelayError> {
+    let (schema, table) = names.table_parts();
+    let row = client
+        .query_opt(
+            "SELECT c.oid, EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables p \
+                 WHERE p.pubname = $3 AND p.schemaname = n.nspname AND p.tablename = c.relname) \
+             FROM pg_catalog.pg_class c \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2",
+            &[&schema, &table, &names.publication.name],
+        )
+        .await?;
+    Ok(match row {
+        None => OutboxNow::Gone,
+        Some(row) if row.get::<_, bool>(1) => OutboxNow::Published,
+        Some(row) => OutboxNow::Unpublished {
+            recreated: row.get::<_, u32>(0) != outbox.oid,
+        },
+    })
 }
 
 /// A sharded relay's publication must carry the row filter `setup` gives its shard: a relay
@@ -245,6 +339,34 @@ async fn warn_if_idle_slots_expire(client: &Client, slot: &str) -> Result<(), Re
     Ok(())
 }
 
+/// Warns, once per process, that `wal_sender_timeout` is 0 (for the server, or the role or
+/// database the relay connects as, which its walsender takes too): then nothing ends the
+/// walsender of a relay whose host vanished but TCP giving up, about 15 minutes with data in
+/// flight (PostgreSQL's end of the replication session has keepalives and no user timeout:
+/// outbox_common::liveness), and the slot is held, a standby relay waiting, all that time.
+async fn warn_if_walsenders_never_time_out(client: &Client) -> Result<(), RelayError> {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let setting: String = client
+        .query_one(
+            "SELECT setting FROM pg_catalog.pg_settings WHERE name = 'wal_sender_timeout'",
+            &[],
+        )
+        .await?
+        .get(0);
+    if setting == "0" && !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "{}",
+            advice::warning(
+                "wal_sender_timeout is 0 (off): if the relay's host vanishes, PostgreSQL keeps \
+                 its walsender, and the slot, until TCP gives up (about 15 minutes with data \
+                 in flight), and a standby relay cannot take over until then",
+                Warning::WalSenderTimeoutOff
+            )
+        );
+    }
+    Ok(())
+}
+
 /// PostgreSQL 17's `synchronized_standby_slots` on this server: `Some("")` when the
 /// server has it unset, `None` before 17.
 pub async fn synchronized_standby_slots(client: &Client) -> Result<Option<String>, RelayError> {
@@ -318,6 +440,7 @@ pub async fn check_all(
 ) -> Result<SlotState, RelayError> {
     check_wal_level(client).await?;
     warn_if_idle_slots_expire(client, &names.slot).await?;
+    warn_if_walsenders_never_time_out(client).await?;
     check_publication(client, names).await?;
     check_row_filter(client, names, shard, map).await?;
     let slot = check_slot(client, &names.slot).await?;

@@ -73,7 +73,7 @@ use crate::db::{self, Server};
 use crate::error::RelayError;
 use crate::failpoint::{failpoint, RECOVERY_BACKFILL_CONFIRMED};
 use crate::observability::SLOT_RECOVERIES_TOTAL;
-use crate::ops::resync::{publish_all, select_sql, Read, Resumed};
+use crate::ops::resync::{backfill_report, publish_all, select_sql, Read, Resumed};
 use crate::outbox_table::{needs_created_at, TextRelation};
 use crate::publish::Broker;
 use crate::publish::BrokerNodes;
@@ -160,12 +160,13 @@ pub async fn recreate(ctx: &Recovery<'_>, server: &Server) -> Result<u64, RelayE
     let published = backfilled?;
     finish(&client, names).await?;
     metrics::counter!(SLOT_RECOVERIES_TOTAL).increment(1);
+    let from = from.map(|at| humantime::format_rfc3339_micros(at).to_string());
     tracing::warn!(
         slot = %names.slot,
         rows = published,
-        from = %from.map_or_else(|| "the oldest row".to_string(), |at| format!("{}", humantime::format_rfc3339_micros(at))),
-        "slot recreated (--on-slot-lost recreate): the rows it will not deliver were \
-         re-published from the table; streaming the new slot"
+        from = %from.as_deref().unwrap_or("the oldest row"),
+        "{}",
+        backfill_report(published, from.as_deref())
     );
     if emit_functions {
         tracing::warn!(

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use pgwire_replication::{FeedbackObserver, Lsn, PgWireError, ReplicationClient};
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -106,7 +106,7 @@ pub struct SeenServer {
 pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<(), RelayError> {
     // Chosen afresh every session: after a failover the primary is another host.
     let server = db::primary(&ctx.database_url).await?;
-    let slot = match preflight(ctx, &server).await {
+    let (slot, outbox) = match preflight(ctx, &server).await {
         Err(e) if recreates(ctx, &e) => {
             recovery::recreate(&recovery_of(ctx), &server).await?;
             preflight(ctx, &server).await?
@@ -121,7 +121,8 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
         started => started?,
     };
     let leaving = CancellationToken::new();
-    let _watch = watch_for_shutdown(ctx, &server, leaving.clone()).await?;
+    let (unpublished, mut outbox_unpublished) = oneshot::channel();
+    let _watch = watch_server(ctx, &server, leaving.clone(), (outbox, unpublished)).await?;
     tracing::info!(
         slot = %ctx.names.slot,
         from = %slot.confirmed_flush,
@@ -137,7 +138,7 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
     let delivery = start_delivery(ctx, &broker, stuck, inputs_rx, acked_tx);
     let reader = StreamReader::new(ReaderParts {
         client,
-        source: source_of(ctx),
+        source: source_of(ctx, outbox),
         start: slot.confirmed_flush,
         silence_limit: ctx.tuning.heartbeat_interval().map(|i| i * 3),
         feedback_sent,
@@ -163,6 +164,11 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
         } => {
             broker.close().await;
             return Err(left());
+        }
+        // Rows of the outbox table are not decoded any more: nothing to finish.
+        Ok(e) = &mut outbox_unpublished => {
+            broker.close().await;
+            return Err(e);
         }
     };
     broker.close().await;
@@ -205,12 +211,13 @@ fn start_delivery(
     }))
 }
 
-/// What turns this relay's share of the stream into delivery inputs.
-fn source_of(ctx: &SessionContext) -> Source {
+/// What turns this relay's share of the stream into delivery inputs; `outbox` is the table
+/// the configured name named at the session's start.
+fn source_of(ctx: &SessionContext, outbox: preflight::OutboxTable) -> Source {
     let (schema, table) = ctx.names.table_parts();
     Source::new(
         ctx.mapper.clone(),
-        RelationCache::new(schema, table, Arc::clone(&ctx.columns)),
+        RelationCache::new(schema, table, Arc::clone(&ctx.columns), outbox),
         ctx.heartbeat.clone(),
         ctx.emit_prefix.clone(),
         ctx.shard,
@@ -229,6 +236,9 @@ fn slot_vanished(ctx: &SessionContext) -> RelayError {
 /// transactions before it abandons the stream.
 const LEAVING_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How often the session looks at the outbox table in the catalog ([`watch_server`]).
+const TABLE_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Watches `server` on an ordinary connection of its own and cancels `leaving` when the
 /// server ends that connection because it shuts down (SQLSTATE 57P01, 57P02 or 57P03). On a
 /// clean shutdown (a switchover stops the primary with `-m fast`) PostgreSQL ends every
@@ -238,18 +248,69 @@ const LEAVING_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 /// delivers again. Stopping at the first sign of the shutdown (between transactions, as for
 /// SIGTERM, or within [`LEAVING_GRACE`]) keeps that replay to what a crash costs. Any other
 /// end of the connection is left to the session's own connections to notice.
-async fn watch_for_shutdown(
+///
+/// On the same connection, every [`TABLE_CHECK_INTERVAL`], it looks at the outbox table
+/// (`outbox`: the one the session started with) and sends `unpublished` the error if the
+/// publication no longer includes the table of that name: a table dropped and created again,
+/// or taken out of the publication, leaves no trace in the stream, and its rows are decoded
+/// by no slot.
+async fn watch_server(
     ctx: &SessionContext,
     server: &db::Server,
     leaving: CancellationToken,
+    (outbox, unpublished): (preflight::OutboxTable, oneshot::Sender<RelayError>),
 ) -> Result<AbortOnDropHandle<()>, RelayError> {
     let (client, mut received) =
         db::connect_to_for_notifications(&ctx.database_url, server).await?;
     let server = server.to_string();
+    let names = ctx.names.clone();
     Ok(AbortOnDropHandle::new(tokio::spawn(async move {
-        // Held, not used: the connection is what is watched.
-        let _client = client;
-        while let Some(message) = received.recv().await {
+        let mut unpublished = Some(unpublished);
+        let mut gone_warned = false;
+        let mut check = tokio::time::interval_at(
+            tokio::time::Instant::now() + TABLE_CHECK_INTERVAL,
+            TABLE_CHECK_INTERVAL,
+        );
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let message = tokio::select! {
+                message = received.recv() => message,
+                _ = check.tick(), if unpublished.is_some() => {
+                    // A failed or slow check is left to the next one: the connection's end
+                    // is what the other branch watches.
+                    let now = tokio::time::timeout(
+                        TABLE_CHECK_INTERVAL,
+                        preflight::outbox_now(&client, &names, outbox),
+                    )
+                    .await;
+                    match now {
+                        Ok(Ok(preflight::OutboxNow::Unpublished { recreated })) => {
+                            let (schema, table) = names.table_parts();
+                            let error = RelayError::OutboxUnpublished {
+                                publication: names.publication.to_string(),
+                                table: format!("{schema}.{table}"),
+                                recreated,
+                            };
+                            if let Some(sender) = unpublished.take() {
+                                let _ = sender.send(error);
+                            }
+                        }
+                        Ok(Ok(preflight::OutboxNow::Gone)) if !gone_warned => {
+                            // Renamed: the stream stops the relay at the first row written
+                            // under the new name. Dropped: nothing can be written to it.
+                            tracing::warn!(
+                                table = %names.table,
+                                "the outbox table does not exist any more (renamed or \
+                                 dropped): writes to it under its name fail"
+                            );
+                            gone_warned = true;
+                        }
+                        _ => {}
+                    }
+                    continue;
+                }
+            };
+            let Some(message) = message else { return };
             let Err(e) = message else { continue };
             let shutting_down = [
                 SqlState::ADMIN_SHUTDOWN,
@@ -292,11 +353,12 @@ fn recreates(ctx: &SessionContext, error: &RelayError) -> bool {
         )
 }
 
-/// The checks before streaming, on `server`; the slot's state.
+/// The checks before streaming, on `server`; the slot's state, and which table the outbox
+/// is.
 async fn preflight(
     ctx: &SessionContext,
     server: &db::Server,
-) -> Result<preflight::SlotState, RelayError> {
+) -> Result<(preflight::SlotState, preflight::OutboxTable), RelayError> {
     let database = db::connect_to(&ctx.database_url, server).await?;
     let slot =
         preflight::check_all(&database, &ctx.names, ctx.shard, &ctx.columns, ctx.failover).await?;
@@ -306,7 +368,8 @@ async fn preflight(
         });
     }
     preflight::check_emit_prefix(&database, &ctx.names, &ctx.emit_prefix).await?;
-    Ok(slot)
+    let outbox = preflight::outbox_table(&database, &ctx.names.table).await?;
+    Ok((slot, outbox))
 }
 
 /// The broker connection, with the exchange checked and the dead-letter policy's channel.

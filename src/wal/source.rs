@@ -222,7 +222,8 @@ impl Source {
     fn on_data(&mut self, data: &bytes::Bytes) -> Result<Option<Input<AckPosition>>, RelayError> {
         let insert = match pgoutput::decode(data)? {
             LogicalMessage::Relation(relation) => {
-                self.relations.update(&relation)?;
+                let commit_lsn = self.transaction.as_ref().map(|t| t.commit_lsn);
+                self.relations.update(&relation, commit_lsn)?;
                 return Ok(None);
             }
             LogicalMessage::Insert(insert) => insert,

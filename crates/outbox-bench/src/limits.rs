@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use crate::cpu::{self, CpuProbe, CpuSplit};
 use crate::report::{Latency, Report};
 use crate::writers::{CommittedRow, Written, ORDER_NOTE_LEN};
+use outbox_relay::config::TableName;
 use outbox_relay::contract::headers::Position;
 use outbox_relay::contract::mapper::{AllowedExchanges, Layout, Mapper};
 use outbox_relay::contract::message::Message;
@@ -31,6 +32,7 @@ use outbox_relay::db;
 use outbox_relay::observability::RelayMetrics;
 use outbox_relay::pgoutput::{self, Column, LogicalMessage, Relation, Tuple, TupleValue};
 use outbox_relay::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions, Input};
+use outbox_relay::wal::preflight;
 use outbox_relay::wal::relations::{Known, RelationCache};
 use outbox_testkit::arrivals::{ArrivalConsumer, QueueSpec};
 
@@ -306,12 +308,18 @@ pub async fn decode_alone(
     let server = db::primary(database_url).await?;
     let config = db::replication_config(database_url, &server, slot, publication)?
         .with_buffer_size(outbox_relay::wal::session::CLIENT_EVENT_BUFFER);
+    // Which table is the outbox: decoding alone needs the cache the relay's session builds.
+    let outbox = TableName {
+        name: table.to_string(),
+    };
+    let outbox =
+        preflight::outbox_table(&db::connect_to(database_url, &server).await?, &outbox).await?;
     let mut client = ReplicationClient::connect(config).await?;
     client.wait_started().await?;
     let started = Instant::now();
     let mapper =
         Mapper::new(exchange, usize::MAX, AllowedExchanges::Any).map_err(anyhow::Error::msg)?;
-    let mut relations = RelationCache::new("public", table, std::sync::Arc::default());
+    let mut relations = RelationCache::new("public", table, std::sync::Arc::default(), outbox);
     let mut commit_lsn = Lsn::from_u64(0);
     let mut index = 0u32;
     let mut decoded = 0u64;
@@ -326,7 +334,9 @@ pub async fn decode_alone(
                 index = 0;
             }
             Some(ReplicationEvent::XLogData { data, .. }) => match pgoutput::decode(&data)? {
-                LogicalMessage::Relation(relation) => relations.update(&relation)?,
+                LogicalMessage::Relation(relation) => {
+                    relations.update(&relation, Some(commit_lsn))?
+                }
                 LogicalMessage::Insert(insert) => {
                     if let Known::Outbox(layout) = relations.get(insert.relation_oid)? {
                         let position = Position { commit_lsn, index };

@@ -2,7 +2,7 @@
 //! the chosen format, its failpoints armed, the runtime, and SIGTERM or SIGINT turned into a
 //! cancelled shutdown token.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 
 use clap::ValueEnum;
 use tokio_util::sync::CancellationToken;
@@ -65,10 +65,27 @@ pub fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
+        .with_writer(|| Unfailing(std::io::stderr()));
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// A log writer whose writes never fail: what `inner` refuses (stderr a pipe nobody reads
+/// any more, `run 2>&1 | head -1`) is dropped. tracing-subscriber reports a failed write with
+/// `eprintln!`, which panics when stderr fails: logging would end the process (exit 101).
+struct Unfailing<W>(W);
+
+impl<W: Write> Write for Unfailing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = self.0.write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = self.0.flush();
+        Ok(())
     }
 }
 
@@ -88,4 +105,30 @@ pub async fn stop_on_signal(shutdown: CancellationToken, finishing: &'static str
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: {finishing}"),
     }
     shutdown.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a closed pipe does to every write.
+    struct Broken;
+
+    impl Write for Broken {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+    }
+
+    #[test]
+    fn a_failed_write_is_dropped_not_reported() {
+        let mut writer = Unfailing(Broken);
+        assert_eq!(writer.write(b"a log line\n").ok(), Some(11));
+        assert!(writer.write_all(b"another").is_ok());
+        assert!(writer.flush().is_ok());
+    }
 }

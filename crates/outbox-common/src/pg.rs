@@ -121,7 +121,27 @@ const KEEPALIVE_FIX: &str = "remove them from the URL and set --peer-timeout";
 const UNVERIFIED_TLS_FIX: &str = "add sslmode=verify-full&sslrootcert=<the CA file of the \
      server's certificate> to the database URL (docs/security.md, \"TLS\")";
 
+/// The name an ordinary connection shows in `pg_stat_activity` unless the database URL sets
+/// one (`application_name=`, which wins) or the process set its own
+/// ([`set_application_name`]).
 pub const APPLICATION_NAME: &str = "outbox-relay";
+
+/// The process's name for its connections: the relay's unless the binary set another.
+static PROCESS_NAME: std::sync::RwLock<&str> = std::sync::RwLock::new(APPLICATION_NAME);
+
+/// Names every ordinary connection this process opens from now on (outbox-inbox: its own
+/// name), where the database URL names none: before the first connection.
+pub fn set_application_name(name: &'static str) {
+    *PROCESS_NAME
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = name;
+}
+
+fn application_name() -> &'static str {
+    *PROCESS_NAME
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// How long establishing any connection (PostgreSQL, replication, RabbitMQ) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
@@ -509,7 +529,9 @@ async fn connect_with(
 ) -> Result<Client, PgError> {
     let (rest, tls) = split_tls(url)?;
     let mut config = parse_driver_url(&rest)?;
-    config.application_name(APPLICATION_NAME);
+    if config.get_application_name().is_none() {
+        config.application_name(application_name());
+    }
     // The relay's settings first: options the URL sets itself come after them and win.
     let settings = crate::liveness::policy().session_settings();
     let options = match config.get_options() {

@@ -4,6 +4,7 @@
 //! ```text
 //!  RabbitMQ queue ──basic.consume (prefetch)──▶ dispatch ──lane = hash(order key) % N──▶ worker k
 //!                                                 │ no message_id: basic.reject            │
+//!                                                 │ (a NUL byte in it or x-outbox-seq too) │
 //!                                                 ▼ (dead-letter exchange, if any)         ▼
 //!     worker k (own PostgreSQL connection), the messages waiting in its lane (up to the
 //!     batch size), in lane order, in one transaction:
@@ -97,6 +98,8 @@ pub mod log {
     pub const DUPLICATE: &str = "duplicate dropped";
     /// A delivery without a message_id was rejected.
     pub const REJECTED: &str = "rejected a delivery without a message_id";
+    /// A delivery whose message_id or x-outbox-seq PostgreSQL cannot store was rejected.
+    pub const REJECTED_NUL: &str = "rejected a delivery with a NUL byte in its";
 }
 
 /// Where and how to consume.
@@ -153,7 +156,7 @@ pub struct Totals {
     pub applied: u64,
     /// Copies of messages applied before, dropped.
     pub duplicates: u64,
-    /// Deliveries without a message_id, rejected.
+    /// Deliveries refused (no message_id, or a NUL byte in it or in x-outbox-seq), rejected.
     pub rejected: u64,
 }
 
@@ -172,8 +175,9 @@ impl Counters {
 /// runs.
 ///
 /// First it sets the process's connection policy (`outbox_common::liveness::configure`) to
-/// the config's peer and statement timeouts: every connection opened from then on, by this
-/// consumer or anything else in the process, gets them.
+/// the config's peer and statement timeouts, and the name its PostgreSQL sessions show
+/// ([`crate::APPLICATION_NAME`], unless the URL names them): every connection opened from
+/// then on, by this consumer or anything else in the process, gets them.
 pub async fn run<E: Effect>(
     config: ConsumerConfig,
     effect: E,
@@ -182,6 +186,7 @@ pub async fn run<E: Effect>(
 ) -> Result<Totals, InboxError> {
     check(&config)?;
     liveness::configure(config.connection_policy());
+    outbox_common::pg::set_application_name(crate::APPLICATION_NAME);
     let effect = Arc::new(effect);
     let mut backoff = Backoff::new(Duration::from_millis(500), config.max_backoff);
     loop {
@@ -401,8 +406,8 @@ async fn dispatch(
         };
         let (message, acker) = match InboxMessage::from_delivery(delivery) {
             Ok(accepted) => accepted,
-            Err((Refusal::NoMessageId, acker)) => {
-                reject(acker, counters).await?;
+            Err((refusal, acker)) => {
+                reject(acker, refusal, counters).await?;
                 continue;
             }
         };
@@ -421,18 +426,28 @@ async fn dispatch(
     }
 }
 
-/// A delivery no inbox can deduplicate is rejected without requeueing: RabbitMQ moves it to
-/// the queue's dead-letter exchange if it has one (`x-dead-letter-exchange`), else drops it.
-/// Applying it could apply it twice; requeueing it would loop on it forever.
-async fn reject(acker: Acker, counters: &Counters) -> Result<(), InboxError> {
+/// A delivery no inbox can deduplicate (or claim) is rejected without requeueing: RabbitMQ
+/// moves it to the queue's dead-letter exchange if it has one (`x-dead-letter-exchange`),
+/// else drops it. Applying it could apply it twice; requeueing it would loop on it forever.
+/// The log names the field, never its value (the id could hold anything).
+async fn reject(acker: Acker, refusal: Refusal, counters: &Counters) -> Result<(), InboxError> {
     acker.reject(BasicRejectOptions { requeue: false }).await?;
     counters.rejected.fetch_add(1, Ordering::Relaxed);
-    tracing::error!(
-        "{}: it cannot be deduplicated, so it is not applied; it went to the queue's \
-         dead-letter exchange if the queue has one (x-dead-letter-exchange), else RabbitMQ \
-         dropped it. Fix: publish every message with a message_id",
-        log::REJECTED
-    );
+    const WENT: &str = "it went to the queue's dead-letter exchange if the queue has one \
+         (x-dead-letter-exchange), else RabbitMQ dropped it";
+    match refusal {
+        Refusal::NoMessageId => tracing::error!(
+            "{}: it cannot be deduplicated, so it is not applied; {WENT}. Fix: publish every \
+             message with a message_id",
+            log::REJECTED
+        ),
+        Refusal::NulByte { field } => tracing::error!(
+            "{} {field}: PostgreSQL text cannot store it, so the inbox cannot claim it and it \
+             is not applied; {WENT}. Fix: publish message ids and {} without NUL bytes",
+            log::REJECTED_NUL,
+            outbox_common::headers::SEQ
+        ),
+    }
     Ok(())
 }
 

@@ -36,6 +36,10 @@ pub mod sql;
 
 use error::{BoxError, InboxError};
 
+/// What the consumer's PostgreSQL sessions are called in `pg_stat_activity`, unless the
+/// database URL names them (`application_name=`).
+pub const APPLICATION_NAME: &str = "outbox-inbox";
+
 /// A connection to the consumer's database, with the relay's TLS policy and timeouts.
 pub(crate) async fn connect(url: &str) -> Result<tokio_postgres::Client, InboxError> {
     outbox_common::pg::connect(url).await.map_err(connect_error)

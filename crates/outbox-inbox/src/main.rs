@@ -26,7 +26,8 @@ fn main() -> ExitCode {
         }
     };
     // Before any connection (the consumer's cleanup connects beside it): every one of them
-    // reads it.
+    // reads them.
+    outbox_common::pg::set_application_name(outbox_inbox::APPLICATION_NAME);
     match cli.command.connection_policy() {
         Ok(policy) => liveness::configure(policy),
         Err(e) => {

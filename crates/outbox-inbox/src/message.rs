@@ -1,7 +1,9 @@
 //! A delivery as the inbox sees it: the `message_id` it deduplicates on, the headers the
 //! relay's message contract adds (`x-outbox-seq`, `x-aggregate-id`, `x-aggregate-type`), and
 //! what an effect may use. A delivery without a usable `message_id` is refused here: nothing
-//! could tell its repeats apart, so it can never be applied effectively once.
+//! could tell its repeats apart, so it can never be applied effectively once. So is one whose
+//! `message_id` or `x-outbox-seq` holds a NUL byte, which PostgreSQL text cannot store: the
+//! claim would fail on it at every attempt.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -36,6 +38,8 @@ pub struct InboxMessage {
 pub enum Refusal {
     /// No `message_id` property, or an empty one.
     NoMessageId,
+    /// The `message_id` or `x-outbox-seq` (`field`) holds a NUL byte.
+    NulByte { field: &'static str },
 }
 
 impl InboxMessage {
@@ -55,8 +59,20 @@ impl InboxMessage {
         };
         let table = properties.headers().as_ref();
         let text = |name: &str| table.and_then(|t| header_text(t, name));
+        let outbox_seq = text(headers::SEQ);
+        let has_nul = |text: &str| text.contains('\0');
+        let nul_in = if has_nul(&message_id) {
+            Some("message_id")
+        } else if outbox_seq.as_deref().is_some_and(has_nul) {
+            Some(headers::SEQ)
+        } else {
+            None
+        };
+        if let Some(field) = nul_in {
+            return Err((Refusal::NulByte { field }, acker));
+        }
         let message = InboxMessage {
-            outbox_seq: text(headers::SEQ),
+            outbox_seq,
             aggregate_type: text(headers::AGGREGATE_TYPE),
             aggregate_id: text(headers::AGGREGATE_ID),
             headers: table.map_or_else(|| serde_json::json!({}), table_to_json),
@@ -182,6 +198,44 @@ mod tests {
         let (message, _) = InboxMessage::from_delivery(delivery(properties)).expect("a message");
         assert_eq!(message.order_key(), "m-1");
         assert_eq!(message.headers, serde_json::json!({}));
+    }
+
+    #[test]
+    fn a_nul_byte_in_the_message_id_or_seq_is_refused() {
+        let seq = |value: &str| {
+            let mut table = FieldTable::default();
+            table.insert(headers::SEQ.into(), AMQPValue::LongString(value.into()));
+            table
+        };
+        let refused = |properties| {
+            InboxMessage::from_delivery(delivery(properties))
+                .map(|_| ())
+                .map_err(|(refusal, _)| refusal)
+        };
+        assert_eq!(
+            refused(BasicProperties::default().with_message_id("a\0b".into())),
+            Err(Refusal::NulByte {
+                field: "message_id"
+            })
+        );
+        assert_eq!(
+            refused(
+                BasicProperties::default()
+                    .with_message_id("m-1".into())
+                    .with_headers(seq("0000000001A2B3C4\0-00000002"))
+            ),
+            Err(Refusal::NulByte {
+                field: headers::SEQ
+            })
+        );
+        assert_eq!(
+            refused(
+                BasicProperties::default()
+                    .with_message_id("m-1".into())
+                    .with_headers(seq("0000000001A2B3C4-00000002"))
+            ),
+            Ok(())
+        );
     }
 
     #[test]

@@ -933,24 +933,31 @@ async fn messages_of_one_aggregate_are_applied_one_at_a_time_in_delivery_order()
 // ---------------------------------------------------------------------------------
 // Refusals
 
+/// An exchange and a queue bound to it with `#` whose dead letters go to a dead-letter
+/// exchange and its queue, all named after `prefix`: the exchange, the queue, the
+/// dead-letter queue.
+async fn dead_lettering_queue(amqp: &str, prefix: &str) -> (String, String, String) {
+    let name = unique_name(prefix);
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    let (dead_letters, dead_letter_queue) = (format!("{name}_dlx"), format!("{name}_dlq"));
+    declare_bound_queue(amqp, &dead_letters, &dead_letter_queue, "#").await;
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString(dead_letters.as_str().into()),
+    );
+    declare_bound_queue_with_args(amqp, &exchange, &queue, "#", arguments).await;
+    (exchange, queue, dead_letter_queue)
+}
+
 /// A delivery without a message_id (or with an empty one) is rejected without requeue: it
 /// lands on the queue's dead-letter exchange, nothing is applied for it, and the consumer
 /// goes on with the next message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_without_a_message_id_goes_to_the_dead_letter_exchange_and_the_rest_are_applied()
 {
-    let s = services();
-    let amqp = s.rabbit.url();
-    let name = unique_name("inbox_noid");
-    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
-    let (dead_letters, dead_letter_queue) = (format!("{name}_dlx"), format!("{name}_dlq"));
-    declare_bound_queue(&amqp, &dead_letters, &dead_letter_queue, "#").await;
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-dead-letter-exchange".into(),
-        AMQPValue::LongString(dead_letters.as_str().into()),
-    );
-    declare_bound_queue_with_args(&amqp, &exchange, &queue, "#", arguments).await;
+    let amqp = services().rabbit.url();
+    let (exchange, queue, dead_letter_queue) = dead_lettering_queue(&amqp, "inbox_noid").await;
     for id in [Some("first"), None, Some(""), Some("last")] {
         publish(&amqp, &exchange, id).await;
     }
@@ -977,15 +984,80 @@ async fn a_message_without_a_message_id_goes_to_the_dead_letter_exchange_and_the
         .await;
 }
 
+/// A message_id or an x-outbox-seq holding a NUL byte cannot be stored in PostgreSQL text,
+/// so the claim would fail on it at every attempt: it is refused like a message without a
+/// message_id (dead-lettered), and the consumer goes on with the next message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_byte_in_the_message_id_or_seq_goes_to_the_dead_letter_exchange_and_the_rest_are_applied(
+) {
+    let amqp = services().rabbit.url();
+    let (exchange, queue, dead_letter_queue) = dead_lettering_queue(&amqp, "inbox_nul").await;
+    let seq = |value: &str| {
+        let mut headers = FieldTable::default();
+        headers.insert("x-outbox-seq".into(), AMQPValue::LongString(value.into()));
+        headers
+    };
+    publish(&amqp, &exchange, Some("first")).await;
+    publish(&amqp, &exchange, Some("nul\0in the id")).await;
+    publish_with(
+        &amqp,
+        &exchange,
+        Some("nul-in-the-seq"),
+        seq("0000000001A2B3C4\0-00000000"),
+    )
+    .await;
+    publish_with(
+        &amqp,
+        &exchange,
+        Some("last"),
+        seq("0000000001A2B3C4-00000001"),
+    )
+    .await;
+    let mut dead = Consumer::start(&amqp, &dead_letter_queue).await;
+    let db = ConsumerDb::new("inbox_nul_consumer").await;
+    let consumer = db.consume(&amqp, &queue, &[], &[]);
+    let letters = dead.wait_for(2, MINUTE).await;
+    let ids: HashSet<&str> = letters
+        .iter()
+        .filter_map(|l| l.message_id.as_deref())
+        .collect();
+    assert_eq!(
+        ids,
+        ["nul\0in the id", "nul-in-the-seq"].into(),
+        "both refused deliveries dead-lettered; consumer log:\n{}",
+        consumer.log()
+    );
+    db.wait_applied(2, &consumer).await;
+    consumer.stop().await;
+    assert_eq!(
+        totals(&consumer),
+        Totals {
+            applied: 2,
+            duplicates: 0,
+            rejected: 2
+        }
+    );
+    assert_eq!(consumer.log_count(log::REJECTED_NUL), 2);
+    db.assert_applied_once(&["first".into(), "last".into()])
+        .await;
+}
+
 /// Publishes one persistent message, with `message_id` if given, and waits for its confirm.
 async fn publish(amqp: &str, exchange: &str, message_id: Option<&str>) {
+    publish_with(amqp, exchange, message_id, FieldTable::default()).await;
+}
+
+/// [`publish`] with `headers`.
+async fn publish_with(amqp: &str, exchange: &str, message_id: Option<&str>, headers: FieldTable) {
     let connection = amqp_connect(amqp).await;
     let channel = connection.create_channel().await.expect("channel");
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirm_select");
-    let mut properties = BasicProperties::default().with_delivery_mode(2);
+    let mut properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_headers(headers);
     if let Some(id) = message_id {
         properties = properties.with_message_id(id.into());
     }
@@ -1049,6 +1121,48 @@ async fn definite_errors_stop_the_consumer_naming_the_fix_and_keep_the_message()
         no_queue.contains("The queue \"no_such_queue\" does not exist"),
         "{no_queue}"
     );
+}
+
+// ---------------------------------------------------------------------------------
+// Connections
+
+/// The consumer's PostgreSQL sessions say who they are in pg_stat_activity: `outbox-inbox`,
+/// or the application_name its database URL sets (which wins).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumers_sessions_are_named_outbox_inbox_unless_the_url_names_them() {
+    let s = services();
+    let amqp = s.rabbit.url();
+    let name = unique_name("inbox_appname");
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    declare_bound_queue(&amqp, &exchange, &queue, "#").await;
+    for (url_name, expected) in [
+        (Some("billing-inbox"), "billing-inbox"),
+        (None, "outbox-inbox"),
+    ] {
+        let mut db = ConsumerDb::new("inbox_appname_consumer").await;
+        if let Some(url_name) = url_name {
+            db.url = format!("{}?application_name={url_name}", db.url);
+        }
+        let consumer = db.consume(&amqp, &queue, &["--concurrency", "2"], &[]);
+        let named = format!(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name = '{expected}'"
+        );
+        let sessions = wait_count(&db.client, &named, MINUTE, |n| n >= 2).await;
+        let seen = first_column(
+            &db.client,
+            "SELECT DISTINCT application_name FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await;
+        assert!(
+            sessions.is_ok(),
+            "the consumer's sessions are named {expected:?}: seen {seen:?}; log:\n{}",
+            consumer.log()
+        );
+        consumer.stop().await;
+    }
 }
 
 // ---------------------------------------------------------------------------------

@@ -176,12 +176,34 @@ impl RelayProcess {
         Self::try_spawn_command(Command::new(bin), args, env)
     }
 
+    /// [`RelayProcess::spawn`] with stdout and stderr into a pipe whose reading end is closed
+    /// before the relay starts, as under `outbox-relay run 2>&1 | head -1` once `head` has
+    /// exited: every write to them fails (EPIPE). Its log stays empty.
+    pub fn spawn_unread(args: &[&str], env: &[(&str, &str)]) -> RelayProcess {
+        let spawned = std::io::pipe().and_then(|(reader, writer)| {
+            drop(reader);
+            Self::spawn_into(Command::new(binary()), args, env, Some(writer))
+        });
+        spawned.unwrap_or_else(|e| panic!("spawn {}: {e}", binary().display()))
+    }
+
     /// Spawns `command` (the relay binary, possibly behind `ip netns exec`, which keeps the
     /// pid) with `args` and `env`, see [`RelayProcess::spawn`].
     fn try_spawn_command(
+        command: Command,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> std::io::Result<RelayProcess> {
+        Self::spawn_into(command, args, env, None)
+    }
+
+    /// [`RelayProcess::try_spawn_command`], its stdout and stderr into `output` if given, else
+    /// into its log file.
+    fn spawn_into(
         mut command: Command,
         args: &[&str],
         env: &[(&str, &str)],
+        output: Option<std::io::PipeWriter>,
     ) -> std::io::Result<RelayProcess> {
         let dir = tempfile::Builder::new()
             .prefix("outbox-test-relay-")
@@ -194,12 +216,16 @@ impl RelayProcess {
                 command.env_remove(key.as_ref());
             }
         }
+        let (stdout, stderr): (Stdio, Stdio) = match output {
+            Some(pipe) => (pipe.try_clone()?.into(), pipe.into()),
+            None => (log.try_clone()?.into(), log.into()),
+        };
         command
             .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
+            .stdout(stdout)
+            .stderr(stderr);
         let child = command.spawn()?;
         Ok(RelayProcess {
             pid: child.id(),

@@ -15,11 +15,15 @@ use crate::contract::mapper::AllowedExchanges;
 use crate::contract::message::{HeaderValue, Message, Rejection};
 use crate::pgoutput::encode;
 use crate::pgoutput::{Insert, Tuple, TupleValue};
+use crate::wal::preflight::OutboxTable;
 use crate::wal::relations;
 
 const EMIT_PREFIX: &str = "outbox-relay:emit:public.outbox";
 const OUTBOX_OID: u32 = 16385;
 const ORDERS_OID: u32 = 16390;
+/// Where the catalog said the outbox is OUTBOX_OID: transactions committing before it are
+/// history.
+const SESSION_START: u64 = 0x5000;
 /// Bodies over this are unpublishable (`--max-message-size`).
 const MAX_MESSAGE_SIZE: usize = 64;
 
@@ -102,7 +106,15 @@ impl Harness {
         Self {
             source: Source::new(
                 mapper,
-                RelationCache::new("public", "outbox", std::sync::Arc::default()),
+                RelationCache::new(
+                    "public",
+                    "outbox",
+                    std::sync::Arc::default(),
+                    OutboxTable {
+                        oid: OUTBOX_OID,
+                        named_since: lsn(SESSION_START),
+                    },
+                ),
                 heartbeat.clone(),
                 EMIT_PREFIX.into(),
                 shard,
@@ -480,6 +492,45 @@ fn relations_are_per_session_and_follow_schema_changes() {
         .source
         .on_event(relation(OUTBOX_OID, "outbox", &["id", "payload"]))
         .is_err());
+}
+
+/// A renamed outbox stops the source at the Relation, before its transaction's rows: nothing
+/// of it reaches delivery. Renamed and back before the session, its rows are published.
+#[test]
+fn a_renamed_outbox_stops_before_its_rows() {
+    let renamed = || {
+        relation(
+            OUTBOX_OID,
+            "outbox_renamed",
+            &["id", "event_type", "payload"],
+        )
+    };
+    let mut h = Harness::new();
+    let out = h.feed(vec![
+        begin(0x1000),
+        renamed(),
+        row("r0"),
+        commit(0x1000),
+        begin(0x2000),
+        outbox(),
+        row("r1"),
+        commit(0x2000),
+    ]);
+    assert_eq!(
+        out,
+        vec![
+            published("r0", 0x1000, 0),
+            committed(0x1000),
+            published("r1", 0x2000, 0),
+            committed(0x2000),
+        ],
+        "history: renamed and back before the session"
+    );
+    h.feed(vec![begin(SESSION_START), row("r2")]);
+    assert!(matches!(
+        h.source.on_event(renamed()),
+        Err(RelayError::OutboxRenamed { .. })
+    ));
 }
 
 #[test]
