@@ -843,6 +843,56 @@ async fn s11b_postgres_connect_into_a_black_hole_is_abandoned_and_retried() {
     connect_into_a_black_hole_is_abandoned_and_retried(Hole::Postgres).await;
 }
 
+/// The replication connection reset while the broker blocks the relay and its window is
+/// full: the replication client still buffers events it read before the reset, which could
+/// be published but never acknowledged. The session ends at once, while the broker still
+/// blocks it (before, it ended only once the alarm cleared and it had published up to 256
+/// buffered events: more duplicates of the replay).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s11c_replication_reset_while_blocked_ends_the_session_before_publishing_what_it_buffered()
+{
+    let rabbit = std::thread::spawn(RabbitServer::start);
+    let pg = blocking(|| PgServer::start(&[]));
+    let rabbit = blocking(|| rabbit.join()).expect("rabbitmq start");
+    let (outbox, oracle, mut consumer) = observed_outbox(&pg, &rabbit, "pgreset", false).await;
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", pg.port()));
+    let relay = spawn_relay_via_pg_proxy(&outbox, &proxy);
+    outbox.insert("Before", "{}").await;
+    consumer.wait_for(1, MINUTE).await;
+    assert_eq!(consumer.received().len(), 1, "log:\n{}", relay.log());
+
+    memory_alarm(&rabbit, true);
+    write_concurrently(&outbox.db_url, 2, 3 * W, MAX_TXN_ROWS).await;
+    assert!(
+        relay
+            .wait_metric("outbox_relay_messages_in_flight", MINUTE, |v| v == W)
+            .await,
+        "the window never filled; log:\n{}",
+        relay.log()
+    );
+    proxy.reset_all();
+    let noticed = relay.wait_reconnects(1, MINUTE).await;
+    let reconnects_while_blocked = relay.reconnects();
+    memory_alarm(&rabbit, false);
+    assert!(
+        noticed && reconnects_while_blocked >= 1,
+        "the session outlived its replication connection while the broker blocked it; log:\n{}",
+        relay.log()
+    );
+    let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
+    report_tally(
+        "s11c replication reset while blocked",
+        &committed,
+        &tally,
+        &[("reconnects", relay.reconnects().to_string())],
+    );
+    assert!(
+        tally.duplicates() <= W + MAX_TXN_ROWS,
+        "{} duplicates, over W + X",
+        tally.duplicates()
+    );
+}
+
 /// The server whose connection a scenario sends into a black hole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Hole {

@@ -99,6 +99,8 @@ pub enum StreamLoss {
 /// What the reader does next.
 enum Step {
     Event(Result<Option<ReplicationEvent>, PgWireError>),
+    /// The client's worker ended: the connection is gone, whatever events it buffered.
+    WorkerEnded,
     /// The inputs channel has room again.
     Room,
     /// The delivery task is gone: its result arrives with the acknowledgements' end.
@@ -197,8 +199,13 @@ impl StreamReader {
                 self.stop_reading();
                 continue;
             }
-            let step = self.next_step(shutdown).await;
-            if let Some(loss) = self.handle(step) {
+            // Checked before every event: what the client still buffers after its connection
+            // failed could be published, but never acknowledged (a replay's duplicates).
+            let step = match self.client.worker_ended() {
+                true => Step::WorkerEnded,
+                false => self.next_step(shutdown).await,
+            };
+            if let Some(loss) = self.handle(step).await {
                 return Err(Ended::StreamLost(loss));
             }
         }
@@ -230,6 +237,7 @@ impl StreamReader {
             .zip(self.silence_limit)
             .map(|(t, l)| t + l);
         let can_stop = self.can_stop();
+        let worker_end = self.client.worker_end();
         let StreamReader {
             client,
             inputs,
@@ -240,6 +248,10 @@ impl StreamReader {
             biased;
 
             event = client.recv(), if room => Step::Event(event),
+
+            // While the delivery side holds the reader back: a connection that fails then
+            // ends the session at once, not once its buffered events were published.
+            () = worker_end, if !room => Step::WorkerEnded,
 
             // Full: wait for the delivery side to take an input. The permit only proves room.
             reserved = async {
@@ -262,11 +274,17 @@ impl StreamReader {
     }
 
     /// One step; `Some` when it broke the stream.
-    fn handle(&mut self, step: Step) -> Option<StreamLoss> {
+    async fn handle(&mut self, step: Step) -> Option<StreamLoss> {
         match step {
             Step::Event(Ok(Some(event))) => self.forward(event),
             Step::Event(Ok(None)) => return Some(StreamLoss::Ended),
             Step::Event(Err(e)) => return Some(StreamLoss::Error(e)),
+            Step::WorkerEnded => {
+                return Some(match self.client.worker_outcome().await {
+                    Ok(_) => StreamLoss::Ended,
+                    Err(e) => StreamLoss::Error(e),
+                })
+            }
             Step::Room => {}
             Step::DeliveryGone => self.inputs = None,
             Step::Acknowledged => self.take_acknowledged(),

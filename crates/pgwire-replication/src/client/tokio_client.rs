@@ -98,6 +98,9 @@ pub struct ReplicationClient {
     /// Commands to a gated session before START_REPLICATION. `None`: not
     /// gated, or already started.
     gate: Option<mpsc::Sender<GateCommand>>,
+    /// Becomes `true` once the worker has ended, whatever the events still
+    /// buffered for `recv`.
+    ended: watch::Receiver<bool>,
 }
 
 impl ReplicationClient {
@@ -146,6 +149,7 @@ impl ReplicationClient {
 
         let (stop_tx, stop_rx) = watch::channel(false);
         let (started_tx, started_rx) = watch::channel(false);
+        let (ended_tx, ended_rx) = watch::channel(false);
 
         let metrics = Arc::new(ReplicationMetrics::default());
 
@@ -169,6 +173,7 @@ impl ReplicationClient {
             if let Err(ref e) = res {
                 tracing::error!("replication worker terminated with error: {e}");
             }
+            ended_tx.send_replace(true);
             res
         });
 
@@ -180,7 +185,31 @@ impl ReplicationClient {
             join: Some(join),
             started: started_rx,
             gate: None,
+            ended: ended_rx,
         })
+    }
+
+    /// Whether the worker has ended (the connection failed, closed, or was
+    /// stopped). Events still buffered for [`recv`](Self::recv) can then no
+    /// longer be acknowledged to the server.
+    pub fn worker_ended(&self) -> bool {
+        *self.ended.borrow()
+    }
+
+    /// Resolves once the worker has ended (see [`worker_ended`](Self::worker_ended));
+    /// owns what it waits on, so it can be awaited beside `recv`.
+    pub fn worker_end(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut ended = self.ended.clone();
+        async move {
+            // Err: the worker's task is gone, so it has ended too.
+            let _ = ended.wait_for(|ended| *ended).await;
+        }
+    }
+
+    /// How the worker ended, without the events still buffered: `Ok(None)`
+    /// for a normal end, the worker's error otherwise. Waits for it to end.
+    pub async fn worker_outcome(&mut self) -> Result<Option<ReplicationEvent>> {
+        self.handle_worker_shutdown().await
     }
 
     /// Run `sql` with the simple query protocol on a gated session before
