@@ -39,7 +39,7 @@ use futures_util::FutureExt;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::dead_letter::{self, Reason};
+use super::dead_letter::{self, DeadLetterLog, Reason};
 use super::publisher::{Answer, Pending, Publisher};
 use super::queue::{AckToken, ConfirmQueue, Failure, PublishId, Settled};
 use crate::contract::message::{Message, Rejection, Unpublishable};
@@ -162,6 +162,9 @@ pub async fn deliver<T: AckToken + Clone, P: Publisher>(
 ) -> Result<(), RelayError> {
     let mut delivery = Delivery::new(publisher, options, metrics, acked);
     let outcome = delivery.run(&mut input).await;
+    if let Some(line) = delivery.dead_letter_log.flush() {
+        tracing::warn!("{line}");
+    }
     if let Err(e) = &outcome {
         match e.kind() {
             ErrorKind::Nacked => metrics.nacked.increment(1),
@@ -264,6 +267,8 @@ struct Delivery<'a, T, P: Publisher> {
     /// The exchange the newest publish went to, known to exist: most messages go where the
     /// one before went, and need no other check.
     exchange_checked: String,
+    /// What the log has said about dead letters (see [`DeadLetterLog`]).
+    dead_letter_log: DeadLetterLog,
 }
 
 impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
@@ -295,6 +300,7 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
             unblocked_at: Instant::now(),
             round_trip: None,
             exchange_checked: String::new(),
+            dead_letter_log: DeadLetterLog::default(),
         }
     }
 
@@ -463,11 +469,12 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
                 if let Some(reason) = &settled.dead_lettered {
                     metrics::counter!(DEAD_LETTERED_TOTAL, REASON_LABEL => reason.label())
                         .increment(1);
-                    tracing::warn!(
-                        message_id = %settled.message_id,
-                        reason = %reason,
-                        "message dead-lettered: the dead-letter exchange confirmed it"
-                    );
+                    let line =
+                        self.dead_letter_log
+                            .record(&settled.message_id, reason, Instant::now());
+                    if let Some(line) = line {
+                        tracing::warn!("{line}");
+                    }
                 }
                 return Ok(Some(settled));
             }
