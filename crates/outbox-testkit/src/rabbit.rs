@@ -450,7 +450,8 @@ impl Node {
         if !release().enables_khepri() {
             return Ok(());
         }
-        let out = self.ctl(&["enable_feature_flag", "khepri_db"]);
+        // 4.0 marks Khepri opt-in: the flag alone is refused.
+        let out = self.ctl(&["enable_feature_flag", "--opt-in", "khepri_db"]);
         if out.status.success() {
             Ok(())
         } else {
