@@ -33,7 +33,10 @@ use common::relay::SIGABRT;
 use common::{
     declare_bound_queue, queue_message_count, services, unique_name, Consumer, RelayProcess,
 };
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicPublishOptions, BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
 use outbox_inbox::consumer::log;
@@ -1174,4 +1177,446 @@ async fn a_claim_or_effect_waiting_past_the_statement_timeout_is_retried_and_app
     let passed: i32 = query_value(&db.client, "SELECT passed FROM gate").await;
     assert_eq!(passed, 2, "each effect committed once");
     assert_eq!(queue_message_count(&amqp, &queue).await, 0);
+}
+
+// ---------------------------------------------------------------------------------
+// Quorum queues' delivery limit (RabbitMQ 4)
+
+/// A way a consumer gives a delivery back to its queue unacknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GiveBack {
+    RejectRequeue,
+    NackRequeue,
+    ChannelClosed,
+    ConnectionClosed,
+    /// basic.cancel of the consumer holding it (is it given back?), then its channel closed.
+    CancelledThenChannelClosed,
+}
+
+const GIVE_BACKS: [GiveBack; 5] = [
+    GiveBack::RejectRequeue,
+    GiveBack::NackRequeue,
+    GiveBack::ChannelClosed,
+    GiveBack::ConnectionClosed,
+    GiveBack::CancelledThenChannelClosed,
+];
+
+/// What became of one message given back again and again.
+#[derive(Debug, Default)]
+struct GiveBacks {
+    /// Give-backs before it left the queue (for the dead-letter queue); `None`: still
+    /// queued after the most a run tries.
+    gone_after: Option<u32>,
+    /// `x-delivery-count` on each delivery (None: absent).
+    delivery_counts: Vec<Option<i64>>,
+    /// `x-acquired-count` on each delivery (4.3).
+    acquired_counts: Vec<Option<i64>>,
+    /// The dead letter's `x-first-death-reason`.
+    death_reason: Option<String>,
+    /// For a cancel: whether the cancel alone gave it back (each time).
+    cancel_gave_back: Vec<bool>,
+}
+
+/// A header's integer value, if it has one.
+fn header_int(properties: &BasicProperties, name: &str) -> Option<i64> {
+    let value = properties.headers().as_ref()?.inner().get(name)?;
+    common::amqp::amqp_to_json(value).as_i64()
+}
+
+/// Ready messages in `queue`, through `channel` (a passive declare).
+async fn ready(channel: &lapin::Channel, queue: &str) -> u32 {
+    let options = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    channel
+        .queue_declare(queue.into(), options, FieldTable::default())
+        .await
+        .unwrap_or_else(|e| panic!("passive declare of {queue}: {e:?}"))
+        .message_count()
+}
+
+/// Declares a quorum queue with a dead-letter exchange bound to its own queue, with
+/// `extra` arguments; publishes one message to it. Returns (queue, dead-letter queue).
+async fn quorum_queue_with_one_message(
+    amqp: &str,
+    prefix: &str,
+    extra: &[(&str, AMQPValue)],
+) -> (String, String) {
+    let name = unique_name(prefix);
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    let (dead_letters, dead_letter_queue) = (format!("{name}_dlx"), format!("{name}_dlq"));
+    declare_bound_queue(amqp, &dead_letters, &dead_letter_queue, "#").await;
+    let mut arguments = common::amqp::quorum_queue_arguments();
+    arguments.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString(dead_letters.as_str().into()),
+    );
+    for (key, value) in extra {
+        arguments.insert((*key).into(), value.clone());
+    }
+    declare_bound_queue_with_args(amqp, &exchange, &queue, "#", arguments).await;
+    publish_confirmed(amqp, &exchange, "Test.limit", &[(name.as_str(), b"{}")]).await;
+    (queue, dead_letter_queue)
+}
+
+/// Takes the message and gives it back `how`, up to `most` times, until it is no longer
+/// given out: each round waits until it is ready in `queue` again or in the dead-letter
+/// queue (one of the two always comes: the queue has a dead-letter exchange).
+async fn give_back_until_gone(
+    amqp: &str,
+    queue: &str,
+    dead_letter_queue: &str,
+    how: GiveBack,
+    most: u32,
+) -> GiveBacks {
+    let probe_connection = amqp_connect(amqp).await;
+    let probe = probe_connection.create_channel().await.expect("channel");
+    let mut connection = amqp_connect(amqp).await;
+    let mut measured = GiveBacks::default();
+    let get = lapin::options::BasicGetOptions { no_ack: false };
+    for given_back in 0..=most {
+        let deadline = tokio::time::Instant::now() + MINUTE;
+        loop {
+            if ready(&probe, dead_letter_queue).await == 1 {
+                measured.gone_after = Some(given_back);
+                let letter = probe
+                    .basic_get(dead_letter_queue.into(), get)
+                    .await
+                    .expect("get the dead letter")
+                    .expect("the dead letter");
+                let reason = letter.delivery.properties.headers().as_ref().and_then(|h| {
+                    h.inner()
+                        .get("x-first-death-reason")
+                        .map(common::amqp::amqp_to_json)
+                });
+                measured.death_reason = reason.map(|r| r.as_str().unwrap_or("").to_string());
+                let _ = probe_connection.close(200, "OK".into()).await;
+                let _ = connection.close(200, "OK".into()).await;
+                return measured;
+            }
+            if ready(&probe, queue).await == 1 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{how:?}: after {given_back} give-backs the message is neither ready nor \
+                 dead-lettered"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if given_back == most {
+            break;
+        }
+        if how == GiveBack::ConnectionClosed {
+            connection = amqp_connect(amqp).await;
+        }
+        let channel = connection.create_channel().await.expect("channel");
+        let delivery = if how == GiveBack::CancelledThenChannelClosed {
+            channel
+                .basic_qos(1, BasicQosOptions::default())
+                .await
+                .expect("qos");
+            let mut deliveries = channel
+                .basic_consume(
+                    queue.into(),
+                    "".into(),
+                    lapin::options::BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .expect("consume");
+            let delivery = tokio::time::timeout(MINUTE, deliveries.next())
+                .await
+                .expect("a delivery within a minute")
+                .expect("a delivery")
+                .expect("a delivery");
+            channel
+                .basic_cancel(
+                    deliveries.tag(),
+                    lapin::options::BasicCancelOptions::default(),
+                )
+                .await
+                .expect("cancel");
+            // Ordered after the cancel on the queue's side (one channel): it gets the message
+            // only if the cancel gave it back.
+            let again = channel.basic_get(queue.into(), get).await.expect("get");
+            measured.cancel_gave_back.push(again.is_some());
+            delivery
+        } else {
+            channel
+                .basic_get(queue.into(), get)
+                .await
+                .expect("get")
+                .expect("the message is ready")
+                .delivery
+        };
+        measured
+            .delivery_counts
+            .push(header_int(&delivery.properties, "x-delivery-count"));
+        measured
+            .acquired_counts
+            .push(header_int(&delivery.properties, "x-acquired-count"));
+        match how {
+            GiveBack::RejectRequeue => {
+                let requeue = BasicRejectOptions { requeue: true };
+                delivery.acker.reject(requeue).await.expect("reject");
+                let _ = channel.close(200, "OK".into()).await;
+            }
+            GiveBack::NackRequeue => {
+                let requeue = lapin::options::BasicNackOptions {
+                    requeue: true,
+                    multiple: false,
+                };
+                delivery.acker.nack(requeue).await.expect("nack");
+                let _ = channel.close(200, "OK".into()).await;
+            }
+            GiveBack::ChannelClosed | GiveBack::CancelledThenChannelClosed => {
+                channel.close(200, "OK".into()).await.expect("close");
+            }
+            GiveBack::ConnectionClosed => {
+                connection.close(200, "OK".into()).await.expect("close");
+            }
+        }
+    }
+    let _ = probe_connection.close(200, "OK".into()).await;
+    let _ = connection.close(200, "OK".into()).await;
+    measured
+}
+
+/// One line of figures for a run.
+fn describe(measured: &GiveBacks) -> String {
+    let counts = |values: &[Option<i64>]| -> String {
+        let shown: Vec<String> = values
+            .iter()
+            .map(|v| v.map_or("-".into(), |n| n.to_string()))
+            .collect();
+        shown.join(" ")
+    };
+    format!(
+        "gone after {} give-backs (reason {}); x-delivery-count [{}]; x-acquired-count [{}]; \
+         cancel gave back {:?}",
+        measured.gone_after.map_or("none".into(), |n| n.to_string()),
+        measured.death_reason.as_deref().unwrap_or("-"),
+        counts(&measured.delivery_counts),
+        counts(&measured.acquired_counts),
+        measured.cancel_gave_back,
+    )
+}
+
+/// What the measurements found, per series (docs/consumers.md, "Quorum queues: the delivery
+/// limit"): the default limit, whether `basic.nack` with requeue and a consumer timeout
+/// count toward it, and what `x-delivery-limit: -1` means.
+struct Facts {
+    /// `None`: no limit unless the queue sets one.
+    default_limit: Option<u32>,
+    nack_counts: bool,
+    consumer_timeout_counts: bool,
+    /// `x-delivery-limit: -1` lifts the limit (else: the first give-back dead-letters).
+    minus_one_unlimited: bool,
+}
+
+fn facts() -> Facts {
+    match common::rabbit_release::release().series() {
+        "3.10" => Facts {
+            default_limit: None,
+            nack_counts: true,
+            consumer_timeout_counts: true,
+            minus_one_unlimited: false,
+        },
+        "4.0" => Facts {
+            default_limit: Some(20),
+            nack_counts: true,
+            consumer_timeout_counts: true,
+            minus_one_unlimited: true,
+        },
+        "4.3" => Facts {
+            default_limit: Some(20),
+            nack_counts: false,
+            consumer_timeout_counts: false,
+            minus_one_unlimited: true,
+        },
+        other => panic!(
+            "no facts recorded for RabbitMQ {other}: see what these tests print on it, and \
+             record them here and in docs/consumers.md"
+        ),
+    }
+}
+
+impl GiveBack {
+    fn counts(self, facts: &Facts) -> bool {
+        self != GiveBack::NackRequeue || facts.nack_counts
+    }
+}
+
+/// Which ways of giving a delivery back count toward a quorum queue's delivery limit, and
+/// when the message leaves the queue, on the kit's RabbitMQ series: for each way, a quorum
+/// queue with a dead-letter exchange, the message taken and given back until it leaves
+/// (for the dead-letter queue) or 25 times; once with the series' default limit, once with
+/// `x-delivery-limit: 2`. A consumer's cancel alone never gives its delivery back. Without
+/// a dead-letter exchange the message is dropped where it would have been dead-lettered;
+/// `x-delivery-limit: -1` lifts the limit on 4.x and dead-letters at once on 3.10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_counts_toward_a_quorum_queues_delivery_limit() {
+    let amqp = services().rabbit.url();
+    let series = common::rabbit_release::release().series();
+    let facts = facts();
+    for how in GIVE_BACKS {
+        let (queue, dlq) = quorum_queue_with_one_message(&amqp, "limit_default", &[]).await;
+        let default = give_back_until_gone(&amqp, &queue, &dlq, how, 25).await;
+        println!(
+            "LIMIT {series} {how:?}, default limit: {}",
+            describe(&default)
+        );
+        let two = [("x-delivery-limit", AMQPValue::LongInt(2))];
+        let (queue, dlq) = quorum_queue_with_one_message(&amqp, "limit_two", &two).await;
+        let limited = give_back_until_gone(&amqp, &queue, &dlq, how, 6).await;
+        println!(
+            "LIMIT {series} {how:?}, x-delivery-limit 2: {}",
+            describe(&limited)
+        );
+
+        let counted = how.counts(&facts);
+        let expected = facts
+            .default_limit
+            .filter(|_| counted)
+            .map(|limit| limit + 1);
+        assert_eq!(default.gone_after, expected, "{how:?}, the default limit");
+        assert_eq!(limited.gone_after, counted.then_some(3), "{how:?}, limit 2");
+        for gone in [&default, &limited]
+            .into_iter()
+            .filter(|m| m.gone_after.is_some())
+        {
+            assert_eq!(gone.death_reason.as_deref(), Some("delivery_limit"));
+        }
+        assert!(
+            !default.cancel_gave_back.iter().any(|gave| *gave),
+            "a cancel gave the delivery back"
+        );
+    }
+
+    // No dead-letter exchange: dropped where it would have been dead-lettered.
+    let name = unique_name("limit_nodlx");
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    common::amqp::declare_bound_quorum_queue(&amqp, &exchange, &queue, "#").await;
+    publish_confirmed(&amqp, &exchange, "Test.limit", &[(name.as_str(), b"{}")]).await;
+    let delivered = deliveries_until_gone(&amqp, &queue, 30).await;
+    println!("LIMIT {series} no dead-letter exchange: delivered {delivered} times (30 at most)");
+    let expected = facts.default_limit.map_or(30, |limit| limit + 1);
+    assert_eq!(delivered, expected, "deliveries before it was dropped");
+    let left = queue_message_count(&amqp, &queue).await;
+    assert_eq!(left, u32::from(facts.default_limit.is_none()), "dropped");
+
+    let minus_one = [("x-delivery-limit", AMQPValue::LongInt(-1))];
+    let (queue, dlq) = quorum_queue_with_one_message(&amqp, "limit_minus1", &minus_one).await;
+    let measured = give_back_until_gone(&amqp, &queue, &dlq, GiveBack::ChannelClosed, 25).await;
+    println!(
+        "LIMIT {series} x-delivery-limit -1: {}",
+        describe(&measured)
+    );
+    let expected = (!facts.minus_one_unlimited).then_some(1);
+    assert_eq!(measured.gone_after, expected, "x-delivery-limit -1");
+}
+
+/// Takes the message from `queue` and rejects it with requeue on one channel until a get
+/// finds the queue empty (ordered after the reject: one channel), at most `most` times;
+/// how many deliveries there were.
+async fn deliveries_until_gone(amqp: &str, queue: &str, most: u32) -> u32 {
+    let connection = amqp_connect(amqp).await;
+    let channel = connection.create_channel().await.expect("channel");
+    let get = lapin::options::BasicGetOptions { no_ack: false };
+    let mut delivered = 0;
+    while delivered < most {
+        let Some(message) = channel.basic_get(queue.into(), get).await.expect("get") else {
+            break;
+        };
+        delivered += 1;
+        let requeue = BasicRejectOptions { requeue: true };
+        message
+            .delivery
+            .acker
+            .reject(requeue)
+            .await
+            .expect("reject");
+    }
+    let _ = connection.close(200, "OK".into()).await;
+    delivered
+}
+
+/// A delivery held past the broker's `consumer_timeout` (1 s here, checked every second)
+/// comes back to the queue: on 3.10 and 4.0 the broker closes the channel (406
+/// PRECONDITION_FAILED) and that counts toward the limit, as any closed channel does; on
+/// 4.3 it cancels the consumer instead, and that does not count. With `x-delivery-limit: 1`
+/// the second timeout dead-letters the message where timeouts count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_consumer_timeout_does_to_a_quorum_queues_delivery_count() {
+    let rabbit = common::RabbitServer::start_with_config(&["consumer_timeout = 1000"]);
+    // The channel checks its deliveries' age on this tick (60 s by default); channels
+    // opened from now on read it.
+    let tick = "application:set_env(rabbit, channel_tick_interval, 1000).";
+    let set = rabbit.ctl(&["eval", tick]);
+    assert!(set.status.success(), "{set:?}");
+    let amqp = rabbit.url();
+    let series = common::rabbit_release::release().series();
+    let one = [("x-delivery-limit", AMQPValue::LongInt(1))];
+    let (queue, dlq) = quorum_queue_with_one_message(&amqp, "limit_timeout", &one).await;
+    let probe_connection = amqp_connect(&amqp).await;
+    let probe = probe_connection.create_channel().await.expect("channel");
+    let connection = amqp_connect(&amqp).await;
+    let mut gone_after = None;
+    let mut ends = Vec::new();
+    for timeouts in 0..=3 {
+        let deadline = tokio::time::Instant::now() + MINUTE;
+        loop {
+            if ready(&probe, &dlq).await == 1 {
+                gone_after = Some(timeouts);
+                break;
+            }
+            if ready(&probe, &queue).await == 1 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "neither ready nor dead"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if gone_after.is_some() || timeouts == 3 {
+            break;
+        }
+        let channel = connection.create_channel().await.expect("channel");
+        channel
+            .basic_qos(1, BasicQosOptions::default())
+            .await
+            .expect("qos");
+        let mut deliveries = channel
+            .basic_consume(
+                queue.as_str().into(),
+                "".into(),
+                lapin::options::BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("consume");
+        let first = tokio::time::timeout(MINUTE, deliveries.next()).await;
+        assert!(matches!(first, Ok(Some(Ok(_)))), "a delivery: {first:?}");
+        // Held, unacknowledged, until the broker ends the consumer or its channel.
+        let end = tokio::time::timeout(MINUTE, deliveries.next())
+            .await
+            .expect("the broker ends the consumer within a minute");
+        ends.push(match end {
+            None => "consumer cancelled".to_string(),
+            Some(Err(e)) => format!("channel closed: {e}"),
+            Some(Ok(_)) => panic!("a second delivery with a prefetch of 1"),
+        });
+    }
+    println!(
+        "LIMIT {series} consumer timeouts, x-delivery-limit 1: gone after {gone_after:?}; {ends:?}"
+    );
+    let _ = probe_connection.close(200, "OK".into()).await;
+    let _ = connection.close(200, "OK".into()).await;
+    let counts = facts().consumer_timeout_counts;
+    assert_eq!(gone_after, counts.then_some(2), "{ends:?}");
+    let closed = ends.iter().all(|end| end.contains("PRECONDITION_FAILED"));
+    assert_eq!(closed, counts, "{ends:?}");
 }
