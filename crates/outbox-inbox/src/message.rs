@@ -38,9 +38,25 @@ pub enum Refusal {
     NoMessageId,
 }
 
+impl Refusal {
+    /// Why, in a log line and a dead letter's `x-inbox-dead-letter-reason`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::NoMessageId => "no message_id: nothing could deduplicate it",
+        }
+    }
+}
+
 impl InboxMessage {
-    /// The message and its acker, or the refusal and the acker (to reject it with).
-    pub fn from_delivery(delivery: Delivery) -> Result<(InboxMessage, Acker), (Refusal, Acker)> {
+    /// The message and its acker, or the refusal and the delivery as it came (to
+    /// dead-letter or reject it).
+    pub fn from_delivery(
+        delivery: Delivery,
+    ) -> Result<(InboxMessage, Acker), (Refusal, Box<Delivery>)> {
+        let message_id = match delivery.properties.message_id() {
+            Some(id) if !id.as_str().is_empty() => id.as_str().to_string(),
+            _ => return Err((Refusal::NoMessageId, Box::new(delivery))),
+        };
         let Delivery {
             routing_key,
             redelivered,
@@ -49,10 +65,6 @@ impl InboxMessage {
             acker,
             ..
         } = delivery;
-        let message_id = match properties.message_id() {
-            Some(id) if !id.as_str().is_empty() => id.as_str().to_string(),
-            _ => return Err((Refusal::NoMessageId, acker)),
-        };
         let table = properties.headers().as_ref();
         let text = |name: &str| table.and_then(|t| header_text(t, name));
         let message = InboxMessage {

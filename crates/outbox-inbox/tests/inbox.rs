@@ -1052,6 +1052,19 @@ async fn definite_errors_stop_the_consumer_naming_the_fix_and_keep_the_message()
         no_queue.contains("The queue \"no_such_queue\" does not exist"),
         "{no_queue}"
     );
+    let no_dead_letters = ["--database-url", &db.url, "--queue", &queue];
+    let no_dead_letters = [
+        &no_dead_letters[..],
+        &["--dead-letter-exchange", "no_such_x"],
+    ];
+    let no_dead_letters = stopped(&no_dead_letters.concat());
+    assert!(
+        no_dead_letters.contains(
+            "The dead-letter exchange \"no_such_x\" (--dead-letter-exchange) does not exist"
+        ),
+        "{no_dead_letters}"
+    );
+    assert_eq!(queue_message_count(&amqp, &queue).await, 1, "nothing taken");
 }
 
 // ---------------------------------------------------------------------------------
@@ -1061,9 +1074,9 @@ async fn definite_errors_stop_the_consumer_naming_the_fix_and_keep_the_message()
 /// test holds an uncommitted claim of the message (what a replica whose host vanished
 /// mid-transaction leaves until the server ends its session), so the consumer's claim waits
 /// on that row. Then the effect: the test holds a row lock the effect's UPDATE needs. Each
-/// time the consumer's statement is cancelled after 2 s (57014), the session ends as a retry
-/// (the delivery goes back, the consumer keeps running) and starts again; once the test
-/// lets go, the message is applied, once.
+/// time the consumer's statement is cancelled after 2 s (57014), the lane keeps the delivery
+/// and tries again after a backoff (the consumer keeps running); once the test lets go, the
+/// message is applied, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_or_effect_waiting_past_the_statement_timeout_is_retried_and_applied_once() {
     let s = services();
@@ -1161,7 +1174,7 @@ async fn a_claim_or_effect_waiting_past_the_statement_timeout_is_retried_and_app
     assert!(
         failures
             .iter()
-            .all(|line| line.contains("session failed") && line.contains("--statement-timeout")),
+            .all(|line| line.contains(log::HOLDING) && line.contains("--statement-timeout")),
         "{failures:?}"
     );
     consumer.stop().await;
@@ -1619,4 +1632,312 @@ async fn what_a_consumer_timeout_does_to_a_quorum_queues_delivery_count() {
     assert_eq!(gone_after, counts.then_some(2), "{ends:?}");
     let closed = ends.iter().all(|end| end.contains("PRECONDITION_FAILED"));
     assert_eq!(closed, counts, "{ends:?}");
+}
+
+/// The consumer's queue as docs/consumers.md declares it for RabbitMQ 4 (and 3.10): a
+/// quorum queue whose delivery limit is set on purpose (20, 4.x's default, which 3.10 does
+/// not have) and whose dead letters go to `dead_letters` at least once (which needs
+/// `x-overflow: reject-publish`).
+fn recipe_queue_arguments(dead_letters: &str) -> FieldTable {
+    let mut arguments = common::amqp::quorum_queue_arguments();
+    for (key, value) in [
+        ("x-delivery-limit", AMQPValue::LongInt(20)),
+        (
+            "x-dead-letter-exchange",
+            AMQPValue::LongString(dead_letters.into()),
+        ),
+        (
+            "x-dead-letter-strategy",
+            AMQPValue::LongString("at-least-once".into()),
+        ),
+        ("x-overflow", AMQPValue::LongString("reject-publish".into())),
+    ] {
+        arguments.insert(key.into(), value);
+    }
+    arguments
+}
+
+/// The effect `SELECT through_gate($1)`: counts each attempt in a sequence (a rollback does
+/// not undo it) and, while the gate is closed, fails with SQLSTATE 53100 disk_full, a
+/// failure that can pass (what a consumer's database out of disk answers); once the gate
+/// is open it applies the message.
+const GATE: &str = "
+    CREATE SEQUENCE attempts;
+    CREATE TABLE gate (open boolean NOT NULL);
+    INSERT INTO gate VALUES (false);
+    CREATE FUNCTION through_gate(id text) RETURNS void LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM nextval('attempts');
+        IF NOT (SELECT open FROM gate) THEN
+            RAISE EXCEPTION 'the test''s gate is closed' USING ERRCODE = 'disk_full';
+        END IF;
+        INSERT INTO effect (message_id) VALUES (id);
+    END $$;";
+
+/// A failure of the consumer's database that passes, but only after more attempts than the
+/// queue's delivery limit allows give-backs (25 > 20): the messages are neither applied nor
+/// given up meanwhile, and once the database works again each is applied once. The queue is
+/// the recipe's (limit 20, dead letters at least once to its dead-letter exchange), so a
+/// message counted out by its redeliveries would show in the dead-letter queue. Halfway,
+/// the consumer's database sessions are terminated as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_failure_outlasting_the_delivery_limit_loses_nothing_and_applies_once() {
+    const ATTEMPTS: i64 = 25;
+    let s = services();
+    let amqp = s.rabbit.url();
+    let name = unique_name("inbox_outage");
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    let (dead_letters, dead_letter_queue) = (format!("{name}_dlx"), format!("{name}_dlq"));
+    declare_bound_queue(&amqp, &dead_letters, &dead_letter_queue, "#").await;
+    let arguments = recipe_queue_arguments(&dead_letters);
+    declare_bound_queue_with_args(&amqp, &exchange, &queue, "#", arguments).await;
+    let db = ConsumerDb::new("inbox_outage_consumer").await;
+    db.client
+        .batch_execute(GATE)
+        .await
+        .expect("create the gate");
+    let ids: Vec<String> = (0..3).map(|i| format!("{name}-{i}")).collect();
+    let messages: Vec<(&str, &[u8])> = ids.iter().map(|id| (id.as_str(), &b"{}"[..])).collect();
+    publish_confirmed(&amqp, &exchange, "Test.outage", &messages).await;
+    let args = [
+        "--effect-sql",
+        "SELECT through_gate($1)",
+        "--concurrency",
+        "1",
+        "--prefetch",
+        "10",
+        "--max-backoff-secs",
+        "1",
+    ];
+    let consumer = db.consume(&amqp, &queue, &args, &[]);
+
+    let attempts_sql = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM attempts";
+    let deadline = tokio::time::Instant::now() + 3 * MINUTE;
+    let mut terminated: i64 = 0;
+    loop {
+        let attempts: i64 = query_value(&db.client, attempts_sql).await;
+        if attempts >= ATTEMPTS {
+            break;
+        }
+        if attempts >= 10 && terminated == 0 {
+            // Its database connection lost too, in the middle of it.
+            let terminate = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                             WHERE datname = current_database() AND pid <> pg_backend_pid()";
+            terminated = query_value(&db.client, terminate).await;
+            assert!(terminated > 0, "no consumer session to terminate");
+        }
+        let dead = queue_message_count(&amqp, &dead_letter_queue).await;
+        assert_eq!(
+            dead,
+            0,
+            "after {attempts} attempts RabbitMQ dead-lettered {dead} messages by their \
+             delivery count (queue {queue}: {} ready); consumer log:\n{}",
+            queue_message_count(&amqp, &queue).await,
+            consumer.log()
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {attempts} attempts in 3 minutes; log:\n{}",
+            consumer.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        db.effects().await.is_empty(),
+        "applied through a closed gate"
+    );
+    assert!(
+        consumer.try_exit().is_none(),
+        "a transient failure stopped it"
+    );
+
+    db.client
+        .execute("UPDATE gate SET open = true", &[])
+        .await
+        .expect("open the gate");
+    db.wait_applied(ids.len(), &consumer).await;
+    consumer.stop().await;
+    db.assert_applied_once(&ids).await;
+    assert_eq!(queue_message_count(&amqp, &queue).await, 0, "{queue}");
+    assert_eq!(
+        queue_message_count(&amqp, &dead_letter_queue).await,
+        0,
+        "nothing dead-lettered"
+    );
+    let attempts: i64 = query_value(&db.client, attempts_sql).await;
+    report(
+        "inbox transient failure past the delivery limit",
+        &[
+            ("messages", ids.len().to_string()),
+            ("attempts", attempts.to_string()),
+            ("sessions terminated", terminated.to_string()),
+            ("dead-lettered", "0".into()),
+        ],
+    );
+}
+
+/// The environment variable naming the inbox's dead-letter exchange (`--dead-letter-exchange`).
+const DEAD_LETTER_EXCHANGE_ENV: &str = "OUTBOX_INBOX_DEAD_LETTER_EXCHANGE";
+
+/// A poison message (its effect fails on its data every time: SQLSTATE 22P02) and a delivery
+/// without a message_id go to the dead-letter exchange the consumer is given, with the
+/// reason, and the messages after them are applied; the consumer never stops. The queue is a
+/// quorum queue as declared before RabbitMQ 4 (nothing but its type): on 4.x it drops a
+/// message given back more than 20 times, and it has no dead-letter exchange of its own. The
+/// consumer runs as a supervisor would run it: started again whenever it exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_message_goes_to_the_named_dead_letter_exchange_and_the_rest_are_applied() {
+    let s = services();
+    let amqp = s.rabbit.url();
+    let name = unique_name("inbox_poison");
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    let (dead_letters, dead_letter_queue) = (format!("{name}_dead"), format!("{name}_dead_q"));
+    common::amqp::declare_bound_quorum_queue(&amqp, &exchange, &queue, "#").await;
+    declare_bound_queue(&amqp, &dead_letters, &dead_letter_queue, "#").await;
+    let good: Vec<String> = (0..5).map(|i| format!("{name}-{i}")).collect();
+    let poison = format!("{name}-poison");
+    let mut messages: Vec<(&str, &[u8])> = vec![(good[0].as_str(), br#"{"step": 0}"#)];
+    messages.push((poison.as_str(), br#"{"step": "x"}"#));
+    messages.extend(
+        good[1..]
+            .iter()
+            .map(|id| (id.as_str(), &br#"{"step": 1}"#[..])),
+    );
+    publish_confirmed(&amqp, &exchange, "Test.poison", &messages).await;
+    publish(&amqp, &exchange, None).await;
+
+    let db = ConsumerDb::new("inbox_poison_consumer").await;
+    let effect = "INSERT INTO effect (message_id, step) VALUES ($1, ($4::jsonb ->> 'step')::int)";
+    let args = [
+        "--effect-sql",
+        effect,
+        "--concurrency",
+        "1",
+        "--prefetch",
+        "10",
+    ];
+    let env = [(DEAD_LETTER_EXCHANGE_ENV, dead_letters.as_str())];
+    let mut consumer = db.consume(&amqp, &queue, &args, &env);
+    let mut exits = Vec::new();
+    let deadline = tokio::time::Instant::now() + 2 * MINUTE;
+    let applied_sql = "SELECT count(DISTINCT message_id) FROM effect";
+    loop {
+        let applied: i64 = query_value(&db.client, applied_sql).await;
+        let dead = queue_message_count(&amqp, &dead_letter_queue).await;
+        if applied == good.len() as i64 && dead == 2 {
+            break;
+        }
+        if let Some(status) = consumer.try_exit() {
+            exits.push(status);
+            if exits.len() > 25 {
+                break;
+            }
+            consumer = db.consume(&amqp, &queue, &args, &env);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let state = format!(
+        "{} exits ({:?}); queue {queue}: {} ready; dead-letter queue: {}; applied {:?}; last \
+         log:\n{}",
+        exits.len(),
+        exits.first(),
+        queue_message_count(&amqp, &queue).await,
+        queue_message_count(&amqp, &dead_letter_queue).await,
+        db.effects().await,
+        consumer.log()
+    );
+    assert!(exits.is_empty(), "the consumer stopped: {state}");
+    let mut dead = Consumer::start(&amqp, &dead_letter_queue).await;
+    let letters = dead.wait_for(2, MINUTE).await.to_vec();
+    assert_eq!(letters.len(), 2, "{state}");
+    let letter = letters
+        .iter()
+        .find(|l| l.message_id.as_deref() == Some(poison.as_str()))
+        .unwrap_or_else(|| panic!("the poison message is not among {letters:?}"));
+    assert_eq!(letter.body, br#"{"step": "x"}"#, "its body, intact");
+    assert_eq!(letter.routing_key, "Test.poison", "its routing key");
+    let reason = letter
+        .header_str("x-inbox-dead-letter-reason")
+        .unwrap_or("");
+    assert!(reason.contains("SQLSTATE 22P02"), "{:?}", letter.headers);
+    assert_eq!(letter.header_str("x-inbox-consumer"), Some(CONSUMER));
+    assert_eq!(letter.header_str("x-inbox-queue"), Some(queue.as_str()));
+    assert!(
+        letters.iter().any(|l| l.message_id.is_none()),
+        "the delivery without a message_id: {letters:?}"
+    );
+    consumer.stop().await;
+    db.assert_applied_once(&good).await;
+    assert_eq!(queue_message_count(&amqp, &queue).await, 0, "{queue}");
+    let stopped = consumer.log_lines("consumer stopped");
+    assert!(
+        stopped
+            .iter()
+            .any(|l| l.contains("dead_lettered=1") && l.contains("rejected=1")),
+        "{stopped:?}"
+    );
+}
+
+/// A dead letter that its exchange routes to no queue (none bound yet) is not taken as
+/// placed: the message stays unacknowledged, its lane waits (the message after it is not
+/// applied meanwhile), and the consumer says what to do; once a queue is bound, the dead
+/// letter lands there and the lane goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_its_exchange_cannot_route_waits_for_a_bound_queue() {
+    let s = services();
+    let amqp = s.rabbit.url();
+    let name = unique_name("inbox_unbound");
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    let (dead_letters, dead_letter_queue) = (format!("{name}_dead"), format!("{name}_dead_q"));
+    common::amqp::declare_bound_quorum_queue(&amqp, &exchange, &queue, "#").await;
+    common::amqp::declare_exchange(&amqp, &dead_letters).await;
+    let (poison, after) = (format!("{name}-poison"), format!("{name}-after"));
+    let messages: [(&str, &[u8]); 2] = [(&poison, br#"{"step": "x"}"#), (&after, b"{}")];
+    publish_confirmed(&amqp, &exchange, "Test.unbound", &messages).await;
+    let db = ConsumerDb::new("inbox_unbound_consumer").await;
+    let effect = "INSERT INTO effect (message_id, step) VALUES ($1, ($4::jsonb ->> 'step')::int)";
+    let args = [
+        "--effect-sql",
+        effect,
+        "--concurrency",
+        "1",
+        "--batch-size",
+        "1",
+        "--max-backoff-secs",
+        "1",
+        "--dead-letter-exchange",
+        &dead_letters,
+    ];
+    let consumer = db.consume(&amqp, &queue, &args, &[]);
+    assert!(
+        consumer
+            .wait_for_log_count(log::DEAD_LETTER_WAITING, 2, MINUTE)
+            .await,
+        "log:\n{}",
+        consumer.log()
+    );
+    let waiting = consumer.log_lines(log::DEAD_LETTER_WAITING);
+    assert!(
+        waiting.iter().all(|l| l.contains("bind a durable queue")),
+        "{waiting:?}"
+    );
+    assert!(db.effects().await.is_empty(), "the lane went on");
+
+    declare_bound_queue(&amqp, &dead_letters, &dead_letter_queue, "#").await;
+    db.wait_applied(1, &consumer).await;
+    let mut dead = Consumer::start(&amqp, &dead_letter_queue).await;
+    let letters = dead.wait_for(1, MINUTE).await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].message_id.as_deref(), Some(poison.as_str()));
+    consumer.stop().await;
+    db.assert_applied_once(&[after]).await;
+    assert_eq!(queue_message_count(&amqp, &queue).await, 0);
+    let stopped = consumer.log_lines("consumer stopped");
+    assert!(
+        stopped.iter().any(|l| l.contains("dead_lettered=1")),
+        "{stopped:?}"
+    );
 }
