@@ -527,10 +527,9 @@ async fn refuse<E>(
                 properties,
                 reason: refusal.reason(),
             };
-            if !dead_letters.publish(letter, lane).await? {
+            if !dead_letters.place(letter, acker, lane).await? {
                 return Ok(false);
             }
-            acker.ack(BasicAckOptions::default()).await?;
             format!(
                 "it went to the dead-letter exchange {}",
                 dead_letters.exchange
@@ -743,10 +742,9 @@ async fn dead_letter_poison<E>(
         properties: properties.unwrap_or_default(),
         reason: &reason,
     };
-    if !dead_letters.publish(letter, lane).await? {
+    if !dead_letters.place(letter, acker, lane).await? {
         return Ok(false);
     }
-    acker.ack(BasicAckOptions::default()).await?;
     lane.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);
     // The server's message, as in the stop error: never its DETAIL (the row's values).
     tracing::error!(
@@ -853,10 +851,16 @@ impl DeadLetters {
     }
 
     /// Publishes `letter` (persistent, mandatory, its own routing key, the reason, the
-    /// consumer and the queue in headers) until the exchange takes it: confirmed and routed
-    /// to a queue. A return or a nack waits a backoff and tries again, the lane held; false
-    /// if the consumer stops meanwhile.
-    async fn publish<E>(&self, letter: DeadLetter<'_>, lane: &Lane<E>) -> Result<bool, InboxError> {
+    /// consumer and the queue in headers) until the exchange takes it, confirmed and routed
+    /// to a queue, and only then acks the original with `acker`. A return or a nack waits a
+    /// backoff and tries again, the lane held; false if the consumer stops meanwhile (the
+    /// original goes back).
+    async fn place<E>(
+        &self,
+        letter: DeadLetter<'_>,
+        acker: Acker,
+        lane: &Lane<E>,
+    ) -> Result<bool, InboxError> {
         let mut headers = letter.properties.headers().clone().unwrap_or_default();
         for (name, value) in [
             ("x-inbox-dead-letter-reason", letter.reason),
@@ -883,7 +887,10 @@ impl DeadLetters {
             ))
             .await??;
             let problem = match answered(confirm).await?? {
-                Confirmation::Ack(None) | Confirmation::NotRequested => return Ok(true),
+                Confirmation::Ack(None) | Confirmation::NotRequested => {
+                    acker.ack(BasicAckOptions::default()).await?;
+                    return Ok(true);
+                }
                 Confirmation::Ack(Some(_)) => "routed it to no queue",
                 Confirmation::Nack(_) => "refused it (a nack)",
             };

@@ -1776,6 +1776,11 @@ async fn a_transient_failure_outlasting_the_delivery_limit_loses_nothing_and_app
     );
 }
 
+/// An effect that fails on a body whose `step` is not a number: SQLSTATE 22P02, the
+/// message's data, every time.
+const STEP_EFFECT: &str =
+    "INSERT INTO effect (message_id, step) VALUES ($1, ($4::jsonb ->> 'step')::int)";
+
 /// The environment variable naming the inbox's dead-letter exchange (`--dead-letter-exchange`).
 const DEAD_LETTER_EXCHANGE_ENV: &str = "OUTBOX_INBOX_DEAD_LETTER_EXCHANGE";
 
@@ -1807,10 +1812,9 @@ async fn a_poison_message_goes_to_the_named_dead_letter_exchange_and_the_rest_ar
     publish(&amqp, &exchange, None).await;
 
     let db = ConsumerDb::new("inbox_poison_consumer").await;
-    let effect = "INSERT INTO effect (message_id, step) VALUES ($1, ($4::jsonb ->> 'step')::int)";
     let args = [
         "--effect-sql",
-        effect,
+        STEP_EFFECT,
         "--concurrency",
         "1",
         "--prefetch",
@@ -1898,10 +1902,9 @@ async fn a_dead_letter_its_exchange_cannot_route_waits_for_a_bound_queue() {
     let messages: [(&str, &[u8]); 2] = [(&poison, br#"{"step": "x"}"#), (&after, b"{}")];
     publish_confirmed(&amqp, &exchange, "Test.unbound", &messages).await;
     let db = ConsumerDb::new("inbox_unbound_consumer").await;
-    let effect = "INSERT INTO effect (message_id, step) VALUES ($1, ($4::jsonb ->> 'step')::int)";
     let args = [
         "--effect-sql",
-        effect,
+        STEP_EFFECT,
         "--concurrency",
         "1",
         "--batch-size",
