@@ -1714,6 +1714,9 @@ async fn a_transient_failure_outlasting_the_delivery_limit_loses_nothing_and_app
     let attempts_sql = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM attempts";
     let deadline = tokio::time::Instant::now() + 3 * MINUTE;
     let mut terminated: i64 = 0;
+    // One connection for the whole watch, not one per look.
+    let probe_connection = amqp_connect(&amqp).await;
+    let probe = probe_connection.create_channel().await.expect("channel");
     loop {
         let attempts: i64 = query_value(&db.client, attempts_sql).await;
         if attempts >= ATTEMPTS {
@@ -1723,16 +1726,16 @@ async fn a_transient_failure_outlasting_the_delivery_limit_loses_nothing_and_app
             // Its database connection lost too, in the middle of it.
             let terminate = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
                              WHERE datname = current_database() AND pid <> pg_backend_pid()";
+            // None between two sessions of a consumer that reconnects: the next round tries.
             terminated = query_value(&db.client, terminate).await;
-            assert!(terminated > 0, "no consumer session to terminate");
         }
-        let dead = queue_message_count(&amqp, &dead_letter_queue).await;
+        let dead = ready(&probe, &dead_letter_queue).await;
         assert_eq!(
             dead,
             0,
             "after {attempts} attempts RabbitMQ dead-lettered {dead} messages by their \
              delivery count (queue {queue}: {} ready); consumer log:\n{}",
-            queue_message_count(&amqp, &queue).await,
+            ready(&probe, &queue).await,
             consumer.log()
         );
         assert!(
@@ -1742,6 +1745,8 @@ async fn a_transient_failure_outlasting_the_delivery_limit_loses_nothing_and_app
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let _ = probe_connection.close(200, "OK".into()).await;
+    assert!(terminated > 0, "no consumer session was terminated");
     assert!(
         db.effects().await.is_empty(),
         "applied through a closed gate"
@@ -1824,10 +1829,12 @@ async fn a_poison_message_goes_to_the_named_dead_letter_exchange_and_the_rest_ar
     let mut consumer = db.consume(&amqp, &queue, &args, &env);
     let mut exits = Vec::new();
     let deadline = tokio::time::Instant::now() + 2 * MINUTE;
+    let probe_connection = amqp_connect(&amqp).await;
+    let probe = probe_connection.create_channel().await.expect("channel");
     let applied_sql = "SELECT count(DISTINCT message_id) FROM effect";
     loop {
         let applied: i64 = query_value(&db.client, applied_sql).await;
-        let dead = queue_message_count(&amqp, &dead_letter_queue).await;
+        let dead = ready(&probe, &dead_letter_queue).await;
         if applied == good.len() as i64 && dead == 2 {
             break;
         }
@@ -1848,11 +1855,12 @@ async fn a_poison_message_goes_to_the_named_dead_letter_exchange_and_the_rest_ar
          log:\n{}",
         exits.len(),
         exits.first(),
-        queue_message_count(&amqp, &queue).await,
-        queue_message_count(&amqp, &dead_letter_queue).await,
+        ready(&probe, &queue).await,
+        ready(&probe, &dead_letter_queue).await,
         db.effects().await,
         consumer.log()
     );
+    let _ = probe_connection.close(200, "OK".into()).await;
     assert!(exits.is_empty(), "the consumer stopped: {state}");
     let mut dead = Consumer::start(&amqp, &dead_letter_queue).await;
     let letters = dead.wait_for(2, MINUTE).await.to_vec();
