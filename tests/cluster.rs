@@ -27,7 +27,7 @@ use common::faults::{
     barrier, check_ack, delivered_after, finish, ids_of, report, report_tally, secs, unsent_ids,
     Oracle, Tally, Writers,
 };
-use common::http::{metric_value, metrics, wait_metrics, wait_readyz};
+use common::http::{metric_value, metrics, wait_metrics};
 use common::outbox::{write_concurrently, Outbox};
 use common::rabbit_release::Metadata;
 use common::{queue_message_count, Consumer, PgServer, RabbitCluster, RelayProcess};

@@ -297,6 +297,7 @@ fn config(outbox: &Outbox, database_url: &str, prefetch: u16) -> ConsumerConfig 
         shutdown_timeout: Duration::from_secs(30),
         peer_timeout: Default::default(),
         statement_timeout: Some(outbox_common::liveness::DEFAULT_STATEMENT_TIMEOUT),
+        dead_letter_exchange: None,
     }
 }
 

@@ -207,7 +207,17 @@ pub struct ConsumeArgs {
     #[arg(long, env = "OUTBOX_INBOX_STATEMENT_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub statement_timeout: Duration,
 
-    /// Longest wait between reconnects, in seconds.
+    /// The exchange a message goes to when its effect fails on its data (SQLSTATE class 22,
+    /// 23, 44 or P0: it would fail every time), and a delivery without a message_id:
+    /// published there (persistent, with its routing key and the reason in
+    /// x-inbox-dead-letter-reason), and acknowledged once the broker confirms it; the
+    /// consumer goes on. It must exist, with a durable queue bound to it (#). Without it
+    /// such a message stops the consumer (docs/consumers.md, "Poison messages").
+    #[arg(long, env = "OUTBOX_INBOX_DEAD_LETTER_EXCHANGE")]
+    pub dead_letter_exchange: Option<String>,
+
+    /// Longest wait between reconnects, and between attempts of a batch held after an
+    /// error that can pass, in seconds.
     #[arg(long, env = "OUTBOX_INBOX_MAX_BACKOFF_SECS", default_value_t = 30)]
     pub max_backoff_secs: u64,
 
@@ -254,6 +264,16 @@ impl ConsumeArgs {
                 "No RabbitMQ URL given: AMQP_URL (or --amqp-url) is empty or not set".into(),
             )),
         }
+    }
+
+    /// `--dead-letter-exchange`; an empty value (an environment variable set to nothing) is
+    /// none.
+    pub fn dead_letter_exchange(&self) -> Option<String> {
+        self.dead_letter_exchange
+            .as_deref()
+            .map(str::trim)
+            .filter(|exchange| !exchange.is_empty())
+            .map(String::from)
     }
 
     /// The effect statement, from the flag or the file.

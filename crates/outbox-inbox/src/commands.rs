@@ -46,6 +46,7 @@ pub async fn consume(args: ConsumeArgs, shutdown: CancellationToken) -> Result<(
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout_secs),
         peer_timeout: args.peer_timeout.get()?,
         statement_timeout: args.statement_timeout(),
+        dead_letter_exchange: args.dead_letter_exchange(),
     };
     warn_if_short(&args.retention);
     let cleaning = (!args.cleanup_interval.is_zero()).then(|| {
@@ -69,6 +70,7 @@ pub async fn consume(args: ConsumeArgs, shutdown: CancellationToken) -> Result<(
         applied = totals.applied,
         duplicates = totals.duplicates,
         rejected = totals.rejected,
+        dead_lettered = totals.dead_lettered,
         "consumer stopped"
     );
     result.map(|_| ())

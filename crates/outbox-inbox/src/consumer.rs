@@ -3,9 +3,9 @@
 //!
 //! ```text
 //!  RabbitMQ queue ──basic.consume (prefetch)──▶ dispatch ──lane = hash(order key) % N──▶ worker k
-//!                                                 │ no message_id: basic.reject            │
-//!                                                 │ (a NUL byte in it or x-outbox-seq too) │
-//!                                                 ▼ (dead-letter exchange, if any)         ▼
+//!                                                 │ no message_id, or a NUL byte in it or  │
+//!                                                 │ x-outbox-seq: dead-lettered            │
+//!                                                 ▼ (--dead-letter-exchange; else reject)  ▼
 //!     worker k (own PostgreSQL connection), the messages waiting in its lane (up to the
 //!     batch size), in lane order, in one transaction:
 //!       BEGIN
@@ -13,6 +13,9 @@
 //!                        true  → the effect
 //!                        false → nothing (a duplicate: its effect committed before)
 //!       COMMIT; then basic.ack of each
+//!     an error that can pass: the lane keeps the batch (never gives it back) and runs it
+//!     again after a backoff; an effect failing on a message's data: that message to the
+//!     dead-letter exchange (confirmed, then acked), the rest of the batch again
 //! ```
 //!
 //! Invariants:
@@ -28,19 +31,32 @@
 //!    or out of the order the queue delivered them in. Across aggregates, lanes run in
 //!    parallel. A batch is what already waits in the lane, never more: an idle consumer
 //!    applies each message as it comes, a busy one shares a commit (a WAL flush) over many.
-//! 4. **Any failure ends the session, nothing else.** A lost connection, or a PostgreSQL error
-//!    that may pass, tears everything down (unacknowledged deliveries go back to the queue, in
-//!    their places) and a new session starts after a backoff. Only a stop-class error (a missing
-//!    inbox or queue, an effect that fails on a message) ends the consumer.
+//! 4. **A failure of the database never gives a delivery back.** RabbitMQ 4 counts every
+//!    give-back (a nack or reject with requeue, a closed channel or connection) toward a
+//!    quorum queue's delivery limit, 20 by default, and drops or dead-letters the message
+//!    past it (docs/consumers.md, "Quorum queues: the delivery limit"). So a PostgreSQL error
+//!    that may pass (a lost connection, a deadlock, a timeout, a full disk) holds the lane:
+//!    it keeps its batch unacknowledged and runs it again after a backoff, on a new
+//!    connection if the old one broke, for as long as it takes; the lanes fill, the prefetch
+//!    runs out, and the broker stops sending. A lost broker connection ends the session
+//!    (its deliveries go back: once per loss) and a new one starts after a backoff. A stop-class
+//!    error (a missing inbox or queue, an effect statement that fails for every message)
+//!    ends the consumer.
+//! 5. **A poison message goes to the dead-letter exchange, once it is confirmed there.** An
+//!    effect that fails on a message's data (SQLSTATE class 22, 23, 44 or P0: it would fail
+//!    the same way every time) is published to `--dead-letter-exchange` with the reason, and
+//!    acknowledged only once the broker confirmed it there; the lane goes on with the rest.
+//!    Without a dead-letter exchange such a message stops the consumer, as any definite
+//!    error does.
 //!
-//! 5. **A vanished replica costs about the peer timeout, never hours.** Replica A's host dies
+//! 6. **A vanished replica costs about the peer timeout, never hours.** Replica A's host dies
 //!    inside a transaction: its claims stay uncommitted, and B's claim of a redelivered copy
 //!    (an INSERT that waits for A's row) waits until the server ends A's session. The peer
 //!    timeout T bounds both halves: RabbitMQ declares A dead after 2-3 missed heartbeats of
 //!    T/2 and hands its deliveries to B, and PostgreSQL's keepalives (or user timeout) on A's
 //!    session end it, and its row locks, within about T. The statement timeout bounds every
 //!    claim and effect statement besides (a wait nobody else ends): a statement cancelled by
-//!    it (57014) or by a lock timeout (55P03) ends the session as a retry, invariant 4.
+//!    it (57014) or by a lock timeout (55P03) holds the lane and is tried again, invariant 4.
 //!
 //! Both are the process's connection policy (`outbox_common::liveness`), which every
 //! connection reads where it is opened: [`run`] sets it from [`ConsumerConfig`] before its
@@ -48,8 +64,9 @@
 //! several consumers gives them the same timeouts (the last `run` to start sets them).
 //!
 //! Shutdown (the token): the consumer cancels its subscription, every worker finishes the
-//! messages already handed to it (bounded by the shutdown timeout), and the connection closes;
-//! deliveries not yet handed out go back to the queue unacknowledged.
+//! messages already handed to it (bounded by the shutdown timeout; a lane holding its batch
+//! stops waiting at once), and the connection closes; deliveries not yet applied go back to
+//! the queue unacknowledged.
 
 use std::future::Future;
 use std::hash::{Hash, Hasher};
@@ -59,11 +76,13 @@ use std::time::Duration;
 
 use futures_util::future::try_join_all;
 use futures_util::StreamExt;
+use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
 };
-use lapin::types::FieldTable;
-use lapin::Acker;
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Acker, BasicProperties, Channel, Confirmation, ExchangeKind};
 use lapin::{Connection, ConnectionProperties};
 use outbox_common::backoff::Backoff;
 use outbox_common::error::chain;
@@ -76,7 +95,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::effect::Effect;
 use crate::error::{
-    database_error, is_serialization_failure, is_transient, provisioning, InboxError,
+    database_error, is_poison, is_serialization_failure, is_transient, provisioning, InboxError,
 };
 use crate::failpoint::{failpoint, AFTER_COMMIT, BEFORE_COMMIT};
 use crate::message::{InboxMessage, Refusal};
@@ -100,6 +119,12 @@ pub mod log {
     pub const REJECTED: &str = "rejected a delivery without a message_id";
     /// A delivery whose message_id or x-outbox-seq PostgreSQL cannot store was rejected.
     pub const REJECTED_NUL: &str = "rejected a delivery with a NUL byte in its";
+    /// A lane keeps its batch after an error that can pass, and will run it again.
+    pub const HOLDING: &str = "applying failed; the lane keeps its deliveries and tries again";
+    /// A message its effect fails on went to the dead-letter exchange.
+    pub const DEAD_LETTERED: &str = "dead-lettered a message its effect fails on";
+    /// A dead letter could not be placed yet (unroutable or refused); tried again.
+    pub const DEAD_LETTER_WAITING: &str = "the dead-letter exchange did not take a dead letter";
 }
 
 /// Where and how to consume.
@@ -129,6 +154,11 @@ pub struct ConsumerConfig {
     /// included (`--statement-timeout`, default 60 s); `None`: the server's own. The
     /// process's: [`run`] sets it.
     pub statement_timeout: Option<Duration>,
+    /// Where a message goes that its effect fails on (its data: it would fail every time),
+    /// and a delivery without a message_id: published there with confirms, then
+    /// acknowledged (`--dead-letter-exchange`). `None`: such a message stops the consumer
+    /// and the refused delivery is rejected to the queue's own dead-letter exchange.
+    pub dead_letter_exchange: Option<String>,
 }
 
 impl ConsumerConfig {
@@ -147,6 +177,7 @@ pub struct Counters {
     applied: AtomicU64,
     duplicates: AtomicU64,
     rejected: AtomicU64,
+    dead_lettered: AtomicU64,
 }
 
 /// A reading of [`Counters`].
@@ -156,8 +187,11 @@ pub struct Totals {
     pub applied: u64,
     /// Copies of messages applied before, dropped.
     pub duplicates: u64,
-    /// Deliveries refused (no message_id, or a NUL byte in it or in x-outbox-seq), rejected.
+    /// Deliveries refused (no message_id, or a NUL byte in it or in x-outbox-seq), rejected
+    /// or dead-lettered.
     pub rejected: u64,
+    /// Messages their effect failed on, published to the dead-letter exchange.
+    pub dead_lettered: u64,
 }
 
 impl Counters {
@@ -166,6 +200,7 @@ impl Counters {
             applied: self.applied.load(Ordering::Relaxed),
             duplicates: self.duplicates.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
+            dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
         }
     }
 }
@@ -231,6 +266,14 @@ fn check(config: &ConsumerConfig) -> Result<(), InboxError> {
                 .into(),
         ));
     }
+    if config.dead_letter_exchange.as_deref() == Some("") {
+        return Err(InboxError::Config(
+            "The dead-letter exchange is empty: the default exchange routes by queue name, \
+             not by the message's routing key. Fix: name an exchange with a durable queue \
+             bound to it (#), or give none"
+                .into(),
+        ));
+    }
     outbox_common::pg::parse_url(&config.database_url)
         .map_err(|e| InboxError::Config(chain(&e)))?;
     Ok(())
@@ -247,6 +290,24 @@ struct Worker<P> {
 struct Job {
     message: InboxMessage,
     acker: Acker,
+    /// Its properties as they came, for its dead letter (only with a dead-letter exchange).
+    properties: Option<BasicProperties>,
+}
+
+/// A new worker: a connection to the consumer's database, the claim and the effect prepared.
+async fn open_worker<E: Effect>(
+    database_url: &str,
+    table: &InboxTable,
+    effect: &E,
+) -> Result<Worker<E::Prepared>, InboxError> {
+    let client = crate::connect(database_url).await?;
+    let claim = prepare_claim(&client, table).await?;
+    let prepared = effect.prepare(&client).await?;
+    Ok(Worker {
+        client,
+        claim,
+        prepared,
+    })
 }
 
 async fn session<E: Effect>(
@@ -260,14 +321,7 @@ async fn session<E: Effect>(
     // before it takes a single delivery.
     let mut workers = Vec::with_capacity(config.concurrency);
     for _ in 0..config.concurrency {
-        let client = crate::connect(&config.database_url).await?;
-        let claim = prepare_claim(&client, &config.table).await?;
-        let prepared = effect.prepare(&client).await?;
-        workers.push(Worker {
-            client,
-            claim,
-            prepared,
-        });
+        workers.push(open_worker(&config.database_url, &config.table, &**effect).await?);
     }
     let properties = ConnectionProperties::default().with_connection_name("outbox-inbox".into());
     // The heartbeat is half the peer timeout (set above as the process's policy), so that
@@ -313,6 +367,14 @@ async fn consume<E: Effect>(
     connection: &Connection,
     workers: Vec<Worker<E::Prepared>>,
 ) -> Result<(), InboxError> {
+    // Before the first delivery: a dead-letter exchange that is missing stops the consumer
+    // with nothing taken.
+    let dead_letters = match &config.dead_letter_exchange {
+        Some(exchange) => Some(Arc::new(
+            DeadLetters::open(connection, exchange, config).await?,
+        )),
+        None => None,
+    };
     let channel = answered(connection.create_channel()).await??;
     answered(channel.basic_qos(config.prefetch, BasicQosOptions::default())).await??;
     let mut deliveries = answered(channel.basic_consume(
@@ -348,6 +410,11 @@ async fn consume<E: Effect>(
         consumer: config.consumer.as_str().into(),
         counters: counters.clone(),
         batch_size: config.batch_size.max(1),
+        database_url: config.database_url.as_str().into(),
+        table: config.table.clone(),
+        max_backoff: config.max_backoff,
+        dead_letters: dead_letters.clone(),
+        shutdown: shutdown.clone(),
     };
     let mut lanes = Vec::with_capacity(workers.len());
     let mut tasks = JoinSet::new();
@@ -357,7 +424,7 @@ async fn consume<E: Effect>(
         tasks.spawn(work(worker, jobs, lane.clone()));
     }
 
-    let dispatched = dispatch(&mut deliveries, &lanes, &mut tasks, counters, shutdown).await;
+    let dispatched = dispatch(&mut deliveries, &lanes, &mut tasks, &lane).await;
     if let Err(e) = dispatched {
         tasks.abort_all();
         return Err(e);
@@ -386,13 +453,13 @@ async fn consume<E: Effect>(
 
 /// Hands each delivery to its lane until `shutdown` (Ok) or a failure: the broker's, or a
 /// worker's (a worker ends early only on an error).
-async fn dispatch(
+async fn dispatch<E>(
     deliveries: &mut lapin::Consumer,
     lanes: &[mpsc::Sender<Job>],
     tasks: &mut JoinSet<Result<(), InboxError>>,
-    counters: &Counters,
-    shutdown: &CancellationToken,
+    lane: &Lane<E>,
 ) -> Result<(), InboxError> {
+    let shutdown = &lane.shutdown;
     loop {
         let delivery = tokio::select! {
             biased;
@@ -404,20 +471,32 @@ async fn dispatch(
                 None => return Err(InboxError::ConsumerClosed),
             },
         };
+        // Cloned only where a dead letter may need them.
+        let properties = lane
+            .dead_letters
+            .is_some()
+            .then(|| delivery.properties.clone());
         let (message, acker) = match InboxMessage::from_delivery(delivery) {
             Ok(accepted) => accepted,
-            Err((refusal, acker)) => {
-                reject(acker, refusal, counters).await?;
+            Err((refusal, delivery)) => {
+                if !refuse(refusal, *delivery, lane).await? {
+                    return Ok(());
+                }
                 continue;
             }
         };
-        let lane = &lanes[lane_of(message.order_key(), lanes.len())];
+        let job = Job {
+            message,
+            acker,
+            properties,
+        };
+        let sender = &lanes[lane_of(job.message.order_key(), lanes.len())];
         tokio::select! {
             biased;
             // The delivery in hand is dropped unacknowledged: it goes back to the queue.
             _ = shutdown.cancelled() => return Ok(()),
             Some(joined) = tasks.join_next() => return Err(worker_ended(joined)),
-            sent = lane.send(Job { message, acker }) => {
+            sent = sender.send(job) => {
                 if sent.is_err() {
                     return Err(InboxError::ConsumerClosed);
                 }
@@ -426,29 +505,64 @@ async fn dispatch(
     }
 }
 
-/// A delivery no inbox can deduplicate (or claim) is rejected without requeueing: RabbitMQ
-/// moves it to the queue's dead-letter exchange if it has one (`x-dead-letter-exchange`),
-/// else drops it. Applying it could apply it twice; requeueing it would loop on it forever.
-/// The log names the field, never its value (the id could hold anything).
-async fn reject(acker: Acker, refusal: Refusal, counters: &Counters) -> Result<(), InboxError> {
-    acker.reject(BasicRejectOptions { requeue: false }).await?;
-    counters.rejected.fetch_add(1, Ordering::Relaxed);
-    const WENT: &str = "it went to the queue's dead-letter exchange if the queue has one \
-         (x-dead-letter-exchange), else RabbitMQ dropped it";
+/// A delivery no inbox can deduplicate (or claim) is never applied (it could be applied twice) and
+/// never requeued (it would come back for ever, and count toward the queue's delivery
+/// limit): it goes to the dead-letter exchange, confirmed there before it is acked; without
+/// one it is rejected without requeue, and RabbitMQ moves it to the queue's own dead-letter
+/// exchange if it has one (`x-dead-letter-exchange`), else drops it. False: `shutdown` came
+/// while the dead-letter exchange would not take it.
+async fn refuse<E>(
+    refusal: Refusal,
+    delivery: Delivery,
+    lane: &Lane<E>,
+) -> Result<bool, InboxError> {
+    let Delivery {
+        routing_key,
+        properties,
+        data,
+        acker,
+        ..
+    } = delivery;
+    let went = match &lane.dead_letters {
+        Some(dead_letters) => {
+            let letter = DeadLetter {
+                message_id: None,
+                routing_key: routing_key.as_str(),
+                body: &data,
+                properties,
+                reason: refusal.reason(),
+            };
+            if !dead_letters.place(letter, acker, lane).await? {
+                return Ok(false);
+            }
+            format!(
+                "it went to the dead-letter exchange {}",
+                dead_letters.exchange
+            )
+        }
+        None => {
+            acker.reject(BasicRejectOptions { requeue: false }).await?;
+            "it went to the queue's dead-letter exchange if the queue has one \
+             (x-dead-letter-exchange), else RabbitMQ dropped it"
+                .to_string()
+        }
+    };
+    lane.counters.rejected.fetch_add(1, Ordering::Relaxed);
+    // The log names the field, never its value (the id could hold anything).
     match refusal {
         Refusal::NoMessageId => tracing::error!(
-            "{}: it cannot be deduplicated, so it is not applied; {WENT}. Fix: publish every \
-             message with a message_id",
-            log::REJECTED
+            "{} ({}): it is not applied; {went}. Fix: publish every message with a message_id",
+            log::REJECTED,
+            refusal.reason()
         ),
         Refusal::NulByte { field } => tracing::error!(
             "{} {field}: PostgreSQL text cannot store it, so the inbox cannot claim it and it \
-             is not applied; {WENT}. Fix: publish message ids and {} without NUL bytes",
+             is not applied; {went}. Fix: publish message ids and {} without NUL bytes",
             log::REJECTED_NUL,
             outbox_common::headers::SEQ
         ),
     }
-    Ok(())
+    Ok(true)
 }
 
 fn worker_ended(joined: Result<Result<(), InboxError>, tokio::task::JoinError>) -> InboxError {
@@ -507,6 +621,7 @@ async fn work<E: Effect>(
     lane: Lane<E>,
 ) -> Result<(), InboxError> {
     let mut batch = Vec::with_capacity(lane.batch_size);
+    let mut backoff = Backoff::new(Duration::from_millis(500), lane.max_backoff);
     while let Some(first) = jobs.recv().await {
         // What is already waiting, never more: no lingering for a fuller batch.
         batch.push(first);
@@ -516,27 +631,146 @@ async fn work<E: Effect>(
                 Err(_) => break,
             }
         }
-        let outcomes = apply_batch(&mut worker, &*lane.effect, &lane.consumer, &batch).await?;
-        failpoint(AFTER_COMMIT);
-        for (Job { message, acker }, outcome) in batch.drain(..).zip(outcomes) {
-            match outcome {
-                Outcome::Applied => lane.counters.applied.fetch_add(1, Ordering::Relaxed),
-                Outcome::Duplicate => {
-                    tracing::debug!(
-                        message_id = %message.message_id,
-                        outbox_seq = message.outbox_seq.as_deref().unwrap_or(""),
-                        redelivered = message.redelivered,
+        // Until every delivery of the batch is acknowledged: none is given back while the
+        // consumer runs (invariant 4).
+        while !batch.is_empty() {
+            let failure =
+                match apply_batch(&mut worker, &*lane.effect, &lane.consumer, &batch).await {
+                    Ok(outcomes) => {
+                        failpoint(AFTER_COMMIT);
+                        acknowledge(&mut batch, outcomes, &lane.counters).await?;
+                        backoff.reset();
+                        continue;
+                    }
+                    Err(failure) => failure,
+                };
+            match failure {
+                BatchFailure::Stop(e) => return Err(e),
+                BatchFailure::Poison { index, error } => match &lane.dead_letters {
+                    Some(dead_letters) => {
+                        let job = batch.remove(index);
+                        if !dead_letter_poison(dead_letters, job, &error, &lane).await? {
+                            return Ok(());
+                        }
+                    }
+                    None => return Err(error.into_stop(&batch[index].message.message_id)),
+                },
+                BatchFailure::Held(e) => {
+                    let wait = backoff.next_delay();
+                    tracing::warn!(
+                        error = %chain(&e),
+                        deliveries = batch.len(),
+                        retry_in_ms = wait.as_millis() as u64,
                         "{}",
-                        log::DUPLICATE
+                        log::HOLDING
                     );
-                    lane.counters.duplicates.fetch_add(1, Ordering::Relaxed)
+                    if !lane.pause(wait).await {
+                        return Ok(());
+                    }
+                    if worker.client.is_closed() {
+                        match reopen(&lane, &mut backoff).await? {
+                            Some(reopened) => worker = reopened,
+                            None => return Ok(()),
+                        }
+                    }
                 }
-            };
-            // Only now: the transaction committed (or found the message applied before).
-            acker.ack(BasicAckOptions::default()).await?;
+            }
         }
     }
     Ok(())
+}
+
+/// Acknowledges the whole `batch`, which committed (or was applied before), and counts it.
+async fn acknowledge(
+    batch: &mut Vec<Job>,
+    outcomes: Vec<Outcome>,
+    counters: &Counters,
+) -> Result<(), InboxError> {
+    for (Job { message, acker, .. }, outcome) in batch.drain(..).zip(outcomes) {
+        match outcome {
+            Outcome::Applied => counters.applied.fetch_add(1, Ordering::Relaxed),
+            Outcome::Duplicate => {
+                tracing::debug!(
+                    message_id = %message.message_id,
+                    outbox_seq = message.outbox_seq.as_deref().unwrap_or(""),
+                    redelivered = message.redelivered,
+                    "{}",
+                    log::DUPLICATE
+                );
+                counters.duplicates.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+        // Only now: the transaction committed (or found the message applied before).
+        acker.ack(BasicAckOptions::default()).await?;
+    }
+    Ok(())
+}
+
+/// A new connection for a lane whose connection broke, tried until it opens (a failure that
+/// can pass waits a backoff), the lane still holding its batch. `None`: shutdown came first.
+async fn reopen<E: Effect>(
+    lane: &Lane<E>,
+    backoff: &mut Backoff,
+) -> Result<Option<Worker<E::Prepared>>, InboxError> {
+    loop {
+        match open_worker(&lane.database_url, &lane.table, &*lane.effect).await {
+            Ok(worker) => return Ok(Some(worker)),
+            Err(e) if e.is_retryable() => {
+                let wait = backoff.next_delay();
+                tracing::warn!(
+                    error = %chain(&e),
+                    retry_in_ms = wait.as_millis() as u64,
+                    "{}",
+                    log::HOLDING
+                );
+                if !lane.pause(wait).await {
+                    return Ok(None);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Publishes `job`, whose effect fails on its data, to the dead-letter exchange, and acks it
+/// once the broker confirmed the dead letter. False: shutdown came first (it goes back).
+async fn dead_letter_poison<E>(
+    dead_letters: &DeadLetters,
+    job: Job,
+    error: &EffectError,
+    lane: &Lane<E>,
+) -> Result<bool, InboxError> {
+    let Job {
+        message,
+        acker,
+        properties,
+    } = job;
+    let reason = format!(
+        "effect failed: SQLSTATE {}: {}",
+        error.sqlstate, error.reason
+    );
+    let letter = DeadLetter {
+        message_id: Some(&message.message_id),
+        routing_key: &message.routing_key,
+        body: &message.body,
+        properties: properties.unwrap_or_default(),
+        reason: &reason,
+    };
+    if !dead_letters.place(letter, acker, lane).await? {
+        return Ok(false);
+    }
+    lane.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);
+    // The server's message, as in the stop error: never its DETAIL (the row's values).
+    tracing::error!(
+        message_id = %message.message_id,
+        sqlstate = %error.sqlstate,
+        reason = %error.reason,
+        exchange = %dead_letters.exchange,
+        "{}: it is not applied, and the lane goes on. Fix the effect or the data it needs, \
+         then move the message back to the queue (it is applied once)",
+        log::DEAD_LETTERED
+    );
+    Ok(true)
 }
 
 /// What every worker shares.
@@ -545,6 +779,21 @@ struct Lane<E> {
     consumer: Arc<str>,
     counters: Arc<Counters>,
     batch_size: usize,
+    database_url: Arc<str>,
+    table: InboxTable,
+    max_backoff: Duration,
+    dead_letters: Option<Arc<DeadLetters>>,
+    shutdown: CancellationToken,
+}
+
+impl<E> Lane<E> {
+    /// Waits `wait`; false if the consumer is stopping (then nothing more is tried).
+    async fn pause(&self, wait: Duration) -> bool {
+        tokio::select! {
+            _ = self.shutdown.cancelled() => false,
+            _ = tokio::time::sleep(wait) => true,
+        }
+    }
 }
 
 impl<E> Clone for Lane<E> {
@@ -554,6 +803,123 @@ impl<E> Clone for Lane<E> {
             consumer: self.consumer.clone(),
             counters: self.counters.clone(),
             batch_size: self.batch_size,
+            database_url: self.database_url.clone(),
+            table: self.table.clone(),
+            max_backoff: self.max_backoff,
+            dead_letters: self.dead_letters.clone(),
+            shutdown: self.shutdown.clone(),
+        }
+    }
+}
+
+/// A dead letter: the message as it came, with the reason.
+struct DeadLetter<'a> {
+    message_id: Option<&'a str>,
+    routing_key: &'a str,
+    body: &'a [u8],
+    properties: BasicProperties,
+    reason: &'a str,
+}
+
+/// `--dead-letter-exchange`: a channel of its own in confirm mode (a refused publish closes
+/// only it), on the session's connection.
+struct DeadLetters {
+    channel: Channel,
+    exchange: String,
+    consumer: String,
+    queue: String,
+}
+
+impl DeadLetters {
+    /// Checks that the exchange exists (a passive declare), then opens the channel.
+    async fn open(
+        connection: &Connection,
+        exchange: &str,
+        config: &ConsumerConfig,
+    ) -> Result<DeadLetters, InboxError> {
+        let missing = || InboxError::DeadLetterExchangeMissing {
+            exchange: exchange.to_string(),
+        };
+        // A failed passive declare closes its channel: one of its own.
+        let check = answered(connection.create_channel()).await??;
+        let options = ExchangeDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let kind = ExchangeKind::Topic;
+        answered(check.exchange_declare(exchange.into(), kind, options, FieldTable::default()))
+            .await?
+            .map_err(|e| match e.kind() {
+                lapin::ErrorKind::ProtocolError(error) if error.get_id() == NOT_FOUND => missing(),
+                _ => InboxError::Broker(e),
+            })?;
+        let _ = answered(check.close(200, "OK".into())).await;
+        let channel = answered(connection.create_channel()).await??;
+        answered(channel.confirm_select(ConfirmSelectOptions::default())).await??;
+        Ok(DeadLetters {
+            channel,
+            exchange: exchange.to_string(),
+            consumer: config.consumer.clone(),
+            queue: config.queue.clone(),
+        })
+    }
+
+    /// Publishes `letter` (persistent, mandatory, its own routing key, the reason, the
+    /// consumer and the queue in headers) until the exchange takes it, confirmed and routed
+    /// to a queue, and only then acks the original with `acker`. A return or a nack waits a
+    /// backoff and tries again, the lane held; false if the consumer stops meanwhile (the
+    /// original goes back).
+    async fn place<E>(
+        &self,
+        letter: DeadLetter<'_>,
+        acker: Acker,
+        lane: &Lane<E>,
+    ) -> Result<bool, InboxError> {
+        let mut headers = letter.properties.headers().clone().unwrap_or_default();
+        for (name, value) in [
+            ("x-inbox-dead-letter-reason", letter.reason),
+            ("x-inbox-consumer", self.consumer.as_str()),
+            ("x-inbox-queue", self.queue.as_str()),
+        ] {
+            headers.insert(name.into(), AMQPValue::LongString(value.into()));
+        }
+        let properties = letter
+            .properties
+            .with_headers(headers)
+            .with_delivery_mode(2);
+        let mut backoff = Backoff::new(Duration::from_millis(500), lane.max_backoff);
+        loop {
+            let confirm = answered(self.channel.basic_publish(
+                self.exchange.as_str().into(),
+                letter.routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                letter.body,
+                properties.clone(),
+            ))
+            .await??;
+            let problem = match answered(confirm).await?? {
+                Confirmation::Ack(None) | Confirmation::NotRequested => {
+                    acker.ack(BasicAckOptions::default()).await?;
+                    return Ok(true);
+                }
+                Confirmation::Ack(Some(_)) => "routed it to no queue",
+                Confirmation::Nack(_) => "refused it (a nack)",
+            };
+            let wait = backoff.next_delay();
+            tracing::error!(
+                message_id = letter.message_id.unwrap_or(""),
+                exchange = %self.exchange,
+                retry_in_ms = wait.as_millis() as u64,
+                "{}: it {problem}; the message stays unacknowledged and its lane waits. Fix: \
+                 bind a durable queue to the dead-letter exchange (binding key #)",
+                log::DEAD_LETTER_WAITING
+            );
+            if !lane.pause(wait).await {
+                return Ok(false);
+            }
         }
     }
 }
@@ -562,7 +928,7 @@ impl<E> Clone for Lane<E> {
 enum Failure {
     Inbox(tokio_postgres::Error),
     Effect {
-        message_id: String,
+        index: usize,
         error: tokio_postgres::Error,
     },
 }
@@ -575,6 +941,43 @@ impl Failure {
     }
 }
 
+/// An effect's definite failure on a message, as the server named it.
+struct EffectError {
+    sqlstate: String,
+    // The server's message only, never its DETAIL: for a constraint violation that is
+    // "Failing row contains (…)", the message's payload.
+    reason: String,
+}
+
+impl EffectError {
+    fn of(error: &tokio_postgres::Error) -> EffectError {
+        EffectError {
+            sqlstate: error.code().map_or("none", |c| c.code()).to_string(),
+            reason: error
+                .as_db_error()
+                .map_or_else(|| error.to_string(), |db| db.message().to_string()),
+        }
+    }
+
+    fn into_stop(self, message_id: &str) -> InboxError {
+        InboxError::Effect {
+            message_id: message_id.to_string(),
+            sqlstate: self.sqlstate,
+            reason: self.reason,
+        }
+    }
+}
+
+/// Why a batch did not commit, and what the lane does about it.
+enum BatchFailure {
+    /// It can pass: the lane keeps the batch and runs it again after a backoff.
+    Held(InboxError),
+    /// The effect failed on `batch[index]`'s data: it would fail the same way every time.
+    Poison { index: usize, error: EffectError },
+    /// The consumer stops.
+    Stop(InboxError),
+}
+
 /// Claims and applies the `batch` in one transaction, in order, running it again (a few
 /// times) after a serialization failure or a deadlock.
 async fn apply_batch<E: Effect>(
@@ -582,7 +985,7 @@ async fn apply_batch<E: Effect>(
     effect: &E,
     consumer: &str,
     batch: &[Job],
-) -> Result<Vec<Outcome>, InboxError> {
+) -> Result<Vec<Outcome>, BatchFailure> {
     let mut attempt = 0;
     loop {
         let failure = match try_apply(worker, effect, consumer, batch).await {
@@ -595,15 +998,18 @@ async fn apply_batch<E: Effect>(
             continue;
         }
         return Err(match failure {
-            Failure::Effect { message_id, error } if !is_transient(&error) => InboxError::Effect {
-                message_id,
-                sqlstate: error.code().map_or("none", |c| c.code()).to_string(),
-                reason: error
-                    .as_db_error()
-                    .map_or_else(|| error.to_string(), |db| db.message().to_string()),
+            // A statement or lock timeout among them: held, never a stop.
+            Failure::Effect { error, .. } | Failure::Inbox(error) if is_transient(&error) => {
+                BatchFailure::Held(database_error(error))
+            }
+            Failure::Effect { index, error } if is_poison(&error) => BatchFailure::Poison {
+                index,
+                error: EffectError::of(&error),
             },
-            // A statement or lock timeout among them: a retry, never a stop.
-            Failure::Effect { error, .. } | Failure::Inbox(error) => database_error(error),
+            Failure::Effect { index, error } => BatchFailure::Stop(
+                EffectError::of(&error).into_stop(&batch[index].message.message_id),
+            ),
+            Failure::Inbox(error) => BatchFailure::Stop(database_error(error)),
         });
     }
 }
@@ -624,7 +1030,7 @@ async fn try_apply<E: Effect>(
     });
     let claimed = try_join_all(claims).await.map_err(Failure::Inbox)?;
     let mut outcomes = Vec::with_capacity(batch.len());
-    for (Job { message, .. }, claim) in batch.iter().zip(claimed) {
+    for (index, (Job { message, .. }, claim)) in batch.iter().zip(claimed).enumerate() {
         if !claim.get::<_, bool>(0) {
             // The claim wrote nothing: the copy applied before is the one that counts.
             outcomes.push(Outcome::Duplicate);
@@ -634,10 +1040,7 @@ async fn try_apply<E: Effect>(
         effect
             .apply(&worker.prepared, &txn, message)
             .await
-            .map_err(|error| Failure::Effect {
-                message_id: message.message_id.clone(),
-                error,
-            })?;
+            .map_err(|error| Failure::Effect { index, error })?;
         outcomes.push(Outcome::Applied);
     }
     failpoint(BEFORE_COMMIT);

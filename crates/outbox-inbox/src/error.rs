@@ -1,12 +1,16 @@
 //! Errors, in two classes, as in the relay:
 //! - **retry**: a connection lost (PostgreSQL or RabbitMQ), or a transient SQLSTATE (a
 //!   serialization failure, a deadlock, the server shutting down or out of resources, a
-//!   statement cancelled by the statement timeout or a lock timeout). The
-//!   session ends without acknowledging anything it had not committed; RabbitMQ requeues
-//!   every unacknowledged delivery, and the inbox absorbs the ones that were committed.
+//!   statement cancelled by the statement timeout or a lock timeout). Nothing is
+//!   acknowledged that was not committed. A database error holds the lane: it keeps its
+//!   deliveries and tries again (giving them back would count toward a quorum queue's
+//!   delivery limit); a broker error ends the session, RabbitMQ requeues every
+//!   unacknowledged delivery, and the inbox absorbs the ones that were committed.
 //! - **stop**: the configuration, the database or a message is wrong in a way a retry cannot
-//!   fix (a missing inbox or queue, an effect statement that fails on a message). The consumer
-//!   exits naming the object or message and the fix; the message stays in the queue.
+//!   fix (a missing inbox, queue or dead-letter exchange, an effect statement that fails).
+//!   The consumer exits naming the object or message and the fix; the message stays in the
+//!   queue. An effect failing on a message's data ([`is_poison`]) sends that message to the
+//!   dead-letter exchange instead, where there is one.
 //!
 //! [`InboxError::is_retryable`] is the one place the class is decided.
 
@@ -34,12 +38,21 @@ pub enum InboxError {
     )]
     QueueMissing { queue: String },
 
+    #[error(
+        "The dead-letter exchange \"{exchange}\" (--dead-letter-exchange) does not exist on the \
+         broker. Fix: declare it (durable, e.g. a topic exchange) and bind a durable queue to \
+         it with the binding key #"
+    )]
+    DeadLetterExchangeMissing { exchange: String },
+
     // The server's message only, never its DETAIL: for a constraint violation that is
     // "Failing row contains (…)", the message's payload.
     #[error(
         "Applying message {message_id} failed (SQLSTATE {sqlstate}: {reason}); it stays in the \
          queue and the consumer stops, because a retry would fail the same way. Fix the effect \
-         statement or the data it needs, then start the consumer again"
+         statement or the data it needs, then start the consumer again (with \
+         --dead-letter-exchange, a message whose effect fails on its data goes there and the \
+         consumer goes on)"
     )]
     Effect {
         message_id: String,
@@ -63,8 +76,8 @@ pub enum InboxError {
     #[error(
         "A statement of a claim or an effect was cancelled (SQLSTATE {sqlstate}): it ran, or \
          waited for a lock, longer than the statement timeout (57014; or an operator \
-         cancelled it) or the lock timeout (55P03). The session ends and its unacknowledged \
-         deliveries go back to the queue. If an effect needs longer, raise --statement-timeout \
+         cancelled it) or the lock timeout (55P03). The lane keeps its deliveries and tries \
+         again after a backoff. If an effect needs longer, raise --statement-timeout \
          (OUTBOX_INBOX_STATEMENT_TIMEOUT; 0 leaves the server's)"
     )]
     StatementCancelled {
@@ -104,6 +117,7 @@ impl InboxError {
             InboxError::Config(_)
             | InboxError::Provisioning { .. }
             | InboxError::QueueMissing { .. }
+            | InboxError::DeadLetterExchangeMissing { .. }
             | InboxError::Effect { .. } => false,
             InboxError::Database(e) => is_transient(e),
             InboxError::StatementCancelled { .. }
@@ -129,6 +143,20 @@ fn is_transient_code(code: &SqlState) -> bool {
     let code = code.code();
     ["08", "40", "53", "57", "58"].contains(&&code[..2])
         || code == SqlState::LOCK_NOT_AVAILABLE.code()
+}
+
+/// Whether an effect's definite failure is about the message's data, so that it would fail
+/// the same way every time: SQLSTATE class 22 data exception (a value that does not parse or
+/// fit), 23 integrity constraint violation, 44 WITH CHECK OPTION violation, P0 PL/pgSQL
+/// (a RAISE in the effect's function). The rest of the definite errors are about the
+/// statement or the database (a privilege, a missing table, a read-only server) and would
+/// fail for every message: they stop the consumer.
+pub fn is_poison(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(is_poison_code)
+}
+
+fn is_poison_code(code: &SqlState) -> bool {
+    ["22", "23", "44", "P0"].contains(&&code.code()[..2])
 }
 
 /// The SQLSTATE of a statement cut short by a timeout: 57014 query_canceled (the statement
@@ -203,6 +231,26 @@ mod tests {
             SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
         ] {
             assert!(!is_transient_code(&definite), "{}", definite.code());
+        }
+        for data in [
+            SqlState::INVALID_TEXT_REPRESENTATION,
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::FOREIGN_KEY_VIOLATION,
+            SqlState::WITH_CHECK_OPTION_VIOLATION,
+            SqlState::RAISE_EXCEPTION,
+        ] {
+            assert!(
+                is_poison_code(&data) && !is_transient_code(&data),
+                "{}",
+                data.code()
+            );
+        }
+        for environment in [
+            SqlState::INSUFFICIENT_PRIVILEGE,
+            SqlState::UNDEFINED_TABLE,
+            SqlState::READ_ONLY_SQL_TRANSACTION,
+        ] {
+            assert!(!is_poison_code(&environment), "{}", environment.code());
         }
     }
 }

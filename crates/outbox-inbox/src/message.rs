@@ -42,24 +42,36 @@ pub enum Refusal {
     NulByte { field: &'static str },
 }
 
+impl Refusal {
+    /// Why, in a log line and a dead letter's `x-inbox-dead-letter-reason`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::NoMessageId => "no message_id: nothing could deduplicate it",
+            Refusal::NulByte {
+                field: "message_id",
+            } => "a NUL byte in message_id: PostgreSQL text cannot store it",
+            Refusal::NulByte { .. } => {
+                "a NUL byte in x-outbox-seq: PostgreSQL text cannot store it"
+            }
+        }
+    }
+}
+
 impl InboxMessage {
-    /// The message and its acker, or the refusal and the acker (to reject it with).
-    pub fn from_delivery(delivery: Delivery) -> Result<(InboxMessage, Acker), (Refusal, Acker)> {
-        let Delivery {
-            routing_key,
-            redelivered,
-            properties,
-            data,
-            acker,
-            ..
-        } = delivery;
-        let message_id = match properties.message_id() {
+    /// The message and its acker, or the refusal and the delivery as it came (to
+    /// dead-letter or reject it).
+    pub fn from_delivery(
+        delivery: Delivery,
+    ) -> Result<(InboxMessage, Acker), (Refusal, Box<Delivery>)> {
+        let message_id = match delivery.properties.message_id() {
             Some(id) if !id.as_str().is_empty() => id.as_str().to_string(),
-            _ => return Err((Refusal::NoMessageId, acker)),
+            _ => return Err((Refusal::NoMessageId, Box::new(delivery))),
         };
-        let table = properties.headers().as_ref();
-        let text = |name: &str| table.and_then(|t| header_text(t, name));
-        let outbox_seq = text(headers::SEQ);
+        let outbox_seq = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|t| header_text(t, headers::SEQ));
         let has_nul = |text: &str| text.contains('\0');
         let nul_in = if has_nul(&message_id) {
             Some("message_id")
@@ -69,8 +81,18 @@ impl InboxMessage {
             None
         };
         if let Some(field) = nul_in {
-            return Err((Refusal::NulByte { field }, acker));
+            return Err((Refusal::NulByte { field }, Box::new(delivery)));
         }
+        let Delivery {
+            routing_key,
+            redelivered,
+            properties,
+            data,
+            acker,
+            ..
+        } = delivery;
+        let table = properties.headers().as_ref();
+        let text = |name: &str| table.and_then(|t| header_text(t, name));
         let message = InboxMessage {
             outbox_seq,
             aggregate_type: text(headers::AGGREGATE_TYPE),

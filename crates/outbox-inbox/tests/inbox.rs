@@ -33,7 +33,10 @@ use common::relay::SIGABRT;
 use common::{
     declare_bound_queue, queue_message_count, services, unique_name, Consumer, RelayProcess,
 };
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicPublishOptions, BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
 use outbox_inbox::consumer::log;
@@ -1121,6 +1124,19 @@ async fn definite_errors_stop_the_consumer_naming_the_fix_and_keep_the_message()
         no_queue.contains("The queue \"no_such_queue\" does not exist"),
         "{no_queue}"
     );
+    let no_dead_letters = ["--database-url", &db.url, "--queue", &queue];
+    let no_dead_letters = [
+        &no_dead_letters[..],
+        &["--dead-letter-exchange", "no_such_x"],
+    ];
+    let no_dead_letters = stopped(&no_dead_letters.concat());
+    assert!(
+        no_dead_letters.contains(
+            "The dead-letter exchange \"no_such_x\" (--dead-letter-exchange) does not exist"
+        ),
+        "{no_dead_letters}"
+    );
+    assert_eq!(queue_message_count(&amqp, &queue).await, 1, "nothing taken");
 }
 
 // ---------------------------------------------------------------------------------
@@ -1172,9 +1188,9 @@ async fn the_consumers_sessions_are_named_outbox_inbox_unless_the_url_names_them
 /// test holds an uncommitted claim of the message (what a replica whose host vanished
 /// mid-transaction leaves until the server ends its session), so the consumer's claim waits
 /// on that row. Then the effect: the test holds a row lock the effect's UPDATE needs. Each
-/// time the consumer's statement is cancelled after 2 s (57014), the session ends as a retry
-/// (the delivery goes back, the consumer keeps running) and starts again; once the test
-/// lets go, the message is applied, once.
+/// time the consumer's statement is cancelled after 2 s (57014), the lane keeps the delivery
+/// and tries again after a backoff (the consumer keeps running); once the test lets go, the
+/// message is applied, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_or_effect_waiting_past_the_statement_timeout_is_retried_and_applied_once() {
     let s = services();
@@ -1272,7 +1288,7 @@ async fn a_claim_or_effect_waiting_past_the_statement_timeout_is_retried_and_app
     assert!(
         failures
             .iter()
-            .all(|line| line.contains("session failed") && line.contains("--statement-timeout")),
+            .all(|line| line.contains(log::HOLDING) && line.contains("--statement-timeout")),
         "{failures:?}"
     );
     consumer.stop().await;
@@ -1288,4 +1304,765 @@ async fn a_claim_or_effect_waiting_past_the_statement_timeout_is_retried_and_app
     let passed: i32 = query_value(&db.client, "SELECT passed FROM gate").await;
     assert_eq!(passed, 2, "each effect committed once");
     assert_eq!(queue_message_count(&amqp, &queue).await, 0);
+}
+
+// ---------------------------------------------------------------------------------
+// Quorum queues' delivery limit (RabbitMQ 4)
+
+/// A way a consumer gives a delivery back to its queue unacknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GiveBack {
+    RejectRequeue,
+    NackRequeue,
+    ChannelClosed,
+    ConnectionClosed,
+    /// basic.cancel of the consumer holding it (is it given back?), then its channel closed.
+    CancelledThenChannelClosed,
+}
+
+const GIVE_BACKS: [GiveBack; 5] = [
+    GiveBack::RejectRequeue,
+    GiveBack::NackRequeue,
+    GiveBack::ChannelClosed,
+    GiveBack::ConnectionClosed,
+    GiveBack::CancelledThenChannelClosed,
+];
+
+/// What became of one message given back again and again.
+#[derive(Debug, Default)]
+struct GiveBacks {
+    /// Give-backs before it left the queue (for the dead-letter queue); `None`: still
+    /// queued after the most a run tries.
+    gone_after: Option<u32>,
+    /// `x-delivery-count` on each delivery (None: absent).
+    delivery_counts: Vec<Option<i64>>,
+    /// `x-acquired-count` on each delivery (4.3).
+    acquired_counts: Vec<Option<i64>>,
+    /// The dead letter's `x-first-death-reason`.
+    death_reason: Option<String>,
+    /// For a cancel: whether the cancel alone gave it back (each time).
+    cancel_gave_back: Vec<bool>,
+}
+
+/// A header's integer value, if it has one.
+fn header_int(properties: &BasicProperties, name: &str) -> Option<i64> {
+    let value = properties.headers().as_ref()?.inner().get(name)?;
+    common::amqp::amqp_to_json(value).as_i64()
+}
+
+/// Ready messages in `queue`, through `channel` (a passive declare).
+async fn ready(channel: &lapin::Channel, queue: &str) -> u32 {
+    let options = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    channel
+        .queue_declare(queue.into(), options, FieldTable::default())
+        .await
+        .unwrap_or_else(|e| panic!("passive declare of {queue}: {e:?}"))
+        .message_count()
+}
+
+/// Declares a quorum queue with a dead-letter exchange bound to its own queue, with
+/// `extra` arguments; publishes one message to it. Returns (queue, dead-letter queue).
+async fn quorum_queue_with_one_message(
+    amqp: &str,
+    prefix: &str,
+    extra: &[(&str, AMQPValue)],
+) -> (String, String) {
+    let name = unique_name(prefix);
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    let (dead_letters, dead_letter_queue) = (format!("{name}_dlx"), format!("{name}_dlq"));
+    declare_bound_queue(amqp, &dead_letters, &dead_letter_queue, "#").await;
+    let mut arguments = common::amqp::quorum_queue_arguments();
+    arguments.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString(dead_letters.as_str().into()),
+    );
+    for (key, value) in extra {
+        arguments.insert((*key).into(), value.clone());
+    }
+    declare_bound_queue_with_args(amqp, &exchange, &queue, "#", arguments).await;
+    publish_confirmed(amqp, &exchange, "Test.limit", &[(name.as_str(), b"{}")]).await;
+    (queue, dead_letter_queue)
+}
+
+/// Takes the message and gives it back `how`, up to `most` times, until it is no longer
+/// given out: each round waits until it is ready in `queue` again or in the dead-letter
+/// queue (one of the two always comes: the queue has a dead-letter exchange).
+async fn give_back_until_gone(
+    amqp: &str,
+    queue: &str,
+    dead_letter_queue: &str,
+    how: GiveBack,
+    most: u32,
+) -> GiveBacks {
+    let probe_connection = amqp_connect(amqp).await;
+    let probe = probe_connection.create_channel().await.expect("channel");
+    let mut connection = amqp_connect(amqp).await;
+    let mut measured = GiveBacks::default();
+    let get = lapin::options::BasicGetOptions { no_ack: false };
+    for given_back in 0..=most {
+        let deadline = tokio::time::Instant::now() + MINUTE;
+        loop {
+            if ready(&probe, dead_letter_queue).await == 1 {
+                measured.gone_after = Some(given_back);
+                let letter = probe
+                    .basic_get(dead_letter_queue.into(), get)
+                    .await
+                    .expect("get the dead letter")
+                    .expect("the dead letter");
+                let reason = letter.delivery.properties.headers().as_ref().and_then(|h| {
+                    h.inner()
+                        .get("x-first-death-reason")
+                        .map(common::amqp::amqp_to_json)
+                });
+                measured.death_reason = reason.map(|r| r.as_str().unwrap_or("").to_string());
+                let _ = probe_connection.close(200, "OK".into()).await;
+                let _ = connection.close(200, "OK".into()).await;
+                return measured;
+            }
+            if ready(&probe, queue).await == 1 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{how:?}: after {given_back} give-backs the message is neither ready nor \
+                 dead-lettered"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if given_back == most {
+            break;
+        }
+        if how == GiveBack::ConnectionClosed {
+            connection = amqp_connect(amqp).await;
+        }
+        let channel = connection.create_channel().await.expect("channel");
+        let delivery = if how == GiveBack::CancelledThenChannelClosed {
+            channel
+                .basic_qos(1, BasicQosOptions::default())
+                .await
+                .expect("qos");
+            let mut deliveries = channel
+                .basic_consume(
+                    queue.into(),
+                    "".into(),
+                    lapin::options::BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .expect("consume");
+            let delivery = tokio::time::timeout(MINUTE, deliveries.next())
+                .await
+                .expect("a delivery within a minute")
+                .expect("a delivery")
+                .expect("a delivery");
+            channel
+                .basic_cancel(
+                    deliveries.tag(),
+                    lapin::options::BasicCancelOptions::default(),
+                )
+                .await
+                .expect("cancel");
+            // Ordered after the cancel on the queue's side (one channel): it gets the message
+            // only if the cancel gave it back.
+            let again = channel.basic_get(queue.into(), get).await.expect("get");
+            measured.cancel_gave_back.push(again.is_some());
+            delivery
+        } else {
+            channel
+                .basic_get(queue.into(), get)
+                .await
+                .expect("get")
+                .expect("the message is ready")
+                .delivery
+        };
+        measured
+            .delivery_counts
+            .push(header_int(&delivery.properties, "x-delivery-count"));
+        measured
+            .acquired_counts
+            .push(header_int(&delivery.properties, "x-acquired-count"));
+        match how {
+            GiveBack::RejectRequeue => {
+                let requeue = BasicRejectOptions { requeue: true };
+                delivery.acker.reject(requeue).await.expect("reject");
+                let _ = channel.close(200, "OK".into()).await;
+            }
+            GiveBack::NackRequeue => {
+                let requeue = lapin::options::BasicNackOptions {
+                    requeue: true,
+                    multiple: false,
+                };
+                delivery.acker.nack(requeue).await.expect("nack");
+                let _ = channel.close(200, "OK".into()).await;
+            }
+            GiveBack::ChannelClosed | GiveBack::CancelledThenChannelClosed => {
+                channel.close(200, "OK".into()).await.expect("close");
+            }
+            GiveBack::ConnectionClosed => {
+                connection.close(200, "OK".into()).await.expect("close");
+            }
+        }
+    }
+    let _ = probe_connection.close(200, "OK".into()).await;
+    let _ = connection.close(200, "OK".into()).await;
+    measured
+}
+
+/// One line of figures for a run.
+fn describe(measured: &GiveBacks) -> String {
+    let counts = |values: &[Option<i64>]| -> String {
+        let shown: Vec<String> = values
+            .iter()
+            .map(|v| v.map_or("-".into(), |n| n.to_string()))
+            .collect();
+        shown.join(" ")
+    };
+    format!(
+        "gone after {} give-backs (reason {}); x-delivery-count [{}]; x-acquired-count [{}]; \
+         cancel gave back {:?}",
+        measured.gone_after.map_or("none".into(), |n| n.to_string()),
+        measured.death_reason.as_deref().unwrap_or("-"),
+        counts(&measured.delivery_counts),
+        counts(&measured.acquired_counts),
+        measured.cancel_gave_back,
+    )
+}
+
+/// What the measurements found, per series (docs/consumers.md, "Quorum queues: the delivery
+/// limit"): the default limit, whether `basic.nack` with requeue and a consumer timeout
+/// count toward it, and what `x-delivery-limit: -1` means.
+struct Facts {
+    /// `None`: no limit unless the queue sets one.
+    default_limit: Option<u32>,
+    nack_counts: bool,
+    consumer_timeout_counts: bool,
+    /// `x-delivery-limit: -1` lifts the limit (else: the first give-back dead-letters).
+    minus_one_unlimited: bool,
+}
+
+fn facts() -> Facts {
+    match common::rabbit_release::release().series() {
+        "3.10" => Facts {
+            default_limit: None,
+            nack_counts: true,
+            consumer_timeout_counts: true,
+            minus_one_unlimited: false,
+        },
+        "4.0" => Facts {
+            default_limit: Some(20),
+            nack_counts: true,
+            consumer_timeout_counts: true,
+            minus_one_unlimited: true,
+        },
+        "4.3" => Facts {
+            default_limit: Some(20),
+            nack_counts: false,
+            consumer_timeout_counts: false,
+            minus_one_unlimited: true,
+        },
+        other => panic!(
+            "no facts recorded for RabbitMQ {other}: see what these tests print on it, and \
+             record them here and in docs/consumers.md"
+        ),
+    }
+}
+
+impl GiveBack {
+    fn counts(self, facts: &Facts) -> bool {
+        self != GiveBack::NackRequeue || facts.nack_counts
+    }
+}
+
+/// Which ways of giving a delivery back count toward a quorum queue's delivery limit, and
+/// when the message leaves the queue, on the kit's RabbitMQ series: for each way, a quorum
+/// queue with a dead-letter exchange, the message taken and given back until it leaves
+/// (for the dead-letter queue) or 25 times; once with the series' default limit, once with
+/// `x-delivery-limit: 2`. A consumer's cancel alone never gives its delivery back. Without
+/// a dead-letter exchange the message is dropped where it would have been dead-lettered;
+/// `x-delivery-limit: -1` lifts the limit on 4.x and dead-letters at once on 3.10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_counts_toward_a_quorum_queues_delivery_limit() {
+    let amqp = services().rabbit.url();
+    let series = common::rabbit_release::release().series();
+    let facts = facts();
+    for how in GIVE_BACKS {
+        let (queue, dlq) = quorum_queue_with_one_message(&amqp, "limit_default", &[]).await;
+        let default = give_back_until_gone(&amqp, &queue, &dlq, how, 25).await;
+        println!(
+            "LIMIT {series} {how:?}, default limit: {}",
+            describe(&default)
+        );
+        let two = [("x-delivery-limit", AMQPValue::LongInt(2))];
+        let (queue, dlq) = quorum_queue_with_one_message(&amqp, "limit_two", &two).await;
+        let limited = give_back_until_gone(&amqp, &queue, &dlq, how, 6).await;
+        println!(
+            "LIMIT {series} {how:?}, x-delivery-limit 2: {}",
+            describe(&limited)
+        );
+
+        let counted = how.counts(&facts);
+        let expected = facts
+            .default_limit
+            .filter(|_| counted)
+            .map(|limit| limit + 1);
+        assert_eq!(default.gone_after, expected, "{how:?}, the default limit");
+        assert_eq!(limited.gone_after, counted.then_some(3), "{how:?}, limit 2");
+        for gone in [&default, &limited]
+            .into_iter()
+            .filter(|m| m.gone_after.is_some())
+        {
+            assert_eq!(gone.death_reason.as_deref(), Some("delivery_limit"));
+        }
+        assert!(
+            !default.cancel_gave_back.iter().any(|gave| *gave),
+            "a cancel gave the delivery back"
+        );
+    }
+
+    // No dead-letter exchange: dropped where it would have been dead-lettered.
+    let name = unique_name("limit_nodlx");
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    common::amqp::declare_bound_quorum_queue(&amqp, &exchange, &queue, "#").await;
+    publish_confirmed(&amqp, &exchange, "Test.limit", &[(name.as_str(), b"{}")]).await;
+    let delivered = deliveries_until_gone(&amqp, &queue, 30).await;
+    println!("LIMIT {series} no dead-letter exchange: delivered {delivered} times (30 at most)");
+    let expected = facts.default_limit.map_or(30, |limit| limit + 1);
+    assert_eq!(delivered, expected, "deliveries before it was dropped");
+    let left = queue_message_count(&amqp, &queue).await;
+    assert_eq!(left, u32::from(facts.default_limit.is_none()), "dropped");
+
+    let minus_one = [("x-delivery-limit", AMQPValue::LongInt(-1))];
+    let (queue, dlq) = quorum_queue_with_one_message(&amqp, "limit_minus1", &minus_one).await;
+    let measured = give_back_until_gone(&amqp, &queue, &dlq, GiveBack::ChannelClosed, 25).await;
+    println!(
+        "LIMIT {series} x-delivery-limit -1: {}",
+        describe(&measured)
+    );
+    let expected = (!facts.minus_one_unlimited).then_some(1);
+    assert_eq!(measured.gone_after, expected, "x-delivery-limit -1");
+}
+
+/// Takes the message from `queue` and rejects it with requeue on one channel until a get
+/// finds the queue empty (ordered after the reject: one channel), at most `most` times;
+/// how many deliveries there were.
+async fn deliveries_until_gone(amqp: &str, queue: &str, most: u32) -> u32 {
+    let connection = amqp_connect(amqp).await;
+    let channel = connection.create_channel().await.expect("channel");
+    let get = lapin::options::BasicGetOptions { no_ack: false };
+    let mut delivered = 0;
+    while delivered < most {
+        let Some(message) = channel.basic_get(queue.into(), get).await.expect("get") else {
+            break;
+        };
+        delivered += 1;
+        let requeue = BasicRejectOptions { requeue: true };
+        message
+            .delivery
+            .acker
+            .reject(requeue)
+            .await
+            .expect("reject");
+    }
+    let _ = connection.close(200, "OK".into()).await;
+    delivered
+}
+
+/// A delivery held past the broker's `consumer_timeout` (1 s here, checked every second)
+/// comes back to the queue: on 3.10 and 4.0 the broker closes the channel (406
+/// PRECONDITION_FAILED) and that counts toward the limit, as any closed channel does; on
+/// 4.3 it cancels the consumer instead, and that does not count. With `x-delivery-limit: 1`
+/// the second timeout dead-letters the message where timeouts count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_consumer_timeout_does_to_a_quorum_queues_delivery_count() {
+    let rabbit = common::RabbitServer::start_with_config(&["consumer_timeout = 1000"]);
+    // The channel checks its deliveries' age on this tick (60 s by default); channels
+    // opened from now on read it.
+    let tick = "application:set_env(rabbit, channel_tick_interval, 1000).";
+    let set = rabbit.ctl(&["eval", tick]);
+    assert!(set.status.success(), "{set:?}");
+    let amqp = rabbit.url();
+    let series = common::rabbit_release::release().series();
+    let one = [("x-delivery-limit", AMQPValue::LongInt(1))];
+    let (queue, dlq) = quorum_queue_with_one_message(&amqp, "limit_timeout", &one).await;
+    let probe_connection = amqp_connect(&amqp).await;
+    let probe = probe_connection.create_channel().await.expect("channel");
+    let connection = amqp_connect(&amqp).await;
+    let mut gone_after = None;
+    let mut ends = Vec::new();
+    for timeouts in 0..=3 {
+        let deadline = tokio::time::Instant::now() + MINUTE;
+        loop {
+            if ready(&probe, &dlq).await == 1 {
+                gone_after = Some(timeouts);
+                break;
+            }
+            if ready(&probe, &queue).await == 1 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "neither ready nor dead"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if gone_after.is_some() || timeouts == 3 {
+            break;
+        }
+        let channel = connection.create_channel().await.expect("channel");
+        channel
+            .basic_qos(1, BasicQosOptions::default())
+            .await
+            .expect("qos");
+        let mut deliveries = channel
+            .basic_consume(
+                queue.as_str().into(),
+                "".into(),
+                lapin::options::BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("consume");
+        let first = tokio::time::timeout(MINUTE, deliveries.next()).await;
+        assert!(matches!(first, Ok(Some(Ok(_)))), "a delivery: {first:?}");
+        // Held, unacknowledged, until the broker ends the consumer or its channel.
+        let end = tokio::time::timeout(MINUTE, deliveries.next())
+            .await
+            .expect("the broker ends the consumer within a minute");
+        ends.push(match end {
+            None => "consumer cancelled".to_string(),
+            Some(Err(e)) => format!("channel closed: {e}"),
+            Some(Ok(_)) => panic!("a second delivery with a prefetch of 1"),
+        });
+    }
+    println!(
+        "LIMIT {series} consumer timeouts, x-delivery-limit 1: gone after {gone_after:?}; {ends:?}"
+    );
+    let _ = probe_connection.close(200, "OK".into()).await;
+    let _ = connection.close(200, "OK".into()).await;
+    let counts = facts().consumer_timeout_counts;
+    assert_eq!(gone_after, counts.then_some(2), "{ends:?}");
+    let closed = ends.iter().all(|end| end.contains("PRECONDITION_FAILED"));
+    assert_eq!(closed, counts, "{ends:?}");
+}
+
+/// The consumer's queue as docs/consumers.md declares it for RabbitMQ 4 (and 3.10): a
+/// quorum queue whose delivery limit is set on purpose (20, 4.x's default, which 3.10 does
+/// not have) and whose dead letters go to `dead_letters` at least once (which needs
+/// `x-overflow: reject-publish`).
+fn recipe_queue_arguments(dead_letters: &str) -> FieldTable {
+    let mut arguments = common::amqp::quorum_queue_arguments();
+    for (key, value) in [
+        ("x-delivery-limit", AMQPValue::LongInt(20)),
+        (
+            "x-dead-letter-exchange",
+            AMQPValue::LongString(dead_letters.into()),
+        ),
+        (
+            "x-dead-letter-strategy",
+            AMQPValue::LongString("at-least-once".into()),
+        ),
+        ("x-overflow", AMQPValue::LongString("reject-publish".into())),
+    ] {
+        arguments.insert(key.into(), value);
+    }
+    arguments
+}
+
+/// The effect `SELECT through_gate($1)`: counts each attempt in a sequence (a rollback does
+/// not undo it) and, while the gate is closed, fails with SQLSTATE 53100 disk_full, a
+/// failure that can pass (what a consumer's database out of disk answers); once the gate
+/// is open it applies the message.
+const GATE: &str = "
+    CREATE SEQUENCE attempts;
+    CREATE TABLE gate (open boolean NOT NULL);
+    INSERT INTO gate VALUES (false);
+    CREATE FUNCTION through_gate(id text) RETURNS void LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM nextval('attempts');
+        IF NOT (SELECT open FROM gate) THEN
+            RAISE EXCEPTION 'the test''s gate is closed' USING ERRCODE = 'disk_full';
+        END IF;
+        INSERT INTO effect (message_id) VALUES (id);
+    END $$;";
+
+/// A failure of the consumer's database that passes, but only after more attempts than the
+/// queue's delivery limit allows give-backs (25 > 20): the messages are neither applied nor
+/// given up meanwhile, and once the database works again each is applied once. The queue is
+/// the recipe's (limit 20, dead letters at least once to its dead-letter exchange), so a
+/// message counted out by its redeliveries would show in the dead-letter queue. Halfway,
+/// the consumer's database sessions are terminated as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_failure_outlasting_the_delivery_limit_loses_nothing_and_applies_once() {
+    const ATTEMPTS: i64 = 25;
+    let s = services();
+    let amqp = s.rabbit.url();
+    let name = unique_name("inbox_outage");
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    let (dead_letters, dead_letter_queue) = (format!("{name}_dlx"), format!("{name}_dlq"));
+    declare_bound_queue(&amqp, &dead_letters, &dead_letter_queue, "#").await;
+    let arguments = recipe_queue_arguments(&dead_letters);
+    declare_bound_queue_with_args(&amqp, &exchange, &queue, "#", arguments).await;
+    let db = ConsumerDb::new("inbox_outage_consumer").await;
+    db.client
+        .batch_execute(GATE)
+        .await
+        .expect("create the gate");
+    let ids: Vec<String> = (0..3).map(|i| format!("{name}-{i}")).collect();
+    let messages: Vec<(&str, &[u8])> = ids.iter().map(|id| (id.as_str(), &b"{}"[..])).collect();
+    publish_confirmed(&amqp, &exchange, "Test.outage", &messages).await;
+    let args = [
+        "--effect-sql",
+        "SELECT through_gate($1)",
+        "--concurrency",
+        "1",
+        "--prefetch",
+        "10",
+        "--max-backoff-secs",
+        "1",
+    ];
+    let consumer = db.consume(&amqp, &queue, &args, &[]);
+
+    let attempts_sql = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM attempts";
+    let deadline = tokio::time::Instant::now() + 3 * MINUTE;
+    let mut terminated: i64 = 0;
+    // One connection for the whole watch, not one per look.
+    let probe_connection = amqp_connect(&amqp).await;
+    let probe = probe_connection.create_channel().await.expect("channel");
+    loop {
+        let attempts: i64 = query_value(&db.client, attempts_sql).await;
+        if attempts >= ATTEMPTS {
+            break;
+        }
+        if attempts >= 10 && terminated == 0 {
+            // Its database connection lost too, in the middle of it.
+            let terminate = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                             WHERE datname = current_database() AND pid <> pg_backend_pid()";
+            // None between two sessions of a consumer that reconnects: the next round tries.
+            terminated = query_value(&db.client, terminate).await;
+        }
+        let dead = ready(&probe, &dead_letter_queue).await;
+        assert_eq!(
+            dead,
+            0,
+            "after {attempts} attempts RabbitMQ dead-lettered {dead} messages by their \
+             delivery count (queue {queue}: {} ready); consumer log:\n{}",
+            ready(&probe, &queue).await,
+            consumer.log()
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {attempts} attempts in 3 minutes; log:\n{}",
+            consumer.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = probe_connection.close(200, "OK".into()).await;
+    assert!(terminated > 0, "no consumer session was terminated");
+    assert!(
+        db.effects().await.is_empty(),
+        "applied through a closed gate"
+    );
+    assert!(
+        consumer.try_exit().is_none(),
+        "a transient failure stopped it"
+    );
+
+    db.client
+        .execute("UPDATE gate SET open = true", &[])
+        .await
+        .expect("open the gate");
+    db.wait_applied(ids.len(), &consumer).await;
+    consumer.stop().await;
+    db.assert_applied_once(&ids).await;
+    assert_eq!(queue_message_count(&amqp, &queue).await, 0, "{queue}");
+    assert_eq!(
+        queue_message_count(&amqp, &dead_letter_queue).await,
+        0,
+        "nothing dead-lettered"
+    );
+    let attempts: i64 = query_value(&db.client, attempts_sql).await;
+    report(
+        "inbox transient failure past the delivery limit",
+        &[
+            ("messages", ids.len().to_string()),
+            ("attempts", attempts.to_string()),
+            ("sessions terminated", terminated.to_string()),
+            ("dead-lettered", "0".into()),
+        ],
+    );
+}
+
+/// An effect that fails on a body whose `step` is not a number: SQLSTATE 22P02, the
+/// message's data, every time.
+const STEP_EFFECT: &str =
+    "INSERT INTO effect (message_id, step) VALUES ($1, ($4::jsonb ->> 'step')::int)";
+
+/// The environment variable naming the inbox's dead-letter exchange (`--dead-letter-exchange`).
+const DEAD_LETTER_EXCHANGE_ENV: &str = "OUTBOX_INBOX_DEAD_LETTER_EXCHANGE";
+
+/// A poison message (its effect fails on its data every time: SQLSTATE 22P02) and a delivery
+/// without a message_id go to the dead-letter exchange the consumer is given, with the
+/// reason, and the messages after them are applied; the consumer never stops. The queue is a
+/// quorum queue as declared before RabbitMQ 4 (nothing but its type): on 4.x it drops a
+/// message given back more than 20 times, and it has no dead-letter exchange of its own. The
+/// consumer runs as a supervisor would run it: started again whenever it exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_message_goes_to_the_named_dead_letter_exchange_and_the_rest_are_applied() {
+    let s = services();
+    let amqp = s.rabbit.url();
+    let name = unique_name("inbox_poison");
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    let (dead_letters, dead_letter_queue) = (format!("{name}_dead"), format!("{name}_dead_q"));
+    common::amqp::declare_bound_quorum_queue(&amqp, &exchange, &queue, "#").await;
+    declare_bound_queue(&amqp, &dead_letters, &dead_letter_queue, "#").await;
+    let good: Vec<String> = (0..5).map(|i| format!("{name}-{i}")).collect();
+    let poison = format!("{name}-poison");
+    let mut messages: Vec<(&str, &[u8])> = vec![(good[0].as_str(), br#"{"step": 0}"#)];
+    messages.push((poison.as_str(), br#"{"step": "x"}"#));
+    messages.extend(
+        good[1..]
+            .iter()
+            .map(|id| (id.as_str(), &br#"{"step": 1}"#[..])),
+    );
+    publish_confirmed(&amqp, &exchange, "Test.poison", &messages).await;
+    publish(&amqp, &exchange, None).await;
+
+    let db = ConsumerDb::new("inbox_poison_consumer").await;
+    let args = [
+        "--effect-sql",
+        STEP_EFFECT,
+        "--concurrency",
+        "1",
+        "--prefetch",
+        "10",
+    ];
+    let env = [(DEAD_LETTER_EXCHANGE_ENV, dead_letters.as_str())];
+    let mut consumer = db.consume(&amqp, &queue, &args, &env);
+    let mut exits = Vec::new();
+    let deadline = tokio::time::Instant::now() + 2 * MINUTE;
+    let probe_connection = amqp_connect(&amqp).await;
+    let probe = probe_connection.create_channel().await.expect("channel");
+    let applied_sql = "SELECT count(DISTINCT message_id) FROM effect";
+    loop {
+        let applied: i64 = query_value(&db.client, applied_sql).await;
+        let dead = ready(&probe, &dead_letter_queue).await;
+        if applied == good.len() as i64 && dead == 2 {
+            break;
+        }
+        if let Some(status) = consumer.try_exit() {
+            exits.push(status);
+            if exits.len() > 25 {
+                break;
+            }
+            consumer = db.consume(&amqp, &queue, &args, &env);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let state = format!(
+        "{} exits ({:?}); queue {queue}: {} ready; dead-letter queue: {}; applied {:?}; last \
+         log:\n{}",
+        exits.len(),
+        exits.first(),
+        ready(&probe, &queue).await,
+        ready(&probe, &dead_letter_queue).await,
+        db.effects().await,
+        consumer.log()
+    );
+    let _ = probe_connection.close(200, "OK".into()).await;
+    assert!(exits.is_empty(), "the consumer stopped: {state}");
+    let mut dead = Consumer::start(&amqp, &dead_letter_queue).await;
+    let letters = dead.wait_for(2, MINUTE).await.to_vec();
+    assert_eq!(letters.len(), 2, "{state}");
+    let letter = letters
+        .iter()
+        .find(|l| l.message_id.as_deref() == Some(poison.as_str()))
+        .unwrap_or_else(|| panic!("the poison message is not among {letters:?}"));
+    assert_eq!(letter.body, br#"{"step": "x"}"#, "its body, intact");
+    assert_eq!(letter.routing_key, "Test.poison", "its routing key");
+    let reason = letter
+        .header_str("x-inbox-dead-letter-reason")
+        .unwrap_or("");
+    assert!(reason.contains("SQLSTATE 22P02"), "{:?}", letter.headers);
+    assert_eq!(letter.header_str("x-inbox-consumer"), Some(CONSUMER));
+    assert_eq!(letter.header_str("x-inbox-queue"), Some(queue.as_str()));
+    assert!(
+        letters.iter().any(|l| l.message_id.is_none()),
+        "the delivery without a message_id: {letters:?}"
+    );
+    consumer.stop().await;
+    db.assert_applied_once(&good).await;
+    assert_eq!(queue_message_count(&amqp, &queue).await, 0, "{queue}");
+    let stopped = consumer.log_lines("consumer stopped");
+    assert!(
+        stopped
+            .iter()
+            .any(|l| l.contains("dead_lettered=1") && l.contains("rejected=1")),
+        "{stopped:?}"
+    );
+}
+
+/// A dead letter that its exchange routes to no queue (none bound yet) is not taken as
+/// placed: the message stays unacknowledged, its lane waits (the message after it is not
+/// applied meanwhile), and the consumer says what to do; once a queue is bound, the dead
+/// letter lands there and the lane goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_its_exchange_cannot_route_waits_for_a_bound_queue() {
+    let s = services();
+    let amqp = s.rabbit.url();
+    let name = unique_name("inbox_unbound");
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    let (dead_letters, dead_letter_queue) = (format!("{name}_dead"), format!("{name}_dead_q"));
+    common::amqp::declare_bound_quorum_queue(&amqp, &exchange, &queue, "#").await;
+    common::amqp::declare_exchange(&amqp, &dead_letters).await;
+    let (poison, after) = (format!("{name}-poison"), format!("{name}-after"));
+    let messages: [(&str, &[u8]); 2] = [(&poison, br#"{"step": "x"}"#), (&after, b"{}")];
+    publish_confirmed(&amqp, &exchange, "Test.unbound", &messages).await;
+    let db = ConsumerDb::new("inbox_unbound_consumer").await;
+    let args = [
+        "--effect-sql",
+        STEP_EFFECT,
+        "--concurrency",
+        "1",
+        "--batch-size",
+        "1",
+        "--max-backoff-secs",
+        "1",
+        "--dead-letter-exchange",
+        &dead_letters,
+    ];
+    let consumer = db.consume(&amqp, &queue, &args, &[]);
+    assert!(
+        consumer
+            .wait_for_log_count(log::DEAD_LETTER_WAITING, 2, MINUTE)
+            .await,
+        "log:\n{}",
+        consumer.log()
+    );
+    let waiting = consumer.log_lines(log::DEAD_LETTER_WAITING);
+    assert!(
+        waiting.iter().all(|l| l.contains("bind a durable queue")),
+        "{waiting:?}"
+    );
+    assert!(db.effects().await.is_empty(), "the lane went on");
+
+    declare_bound_queue(&amqp, &dead_letters, &dead_letter_queue, "#").await;
+    db.wait_applied(1, &consumer).await;
+    let mut dead = Consumer::start(&amqp, &dead_letter_queue).await;
+    let letters = dead.wait_for(1, MINUTE).await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].message_id.as_deref(), Some(poison.as_str()));
+    consumer.stop().await;
+    db.assert_applied_once(&[after]).await;
+    assert_eq!(queue_message_count(&amqp, &queue).await, 0);
+    let stopped = consumer.log_lines("consumer stopped");
+    assert!(
+        stopped.iter().any(|l| l.contains("dead_lettered=1")),
+        "{stopped:?}"
+    );
 }
