@@ -67,7 +67,7 @@ impl RabbitServer {
         // does not leave it behind.
         let node_prefix = node_prefix();
         let mut watchdog = spawn_watchdog(&watchdog_cleanup(&node_prefix, &dir));
-        match Node::start(&node_prefix, &dir, extra_conf, None, false)
+        match Node::start(&node_prefix, &dir, extra_conf, None)
             .and_then(|node| node.enable_khepri_if_chosen().map(|()| node))
         {
             Ok(node) => {
@@ -242,14 +242,13 @@ pub(crate) struct Node {
 impl Node {
     /// Creates `dir` (if needed) and boots a node in it named `{name_prefix}{attempt}@localhost`
     /// (on a test `host`: `@{its hostname}`, listening on its address) on fresh ports, with the
-    /// default `rabbitmq.conf` plus `extra_conf` lines (and the release's, for a `clustered`
-    /// node or not); up to [`ATTEMPTS`] times, a failed attempt killed and its data removed.
+    /// default `rabbitmq.conf` plus the release's and `extra_conf` lines; up to [`ATTEMPTS`]
+    /// times, a failed attempt killed and its data removed.
     pub(crate) fn start(
         name_prefix: &str,
         dir: &Path,
         extra_conf: &[&str],
         host: Option<&Host>,
-        clustered: bool,
     ) -> Result<Node, String> {
         std::fs::create_dir_all(dir).expect("create the node's dir");
         std::fs::write(dir.join("enabled_plugins"), "[].\n").expect("write enabled_plugins");
@@ -285,7 +284,7 @@ impl Node {
                 node.addr(),
                 node.amqp_port
             );
-            for line in release().conf_lines(clustered).iter().chain(extra_conf) {
+            for line in release().conf_lines().iter().chain(extra_conf) {
                 conf += line;
                 conf += "\n";
             }

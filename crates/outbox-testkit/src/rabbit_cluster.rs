@@ -140,7 +140,7 @@ impl RabbitCluster {
                     let name_prefix = format!("{prefix}{i}-");
                     let dir = tempdir.path().join(format!("node{i}"));
                     let host = hosts.map(|hosts| &hosts[i]);
-                    scope.spawn(move || Node::start(&name_prefix, &dir, conf, host, true))
+                    scope.spawn(move || Node::start(&name_prefix, &dir, conf, host))
                 })
                 .collect();
             boots
