@@ -542,7 +542,17 @@ async fn d1b_the_primarys_host_vanishes_mid_backlog_and_the_relay_streams_on_the
 /// publishes on its new node before that unconfirmed: the confirm timeout (30 s) ends it,
 /// about 39 s in all (docs/network-failures.md, "Dead peers"). That is the broker's cost, not a
 /// timeout of the relay's.
-async fn brokers_host_vanishes(scenario: &str, load: Load) {
+/// Which node leads the quorum queue when the relay's node vanishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leader {
+    /// Another node: the queue keeps its leader.
+    Elsewhere,
+    /// The vanishing node: the rest of the cluster must notice (`net_ticktime`) and elect
+    /// another before anything the relay publishes on its new node is confirmed.
+    Vanishing,
+}
+
+async fn brokers_host_vanishes(scenario: &str, load: Load, leads: Leader) {
     let (lab, _lock) = exclusive().await;
     let began = Instant::now();
     let cluster = &lab.cluster;
@@ -554,7 +564,11 @@ async fn brokers_host_vanishes(scenario: &str, load: Load) {
     // picked, before anything is written (a new quorum queue is led by the node that
     // declares it).
     let node = cluster.wait_node_in_use(&relay, at, None, MINUTE).await;
-    let leader = (node + 1) % cluster.len();
+    let stays = (node + 1) % cluster.len();
+    let leader = match leads {
+        Leader::Elsewhere => stays,
+        Leader::Vanishing => node,
+    };
     let queue = format!("{}_{leader}", outbox.queue);
     let on_leader = cluster.url(leader);
     let quorum = quorum_queue_arguments();
@@ -562,8 +576,8 @@ async fn brokers_host_vanishes(scenario: &str, load: Load) {
     delete_queue(&on_leader, &outbox.queue).await;
     outbox.queue = queue;
     assert_eq!(blocking(|| cluster.quorum_leader(&outbox.queue)), leader);
-    // The test's own clients go through the leader, which stays.
-    outbox.amqp_url = on_leader;
+    // The test's own clients go through a node that stays.
+    outbox.amqp_url = cluster.url(stays);
     let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
     let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(20));
     wait_confirmed(&relay, at, 300.0).await;
@@ -603,11 +617,19 @@ async fn brokers_host_vanishes(scenario: &str, load: Load) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let heartbeat = PEER_TIMEOUT;
+    // A leader that vanishes costs the election on top: the others notice it within
+    // net_ticktime and elect another, which then confirms what the relay published meanwhile.
+    let bound = match leads {
+        Leader::Elsewhere => 2 * heartbeat,
+        Leader::Vanishing => {
+            2 * heartbeat + Duration::from_secs(2 * common::lab::NET_TICKTIME_SECS)
+        }
+    };
     assert!(
-        streaming <= 2 * heartbeat,
-        "{scenario}: delivery went on {} after the vanish (bound 2 x heartbeat = {}); log:\n{}",
+        streaming <= bound,
+        "{scenario}: delivery went on {} after the vanish (bound {}); log:\n{}",
         secs(streaming),
-        secs(2 * heartbeat),
+        secs(bound),
         relay.log()
     );
     gone.heal();
@@ -650,7 +672,12 @@ async fn brokers_host_vanishes(scenario: &str, load: Load) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
 async fn d2a_the_relays_broker_host_vanishes_idle_and_delivery_goes_on_through_another_node() {
-    brokers_host_vanishes("d2a relay's broker node's host vanishes, idle", Load::Idle).await;
+    brokers_host_vanishes(
+        "d2a relay's broker node's host vanishes, idle",
+        Load::Idle,
+        Leader::Elsewhere,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -658,7 +685,18 @@ async fn d2a_the_relays_broker_host_vanishes_idle_and_delivery_goes_on_through_a
 async fn d2b_the_relays_broker_host_vanishes_mid_backlog_and_delivery_goes_on_through_another_node()
 {
     let scenario = "d2b relay's broker node's host vanishes, full speed";
-    brokers_host_vanishes(scenario, Load::FullSpeed).await;
+    brokers_host_vanishes(scenario, Load::FullSpeed, Leader::Elsewhere).await;
+}
+
+/// The relay's node also leads the quorum queue (d2′ of docs/reliability.md): on 3.10 what the
+/// relay published on its new node before the election was never confirmed, and only the
+/// confirm timeout (30 s) ended the wait, 39 s after the vanish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
+async fn d2c_the_relays_broker_host_vanishes_leading_the_quorum_queue_and_delivery_goes_on_after_the_election(
+) {
+    let scenario = "d2c relay's broker node, the quorum queue's leader, vanishes, full speed";
+    brokers_host_vanishes(scenario, Load::FullSpeed, Leader::Vanishing).await;
 }
 
 // ---------------------------------------------------------------------------------
