@@ -491,7 +491,13 @@ async fn run_step(world: Arc<World>, started: Instant, step: Step) -> Ran {
             tokio::time::sleep(lasts).await;
             let held = writer.stop_with_commits().await;
             assert_not_acknowledged(&world, &held, &step).await;
-            declare_and_bind(&world, &exchange).await;
+            let node = declare_and_bind(&world, &exchange).await;
+            println!(
+                "nemesis: {} healed: {} rows held, {exchange} declared and bound through \
+                 node {node}",
+                step.fault,
+                held.iter().map(|c| c.ids.len()).sum::<usize>()
+            );
         }
         Fault::TableRename => {
             // The application writes to the table under its new name; the relays stop
@@ -630,8 +636,8 @@ async fn assert_not_acknowledged(world: &World, commits: &[Commit], step: &Step)
 }
 
 /// Declares the `exchange` rows were routed to and binds the campaign's queues to it, through
-/// whichever node answers first: at most one node is impaired at a time.
-async fn declare_and_bind(world: &World, exchange: &str) {
+/// whichever node answers first (at most one node is impaired at a time); returns that node.
+async fn declare_and_bind(world: &World, exchange: &str) -> usize {
     let cluster = &world.lab.cluster;
     let deadline = Instant::now() + PROMOTION_WAITS;
     let mut failures = Vec::new();
@@ -639,7 +645,7 @@ async fn declare_and_bind(world: &World, exchange: &str) {
         let url = cluster.url(node);
         let queues = world.queues();
         match try_declare_and_bind(&url, exchange, &queues, "#", DECLARE_ATTEMPT).await {
-            Ok(()) => return,
+            Ok(()) => return node,
             Err(e) => failures.push(format!("node {node}: {e}")),
         }
         assert!(
@@ -648,6 +654,7 @@ async fn declare_and_bind(world: &World, exchange: &str) {
             secs(PROMOTION_WAITS)
         );
     }
+    unreachable!("a cycle over the nodes ends by a return or the deadline's panic")
 }
 
 /// Waits for both relays to exit (a renamed table stops each) and returns how each ended.
