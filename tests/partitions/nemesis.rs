@@ -489,6 +489,10 @@ async fn run_step(world: Arc<World>, started: Instant, step: Step) -> Ran {
             let writer =
                 Writers::start_noting_positions_to(&url, &to, 1, MAX_TXN_ROWS, WRITE_PAUSE);
             tokio::time::sleep(lasts).await;
+            // A PostgreSQL fault may have kept every commit off so far (seed 42's tenth
+            // minute: 4 s inside a vanished primary, no row held): the fault is a held row,
+            // so it lasts until there is one.
+            writer.wait_committed(1, 2 * PROMOTION_WAITS).await;
             let held = writer.stop_with_commits().await;
             assert_not_acknowledged(&world, &held, &step).await;
             let node = declare_and_bind(&world, &exchange).await;
@@ -515,6 +519,8 @@ async fn run_step(world: Arc<World>, started: Instant, step: Step) -> Ran {
             let writer =
                 Writers::start_noting_positions_to(&url, &to, 1, MAX_TXN_ROWS, WRITE_PAUSE);
             tokio::time::sleep(lasts).await;
+            // Rows under the new name are what stops the relays (as for a held row above).
+            writer.wait_committed(1, 2 * PROMOTION_WAITS).await;
             let renamed = writer.stop_with_commits().await;
             let stopped = if renamed.is_empty() {
                 // Nothing under the new name: nothing stops them (they warn and wait).
