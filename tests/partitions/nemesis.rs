@@ -272,27 +272,41 @@ impl Rewind {
 /// The current WAL position of the server `url` names, asked until it answers: a network
 /// fault overlapping a PostgreSQL one may hold the connection up for its time.
 async fn wal_end_after(url: &str) -> u64 {
-    let deadline = Instant::now() + PROMOTION_WAITS;
+    let what = "after a PostgreSQL fault";
+    ask_until(url, PROMOTION_WAITS, what, |client| async move {
+        let row = client
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await
+            .ok()?;
+        Some(common::pg::parse_lsn(row.get(0)))
+    })
+    .await
+}
+
+/// `ask` on a connection of its own to `url`, again every 200 ms until it answers (5 s at
+/// most a try); panics after `within`, saying when (`what`) it was asked.
+async fn ask_until<T, F, Fut>(url: &str, within: Duration, what: &str, ask: F) -> T
+where
+    F: Fn(tokio_postgres::Client) -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
     loop {
         let asked = tokio::time::timeout(Duration::from_secs(5), async {
             let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
                 .await
                 .ok()?;
             tokio::spawn(connection);
-            let row = client
-                .query_one("SELECT pg_current_wal_lsn()::text", &[])
-                .await
-                .ok()?;
-            Some(common::pg::parse_lsn(row.get(0)))
+            ask(client).await
         })
         .await;
-        if let Ok(Some(lsn)) = asked {
-            return lsn;
+        if let Ok(Some(answer)) = asked {
+            return answer;
         }
         assert!(
             Instant::now() < deadline,
-            "nemesis: {url} did not answer for {} after a PostgreSQL fault",
-            secs(PROMOTION_WAITS)
+            "nemesis: {url} did not answer for {} {what}",
+            secs(within)
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -575,53 +589,36 @@ async fn assert_not_acknowledged(world: &World, commits: &[Commit], step: &Step)
         return;
     }
     let url = writers_url(&world.relay_url);
-    let deadline = Instant::now() + 2 * PROMOTION_WAITS;
-    let (first, confirmed) = loop {
-        let read = tokio::time::timeout(Duration::from_secs(10), async {
-            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                .await
-                .ok()?;
-            tokio::spawn(connection);
-            let ids: Vec<&str> = commits
-                .iter()
-                .flat_map(|c| &c.ids)
-                .map(String::as_str)
-                .collect();
-            let kept = client
-                .query(
-                    "SELECT id::text FROM outbox_written WHERE id = ANY($1::text[]::uuid[])",
-                    &[&ids],
-                )
-                .await
-                .ok()?;
-            let kept: std::collections::HashSet<String> = kept.iter().map(|r| r.get(0)).collect();
-            let slot = client
-                .query_one(
-                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots \
-                     WHERE slot_name = $1",
-                    &[&world.outbox.slot],
-                )
-                .await
-                .ok()?;
-            let confirmed = common::pg::parse_lsn(slot.get(0));
-            let first = commits
-                .iter()
-                .find(|c| c.ids.iter().any(|id| kept.contains(id)))
-                .cloned();
-            Some((first, confirmed))
-        })
-        .await;
-        if let Ok(Some(read)) = read {
-            break read;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "nemesis, {}: the primary did not answer for {}",
-            step.fault,
-            secs(2 * PROMOTION_WAITS)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let what = format!("at the heal of {}", step.fault);
+    let ids: Vec<&str> = commits
+        .iter()
+        .flat_map(|c| &c.ids)
+        .map(String::as_str)
+        .collect();
+    let (ids, slot_name) = (&ids, &world.outbox.slot);
+    let (kept, confirmed) = ask_until(&url, 2 * PROMOTION_WAITS, &what, |client| async move {
+        let kept = client
+            .query(
+                "SELECT id::text FROM outbox_written WHERE id = ANY($1::text[]::uuid[])",
+                &[ids],
+            )
+            .await
+            .ok()?;
+        let kept: std::collections::HashSet<String> = kept.iter().map(|r| r.get(0)).collect();
+        let slot = client
+            .query_one(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots \
+                 WHERE slot_name = $1",
+                &[slot_name],
+            )
+            .await
+            .ok()?;
+        Some((kept, common::pg::parse_lsn(slot.get(0))))
+    })
+    .await;
+    let first = commits
+        .iter()
+        .find(|c| c.ids.iter().any(|id| kept.contains(id)));
     let Some(Commit {
         ids,
         ended_by: Some(ended_by),
@@ -630,13 +627,13 @@ async fn assert_not_acknowledged(world: &World, commits: &[Commit], step: &Step)
         return;
     };
     assert!(
-        confirmed < ended_by,
+        confirmed < *ended_by,
         "nemesis, {}: the slot was acknowledged to {} at the heal, at or past the commit of \
          row {} (ended by {}), which no relay could deliver; relay logs:\n{}",
         step.fault,
         common::pg::format_lsn(confirmed),
         ids[0],
-        common::pg::format_lsn(ended_by),
+        common::pg::format_lsn(*ended_by),
         relay_logs(world)
     );
 }
