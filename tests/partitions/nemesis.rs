@@ -11,7 +11,12 @@
 //! - two relays (one active, one standby) on relay0/relay1, through the multi-host URL and the
 //!   broker list;
 //! - two `outbox-inbox consume` replicas on relay2/relay3, each through a node of its own,
-//!   applying an effect per message into the lab's PostgreSQL.
+//!   applying an effect per message into the lab's PostgreSQL;
+//! - two bad inputs among the faults: rows routed to an exchange the relays may use
+//!   (`--allowed-exchanges <exchange>.undeclared.*`) and nobody declared, and the outbox table
+//!   renamed while the application writes under the new name. At each heal the slot must
+//!   not have passed the first such row; then the exchange is declared and bound to both
+//!   queues, or the table renamed back and the relays (both stopped) started again.
 //!
 //! Every fault heals after its time; the schedule keeps the system survivable (a quorum of
 //! nodes, one relay and one consumer, one PostgreSQL fault at a time): see the schedule's
