@@ -11,7 +11,12 @@
 //! - two relays (one active, one standby) on relay0/relay1, through the multi-host URL and the
 //!   broker list;
 //! - two `outbox-inbox consume` replicas on relay2/relay3, each through a node of its own,
-//!   applying an effect per message into the lab's PostgreSQL.
+//!   applying an effect per message into the lab's PostgreSQL;
+//! - two bad inputs among the faults: rows routed to an exchange the relays may use
+//!   (`--allowed-exchanges <exchange>.undeclared.*`) and nobody declared, and the outbox table
+//!   renamed while the application writes under the new name. At each heal the slot must
+//!   not have passed the first such row; then the exchange is declared and bound to both
+//!   queues, or the table renamed back and the relays (both stopped) started again.
 //!
 //! Every fault heals after its time; the schedule keeps the system survivable (a quorum of
 //! nodes, one relay and one consumer, one PostgreSQL fault at a time): see the schedule's
@@ -49,9 +54,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use common::amqp::{declare_bound_queue_with_args, delete_queue, quorum_queue_arguments};
+use common::amqp::{
+    declare_bound_queue_with_args, delete_queue, quorum_queue_arguments, try_declare_and_bind,
+};
 use common::failover::{FailoverPair, PairOptions, Rejoin};
-use common::faults::{check_ack_of_commits, report, secs, Tally, Writers};
+use common::faults::{
+    check_ack_of_commits, connect_retrying, report, secs, Commit, Tally, WriteTo, Writers,
+};
 use common::http::wait_http;
 use common::lab::Lab;
 use common::nemesis::{Fault, FaultKind, Host, Plan, RelayRole, Schedule, Seed, Step, Topology};
@@ -100,6 +109,15 @@ const PROMOTION_WAITS: Duration = Duration::from_secs(90);
 /// sooner than the default hour (the first hour-long campaign's oracle took the rows its
 /// default retention deleted at the end for rows the final primary lacked).
 const CLEANUP_FLAGS: [&str; 4] = ["--retention", "2m", "--cleanup-interval", "15s"];
+/// How long a renamed outbox table may take to stop both relays: the active one at the
+/// first row written under the new name (it may be behind, held by a broker fault), the
+/// standby once it takes the slot and finds no table of the configured name.
+const RELAYS_STOP_WITHIN: Duration = Duration::from_secs(60);
+/// How long one attempt to declare an exchange through a node may take before the next
+/// node is tried (a paused node never answers).
+const DECLARE_ATTEMPT: Duration = Duration::from_secs(10);
+/// The outbox table's name while a rename lasts.
+const RENAMED_TABLE: &str = "outbox_renamed";
 /// What the final primary's history holds, whatever the cleanup deleted: a trigger copies
 /// each row's id and created_at in the row's own transaction, so a failover keeps or loses
 /// the copy with the row, and the cleanup never touches it. Not in the publication.
@@ -128,6 +146,11 @@ struct World {
     brokers: String,
     effects_url: String,
     consumer_queue: String,
+    /// The relays' flags beyond the kit's: the cleanup, and the exchanges rows may name.
+    relay_flags: Vec<String>,
+    /// The exchanges an undeclared-exchange fault routes rows to: this and a number.
+    undeclared_prefix: String,
+    undeclared: AtomicUsize,
     relays: Vec<Mutex<Slot>>,
     consumers: Vec<Mutex<Slot>>,
     /// How many consumers the after-commit failpoint aborted (see `Fault::ConsumerKill9`).
@@ -157,7 +180,8 @@ impl World {
     fn start_relay(&self, i: usize) {
         let host = self.lab.relay_host(RELAY_HOSTS[i]);
         let urls = (self.relay_url.as_str(), self.brokers.as_str());
-        let (process, at) = spawn_relay_via(&self.outbox, host, urls, &CLEANUP_FLAGS);
+        let flags: Vec<&str> = self.relay_flags.iter().map(String::as_str).collect();
+        let (process, at) = spawn_relay_via(&self.outbox, host, urls, &flags);
         let mut slot = self.relays[i].lock().unwrap();
         slot.process = Some(process);
         slot.metrics = Some(at);
@@ -199,6 +223,11 @@ impl World {
         (0..RELAY_HOSTS.len())
             .find(|&i| Some(self.lab.relay_host(RELAY_HOSTS[i]).addr().to_string()) == addr)
             .unwrap_or(0)
+    }
+
+    /// The queues every message reaches: the consumers' and the test's.
+    fn queues(&self) -> [&str; 2] {
+        [&self.consumer_queue, &self.outbox.queue]
     }
 
     async fn relay_of(&self, role: RelayRole) -> usize {
@@ -248,27 +277,41 @@ impl Rewind {
 /// The current WAL position of the server `url` names, asked until it answers: a network
 /// fault overlapping a PostgreSQL one may hold the connection up for its time.
 async fn wal_end_after(url: &str) -> u64 {
-    let deadline = Instant::now() + PROMOTION_WAITS;
+    let what = "after a PostgreSQL fault";
+    ask_until(url, PROMOTION_WAITS, what, |client| async move {
+        let row = client
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await
+            .ok()?;
+        Some(common::pg::parse_lsn(row.get(0)))
+    })
+    .await
+}
+
+/// `ask` on a connection of its own to `url`, again every 200 ms until it answers (5 s at
+/// most a try); panics after `within`, saying when (`what`) it was asked.
+async fn ask_until<T, F, Fut>(url: &str, within: Duration, what: &str, ask: F) -> T
+where
+    F: Fn(tokio_postgres::Client) -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
     loop {
         let asked = tokio::time::timeout(Duration::from_secs(5), async {
             let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
                 .await
                 .ok()?;
             tokio::spawn(connection);
-            let row = client
-                .query_one("SELECT pg_current_wal_lsn()::text", &[])
-                .await
-                .ok()?;
-            Some(common::pg::parse_lsn(row.get(0)))
+            ask(client).await
         })
         .await;
-        if let Ok(Some(lsn)) = asked {
-            return lsn;
+        if let Ok(Some(answer)) = asked {
+            return answer;
         }
         assert!(
             Instant::now() < deadline,
-            "nemesis: {url} did not answer for {} after a PostgreSQL fault",
-            secs(PROMOTION_WAITS)
+            "nemesis: {url} did not answer for {} {what}",
+            secs(within)
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -452,6 +495,71 @@ async fn run_step(world: Arc<World>, started: Instant, step: Step) -> Ran {
             tokio::time::sleep(lasts).await;
             gone.heal();
         }
+        Fault::UndeclaredExchange => {
+            // The application routes rows to an exchange the relays may use and nobody
+            // declared; the relay must wait at the first one, acknowledging nothing from it.
+            let n = world.undeclared.fetch_add(1, Ordering::Relaxed);
+            let exchange = format!("{}{n}", world.undeclared_prefix);
+            let to = WriteTo {
+                exchange: Some(exchange.clone()),
+                ..WriteTo::default()
+            };
+            let url = writers_url(&world.relay_url);
+            let writer =
+                Writers::start_noting_positions_to(&url, &to, 1, MAX_TXN_ROWS, WRITE_PAUSE);
+            tokio::time::sleep(lasts).await;
+            // A PostgreSQL fault may have kept every commit off so far (seed 42's tenth
+            // minute: 4 s inside a vanished primary, no row held): the fault is a held row,
+            // so it lasts until there is one.
+            writer.wait_committed(1, 2 * PROMOTION_WAITS).await;
+            let held = writer.stop_with_commits().await;
+            assert_not_acknowledged(&world, &held, &step).await;
+            let node = declare_and_bind(&world, &exchange).await;
+            println!(
+                "nemesis: {} healed: {} rows held, {exchange} declared and bound through \
+                 node {node}",
+                step.fault,
+                held.iter().map(|c| c.ids.len()).sum::<usize>()
+            );
+        }
+        Fault::TableRename => {
+            // The application writes to the table under its new name; the relays stop
+            // before acknowledging a row of it, and renamed back it all arrives.
+            let url = writers_url(&world.relay_url);
+            let rename = |from: &str, to: &str| format!("ALTER TABLE {from} RENAME TO {to}");
+            let ddl = connect_retrying(&url, PROMOTION_WAITS).await;
+            ddl.batch_execute(&rename("outbox", RENAMED_TABLE))
+                .await
+                .unwrap_or_else(|e| panic!("nemesis, {}: rename: {e}", step.fault));
+            let to = WriteTo {
+                table: RENAMED_TABLE.into(),
+                exchange: None,
+            };
+            let writer =
+                Writers::start_noting_positions_to(&url, &to, 1, MAX_TXN_ROWS, WRITE_PAUSE);
+            tokio::time::sleep(lasts).await;
+            // Rows under the new name are what stops the relays (as for a held row above).
+            writer.wait_committed(1, 2 * PROMOTION_WAITS).await;
+            let renamed = writer.stop_with_commits().await;
+            let stopped = if renamed.is_empty() {
+                // Nothing under the new name: nothing stops them (they warn and wait).
+                Vec::new()
+            } else {
+                relays_stopped(&world, &step).await
+            };
+            assert_not_acknowledged(&world, &renamed, &step).await;
+            let ddl = connect_retrying(&url, PROMOTION_WAITS).await;
+            ddl.batch_execute(&rename(RENAMED_TABLE, "outbox"))
+                .await
+                .unwrap_or_else(|e| panic!("nemesis, {}: rename back: {e}", step.fault));
+            restart_relays(&world).await;
+            println!(
+                "nemesis: {} healed: {} rows written under the new name; stopped: {}",
+                step.fault,
+                renamed.iter().map(|c| c.ids.len()).sum::<usize>(),
+                stopped.join("; ")
+            );
+        }
     }
     let healed = SystemTime::now();
     // What an operator does: a node the fault left paused past its settle time (the plan's
@@ -474,6 +582,128 @@ async fn run_step(world: Arc<World>, started: Instant, step: Step) -> Ran {
         began,
         healed,
         rewind,
+    }
+}
+
+/// The ACK oracle while a row is held (`step`'s rows, by `commits`, in commit order): the
+/// slot, read on the primary, has not passed the first of them that the primary has (a
+/// failover may have lost the first ones; the relay never saw those). Each commit ended at
+/// or before its noted position, so a slot at or past it acknowledged that commit.
+async fn assert_not_acknowledged(world: &World, commits: &[Commit], step: &Step) {
+    if commits.is_empty() {
+        return;
+    }
+    let url = writers_url(&world.relay_url);
+    let what = format!("at the heal of {}", step.fault);
+    let ids: Vec<&str> = commits
+        .iter()
+        .flat_map(|c| &c.ids)
+        .map(String::as_str)
+        .collect();
+    let (ids, slot_name) = (&ids, &world.outbox.slot);
+    let (kept, confirmed) = ask_until(&url, 2 * PROMOTION_WAITS, &what, |client| async move {
+        let kept = client
+            .query(
+                "SELECT id::text FROM outbox_written WHERE id = ANY($1::text[]::uuid[])",
+                &[ids],
+            )
+            .await
+            .ok()?;
+        let kept: std::collections::HashSet<String> = kept.iter().map(|r| r.get(0)).collect();
+        let slot = client
+            .query_one(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots \
+                 WHERE slot_name = $1",
+                &[slot_name],
+            )
+            .await
+            .ok()?;
+        Some((kept, common::pg::parse_lsn(slot.get(0))))
+    })
+    .await;
+    let first = commits
+        .iter()
+        .find(|c| c.ids.iter().any(|id| kept.contains(id)));
+    let Some(Commit {
+        ids,
+        ended_by: Some(ended_by),
+    }) = first
+    else {
+        return;
+    };
+    assert!(
+        confirmed < *ended_by,
+        "nemesis, {}: the slot was acknowledged to {} at the heal, at or past the commit of \
+         row {} (ended by {}), which no relay could deliver; relay logs:\n{}",
+        step.fault,
+        common::pg::format_lsn(confirmed),
+        ids[0],
+        common::pg::format_lsn(*ended_by),
+        relay_logs(world)
+    );
+}
+
+/// Declares the `exchange` rows were routed to and binds the campaign's queues to it, through
+/// whichever node answers first (at most one node is impaired at a time); returns that node.
+async fn declare_and_bind(world: &World, exchange: &str) -> usize {
+    let cluster = &world.lab.cluster;
+    let deadline = Instant::now() + PROMOTION_WAITS;
+    let mut failures = Vec::new();
+    for node in (0..cluster.len()).cycle() {
+        let url = cluster.url(node);
+        let queues = world.queues();
+        match try_declare_and_bind(&url, exchange, &queues, "#", DECLARE_ATTEMPT).await {
+            Ok(()) => return node,
+            Err(e) => failures.push(format!("node {node}: {e}")),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nemesis: no node declared exchange {exchange} within {}: {failures:?}",
+            secs(PROMOTION_WAITS)
+        );
+    }
+    unreachable!("a cycle over the nodes ends by a return or the deadline's panic")
+}
+
+/// Waits for both relays to exit (a renamed table stops each) and returns how each ended.
+async fn relays_stopped(world: &World, step: &Step) -> Vec<String> {
+    let deadline = Instant::now() + RELAYS_STOP_WITHIN;
+    let mut stopped = Vec::new();
+    for (i, slot) in world.relays.iter().enumerate() {
+        let process = slot.lock().unwrap().process.take();
+        let Some(process) = process else {
+            continue;
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let exited = process.wait_exit(left).await;
+        let log = process.log();
+        // Back in its slot: its log stays in the reports until it is started again.
+        slot.lock().unwrap().process = Some(process);
+        let Some(status) = exited else {
+            panic!(
+                "nemesis, {}: relay {i} still runs {} after the heal began, with the outbox \
+                 table renamed; its log:\n{log}",
+                step.fault,
+                secs(RELAYS_STOP_WITHIN)
+            );
+        };
+        let error = common::relay::final_error(&log).unwrap_or("no final error");
+        stopped.push(format!("relay {i} ({status}): {error}"));
+    }
+    stopped
+}
+
+/// Starts every relay again, stopping first any that still runs (SIGTERM, as an operator's
+/// restart does).
+async fn restart_relays(world: &World) {
+    for i in 0..world.relays.len() {
+        let process = world.relays[i].lock().unwrap().process.take();
+        if let Some(process) = process {
+            process.sigterm();
+            let _ = process.wait_exit(PEER_TIMEOUT).await;
+            process.kill9();
+        }
+        world.start_relay(i);
     }
 }
 
@@ -550,6 +780,17 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
     let (effects_url, effects_client) = effects_database(lab, "nemesis_fx").await;
 
     let relay_url = pair.multi_host_url(&db);
+    // Rows of an undeclared-exchange fault name `<exchange>.undeclared.<n>`, which the relays
+    // may route to; nothing declares one before its fault's heal.
+    let undeclared_prefix = format!("{}.undeclared.", outbox.exchange);
+    let relay_flags: Vec<String> = CLEANUP_FLAGS
+        .iter()
+        .map(|f| f.to_string())
+        .chain([
+            "--allowed-exchanges".into(),
+            format!("{undeclared_prefix}*"),
+        ])
+        .collect();
     let world = Arc::new(World {
         lab,
         pair: tokio::sync::RwLock::new(pair),
@@ -558,6 +799,9 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
         brokers: lab.cluster.url_list(),
         effects_url,
         consumer_queue,
+        relay_flags,
+        undeclared_prefix,
+        undeclared: AtomicUsize::new(0),
         relays: (0..RELAY_HOSTS.len())
             .map(|_| {
                 Mutex::new(Slot {

@@ -75,6 +75,54 @@ pub async fn declare_exchange(url: &str, exchange: &str) {
     .await;
 }
 
+/// Declares `exchange` as [`declare_exchange`] does and binds each of `queues` to it with
+/// `key`, on a connection of its own, within `timeout`: an error rather than a panic when the
+/// node is down, paused or cut off, for a caller that then tries another node.
+pub async fn try_declare_and_bind(
+    url: &str,
+    exchange: &str,
+    queues: &[&str],
+    key: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let attempt = async {
+        let properties = ConnectionProperties::default();
+        let connection = Connection::connect(url, properties).await?;
+        let channel = connection.create_channel().await?;
+        let options = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        channel
+            .exchange_declare(
+                exchange.into(),
+                ExchangeKind::Topic,
+                options,
+                FieldTable::default(),
+            )
+            .await?;
+        for queue in queues {
+            let (options, arguments) = (QueueBindOptions::default(), FieldTable::default());
+            channel
+                .queue_bind(
+                    (*queue).into(),
+                    exchange.into(),
+                    key.into(),
+                    options,
+                    arguments,
+                )
+                .await?;
+        }
+        // Best effort, as in `with_channel`: the declare and the bindings are done.
+        let _ = connection.close(200, "OK".into()).await;
+        Ok::<(), lapin::Error>(())
+    };
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(done) => done.map_err(|e| format!("{e:?}")),
+        Err(_) => Err(format!("no answer within {timeout:?}")),
+    }
+}
+
 /// Whether `exchange` exists (a passive declare).
 pub async fn exchange_exists(url: &str, exchange: &str) -> bool {
     with_channel(url, |channel| async move {

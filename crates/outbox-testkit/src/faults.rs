@@ -63,10 +63,57 @@ pub struct Commit {
 /// How long [`Writers::stop`] waits for a writer's statement in flight.
 const WRITER_STOP_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// How long a writer waits before it tries again after a failure: a server down or a
+/// statement refused (the table renamed away) must not make it spin.
+const WRITER_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Where [`Writers`] insert: the outbox table, unless told otherwise.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteTo {
+    /// The table, as SQL names it (`outbox`, or the outbox under another name).
+    pub table: String,
+    /// Every row's `exchange` column; `None` leaves the column out (the default exchange,
+    /// and tables without the column).
+    pub exchange: Option<String>,
+}
+
+impl Default for WriteTo {
+    fn default() -> WriteTo {
+        WriteTo {
+            table: "outbox".into(),
+            exchange: None,
+        }
+    }
+}
+
+impl WriteTo {
+    fn insert_sql(&self) -> String {
+        let table = &self.table;
+        match &self.exchange {
+            None => format!(
+                "INSERT INTO {table} (event_type, payload) \
+                 VALUES ('FaultEvent', $1::text::jsonb) RETURNING id::text"
+            ),
+            Some(exchange) => format!(
+                "INSERT INTO {table} (event_type, payload, exchange) \
+                 VALUES ('FaultEvent', $1::text::jsonb, '{}') RETURNING id::text",
+                exchange.replace('\'', "''")
+            ),
+        }
+    }
+}
+
 impl Writers {
     /// Starts `writers` connections; each pauses `pause` between transactions.
     pub fn start(db_url: &str, writers: usize, max_txn_rows: usize, pause: Duration) -> Writers {
-        Self::start_with(db_url, writers, max_txn_rows, pause, false)
+        Self::start_with(
+            db_url,
+            &WriteTo::default(),
+            writers,
+            max_txn_rows,
+            pause,
+            false,
+        )
     }
 
     /// [`Self::start`], each writer also reading the WAL position after each COMMIT (one
@@ -78,11 +125,24 @@ impl Writers {
         max_txn_rows: usize,
         pause: Duration,
     ) -> Writers {
-        Self::start_with(db_url, writers, max_txn_rows, pause, true)
+        Self::start_noting_positions_to(db_url, &WriteTo::default(), writers, max_txn_rows, pause)
+    }
+
+    /// [`Self::start_noting_positions`] into `to`: another table name, or rows routed to
+    /// another exchange.
+    pub fn start_noting_positions_to(
+        db_url: &str,
+        to: &WriteTo,
+        writers: usize,
+        max_txn_rows: usize,
+        pause: Duration,
+    ) -> Writers {
+        Self::start_with(db_url, to, writers, max_txn_rows, pause, true)
     }
 
     fn start_with(
         db_url: &str,
+        to: &WriteTo,
         writers: usize,
         max_txn_rows: usize,
         pause: Duration,
@@ -90,20 +150,22 @@ impl Writers {
     ) -> Writers {
         let stop = Arc::new(AtomicBool::new(false));
         let committed = Arc::new(AtomicUsize::new(0));
+        let insert = Arc::new(to.insert_sql());
         let tasks = (0..writers)
             .map(|writer| {
                 let db_url = db_url.to_string();
                 let stop = stop.clone();
                 let committed = committed.clone();
+                let insert = insert.clone();
                 let shape = Shape {
                     writer,
                     max_txn_rows,
                     pause,
                     note_positions,
                 };
-                tokio::spawn(
-                    async move { write_until_stopped(&db_url, shape, &stop, &committed).await },
-                )
+                tokio::spawn(async move {
+                    write_until_stopped(&db_url, &insert, shape, &stop, &committed).await
+                })
             })
             .collect();
         Writers {
@@ -167,6 +229,7 @@ struct Shape {
 
 async fn write_until_stopped(
     db_url: &str,
+    insert: &str,
     shape: Shape,
     stop: &AtomicBool,
     committed: &AtomicUsize,
@@ -190,7 +253,7 @@ async fn write_until_stopped(
             }
             Err(_) => {
                 // The server is down or recovering: retry.
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(WRITER_RETRY_PAUSE).await;
                 continue;
             }
         };
@@ -205,16 +268,14 @@ async fn write_until_stopped(
             let mut rows = Vec::with_capacity(size);
             for _ in 0..size {
                 let payload = format!(r#"{{"writer": {writer}, "n": {}}}"#, written + rows.len());
-                match txn
-                    .query_one(
-                        "INSERT INTO outbox (event_type, payload) \
-                         VALUES ('FaultEvent', $1::text::jsonb) RETURNING id::text",
-                        &[&payload],
-                    )
-                    .await
-                {
+                match txn.query_one(insert, &[&payload]).await {
                     Ok(row) => rows.push(row.get::<_, String>(0)),
-                    Err(_) => continue 'connect,
+                    Err(_) => {
+                        // A refused statement (the table renamed away) comes back at once:
+                        // the reconnect must not spin on it.
+                        tokio::time::sleep(WRITER_RETRY_PAUSE).await;
+                        continue 'connect;
+                    }
                 }
             }
             if txn.commit().await.is_err() {

@@ -21,6 +21,10 @@
 //!   off until the old primary is back as a standby;
 //! - one relay at least is unimpaired (a relay is impaired when stopped, its host vanished
 //!   or cut), and one consumer at least;
+//! - a renamed outbox table (which stops every relay by design) overlaps no relay fault, no
+//!   PostgreSQL fault and no row held at an undeclared exchange: its heal waits for the
+//!   relays to reach the renamed rows and stop, which a held row or a stopped relay would
+//!   keep them from, and the rename needs the primary;
 //! - every fault has ended and settled by [`Plan::duration`]; [`QUIET`] without faults follows,
 //!   in which the oracles check that everything was delivered.
 
@@ -301,6 +305,14 @@ pub enum Fault {
     RabbitMemoryAlarm { node: usize },
     /// SIGKILL inbox consumer `consumer` around its commit; restart it after the fault.
     ConsumerKill9 { consumer: usize },
+    /// Rows routed (by their `exchange` column, which `--allowed-exchanges` allows) to an
+    /// exchange nobody declared: the relay waits at the first one; the heal declares it and
+    /// binds the campaign's queues to it.
+    UndeclaredExchange,
+    /// `ALTER TABLE outbox RENAME` while the application writes to the table under its new
+    /// name: the relays stop before acknowledging a row of it; the heal renames it back and
+    /// starts them again.
+    TableRename,
 }
 
 impl Fault {
@@ -319,6 +331,8 @@ impl Fault {
             Fault::HostVanish { .. } => FaultKind::HostVanish,
             Fault::RabbitMemoryAlarm { .. } => FaultKind::RabbitMemoryAlarm,
             Fault::ConsumerKill9 { .. } => FaultKind::ConsumerKill9,
+            Fault::UndeclaredExchange => FaultKind::UndeclaredExchange,
+            Fault::TableRename => FaultKind::TableRename,
         }
     }
 
@@ -355,6 +369,12 @@ impl Fault {
             | Fault::PartitionMinority { .. }
             | Fault::RabbitMemoryAlarm { .. } => impact.rabbit = true,
             Fault::ConsumerKill9 { consumer } => impact.consumer = Some(consumer),
+            Fault::UndeclaredExchange => impact.holds_delivery = true,
+            // DDL on the primary, and every relay stops on it.
+            Fault::TableRename => {
+                impact.pg = true;
+                impact.every_relay = true;
+            }
             Fault::HostVanish { host } => impact.add_host(host),
             Fault::PartitionOneWay { from: a, to: b }
             | Fault::PartitionFlapping { hosts: (a, b), .. } => {
@@ -380,7 +400,11 @@ impl fmt::Display for Fault {
                 };
                 write!(f, "{name} relay={role}")
             }
-            Fault::PgPrimaryCrash | Fault::PgSwitchover | Fault::PgRestart => f.write_str(name),
+            Fault::PgPrimaryCrash
+            | Fault::PgSwitchover
+            | Fault::PgRestart
+            | Fault::UndeclaredExchange
+            | Fault::TableRename => f.write_str(name),
             Fault::RabbitKill9 { node }
             | Fault::RabbitPause { node }
             | Fault::PartitionMinority { node }
@@ -414,6 +438,8 @@ pub enum FaultKind {
     HostVanish,
     RabbitMemoryAlarm,
     ConsumerKill9,
+    UndeclaredExchange,
+    TableRename,
 }
 
 /// How a kind is drawn: its weight, the range of its length and its settle time.
@@ -435,7 +461,7 @@ const fn spec(kind: FaultKind, weight: usize, lasts: (u64, u64), settle: u64) ->
 
 /// Every kind, in [`FaultKind`]'s order: how often it is drawn (out of the sum), how long it
 /// lasts (s), and how long its target takes to recover after it ends (s).
-const SPECS: [Spec; 13] = {
+const SPECS: [Spec; 15] = {
     use FaultKind::*;
     [
         // A restarted relay waits for the slot's lock before the standby role is real again.
@@ -455,11 +481,17 @@ const SPECS: [Spec; 13] = {
         spec(HostVanish, 8, (5, 30), 15),
         spec(RabbitMemoryAlarm, 6, (2, 10), 2),
         spec(ConsumerKill9, 10, (1, 10), 2),
+        // The relay retries the held row within its backoff (2 s here), then drains what
+        // queued behind it.
+        spec(UndeclaredExchange, 6, (2, 15), 5),
+        // The heal waits for both relays to stop before it renames back; the restarted
+        // standby waits for the slot's lock.
+        spec(TableRename, 8, (2, 10), 15),
     ]
 };
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 13] = {
+    pub const ALL: [FaultKind; 15] = {
         use FaultKind::*;
         [
             RelayKill9,
@@ -475,6 +507,8 @@ impl FaultKind {
             HostVanish,
             RabbitMemoryAlarm,
             ConsumerKill9,
+            UndeclaredExchange,
+            TableRename,
         ]
     };
 
@@ -494,6 +528,8 @@ impl FaultKind {
             FaultKind::HostVanish => "host_vanish",
             FaultKind::RabbitMemoryAlarm => "rabbit_memory_alarm",
             FaultKind::ConsumerKill9 => "consumer_kill9",
+            FaultKind::UndeclaredExchange => "undeclared_exchange",
+            FaultKind::TableRename => "table_rename",
         }
     }
 
@@ -526,6 +562,10 @@ struct Impact {
     pg: bool,
     relay: bool,
     consumer: Option<usize>,
+    /// Every relay stops, by design (a renamed outbox table).
+    every_relay: bool,
+    /// The relay waits at a row until the heal (an undeclared exchange).
+    holds_delivery: bool,
 }
 
 impl Impact {
@@ -738,6 +778,8 @@ fn draw_fault(rng: &mut Rng, kind: FaultKind, topology: &Topology) -> Option<Fau
         FaultKind::PgPrimaryCrash => Fault::PgPrimaryCrash,
         FaultKind::PgSwitchover => Fault::PgSwitchover,
         FaultKind::PgRestart => Fault::PgRestart,
+        FaultKind::UndeclaredExchange => Fault::UndeclaredExchange,
+        FaultKind::TableRename => Fault::TableRename,
         FaultKind::RabbitKill9 => Fault::RabbitKill9 {
             node: rng.index(topology.rabbit_nodes)?,
         },
@@ -820,6 +862,15 @@ fn fits(step: &Step, active: &[&Step], plan: &Plan, topology: &Topology) -> bool
         return false;
     }
     if new.relay && count(|i| i.relay) + 1 >= topology.relays {
+        return false;
+    }
+    // A renamed table stops every relay on purpose: no other fault may stop one, or hold
+    // the rows before the renamed ones, while it lasts (see the module doc).
+    let blocks_rename = |i: &Impact| i.relay || i.every_relay || i.holds_delivery;
+    if new.every_relay && impacts.iter().any(blocks_rename) {
+        return false;
+    }
+    if blocks_rename(&new) && count(|i| i.every_relay) > 0 {
         return false;
     }
     if let Some(j) = new.consumer {
@@ -909,11 +960,65 @@ mod tests {
         );
     }
 
+    /// Since the undeclared exchange and the table rename joined the kinds (their weights
+    /// changed every draw after the first).
     const PINNED_STEPS: [&str; 3] = [
         "+  49.6 s  rabbit_kill9 node=2 lasts 9.4 s",
-        "+  49.8 s  host_vanish host=relay1 lasts 26.3 s",
-        "+  55.3 s  partition_flapping hosts=rabbit2,consumer0 every=0.5 s lasts 16.7 s",
+        "+  49.8 s  pg_restart lasts 8.2 s",
+        "+  72.5 s  host_vanish host=consumer1 lasts 20.4 s",
     ];
+
+    #[test]
+    fn a_rename_fits_beside_broker_and_consumer_faults_but_no_relay_or_held_row() {
+        let plan = Plan::new(Seed(0), Duration::from_secs(600));
+        let topology = Topology::default();
+        let at = |secs, fault| Step {
+            at: Duration::from_secs(secs),
+            fault,
+            lasts: Duration::from_secs(5),
+        };
+        let rename = at(12, Fault::TableRename);
+        let fits_with = |active: Fault| fits(&rename, &[&at(10, active)], &plan, &topology);
+        assert!(fits_with(Fault::RabbitKill9 { node: 0 }));
+        assert!(fits_with(Fault::ConsumerKill9 { consumer: 1 }));
+        assert!(fits_with(Fault::PartitionOneWay {
+            from: Host::Rabbit(0),
+            to: Host::Consumer(1),
+        }));
+        assert!(!fits_with(Fault::RelayKill9 {
+            relay: RelayRole::Standby
+        }));
+        assert!(!fits_with(Fault::HostVanish {
+            host: Host::Relay(0)
+        }));
+        assert!(!fits_with(Fault::UndeclaredExchange));
+        assert!(!fits_with(Fault::TableRename));
+        assert!(!fits_with(Fault::PgRestart));
+        // And the other way round: nothing that stops a relay starts during a rename.
+        let active = at(10, Fault::TableRename);
+        let kill = at(
+            12,
+            Fault::RelayKill9 {
+                relay: RelayRole::Active,
+            },
+        );
+        assert!(!fits(&kill, &[&active], &plan, &topology));
+        assert!(!fits(
+            &at(12, Fault::UndeclaredExchange),
+            &[&active],
+            &plan,
+            &topology
+        ));
+        // Two held rows, or a held row and any other fault, may overlap.
+        let held = at(10, Fault::UndeclaredExchange);
+        assert!(fits(
+            &at(12, Fault::UndeclaredExchange),
+            &[&held],
+            &plan,
+            &topology
+        ));
+        assert!(fits(&kill, &[&held], &plan, &topology));
+    }
 
     #[test]
     fn ln_matches_the_platform_ln() {
@@ -1023,6 +1128,19 @@ mod tests {
                 return Err(format!("promotion {p} overlapped by {other}"));
             }
         }
+        // A rename is overlapped by nothing that stops a relay or holds a row before it.
+        for r in steps.iter().filter(|s| s.fault == Fault::TableRename) {
+            let window = r.at..r.settled();
+            if let Some(other) = steps.iter().find(|s| {
+                *s != r
+                    && (impairs_relay(&s.fault)
+                        || matches!(s.fault, Fault::UndeclaredExchange | Fault::TableRename))
+                    && s.at < window.end
+                    && window.start < s.settled()
+            }) {
+                return Err(format!("rename {r} overlapped by {other}"));
+            }
+        }
         Ok(())
     }
 
@@ -1062,7 +1180,7 @@ mod tests {
     fn impairs_pg(fault: &Fault) -> bool {
         matches!(
             fault,
-            Fault::PgPrimaryCrash | Fault::PgSwitchover | Fault::PgRestart
+            Fault::PgPrimaryCrash | Fault::PgSwitchover | Fault::PgRestart | Fault::TableRename
         ) || targets(fault).contains(&Host::PgPrimary)
     }
 
@@ -1168,6 +1286,31 @@ mod tests {
                 at(10, Fault::ConsumerKill9 { consumer: 0 }),
                 at(12, Fault::ConsumerKill9 { consumer: 1 }),
             ],
+            vec![
+                at(10, Fault::TableRename),
+                at(
+                    12,
+                    Fault::RelaySigterm {
+                        relay: RelayRole::Standby,
+                    },
+                ),
+            ],
+            vec![
+                at(
+                    10,
+                    Fault::PartitionOneWay {
+                        from: Host::Relay(0),
+                        to: Host::Rabbit(1),
+                    },
+                ),
+                at(12, Fault::TableRename),
+            ],
+            // The held row's settle is not over.
+            vec![
+                at(10, Fault::UndeclaredExchange),
+                at(18, Fault::TableRename),
+            ],
+            vec![at(10, Fault::PgRestart), at(12, Fault::TableRename)],
             vec![at(594, Fault::RabbitMemoryAlarm { node: 0 })],
             vec![at(10, Fault::RabbitKill9 { node: 3 })],
         ];
