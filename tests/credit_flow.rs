@@ -46,21 +46,9 @@ fn blocking<R>(f: impl FnOnce() -> R) -> R {
     tokio::task::block_in_place(f)
 }
 
-/// `sys:suspend` (`true`) or `sys:resume` of the process of the classic queue `queue` on
-/// `rabbit`'s default vhost. A suspended queue takes no message from its mailbox, so it
-/// confirms nothing and grants its publishers no credit; system messages (the resume) still
-/// reach it.
+/// [`RabbitServer::suspend_queue`], without stalling the runtime.
 fn suspend_queue(rabbit: &RabbitServer, queue: &str, suspended: bool) {
-    let call = if suspended { "suspend" } else { "resume" };
-    let expression = format!(
-        "{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<\"/\">>, queue, <<\"{queue}\">>)), \
-         ok = sys:{call}(amqqueue:get_pid(Q))."
-    );
-    let out = blocking(|| rabbit.ctl(&["eval", &expression]));
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
-        "sys:{call} of queue {queue}: {out:?}"
-    );
+    blocking(|| rabbit.suspend_queue(queue, suspended));
 }
 
 /// The state of each AMQP connection of `rabbit`, as RabbitMQ reports it (`running`, `flow`,

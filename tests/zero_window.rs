@@ -1,7 +1,7 @@
-//! A peer that stops reading is not a dead peer. While RabbitMQ blocks the relay (a memory
-//! alarm), nothing the relay sends is read: its publishes pile up in its AMQP socket, and it
-//! stops reading its replication stream, whose socket fills while a busy database goes on
-//! writing. Linux (5.11+) ends a connection whose zero window lasts its user timeout, answered
+//! A peer that stops reading is not a dead peer. While RabbitMQ holds the relay back (credit
+//! flow, a memory alarm), nothing more the relay sends is read: its publishes pile up in its
+//! AMQP socket, and it stops reading its replication stream, whose socket fills while a busy
+//! database goes on writing. Linux (5.11+) ends a connection whose zero window lasts its user timeout, answered
 //! probes or not. So no user timeout may sit on either end of those two connections, or a
 //! stall longer than `--peer-timeout` costs a reconnect and a window of re-publishes
 //! (docs/network-failures.md, "Dead peers"); dead peers are noticed by heartbeats instead.
@@ -24,10 +24,8 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long each stall is held once the zero window is seen.
 const HELD: Duration = Duration::from_secs(5 * 2);
 /// Bytes waiting in a socket queue that only a peer that stopped reading leaves there (more
-/// than any pause in a flowing connection). A blocked connection holds what lapin wrote
-/// before the broker's connection.blocked reached it (about 485 KiB with 64 KiB publishes on
-/// these machines); lapin writes nothing more until it is unblocked.
-const STALLED: u64 = 256 * 1024;
+/// than any pause in a flowing connection).
+const STALLED: u64 = 1024 * 1024;
 
 fn blocking<R>(f: impl FnOnce() -> R) -> R {
     tokio::task::block_in_place(f)
@@ -74,14 +72,26 @@ async fn a_broker_that_stops_reading_a_full_window_of_large_publishes_keeps_the_
     let rabbit = blocking(|| rabbit.join()).expect("rabbitmq start");
     let (outbox, oracle, mut consumer) = observed_outbox(&pg, &rabbit, "zw_amqp", false).await;
     let peer_timeout = PEER_TIMEOUT.as_secs().to_string();
-    let relay = outbox.spawn_relay(&["--peer-timeout", &peer_timeout]);
+    // Credit flow sends no connection.blocked: lapin goes on writing the whole window, and
+    // what the broker no longer reads stays in the socket. The stall must not reach the
+    // confirm timeout, which ends a session held in credit flow by design (credit_flow.rs).
+    let relay = outbox.spawn_relay(&[
+        "--peer-timeout",
+        &peer_timeout,
+        "--confirm-timeout-secs",
+        "120",
+    ]);
     outbox.insert("Before", "{}").await;
     consumer.wait_for(1, MINUTE).await;
     assert_eq!(consumer.received().len(), 1, "log:\n{}", relay.log());
 
-    blocking(|| rabbit.set_memory_alarm(true));
-    // 400 rows of 64 KiB: 25 MiB of publishes, more than the broker reads before it blocks.
-    insert_large_rows(&outbox, 400, 64).await;
+    blocking(|| rabbit.suspend_queue(&outbox.queue, true));
+    // The queue takes no more, the channel runs out of credit after 400 publishes and the
+    // connection's reader after 400 more; 1,100 rows of 256 KiB leave the rest of the window
+    // (224 publishes, 56 MiB) to the sockets, more than both ends' buffers hold (autotuned
+    // receive buffers grow to net.ipv4.tcp_rmem's maximum, 32 MiB here, and a receiver with
+    // room never closes its window).
+    insert_large_rows(&outbox, 1_100, 256).await;
     let queued = wait_stalled(rabbit.amqp_port(), |q| q.send).await;
     assert!(
         queued.is_some(),
@@ -90,13 +100,14 @@ async fn a_broker_that_stops_reading_a_full_window_of_large_publishes_keeps_the_
     );
     let stalled_at = Instant::now();
     tokio::time::sleep(HELD).await;
+    let held = stalled_at.elapsed();
     let reconnects = relay.reconnects();
     let still_queued = tcp_queues_to(rabbit.amqp_port())
         .iter()
         .map(|q| q.send)
         .max()
         .unwrap_or(0);
-    blocking(|| rabbit.set_memory_alarm(false));
+    blocking(|| rabbit.suspend_queue(&outbox.queue, false));
     assert_eq!(
         reconnects,
         0,
@@ -105,7 +116,8 @@ async fn a_broker_that_stops_reading_a_full_window_of_large_publishes_keeps_the_
     );
     assert!(
         still_queued >= STALLED,
-        "the window stayed closed for the whole stall ({still_queued} bytes queued at its end)"
+        "the window stayed closed for the whole stall ({still_queued} bytes queued at its end); log:\n{}",
+        relay.log()
     );
 
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
@@ -118,7 +130,8 @@ async fn a_broker_that_stops_reading_a_full_window_of_large_publishes_keeps_the_
                 "queued at the stall",
                 format!("{} bytes", queued.unwrap_or(0)),
             ),
-            ("held", secs(stalled_at.elapsed())),
+            ("queued at its end", format!("{still_queued} bytes")),
+            ("held", secs(held)),
             ("reconnects", relay.reconnects().to_string()),
         ],
     );
@@ -153,6 +166,7 @@ async fn confirms_held_back_while_the_database_is_busy_keep_the_replication_sess
     );
     let stalled_at = Instant::now();
     tokio::time::sleep(HELD).await;
+    let held = stalled_at.elapsed();
     let reconnects = relay.reconnects();
     let (_, _, walsender_after) = slot_state(&outbox.client, &outbox.slot)
         .await
@@ -175,7 +189,7 @@ async fn confirms_held_back_while_the_database_is_busy_keep_the_replication_sess
                 "unread at the stall",
                 format!("{} bytes", unread.unwrap_or(0)),
             ),
-            ("held", secs(stalled_at.elapsed())),
+            ("held", secs(held)),
             ("reconnects", relay.reconnects().to_string()),
         ],
     );

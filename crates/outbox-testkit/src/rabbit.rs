@@ -155,6 +155,25 @@ impl RabbitServer {
         );
     }
 
+    /// `sys:suspend` (`true`) or `sys:resume` of the process of the classic queue `queue`
+    /// on the default vhost. A suspended queue takes no message from its mailbox, so it
+    /// confirms nothing and grants its publishers no credit: the connection publishing to it
+    /// runs out of credit and RabbitMQ stops reading its socket, with no
+    /// `connection.blocked` (credit flow, not an alarm). System messages (the resume) still
+    /// reach it. Blocking.
+    pub fn suspend_queue(&self, queue: &str, suspended: bool) {
+        let call = if suspended { "suspend" } else { "resume" };
+        let expression = format!(
+            "{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<\"/\">>, queue, <<\"{queue}\">>)), \
+             ok = sys:{call}(amqqueue:get_pid(Q))."
+        );
+        let out = self.ctl(&["eval", &expression]);
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
+            "sys:{call} of queue {queue}: {out:?}"
+        );
+    }
+
     /// The beam process's pid, from the pid file.
     pub fn pid(&self) -> Option<i32> {
         self.private("pid").node.pid()
