@@ -13,10 +13,10 @@
 //! connection (broker memory or disk alarm) is reported on a watch so that confirm timeouts
 //! can pause instead of reconnecting in a loop.
 //!
-//! Dead letters go out on a channel of their own, one at a time: lapin may attach a return to
-//! another confirm of the same channel, and a dead letter's return reported on a later
-//! publish's confirm would be seen too late. Alone on its channel, a dead letter's return
-//! comes with its own confirm.
+//! Dead letters of returned messages go out on a channel of their own, many at once: its
+//! confirms come back in its own order, so a dead-letter queue slow to confirm holds back no
+//! answer of the publishing channel, and the delivery loop settles them past the same confirm
+//! barrier as every publish (a dead letter's return riding on another's confirm is seen).
 //!
 //! A third channel carries nothing but round trips ([`Broker::round_trip`]): the confirm
 //! barrier of [`super::delivery`] needs a frame from the broker that is read after every ack
@@ -95,7 +95,7 @@ pub struct Broker {
 /// Where dead letters go under the dead-letter policy.
 struct DeadLetters {
     exchange: ShortString,
-    /// Confirm mode, one publish outstanding at a time (see the module comment).
+    /// Confirm mode, awaited in its own order (see the module comment).
     channel: Channel,
 }
 

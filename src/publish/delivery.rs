@@ -41,7 +41,7 @@ use tokio::time::Instant;
 
 use super::dead_letter::{self, DeadLetterLog, Reason};
 use super::publisher::{Answer, Pending, Publisher};
-use super::queue::{AckToken, ConfirmQueue, Failure, PublishId, Settled};
+use super::queue::{AckToken, Channel, ConfirmQueue, Failure, PublishId, Settled};
 use crate::contract::message::{Message, Rejection, Unpublishable};
 use crate::error::{ErrorKind, MapProblem, RelayError};
 use crate::observability::{Health, RelayMetrics, DEAD_LETTERED_TOTAL, REASON_LABEL};
@@ -227,8 +227,8 @@ fn halts<P: Publisher>(publisher: &P, unpublishable: &Unpublishable) -> Option<R
 // On the stack for one turn of the loop: boxing the answer would allocate per confirm.
 #[allow(clippy::large_enum_variant)]
 enum Event<T> {
-    /// The broker answered the oldest publish not yet answered.
-    Answered(Result<Answer, RelayError>),
+    /// The broker answered the oldest publish not yet answered on the channel.
+    Answered(Channel, Result<Answer, RelayError>),
     /// The round trip of the outstanding barrier came back.
     RoundTripDone(Result<(), RelayError>),
     /// The source handed over an input (`None`: it closed the channel).
@@ -312,8 +312,8 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
             }
             self.prepare_barrier();
             match self.next_event(input).await {
-                Event::Answered(answer) => {
-                    if let Err(error) = self.on_answer(answer) {
+                Event::Answered(channel, answer) => {
+                    if let Err(error) = self.on_answer(channel, answer) {
                         self.on_answer_failed(error).await?;
                     }
                 }
@@ -351,7 +351,6 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
     /// The next event, answers first: under a backlog the loop drains confirms before it
     /// takes new work.
     async fn next_event(&mut self, input: &mut mpsc::Receiver<Input<T>>) -> Event<T> {
-        let has_unresolved = self.queue.next_unresolved().is_some();
         let room = self.input_open && self.queue.in_flight() < self.window;
         let deadline = self.confirm_deadline();
         let timing = deadline.is_some();
@@ -363,15 +362,24 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
             blocked_open,
             ..
         } = self;
+        let [publishing, dead_letters] = queue.next_unresolved_each();
+        let (has_publishing, has_dead_letters) = (publishing.is_some(), dead_letters.is_some());
         tokio::select! {
             biased;
 
             answer = async {
-                match queue.next_unresolved() {
+                match publishing {
                     Some(next) => next.pending.answer().await,
                     None => std::future::pending().await,
                 }
-            }, if has_unresolved => Event::Answered(answer),
+            }, if has_publishing => Event::Answered(Channel::Publishing, answer),
+
+            answer = async {
+                match dead_letters {
+                    Some(next) => next.pending.answer().await,
+                    None => std::future::pending().await,
+                }
+            }, if has_dead_letters => Event::Answered(Channel::DeadLetters, answer),
 
             result = async {
                 match round_trip.as_mut() {
@@ -424,15 +432,13 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
         settled
     }
 
-    /// Settles the front publishes that passed barriers, in order. A returned front under
-    /// the dead-letter policy is re-published to the dead-letter exchange and stays at the
-    /// front, unresolved again.
+    /// Settles the front publishes that passed barriers, in order. Under the dead-letter
+    /// policy every publish a passed barrier showed returned is first re-published to the
+    /// dead-letter exchange, in place and unresolved again ([`Self::dead_letter_returned`]).
     async fn settle_ready(&mut self) -> Result<(), RelayError> {
+        self.dead_letter_returned().await?;
         while let Some(acked) = self.queue.settleable_front() {
-            let Some(settled) = self.settle_front(acked).await? else {
-                self.metrics.returned.increment(1);
-                continue;
-            };
+            let settled = self.settle_front(acked)?;
             self.metrics.in_flight.decrement(1.0);
             if settled.dead_lettered.is_none() {
                 self.metrics.confirmed.increment(1);
@@ -452,19 +458,38 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
         Ok(())
     }
 
-    /// Settles the front publish, which the broker answered (`acked`) and a barrier made
-    /// settleable: the settled publish, `None` when a returned front went to the dead-letter
-    /// exchange instead, or the error that stops the pipeline.
-    async fn settle_front(
-        &mut self,
-        acked: bool,
-    ) -> Result<Option<Settled<InFlight<P::Pending>>>, RelayError> {
-        let failure = match self.queue.settle_front(acked) {
-            None => {
+    /// Under the dead-letter policy: starts the dead letter of every publish the broker
+    /// returned whose answer a passed barrier made final, all of them before awaiting any
+    /// (a burst of unroutable rows costs one round of confirms, not one per row). They go
+    /// out on the dead-letter channel in queue order, so its confirms come back in the order
+    /// they are awaited, and each is settled only past a barrier like any publish: a dead
+    /// letter's return riding on another's confirm is seen before either settles.
+    async fn dead_letter_returned(&mut self) -> Result<(), RelayError> {
+        let Some(exchange) = self.publisher.dead_letter_exchange() else {
+            return Ok(());
+        };
+        for (index, returned) in self.queue.take_returned() {
+            self.metrics.returned.increment(1);
+            let reason = Reason::of_return(&returned);
+            let letter = dead_letter::dead_letter(exchange, returned.message, &reason);
+            let pending = self.publisher.start_dead_letter(letter).await?;
+            let Some(in_flight) = self.queue.dead_letter_at(index, reason) else {
                 return Err(RelayError::Bug(
-                    "settled a front that is not a publish".into(),
-                ))
-            }
+                    "a returned publish to dead-letter is not in the queue".into(),
+                ));
+            };
+            in_flight.pending = pending;
+        }
+        Ok(())
+    }
+
+    /// Settles the front publish, which the broker answered (`acked`) and a barrier made
+    /// settleable: the settled publish, or the error that stops the pipeline.
+    fn settle_front(&mut self, acked: bool) -> Result<Settled<InFlight<P::Pending>>, RelayError> {
+        match self.queue.settle_front(acked) {
+            None => Err(RelayError::Bug(
+                "settled a front that is not a publish".into(),
+            )),
             Some(Ok(settled)) => {
                 if let Some(reason) = &settled.dead_lettered {
                     metrics::counter!(DEAD_LETTERED_TOTAL, REASON_LABEL => reason.label())
@@ -476,21 +501,10 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
                         tracing::warn!("{line}");
                     }
                 }
-                return Ok(Some(settled));
+                Ok(settled)
             }
-            Some(Err(failure)) => failure,
-        };
-        let (returned, exchange) = match (failure, self.publisher.dead_letter_exchange()) {
-            (Failure::Returned { returned, .. }, Some(exchange)) => (returned, exchange),
-            (failure, _) => return Err(failure_error(failure)),
-        };
-        let reason = Reason::of_return(&returned);
-        let letter = dead_letter::dead_letter(exchange, returned.message, &reason);
-        let pending = self.publisher.start_dead_letter(letter).await?;
-        if let Some(front) = self.queue.dead_letter_front(reason) {
-            front.pending = pending;
+            Some(Err(failure)) => Err(failure_error(failure)),
         }
-        Ok(None)
     }
 
     /// Begins a barrier when answers wait behind one, and sends its round trip.
@@ -505,8 +519,12 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
         }
     }
 
-    fn on_answer(&mut self, answer: Result<Answer, RelayError>) -> Result<(), RelayError> {
-        observe(&mut self.queue, answer?)?;
+    fn on_answer(
+        &mut self,
+        channel: Channel,
+        answer: Result<Answer, RelayError>,
+    ) -> Result<(), RelayError> {
+        observe(&mut self.queue, channel, answer_on(channel, answer)?)?;
         observe_ready(&mut self.queue)?;
         if self.queue.barrier_witnessed() {
             if let Some(epoch) = self.queue.barrier_outstanding() {
@@ -729,7 +747,7 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
         if !matches!(error, RelayError::Broker(_)) {
             return error;
         }
-        let Some(next) = self.queue.next_unresolved() else {
+        let Some(next) = self.queue.next_unresolved(Channel::Publishing) else {
             return error;
         };
         match tokio::time::timeout(CLOSE_REASON_WAIT, next.pending.answer()).await {
@@ -757,10 +775,10 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
             self.publisher.learn_max_message_size(limit);
         }
         // Kept only while the window is 1: alone in flight, it is the front.
-        let alone_and_kept = self.queue.unresolved().count() == 1
+        let alone_and_kept = self.queue.unresolved(Channel::Publishing).count() == 1
             && self
                 .queue
-                .next_unresolved()
+                .next_unresolved(Channel::Publishing)
                 .is_some_and(|next| next.original.is_some());
         let dead_letters = self.publisher.dead_letter_exchange().map(str::to_string);
         let (Some(exchange), true) = (dead_letters, alone_and_kept) else {
@@ -768,7 +786,7 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
         };
         let Some(original) = self
             .queue
-            .next_unresolved()
+            .next_unresolved(Channel::Publishing)
             .and_then(|next| next.original.take())
         else {
             return Err(self.refused_error(reply_code, &reply_text));
@@ -799,7 +817,8 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
     /// the publish it refused when one is alone in flight or has the size a 406 names, else
     /// the newest publish in flight (see [`Self::on_channel_closed`]).
     fn refused_error(&self, reply_code: u16, reply_text: &str) -> RelayError {
-        let unresolved: Vec<(&str, &InFlight<P::Pending>)> = self.queue.unresolved().collect();
+        let unresolved: Vec<(&str, &InFlight<P::Pending>)> =
+            self.queue.unresolved(Channel::Publishing).collect();
         let by_size = refused_size(reply_code, reply_text).and_then(|(size, _)| {
             unresolved
                 .iter()
@@ -848,34 +867,53 @@ fn refused_size(reply_code: u16, reply_text: &str) -> Option<(usize, usize)> {
     Some((number_after("message size ")?, number_after("max size ")?))
 }
 
-/// Records the broker's answer for the queue's next unresolved publish, and the return it
-/// carried, for whichever publish the return names.
+/// An answer on `channel`. The broker closing the dead-letter channel refuses no publish
+/// the loop could attribute (that is the publishing channel's close): it ends the session
+/// like any broker error, and the next one checks the dead-letter exchange again.
+fn answer_on(channel: Channel, answer: Result<Answer, RelayError>) -> Result<Answer, RelayError> {
+    match (channel, answer) {
+        (
+            Channel::DeadLetters,
+            Err(RelayError::ChannelClosed {
+                reply_code,
+                reply_text,
+            }),
+        ) => Err(RelayError::Broker(format!(
+            "RabbitMQ closed the dead-letter channel: {reply_code} {reply_text}"
+        ))),
+        (_, answer) => answer,
+    }
+}
+
+/// Records the broker's answer for the queue's next unresolved publish on `channel`, and
+/// the return it carried, for whichever publish the return names.
 fn observe<T: AckToken, S>(
     queue: &mut ConfirmQueue<T, InFlight<S>>,
+    channel: Channel,
     answer: Answer,
 ) -> Result<(), RelayError> {
     if let Some(returned) = answer.returned {
         queue.record_return(returned).map_err(failure_error)?;
     }
-    queue.resolve_next(answer.acked);
+    queue.resolve_next(channel, answer.acked);
     Ok(())
 }
 
-/// Records every answer that is already there, in publish order, up to the first publish
-/// still waiting: lapin resolves a multiple ack's confirms one by one, and a return it
-/// attached to any of them must be seen before a barrier passes.
+/// Records every answer that is already there on each channel, in publish order, up to the
+/// first publish still waiting there: lapin resolves a multiple ack's confirms one by one,
+/// and a return it attached to any of them must be seen before a barrier passes.
 fn observe_ready<T: AckToken, S: Pending>(
     queue: &mut ConfirmQueue<T, InFlight<S>>,
 ) -> Result<(), RelayError> {
-    loop {
-        let Some(next) = queue.next_unresolved() else {
-            return Ok(());
-        };
-        let Some(answer) = next.pending.answer().now_or_never() else {
-            return Ok(());
-        };
-        observe(queue, answer?)?;
+    for channel in [Channel::Publishing, Channel::DeadLetters] {
+        while let Some(next) = queue.next_unresolved(channel) {
+            let Some(answer) = next.pending.answer().now_or_never() else {
+                break;
+            };
+            observe(queue, channel, answer_on(channel, answer)?)?;
+        }
     }
+    Ok(())
 }
 
 /// The error a [`Failure`] stops the pipeline with, when it is not dead-lettered.

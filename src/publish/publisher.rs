@@ -33,9 +33,9 @@ pub trait Publisher: Sync {
         message: Message,
     ) -> impl Future<Output = Result<Self::Pending, RelayError>> + Send;
 
-    /// Starts publishing a dead letter, alone on a channel of its own: its return, if any,
-    /// comes with its own answer. Only while [`dead_letter_exchange`](Self::dead_letter_exchange)
-    /// is `Some`.
+    /// Starts publishing a dead letter on a channel of its own, whose answers come back in
+    /// the order its publishes were started (a return rides on a confirm of that channel).
+    /// Only while [`dead_letter_exchange`](Self::dead_letter_exchange) is `Some`.
     fn start_dead_letter(
         &self,
         message: Message,

@@ -27,10 +27,12 @@
 //! no longer queued is [`Failure::ReturnedAfterSettle`]: nothing further is acknowledged.
 //!
 //! Under the dead-letter policy a publish can be a dead letter: pushed as one (a row that
-//! cannot be published), or turned into one at the front when the broker returned it (its
-//! re-publish to the dead-letter exchange replaces what the delivery task awaits). Either way
-//! it stays at the front, holding back everything behind it, until that publish is confirmed;
-//! a dead letter that is itself returned or nacked stops the queue like any publish.
+//! cannot be published), or turned into one in place once a passed barrier made its return
+//! certain (its re-publish to the dead-letter exchange replaces what the delivery task
+//! awaits; every returned publish of a burst is turned at once, so their dead letters are in
+//! flight together). Either way it keeps its place, holding back everything behind it, until
+//! that publish is confirmed; a dead letter that is itself returned or nacked stops the queue
+//! like any publish.
 //!
 //! Pure and synchronous: the delivery task awaits the front's confirm and feeds the outcome
 //! in. It never looks inside a token: it only orders tokens and folds those acknowledged
@@ -83,6 +85,29 @@ impl PublishId {
     }
 }
 
+/// The channel a publish went out on. Each channel's confirms come back in its own order,
+/// and a return rides only on a confirm of its own channel: answers are awaited in queue
+/// order per channel, so a dead letter the broker is slow to confirm holds back no answer of
+/// the publishing channel (nor the returns that more dead letters are made of).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// Every publish in stream order, a dead letter pushed as one included.
+    Publishing,
+    /// The dead letters of returned publishes (and of one refused alone).
+    DeadLetters,
+}
+
+impl Channel {
+    const ALL: [Channel; 2] = [Channel::Publishing, Channel::DeadLetters];
+
+    fn index(self) -> usize {
+        match self {
+            Channel::Publishing => 0,
+            Channel::DeadLetters => 1,
+        }
+    }
+}
+
 /// Why the queue stopped at a publish. The publish stays at the front.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Failure {
@@ -123,6 +148,8 @@ enum Entry<T, P> {
         pending: P,
         /// `Some` when `pending` is the message's dead letter.
         dead_letter: Option<Reason>,
+        /// Where `pending` went out.
+        channel: Channel,
         /// Publish order: a publish pushed after a barrier began witnesses it.
         seq: u64,
         /// `None` until the broker answered `pending`.
@@ -156,8 +183,9 @@ pub struct ConfirmQueue<T, P> {
     /// Ack points in `entries`: at most one more than the publishes between them.
     ack_points: usize,
     acknowledged: Option<T>,
-    /// Every entry before this index is an ack point or a resolved publish.
-    cursor: usize,
+    /// Per [`Channel`]: every entry before this index is an ack point, a publish on the other
+    /// channel or a resolved publish.
+    cursors: [usize; 2],
     next_seq: u64,
     /// The epoch that publishes resolving now belong to.
     observing: u64,
@@ -184,7 +212,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
             in_flight: 0,
             ack_points: 0,
             acknowledged: None,
-            cursor: 0,
+            cursors: [0; 2],
             next_seq: 0,
             observing: 1,
             observed: 0,
@@ -210,6 +238,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
             id,
             pending,
             dead_letter,
+            channel: Channel::Publishing,
             seq,
             resolution: None,
         });
@@ -221,33 +250,59 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         seq
     }
 
-    /// The oldest publish the broker has not answered yet (skipping ack points and answered
-    /// publishes): the one whose confirm the delivery task awaits.
-    pub fn next_unresolved(&mut self) -> Option<&mut P> {
-        while let Some(entry) = self.entries.get(self.cursor) {
+    /// Moves `channel`'s cursor to its oldest publish the broker has not answered yet; its
+    /// index, if there is one.
+    fn seek_unresolved(&mut self, channel: Channel) -> Option<usize> {
+        let cursor = &mut self.cursors[channel.index()];
+        while let Some(entry) = self.entries.get(*cursor) {
             match entry {
                 Entry::Publish {
-                    resolution: None, ..
-                } => break,
-                _ => self.cursor += 1,
+                    resolution: None,
+                    channel: on,
+                    ..
+                } if *on == channel => return Some(*cursor),
+                _ => *cursor += 1,
             }
         }
-        match self.entries.get_mut(self.cursor) {
+        None
+    }
+
+    /// The oldest publish on `channel` the broker has not answered yet (skipping ack points,
+    /// answered publishes and the other channel's): the one whose confirm the delivery task
+    /// awaits there.
+    pub fn next_unresolved(&mut self, channel: Channel) -> Option<&mut P> {
+        let index = self.seek_unresolved(channel)?;
+        match self.entries.get_mut(index) {
             Some(Entry::Publish { pending, .. }) => Some(pending),
             _ => None,
         }
     }
 
-    /// The broker answered the publish [`next_unresolved`](Self::next_unresolved) returned
-    /// (`acked` true for basic.ack). Any return its confirm carried is recorded first, with
-    /// [`record_return`](Self::record_return).
-    pub fn resolve_next(&mut self, acked: bool) {
-        if self.next_unresolved().is_none() {
-            return;
+    /// [`next_unresolved`](Self::next_unresolved) of both channels at once, publishing
+    /// channel first: the delivery task awaits whichever answers first.
+    pub fn next_unresolved_each(&mut self) -> [Option<&mut P>; 2] {
+        let wanted = Channel::ALL.map(|channel| self.seek_unresolved(channel));
+        let mut found = [None, None];
+        for (index, entry) in self.entries.iter_mut().enumerate() {
+            if let Entry::Publish { pending, .. } = entry {
+                if let Some(at) = wanted.iter().position(|&w| w == Some(index)) {
+                    found[at] = Some(pending);
+                }
+            }
         }
+        found
+    }
+
+    /// The broker answered the publish [`next_unresolved`](Self::next_unresolved)`(channel)`
+    /// returned (`acked` true for basic.ack). Any return its confirm carried is recorded
+    /// first, with [`record_return`](Self::record_return).
+    pub fn resolve_next(&mut self, channel: Channel, acked: bool) {
+        let Some(index) = self.seek_unresolved(channel) else {
+            return;
+        };
         if let Some(Entry::Publish {
             seq, resolution, ..
-        }) = self.entries.get_mut(self.cursor)
+        }) = self.entries.get_mut(index)
         {
             *resolution = Some(Resolution {
                 acked,
@@ -257,7 +312,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
                 self.witnessed = true;
             }
             self.observed += 1;
-            self.cursor += 1;
+            self.cursors[channel.index()] += 1;
         }
     }
 
@@ -339,7 +394,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         while matches!(self.entries.front(), Some(Entry::AckPoint(_))) {
             if let Some(Entry::AckPoint(token)) = self.entries.pop_front() {
                 self.ack_points -= 1;
-                self.cursor = self.cursor.saturating_sub(1);
+                self.popped_front();
                 match &mut self.acknowledged {
                     Some(acknowledged) => acknowledged.fold(token),
                     None => self.acknowledged = Some(token),
@@ -364,17 +419,26 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         })
     }
 
-    /// The publishes the broker has not answered yet, oldest first, with their ids.
-    pub fn unresolved(&self) -> impl Iterator<Item = (&str, &P)> {
-        self.entries.iter().filter_map(|entry| match entry {
+    /// The publishes on `channel` the broker has not answered yet, oldest first, with their
+    /// ids.
+    pub fn unresolved(&self, channel: Channel) -> impl Iterator<Item = (&str, &P)> {
+        self.entries.iter().filter_map(move |entry| match entry {
             Entry::Publish {
                 id,
                 pending,
                 resolution: None,
+                channel: on,
                 ..
-            } => Some((id.message_id.as_str(), pending)),
+            } if *on == channel => Some((id.message_id.as_str(), pending)),
             _ => None,
         })
+    }
+
+    /// The front entry was popped: every cursor moves with the entries.
+    fn popped_front(&mut self) {
+        for cursor in &mut self.cursors {
+            *cursor = cursor.saturating_sub(1);
+        }
     }
 
     pub fn front_message_id(&self) -> Option<&str> {
@@ -446,7 +510,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
             return None;
         };
         self.in_flight -= 1;
-        self.cursor = self.cursor.saturating_sub(1);
+        self.popped_front();
         Some(Ok(Settled {
             message_id: id.message_id,
             pending,
@@ -454,31 +518,93 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         }))
     }
 
-    /// The front publish was returned ([`Failure::Returned`]) and is being re-published to
-    /// the dead-letter exchange: it becomes a dead letter for `reason` and stays at the front.
-    /// Returns what the delivery task keeps for it, to swap in the re-publish; `None` unless
-    /// the front is a publish that is not a dead letter already.
-    /// The front waits for its dead letter's confirm: it is unresolved again, and published
-    /// now (a witness of any barrier begun before).
-    pub fn dead_letter_front(&mut self, reason: Reason) -> Option<&mut P> {
+    /// The publishes the broker returned whose answers a passed barrier made final, oldest
+    /// first, with their returns (taken: each is about to become a dead letter, see
+    /// [`dead_letter_at`](Self::dead_letter_at)), by their place in the queue. The scan skips
+    /// ack points, dead letters and publishes acked without a return, and stops at the first
+    /// publish not answered or not past a barrier, a nack, or a dead letter that was itself
+    /// returned: everything it takes lies before anything that fails the queue, and before
+    /// every publish still waiting for its first answer.
+    pub fn take_returned(&mut self) -> Vec<(usize, Returned)> {
+        let mut taken = Vec::new();
+        for (index, entry) in self.entries.iter().enumerate() {
+            let Entry::Publish {
+                id,
+                dead_letter,
+                resolution,
+                ..
+            } = entry
+            else {
+                continue;
+            };
+            let returned = self.returned.contains_key(id.key());
+            if dead_letter.is_some() {
+                if returned {
+                    break;
+                }
+                continue;
+            }
+            match resolution {
+                Some(resolution) if resolution.epoch <= self.passed => {
+                    if returned {
+                        taken.push(index);
+                    } else if !resolution.acked {
+                        break;
+                    }
+                }
+                _ => break,
+            }
+        }
+        taken
+            .into_iter()
+            .filter_map(|index| match &self.entries[index] {
+                Entry::Publish { id, .. } => {
+                    let returned = self.returned.remove(id.key())?;
+                    Some((index, returned))
+                }
+                Entry::AckPoint(_) => None,
+            })
+            .collect()
+    }
+
+    /// The publish at `index` (from [`take_returned`](Self::take_returned), or the front)
+    /// is re-published to the dead-letter exchange on [`Channel::DeadLetters`]: it becomes a
+    /// dead letter for `reason` and keeps its place. Returns what the delivery task keeps for it, to swap in the
+    /// re-publish; `None` unless `index` holds a publish that is not a dead letter already.
+    /// It waits for its dead letter's confirm: it is unresolved again, and published now (a
+    /// witness of any barrier begun before).
+    pub fn dead_letter_at(&mut self, index: usize, reason: Reason) -> Option<&mut P> {
         let new_seq = self.next_seq;
-        match self.entries.front_mut() {
+        match self.entries.get_mut(index) {
             Some(Entry::Publish {
                 pending,
                 dead_letter,
+                channel,
                 seq,
                 resolution,
                 ..
             }) if dead_letter.is_none() => {
                 *dead_letter = Some(reason);
+                *channel = Channel::DeadLetters;
                 *seq = new_seq;
                 *resolution = None;
                 self.next_seq += 1;
-                self.cursor = 0;
+                let cursor = &mut self.cursors[Channel::DeadLetters.index()];
+                *cursor = (*cursor).min(index);
                 Some(pending)
             }
             _ => None,
         }
+    }
+
+    /// [`dead_letter_at`](Self::dead_letter_at) the front: a publish the broker refused by
+    /// closing the channel while it was alone in flight.
+    pub fn dead_letter_front(&mut self, reason: Reason) -> Option<&mut P> {
+        let front = self
+            .entries
+            .iter()
+            .position(|entry| matches!(entry, Entry::Publish { .. }))?;
+        self.dead_letter_at(front, reason)
     }
 
     pub fn in_flight(&self) -> usize {
@@ -700,7 +826,10 @@ mod tests {
             "a dead letter is never dead-lettered again"
         );
         assert_eq!(advance(&mut q), None);
-        assert_eq!(q.next_unresolved(), Some(&mut "dead letter"));
+        assert_eq!(
+            q.next_unresolved(Channel::DeadLetters),
+            Some(&mut "dead letter")
+        );
         assert_eq!(
             q.settle_front(true)
                 .expect("front")
@@ -772,17 +901,29 @@ mod tests {
         assert_eq!(advance(&mut q), Some(100));
     }
 
-    /// Resolves the next unresolved publish (`acked`), carrying `returned` for `carries`.
+    /// Resolves the next unresolved publish on the publishing channel (`acked`), carrying
+    /// `returned` for `carries`.
     #[allow(clippy::result_large_err)]
     fn resolve(
         q: &mut ConfirmQueue<Pos, ()>,
         acked: bool,
         carries: Option<&str>,
     ) -> Result<(), Failure> {
+        resolve_on(q, Channel::Publishing, acked, carries)
+    }
+
+    /// [`resolve`] on `channel`.
+    #[allow(clippy::result_large_err)]
+    fn resolve_on(
+        q: &mut ConfirmQueue<Pos, ()>,
+        channel: Channel,
+        acked: bool,
+        carries: Option<&str>,
+    ) -> Result<(), Failure> {
         if let Some(id) = carries {
             q.record_return(returned(id))?;
         }
-        q.resolve_next(acked);
+        q.resolve_next(channel, acked);
         Ok(())
     }
 
@@ -894,6 +1035,110 @@ mod tests {
         );
     }
 
+    /// The ids `take_returned` took, with their places.
+    fn take_returned_ids<P>(q: &mut ConfirmQueue<Pos, P>) -> Vec<(usize, String)> {
+        q.take_returned()
+            .into_iter()
+            .map(|(index, returned)| (index, returned.message.message_id))
+            .collect()
+    }
+
+    #[test]
+    fn every_return_past_a_barrier_is_taken_at_once_up_to_the_first_answer_not_final() {
+        // a ✓, b returned, [ack], c returned, d ✓, e returned but answered after the
+        // barrier began, f unanswered.
+        let mut q = ConfirmQueue::new();
+        for id in ["a", "b"] {
+            q.push_publish(id.into(), ());
+        }
+        q.push_ack_point(Pos(100));
+        for id in ["c", "d", "e", "f"] {
+            q.push_publish(id.into(), ());
+        }
+        for carries in [None, Some("b"), Some("c"), None] {
+            resolve(&mut q, true, carries).expect("recorded");
+        }
+        let epoch = q.begin_barrier();
+        resolve(&mut q, true, Some("e")).expect("recorded");
+        assert_eq!(take_returned_ids(&mut q), [], "no barrier passed yet");
+        q.pass_barrier(epoch);
+        assert_eq!(
+            take_returned_ids(&mut q),
+            [(1, "b".into()), (3, "c".into())],
+            "e's answer is not final yet: nothing from it on"
+        );
+        assert_eq!(take_returned_ids(&mut q), [], "each return is taken once");
+        for (index, id) in [(1, "b"), (3, "c")] {
+            assert!(q
+                .dead_letter_at(index, Reason::of_return(&returned(id)))
+                .is_some());
+        }
+        assert!(
+            q.dead_letter_at(1, Reason::of_return(&returned("b")))
+                .is_none(),
+            "a dead letter is never dead-lettered again"
+        );
+        // The dead letters are awaited on their own channel, oldest first; f still waits on
+        // the publishing channel.
+        assert_eq!(q.unresolved(Channel::Publishing).count(), 1);
+        assert_eq!(q.unresolved(Channel::DeadLetters).count(), 2);
+        resolve_on(&mut q, Channel::DeadLetters, true, None).expect("b's dead letter");
+        resolve_on(&mut q, Channel::DeadLetters, true, None).expect("c's dead letter");
+        let epoch = q.begin_barrier();
+        q.pass_barrier(epoch);
+        assert_eq!(
+            take_returned_ids(&mut q),
+            [(5, "e".into())],
+            "dead letters in flight or answered are skipped"
+        );
+        q.settle_front(true).expect("front").expect("a");
+        let b = q
+            .settle_front(true)
+            .expect("front")
+            .expect("b's dead letter");
+        assert_eq!(b.dead_lettered, Some(Reason::of_return(&returned("b"))));
+        assert_eq!(advance(&mut q), Some(100));
+    }
+
+    #[test]
+    fn taking_returns_stops_at_a_nack_and_at_a_returned_dead_letter() {
+        let mut q: ConfirmQueue<Pos, ()> = ConfirmQueue::new();
+        for id in ["a", "b", "c"] {
+            q.push_publish(id.into(), ());
+        }
+        resolve(&mut q, true, Some("a")).expect("recorded");
+        resolve(&mut q, false, None).expect("b nacked");
+        resolve(&mut q, true, Some("c")).expect("recorded");
+        let epoch = q.begin_barrier();
+        q.pass_barrier(epoch);
+        assert_eq!(
+            take_returned_ids(&mut q),
+            [(0, "a".into())],
+            "nothing past the nack that stops the queue"
+        );
+
+        let mut q: ConfirmQueue<Pos, ()> = ConfirmQueue::new();
+        for id in ["a", "b"] {
+            q.push_publish(id.into(), ());
+        }
+        resolve(&mut q, true, Some("a")).expect("recorded");
+        resolve(&mut q, true, None).expect("recorded");
+        let epoch = q.begin_barrier();
+        q.pass_barrier(epoch);
+        assert_eq!(take_returned_ids(&mut q), [(0, "a".into())]);
+        q.dead_letter_at(0, Reason::of_return(&returned("a")));
+        resolve_on(&mut q, Channel::DeadLetters, true, Some("a"))
+            .expect("the dead letter returned too");
+        q.record_return(returned("b")).expect("b queued");
+        let epoch = q.begin_barrier();
+        q.pass_barrier(epoch);
+        assert_eq!(
+            take_returned_ids(&mut q),
+            [],
+            "nothing past a dead letter that was returned: it stops the queue"
+        );
+    }
+
     #[test]
     fn a_dead_lettered_front_is_unresolved_again_and_the_cursor_goes_back_to_it() {
         let mut q = ConfirmQueue::new();
@@ -901,9 +1146,9 @@ mod tests {
         q.push_publish("b".into(), "b");
         q.push_ack_point(Pos(100));
         q.record_return(returned("a")).expect("queued");
-        q.resolve_next(true);
-        q.resolve_next(true);
-        assert_eq!(q.next_unresolved(), None);
+        q.resolve_next(Channel::Publishing, true);
+        q.resolve_next(Channel::Publishing, true);
+        assert_eq!(q.next_unresolved(Channel::Publishing), None);
         let epoch = q.begin_barrier();
         q.pass_barrier(epoch);
         assert!(matches!(
@@ -912,10 +1157,19 @@ mod tests {
         ));
         *q.dead_letter_front(Reason::of_return(&returned("a")))
             .expect("front") = "dead letter of a";
-        assert_eq!(q.next_unresolved(), Some(&mut "dead letter of a"));
+        assert_eq!(
+            q.next_unresolved(Channel::DeadLetters),
+            Some(&mut "dead letter of a")
+        );
+        assert_eq!(q.next_unresolved(Channel::Publishing), None);
         assert_eq!(q.settleable_front(), None);
-        q.resolve_next(true);
-        assert_eq!(q.next_unresolved(), None, "b keeps its answer");
+        q.resolve_next(Channel::DeadLetters, true);
+        assert_eq!(q.next_unresolved(Channel::DeadLetters), None);
+        assert_eq!(
+            q.next_unresolved(Channel::Publishing),
+            None,
+            "b keeps its answer"
+        );
         let epoch = q.begin_barrier();
         q.pass_barrier(epoch);
         let a = q

@@ -61,6 +61,8 @@ struct State {
     /// Answers not given yet, by place in publish order.
     unanswered: BTreeMap<usize, oneshot::Sender<Result<Answer, RelayError>>>,
     most_unanswered: usize,
+    /// The most dead-letter channel publishes that were unanswered at once.
+    most_unanswered_dead_letters: usize,
     /// For each publish, how many were unanswered once it was taken (itself included).
     unanswered_at: Vec<usize>,
 }
@@ -111,12 +113,22 @@ impl StandInBroker {
     /// on it not answered yet fails with that, as lapin fails their confirms. Publishes on
     /// the dead-letter channel are not on it.
     pub fn close_channel(&self, reply_code: u16, reply_text: &str) {
+        self.close(false, reply_code, reply_text);
+    }
+
+    /// The broker closes the dead-letter channel: [`close_channel`](Self::close_channel)'s
+    /// failure for the publishes on it.
+    pub fn close_dead_letter_channel(&self, reply_code: u16, reply_text: &str) {
+        self.close(true, reply_code, reply_text);
+    }
+
+    fn close(&self, dead_letter_channel: bool, reply_code: u16, reply_text: &str) {
         let mut state = self.state();
         let on_channel: Vec<usize> = state
             .unanswered
             .keys()
             .copied()
-            .filter(|&index| !state.publishes[index].dead_letter_channel)
+            .filter(|&index| state.publishes[index].dead_letter_channel == dead_letter_channel)
             .collect();
         for index in on_channel {
             if let Some(answer) = state.unanswered.remove(&index) {
@@ -220,6 +232,11 @@ impl StandInBroker {
         self.state().most_unanswered
     }
 
+    /// The most publishes on the dead-letter channel that were unanswered at once.
+    pub fn most_unanswered_dead_letters(&self) -> usize {
+        self.state().most_unanswered_dead_letters
+    }
+
     /// For each publish, how many were unanswered once it was taken (itself included).
     pub fn unanswered_at(&self) -> Vec<usize> {
         self.state().unanswered_at.clone()
@@ -241,6 +258,15 @@ impl StandInBroker {
             state.unanswered.insert(index, answer);
             let unanswered = state.unanswered.len();
             state.most_unanswered = state.most_unanswered.max(unanswered);
+            if dead_letter_channel {
+                let letters = state
+                    .unanswered
+                    .keys()
+                    .filter(|&&index| state.publishes[index].dead_letter_channel)
+                    .count();
+                state.most_unanswered_dead_letters =
+                    state.most_unanswered_dead_letters.max(letters);
+            }
             state.unanswered_at.push(unanswered);
             state.publishes.len()
         };

@@ -50,6 +50,8 @@ enum Plan {
 /// ack; a dead letter is always acked), in a scrambled order.
 struct Script {
     plans: HashMap<String, Plan>,
+    /// How the dead letters of these message ids are answered (default: ack).
+    dead_letter_plans: HashMap<String, Plan>,
     /// Returns to attach to the answer of a later publish: (carrier index, return).
     riding: Vec<(usize, Returned)>,
     /// A small LCG's state: scrambles reproducibly.
@@ -60,20 +62,28 @@ impl Script {
     fn new(plans: &[(&str, Plan)]) -> Self {
         Self {
             plans: plans.iter().map(|(id, p)| (id.to_string(), *p)).collect(),
+            dead_letter_plans: HashMap::new(),
             riding: Vec::new(),
             seed: 7,
         }
     }
 
+    /// The dead letters of these message ids are answered so (a `later` counts publishes
+    /// on either channel).
+    fn with_dead_letter_plans(mut self, plans: &[(&str, Plan)]) -> Self {
+        self.dead_letter_plans = plans.iter().map(|(id, p)| (id.to_string(), *p)).collect();
+        self
+    }
+
     fn plan(&self, publish: &Publish) -> Plan {
-        match publish.dead_letter_channel {
-            true => Plan::Ack,
-            false => self
-                .plans
-                .get(&publish.message.message_id)
-                .copied()
-                .unwrap_or(Plan::Ack),
-        }
+        let plans = match publish.dead_letter_channel {
+            true => &self.dead_letter_plans,
+            false => &self.plans,
+        };
+        plans
+            .get(&publish.message.message_id)
+            .copied()
+            .unwrap_or(Plan::Ack)
     }
 
     /// Answers every publish not answered yet, in a scrambled order (a multiple ack's
@@ -233,6 +243,15 @@ async fn run_with(
     }
 }
 
+/// What the loop published on the dead-letter channel, in order.
+fn dead_letter_channel_publishes(broker: &StandInBroker) -> Vec<Publish> {
+    broker
+        .published()
+        .into_iter()
+        .filter(|p| p.dead_letter_channel)
+        .collect()
+}
+
 fn ids(published: &[Publish]) -> Vec<&str> {
     published
         .iter()
@@ -310,12 +329,7 @@ async fn under_dead_letter_a_returned_message_goes_to_the_dead_letter_exchange_a
     let run = run(broker, script, stream(50, 4), 32, 2).await;
     run.outcome.expect("delivered");
     assert_eq!(run.reported.last(), Some(&Pos(50)));
-    let letters: Vec<Publish> = run
-        .broker
-        .published()
-        .into_iter()
-        .filter(|p| p.dead_letter_channel)
-        .collect();
+    let letters = dead_letter_channel_publishes(&run.broker);
     assert_eq!(ids(&letters), ["2-1", "7-0"]);
     for letter in &letters {
         assert_eq!(letter.message.exchange, "dlx");
@@ -326,6 +340,70 @@ async fn under_dead_letter_a_returned_message_goes_to_the_dead_letter_exchange_a
             ))
         );
     }
+}
+
+/// Every row of transactions `from..to` of [`stream`]`(_, rows)` returned on its own confirm.
+fn returned_transactions(from: u64, to: u64, rows: u64) -> Vec<(String, Plan)> {
+    (from..to)
+        .flat_map(|t| (0..rows).map(move |r| (format!("{t}-{r}"), Plan::Return { later: 0 })))
+        .collect()
+}
+
+fn plans(owned: &[(String, Plan)]) -> Vec<(&str, Plan)> {
+    owned
+        .iter()
+        .map(|(id, plan)| (id.as_str(), *plan))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_dead_letter_a_burst_of_returns_has_its_dead_letters_in_flight_together() {
+    // Transactions 3 to 6 (20 rows) are unroutable. Their dead letters go out together, not
+    // one confirm after another (1.4 ms each on a real broker).
+    let returned = returned_transactions(3, 7, 5);
+    let script = Script::new(&plans(&returned));
+    let broker = StandInBroker::new().with_dead_letters("dlx");
+    let run = run(broker, script, stream(10, 5), 64, 0).await;
+    run.outcome.expect("delivered");
+    assert_eq!(run.reported.last(), Some(&Pos(10)));
+    let letters = dead_letter_channel_publishes(&run.broker);
+    let expected: Vec<&str> = returned.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids(&letters), expected, "each once, in stream order");
+    assert_eq!(
+        run.broker.most_unanswered_dead_letters(),
+        returned.len(),
+        "every dead letter of the burst in flight at once"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_letters_return_riding_on_a_later_dead_letters_confirm_stops_at_the_right_row() {
+    // The dead letters of transactions 3 to 6 go out together; the dead-letter exchange
+    // returns 4-1's, and the return rides on the confirm of the dead letter two later (4-3's).
+    // 4-1 must not settle on its own ack: transaction 4 and everything after stays
+    // unacknowledged, and the error names 4-1.
+    let returned = returned_transactions(3, 7, 5);
+    let script = Script::new(&plans(&returned))
+        .with_dead_letter_plans(&[("4-1", Plan::Return { later: 2 })]);
+    let broker = StandInBroker::new().with_dead_letters("dlx");
+    let run = run(broker, script, stream(10, 5), 64, 0).await;
+    assert!(
+        matches!(
+            run.outcome,
+            Err(RelayError::DeadLetterReturned { ref message_id, .. }) if message_id == "4-1"
+        ),
+        "{:?}",
+        run.outcome
+    );
+    assert!(
+        run.reported.iter().all(|&p| p <= Pos(4)),
+        "{:?}",
+        run.reported
+    );
+    assert!(
+        run.broker.most_unanswered_dead_letters() > 3,
+        "the carrier was in flight with it"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -355,11 +433,8 @@ async fn two_unroutable_messages_with_one_id_in_one_window_are_both_dead_lettere
     let run = run(broker, script, inputs, 64, 0).await;
     run.outcome.expect("delivered");
     assert_eq!(run.reported.last(), Some(&Pos(1)));
-    let letters: Vec<Option<HeaderValue>> = run
-        .broker
-        .published()
+    let letters: Vec<Option<HeaderValue>> = dead_letter_channel_publishes(&run.broker)
         .into_iter()
-        .filter(|p| p.dead_letter_channel)
         .map(|p| p.message.header("x-outbox-seq").cloned())
         .collect();
     assert_eq!(
@@ -672,12 +747,7 @@ async fn under_dead_letter_a_refused_message_alone_in_flight_is_dead_lettered_on
         1,
         "a new publishing channel after the close"
     );
-    let letters: Vec<Publish> = run
-        .broker
-        .published()
-        .into_iter()
-        .filter(|p| p.dead_letter_channel)
-        .collect();
+    let letters = dead_letter_channel_publishes(&run.broker);
     assert_eq!(ids(&letters), ["3-2"]);
     assert_eq!(
         letters[0].message.header(dl::REASON),
@@ -1014,4 +1084,59 @@ async fn answers_out_of_order_settle_in_publish_order_and_a_nack_stops_at_its_ow
         run.outcome
     );
     assert_eq!(run.reported, Some(Pos(1)), "the transaction before it");
+}
+
+/// Acks publishes `indexes`, each carrying its own return (one ack frame).
+fn return_each(broker: &StandInBroker, indexes: std::ops::Range<usize>) {
+    for index in indexes {
+        broker.answer(index, true, Some(broker.unroutable(index)));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_letter_slow_to_confirm_holds_back_no_return_behind_it() {
+    // Twenty unroutable rows, their returns in two frames. The first ten dead letters stay
+    // unconfirmed (a slow dead-letter queue) while the second frame arrives: its returns are
+    // still taken and dead-lettered, so all twenty dead letters are in flight together.
+    let broker = StandInBroker::new().with_dead_letters("dlx");
+    let returns_in_two_frames = async {
+        broker.published_reaches(20).await;
+        return_each(&broker, 0..10);
+        broker.published_reaches(30).await;
+        return_each(&broker, 10..20);
+        broker.published_reaches(40).await;
+        for index in 20..40 {
+            broker.ack(index);
+        }
+    };
+    let run = run_timed(&broker, stream(1, 20), 64, returns_in_two_frames).await;
+    run.outcome.expect("delivered");
+    assert_eq!(run.reported, Some(Pos(1)));
+    assert_eq!(broker.most_unanswered_dead_letters(), 20);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_closed_dead_letter_channel_ends_the_session_as_a_broker_error_acknowledging_nothing() {
+    // The dead-letter exchange vanished: the broker closes the dead-letter channel. That is
+    // no refusal of a publish on the publishing channel, which stays as it is.
+    let broker = StandInBroker::new().with_dead_letters("dlx");
+    let closes = async {
+        broker.published_reaches(5).await;
+        return_each(&broker, 0..5);
+        broker.published_reaches(10).await;
+        broker.close_dead_letter_channel(404, "NOT_FOUND - no exchange 'dlx' in vhost '/'");
+    };
+    let run = run_timed(&broker, stream(1, 5), 64, closes).await;
+    assert!(
+        matches!(&run.outcome, Err(RelayError::Broker(text))
+            if text == "RabbitMQ closed the dead-letter channel: 404 NOT_FOUND - no exchange 'dlx' in vhost '/'"),
+        "{:?}",
+        run.outcome
+    );
+    assert_eq!(run.reported, None, "nothing acknowledged");
+    assert_eq!(
+        broker.reopened(),
+        0,
+        "the publishing channel was not closed"
+    );
 }
