@@ -274,6 +274,24 @@ impl Rewind {
     }
 }
 
+#[test]
+fn a_rewind_takes_back_the_rows_committed_above_where_the_slot_resumed_up_to_the_stop() {
+    let commit = |ended_by: Option<u64>, rows: usize| common::faults::Commit {
+        ids: (0..rows).map(|i| format!("{ended_by:?}-{i}")).collect(),
+        ended_by,
+    };
+    let commits = [
+        commit(Some(100), 1), // at the resumed position: the slot is past it
+        commit(Some(101), 2),
+        commit(Some(200), 3), // the WAL end read after the stop
+        commit(Some(201), 4), // after the stop: delivered for the first time
+        commit(None, 5),      // its end never noted: counted
+    ];
+    let rewind = Rewind { from: 100, to: 200 };
+    assert_eq!(rewind.rows(&commits), 2 + 3 + 5);
+    assert_eq!(Rewind { from: 200, to: 200 }.rows(&commits[..4]), 0);
+}
+
 /// The current WAL position of the server `url` names, asked until it answers: a network
 /// fault overlapping a PostgreSQL one may hold the connection up for its time.
 async fn wal_end_after(url: &str) -> u64 {

@@ -622,26 +622,74 @@ pub async fn check_ack_across(
         [_] => "the queue",
         _ => "any of the queues",
     };
+    let transactions = oracle.transactions(client).await;
+    let ended = transactions
+        .iter()
+        .map(|txn| (Some(txn.end_lsn), txn.inserted_ids(OUTBOX_TABLE)));
+    match acknowledged_rows_delivered(confirmed, ended, &delivered) {
+        Ok(acknowledged_rows) => Ack {
+            confirmed,
+            acknowledged_rows,
+        },
+        Err(violation) => panic!("{violation} but is not in {in_queue}"),
+    }
+}
+
+/// A row the slot acknowledged that the queue does not hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckViolation {
+    pub id: String,
+    /// Where its transaction ended, or a position at or after that.
+    pub ended_by: u64,
+    /// The slot's confirmed_flush_lsn.
+    pub confirmed: u64,
+}
+
+impl std::fmt::Display for AckViolation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ACK violated: row {} of a transaction ending at or before {} is acknowledged \
+             (confirmed_flush_lsn {})",
+            self.id,
+            super::pg::format_lsn(self.ended_by),
+            super::pg::format_lsn(self.confirmed)
+        )
+    }
+}
+
+/// The ACK comparison on plain data: every id of each transaction that ended at or before a
+/// position at or below `confirmed` (the slot's confirmed_flush_lsn) is in `delivered`.
+/// `transactions` are each a position at or after the transaction's end (`None`: not known,
+/// not checked) and its ids. The number of acknowledged rows checked, or the first that is
+/// missing.
+pub fn acknowledged_rows_delivered<I, S>(
+    confirmed: u64,
+    transactions: impl IntoIterator<Item = (Option<u64>, I)>,
+    delivered: &HashSet<String>,
+) -> Result<usize, AckViolation>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
     let mut acknowledged_rows = 0;
-    for txn in oracle.transactions(client).await {
-        if txn.end_lsn > confirmed {
+    for (ended_by, ids) in transactions {
+        let Some(ended_by) = ended_by.filter(|at| *at <= confirmed) else {
             continue;
-        }
-        for id in txn.inserted_ids(OUTBOX_TABLE) {
-            assert!(
-                delivered.contains(id.as_str()),
-                "ACK violated: row {id} of the transaction ending at {} is acknowledged \
-                 (confirmed_flush_lsn {}) but is not in {in_queue}",
-                super::pg::format_lsn(txn.end_lsn),
-                super::pg::format_lsn(confirmed)
-            );
+        };
+        for id in ids {
+            let id = id.as_ref();
+            if !delivered.contains(id) {
+                return Err(AckViolation {
+                    id: id.to_string(),
+                    ended_by,
+                    confirmed,
+                });
+            }
             acknowledged_rows += 1;
         }
     }
-    Ack {
-        confirmed,
-        acknowledged_rows,
-    }
+    Ok(acknowledged_rows)
 }
 
 /// The slot's confirmed_flush_lsn, then every id in the queue before a barrier published
@@ -683,25 +731,13 @@ pub async fn check_ack_of_commits(
     consumer: &mut Consumer,
 ) -> Ack {
     let (confirmed, delivered) = acknowledged_and_delivered(client, outbox, consumer).await;
-    let mut acknowledged_rows = 0;
-    for commit in commits {
-        let Some(ended_by) = commit.ended_by.filter(|at| *at <= confirmed) else {
-            continue;
-        };
-        for id in &commit.ids {
-            assert!(
-                delivered.contains(id.as_str()),
-                "ACK violated: row {id} of a transaction ending at or before {} is \
-                 acknowledged (confirmed_flush_lsn {}) but is not in the queue",
-                super::pg::format_lsn(ended_by),
-                super::pg::format_lsn(confirmed)
-            );
-            acknowledged_rows += 1;
-        }
-    }
-    Ack {
-        confirmed,
-        acknowledged_rows,
+    let ended = commits.iter().map(|commit| (commit.ended_by, &commit.ids));
+    match acknowledged_rows_delivered(confirmed, ended, &delivered) {
+        Ok(acknowledged_rows) => Ack {
+            confirmed,
+            acknowledged_rows,
+        },
+        Err(violation) => panic!("{violation} but is not in the queue"),
     }
 }
 
@@ -1127,4 +1163,96 @@ pub async fn assert_stress_halted(
             ),
         ],
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn received(id: &str) -> Received {
+        Received {
+            body: Vec::new(),
+            message_id: Some(id.into()),
+            kind: None,
+            exchange: "outbox".into(),
+            routing_key: "Created".into(),
+            headers: Default::default(),
+            timestamp: None,
+            content_type: None,
+            delivery_mode: Some(2),
+            redelivered: false,
+        }
+    }
+
+    fn strings(ids: &[&str]) -> Vec<String> {
+        ids.iter().map(|id| id.to_string()).collect()
+    }
+
+    #[test]
+    fn a_tally_names_the_lost_the_invented_and_counts_the_repeats_but_not_the_markers() {
+        let marker = format!("{MARKER_PREFIX}1");
+        let arrived: Vec<Received> = ["a", "b", "b", marker.as_str(), "x", "b", "a"]
+            .into_iter()
+            .map(received)
+            .collect();
+        let tally = Tally::of(&arrived);
+        let committed = strings(&["a", "b", "c"]);
+        assert_eq!(tally.lost(&committed), ["c"]);
+        assert_eq!(tally.unknown(&committed), ["x"]);
+        assert_eq!(tally.duplicates(), 3, "b twice more, a once more");
+        assert_eq!(ids_of(&arrived), ["a", "b", "b", "x", "b", "a"]);
+
+        let whole = Tally::of(&[received("a"), received("b"), received("c")]);
+        assert!(whole.lost(&committed).is_empty());
+        assert!(whole.unknown(&committed).is_empty());
+        assert_eq!(whole.duplicates(), 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "L0: lost [\"c\"]")]
+    fn nothing_lost_or_invented_fails_on_a_lost_id() {
+        let tally = Tally::of(&[received("a"), received("b")]);
+        assert_nothing_lost_or_invented(&tally, &strings(&["a", "b", "c"]));
+    }
+
+    #[test]
+    #[should_panic(expected = "messages for rows that never committed: [\"x\"]")]
+    fn nothing_lost_or_invented_fails_on_an_invented_id() {
+        let tally = Tally::of(&[received("a"), received("x")]);
+        assert_nothing_lost_or_invented(&tally, &strings(&["a"]));
+    }
+
+    #[test]
+    fn ack_holds_when_every_row_at_or_below_the_slot_arrived_and_names_the_first_that_did_not() {
+        let delivered: HashSet<String> = strings(&["a1", "a2", "b1"]).into_iter().collect();
+        let transactions = || {
+            vec![
+                (Some(100), strings(&["a1", "a2"])),
+                (Some(200), strings(&["b1"])),
+                // Above the slot: not acknowledged yet, so it need not have arrived.
+                (Some(300), strings(&["c1"])),
+                // Its end never noted: not checked.
+                (None, strings(&["d1"])),
+            ]
+        };
+        assert_eq!(
+            acknowledged_rows_delivered(200, transactions(), &delivered),
+            Ok(3)
+        );
+        assert_eq!(
+            acknowledged_rows_delivered(300, transactions(), &delivered),
+            Err(AckViolation {
+                id: "c1".into(),
+                ended_by: 300,
+                confirmed: 300
+            })
+        );
+        let violation = acknowledged_rows_delivered(250, [(Some(100), ["a3"])], &delivered)
+            .expect_err("a3 never arrived");
+        assert_eq!(
+            violation.to_string(),
+            "ACK violated: row a3 of a transaction ending at or before 0/64 is acknowledged \
+             (confirmed_flush_lsn 0/FA)"
+        );
+    }
 }
