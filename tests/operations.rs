@@ -17,7 +17,6 @@ use common::outbox::Outbox;
 use common::pg::{first_column, psql};
 use common::{
     declare_bound_queue, free_port, pg_connect, services, unique_name, Consumer, RelayProcess,
-    DATABASE_URL_ENV,
 };
 use outbox_relay::config::OutboxNames;
 use tokio_postgres::Client;
@@ -485,8 +484,7 @@ async fn setup_retries_its_first_connection_for_connect_timeout() {
 /// catalog), what a lost slot means on 15 and 16.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_exits_2_when_the_slot_is_lost() {
-    if std::env::var(DATABASE_URL_ENV).is_ok_and(|url| !url.is_empty()) {
-        eprintln!("skipped: needs a private server to invalidate a slot");
+    if !common::own_postgres("it invalidates a slot, server-wide settings") {
         return;
     }
     let pg = common::PgServer::start(&[("max_slot_wal_keep_size", "1MB")]);
@@ -882,8 +880,7 @@ struct RoleOutbox {
 }
 
 async fn role_outbox(prefix: &str, replication: bool) -> Option<RoleOutbox> {
-    if std::env::var(DATABASE_URL_ENV).is_ok_and(|url| !url.is_empty()) {
-        eprintln!("skipped: needs the harness's own server to edit pg_hba.conf");
+    if !common::own_postgres("it edits pg_hba.conf") {
         return None;
     }
     let s = services();
@@ -1377,8 +1374,7 @@ async fn malformed_urls_stop_run_and_poll_at_once_without_printing_the_password(
 /// setting is 18's), on a server of its own (it is server-wide).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_idle_slot_timeout_of_18_is_shown_and_warned() {
-    if std::env::var(DATABASE_URL_ENV).is_ok_and(|url| !url.is_empty()) {
-        eprintln!("skipped: needs a private PostgreSQL 18 with the setting");
+    if !common::own_postgres("a PostgreSQL 18 with a server-wide setting") {
         return;
     }
     let pg = common::PgServer::start_major(18, &[("idle_replication_slot_timeout", "1d")]);

@@ -84,6 +84,28 @@ pub use relay::RelayProcess;
 pub const DATABASE_URL_ENV: &str = "OUTBOX_TEST_DATABASE_URL";
 /// Environment variable naming an existing RabbitMQ to use instead of a private node.
 pub const AMQP_URL_ENV: &str = "OUTBOX_TEST_AMQP_URL";
+/// Environment variable that, set to `1`, lets a test that needs the harness's own
+/// PostgreSQL skip when [`DATABASE_URL_ENV`] names an external one (see [`own_postgres`]).
+pub const ALLOW_SKIP_ENV: &str = "OUTBOX_TEST_ALLOW_SKIP";
+
+/// Whether a test that needs the harness's own PostgreSQL server (`why`: what it does to
+/// the server that an external one would not allow) can run: `true` unless
+/// [`DATABASE_URL_ENV`] names an external server. Then it panics naming the need, unless
+/// [`ALLOW_SKIP_ENV`] is `1`, in which case it says it skips and returns `false`: a test
+/// passes without running only when someone asked for that.
+pub fn own_postgres(why: &str) -> bool {
+    let external = std::env::var(DATABASE_URL_ENV).is_ok_and(|url| !url.is_empty());
+    if !external {
+        return true;
+    }
+    assert!(
+        std::env::var(ALLOW_SKIP_ENV).is_ok_and(|allow| allow == "1"),
+        "this test needs the harness's own PostgreSQL ({why}), and {DATABASE_URL_ENV} names \
+         an external one: unset it, or set {ALLOW_SKIP_ENV}=1 to skip such tests"
+    );
+    eprintln!("skipped ({ALLOW_SKIP_ENV}=1): needs the harness's own PostgreSQL ({why})");
+    false
+}
 
 /// A server process the harness started itself, which it must stop and clean up.
 pub(crate) trait PrivateServer {
