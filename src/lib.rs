@@ -29,12 +29,6 @@
 
 #![forbid(unsafe_code)]
 
-// The nemesis's deliberately broken relay (Cargo.toml) must never become a release.
-#[cfg(all(feature = "broken-ack-before-confirm", not(debug_assertions)))]
-compile_error!(
-    "broken-ack-before-confirm acknowledges before the broker confirms: test builds only"
-);
-
 pub mod advice;
 pub mod assembly;
 pub mod cleanup;

@@ -85,11 +85,14 @@ impl<T> Input<T> {
     }
 }
 
-/// The deliberately broken build (cargo feature `broken-ack-before-confirm`, never in a
+/// The relay broken on purpose (the `ack-before-confirm` switch of a test build, never in a
 /// release): every ack point is acknowledged the moment it is queued, before the broker
-/// confirmed what precedes it. It exists to show that the nemesis campaign catches a relay
-/// that breaks invariant 1 (docs/reliability.md, "Nemesis"); off, this is a constant `false`.
-const ACK_BEFORE_CONFIRM: bool = cfg!(feature = "broken-ack-before-confirm");
+/// confirmed what precedes it. It exists to show that the oracles catch a relay that breaks
+/// invariant 1 (docs/reliability.md, "Negative controls"); without the `failpoints` feature
+/// this is a constant `false`.
+fn ack_before_confirm() -> bool {
+    crate::failpoint::switched_on(crate::failpoint::ACK_BEFORE_CONFIRM)
+}
 
 /// What the delivery task reports back (on a watch: a source reads the newest value).
 #[derive(Debug, Clone, PartialEq)]
@@ -424,7 +427,7 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
             }
             advanced = true;
         };
-        if advanced && !ACK_BEFORE_CONFIRM {
+        if advanced && !ack_before_confirm() {
             let token = self.queue.acknowledged().cloned();
             self.acked.send_modify(|acked| acked.token = token);
             self.metrics.ack_points.set(self.queue.ack_points() as f64);
@@ -608,7 +611,7 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
                     .await?;
             }
             Input::AckPoint(token) => {
-                if ACK_BEFORE_CONFIRM {
+                if ack_before_confirm() {
                     self.acked.send_modify(|acked| match &mut acked.token {
                         Some(older) => older.fold(token.clone()),
                         None => acked.token = Some(token.clone()),

@@ -7,6 +7,10 @@
 //! tasks). Abort is `std::process::abort`: no destructors, no flush, no COMMIT, nothing sent on
 //! any connection, the same as kill -9 at exactly that instruction.
 //!
+//! A binary may also name *switches*: `switch=on` breaks the program on purpose for the whole
+//! run ([`switched_on`]), so that a test can show its oracle catches the breakage (a negative
+//! control). A switch takes only `on`, a point only `abort`.
+//!
 //! The variable is read once, by [`init_from_env`] at startup. Unset, [`failpoint`] costs one
 //! relaxed atomic load and a branch: nothing measurable next to a network round trip.
 //!
@@ -35,15 +39,24 @@ static ARMED_POINTS: OnceLock<Vec<Armed>> = OnceLock::new();
 #[derive(Debug)]
 struct Armed {
     name: String,
-    /// Fires on this hit (1 = the first).
+    /// Fires on this hit (1 = the first); 0 for a switch turned on.
     at: u64,
     hits: AtomicU64,
 }
 
-/// Reads `env` and arms its points, each of which must be one of `points`. Call once at
-/// startup; an invalid value is an error naming the problem (so a typo never silently
+/// What a binary can arm: its crash points and its switches.
+#[derive(Debug, Clone, Copy)]
+pub struct Points<'a> {
+    /// Points that take `abort` or `abort@N`.
+    pub aborts: &'a [&'a str],
+    /// Switches that take `on`.
+    pub switches: &'a [&'a str],
+}
+
+/// Reads `env` and arms its points and switches, each of which must be one of `points`. Call
+/// once at startup; an invalid value is an error naming the problem (so a typo never silently
 /// disables a test's crash).
-pub fn init_from_env(env: &str, points: &[&str]) -> Result<(), String> {
+pub fn init_from_env(env: &str, points: Points<'_>) -> Result<(), String> {
     match std::env::var(env) {
         Ok(spec) if !spec.trim().is_empty() => arm(env, points, &spec),
         _ => Ok(()),
@@ -51,7 +64,7 @@ pub fn init_from_env(env: &str, points: &[&str]) -> Result<(), String> {
 }
 
 #[cfg(feature = "failpoints")]
-fn arm(env: &str, points: &[&str], spec: &str) -> Result<(), String> {
+fn arm(env: &str, points: Points<'_>, spec: &str) -> Result<(), String> {
     let armed = parse(env, points, spec)?;
     if ARMED_POINTS.set(armed).is_err() {
         return Err(format!("{env} was read twice"));
@@ -61,7 +74,7 @@ fn arm(env: &str, points: &[&str], spec: &str) -> Result<(), String> {
 }
 
 #[cfg(not(feature = "failpoints"))]
-fn arm(env: &str, _points: &[&str], _spec: &str) -> Result<(), String> {
+fn arm(env: &str, _points: Points<'_>, _spec: &str) -> Result<(), String> {
     Err(format!(
         "{env} is set, but this build has no failpoints (it was built without the \
          `failpoints` feature, as a release is)"
@@ -69,31 +82,42 @@ fn arm(env: &str, _points: &[&str], _spec: &str) -> Result<(), String> {
 }
 
 #[cfg(any(test, feature = "failpoints"))]
-fn parse(env: &str, points: &[&str], spec: &str) -> Result<Vec<Armed>, String> {
+fn parse(env: &str, points: Points<'_>, spec: &str) -> Result<Vec<Armed>, String> {
     spec.split([';', ','])
         .map(str::trim)
         .filter(|entry| !entry.is_empty())
         .map(|entry| {
-            let fix = format!(
+            let mut fix = format!(
                 "write name=abort or name=abort@N (N ≥ 1), names: {}",
-                points.join(", ")
+                points.aborts.join(", ")
             );
+            if !points.switches.is_empty() {
+                fix += &format!("; or switch=on, switches: {}", points.switches.join(", "));
+            }
             let (name, action) = entry
                 .split_once('=')
                 .ok_or_else(|| format!("{env}: {entry:?} has no action: {fix}"))?;
-            let name = name.trim();
-            if !points.contains(&name) {
+            let (name, action) = (name.trim(), action.trim());
+            let at = if points.switches.contains(&name) {
+                match action {
+                    "on" => 0,
+                    _ => return Err(format!("{env}: {entry:?}: a switch takes only on: {fix}")),
+                }
+            } else if points.aborts.contains(&name) {
+                match action.split_once('@') {
+                    None if action == "abort" => 1,
+                    Some(("abort", n)) => n
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|n| *n >= 1)
+                        .ok_or_else(|| {
+                            format!("{env}: {entry:?}: {n:?} is not a hit count: {fix}")
+                        })?,
+                    _ => return Err(format!("{env}: {entry:?}: unknown action: {fix}")),
+                }
+            } else {
                 return Err(format!("{env}: unknown failpoint {name:?}: {fix}"));
-            }
-            let at = match action.trim().split_once('@') {
-                None if action.trim() == "abort" => 1,
-                Some(("abort", n)) => n
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|n| *n >= 1)
-                    .ok_or_else(|| format!("{env}: {entry:?}: {n:?} is not a hit count: {fix}"))?,
-                _ => return Err(format!("{env}: {entry:?}: unknown action: {fix}")),
             };
             Ok(Armed {
                 name: name.to_string(),
@@ -102,6 +126,24 @@ fn parse(env: &str, points: &[&str], spec: &str) -> Result<Vec<Armed>, String> {
             })
         })
         .collect()
+}
+
+/// Whether the switch `name` was turned on (`name=on`): the code that asks breaks itself on
+/// purpose for the whole run. Always `false` without the `failpoints` feature.
+#[cfg(feature = "failpoints")]
+#[inline]
+pub fn switched_on(name: &str) -> bool {
+    ARMED.load(Ordering::Relaxed)
+        && ARMED_POINTS
+            .get()
+            .is_some_and(|points| points.iter().any(|p| p.at == 0 && p.name == name))
+}
+
+/// Without the `failpoints` feature: never.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn switched_on(_name: &str) -> bool {
+    false
 }
 
 /// Aborts the process here if `name` is armed and this is its hit; otherwise nothing.
@@ -124,7 +166,7 @@ fn hit(name: &str) {
     let Some(points) = ARMED_POINTS.get() else {
         return;
     };
-    for point in points.iter().filter(|p| p.name == name) {
+    for point in points.iter().filter(|p| p.at > 0 && p.name == name) {
         if point.hits.fetch_add(1, Ordering::SeqCst) + 1 == point.at {
             // stderr is unbuffered: the line is out before the abort.
             eprintln!("failpoint {name} fired (hit {}): aborting", point.at);
@@ -138,17 +180,33 @@ mod tests {
     use super::*;
 
     const ENV: &str = "TEST_FAILPOINTS";
-    const POINTS: [&str; 2] = ["poll-before-commit", "after-commit"];
+    const POINTS: Points<'static> = Points {
+        aborts: &["poll-before-commit", "after-commit"],
+        switches: &["ack-before-confirm"],
+    };
 
     #[test]
     fn parses_abort_and_abort_at_n() {
-        let points = parse(ENV, &POINTS, "poll-before-commit=abort").expect("parses");
+        let points = parse(ENV, POINTS, "poll-before-commit=abort").expect("parses");
         assert_eq!(
             (points[0].name.as_str(), points[0].at),
             ("poll-before-commit", 1)
         );
-        let points = parse(ENV, &POINTS, " after-commit = abort@7 ;").expect("parses");
+        let points = parse(ENV, POINTS, " after-commit = abort@7 ;").expect("parses");
         assert_eq!((points[0].name.as_str(), points[0].at), ("after-commit", 7));
+    }
+
+    #[test]
+    fn a_switch_takes_on_and_only_on_and_a_point_never_does() {
+        let points = parse(ENV, POINTS, "ack-before-confirm=on").expect("parses");
+        assert_eq!(
+            (points[0].name.as_str(), points[0].at),
+            ("ack-before-confirm", 0)
+        );
+        for bad in ["ack-before-confirm=abort", "poll-before-commit=on"] {
+            let error = parse(ENV, POINTS, bad).expect_err(bad);
+            assert!(error.contains("switch=on"), "{bad}: {error}");
+        }
     }
 
     #[test]
@@ -161,7 +219,7 @@ mod tests {
             "poll-before-commit=abort@x",
             "after-commit=abort@",
         ] {
-            let error = parse(ENV, &POINTS, bad).expect_err(bad);
+            let error = parse(ENV, POINTS, bad).expect_err(bad);
             assert!(error.contains("name=abort"), "{bad}: {error}");
         }
     }
@@ -170,5 +228,6 @@ mod tests {
     fn an_unarmed_point_does_nothing() {
         // Nothing armed in this test process: must return.
         failpoint("poll-before-commit");
+        assert!(!switched_on("ack-before-confirm"));
     }
 }

@@ -340,35 +340,42 @@ async fn relay_kill_9_three_times_every_row_is_applied_once_and_each_repeat_is_d
 // ---------------------------------------------------------------------------------
 // 2. Consumer crashes around its commit
 
+/// One lane, a transaction per message: the n-th commit is the n-th message.
+const ONE_LANE: [&str; 6] = [
+    "--concurrency",
+    "1",
+    "--prefetch",
+    "10",
+    "--batch-size",
+    "1",
+];
+
+/// `n` messages `<name>-0000`… published (confirmed) to a fresh exchange and its queue, on
+/// the shared broker; the broker's URL, the queue and the ids.
+async fn queued_messages(prefix: &str, n: usize) -> (String, String, Vec<String>) {
+    let amqp = services().rabbit.url();
+    let name = unique_name(prefix);
+    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
+    declare_bound_queue(&amqp, &exchange, &queue, "#").await;
+    let ids: Vec<String> = (0..n).map(|i| format!("{name}-{i:04}")).collect();
+    let messages: Vec<(&str, &[u8])> = ids.iter().map(|id| (id.as_str(), &b"{}"[..])).collect();
+    publish_confirmed(&amqp, &exchange, "Test.crash", &messages).await;
+    (amqp, queue, ids)
+}
+
 /// The consumer aborted just before a COMMIT: that message was not acknowledged, comes again
 /// and is applied. Aborted just after a COMMIT, before the ack: the message comes again
 /// (redelivered) and is dropped. Every message's effect exists exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_killed_around_its_commit_loses_nothing_and_applies_nothing_twice() {
     const MESSAGES: usize = 300;
-    let s = services();
-    let amqp = s.rabbit.url();
-    let name = unique_name("inbox_crash");
-    let (exchange, queue) = (format!("{name}_x"), format!("{name}_q"));
-    declare_bound_queue(&amqp, &exchange, &queue, "#").await;
-    let ids: Vec<String> = (0..MESSAGES).map(|i| format!("{name}-{i:04}")).collect();
-    let messages: Vec<(&str, &[u8])> = ids.iter().map(|id| (id.as_str(), &b"{}"[..])).collect();
-    publish_confirmed(&amqp, &exchange, "Test.crash", &messages).await;
+    let (amqp, queue, ids) = queued_messages("inbox_crash", MESSAGES).await;
     let db = ConsumerDb::new("inbox_crash_consumer").await;
-    // One lane, a transaction per message: the n-th commit is the n-th message.
-    let one_lane = [
-        "--concurrency",
-        "1",
-        "--prefetch",
-        "10",
-        "--batch-size",
-        "1",
-    ];
 
     let before = db.consume(
         &amqp,
         &queue,
-        &one_lane,
+        &ONE_LANE,
         &[(failpoint::ENV, "before-commit=abort@50")],
     );
     assert_aborted(&before, before.wait_exit(MINUTE).await, "before-commit");
@@ -381,7 +388,7 @@ async fn consumer_killed_around_its_commit_loses_nothing_and_applies_nothing_twi
     let after = db.consume(
         &amqp,
         &queue,
-        &one_lane,
+        &ONE_LANE,
         &[(failpoint::ENV, "after-commit=abort@50")],
     );
     assert_aborted(&after, after.wait_exit(MINUTE).await, "after-commit");
@@ -414,6 +421,44 @@ async fn consumer_killed_around_its_commit_loses_nothing_and_applies_nothing_twi
     assert_eq!(totals.applied, (MESSAGES - 99) as u64, "{totals:?}");
     db.assert_applied_once(&ids).await;
     assert_eq!(queue_message_count(&amqp, &queue).await, 0);
+}
+
+/// The negative control of the test above: a consumer that ignores its claims
+/// (`ignore-claims`), aborted after a COMMIT and before the ack, applies the redelivered
+/// message again, and the oracle (each message's effects counted in the consumer's database)
+/// names it. A consumer without the claim is caught applying twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_ignores_its_claims_is_caught_applying_a_redelivered_message_twice() {
+    const MESSAGES: usize = 60;
+    let (amqp, queue, ids) = queued_messages("inbox_noclaim", MESSAGES).await;
+    let db = ConsumerDb::new("inbox_noclaim_consumer").await;
+    let broken = (failpoint::ENV, "ignore-claims=on;after-commit=abort@20");
+    let after = db.consume(&amqp, &queue, &ONE_LANE, &[broken]);
+    assert_aborted(&after, after.wait_exit(MINUTE).await, "after-commit");
+    let consumer = db.consume(&amqp, &queue, &[], &[(failpoint::ENV, "ignore-claims=on")]);
+    db.wait_applied(MESSAGES, &consumer).await;
+    consumer.stop().await;
+
+    // The oracle of assert_applied_once, as a verdict: the messages with more than one effect.
+    let mut twice: Vec<(String, i64)> = db
+        .effects()
+        .await
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .collect();
+    twice.sort();
+    let unacknowledged = &ids[19];
+    assert!(
+        twice.iter().any(|(id, n)| id == unacknowledged && *n == 2),
+        "the oracle did not catch the redelivered {unacknowledged} applied twice: {twice:?}; \
+         log:\n{}",
+        consumer.log()
+    );
+    println!(
+        "FIGURES negative control: the inbox without its claim: messages {MESSAGES}, applied \
+         more than once {} ({twice:?})",
+        twice.len()
+    );
 }
 
 /// `applied` is `expected`, in order; else says where they part.

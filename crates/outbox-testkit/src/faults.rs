@@ -613,26 +613,38 @@ pub async fn check_ack_across(
     oracle: &Oracle,
     queues: &mut [(&str, &mut Consumer)],
 ) -> Ack {
+    let in_queue = match queues {
+        [_] => "the queue",
+        _ => "any of the queues",
+    };
+    match ack_verdict(client, outbox, oracle, queues).await {
+        Ok(ack) => ack,
+        Err(violation) => panic!("{violation} but is not in {in_queue}"),
+    }
+}
+
+/// What [`check_ack_across`] checks, as a verdict instead of a panic: a negative control
+/// expects the violation.
+pub async fn ack_verdict(
+    client: &Client,
+    outbox: &Outbox,
+    oracle: &Oracle,
+    queues: &mut [(&str, &mut Consumer)],
+) -> Result<Ack, AckViolation> {
     let confirmed = slot_confirmed_flush(client, &outbox.slot).await;
     let mut delivered = HashSet::new();
     for (queue, consumer) in queues.iter_mut() {
         delivered.extend(delivered_before_barrier(consumer, &outbox.amqp_url, queue).await);
     }
-    let in_queue = match queues {
-        [_] => "the queue",
-        _ => "any of the queues",
-    };
     let transactions = oracle.transactions(client).await;
     let ended = transactions
         .iter()
         .map(|txn| (Some(txn.end_lsn), txn.inserted_ids(OUTBOX_TABLE)));
-    match acknowledged_rows_delivered(confirmed, ended, &delivered) {
-        Ok(acknowledged_rows) => Ack {
-            confirmed,
-            acknowledged_rows,
-        },
-        Err(violation) => panic!("{violation} but is not in {in_queue}"),
-    }
+    let acknowledged_rows = acknowledged_rows_delivered(confirmed, ended, &delivered)?;
+    Ok(Ack {
+        confirmed,
+        acknowledged_rows,
+    })
 }
 
 /// A row the slot acknowledged that the queue does not hold.
@@ -690,6 +702,69 @@ where
         }
     }
     Ok(acknowledged_rows)
+}
+
+/// ACK at readings taken while faults ran: each reading is the slot's confirmed_flush_lsn,
+/// read, and then a marker (its id) published straight into the queue. Every row of each
+/// commit whose noted end is at or below a reading must have arrived before that reading's
+/// marker: the broker had confirmed it before the relay acknowledged, so the queue held it
+/// before the marker. `arrivals` are the queue's message ids in arrival order, markers
+/// included; a reading whose marker never arrived (its node was cut off) is not checked, nor
+/// a commit whose end was not noted. The number of readings checked, or the first violation.
+pub fn acks_before_markers(
+    commits: &[Commit],
+    arrivals: &[&str],
+    readings: &[(String, u64)],
+) -> Result<usize, AckViolation> {
+    let mut first: HashMap<&str, usize> = HashMap::new();
+    for (at, id) in arrivals.iter().enumerate() {
+        first.entry(id).or_insert(at);
+    }
+    // Each commit's latest first arrival (never: usize::MAX) and the row that has it, by end.
+    let mut by_end: Vec<(u64, usize, &str)> = commits
+        .iter()
+        .filter_map(|commit| {
+            let ended_by = commit.ended_by?;
+            let (latest, id) = commit
+                .ids
+                .iter()
+                .map(|id| (first.get(id.as_str()).copied().unwrap_or(usize::MAX), id))
+                .max()?;
+            Some((ended_by, latest, id.as_str()))
+        })
+        .collect();
+    by_end.sort_unstable();
+    // The worst arrival among the commits up to each one, in order of their ends.
+    let mut worst_so_far: Vec<(usize, u64, &str)> = Vec::with_capacity(by_end.len());
+    for &(ended_by, latest, id) in &by_end {
+        let worst = match worst_so_far.last() {
+            Some(&worst) if worst.0 >= latest => worst,
+            _ => (latest, ended_by, id),
+        };
+        worst_so_far.push(worst);
+    }
+    let mut checked = 0;
+    for (marker, confirmed) in readings {
+        let Some(&marker_at) = first.get(marker.as_str()) else {
+            continue;
+        };
+        checked += 1;
+        let acknowledged = by_end.partition_point(|&(ended_by, ..)| ended_by <= *confirmed);
+        let Some(&(latest, ended_by, id)) = acknowledged
+            .checked_sub(1)
+            .and_then(|last| worst_so_far.get(last))
+        else {
+            continue;
+        };
+        if latest > marker_at {
+            return Err(AckViolation {
+                id: id.to_string(),
+                ended_by,
+                confirmed: *confirmed,
+            });
+        }
+    }
+    Ok(checked)
 }
 
 /// The slot's confirmed_flush_lsn, then every id in the queue before a barrier published
@@ -1253,6 +1328,47 @@ mod tests {
             violation.to_string(),
             "ACK violated: row a3 of a transaction ending at or before 0/64 is acknowledged \
              (confirmed_flush_lsn 0/FA)"
+        );
+    }
+
+    #[test]
+    fn readings_while_faults_ran_hold_when_acknowledged_rows_came_before_their_markers() {
+        let commit = |ended_by: Option<u64>, ids: &[&str]| Commit {
+            ids: strings(ids),
+            ended_by,
+        };
+        let commits = [
+            commit(Some(100), &["a1", "a2"]),
+            commit(Some(200), &["b1"]),
+            commit(Some(300), &["c1"]),
+            commit(None, &["d1"]),
+        ];
+        let readings = |pairs: &[(&str, u64)]| -> Vec<(String, u64)> {
+            pairs.iter().map(|(m, c)| (m.to_string(), *c)).collect()
+        };
+        // c1 came after m2, but m2 was read at 200: c1 (300) was not acknowledged then.
+        let arrivals = ["a1", "m1", "a2", "b1", "m2", "c1", "d1", "m3", "a1"];
+        let fine = readings(&[("m1", 50), ("m2", 200), ("m3", 300), ("lost", 300)]);
+        assert_eq!(acks_before_markers(&commits, &arrivals, &fine), Ok(3));
+        // m1 read at 100: a2 was acknowledged, yet it arrived after m1.
+        let early = readings(&[("m2", 200), ("m1", 100)]);
+        assert_eq!(
+            acks_before_markers(&commits, &arrivals, &early),
+            Err(AckViolation {
+                id: "a2".into(),
+                ended_by: 100,
+                confirmed: 100
+            })
+        );
+        // An acknowledged row that never arrived.
+        let without_b1 = ["a1", "a2", "m2", "c1"];
+        assert_eq!(
+            acks_before_markers(&commits, &without_b1, &readings(&[("m2", 250)])),
+            Err(AckViolation {
+                id: "b1".into(),
+                ended_by: 200,
+                confirmed: 250
+            })
         );
     }
 }

@@ -50,8 +50,8 @@ pub fn set_binary(path: impl Into<PathBuf>) {
     );
 }
 
-/// Names a relay binary to run instead of the one cargo built (the nemesis's deliberately
-/// broken relay, `scripts/test.sh --nemesis … --broken`).
+/// Names a relay binary to run instead of the one cargo built (another build of it, e.g. a
+/// release's).
 pub const RELAY_BIN_ENV: &str = "OUTBOX_TEST_RELAY_BIN";
 
 /// The relay binary: the one handed to [`set_binary`], else [`RELAY_BIN_ENV`]'s, else
