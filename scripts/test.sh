@@ -20,10 +20,10 @@
 #                                    only the nemesis campaign (tests/partitions/nemesis.rs),
 #                                    this long, from seed S (default: a fresh one, printed)
 #   scripts/test.sh --nemesis MINUTES [--seed S] --broken
-#                                    the same campaign against a deliberately broken relay
-#                                    (cargo feature broken-ack-before-confirm: it acknowledges
-#                                    before the broker confirms); succeeds only if the campaign
-#                                    FAILS, and prints what caught it
+#                                    the same campaign against relays broken on purpose (their
+#                                    ack-before-confirm switch on: they acknowledge before the
+#                                    broker confirms); succeeds only if the campaign FAILS, and
+#                                    prints what caught it
 #
 # tests/partitions.rs (ignored by plain `cargo test`) runs in the full run too, last and
 # alone: its lab (a 3-node cluster, PostgreSQL and relays on hosts of their own) is most of
@@ -202,17 +202,9 @@ if [ -n "$nemesis_minutes" ]; then
     if [ -z "$nemesis_broken" ]; then
         exec cargo test --test main -- --ignored partitions::nemesis --nocapture
     fi
-    # The broken relay is built beside the real one and run in its place: the feature changes
-    # only the relay crate, so this rebuilds that crate twice, not its dependencies. Both builds
-    # keep the failpoints of the test builds (`cargo test` turns them on, a plain build does
-    # not): the campaign arms the consumer's.
-    broken=target/nemesis-broken
-    mkdir -p "$broken"
-    cargo build --bin outbox-relay --features broken-ack-before-confirm,failpoints
-    cp target/debug/outbox-relay "$broken/outbox-relay"
-    cp target/debug/outbox-inbox "$broken/outbox-inbox"
-    cargo test --workspace --all-targets --no-run
-    if OUTBOX_TEST_RELAY_BIN=$PWD/$broken/outbox-relay \
+    # The test build's relay has the switch (src/failpoint.rs); the campaign turns it on in
+    # every relay it starts.
+    if OUTBOX_NEMESIS_BROKEN=1 \
         cargo test --test main -- --ignored partitions::nemesis --nocapture; then
         echo "=== the campaign passed against a relay that acknowledges before the confirm: it cannot catch that" >&2
         exit 1

@@ -111,16 +111,28 @@ enum Load {
 pub(super) fn spawn_relay_via(
     outbox: &Outbox,
     host: &Host,
+    urls: (&str, &str),
+    extra: &[&str],
+) -> (RelayProcess, SocketAddrV4) {
+    spawn_relay_via_with(outbox, host, urls, extra, &[])
+}
+
+/// [`spawn_relay_via`] with more environment (e.g. `OUTBOX_FAILPOINTS`).
+pub(super) fn spawn_relay_via_with(
+    outbox: &Outbox,
+    host: &Host,
     (db_url, amqp_url): (&str, &str),
     extra: &[&str],
+    env: &[(&str, &str)],
 ) -> (RelayProcess, SocketAddrV4) {
     let at = SocketAddrV4::new(host.addr(), common::free_port());
     let addr = at.to_string();
     let mut flags = vec!["--metrics-addr", addr.as_str()];
     flags.extend_from_slice(&RELAY_FLAGS);
     flags.extend_from_slice(extra);
-    let env = [RELAY_PEER_TIMEOUT];
-    let relay = outbox.spawn_on(host, "run", (db_url, amqp_url), &flags, &env);
+    let mut all_env = vec![RELAY_PEER_TIMEOUT];
+    all_env.extend_from_slice(env);
+    let relay = outbox.spawn_on(host, "run", (db_url, amqp_url), &flags, &all_env);
     (relay, at)
 }
 

@@ -39,27 +39,29 @@
 //! `OUTBOX_NEMESIS_SEED` replays a schedule, or several in turn (`42,random`: CI's, a fixed
 //! schedule and a fresh one, printed); `OUTBOX_NEMESIS_MINUTES` sets each campaign's length
 //! (3 by default; CI's 1.5); `scripts/test.sh --nemesis MINUTES [--seed S]` runs a long one,
-//! and `--broken` runs it against a relay that acknowledges before the confirm, to show that
-//! it fails.
+//! and `--broken` runs it against relays that acknowledge before the confirm
+//! (`OUTBOX_NEMESIS_BROKEN=1`: their `ack-before-confirm` switch on), to show that it fails.
 
 use super::common;
 use super::dead_peers::{
-    effects, effects_database, spawn_relay_via, spawn_replica_with, writers_url, PEER_TIMEOUT,
+    effects, effects_database, spawn_relay_via_with, spawn_replica_with, writers_url, PEER_TIMEOUT,
 };
 use super::{blocking, exclusive, MINUTE, W};
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use common::amqp::{
     declare_bound_queue_with_args, delete_queue, quorum_queue_arguments, try_declare_and_bind,
+    try_publish_into,
 };
 use common::failover::{FailoverPair, PairOptions, Rejoin};
 use common::faults::{
-    check_ack_of_commits, connect_retrying, report, secs, Commit, Tally, WriteTo, Writers,
+    acks_before_markers, check_ack_of_commits, connect_retrying, report, secs, Commit, Tally,
+    WriteTo, Writers, MARKER_PREFIX,
 };
 use common::http::wait_http;
 use common::lab::Lab;
@@ -68,6 +70,12 @@ use common::outbox::Outbox;
 use common::pg::{first_column, pg_connect, wait_count};
 use common::{Consumer, RelayProcess};
 use tokio::time::Instant;
+
+/// Whether the campaign runs against relays broken on purpose (`OUTBOX_NEMESIS_BROKEN=1`,
+/// `scripts/test.sh --nemesis … --broken`): it must then fail.
+fn broken() -> bool {
+    std::env::var("OUTBOX_NEMESIS_BROKEN").is_ok_and(|v| v == "1")
+}
 
 /// A campaign's length unless `OUTBOX_NEMESIS_MINUTES` says otherwise.
 const DEFAULT_MINUTES: f64 = 3.0;
@@ -118,6 +126,12 @@ const RELAYS_STOP_WITHIN: Duration = Duration::from_secs(60);
 const DECLARE_ATTEMPT: Duration = Duration::from_secs(10);
 /// The outbox table's name while a rename lasts.
 const RENAMED_TABLE: &str = "outbox_renamed";
+/// How often ACK is read while the faults run: the slot's confirmed_flush_lsn on the primary,
+/// then a marker into the test's queue.
+const ACK_READING_EVERY: Duration = Duration::from_secs(3);
+/// How long one reading may take (its slot read, its marker's publish): a node or server
+/// cut off costs that reading only.
+const ACK_READING_WITHIN: Duration = Duration::from_secs(2);
 /// What the final primary's history holds, whatever the cleanup deleted: a trigger copies
 /// each row's id and created_at in the row's own transaction, so a failover keeps or loses
 /// the copy with the row, and the cleanup never touches it. Not in the publication.
@@ -181,7 +195,11 @@ impl World {
         let host = self.lab.relay_host(RELAY_HOSTS[i]);
         let urls = (self.relay_url.as_str(), self.brokers.as_str());
         let flags: Vec<&str> = self.relay_flags.iter().map(String::as_str).collect();
-        let (process, at) = spawn_relay_via(&self.outbox, host, urls, &flags);
+        let env: &[(&str, &str)] = match broken() {
+            true => &[("OUTBOX_FAILPOINTS", "ack-before-confirm=on")],
+            false => &[],
+        };
+        let (process, at) = spawn_relay_via_with(&self.outbox, host, urls, &flags, env);
         let mut slot = self.relays[i].lock().unwrap();
         slot.process = Some(process);
         slot.metrics = Some(at);
@@ -203,11 +221,7 @@ impl World {
     /// The relay whose host holds the slot now; relay 0 when none does (both reconnecting).
     async fn active_relay(&self) -> usize {
         let url = writers_url(&self.relay_url);
-        let asked = tokio::time::timeout(Duration::from_secs(5), async {
-            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                .await
-                .ok()?;
-            tokio::spawn(connection);
+        let addr = ask_once(&url, Duration::from_secs(5), |client| async move {
             let row = client
                 .query_opt(
                     "SELECT host(r.client_addr) FROM pg_replication_slots s \
@@ -219,7 +233,6 @@ impl World {
             row.get::<_, Option<String>>(0)
         })
         .await;
-        let addr = asked.ok().flatten();
         (0..RELAY_HOSTS.len())
             .find(|&i| Some(self.lab.relay_host(RELAY_HOSTS[i]).addr().to_string()) == addr)
             .unwrap_or(0)
@@ -274,6 +287,57 @@ impl Rewind {
     }
 }
 
+/// The commits the writers saw succeed, split into those on the final primary and those it
+/// lacks (a commit is whole: one row missing is all of them). A commit may vanish only with a
+/// fault that can take one away ([`FaultKind::can_lose_commits`]: a crashed primary, its
+/// standby asynchronous); otherwise a vanished one is an error naming it.
+fn surviving_commits(
+    commits: &[common::faults::Commit],
+    on_primary: &std::collections::HashSet<&str>,
+    kinds: &[FaultKind],
+) -> Result<(Vec<common::faults::Commit>, Vec<common::faults::Commit>), String> {
+    let (surviving, vanished): (Vec<_>, Vec<_>) = commits
+        .iter()
+        .cloned()
+        .partition(|c| c.ids.iter().all(|id| on_primary.contains(id.as_str())));
+    if vanished.is_empty() || kinds.iter().any(|k| k.can_lose_commits()) {
+        return Ok((surviving, vanished));
+    }
+    Err(format!(
+        "{} commits the writers saw succeed are not on the final primary, and no fault of the \
+         campaign could take one away (first: {:?})",
+        vanished.len(),
+        vanished[0].ids
+    ))
+}
+
+#[test]
+fn a_commit_may_vanish_only_with_a_crashed_primary() {
+    let commit = |ids: &[&str]| common::faults::Commit {
+        ids: ids.iter().map(|id| id.to_string()).collect(),
+        ended_by: None,
+    };
+    let commits = [commit(&["a", "b"]), commit(&["c"]), commit(&["d"])];
+    let on_primary: std::collections::HashSet<&str> = ["a", "b", "d"].into_iter().collect();
+    let restarts = [FaultKind::PgRestart, FaultKind::PgSwitchover];
+    assert_eq!(
+        surviving_commits(&commits, &on_primary, &restarts).map(|_| ()),
+        Err(
+            "1 commits the writers saw succeed are not on the final primary, and no fault \
+             of the campaign could take one away (first: [\"c\"])"
+                .into()
+        )
+    );
+    let crashed = [FaultKind::PgRestart, FaultKind::PgPrimaryCrash];
+    let (surviving, vanished) =
+        surviving_commits(&commits, &on_primary, &crashed).expect("a crash may lose c");
+    assert_eq!((surviving.len(), vanished.len()), (2, 1));
+    let everything: std::collections::HashSet<&str> = ["a", "b", "c", "d"].into_iter().collect();
+    let (surviving, vanished) =
+        surviving_commits(&commits, &everything, &restarts).expect("nothing vanished");
+    assert_eq!((surviving.len(), vanished.len()), (3, 0));
+}
+
 #[test]
 fn a_rewind_takes_back_the_rows_committed_above_where_the_slot_resumed_up_to_the_stop() {
     let commit = |ended_by: Option<u64>, rows: usize| common::faults::Commit {
@@ -315,15 +379,7 @@ where
 {
     let deadline = Instant::now() + within;
     loop {
-        let asked = tokio::time::timeout(Duration::from_secs(5), async {
-            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-                .await
-                .ok()?;
-            tokio::spawn(connection);
-            ask(client).await
-        })
-        .await;
-        if let Ok(Some(answer)) = asked {
+        if let Some(answer) = ask_once(url, Duration::from_secs(5), &ask).await {
             return answer;
         }
         assert!(
@@ -333,6 +389,25 @@ where
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// `ask` on a connection of its own to `url`, once, all of it within `within`: `None` when the
+/// server did not answer in time (a fault in the way) or `ask` found nothing.
+async fn ask_once<T, F, Fut>(url: &str, within: Duration, ask: F) -> Option<T>
+where
+    F: FnOnce(tokio_postgres::Client) -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    tokio::time::timeout(within, async {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .ok()?;
+        tokio::spawn(connection);
+        ask(client).await
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 /// `slot`'s `confirmed_flush` as the stopped server `server` saved it: what the slot resumes
@@ -628,15 +703,10 @@ async fn assert_not_acknowledged(world: &World, commits: &[Commit], step: &Step)
             .await
             .ok()?;
         let kept: std::collections::HashSet<String> = kept.iter().map(|r| r.get(0)).collect();
-        let slot = client
-            .query_one(
-                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots \
-                 WHERE slot_name = $1",
-                &[slot_name],
-            )
+        let confirmed = common::pg::try_slot_confirmed_flush(&client, slot_name)
             .await
-            .ok()?;
-        Some((kept, common::pg::parse_lsn(slot.get(0))))
+            .ok()??;
+        Some((kept, confirmed))
     })
     .await;
     let first = commits
@@ -759,6 +829,38 @@ async fn n1_a_seeded_campaign_of_mixed_faults_loses_nothing_and_applies_each_eff
 }
 
 /// One campaign of `minutes` from `seed`, on the lab, with its oracles and figures.
+/// Takes ACK readings until `stop`: every [`ACK_READING_EVERY`], the slot's
+/// confirmed_flush_lsn on the primary, then a marker published into the test's queue through
+/// the next broker node. A reading whose slot read or marker did not make it in
+/// [`ACK_READING_WITHIN`] (a fault in the way) is dropped. The readings, each its marker's id
+/// and the position read ([`acks_before_markers`] checks them at the end).
+async fn take_ack_readings(world: Arc<World>, stop: Arc<AtomicBool>) -> Vec<(String, u64)> {
+    let mut readings = Vec::new();
+    let mut attempt = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(ACK_READING_EVERY).await;
+        attempt += 1;
+        let url = world.pair.read().await.primary.url(&world.db);
+        let slot = &world.outbox.slot;
+        let read = ask_once(&url, ACK_READING_WITHIN, |client| async move {
+            common::pg::try_slot_confirmed_flush(&client, slot)
+                .await
+                .ok()
+                .flatten()
+        });
+        let Some(confirmed) = read.await else {
+            continue;
+        };
+        let marker = format!("{MARKER_PREFIX}ack-{attempt}");
+        let node = world.lab.cluster.url(attempt % world.lab.cluster.len());
+        let queue = &world.outbox.queue;
+        if try_publish_into(&node, queue, &marker, ACK_READING_WITHIN).await {
+            readings.push((marker, confirmed));
+        }
+    }
+    readings
+}
+
 async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
     let plan = Plan::new(seed, Duration::from_secs_f64(minutes * 60.0));
     let schedule = Schedule::generate(plan, Topology::default());
@@ -870,6 +972,10 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
     );
     let setup_took = began.elapsed();
 
+    // ACK while the faults run, read every few seconds and checked at the end.
+    let readings_stop = Arc::new(AtomicBool::new(false));
+    let reader = tokio::spawn(take_ack_readings(world.clone(), readings_stop.clone()));
+
     // The campaign: every step on a task of its own, overlapping as scheduled.
     let started = Instant::now();
     let tasks: Vec<_> = schedule
@@ -884,6 +990,10 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
                 .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())),
         );
     }
+    readings_stop.store(true, Ordering::Relaxed);
+    let readings = reader
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
     let last_heal = ran
         .iter()
         .map(|r| r.healed)
@@ -990,12 +1100,24 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
         .filter_map(|r| r.rewind)
         .map(|w| w.rows(&commits))
         .sum();
-    let surviving: Vec<_> = commits
-        .iter()
-        .filter(|c| c.ids.iter().all(|id| on_primary.contains(id.as_str())))
-        .cloned()
-        .collect();
+    let kinds: Vec<FaultKind> = ran.iter().map(|r| r.step.fault.kind()).collect();
+    let crashes = kinds.iter().filter(|k| k.can_lose_commits()).count();
+    let (surviving, vanished) = surviving_commits(&commits, &on_primary, &kinds)
+        .unwrap_or_else(|e| panic!("nemesis ({seed}): {e}"));
     let ack = check_ack_of_commits(&primary, &outbox, &surviving, &mut consumer).await;
+    // The barrier above is behind every marker: each reading's marker has arrived, if ever.
+    let arrivals: Vec<&str> = consumer
+        .received()
+        .iter()
+        .filter_map(|r| r.message_id.as_deref())
+        .collect();
+    let readings_checked =
+        acks_before_markers(&surviving, &arrivals, &readings).unwrap_or_else(|violation| {
+            panic!(
+                "nemesis ({seed}): {violation} but arrived after the marker published once the \
+                 slot was read so, while the faults ran"
+            )
+        });
     let tally = Tally::of(consumer.received());
     common::faults::assert_nothing_lost_or_invented(&tally, &rows);
     let bound = (W + MAX_TXN_ROWS) * ran.len() + rewound;
@@ -1097,11 +1219,19 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
             ),
             ("bound (W+X) x faults + taken back", bound.to_string()),
             ("rows PostgreSQL stops took back", rewound.to_string()),
+            (
+                "commits the writers saw succeed that the final primary lacks",
+                format!("{} (primary crashes: {crashes})", vanished.len()),
+            ),
             ("last heal to a relay ready", secs(ready_after)),
             ("last heal to an effect applied", secs(after_last)),
             (
                 "acknowledged rows checked",
                 ack.acknowledged_rows.to_string(),
+            ),
+            (
+                "ACK readings while the faults ran, checked",
+                format!("{readings_checked} of {}", readings.len()),
             ),
             ("worst commit to effect", secs(worst_latency)),
             ("latest fault start late by", secs(worst_late)),

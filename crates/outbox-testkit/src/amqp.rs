@@ -47,6 +47,40 @@ where
     out
 }
 
+/// Publishes one empty message with id `id` straight into `queue` (default exchange) through
+/// `url`, unconfirmed, all of it within `within`: `false` when the node did not take it in
+/// time (down, paused, cut off). Never panics: it runs during faults, where a failure is
+/// expected and only costs the caller this attempt. The frames are written when it returns
+/// `true`; whether the queue ever holds the message is the reader's to find out.
+pub async fn try_publish_into(url: &str, queue: &str, id: &str, within: Duration) -> bool {
+    let attempt = async {
+        let connection = Connection::connect(url, ConnectionProperties::default())
+            .await
+            .ok()?;
+        let channel = connection.create_channel().await.ok()?;
+        let properties = BasicProperties::default()
+            .with_message_id(id.into())
+            .with_delivery_mode(2);
+        channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                b"",
+                properties,
+            )
+            .await
+            .ok()?;
+        let _ = connection.close(200, "OK".into()).await;
+        Some(())
+    };
+    tokio::time::timeout(within, attempt)
+        .await
+        .ok()
+        .flatten()
+        .is_some()
+}
+
 /// [`with_channel`] for one topology call: its result, or a panic saying `what` failed.
 async fn channel_op<T, F, Fut>(url: &str, what: String, act: F) -> T
 where

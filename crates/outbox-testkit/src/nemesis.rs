@@ -533,6 +533,15 @@ impl FaultKind {
         }
     }
 
+    /// Whether a fault of this kind may take away commits its writers saw succeed. Only a
+    /// crashed primary does: the lab's standby is asynchronous, and what it had not received
+    /// is gone once it is promoted. A restart replays its own WAL, a switchover's clean stop
+    /// sends the standby every commit first, and the other kinds leave PostgreSQL alone or
+    /// only cut it off for a while.
+    pub fn can_lose_commits(self) -> bool {
+        matches!(self, FaultKind::PgPrimaryCrash)
+    }
+
     /// The shortest and longest a fault of this kind lasts.
     pub fn lasts_range(self) -> (Duration, Duration) {
         self.spec().lasts

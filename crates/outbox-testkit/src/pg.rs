@@ -947,18 +947,26 @@ pub async fn current_wal_lsn(client: &Client) -> u64 {
 
 /// The slot's `confirmed_flush_lsn`; panics if the slot does not exist.
 pub async fn slot_confirmed_flush(client: &Client, slot: &str) -> u64 {
-    let rows = client
-        .query(
+    match try_slot_confirmed_flush(client, slot).await {
+        Ok(Some(lsn)) => lsn,
+        Ok(None) => panic!("replication slot {slot} does not exist or has no confirmed_flush_lsn"),
+        Err(e) => panic!("query pg_replication_slots: {e}"),
+    }
+}
+
+/// The slot's `confirmed_flush_lsn`, `None` when there is no such slot or it has none yet;
+/// the query's error when the server did not answer (a test reading it during faults).
+pub async fn try_slot_confirmed_flush(
+    client: &Client,
+    slot: &str,
+) -> Result<Option<u64>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
-        .await
-        .expect("query pg_replication_slots");
-    let row = rows
-        .first()
-        .unwrap_or_else(|| panic!("replication slot {slot} does not exist"));
-    let lsn: Option<&str> = row.get(0);
-    parse_lsn(lsn.unwrap_or_else(|| panic!("slot {slot} has no confirmed_flush_lsn")))
+        .await?;
+    Ok(row.and_then(|row| row.get::<_, Option<&str>>(0).map(parse_lsn)))
 }
 
 /// Creates a logical slot with the `test_decoding` plugin: the commit-order oracle.
