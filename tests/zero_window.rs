@@ -7,14 +7,15 @@
 //! (docs/network-failures.md, "Dead peers"); dead peers are noticed by heartbeats instead.
 //!
 //! Each test holds the stall for five peer timeouts after the zero window is seen (the kernel's
-//! own queues, `/proc/net/tcp`, are the witness), then asserts that the connection outlived it.
+//! own queues, `/proc/net/tcp`, are the witness, at the start and at the end of the stall),
+//! then asserts that the connection outlived it.
 
 use outbox_testkit as common;
 
 use std::time::Duration;
 
 use common::faults::{finish, observed_outbox, report_tally, secs, slot_state};
-use common::procfs::tcp_queues_to;
+use common::procfs::{tcp_queues_from, tcp_queues_to, TcpQueues};
 use common::{PgServer, RabbitServer};
 use tokio::time::Instant;
 
@@ -26,25 +27,49 @@ const HELD: Duration = Duration::from_secs(5 * 2);
 /// Bytes waiting in a socket queue that only a peer that stopped reading leaves there (more
 /// than any pause in a flowing connection).
 const STALLED: u64 = 1024 * 1024;
+/// Bytes waiting at both ends of a connection at once, for the whole stall: unread in the
+/// receiver's queue and unsent in the sender's. A receiver's buffer grows from 128 KiB only
+/// as fast as it reads, so a reader that stops early may hold far less than [`STALLED`];
+/// data held at both ends for seconds is a zero window whatever the size.
+const HELD_AT_BOTH_ENDS: u64 = 16 * 1024;
 
 fn blocking<R>(f: impl FnOnce() -> R) -> R {
     tokio::task::block_in_place(f)
 }
 
-/// Waits until a connection to `port` holds at least [`STALLED`] bytes in the queue `which`
-/// picks; returns that many.
-async fn wait_stalled(port: u16, which: fn(&common::procfs::TcpQueues) -> u64) -> Option<u64> {
+/// Waits (a minute at most) until `queued()` reads at least `at_least` bytes; returns that
+/// reading.
+async fn wait_queued(at_least: u64, queued: impl Fn() -> u64) -> Option<u64> {
     let deadline = Instant::now() + MINUTE;
     loop {
-        let most = tcp_queues_to(port).iter().map(which).max().unwrap_or(0);
-        if most >= STALLED {
-            return Some(most);
+        let now = queued();
+        if now >= at_least {
+            return Some(now);
         }
         if Instant::now() >= deadline {
             return None;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The most bytes `which` picks from any connection among `queues`.
+fn most(queues: Vec<TcpQueues>, which: fn(&TcpQueues) -> u64) -> u64 {
+    queues.iter().map(which).max().unwrap_or(0)
+}
+
+/// Unsent at the AMQP broker's peer: the most any connection to `port` holds in its send
+/// queue.
+fn unsent_to(port: u16) -> u64 {
+    most(tcp_queues_to(port), |q| q.send)
+}
+
+/// Held at both ends of the replication connection to PostgreSQL on `port`: the smaller of
+/// what the relay has not read and what the walsender has not sent.
+fn held_at_both_ends(port: u16) -> u64 {
+    let unread = most(tcp_queues_to(port), |q| q.receive);
+    let unsent = most(tcp_queues_from(port), |q| q.send);
+    unread.min(unsent)
 }
 
 /// Inserts `rows` rows of about `kib` KiB each (distinct text, so nothing compresses them
@@ -92,7 +117,8 @@ async fn a_broker_that_stops_reading_a_full_window_of_large_publishes_keeps_the_
     // receive buffers grow to net.ipv4.tcp_rmem's maximum, 32 MiB here, and a receiver with
     // room never closes its window).
     insert_large_rows(&outbox, 1_100, 256).await;
-    let queued = wait_stalled(rabbit.amqp_port(), |q| q.send).await;
+    let amqp_port = rabbit.amqp_port();
+    let queued = wait_queued(STALLED, || unsent_to(amqp_port)).await;
     assert!(
         queued.is_some(),
         "the relay's publishes never piled up in its socket; log:\n{}",
@@ -102,11 +128,7 @@ async fn a_broker_that_stops_reading_a_full_window_of_large_publishes_keeps_the_
     tokio::time::sleep(HELD).await;
     let held = stalled_at.elapsed();
     let reconnects = relay.reconnects();
-    let still_queued = tcp_queues_to(rabbit.amqp_port())
-        .iter()
-        .map(|q| q.send)
-        .max()
-        .unwrap_or(0);
+    let still_queued = unsent_to(amqp_port);
     blocking(|| rabbit.suspend_queue(&outbox.queue, false));
     assert_eq!(
         reconnects,
@@ -158,16 +180,18 @@ async fn confirms_held_back_while_the_database_is_busy_keep_the_replication_sess
     // replication connection.
     blocking(|| rabbit.set_memory_alarm(true));
     insert_large_rows(&outbox, 30_000, 2).await;
-    let unread = wait_stalled(pg.port(), |q| q.receive).await;
+    let pg_port = pg.port();
+    let unread = wait_queued(HELD_AT_BOTH_ENDS, || held_at_both_ends(pg_port)).await;
     assert!(
         unread.is_some(),
-        "the stream never piled up unread in the relay's socket; log:\n{}",
+        "the stream never piled up at both ends of the replication connection; log:\n{}",
         relay.log()
     );
     let stalled_at = Instant::now();
     tokio::time::sleep(HELD).await;
     let held = stalled_at.elapsed();
     let reconnects = relay.reconnects();
+    let still_held = held_at_both_ends(pg_port);
     let (_, _, walsender_after) = slot_state(&outbox.client, &outbox.slot)
         .await
         .expect("slot");
@@ -178,6 +202,12 @@ async fn confirms_held_back_while_the_database_is_busy_keep_the_replication_sess
         "the replication session ended while the relay held back; log:\n{}",
         relay.log()
     );
+    assert!(
+        still_held >= HELD_AT_BOTH_ENDS,
+        "the window stayed closed for the whole stall ({still_held} bytes held at both ends at \
+         its end); log:\n{}",
+        relay.log()
+    );
 
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
     report_tally(
@@ -186,9 +216,10 @@ async fn confirms_held_back_while_the_database_is_busy_keep_the_replication_sess
         &tally,
         &[
             (
-                "unread at the stall",
+                "held at both ends at the stall",
                 format!("{} bytes", unread.unwrap_or(0)),
             ),
+            ("at its end", format!("{still_held} bytes")),
             ("held", secs(held)),
             ("reconnects", relay.reconnects().to_string()),
         ],

@@ -188,30 +188,49 @@ pub struct TcpQueues {
 /// The queues of every established connection of this network namespace to remote `port`
 /// (`/proc/net/tcp{,6}`: `tx_queue:rx_queue` is the fifth field, in hex).
 pub fn tcp_queues_to(port: u16) -> Vec<TcpQueues> {
+    tcp_queues(port, End::Remote)
+}
+
+/// The queues of every established connection of this network namespace from local `port`
+/// (a server's end of its connections).
+pub fn tcp_queues_from(port: u16) -> Vec<TcpQueues> {
+    tcp_queues(port, End::Local)
+}
+
+/// Which end of a connection a port is matched at.
+#[derive(Clone, Copy)]
+enum End {
+    Local,
+    Remote,
+}
+
+fn tcp_queues(port: u16, end: End) -> Vec<TcpQueues> {
     let mut queues = Vec::new();
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         if let Ok(text) = std::fs::read_to_string(table) {
-            queues.extend(queues_to(&text, port));
+            queues.extend(queues_at(&text, port, end));
         }
     }
     queues
 }
 
-fn queues_to(table: &str, port: u16) -> Vec<TcpQueues> {
+fn queues_at(table: &str, port: u16, end: End) -> Vec<TcpQueues> {
+    let column = match end {
+        End::Local => 1,
+        End::Remote => 2,
+    };
     table
         .lines()
         .skip(1)
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let (_, remote_port) = fields.get(2)?.rsplit_once(':')?;
+            let (_, at_port) = fields.get(column)?.rsplit_once(':')?;
             let established = *fields.get(3)? == "01";
             let (send, receive) = fields.get(4)?.split_once(':')?;
-            (established && u16::from_str_radix(remote_port, 16).ok()? == port).then_some(
-                TcpQueues {
-                    send: u64::from_str_radix(send, 16).ok()?,
-                    receive: u64::from_str_radix(receive, 16).ok()?,
-                },
-            )
+            (established && u16::from_str_radix(at_port, 16).ok()? == port).then_some(TcpQueues {
+                send: u64::from_str_radix(send, 16).ok()?,
+                receive: u64::from_str_radix(receive, 16).ok()?,
+            })
         })
         .collect()
 }
@@ -248,12 +267,21 @@ mod tests {
    3: 0100007F:1628 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4 1";
         // 0x1628 is 5672: one established connection to it (the TIME_WAIT one is not).
         assert_eq!(
-            super::queues_to(table, 5672),
+            super::queues_at(table, 5672, super::End::Remote),
             [super::TcpQueues {
                 send: 0x0010_0000,
                 receive: 0x10
             }]
         );
+        // 0xD433 is 54323: the established connection from it (the listener is not one).
+        assert_eq!(
+            super::queues_at(table, 0xD433, super::End::Local),
+            [super::TcpQueues {
+                send: 7,
+                receive: 0
+            }]
+        );
+        assert_eq!(super::queues_at(table, 5672, super::End::Local), []);
     }
 
     use super::*;
