@@ -158,6 +158,16 @@ enum Entry<T, P> {
     AckPoint(T),
 }
 
+impl<T, P> Entry<T, P> {
+    /// What the delivery task keeps for a publish; `None` for an ack point.
+    fn pending_mut(&mut self) -> Option<&mut P> {
+        match self {
+            Entry::Publish { pending, .. } => Some(pending),
+            Entry::AckPoint(_) => None,
+        }
+    }
+}
+
 /// The broker's answer to a publish, seen in the given epoch.
 #[derive(Debug, Clone, Copy)]
 struct Resolution {
@@ -272,25 +282,43 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     /// awaits there.
     pub fn next_unresolved(&mut self, channel: Channel) -> Option<&mut P> {
         let index = self.seek_unresolved(channel)?;
-        match self.entries.get_mut(index) {
-            Some(Entry::Publish { pending, .. }) => Some(pending),
-            _ => None,
-        }
+        self.entries.get_mut(index)?.pending_mut()
     }
 
     /// [`next_unresolved`](Self::next_unresolved) of both channels at once, publishing
     /// channel first: the delivery task awaits whichever answers first.
     pub fn next_unresolved_each(&mut self) -> [Option<&mut P>; 2] {
         let wanted = Channel::ALL.map(|channel| self.seek_unresolved(channel));
-        let mut found = [None, None];
-        for (index, entry) in self.entries.iter_mut().enumerate() {
-            if let Entry::Publish { pending, .. } = entry {
-                if let Some(at) = wanted.iter().position(|&w| w == Some(index)) {
-                    found[at] = Some(pending);
+        // On every turn of the delivery loop: reach the two entries directly, never walk
+        // the window.
+        match wanted {
+            [Some(publishing), Some(dead_letters)] => {
+                let (low, high) = (publishing.min(dead_letters), publishing.max(dead_letters));
+                let mut between = self.entries.range_mut(low..=high);
+                let (first, last) = (between.next(), between.next_back());
+                let (first, last) = (
+                    first.and_then(Entry::pending_mut),
+                    last.and_then(Entry::pending_mut),
+                );
+                match publishing < dead_letters {
+                    true => [first, last],
+                    false => [last, first],
                 }
             }
+            [Some(publishing), None] => [
+                self.entries
+                    .get_mut(publishing)
+                    .and_then(Entry::pending_mut),
+                None,
+            ],
+            [None, Some(dead_letters)] => [
+                None,
+                self.entries
+                    .get_mut(dead_letters)
+                    .and_then(Entry::pending_mut),
+            ],
+            [None, None] => [None, None],
         }
-        found
     }
 
     /// The broker answered the publish [`next_unresolved`](Self::next_unresolved)`(channel)`
@@ -526,6 +554,11 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     /// returned: everything it takes lies before anything that fails the queue, and before
     /// every publish still waiting for its first answer.
     pub fn take_returned(&mut self) -> Vec<(usize, Returned)> {
+        // Called on every turn of the delivery loop under the dead-letter policy: nothing to
+        // scan for until a return was recorded.
+        if self.returned.is_empty() {
+            return Vec::new();
+        }
         let mut taken = Vec::new();
         for (index, entry) in self.entries.iter().enumerate() {
             let Entry::Publish {
