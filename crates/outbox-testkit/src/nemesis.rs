@@ -57,8 +57,8 @@ pub struct Seed(pub u64);
 
 impl Seed {
     /// [`SEED_ENV`] as a list: each comma-separated entry a seed, or [`RANDOM_SEED`] for a
-    /// fresh one; unset or empty, one fresh seed. CI's `42,random` runs a fixed schedule
-    /// and one no run has seen before.
+    /// fresh one; unset or empty, one fresh seed. `42,random` runs CI's fixed schedule and
+    /// then one no run has seen before.
     pub fn list_from_env() -> Result<Vec<Seed>, SeedError> {
         let text = match std::env::var_os(SEED_ENV) {
             None => return Ok(vec![Seed::from_clock()]),
@@ -355,6 +355,29 @@ impl Fault {
                 ..
             } => vec![a, b],
             _ => Vec::new(),
+        }
+    }
+
+    /// How many times this fault, lasting `lasts`, may make the relays deliver a row again:
+    /// a relay delivers again only what it resumes from the slot in a new session, and each
+    /// fault ends a session at most once, a flapping cut once per cut. A fault that impairs
+    /// only an inbox consumer ends no relay's session, nor does a memory alarm (a blocked
+    /// publisher waits on a live connection): 0.
+    pub fn replays(&self, lasts: Duration) -> usize {
+        let impact = self.impact();
+        let touches_the_relays = impact.rabbit
+            || impact.pg
+            || impact.relay
+            || impact.every_relay
+            || impact.holds_delivery;
+        match *self {
+            Fault::RabbitMemoryAlarm { .. } => 0,
+            _ if !touches_the_relays => 0,
+            Fault::PartitionFlapping { every, .. } => {
+                let every = every.as_millis().max(1);
+                lasts.as_millis().div_ceil(every) as usize
+            }
+            _ => 1,
         }
     }
 
@@ -921,6 +944,57 @@ mod tests {
         assert!(Fault::RabbitMemoryAlarm { node: 0 }
             .may_leave_paused()
             .is_empty());
+    }
+
+    #[test]
+    fn only_a_fault_that_can_end_a_relays_session_may_replay_rows() {
+        let secs = Duration::from_secs;
+        let replays = |fault: Fault| fault.replays(secs(10));
+        for once in [
+            Fault::RelayKill9 {
+                relay: RelayRole::Active,
+            },
+            Fault::PgPrimaryCrash,
+            Fault::PgRestart,
+            Fault::RabbitKill9 { node: 1 },
+            Fault::RabbitPause { node: 0 },
+            Fault::UndeclaredExchange,
+            Fault::TableRename,
+            Fault::HostVanish {
+                host: Host::Relay(0),
+            },
+            Fault::PartitionOneWay {
+                from: Host::Rabbit(0),
+                to: Host::Rabbit(1),
+            },
+        ] {
+            assert_eq!(replays(once), 1, "{once}");
+        }
+        for never in [
+            Fault::ConsumerKill9 { consumer: 0 },
+            Fault::RabbitMemoryAlarm { node: 2 },
+            Fault::HostVanish {
+                host: Host::Consumer(1),
+            },
+        ] {
+            assert_eq!(replays(never), 0, "{never}");
+        }
+        // A cut between a consumer and a node impairs the consumer only.
+        let consumer_cut = Fault::PartitionOneWay {
+            from: Host::Consumer(0),
+            to: Host::Rabbit(2),
+        };
+        assert_eq!(replays(consumer_cut), 0);
+        let flapping = Fault::PartitionFlapping {
+            hosts: (Host::Relay(0), Host::Rabbit(1)),
+            every: Duration::from_millis(3000),
+        };
+        assert_eq!(
+            flapping.replays(secs(10)),
+            4,
+            "a session may end at each of 4 cuts"
+        );
+        assert_eq!(flapping.replays(secs(9)), 3);
     }
 
     use super::*;
