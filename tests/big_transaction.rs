@@ -46,10 +46,17 @@ async fn million_row_transaction_streams_in_bounded_memory() {
     // Sample the slot while the relay works: until it passes the commit, the transaction is
     // not acknowledged; once it has, every row must already be in the queue (confirmed).
     let started = std::time::Instant::now();
-    let mut peak_rss_kib = 0;
+    // VmHWM, the process's high-water mark: None once it has exited (a read of nothing must
+    // not pass as a small peak).
+    let mut peak_rss_kib: Option<u64> = None;
+    let sample = |peak: &mut Option<u64>| {
+        if let Some(now) = relay.peak_rss_kib() {
+            *peak = Some(peak.map_or(now, |p| p.max(now)));
+        }
+    };
     let deadline = started + Duration::from_secs(900);
     loop {
-        peak_rss_kib = peak_rss_kib.max(relay.peak_rss_kib().unwrap_or(0));
+        sample(&mut peak_rss_kib);
         let flushed = outbox.confirmed_flush().await;
         if flushed >= after_commit {
             let depth = queue_message_count(&outbox.amqp_url, &outbox.queue).await;
@@ -68,7 +75,9 @@ async fn million_row_transaction_streams_in_bounded_memory() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let elapsed = started.elapsed();
-    peak_rss_kib = peak_rss_kib.max(relay.peak_rss_kib().unwrap_or(0));
+    sample(&mut peak_rss_kib);
+    let peak_rss_kib = peak_rss_kib
+        .unwrap_or_else(|| panic!("no RSS sample of the relay was read; log:\n{}", relay.log()));
     println!(
         "{rows} rows delivered in {:.1} s ({:.0} rows/s); relay peak RSS {} MiB",
         elapsed.as_secs_f64(),

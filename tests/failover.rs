@@ -67,9 +67,6 @@ const WRITERS: usize = 4;
 const WRITER_PAUSE: Duration = Duration::from_millis(2);
 /// Rows the writers must commit on the new primary before they stop.
 const ROWS_AFTER: usize = 1_000;
-/// The bound on the time from the promotion to streaming again: the relay's backoff
-/// after a few failed attempts is 2-4 s (it doubles from 0.5 s), so 10 s is wide.
-const STREAMS_AGAIN_WITHIN: Duration = Duration::from_secs(10);
 const MINUTE: Duration = Duration::from_secs(60);
 
 /// Runs a blocking harness call (server start, kill, stop) without stalling the runtime.
@@ -271,11 +268,11 @@ async fn failover(major: u32, route: Route, fault: Fault) {
     let streams_again = streaming.map(|_| promoted.elapsed());
     let streams_again =
         streams_again.unwrap_or_else(|| panic!("{name}: no new session; log:\n{}", s.relay.log()));
-    assert!(
-        streams_again <= STREAMS_AGAIN_WITHIN,
-        "{name}: streaming again took {} after the promotion (bound {})",
-        secs(streams_again),
-        secs(STREAMS_AGAIN_WITHIN)
+    // A figure of the report below, not a bound: its target lives in the benchmark's
+    // recovery section, with its conditions.
+    println!(
+        "{name}: streaming again {} after the promotion",
+        secs(streams_again)
     );
 
     let committed = writers.committed();

@@ -711,6 +711,15 @@ async fn x3_a_one_way_partition_between_two_broker_nodes_loses_no_confirmed_mess
     let txns = oracle.transactions(&outbox.client).await;
     let acknowledged_in_partition =
         rows_ending_between(&txns, acknowledged_at_cut, acknowledged_at_heal);
+    // The premise of the ACK check above: rows were acknowledged while the partition lasted.
+    assert!(
+        acknowledged_in_partition > 0,
+        "x3: no row was acknowledged during the partition (slot at {} at the cut, {} at the \
+         heal): the ACK check proved nothing about it; log:\n{}",
+        common::pg::format_lsn(acknowledged_at_cut),
+        common::pg::format_lsn(acknowledged_at_heal),
+        relay.log()
+    );
     let reconnected = reconnect_count(&text);
     resend_floor.sample(acknowledged_at_heal, reconnected);
     let not_resent = resend_floor.repeats_beneath(&txns, &tally);
@@ -1062,6 +1071,18 @@ async fn s6_the_relay_cut_off_from_postgresql_and_the_brokers_for_20_s_loses_not
         .await
         .map(|(status, body)| (status, body.trim().to_string()));
     let noticed = cut_at.elapsed();
+    // Cut from both ends, it must say that a peer went silent or away, not any other reason.
+    let named_a_lost_peer = |(status, reason): &(u16, String)| {
+        *status == 503
+            && ["no heartbeat", "broker down", "database down"].contains(&reason.as_str())
+    };
+    assert!(
+        not_ready.as_ref().is_some_and(named_a_lost_peer),
+        "s6: /readyz must turn 503 naming the lost peer within {} of the cut, got {not_ready:?}; \
+         log:\n{}",
+        secs(MINUTE),
+        relay.log()
+    );
     tokio::time::sleep(ISOLATION.saturating_sub(cut_at.elapsed())).await;
     let confirmed_in_cut = confirmed(&scrape(at).await);
     cut.heal();
