@@ -459,7 +459,10 @@ async fn too_large_and_unmappable_rows_go_to_the_dead_letter_exchange_before_pub
         too_large.header_str("x-outbox-original-exchange"),
         Some(outbox.exchange.as_str())
     );
-    assert!(too_large.header_str("x-outbox-seq").is_some());
+    assert!(
+        too_large.header_str("x-outbox-seq").is_some(),
+        "{too_large:?}"
+    );
 
     let unmappable = only(&received, &null_type);
     assert_eq!(
@@ -513,7 +516,11 @@ async fn a_dead_letter_exchange_without_a_binding_halts_naming_it_until_one_exis
         "dead-lettered once the dead-letter exchange has a binding; log:\n{}",
         relay.log()
     );
-    assert!(wait_for_ids(&mut consumer, std::slice::from_ref(&later), MINUTE).await);
+    assert!(
+        wait_for_ids(&mut consumer, std::slice::from_ref(&later), MINUTE).await,
+        "{later}, after the dead-lettered row, not delivered; log:\n{}",
+        relay.log()
+    );
     assert_acknowledged(outbox, &oracle, &relay, &later, MINUTE).await;
     relay.stop().await;
 }
@@ -583,7 +590,11 @@ async fn dead_letter_policy_without_an_exchange_is_a_clear_config_error() {
         &[],
     );
     let status = run.wait_exit(MINUTE).await.expect("exits");
-    assert!(!status.success());
+    assert!(
+        !status.success(),
+        "exits non-zero, not {status}; log:\n{}",
+        run.log()
+    );
     let log = run.log();
     assert!(
         log.contains("--dead-letter-exchange") && log.contains("OUTBOX_DEAD_LETTER_EXCHANGE"),

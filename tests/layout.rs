@@ -449,8 +449,8 @@ fn a_circle_is_found() {
         "use crate::publish::{Acked, Input};\nuse super::source::Source;",
         "wal::stream",
     );
-    assert!(paths.contains(&"publish::Acked".into()));
-    assert!(paths.contains(&"wal::source::Source".into()));
+    assert!(paths.contains(&"publish::Acked".into()), "{paths:?}");
+    assert!(paths.contains(&"wal::source::Source".into()), "{paths:?}");
 }
 
 /// What a file of module `module` (`a::b`) names, each path as `a::b::C`, among the modules

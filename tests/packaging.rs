@@ -336,7 +336,11 @@ fn dockerfile_uses_only_commands_and_variables_the_relay_has_and_ships_it_alone(
         .filter(|line| line.starts_with("COPY "))
         .collect();
     assert_eq!(copies.len(), 1, "{copies:?}");
-    assert!(copies[0].ends_with("/usr/local/bin/outbox-relay /usr/local/bin/"));
+    assert!(
+        copies[0].ends_with("/usr/local/bin/outbox-relay /usr/local/bin/"),
+        "the relay image copies something else: {}",
+        copies[0]
+    );
     let from = copies[0]
         .split_whitespace()
         .find_map(|word| word.strip_prefix("--from="))
@@ -415,7 +419,10 @@ async fn compose_healthcheck_passes_against_a_running_relay() {
         .iter()
         .map(|word| word.replace("/9187", &format!("/{port}")))
         .collect();
-    assert!(probe.iter().any(|word| word.contains(&format!("/{port}"))));
+    assert!(
+        probe.iter().any(|word| word.contains(&format!("/{port}"))),
+        "the healthcheck does not name the metrics port /9187: {probe:?}"
+    );
 
     let addr = format!("127.0.0.1:{port}");
     let relay = RelayProcess::spawn(

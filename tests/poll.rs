@@ -910,7 +910,12 @@ async fn poll_mode_serves_metrics_readyz_and_status_with_the_unsent_backlog() {
         value("outbox_relay_poll_batch_seconds_count"),
         value("outbox_relay_poll_batch_rows_count")
     );
-    assert!(value("outbox_relay_polls_total") > value("outbox_relay_poll_batch_rows_count"));
+    assert!(
+        value("outbox_relay_polls_total") > value("outbox_relay_poll_batch_rows_count"),
+        "{} polls, no more than the {} batches with rows:\n{metrics}",
+        value("outbox_relay_polls_total"),
+        value("outbox_relay_poll_batch_rows_count")
+    );
     assert!(
         value("outbox_relay_oldest_unsent_age_seconds") > 0.0,
         "{metrics}"
@@ -965,9 +970,14 @@ async fn poll_mode_serves_metrics_readyz_and_status_with_the_unsent_backlog() {
     stop(&relay).await;
     let received = outbox.drain(&mut consumer).await;
     assert_eq!(received.len(), inserted.len(), "each row once");
+    let arrived: HashSet<String> = tally(&received).into_keys().collect();
     assert_eq!(
-        tally(&received).into_keys().collect::<HashSet<_>>(),
-        inserted
+        arrived,
+        inserted,
+        "{} inserted rows missing (e.g. {:?}), {} arrived that were not inserted",
+        inserted.difference(&arrived).count(),
+        inserted.difference(&arrived).min(),
+        arrived.difference(&inserted).count()
     );
 }
 
@@ -980,7 +990,11 @@ fn a_failpoint_name_that_does_not_exist_stops_the_relay_naming_the_valid_ones() 
     let status = relay
         .wait_exit_blocking(EXIT)
         .expect("the relay exits at once");
-    assert!(!status.success());
+    assert!(
+        !status.success(),
+        "exits non-zero, not {status}; log:\n{}",
+        relay.log()
+    );
     let log = relay.log();
     assert!(
         log.contains("unknown failpoint \"poll-before-comit\"")

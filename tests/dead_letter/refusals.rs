@@ -455,6 +455,12 @@ async fn under_dead_letter_rows_repeating_an_id_in_one_window_are_each_dead_lett
         PAIRED_ROWS - unroutable,
         "every other row delivered once"
     );
-    assert!(delivered.is_disjoint(&lettered));
+    let both: Vec<_> = delivered.intersection(&lettered).collect();
+    assert!(
+        delivered.is_disjoint(&lettered),
+        "{} rows both delivered and dead-lettered, e.g. seq {:?}",
+        both.len(),
+        both.iter().min()
+    );
     relay.stop().await;
 }

@@ -515,7 +515,14 @@ async fn polling_with_two_workers_crashed_and_killed_applies_every_row_once() {
         relay.log()
     );
     relay.stop().await;
-    assert!(unsent_ids(&outbox.client).await.is_empty());
+    let left = unsent_ids(&outbox.client).await;
+    assert!(
+        left.is_empty(),
+        "{} rows unsent after the last run, e.g. {:?}; log:\n{}",
+        left.len(),
+        left.iter().min(),
+        relay.log()
+    );
     let duplicates = published_duplicates(&mut tally, &outbox, &tally_queue, &rows).await;
     assert!(
         duplicates > 0,
@@ -747,7 +754,10 @@ async fn cleanup_counts_each_consumers_window_back_from_that_consumers_own_newes
         seq_scans, 0,
         "a sequential scan of the inbox in the cleanup"
     );
-    assert!(index_scans > 0);
+    assert!(
+        index_scans > 0,
+        "the cleanup used no index scan of the inbox (idx_scan {index_scans})"
+    );
     counting.batch_execute("ROLLBACK").await.expect("rollback");
 
     let cleanup = || {
@@ -853,7 +863,10 @@ async fn setup_is_idempotent_and_a_claim_is_true_exactly_once_per_consumer_and_m
     let claim = |consumer: &'static str, id: &'static str| {
         format!("SELECT inbox_claim('{consumer}', '{id}', '0000000001A2B3C4-00000000')")
     };
-    assert!(claimed(&a, &claim("billing", "m-1")).await);
+    assert!(
+        claimed(&a, &claim("billing", "m-1")).await,
+        "the first claim of billing/m-1"
+    );
     assert!(
         !claimed(&a, &claim("billing", "m-1")).await,
         "the second claim"
@@ -866,7 +879,10 @@ async fn setup_is_idempotent_and_a_claim_is_true_exactly_once_per_consumer_and_m
     for (end, second_gets) in [("COMMIT", false), ("ROLLBACK", true)] {
         let id: &'static str = if end == "COMMIT" { "m-2" } else { "m-3" };
         a.batch_execute("BEGIN").await.expect("begin");
-        assert!(claimed(&a, &claim("billing", id)).await);
+        assert!(
+            claimed(&a, &claim("billing", id)).await,
+            "the first claim of billing/{id} (before {end})"
+        );
         let second = {
             let url = url.clone();
             let sql = claim("billing", id);
@@ -890,13 +906,20 @@ async fn setup_is_idempotent_and_a_claim_is_true_exactly_once_per_consumer_and_m
         .await
         .expect("take b's snapshot");
     a.batch_execute("BEGIN").await.expect("begin");
-    assert!(claimed(&a, &claim("billing", "m-4")).await);
+    assert!(
+        claimed(&a, &claim("billing", "m-4")).await,
+        "the first claim of billing/m-4 (REPEATABLE READ)"
+    );
     let second = tokio::spawn(async move {
         let result = b.query_one(&claim("billing", "m-4"), &[]).await;
         result.map(|_| ()).map_err(|e| e.code().cloned())
     });
     let waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted";
-    assert!(wait_count(&a, waiting, MINUTE, |n| n > 0).await.is_ok());
+    let blocked = wait_count(&a, waiting, MINUTE, |n| n > 0).await;
+    assert!(
+        blocked.is_ok(),
+        "the REPEATABLE READ claim waits for the first: ungranted locks {blocked:?}"
+    );
     a.batch_execute("COMMIT").await.expect("commit");
     assert_eq!(
         second.await.expect("second claim"),
@@ -1015,9 +1038,13 @@ async fn a_message_without_a_message_id_goes_to_the_dead_letter_exchange_and_the
     db.wait_applied(2, &consumer).await;
     let letters = dead.wait_for(2, MINUTE).await;
     assert_eq!(letters.len(), 2, "both refused deliveries dead-lettered");
-    assert!(letters
-        .iter()
-        .all(|l| l.message_id.as_deref().unwrap_or("").is_empty()));
+    assert!(
+        letters
+            .iter()
+            .all(|l| l.message_id.as_deref().unwrap_or("").is_empty()),
+        "a dead letter with a message_id: {:?}",
+        letters.iter().map(|l| &l.message_id).collect::<Vec<_>>()
+    );
     consumer.stop().await;
     assert_eq!(
         totals(&consumer),
@@ -1119,7 +1146,11 @@ async fn publish_with(amqp: &str, exchange: &str, message_id: Option<&str>, head
         )
         .await
         .expect("publish");
-    assert!(confirm.await.expect("confirm").is_ack());
+    let confirmation = confirm.await.expect("confirm");
+    assert!(
+        confirmation.is_ack(),
+        "publish of {message_id:?} to {exchange}: {confirmation:?}"
+    );
     let _ = connection.close(200, "OK".into()).await;
 }
 

@@ -466,8 +466,14 @@ mod tests {
 
     #[test]
     fn long_names_are_errors_not_panics() {
-        assert!(short(&"q".repeat(256)).is_err());
-        assert!(short(&"q".repeat(255)).is_ok());
+        let too_long = short(&"q".repeat(256));
+        assert!(
+            too_long.is_err(),
+            "256 bytes accepted: {:?}",
+            too_long.map(|s| s.as_str().len())
+        );
+        let longest = short(&"q".repeat(255));
+        assert!(longest.is_ok(), "255 bytes refused: {:?}", longest.err());
     }
 
     #[test]
@@ -484,7 +490,7 @@ mod tests {
         assert_eq!(outstanding.update(&arrivals), 2);
         arrivals.extend([arrival("1"), arrival("3")]);
         assert_eq!(outstanding.update(&arrivals), 0);
-        assert!(outstanding.is_empty());
+        assert!(outstanding.is_empty(), "still outstanding: {outstanding:?}");
     }
 
     #[test]

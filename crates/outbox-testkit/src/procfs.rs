@@ -292,8 +292,10 @@ mod tests {
         let stat = "4242 (out) box) S 1 4242 4242 0 -1 4194304 1500 0 0 0 250 37 0 0 20 0 9 0 \
                     123 456789 2048 18446744073709551615";
         assert_eq!(cpu_time(stat).expect("parses"), Duration::from_millis(2870));
-        assert!(cpu_time("4242 no name here").is_err());
-        assert!(cpu_time("4242 (x) S 1 2").is_err());
+        let no_name = cpu_time("4242 no name here");
+        assert!(no_name.is_err(), "read without a name: {no_name:?}");
+        let short = cpu_time("4242 (x) S 1 2");
+        assert!(short.is_err(), "read from 2 fields: {short:?}");
     }
 
     #[test]
@@ -309,7 +311,10 @@ mod tests {
         // children cannot be smaller (read the other way round, the test raced its own CPU).
         let alone = usage(std::process::id()).expect("own").cpu;
         let own = process_and_children_cpu(std::process::id()).expect("own /proc entry");
-        assert!(own >= alone);
+        assert!(
+            own >= alone,
+            "with its children {own:?}, less than alone earlier {alone:?}"
+        );
     }
 
     #[test]
@@ -321,7 +326,8 @@ mod tests {
         // 0x4E3B = 20027: the listener, not the connection to it.
         assert_eq!(listening_inodes(table, 20027), [91234]);
         assert_eq!(listening_inodes(table, 5432), [555]);
-        assert!(listening_inodes(table, 5672).is_empty());
+        let none = listening_inodes(table, 5672);
+        assert!(none.is_empty(), "a listener on 5672: {none:?}");
 
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().expect("address").port();
@@ -333,12 +339,13 @@ mod tests {
         let status =
             "Name:\toutbox-relay\nVmPeak:\t  100000 kB\nVmHWM:\t   23456 kB\nVmRSS:\t 20000 kB\n";
         assert_eq!(peak_rss_kib(status).expect("parses"), 23456);
-        assert!(peak_rss_kib("Name:\tx\n").is_err());
+        let no_hwm = peak_rss_kib("Name:\tx\n");
+        assert!(no_hwm.is_err(), "read without VmHWM: {no_hwm:?}");
     }
 
     #[test]
     fn this_process_can_be_read() {
         let usage = usage(std::process::id()).expect("own /proc entry");
-        assert!(usage.peak_rss_kib > 0);
+        assert!(usage.peak_rss_kib > 0, "no peak RSS: {usage:?}");
     }
 }

@@ -292,7 +292,10 @@ mod tests {
     #[test]
     fn the_listed_series_parse_with_their_epmd_ports() {
         let listed = listed();
-        assert!(listed.iter().any(|(series, _)| *series == DEFAULT_SERIES));
+        assert!(
+            listed.iter().any(|(series, _)| *series == DEFAULT_SERIES),
+            "{DEFAULT_SERIES} not listed: {listed:?}"
+        );
         let mut ports: Vec<u16> = listed.iter().map(|(_, port)| *port).collect();
         ports.sort_unstable();
         ports.dedup();
