@@ -29,6 +29,7 @@ mod packaging;
 mod partitions;
 mod poll;
 mod shards;
+mod streams;
 mod table_layouts;
 mod tls;
 mod wal;

@@ -60,6 +60,17 @@ impl RabbitServer {
     /// `max_message_size = 16777216`, `loopback_users = none`,
     /// `disk_free_limit.absolute = 1MB`, the listener on 127.0.0.1:PORT.
     pub fn start_with_config(extra_conf: &[&str]) -> RabbitServer {
+        Self::boot(extra_conf, Plugins::None)
+    }
+
+    /// Starts a private node with the stream plugin (`rabbitmq_stream`) listening on a port of
+    /// its own ([`RabbitServer::stream_port`]) beside AMQP; its boot takes a second or two
+    /// longer, which is why no other node enables it.
+    pub fn start_with_streams() -> RabbitServer {
+        Self::boot(&[], Plugins::Streams)
+    }
+
+    fn boot(extra_conf: &[&str], plugins: Plugins) -> RabbitServer {
         let started = Instant::now();
         let tempdir = node_tempdir();
         let dir = tempdir.path().to_path_buf();
@@ -67,7 +78,7 @@ impl RabbitServer {
         // does not leave it behind.
         let node_prefix = node_prefix();
         let mut watchdog = spawn_watchdog(&watchdog_cleanup(&node_prefix, &dir));
-        match Node::start(&node_prefix, &dir, extra_conf, None)
+        match Node::start(&node_prefix, &dir, extra_conf, None, plugins)
             .and_then(|node| node.enable_khepri_if_chosen().map(|()| node))
         {
             Ok(node) => {
@@ -106,6 +117,17 @@ impl RabbitServer {
                 port,
             },
         }
+    }
+
+    /// The stream protocol's port of a node started with [`RabbitServer::start_with_streams`]
+    /// (on 127.0.0.1, user guest/guest); panics for any other.
+    pub fn stream_port(&self) -> u16 {
+        let private = self
+            .kind
+            .private("RabbitServer", "stream_port", "OUTBOX_TEST_AMQP_URL");
+        private.node.stream_port.unwrap_or_else(|| {
+            panic!("RabbitServer::stream_port: the node was not started with start_with_streams")
+        })
     }
 
     pub fn amqp_port(&self) -> u16 {
@@ -245,12 +267,21 @@ pub(crate) fn watchdog_cleanup(node_prefix: &str, dir: &Path) -> String {
     )
 }
 
+/// The plugins a node enables: none (boots fastest), or the stream protocol's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Plugins {
+    None,
+    Streams,
+}
+
 /// One RabbitMQ node the harness launches: its name, ports and directory. Restarts reuse
 /// all three.
 pub(crate) struct Node {
     pub(crate) name: String,
     pub(crate) amqp_port: u16,
     pub(crate) dist_port: u16,
+    /// The stream protocol's listener, with [`Plugins::Streams`].
+    pub(crate) stream_port: Option<u16>,
     /// Owned by `rabbitmq`: `mnesia/`, `log/`, `pid`, `rabbitmq.conf`, `enabled_plugins`.
     pub(crate) dir: PathBuf,
     /// The test host it runs on ([`super::netns`]); `None`: the root namespace, on
@@ -268,9 +299,14 @@ impl Node {
         dir: &Path,
         extra_conf: &[&str],
         host: Option<&Host>,
+        plugins: Plugins,
     ) -> Result<Node, String> {
         std::fs::create_dir_all(dir).expect("create the node's dir");
-        std::fs::write(dir.join("enabled_plugins"), "[].\n").expect("write enabled_plugins");
+        let enabled = match plugins {
+            Plugins::None => "[].\n",
+            Plugins::Streams => "[rabbitmq_stream].\n",
+        };
+        std::fs::write(dir.join("enabled_plugins"), enabled).expect("write enabled_plugins");
         std::fs::create_dir_all(dir.join("log")).expect("mkdir log");
         // The system's rabbitmq-env.conf may bind epmd and the distribution listener to
         // 127.0.0.1 (ERL_EPMD_ADDRESS, inet_dist_use_interface; it does on these machines),
@@ -292,6 +328,7 @@ impl Node {
                 name: format!("{name_prefix}{attempt}@{host_part}"),
                 amqp_port: free_port(),
                 dist_port: free_port(),
+                stream_port: (plugins == Plugins::Streams).then(free_port),
                 dir: dir.to_path_buf(),
                 host: host.cloned(),
             };
@@ -303,6 +340,16 @@ impl Node {
                 node.addr(),
                 node.amqp_port
             );
+            // A stream client connects to the address the node advertises (the stream's
+            // leader's): its own, not the hostname the node would give.
+            if let Some(port) = node.stream_port {
+                let addr = node.addr();
+                conf += &format!(
+                    "stream.listeners.tcp.1 = {addr}:{port}\n\
+                     stream.advertised_host = {addr}\n\
+                     stream.advertised_port = {port}\n"
+                );
+            }
             for line in release().conf_lines().iter().chain(extra_conf) {
                 conf += line;
                 conf += "\n";

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use super::http::Endpoint;
 use super::netns::Host;
-use super::rabbit::{node_prefix, node_tempdir, watchdog_cleanup, Node};
+use super::rabbit::{node_prefix, node_tempdir, watchdog_cleanup, Node, Plugins};
 use super::relay::RelayProcess;
 use super::{spawn_watchdog, stop_watchdog};
 
@@ -140,7 +140,7 @@ impl RabbitCluster {
                     let name_prefix = format!("{prefix}{i}-");
                     let dir = tempdir.path().join(format!("node{i}"));
                     let host = hosts.map(|hosts| &hosts[i]);
-                    scope.spawn(move || Node::start(&name_prefix, &dir, conf, host))
+                    scope.spawn(move || Node::start(&name_prefix, &dir, conf, host, Plugins::None))
                 })
                 .collect();
             boots
