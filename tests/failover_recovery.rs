@@ -28,7 +28,8 @@ use std::time::{Duration, SystemTime};
 
 use common::failover::{create_standby_oracle, FailoverPair, PairOptions};
 use common::faults::{
-    barrier, check_ack, ids_of, report, secs, slot_state, wait_for_ids, Oracle, Tally, Writers,
+    barrier, check_ack, ids_of, report, secs, settled, slot_state, wait_for_ids, Oracle, Tally,
+    Upto, Writers,
 };
 use common::http::{readyz, wait_http, wait_ready};
 use common::outbox::Outbox;
@@ -297,7 +298,11 @@ async fn t5_slot_invalidated_while_stopped_recreate_backfills_and_stop_names_the
     let after_backlog = server_now(&a.client).await;
     wait_recorded_since(&a.client, &a.slot, after_backlog, &relay_a).await;
     let b_before = vec![b.insert("BeforeTheLoss", "{}").await];
-    assert!(wait_for_ids(&mut consumer_b, &b_before, MINUTE).await);
+    assert!(
+        wait_for_ids(&mut consumer_b, &b_before, MINUTE).await,
+        "(b)'s row {b_before:?} arrives; log:\n{}",
+        relay_b.log()
+    );
     relay_a.stop().await;
     relay_b.stop().await;
     let delivered_before = delivered_so_far(&mut consumer_a, &a).await;
@@ -324,7 +329,11 @@ async fn t5_slot_invalidated_while_stopped_recreate_backfills_and_stop_names_the
         .await
         .expect("(a)'s state row");
     let recorded = recorded.expect("an acknowledged commit recorded");
-    assert!(!recovering);
+    assert!(
+        !recovering,
+        "(a)'s state row says it is recovering before any loss; log:\n{}",
+        relay_a.log()
+    );
 
     // (b) stop: refuses, naming the slot, the gap, the reason and the recovery.
     let refused = b.spawn_relay(&stop_flags());
@@ -355,9 +364,9 @@ async fn t5_slot_invalidated_while_stopped_recreate_backfills_and_stop_names_the
         "(b)'s slot is left as it was"
     );
     assert_eq!(b_active, None);
-    let b_received = consumer_b
-        .wait_quiet(Duration::from_millis(300), Duration::from_secs(5))
-        .await;
+    // Both of (b)'s relays have exited: what either confirmed is ahead of the marker.
+    let logs = || format!("{}\n---- refused:\n{}", relay_b.log(), refused.log());
+    let b_received = settled(&mut consumer_b, &b.amqp_url, &b.queue, Upto::Done, logs).await;
     assert_eq!(
         ids_of(b_received),
         b_before,
@@ -388,7 +397,9 @@ async fn t5_slot_invalidated_while_stopped_recreate_backfills_and_stop_names_the
     assert!(
         writers
             .wait_committed(writers.committed() + 2_000, MINUTE)
-            .await
+            .await,
+        "the writers committed 2,000 more rows within a minute ({} so far)",
+        writers.committed()
     );
     let written = writers.stop().await;
 
@@ -695,7 +706,9 @@ async fn t4_pg16_failover_mid_stream_recreate_backfills_and_stop_refuses() {
     assert!(
         writers_a
             .wait_committed(writers_a.committed() + 2_000, MINUTE)
-            .await
+            .await,
+        "(a)'s writers committed 2,000 more rows within a minute ({} so far)",
+        writers_a.committed()
     );
     relay_a.stop().await;
     let ack = check_ack(&new_primary, &a, &oracle, &mut consumer_a).await;
@@ -1005,7 +1018,11 @@ async fn recreate_refuses_without_the_state_table() {
         .wait_exit(MINUTE)
         .await
         .unwrap_or_else(|| panic!("the relay keeps running; log:\n{}", refused.log()));
-    assert!(!status.success());
+    assert!(
+        !status.success(),
+        "the relay must refuse to recreate the slot: {status}; log:\n{}",
+        refused.log()
+    );
     let log = refused.log();
     let message = final_error(&log).unwrap_or_else(|| panic!("no final error; log:\n{log}"));
     for part in [
@@ -1034,7 +1051,11 @@ async fn refused_recreate(outbox: &Outbox) -> String {
         .wait_exit(MINUTE)
         .await
         .unwrap_or_else(|| panic!("the relay keeps running; log:\n{}", refused.log()));
-    assert!(!status.success());
+    assert!(
+        !status.success(),
+        "the relay must refuse to recreate the slot: {status}; log:\n{}",
+        refused.log()
+    );
     let log = refused.log();
     let message = final_error(&log).unwrap_or_else(|| panic!("no final error; log:\n{log}"));
     for part in [

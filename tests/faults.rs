@@ -30,7 +30,8 @@ use common::faults::{
     assert_acknowledged, assert_not_acknowledged, assert_nothing_lost_or_invented, assert_returned,
     assert_stuck_on_returned, barrier, check_ack, connect_retrying, delivered_after, finish,
     ids_of, observed_outbox, probe, relay_crash_duplicate_bound, report, report_tally,
-    scrape_slot_gauges, secs, slot_state, unsent_ids, wait_for_ids, Oracle, Tally, Writers,
+    scrape_slot_gauges, secs, settled, slot_state, unsent_ids, wait_for_ids, Oracle, Tally, Upto,
+    Writers,
 };
 use common::http::{
     http_get, metric_sum, metric_value, readyz, wait_metrics, wait_ready, wait_readyz,
@@ -1455,9 +1456,10 @@ async fn s16_lost_slot_stops_the_relay_on_reconnect_and_start_and_is_never_recre
         .expect("the slot still exists");
     assert_eq!(status.as_deref(), Some("lost"), "never recreated silently");
     assert_eq!(active, None);
-    let received = consumer
-        .wait_quiet(Duration::from_millis(300), Duration::from_secs(5))
-        .await;
+    // The relay has exited (and every later start too): whatever it confirmed is ahead of the
+    // marker.
+    let (url, queue) = (&outbox.amqp_url, &outbox.queue);
+    let received = settled(&mut consumer, url, queue, Upto::Done, || relay.log()).await;
     assert_eq!(
         ids_of(received),
         [delivered.as_str()],
@@ -1571,7 +1573,11 @@ async fn s18_added_column_maps_to_a_header_for_later_rows_only_across_a_reconnec
     }
     for (i, id) in held_new.iter().enumerate() {
         let headers = aggregate_of(id);
-        assert!(!headers.is_empty());
+        assert!(
+            !headers.is_empty(),
+            "row {id}, held across the reconnect, never arrived; log:\n{}",
+            relay.log()
+        );
         for header in headers {
             assert_eq!(
                 header.as_deref(),
@@ -1846,7 +1852,11 @@ async fn s21_polling_crash_between_confirms_and_commit_twice_loses_nothing() {
             "{status}; log:\n{}",
             relay.log()
         );
-        assert!(relay.log().contains("failpoint poll-before-commit fired"));
+        assert!(
+            relay.log().contains("failpoint poll-before-commit fired"),
+            "the crash is the failpoint's; log:\n{}",
+            relay.log()
+        );
         barrier(&mut consumer, &outbox.amqp_url, &outbox.queue).await;
         let unsent = unsent_ids(&outbox.client).await;
         assert!(!unsent.is_empty(), "the crash must land mid-backlog");
@@ -1930,7 +1940,11 @@ async fn s22_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_rec
     let metrics = wait_metrics(port, MINUTE, |m| metric_value(m, HEARTBEAT_LAG).is_some()).await;
     let healthy_heartbeat = metric_value(&metrics, HEARTBEAT_LAG).expect("heartbeat lag");
     let writers = Writers::start(&outbox.db_url, 1, MAX_TXN_ROWS, Duration::from_millis(20));
-    assert!(writers.wait_committed(100, MINUTE).await);
+    assert!(
+        writers.wait_committed(100, MINUTE).await,
+        "the writer committed {} of 100 rows within a minute",
+        writers.committed()
+    );
 
     let killed = blocking(|| rabbit.kill9());
     assert_readyz_becomes(port, &relay, (503, "broker down")).await;
@@ -2078,12 +2092,26 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
     assert_eq!(metric_value(&metrics, "outbox_relay_standby"), Some(1.0));
 
     let writers = Writers::start(&outbox.db_url, 4, MAX_TXN_ROWS, Duration::from_millis(1));
-    assert!(writers.wait_committed(ROWS / 2, 5 * MINUTE).await);
+    assert!(
+        writers.wait_committed(ROWS / 2, 5 * MINUTE).await,
+        "the writers committed {} of {} rows within 5 minutes",
+        writers.committed(),
+        ROWS / 2
+    );
     assert_eq!(
         standby.sessions(),
         0,
         "the standby never streamed while the active relay ran; log:\n{}",
         standby.log()
+    );
+    // The premise: the stop lands mid-stream, with committed rows not yet delivered and more of
+    // the 20,000 still to be written. Delivered is read first: the committed count only grows.
+    let (delivered_at_stop, committed_at_stop) = (consumer.received().len(), writers.committed());
+    assert!(
+        delivered_at_stop < committed_at_stop && committed_at_stop < ROWS,
+        "the {stop:?} did not land mid-stream: {delivered_at_stop} rows delivered of \
+         {committed_at_stop} committed, of {ROWS}; log:\n{}",
+        active.log()
     );
     let stopped = Instant::now();
     match (stop, &proxy) {
@@ -2143,7 +2171,12 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
         "log:\n{}",
         standby.log()
     );
-    assert!(writers.wait_committed(ROWS, 5 * MINUTE).await);
+    assert!(
+        writers.wait_committed(ROWS, 5 * MINUTE).await,
+        "the writers committed {} of {ROWS} rows within 5 minutes; standby's log:\n{}",
+        writers.committed(),
+        standby.log()
+    );
     writers.stop().await;
     let (committed, tally) =
         finish(&outbox.client, &outbox, &oracle, &mut consumer, &standby).await;
@@ -2159,6 +2192,10 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
             ("slot released after", secs(released)),
             ("standby streaming after", secs(streaming)),
             ("standby's first confirm after", secs(first_confirm)),
+            (
+                "delivered / committed at the stop",
+                format!("{delivered_at_stop} / {committed_at_stop}"),
+            ),
         ],
     );
     println!(

@@ -7,6 +7,8 @@ use outbox_testkit as common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::faults::{settled, Upto};
+use common::outbox::Outbox;
 use common::pg::{self, column_value, parse_test_decoding, replace_url_database, url_port};
 use common::{
     create_test_decoding_slot, current_wal_lsn, declare_bound_queue, format_lsn, parse_lsn,
@@ -51,8 +53,19 @@ async fn postgres_test_decoding_oracle_sees_one_transaction_in_insert_order() {
     let txns = read_test_decoding(&client, &slot).await;
     assert_eq!(txns.len(), 1, "{txns:?}");
     assert_eq!(txns[0].inserted_ids("public.outbox"), inserted);
-    assert!(txns[0].end_lsn > created_at);
-    assert!(current_wal_lsn(&client).await >= txns[0].end_lsn);
+    assert!(
+        txns[0].end_lsn > created_at,
+        "the transaction ends at {} after the slot's creation at {}",
+        format_lsn(txns[0].end_lsn),
+        format_lsn(created_at)
+    );
+    let wal_end = current_wal_lsn(&client).await;
+    assert!(
+        wal_end >= txns[0].end_lsn,
+        "the WAL end {} is at or past the transaction's end {}",
+        format_lsn(wal_end),
+        format_lsn(txns[0].end_lsn)
+    );
     // Peeking does not consume: the slot has not moved.
     assert_eq!(slot_confirmed_flush(&client, &slot).await, created_at);
     assert_eq!(read_test_decoding(&client, &slot).await, txns);
@@ -149,13 +162,14 @@ async fn a_standby_follows_its_primary_and_takes_writes_once_promoted() {
     )
     .await;
     assert_eq!(active, 1, "the standby streams through its physical slot");
-    assert!(replica
-        .batch_execute("INSERT INTO t VALUES (3)")
-        .await
-        .is_err());
+    let refused = replica.batch_execute("INSERT INTO t VALUES (3)").await;
+    assert!(
+        refused.is_err(),
+        "a standby must refuse writes: {refused:?}"
+    );
 
     let promoted: bool = pg::query_value(&replica, "SELECT pg_promote()").await;
-    assert!(promoted);
+    assert!(promoted, "pg_promote() returned false");
     replica
         .batch_execute("INSERT INTO t VALUES (3)")
         .await
@@ -185,10 +199,61 @@ async fn rabbitmq_confirmed_publishes_reach_a_bound_queue() {
     assert_eq!(got[0].exchange, exchange);
     assert_eq!(got[0].delivery_mode, Some(2));
     assert_eq!(got[1].body_json()["n"], 2);
-    let got = consumer.wait_quiet(Duration::from_millis(200), WAIT).await;
-    assert_eq!(got.len(), 2, "no more than the two messages");
+
+    // One more, straight into the queue and not waited for: `settled` returns it, since its
+    // marker was published after it, and takes the marker out of the list.
+    common::amqp::publish_confirmed(&url, "", &queue, &[("m-3", b"")]).await;
+    let got = settled(&mut consumer, &url, &queue, Upto::Done, String::new).await;
+    let ids: Vec<_> = got.iter().map(|m| m.message_id.as_deref()).collect();
+    assert_eq!(
+        ids,
+        [Some("m-1"), Some("m-2"), Some("m-3")],
+        "everything ahead of the marker, and not the marker"
+    );
+    // Counts after it are the messages' own.
+    common::amqp::publish_confirmed(&url, &exchange, "order.paid", &[("m-4", b"{}")]).await;
+    let got = consumer.wait_for(4, WAIT).await;
+    let ids: Vec<_> = got.iter().map(|m| m.message_id.as_deref()).collect();
+    assert_eq!(ids, [Some("m-1"), Some("m-2"), Some("m-3"), Some("m-4")]);
     assert_eq!(queue_message_count(&url, &queue).await, 0);
     consumer.close().await;
+}
+
+/// `settled` in WAL mode, not told how many to expect: a row written just before it is in
+/// what it returns, because the slot has to pass it before the marker goes out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settled_waits_for_the_slot_to_pass_a_row_just_written() {
+    let outbox = Outbox::new("smoke_settled_wal").await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let relay = outbox.spawn_relay(&["--metrics-addr", "off"]);
+    let id = outbox.insert("Settled", "{}").await;
+    let (url, queue) = (&outbox.amqp_url, &outbox.queue);
+    let got = settled(&mut consumer, url, queue, Upto::slot(&outbox), || {
+        relay.log()
+    })
+    .await;
+    let ids: Vec<_> = got.iter().map(|m| m.message_id.as_deref()).collect();
+    assert_eq!(ids, [Some(id.as_str())], "log:\n{}", relay.log());
+    relay.stop().await;
+}
+
+/// `settled` in polling mode, not told how many to expect: a row written just before it is
+/// in what it returns, because the row has to be marked before the marker goes out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settled_waits_for_a_polled_row_to_be_marked() {
+    let s = services();
+    let outbox =
+        Outbox::on_poll(&s.pg.url("postgres"), &s.rabbit.url(), "smoke_settled_poll").await;
+    let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
+    let relay = outbox.spawn_poll(&["--metrics-addr", "off"], &[]);
+    let id = outbox.insert("Settled", "{}").await;
+    let unsent = "SELECT count(*) FROM outbox WHERE published_at IS NULL";
+    let upto = Upto::Unsent(&outbox.client, unsent);
+    let (url, queue) = (&outbox.amqp_url, &outbox.queue);
+    let got = settled(&mut consumer, url, queue, upto, || relay.log()).await;
+    let ids: Vec<_> = got.iter().map(|m| m.message_id.as_deref()).collect();
+    assert_eq!(ids, [Some(id.as_str())], "log:\n{}", relay.log());
+    relay.stop().await;
 }
 
 #[tokio::test]
@@ -211,7 +276,11 @@ async fn proxy_passes_and_resets_postgres_connections() {
     );
     let started = std::time::Instant::now();
     client.query_one("SELECT 2", &[]).await.unwrap();
-    assert!(started.elapsed() >= Duration::from_millis(150));
+    assert!(
+        started.elapsed() >= Duration::from_millis(150),
+        "a 150 ms delay let the answer through in {:?}",
+        started.elapsed()
+    );
     proxy.set_modes(Mode::Pass);
 
     // Black hole: the query gets no answer and the connection stays open.
@@ -263,7 +332,11 @@ fn proxy_delays_and_resets_with_rst_on_both_ends() {
     server.write_all(b"pong").unwrap();
     client.read_exact(&mut buf[..4]).unwrap();
     assert_eq!(&buf[..4], b"pong");
-    assert!(started.elapsed() >= Duration::from_millis(200));
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "a 200 ms delay let the answer through in {:?}",
+        started.elapsed()
+    );
 
     proxy.reset_all();
     assert_eq!(proxy.live_connections(), 0);
@@ -276,7 +349,11 @@ fn proxy_delays_and_resets_with_rst_on_both_ends() {
 
 #[tokio::test]
 async fn child_process_log_signals_and_memory_are_observable() {
-    assert!(common::relay::binary().exists());
+    assert!(
+        common::relay::binary().exists(),
+        "no relay binary at {}",
+        common::relay::binary().display()
+    );
     let child = RelayProcess::spawn_bin(
         Path::new("/bin/sh"),
         &["-c", "echo \"ready $SMOKE_VALUE\"; trap 'echo bye; exit 3' TERM; while :; do sleep 0.05; done"],
@@ -287,11 +364,19 @@ async fn child_process_log_signals_and_memory_are_observable() {
         "{}",
         child.log()
     );
-    assert!(child.peak_rss_kib().unwrap() > 0);
+    assert!(
+        child.peak_rss_kib().unwrap() > 0,
+        "a running child has a peak RSS: {:?}",
+        child.peak_rss_kib()
+    );
     child.sigterm();
     let status = child.wait_exit(WAIT).await.expect("exits on SIGTERM");
     assert_eq!(status.code(), Some(3));
-    assert!(child.log().contains("bye"));
+    assert!(
+        child.log().contains("bye"),
+        "the TERM trap ran; log:\n{}",
+        child.log()
+    );
     assert_eq!(child.peak_rss_kib(), None);
 }
 
@@ -307,7 +392,8 @@ async fn private_servers_can_be_crashed_and_restarted() {
         .await
         .unwrap();
     pg.stop_immediate();
-    assert!(client.query_one("SELECT 1", &[]).await.is_err());
+    let answered = client.query_one("SELECT 1", &[]).await;
+    assert!(answered.is_err(), "a stopped server answered: {answered:?}");
     pg.start_again();
     let client = pg.client("postgres").await;
     let n: i64 = client
@@ -329,7 +415,11 @@ async fn private_servers_can_be_crashed_and_restarted() {
     declare_bound_queue(&url, &exchange, &queue, "#").await;
     common::amqp::publish_confirmed(&url, &exchange, "k", &[("m-1", b"x")]).await;
     rabbit.kill9();
-    assert!(!common::port_is_open(rabbit.amqp_port()));
+    assert!(
+        !common::port_is_open(rabbit.amqp_port()),
+        "port {} still open after kill -9",
+        rabbit.amqp_port()
+    );
     rabbit.restart();
     assert_eq!(
         queue_message_count(&url, &queue).await,
@@ -337,8 +427,15 @@ async fn private_servers_can_be_crashed_and_restarted() {
         "a confirmed message survives"
     );
     let listed = rabbit.ctl(&["list_queues", "name", "messages"]);
-    assert!(listed.status.success());
-    assert!(String::from_utf8_lossy(&listed.stdout).contains(&queue));
+    assert!(
+        listed.status.success(),
+        "rabbitmqctl list_queues: {listed:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains(&queue),
+        "{queue} is listed after the restart: {}",
+        String::from_utf8_lossy(&listed.stdout)
+    );
 }
 
 #[test]

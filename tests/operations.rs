@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::process::Output;
 use std::time::{Duration, SystemTime};
 
-use common::faults::scrape_slot_gauges;
+use common::faults::{scrape_slot_gauges, settled, Upto};
 use common::http::{http_get, metric_value, wait_http, wait_metrics};
 use common::outbox::Outbox;
 use common::pg::{first_column, psql};
@@ -205,7 +205,11 @@ async fn endpoints_serve_health_readiness_and_slot_lag_that_matches_postgres() {
     assert_eq!(json["outbox_rows"], 4);
     assert_eq!(json["stuck_message_known"], true);
     assert_eq!(json["stuck_message_id"], serde_json::Value::Null);
-    assert!(json["lag_bytes"].as_i64().is_some_and(|lag| lag >= 0));
+    assert!(
+        json["lag_bytes"].as_i64().is_some_and(|lag| lag >= 0),
+        "lag_bytes is a count of bytes: {}",
+        json["lag_bytes"]
+    );
 
     relay.sigterm();
     assert!(
@@ -475,7 +479,11 @@ async fn setup_retries_its_first_connection_for_connect_timeout() {
     let status = setup.wait_exit(Duration::from_secs(60)).await;
     assert!(status.is_some_and(|s| s.success()), "{}", setup.log());
     assert!(setup.log().contains("setup complete"), "{}", setup.log());
-    assert!(slot_exists(&pg.client("postgres").await, &name).await);
+    assert!(
+        slot_exists(&pg.client("postgres").await, &name).await,
+        "setup made the slot {name} once the server came up; log:\n{}",
+        setup.log()
+    );
 }
 
 /// A slot invalidated by max_slot_wal_keep_size needs a server of its own: the setting is
@@ -613,13 +621,21 @@ async fn teardown_asks_for_yes_and_refuses_while_a_relay_streams() {
     let outbox = Outbox::new("ops_teardown").await;
 
     let out = outbox.run_command(&["teardown"]);
-    assert!(!out.status.success());
+    assert!(
+        !out.status.success(),
+        "teardown without --yes must refuse: {}",
+        text(&out)
+    );
     assert!(
         text(&out).contains("an abandoned slot pins WAL"),
         "explains why: {}",
         text(&out)
     );
-    assert!(slot_exists(&outbox.client, &outbox.slot).await);
+    assert!(
+        slot_exists(&outbox.client, &outbox.slot).await,
+        "teardown without --yes left the slot {}",
+        outbox.slot
+    );
 
     let relay = outbox.spawn_relay(&["--metrics-addr", "off"]);
     assert!(
@@ -638,14 +654,31 @@ async fn teardown_asks_for_yes_and_refuses_while_a_relay_streams() {
         "names the pid: {}",
         text(&out)
     );
-    assert!(slot_exists(&outbox.client, &outbox.slot).await);
+    assert!(
+        slot_exists(&outbox.client, &outbox.slot).await,
+        "a refused teardown left the slot {}",
+        outbox.slot
+    );
 
     relay.sigterm();
-    assert!(relay.wait_exit(Duration::from_secs(30)).await.is_some());
+    assert!(
+        relay.wait_exit(Duration::from_secs(30)).await.is_some(),
+        "the relay stops on SIGTERM; log:\n{}",
+        relay.log()
+    );
     let out = outbox.run_command(&["teardown", "--yes"]);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(!slot_exists(&outbox.client, &outbox.slot).await);
-    assert!(!publication_exists(&outbox.client, "outbox_pub").await);
+    assert!(
+        !slot_exists(&outbox.client, &outbox.slot).await,
+        "teardown --yes dropped the slot {}: {}",
+        outbox.slot,
+        text(&out)
+    );
+    assert!(
+        !publication_exists(&outbox.client, "outbox_pub").await,
+        "teardown --yes dropped outbox_pub: {}",
+        text(&out)
+    );
     // Again: nothing left to drop is not an error.
     let out = outbox.run_command(&["teardown", "--yes"]);
     assert!(out.status.success(), "{}", text(&out));
@@ -698,9 +731,12 @@ async fn resync_republishes_exactly_the_rows_from_that_time_on() {
         "{}",
         text(&out)
     );
-    let received = consumer
-        .wait_settled(after.len(), Duration::from_secs(30))
+    // resync has exited, every message confirmed: nothing of it can follow the marker.
+    consumer
+        .wait_for(after.len(), Duration::from_secs(30))
         .await;
+    let (url, queue) = (&outbox.amqp_url, &outbox.queue);
+    let received = settled(&mut consumer, url, queue, Upto::Done, || text(&out)).await;
     let got: Vec<&str> = received
         .iter()
         .map(|r| r.message_id.as_deref().expect("message_id"))
@@ -726,12 +762,19 @@ async fn resync_republishes_exactly_the_rows_from_that_time_on() {
         got, expected_order,
         "exactly the rows from `since` on, in created_at order"
     );
-    assert!(got.iter().all(|id| !before.iter().any(|b| b == id)));
+    assert!(
+        got.iter().all(|id| !before.iter().any(|b| b == id)),
+        "no row from before `since` ({before:?}) was republished: {got:?}"
+    );
     assert_eq!(received[0].kind.as_deref(), Some("After"));
     assert_eq!(received[0].body_json()["n"], 0, "payload intact");
 
     let out = outbox.run_command(&["resync", "--since", "yesterday"]);
-    assert!(!out.status.success());
+    assert!(
+        !out.status.success(),
+        "resync refuses a --since that is not a time: {}",
+        text(&out)
+    );
     assert!(text(&out).contains("RFC 3339"), "{}", text(&out));
 }
 
@@ -1022,7 +1065,11 @@ async fn least_privilege_role_sets_up_and_runs_but_cannot_drop_the_dba_publicati
         "streaming as the least-privilege role"
     );
     relay.sigterm();
-    assert!(relay.wait_exit(Duration::from_secs(30)).await.is_some());
+    assert!(
+        relay.wait_exit(Duration::from_secs(30)).await.is_some(),
+        "the relay stops on SIGTERM; log:\n{}",
+        relay.log()
+    );
     assert_no_password("the relay's trace log", &relay.log());
 
     let out = outbox.run_command(&["status", "--metrics-addr", "off"]);
@@ -1043,7 +1090,10 @@ async fn least_privilege_role_sets_up_and_runs_but_cannot_drop_the_dba_publicati
         !slot_exists(&admin, &outbox.slot).await,
         "the slot is dropped"
     );
-    assert!(publication_exists(&admin, "outbox_pub").await);
+    assert!(
+        publication_exists(&admin, "outbox_pub").await,
+        "the DBA's publication outbox_pub is left: {message}"
+    );
     assert_no_password("teardown's output", &message);
 }
 
@@ -1083,7 +1133,11 @@ async fn passwords_never_reach_the_log_at_trace_level() {
         relay.log()
     );
     relay.sigterm();
-    assert!(relay.wait_exit(Duration::from_secs(30)).await.is_some());
+    assert!(
+        relay.wait_exit(Duration::from_secs(30)).await.is_some(),
+        "the relay stops on SIGTERM; log:\n{}",
+        relay.log()
+    );
     let log = relay.log();
     assert!(
         log.contains("TRACE") || log.contains("DEBUG"),
@@ -1106,7 +1160,11 @@ async fn passwords_never_reach_the_log_at_trace_level() {
         .env("RUST_LOG", "trace")
         .output()
         .expect("status");
-    assert!(!out.status.success());
+    assert!(
+        !out.status.success(),
+        "status with a wrong password must fail: {}",
+        out.status
+    );
     assert_no_password("a failed login's output", &text(&out));
     assert!(
         !text(&out).contains("p%40ss%3Aw%2Frd%25x"),

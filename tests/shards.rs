@@ -15,8 +15,8 @@ use std::process::Output;
 use std::time::Duration;
 
 use common::faults::{
-    assert_nothing_lost_or_invented, relay_crash_duplicate_bound, wait_for_ids, Oracle, Tally,
-    Writers,
+    assert_nothing_lost_or_invented, relay_crash_duplicate_bound, settled, wait_for_ids, Oracle,
+    Tally, Upto, Writers,
 };
 use common::http::{metric_value, readyz, wait_metrics, wait_ready, wait_readyz};
 use common::outbox::Outbox;
@@ -219,6 +219,18 @@ async fn insert_for(client: &Client, event_type: &str, aggregate: &str) -> Strin
     row.get(0)
 }
 
+/// [`Upto::Slots`] for shard slots `shards` of `slot` (as `setup --shards` names them).
+fn shard_slots<'a>(
+    client: &'a Client,
+    slot: &str,
+    shards: impl IntoIterator<Item = u32>,
+) -> Upto<'a> {
+    Upto::Slots(
+        client,
+        shards.into_iter().map(|k| format!("{slot}_{k}")).collect(),
+    )
+}
+
 fn ids(received: &[common::Received]) -> Vec<String> {
     received
         .iter()
@@ -386,7 +398,12 @@ async fn setup_with_three_shards_creates_filtered_publications_and_slots_and_tea
     // teardown --shards 3 drops every slot and every publication.
     let teardown = outbox.run_command(&["teardown", "--yes", "--shards", "3"]);
     assert!(teardown.status.success(), "{}", text(&teardown));
-    assert!(slot_names(client, &outbox.slot).await.is_empty());
+    let slots = slot_names(client, &outbox.slot).await;
+    assert!(
+        slots.is_empty(),
+        "teardown --shards 3 left slots {slots:?}: {}",
+        text(&teardown)
+    );
     let left: i64 = common::pg::query_value(client, "SELECT count(*) FROM pg_publication").await;
     assert_eq!(left, 0, "{}", text(&teardown));
     // ...which status, the probe, reports with exit code 2.
@@ -448,9 +465,13 @@ async fn four_relays_deliver_50_000_rows_once_each_aggregate_in_commit_order() {
             .filter(|id| rows[id.as_str()].1 == k)
             .cloned()
             .collect();
-        let received = consumer
-            .wait_settled(expected.len(), Duration::from_secs(180))
+        consumer
+            .wait_for(expected.len(), Duration::from_secs(180))
             .await;
+        let queue = format!("{}_{k}", outbox.queue);
+        let upto = shard_slots(&outbox.client, &outbox.slot, [k]);
+        let log = || relays[k as usize].log();
+        let received = settled(consumer, &outbox.amqp_url, &queue, upto, log).await;
         let got = ids(received);
         per_shard.push(got.len());
         assert_eq!(
@@ -475,8 +496,8 @@ async fn four_relays_deliver_50_000_rows_once_each_aggregate_in_commit_order() {
         delivered.extend(got);
     }
     assert_eq!(delivered.len(), rows.len(), "no row twice across shards");
-    // Every shard's last row has arrived and a quiet 500 ms followed it.
-    let settled = started.elapsed();
+    // Every shard's last row has arrived and its slot has passed the WAL end.
+    let settled_after = started.elapsed();
 
     // Every shard's slot reaches the last commit: one with few rows does not pin WAL.
     let last_commit = read_test_decoding(&outbox.client, &oracle)
@@ -539,7 +560,7 @@ async fn four_relays_deliver_50_000_rows_once_each_aggregate_in_commit_order() {
             ("written in", common::faults::secs(written)),
             (
                 "all delivered and settled after",
-                common::faults::secs(settled),
+                common::faults::secs(settled_after),
             ),
         ],
     );
@@ -641,9 +662,12 @@ async fn two_relays_on_one_shard_one_streams_the_other_waits_and_takes_over() {
     for aggregate in &aggregates {
         wanted.push(insert_for(&outbox.client, "After", aggregate).await);
     }
-    let received = consumer
-        .wait_settled(wanted.len(), Duration::from_secs(30))
+    consumer
+        .wait_for(wanted.len(), Duration::from_secs(30))
         .await;
+    let upto = shard_slots(&outbox.client, &outbox.slot, [1]);
+    let log = || second.log();
+    let received = settled(&mut consumer, &outbox.amqp_url, &queue, upto, log).await;
     assert_eq!(
         ids(received),
         wanted,
@@ -721,7 +745,12 @@ async fn cleanup_with_one_of_four_shards_stopped_keeps_its_unacknowledged_rows()
     let after = shards_of(&outbox.client, &after, SHARDS).await;
     let running = of(&after, &|k| k != STOPPED);
     let stopped = of(&after, &|k| k == STOPPED);
-    assert!(!running.is_empty() && !stopped.is_empty());
+    assert!(
+        !running.is_empty() && !stopped.is_empty(),
+        "the 800 rows reach both the running shards ({}) and the stopped one ({})",
+        running.len(),
+        stopped.len()
+    );
     // Each of the stopped shard's new rows committed after its acknowledged position (the
     // oracle's end LSNs), so it is one the cleanup must keep.
     let newer: HashSet<String> = oracle
@@ -731,7 +760,13 @@ async fn cleanup_with_one_of_four_shards_stopped_keeps_its_unacknowledged_rows()
         .filter(|txn| txn.end_lsn > acknowledged)
         .flat_map(|txn| txn.inserted_ids(OUTBOX))
         .collect();
-    assert!(stopped.iter().all(|id| newer.contains(id)));
+    let older: Vec<&String> = stopped.iter().filter(|id| !newer.contains(*id)).collect();
+    assert!(
+        stopped.iter().all(|id| newer.contains(id)),
+        "rows of the stopped shard committed at or before its acknowledged position {}: \
+         {older:?}",
+        common::format_lsn(acknowledged)
+    );
 
     // The running shards deliver theirs and delete them...
     for (k, consumer) in consumers.iter_mut().enumerate() {
@@ -823,7 +858,12 @@ async fn the_least_privilege_role_runs_a_shard() {
     // for each of them.
     let teardown = as_role.run_command(&["teardown", "--yes", "--shards", "2"]);
     assert!(!teardown.status.success(), "{}", text(&teardown));
-    assert!(slot_names(&outbox.client, &outbox.slot).await.is_empty());
+    let slots = slot_names(&outbox.client, &outbox.slot).await;
+    assert!(
+        slots.is_empty(),
+        "the role's teardown left slots {slots:?}: {}",
+        text(&teardown)
+    );
     for k in 0..2 {
         assert!(
             text(&teardown).contains(&format!("publication outbox_pub_{k}: not dropped")),
@@ -862,7 +902,11 @@ async fn kill_9_of_one_shards_relay_and_a_restart_5_s_later_leaves_the_others_al
     }
     let started = std::time::Instant::now();
     let writers = Writers::start(&outbox.db_url, 4, 4, Duration::from_millis(1));
-    assert!(writers.wait_committed(1_500, Duration::from_secs(60)).await);
+    assert!(
+        writers.wait_committed(1_500, Duration::from_secs(60)).await,
+        "the writers committed {} of 1,500 rows within 60 s",
+        writers.committed()
+    );
     consumers[KILLED]
         .wait_for(100, Duration::from_secs(60))
         .await;
@@ -910,7 +954,11 @@ async fn kill_9_of_one_shards_relay_and_a_restart_5_s_later_leaves_the_others_al
     assert!(
         writers
             .wait_committed(now + 1_000, Duration::from_secs(60))
-            .await
+            .await,
+        "the writers committed {} of {} rows within 60 s after the restart; log:\n{}",
+        writers.committed(),
+        now + 1_000,
+        relays[KILLED].log()
     );
     writers.stop().await;
     let writing = started.elapsed();
@@ -965,10 +1013,12 @@ async fn kill_9_of_one_shards_relay_and_a_restart_5_s_later_leaves_the_others_al
             "L0, shard {k}; log:\n{}",
             relays[k].log()
         );
+        // Settled while its relay runs: a stopped relay no longer moves its slot.
+        let queue = format!("{}_{k}", outbox.queue);
+        let upto = shard_slots(&outbox.client, &outbox.slot, [k as u32]);
+        let log = || relays[k].log();
+        let received = settled(consumer, &outbox.amqp_url, &queue, upto, log).await;
         relays[k].stop().await;
-        let received = consumer
-            .wait_quiet(Duration::from_millis(500), Duration::from_secs(10))
-            .await;
         let tally = Tally::of(received);
         assert_nothing_lost_or_invented(&tally, &expected);
         duplicates.push(tally.duplicates());
@@ -1026,7 +1076,11 @@ async fn resharding_two_to_four_under_writers_loses_nothing() {
         .map(|k| spawn_shard(&outbox, 2, k, &outbox.exchange, &flags))
         .collect();
     let writers = Writers::start(&outbox.db_url, 4, 4, Duration::from_millis(1));
-    assert!(writers.wait_committed(1_000, Duration::from_secs(60)).await);
+    assert!(
+        writers.wait_committed(1_000, Duration::from_secs(60)).await,
+        "the writers committed {} of 1,000 rows within 60 s",
+        writers.committed()
+    );
 
     // The new shards, under other names, while the old relays deliver.
     let new_slot = format!("{}_v2", outbox.slot);
@@ -1092,7 +1146,10 @@ async fn resharding_two_to_four_under_writers_loses_nothing() {
     assert!(
         writers
             .wait_committed(switched + 1_000, Duration::from_secs(60))
-            .await
+            .await,
+        "the writers committed {} of {} rows within 60 s after the switch",
+        writers.committed(),
+        switched + 1_000
     );
     writers.stop().await;
 
@@ -1120,12 +1177,13 @@ async fn resharding_two_to_four_under_writers_loses_nothing() {
         "L0 across the switch; logs:\n{}",
         logs()
     );
+    // Settled while the new relays run: a stopped relay no longer moves its slot.
+    let upto = shard_slots(&outbox.client, &new_slot, 0..4);
+    let (url, queue) = (&outbox.amqp_url, &outbox.queue);
+    let received = settled(&mut consumer, url, queue, upto, logs).await;
     for relay in &new {
         relay.stop().await;
     }
-    let received = consumer
-        .wait_quiet(Duration::from_millis(500), Duration::from_secs(10))
-        .await;
     let tally = Tally::of(received);
     assert_nothing_lost_or_invented(&tally, &committed);
     // Only rows both generations could deliver arrive twice: those of transactions that
@@ -1215,9 +1273,10 @@ async fn two_relays_each_publish_only_their_shards_emitted_events_and_rows() {
             "shard {shard}'s events and rows arrive; log:\n{}",
             relays[shard].log()
         );
-        let received = consumer
-            .wait_quiet(Duration::from_millis(500), Duration::from_secs(10))
-            .await;
+        let queue = format!("{}_{shard}", outbox.queue);
+        let upto = shard_slots(&outbox.client, &outbox.slot, [shard as u32]);
+        let log = || relays[shard].log();
+        let received = settled(consumer, &outbox.amqp_url, &queue, upto, log).await;
         let mut got = ids(received);
         got.sort();
         let mut want = mine;

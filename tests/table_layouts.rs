@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use lapin::types::FieldTable;
 
+use common::faults::{settled, Upto};
 use common::outbox::Outbox;
 use common::{services, unique_name, Consumer};
 
@@ -87,9 +88,10 @@ async fn debeziums_outbox_table_is_relayed_with_the_debezium_layout() {
             .expect("insert a Debezium row");
     }
 
-    let received = consumer
-        .wait_settled(ROWS.len(), Duration::from_secs(60))
-        .await;
+    consumer.wait_for(ROWS.len(), Duration::from_secs(60)).await;
+    let (url, queue) = (&outbox.amqp_url, &outbox.queue);
+    let log = || relay.log();
+    let received = settled(&mut consumer, url, queue, Upto::slot(&outbox), log).await;
     assert_eq!(received.len(), ROWS.len(), "log:\n{}", relay.log());
     for (message, (id, aggregate_type, aggregate_id, event_type, payload)) in
         received.iter().zip(ROWS)
@@ -373,12 +375,13 @@ async fn a_table_of_its_own_design_is_routed_by_templates_with_header_columns_an
             .expect("insert a row");
     }
 
-    let orders = order_consumer
-        .wait_settled(3, Duration::from_secs(60))
-        .await;
-    let invoices = invoice_consumer
-        .wait_settled(1, Duration::from_secs(60))
-        .await;
+    order_consumer.wait_for(3, Duration::from_secs(60)).await;
+    invoice_consumer.wait_for(1, Duration::from_secs(60)).await;
+    let upto = || Upto::Slots(&client, vec![slot.clone()]);
+    let log = || relay.log();
+    let orders = settled(&mut order_consumer, &amqp_url, &orders, upto(), log).await;
+    let log = || relay.log();
+    let invoices = settled(&mut invoice_consumer, &amqp_url, &invoices, upto(), log).await;
     assert_eq!(
         (orders.len(), invoices.len()),
         (3, 1),
@@ -492,7 +495,10 @@ async fn debeziums_span_context_and_extra_columns_reach_a_cloudevents_consumer()
         )
         .await
         .expect("insert");
-    let received = consumer.wait_settled(1, Duration::from_secs(60)).await;
+    consumer.wait_for(1, Duration::from_secs(60)).await;
+    let (url, queue) = (&outbox.amqp_url, &outbox.queue);
+    let log = || relay.log();
+    let received = settled(&mut consumer, url, queue, Upto::slot(&outbox), log).await;
     assert_eq!(received.len(), 1, "log:\n{}", relay.log());
     let message = &received[0];
     assert_eq!(
@@ -863,9 +869,10 @@ async fn what_a_template_cannot_route_follows_on_unroutable() {
             .expect("insert");
     }
 
-    let delivered = order_consumer
-        .wait_settled(2, Duration::from_secs(60))
-        .await;
+    order_consumer.wait_for(2, Duration::from_secs(60)).await;
+    let upto = || Upto::Slots(&client, vec![slot.clone()]);
+    let log = || relay.log();
+    let delivered = settled(&mut order_consumer, &amqp_url, &orders, upto(), log).await;
     let delivered: Vec<(Option<&str>, &str)> = delivered
         .iter()
         .map(|m| (m.message_id.as_deref(), m.routing_key.as_str()))
@@ -879,7 +886,8 @@ async fn what_a_template_cannot_route_follows_on_unroutable() {
         "log:\n{}",
         relay.log()
     );
-    let dead = dead_consumer.wait_settled(2, Duration::from_secs(60)).await;
+    dead_consumer.wait_for(2, Duration::from_secs(60)).await;
+    let dead = settled(&mut dead_consumer, &amqp_url, &dead, upto(), || relay.log()).await;
     assert_eq!(dead.len(), 2, "log:\n{}", relay.log());
     let reason = |id: &str| {
         dead.iter()

@@ -9,7 +9,7 @@ use outbox_testkit as common;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use common::faults::relay_crash_duplicate_bound;
+use common::faults::{relay_crash_duplicate_bound, settled, Upto};
 use common::outbox::{write_concurrently, Outbox};
 use common::{create_test_decoding_slot, current_wal_lsn, read_test_decoding, Consumer};
 
@@ -40,6 +40,16 @@ async fn wait_for_ids(consumer: &mut Consumer, wanted: &HashSet<&str>, timeout: 
     }
 }
 
+/// The ids of `wanted` that have not arrived (yet).
+fn missing_ids<'a>(consumer: &mut Consumer, wanted: &HashSet<&'a str>) -> Vec<&'a str> {
+    let arrived: HashSet<&str> = received_ids(consumer.received()).into_iter().collect();
+    wanted
+        .iter()
+        .filter(|id| !arrived.contains(**id))
+        .copied()
+        .collect()
+}
+
 fn received_ids(received: &[common::Received]) -> Vec<&str> {
     received
         .iter()
@@ -68,10 +78,14 @@ async fn concurrent_writers_arrive_once_in_commit_order() {
         "the oracle saw every commit"
     );
 
-    // Nothing failed, so nothing may arrive twice: wait for quiet before counting.
-    let received = consumer
-        .wait_settled(expected.len(), Duration::from_secs(120))
+    // Nothing failed, so nothing may arrive twice: once the slot has passed every commit,
+    // any repeat would be in the queue ahead of the marker.
+    consumer
+        .wait_for(expected.len(), Duration::from_secs(120))
         .await;
+    let (url, queue) = (&outbox.amqp_url, &outbox.queue);
+    let log = || relay.log();
+    let received = settled(&mut consumer, url, queue, Upto::slot(&outbox), log).await;
     let got = received_ids(received);
     assert_eq!(
         got.len(),
@@ -98,7 +112,10 @@ async fn concurrent_writers_arrive_once_in_commit_order() {
     assert_eq!(first.routing_key, "TestEvent");
     assert_eq!(first.delivery_mode, Some(2), "persistent");
     assert_eq!(first.content_type.as_deref(), Some("application/json"));
-    assert!(first.timestamp.is_some());
+    assert!(
+        first.timestamp.is_some(),
+        "created_at gives the message a timestamp: {first:?}"
+    );
     assert!(
         first.body_json().get("writer").is_some(),
         "jsonb payload intact"
@@ -166,7 +183,10 @@ async fn rollbacks_and_other_tables_publish_nothing() {
         .await
         .expect("writes");
     let marker = outbox.insert("Marker", "{}").await;
-    let received = consumer.wait_settled(3, Duration::from_secs(30)).await;
+    consumer.wait_for(3, Duration::from_secs(30)).await;
+    let (url, queue) = (&outbox.amqp_url, &outbox.queue);
+    let log = || relay.log();
+    let received = settled(&mut consumer, url, queue, Upto::slot(&outbox), log).await;
     let kinds: Vec<&str> = received.iter().filter_map(|r| r.kind.as_deref()).collect();
     assert_eq!(kinds, ["Kept", "Kept", "Marker"], "log:\n{}", relay.log());
     assert_eq!(received[2].message_id.as_deref(), Some(marker.as_str()));
@@ -224,14 +244,19 @@ async fn unroutable_message_holds_the_slot_until_a_queue_is_bound() {
         relay.wait_exit(Duration::from_secs(20)).await.is_some(),
         "relay stops on SIGTERM"
     );
-    let received = consumer
-        .wait_quiet(Duration::from_millis(300), Duration::from_secs(5))
-        .await;
+    // The relay has exited, holding the slot at the unroutable row: what it acknowledged was
+    // confirmed before its exit, so it is in the queue ahead of the marker.
+    let log = || relay.log();
+    let received = settled(&mut consumer, &outbox.amqp_url, &routed, Upto::Done, log).await;
     let delivered: HashSet<String> = received_ids(received)
         .into_iter()
         .map(String::from)
         .collect();
-    assert!(delivered.contains(&first));
+    assert!(
+        delivered.contains(&first),
+        "the row before the unroutable one, {first}, arrived: delivered {delivered:?}; log:\n{}",
+        relay.log()
+    );
     // Pipelining may deliver rows after the stuck one; none of them may be acknowledged.
     assert_ack_invariant(&outbox, &oracle, &delivered).await;
 
@@ -239,11 +264,17 @@ async fn unroutable_message_holds_the_slot_until_a_queue_is_bound() {
     let catch_all = format!("{}_all", outbox.queue);
     common::declare_bound_queue(&outbox.amqp_url, &outbox.exchange, &catch_all, "#").await;
     let mut all = Consumer::start(&outbox.amqp_url, &catch_all).await;
-    let _relay = outbox.spawn_relay(&[]);
+    let relay = outbox.spawn_relay(&[]);
     // At least once: the first row may come again, if its acknowledgement had not reached
     // PostgreSQL when the first relay stopped.
     let wanted: HashSet<&str> = [stuck.as_str(), after.as_str()].into();
-    assert!(wait_for_ids(&mut all, &wanted, Duration::from_secs(30)).await);
+    assert!(
+        wait_for_ids(&mut all, &wanted, Duration::from_secs(30)).await,
+        "once a queue is bound, the stuck row and the one behind it arrive: missing {:?}; \
+         log:\n{}",
+        missing_ids(&mut all, &wanted),
+        relay.log()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,7 +315,11 @@ async fn nacked_message_is_not_acknowledged_and_is_retried() {
         relay.log()
     );
     relay.sigterm();
-    assert!(relay.wait_exit(Duration::from_secs(20)).await.is_some());
+    assert!(
+        relay.wait_exit(Duration::from_secs(20)).await.is_some(),
+        "relay stops on SIGTERM; log:\n{}",
+        relay.log()
+    );
     assert_ack_invariant(&outbox, &oracle, &HashSet::new()).await;
 
     // The broker accepts it again: delivered.
@@ -312,14 +347,28 @@ async fn kill_9_mid_backlog_loses_nothing_and_bounds_duplicates() {
     consumer.wait_for(ROWS / 4, Duration::from_secs(120)).await;
     let rate = (consumer.received().len() - from_count) as f64 / from.elapsed().as_secs_f64();
     relay.kill9();
-    assert!(relay.wait_exit(Duration::from_secs(10)).await.is_some());
+    assert!(
+        relay.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "the relay is gone after kill -9; log:\n{}",
+        relay.log()
+    );
+    // The premise: the kill left part of the backlog to the restart.
+    let (url, queue) = (&outbox.amqp_url, &outbox.queue);
+    let before_restart = settled(&mut consumer, url, queue, Upto::Done, || relay.log())
+        .await
+        .len();
+    assert!(
+        before_restart < ROWS,
+        "the kill did not land mid-backlog: {before_restart} of {ROWS} rows had arrived; \
+         log:\n{}",
+        relay.log()
+    );
 
-    let _relay = outbox.spawn_relay(&["--max-in-flight", &MAX_IN_FLIGHT.to_string()]);
+    let relay = outbox.spawn_relay(&["--max-in-flight", &MAX_IN_FLIGHT.to_string()]);
     let committed: HashSet<&str> = committed.iter().map(String::as_str).collect();
     wait_for_ids(&mut consumer, &committed, Duration::from_secs(180)).await;
-    let received = consumer
-        .wait_quiet(Duration::from_millis(500), Duration::from_secs(10))
-        .await;
+    let log = || relay.log();
+    let received = settled(&mut consumer, url, queue, Upto::slot(&outbox), log).await;
     let counts = arrivals(received_ids(received));
     let lost = committed
         .iter()
@@ -354,9 +403,22 @@ async fn sigterm_mid_stream_then_restart_publishes_no_duplicate() {
         "exit 0 after SIGTERM; log:\n{}",
         relay.log()
     );
+    // The premise: the stop left part of the rows to the restart.
+    let (url, queue) = (&outbox.amqp_url, &outbox.queue);
+    let before_restart = settled(&mut consumer, url, queue, Upto::Done, || relay.log())
+        .await
+        .len();
+    assert!(
+        before_restart < ROWS,
+        "SIGTERM did not land mid-stream: {before_restart} of {ROWS} rows had arrived; \
+         log:\n{}",
+        relay.log()
+    );
 
-    let _relay = outbox.spawn_relay(&[]);
-    let received = consumer.wait_settled(ROWS, Duration::from_secs(120)).await;
+    let relay = outbox.spawn_relay(&[]);
+    consumer.wait_for(ROWS, Duration::from_secs(120)).await;
+    let log = || relay.log();
+    let received = settled(&mut consumer, url, queue, Upto::slot(&outbox), log).await;
     let counts = arrivals(received_ids(received));
     let duplicates: usize = counts.values().map(|n| n - 1).sum();
     let lost = committed
@@ -389,7 +451,11 @@ async fn setup_is_idempotent_and_run_names_missing_objects() {
         .expect("drop publication");
     let run = outbox.run_command(&["run"]);
     let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(!run.status.success());
+    assert!(
+        !run.status.success(),
+        "run without the publication must fail: {}; stderr: {stderr}",
+        run.status
+    );
     assert!(
         stderr.contains("publication \"outbox_pub\" does not exist") && stderr.contains("Fix:"),
         "{stderr}"
@@ -403,7 +469,11 @@ async fn setup_is_idempotent_and_run_names_missing_objects() {
         .expect("drop slot");
     let run = outbox.run_command(&["run"]);
     let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(!run.status.success());
+    assert!(
+        !run.status.success(),
+        "run without the slot must fail: {}; stderr: {stderr}",
+        run.status
+    );
     assert!(
         stderr.contains(&format!("slot \"{}\" does not exist", outbox.slot))
             && stderr.contains("Fix:"),
@@ -427,7 +497,11 @@ async fn wal_level_replica_is_a_clear_error() {
             .output()
             .expect("run outbox-relay");
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(!output.status.success());
+        assert!(
+            !output.status.success(),
+            "{command} must fail under wal_level=replica: {}; stderr: {stderr}",
+            output.status
+        );
         assert!(
             stderr.contains("wal_level = 'replica'") && stderr.contains("wal_level = 'logical'"),
             "{command}: {stderr}"

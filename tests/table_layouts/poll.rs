@@ -9,6 +9,7 @@ use lapin::types::FieldTable;
 
 use super::common;
 use super::{debezium_database, text, ROWS};
+use common::faults::{settled, Upto};
 use common::outbox::Outbox;
 use common::{services, Consumer, Received};
 
@@ -110,7 +111,13 @@ async fn polling_mode_delivers_a_debezium_table_and_marks_rows_in_the_mapped_col
     let mut args = vec!["--workers", "1", "--cleanup-interval", "0"];
     args.extend_from_slice(&MARKED_IN_SENT_AT);
     let relay = outbox.spawn_poll(&args, &[]);
-    let received = consumer.wait_settled(ROWS.len(), DEADLINE).await;
+    consumer.wait_for(ROWS.len(), DEADLINE).await;
+    let unsent = Upto::Unsent(
+        &outbox.client,
+        "SELECT count(*) FROM outbox WHERE sent_at IS NULL",
+    );
+    let (url, queue) = (&outbox.amqp_url, &outbox.queue);
+    let received = settled(&mut consumer, url, queue, unsent, || relay.log()).await;
     assert_rows_delivered(received, &outbox, &relay.log());
     let marked = common::pg::wait_count(
         &outbox.client,
@@ -145,7 +152,11 @@ async fn polling_mode_deletes_published_rows_of_a_debezium_table_without_publish
     let mut args = vec!["--workers", "1", "--on-published", "delete"];
     args.extend_from_slice(&layout);
     let relay = outbox.spawn_poll(&args, &[]);
-    let received = consumer.wait_settled(ROWS.len(), DEADLINE).await;
+    consumer.wait_for(ROWS.len(), DEADLINE).await;
+    // A row is deleted once the broker confirmed it: none left, none unconfirmed.
+    let unsent = Upto::Unsent(&outbox.client, "SELECT count(*) FROM outbox");
+    let (url, queue) = (&outbox.amqp_url, &outbox.queue);
+    let received = settled(&mut consumer, url, queue, unsent, || relay.log()).await;
     assert_rows_delivered(received, &outbox, &relay.log());
     let left = common::pg::wait_count(
         &outbox.client,
@@ -286,7 +297,10 @@ async fn resync_republishes_a_mapped_table() {
     assert!(said.contains("published 2 messages"), "{said}");
     // The summary's range is the mapped creation time, not some other column.
     assert!(!said.contains(ROWS[0].0), "{said}");
-    let received = consumer.wait_settled(ROWS.len(), DEADLINE).await;
+    // resync has exited, every message confirmed.
+    consumer.wait_for(ROWS.len(), DEADLINE).await;
+    let (url, queue) = (&outbox.amqp_url, &outbox.queue);
+    let received = settled(&mut consumer, url, queue, Upto::Done, || said.clone()).await;
     assert_rows_delivered(received, &outbox, &said);
     assert!(
         received.iter().all(|m| m.timestamp.is_some()),
@@ -406,8 +420,11 @@ async fn shards_split_a_table_with_a_renamed_id_by_the_mapped_columns() {
     );
     for (shard, consumer) in consumers.iter_mut().enumerate() {
         let want = &expected[shard];
-        let got: Vec<String> = consumer
-            .wait_settled(want.len(), DEADLINE)
+        consumer.wait_for(want.len(), DEADLINE).await;
+        let queue = format!("{}_{shard}", outbox.queue);
+        let upto = Upto::Slots(&outbox.client, vec![format!("{}_{shard}", outbox.slot)]);
+        let log = || relays[shard].log();
+        let got: Vec<String> = settled(consumer, &outbox.amqp_url, &queue, upto, log)
             .await
             .iter()
             .filter_map(|m| m.message_id.clone())

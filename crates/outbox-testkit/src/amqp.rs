@@ -426,7 +426,8 @@ pub fn amqp_to_json(value: &AMQPValue) -> serde_json::Value {
 }
 
 /// Consumes a queue (auto-ack) in a task on the current runtime and collects what
-/// arrives, in arrival order. The test awaits a count or a quiet period, then asserts.
+/// arrives, in arrival order. The test awaits a count, or an event after which nothing more
+/// can come ([`crate::faults::settled`]), then asserts.
 pub struct Consumer {
     connection: Connection,
     rx: mpsc::UnboundedReceiver<Result<Received, String>>,
@@ -495,33 +496,17 @@ impl Consumer {
         &self.received
     }
 
-    /// Waits for `n` messages (up to `timeout`), then until none has arrived for 500 ms (up to
-    /// 10 s more): everything received, with any repeat that follows, for a test to count.
-    pub async fn wait_settled(&mut self, n: usize, timeout: Duration) -> &[Received] {
-        self.wait_for(n, timeout).await;
-        self.wait_quiet(Duration::from_millis(500), Duration::from_secs(10))
-            .await
-    }
-
-    /// Waits until no message has arrived for `quiet` (or `max` passes); returns
-    /// everything received so far. Use it to see that no extra message follows.
-    pub async fn wait_quiet(&mut self, quiet: Duration, max: Duration) -> &[Received] {
-        let deadline = Instant::now() + max;
-        while self.error.is_none() {
-            let until = (Instant::now() + quiet).min(deadline);
-            match tokio::time::timeout_at(until, self.rx.recv()).await {
-                Ok(Some(item)) => self.push(item),
-                Ok(None) | Err(_) => break,
-            }
-        }
-        self.drain_ready();
-        &self.received
-    }
-
     /// What has arrived so far (without waiting).
     pub fn received(&mut self) -> &[Received] {
         self.drain_ready();
         &self.received
+    }
+
+    /// Takes the message at `index` out of what has arrived: a marker the test published
+    /// itself ([`crate::faults::settled`]), so that counts stay those of the relay's messages.
+    pub fn remove(&mut self, index: usize) -> Received {
+        self.drain_ready();
+        self.received.remove(index)
     }
 
     /// Takes what has arrived so far, leaving the list empty.

@@ -1,6 +1,7 @@
 //! Fault-injection helpers for `tests/faults.rs` and the other fault-minded tests: writers
 //! that outlive server crashes, the three invariants as oracles from outside the relay, a
-//! queue barrier, and the slot gauges checked against `pg_replication_slots`. It must never
+//! queue barrier (and [`settled`], the barrier once the relay has confirmed everything), and
+//! the slot gauges checked against `pg_replication_slots`. It must never
 //! trust what the relay says about itself where an outside oracle can answer.
 //!
 //! - **L0**: every id the `test_decoding` oracle saw committed to the outbox arrived.
@@ -551,6 +552,21 @@ pub async fn peak_combined_rate_until(
 /// before the marker has then arrived. Returns the marker's index in
 /// `consumer.received()`.
 pub async fn barrier(consumer: &mut Consumer, amqp_url: &str, queue: &str) -> usize {
+    marker_arrival(consumer, amqp_url, queue)
+        .await
+        .unwrap_or_else(|missing| panic!("{missing}"))
+}
+
+/// How long [`barrier`] and [`settled`] wait for their marker, and [`settled`] for a slot or
+/// a table.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// [`barrier`]: the marker's index, or what did not arrive.
+async fn marker_arrival(
+    consumer: &mut Consumer,
+    amqp_url: &str,
+    queue: &str,
+) -> Result<usize, String> {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let marker = format!(
         "{MARKER_PREFIX}{}-{}",
@@ -558,7 +574,7 @@ pub async fn barrier(consumer: &mut Consumer, amqp_url: &str, queue: &str) -> us
         NEXT.fetch_add(1, Ordering::Relaxed)
     );
     publish_confirmed(amqp_url, "", queue, &[(marker.as_str(), b"")]).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + SETTLE_TIMEOUT;
     let mut seen = 0;
     loop {
         let received = consumer.received();
@@ -566,18 +582,104 @@ pub async fn barrier(consumer: &mut Consumer, amqp_url: &str, queue: &str) -> us
             .iter()
             .position(|r| r.message_id.as_deref() == Some(marker.as_str()))
         {
-            return seen + i;
+            return Ok(seen + i);
         }
         seen = received.len();
-        assert!(
-            Instant::now() < deadline,
-            "marker {marker} did not arrive through queue {queue} within 60 s (consumer error: {:?})",
-            consumer.error()
-        );
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "marker {marker} did not arrive through queue {queue} within {SETTLE_TIMEOUT:?} \
+                 ({seen} messages before it; consumer error: {:?})",
+                consumer.error()
+            ));
+        }
         consumer
             .wait_for(seen + 1, Duration::from_millis(500))
             .await;
     }
+}
+
+/// What [`settled`] waits for before its marker: the event after which the relay has nothing
+/// unconfirmed left of what the test wrote.
+pub enum Upto<'a> {
+    /// WAL mode (the table-less outbox too): each of these slots, on `client`'s server, has
+    /// confirmed the WAL end read when the wait begins. The relay acknowledges a position only
+    /// once the broker confirmed every message before it (a repeat after a restart as well),
+    /// and it advances an idle slot past other databases' writes.
+    Slots(&'a Client, Vec<String>),
+    /// Polling mode: the count `sql` returns (of the rows not yet marked sent, or not yet
+    /// deleted under `--on-published delete`) is 0. A worker marks or deletes a row only once
+    /// the broker confirmed it.
+    Unsent(&'a Client, &'a str),
+    /// The publisher is gone already: a relay that has exited (stopped, refused to start, or
+    /// held at a row it could not deliver), or a command such as `resync` that ran to
+    /// completion. What it had confirmed is in the queue; it publishes nothing more.
+    Done,
+}
+
+impl<'a> Upto<'a> {
+    /// [`Upto::Slots`] for the outbox's own slot.
+    pub fn slot(outbox: &'a Outbox) -> Upto<'a> {
+        Upto::Slots(&outbox.client, vec![outbox.slot.clone()])
+    }
+}
+
+/// Waits for the event `upto` names, then publishes a marker straight into `queue` and waits
+/// until `consumer` has it ([`barrier`]): every message the relay will deliver of what the
+/// test wrote, and any repeat of one, is then in `consumer`'s list. That is an event, not a
+/// silence: once a slot is at the WAL end (or the rows are marked), the broker confirmed each
+/// of those messages before the marker was published, so the queue holds them ahead of it.
+///
+/// Returns what arrived before the marker. The marker itself is taken out of the list
+/// ([`Consumer::remove`]), so later counts and [`Consumer::wait_for`] see the relay's messages
+/// only. Panics naming what is missing (the slot with the position it reached and the
+/// target, the unsent rows, or the marker), with `log()` (the relay's log, where there is
+/// one) appended.
+pub async fn settled<'c>(
+    consumer: &'c mut Consumer,
+    amqp_url: &str,
+    queue: &str,
+    upto: Upto<'_>,
+    log: impl Fn() -> String,
+) -> &'c [Received] {
+    match upto {
+        Upto::Slots(client, slots) => {
+            let target = super::pg::current_wal_lsn(client).await;
+            for slot in &slots {
+                let waited =
+                    super::outbox::wait_slot_confirmed_flush(client, slot, target, SETTLE_TIMEOUT)
+                        .await;
+                if let Err(reached) = waited {
+                    panic!(
+                        "slot {slot} did not confirm the WAL end within {SETTLE_TIMEOUT:?}: \
+                         confirmed_flush_lsn {} of {} ({} messages in queue {queue} so far); \
+                         log:\n{}",
+                        super::pg::format_lsn(reached),
+                        super::pg::format_lsn(target),
+                        consumer.received().len(),
+                        log()
+                    );
+                }
+            }
+        }
+        Upto::Unsent(client, sql) => {
+            let waited = super::pg::wait_count(client, sql, SETTLE_TIMEOUT, |n| n == 0).await;
+            if let Err(unsent) = waited {
+                panic!(
+                    "{unsent} rows still unsent after {SETTLE_TIMEOUT:?} ({sql}); {} messages \
+                     in queue {queue} so far; log:\n{}",
+                    consumer.received().len(),
+                    log()
+                );
+            }
+        }
+        Upto::Done => {}
+    }
+    let marker = match marker_arrival(consumer, amqp_url, queue).await {
+        Ok(marker) => marker,
+        Err(missing) => panic!("{missing}; log:\n{}", log()),
+    };
+    consumer.remove(marker);
+    &consumer.received()[..marker]
 }
 
 /// What an ACK check saw.
@@ -1081,7 +1183,10 @@ pub async fn scrape_slot_gauges(client: &Client, slot: &str, port: u16) -> SlotS
     };
     between(lag, |r| r.confirmed_flush);
     between(retained, |r| r.restart);
-    assert!(lag >= 0 && retained >= 0);
+    assert!(
+        lag >= 0 && retained >= 0,
+        "negative slot gauges: lag {lag}, retained {retained} ({before:?} .. {after:?})"
+    );
     SlotScrape {
         metrics,
         lag,
@@ -1190,9 +1295,19 @@ pub async fn assert_stress_dead_lettered(
     assert_eq!(delivered.len(), good.len(), "no routable row twice");
     let letters = dead_letters.received();
     assert_eq!(letters.len(), unroutable.len(), "no dead letter twice");
-    assert!(letters.iter().all(|letter| letter
-        .header_str("x-outbox-dead-letter-reason")
-        .is_some_and(|reason| reason.starts_with("unroutable: NO_ROUTE 312"))));
+    // (message id, reason) of each dead letter whose reason is not NO_ROUTE.
+    let other: Vec<(Option<&str>, Option<&str>)> = letters
+        .iter()
+        .map(|letter| {
+            let reason = letter.header_str("x-outbox-dead-letter-reason");
+            (letter.message_id.as_deref(), reason)
+        })
+        .filter(|(_, reason)| !reason.is_some_and(|r| r.starts_with("unroutable: NO_ROUTE 312")))
+        .collect();
+    assert!(
+        other.is_empty(),
+        "dead letters without the reason \"unroutable: NO_ROUTE 312\" (id, reason): {other:?}"
+    );
 }
 
 /// Checks a returns stress drain under `halt` (rows seeded by [`seed_one_percent_unroutable`],
@@ -1278,8 +1393,16 @@ mod tests {
         assert_eq!(ids_of(&arrived), ["a", "b", "b", "x", "b", "a"]);
 
         let whole = Tally::of(&[received("a"), received("b"), received("c")]);
-        assert!(whole.lost(&committed).is_empty());
-        assert!(whole.unknown(&committed).is_empty());
+        assert!(
+            whole.lost(&committed).is_empty(),
+            "lost: {:?}",
+            whole.lost(&committed)
+        );
+        assert!(
+            whole.unknown(&committed).is_empty(),
+            "invented: {:?}",
+            whole.unknown(&committed)
+        );
         assert_eq!(whole.duplicates(), 0);
     }
 

@@ -254,16 +254,9 @@ impl Outbox {
 
     /// Waits until the slot's confirmed_flush_lsn reaches `lsn`; false on timeout.
     pub async fn wait_confirmed_flush(&self, lsn: u64, timeout: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if self.confirmed_flush().await >= lsn {
-                return true;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_slot_confirmed_flush(&self.client, &self.slot, lsn, timeout)
+            .await
+            .is_ok()
     }
 
     /// Inserts one row in its own transaction; returns its id.
@@ -282,6 +275,27 @@ impl Outbox {
     /// `rows` single-row transactions from `writers` connections; returns the ids.
     pub async fn seed_single_row_transactions(&self, rows: usize, writers: usize) -> Vec<String> {
         write_concurrently(&self.db_url, writers, rows, 1).await
+    }
+}
+
+/// Waits until `slot`'s confirmed_flush_lsn, on `client`'s server, reaches `lsn`: `Ok` with
+/// the position reached, or `Err` with the last one read once `timeout` has passed.
+pub async fn wait_slot_confirmed_flush(
+    client: &Client,
+    slot: &str,
+    lsn: u64,
+    timeout: Duration,
+) -> Result<u64, u64> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let reached = slot_confirmed_flush(client, slot).await;
+        if reached >= lsn {
+            return Ok(reached);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(reached);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
