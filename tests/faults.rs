@@ -243,6 +243,9 @@ async fn assert_readyz_becomes(port: u16, relay: &RelayProcess, wanted: (u16, &s
 // ---------------------------------------------------------------------------------
 // 1. Relay crash, repeatedly
 
+/// Rows committed before each of s01's restarts, for the relay to lag behind.
+const KILL_BACKLOG: usize = 5_000;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s01_relay_kill_9_repeatedly_while_it_lags_with_writers_active() {
     let kills = env_usize("OUTBOX_TEST_KILLS", 3);
@@ -254,7 +257,13 @@ async fn s01_relay_kill_9_repeatedly_while_it_lags_with_writers_active() {
     let mut bound = 0;
     let mut first_delivery = Vec::new();
     let mut peak_rate: f64 = 0.0;
+    let mut backlog_rows = 0;
     for kill in 0..kills {
+        // A backlog committed while no relay runs: the restarted relay drains it at full
+        // speed with its window full, and the kill lands in the middle of it.
+        backlog_rows += write_concurrently(&outbox.db_url, 4, KILL_BACKLOG, MAX_TXN_ROWS)
+            .await
+            .len();
         let relay = outbox.spawn_relay(&flags);
         let started = Instant::now();
         let before = consumer.received().len();
@@ -277,6 +286,13 @@ async fn s01_relay_kill_9_repeatedly_while_it_lags_with_writers_active() {
         );
         let rate = (n2 - n1) as f64 / t1.elapsed().as_secs_f64();
         peak_rate = peak_rate.max(rate);
+        let delivered: HashSet<&str> = ids_of(consumer.received()).into_iter().collect();
+        let committed = backlog_rows + writers.committed();
+        assert!(
+            delivered.len() < committed,
+            "kill {kill} must land while the relay lags: {} of {committed} rows delivered",
+            delivered.len()
+        );
         relay.kill9();
         bound += relay_crash_duplicate_bound(W, rate, T, MAX_TXN_ROWS);
         // ACK with the relay dead: nothing acknowledged that the broker does not hold.
