@@ -574,7 +574,13 @@ async fn c5_polling_kill_9_of_the_relays_node_fails_over_duplicates_within_worke
         relay.log()
     );
     relay.stop().await;
-    assert!(unsent_ids(&outbox.client).await.is_empty());
+    let unsent = unsent_ids(&outbox.client).await;
+    assert!(
+        unsent.is_empty(),
+        "{} rows unsent at the end, e.g. {:?}",
+        unsent.len(),
+        unsent.iter().min()
+    );
     barrier(&mut consumer, &outbox.amqp_url, &outbox.queue).await;
     let ids = common::pg::first_column(&outbox.client, "SELECT id::text FROM outbox", &[]).await;
     let tally = Tally::of(consumer.received());

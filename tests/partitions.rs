@@ -394,7 +394,10 @@ fn report_within(
 async fn s0_the_lab_forms_and_a_cut_drops_one_way_until_healed() {
     let (lab, _lock) = shared().await;
     let (a, b, c) = (lab.relay_host(0), lab.relay_host(1), lab.relay_host(2));
-    assert!(a.reaches(b) && b.reaches(a));
+    assert!(
+        a.reaches(b) && b.reaches(a),
+        "the lab's hosts reach each other before a cut"
+    );
     let cut = lab.net.cut(&[a], &[b]);
     assert!(!a.reaches(b), "a → b is cut");
     assert!(b.reaches(a), "b → a passes");
@@ -402,10 +405,16 @@ async fn s0_the_lab_forms_and_a_cut_drops_one_way_until_healed() {
     cut.heal();
     assert!(a.reaches(b), "a → b healed");
     let cut = lab.net.partition(&[a], &[b, c]);
-    assert!(!a.reaches(b) && !b.reaches(a) && !a.reaches(c) && !c.reaches(a));
+    assert!(
+        !a.reaches(b) && !b.reaches(a) && !a.reaches(c) && !c.reaches(a),
+        "a cut host reaches nobody and nobody reaches it"
+    );
     assert!(b.reaches(c), "b and c are on the same side");
     drop(cut);
-    assert!(a.reaches(b) && b.reaches(a) && a.reaches(c) && c.reaches(a));
+    assert!(
+        a.reaches(b) && b.reaches(a) && a.reaches(c) && c.reaches(a),
+        "every link is back after the heal"
+    );
     // The servers answer the test process; a quorum queue serves every node.
     let (outbox, _oracle) = quorum_outbox(lab, 1, "smoke").await;
     let mut consumer = Consumer::start(&lab.cluster.url(2), &outbox.queue).await;

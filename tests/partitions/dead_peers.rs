@@ -233,7 +233,11 @@ async fn d0_a_vanished_host_is_silent_to_its_peers_and_the_test_process_until_he
             matches!(read, Err(ErrorKind::WouldBlock | ErrorKind::TimedOut)),
             "the test process reads nothing from the vanished host: {read:?}"
         );
-        assert!(client.take_error().expect("SO_ERROR").is_none());
+        let error = client.take_error().expect("SO_ERROR");
+        assert!(
+            error.is_none(),
+            "the vanished host's socket has an error: {error:?}"
+        );
         assert_eq!(
             unacknowledged(&client),
             13,
@@ -285,7 +289,10 @@ async fn d0_a_vanished_host_is_silent_to_its_peers_and_the_test_process_until_he
             "acknowledged after the heal"
         );
         assert_eq!(connect_outcome(host, closed), ErrorKind::ConnectionRefused);
-        assert!(other.reaches(host) && host.reaches(other));
+        assert!(
+            other.reaches(host) && host.reaches(other),
+            "the healed host and its peer reach each other again"
+        );
         report(
             "d0 kit: a vanished host",
             &[

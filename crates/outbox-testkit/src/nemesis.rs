@@ -932,18 +932,30 @@ mod tests {
             cut(Host::Rabbit(0), Host::Rabbit(2)).may_leave_paused(),
             [0, 2]
         );
-        assert!(cut(Host::Rabbit(0), Host::Relay(1))
+        assert!(
+            cut(Host::Rabbit(0), Host::Relay(1))
+                .may_leave_paused()
+                .is_empty(),
+            "a cut or stop that pauses no node"
+        );
+        assert!(
+            Fault::HostVanish {
+                host: Host::Relay(0)
+            }
             .may_leave_paused()
-            .is_empty());
-        assert!(Fault::HostVanish {
-            host: Host::Relay(0)
-        }
-        .may_leave_paused()
-        .is_empty());
-        assert!(Fault::RabbitKill9 { node: 0 }.may_leave_paused().is_empty());
-        assert!(Fault::RabbitMemoryAlarm { node: 0 }
-            .may_leave_paused()
-            .is_empty());
+            .is_empty(),
+            "a cut or stop that pauses no node"
+        );
+        assert!(
+            Fault::RabbitKill9 { node: 0 }.may_leave_paused().is_empty(),
+            "a cut or stop that pauses no node"
+        );
+        assert!(
+            Fault::RabbitMemoryAlarm { node: 0 }
+                .may_leave_paused()
+                .is_empty(),
+            "a cut or stop that pauses no node"
+        );
     }
 
     #[test]
@@ -1062,21 +1074,45 @@ mod tests {
         };
         let rename = at(12, Fault::TableRename);
         let fits_with = |active: Fault| fits(&rename, &[&at(10, active)], &plan, &topology);
-        assert!(fits_with(Fault::RabbitKill9 { node: 0 }));
-        assert!(fits_with(Fault::ConsumerKill9 { consumer: 1 }));
-        assert!(fits_with(Fault::PartitionOneWay {
-            from: Host::Rabbit(0),
-            to: Host::Consumer(1),
-        }));
-        assert!(!fits_with(Fault::RelayKill9 {
-            relay: RelayRole::Standby
-        }));
-        assert!(!fits_with(Fault::HostVanish {
-            host: Host::Relay(0)
-        }));
-        assert!(!fits_with(Fault::UndeclaredExchange));
-        assert!(!fits_with(Fault::TableRename));
-        assert!(!fits_with(Fault::PgRestart));
+        assert!(
+            fits_with(Fault::RabbitKill9 { node: 0 }),
+            "beside a rename: as the rules say"
+        );
+        assert!(
+            fits_with(Fault::ConsumerKill9 { consumer: 1 }),
+            "beside a rename: as the rules say"
+        );
+        assert!(
+            fits_with(Fault::PartitionOneWay {
+                from: Host::Rabbit(0),
+                to: Host::Consumer(1),
+            }),
+            "beside a rename: as the rules say"
+        );
+        assert!(
+            !fits_with(Fault::RelayKill9 {
+                relay: RelayRole::Standby
+            }),
+            "beside a rename: as the rules say"
+        );
+        assert!(
+            !fits_with(Fault::HostVanish {
+                host: Host::Relay(0)
+            }),
+            "beside a rename: as the rules say"
+        );
+        assert!(
+            !fits_with(Fault::UndeclaredExchange),
+            "beside a rename: as the rules say"
+        );
+        assert!(
+            !fits_with(Fault::TableRename),
+            "beside a rename: as the rules say"
+        );
+        assert!(
+            !fits_with(Fault::PgRestart),
+            "beside a rename: as the rules say"
+        );
         // And the other way round: nothing that stops a relay starts during a rename.
         let active = at(10, Fault::TableRename);
         let kill = at(
@@ -1085,22 +1121,34 @@ mod tests {
                 relay: RelayRole::Active,
             },
         );
-        assert!(!fits(&kill, &[&active], &plan, &topology));
-        assert!(!fits(
-            &at(12, Fault::UndeclaredExchange),
-            &[&active],
-            &plan,
-            &topology
-        ));
+        assert!(
+            !fits(&kill, &[&active], &plan, &topology),
+            "as the rules say (a relay fault and a held row never beside a rename)"
+        );
+        assert!(
+            !fits(
+                &at(12, Fault::UndeclaredExchange),
+                &[&active],
+                &plan,
+                &topology
+            ),
+            "as the rules say (a relay fault and a held row never beside a rename)"
+        );
         // Two held rows, or a held row and any other fault, may overlap.
         let held = at(10, Fault::UndeclaredExchange);
-        assert!(fits(
-            &at(12, Fault::UndeclaredExchange),
-            &[&held],
-            &plan,
-            &topology
-        ));
-        assert!(fits(&kill, &[&held], &plan, &topology));
+        assert!(
+            fits(
+                &at(12, Fault::UndeclaredExchange),
+                &[&held],
+                &plan,
+                &topology
+            ),
+            "as the rules say (a relay fault and a held row never beside a rename)"
+        );
+        assert!(
+            fits(&kill, &[&held], &plan, &topology),
+            "as the rules say (a relay fault and a held row never beside a rename)"
+        );
     }
 
     #[test]
@@ -1128,7 +1176,11 @@ mod tests {
         for (i, kind) in FaultKind::ALL.iter().enumerate() {
             assert_eq!(SPECS[i].kind, *kind);
             assert_eq!(*kind as usize, i);
-            assert!(SPECS[i].weight > 0 && SPECS[i].lasts.0 <= SPECS[i].lasts.1);
+            assert!(
+                SPECS[i].weight > 0 && SPECS[i].lasts.0 <= SPECS[i].lasts.1,
+                "{:?}: a weight and an ordered range",
+                SPECS[i].kind
+            );
         }
         let names: std::collections::BTreeSet<&str> =
             FaultKind::ALL.iter().map(|k| k.name()).collect();
@@ -1433,13 +1485,20 @@ mod tests {
         let schedule = Schedule::generate(plan, Topology::default());
         let text = schedule.to_string();
         let lines: Vec<&str> = text.lines().collect();
-        assert!(lines[0].contains("OUTBOX_NEMESIS_SEED=7 replays this schedule"));
+        assert!(
+            lines[0].contains("OUTBOX_NEMESIS_SEED=7 replays this schedule"),
+            "{}",
+            lines[0]
+        );
         assert_eq!(
             lines.len(),
             1 + schedule.steps.len() + 1 + FaultKind::ALL.len()
         );
         for (line, step) in lines[1..].iter().zip(&schedule.steps) {
-            assert!(line.starts_with('+') && line.contains(step.fault.kind().name()));
+            assert!(
+                line.starts_with('+') && line.contains(step.fault.kind().name()),
+                "{line}"
+            );
         }
         let step = Step {
             at: Duration::from_millis(12_300),
