@@ -425,8 +425,8 @@ for i in "${!matrix_majors[@]}"; do
 done
 phase_done "the PostgreSQL matrix"
 
-# After the PostgreSQL matrix, not beside it: its cluster tests bound a failover in seconds,
-# and a 3-node cluster beside three PostgreSQL versions' tests is more than two cores hold.
+# After the PostgreSQL matrix, not beside it: a 3-node cluster beside three PostgreSQL
+# versions' tests is more than two cores hold.
 if [ -n "$rabbit_matrix_wanted" ]; then
     matrix_rabbit_stop
     rabbit_matrix >"$work/matrix-rabbit.out" 2>&1 || failed_versions=$((failed_versions + 1))
