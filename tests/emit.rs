@@ -506,6 +506,13 @@ async fn kill_9_mid_stream_of_emitted_events_loses_nothing_and_bounds_duplicates
         .wait_for(EVENTS / 4, Duration::from_secs(120))
         .await;
     let rate = (consumer.received().len() - from_count) as f64 / from.elapsed().as_secs_f64();
+    // The premise: all EVENTS were committed before the relay started, so fewer arrived means
+    // the kill lands mid-stream.
+    let arrived = consumer.received().len();
+    assert!(
+        arrived < EVENTS,
+        "the kill must land mid-stream: {arrived} of {EVENTS} events had arrived"
+    );
     relay.kill9();
     assert!(
         relay.wait_exit(Duration::from_secs(10)).await.is_some(),
