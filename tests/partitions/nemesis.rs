@@ -423,6 +423,7 @@ fn repeats_by_fault(
         .map(|(id, n)| (id, n - 1))
         .collect();
     repeated.sort_unstable();
+    let mut unexplained = Vec::new();
     for (id, mut repeats) in repeated {
         let &(ended_by, created) = rows
             .get(id.as_str())
@@ -433,16 +434,8 @@ fn repeats_by_fault(
             .collect();
         let allowed: usize = holding.iter().map(|w| w.replays).sum();
         if repeats > allowed {
-            let faults: Vec<String> = holding
-                .iter()
-                .map(|w| format!("{} (replays {})", w.kind, w.replays))
-                .collect();
-            return Err(format!(
-                "{id} (commit ending at {}) was delivered {} times, but the faults whose \
-                 windows hold it can make it repeat {allowed} times: {faults:?}",
-                ended_by.map_or("unknown".into(), common::pg::format_lsn),
-                repeats + 1
-            ));
+            unexplained.push((id, repeats, allowed, ended_by, created));
+            continue;
         }
         holding.sort_by_key(|w| std::cmp::Reverse(w.began));
         for w in holding {
@@ -451,7 +444,62 @@ fn repeats_by_fault(
             repeats -= share;
         }
     }
-    Ok(by_kind)
+    let Some(&(id, repeats, allowed, ended_by, _)) = unexplained.first() else {
+        return Ok(by_kind);
+    };
+    // Each row with the windows near it in time, and why none takes its repeat: what the next
+    // look needs to tell a relay that repeats without cause from a window drawn too narrow.
+    let origin = windows.iter().map(|w| w.began).min();
+    let offset = |at: SystemTime| {
+        origin
+            .and_then(|o| at.duration_since(o).ok())
+            .map_or("?".into(), |d| format!("+{:.1} s", d.as_secs_f64()))
+    };
+    let near = |ended_by: Option<u64>, created: SystemTime| -> Vec<String> {
+        windows
+            .iter()
+            .filter(|w| {
+                created + Duration::from_secs(60) >= w.began
+                    && created <= w.until + Duration::from_secs(60)
+            })
+            .map(|w| {
+                let why = if w.replays == 0 {
+                    "replays nothing".to_string()
+                } else if ended_by.is_some_and(|end| end <= w.after) {
+                    format!(
+                        "acknowledged before (slot at {})",
+                        common::pg::format_lsn(w.after)
+                    )
+                } else {
+                    format!("written after its end {}", offset(w.until))
+                };
+                format!("{} from {}: {why}", w.kind, offset(w.began))
+            })
+            .collect()
+    };
+    let examples: Vec<String> = unexplained
+        .iter()
+        .take(5)
+        .map(|&(id, repeats, _, ended_by, created)| {
+            format!(
+                "{id}: {} deliveries, commit ending at {}, written {}, faults near it: {:?}",
+                repeats + 1,
+                ended_by.map_or("unknown".into(), common::pg::format_lsn),
+                offset(created),
+                near(ended_by, created)
+            )
+        })
+        .collect();
+    Err(format!(
+        "{id} (commit ending at {}) was delivered {} times, but the faults whose windows hold \
+         it can make it repeat {allowed} times; {} rows so, {} repeats (times from the first \
+         fault's start):\n{}",
+        ended_by.map_or("unknown".into(), common::pg::format_lsn),
+        repeats + 1,
+        unexplained.len(),
+        unexplained.iter().map(|u| u.1 - u.2).sum::<usize>(),
+        examples.join("\n")
+    ))
 }
 
 #[test]
