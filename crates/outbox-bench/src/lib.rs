@@ -16,6 +16,7 @@
 //! - [`cost_growth`]: `bench --cost-growth`, the CPU per message by shards, payload and broker.
 //! - [`setups`]: the suite's drain of every setup, consumer attached and none.
 //! - [`pinning`]: `bench --pin-broker`, RabbitMQ on a CPU of its own.
+//! - [`recovery`]: `bench --recovery-rounds`, the time to stream again after a fault.
 //! - [`charts`]: SVG charts of a run's figures, from the results or their JSON.
 //!
 //! A tool, not the daemon: errors are `anyhow`, with context saying what failed. It reaches
@@ -34,6 +35,7 @@ pub mod figures;
 pub mod independent;
 pub mod limits;
 pub mod pinning;
+pub mod recovery;
 pub mod relay;
 pub mod report;
 pub mod results;

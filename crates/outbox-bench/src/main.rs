@@ -30,8 +30,9 @@ enum Command {
     /// Run the benchmark of docs/benchmarks.md against the relay binary: backlog drain,
     /// latency at a fixed rate and under load, crash, the broker-alone and decoding-alone
     /// limits, resources, the drain of every setup with a consumer and without, and a
-    /// --max-in-flight sweep. Prints a Markdown report; --out also writes it and the figures
-    /// as JSON.
+    /// --max-in-flight sweep (with --recovery-rounds, the time to stream again after a broker
+    /// node or the primary is lost). Prints a Markdown report; --out also writes it and the
+    /// figures as JSON.
     // Boxed: its flags make it far larger than `Demo`.
     Bench(Box<BenchArgs>),
     /// Draw the SVG charts of a results file that `bench --out` wrote (bench draws them

@@ -13,6 +13,7 @@ pub use crate::figures::{
     LatencyMs, LatencyRun,
 };
 use crate::independent::{BareBrokerLimit, WalsenderLimit};
+use crate::recovery::Recovery;
 use crate::setups::SetupDrains;
 
 /// The relay setups the reference compares.
@@ -49,6 +50,9 @@ pub struct Results {
     /// `--cost-growth`: drains by shard count, payload size and broker (the suite is not run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_growth: Option<CostGrowth>,
+    /// `--recovery-rounds`: times to stream again after a broker node or the primary is lost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<Recovery>,
 }
 
 /// One drain of `--shards-sweep`: `shards` relays, one per shard, into one queue; the drain's

@@ -41,6 +41,7 @@ use outbox_testkit::{procfs, RabbitCluster};
 mod compare_runs;
 mod cost_growth_runs;
 mod counting;
+mod recovery_runs;
 mod setup_drains;
 use counting::{Distinct, DrainCounter};
 
@@ -212,6 +213,25 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=20))]
     pub cluster_follower_pairs: u32,
 
+    /// After everything else, this many rounds of each recovery scenario (docs/benchmarks.md,
+    /// "Recovery after a fault"): kill -9 of the WAL relay's RabbitMQ node in a private 3-node cluster under
+    /// load, and a PostgreSQL 17 failover (a private primary and standby with a synchronized
+    /// failover slot) under load; the times to stream again, each beside the 10 s target, and
+    /// a loss check (a lost row fails the run). Without a number: 3. 0: none.
+    #[arg(
+        long,
+        num_args = 0..=1,
+        default_value_t = 0,
+        default_missing_value = "3",
+        value_parser = clap::value_parser!(u32).range(0..=20),
+        conflicts_with_all = ["ab_with", "shards_sweep", "emit", "cost_growth", "compare", "pin_broker"]
+    )]
+    pub recovery_rounds: u32,
+
+    /// Only the recovery section (--recovery-rounds, 3 unless given).
+    #[arg(long, conflicts_with_all = ["ab_with", "cluster_only", "shards_sweep", "emit", "cost_growth", "compare", "pin_broker"])]
+    pub recovery_only: bool,
+
     /// RabbitMQ's node on the last CPU, PostgreSQL, the relays and this process (the consumer
     /// and the minimal publisher) on the others, as when the broker has hosts of its own: on
     /// a shared CPU a drain's rate follows the CPU all processes spend per message. Needs the
@@ -260,6 +280,16 @@ pub struct BenchArgs {
     /// per setup, after the drains).
     #[arg(long, requires = "compare")]
     pub compare_latency: bool,
+}
+
+impl BenchArgs {
+    /// The recovery section's rounds: `--recovery-rounds`, or 3 for `--recovery-only` alone.
+    pub fn recovery_rounds(&self) -> u32 {
+        match self.recovery_rounds {
+            0 if self.recovery_only => 3,
+            rounds => rounds,
+        }
+    }
 }
 
 /// How the suite runs a `--compare` setup.
@@ -533,8 +563,13 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
         results.ab = bench.drain_ab(other).await?;
         return Ok(results);
     }
+    if bench.args.recovery_only {
+        bench.recovery(&mut results).await?;
+        return Ok(results);
+    }
     if bench.args.cluster_only {
         bench.cluster(&mut results).await?;
+        bench.recovery(&mut results).await?;
         return Ok(results);
     }
     if !bench.args.shards_sweep.is_empty() {
@@ -585,6 +620,7 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
     if bench.args.cluster || !(bench.args.quick || bench.args.no_cluster || bench.args.pin_broker) {
         bench.cluster(&mut results).await?;
     }
+    bench.recovery(&mut results).await?;
     Ok(results)
 }
 
@@ -1839,7 +1875,11 @@ impl Bench {
         let measured = run(self, cluster).await;
         self.relay.amqp_url = relay_url;
         self.endpoints = endpoints;
-        cluster.shutdown();
+        // The shared cluster cannot start again once stopped: the recovery section, which
+        // runs after this one, stops it.
+        if self.args.recovery_rounds() == 0 {
+            cluster.shutdown();
+        }
         Ok((measured?, startup_secs))
     }
 
@@ -2146,13 +2186,18 @@ async fn quorum_leader_of_new_queue(cluster: &'static RabbitCluster, node: usize
 /// What a panicking blocking task (the test kit's cluster calls panic) said.
 fn panic_text(error: tokio::task::JoinError) -> String {
     match error.try_into_panic() {
-        Ok(payload) => payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "panicked".into()),
+        Ok(payload) => payload_text(&*payload),
         Err(error) => error.to_string(),
     }
+}
+
+/// A panic's message.
+fn payload_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panicked".into())
 }
 
 /// Waits until every written row arrived (at most `catch_up` after the writers stopped), then

@@ -27,11 +27,29 @@ impl Results {
             .iter()
             .map(|(name, value)| format!("{name}={value}"))
             .collect();
+        // A --recovery-only run has none of the suite's scale: its section gives its own
+        // conditions.
+        let scale = if self.modes.is_empty() && self.cluster.is_none() && self.recovery.is_some() {
+            String::new()
+        } else {
+            format!(
+                " Scale {}: backlogs of {} rows, drain window {} s, {} rows/s for {} s, {} \
+                 writers for {} s; WAL --max-in-flight {}, --status-interval-ms {}.",
+                self.scale.name,
+                int(self.scale.drain_rows as f64),
+                self.scale.drain_window_secs,
+                self.scale.latency_rate,
+                self.scale.latency_secs,
+                self.scale.load_writers,
+                self.scale.load_secs,
+                int(f64::from(w)),
+                self.scale.status_interval_ms
+            )
+        };
         let _ = writeln!(
             s,
-            "Run {} of relay {}: {} cores, {} MiB, Linux {}; PostgreSQL {} ({}); RabbitMQ {}. \
-             Scale {}: backlogs of {} rows, drain window {} s, {} rows/s for {} s, {} writers \
-             for {} s; WAL --max-in-flight {}, --status-interval-ms {}.\n",
+            "Run {} of relay {}: {} cores, {} MiB, Linux {}; PostgreSQL {} ({}); RabbitMQ \
+             {}.{scale}\n",
             m.started_at,
             m.relay_commit,
             m.cores,
@@ -40,15 +58,6 @@ impl Results {
             m.postgres,
             settings.join(", "),
             m.rabbitmq,
-            self.scale.name,
-            int(self.scale.drain_rows as f64),
-            self.scale.drain_window_secs,
-            self.scale.latency_rate,
-            self.scale.latency_secs,
-            self.scale.load_writers,
-            self.scale.load_secs,
-            int(f64::from(w)),
-            self.scale.status_interval_ms
         );
         if !m.load_average.is_empty() {
             let _ = writeln!(s, "Load average at the start: {}.\n", m.load_average);
@@ -82,6 +91,11 @@ impl Results {
                 s.push('\n');
                 setup_table::markdown(self, &mut s);
                 self.targets_list(&mut s);
+                self.recovery_section(&mut s);
+                return s;
+            }
+            if let Some(r) = &self.recovery {
+                r.markdown(&mut s);
                 return s;
             }
         }
@@ -327,7 +341,16 @@ impl Results {
             s.push('\n');
             self.cluster_table(&mut s, c);
         }
+        self.recovery_section(&mut s);
         s
+    }
+
+    /// The recovery section after the others, when the run had one.
+    fn recovery_section(&self, s: &mut String) {
+        if let Some(r) = &self.recovery {
+            s.push('\n');
+            r.markdown(s);
+        }
     }
 
     /// The cluster section's table, with the single-node WAL reader of the same run (if it
