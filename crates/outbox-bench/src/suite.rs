@@ -42,6 +42,26 @@ mod compare_runs;
 mod cost_growth_runs;
 mod counting;
 mod recovery_runs;
+
+/// `bench` with a database and a broker URL and `extra`, as the command line parses it: for
+/// the sections' tests of their flags.
+#[cfg(test)]
+fn parse_args(extra: &[&str]) -> Result<BenchArgs, clap::Error> {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+    use clap::Parser;
+    let base = [
+        "bench",
+        "--database-url",
+        "postgres://x",
+        "--amqp-url",
+        "amqp://y",
+    ];
+    Cli::try_parse_from(base.iter().chain(extra)).map(|cli| cli.args)
+}
 mod setup_drains;
 use counting::{Distinct, DrainCounter};
 

@@ -219,23 +219,7 @@ mod tests {
         assert_eq!(error(&[1, 2, 1]), "--x lists 1 twice");
     }
 
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: super::super::BenchArgs,
-    }
-
-    fn parse(extra: &[&str]) -> Result<super::super::BenchArgs, clap::Error> {
-        use clap::Parser;
-        let base = [
-            "bench",
-            "--database-url",
-            "postgres://x",
-            "--amqp-url",
-            "amqp://y",
-        ];
-        Cli::try_parse_from(base.iter().chain(extra)).map(|cli| cli.args)
-    }
+    use super::super::parse_args as parse;
 
     #[test]
     fn the_mode_defaults_to_1_2_4_shards_and_1_and_16_kib_and_runs_alone() {

@@ -302,23 +302,7 @@ fn per_sec(rows: usize, since: Instant) -> f64 {
 mod tests {
     use super::*;
 
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: super::super::BenchArgs,
-    }
-
-    fn parse(extra: &[&str]) -> Result<super::super::BenchArgs, clap::Error> {
-        use clap::Parser;
-        let base = [
-            "bench",
-            "--database-url",
-            "postgres://x",
-            "--amqp-url",
-            "amqp://y",
-        ];
-        Cli::try_parse_from(base.iter().chain(extra)).map(|cli| cli.args)
-    }
+    use super::super::parse_args as parse;
 
     #[test]
     fn the_section_is_off_by_default_three_rounds_when_asked_and_runs_beside_the_suite() {
