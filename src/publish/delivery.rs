@@ -144,9 +144,9 @@ struct InFlight<S> {
     original: Option<Message>,
 }
 
-/// How long a publish that found the channel closed waits for the close's reason, which
-/// fails the publishes in flight at the same moment.
-const CLOSE_REASON_WAIT: Duration = Duration::from_secs(1);
+/// How long a publish that found the channel closed waits for the close's reason: the
+/// confirms in flight learn it from the same frame, after the answers that came before it.
+const CLOSE_REASON_WAIT: Duration = Duration::from_secs(5);
 
 /// Runs until `input` is closed and every publish taken from it is settled (`Ok`), or until
 /// the first failure (`Err`); under the halt policy, an unpublishable input is that failure
@@ -743,23 +743,44 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
         }
     }
 
-    /// Starting a publish failed: the loop ends. A publish started just after the broker
-    /// closed the channel fails with the channel's state, not the close's reason; the
-    /// publishes in flight carry that reason, so the error names what the broker refused.
+    /// Starting a publish failed: the loop ends (the message it took is not in flight). A
+    /// publish started just after the broker closed the channel fails with the channel's
+    /// state, not the close's reason. The publishes in flight carry that reason, behind the
+    /// answers the broker gave before it: those are taken in order until the close shows,
+    /// so the error names what the broker refused and a 406 teaches its limit.
     async fn on_start_failed(&mut self, error: RelayError) -> RelayError {
         if !matches!(error, RelayError::Broker(_)) {
             return error;
         }
-        let Some(next) = self.queue.next_unresolved(Channel::Publishing) else {
-            return error;
-        };
-        match tokio::time::timeout(CLOSE_REASON_WAIT, next.pending.answer()).await {
-            Ok(Err(RelayError::ChannelClosed {
-                reply_code,
-                reply_text,
-            })) => self.refused_error(reply_code, &reply_text),
-            _ => error,
+        let deadline = Instant::now() + CLOSE_REASON_WAIT;
+        while let Some(next) = self.queue.next_unresolved(Channel::Publishing) {
+            match tokio::time::timeout_at(deadline, next.pending.answer()).await {
+                Ok(Err(RelayError::ChannelClosed {
+                    reply_code,
+                    reply_text,
+                })) => {
+                    self.learn_from_refusal(reply_code, &reply_text);
+                    return self.refused_error(reply_code, &reply_text);
+                }
+                Ok(answer) => {
+                    if self.on_answer(Channel::Publishing, answer).is_err() {
+                        return error;
+                    }
+                }
+                Err(_) => return error,
+            }
         }
+        error
+    }
+
+    /// The body limit a 406 over a message's size names, learned for the next publishes
+    /// (and sessions); `None` for any other refusal.
+    fn learn_from_refusal(&self, reply_code: u16, reply_text: &str) -> Option<(usize, usize)> {
+        let refused = refused_size(reply_code, reply_text);
+        if let Some((_, limit)) = refused {
+            self.publisher.learn_max_message_size(limit);
+        }
+        refused
     }
 
     /// The broker closed the publishing channel (`reply_code`, `reply_text`) over one of the
@@ -773,10 +794,7 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
         reply_code: u16,
         reply_text: String,
     ) -> Result<(), RelayError> {
-        let refused_size = refused_size(reply_code, &reply_text);
-        if let Some((_, limit)) = refused_size {
-            self.publisher.learn_max_message_size(limit);
-        }
+        let refused_size = self.learn_from_refusal(reply_code, &reply_text);
         // Kept only while the window is 1: alone in flight, it is the front.
         let alone_and_kept = self.queue.unresolved(Channel::Publishing).count() == 1
             && self

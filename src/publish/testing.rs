@@ -40,6 +40,9 @@ pub struct StandInBroker {
     /// Whether round trips come back (at once) or never: a broker that reads nothing more
     /// from the connection never answers the barrier's request.
     round_trips_pass: bool,
+    /// After this many publishes every start fails, as lapin's does on a channel the broker
+    /// is closing, before the confirms in flight learn why.
+    starts_fail_after: Option<usize>,
 }
 
 struct Shared {
@@ -87,7 +90,16 @@ impl StandInBroker {
             }),
             dead_letter_exchange: None,
             round_trips_pass: true,
+            starts_fail_after: None,
         }
+    }
+
+    /// A broker whose publishing channel is closing once `count` publishes were taken: every
+    /// later start fails with the channel's state, and the publishes in flight wait for the
+    /// test to answer or fail them ([`close_channel`](Self::close_channel)).
+    pub fn closing_after(mut self, count: usize) -> Self {
+        self.starts_fail_after = Some(count);
+        self
     }
 
     /// Under the dead-letter policy, with `exchange` as the dead-letter exchange.
@@ -315,7 +327,14 @@ impl Publisher for StandInBroker {
         &self,
         message: Message,
     ) -> impl Future<Output = Result<StandInPending, RelayError>> + Send {
-        std::future::ready(Ok(self.take(message, false)))
+        let closing = self
+            .starts_fail_after
+            .is_some_and(|count| self.state().publishes.len() >= count);
+        std::future::ready(if closing {
+            Err(RelayError::Broker("invalid channel state: Closing".into()))
+        } else {
+            Ok(self.take(message, false))
+        })
     }
 
     fn start_dead_letter(

@@ -660,6 +660,28 @@ async fn a_406_naming_a_size_names_the_message_of_that_size_and_teaches_the_limi
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_publish_that_finds_the_channel_closing_waits_past_earlier_acks_for_the_406() {
+    // The 21st start fails with the channel's state before any confirm has come: the acks of
+    // the 17 publishes before 3-2 come first, then the close over 3-2. The error names 3-2
+    // and the limit is learned, as when the close is seen on a confirm first.
+    let broker = StandInBroker::new().closing_after(20);
+    let acts = async {
+        broker.published_reaches(20).await;
+        until_idle().await;
+        broker.ack_oldest(17);
+        until_idle().await;
+        broker.close_channel(406, TOO_LARGE);
+    };
+    let run = run_timed(&broker, stream_with_body(50), 64, acts).await;
+    assert!(
+        matches!(&run.outcome, Err(RelayError::PublishRefused { message_id, size: 50, reply_code: 406, .. }) if message_id == "3-2"),
+        "{:?}",
+        run.outcome
+    );
+    assert_eq!(broker.learned_max_message_size(), Some(40));
+}
+
+#[tokio::test(start_paused = true)]
 async fn under_dead_letter_a_body_over_the_learned_limit_is_dead_lettered_without_it() {
     let broker = StandInBroker::new().with_dead_letters("dlx");
     broker.learn_max_message_size(40);
