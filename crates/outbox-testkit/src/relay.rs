@@ -205,8 +205,11 @@ impl RelayProcess {
         env: &[(&str, &str)],
         output: Option<std::io::PipeWriter>,
     ) -> std::io::Result<RelayProcess> {
+        // OUTBOX_TEST_KEEP_RELAY_LOGS keeps every relay's log after its process is gone: a
+        // long campaign's verdict may need the sessions of relays it has since replaced.
         let dir = tempfile::Builder::new()
             .prefix("outbox-test-relay-")
+            .disable_cleanup(std::env::var_os("OUTBOX_TEST_KEEP_RELAY_LOGS").is_some())
             .tempdir()?;
         let log_path = dir.path().join("relay.log");
         let log = File::create(&log_path)?;
