@@ -16,7 +16,7 @@
 //! This module owns the expression and the shard's names (`<publication>_<k>`,
 //! `<slot>_<k>`): `setup` creates them, the preflight checks a relay's publication against
 //! them, and cleanup deletes only its shard's rows by them. One shard, the default, is no
-//! sharding at all: the names as configured and no row filter, exactly as before.
+//! sharding at all: the names as configured and no row filter.
 
 pub use crate::config::modes::MAX_SHARDS;
 use crate::config::names::{parse_identifier, parse_slot_name, OutboxNames};

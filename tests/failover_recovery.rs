@@ -1849,7 +1849,7 @@ async fn a_second_relay_waits_as_a_standby_during_anothers_backfill() {
 // The slot's creation waits for a long write transaction
 
 /// How long test 5's write transaction stays open once the slot's creation waits for it:
-/// past the connect timeout (15 s) that used to cut the creation.
+/// past the connect timeout (15 s), which must not cut the creation.
 const LONG_TRANSACTION: Duration = Duration::from_secs(18);
 /// What the relay warns while the creation waits, 10 s into the wait and every 10 s after.
 const CREATION_WAITS: &str = "recreating the slot waits for write transactions";

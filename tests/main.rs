@@ -1,7 +1,6 @@
 //! The relay's integration tests: one test binary, a module per file (`autotests = false` in
 //! Cargo.toml). One binary links the relay's library and the test kit once, and its tests
-//! share one PostgreSQL and one RabbitMQ (the kit's `services()`), where seventeen binaries
-//! linked them seventeen times and started seventeen server pairs.
+//! share one PostgreSQL and one RabbitMQ (the kit's `services()`): one link, one server pair.
 //!
 //! A module's tests run with a filter on its path:
 //!

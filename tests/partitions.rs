@@ -922,8 +922,8 @@ async fn s5_split_brain_the_relay_cut_off_from_postgresql_loses_the_slot_to_its_
     let cut_at = Instant::now();
     // Everything the queue takes after this marker was published after the cut. Published
     // first thing: A drains what it holds at full speed, and whatever it publishes before the
-    // marker is not counted (one run in four found nothing after a marker sent behind the
-    // reads that used to come first).
+    // marker is not counted (a marker sent after slower reads can come too late to see
+    // anything after it).
     let first_marker = barrier(&mut consumer, &outbox.amqp_url, &outbox.queue).await;
     wait_holder(&outbox.client, &slot, MINUTE, "A's walsender ends", |h| {
         h.pid != Some(walsender_a)

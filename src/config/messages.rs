@@ -67,7 +67,7 @@ fn parse_emit_prefix(prefix: &str) -> Result<String, String> {
 /// How a message's body is laid out (`run`, `poll`, `resync`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum MessageFormat {
-    /// The payload itself, as before.
+    /// The payload itself: the body is the row's payload, unchanged.
     Plain,
     /// A CloudEvents 1.0 JSON event, structured mode.
     Cloudevents,

@@ -248,7 +248,7 @@ impl ColumnMap {
     }
 
     /// The table's column for `contract` as SQL: bare when it is the contract's own name
-    /// (those are plain lower-case non-keywords, so the documented SQL reads as before),
+    /// (those are plain lower-case non-keywords, so the SQL reads as the docs show it),
     /// quoted otherwise; `None` when unmapped.
     pub fn sql(&self, contract: &str) -> Option<String> {
         self.column(contract)

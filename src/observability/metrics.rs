@@ -171,7 +171,7 @@ pub const SLOT_RECOVERIES_TOTAL: &str = "outbox_relay_slot_recoveries_total";
 pub const VERSION_LABEL: &str = "version";
 pub const MODE_LABEL: &str = "mode";
 /// Label of every metric of a sharded relay (`run --shards N --shard K`): its shard, `K`.
-/// An unsharded relay's metrics carry no shard label, as before sharding existed.
+/// An unsharded relay's metrics carry no shard label: its dashboards need none.
 pub const SHARD_LABEL: &str = "shard";
 /// Label of [`SLOT_WAL_STATUS`].
 pub const STATUS_LABEL: &str = "status";

@@ -6,7 +6,7 @@
 //! A connection tries the nodes in turn from the preferred one and the first that answers
 //! becomes preferred; losing the connection to the preferred node moves the preference to
 //! the next one, so a reconnect after a node died does not wait on it first. A single URL
-//! behaves exactly as before the list existed.
+//! is a list of one: every connection tries it.
 //!
 //! Never logs a URL: they carry passwords. Nodes are named by `host:port`.
 

@@ -176,8 +176,8 @@ pub async fn outbox_now(
 /// A sharded relay's publication must carry the row filter `setup` gives its shard: a relay
 /// started with another `--shards` than its publications would stream a slice that
 /// overlaps the others' (rows twice) or leaves gaps (rows never). Unsharded, the filter is
-/// the DBA's business and is not checked (a publication filtered by event type keeps
-/// working as before).
+/// the DBA's business and is not checked (a publication filtered by event type is the DBA's
+/// choice).
 ///
 /// PostgreSQL keeps a row filter as a parsed tree and prints it back reformatted, so the
 /// expected expression is printed by PostgreSQL too, through the same function against the

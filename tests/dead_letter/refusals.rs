@@ -5,8 +5,8 @@
 //!
 //! A closed channel takes every confirm in flight with it. What must hold: the message is
 //! named, it follows the unroutable policy, and the rows before it are not re-published on
-//! every retry (before the fix a refused message re-published up to a full window on each
-//! reconnect, for as long as it stayed: 917 repeats in the first minute). The oracles are the
+//! every retry (a relay that re-publishes the window on each reconnect while the refused
+//! message stays makes hundreds of repeats a minute). The oracles are the
 //! queues, the slot's `confirmed_flush_lsn` and the relay's own log and endpoints.
 
 use super::*;

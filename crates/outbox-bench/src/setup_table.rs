@@ -112,7 +112,7 @@ pub fn single_node_rows(r: &Results) -> Vec<Row<'_>> {
 
 /// The cluster's rows when it measured the minimal publisher and a drain with no consumer
 /// (full runs since the drains of every setup were added); empty for older cluster sections,
-/// whose one drain and relay's publisher the chart draws as before.
+/// whose one drain and relay's publisher the chart draws alone.
 pub fn cluster_rows(c: &ClusterResults) -> Vec<Row<'_>> {
     if c.bare_broker.is_none() && c.bare_broker_no_consumer.is_none() {
         return Vec::new();

@@ -216,14 +216,14 @@ pub struct BenchArgs {
     /// Pairs of the cluster section's consumer-less runs (the WAL drain and the minimal
     /// publisher, both through the queue leader's node), their order alternating from pair to
     /// pair: the ratio moves between runs more than its target's margin, so the target takes
-    /// the median of the pairs' ratios. 1: one pair, as before.
+    /// the median of the pairs' ratios. 1: one pair.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub cluster_rounds: u32,
 
     /// After the independent limits, this many adjacent pairs of the WAL drain and the minimal
     /// publisher, consumer attached, on the single node, their order alternating: the target
     /// against the independent limit then takes the median of the pairs' ratios instead of
-    /// comparing two runs minutes apart. 0: none, as before 2026-12-05.
+    /// comparing two runs minutes apart. 0: none.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=20))]
     pub single_node_pairs: u32,
 
@@ -262,7 +262,7 @@ pub struct BenchArgs {
     /// Before each measured run (a drain, the broker alone, the minimal publisher), wait up to
     /// this many seconds for RabbitMQ to go quiet (under 10 % of a core in each half second of
     /// the last two), so that no run pays for the one before it, e.g. the deletion of a full
-    /// queue. 0: no wait, as before 2026-12-05.
+    /// queue. 0: no wait.
     #[arg(long, default_value_t = 30)]
     pub settle_secs: u64,
 

@@ -523,7 +523,7 @@ pub async fn peak_combined_rate_until(
     let mut peak: f64 = 0.0;
     while count(consumers) < n && started.elapsed() < timeout {
         match consumers {
-            // One queue: wake on its next delivery, as before.
+            // One queue: wake on its next delivery.
             [only] => {
                 only.wait_for(n, TICK).await;
             }

@@ -18,7 +18,7 @@
 //!   is left behind in the cached root.
 //!
 //! Either way the node's processes are this machine's: the kit finds, signals and kills them
-//! by pid as before.
+//! by pid.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -977,8 +977,8 @@ async fn a_full_window_the_broker_never_answers_times_out_at_the_confirm_timeout
 async fn answers_trickling_in_without_a_passing_barrier_do_not_hold_off_the_timeout() {
     // A broker draining credit slowly: it answers the oldest publish every 20 s, but the
     // barrier's round trip never comes back and the full window leaves no room for a witness,
-    // so nothing settles. Each answer used to restart the timeout (20 s < 30 s): the loop
-    // waited as long as answers kept coming, with nothing confirmed.
+    // so nothing settles. Were each answer to restart the timeout (20 s < 30 s), the loop
+    // would wait as long as answers kept coming, with nothing confirmed.
     let broker = StandInBroker::new().never_answering_round_trips();
     let trickle = async {
         loop {
