@@ -30,9 +30,9 @@
 --   host    app       outbox_relay  10.0.0.0/8    scram-sha-256
 --
 -- (scram-sha-256 keeps the password off the wire; the connection itself is not encrypted
--- unless it runs over TLS: see docs/operations.md).
+-- unless it runs over TLS: see docs/security.md, "TLS").
 --
--- What this role can still do (docs/operations.md, "The least-privilege role"):
+-- What this role can still do (docs/security.md, "The least-privilege role"):
 --   * REPLICATION lets it create its own logical slot with any output plugin and read every
 --     change of every table in this database, not only the outbox. No grant narrows that:
 --     guard its credentials like read access to the whole database.

@@ -16,6 +16,7 @@ mod big_transaction;
 mod cluster;
 mod credit_flow;
 mod dead_letter;
+mod docs;
 mod emit;
 mod failover;
 mod failover_recovery;

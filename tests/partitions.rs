@@ -527,7 +527,7 @@ async fn x1_the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_move
     let causes = reconnect_causes(&text);
     // Each session that ends with a window in flight may leave it in the queue: the one the
     // pause closed, and one the new node held in flow until the confirm timeout gave it up
-    // (docs/reliability.md, "Found by the partition tests").
+    // (docs/reliability.md, "Found by the partition tests (fixed)").
     let reconnected = metric_sum(&text, RECONNECTS).unwrap_or(0.0) as usize;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
     let whole = blocking(|| joined(whole));

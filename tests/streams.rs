@@ -1,5 +1,5 @@
 //! RabbitMQ Streams: what the broker does that a stream destination would build on
-//! (docs/architecture.md, "Streams"). A named producer's publishing ids are deduplicated by
+//! (docs/architecture.md, "Streams (designed, not built yet)"). A named producer's publishing ids are deduplicated by
 //! the broker: it keeps the highest id stored for that name and drops a publish whose id is
 //! not above it. That turns a relay's re-publish after a crash into nothing, and an id that
 //! goes backwards into a silent loss. These tests pin both down on the kit's broker (4.0),

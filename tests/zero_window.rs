@@ -4,7 +4,8 @@
 //! database goes on writing. Linux (5.11+) ends a connection whose zero window lasts its user timeout, answered
 //! probes or not. So no user timeout may sit on either end of those two connections, or a
 //! stall longer than `--peer-timeout` costs a reconnect and a window of re-publishes
-//! (docs/network-failures.md, "Dead peers"); dead peers are noticed by heartbeats instead.
+//! (docs/network-failures.md, "Dead peers: what a vanished host costs"); dead peers are
+//! noticed by heartbeats instead.
 //!
 //! Each test holds the stall for five peer timeouts after the zero window is seen (the kernel's
 //! own queues, `/proc/net/tcp`, are the witness, at the start and at the end of the stall),

@@ -167,8 +167,8 @@ pub struct RunArgs {
 
 /// Polling workers by default: two overlap one's claim and commit with the other's confirms,
 /// and drained a backlog at 0.94× the WAL reader where one worker managed 0.62×
-/// (docs/records/2026-12-01-polling-levers.md, "Polling defaults"). A crash re-publishes at
-/// most workers × batch.
+/// (docs/records/2026-12-01-polling-levers.md, "Polling defaults: against the WAL reader in
+/// one run"). A crash re-publishes at most workers × batch.
 pub const DEFAULT_POLL_WORKERS: u32 = 2;
 /// Rows per polling batch by default: fewer, larger batches cost PostgreSQL less per row (one
 /// worker: 22 against 32 µs at 500, same benchmark), while 2 × 1,000 keeps the crash bound

@@ -11,8 +11,9 @@ use crate::error::{ConfigProblem, RelayError};
 
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseConnection {
-    /// PostgreSQL URL, e.g. postgres://relay:secret@db:5432/app. The relay opens one ordinary
-    /// connection and one logical replication connection with it.
+    /// PostgreSQL URL, e.g. postgres://relay:secret@db:5432/app. `run` opens an ordinary
+    /// connection and a logical replication connection with it; the other commands open
+    /// ordinary connections only.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
@@ -69,8 +70,8 @@ pub struct PeerTimeoutArgs {
     /// powered off, a network dropping packets). Sets TCP keepalives on every connection,
     /// TCP_USER_TIMEOUT on the PostgreSQL ones, both ends (PostgreSQL then ends a vanished
     /// relay's sessions too; its walsender after wal_sender_timeout), and the AMQP heartbeat
-    /// (half of it) where the URL sets none (docs/network-failures.md, "Dead peers"). From 2s
-    /// to 1h, whole seconds.
+    /// (half of it) where the URL sets none (docs/network-failures.md, "Dead peers: what a
+    /// vanished host costs"). From 2s to 1h, whole seconds.
     #[arg(long, env = "OUTBOX_PEER_TIMEOUT", default_value = "5s", value_parser = parse_peer_timeout)]
     pub peer_timeout: Duration,
 }

@@ -92,7 +92,8 @@ name_flag!(ExchangeName);
 pub enum TableLayout {
     /// The table `setup` creates: every column under its contract name.
     Default,
-    /// Debezium's Outbox Event Router: id, aggregatetype, aggregateid, type, payload.
+    /// Debezium's Outbox Event Router: id, aggregatetype, aggregateid, type, payload,
+    /// tracingspancontext.
     Debezium,
 }
 
@@ -102,8 +103,8 @@ pub enum TableLayout {
 #[derive(Debug, Clone, Args)]
 pub struct ColumnArgs {
     /// The outbox table's column names: `default` (the table `setup` creates) or `debezium`
-    /// (Debezium's Outbox Event Router: id, aggregatetype, aggregateid, type, payload; no
-    /// created_at). --column maps columns over it.
+    /// (Debezium's Outbox Event Router: id, aggregatetype, aggregateid, type, payload,
+    /// tracingspancontext; no created_at). --column maps columns over it.
     #[arg(long, env = "OUTBOX_TABLE_LAYOUT", value_enum, default_value_t = TableLayout::Default)]
     pub table_layout: TableLayout,
 

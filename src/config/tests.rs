@@ -89,6 +89,46 @@ fn flag_reference_is_the_help() {
     assert_eq!(actual.lines().count(), expected.lines().count(), "{path}");
 }
 
+/// The help of `--table-layout` (and of its values) names every column of each preset it
+/// offers, from the preset itself: a column added to a preset cannot be missing from it.
+#[test]
+fn the_table_layout_help_names_every_column_of_its_presets() {
+    use crate::contract::columns::{ColumnMap, Preset, MAPPABLE};
+    let mut cli = Cli::command();
+    cli.build();
+    let run = cli.find_subcommand("run").expect("run");
+    let arg = run
+        .get_arguments()
+        .find(|a| a.get_long() == Some("table-layout"))
+        .expect("--table-layout");
+    let flag_help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+    let value_help = |name: &str| {
+        arg.get_possible_values()
+            .into_iter()
+            .find(|v| v.get_name() == name)
+            .and_then(|v| v.get_help().map(ToString::to_string))
+            .unwrap_or_default()
+    };
+    let debezium = ColumnMap::preset(Preset::Debezium);
+    let renamed: Vec<&str> = MAPPABLE
+        .iter()
+        .filter_map(|contract| debezium.column(contract))
+        .filter(|column| !MAPPABLE.contains(column))
+        .collect();
+    assert!(!renamed.is_empty(), "the Debezium preset renames columns");
+    for column in renamed {
+        for (what, help) in [
+            ("--table-layout", &flag_help),
+            ("debezium", &value_help("debezium")),
+        ] {
+            assert!(
+                help.contains(column),
+                "the help of {what} omits the Debezium column {column}: {help}"
+            );
+        }
+    }
+}
+
 /// The Markdown of docs/flags.md, from the commands' clap definitions.
 fn flag_reference() -> String {
     let mut cli = Cli::command();

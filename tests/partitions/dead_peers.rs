@@ -555,8 +555,8 @@ async fn d1b_the_primarys_host_vanishes_mid_backlog_and_the_relay_streams_on_the
 /// Not here: the relay's node leading the queue as well. Then the cluster must notice the
 /// loss (`net_ticktime`) and elect a new leader, and RabbitMQ 3.10 leaves what the relay
 /// publishes on its new node before that unconfirmed: the confirm timeout (30 s) ends it,
-/// about 39 s in all (docs/network-failures.md, "Dead peers"). That is the broker's cost, not a
-/// timeout of the relay's.
+/// about 39 s in all (docs/network-failures.md, "Dead peers: what a vanished host costs").
+/// That is the broker's cost, not a timeout of the relay's.
 /// Which node leads the quorum queue when the relay's node vanishes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Leader {

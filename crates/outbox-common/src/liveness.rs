@@ -150,7 +150,8 @@ impl PeerTimeout {
     /// broker stops reading, and Linux ends a connection whose zero window lasts the user
     /// timeout (5.11 and later; answered probes do not keep it). PostgreSQL's own
     /// `wal_sender_timeout` ends a vanished relay's walsender instead: the relay's replies go
-    /// on while it holds back (docs/network-failures.md, "Dead peers").
+    /// on while it holds back (docs/network-failures.md, "Dead peers: what a vanished host
+    /// costs").
     pub fn replication_server_settings(self) -> String {
         format!("{} -c tcp_user_timeout=0", self.server_keepalives())
     }
