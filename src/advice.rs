@@ -424,7 +424,8 @@ fn config_fix(problem: &ConfigProblem) -> Option<String> {
         | AllowedExchangesList { .. }
         | RoutingKey { .. }
         | ShardCount { .. }
-        | TeardownUnconfirmed { .. } => return None,
+        | TeardownUnconfirmed { .. }
+        | PollIntervalsCrossed { .. } => return None,
     })
 }
 

@@ -676,6 +676,13 @@ pub enum ConfigProblem {
         publications: String,
         all: &'static str,
     },
+
+    // ---- polling ----
+    /// `min`, `max`: the two waits as given (humantime).
+    #[error(
+        "--poll-interval-min {min} is above --poll-interval-max {max}: set          --poll-interval-max at least as high, or --poll-interval for one fixed wait"
+    )]
+    PollIntervalsCrossed { min: String, max: String },
 }
 
 /// What kind of row, emitted event or table the mapper cannot make a message of

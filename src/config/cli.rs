@@ -18,6 +18,7 @@ use super::names::{
 use super::observability::{CleanupArgs, EndpointArgs, ObservabilityArgs};
 use super::tuning::{Delivery, PublishLimits, Tuning};
 use super::values::parse_duration;
+use crate::error::ConfigProblem;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -226,7 +227,7 @@ pub struct PollArgs {
 
     /// The longest wait between two empty polls: what an idle outbox costs (one claim
     /// transaction per worker per interval) and, without --listen, the worst delay of a row
-    /// written after a quiet spell.
+    /// written after a quiet spell. Below --poll-interval-min it is refused.
     #[arg(long, env = "OUTBOX_POLL_INTERVAL_MAX", default_value = "1s", value_parser = parse_duration)]
     pub poll_interval_max: Duration,
 
@@ -266,14 +267,19 @@ pub struct PollArgs {
 
 impl PollArgs {
     /// The shortest and longest wait after an empty poll: --poll-interval for both, else
-    /// --poll-interval-min and --poll-interval-max (a max below the min is raised to it).
-    pub fn poll_intervals(&self) -> (Duration, Duration) {
+    /// --poll-interval-min and --poll-interval-max; a max below the min is refused (which of
+    /// the two was meant is the operator's to say).
+    pub fn poll_intervals(&self) -> Result<(Duration, Duration), ConfigProblem> {
         match self.poll_interval {
-            Some(fixed) => (fixed, fixed),
-            None => (
-                self.poll_interval_min,
-                self.poll_interval_max.max(self.poll_interval_min),
-            ),
+            Some(fixed) => Ok((fixed, fixed)),
+            None if self.poll_interval_max < self.poll_interval_min => {
+                let text = |d: Duration| humantime::format_duration(d).to_string();
+                Err(ConfigProblem::PollIntervalsCrossed {
+                    min: text(self.poll_interval_min),
+                    max: text(self.poll_interval_max),
+                })
+            }
+            None => Ok((self.poll_interval_min, self.poll_interval_max)),
         }
     }
 }

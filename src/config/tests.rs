@@ -488,8 +488,8 @@ fn poll_defaults_are_the_documented_ones() {
     assert_eq!(poll.workers, DEFAULT_POLL_WORKERS);
     assert_eq!(poll.batch_size, DEFAULT_POLL_BATCH_SIZE);
     assert_eq!(
-        poll.poll_intervals(),
-        (Duration::from_millis(100), Duration::from_secs(1))
+        poll.poll_intervals().ok(),
+        Some((Duration::from_millis(100), Duration::from_secs(1)))
     );
     assert!(!poll.listen);
     assert_eq!(poll.listen_channel, "outbox");
@@ -503,20 +503,43 @@ fn a_fixed_poll_interval_sets_both_bounds_and_excludes_them() {
         let mut argv = vec!["outbox-relay", "poll", "--database-url", "postgres://x"];
         argv.extend_from_slice(extra);
         Cli::try_parse_from(argv).map(|cli| match cli.command {
-            Command::Poll(poll) => poll.poll_intervals(),
+            Command::Poll(poll) => poll.poll_intervals().ok(),
             _ => panic!("expected poll"),
         })
     };
     let fixed = Duration::from_millis(250);
     assert_eq!(
         parse(&["--poll-interval", "250ms"]).ok(),
-        Some((fixed, fixed))
+        Some(Some((fixed, fixed)))
     );
     assert_eq!(
         parse(&["--poll-interval-min", "50ms", "--poll-interval-max", "30s"]).ok(),
-        Some((Duration::from_millis(50), Duration::from_secs(30)))
+        Some(Some((Duration::from_millis(50), Duration::from_secs(30))))
     );
     assert!(parse(&["--poll-interval", "1s", "--poll-interval-max", "5s"]).is_err());
+}
+
+#[test]
+fn a_poll_interval_max_below_the_min_is_refused_naming_both() {
+    let cli = Cli::try_parse_from([
+        "outbox-relay",
+        "poll",
+        "--database-url",
+        "postgres://x",
+        "--poll-interval-min",
+        "5s",
+        "--poll-interval-max",
+        "1s",
+    ])
+    .expect("parses");
+    let Command::Poll(poll) = cli.command else {
+        panic!("expected poll");
+    };
+    let error = poll.poll_intervals().expect_err("refused").to_string();
+    assert!(
+        error.contains("--poll-interval-min 5s is above --poll-interval-max 1s"),
+        "{error}"
+    );
 }
 
 #[test]

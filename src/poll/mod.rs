@@ -60,6 +60,7 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
     } else {
         &[]
     };
+    let (poll_interval_min, poll_interval_max) = args.poll_intervals()?;
     let columns = crate::assembly::column_map(&args.columns, &args.names.table, created_at_for)?;
     let RelayParts {
         database_url,
@@ -80,7 +81,6 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
     let observing = CancellationToken::new();
     let _stop_observing = observing.clone().drop_guard();
     let health = observability::start_endpoints(args.endpoints.metrics_addr.0, "poll", &observing);
-    let (poll_interval_min, poll_interval_max) = args.poll_intervals();
     tracing::info!(
         table = %args.names.table,
         workers = args.workers,
