@@ -532,8 +532,8 @@ mod tests {
 
     #[test]
     fn missing_replication_privilege_names_the_fix() {
-        let e = RelayError::replication(pgwire_replication::PgWireError::Server(
-            "must be superuser or replication role to start walsender (SQLSTATE 42501)".into(),
+        let e = RelayError::replication(crate::error::server_error(
+            "must be superuser or replication role to start walsender (SQLSTATE 42501)",
         ))
         .clarify(Some("app_relay"));
         let text = report(&e);

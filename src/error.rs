@@ -1011,15 +1011,12 @@ impl RelayError {
         }
     }
 
-    /// A replication error, with the SQLSTATE the server sent read from the crate's text
-    /// (it renders an ErrorResponse as text ending in "(SQLSTATE xxxxx)").
+    /// A replication error, with the SQLSTATE the server sent.
     pub fn replication(source: pgwire_replication::PgWireError) -> RelayError {
         let sqlstate = match &source {
-            pgwire_replication::PgWireError::Server(message) => message
-                .split("SQLSTATE ")
-                .nth(1)
-                .and_then(|rest| rest.get(..5))
-                .map(SqlState::from_code),
+            pgwire_replication::PgWireError::Server(error) => {
+                error.code.as_deref().map(SqlState::from_code)
+            }
             _ => None,
         };
         RelayError::Replication { sqlstate, source }
@@ -1112,12 +1109,33 @@ impl From<outbox_common::pg::PgError> for RelayError {
     }
 }
 
+/// The replication crate's error for the ErrorResponse a server sends as `text`: the
+/// message, and the SQLSTATE when `text` ends in "(SQLSTATE xxxxx)" (the crate's rendering).
+#[cfg(test)]
+pub(crate) fn server_error(text: &str) -> pgwire_replication::PgWireError {
+    let (message, code) = match text.rsplit_once(" (SQLSTATE ") {
+        Some((message, code)) => (message, code.strip_suffix(')')),
+        None => (text, None),
+    };
+    let mut payload = vec![b'M'];
+    payload.extend_from_slice(message.as_bytes());
+    payload.push(0);
+    if let Some(code) = code {
+        payload.push(b'C');
+        payload.extend_from_slice(code.as_bytes());
+        payload.push(0);
+    }
+    payload.push(0);
+    pgwire_replication::PgWireError::Server(pgwire_replication::ServerError::parse(&payload))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A replication error as the server sends it: `message`, and the SQLSTATE in it.
     fn server(message: &str) -> RelayError {
-        RelayError::replication(pgwire_replication::PgWireError::Server(message.into()))
+        RelayError::replication(server_error(message))
     }
 
     #[test]

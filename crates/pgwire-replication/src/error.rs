@@ -12,6 +12,33 @@
 use std::sync::Arc;
 use thiserror::Error;
 
+/// A PostgreSQL ErrorResponse: the text the crate renders and the SQLSTATE, so that a caller
+/// classifies the error by its code, never by its text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerError {
+    /// "message (SQLSTATE xxxxx)", as `parse_error_response` renders it.
+    pub message: String,
+    /// The SQLSTATE (the `C` field), when the server sent one.
+    pub code: Option<String>,
+}
+
+impl ServerError {
+    /// The ErrorResponse in `payload`.
+    pub fn parse(payload: &[u8]) -> Self {
+        let fields = crate::protocol::messages::ErrorFields::parse(payload);
+        Self {
+            message: fields.to_error_string(),
+            code: fields.code,
+        }
+    }
+}
+
+impl std::fmt::Display for ServerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// Error type for all pgwire-replication operations.
 ///
 /// This enum is `#[non_exhaustive]`: match on it with a `_` arm so that new
@@ -30,11 +57,10 @@ pub enum PgWireError {
     #[error("protocol error: {0}")]
     Protocol(String),
 
-    /// Server error - PostgreSQL returned an error response.
-    ///
-    /// The message typically includes SQLSTATE code.
+    /// Server error - PostgreSQL returned an error response: its text (which ends in
+    /// "(SQLSTATE xxxxx)") and its SQLSTATE as a field.
     #[error("server error: {0}")]
-    Server(String),
+    Server(ServerError),
 
     /// Authentication error - wrong credentials or unsupported method.
     #[error("authentication error: {0}")]

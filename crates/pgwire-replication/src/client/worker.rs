@@ -7,13 +7,13 @@ use tokio::time::Instant;
 use super::metrics::ReplicationMetrics;
 use super::progress::ProgressCell;
 use crate::config::ReplicationConfig;
-use crate::error::{PgWireError, Result};
+use crate::error::{PgWireError, Result, ServerError};
 use crate::lsn::Lsn;
 use crate::protocol::framing::{
     read_backend_message, write_copy_data, write_copy_done, write_password_message, write_query,
     write_startup_message, MessageReader,
 };
-use crate::protocol::messages::{parse_auth_request, parse_error_response};
+use crate::protocol::messages::parse_auth_request;
 use crate::protocol::replication::{
     encode_standby_status_update, parse_copy_data, ReplicationCopyData, PG_EPOCH_MICROS,
 };
@@ -344,7 +344,7 @@ impl WorkerState {
             let msg = read_backend_message(stream).await?;
             match msg.tag {
                 b'W' => return Ok(()), // CopyBothResponse - ready to stream
-                b'E' => return Err(PgWireError::Server(parse_error_response(&msg.payload))),
+                b'E' => return Err(PgWireError::Server(ServerError::parse(&msg.payload))),
                 b'N' | b'S' | b'K' => continue, // Notice, ParameterStatus, BackendKeyData
                 _ => continue,
             }
@@ -397,7 +397,7 @@ impl WorkerState {
                 let msg = reader.read(stream).await?;
                 drained += 1;
                 if msg.tag == b'E' {
-                    return Err(PgWireError::Server(parse_error_response(&msg.payload)));
+                    return Err(PgWireError::Server(ServerError::parse(&msg.payload)));
                 }
                 if msg.tag == b'd'
                     && self
@@ -480,7 +480,7 @@ impl WorkerState {
             };
 
             if msg.tag == b'E' {
-                return Err(PgWireError::Server(parse_error_response(&msg.payload)));
+                return Err(PgWireError::Server(ServerError::parse(&msg.payload)));
             }
             if msg.tag == b'd'
                 && self
@@ -735,7 +735,7 @@ impl WorkerState {
                     let (code, rest) = parse_auth_request(&msg.payload)?;
                     self.handle_auth_request(stream, code, rest).await?;
                 }
-                b'E' => return Err(PgWireError::Server(parse_error_response(&msg.payload))),
+                b'E' => return Err(PgWireError::Server(ServerError::parse(&msg.payload))),
                 b'S' | b'K' => {}      // ParameterStatus, BackendKeyData - ignore
                 b'Z' => return Ok(()), // ReadyForQuery - auth complete
                 _ => {}
@@ -885,7 +885,7 @@ async fn simple_query<S: AsyncRead + AsyncWrite + Unpin>(
         let msg = reader.read(stream).await?;
         match msg.tag {
             b'D' => rows.push(parse_data_row(&msg.payload)?),
-            b'E' => error = Some(PgWireError::Server(parse_error_response(&msg.payload))),
+            b'E' => error = Some(PgWireError::Server(ServerError::parse(&msg.payload))),
             b'Z' => return error.map_or(Ok(rows), Err),
             // RowDescription, CommandComplete, EmptyQueryResponse, notices,
             // parameter status.
@@ -1063,7 +1063,7 @@ async fn read_auth_data<S: AsyncRead + AsyncWrite + Unpin>(
                     "unexpected auth code {code}, expected {expected_code}"
                 )));
             }
-            b'E' => return Err(PgWireError::Server(parse_error_response(&msg.payload))),
+            b'E' => return Err(PgWireError::Server(ServerError::parse(&msg.payload))),
             _ => {} // Skip other messages
         }
     }
