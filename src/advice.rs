@@ -13,7 +13,7 @@
 use outbox_common::pg::{Unreachable, UrlProblem};
 
 use crate::error::{chain, ConfigProblem, MapProblem, RelayError, SlotProblem, TlsProblem};
-use crate::quote::quote_ident;
+use outbox_common::quote::quote_ident;
 
 /// The error, its sources, and what to do about it, on one line.
 pub fn report(error: &RelayError) -> String {

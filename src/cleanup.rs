@@ -29,12 +29,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{CleanupArgs, OutboxNames};
 use crate::contract::columns::{self, ColumnMap};
-use crate::db::quote_ident;
 use crate::error::RelayError;
 use crate::observability::{Health, CLEANUP_DELETED_ROWS_TOTAL};
-use crate::periodic::{self, Job};
 use crate::shard::Shard;
 use crate::wal::state::{backfill_start, record_acknowledged, EmittedSeen};
+use outbox_common::periodic::{self, Job};
+use outbox_common::quote::quote_ident;
 
 /// Why the cleanup needs `created_at` (`run`'s error when it is unmapped).
 pub const CLEANUP_NEEDS: &str = "the cleanup (--cleanup-interval) deletes delivered rows by \

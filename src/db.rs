@@ -22,8 +22,7 @@ pub use outbox_common::pg::{
     key_value_params, parse_driver_url, split_tls, tls_warning, Notifications, Param, Server,
     TlsOutcome, APPLICATION_NAME, CONNECT_TIMEOUT, PRIMARY_HEAD_START,
 };
-// Re-exported: the relay's modules and the other crates quote their SQL through `db`.
-pub use crate::quote::{quote_ident, quote_literal};
+use outbox_common::quote::quote_ident;
 
 /// Both spellings of one list of session settings, so they cannot drift apart.
 macro_rules! pinned_session_settings {
@@ -152,7 +151,7 @@ pub fn replication_config(
     // it is (the crate doubles the single quotes around it).
     let publication = quote_ident(publication);
     // No statement timeout here: START_REPLICATION runs for the whole session.
-    let peer_timeout = crate::liveness::policy().peer_timeout;
+    let peer_timeout = outbox_common::liveness::policy().peer_timeout;
     let options = format!(
         "{PINNED_SESSION_SETTINGS} {}",
         peer_timeout.replication_server_settings()

@@ -52,7 +52,3 @@ pub mod supervisor;
 pub mod template;
 pub mod trace_context;
 pub mod wal;
-
-// Moved to the crate the inbox shares (crates/outbox-common), kept at their old paths so that
-// the relay's modules and the other crates name them as before.
-pub use outbox_common::{backoff, liveness, periodic, quote};

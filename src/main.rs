@@ -12,10 +12,10 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use outbox_common::error::chain;
+use outbox_common::liveness::{self, PeerTimeout, Policy};
 use outbox_common::logging::{start, stop_on_signal};
 use outbox_relay::advice::report;
 use outbox_relay::config::{Cli, Command};
-use outbox_relay::liveness::{self, PeerTimeout, Policy};
 use outbox_relay::{failpoint, ops, poll, setup, wal};
 
 /// What SIGTERM or SIGINT lets the relay do before it exits.

@@ -20,9 +20,9 @@ use crate::config::names::TableName;
 use crate::contract::columns::{self, ColumnMap};
 use crate::contract::mapper::Layout;
 use crate::contract::row_error::MapError;
-use crate::db::quote_ident;
 use crate::error::{ConfigProblem, RelayError};
 use crate::pgoutput::{Column, Relation, Tuple, TupleValue};
+use outbox_common::quote::quote_ident;
 
 /// The error of a command or feature that needs the `created_at` column (`why`: what for)
 /// when the table lacks it or the column map leaves it unmapped (`--table-layout

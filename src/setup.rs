@@ -21,16 +21,17 @@ use tokio::time::Instant;
 use tokio_postgres::Client;
 
 use crate::advice::report;
-use crate::backoff::Backoff;
 use crate::config::{FailoverSlot, Mode, OutboxNames, SetupArgs};
 use crate::contract::columns::{self, ColumnMap};
-use crate::db::{self, quote_ident, quote_literal};
+use crate::db;
 use crate::error::{ConfigProblem, RelayError, SupervisorAction};
 use crate::outbox_table::TextRelation;
 use crate::publish::Broker;
 use crate::shard::Shard;
 use crate::wal::preflight;
 use crate::wal::slot::{failover_wanted, read_slot};
+use outbox_common::backoff::Backoff;
+use outbox_common::quote::{quote_ident, quote_literal};
 
 /// One provisioning step: what it makes, and idempotent SQL that makes it.
 ///

@@ -19,9 +19,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::advice::report;
-use crate::backoff::Backoff;
 use crate::error::{RelayError, SupervisorAction};
 use crate::observability::count_reconnect;
+use outbox_common::backoff::Backoff;
 
 /// The first reconnect delay; it doubles up to the configured maximum.
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);

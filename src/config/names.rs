@@ -324,8 +324,8 @@ impl TableName {
         let (schema, table) = self.table_parts();
         format!(
             "{}.{}",
-            crate::db::quote_ident(schema),
-            crate::db::quote_ident(table)
+            outbox_common::quote::quote_ident(schema),
+            outbox_common::quote::quote_ident(table)
         )
     }
 }

@@ -254,7 +254,7 @@ impl ColumnMap {
         self.column(contract)
             .map(|column| match column == contract {
                 true => column.to_string(),
-                false => crate::quote::quote_ident(column),
+                false => outbox_common::quote::quote_ident(column),
             })
     }
 

@@ -24,12 +24,13 @@ use tokio_postgres::IsolationLevel;
 use crate::assembly::{RelayParts, RelayPartsFlags};
 use crate::config::{ResyncArgs, TableName};
 use crate::contract::columns;
-use crate::db::{self, quote_ident};
+use crate::db;
 use crate::error::RelayError;
 use crate::observability::RelayMetrics;
 use crate::outbox_table::{needs_created_at, TextRelation};
 use crate::publish::{deliver_batch, Broker};
 use crate::shard::Shard;
+use outbox_common::quote::quote_ident;
 
 /// Rows read, mapped and published per round trip.
 const BATCH: i32 = 1000;

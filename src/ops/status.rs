@@ -26,7 +26,7 @@ use tokio_postgres::Client;
 use crate::advice;
 use crate::config::{Mode, StatusArgs};
 use crate::contract::columns;
-use crate::db::{self, quote_ident};
+use crate::db;
 use crate::error::{ConfigProblem, RelayError};
 use crate::observability::http_get;
 use crate::observability::metrics::{BROKER_INFO, HOST_LABEL, NODE_LABEL, POSTGRES_INFO};
@@ -35,6 +35,7 @@ use crate::poll::table::{Backlog, BacklogQuery};
 use crate::shard::Shard;
 use crate::wal::preflight::{idle_slot_timeout, synchronized_standby_slots};
 use crate::wal::slot::{failover_readiness, read_slot, read_standby_slots, Readiness, SlotReport};
+use outbox_common::quote::quote_ident;
 
 /// The probe's verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::observability::{BACKLOG_POLL_ERRORS_TOTAL, BACKLOG_ROWS, OLDEST_UNSENT_AGE_SECONDS};
-use crate::periodic::{self, Job};
+use outbox_common::periodic::{self, Job};
 
 use super::table::{Backlog, BacklogQuery};
 

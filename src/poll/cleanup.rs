@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::RelayError;
-use crate::periodic::{self, Job};
+use outbox_common::periodic::{self, Job};
 
 use super::shared::Shared;
 use super::worker::bounded;

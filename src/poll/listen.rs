@@ -12,9 +12,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::advice::report;
-use crate::backoff::Backoff;
-use crate::db::{self, quote_ident};
+use crate::db;
 use crate::error::RelayError;
+use outbox_common::backoff::Backoff;
+use outbox_common::quote::quote_ident;
 
 use super::shared::Shared;
 

@@ -9,10 +9,10 @@ use tokio_postgres::{Client, Row};
 use crate::config::{OnPublished, TableName};
 use crate::contract::columns::{self, ColumnMap, COLUMN_FLAG, PUBLISHED_AT};
 use crate::contract::mapper::Layout;
-use crate::db::quote_ident;
 use crate::error::{ConfigProblem, RelayError};
 use crate::outbox_table::{needs_created_at, TextRelation};
 use crate::pgoutput::Tuple;
+use outbox_common::quote::quote_ident;
 
 /// Why the cleanup needs `created_at` (`poll`'s error when it is unmapped).
 pub const CLEANUP_NEEDS: &str = "the cleanup (--cleanup-interval) finds published rows \

@@ -32,13 +32,13 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
 use crate::advice::{self, Warning};
-use crate::backoff::Backoff;
 use crate::db;
 use crate::error::RelayError;
 use crate::failpoint::{failpoint, POLL_BEFORE_COMMIT};
 use crate::observability::{NotReady, WorkerState};
 use crate::publish::{deliver_batch, Broker};
 use crate::supervisor::{supervise, Supervised, Supervision};
+use outbox_common::backoff::Backoff;
 
 use super::shared::Shared;
 use super::table::OutboxTable;

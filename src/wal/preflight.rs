@@ -462,7 +462,7 @@ pub async fn check_emit_prefix(
         .iter()
         .map(|(suffix, _)| format!("{table}{suffix}"))
         .collect();
-    let literal = crate::db::quote_literal(prefix);
+    let literal = outbox_common::quote::quote_literal(prefix);
     let other: Option<String> = client
         .query_opt(
             "SELECT p.proname::text FROM pg_catalog.pg_proc p \

@@ -530,7 +530,7 @@ async fn backfill(
         transaction
             .batch_execute(&format!(
                 "SET TRANSACTION SNAPSHOT {}",
-                db::quote_literal(snapshot)
+                outbox_common::quote::quote_literal(snapshot)
             ))
             .await?;
     }

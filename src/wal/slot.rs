@@ -39,7 +39,7 @@ use crate::observability::{
     SLOT_RETAINED_WAL_BYTES, SLOT_SAFE_WAL_SIZE_BYTES, SLOT_SYNCED, SLOT_WAL_STATUS, STATUS_LABEL,
     WAITING_FOR_STANDBY, WAL_STATUSES,
 };
-use crate::periodic::{self, Job};
+use outbox_common::periodic::{self, Job};
 
 /// One row of `pg_replication_slots` for the relay's slot, with the byte distances the
 /// relay reports (read in one statement, so they belong together). Columns a server does not

@@ -15,10 +15,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::advice::{self, Warning};
 use crate::config::OutboxNames;
-use crate::db::quote_ident;
 use crate::error::RelayError;
 use crate::observability::Health;
-use crate::periodic::{self, FailureLog, FirstRound, Job};
+use outbox_common::periodic::{self, FailureLog, FirstRound, Job};
+use outbox_common::quote::quote_ident;
 
 /// The state table's name, in the outbox table's schema.
 pub const STATE_TABLE: &str = "outbox_relay_state";

@@ -32,7 +32,8 @@ use crate::results::{
 use crate::setups::DrainSetup;
 use crate::writers::{self, WriterOptions, ORDER_NOTE_LEN};
 use crate::Servers;
-use outbox_relay::db::{self, quote_ident, quote_literal};
+use outbox_common::quote::{quote_ident, quote_literal};
+use outbox_relay::db;
 use outbox_testkit::amqp::quorum_queue_arguments;
 use outbox_testkit::arrivals::{ArrivalConsumer, Outstanding, QueueSpec};
 use outbox_testkit::faults::relay_crash_duplicate_bound;

@@ -15,7 +15,7 @@ use super::{panic_text, payload_text, Bench};
 use crate::recovery::{Conditions, Recovery, Round, TARGET};
 use crate::relay::{Relay, RelayBinary};
 use crate::results::Results;
-use outbox_relay::liveness::PeerTimeout;
+use outbox_common::liveness::PeerTimeout;
 use outbox_testkit::faults::{barrier, probe, wait_for_ids, Tally, Writers};
 use outbox_testkit::http::{http_get, metric_sum};
 use outbox_testkit::outbox::Outbox;

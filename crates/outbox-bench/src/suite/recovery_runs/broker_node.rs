@@ -12,7 +12,7 @@ use super::{
 };
 use crate::recovery::{Conditions, Fault, Round, Scenario};
 use crate::results::load_average;
-use outbox_relay::db::quote_ident;
+use outbox_common::quote::quote_ident;
 use outbox_testkit::amqp::{delete_exchange, delete_queue};
 use outbox_testkit::failover::seed_backlog;
 use outbox_testkit::faults::quorum_outbox;
