@@ -17,8 +17,8 @@ use super::names::{
 };
 use super::observability::{CleanupArgs, EndpointArgs, ObservabilityArgs};
 use super::tuning::{Delivery, PublishLimits, Tuning};
-use super::values::parse_duration;
 use crate::error::ConfigProblem;
+use outbox_common::duration::parse_duration;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use super::values::{parse_duration, parse_peer_timeout};
 use crate::advice::{self, Warning};
 use crate::error::{ConfigProblem, RelayError};
+use outbox_common::duration::{parse_duration, parse_peer_timeout};
 
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseConnection {

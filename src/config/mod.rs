@@ -25,7 +25,6 @@ pub mod modes;
 pub mod names;
 pub mod observability;
 pub mod tuning;
-pub mod values;
 
 pub use cli::*;
 pub use connections::*;
@@ -34,7 +33,6 @@ pub use modes::*;
 pub use names::*;
 pub use observability::*;
 pub use tuning::*;
-pub use values::*;
 
 #[cfg(test)]
 mod tests;

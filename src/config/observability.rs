@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::values::parse_duration;
+use outbox_common::duration::parse_duration;
 
 /// The HTTP endpoints, in both modes (src/observability/http.rs, docs/metrics.md).
 #[derive(Debug, Clone, Args)]

@@ -7,6 +7,7 @@ use clap::{CommandFactory, Parser};
 
 use super::connections::{readable_by_others, secret};
 use super::*;
+use outbox_common::duration::parse_duration;
 
 #[test]
 fn cli_definition_is_consistent() {
@@ -494,7 +495,10 @@ fn poll_defaults_are_the_documented_ones() {
     assert!(!poll.listen);
     assert_eq!(poll.listen_channel, "outbox");
     assert_eq!(poll.cleanup.retention, Duration::from_secs(3600));
-    assert_eq!(poll.delivery.confirm_timeout(), Duration::from_secs(30));
+    assert_eq!(
+        poll.delivery.publishing.confirm_timeout(),
+        Duration::from_secs(30)
+    );
 }
 
 #[test]

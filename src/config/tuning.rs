@@ -74,24 +74,6 @@ impl Tuning {
     }
 }
 
-/// The shared knobs read as `tuning.confirm_timeout()`, `tuning.max_message_size`, as before
-/// they were split out for polling mode.
-impl std::ops::Deref for Tuning {
-    type Target = Delivery;
-    fn deref(&self) -> &Delivery {
-        &self.delivery
-    }
-}
-
-/// The publishing knobs read as `delivery.max_message_size`, as before they were split out
-/// for `resync`.
-impl std::ops::Deref for Delivery {
-    type Target = PublishLimits;
-    fn deref(&self) -> &PublishLimits {
-        &self.publishing
-    }
-}
-
 impl PublishLimits {
     pub fn confirm_timeout(&self) -> Duration {
         Duration::from_secs(self.confirm_timeout_secs)

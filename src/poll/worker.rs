@@ -255,7 +255,7 @@ impl Session<'_> {
         deliver_batch(
             &self.broker,
             messages,
-            self.shared.delivery.confirm_timeout(),
+            self.shared.delivery.publishing.confirm_timeout(),
             &self.shared.stats.metrics.relay,
         )
         .await?;

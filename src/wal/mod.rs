@@ -115,8 +115,8 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
     }
     let emit_prefix = assembly::emit_prefix(&args.emit, &args.names.table);
     let supervision = Supervision {
-        max_backoff: args.tuning.max_backoff(),
-        stop_timeout: Some(args.tuning.shutdown_timeout()),
+        max_backoff: args.tuning.delivery.max_backoff(),
+        stop_timeout: Some(args.tuning.delivery.shutdown_timeout()),
     };
     let mut relay = Relay {
         ctx: SessionContext {

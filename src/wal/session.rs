@@ -201,7 +201,7 @@ fn start_delivery(
     let broker = Arc::clone(broker);
     let options = DeliveryOptions {
         window: ctx.tuning.max_in_flight as usize,
-        confirm_timeout: ctx.tuning.confirm_timeout(),
+        confirm_timeout: ctx.tuning.delivery.publishing.confirm_timeout(),
         stuck,
         health: Some(ctx.health.clone()),
     };
@@ -338,7 +338,7 @@ fn recovery_of(ctx: &SessionContext) -> recovery::Recovery<'_> {
         mapper: &ctx.mapper,
         columns: &ctx.columns,
         dead_letter_exchange: ctx.dead_letter_exchange.as_deref(),
-        confirm_timeout: ctx.tuning.confirm_timeout(),
+        confirm_timeout: ctx.tuning.delivery.publishing.confirm_timeout(),
     }
 }
 
