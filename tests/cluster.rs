@@ -18,6 +18,7 @@
 // runtime thread that the holder needs.
 #![allow(clippy::await_holding_lock)]
 
+use outbox_relay::observability::{MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT};
 use outbox_testkit as common;
 
 use std::sync::MutexGuard;
@@ -40,8 +41,6 @@ const MAX_TXN_ROWS: usize = 10;
 /// Keeps reconnects quick while nodes are down (the default is 30 s).
 const FAST_BACKOFF: [&str; 2] = ["--max-backoff-secs", "2"];
 const MINUTE: Duration = Duration::from_secs(60);
-const CONFIRMED: &str = "outbox_relay_messages_confirmed_total";
-const IN_FLIGHT: &str = "outbox_relay_messages_in_flight";
 
 // ---------------------------------------------------------------------------------
 // Servers
@@ -118,7 +117,7 @@ async fn wait_depth(relay: &RelayProcess, url: &str, queue: &str, depth: u32) {
 
 /// The relay's confirmed-messages counter.
 async fn confirmed_total(port: u16) -> f64 {
-    metric_value(&metrics(port).await, CONFIRMED).unwrap_or(0.0)
+    metric_value(&metrics(port).await, MESSAGES_CONFIRMED_TOTAL).unwrap_or(0.0)
 }
 
 /// The node after `i`, round the cluster.
@@ -251,9 +250,10 @@ async fn c2_kill_9_of_the_relays_node_fails_over_duplicates_within_w_plus_x() {
     let leader_too = node == 0;
     // The window at least half full (the backlog keeps the relay publishing ahead of the
     // confirms), and the kill right after.
-    let half_full = |text: &str| metric_value(text, IN_FLIGHT).is_some_and(|n| n >= (W / 2) as f64);
+    let half_full =
+        |text: &str| metric_value(text, MESSAGES_IN_FLIGHT).is_some_and(|n| n >= (W / 2) as f64);
     let text = wait_metrics(port, MINUTE, half_full).await;
-    let in_flight = metric_value(&text, IN_FLIGHT).unwrap_or(0.0);
+    let in_flight = metric_value(&text, MESSAGES_IN_FLIGHT).unwrap_or(0.0);
     assert!(
         half_full(&text),
         "the window never filled: {in_flight} in flight"

@@ -13,6 +13,9 @@
 //! (`rabbitmqctl list_connections`), the relay's `/metrics` (reconnect causes, the blocked
 //! gauge), the `test_decoding` slot, the queue, and the slot after the relay stopped (ACK).
 
+use outbox_relay::observability::{
+    BROKER_BLOCKED, CAUSE_LABEL, MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT, RECONNECTS_TOTAL,
+};
 use outbox_testkit as common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,10 +39,11 @@ const BACKLOG_ROWS: usize = 30_000;
 /// Largest transaction the background writers commit.
 const WRITER_TXN_ROWS: usize = 10;
 const MINUTE: Duration = Duration::from_secs(60);
-const CONFIRMED: &str = "outbox_relay_messages_confirmed_total";
-const IN_FLIGHT: &str = "outbox_relay_messages_in_flight";
-const BLOCKED: &str = "outbox_relay_broker_blocked";
-const CONFIRM_TIMEOUTS: &str = "outbox_relay_reconnects_total{cause=\"confirm_timeout\"}";
+
+/// The sessions the confirm timeout ended.
+fn confirm_timeouts() -> String {
+    common::http::series(RECONNECTS_TOTAL, &[(CAUSE_LABEL, "confirm_timeout")])
+}
 
 /// Runs a blocking harness call (server start, rabbitmqctl) without stalling the runtime.
 fn blocking<R>(f: impl FnOnce() -> R) -> R {
@@ -138,10 +142,12 @@ async fn a_connection_held_in_credit_flow_is_given_up_after_the_confirm_timeout_
         WRITER_TXN_ROWS,
         Duration::from_millis(20),
     );
-    let streaming =
-        common::http::wait_metrics(port, MINUTE, |m| value(m, CONFIRMED) >= 500.0).await;
+    let streaming = common::http::wait_metrics(port, MINUTE, |m| {
+        value(m, MESSAGES_CONFIRMED_TOTAL) >= 500.0
+    })
+    .await;
     assert!(
-        value(&streaming, CONFIRMED) >= 500.0,
+        value(&streaming, MESSAGES_CONFIRMED_TOTAL) >= 500.0,
         "the relay streams before the queue is suspended; log:\n{}",
         relay.log()
     );
@@ -149,7 +155,7 @@ async fn a_connection_held_in_credit_flow_is_given_up_after_the_confirm_timeout_
     suspend_queue(rabbit, &outbox.queue, true);
     // The writers' next rows go into the suspended queue: the clock starts about here.
     let suspended_at = Instant::now();
-    let confirmed_before = value(&metrics(port).await, CONFIRMED);
+    let confirmed_before = value(&metrics(port).await, MESSAGES_CONFIRMED_TOTAL);
     let watch = FlowWatch::start(rabbit);
     // A backlog at full speed into the suspended queue: the window fills at once.
     seed_backlog(&outbox, BACKLOG_ROWS, None).await;
@@ -158,17 +164,17 @@ async fn a_connection_held_in_credit_flow_is_given_up_after_the_confirm_timeout_
     let (mut most_in_flight, mut ever_blocked) = (0.0f64, 0.0f64);
     let timed_out_after = loop {
         let text = metrics(port).await;
-        most_in_flight = most_in_flight.max(value(&text, IN_FLIGHT));
-        ever_blocked = ever_blocked.max(value(&text, BLOCKED));
-        if value(&text, CONFIRM_TIMEOUTS) >= 1.0 {
+        most_in_flight = most_in_flight.max(value(&text, MESSAGES_IN_FLIGHT));
+        ever_blocked = ever_blocked.max(value(&text, BROKER_BLOCKED));
+        if value(&text, &confirm_timeouts()) >= 1.0 {
             break suspended_at.elapsed();
         }
         assert!(
             suspended_at.elapsed() < Duration::from_secs(CONFIRM_TIMEOUT_SECS + 30),
             "no confirm timeout {} s after the queue was suspended (in flight {}, confirmed {} since {confirmed_before}, connections {:?}); log:\n{}",
             suspended_at.elapsed().as_secs(),
-            value(&text, IN_FLIGHT),
-            value(&text, CONFIRMED),
+            value(&text, MESSAGES_IN_FLIGHT),
+            value(&text, MESSAGES_CONFIRMED_TOTAL),
             watch.seen(),
             relay.log()
         );
@@ -184,8 +190,8 @@ async fn a_connection_held_in_credit_flow_is_given_up_after_the_confirm_timeout_
     let (states, flow_seen_after) = watch.seen();
     drop(watch);
     let text = metrics(port).await;
-    let timeouts_while_suspended = value(&text, CONFIRM_TIMEOUTS);
-    let confirmed_while_suspended = value(&text, CONFIRMED) - confirmed_before;
+    let timeouts_while_suspended = value(&text, &confirm_timeouts());
+    let confirmed_while_suspended = value(&text, MESSAGES_CONFIRMED_TOTAL) - confirmed_before;
     assert!(
         flow_seen_after.is_some(),
         "no connection in flow while the queue was suspended (last seen: {states:?})"
@@ -205,7 +211,10 @@ async fn a_connection_held_in_credit_flow_is_given_up_after_the_confirm_timeout_
 
     suspend_queue(rabbit, &outbox.queue, false);
     let resumed_at = Instant::now();
-    common::http::wait_metrics(port, MINUTE, |m| value(m, CONFIRMED) > confirmed_before).await;
+    common::http::wait_metrics(port, MINUTE, |m| {
+        value(m, MESSAGES_CONFIRMED_TOTAL) > confirmed_before
+    })
+    .await;
     let streaming_again = resumed_at.elapsed();
     writers.stop().await;
     let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;

@@ -6,6 +6,10 @@
 //! dead-letter exchange, and the relay's own HTTP endpoints and `status` command for what it
 //! reports.
 
+use outbox_relay::observability::{
+    BLOCKED_ON_MESSAGE_SECONDS, DEAD_LETTERED_TOTAL, MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT,
+    MESSAGES_RETURNED_TOTAL,
+};
 use outbox_testkit as common;
 
 mod refusals;
@@ -27,7 +31,6 @@ use common::{
 use tokio::time::Instant;
 
 const MINUTE: Duration = Duration::from_secs(60);
-const DEAD_LETTERED: &str = "outbox_relay_messages_dead_lettered_total";
 
 /// An outbox whose queue receives only `Good.#` and `Later.#`, provisioned by `setup` with
 /// the dead-letter policy (no queue is bound to the dead-letter exchange yet).
@@ -116,7 +119,7 @@ async fn metric(port: u16, sample: &str) -> Option<f64> {
 }
 
 fn dead_lettered(reason: &str) -> String {
-    format!("{DEAD_LETTERED}{{reason=\"{reason}\"}}")
+    format!("{DEAD_LETTERED_TOTAL}{{reason=\"{reason}\"}}")
 }
 
 /// `letter` says it was dead-lettered because `exchange` had no route for `Nobody.listens`.
@@ -344,14 +347,12 @@ async fn under_halt_an_unroutable_event_type_blocks_delivery_until_a_binding_exi
         "the row before it is delivered"
     );
     assert!(
-        metric(port, "outbox_relay_blocked_on_message_seconds")
-            .await
-            .is_some(),
+        metric(port, BLOCKED_ON_MESSAGE_SECONDS).await.is_some(),
         "blocked-on-message gauge exported"
     );
     let (_, metrics) = http_get(port, "/metrics").await.expect("/metrics answers");
     assert!(
-        common::http::metric_sum(&metrics, "outbox_relay_messages_returned_total") >= Some(2.0),
+        common::http::metric_sum(&metrics, MESSAGES_RETURNED_TOTAL) >= Some(2.0),
         "{metrics}"
     );
     let addr = format!("127.0.0.1:{port}");
@@ -773,7 +774,6 @@ async fn full_speed_drain_with_one_percent_unroutable_halts_at_the_first_one() {
 const W: usize = 1024;
 /// The relay's default status interval (`--status-interval-ms`), for the crash bound.
 const T: Duration = Duration::from_millis(100);
-const IN_FLIGHT: &str = "outbox_relay_messages_in_flight";
 /// Rows per seeded transaction: the most a crash can replay of the transaction it cut (X).
 const LOAD_TXN_ROWS: usize = 100;
 /// One seeded transaction in this many is unroutable as a whole; in the others about one row
@@ -867,7 +867,7 @@ async fn seed_a_tenth_unroutable(outbox: &Outbox, rows: usize) -> Backlog {
 /// Waits until the relay on `port` has a full window in flight: its gauge reads [`W`], which
 /// it can never exceed. Returns the reading; panics with the log if it never got there.
 async fn wait_window_full(relay: &RelayProcess, port: u16) -> f64 {
-    let in_flight = |page: &str| metric_value(page, IN_FLIGHT).unwrap_or(0.0);
+    let in_flight = |page: &str| metric_value(page, MESSAGES_IN_FLIGHT).unwrap_or(0.0);
     let page = wait_metrics(port, MINUTE, |page| in_flight(page) >= W as f64).await;
     assert_eq!(
         in_flight(&page),
@@ -1049,14 +1049,11 @@ async fn full_window_drain_of_a_tenth_unroutable_puts_each_row_once_on_its_queue
         Some(unroutable.len() as f64)
     );
     assert_eq!(
-        count("outbox_relay_messages_returned_total"),
+        count(MESSAGES_RETURNED_TOTAL),
         Some(unroutable.len() as f64)
     );
-    assert_eq!(
-        count("outbox_relay_messages_confirmed_total"),
-        Some(routable.len() as f64)
-    );
-    assert_eq!(metric_value(&page, IN_FLIGHT), Some(0.0));
+    assert_eq!(count(MESSAGES_CONFIRMED_TOTAL), Some(routable.len() as f64));
+    assert_eq!(metric_value(&page, MESSAGES_IN_FLIGHT), Some(0.0));
     // One WARN per dead letter flooded the log (11,319 lines in 15 s): the first of a burst,
     // then one line per 10 s with the rest counted.
     let lines = relay.log_count("dead-lettered");

@@ -6,6 +6,10 @@
 //! functions returned to the writers, the outbox table itself, the queues and
 //! `pg_replication_slots`.
 
+use outbox_relay::observability::{
+    DEAD_LETTERED_TOTAL, DECODED_MESSAGES_TOTAL, HEARTBEAT_LAG_SECONDS,
+    IGNORED_LOGICAL_MESSAGES_TOTAL, REASON_LABEL, SOURCE_LABEL,
+};
 use outbox_testkit as common;
 
 use std::collections::{HashMap, HashSet};
@@ -281,7 +285,7 @@ async fn emitted_events_arrive_once_in_commit_order_with_the_rows() {
     let count = |source: &str| {
         metric_value(
             &scrape,
-            &format!("outbox_relay_decoded_messages_total{{source=\"{source}\"}}"),
+            &common::http::series(DECODED_MESSAGES_TOTAL, &[(SOURCE_LABEL, source)]),
         )
     };
     assert_eq!(relay.sessions(), 1, "no reconnect; log:\n{}", relay.log());
@@ -447,7 +451,7 @@ async fn malformed_envelopes_halt_or_are_dead_lettered_never_acknowledged_silent
     assert_eq!(
         metric_value(
             &scrape,
-            "outbox_relay_messages_dead_lettered_total{reason=\"unmappable\"}"
+            &common::http::series(DEAD_LETTERED_TOTAL, &[(REASON_LABEL, "unmappable")])
         ),
         Some(2.0)
     );
@@ -690,11 +694,11 @@ async fn restrict_emit_lets_only_the_app_role_emit_and_keeps_the_heartbeats() {
         relay.log()
     );
     let scrape = common::http::wait_metrics(port, MINUTE, |m| {
-        metric_value(m, "outbox_relay_heartbeat_lag_seconds").is_some()
+        metric_value(m, HEARTBEAT_LAG_SECONDS).is_some()
     })
     .await;
     assert!(
-        metric_value(&scrape, "outbox_relay_heartbeat_lag_seconds").is_some_and(|lag| lag < 30.0),
+        metric_value(&scrape, HEARTBEAT_LAG_SECONDS).is_some_and(|lag| lag < 30.0),
         "heartbeats are written and acknowledged; log:\n{}",
         relay.log()
     );
@@ -757,7 +761,7 @@ async fn other_prefixes_are_ignored_and_a_prefix_mismatch_refuses_to_start() {
     );
     let scrape = metrics(port).await;
     assert_eq!(
-        metric_value(&scrape, "outbox_relay_ignored_logical_messages_total"),
+        metric_value(&scrape, IGNORED_LOGICAL_MESSAGES_TOTAL),
         Some(1.0)
     );
     assert_eq!(ids_of(consumer.received()), [ours.as_str()], "only ours");

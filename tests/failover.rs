@@ -28,6 +28,11 @@
 //! Every figure is printed (`--nocapture`) on a `FIGURES` line; docs/reliability.md collects
 //! them.
 
+use outbox_relay::observability::MESSAGES_IN_FLIGHT;
+use outbox_relay::observability::{
+    FAILOVER_READY, HOST_LABEL, PHANTOM_EVENTS_LABEL, POSTGRES_FAILOVERS_TOTAL, SLOT_LABEL,
+    WAITING_FOR_STANDBY,
+};
 use outbox_testkit as common;
 
 use std::collections::HashSet;
@@ -197,10 +202,8 @@ impl Scenario {
     /// With a multi-host URL, the relay's own readiness gauge agrees with the test kit that
     /// the standby is ready to take over.
     async fn assert_relay_sees_standby_ready(&self) {
-        let series = format!(
-            "outbox_relay_failover_ready{{host=\"127.0.0.1:{}\"}}",
-            self.pair.standby.port()
-        );
+        let host = format!("127.0.0.1:{}", self.pair.standby.port());
+        let series = common::http::series(FAILOVER_READY, &[(HOST_LABEL, &host)]);
         let page = wait_metrics(self.metrics_port, MINUTE, |page| {
             metric_value(page, &series) == Some(1.0)
         })
@@ -239,7 +242,7 @@ async fn failover(major: u32, route: Route, fault: Fault) {
     let delivered = s.consumer.received().len();
     assert!(delivered >= fault_at, "{name}: log:\n{}", s.relay.log());
     let page = metrics(s.metrics_port).await;
-    let in_flight = metric_value(&page, "outbox_relay_messages_in_flight");
+    let in_flight = metric_value(&page, MESSAGES_IN_FLIGHT);
     let sessions = s.relay.sessions();
     // The old slot's last position known before the fault: the copy is behind it.
     let acknowledged = slot_confirmed_flush(&s.outbox.client, &s.outbox.slot).await;
@@ -462,7 +465,7 @@ async fn f3_pg18_standby_down_publishes_nothing_past_it_and_readyz_names_it() {
     assert_eq!(
         metric_value(
             &page,
-            "outbox_relay_waiting_for_standby{slot=\"standby_1\"}"
+            &common::http::series(WAITING_FOR_STANDBY, &[(SLOT_LABEL, "standby_1")])
         ),
         Some(1.0),
         "{name}: {page}"
@@ -543,7 +546,7 @@ async fn f3_pg18_standby_down_publishes_nothing_past_it_and_readyz_names_it() {
     assert_eq!(
         metric_value(
             &page,
-            "outbox_relay_waiting_for_standby{slot=\"standby_1\"}"
+            &common::http::series(WAITING_FOR_STANDBY, &[(SLOT_LABEL, "standby_1")])
         ),
         Some(0.0),
         "{name}: {page}"
@@ -581,7 +584,10 @@ async fn f3_pg18_standby_down_publishes_nothing_past_it_and_readyz_names_it() {
 
 /// `outbox_relay_postgres_failovers_total` with its verdict on phantom events.
 fn failovers_series(phantom_events: &str) -> String {
-    format!("outbox_relay_postgres_failovers_total{{phantom_events=\"{phantom_events}\"}}")
+    common::http::series(
+        POSTGRES_FAILOVERS_TOTAL,
+        &[(PHANTOM_EVENTS_LABEL, phantom_events)],
+    )
 }
 
 /// Where the new primary's newest timeline left its parent, from its history file as the
@@ -631,7 +637,7 @@ async fn f4_pg17_without_synchronized_standby_slots_phantom_events_are_reported(
     let measuring = peak_rate_until(&mut s.consumer, fault_at, MINUTE);
     let ((), rate) = tokio::join!(seeding, measuring);
     let page = metrics(s.metrics_port).await;
-    let in_flight = metric_value(&page, "outbox_relay_messages_in_flight");
+    let in_flight = metric_value(&page, MESSAGES_IN_FLIGHT);
     let sessions = s.relay.sessions();
     blocking(|| s.pair.primary.stop_immediate());
     writers.stop().await;

@@ -21,6 +21,9 @@
 //! Each test prints its figures (`FIGURES …`), collected in docs/reliability.md, "Slot lost and
 //! failover without failover slots".
 
+use outbox_relay::observability::{
+    BROKER_BLOCKED, CLEANUP_DELETED_ROWS_TOTAL, SLOT_RECOVERIES_TOTAL, STANDBY,
+};
 use outbox_testkit as common;
 
 use std::collections::{HashMap, HashSet};
@@ -55,8 +58,6 @@ const MINUTE: Duration = Duration::from_secs(60);
 const DRAIN: Duration = Duration::from_secs(180);
 /// What the relay logs when it recreated a slot (WARN), with `rows=N`.
 const RECREATED: &str = "slot recreated (--on-slot-lost recreate)";
-/// The counter of recoveries.
-const RECOVERIES: &str = "outbox_relay_slot_recoveries_total";
 
 /// The broker of this binary (the matrix's through `OUTBOX_TEST_AMQP_URL`): the tests kill
 /// and promote PostgreSQL servers only.
@@ -381,7 +382,11 @@ async fn t5_slot_invalidated_while_stopped_recreate_backfills_and_stop_names_the
         .wait_new_session(0, MINUTE)
         .await
         .unwrap_or_else(|| panic!("(a) never streams the new slot; log:\n{}", relay_a.log()));
-    assert_eq!(relay_a.counter(RECOVERIES), Some(1), "one recovery counted");
+    assert_eq!(
+        relay_a.counter(SLOT_RECOVERIES_TOTAL),
+        Some(1),
+        "one recovery counted"
+    );
     let backfilled = backfilled_rows(&relay_a);
     assert_eq!(
         recovery_from(&relay_a),
@@ -688,7 +693,11 @@ async fn t4_pg16_failover_mid_stream_recreate_backfills_and_stop_refuses() {
         relay_a.log()
     );
     let to_streaming = promoted.elapsed();
-    assert_eq!(relay_a.counter(RECOVERIES), Some(1), "one recovery counted");
+    assert_eq!(
+        relay_a.counter(SLOT_RECOVERIES_TOTAL),
+        Some(1),
+        "one recovery counted"
+    );
     assert!(
         wait_ready(port_a, Duration::from_secs(10)).await,
         "(a) ready again within 10 s of streaming the new slot: {:?}",
@@ -1093,10 +1102,6 @@ async fn emitted_recorded(client: &Client, slot: &str) -> bool {
 // closed, a second relay waits out another's backfill, the slot's creation waits for long
 // transactions.
 
-/// What the tests of this section wait on besides the servers: 1 while the broker blocks
-/// the relay, 1 while it is a standby.
-const BROKER_BLOCKED: &str = "outbox_relay_broker_blocked";
-const STANDBY: &str = "outbox_relay_standby";
 /// The supervisor's standby interval (src/supervisor.rs, `STANDBY_RETRY`): a standby tries a
 /// session at most this often.
 const STANDBY_TURN: Duration = Duration::from_secs(5);
@@ -1392,7 +1397,7 @@ async fn cleanup_keeps_rows_of_a_transaction_open_across_the_acknowledged_commit
         relay.log()
     );
     assert!(row_exists(&outbox.client, &r_id).await, "R's row stays");
-    let cleanup_deleted = relay.counter("outbox_relay_cleanup_deleted_rows_total");
+    let cleanup_deleted = relay.counter(CLEANUP_DELETED_ROWS_TOTAL);
     assert!(
         !ids_of(consumer.received()).contains(&w_id.as_str()),
         "W's row was published before the alarm took effect: the scenario needs it blocked"

@@ -20,6 +20,11 @@
 //! (`OUTBOX_FAILPOINTS`, src/failpoint.rs): scenario 21 aborts a polling worker just before
 //! its COMMIT.
 
+use outbox_relay::observability::{
+    ACK_POINTS_QUEUED, BROKER_BLOCKED, CAUSE_LABEL, HEARTBEAT_LAG_SECONDS,
+    MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT, MESSAGES_RETURNED_TOTAL, READY, RECONNECTS_TOTAL,
+    SLOT_LAG_BYTES, STANDBY,
+};
 use outbox_testkit as common;
 
 use std::collections::HashSet;
@@ -52,13 +57,11 @@ const MAX_TXN_ROWS: usize = 10;
 /// Keeps reconnects quick where a server is down for a few seconds (the default is 30 s).
 const FAST_BACKOFF: [&str; 2] = ["--max-backoff-secs", "2"];
 const MINUTE: Duration = Duration::from_secs(60);
-/// What the tests wait on instead of log lines: 1 while the broker blocks the relay, and the
-/// session failures by cause (the supervisor logs each before it counts it).
-const BROKER_BLOCKED: &str = "outbox_relay_broker_blocked";
-const RECONNECTS_UNROUTABLE: &str = "outbox_relay_reconnects_total{cause=\"unroutable\"}";
-const RECONNECTS_EXCHANGE_MISSING: &str =
-    "outbox_relay_reconnects_total{cause=\"exchange_missing\"}";
-const RECONNECTS_NACK: &str = "outbox_relay_reconnects_total{cause=\"nack\"}";
+/// The session failures by cause: what the tests wait on instead of log lines (the
+/// supervisor logs each before it counts it).
+fn reconnects(cause: &str) -> String {
+    common::http::series(RECONNECTS_TOTAL, &[(CAUSE_LABEL, cause)])
+}
 /// A relay that must notice a silent broker on its own: a 5 s heartbeat (lapin gives up after
 /// two silent intervals, `BROKER_SILENCE_QUERY` on the AMQP URL) and a 5 s confirm timeout.
 const BROKER_SILENCE_QUERY: &str = "?heartbeat=5";
@@ -882,7 +885,7 @@ async fn s11c_replication_reset_while_blocked_ends_the_session_before_publishing
     write_concurrently(&outbox.db_url, 2, 3 * W, MAX_TXN_ROWS).await;
     assert!(
         relay
-            .wait_metric("outbox_relay_messages_in_flight", MINUTE, |v| v == W)
+            .wait_metric(MESSAGES_IN_FLIGHT, MINUTE, |v| v == W)
             .await,
         "the window never filled; log:\n{}",
         relay.log()
@@ -1052,7 +1055,7 @@ async fn s12b_broker_blocked_is_reported_by_readyz_and_a_gauge() {
     assert_eq!(readyz(port).await, (503, "broker blocked".to_string()));
     let metrics = common::http::metrics(port).await;
     assert_eq!(
-        metric_value(&metrics, "outbox_relay_broker_blocked"),
+        metric_value(&metrics, BROKER_BLOCKED),
         Some(1.0),
         "{metrics}"
     );
@@ -1064,10 +1067,7 @@ async fn s12b_broker_blocked_is_reported_by_readyz_and_a_gauge() {
         readyz(port).await
     );
     let metrics = common::http::metrics(port).await;
-    assert_eq!(
-        metric_value(&metrics, "outbox_relay_broker_blocked"),
-        Some(0.0)
-    );
+    assert_eq!(metric_value(&metrics, BROKER_BLOCKED), Some(0.0));
 }
 
 /// A long alarm while the outbox is idle and the database busy: every keepalive and heartbeat
@@ -1125,7 +1125,7 @@ async fn s12c_long_alarm_with_a_busy_database_keeps_queued_ack_points_bounded() 
     let mut samples = 0;
     while started.elapsed() < ALARM {
         let metrics = common::http::metrics(port).await;
-        let queued = metric_value(&metrics, "outbox_relay_ack_points_queued")
+        let queued = metric_value(&metrics, ACK_POINTS_QUEUED)
             .expect("outbox_relay_ack_points_queued is exported");
         most_queued = most_queued.max(queued);
         samples += 1;
@@ -1182,7 +1182,7 @@ async fn s13_binding_removed_while_publishing_holds_the_slot_until_rebound() {
     // Returned, then retried (window 1) and returned again: the relay does not move past it.
     assert!(
         relay
-            .wait_metric(RECONNECTS_UNROUTABLE, MINUTE, |n| n >= 2)
+            .wait_metric(&reconnects("unroutable"), MINUTE, |n| n >= 2)
             .await,
         "log:\n{}",
         relay.log()
@@ -1224,9 +1224,9 @@ async fn s13b_returned_message_is_reported_by_readyz_and_metrics() {
     let stuck = outbox.insert("Unbound", "{}").await;
     assert_stuck_on_returned(&relay, port, &stuck).await;
     let metrics = common::http::metrics(port).await;
-    let returned = metric_sum(&metrics, "outbox_relay_messages_returned_total");
+    let returned = metric_sum(&metrics, MESSAGES_RETURNED_TOTAL);
     assert!(returned >= Some(1.0), "returns counted: {metrics}");
-    let reconnects = metric_sum(&metrics, "outbox_relay_reconnects_total");
+    let reconnects = metric_sum(&metrics, RECONNECTS_TOTAL);
     assert!(reconnects >= Some(2.0), "reconnects counted: {metrics}");
 
     bind_queue(&outbox.amqp_url, &outbox.queue, &outbox.exchange, "#").await;
@@ -1254,7 +1254,7 @@ async fn s14_exchange_deleted_is_a_clear_error_without_advance_until_redeclared(
     let clear = format!("exchange \"{}\" does not exist", outbox.exchange);
     assert!(
         relay
-            .wait_metric(RECONNECTS_EXCHANGE_MISSING, MINUTE, |n| n >= 2)
+            .wait_metric(&reconnects("exchange_missing"), MINUTE, |n| n >= 2)
             .await
             && relay.log_count(&clear) >= 2,
         "a clear error naming the exchange, repeated on retry; log:\n{}",
@@ -1351,7 +1351,9 @@ async fn full_queue_scenario(scenario: &str, prefix: &str, capacity: i64, backlo
     };
     let relay = outbox.spawn_relay(&FAST_BACKOFF);
     assert!(
-        relay.wait_metric(RECONNECTS_NACK, MINUTE, |n| n >= 3).await,
+        relay
+            .wait_metric(&reconnects("nack"), MINUTE, |n| n >= 3)
+            .await,
         "nacked, retried, nacked again; log:\n{}",
         relay.log()
     );
@@ -1930,8 +1932,6 @@ async fn s21_polling_crash_between_confirms_and_commit_twice_loses_nothing() {
 // ---------------------------------------------------------------------------------
 // 22. Broker down: what an operator sees
 
-const HEARTBEAT_LAG: &str = "outbox_relay_heartbeat_lag_seconds";
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s22_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_recover() {
     let pair = shared().await;
@@ -1953,8 +1953,11 @@ async fn s22_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_rec
         relay.log()
     );
     // A heartbeat made the round trip, so its lag is measured.
-    let metrics = wait_metrics(port, MINUTE, |m| metric_value(m, HEARTBEAT_LAG).is_some()).await;
-    let healthy_heartbeat = metric_value(&metrics, HEARTBEAT_LAG).expect("heartbeat lag");
+    let metrics = wait_metrics(port, MINUTE, |m| {
+        metric_value(m, HEARTBEAT_LAG_SECONDS).is_some()
+    })
+    .await;
+    let healthy_heartbeat = metric_value(&metrics, HEARTBEAT_LAG_SECONDS).expect("heartbeat lag");
     let writers = Writers::start(&outbox.db_url, 1, MAX_TXN_ROWS, Duration::from_millis(20));
     assert!(
         writers.wait_committed(100, MINUTE).await,
@@ -1977,11 +1980,9 @@ async fn s22_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_rec
             scrape.before.confirmed_flush, scrape.after.confirmed_flush,
             "nothing is acknowledged while the broker is down"
         );
-        let heartbeat = metric_value(&scrape.metrics, HEARTBEAT_LAG).expect("heartbeat lag");
-        assert_eq!(
-            metric_value(&scrape.metrics, "outbox_relay_ready"),
-            Some(0.0)
-        );
+        let heartbeat =
+            metric_value(&scrape.metrics, HEARTBEAT_LAG_SECONDS).expect("heartbeat lag");
+        assert_eq!(metric_value(&scrape.metrics, READY), Some(0.0));
         assert_eq!(readyz(port).await, (503, "broker down".to_string()));
         if let Some((lag, previous_heartbeat)) = previous {
             assert!(
@@ -2000,7 +2001,7 @@ async fn s22_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_rec
     let (_, metrics) = http_get(port, "/metrics").await.expect("/metrics");
     let broker_reconnects = metrics
         .lines()
-        .find(|l| l.starts_with("outbox_relay_reconnects_total{cause=\"broker\"}"))
+        .find(|l| l.starts_with(&reconnects("broker")))
         .map(String::from);
     assert!(
         broker_reconnects.is_some(),
@@ -2018,14 +2019,13 @@ async fn s22_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_rec
     let ready_after = restarting.elapsed();
     // Both lags fall back below what the outage reached (writers are still writing).
     let metrics = wait_metrics(port, MINUTE, |m| {
-        metric_value(m, HEARTBEAT_LAG).is_some_and(|h| h < outage_heartbeat)
-            && metric_value(m, "outbox_relay_slot_lag_bytes")
-                .is_some_and(|l| (l as i128) < outage_lag)
+        metric_value(m, HEARTBEAT_LAG_SECONDS).is_some_and(|h| h < outage_heartbeat)
+            && metric_value(m, SLOT_LAG_BYTES).is_some_and(|l| (l as i128) < outage_lag)
     })
     .await;
     let recovered_after = restarting.elapsed();
-    let heartbeat = metric_value(&metrics, HEARTBEAT_LAG).expect("heartbeat lag");
-    let lag = metric_value(&metrics, "outbox_relay_slot_lag_bytes").expect("slot lag") as i128;
+    let heartbeat = metric_value(&metrics, HEARTBEAT_LAG_SECONDS).expect("heartbeat lag");
+    let lag = metric_value(&metrics, SLOT_LAG_BYTES).expect("slot lag") as i128;
     assert!(
         heartbeat < outage_heartbeat && lag < outage_lag,
         "after the broker returned: heartbeat lag {heartbeat} (outage {outage_heartbeat}), \
@@ -2105,7 +2105,7 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
     let (standby, standby_port) = outbox.spawn_observed(&[]);
     assert_readyz_becomes(standby_port, &standby, (503, "standby")).await;
     let metrics = wait_metrics(standby_port, MINUTE, |_| true).await;
-    assert_eq!(metric_value(&metrics, "outbox_relay_standby"), Some(1.0));
+    assert_eq!(metric_value(&metrics, STANDBY), Some(1.0));
 
     let writers = Writers::start(&outbox.db_url, 4, MAX_TXN_ROWS, Duration::from_millis(1));
     assert!(
@@ -2162,7 +2162,7 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
     };
     let first_confirm = async {
         wait_metrics(standby_port, 2 * MINUTE, |m| {
-            metric_value(m, "outbox_relay_messages_confirmed_total").is_some_and(|n| n >= 1.0)
+            metric_value(m, MESSAGES_CONFIRMED_TOTAL).is_some_and(|n| n >= 1.0)
         })
         .await;
         stopped.elapsed()

@@ -5,6 +5,10 @@
 //! Oracles come from outside the relay: `pg_replication_slots` read by the test itself, the
 //! queue's contents, the table's rows, and `EXPLAIN`.
 
+use outbox_relay::observability::{
+    BUILD_INFO, MESSAGES_CONFIRMED_TOTAL, MODE_LABEL, READY, SLOT_ACTIVE, SLOT_WAL_STATUS,
+    STATUS_LABEL, VERSION_LABEL,
+};
 use outbox_testkit as common;
 
 use std::collections::BTreeSet;
@@ -138,7 +142,7 @@ async fn endpoints_serve_health_readiness_and_slot_lag_that_matches_postgres() {
     ] {
         assert!(metrics.contains(line), "{line:?} missing in:\n{metrics}");
     }
-    assert_eq!(metric_value(&metrics, "outbox_relay_ready"), Some(1.0));
+    assert_eq!(metric_value(&metrics, READY), Some(1.0));
 
     // Slot lag and retained WAL match pg_replication_slots read around the same poll.
     for _ in 0..3 {
@@ -151,19 +155,19 @@ async fn endpoints_serve_health_readiness_and_slot_lag_that_matches_postgres() {
         assert_eq!(
             metric_value(
                 &scraped,
-                "outbox_relay_slot_wal_status{status=\"reserved\"}"
+                &common::http::series(SLOT_WAL_STATUS, &[(STATUS_LABEL, "reserved")])
             ),
             Some(1.0),
             "{scraped}"
         );
         assert_eq!(
-            metric_value(&scraped, "outbox_relay_slot_wal_status{status=\"lost\"}"),
+            metric_value(
+                &scraped,
+                &common::http::series(SLOT_WAL_STATUS, &[(STATUS_LABEL, "lost")])
+            ),
             Some(0.0)
         );
-        assert_eq!(
-            metric_value(&scraped, "outbox_relay_slot_active"),
-            Some(1.0)
-        );
+        assert_eq!(metric_value(&scraped, SLOT_ACTIVE), Some(1.0));
     }
 
     // `status` reads the same slot and asks this relay whether it is stuck.
@@ -258,9 +262,12 @@ async fn metrics_show_build_info_and_process_metrics_in_both_modes() {
         } else {
             outbox.spawn_poll(&["--metrics-addr", &addr], &[])
         };
-        let build_info = format!(
-            "outbox_relay_build_info{{version=\"{}\",mode=\"{mode}\"}}",
-            env!("CARGO_PKG_VERSION")
+        let build_info = common::http::series(
+            BUILD_INFO,
+            &[
+                (VERSION_LABEL, env!("CARGO_PKG_VERSION")),
+                (MODE_LABEL, mode),
+            ],
         );
         let metrics = wait_metrics(port, Duration::from_secs(30), |m| {
             metric_value(m, &build_info).is_some()
@@ -273,7 +280,7 @@ async fn metrics_show_build_info_and_process_metrics_in_both_modes() {
             relay.log()
         );
         assert_eq!(
-            metrics.matches("outbox_relay_build_info{").count(),
+            metrics.matches(&format!("{BUILD_INFO}{{")).count(),
             1,
             "{mode}: one build_info series"
         );
@@ -369,8 +376,7 @@ async fn metrics_each_mode_exports_are_the_documented_ones() {
         let required: BTreeSet<String> = documented.difference(&on_event).cloned().collect();
         let metrics = wait_metrics(port, Duration::from_secs(30), |m| {
             let scraped = scraped_families(m);
-            required.is_subset(&scraped)
-                && metric_value(m, "outbox_relay_messages_confirmed_total") == Some(1.0)
+            required.is_subset(&scraped) && metric_value(m, MESSAGES_CONFIRMED_TOTAL) == Some(1.0)
         })
         .await;
         let scraped = scraped_families(&metrics);

@@ -26,6 +26,9 @@
 // runtime of its own and takes the lock inside `block_in_place`.
 #![allow(clippy::await_holding_lock)]
 
+use outbox_relay::observability::{
+    MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT, RECONNECTS_TOTAL, STANDBY,
+};
 use outbox_testkit as common;
 
 use std::collections::HashMap;
@@ -61,10 +64,6 @@ const RELAY_FLAGS: [&str; 4] = ["--max-in-flight", "1024", "--max-backoff-secs",
 /// second, the stream declared dead after 3 silent intervals.
 const PG_SILENCE_FLAGS: [&str; 2] = ["--heartbeat-interval-secs", "1"];
 const MINUTE: Duration = Duration::from_secs(60);
-const CONFIRMED: &str = "outbox_relay_messages_confirmed_total";
-const IN_FLIGHT: &str = "outbox_relay_messages_in_flight";
-const RECONNECTS: &str = "outbox_relay_reconnects_total";
-const STANDBY: &str = "outbox_relay_standby";
 
 // Hosts that vanish (issue "Dead peers"), the `d…` tests: a module of their own.
 mod dead_peers;
@@ -157,12 +156,12 @@ async fn scrape(at: SocketAddrV4) -> String {
 }
 
 fn confirmed(text: &str) -> f64 {
-    metric_value(text, CONFIRMED).unwrap_or(0.0)
+    metric_value(text, MESSAGES_CONFIRMED_TOTAL).unwrap_or(0.0)
 }
 
 /// Session restarts for `cause` (the series appears with its first).
 fn reconnects(text: &str, cause: &str) -> f64 {
-    metric_value(text, &format!("{RECONNECTS}{{cause=\"{cause}\"}}")).unwrap_or(0.0)
+    metric_value(text, &format!("{RECONNECTS_TOTAL}{{cause=\"{cause}\"}}")).unwrap_or(0.0)
 }
 
 /// Waits until the relay has had at least `n` confirms: it streams.
@@ -207,7 +206,7 @@ async fn confirm_rate(at: SocketAddrV4) -> f64 {
 fn reconnect_causes(text: &str) -> String {
     let causes: Vec<String> = text
         .lines()
-        .filter(|line| line.starts_with(&format!("{RECONNECTS}{{")))
+        .filter(|line| line.starts_with(&format!("{RECONNECTS_TOTAL}{{")))
         .filter_map(|line| {
             let cause = line.split("cause=\"").nth(1)?.split('"').next()?;
             let count = line.rsplit(' ').next()?;
@@ -313,7 +312,7 @@ impl SlotWatch {
 
 /// The relay's broker reconnects so far, by its metrics.
 fn reconnect_count(metrics: &str) -> usize {
-    metric_sum(metrics, RECONNECTS).unwrap_or(0.0) as usize
+    metric_sum(metrics, RECONNECTS_TOTAL).unwrap_or(0.0) as usize
 }
 
 /// The lowest slot position the relay could have resumed from at any of its reconnects,
@@ -490,7 +489,7 @@ async fn x1_the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_move
             paused = Some(cut_at.elapsed());
         }
         if moved.is_none() {
-            let in_flight = metric_value(&text, IN_FLIGHT).unwrap_or(0.0);
+            let in_flight = metric_value(&text, MESSAGES_IN_FLIGHT).unwrap_or(0.0);
             stalled_in_flight = stalled_in_flight.max(in_flight);
         }
         let in_use = cluster.nodes_in_use(&text);
@@ -507,7 +506,7 @@ async fn x1_the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_move
              streaming {streaming:?} (in use {in_use:?}; confirmed {} since {confirmed_when_moved}, \
              in flight {:?}, reconnects {}); log:\n{}",
             confirmed(&text),
-            metric_value(&text, IN_FLIGHT),
+            metric_value(&text, MESSAGES_IN_FLIGHT),
             reconnect_causes(&text),
             relay.log()
         );
@@ -528,7 +527,7 @@ async fn x1_the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_move
     // Each session that ends with a window in flight may leave it in the queue: the one the
     // pause closed, and one the new node held in flow until the confirm timeout gave it up
     // (docs/reliability.md, "Found by the partition tests (fixed)").
-    let reconnected = metric_sum(&text, RECONNECTS).unwrap_or(0.0) as usize;
+    let reconnected = metric_sum(&text, RECONNECTS_TOTAL).unwrap_or(0.0) as usize;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
     let whole = blocking(|| joined(whole));
     let bound = (W + MAX_TXN_ROWS) * reconnected;
@@ -846,7 +845,7 @@ async fn x4_flapping_partitions_for_60_s_lose_nothing_and_the_relay_streams_on_w
     writers.stop().await;
     let text = scrape(at).await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
-    let reconnected = metric_sum(&text, RECONNECTS).unwrap_or(0.0) as usize;
+    let reconnected = metric_sum(&text, RECONNECTS_TOTAL).unwrap_or(0.0) as usize;
     let bound = (W + MAX_TXN_ROWS) * reconnected;
     let cuts = schedule.iter().filter(|s| s.starts_with("cut")).count();
     report_within(

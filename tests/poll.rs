@@ -6,6 +6,10 @@
 //! the queue is FIFO with one consumer, so when the sentinel arrives, everything the relay
 //! ever published has arrived too, and counting duplicates needs no quiet period.
 
+use outbox_relay::observability::{
+    BACKLOG_ROWS, BROKER_BLOCKED, EMPTY_POLLS_TOTAL, MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT,
+    MESSAGES_PUBLISHED_TOTAL, OLDEST_UNSENT_AGE_SECONDS, POLLS_TOTAL, RECONNECTS_TOTAL,
+};
 use outbox_testkit as common;
 
 use std::collections::{HashMap, HashSet};
@@ -546,7 +550,7 @@ async fn broker_down_for_ten_seconds_marks_nothing_published_and_everything_arri
     inserted.extend(writer.await.expect("writer"));
     wait_http(port, "/readyz", |status, _| status == 200).await;
     let metrics = wait_http(port, "/metrics", |_, _| true).await;
-    let reconnects = common::http::metric_sum(&metrics, "outbox_relay_reconnects_total");
+    let reconnects = common::http::metric_sum(&metrics, RECONNECTS_TOTAL);
     assert!(reconnects.is_some_and(|n| n >= WORKERS as f64), "{metrics}");
     wait_all_published(&client).await;
     stop(&relay).await;
@@ -897,29 +901,26 @@ async fn poll_mode_serves_metrics_readyz_and_status_with_the_unsent_backlog() {
     // The backlog gauge is read from the table on its own schedule: it settles at the held
     // rows, and the workers, having drained the rest, poll empty.
     let metrics = wait_http(port, "/metrics", |_, body| {
-        metric_value(body, "outbox_relay_backlog_rows") == Some(3.0)
-            && metric_value(body, "outbox_relay_empty_polls_total").is_some_and(|n| n >= 1.0)
+        metric_value(body, BACKLOG_ROWS) == Some(3.0)
+            && metric_value(body, EMPTY_POLLS_TOTAL).is_some_and(|n| n >= 1.0)
     })
     .await;
     let value = |name: &str| metric_value(&metrics, name).unwrap_or(f64::NAN);
-    assert_eq!(value("outbox_relay_messages_published_total"), 1_000.0);
-    assert_eq!(value("outbox_relay_messages_confirmed_total"), 1_000.0);
-    assert_eq!(value("outbox_relay_messages_in_flight"), 0.0);
+    assert_eq!(value(MESSAGES_PUBLISHED_TOTAL), 1_000.0);
+    assert_eq!(value(MESSAGES_CONFIRMED_TOTAL), 1_000.0);
+    assert_eq!(value(MESSAGES_IN_FLIGHT), 0.0);
     assert_eq!(value("outbox_relay_poll_batch_rows_sum"), 1_000.0);
     assert_eq!(
         value("outbox_relay_poll_batch_seconds_count"),
         value("outbox_relay_poll_batch_rows_count")
     );
     assert!(
-        value("outbox_relay_polls_total") > value("outbox_relay_poll_batch_rows_count"),
+        value(POLLS_TOTAL) > value("outbox_relay_poll_batch_rows_count"),
         "{} polls, no more than the {} batches with rows:\n{metrics}",
-        value("outbox_relay_polls_total"),
+        value(POLLS_TOTAL),
         value("outbox_relay_poll_batch_rows_count")
     );
-    assert!(
-        value("outbox_relay_oldest_unsent_age_seconds") > 0.0,
-        "{metrics}"
-    );
+    assert!(value(OLDEST_UNSENT_AGE_SECONDS) > 0.0, "{metrics}");
     assert!(
         metrics.contains("outbox_relay_poll_batch_seconds_bucket{le=\"0.1\"}"),
         "{metrics}"
@@ -963,8 +964,8 @@ async fn poll_mode_serves_metrics_readyz_and_status_with_the_unsent_backlog() {
     // Released, the held rows go out with the next poll and the gauge follows.
     holding.rollback().await.expect("release the held rows");
     wait_http(port, "/metrics", |_, body| {
-        metric_value(body, "outbox_relay_backlog_rows") == Some(0.0)
-            && metric_value(body, "outbox_relay_oldest_unsent_age_seconds") == Some(0.0)
+        metric_value(body, BACKLOG_ROWS) == Some(0.0)
+            && metric_value(body, OLDEST_UNSENT_AGE_SECONDS) == Some(0.0)
     })
     .await;
     stop(&relay).await;
@@ -1056,7 +1057,7 @@ async fn idle_query_rate_fixed_versus_adaptive_poll_interval() {
         // Past the back-off's ramp (100 ms doubling to 10 s takes under 13 s), and past
         // the statistics' flush delay of the connections (up to 10 s when idle).
         tokio::time::sleep(Duration::from_secs(15)).await;
-        let polls = |body: &str| metric_value(body, "outbox_relay_polls_total").unwrap_or(0.0);
+        let polls = |body: &str| metric_value(body, POLLS_TOTAL).unwrap_or(0.0);
         let before = (
             xact_commits(&client).await,
             polls(&wait_http(port, "/metrics", |_, _| true).await),
@@ -1106,10 +1107,7 @@ async fn broker_alarm_reads_broker_blocked_and_delivery_resumes_without_a_reconn
     })
     .await;
     let metrics = wait_http(port, "/metrics", |_, _| true).await;
-    assert_eq!(
-        metric_value(&metrics, "outbox_relay_broker_blocked"),
-        Some(1.0)
-    );
+    assert_eq!(metric_value(&metrics, BROKER_BLOCKED), Some(1.0));
     assert_eq!(
         unpublished(&client).await,
         1,
@@ -1123,7 +1121,7 @@ async fn broker_alarm_reads_broker_blocked_and_delivery_resumes_without_a_reconn
     let metrics = wait_http(port, "/metrics", |_, _| true).await;
     // The confirm timeout (3 s) paused while the broker blocked: no session was restarted.
     assert_eq!(
-        metric_sum(&metrics, "outbox_relay_reconnects_total").unwrap_or(0.0),
+        metric_sum(&metrics, RECONNECTS_TOTAL).unwrap_or(0.0),
         0.0,
         "{metrics}"
     );

@@ -8,6 +8,7 @@
 //! before the writers start, and the queues themselves (each shard's relay publishes to an
 //! exchange of its own, so a queue shows exactly what one relay delivered).
 
+use outbox_relay::observability::{MESSAGES_CONFIRMED_TOTAL, SHARD_LABEL};
 use outbox_testkit as common;
 
 use std::collections::{HashMap, HashSet};
@@ -553,7 +554,7 @@ async fn four_relays_deliver_50_000_rows_once_each_aggregate_in_commit_order() {
     assert_eq!(null_shards.len(), SHARDS as usize, "{null_shards:?}");
 
     // Every metric of a sharded relay carries its shard.
-    let confirmed = r#"outbox_relay_messages_confirmed_total{shard="1"}"#;
+    let confirmed = &common::http::series(MESSAGES_CONFIRMED_TOTAL, &[(SHARD_LABEL, "1")]);
     let expected_1 = rows.values().filter(|r| r.1 == 1).count() as f64;
     let metrics = wait_metrics(metrics_port, Duration::from_secs(10), |m| {
         metric_value(m, confirmed).is_some_and(|v| v >= expected_1)

@@ -3,6 +3,7 @@
 //! RabbitMQ. Debezium's documented outbox table, provisioned the way its users would:
 //! the table is theirs, `setup --no-create-table` checks it and makes the rest.
 
+use outbox_relay::observability::{HEADER_LABEL, TRACE_CONTEXT_DROPPED_TOTAL};
 use outbox_testkit as common;
 
 use std::time::Duration;
@@ -439,7 +440,10 @@ async fn a_table_of_its_own_design_is_routed_by_templates_with_header_columns_an
     assert!(
         relay
             .wait_metric(
-                "outbox_relay_trace_context_dropped_total{header=\"traceparent\"}",
+                &common::http::series(
+                    TRACE_CONTEXT_DROPPED_TOTAL,
+                    &[(HEADER_LABEL, "traceparent")]
+                ),
                 Duration::from_secs(10),
                 |n| n == 1,
             )

@@ -43,8 +43,9 @@ use super::common;
 use super::{
     blocking, confirm_rate, confirmed, exclusive, joined, quorum_outbox, reconnect_causes,
     report_within, scrape, shared, wait_confirmed, wait_holder, wait_whole_in_background,
-    IN_FLIGHT, MAX_TXN_ROWS, MINUTE, RECONNECTS, RELAY_FLAGS, W,
+    MAX_TXN_ROWS, MESSAGES_IN_FLIGHT, MINUTE, RECONNECTS_TOTAL, RELAY_FLAGS, W,
 };
+use outbox_relay::observability::{PHANTOM_EVENTS_LABEL, POSTGRES_FAILOVERS_TOTAL};
 
 use std::collections::{HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
@@ -390,7 +391,7 @@ async fn primary_vanishes(scenario: &str, major: u32, load: Load) {
             (rate, BACKLOG_TXN_ROWS)
         }
     };
-    let in_flight = metric_value(&scrape(at).await, IN_FLIGHT);
+    let in_flight = metric_value(&scrape(at).await, MESSAGES_IN_FLIGHT);
     let seen_before = consumer.received().len();
     // What the walsender had sent the relay before the fault: the relay publishes it all.
     let holder = super::slot_holder(&outbox.client, &outbox.slot).await;
@@ -481,7 +482,7 @@ async fn primary_vanishes(scenario: &str, major: u32, load: Load) {
     drop(gone);
     let failovers = |verdict: &str| {
         let series =
-            format!("outbox_relay_postgres_failovers_total{{phantom_events=\"{verdict}\"}}");
+            common::http::series(POSTGRES_FAILOVERS_TOTAL, &[(PHANTOM_EVENTS_LABEL, verdict)]);
         metric_value(&page, &series).unwrap_or(0.0).to_string()
     };
     report_within(
@@ -608,7 +609,7 @@ async fn brokers_host_vanishes(scenario: &str, load: Load, leads: Leader) {
         );
     }
     let before = scrape(at).await;
-    let in_flight = metric_value(&before, IN_FLIGHT);
+    let in_flight = metric_value(&before, MESSAGES_IN_FLIGHT);
     let gone = lab.net.vanish(lab.rabbit_host(node));
     let vanished = Instant::now();
     let (mut moved, mut confirmed_when_moved) = (None, 0.0);
@@ -640,7 +641,7 @@ async fn brokers_host_vanishes(scenario: &str, load: Load, leads: Leader) {
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
     let whole = blocking(|| joined(whole));
     let x = MAX_TXN_ROWS.max(BACKLOG_TXN_ROWS);
-    let reconnected = metric_sum(&text, RECONNECTS).unwrap_or(0.0) as usize;
+    let reconnected = metric_sum(&text, RECONNECTS_TOTAL).unwrap_or(0.0) as usize;
     let bound = (W + x) * reconnected;
     report_within(
         scenario,

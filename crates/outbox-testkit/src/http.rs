@@ -116,6 +116,19 @@ pub async fn wait_metrics(
         .1
 }
 
+/// A series as Prometheus text names it: `name{label="value",…}`, the labels in the order
+/// the exporter writes them; `name` alone without labels.
+pub fn series(name: &str, labels: &[(&str, &str)]) -> String {
+    if labels.is_empty() {
+        return name.to_string();
+    }
+    let labels: Vec<String> = labels
+        .iter()
+        .map(|(label, value)| format!("{label}=\"{value}\""))
+        .collect();
+    format!("{name}{{{}}}", labels.join(","))
+}
+
 /// The value of one sample `series` (`name` or `name{labels}`) in Prometheus text, if
 /// present.
 pub fn metric_value(metrics: &str, series: &str) -> Option<f64> {
@@ -139,4 +152,23 @@ pub fn metric_sum(metrics: &str, name: &str) -> Option<f64> {
         })
         .collect();
     (!values.is_empty()).then(|| values.iter().sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_series_is_named_as_the_exporter_writes_it() {
+        assert_eq!(series("up", &[]), "up");
+        assert_eq!(
+            series("build_info", &[("version", "0.1.0"), ("mode", "wal")]),
+            r#"build_info{version="0.1.0",mode="wal"}"#
+        );
+        let page = "# TYPE x counter\nx{cause=\"nack\"} 3\nx{cause=\"broker\"} 1\n";
+        assert_eq!(
+            metric_value(page, &series("x", &[("cause", "nack")])),
+            Some(3.0)
+        );
+    }
 }

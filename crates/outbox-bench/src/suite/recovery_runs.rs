@@ -3,6 +3,7 @@
 //! the primary killed, a multi-host URL), set with the test kit's helpers and timed from the
 //! relay's /metrics. The kit panics on what it cannot do; each round turns that into an error.
 
+use outbox_relay::observability::{MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT};
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
@@ -25,8 +26,6 @@ use outbox_testkit::{Consumer, RabbitCluster};
 mod broker_node;
 mod pg_failover;
 
-const CONFIRMED: &str = "outbox_relay_messages_confirmed_total";
-const IN_FLIGHT: &str = "outbox_relay_messages_in_flight";
 /// How often /metrics is read while the relay recovers: the figures' resolution.
 const POLL: Duration = Duration::from_millis(20);
 /// How long the relay may take to stream again (or a row to arrive) before the round fails:
@@ -203,7 +202,7 @@ async fn resumed(port: u16, start: Instant, sessions: f64, confirmed: f64) -> Re
             if streaming.is_none() && value(&page, SESSIONS) > sessions {
                 streaming = Some(at);
             }
-            if first_confirm.is_none() && value(&page, CONFIRMED) > confirmed {
+            if first_confirm.is_none() && value(&page, MESSAGES_CONFIRMED_TOTAL) > confirmed {
                 first_confirm = Some(at);
             }
         }

@@ -8,7 +8,8 @@ use tokio::task::block_in_place;
 use super::super::{Bench, LEADER};
 use super::{
     caught, database_of, delivered_at, page, per_sec, read, resumed, tally, undelivered, value,
-    versions, Setting, BACKLOG_TXN_ROWS, CONFIRMED, GIVE_UP, IN_FLIGHT, POLL,
+    versions, Setting, BACKLOG_TXN_ROWS, GIVE_UP, MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT,
+    POLL,
 };
 use crate::recovery::{Conditions, Fault, Round, Scenario};
 use crate::results::load_average;
@@ -107,7 +108,7 @@ impl Bench {
             in_flight.map_or("?".into(), |n| format!("{n:.0}"))
         ));
         let killed = block_in_place(|| cluster.kill9(node));
-        let confirmed = read(port, CONFIRMED).await?;
+        let confirmed = read(port, MESSAGES_CONFIRMED_TOTAL).await?;
         let (resumed, delivered) = tokio::join!(
             resumed(port, killed, sessions, confirmed),
             delivered_at(&outbox.client, &mut consumer, killed)
@@ -186,7 +187,7 @@ async fn node_in_use(cluster: &RabbitCluster, port: u16, not: Option<usize>) -> 
 async fn window_filled(port: u16, window: u32) -> Option<f64> {
     let deadline = Instant::now() + WINDOW_WAIT;
     loop {
-        let in_flight = page(port).await.map(|p| value(&p, IN_FLIGHT));
+        let in_flight = page(port).await.map(|p| value(&p, MESSAGES_IN_FLIGHT));
         if in_flight.is_some_and(|n| n >= f64::from(window)) || Instant::now() >= deadline {
             return in_flight;
         }

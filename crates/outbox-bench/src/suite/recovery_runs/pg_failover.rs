@@ -8,7 +8,7 @@ use tokio::task::block_in_place;
 use super::super::Bench;
 use super::{
     caught, database_of, delivered_at, per_sec, read, resumed, tally, undelivered, versions,
-    Setting, BACKLOG_TXN_ROWS, CONFIRMED, GIVE_UP, IN_FLIGHT,
+    Setting, BACKLOG_TXN_ROWS, GIVE_UP, MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT,
 };
 use crate::recovery::{Conditions, Fault, Round, Scenario};
 use crate::results::load_average;
@@ -80,7 +80,7 @@ impl Bench {
         let rows = FAILOVER.backlog as usize;
         let seeding = seed_backlog(&outbox.client, rows, BACKLOG_TXN_ROWS as usize);
         tokio::join!(seeding, consumer.wait_for(fault_at, GIVE_UP));
-        let in_flight = read(port, IN_FLIGHT).await.ok();
+        let in_flight = read(port, MESSAGES_IN_FLIGHT).await.ok();
         let sessions = read(port, SESSIONS).await?;
         let writer_rate = per_sec(writers.committed(), writing);
         let behind = undelivered(FAILOVER.backlog, &writers, &mut consumer);
@@ -94,7 +94,7 @@ impl Bench {
         block_in_place(|| pair.primary.stop_immediate());
         let client = pair.promote(&db).await;
         let promoted = Instant::now();
-        let confirmed = read(port, CONFIRMED).await?;
+        let confirmed = read(port, MESSAGES_CONFIRMED_TOTAL).await?;
         let (resumed, delivered) = tokio::join!(
             resumed(port, promoted, sessions, confirmed),
             delivered_at(&client, &mut consumer, promoted)
