@@ -71,7 +71,7 @@ MATRIX_TESTS=(
     "shards: setup_with_three_shards_creates_filtered_publications
      two_relays_each_publish_only_their_shards"
     "poll: twenty_thousand_rows_from_concurrent_writers kill_9_mid_backlog_loses_nothing_and_duplicates"
-    "operations: status_exits_2_when_the_slot_is_missing status_exits_2_when_the_slot_is_lost
+    "operations: status_exits_unhealthy_when_the_slot_is_missing status_exits_unhealthy_when_the_slot_is_lost
      teardown_asks_for_yes least_privilege_role_sets_up_and_runs
      a_role_without_replication_gets_a_clear_error"
 )

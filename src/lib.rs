@@ -17,17 +17,35 @@
 //! its columns) and hand each batch to the same delivery loop; `ops::resync` does the same
 //! for a time range. `setup` provisions; `config` and `error` hold the flags and the error
 //! classes (retry, standby, stop); `db` the connections and their pinned settings;
-//! `liveness` how every connection notices a peer that vanished (`--peer-timeout`).
-//! `observability` (metrics, health, the HTTP endpoints), `periodic` (timed database jobs:
-//! the slot and backlog pollers, both cleanups), `cleanup` (deleting delivered rows) and
-//! `ops` (`status`, `teardown`, `resync`) are for running it; `failpoint` opens crash windows
-//! for the fault tests.
+//! `outbox_common::liveness` how every connection notices a peer that vanished
+//! (`--peer-timeout`). `observability` (metrics, health, the HTTP endpoints),
+//! `outbox_common::periodic` (timed database jobs: the slot and backlog pollers, both
+//! cleanups), `cleanup` (deleting delivered rows) and `ops` (`status`, `teardown`, `resync`)
+//! are for running it; `exit` the exit codes; `failpoint` opens crash windows for the fault
+//! tests.
 //!
 //! The library must never hold `unsafe` code (forbidden below), and never depends on the
 //! benchmark or the test kit in crates/: they depend on it (or run its binary), not the
 //! reverse, so the product's build and image leave them out.
 
 #![forbid(unsafe_code)]
+
+/// `println!` that never panics: with stdout closed (`status | head -1`) the rest of the
+/// report is lost, not the exit code. The commands print their reports with it.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// [`outln`] without the newline.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
 
 pub mod advice;
 pub mod assembly;
@@ -36,6 +54,7 @@ pub mod config;
 pub mod contract;
 pub mod db;
 pub mod error;
+pub mod exit;
 pub mod failpoint;
 // The fuzz targets' checks (fuzz/): test builds and the `fuzzing` feature only.
 #[cfg(any(test, feature = "fuzzing"))]

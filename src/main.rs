@@ -16,7 +16,7 @@ use outbox_common::liveness::{self, PeerTimeout, Policy};
 use outbox_common::logging::{start, stop_on_signal};
 use outbox_relay::advice::report;
 use outbox_relay::config::{Cli, Command};
-use outbox_relay::{failpoint, ops, poll, setup, wal};
+use outbox_relay::{exit, failpoint, ops, poll, setup, wal};
 
 /// What SIGTERM or SIGINT lets the relay do before it exits.
 const FINISHING: &str = "finishing the current transaction";
@@ -28,7 +28,7 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => {
             tracing::error!(error = %chain(&e), "stopped");
-            return ExitCode::FAILURE;
+            return ExitCode::from(exit::STOPPED);
         }
     };
     // Before any connection: every one of them reads it.
@@ -40,11 +40,11 @@ fn main() -> ExitCode {
         }),
         Err(e) => {
             tracing::error!(error = %e, "stopped");
-            return ExitCode::FAILURE;
+            return ExitCode::from(exit::CONFIG);
         }
     }
-    // `status` exits 2 when the slot is missing or lost (poll mode: the table cannot be
-    // read), so that it can serve as a probe.
+    // `status` exits UNHEALTHY when the slot is missing or lost (poll mode: the table
+    // cannot be read), so that it can serve as a probe.
     let mut exit_code = ExitCode::SUCCESS;
     let result = runtime.block_on(async {
         match cli.command {
@@ -61,7 +61,7 @@ fn main() -> ExitCode {
             }
             Command::Status(args) => ops::status::run(args).await.map(|probe| {
                 if probe != ops::status::Probe::Healthy {
-                    exit_code = ExitCode::from(2);
+                    exit_code = ExitCode::from(exit::UNHEALTHY);
                 }
             }),
             Command::Teardown(args) => ops::teardown::run(args).await,
@@ -73,7 +73,7 @@ fn main() -> ExitCode {
         Err(e) => {
             let e = e.clarify(None);
             tracing::error!(error = %report(&e), "stopped");
-            ExitCode::FAILURE
+            ExitCode::from(exit::of(&e))
         }
     }
 }

@@ -463,7 +463,7 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
     });
     if args.print_sql {
         let failover = args.failover.failover_slot;
-        print!(
+        out!(
             "{}",
             shards_script(names, &shards, &emit_prefix, restrict, failover)
         );
@@ -471,7 +471,7 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
     }
     let client = connect_database(&args).await?;
     preflight::check_wal_level(&client).await?;
-    println!("wal_level: logical");
+    outln!("wal_level: logical");
     if restrict.is_some() {
         // Before anything is provisioned: a role that cannot restrict changes nothing.
         client
@@ -503,7 +503,7 @@ pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
     ensure_emit_functions(&client, &args, &emit_prefix, restrict).await?;
 
     declare_exchanges(&args).await?;
-    println!("setup complete");
+    outln!("setup complete");
     Ok(())
 }
 
@@ -518,7 +518,7 @@ async fn ensure_publication(
     match preflight::check_publication(client, names).await {
         Ok(()) => {
             preflight::check_row_filter(client, names, shard, map).await?;
-            println!(
+            outln!(
                 "publication {}: exists and covers the table",
                 names.publication
             );
@@ -529,12 +529,12 @@ async fn ensure_publication(
                 .await?;
             preflight::check_publication(client, names).await?;
             if shard.is_sharded() {
-                println!(
+                outln!(
                     "publication {}: created (publish = 'insert', rows of shard {shard})",
                     names.publication
                 );
             } else {
-                println!(
+                outln!(
                     "publication {}: created (publish = 'insert')",
                     names.publication
                 );
@@ -573,10 +573,10 @@ async fn ensure_slot(
         (None, FailoverSlot::On) => return Err(ConfigProblem::FailoverNeeds17.into()),
         (Some(false), FailoverSlot::Auto | FailoverSlot::On) => {
             turn_on_failover(args, names, report.active_pid).await?;
-            println!("slot {}: {done} (pgoutput); failover turned on", names.slot);
+            outln!("slot {}: {done} (pgoutput); failover turned on", names.slot);
         }
-        (Some(true), _) => println!("slot {}: {done} (pgoutput) as a failover slot", names.slot),
-        _ => println!("slot {}: {done} (pgoutput)", names.slot),
+        (Some(true), _) => outln!("slot {}: {done} (pgoutput) as a failover slot", names.slot),
+        _ => outln!("slot {}: {done} (pgoutput)", names.slot),
     }
     Ok(())
 }
@@ -647,7 +647,7 @@ async fn ensure_emit_functions(
             "not found (not managed by setup: a DBA creates them with the SQL of `setup \
              --print-sql`; only outbox_emit needs them)"
         };
-        println!("{}: {state}", step.object);
+        outln!("{}: {state}", step.object);
         return Ok(());
     }
     if restricted && restrict.is_none() {
@@ -657,11 +657,11 @@ async fn ensure_emit_functions(
         .into());
     }
     client.batch_execute(&step.sql).await?;
-    println!("{}: ensured (prefix {prefix})", step.object);
+    outln!("{}: ensured (prefix {prefix})", step.object);
     if let Some(restrict) = restrict {
         let step = restrict_emit_step(names, restrict);
         client.batch_execute(&step.sql).await?;
-        println!(
+        outln!(
             "{}: pg_logical_emit_message revoked from PUBLIC (kept for {}); the emit functions \
              are SECURITY DEFINER",
             step.object,
@@ -714,7 +714,7 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
     let columns = crate::assembly::column_map(&args.columns, &names.table, &[])?;
     refuse_creating_mapped(&columns, &args)?;
     if args.print_sql {
-        print!("{}", poll_script(names));
+        out!("{}", poll_script(names));
         return Ok(());
     }
     let client = connect_database(&args).await?;
@@ -726,20 +726,20 @@ async fn run_poll(args: SetupArgs) -> Result<(), RelayError> {
     match poll_index_step(names, &columns) {
         Some(index) => {
             client.batch_execute(&index.sql).await?;
-            println!(
+            outln!(
                 "{}: ensured (WHERE {} IS NULL)",
                 index.object,
                 columns.column(columns::PUBLISHED_AT).unwrap_or_default()
             );
         }
-        None => println!(
+        None => outln!(
             "claim index: none (published_at is unmapped: rows are deleted once published, \
              so every row in the table is unsent)"
         ),
     }
 
     declare_exchanges(&args).await?;
-    println!("setup complete");
+    outln!("setup complete");
     Ok(())
 }
 
@@ -751,18 +751,18 @@ async fn declare_exchanges(args: &SetupArgs) -> Result<(), RelayError> {
     let nodes = crate::assembly::broker_nodes(&args.connections)?;
     let broker = within_connect_timeout(args, "RabbitMQ", || Broker::connect(&nodes)).await?;
     if crate::template::is_template(&names.exchange) {
-        println!(
+        outln!(
             "exchange {}: a template, not declared (declare the exchanges it renders to, \
              which --allowed-exchanges lists, before messages go there)",
             names.exchange
         );
     } else {
         broker.declare_exchange(&names.exchange, false).await?;
-        println!("exchange {}: declared (durable topic)", names.exchange);
+        outln!("exchange {}: declared (durable topic)", names.exchange);
     }
     if let Some(dead_letter) = dead_letter {
         broker.declare_exchange(&dead_letter, false).await?;
-        println!(
+        outln!(
             "dead-letter exchange {dead_letter}: declared (durable topic; bind a queue with `#` \
              to keep every dead letter)"
         );
@@ -820,16 +820,16 @@ async fn ensure_table(client: &Client, args: &SetupArgs) -> Result<(), RelayErro
     let table_existed = preflight::check_table(client, names).await.is_ok();
     if args.no_create_table {
         preflight::check_table(client, names).await?;
-        println!("table {}: exists (not managed by setup)", names.table);
+        outln!("table {}: exists (not managed by setup)", names.table);
     } else {
         client.batch_execute(&table_step(names).sql).await?;
-        println!(
+        outln!(
             "table {}: {}",
             names.table,
             created_or_existed(table_existed)
         );
         client.batch_execute(&state_step(names).sql).await?;
-        println!(
+        outln!(
             "state table {}: ready (the last acknowledged commit, for --on-slot-lost recreate)",
             crate::wal::state::state_table(names)
         );
@@ -881,9 +881,9 @@ async fn check_columns(
             None => absent.push(format!("{contract} (unmapped)")),
         }
     }
-    println!("columns read: {}", read.join(", "));
+    outln!("columns read: {}", read.join(", "));
     if !absent.is_empty() {
-        println!("columns absent: {}", absent.join(", "));
+        outln!("columns absent: {}", absent.join(", "));
     }
     let headers: Vec<String> = map
         .header_columns()
@@ -891,7 +891,7 @@ async fn check_columns(
         .map(|h| format!("{} as {}", h.column, h.header))
         .collect();
     if !headers.is_empty() {
-        println!("header columns: {}", headers.join(", "));
+        outln!("header columns: {}", headers.join(", "));
     }
     Ok(())
 }
@@ -910,13 +910,13 @@ async fn check_poll_columns(
     };
     crate::poll::table::OutboxTable::discover(client, table, map, settle).await?;
     match map.column(columns::PUBLISHED_AT) {
-        Some(column) => println!("published_at: marked in \"{column}\""),
+        Some(column) => outln!("published_at: marked in \"{column}\""),
         None => {
-            println!("published_at: unmapped; only `poll --on-published delete` reads this table")
+            outln!("published_at: unmapped; only `poll --on-published delete` reads this table")
         }
     }
     if map.column(columns::CREATED_AT).is_none() {
-        println!("claims: in id order (created_at is unmapped)");
+        outln!("claims: in id order (created_at is unmapped)");
     }
     Ok(())
 }

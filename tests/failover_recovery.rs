@@ -225,7 +225,7 @@ impl DuplicateBound {
 }
 
 /// Writes WAL and checkpoints, under a small `max_slot_wal_keep_size`, until every slot in
-/// `slots` is lost (`status_exits_2_when_the_slot_is_lost` in tests/operations.rs does the
+/// `slots` is lost (`status_exits_unhealthy_when_the_slot_is_lost` in tests/operations.rs does the
 /// same); then lifts the limit again, so that the new slots are not lost in turn. Returns the
 /// rounds it took.
 async fn invalidate_slots(client: &Client, slots: &[&str]) -> usize {

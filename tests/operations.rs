@@ -25,6 +25,9 @@ use common::{
 use outbox_relay::config::OutboxNames;
 use tokio_postgres::Client;
 
+/// `status`'s exit code for a missing or lost slot.
+const UNHEALTHY: i32 = outbox_relay::exit::UNHEALTHY as i32;
+
 // ---------------------------------------------------------------------------------------
 // helpers
 
@@ -227,8 +230,71 @@ async fn endpoints_serve_health_readiness_and_slot_lag_that_matches_postgres() {
     assert_eq!(json["active_pid"], serde_json::Value::Null);
 }
 
+/// The exit codes tell a typo, a configuration to fix and an unhealthy slot apart
+/// (docs/operations.md, "Exit codes"), and a closed stdout costs the report, not the code.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_exits_2_when_the_slot_is_missing() {
+async fn exit_codes_tell_a_typo_a_configuration_and_an_unhealthy_slot_apart() {
+    use outbox_relay::exit;
+    let usage = std::process::Command::new(common::relay::binary())
+        .args(["run", "--no-such-flag"])
+        .output()
+        .expect("run outbox-relay");
+    assert_eq!(
+        usage.status.code(),
+        Some(i32::from(exit::USAGE)),
+        "{}",
+        text(&usage)
+    );
+
+    let outbox = Outbox::new("ops_exit_codes").await;
+    let crossed = outbox.run_command(&[
+        "poll",
+        "--poll-interval-min",
+        "5s",
+        "--poll-interval-max",
+        "1s",
+        "--metrics-addr",
+        "off",
+    ]);
+    assert_eq!(
+        crossed.status.code(),
+        Some(i32::from(exit::CONFIG)),
+        "{}",
+        text(&crossed)
+    );
+    assert!(
+        text(&crossed).contains("--poll-interval-min 5s is above --poll-interval-max 1s"),
+        "{}",
+        text(&crossed)
+    );
+
+    outbox
+        .client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
+        .await
+        .expect("drop the slot");
+    // A pipe whose reader is gone before the command starts: every write to stdout fails.
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let probe = std::process::Command::new(common::relay::binary())
+        .arg("status")
+        .args(outbox.flags("status"))
+        .args(["--metrics-addr", "off"])
+        .env_remove("DATABASE_URL")
+        .env_remove("AMQP_URL")
+        .stdout(writer)
+        .output()
+        .expect("run outbox-relay status");
+    assert_eq!(
+        probe.status.code(),
+        Some(UNHEALTHY),
+        "status with stdout closed; stderr: {}",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_exits_unhealthy_when_the_slot_is_missing() {
     let outbox = Outbox::new("ops_missing").await;
     outbox
         .client
@@ -236,14 +302,14 @@ async fn status_exits_2_when_the_slot_is_missing() {
         .await
         .expect("drop the slot");
     let out = outbox.run_command(&["status", "--metrics-addr", "off"]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(UNHEALTHY), "{}", text(&out));
     assert!(
         stdout(&out).contains("MISSING: run `outbox-relay setup`"),
         "{}",
         text(&out)
     );
     let out = outbox.run_command(&["status", "--json", "--metrics-addr", "off"]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(UNHEALTHY), "{}", text(&out));
     let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("status --json");
     assert_eq!(json["slot_state"], "missing");
 }
@@ -497,7 +563,7 @@ async fn setup_retries_its_first_connection_for_connect_timeout() {
 /// message name the invalidation reason: the server's own on 17+ (checked against its
 /// catalog), what a lost slot means on 15 and 16.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_exits_2_when_the_slot_is_lost() {
+async fn status_exits_unhealthy_when_the_slot_is_lost() {
     if !common::own_postgres("it invalidates a slot, server-wide settings") {
         return;
     }
@@ -543,7 +609,7 @@ async fn status_exits_2_when_the_slot_is_lost() {
         .args(["--metrics-addr", "off"])
         .output()
         .expect("run status");
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(UNHEALTHY), "{}", text(&out));
     let table = stdout(&out);
     println!("{table}");
     assert!(table.contains("LOST"), "{table}");

@@ -434,9 +434,14 @@ async fn setup_with_three_shards_creates_filtered_publications_and_slots_and_tea
     );
     let left: i64 = common::pg::query_value(client, "SELECT count(*) FROM pg_publication").await;
     assert_eq!(left, 0, "{}", text(&teardown));
-    // ...which status, the probe, reports with exit code 2.
+    // ...which status, the probe, reports with its unhealthy exit code.
     let status = outbox.run_command(&["status", "--shards", "3"]);
-    assert_eq!(status.status.code(), Some(2), "{}", text(&status));
+    assert_eq!(
+        status.status.code(),
+        Some(i32::from(outbox_relay::exit::UNHEALTHY)),
+        "{}",
+        text(&status)
+    );
     assert!(
         text(&status).contains(&format!("2: {}_2 MISSING", outbox.slot)),
         "{}",

@@ -497,10 +497,11 @@ async fn wal_level_replica_is_a_clear_error() {
             .output()
             .expect("run outbox-relay");
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            !output.status.success(),
-            "{command} must fail under wal_level=replica: {}; stderr: {stderr}",
-            output.status
+        assert_eq!(
+            output.status.code(),
+            Some(i32::from(outbox_relay::exit::CONFIG)),
+            "{command} must fail under wal_level=replica, with the configuration's exit code; \
+             stderr: {stderr}"
         );
         assert!(
             stderr.contains("wal_level = 'replica'") && stderr.contains("wal_level = 'logical'"),

@@ -287,8 +287,8 @@ impl PollArgs {
 #[derive(Debug, Clone, Args)]
 #[command(
     mut_arg("mode", |arg| arg.help(
-        "Which relay the outbox is for: `wal` (the slot must exist: exit 2 when it is missing \
-         or lost) or `poll` (no slot is read; exit 2 when the table cannot be read or has no \
+        "Which relay the outbox is for: `wal` (the slot must exist: exit 4 when it is missing \
+         or lost) or `poll` (no slot is read; exit 4 when the table cannot be read or has no \
          published_at column)"
     )),
     mut_arg("metrics_addr", |arg| arg.help(
@@ -296,7 +296,7 @@ impl PollArgs {
     )),
     mut_arg("shards", |arg| arg.help(
         "How many shards `setup --shards` made: one line per shard's slot <slot>_<k> (state, \
-         active pid, lag, retained WAL), the slot details of the worst one, and exit 2 when \
+         active pid, lag, retained WAL), the slot details of the worst one, and exit 4 when \
          any of them is missing or lost. 1 reads --slot itself"
     )),
 )]

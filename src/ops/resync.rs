@@ -89,7 +89,7 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     } = match published {
         Ok(summary) => summary,
         Err((e, published)) => {
-            println!("resync stopped after {published} confirmed messages");
+            outln!("resync stopped after {published} confirmed messages");
             broker.close().await;
             return Err(e);
         }
@@ -102,7 +102,7 @@ pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
         first,
         last,
     };
-    println!("{}", resync_report(&summary, &args.since, undated));
+    outln!("{}", resync_report(&summary, &args.since, undated));
     Ok(())
 }
 

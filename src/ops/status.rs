@@ -7,12 +7,12 @@
 //! `/readyz` at `--metrics-addr`, and reported as unknown when no relay answers there.
 //!
 //! Exit code 2 when the slot is missing or lost, so that the command serves as a probe. With
-//! `--mode poll` (polling mode has no slot) the slot is not read, and exit code 2 means the
+//! `--mode poll` (polling mode has no slot) the slot is not read, and exit code 4 means the
 //! table cannot be read or lacks `published_at`, and the unsent backlog
 //! (`published_at IS NULL`: WAL mode never sets it) is shown.
 //!
 //! With `--shards N` it reads every shard's slot `<slot>_<k>`: one line each, the slot fields
-//! of the worst one (missing, lost, or else holding the most WAL), and exit code 2 when any
+//! of the worst one (missing, lost, or else holding the most WAL), and exit code 4 when any
 //! of them is missing or lost.
 //!
 //! It only reads: it must never create, advance or drop anything, so an operator (or a probe
@@ -42,9 +42,9 @@ use outbox_common::quote::quote_ident;
 pub enum Probe {
     /// The slot exists and is not lost.
     Healthy,
-    /// The slot is missing or lost: exit code 2.
+    /// The slot is missing or lost: exit code 4 (`exit::UNHEALTHY`).
     SlotProblem,
-    /// Poll mode: the table cannot be read or has no published_at column: exit code 2.
+    /// Poll mode: the table cannot be read or has no published_at column: exit code 4.
     TableProblem,
 }
 
@@ -207,9 +207,9 @@ pub async fn run(args: StatusArgs) -> Result<Probe, RelayError> {
     if args.json {
         let text = serde_json::to_string_pretty(&status)
             .map_err(|e| RelayError::Bug(format!("cannot render the status as JSON: {e}")))?;
-        println!("{text}");
+        outln!("{text}");
     } else {
-        print!("{}", render(&status));
+        out!("{}", render(&status));
     }
     Ok(status.probe())
 }

@@ -80,7 +80,7 @@ pub async fn run(args: TeardownArgs) -> Result<(), RelayError> {
                 slot_note,
             }) => {
                 if publications.len() > 1 {
-                    println!(
+                    outln!(
                         "publication {publication}: not dropped (owned by {owner}, who must run \
                          DROP PUBLICATION {};)",
                         quote_ident(&publication)
@@ -98,7 +98,7 @@ pub async fn run(args: TeardownArgs) -> Result<(), RelayError> {
     if let Some(e) = not_owned {
         return Err(e);
     }
-    println!("teardown complete; left in place: the outbox table and the exchange");
+    outln!("teardown complete; left in place: the outbox table and the exchange");
     Ok(())
 }
 
@@ -151,7 +151,7 @@ async fn refuse_if_active(client: &Client, slot: &str) -> Result<(), RelayError>
 /// Drops the slot unless a process streams from it. Returns a sentence saying what happened.
 async fn drop_slot(client: &Client, slot: &str) -> Result<String, RelayError> {
     let Some(report) = read_slot(client, slot).await? else {
-        println!("slot {slot}: does not exist");
+        outln!("slot {slot}: does not exist");
         return Ok(format!("The slot \"{slot}\" did not exist."));
     };
     if let Some(pid) = report.active_pid {
@@ -165,7 +165,7 @@ async fn drop_slot(client: &Client, slot: &str) -> Result<String, RelayError> {
         .await
     {
         Ok(_) => {
-            println!("slot {slot}: dropped (the WAL it held can be recycled)");
+            outln!("slot {slot}: dropped (the WAL it held can be recycled)");
             Ok(format!("The slot \"{slot}\" was dropped."))
         }
         // A relay started between the check and the drop.
@@ -177,7 +177,7 @@ async fn drop_slot(client: &Client, slot: &str) -> Result<String, RelayError> {
                 .unwrap_or_else(|| "unknown".into()),
         }),
         Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {
-            println!("slot {slot}: does not exist");
+            outln!("slot {slot}: does not exist");
             Ok(format!("The slot \"{slot}\" did not exist."))
         }
         Err(e) => Err(e.into()),
@@ -198,7 +198,7 @@ async fn drop_publication(
         .await?
         .map(|row| row.get(0));
     let Some(owner) = owner else {
-        println!("publication {publication}: does not exist");
+        outln!("publication {publication}: does not exist");
         return Ok(());
     };
     let dropped = client
@@ -209,7 +209,7 @@ async fn drop_publication(
         .await;
     match dropped {
         Ok(()) => {
-            println!("publication {publication}: dropped");
+            outln!("publication {publication}: dropped");
             Ok(())
         }
         Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
