@@ -50,12 +50,12 @@ use tokio::time::Instant;
 
 /// The relay's default window, passed explicitly where a bound depends on it.
 const W: usize = 1024;
-/// The relay's default status interval (`--status-interval-ms`).
+/// The relay's default status interval (`--status-interval`).
 const T: Duration = Duration::from_millis(100);
 /// Largest transaction the background writers commit: bounds X.
 const MAX_TXN_ROWS: usize = 10;
 /// Keeps reconnects quick where a server is down for a few seconds (the default is 30 s).
-const FAST_BACKOFF: [&str; 2] = ["--max-backoff-secs", "2"];
+const FAST_BACKOFF: [&str; 2] = ["--max-backoff", "2s"];
 const MINUTE: Duration = Duration::from_secs(60);
 /// The session failures by cause: what the tests wait on instead of log lines (the
 /// supervisor logs each before it counts it).
@@ -65,12 +65,12 @@ fn reconnects(cause: &str) -> String {
 /// A relay that must notice a silent broker on its own: a 5 s heartbeat (lapin gives up after
 /// two silent intervals, `BROKER_SILENCE_QUERY` on the AMQP URL) and a 5 s confirm timeout.
 const BROKER_SILENCE_QUERY: &str = "?heartbeat=5";
-const BROKER_SILENCE_FLAGS: [&str; 2] = ["--confirm-timeout-secs", "5"];
+const BROKER_SILENCE_FLAGS: [&str; 2] = ["--confirm-timeout", "5s"];
 /// A relay that must notice a silent replication connection on its own: WAL heartbeats every
 /// second, the stream declared dead after 3 silent intervals; quick reconnects.
 const PG_SILENCE_FLAGS: [&str; 4] = [
-    "--heartbeat-interval-secs",
-    "1",
+    "--heartbeat-interval",
+    "1s",
     FAST_BACKOFF[0],
     FAST_BACKOFF[1],
 ];
@@ -977,7 +977,7 @@ async fn s12_broker_memory_alarm_pauses_publishing_without_a_reconnect_loop() {
     let rabbit = blocking(|| rabbit.join()).expect("rabbitmq start");
     let (outbox, oracle, mut consumer) = observed_outbox(&pg, &rabbit, "alarm", false).await;
     // A confirm timeout shorter than the alarm: waiting while blocked must not count.
-    let relay = outbox.spawn_relay(&["--confirm-timeout-secs", "3"]);
+    let relay = outbox.spawn_relay(&["--confirm-timeout", "3s"]);
     let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(20));
     consumer.wait_for(300, MINUTE).await;
     assert!(consumer.received().len() >= 300, "log:\n{}", relay.log());
@@ -1042,7 +1042,7 @@ async fn s12b_broker_blocked_is_reported_by_readyz_and_a_gauge() {
     let outbox = Outbox::on(&pair.pg.url("postgres"), &rabbit.url(), "alarmready").await;
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
     let (relay, port) =
-        spawn_streaming_observed(&outbox, &mut consumer, &["--confirm-timeout-secs", "3"]).await;
+        spawn_streaming_observed(&outbox, &mut consumer, &["--confirm-timeout", "3s"]).await;
 
     memory_alarm(&rabbit, true);
     // The broker blocks a connection when it next publishes.
@@ -1083,12 +1083,7 @@ async fn s12c_long_alarm_with_a_busy_database_keeps_queued_ack_points_bounded() 
     let (relay, port) = spawn_streaming_observed(
         &outbox,
         &mut consumer,
-        &[
-            "--confirm-timeout-secs",
-            "3",
-            "--heartbeat-interval-secs",
-            "1",
-        ],
+        &["--confirm-timeout", "3s", "--heartbeat-interval", "1s"],
     )
     .await;
 
@@ -1939,8 +1934,8 @@ async fn s22_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_rec
     let outbox = Outbox::on(&pair.pg.url("postgres"), &rabbit.url(), "brokerdown").await;
     let oracle = Oracle::create(&outbox).await;
     let (relay, port) = outbox.spawn_observed(&[
-        "--heartbeat-interval-secs",
-        "1",
+        "--heartbeat-interval",
+        "1s",
         "--slot-poll-interval",
         "200ms",
         FAST_BACKOFF[0],
@@ -2121,8 +2116,20 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
         standby.log()
     );
     // The premise: the stop lands mid-stream, with committed rows not yet delivered and more of
-    // the 20,000 still to be written. Delivered is read first: the committed count only grows.
-    let (delivered_at_stop, committed_at_stop) = (consumer.received().len(), writers.committed());
+    // the 20,000 still to be written. A burst committed in one transaction just before it
+    // makes the first half sure: the writers alone may leave nothing undelivered for a moment
+    // on a loaded machine. Delivered is read first: the committed count only grows.
+    outbox
+        .client
+        .execute(
+            "INSERT INTO outbox (event_type, payload) \
+             SELECT 'Burst', '{}'::jsonb FROM generate_series(1, $1)",
+            &[&(STOP_BURST as i32)],
+        )
+        .await
+        .expect("commit the burst");
+    let (delivered_at_stop, committed_at_stop) =
+        (consumer.received().len(), writers.committed() + STOP_BURST);
     assert!(
         delivered_at_stop < committed_at_stop && committed_at_stop < ROWS,
         "the {stop:?} did not land mid-stream: {delivered_at_stop} rows delivered of \
@@ -2225,6 +2232,10 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
         assert_eq!(tally.duplicates(), 0);
     }
 }
+
+/// Rows committed in one transaction right before s23's stop: the stop lands before the relay
+/// can have delivered them all.
+const STOP_BURST: usize = 2_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s23a_standby_takes_over_after_sigterm_halfway_through_20000_rows() {
