@@ -1,7 +1,7 @@
 //! The exit codes of every command, so that a script or a probe can tell a typo from a
 //! configuration to fix, an unhealthy relay and a stop (docs/operations.md, "Exit codes").
 
-use crate::error::{ErrorKind, RelayError};
+use crate::error::{ErrorKind, MapProblem, RelayError};
 
 /// The relay stopped on an error it cannot retry past (a row it may not skip, a lost slot
 /// under `--on-slot-lost stop`, a bug), or a command failed while it ran.
@@ -15,8 +15,20 @@ pub const CONFIG: u8 = 3;
 /// table cannot be read.
 pub const UNHEALTHY: u8 = 4;
 
-/// The code a command that failed with `error` exits with.
+/// The code a command that failed with `error` exits with. A table whose columns do not
+/// fit the column map is the configuration's problem, though the relay learns it from a
+/// Relation or a row.
 pub fn of(error: &RelayError) -> u8 {
+    if let RelayError::Unpublishable {
+        fault:
+            MapProblem::MissingColumn { .. }
+            | MapProblem::MissingHeaderColumn { .. }
+            | MapProblem::CreatedAtType,
+        ..
+    } = error
+    {
+        return CONFIG;
+    }
     match error.kind() {
         ErrorKind::Config | ErrorKind::Provisioning | ErrorKind::TlsConfig => CONFIG,
         _ => STOPPED,

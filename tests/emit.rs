@@ -376,7 +376,7 @@ async fn malformed_envelopes_halt_or_are_dead_lettered_never_acknowledged_silent
     let malformed_end = end_of_unreadable_message(&outbox, &oracle).await;
 
     // Halt (the default): stops at the malformed message, naming it and the fix.
-    let relay = outbox.spawn_relay(&["--max-backoff-secs", "1"]);
+    let relay = outbox.spawn_relay(&["--max-backoff", "1s"]);
     let status = relay.wait_exit(MINUTE).await.unwrap_or_else(|| {
         panic!(
             "the relay did not stop at the malformed envelope; log:\n{}",
@@ -618,7 +618,11 @@ async fn restrict_emit_lets_only_the_app_role_emit_and_keeps_the_heartbeats() {
         String::from_utf8_lossy(&refused.stdout),
         String::from_utf8_lossy(&refused.stderr)
     );
-    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert_eq!(
+        refused.status.code(),
+        Some(i32::from(outbox_relay::exit::CONFIG)),
+        "{said}"
+    );
     assert!(
         said.contains("needs a superuser") && said.contains("Nothing was changed"),
         "{said}"
@@ -681,7 +685,7 @@ async fn restrict_emit_lets_only_the_app_role_emit_and_keeps_the_heartbeats() {
     let relay = outbox.spawn_relay_via(
         &relay_url,
         &outbox.amqp_url,
-        &["--heartbeat-interval-secs", "1", "--metrics-addr", &addr],
+        &["--heartbeat-interval", "1s", "--metrics-addr", &addr],
     );
     let id: String = app_client
         .query_one("SELECT outbox_emit('Restricted', '{\"n\": 1}')::text", &[])
@@ -711,7 +715,11 @@ async fn restrict_emit_lets_only_the_app_role_emit_and_keeps_the_heartbeats() {
 
     // setup without --restrict-emit would undo it: refused.
     let undo = outbox.run_command(&["setup"]);
-    assert_eq!(undo.status.code(), Some(1), "{undo:?}");
+    assert_eq!(
+        undo.status.code(),
+        Some(i32::from(outbox_relay::exit::CONFIG)),
+        "{undo:?}"
+    );
     assert!(
         String::from_utf8_lossy(&undo.stderr).contains("--restrict-emit"),
         "{undo:?}"

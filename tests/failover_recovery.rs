@@ -471,7 +471,7 @@ async fn t5_slot_invalidated_while_stopped_recreate_backfills_and_stop_names_the
 // 4. PostgreSQL 16: failover mid-stream, the slot missing on the promoted standby
 
 /// Reconnects within 2 s of the promotion (the default backoff caps at 30 s).
-const FAST_BACKOFF: [&str; 2] = ["--max-backoff-secs", "2"];
+const FAST_BACKOFF: [&str; 2] = ["--max-backoff", "2s"];
 /// Rows committed before the relays start in the failover tests: the primary is killed with
 /// about 40 % of them delivered.
 const FAILOVER_BACKLOG: usize = 20_000;
@@ -1300,8 +1300,8 @@ async fn cleanup_keeps_rows_of_a_transaction_open_across_the_acknowledged_commit
         "--cleanup-interval",
         CLEANUP_INTERVAL,
         // Heartbeats are transactions: without them the acknowledged commit is the outbox's.
-        "--heartbeat-interval-secs",
-        "0",
+        "--heartbeat-interval",
+        "0s",
     ];
     let relay = outbox.spawn_relay(&flags);
 
@@ -1582,7 +1582,12 @@ async fn unreadable_state_fails_closed_after_a_crash_mid_backfill() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(status.code(), Some(1), "exit 1; log:\n{}", refused.log());
+    assert_eq!(
+        status.code(),
+        Some(i32::from(outbox_relay::exit::CONFIG)),
+        "exit status; log:\n{}",
+        refused.log()
+    );
     let log = refused.log();
     let message = final_error(&log).unwrap_or_else(|| panic!("no final error; log:\n{log}"));
     for part in [

@@ -471,7 +471,12 @@ async fn a_startup_error_is_reported_once_in_the_log_format() {
     let error = "The publication \"outbox_pub\" does not exist";
 
     let out = outbox.run_command(&["run", "--metrics-addr", "off"]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(i32::from(outbox_relay::exit::CONFIG)),
+        "{}",
+        text(&out)
+    );
     let all = text(&out);
     let naming: Vec<&str> = all.lines().filter(|l| l.contains(error)).collect();
     assert_eq!(naming.len(), 1, "one line names the error:\n{all}");
@@ -482,7 +487,12 @@ async fn a_startup_error_is_reported_once_in_the_log_format() {
     );
 
     let out = outbox.run_command(&["--log-format", "json", "run", "--metrics-addr", "off"]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(i32::from(outbox_relay::exit::CONFIG)),
+        "{}",
+        text(&out)
+    );
     let records: Vec<serde_json::Value> = text(&out)
         .lines()
         .map(|line| {
@@ -529,7 +539,7 @@ async fn setup_retries_its_first_connection_for_connect_timeout() {
     let retrying = "cannot connect to PostgreSQL yet; retrying";
 
     // Nothing listens for longer than the timeout: the connection error, after retries.
-    let gave_up = RelayProcess::spawn(&args, &[("OUTBOX_CONNECT_TIMEOUT_SECS", "1")]);
+    let gave_up = RelayProcess::spawn(&args, &[("OUTBOX_CONNECT_TIMEOUT", "1")]);
     let status = gave_up.wait_exit(Duration::from_secs(30)).await;
     assert_eq!(status.and_then(|s| s.code()), Some(1), "{}", gave_up.log());
     assert!(gave_up.log_count(retrying) >= 1, "{}", gave_up.log());
@@ -541,7 +551,7 @@ async fn setup_retries_its_first_connection_for_connect_timeout() {
     );
 
     // The server comes up within the timeout: setup goes on and provisions everything.
-    let setup = RelayProcess::spawn(&args, &[("OUTBOX_CONNECT_TIMEOUT_SECS", "120")]);
+    let setup = RelayProcess::spawn(&args, &[("OUTBOX_CONNECT_TIMEOUT", "120")]);
     assert!(
         setup.wait_for_log(retrying, Duration::from_secs(30)).await,
         "{}",
@@ -1479,8 +1489,8 @@ async fn malformed_urls_stop_run_and_poll_at_once_without_printing_the_password(
             let case = format!("{command} --database-url {db} --amqp-url {amqp}");
             assert_eq!(
                 exit.and_then(|status| status.code()),
-                Some(1),
-                "{case}: exits 1 at once; log:\n{log}"
+                Some(i32::from(outbox_relay::exit::CONFIG)),
+                "{case}: exits at once with the configuration's code; log:\n{log}"
             );
             let logged: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
             assert!(

@@ -487,10 +487,10 @@ async fn broker_down_for_ten_seconds_marks_nothing_published_and_everything_arri
         "50",
         "--poll-interval",
         "200ms",
-        "--max-backoff-secs",
-        "2",
-        "--confirm-timeout-secs",
-        "5",
+        "--max-backoff",
+        "2s",
+        "--confirm-timeout",
+        "5s",
     ]);
     wait_count(
         &client,
@@ -764,7 +764,7 @@ async fn an_unroutable_row_stays_unpublished_until_a_queue_is_bound() {
         exchange: exchange.clone(),
         queue: routed,
     };
-    let relay = outbox.spawn_poll(&["--max-backoff-secs", "1"]);
+    let relay = outbox.spawn_poll(&["--max-backoff", "1s"]);
     // Returned twice: the first batch, then the retry that claims only the oldest row.
     assert!(
         relay.wait_for_log_count("as unroutable", 2, DEADLINE).await,
@@ -927,7 +927,7 @@ async fn poll_mode_serves_metrics_readyz_and_status_with_the_unsent_backlog() {
     );
 
     // `status --mode poll` sees the same backlog, reads the relay's /readyz, and a missing
-    // slot is no error; without --mode poll it is (exit 2).
+    // slot is no error; without --mode poll it is (exit 4).
     let status = |extra: &[&str]| {
         let mut args = vec!["status", "--metrics-addr", addr.as_str()];
         args.extend_from_slice(extra);
@@ -957,7 +957,7 @@ async fn poll_mode_serves_metrics_readyz_and_status_with_the_unsent_backlog() {
     );
     assert_eq!(
         status(&[]).status.code(),
-        Some(2),
+        Some(i32::from(outbox_relay::exit::UNHEALTHY)),
         "WAL mode: the slot is missing"
     );
 
@@ -1094,8 +1094,8 @@ async fn broker_alarm_reads_broker_blocked_and_delivery_resumes_without_a_reconn
         "2",
         "--metrics-addr",
         &addr,
-        "--confirm-timeout-secs",
-        "3",
+        "--confirm-timeout",
+        "3s",
     ]);
     wait_http(port, "/readyz", |status, _| status == 200).await;
 

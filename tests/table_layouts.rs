@@ -144,7 +144,12 @@ async fn a_mapping_that_does_not_fit_the_table_is_refused_naming_the_flag() {
 
     // The default layout looks for event_type, which Debezium's table calls `type`.
     let setup = run(&["setup", "--no-create-table"]);
-    assert_eq!(setup.status.code(), Some(1), "{}", text(&setup));
+    assert_eq!(
+        setup.status.code(),
+        Some(i32::from(outbox_relay::exit::CONFIG)),
+        "{}",
+        text(&setup)
+    );
     let message = text(&setup);
     assert!(
         message.contains("has no column \"event_type\""),
@@ -161,7 +166,12 @@ async fn a_mapping_that_does_not_fit_the_table_is_refused_naming_the_flag() {
         "--column",
         "event_type=kind",
     ]);
-    assert_eq!(setup.status.code(), Some(1), "{}", text(&setup));
+    assert_eq!(
+        setup.status.code(),
+        Some(i32::from(outbox_relay::exit::CONFIG)),
+        "{}",
+        text(&setup)
+    );
     let message = text(&setup);
     assert!(message.contains("has no column \"kind\""), "{message}");
     assert!(
@@ -171,7 +181,12 @@ async fn a_mapping_that_does_not_fit_the_table_is_refused_naming_the_flag() {
 
     // A contract column that does not exist, before anything connects.
     let out = run(&["run", "--column", "kind=type"]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(i32::from(outbox_relay::exit::CONFIG)),
+        "{}",
+        text(&out)
+    );
     assert!(
         text(&out).contains("\"kind\" is not a column of the message contract"),
         "{}",
@@ -187,7 +202,12 @@ async fn a_mapping_that_does_not_fit_the_table_is_refused_naming_the_flag() {
         let mut args = vec!["run", "--table-layout", "debezium"];
         args.extend_from_slice(extra);
         let out = run(&args);
-        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        assert_eq!(
+            out.status.code(),
+            Some(i32::from(outbox_relay::exit::CONFIG)),
+            "{}",
+            text(&out)
+        );
         let message = text(&out);
         assert!(
             message.contains("leaves \"created_at\" unmapped"),
@@ -198,7 +218,12 @@ async fn a_mapping_that_does_not_fit_the_table_is_refused_naming_the_flag() {
 
     // Polling mode marks rows in published_at, which Debezium's table lacks: it says so.
     let out = run(&["poll", "--table-layout", "debezium"]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(i32::from(outbox_relay::exit::CONFIG)),
+        "{}",
+        text(&out)
+    );
     assert!(
         text(&out).contains("marks each published row in \"published_at\""),
         "{}",
@@ -589,7 +614,11 @@ async fn bad_header_columns_and_templates_are_refused_naming_the_flag() {
         "--header-column",
         "region",
     ]);
-    assert_eq!(code, Some(1), "{message}");
+    assert_eq!(
+        code,
+        Some(i32::from(outbox_relay::exit::CONFIG)),
+        "{message}"
+    );
     assert!(
         message.contains("has no column \"region\", which --header-column sends"),
         "{message}"

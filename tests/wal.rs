@@ -603,7 +603,11 @@ async fn rename_while_streaming(prefix: &str) -> Renamed {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let log = relay.log();
-    assert_eq!(status.code(), Some(1), "exit status; log:\n{log}");
+    assert_eq!(
+        status.code(),
+        Some(i32::from(outbox_relay::exit::CONFIG)),
+        "exit status; log:\n{log}"
+    );
     let error =
         common::relay::final_error(&log).unwrap_or_else(|| panic!("no final error; log:\n{log}"));
     assert!(
@@ -624,7 +628,11 @@ async fn rename_while_streaming(prefix: &str) -> Renamed {
     let again = outbox.spawn_relay(&[]);
     let status = again.wait_exit(Duration::from_secs(60)).await;
     let log = again.log();
-    assert_eq!(status.and_then(|s| s.code()), Some(1), "log:\n{log}");
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(i32::from(outbox_relay::exit::CONFIG)),
+        "log:\n{log}"
+    );
     let error = common::relay::final_error(&log).unwrap_or_default();
     assert!(
         error.contains("(it includes public.outbox_renamed)")
@@ -730,7 +738,11 @@ async fn a_recreated_outbox_outside_the_publication_stops_the_relay() {
     let status = status.unwrap_or_else(|| {
         panic!("the relay ran on with the outbox table outside the publication; log:\n{log}")
     });
-    assert_eq!(status.code(), Some(1), "log:\n{log}");
+    assert_eq!(
+        status.code(),
+        Some(i32::from(outbox_relay::exit::CONFIG)),
+        "log:\n{log}"
+    );
     let error = common::relay::final_error(&log).unwrap_or_default();
     assert!(
         error.contains("no longer includes the outbox table public.outbox")

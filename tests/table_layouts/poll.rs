@@ -184,7 +184,12 @@ async fn polling_a_mapped_table_that_lacks_what_it_needs_is_refused_naming_the_f
             .env_remove("OUTBOX_ON_PUBLISHED")
             .output()
             .expect("run outbox-relay");
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", text(&out));
+        assert_eq!(
+            out.status.code(),
+            Some(i32::from(outbox_relay::exit::CONFIG)),
+            "{args:?}: {}",
+            text(&out)
+        );
         text(&out)
     };
 
