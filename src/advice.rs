@@ -104,7 +104,7 @@ fn warning_fix(warning: Warning<'_>) -> String {
         Warning::WalSenderTimeoutOff => "ALTER SYSTEM SET wal_sender_timeout = '10s'; \
              SELECT pg_reload_conf(); (or ALTER ROLE / ALTER DATABASE … RESET \
              wal_sender_timeout where it was set to 0 there): the relay reports every \
-             --status-interval-ms, so a live one never reaches it (docs/network-failures.md, \
+             --status-interval, so a live one never reaches it (docs/network-failures.md, \
              \"Dead peers\")"
             .into(),
         Warning::OutboxRecreated => "if rows were written to the new table before it was \

@@ -793,7 +793,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, RelayError>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(args.connect_timeout_secs);
+    let deadline = Instant::now() + args.connect_timeout();
     let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
     loop {
         let error = match connect().await {

@@ -39,7 +39,7 @@ const W: usize = 1024;
 /// Largest transaction the writers commit: bounds X.
 const MAX_TXN_ROWS: usize = 10;
 /// Keeps reconnects quick while nodes are down (the default is 30 s).
-const FAST_BACKOFF: [&str; 2] = ["--max-backoff-secs", "2"];
+const FAST_BACKOFF: [&str; 2] = ["--max-backoff", "2s"];
 const MINUTE: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------------
@@ -684,7 +684,7 @@ async fn c6b_full_speed_drain_with_one_percent_unroutable_halts_at_the_first_one
         &outbox,
         "run",
         &cluster.url_list(),
-        &["--max-backoff-secs", "1"],
+        &["--max-backoff", "1s"],
     );
     common::faults::assert_stress_halted(
         &outbox,

@@ -129,12 +129,12 @@ async fn a_connection_held_in_credit_flow_is_given_up_after_the_confirm_timeout_
     let timeout = CONFIRM_TIMEOUT_SECS.to_string();
     let window = W.to_string();
     let (relay, port) = outbox.spawn_observed(&[
-        "--confirm-timeout-secs",
+        "--confirm-timeout",
         &timeout,
         "--max-in-flight",
         &window,
-        "--max-backoff-secs",
-        "2",
+        "--max-backoff",
+        "2s",
     ]);
     let writers = Writers::start(
         &outbox.db_url,

@@ -111,7 +111,7 @@ async fn routed_only(outbox: &Outbox) {
 
 /// A relay with `extra` flags serving /metrics and /readyz on a port of its own.
 fn spawn_observed(outbox: &Outbox, extra: &[&str]) -> (RelayProcess, u16) {
-    outbox.spawn_observed(&[&["--max-backoff-secs", "1"], extra].concat())
+    outbox.spawn_observed(&[&["--max-backoff", "1s"], extra].concat())
 }
 
 async fn metric(port: u16, sample: &str) -> Option<f64> {
@@ -636,7 +636,7 @@ async fn a_row_naming_an_exchange_not_allowed_halts_or_is_dead_lettered_unless_l
     // Halt (the default policy): stops at the row, naming it and the flag.
     let before = insert(outbox, "Good.before", "{}").await;
     let bad = insert_to_exchange(outbox, &elsewhere).await;
-    let relay = outbox.spawn_relay(&["--max-backoff-secs", "1"]);
+    let relay = outbox.spawn_relay(&["--max-backoff", "1s"]);
     let status = relay
         .wait_exit(MINUTE)
         .await
@@ -772,7 +772,7 @@ async fn full_speed_drain_with_one_percent_unroutable_halts_at_the_first_one() {
 /// The relay's default window (`--max-in-flight`, not passed): the load tests see its gauge
 /// reach it, and bound a crash's duplicates with it.
 const W: usize = 1024;
-/// The relay's default status interval (`--status-interval-ms`), for the crash bound.
+/// The relay's default status interval (`--status-interval`), for the crash bound.
 const T: Duration = Duration::from_millis(100);
 /// Rows per seeded transaction: the most a crash can replay of the transaction it cut (X).
 const LOAD_TXN_ROWS: usize = 100;

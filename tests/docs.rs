@@ -29,18 +29,22 @@ fn files(dir: &Path, extensions: &[&str], out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The headings of a Markdown text outside code fences, as written (`#`s and spaces off).
-fn headings(markdown: &str) -> Vec<String> {
+/// The lines of a Markdown text outside its code fences (and not the fences themselves).
+fn outside_fences(markdown: &str) -> impl Iterator<Item = &str> {
     let mut fenced = false;
-    let mut out = Vec::new();
-    for line in markdown.lines() {
+    markdown.lines().filter(move |line| {
         if line.trim_start().starts_with("```") {
             fenced = !fenced;
-            continue;
+            return false;
         }
-        if fenced {
-            continue;
-        }
+        !fenced
+    })
+}
+
+/// The headings of a Markdown text outside code fences, as written (`#`s and spaces off).
+fn headings(markdown: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in outside_fences(markdown) {
         let hashes = line.chars().take_while(|&c| c == '#').count();
         if (1..=6).contains(&hashes) && line[hashes..].starts_with(' ') {
             out.push(line[hashes..].trim().to_string());
@@ -96,15 +100,7 @@ fn titles(markdown: &str) -> BTreeSet<String> {
 /// Every `[text](target)` of a Markdown text outside code fences.
 fn links(markdown: &str) -> Vec<String> {
     let mut out = Vec::new();
-    let mut fenced = false;
-    for line in markdown.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            continue;
-        }
+    for line in outside_fences(markdown) {
         let mut rest = line;
         while let Some(at) = rest.find("](") {
             rest = &rest[at + 2..];

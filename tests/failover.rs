@@ -56,7 +56,7 @@ use tokio::time::Instant;
 /// The relay's default window, passed explicitly: the duplicate bound depends on it.
 const W: usize = 1024;
 /// How long a position the broker confirmed may take to reach the slot on PostgreSQL: the
-/// relay reports every T (`--status-interval-ms`, default 100 ms), and the walsender reads reports between its sends. The relay-crash
+/// relay reports every T (`--status-interval`, default 100 ms), and the walsender reads reports between its sends. The relay-crash
 /// tests allow 2T (docs/reliability.md, "Duplicate bounds"); here two scenarios, each with a
 /// primary, a standby, a relay and 4 writers, share 2 cores with the broker, and up to 0.3 s
 /// more was seen: allowed 1 s.

@@ -383,7 +383,7 @@ fn compose_waits_for_postgres_over_tcp_and_watches_the_relay() {
             .unwrap_or_else(|| panic!("no relay service {wanted}"))
     };
     let setup = service("setup");
-    let timeout: u64 = env_value(setup, "OUTBOX_CONNECT_TIMEOUT_SECS")
+    let timeout: u64 = env_value(setup, "OUTBOX_CONNECT_TIMEOUT")
         .and_then(|secs| secs.parse().ok())
         .unwrap_or(0);
     assert!(timeout > 0, "setup retries its first connection");

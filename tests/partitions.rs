@@ -50,7 +50,7 @@ use tokio::time::Instant;
 
 /// The window, passed explicitly: the duplicate bounds depend on it.
 const W: usize = 1024;
-/// The relay's status interval (its default, `--status-interval-ms`).
+/// The relay's status interval (its default, `--status-interval`).
 const T: Duration = Duration::from_millis(100);
 /// Largest transaction the writers commit: bounds X.
 const MAX_TXN_ROWS: usize = 10;
@@ -59,10 +59,10 @@ const MAX_TXN_ROWS: usize = 10;
 const AMQP_HEARTBEAT_SECS: u64 = 4;
 /// Flags of every relay here: the window, and quick reconnects (the default backoff cap is
 /// 30 s).
-const RELAY_FLAGS: [&str; 4] = ["--max-in-flight", "1024", "--max-backoff-secs", "2"];
+const RELAY_FLAGS: [&str; 4] = ["--max-in-flight", "1024", "--max-backoff", "2s"];
 /// A relay that must notice a silent replication connection on its own: WAL heartbeats every
 /// second, the stream declared dead after 3 silent intervals.
-const PG_SILENCE_FLAGS: [&str; 2] = ["--heartbeat-interval-secs", "1"];
+const PG_SILENCE_FLAGS: [&str; 2] = ["--heartbeat-interval", "1s"];
 const MINUTE: Duration = Duration::from_secs(60);
 
 // Hosts that vanish (issue "Dead peers"), the `d…` tests: a module of their own.
@@ -577,7 +577,7 @@ async fn s2_the_relay_cut_off_silently_from_its_own_node_is_moved_by_the_amqp_he
     let cluster = &lab.cluster;
     let (mut outbox, oracle) = quorum_outbox(lab, 1, "s2").await;
     let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(5));
-    let confirm_timeout = ["--confirm-timeout-secs", "30"];
+    let confirm_timeout = ["--confirm-timeout", "30s"];
     let (relay, at) = spawn_relay(lab, &outbox, 1, &confirm_timeout);
     let node = cluster.wait_node_in_use(&relay, at, None, MINUTE).await;
     outbox.amqp_url = cluster.url((node + 1) % cluster.len());

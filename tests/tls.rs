@@ -41,7 +41,7 @@ async fn relay_backends(outbox: &Outbox) -> (i64, i64, i64) {
 
 /// The relay delivers a row over `url`, and every connection it holds is encrypted.
 async fn delivers_over_tls(outbox: &Outbox, consumer: &mut Consumer, url: &str) -> RelayProcess {
-    let relay = outbox.spawn_relay_via(url, &outbox.amqp_url, &["--heartbeat-interval-secs", "1"]);
+    let relay = outbox.spawn_relay_via(url, &outbox.amqp_url, &["--heartbeat-interval", "1s"]);
     assert!(
         relay.wait_for_log(SESSION_STARTED, MINUTE).await,
         "log:\n{}",

@@ -101,12 +101,7 @@ async fn a_broker_that_stops_reading_a_full_window_of_large_publishes_keeps_the_
     // Credit flow sends no connection.blocked: lapin goes on writing the whole window, and
     // what the broker no longer reads stays in the socket. The stall must not reach the
     // confirm timeout, which ends a session held in credit flow by design (credit_flow.rs).
-    let relay = outbox.spawn_relay(&[
-        "--peer-timeout",
-        &peer_timeout,
-        "--confirm-timeout-secs",
-        "120",
-    ]);
+    let relay = outbox.spawn_relay(&["--peer-timeout", &peer_timeout, "--confirm-timeout", "120s"]);
     outbox.insert("Before", "{}").await;
     consumer.wait_for(1, MINUTE).await;
     assert_eq!(consumer.received().len(), 1, "log:\n{}", relay.log());

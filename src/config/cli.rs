@@ -101,16 +101,15 @@ pub struct SetupArgs {
     /// Print the provisioning SQL for these names and exit, without connecting (for DBAs).
     #[arg(long)]
     pub print_sql: bool,
-    /// Seconds to keep retrying the first connection to PostgreSQL and to RabbitMQ while it
+    /// How long to keep retrying the first connection to PostgreSQL and to RabbitMQ while it
     /// fails for a reason that can pass (not listening yet, still starting up), with
-    /// backoff; then the error. 0 tries once. For a setup started together with its servers.
-    #[arg(
-        long = "connect-timeout",
-        env = "OUTBOX_CONNECT_TIMEOUT_SECS",
-        value_name = "SECS",
-        default_value_t = 0
-    )]
-    pub connect_timeout_secs: u64,
+    /// backoff; then the error (e.g. 60s). 0 tries once. For a setup started together with
+    /// its servers.
+    #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "0s", value_parser = parse_duration)]
+    connect_timeout: Duration,
+    /// --connect-timeout's variable as it was named before, in seconds.
+    #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT_SECS", hide = true, conflicts_with = "connect_timeout", value_parser = parse_duration)]
+    connect_timeout_secs: Option<Duration>,
     #[command(flatten)]
     pub mode: ModeArgs,
     #[command(flatten)]
@@ -263,6 +262,14 @@ pub struct PollArgs {
 
     #[command(flatten)]
     pub format: MessageFormatArgs,
+}
+
+impl SetupArgs {
+    /// How long setup retries its first connections: --connect-timeout, or the seconds of
+    /// the variable's old name.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout_secs.unwrap_or(self.connect_timeout)
+    }
 }
 
 impl PollArgs {

@@ -594,6 +594,130 @@ fn metrics_addr_can_be_turned_off() {
     assert!(parse_metrics_addr("localhost").is_err());
 }
 
+/// Every duration knob takes a humantime string under its new name and, for one release, a
+/// number in its old unit under its old name (flag or variable); both names at once are
+/// refused.
+#[test]
+fn duration_knobs_take_units_and_their_old_names_still_work() {
+    let run = |extra: &[&str]| {
+        let mut argv = vec!["outbox-relay", "run", "--database-url", "postgres://x"];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).map(|cli| match cli.command {
+            Command::Run(run) => run.tuning,
+            _ => panic!("expected run"),
+        })
+    };
+    let defaults = run(&[]).expect("defaults");
+    assert_eq!(defaults.status_interval(), Duration::from_millis(100));
+    assert_eq!(defaults.heartbeat_interval(), Some(Duration::from_secs(10)));
+    assert_eq!(
+        defaults.delivery.publishing.confirm_timeout(),
+        Duration::from_secs(30)
+    );
+    assert_eq!(defaults.delivery.max_backoff(), Duration::from_secs(30));
+    assert_eq!(
+        defaults.delivery.shutdown_timeout(),
+        Duration::from_secs(30)
+    );
+    assert_eq!(defaults.delivery.publishing.max_message_size, 16 << 20);
+
+    let new = run(&[
+        "--status-interval",
+        "250ms",
+        "--heartbeat-interval",
+        "0",
+        "--confirm-timeout",
+        "1m",
+        "--max-backoff",
+        "2s",
+        "--shutdown-timeout",
+        "1.5s",
+        "--max-message-size",
+        "512KiB",
+    ])
+    .expect("new names");
+    assert_eq!(new.status_interval(), Duration::from_millis(250));
+    assert_eq!(new.heartbeat_interval(), None, "0 turns heartbeats off");
+    assert_eq!(
+        new.delivery.publishing.confirm_timeout(),
+        Duration::from_secs(60)
+    );
+    assert_eq!(new.delivery.max_backoff(), Duration::from_secs(2));
+    assert_eq!(new.delivery.shutdown_timeout(), Duration::from_millis(1500));
+    assert_eq!(new.delivery.publishing.max_message_size, 512 << 10);
+
+    let old = run(&[
+        "--status-interval-ms",
+        "50",
+        "--heartbeat-interval-secs",
+        "3",
+        "--confirm-timeout-secs",
+        "5",
+        "--max-backoff-secs",
+        "2",
+        "--shutdown-timeout-secs",
+        "7",
+        "--max-message-size",
+        "1048576",
+    ])
+    .expect("old names");
+    assert_eq!(
+        old.status_interval(),
+        Duration::from_millis(50),
+        "ms, the old unit"
+    );
+    assert_eq!(old.heartbeat_interval(), Some(Duration::from_secs(3)));
+    assert_eq!(
+        old.delivery.publishing.confirm_timeout(),
+        Duration::from_secs(5)
+    );
+    assert_eq!(old.delivery.max_backoff(), Duration::from_secs(2));
+    assert_eq!(old.delivery.shutdown_timeout(), Duration::from_secs(7));
+    assert_eq!(old.delivery.publishing.max_message_size, 1 << 20);
+    let with_unit = run(&["--confirm-timeout-secs", "30s"]).expect("a unit on the old name");
+    assert_eq!(
+        with_unit.delivery.publishing.confirm_timeout(),
+        Duration::from_secs(30)
+    );
+
+    for (new, old) in [
+        ("--confirm-timeout", "--confirm-timeout-secs"),
+        ("--status-interval", "--status-interval-ms"),
+    ] {
+        assert!(run(&[new, "5", old, "5"]).is_err(), "{new} with {old}");
+    }
+    assert!(run(&["--status-interval", "20s"]).is_err(), "over 10s");
+    assert!(run(&["--max-message-size", "16 parsecs"]).is_err());
+
+    // The setup's first-connection retry, and the variable's old name in seconds.
+    let setup = Cli::try_parse_from([
+        "outbox-relay",
+        "setup",
+        "--database-url",
+        "postgres://x",
+        "--connect-timeout",
+        "90s",
+    ])
+    .expect("setup");
+    let Command::Setup(setup) = setup.command else {
+        panic!("expected setup");
+    };
+    assert_eq!(setup.connect_timeout(), Duration::from_secs(90));
+}
+
+#[test]
+fn sizes_take_binary_and_decimal_units() {
+    use super::tuning::parse_size;
+    assert_eq!(parse_size("16MiB"), Ok(16 << 20));
+    assert_eq!(parse_size("16 mib"), Ok(16 << 20));
+    assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
+    assert_eq!(parse_size("1kB"), Ok(1_000));
+    assert_eq!(parse_size("123"), Ok(123));
+    assert!(parse_size("MiB").is_err());
+    assert!(parse_size("1.5MiB").is_err(), "whole numbers only");
+    assert!(parse_size("99999999999GiB").is_err(), "too large");
+}
+
 #[test]
 fn durations_parse_with_units() {
     assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));

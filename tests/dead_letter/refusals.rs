@@ -67,7 +67,7 @@ async fn a_body_over_the_brokers_max_message_size_halts_naming_it_after_one_wind
     let (huge, size) = insert_huge(&outbox).await;
     seed(&outbox, AFTER).await;
 
-    let relay = outbox.spawn_relay(&["--max-message-size", RELAY_LIMIT, "--max-backoff-secs", "1"]);
+    let relay = outbox.spawn_relay(&["--max-message-size", RELAY_LIMIT, "--max-backoff", "1s"]);
     // The broker refuses it with the window full; the relay learns the broker's limit from
     // the refusal, and on its retry the row is too large before it is published: halt stops.
     let status = relay.wait_exit(2 * MINUTE).await.unwrap_or_else(|| {

@@ -755,8 +755,8 @@ pub(super) fn spawn_replica_with(
         sql,
         "--cleanup-interval",
         "0",
-        "--max-backoff-secs",
-        "2",
+        "--max-backoff",
+        "2s",
     ];
     let mut env = vec![
         ("RUST_LOG", "info,outbox_inbox=debug"),

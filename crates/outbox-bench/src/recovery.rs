@@ -212,8 +212,8 @@ impl Scenario {
         let _ = writeln!(
             s,
             "{}; PostgreSQL {} (wal_sender_timeout {}); the relay through {}, `--max-in-flight \
-             {}`, `--max-backoff-secs {}` (backoff doubles from 0.5 s), `--status-interval-ms \
-             {}`, `--peer-timeout` {} s (its default: AMQP heartbeat {} s); a backlog of {} rows \
+             {}`, `--max-backoff {}s` (backoff doubles from 0.5 s), `--status-interval \
+             {}ms`, `--peer-timeout` {} s (its default: AMQP heartbeat {} s); a backlog of {} rows \
              committed before the relay started, and {} writers committing {transactions} with \
              {} ms between them throughout.\n",
             c.broker,
@@ -418,7 +418,7 @@ mod tests {
             text.contains("**met** in every round (max 3.00 s)"),
             "{text}"
         );
-        assert!(text.contains("`--max-backoff-secs 2`"), "{text}");
+        assert!(text.contains("`--max-backoff 2s`"), "{text}");
         assert!(
             text.contains("writers committing transactions of 1 to 10 rows"),
             "{text}"

@@ -102,7 +102,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1024)]
     pub max_in_flight: u32,
 
-    /// The relay's --status-interval-ms (WAL mode), for the duplicate bound.
+    /// The relay's --status-interval (WAL mode), for the duplicate bound.
     #[arg(long, default_value_t = 100)]
     pub status_interval_ms: u64,
 
@@ -914,8 +914,8 @@ impl Bench {
             Setup::Wal { window } => args.extend([
                 "--max-in-flight".into(),
                 window.to_string(),
-                "--status-interval-ms".into(),
-                self.args.status_interval_ms.to_string(),
+                "--status-interval".into(),
+                format!("{}ms", self.args.status_interval_ms),
                 // No port to clash with.
                 "--metrics-addr".into(),
                 "off".into(),

@@ -34,7 +34,7 @@ impl Results {
         } else {
             format!(
                 " Scale {}: backlogs of {} rows, drain window {} s, {} rows/s for {} s, {} \
-                 writers for {} s; WAL --max-in-flight {}, --status-interval-ms {}.",
+                 writers for {} s; WAL --max-in-flight {}, --status-interval {}ms.",
                 self.scale.name,
                 int(self.scale.drain_rows as f64),
                 self.scale.drain_window_secs,
