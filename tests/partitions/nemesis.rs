@@ -256,6 +256,11 @@ struct Ran {
     late: Duration,
     began: SystemTime,
     healed: SystemTime,
+    /// When the fault's target was whole again: the heal, or later the end of the restart
+    /// of a node the fault left paused (mid-campaign, or by the final check of the cluster).
+    /// A node's restart ends the relays' sessions through it: what they deliver again is
+    /// written up to this moment, not only up to the heal.
+    recovered: SystemTime,
     /// A PostgreSQL stop's: where the slot resumed.
     rewind: Option<Rewind>,
     /// Whether the fault found its target: a kill or a SIGTERM a running process.
@@ -367,8 +372,9 @@ struct AckReadings {
 /// resuming below it from the slot in a new session, so the row must be one the slot had not
 /// passed when the fault began (its commit ends `after` the last position read before that,
 /// or above where a PostgreSQL stop made the slot resume, if lower: [`Rewind`]), and one
-/// committed before the sessions the fault ended did (by `until`: the heal and its target's
-/// settle time); each at most `replays` times ([`Fault::replays`]).
+/// committed before the sessions the fault ended did (by `until`: when its target was whole
+/// again, [`Ran::recovered`], and its settle time); each at most `replays` times
+/// ([`Fault::replays`]).
 #[derive(Clone, Copy, Debug)]
 struct ReplayWindow {
     kind: FaultKind,
@@ -391,7 +397,7 @@ impl ReplayWindow {
             kind,
             began: ran.began,
             after: ran.rewind.map_or(read_before, |r| r.from.min(read_before)),
-            until: ran.healed + kind.settle(),
+            until: ran.recovered + kind.settle(),
             replays: ran.step.fault.replays(ran.step.lasts),
         }
     }
@@ -500,6 +506,39 @@ fn repeats_by_fault(
         unexplained.iter().map(|u| u.1 - u.2).sum::<usize>(),
         examples.join("\n")
     ))
+}
+
+/// A node left paused and restarted after the heal ends the relays' sessions through it
+/// then: the fault's window reaches to the restart (and its settle time), not to the heal.
+#[test]
+fn a_window_reaches_to_the_restart_of_a_node_the_fault_left_paused() {
+    let at = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+    let step = Step {
+        at: Duration::from_secs(100),
+        fault: Fault::RabbitPause { node: 1 },
+        lasts: Duration::from_secs(10),
+    };
+    let ran = |recovered| Ran {
+        step,
+        late: Duration::ZERO,
+        began: at(100),
+        healed: at(110),
+        recovered,
+        rewind: None,
+        landed: true,
+    };
+    let positions = [(at(99), 1_000)];
+    let settle = FaultKind::RabbitPause.settle();
+    // Written after the heal's settle time, before the restart: only the restart replays it.
+    let row = (Some(2_000), at(110) + settle + Duration::from_secs(5));
+    let healed_only = ReplayWindow::of(&ran(at(110)), &positions);
+    assert!(!healed_only.holds(row.0, row.1));
+    let restarted = ReplayWindow::of(&ran(at(110) + settle + Duration::from_secs(30)), &positions);
+    assert!(restarted.holds(row.0, row.1));
+    assert!(
+        !restarted.holds(Some(900), row.1),
+        "acknowledged before the fault"
+    );
 }
 
 #[test]
@@ -881,6 +920,7 @@ async fn run_step(world: Arc<World>, started: Instant, step: Step) -> Ran {
         late,
         began,
         healed,
+        recovered: SystemTime::now(),
         rewind,
         landed,
     }
@@ -1262,7 +1302,20 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
         secs(ready_after),
         secs(READY_WITHIN)
     );
+    let repairs = lab.cluster.repairs();
     blocking(|| lab.cluster.ensure_healthy());
+    if lab.cluster.repairs() > repairs {
+        // Nodes still paused at the end, restarted now: the latest fault that can leave a
+        // node paused did, and the restart can make the relays deliver again what was
+        // written up to now.
+        if let Some(last) = ran
+            .iter_mut()
+            .filter(|r| !r.step.fault.may_leave_paused().is_empty())
+            .max_by_key(|r| r.began)
+        {
+            last.recovered = SystemTime::now();
+        }
+    }
     tokio::time::sleep(common::nemesis::QUIET).await;
     let commits = writers.stop_with_commits().await;
 
