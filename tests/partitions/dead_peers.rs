@@ -755,8 +755,9 @@ pub(super) fn spawn_replica_with(
         sql,
         "--cleanup-interval",
         "0",
-        "--max-backoff",
-        "2s",
+        // The inbox's own flag, in seconds (it keeps its -secs names for now).
+        "--max-backoff-secs",
+        "2",
     ];
     let mut env = vec![
         ("RUST_LOG", "info,outbox_inbox=debug"),
