@@ -425,7 +425,8 @@ fn config_fix(problem: &ConfigProblem) -> Option<String> {
         | RoutingKey { .. }
         | ShardCount { .. }
         | TeardownUnconfirmed { .. }
-        | PollIntervalsCrossed { .. } => return None,
+        | PollIntervalsCrossed { .. }
+        | StreamWith { .. } => return None,
     })
 }
 

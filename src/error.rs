@@ -392,6 +392,22 @@ pub enum RelayError {
 
     #[error("The replication stream ended unexpectedly")]
     StreamEnded,
+
+    #[error("Cannot reach RabbitMQ's {address} over the stream protocol: {reason}")]
+    StreamConnect { address: String, reason: String },
+
+    #[error(
+        "The RabbitMQ stream \"{stream}\" does not exist in virtual host \"{vhost}\": create \
+         it (rabbitmqadmin declare queue name={stream} queue_type=stream durable=true), or name \
+         another with --stream"
+    )]
+    StreamMissing { stream: String, vhost: String },
+
+    #[error(
+        "The transaction that committed at {commit_lsn} has more than {limit} outbox rows: \
+         a stream's publishing ids hold at most that many per transaction; split it"
+    )]
+    StreamTransactionTooLarge { commit_lsn: String, limit: u64 },
 }
 
 /// Why a slot was invalidated, in words, for [`RelayError::SlotLost`].
@@ -680,9 +696,18 @@ pub enum ConfigProblem {
     // ---- polling ----
     /// `min`, `max`: the two waits as given (humantime).
     #[error(
-        "--poll-interval-min {min} is above --poll-interval-max {max}: set          --poll-interval-max at least as high, or --poll-interval for one fixed wait"
+        "--poll-interval-min {min} is above --poll-interval-max {max}: set \
+         --poll-interval-max at least as high, or --poll-interval for one fixed wait"
     )]
     PollIntervalsCrossed { min: String, max: String },
+
+    // ---- the stream destination ----
+    /// `setting`: what the stream destination cannot work with yet; `why`: and why.
+    #[error("--stream does not work with {setting}: {why}")]
+    StreamWith {
+        setting: &'static str,
+        why: &'static str,
+    },
 }
 
 /// What kind of row, emitted event or table the mapper cannot make a message of
@@ -948,13 +973,14 @@ impl RelayError {
             | RecoveryStateUnreadable { .. }
             | NoReplicationPrivilege { .. }
             | SlotActive { .. }
+            | StreamMissing { .. }
             | PublicationNotOwned { .. } => ErrorKind::Provisioning,
             SlotLost { .. } => ErrorKind::SlotLost,
             PgTls { problem, .. } => match problem {
                 TlsProblem::Handshake => ErrorKind::TlsHandshake,
                 _ => ErrorKind::TlsConfig,
             },
-            Decode(_) | Unpublishable { .. } => ErrorKind::Data,
+            Decode(_) | Unpublishable { .. } | StreamTransactionTooLarge { .. } => ErrorKind::Data,
             Bug(_) => ErrorKind::Bug,
             SlotInUse { .. } | RecoveryInProgress { .. } => ErrorKind::SlotHeld,
             Database(e) => match e.code() {
@@ -972,7 +998,7 @@ impl RelayError {
                 Endpoint::PostgreSql | Endpoint::Replication => ErrorKind::DatabaseConnectTimeout,
             },
             BrokerSetupTimeout { .. } => ErrorKind::BrokerConnectTimeout,
-            Broker(_) | ChannelClosed { .. } => ErrorKind::BrokerDown,
+            Broker(_) | ChannelClosed { .. } | StreamConnect { .. } => ErrorKind::BrokerDown,
             PublishRefused { .. } | PublishRefusedAmong { .. } => ErrorKind::PublishRefused,
             RoutedToMissingExchange { .. } => ErrorKind::ExchangeMissing,
             ConfirmTimeout { .. } => ErrorKind::ConfirmTimeout,

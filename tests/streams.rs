@@ -1,5 +1,6 @@
-//! RabbitMQ Streams: what the broker does that a stream destination would build on
-//! (docs/architecture.md, "Streams (designed, not built yet)"). A named producer's publishing ids are deduplicated by
+//! RabbitMQ Streams: what the stream destination (`run --stream`) builds on, and the relay
+//! delivering into a stream (docs/architecture.md, "Streams"). A named producer's publishing
+//! ids are deduplicated by
 //! the broker: it keeps the highest id stored for that name and drops a publish whose id is
 //! not above it. That turns a relay's re-publish after a crash into nothing, and an id that
 //! goes backwards into a silent loss. These tests pin both down on the kit's broker (4.0),
@@ -51,41 +52,75 @@ async fn publish(
 /// Every body in `stream` from offset 0, up to a marker an unnamed producer appends now: the
 /// stream's whole content, read by a consumer of its own.
 async fn read_all(environment: &Environment, stream: &str) -> Vec<String> {
-    const MARKER: &str = "test-marker";
-    let marker: Producer<NoDedup> = environment
+    read_messages(environment, stream)
+        .await
+        .into_iter()
+        .map(|(_, body)| body)
+        .collect()
+}
+
+/// Every message in `stream` from offset 0 as (message_id if it has one, body), up to a marker an unnamed
+/// producer appends now; markers appended by earlier reads are left out.
+async fn read_messages(environment: &Environment, stream: &str) -> Vec<(Option<String>, String)> {
+    static READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let read = READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let marker = format!("{MARKER_PREFIX}{read}");
+    let marker_producer: Producer<NoDedup> = environment
         .producer()
         .build(stream)
         .await
         .expect("the marker's producer");
-    let status = marker
-        .send_with_confirm(Message::builder().body(MARKER.as_bytes().to_vec()).build())
+    let status = marker_producer
+        .send_with_confirm(Message::builder().body(marker.as_bytes().to_vec()).build())
         .await
         .expect("publish the marker");
     assert!(
         status.confirmed(),
         "the marker was not confirmed: {status:?}"
     );
+    let _ = marker_producer.close().await;
     let mut consumer = environment
         .consumer()
         .offset(OffsetSpecification::First)
         .build(stream)
         .await
         .expect("a consumer from offset 0");
-    let mut bodies = Vec::new();
+    let mut messages = Vec::new();
     loop {
         let delivery = tokio::time::timeout(MINUTE, consumer.next())
             .await
-            .unwrap_or_else(|_| panic!("no marker in {stream} within a minute: read {bodies:?}"))
-            .unwrap_or_else(|| panic!("{stream}'s consumer ended before the marker: {bodies:?}"))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no marker in {stream} within a minute: read {}",
+                    messages.len()
+                )
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "{stream}'s consumer ended before the marker: {}",
+                    messages.len()
+                )
+            })
             .expect("a delivery");
-        let body = delivery.message().data().unwrap_or_default();
-        let body = String::from_utf8_lossy(body).into_owned();
-        if body == MARKER {
-            return bodies;
+        let message = delivery.message();
+        let body = String::from_utf8_lossy(message.data().unwrap_or_default()).into_owned();
+        if body == marker {
+            let _ = consumer.handle().close().await;
+            return messages;
         }
-        bodies.push(body);
+        if body.starts_with(MARKER_PREFIX) {
+            continue;
+        }
+        let id = message
+            .properties()
+            .and_then(|p| p.message_id.clone())
+            .and_then(|id| String::try_from(id).ok());
+        messages.push((id, body));
     }
 }
+
+/// The body of a read's marker, numbered per read.
+const MARKER_PREFIX: &str = "test-marker-";
 
 /// The id the broker holds for producer `name` on `stream`.
 async fn last_id(broker: &RabbitServer, name: &str, stream: &str) -> u64 {
@@ -152,5 +187,181 @@ async fn a_named_producer_s_repeats_are_dropped_and_confirmed_and_an_id_going_ba
         last_id(&broker, "relay-b", stream).await,
         0,
         "an unknown name"
+    );
+}
+
+/// The relay into a stream, killed with a full window in flight over a backlog and started
+/// again: the stream holds every committed row exactly once, in commit order, although the
+/// restart re-published what the first run had left unacknowledged in the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_killed_at_full_speed_leaves_every_row_in_the_stream_once_in_commit_order() {
+    const ROWS: usize = 40_000;
+    const WINDOW: &str = "1024";
+    let broker = tokio::task::block_in_place(RabbitServer::start_with_streams);
+    let pg = &common::services().pg;
+    let outbox =
+        common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), "stream_kill").await;
+    let environment = environment(&broker).await;
+    let stream = "outbox-stream";
+    environment
+        .stream_creator()
+        .create(stream)
+        .await
+        .expect("create the stream");
+    common::create_test_decoding_slot(&outbox.client, "stream_oracle").await;
+    let writes = |rows| common::outbox::write_concurrently(&outbox.db_url, 4, rows, 20);
+    writes(ROWS / 4).await;
+    let quarter = common::current_wal_lsn(&outbox.client).await;
+    writes(ROWS - ROWS / 4).await;
+    let end = common::current_wal_lsn(&outbox.client).await;
+    let port = broker.stream_port().to_string();
+    let flags = [
+        "--stream",
+        stream,
+        "--stream-port",
+        &port,
+        "--max-in-flight",
+        WINDOW,
+    ];
+
+    let (relay, _) = outbox.spawn_observed(&flags);
+    assert!(
+        outbox.wait_confirmed_flush(quarter, MINUTE * 2).await,
+        "a quarter of the rows acknowledged; log:\n{}",
+        relay.log()
+    );
+    relay.kill9();
+    assert!(
+        relay.wait_exit(MINUTE).await.is_some(),
+        "the relay is gone after kill -9"
+    );
+    let acknowledged_at_kill = outbox.confirmed_flush().await;
+    let held_at_kill = read_messages(&environment, stream).await.len();
+    // The premise: the kill left rows to the restart, some of them already in the stream.
+    assert!(
+        acknowledged_at_kill < end && held_at_kill < ROWS,
+        "the kill did not land mid-backlog: slot at {acknowledged_at_kill:X} of {end:X}, \
+         {held_at_kill} of {ROWS} rows in the stream"
+    );
+
+    let (relay, metrics) = outbox.spawn_observed(&flags);
+    assert!(
+        outbox.wait_confirmed_flush(end, MINUTE * 3).await,
+        "every row acknowledged after the restart; log:\n{}",
+        relay.log()
+    );
+    let published_again = relay
+        .counter(outbox_relay::observability::MESSAGES_PUBLISHED_TOTAL)
+        .unwrap_or_else(|| panic!("the relay's /metrics on port {metrics}"));
+    relay.stop().await;
+
+    let committed: Vec<String> = common::read_test_decoding(&outbox.client, "stream_oracle")
+        .await
+        .iter()
+        .flat_map(|txn| txn.inserted_ids("public.outbox"))
+        .collect();
+    assert_eq!(committed.len(), ROWS, "the oracle saw every row");
+    let held: Vec<String> = read_messages(&environment, stream)
+        .await
+        .into_iter()
+        .map(|(id, body)| id.unwrap_or_else(|| panic!("a message without a message_id: {body}")))
+        .collect();
+    let repeats = held.len().saturating_sub(committed.len());
+    println!(
+        "stream after kill -9: {held_at_kill} held at the kill, {published_again} published by \
+         the restart, {} in the stream for {ROWS} rows",
+        held.len()
+    );
+    assert!(
+        held_at_kill + published_again > ROWS,
+        "the restart re-published nothing the stream held ({held_at_kill} held + \
+         {published_again} published for {ROWS} rows): the test proves no deduplication"
+    );
+    assert_eq!(repeats, 0, "no row twice in the stream");
+    assert!(
+        held == committed,
+        "the stream holds the committed rows in commit order: first difference at {:?}",
+        held.iter().zip(&committed).position(|(a, b)| a != b)
+    );
+}
+
+/// What the stream destination cannot work with yet is refused at start, naming it, and a
+/// stream that does not exist stops the relay with the command that creates it: both are the
+/// configuration's to fix (exit code 3), and nothing is acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_stream_and_what_a_stream_cannot_work_with_are_refused_naming_the_fix() {
+    use outbox_relay::exit;
+    let broker = tokio::task::block_in_place(RabbitServer::start_with_streams);
+    let pg = &common::services().pg;
+    let outbox =
+        common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), "stream_refused").await;
+    let port = broker.stream_port().to_string();
+    let text = |out: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    for (extra, expected) in [
+        (
+            ["--on-slot-lost", "recreate"],
+            "--stream does not work with --on-slot-lost recreate",
+        ),
+        (
+            ["--on-unroutable", "dead-letter"],
+            "--stream does not work with --on-unroutable dead-letter",
+        ),
+    ] {
+        let mut args = vec![
+            "run",
+            "--stream",
+            "s",
+            "--stream-port",
+            &port,
+            "--metrics-addr",
+            "off",
+        ];
+        args.extend(extra);
+        if extra[0] == "--on-unroutable" {
+            args.extend(["--dead-letter-exchange", "dead"]);
+        }
+        let out = outbox.run_command(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(i32::from(exit::CONFIG)),
+            "{}",
+            text(&out)
+        );
+        assert!(text(&out).contains(expected), "{}", text(&out));
+    }
+
+    outbox.insert("Created", "{}").await;
+    let before = outbox.confirmed_flush().await;
+    let out = outbox.run_command(&[
+        "run",
+        "--stream",
+        "nowhere",
+        "--stream-port",
+        &port,
+        "--metrics-addr",
+        "off",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(i32::from(exit::CONFIG)),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        text(&out).contains("The RabbitMQ stream \"nowhere\" does not exist")
+            && text(&out).contains("queue_type=stream"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        outbox.confirmed_flush().await,
+        before,
+        "the slot did not move past the row"
     );
 }

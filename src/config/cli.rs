@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use super::connections::{Connections, DatabaseConnection, PeerTimeoutArgs, StatementTimeoutArgs};
+use super::connections::{
+    Connections, DatabaseConnection, PeerTimeoutArgs, StatementTimeoutArgs, StreamArgs,
+};
 use super::messages::{
     DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormatArgs, RestrictEmitArgs,
 };
@@ -152,6 +154,8 @@ pub struct RunArgs {
     pub format: MessageFormatArgs,
     #[command(flatten)]
     pub failover: FailoverSlotArgs,
+    #[command(flatten)]
+    pub stream: StreamArgs,
     /// What to do when the slot is missing (a failover without failover slots: PostgreSQL
     /// 16 and older) or invalidated: `stop` (a person recovers: docs/recovery.md,
     /// "Recovering from a lost slot"), or `recreate`: create a new slot and re-publish from

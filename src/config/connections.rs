@@ -44,6 +44,23 @@ pub struct BrokerConnection {
     pub amqp_node_order: NodeOrder,
 }
 
+/// The stream destination: `run` only (WAL mode), in place of the exchange.
+#[derive(Debug, Clone, Args)]
+pub struct StreamArgs {
+    /// Deliver into this RabbitMQ stream (it must exist) through the stream protocol, instead
+    /// of publishing to an exchange: a named producer whose publishing ids follow the slot's
+    /// order, so the broker drops what a restart re-publishes and the stream holds each row
+    /// once (docs/architecture.md, "Streams"). The nodes, user and virtual host are
+    /// --amqp-url's; rows' exchange and routing key are not used.
+    #[arg(long, env = "OUTBOX_STREAM")]
+    pub stream: Option<String>,
+
+    /// The stream protocol's port on the first node --amqp-url names (the rabbitmq_stream
+    /// plugin's listener).
+    #[arg(long, env = "OUTBOX_STREAM_PORT", default_value_t = 5552)]
+    pub stream_port: u16,
+}
+
 /// `--amqp-node-order`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum NodeOrder {

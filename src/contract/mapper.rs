@@ -524,6 +524,7 @@ impl Mapper {
             timestamp: created_at.and_then(|at| u64::try_from(at.unix_timestamp()).ok()),
             headers,
             body,
+            position,
         })
     }
 

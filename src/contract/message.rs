@@ -20,6 +20,7 @@ use std::fmt;
 
 use bytes::Bytes;
 
+use crate::contract::headers::Position;
 use crate::error::MapProblem;
 
 /// One message of the contract (docs/architecture.md, "The message contract"), ready to
@@ -41,6 +42,9 @@ pub struct Message {
     /// The message's own headers and the relay's, in the order they were added.
     pub headers: Headers,
     pub body: Bytes,
+    /// Where the row was in the slot's stream (WAL mode): a stream destination's publishing
+    /// id. `None` for what polling and resync publish.
+    pub position: Option<Position>,
 }
 
 impl Message {
@@ -158,6 +162,7 @@ mod tests {
             timestamp: None,
             headers: vec![("a".into(), HeaderValue::Int(1))],
             body: Bytes::new(),
+            position: None,
         };
         message.set_header("a", "two".into());
         assert_eq!(message.header("a"), Some(&HeaderValue::Text("two".into())));

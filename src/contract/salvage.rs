@@ -66,6 +66,7 @@ impl Mapper {
                     } else {
                         readable.body
                     },
+                    position,
                 }
             });
         Box::new(Unpublishable {

@@ -243,6 +243,7 @@ mod tests {
             timestamp: None,
             headers: vec![("x-outbox-seq".into(), HeaderValue::Text("0A-01".into()))],
             body: Bytes::from_static(b"{\"a\":1}"),
+            position: None,
         }
     }
 

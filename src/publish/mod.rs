@@ -23,15 +23,18 @@
 pub mod broker;
 pub mod dead_letter;
 pub mod delivery;
+pub mod destination;
 pub mod nodes;
 mod outgoing;
 pub mod publisher;
 pub mod queue;
+pub mod stream;
 #[cfg(test)]
 pub mod testing;
 
 pub use broker::Broker;
 pub use delivery::{deliver, deliver_batch, Acked, DeliveryOptions, Input};
+pub use destination::Destination;
 pub use nodes::{BrokerNode, BrokerNodes};
 pub use outbox_common::amqp::open_connection;
 pub use publisher::Publisher;

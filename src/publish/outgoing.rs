@@ -90,6 +90,7 @@ impl Outgoing {
             timestamp: *properties.timestamp(),
             headers,
             body: self.body,
+            position: None,
         }
     }
 }
@@ -131,6 +132,7 @@ mod tests {
                 ("x-outbox-seq".into(), HeaderValue::Text("0A-01".into())),
             ],
             body: Bytes::from_static(b"{\"a\":1}"),
+            position: None,
         }
     }
 

@@ -698,6 +698,7 @@ mod tests {
                 timestamp: None,
                 headers: Vec::new(),
                 body: Default::default(),
+                position: None,
             },
             reply_code: 312,
             reply_text: "NO_ROUTE".into(),

@@ -43,8 +43,9 @@ use tokio_util::sync::CancellationToken;
 use crate::advice::report;
 use crate::assembly::{self, RelayParts, RelayPartsFlags};
 use crate::config::RunArgs;
-use crate::error::RelayError;
+use crate::error::{ConfigProblem, RelayError};
 use crate::observability::{self, NotReady};
+use crate::publish::stream::StreamAddress;
 use crate::supervisor::{supervise, Supervised, Supervision};
 use session::SessionContext;
 
@@ -74,6 +75,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
     })?;
     let shard = assembly::shard(&args.shard)?;
     let names = shard.names(&args.names)?;
+    let stream = stream_destination(&args, &brokers, dead_letter_exchange.is_some())?;
     let mut created_at_for = Vec::new();
     if !args.cleanup.cleanup_interval.is_zero() {
         created_at_for.push(crate::cleanup::CLEANUP_NEEDS);
@@ -136,6 +138,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
             failover: args.failover.failover_slot,
             on_slot_lost: args.on_slot_lost,
             recreate_margin: args.recreate_margin,
+            stream,
             last_server: std::sync::Mutex::new(None),
             handed_over: timeline::HandedOver::default(),
             emitted_seen: state::EmittedSeen::default(),
@@ -143,6 +146,35 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         role,
     };
     supervise(&mut relay, &supervision, &shutdown).await
+}
+
+/// `--stream`'s destination, if given, with what it cannot work with yet refused: dead
+/// letters (an exchange the stream does not have) and a recreated slot's backfill (rows
+/// without a place in the slot's stream, so without a publishing id).
+fn stream_destination(
+    args: &RunArgs,
+    brokers: &crate::publish::BrokerNodes,
+    dead_letters: bool,
+) -> Result<Option<StreamAddress>, RelayError> {
+    let Some(stream) = args.stream.stream.as_deref().map(str::trim) else {
+        return Ok(None);
+    };
+    if dead_letters {
+        return Err(ConfigProblem::StreamWith {
+            setting: "--on-unroutable dead-letter",
+            why: "a stream returns nothing, and a row that cannot be mapped stops the relay \
+                  (--on-unroutable halt)",
+        }
+        .into());
+    }
+    if args.on_slot_lost == crate::config::OnSlotLost::Recreate {
+        return Err(ConfigProblem::StreamWith {
+            setting: "--on-slot-lost recreate",
+            why: "the backfill's rows have no place in the slot's stream, so no publishing id",
+        }
+        .into());
+    }
+    StreamAddress::of(brokers, args.stream.stream_port, stream).map(Some)
 }
 
 /// The WAL relay as the supervisor sees it: one replication session after another.

@@ -29,7 +29,10 @@ use crate::error::{Endpoint, RelayError};
 use crate::observability::{
     Health, RelayMetrics, StreamMetrics, HOST_LABEL, POSTGRES_INFO, SESSIONS_TOTAL,
 };
-use crate::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions, Input};
+use crate::publish::stream::{StreamAddress, StreamDestination};
+use crate::publish::{
+    deliver, Acked, Broker, BrokerNodes, DeliveryOptions, Destination, Input, Publisher,
+};
 use crate::shard::Shard;
 use crate::wal::heartbeat::{self, Heartbeat};
 use crate::wal::position::AckPosition;
@@ -72,6 +75,8 @@ pub struct SessionContext {
     /// `--on-slot-lost`, and the backfill's `--recreate-margin`.
     pub on_slot_lost: OnSlotLost,
     pub recreate_margin: std::time::Duration,
+    /// `--stream`: the stream WAL mode delivers into instead of the exchange.
+    pub stream: Option<StreamAddress>,
     /// The PostgreSQL server the last session streamed from.
     pub last_server: std::sync::Mutex<Option<SeenServer>>,
     /// Commits of the transactions handed on from that server, for a failover's report.
@@ -113,13 +118,16 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
         }
         checked => checked?,
     };
-    let broker = Arc::new(connect_broker(ctx).await?);
+    let broker = Arc::new(connect_destination(ctx).await?);
     let stuck = ctx.health.stuck();
     let (client, feedback_sent) = match start_streaming(ctx, &server, slot.confirmed_flush).await {
         // Lost between the check and START_REPLICATION: the next session recovers it.
         Err(e) if recreates(ctx, &e) => return Err(slot_vanished(ctx)),
         started => started?,
     };
+    if let Destination::Stream(stream) = &*broker {
+        stream.name_producers(&ctx.names.slot, streamed_timeline(ctx)?);
+    }
     let leaving = CancellationToken::new();
     let (unpublished, mut outbox_unpublished) = oneshot::channel();
     let _watch = watch_server(ctx, &server, leaving.clone(), (outbox, unpublished)).await?;
@@ -193,7 +201,7 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
 /// window of 1 while `stuck` (an earlier session's failed message) is unconfirmed.
 fn start_delivery(
     ctx: &SessionContext,
-    broker: &Arc<Broker>,
+    broker: &Arc<Destination>,
     stuck: Option<String>,
     inputs: mpsc::Receiver<Input<AckPosition>>,
     acked: watch::Sender<Acked<AckPosition>>,
@@ -372,13 +380,30 @@ async fn preflight(
     Ok((slot, outbox))
 }
 
-/// The broker connection, with the exchange checked and the dead-letter policy's channel.
-async fn connect_broker(ctx: &SessionContext) -> Result<Broker, RelayError> {
+/// The destination's connection: the stream's, checked to exist; or the broker's, with the
+/// exchange checked and the dead-letter policy's channel.
+async fn connect_destination(ctx: &SessionContext) -> Result<Destination, RelayError> {
+    if let Some(stream) = &ctx.stream {
+        return Ok(Destination::Stream(
+            StreamDestination::connect(stream.clone()).await?,
+        ));
+    }
     let mut broker = Broker::connect(&ctx.brokers).await?;
     broker
         .prepare(&ctx.names.exchange, ctx.dead_letter_exchange.as_deref())
         .await?;
-    Ok(broker)
+    Ok(Destination::Exchange(broker))
+}
+
+/// The timeline of the server this session streams from (IDENTIFY_SYSTEM's): part of the
+/// stream producers' names.
+fn streamed_timeline(ctx: &SessionContext) -> Result<u32, RelayError> {
+    ctx.last_server
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_ref()
+        .map(|server| server.timeline)
+        .ok_or_else(|| RelayError::Bug("streaming from a server never identified".into()))
 }
 
 /// START_REPLICATION on `server` from `from` (the slot's own confirmed position there, never
@@ -525,7 +550,7 @@ struct Helpers {
 }
 
 impl Helpers {
-    fn start(ctx: &SessionContext, broker: &Broker) -> Self {
+    fn start(ctx: &SessionContext, broker: &Destination) -> Self {
         Self {
             _cleanup: AbortOnDropHandle::new(tokio::spawn(crate::cleanup::run_cleanup(
                 ctx.database_url.clone(),

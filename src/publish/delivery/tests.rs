@@ -148,6 +148,7 @@ fn message(id: &str) -> Message {
         timestamp: None,
         headers: vec![("x-outbox-seq".into(), HeaderValue::Text(id.into()))],
         body: Bytes::from_static(b"{}"),
+        position: None,
     }
 }
 

@@ -1,0 +1,498 @@
+//! The stream destination (`--stream NAME`): WAL mode's messages go into a RabbitMQ stream
+//! through the stream protocol, under a named producer whose publishing ids the broker
+//! deduplicates. A re-publish after a crash (the slot's replay) is then dropped by the broker,
+//! and the stream holds every row once (docs/architecture.md, "Streams").
+//!
+//! A row's publishing id is a pure function of its place in the slot's stream ([`publishing_id`]),
+//! so a session that resumes from the slot gives every row the id it had before. The broker
+//! drops a publish whose id is not above the highest it stored for the producer's name, so an
+//! id must never go backwards under one name: the name carries the slot, the PostgreSQL
+//! timeline and the LSN epoch ([`producer_name`]), which is everything that could make ids go
+//! back.
+//!
+//! The broker confirms what it drops as a duplicate: a confirm here says "the stream holds
+//! this id", not "this publish stored it". That is what the slot's acknowledgement needs.
+//!
+//! Implements [`Publisher`] for the delivery loop, which keeps its window, ordering and
+//! confirm timeout unchanged. A stream has no routing: nothing is returned, no exchange is
+//! checked, and the dead-letter policy does not apply (refused at start).
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use rabbitmq_stream_client::types::{Message as StreamMessage, ResponseCode, SimpleValue};
+use rabbitmq_stream_client::{Dedup, Environment, OnClosed, Producer};
+use tokio::sync::{oneshot, watch, Mutex};
+
+use super::nodes::BrokerNodes;
+use super::publisher::{Answer, Pending, Publisher};
+use crate::contract::headers::Position;
+use crate::contract::message::{HeaderValue, Message};
+use crate::error::{ConfigProblem, RelayError};
+
+/// The bits of a publishing id below a transaction's commit LSN: its rows' indexes.
+const INDEX_BITS: u32 = 16;
+/// WAL bytes per epoch: an id of the epoch, `(commit_lsn − base) << 16` plus the index, fits
+/// in 64 bits with the indexes' room to spare.
+const EPOCH_BYTES: u64 = 1 << 47;
+/// Two commit records lie at least 32 bytes apart (a 24-byte record header and the 8-byte
+/// commit time, aligned), so a transaction owns the ids from its commit LSN's up to 32 bytes
+/// further: this many rows.
+pub const MAX_ROWS_PER_TRANSACTION: u64 = 32 << INDEX_BITS;
+
+/// Where a row goes in the stream's id space: the epoch (part of the producer's name) and the
+/// publishing id within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamId {
+    pub epoch: u64,
+    pub publishing_id: u64,
+}
+
+/// The publishing id of the row at `position`. Ids grow with the commit LSN, then with the
+/// index: the slot's order. Plus one: an id of 0 would not be above a fresh name's "nothing
+/// stored yet".
+pub fn publishing_id(position: Position) -> Result<StreamId, RelayError> {
+    let lsn = position.commit_lsn.as_u64();
+    let index = u64::from(position.index);
+    if index >= MAX_ROWS_PER_TRANSACTION {
+        return Err(RelayError::StreamTransactionTooLarge {
+            commit_lsn: position.commit_lsn.to_string(),
+            limit: MAX_ROWS_PER_TRANSACTION,
+        });
+    }
+    let epoch = lsn / EPOCH_BYTES;
+    let within = lsn % EPOCH_BYTES;
+    Ok(StreamId {
+        epoch,
+        publishing_id: (within << INDEX_BITS) + index + 1,
+    })
+}
+
+/// The producer name for one slot, timeline and epoch. A promoted standby continues the WAL
+/// on a new timeline from its switch point: under a new name, nothing the old primary
+/// published past that point (a phantom) can make the broker drop the new primary's rows.
+pub fn producer_name(slot: &str, timeline: u32, epoch: u64) -> String {
+    format!("outbox-relay.{slot}.tl{timeline}.e{epoch}")
+}
+
+/// Where the stream is and who the relay is there.
+#[derive(Clone)]
+pub struct StreamAddress {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: String,
+    pub vhost: String,
+    pub stream: String,
+}
+
+impl StreamAddress {
+    /// The stream `stream` on the first of `nodes`, at the stream protocol's `port`, with the
+    /// AMQP URL's user, password and virtual host. The client finds the stream's leader
+    /// from there.
+    pub fn of(nodes: &BrokerNodes, port: u16, stream: &str) -> Result<Self, RelayError> {
+        let Some(node) = nodes.nodes().first() else {
+            return Err(ConfigProblem::NoAmqpUrl.into());
+        };
+        let uri: lapin::uri::AMQPUri = node.url().parse().map_err(|_| {
+            RelayError::Broker(format!("the AMQP URL of {} does not parse", node.address()))
+        })?;
+        if uri.scheme == lapin::uri::AMQPScheme::AMQPS {
+            return Err(ConfigProblem::StreamWith {
+                setting: "an amqps:// URL",
+                why: "the stream destination does not speak TLS yet",
+            }
+            .into());
+        }
+        Ok(Self {
+            host: uri.authority.host,
+            port,
+            user: uri.authority.userinfo.username,
+            password: uri.authority.userinfo.password,
+            vhost: uri.vhost,
+            stream: stream.to_string(),
+        })
+    }
+}
+
+impl std::fmt::Display for StreamAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stream {} at {}:{}", self.stream, self.host, self.port)
+    }
+}
+
+/// One connection's producers into one stream.
+pub struct StreamDestination {
+    environment: Environment,
+    address: StreamAddress,
+    /// Set once the session knows its timeline (after IDENTIFY_SYSTEM): the slot and
+    /// timeline part of every producer name.
+    slot_and_timeline: OnceLock<(String, u32)>,
+    /// One producer per epoch, declared at its first publish; nearly always one.
+    producers: Mutex<HashMap<u64, Producer<Dedup>>>,
+    /// Becomes `true` when a producer's connection closes: every pending answer fails then.
+    closed: watch::Sender<bool>,
+    /// A stream connection is never blocked the way an AMQP one is: constant `false`.
+    never_blocked: watch::Sender<bool>,
+}
+
+impl StreamDestination {
+    /// Connects to the stream port and checks that the stream exists.
+    pub async fn connect(address: StreamAddress) -> Result<Self, RelayError> {
+        let environment = Environment::builder()
+            .host(&address.host)
+            .port(address.port)
+            .username(&address.user)
+            .password(&address.password)
+            .virtual_host(&address.vhost)
+            .client_provided_name("outbox-relay")
+            .build()
+            .await
+            .map_err(|e| RelayError::StreamConnect {
+                address: address.to_string(),
+                reason: e.to_string(),
+            })?;
+        let destination = Self {
+            environment,
+            address,
+            slot_and_timeline: OnceLock::new(),
+            producers: Mutex::new(HashMap::new()),
+            closed: watch::Sender::new(false),
+            never_blocked: watch::Sender::new(false),
+        };
+        destination.check_stream().await?;
+        Ok(destination)
+    }
+
+    /// Names this session's producers: call once, before the first publish.
+    pub fn name_producers(&self, slot: &str, timeline: u32) {
+        let _ = self.slot_and_timeline.set((slot.to_string(), timeline));
+    }
+
+    /// A stream that does not exist fails here, naming the fix, rather than at the first row.
+    async fn check_stream(&self) -> Result<(), RelayError> {
+        let client = rabbitmq_stream_client::Client::connect(self.client_options())
+            .await
+            .map_err(|e| self.connect_error(e))?;
+        let exists = client
+            .metadata(vec![self.address.stream.clone()])
+            .await
+            .map_err(|e| self.connect_error(e))?
+            .get(&self.address.stream)
+            .is_some_and(|metadata| metadata.response_code == ResponseCode::Ok);
+        let _ = client.close().await;
+        if exists {
+            Ok(())
+        } else {
+            Err(RelayError::StreamMissing {
+                stream: self.address.stream.clone(),
+                vhost: self.address.vhost.clone(),
+            })
+        }
+    }
+
+    fn client_options(&self) -> rabbitmq_stream_client::ClientOptions {
+        rabbitmq_stream_client::ClientOptions::builder()
+            .host(&self.address.host)
+            .port(self.address.port)
+            .user(&self.address.user)
+            .password(&self.address.password)
+            .v_host(&self.address.vhost)
+            .build()
+    }
+
+    fn connect_error(&self, error: impl std::fmt::Display) -> RelayError {
+        RelayError::StreamConnect {
+            address: self.address.to_string(),
+            reason: error.to_string(),
+        }
+    }
+
+    /// Declares the producer for `epoch` unless `producers` has it.
+    async fn declare_producer(
+        &self,
+        producers: &mut HashMap<u64, Producer<Dedup>>,
+        epoch: u64,
+    ) -> Result<(), RelayError> {
+        if producers.contains_key(&epoch) {
+            return Ok(());
+        }
+        let Some((slot, timeline)) = self.slot_and_timeline.get() else {
+            return Err(RelayError::Bug(
+                "the stream producer was used before the session named it".into(),
+            ));
+        };
+        let name = producer_name(slot, *timeline, epoch);
+        let producer = self
+            .environment
+            .producer()
+            .client_provided_name("outbox-relay")
+            .name(&name)
+            .on_closed(Box::new(ClosedSignal(self.closed.clone())))
+            .build(&self.address.stream)
+            .await
+            .map_err(|e| RelayError::Broker(format!("declaring stream producer {name}: {e}")))?;
+        tracing::info!(stream = %self.address.stream, producer = %name, "stream producer declared");
+        producers.insert(epoch, producer);
+        Ok(())
+    }
+
+    /// Closes every producer, politely and briefly.
+    pub async fn close(&self) {
+        let producers: Vec<_> = self
+            .producers
+            .lock()
+            .await
+            .drain()
+            .map(|(_, p)| p)
+            .collect();
+        for producer in producers {
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, producer.close()).await;
+        }
+    }
+}
+
+/// How long a polite close may wait.
+const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Tells pending answers that the producer's connection is gone: the client calls back no
+/// confirm for what was in flight then.
+struct ClosedSignal(watch::Sender<bool>);
+
+#[async_trait::async_trait]
+impl OnClosed for ClosedSignal {
+    async fn on_closed(&self, _unconfirmed: Vec<StreamMessage>) {
+        self.0.send_replace(true);
+    }
+}
+
+/// A message of the contract in the stream's AMQP 1.0 format: message_id, content_type,
+/// creation_time and subject (the event type) in the properties, the event type also as the
+/// `x-basic-type` annotation (RabbitMQ's name for AMQP 0-9-1's `type`); the headers, the
+/// relay's own included, as application properties.
+pub fn stream_message(message: &Message, publishing_id: u64) -> StreamMessage {
+    let mut properties = StreamMessage::builder()
+        .properties()
+        .message_id(message.message_id.clone());
+    if let Some(content_type) = &message.content_type {
+        properties = properties.content_type(content_type.as_ref());
+    }
+    if let Some(event_type) = &message.event_type {
+        properties = properties.subject(event_type.clone());
+    }
+    if let Some(timestamp) = message
+        .timestamp
+        .and_then(|secs| i64::try_from(secs).ok())
+        .and_then(|secs| chrono::DateTime::<chrono::Utc>::from_timestamp(secs, 0))
+    {
+        properties = properties.creation_time(timestamp);
+    }
+    let mut builder = properties.message_builder();
+    if let Some(event_type) = &message.event_type {
+        builder = builder
+            .message_annotations()
+            .insert("x-basic-type", event_type.as_str())
+            .message_builder();
+    }
+    let mut application = builder.application_properties();
+    for (name, value) in &message.headers {
+        let value: SimpleValue = match value {
+            HeaderValue::Text(text) => text.clone().into(),
+            HeaderValue::Int(int) => (*int).into(),
+            HeaderValue::Float(float) => {
+                rabbitmq_stream_client::types::SimpleValue::Double((*float).into())
+            }
+            HeaderValue::Bool(flag) => (*flag).into(),
+        };
+        application = application.insert(name.clone(), value);
+    }
+    application
+        .message_builder()
+        .body(message.body.to_vec())
+        .publishing_id(publishing_id)
+        .build()
+}
+
+/// A publish into the stream awaiting its confirm.
+pub struct StreamPending {
+    answer: Option<oneshot::Receiver<Result<bool, String>>>,
+    closed: watch::Receiver<bool>,
+}
+
+impl Pending for StreamPending {
+    async fn answer(&mut self) -> Result<Answer, RelayError> {
+        let Some(answer) = self.answer.as_mut() else {
+            return Err(RelayError::Broker(
+                "the stream publish was answered already".into(),
+            ));
+        };
+        let outcome = tokio::select! {
+            biased;
+            outcome = answer => outcome,
+            _ = self.closed.wait_for(|closed| *closed) => {
+                return Err(RelayError::Broker("the stream connection closed".into()));
+            }
+        };
+        self.answer = None;
+        match outcome {
+            Ok(Ok(acked)) => Ok(Answer {
+                acked,
+                returned: None,
+            }),
+            Ok(Err(error)) => Err(RelayError::Broker(error)),
+            Err(_) => Err(RelayError::Broker("the stream connection closed".into())),
+        }
+    }
+}
+
+impl Publisher for StreamDestination {
+    type Pending = StreamPending;
+    type RoundTrip = super::broker::RoundTrip;
+
+    async fn start(&self, message: Message) -> Result<StreamPending, RelayError> {
+        let Some(position) = message.position else {
+            return Err(RelayError::Broker(format!(
+                "message {} has no place in the slot's stream: only WAL mode's rows go into a \
+                 stream",
+                message.message_id
+            )));
+        };
+        let id = publishing_id(position)?;
+        // Held across the send: the delivery loop starts publishes one at a time anyway, and
+        // the send only queues the message for the client's batching task.
+        let mut producers = self.producers.lock().await;
+        self.declare_producer(&mut producers, id.epoch).await?;
+        let Some(producer) = producers.get_mut(&id.epoch) else {
+            return Err(RelayError::Bug(
+                "a declared stream producer is missing".into(),
+            ));
+        };
+        let (answered, answer) = oneshot::channel();
+        producer
+            .send(
+                stream_message(&message, id.publishing_id),
+                |status| async move {
+                    let _ = answered.send(
+                        status
+                            .map(|status| status.confirmed())
+                            .map_err(|e| e.to_string()),
+                    );
+                },
+            )
+            .await
+            .map_err(|e| RelayError::Broker(format!("publishing into the stream: {e}")))?;
+        Ok(StreamPending {
+            answer: Some(answer),
+            closed: self.closed.subscribe(),
+        })
+    }
+
+    async fn start_dead_letter(&self, message: Message) -> Result<StreamPending, RelayError> {
+        Err(RelayError::Broker(format!(
+            "message {}: a stream destination has no dead-letter exchange",
+            message.message_id
+        )))
+    }
+
+    fn dead_letter_exchange(&self) -> Option<&str> {
+        None
+    }
+
+    /// Nothing is ever returned from a stream, so no answer waits behind a barrier.
+    fn round_trip(&self) -> Self::RoundTrip {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn blocked(&self) -> watch::Receiver<bool> {
+        self.never_blocked.subscribe()
+    }
+
+    /// A stream has no exchanges: what a row names as its exchange is not used.
+    async fn exchange_exists(&self, _exchange: &str) -> Result<bool, RelayError> {
+        Ok(true)
+    }
+
+    async fn reopen(&self) -> Result<(), RelayError> {
+        Err(RelayError::Broker(
+            "the stream connection cannot be reopened within a session".into(),
+        ))
+    }
+
+    fn max_message_size(&self) -> Option<usize> {
+        None
+    }
+
+    fn learn_max_message_size(&self, _limit: usize) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgwire_replication::Lsn;
+
+    fn at(commit_lsn: u64, index: u32) -> Position {
+        Position {
+            commit_lsn: Lsn::from_u64(commit_lsn),
+            index,
+        }
+    }
+
+    fn id(commit_lsn: u64, index: u32) -> StreamId {
+        publishing_id(at(commit_lsn, index)).expect("within the limits")
+    }
+
+    #[test]
+    fn ids_follow_the_slots_order() {
+        let order = [
+            id(0x1000, 0),
+            id(0x1000, 1),
+            id(0x1000, 70_000),
+            id(0x1020, 0),
+            id(0x1_0000_0000, 3),
+        ];
+        for pair in order.windows(2) {
+            assert_eq!(pair[0].epoch, pair[1].epoch);
+            assert!(
+                pair[0].publishing_id < pair[1].publishing_id,
+                "{:?} then {:?}",
+                pair[0],
+                pair[1]
+            );
+        }
+        assert!(
+            id(0, 0).publishing_id > 0,
+            "0 is below a fresh name's start"
+        );
+    }
+
+    #[test]
+    fn a_transaction_owns_the_ids_up_to_the_next_possible_commit() {
+        let last_of_one = id(0x1000, (MAX_ROWS_PER_TRANSACTION - 1) as u32);
+        let first_of_next = id(0x1000 + 32, 0);
+        assert!(last_of_one.publishing_id < first_of_next.publishing_id);
+        let too_many = publishing_id(at(0x1000, MAX_ROWS_PER_TRANSACTION as u32));
+        assert!(
+            matches!(too_many, Err(RelayError::StreamTransactionTooLarge { .. })),
+            "{too_many:?}"
+        );
+    }
+
+    #[test]
+    fn the_epoch_changes_the_name_not_the_order_within_it() {
+        let last = id(EPOCH_BYTES - 32, (MAX_ROWS_PER_TRANSACTION - 1) as u32);
+        let next = id(EPOCH_BYTES, 0);
+        assert_eq!((last.epoch, next.epoch), (0, 1));
+        assert_ne!(
+            producer_name("s", 1, last.epoch),
+            producer_name("s", 1, next.epoch)
+        );
+        let highest = id(u64::MAX, (MAX_ROWS_PER_TRANSACTION - 1) as u32);
+        assert!(highest.publishing_id > id(u64::MAX - 32, 0).publishing_id);
+    }
+
+    #[test]
+    fn a_new_timeline_is_a_new_name() {
+        assert_ne!(producer_name("s", 1, 0), producer_name("s", 2, 0));
+        assert_ne!(producer_name("a", 1, 0), producer_name("b", 1, 0));
+    }
+}
