@@ -190,17 +190,30 @@ async fn a_named_producer_s_repeats_are_dropped_and_confirmed_and_an_id_going_ba
     );
 }
 
-/// The relay into a stream, killed with a full window in flight over a backlog and started
-/// again: the stream holds every committed row exactly once, in commit order, although the
-/// restart re-published what the first run had left unacknowledged in the slot.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_relay_killed_at_full_speed_leaves_every_row_in_the_stream_once_in_commit_order() {
-    const ROWS: usize = 40_000;
+/// What interrupts the relay into a stream halfway through a backlog.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Interruption {
+    /// kill -9 of the relay with a full window in flight, then a new relay.
+    RelayKilled,
+    /// SIGTERM, then a new relay.
+    RelayStopped,
+    /// kill -9 of the broker and its restart, under the same relay.
+    BrokerRestarted,
+}
+
+/// The relay delivers a 100,000-row backlog into a stream with a window of 1,024 and is
+/// interrupted a tenth of the way: the stream then holds every committed row exactly
+/// once, in commit order (a `test_decoding` slot's), read from offset 0 by a client of its
+/// own. Returns how many messages the relays published in all.
+async fn delivered_once_in_order_after(interruption: Interruption) -> usize {
+    // Enough that the relay, at about 30,000 rows/s, is still in the backlog when the test
+    // sees a tenth of it published.
+    const ROWS: usize = 100_000;
     const WINDOW: &str = "1024";
     let broker = tokio::task::block_in_place(RabbitServer::start_with_streams);
     let pg = &common::services().pg;
-    let outbox =
-        common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), "stream_kill").await;
+    let prefix = format!("stream_{interruption:?}").to_lowercase();
+    let outbox = common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), &prefix).await;
     let environment = environment(&broker).await;
     let stream = "outbox-stream";
     environment
@@ -208,11 +221,10 @@ async fn the_relay_killed_at_full_speed_leaves_every_row_in_the_stream_once_in_c
         .create(stream)
         .await
         .expect("create the stream");
-    common::create_test_decoding_slot(&outbox.client, "stream_oracle").await;
+    let oracle = format!("{prefix}_oracle");
+    common::create_test_decoding_slot(&outbox.client, &oracle).await;
     let writes = |rows| common::outbox::write_concurrently(&outbox.db_url, 4, rows, 20);
-    writes(ROWS / 4).await;
-    let quarter = common::current_wal_lsn(&outbox.client).await;
-    writes(ROWS - ROWS / 4).await;
+    writes(ROWS).await;
     let end = common::current_wal_lsn(&outbox.client).await;
     let port = broker.stream_port().to_string();
     let flags = [
@@ -223,39 +235,71 @@ async fn the_relay_killed_at_full_speed_leaves_every_row_in_the_stream_once_in_c
         "--max-in-flight",
         WINDOW,
     ];
+    let published = |relay: &common::RelayProcess| {
+        relay
+            .counter(outbox_relay::observability::MESSAGES_PUBLISHED_TOTAL)
+            .unwrap_or_else(|| panic!("the relay's /metrics; log:\n{}", relay.log()))
+    };
 
-    let (relay, _) = outbox.spawn_observed(&flags);
+    let (first, _) = outbox.spawn_observed(&flags);
+    // Published, not acknowledged: the slot's position lags by a status interval, and the
+    // relay drains the backlog in seconds.
     assert!(
-        outbox.wait_confirmed_flush(quarter, MINUTE * 2).await,
-        "a quarter of the rows acknowledged; log:\n{}",
-        relay.log()
+        first
+            .wait_metric(
+                outbox_relay::observability::MESSAGES_PUBLISHED_TOTAL,
+                MINUTE * 2,
+                |published| published >= ROWS / 10
+            )
+            .await,
+        "a tenth of the rows published; log:\n{}",
+        first.log()
     );
-    relay.kill9();
+    let (relay, published_before, acknowledged_then) = match interruption {
+        Interruption::RelayKilled | Interruption::RelayStopped => {
+            let published_before = published(&first);
+            if interruption == Interruption::RelayKilled {
+                first.kill9();
+            } else {
+                first.sigterm();
+            }
+            assert!(
+                first.wait_exit(MINUTE).await.is_some(),
+                "the relay is gone; log:\n{}",
+                first.log()
+            );
+            let acknowledged_then = outbox.confirmed_flush().await;
+            let relay = outbox.spawn_observed(&flags).0;
+            (relay, published_before, acknowledged_then)
+        }
+        Interruption::BrokerRestarted => {
+            let sessions = first.sessions();
+            tokio::task::block_in_place(|| broker.kill9());
+            let acknowledged_then = outbox.confirmed_flush().await;
+            tokio::task::block_in_place(|| broker.restart());
+            assert!(
+                first.wait_new_session(sessions, MINUTE * 2).await.is_some(),
+                "a new session after the broker's restart; log:\n{}",
+                first.log()
+            );
+            (first, 0, acknowledged_then)
+        }
+    };
+    // The premise: the interruption left rows to deliver.
     assert!(
-        relay.wait_exit(MINUTE).await.is_some(),
-        "the relay is gone after kill -9"
+        acknowledged_then < end,
+        "the {interruption:?} did not land mid-backlog: the slot was at {acknowledged_then:X} of \
+         {end:X}"
     );
-    let acknowledged_at_kill = outbox.confirmed_flush().await;
-    let held_at_kill = read_messages(&environment, stream).await.len();
-    // The premise: the kill left rows to the restart, some of them already in the stream.
-    assert!(
-        acknowledged_at_kill < end && held_at_kill < ROWS,
-        "the kill did not land mid-backlog: slot at {acknowledged_at_kill:X} of {end:X}, \
-         {held_at_kill} of {ROWS} rows in the stream"
-    );
-
-    let (relay, metrics) = outbox.spawn_observed(&flags);
     assert!(
         outbox.wait_confirmed_flush(end, MINUTE * 3).await,
-        "every row acknowledged after the restart; log:\n{}",
+        "every row acknowledged after the {interruption:?}; log:\n{}",
         relay.log()
     );
-    let published_again = relay
-        .counter(outbox_relay::observability::MESSAGES_PUBLISHED_TOTAL)
-        .unwrap_or_else(|| panic!("the relay's /metrics on port {metrics}"));
+    let published_in_all = published_before + published(&relay);
     relay.stop().await;
 
-    let committed: Vec<String> = common::read_test_decoding(&outbox.client, "stream_oracle")
+    let committed: Vec<String> = common::read_test_decoding(&outbox.client, &oracle)
         .await
         .iter()
         .flat_map(|txn| txn.inserted_ids("public.outbox"))
@@ -266,23 +310,43 @@ async fn the_relay_killed_at_full_speed_leaves_every_row_in_the_stream_once_in_c
         .into_iter()
         .map(|(id, body)| id.unwrap_or_else(|| panic!("a message without a message_id: {body}")))
         .collect();
-    let repeats = held.len().saturating_sub(committed.len());
     println!(
-        "stream after kill -9: {held_at_kill} held at the kill, {published_again} published by \
-         the restart, {} in the stream for {ROWS} rows",
+        "stream after {interruption:?}: at least {published_in_all} published for {ROWS} rows \
+         (the first relay's count is read before the interruption), {} in the stream",
         held.len()
     );
-    assert!(
-        held_at_kill + published_again > ROWS,
-        "the restart re-published nothing the stream held ({held_at_kill} held + \
-         {published_again} published for {ROWS} rows): the test proves no deduplication"
-    );
+    let repeats = held.len().saturating_sub(committed.len());
     assert_eq!(repeats, 0, "no row twice in the stream");
     assert!(
         held == committed,
         "the stream holds the committed rows in commit order: first difference at {:?}",
         held.iter().zip(&committed).position(|(a, b)| a != b)
     );
+    published_in_all
+}
+
+/// kill -9 with a full window in flight: the restart re-publishes what the slot had not
+/// acknowledged, and the broker drops what the stream holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_killed_at_full_speed_leaves_every_row_in_the_stream_once_in_commit_order() {
+    let published = delivered_once_in_order_after(Interruption::RelayKilled).await;
+    assert!(
+        published > 100_000,
+        "the restart re-published nothing ({published} published): the test proves no \
+         deduplication"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_stopped_mid_backlog_leaves_every_row_in_the_stream_once_in_commit_order() {
+    delivered_once_in_order_after(Interruption::RelayStopped).await;
+}
+
+/// The broker killed and restarted under the relay: the session fails (its confirms are
+/// gone with the connection), the next one re-publishes from the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_under_the_relay_leaves_every_row_in_the_stream_once_in_commit_order() {
+    delivered_once_in_order_after(Interruption::BrokerRestarted).await;
 }
 
 /// What the stream destination cannot work with yet is refused at start, naming it, and a

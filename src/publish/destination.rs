@@ -18,6 +18,16 @@ pub enum Destination {
 }
 
 impl Destination {
+    /// Resolves when the connection is known lost, with the error that says so: the stream
+    /// client's producer reports its connection's end. The AMQP broker's loss shows in its
+    /// confirms instead, so for it this never resolves.
+    pub async fn lost(&self) -> RelayError {
+        match self {
+            Destination::Exchange(_) => std::future::pending().await,
+            Destination::Stream(stream) => stream.lost().await,
+        }
+    }
+
     /// Closes the connection, politely and briefly.
     pub async fn close(&self) {
         match self {

@@ -170,24 +170,28 @@ impl StreamDestination {
     }
 
     /// A stream that does not exist fails here, naming the fix, rather than at the first row.
+    /// One the broker has but cannot serve yet (its leader starting after a restart) is a
+    /// passing state: the session is retried.
     async fn check_stream(&self) -> Result<(), RelayError> {
         let client = rabbitmq_stream_client::Client::connect(self.client_options())
             .await
             .map_err(|e| self.connect_error(e))?;
-        let exists = client
+        let code = client
             .metadata(vec![self.address.stream.clone()])
             .await
             .map_err(|e| self.connect_error(e))?
             .get(&self.address.stream)
-            .is_some_and(|metadata| metadata.response_code == ResponseCode::Ok);
+            .map(|metadata| metadata.response_code.clone());
         let _ = client.close().await;
-        if exists {
-            Ok(())
-        } else {
-            Err(RelayError::StreamMissing {
+        match code {
+            Some(ResponseCode::Ok) => Ok(()),
+            None | Some(ResponseCode::StreamDoesNotExist) => Err(RelayError::StreamMissing {
                 stream: self.address.stream.clone(),
                 vhost: self.address.vhost.clone(),
-            })
+            }),
+            Some(other) => {
+                Err(self.connect_error(format!("the stream is not available ({other:?})")))
+            }
         }
     }
 
@@ -237,6 +241,58 @@ impl StreamDestination {
         Ok(())
     }
 
+    /// Declares the message's producer if need be and hands the message to the client.
+    async fn queue(&self, message: Message) -> Result<StreamPending, RelayError> {
+        let Some(position) = message.position else {
+            return Err(RelayError::Broker(format!(
+                "message {} has no place in the slot's stream: only WAL mode's rows go into a \
+                 stream",
+                message.message_id
+            )));
+        };
+        let id = publishing_id(position)?;
+        // Held across the send: the delivery loop starts publishes one at a time anyway, and
+        // the send only queues the message for the client's batching task.
+        let mut producers = self.producers.lock().await;
+        self.declare_producer(&mut producers, id.epoch).await?;
+        let Some(producer) = producers.get_mut(&id.epoch) else {
+            return Err(RelayError::Bug(
+                "a declared stream producer is missing".into(),
+            ));
+        };
+        let (answered, answer) = oneshot::channel();
+        let send = producer.send(
+            stream_message(&message, id.publishing_id),
+            |status| async move {
+                let _ = answered.send(
+                    status
+                        .map(|status| status.confirmed())
+                        .map_err(|e| e.to_string()),
+                );
+            },
+        );
+        // The client queues the message for its batching task; once the connection is gone
+        // that queue may never drain, and the send would wait for ever.
+        let mut closed = self.closed.subscribe();
+        tokio::select! {
+            sent = send => {
+                sent.map_err(|e| RelayError::Broker(format!("publishing into the stream: {e}")))?
+            }
+            _ = closed.wait_for(|closed| *closed) => return Err(connection_closed()),
+        }
+        Ok(StreamPending {
+            answer: Some(answer),
+            closed: self.closed.subscribe(),
+        })
+    }
+
+    /// Resolves once a producer's connection has closed.
+    pub async fn lost(&self) -> RelayError {
+        let mut closed = self.closed.subscribe();
+        let _ = closed.wait_for(|closed| *closed).await;
+        connection_closed()
+    }
+
     /// Closes every producer, politely and briefly.
     pub async fn close(&self) {
         let producers: Vec<_> = self
@@ -251,6 +307,10 @@ impl StreamDestination {
         }
     }
 }
+
+/// How long a publish may take to be handed to the client, its producer's declaration
+/// included.
+const START_TIMEOUT: std::time::Duration = outbox_common::pg::CONNECT_TIMEOUT;
 
 /// How long a polite close may wait.
 const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -313,6 +373,10 @@ pub fn stream_message(message: &Message, publishing_id: u64) -> StreamMessage {
         .build()
 }
 
+fn connection_closed() -> RelayError {
+    RelayError::Broker("the stream connection closed".into())
+}
+
 /// A publish into the stream awaiting its confirm.
 pub struct StreamPending {
     answer: Option<oneshot::Receiver<Result<bool, String>>>,
@@ -330,7 +394,7 @@ impl Pending for StreamPending {
             biased;
             outcome = answer => outcome,
             _ = self.closed.wait_for(|closed| *closed) => {
-                return Err(RelayError::Broker("the stream connection closed".into()));
+                return Err(connection_closed());
             }
         };
         self.answer = None;
@@ -340,7 +404,7 @@ impl Pending for StreamPending {
                 returned: None,
             }),
             Ok(Err(error)) => Err(RelayError::Broker(error)),
-            Err(_) => Err(RelayError::Broker("the stream connection closed".into())),
+            Err(_) => Err(connection_closed()),
         }
     }
 }
@@ -350,41 +414,15 @@ impl Publisher for StreamDestination {
     type RoundTrip = super::broker::RoundTrip;
 
     async fn start(&self, message: Message) -> Result<StreamPending, RelayError> {
-        let Some(position) = message.position else {
-            return Err(RelayError::Broker(format!(
-                "message {} has no place in the slot's stream: only WAL mode's rows go into a \
-                 stream",
-                message.message_id
-            )));
-        };
-        let id = publishing_id(position)?;
-        // Held across the send: the delivery loop starts publishes one at a time anyway, and
-        // the send only queues the message for the client's batching task.
-        let mut producers = self.producers.lock().await;
-        self.declare_producer(&mut producers, id.epoch).await?;
-        let Some(producer) = producers.get_mut(&id.epoch) else {
-            return Err(RelayError::Bug(
-                "a declared stream producer is missing".into(),
-            ));
-        };
-        let (answered, answer) = oneshot::channel();
-        producer
-            .send(
-                stream_message(&message, id.publishing_id),
-                |status| async move {
-                    let _ = answered.send(
-                        status
-                            .map(|status| status.confirmed())
-                            .map_err(|e| e.to_string()),
-                    );
-                },
-            )
+        // The delivery loop's confirm timeout cannot see a start that hangs: bound it here.
+        tokio::time::timeout(START_TIMEOUT, self.queue(message))
             .await
-            .map_err(|e| RelayError::Broker(format!("publishing into the stream: {e}")))?;
-        Ok(StreamPending {
-            answer: Some(answer),
-            closed: self.closed.subscribe(),
-        })
+            .unwrap_or_else(|_| {
+                Err(RelayError::Broker(format!(
+                    "the stream client took no message for {} s",
+                    START_TIMEOUT.as_secs()
+                )))
+            })
     }
 
     async fn start_dead_letter(&self, message: Message) -> Result<StreamPending, RelayError> {

@@ -178,6 +178,11 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
             broker.close().await;
             return Err(e);
         }
+        // Whatever the session was waiting for, nothing more will come from that connection.
+        e = broker.lost() => {
+            broker.close().await;
+            return Err(e);
+        }
     };
     broker.close().await;
     match stop {
