@@ -50,7 +50,7 @@ pub struct Step {
 /// (src/config.rs), so no name can close the block early.
 const DO_TAG: &str = "$outbox_relay$";
 
-/// The outbox table and its `created_at` index (README.md, "The message contract").
+/// The outbox table and its `created_at` index (docs/consumers.md, "The message contract").
 pub fn table_step(names: &OutboxNames) -> Step {
     let (_, table) = names.table_parts();
     let qualified = names.qualified_table();

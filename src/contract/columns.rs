@@ -1,9 +1,9 @@
 //! The outbox table's column names: one list for the mapper, polling, resync, cleanup and
 //! shards, and the [`ColumnMap`] that says which of the table's columns holds each.
 //!
-//! The constants are the message contract's names (README.md, "The message contract"), and the
-//! names of the table `setup` creates. A table of another design (Debezium's Outbox Event
-//! Router, a framework's) is read through a [`ColumnMap`] (`--table-layout`, `--column`,
+//! The constants are the message contract's names (docs/consumers.md, "The message contract"),
+//! and the names of the table `setup` creates. A table of another design (Debezium's Outbox
+//! Event Router, a framework's) is read through a [`ColumnMap`] (`--table-layout`, `--column`,
 //! docs/table-layouts.md): every contract column is looked up there once per Relation (or per
 //! connect, for SQL), never per row. A column the map leaves unmapped is absent, as if the
 //! table did not have it.

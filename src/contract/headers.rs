@@ -1,5 +1,5 @@
-//! The headers the relay adds to every message (README.md, "The message contract"), and a
-//! row's place in the stream, which `x-outbox-lsn` and `x-outbox-seq` carry.
+//! The headers the relay adds to every message (docs/consumers.md, "The message contract"),
+//! and a row's place in the stream, which `x-outbox-lsn` and `x-outbox-seq` carry.
 
 use pgwire_replication::Lsn;
 

@@ -437,9 +437,9 @@ impl Mapper {
         self.assemble(parts, position, &row)
     }
 
-    /// The contract (README.md, "The message contract") in one place, for rows and emitted events alike:
-    /// the size limit, the exchange policy, the routing key, the headers the relay adds and
-    /// the AMQP properties. `row` names the message in errors.
+    /// The contract (docs/consumers.md, "The message contract") in one place, for rows and
+    /// emitted events alike: the size limit, the exchange policy, the routing key, the headers
+    /// the relay adds and the AMQP properties. `row` names the message in errors.
     pub fn assemble(
         &self,
         parts: Parts<'_>,

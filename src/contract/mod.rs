@@ -1,7 +1,7 @@
 //! The message contract: what a row of the outbox table (or an event emitted into the WAL)
 //! becomes on the broker, in one place for every way in (WAL mode, polling, resync, the
-//! backfill after a lost slot). README.md, "The message contract", is the table: which column
-//! becomes which AMQP property or header.
+//! backfill after a lost slot). docs/consumers.md, "The message contract", is the table: which
+//! column becomes which AMQP property or header.
 //!
 //! ```text
 //!  wal/ (decoded rows, logical messages)      poll/, ops/resync.rs (rows read as text)
@@ -33,8 +33,8 @@
 //! Values are parsed in exactly the shapes the pinned session settings produce (`db.rs`).
 
 pub mod cloudevents;
-/// Column names of the outbox table (README.md, "The message contract") and the map to a
-/// table of another design.
+/// Column names of the outbox table (docs/consumers.md, "The message contract") and the map
+/// to a table of another design.
 pub mod columns;
 pub mod emit;
 #[cfg(test)]

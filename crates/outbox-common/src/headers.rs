@@ -1,6 +1,5 @@
-//! The names of the headers the relay adds to every message (README.md, "The message
-//! contract"): the producer writes them and the consumer reads them, so both take them from
-//! here.
+//! The names of the headers the relay adds to every message: the producer writes them and the
+//! consumer reads them, so both take them from here (docs/consumers.md, "The message contract").
 
 /// Commit LSN of the row's transaction (`X/Y`).
 pub const LSN: &str = "x-outbox-lsn";
