@@ -53,7 +53,7 @@ pub enum Command {
     /// LOCKED, publish them and mark them published (no slot; docs/polling.md).
     Poll(PollArgs),
     /// Show the slot (lag, retained WAL, wal_status, active pid), the outbox backlog and the
-    /// message a running relay is stuck on. Exits 2 when the slot is missing or lost (a probe).
+    /// message a running relay is stuck on. Exits 4 when the slot is missing or lost (a probe).
     /// With --mode poll: no slot; unsent rows and the oldest unsent row's age instead.
     Status(StatusArgs),
     /// Drop the slot and the publication. Asks for --yes: the relay stops delivering, and an

@@ -92,6 +92,17 @@ fn flag_reference_is_the_help() {
 
 /// The help of `--table-layout` (and of its values) names every column of each preset it
 /// offers, from the preset itself: a column added to a preset cannot be missing from it.
+/// `status --help` says the exit code a probe acts on, as src/exit.rs defines it.
+#[test]
+fn the_status_help_names_the_unhealthy_exit_code() {
+    let mut cli = Cli::command();
+    cli.build();
+    let status = cli.find_subcommand("status").expect("status");
+    let about = status.get_about().map(ToString::to_string).unwrap_or_default();
+    let wanted = format!("Exits {} when the slot is missing or lost", crate::exit::UNHEALTHY);
+    assert!(about.contains(&wanted), "{about}");
+}
+
 #[test]
 fn the_table_layout_help_names_every_column_of_its_presets() {
     use crate::contract::columns::{ColumnMap, Preset, MAPPABLE};
