@@ -98,8 +98,14 @@ fn the_status_help_names_the_unhealthy_exit_code() {
     let mut cli = Cli::command();
     cli.build();
     let status = cli.find_subcommand("status").expect("status");
-    let about = status.get_about().map(ToString::to_string).unwrap_or_default();
-    let wanted = format!("Exits {} when the slot is missing or lost", crate::exit::UNHEALTHY);
+    let about = status
+        .get_about()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    let wanted = format!(
+        "Exits {} when the slot is missing or lost",
+        crate::exit::UNHEALTHY
+    );
     assert!(about.contains(&wanted), "{about}");
 }
 
