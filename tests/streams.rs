@@ -429,3 +429,108 @@ async fn a_missing_stream_and_what_a_stream_cannot_work_with_are_refused_naming_
         "the slot did not move past the row"
     );
 }
+
+/// A row in the stream carries the message contract: over the stream protocol in the AMQP
+/// 1.0 sections, and read over AMQP 0-9-1 from the same stream with the properties and
+/// headers a queue's consumer sees (docs/consumers.md, "Reading a stream").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_in_the_stream_carries_the_message_contract_for_both_protocols() {
+    use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+    use lapin::types::{AMQPValue, FieldTable};
+    let broker = tokio::task::block_in_place(RabbitServer::start_with_streams);
+    let pg = &common::services().pg;
+    let outbox =
+        common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), "stream_contract").await;
+    let environment = environment(&broker).await;
+    let stream = "contract";
+    environment
+        .stream_creator()
+        .create(stream)
+        .await
+        .expect("create the stream");
+    let id = outbox.insert("OrderCreated", r#"{"order": 7}"#).await;
+    let end = common::current_wal_lsn(&outbox.client).await;
+    let port = broker.stream_port().to_string();
+    let relay = outbox.spawn_relay(&["--stream", stream, "--stream-port", &port]);
+    assert!(
+        outbox.wait_confirmed_flush(end, MINUTE).await,
+        "the row acknowledged; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+
+    // Over the stream protocol: the AMQP 1.0 properties and application properties.
+    let mut consumer = environment
+        .consumer()
+        .offset(OffsetSpecification::First)
+        .build(stream)
+        .await
+        .expect("a consumer from offset 0");
+    let delivery = tokio::time::timeout(MINUTE, consumer.next())
+        .await
+        .expect("a message within a minute")
+        .expect("the consumer runs")
+        .expect("a delivery");
+    let message = delivery.message();
+    let properties = message.properties().expect("properties");
+    let message_id = properties
+        .message_id
+        .clone()
+        .and_then(|m| String::try_from(m).ok());
+    assert_eq!(message_id.as_deref(), Some(id.as_str()));
+    assert_eq!(properties.subject.as_deref(), Some("OrderCreated"));
+    assert!(properties.creation_time.is_some(), "{properties:?}");
+    let application = format!("{:?}", message.application_properties());
+    assert!(
+        application.contains("x-outbox-seq") && application.contains("x-outbox-lsn"),
+        "{application}"
+    );
+    assert_eq!(message.data(), Some(&br#"{"order": 7}"#[..]));
+    let _ = consumer.handle().close().await;
+
+    // Over AMQP 0-9-1, as a queue's consumer reads it.
+    let connection = common::amqp::amqp_connect(&outbox.amqp_url).await;
+    let channel = connection.create_channel().await.expect("a channel");
+    channel
+        .basic_qos(10, BasicQosOptions::default())
+        .await
+        .expect("a prefetch: a stream needs one");
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-stream-offset".into(),
+        AMQPValue::LongString("first".into()),
+    );
+    let mut deliveries = channel
+        .basic_consume(
+            stream.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            arguments,
+        )
+        .await
+        .expect("consume the stream over AMQP 0-9-1");
+    let delivery = tokio::time::timeout(MINUTE, deliveries.next())
+        .await
+        .expect("a message within a minute")
+        .expect("the consumer runs")
+        .expect("a delivery");
+    let p = &delivery.properties;
+    assert_eq!(
+        p.message_id().as_ref().map(|s| s.as_str()),
+        Some(id.as_str())
+    );
+    assert_eq!(p.kind().as_ref().map(|s| s.as_str()), Some("OrderCreated"));
+    assert_eq!(
+        p.content_type().as_ref().map(|s| s.as_str()),
+        Some("application/json")
+    );
+    assert!(p.timestamp().is_some(), "{p:?}");
+    let headers = p.headers().clone().unwrap_or_default();
+    for header in ["x-outbox-seq", "x-outbox-lsn"] {
+        assert!(
+            headers.inner().contains_key(header),
+            "{header} among {headers:?}"
+        );
+    }
+    assert_eq!(delivery.data, br#"{"order": 7}"#);
+}
