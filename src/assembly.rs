@@ -107,7 +107,7 @@ pub fn column_map(
 /// The RabbitMQ nodes `--amqp-url` names, every URL checked, in `--amqp-node-order`.
 pub fn broker_nodes(connections: &Connections) -> Result<Arc<BrokerNodes>, RelayError> {
     let list = connections.amqp_url()?;
-    match connections.broker.amqp_node_order {
+    match connections.broker.amqp_node_order() {
         NodeOrder::Shuffled => BrokerNodes::parse(&list),
         NodeOrder::Listed => BrokerNodes::parse_listed(&list),
     }

@@ -40,8 +40,18 @@ pub struct BrokerConnection {
     /// of relays spreads over the nodes) or `listed` (the first URL first: the node that leads
     /// the outbox's quorum queues, since a publish through another node is forwarded to it;
     /// docs/high-availability.md).
-    #[arg(long, env = "AMQP_NODE_ORDER", value_enum, default_value_t = NodeOrder::Shuffled)]
-    pub amqp_node_order: NodeOrder,
+    #[arg(long, env = "OUTBOX_AMQP_NODE_ORDER", value_enum, default_value_t = NodeOrder::Shuffled)]
+    amqp_node_order: NodeOrder,
+
+    /// `AMQP_NODE_ORDER`, as the variable was named before it took the `OUTBOX_` prefix.
+    #[arg(
+        long = "amqp-node-order-unprefixed",
+        env = "AMQP_NODE_ORDER",
+        hide = true,
+        value_enum,
+        conflicts_with = "amqp_node_order"
+    )]
+    amqp_node_order_unprefixed: Option<NodeOrder>,
 }
 
 /// The stream destination: `run` only (WAL mode), in place of the exchange.
@@ -124,6 +134,11 @@ impl DatabaseConnection {
 impl BrokerConnection {
     pub fn amqp_url(&self) -> Result<String, RelayError> {
         secret("AMQP URL", "AMQP_URL", &self.amqp_url, &self.amqp_url_file)
+    }
+
+    pub fn amqp_node_order(&self) -> NodeOrder {
+        self.amqp_node_order_unprefixed
+            .unwrap_or(self.amqp_node_order)
     }
 }
 
