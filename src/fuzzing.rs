@@ -15,10 +15,11 @@ use pgwire_replication::Lsn;
 use serde_json::Value;
 
 use crate::contract::emit;
-use crate::contract::headers::{Position, LSN, SEQ};
+use crate::contract::headers::{LSN, SEQ};
 use crate::contract::mapper::{AllowedExchanges, Mapper};
 use crate::contract::message::{HeaderValue, Message, MAX_SHORT_TEXT};
 use crate::contract::pg_text::{self, headers_from_json};
+use crate::contract::position::Position;
 use crate::error::chain;
 use crate::pgoutput::{self, LogicalMessage, TupleValue};
 use crate::publish::BrokerNodes;

@@ -26,10 +26,10 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::contract::headers::Position;
 use crate::contract::mapper::{BodyKind, Mapper, Parts};
 use crate::contract::message::{Headers, Message, Unpublishable, MAX_SHORT_TEXT};
 use crate::contract::pg_text::headers_from_json;
+use crate::contract::position::Position;
 use crate::contract::row_error::{MapError, RowRef};
 use crate::contract::salvage::Readable;
 

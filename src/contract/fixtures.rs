@@ -5,9 +5,9 @@ use bytes::Bytes;
 use pgwire_replication::Lsn;
 
 use crate::contract::columns::ColumnMap;
-use crate::contract::headers::Position;
 use crate::contract::mapper::{AllowedExchanges, Layout, Mapper};
 use crate::contract::pg_text::type_oid;
+use crate::contract::position::Position;
 use crate::pgoutput::{Column, Relation, Tuple, TupleValue};
 
 pub(super) fn column(name: &str, type_oid: u32) -> Column {

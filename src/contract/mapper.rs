@@ -24,11 +24,12 @@ use bytes::Bytes;
 use time::format_description::well_known::Rfc3339;
 
 use crate::contract::columns::{self, ColumnMap};
-use crate::contract::headers::{insert_stream_headers, Position};
+use crate::contract::headers::insert_stream_headers;
 use crate::contract::message::{HeaderValue, Headers, Message, MAX_SHORT_TEXT};
 use crate::contract::pg_text::{
     decode_bytea_hex, headers_from_json, parse_timestamptz_at, type_oid, uuid_text,
 };
+use crate::contract::position::Position;
 use crate::contract::row_error::{ColumnLabel, MapError, RowRef};
 use crate::error::ConfigProblem;
 use crate::pgoutput::{Relation, Tuple, TupleValue};

@@ -20,7 +20,7 @@ use std::fmt;
 
 use bytes::Bytes;
 
-use crate::contract::headers::Position;
+use crate::contract::position::Position;
 use crate::error::MapProblem;
 
 /// One message of the contract (docs/architecture.md, "The message contract"), ready to

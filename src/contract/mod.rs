@@ -43,5 +43,6 @@ pub mod headers;
 pub mod mapper;
 pub mod message;
 pub mod pg_text;
+pub mod position;
 pub mod row_error;
 pub mod salvage;

@@ -7,8 +7,8 @@
 use std::fmt;
 
 use crate::contract::columns::HEADER_COLUMN_FLAG;
-use crate::contract::headers::Position;
 use crate::contract::message::Rejection;
+use crate::contract::position::Position;
 use crate::error::MapProblem;
 
 /// Identifies a row (or an emitted event) in error messages: its id when readable, and its

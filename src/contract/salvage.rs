@@ -10,9 +10,10 @@ use std::borrow::Cow;
 use bytes::Bytes;
 
 use crate::contract::columns;
-use crate::contract::headers::{insert_stream_headers, Position};
+use crate::contract::headers::insert_stream_headers;
 use crate::contract::mapper::{body, header_table, optional_str, Layout, Mapper};
 use crate::contract::message::{Headers, Message, Unpublishable, MAX_SHORT_TEXT};
+use crate::contract::position::Position;
 use crate::contract::row_error::{MapError, RowRef};
 use crate::pgoutput::{Tuple, TupleValue};
 

@@ -43,6 +43,28 @@ impl BrokerNode {
     pub fn address(&self) -> &str {
         &self.address
     }
+
+    /// Who the URL logs in as, and where, for the stream protocol's own connection.
+    pub(super) fn login(&self) -> Result<NodeLogin, String> {
+        let uri: lapin::uri::AMQPUri = self.url.parse()?;
+        Ok(NodeLogin {
+            host: uri.authority.host,
+            user: uri.authority.userinfo.username,
+            password: uri.authority.userinfo.password,
+            vhost: uri.vhost,
+            tls: uri.scheme == lapin::uri::AMQPScheme::AMQPS,
+        })
+    }
+}
+
+/// A node URL's host, credentials and virtual host ([`BrokerNode::login`]).
+pub(super) struct NodeLogin {
+    pub host: String,
+    pub user: String,
+    pub password: String,
+    pub vhost: String,
+    /// `amqps://`.
+    pub tls: bool,
 }
 
 /// The configured nodes, in this process's (shuffled) order, and the connection state they

@@ -26,8 +26,8 @@ use tokio::sync::{oneshot, watch, Mutex};
 
 use super::nodes::BrokerNodes;
 use super::publisher::{Answer, Pending, Publisher};
-use crate::contract::headers::Position;
 use crate::contract::message::{HeaderValue, Message};
+use crate::contract::position::Position;
 use crate::error::{ConfigProblem, RelayError};
 
 /// The bits of a publishing id below a transaction's commit LSN: its rows' indexes.
@@ -94,10 +94,10 @@ impl StreamAddress {
         let Some(node) = nodes.nodes().first() else {
             return Err(ConfigProblem::NoAmqpUrl.into());
         };
-        let uri: lapin::uri::AMQPUri = node.url().parse().map_err(|_| {
+        let login = node.login().map_err(|_| {
             RelayError::Broker(format!("the AMQP URL of {} does not parse", node.address()))
         })?;
-        if uri.scheme == lapin::uri::AMQPScheme::AMQPS {
+        if login.tls {
             return Err(ConfigProblem::StreamWith {
                 setting: "an amqps:// URL",
                 why: "the stream destination does not speak TLS yet",
@@ -105,11 +105,11 @@ impl StreamAddress {
             .into());
         }
         Ok(Self {
-            host: uri.authority.host,
+            host: login.host,
             port,
-            user: uri.authority.userinfo.username,
-            password: uri.authority.userinfo.password,
-            vhost: uri.vhost,
+            user: login.user,
+            password: login.password,
+            vhost: login.vhost,
             stream: stream.to_string(),
         })
     }

@@ -25,8 +25,8 @@
 use pgwire_replication::{Lsn, ReplicationEvent};
 
 use crate::contract::emit;
-use crate::contract::headers::Position as RowPosition;
 use crate::contract::mapper::Mapper;
+use crate::contract::position::Position as RowPosition;
 use crate::error::RelayError;
 use crate::observability::{pg_timestamp, StreamMetrics};
 use crate::pgoutput::{self, LogicalMessage};
