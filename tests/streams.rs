@@ -12,8 +12,12 @@ use outbox_testkit as common;
 
 use std::time::Duration;
 
+use common::failover::{
+    create_standby_oracle, outbox_ids, seed_backlog, FailoverPair, PairOptions,
+};
 use common::RabbitServer;
 use futures_util::StreamExt;
+use outbox_relay::observability::{MESSAGES_PUBLISHED_TOTAL, STREAM_SKIPPED_TOTAL};
 use rabbitmq_stream_client::types::{Message, OffsetSpecification};
 use rabbitmq_stream_client::{Client, ClientOptions, Environment, NoDedup, Producer};
 
@@ -204,7 +208,8 @@ enum Interruption {
 /// The relay delivers a 100,000-row backlog into a stream with a window of 1,024 and is
 /// interrupted a tenth of the way: the stream then holds every committed row exactly
 /// once, in commit order (a `test_decoding` slot's), read from offset 0 by a client of its
-/// own. Returns how many messages the relays published in all.
+/// own. Returns how many rows the last relay read again that the stream held (and did not
+/// send them).
 async fn delivered_once_in_order_after(interruption: Interruption) -> usize {
     // Enough that the relay, at about 30,000 rows/s, is still in the backlog when the test
     // sees a tenth of it published.
@@ -235,11 +240,7 @@ async fn delivered_once_in_order_after(interruption: Interruption) -> usize {
         "--max-in-flight",
         WINDOW,
     ];
-    let published = |relay: &common::RelayProcess| {
-        relay
-            .counter(outbox_relay::observability::MESSAGES_PUBLISHED_TOTAL)
-            .unwrap_or_else(|| panic!("the relay's /metrics; log:\n{}", relay.log()))
-    };
+    let published = |relay: &common::RelayProcess| counter(relay, MESSAGES_PUBLISHED_TOTAL);
 
     let (first, _) = outbox.spawn_observed(&flags);
     // Published, not acknowledged: the slot's position lags by a status interval, and the
@@ -297,6 +298,7 @@ async fn delivered_once_in_order_after(interruption: Interruption) -> usize {
         relay.log()
     );
     let published_in_all = published_before + published(&relay);
+    let skipped = counter(&relay, STREAM_SKIPPED_TOTAL);
     relay.stop().await;
 
     let committed: Vec<String> = common::read_test_decoding(&outbox.client, &oracle)
@@ -311,8 +313,9 @@ async fn delivered_once_in_order_after(interruption: Interruption) -> usize {
         .map(|(id, body)| id.unwrap_or_else(|| panic!("a message without a message_id: {body}")))
         .collect();
     println!(
-        "stream after {interruption:?}: at least {published_in_all} published for {ROWS} rows \
-         (the first relay's count is read before the interruption), {} in the stream",
+        "stream after {interruption:?}: at least {published_in_all} handed on for {ROWS} rows \
+         (the first relay's count is read before the interruption), {skipped} of them read \
+         again and not sent (the stream held them), {} in the stream",
         held.len()
     );
     let repeats = held.len().saturating_sub(committed.len());
@@ -322,18 +325,24 @@ async fn delivered_once_in_order_after(interruption: Interruption) -> usize {
         "the stream holds the committed rows in commit order: first difference at {:?}",
         held.iter().zip(&committed).position(|(a, b)| a != b)
     );
-    published_in_all
+    skipped
 }
 
-/// kill -9 with a full window in flight: the restart re-publishes what the slot had not
-/// acknowledged, and the broker drops what the stream holds.
+/// A counter of `relay`'s /metrics.
+fn counter(relay: &common::RelayProcess, name: &str) -> usize {
+    relay
+        .counter(name)
+        .unwrap_or_else(|| panic!("{name} in the relay's /metrics; log:\n{}", relay.log()))
+}
+
+/// kill -9 with a full window in flight: the restart reads again what the slot had not
+/// acknowledged, and sends none of what the stream holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_killed_at_full_speed_leaves_every_row_in_the_stream_once_in_commit_order() {
-    let published = delivered_once_in_order_after(Interruption::RelayKilled).await;
+    let skipped = delivered_once_in_order_after(Interruption::RelayKilled).await;
     assert!(
-        published > 100_000,
-        "the restart re-published nothing ({published} published): the test proves no \
-         deduplication"
+        skipped > 0,
+        "the restart read no row the stream held: the test proves no deduplication"
     );
 }
 
@@ -347,6 +356,142 @@ async fn a_relay_stopped_mid_backlog_leaves_every_row_in_the_stream_once_in_comm
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_under_the_relay_leaves_every_row_in_the_stream_once_in_commit_order() {
     delivered_once_in_order_after(Interruption::BrokerRestarted).await;
+}
+
+/// A PostgreSQL failover under the relay (PostgreSQL 18: the slot synced to a streaming
+/// standby, `synchronized_standby_slots` on the primary, the relay on a multi-host URL). The
+/// primary is killed with a backlog draining at full speed into the stream, the standby
+/// promoted, and rows committed on the new primary. The relay resumes from the standby's
+/// copy of the slot, behind what the old timeline's producer stored: it reads those rows
+/// again on the new timeline, and sends none of them (the old name holds them), while every
+/// row committed after the switch point goes in under the new timeline's name. The stream
+/// then holds every row of the new primary once, in its commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_failover_mid_backlog_leaves_every_row_in_the_stream_once_in_commit_order() {
+    const BACKLOG: usize = 40_000;
+    const ROWS_AFTER: usize = 1_000;
+    let broker = tokio::task::block_in_place(RabbitServer::start_with_streams);
+    let pair = tokio::task::block_in_place(|| FailoverPair::start(18, PairOptions::default(), &[]));
+    let outbox = pair.outbox(&broker.url(), "stream_failover").await;
+    let db = outbox
+        .db_url
+        .rsplit('/')
+        .next()
+        .expect("a database")
+        .to_string();
+    let oracle = format!("{}_oracle", outbox.slot);
+    create_standby_oracle(&pair, &db, &oracle).await;
+    let environment = environment(&broker).await;
+    let stream = "failover";
+    environment
+        .stream_creator()
+        .create(stream)
+        .await
+        .expect("create the stream");
+    let port = broker.stream_port().to_string();
+    let metrics_addr = format!("127.0.0.1:{}", common::free_port());
+    let relay = outbox.spawn_relay_via(
+        &pair.multi_host_url(&db),
+        &broker.url(),
+        &[
+            "--stream",
+            stream,
+            "--stream-port",
+            &port,
+            "--max-in-flight",
+            "1024",
+            "--metrics-addr",
+            &metrics_addr,
+        ],
+    );
+    if let Err(e) = pair.wait_failover_ready(&outbox.slot, MINUTE).await {
+        panic!("{e}; log:\n{}", relay.log());
+    }
+    seed_backlog(&outbox.client, BACKLOG, 10).await;
+    assert!(
+        relay
+            .wait_metric(MESSAGES_PUBLISHED_TOTAL, MINUTE * 2, |n| n >= BACKLOG / 4)
+            .await,
+        "a quarter of the backlog published; log:\n{}",
+        relay.log()
+    );
+    let sessions = relay.sessions();
+    tokio::task::block_in_place(|| pair.primary.stop_immediate());
+    let copy = pair.standby_copy(&outbox.slot).await;
+    let resume_at = copy
+        .and_then(|copy| copy.confirmed_flush)
+        .expect("the standby's copy of the slot has a position");
+    let client = pair.promote(&db).await;
+    assert!(
+        relay.wait_new_session(sessions, MINUTE).await.is_some(),
+        "a session on the promoted standby; log:\n{}",
+        relay.log()
+    );
+    seed_backlog(&client, ROWS_AFTER, 10).await;
+    let end = common::current_wal_lsn(&client).await;
+    if let Err(reached) =
+        common::outbox::wait_slot_confirmed_flush(&client, &outbox.slot, end, MINUTE * 3).await
+    {
+        panic!(
+            "every row acknowledged on the new primary: the slot is at {}; log:\n{}",
+            common::format_lsn(reached),
+            relay.log()
+        );
+    }
+    let skipped = counter(&relay, STREAM_SKIPPED_TOTAL);
+    relay.stop().await;
+
+    let transactions = common::read_test_decoding(&client, &oracle).await;
+    let committed: Vec<String> = transactions
+        .iter()
+        .flat_map(|txn| txn.inserted_ids("public.outbox"))
+        .collect();
+    let mut surviving = outbox_ids(&client).await;
+    let mut sorted = committed.clone();
+    surviving.sort();
+    sorted.sort();
+    assert!(
+        sorted == surviving,
+        "the oracle and the new primary's table agree on the rows: {} and {}",
+        committed.len(),
+        surviving.len()
+    );
+    // The premise: the copy was behind what the stream held, so rows were read again.
+    let read_again = transactions
+        .iter()
+        .filter(|txn| txn.end_lsn > resume_at)
+        .count();
+    assert!(read_again > 0, "nothing committed past the copy's position");
+    let held: Vec<String> = read_messages(&environment, stream)
+        .await
+        .into_iter()
+        .map(|(id, body)| id.unwrap_or_else(|| panic!("a message without a message_id: {body}")))
+        .collect();
+    println!(
+        "stream after a PostgreSQL failover: {} rows on the new primary, {skipped} read again \
+         on the new timeline and not sent (the old timeline's producer held them), {} in the \
+         stream",
+        committed.len(),
+        held.len()
+    );
+    assert_eq!(
+        held.len().saturating_sub(committed.len()),
+        0,
+        "no row twice in the stream"
+    );
+    assert!(
+        held == committed,
+        "the stream holds the new primary's rows in commit order: first difference at {:?} \
+         ({} held, {} committed)",
+        held.iter().zip(&committed).position(|(a, b)| a != b),
+        held.len(),
+        committed.len()
+    );
+    assert!(
+        skipped > 0,
+        "the new timeline read no row the old one had stored: the test proves nothing about \
+         the names across timelines"
+    );
 }
 
 /// What the stream destination cannot work with yet is refused at start, naming it, and a

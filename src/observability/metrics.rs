@@ -53,6 +53,10 @@ pub const SLOT_POLL_ERRORS_TOTAL: &str = "outbox_relay_slot_poll_errors_total";
 pub const ACKNOWLEDGED_LSN: &str = "outbox_relay_acknowledged_lsn";
 /// Messages handed to the broker (basic.publish), including re-publishes after a failure.
 pub const MESSAGES_PUBLISHED_TOTAL: &str = "outbox_relay_messages_published_total";
+/// Rows a session read again that the stream already held (`--stream`): confirmed without
+/// being sent. Counted in [`MESSAGES_PUBLISHED_TOTAL`] too, which counts what delivery
+/// handed on.
+pub const STREAM_SKIPPED_TOTAL: &str = "outbox_relay_stream_skipped_total";
 /// Messages the broker confirmed (basic.ack, not returned).
 pub const MESSAGES_CONFIRMED_TOTAL: &str = "outbox_relay_messages_confirmed_total";
 /// Messages the broker rejected (basic.nack).
@@ -242,6 +246,10 @@ pub fn describe() {
         MESSAGES_PUBLISHED_TOTAL,
         "Messages published to the broker, re-publishes included"
     );
+    describe_counter!(
+        STREAM_SKIPPED_TOTAL,
+        "Rows read again that the stream already held: confirmed without being sent"
+    );
     describe_counter!(MESSAGES_CONFIRMED_TOTAL, "Messages the broker confirmed");
     describe_counter!(MESSAGES_NACKED_TOTAL, "Messages the broker nacked");
     describe_counter!(
@@ -397,6 +405,7 @@ pub fn register_mode(mode: &'static str) {
                     SLOT_POLL_ERRORS_TOTAL,
                     IGNORED_LOGICAL_MESSAGES_TOTAL,
                     SESSIONS_TOTAL,
+                    STREAM_SKIPPED_TOTAL,
                 ],
                 &[ACK_POINTS_QUEUED, STANDBY],
             )
@@ -657,6 +666,7 @@ mod tests {
             SLOT_POLL_ERRORS_TOTAL,
             ACKNOWLEDGED_LSN,
             MESSAGES_PUBLISHED_TOTAL,
+            STREAM_SKIPPED_TOTAL,
             MESSAGES_CONFIRMED_TOTAL,
             MESSAGES_NACKED_TOTAL,
             MESSAGES_RETURNED_TOTAL,

@@ -20,6 +20,7 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
+use pgwire_replication::Lsn;
 use rabbitmq_stream_client::types::{Message as StreamMessage, ResponseCode, SimpleValue};
 use rabbitmq_stream_client::{Dedup, Environment, OnClosed, Producer};
 use tokio::sync::{oneshot, watch, Mutex};
@@ -29,6 +30,7 @@ use super::publisher::{Answer, Pending, Publisher};
 use crate::contract::message::{HeaderValue, Message};
 use crate::contract::position::Position;
 use crate::error::{ConfigProblem, RelayError};
+use crate::observability::STREAM_SKIPPED_TOTAL;
 
 /// The bits of a publishing id below a transaction's commit LSN: its rows' indexes.
 const INDEX_BITS: u32 = 16;
@@ -73,6 +75,36 @@ pub fn publishing_id(position: Position) -> Result<StreamId, RelayError> {
 /// published past that point (a phantom) can make the broker drop the new primary's rows.
 pub fn producer_name(slot: &str, timeline: u32, epoch: u64) -> String {
     format!("outbox-relay.{slot}.tl{timeline}.e{epoch}")
+}
+
+/// A timeline the session's server descends from (its history file's), and where it ended:
+/// the rows below that point are the same rows, at the same positions, on both timelines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ancestor {
+    pub timeline: u32,
+    pub ended_at: Lsn,
+}
+
+/// What the stream already holds under one producer name, as the broker said at the
+/// session's start: every id up to `last_id`, of rows committed below `below` (the point an
+/// ancestor timeline ended; `None` for the session's own timeline).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    below: Option<Lsn>,
+    last_id: u64,
+}
+
+/// Whether the stream holds the row at `position` (publishing id `id`) already. Under the
+/// session's own name the broker would drop it anyway; under an ancestor's it would not, and
+/// only a row committed before that timeline ended is the same row on this one (a commit at
+/// or past it happened on the old primary only, and its id means another row here).
+fn held(holds: &[Held], position: Position, id: u64) -> bool {
+    holds.iter().any(|held| {
+        id <= held.last_id
+            && held
+                .below
+                .is_none_or(|ended_at| position.commit_lsn < ended_at)
+    })
 }
 
 /// Where the stream is and who the relay is there.
@@ -126,10 +158,13 @@ pub struct StreamDestination {
     environment: Environment,
     address: StreamAddress,
     /// Set once the session knows its timeline (after IDENTIFY_SYSTEM): the slot and
-    /// timeline part of every producer name.
-    slot_and_timeline: OnceLock<(String, u32)>,
-    /// One producer per epoch, declared at its first publish; nearly always one.
-    producers: Mutex<HashMap<u64, Producer<Dedup>>>,
+    /// timeline part of every producer name, and the timelines before it.
+    naming: OnceLock<Naming>,
+    /// Asks the broker what a producer name holds.
+    queries: rabbitmq_stream_client::Client,
+    /// One producer per epoch, declared at its first publish (nearly always one), with
+    /// what the stream held for it then.
+    producers: Mutex<HashMap<u64, EpochProducer>>,
     /// Becomes `true` when a producer's connection closes: every pending answer fails then.
     closed: watch::Sender<bool>,
     /// A stream connection is never blocked the way an AMQP one is: constant `false`.
@@ -139,6 +174,10 @@ pub struct StreamDestination {
 impl StreamDestination {
     /// Connects to the stream port and checks that the stream exists.
     pub async fn connect(address: StreamAddress) -> Result<Self, RelayError> {
+        let connect_error = |reason: String| RelayError::StreamConnect {
+            address: address.to_string(),
+            reason,
+        };
         let environment = Environment::builder()
             .host(&address.host)
             .port(address.port)
@@ -146,16 +185,22 @@ impl StreamDestination {
             .password(&address.password)
             .virtual_host(&address.vhost)
             .client_provided_name("outbox-relay")
-            .build()
+            .build();
+        let environment = bounded(environment)
             .await
-            .map_err(|e| RelayError::StreamConnect {
-                address: address.to_string(),
-                reason: e.to_string(),
-            })?;
+            .map_err(connect_error)?
+            .map_err(|e| connect_error(e.to_string()))?;
+        let queries = bounded(rabbitmq_stream_client::Client::connect(client_options(
+            &address,
+        )))
+        .await
+        .map_err(connect_error)?
+        .map_err(|e| connect_error(e.to_string()))?;
         let destination = Self {
             environment,
             address,
-            slot_and_timeline: OnceLock::new(),
+            naming: OnceLock::new(),
+            queries,
             producers: Mutex::new(HashMap::new()),
             closed: watch::Sender::new(false),
             never_blocked: watch::Sender::new(false),
@@ -164,25 +209,26 @@ impl StreamDestination {
         Ok(destination)
     }
 
-    /// Names this session's producers: call once, before the first publish.
-    pub fn name_producers(&self, slot: &str, timeline: u32) {
-        let _ = self.slot_and_timeline.set((slot.to_string(), timeline));
+    /// Names this session's producers: call once, before the first publish. `ancestors`:
+    /// the timelines `timeline` descends from.
+    pub fn name_producers(&self, slot: &str, timeline: u32, ancestors: Vec<Ancestor>) {
+        let _ = self.naming.set(Naming {
+            slot: slot.to_string(),
+            timeline,
+            ancestors,
+        });
     }
 
     /// A stream that does not exist fails here, naming the fix, rather than at the first row.
     /// One the broker has but cannot serve yet (its leader starting after a restart) is a
     /// passing state: the session is retried.
     async fn check_stream(&self) -> Result<(), RelayError> {
-        let client = rabbitmq_stream_client::Client::connect(self.client_options())
+        let code = bounded(self.queries.metadata(vec![self.address.stream.clone()]))
             .await
-            .map_err(|e| self.connect_error(e))?;
-        let code = client
-            .metadata(vec![self.address.stream.clone()])
-            .await
+            .map_err(|e| self.connect_error(e))?
             .map_err(|e| self.connect_error(e))?
             .get(&self.address.stream)
             .map(|metadata| metadata.response_code.clone());
-        let _ = client.close().await;
         match code {
             Some(ResponseCode::Ok) => Ok(()),
             None | Some(ResponseCode::StreamDoesNotExist) => Err(RelayError::StreamMissing {
@@ -195,16 +241,6 @@ impl StreamDestination {
         }
     }
 
-    fn client_options(&self) -> rabbitmq_stream_client::ClientOptions {
-        rabbitmq_stream_client::ClientOptions::builder()
-            .host(&self.address.host)
-            .port(self.address.port)
-            .user(&self.address.user)
-            .password(&self.address.password)
-            .v_host(&self.address.vhost)
-            .build()
-    }
-
     fn connect_error(&self, error: impl std::fmt::Display) -> RelayError {
         RelayError::StreamConnect {
             address: self.address.to_string(),
@@ -212,21 +248,42 @@ impl StreamDestination {
         }
     }
 
-    /// Declares the producer for `epoch` unless `producers` has it.
+    /// What the stream holds under the name of `timeline`'s producer for `epoch`: the
+    /// broker's last id for it.
+    async fn last_id(&self, naming: &Naming, timeline: u32, epoch: u64) -> Result<u64, RelayError> {
+        let name = producer_name(&naming.slot, timeline, epoch);
+        self.queries
+            .query_publisher_sequence(&name, &self.address.stream)
+            .await
+            .map_err(|e| RelayError::Broker(format!("asking the stream what {name} holds: {e}")))
+    }
+
+    /// Declares the producer for `epoch` unless `producers` has it, and learns what the
+    /// stream holds under its name and under its ancestors' for the same epoch.
     async fn declare_producer(
         &self,
-        producers: &mut HashMap<u64, Producer<Dedup>>,
+        producers: &mut HashMap<u64, EpochProducer>,
         epoch: u64,
     ) -> Result<(), RelayError> {
         if producers.contains_key(&epoch) {
             return Ok(());
         }
-        let Some((slot, timeline)) = self.slot_and_timeline.get() else {
+        let Some(naming) = self.naming.get() else {
             return Err(RelayError::Bug(
                 "the stream producer was used before the session named it".into(),
             ));
         };
-        let name = producer_name(slot, *timeline, epoch);
+        let mut holds = vec![Held {
+            below: None,
+            last_id: self.last_id(naming, naming.timeline, epoch).await?,
+        }];
+        for ancestor in &naming.ancestors {
+            holds.push(Held {
+                below: Some(ancestor.ended_at),
+                last_id: self.last_id(naming, ancestor.timeline, epoch).await?,
+            });
+        }
+        let name = producer_name(&naming.slot, naming.timeline, epoch);
         let producer = self
             .environment
             .producer()
@@ -236,8 +293,27 @@ impl StreamDestination {
             .build(&self.address.stream)
             .await
             .map_err(|e| RelayError::Broker(format!("declaring stream producer {name}: {e}")))?;
-        tracing::info!(stream = %self.address.stream, producer = %name, "stream producer declared");
-        producers.insert(epoch, producer);
+        let held: Vec<String> = holds
+            .iter()
+            .zip(
+                std::iter::once(naming.timeline).chain(naming.ancestors.iter().map(|a| a.timeline)),
+            )
+            .filter(|(held, _)| held.last_id > 0)
+            .map(|(held, timeline)| match held.below {
+                None => format!("up to id {} under its own name", held.last_id),
+                Some(ended_at) => format!(
+                    "up to id {} of timeline {timeline} (ended at {ended_at})",
+                    held.last_id
+                ),
+            })
+            .collect();
+        tracing::info!(
+            stream = %self.address.stream,
+            producer = %name,
+            holds = %if held.is_empty() { "nothing of this slot".to_string() } else { held.join(", ") },
+            "stream producer declared; rows the stream holds are not sent again"
+        );
+        producers.insert(epoch, EpochProducer { producer, holds });
         Ok(())
     }
 
@@ -255,12 +331,20 @@ impl StreamDestination {
         // the send only queues the message for the client's batching task.
         let mut producers = self.producers.lock().await;
         self.declare_producer(&mut producers, id.epoch).await?;
-        let Some(producer) = producers.get_mut(&id.epoch) else {
+        let Some(EpochProducer { producer, holds }) = producers.get_mut(&id.epoch) else {
             return Err(RelayError::Bug(
                 "a declared stream producer is missing".into(),
             ));
         };
         let (answered, answer) = oneshot::channel();
+        if held(holds, position, id.publishing_id) {
+            metrics::counter!(STREAM_SKIPPED_TOTAL).increment(1);
+            let _ = answered.send(Ok(true));
+            return Ok(StreamPending {
+                answer: Some(answer),
+                closed: self.closed.subscribe(),
+            });
+        }
         let send = producer.send(
             stream_message(&message, id.publishing_id),
             |status| async move {
@@ -293,24 +377,55 @@ impl StreamDestination {
         connection_closed()
     }
 
-    /// Closes every producer, politely and briefly.
+    /// Closes every producer and the question's connection, politely and briefly.
     pub async fn close(&self) {
         let producers: Vec<_> = self
             .producers
             .lock()
             .await
             .drain()
-            .map(|(_, p)| p)
+            .map(|(_, epoch)| epoch.producer)
             .collect();
         for producer in producers {
             let _ = tokio::time::timeout(CLOSE_TIMEOUT, producer.close()).await;
         }
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.queries.close()).await;
     }
 }
 
 /// How long a publish may take to be handed to the client, its producer's declaration
-/// included.
+/// included; and a connection to the stream port, or a question to the broker there.
 const START_TIMEOUT: std::time::Duration = outbox_common::pg::CONNECT_TIMEOUT;
+
+/// `step` if it ends within [`START_TIMEOUT`]; else why not.
+async fn bounded<T>(step: impl std::future::Future<Output = T>) -> Result<T, String> {
+    tokio::time::timeout(START_TIMEOUT, step)
+        .await
+        .map_err(|_| format!("no answer within {} s", START_TIMEOUT.as_secs()))
+}
+
+/// The producer of one epoch, and what the stream held for it when it was declared.
+struct EpochProducer {
+    producer: Producer<Dedup>,
+    holds: Vec<Held>,
+}
+
+/// What names a session's producers.
+struct Naming {
+    slot: String,
+    timeline: u32,
+    ancestors: Vec<Ancestor>,
+}
+
+fn client_options(address: &StreamAddress) -> rabbitmq_stream_client::ClientOptions {
+    rabbitmq_stream_client::ClientOptions::builder()
+        .host(&address.host)
+        .port(address.port)
+        .user(&address.user)
+        .password(&address.password)
+        .v_host(&address.vhost)
+        .build()
+}
 
 /// How long a polite close may wait.
 const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -466,7 +581,6 @@ impl Publisher for StreamDestination {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pgwire_replication::Lsn;
 
     fn at(commit_lsn: u64, index: u32) -> Position {
         Position {
@@ -526,6 +640,46 @@ mod tests {
         );
         let highest = id(u64::MAX, (MAX_ROWS_PER_TRANSACTION - 1) as u32);
         assert!(highest.publishing_id > id(u64::MAX - 32, 0).publishing_id);
+    }
+
+    #[test]
+    fn a_row_is_held_under_its_own_name_up_to_the_last_id() {
+        let own = [Held {
+            below: None,
+            last_id: id(0x2000, 4).publishing_id,
+        }];
+        assert!(held(&own, at(0x2000, 4), id(0x2000, 4).publishing_id));
+        assert!(held(&own, at(0x1000, 9), id(0x1000, 9).publishing_id));
+        assert!(!held(&own, at(0x2000, 5), id(0x2000, 5).publishing_id));
+        assert!(!held(&[], at(0x1000, 0), id(0x1000, 0).publishing_id));
+    }
+
+    /// After a failover the old timeline's producer held ids up to a phantom's, past the
+    /// switch point: a row of the new timeline below that point is the same row and held, one
+    /// at or past it is another row with an id the old name happens to cover, and is not.
+    #[test]
+    fn under_an_ancestor_s_name_only_rows_committed_before_it_ended_are_held() {
+        let switch_point = Lsn::from_u64(0x3000);
+        let phantom = id(0x3400, 2).publishing_id;
+        let holds = [
+            Held {
+                below: None,
+                last_id: 0,
+            },
+            Held {
+                below: Some(switch_point),
+                last_id: phantom,
+            },
+        ];
+        assert!(held(&holds, at(0x2fe0, 0), id(0x2fe0, 0).publishing_id));
+        assert!(!held(&holds, at(0x3000, 0), id(0x3000, 0).publishing_id));
+        assert!(!held(&holds, at(0x3100, 1), id(0x3100, 1).publishing_id));
+        // Below the switch point, but above what the old name stored: not held.
+        let short = [Held {
+            below: Some(switch_point),
+            last_id: id(0x2000, 0).publishing_id,
+        }];
+        assert!(!held(&short, at(0x2800, 0), id(0x2800, 0).publishing_id));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::error::{Endpoint, RelayError};
 use crate::observability::{
     Health, RelayMetrics, StreamMetrics, HOST_LABEL, POSTGRES_INFO, SESSIONS_TOTAL,
 };
-use crate::publish::stream::{StreamAddress, StreamDestination};
+use crate::publish::stream::{Ancestor, StreamAddress, StreamDestination};
 use crate::publish::{
     deliver, Acked, Broker, BrokerNodes, DeliveryOptions, Destination, Input, Publisher,
 };
@@ -120,13 +120,22 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
     };
     let broker = Arc::new(connect_destination(ctx).await?);
     let stuck = ctx.health.stuck();
-    let (client, feedback_sent) = match start_streaming(ctx, &server, slot.confirmed_flush).await {
+    let streaming = match start_streaming(ctx, &server, slot.confirmed_flush).await {
         // Lost between the check and START_REPLICATION: the next session recovers it.
         Err(e) if recreates(ctx, &e) => return Err(slot_vanished(ctx)),
         started => started?,
     };
+    let Streaming {
+        client,
+        feedback_sent,
+        ancestors,
+    } = streaming;
     if let Destination::Stream(stream) = &*broker {
-        stream.name_producers(&ctx.names.slot, streamed_timeline(ctx)?);
+        let ancestors = ancestors
+            .into_iter()
+            .map(|(timeline, ended_at)| Ancestor { timeline, ended_at })
+            .collect();
+        stream.name_producers(&ctx.names.slot, streamed_timeline(ctx)?, ancestors);
     }
     let leaving = CancellationToken::new();
     let (unpublished, mut outbox_unpublished) = oneshot::channel();
@@ -411,14 +420,23 @@ fn streamed_timeline(ctx: &SessionContext) -> Result<u32, RelayError> {
         .ok_or_else(|| RelayError::Bug("streaming from a server never identified".into()))
 }
 
+/// A replication connection that streams.
+struct Streaming {
+    client: ReplicationClient,
+    /// Notified when the client sent feedback.
+    feedback_sent: Arc<Notify>,
+    /// The timelines the server's descends from, with where each ended (its history file's;
+    /// read on a newer timeline for a failover's report or a stream's producers, else empty).
+    ancestors: Vec<(u32, Lsn)>,
+}
+
 /// START_REPLICATION on `server` from `from` (the slot's own confirmed position there, never
-/// one remembered from another server); the client, and what is notified when it sent
-/// feedback.
+/// one remembered from another server).
 async fn start_streaming(
     ctx: &SessionContext,
     server: &db::Server,
     from: Lsn,
-) -> Result<(ReplicationClient, Arc<Notify>), RelayError> {
+) -> Result<Streaming, RelayError> {
     let feedback_sent = Arc::new(Notify::new());
     let observer = {
         let feedback_sent = Arc::clone(&feedback_sent);
@@ -446,19 +464,34 @@ async fn start_streaming(
         Err(e) => return Err(start_error(e).await),
     };
     let before = note_server(ctx, server, system.system_id.clone(), system.timeline);
-    if let Some(before) = before {
-        let handed_over = ctx.handed_over.take();
-        if before.system_id == system.system_id && system.timeline > before.timeline {
-            let (old, new) = (before.timeline, system.timeline);
-            timeline::report_failover(&mut client, old, new, handed_over).await;
-        }
+    let handed_over = before.as_ref().and_then(|_| ctx.handed_over.take());
+    let failover = before
+        .filter(|before| before.system_id == system.system_id)
+        .filter(|before| system.timeline > before.timeline);
+    // A stream's producers are named by timeline: what the ancestors' names hold is read
+    // from the same history.
+    let history = match (failover.is_some() || ctx.stream.is_some()) && system.timeline > 1 {
+        true => timeline::read_history(&mut client, system.timeline).await,
+        false => None,
+    };
+    if let Some(before) = failover {
+        let (old, new) = (before.timeline, system.timeline);
+        timeline::report_failover(history.as_deref(), old, new, handed_over);
     }
+    let ancestors = history
+        .as_deref()
+        .map(timeline::ancestors)
+        .unwrap_or_default();
     // START_REPLICATION runs in the crate's worker too: bounded like the connect.
     if let Err(e) = client.start().await {
         return Err(start_error(e).await);
     }
     match tokio::time::timeout(db::CONNECT_TIMEOUT, client.wait_started()).await {
-        Ok(Ok(())) => Ok((client, feedback_sent)),
+        Ok(Ok(())) => Ok(Streaming {
+            client,
+            feedback_sent,
+            ancestors,
+        }),
         Ok(Err(e)) => Err(start_error(e).await),
         Err(_) => {
             client.abort();

@@ -60,16 +60,43 @@ impl Phantoms {
     }
 }
 
-/// Where `timeline` ended, from a history file's text: its lines are
-/// `parent-timeline <tab> switch-point <tab> reason`, one per ancestor. `None` when no line
-/// names `timeline` (the server does not descend from it).
+/// Every timeline a server's descends from, with where each ended, from its history file's
+/// text: its lines are `parent-timeline <tab> switch-point <tab> reason`, one per ancestor.
+/// Lines that do not parse are left out.
+pub fn ancestors(history: &str) -> Vec<(u32, Lsn)> {
+    history
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let parent: u32 = fields.next()?.parse().ok()?;
+            let point = Lsn::parse(fields.next()?).ok()?;
+            Some((parent, point))
+        })
+        .collect()
+}
+
+/// Where `timeline` ended, from a history file's text. `None` when no line names `timeline`
+/// (the server does not descend from it).
 pub fn switch_point(history: &str, timeline: u32) -> Option<Lsn> {
-    history.lines().find_map(|line| {
-        let mut fields = line.split_whitespace();
-        let parent: u32 = fields.next()?.parse().ok()?;
-        let point = Lsn::parse(fields.next()?).ok()?;
-        (parent == timeline).then_some(point)
-    })
+    ancestors(history)
+        .into_iter()
+        .find_map(|(parent, point)| (parent == timeline).then_some(point))
+}
+
+/// The history file of `timeline` (TIMELINE_HISTORY), bounded like a connect; `None`, with
+/// a warning, when the server does not give it.
+pub async fn read_history(client: &mut ReplicationClient, timeline: u32) -> Option<String> {
+    match tokio::time::timeout(db::CONNECT_TIMEOUT, client.timeline_history(timeline)).await {
+        Ok(Ok(history)) => Some(String::from_utf8_lossy(&history.content).into_owned()),
+        Ok(Err(e)) => {
+            tracing::warn!(timeline, error = %e, "TIMELINE_HISTORY failed");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(timeline, "TIMELINE_HISTORY did not answer");
+            None
+        }
+    }
 }
 
 /// Judges the events handed on while streaming from `old_timeline`. A commit record that
@@ -89,27 +116,16 @@ pub fn judge(history: Option<&str>, old_timeline: u32, handed_over: Option<Lsn>)
 }
 
 /// On a gated session whose server is on `timeline`, a newer timeline of the system the
-/// relay streamed from on `old_timeline`: reads the history, says what the failover did to
-/// the events handed on, and counts it. Never fails the session: the history only informs.
-pub async fn report_failover(
-    client: &mut ReplicationClient,
+/// relay streamed from on `old_timeline`: from the history (`None` if the server did not give
+/// it), says what the failover did to the events handed on, and counts it. Never fails the
+/// session: the history only informs.
+pub fn report_failover(
+    history: Option<&str>,
     old_timeline: u32,
     timeline: u32,
     handed_over: Option<Lsn>,
 ) -> Phantoms {
-    let history =
-        match tokio::time::timeout(db::CONNECT_TIMEOUT, client.timeline_history(timeline)).await {
-            Ok(Ok(history)) => Some(String::from_utf8_lossy(&history.content).into_owned()),
-            Ok(Err(e)) => {
-                tracing::warn!(timeline, error = %e, "TIMELINE_HISTORY failed");
-                None
-            }
-            Err(_) => {
-                tracing::warn!(timeline, "TIMELINE_HISTORY did not answer");
-                None
-            }
-        };
-    let verdict = judge(history.as_deref(), old_timeline, handed_over);
+    let verdict = judge(history, old_timeline, handed_over);
     match verdict {
         Phantoms::Possible {
             switch_point,
@@ -164,6 +180,10 @@ mod tests {
         assert_eq!(switch_point(HISTORY, 3), None, "not an ancestor");
         assert_eq!(switch_point("", 1), None);
         assert_eq!(switch_point("x\t0/1\n1\tnot-an-lsn\n", 1), None);
+        assert_eq!(
+            ancestors(HISTORY),
+            [(1, lsn("0/3000060")), (2, lsn("0/5A2B1C8"))]
+        );
     }
 
     #[test]
