@@ -494,6 +494,125 @@ async fn a_postgres_failover_mid_backlog_leaves_every_row_in_the_stream_once_in_
     );
 }
 
+/// Rows of 100 KiB, 200 of them in one transaction, with a full window: the stream client
+/// packs up to 100 messages into one publish frame without looking at its size (its TODO),
+/// ten times the 1 MiB `frame_max` the connection negotiated. RabbitMQ 4.0 takes such frames
+/// (20 rows of 3 MiB were seen through too): every row arrives, once, in commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_of_a_hundred_kib_with_a_full_window_arrive_once_in_commit_order() {
+    const ROWS: usize = 200;
+    let broker = tokio::task::block_in_place(RabbitServer::start_with_streams);
+    let pg = &common::services().pg;
+    let outbox =
+        common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), "stream_large").await;
+    let environment = environment(&broker).await;
+    let stream = "large";
+    environment
+        .stream_creator()
+        .create(stream)
+        .await
+        .expect("create the stream");
+    let oracle = "stream_large_oracle";
+    common::create_test_decoding_slot(&outbox.client, oracle).await;
+    outbox
+        .client
+        .batch_execute(&format!(
+            "INSERT INTO outbox (event_type, payload) SELECT 'Large', \
+             jsonb_build_object('pad', repeat('x', 100 * 1024), 'g', g) \
+             FROM generate_series(1, {ROWS}) AS g"
+        ))
+        .await
+        .expect("insert the large rows");
+    let end = common::current_wal_lsn(&outbox.client).await;
+    let port = broker.stream_port().to_string();
+    let relay = outbox.spawn_relay(&["--stream", stream, "--stream-port", &port]);
+    assert!(
+        outbox.wait_confirmed_flush(end, MINUTE).await,
+        "every large row acknowledged; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+    let committed: Vec<String> = common::read_test_decoding(&outbox.client, oracle)
+        .await
+        .iter()
+        .flat_map(|txn| txn.inserted_ids("public.outbox"))
+        .collect();
+    assert_eq!(committed.len(), ROWS, "the oracle saw every row");
+    let held: Vec<String> = read_messages(&environment, stream)
+        .await
+        .into_iter()
+        .map(|(id, body)| id.unwrap_or_else(|| panic!("a message without a message_id: {body}")))
+        .collect();
+    assert!(
+        held == committed,
+        "the stream holds each large row once, in commit order: {} held, {} committed",
+        held.len(),
+        committed.len()
+    );
+}
+
+/// A stream missing after the relay found it is waited for, not taken for a wrong name: a
+/// restarted broker says a stream does not exist until it has recovered it, and a relay that
+/// stopped then would stay stopped. Deleted under the relay and created again, the stream
+/// gets the rows committed meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_deleted_under_the_relay_is_waited_for_and_gets_the_rows_once_created_again() {
+    let broker = tokio::task::block_in_place(RabbitServer::start_with_streams);
+    let pg = &common::services().pg;
+    let outbox =
+        common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), "stream_deleted").await;
+    let environment = environment(&broker).await;
+    let stream = "deleted";
+    environment
+        .stream_creator()
+        .create(stream)
+        .await
+        .expect("create the stream");
+    outbox.insert("Before", "{}").await;
+    let end = common::current_wal_lsn(&outbox.client).await;
+    let port = broker.stream_port().to_string();
+    let (relay, _) = outbox.spawn_observed(&["--stream", stream, "--stream-port", &port]);
+    assert!(
+        outbox.wait_confirmed_flush(end, MINUTE).await,
+        "the first row acknowledged; log:\n{}",
+        relay.log()
+    );
+    environment
+        .delete_stream(stream)
+        .await
+        .expect("delete the stream");
+    let after = outbox.insert("After", "{}").await;
+    let end = common::current_wal_lsn(&outbox.client).await;
+    let gone = "the stream is gone, after this relay published into it";
+    assert!(
+        relay.wait_for_log_count(gone, 2, MINUTE).await,
+        "the relay waits for the stream, session after session; log:\n{}",
+        relay.log()
+    );
+    assert!(
+        relay.try_exit().is_none(),
+        "the relay runs; log:\n{}",
+        relay.log()
+    );
+    environment
+        .stream_creator()
+        .create(stream)
+        .await
+        .expect("create the stream again");
+    assert!(
+        outbox.wait_confirmed_flush(end, MINUTE).await,
+        "the row committed meanwhile acknowledged; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+    let held: Vec<Option<String>> = read_messages(&environment, stream)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(held, [Some(after)], "the new stream holds the row, once");
+}
+
 /// What the stream destination cannot work with yet is refused at start, naming it, and a
 /// stream that does not exist stops the relay with the command that creates it: both are the
 /// configuration's to fix (exit code 3), and nothing is acknowledged.

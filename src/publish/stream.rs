@@ -18,7 +18,8 @@
 //! checked, and the dead-letter policy does not apply (refused at start).
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use pgwire_replication::Lsn;
 use rabbitmq_stream_client::types::{Message as StreamMessage, ResponseCode, SimpleValue};
@@ -116,6 +117,10 @@ pub struct StreamAddress {
     pub password: String,
     pub vhost: String,
     pub stream: String,
+    /// Whether a session of this relay found the stream (shared by the address's clones): a
+    /// stream missing after that is a broker still recovering it, or one deleted under the
+    /// relay, and is waited for rather than taken for a wrong name.
+    found: Arc<AtomicBool>,
 }
 
 impl StreamAddress {
@@ -143,6 +148,7 @@ impl StreamAddress {
             password: login.password,
             vhost: login.vhost,
             stream: stream.to_string(),
+            found: Arc::default(),
         })
     }
 }
@@ -221,7 +227,8 @@ impl StreamDestination {
 
     /// A stream that does not exist fails here, naming the fix, rather than at the first row.
     /// One the broker has but cannot serve yet (its leader starting after a restart) is a
-    /// passing state: the session is retried.
+    /// passing state: the session is retried; so is one missing after a session found it (a
+    /// restarted broker answers so before it has recovered its streams).
     async fn check_stream(&self) -> Result<(), RelayError> {
         let code = bounded(self.queries.metadata(vec![self.address.stream.clone()]))
             .await
@@ -230,7 +237,21 @@ impl StreamDestination {
             .get(&self.address.stream)
             .map(|metadata| metadata.response_code.clone());
         match code {
-            Some(ResponseCode::Ok) => Ok(()),
+            Some(ResponseCode::Ok) => {
+                self.address.found.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            None | Some(ResponseCode::StreamDoesNotExist)
+                if self.address.found.load(Ordering::Relaxed) =>
+            {
+                Err(self.connect_error(format!(
+                    "the stream is gone, after this relay published into it: a broker still \
+                     recovering it after a restart (waited for), or the stream was deleted \
+                     (create it again: rabbitmqadmin declare queue name={} queue_type=stream \
+                     durable=true)",
+                    self.address.stream
+                )))
+            }
             None | Some(ResponseCode::StreamDoesNotExist) => Err(RelayError::StreamMissing {
                 stream: self.address.stream.clone(),
                 vhost: self.address.vhost.clone(),
