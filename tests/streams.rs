@@ -24,9 +24,14 @@ use rabbitmq_stream_client::{Client, ClientOptions, Environment, NoDedup, Produc
 const MINUTE: Duration = Duration::from_secs(60);
 
 async fn environment(broker: &RabbitServer) -> Environment {
+    environment_at(broker.stream_port()).await
+}
+
+/// A client of the stream port `port` on this host.
+async fn environment_at(port: u16) -> Environment {
     Environment::builder()
         .host("127.0.0.1")
-        .port(broker.stream_port())
+        .port(port)
         .build()
         .await
         .expect("connect to the stream port")
@@ -203,6 +208,79 @@ enum Interruption {
     RelayStopped,
     /// kill -9 of the broker and its restart, under the same relay.
     BrokerRestarted,
+    /// kill -9 of the node that leads the stream, in a 3-node cluster that replicates it on
+    /// every node; the relay reaches the cluster through another node.
+    LeaderKilled,
+}
+
+/// The broker a scenario runs on: a node of its own, or for [`Interruption::LeaderKilled`] a
+/// cluster of its own, whose node 0 leads the stream and node 1 is the relay's and the
+/// reader's.
+enum Brokers {
+    Node(RabbitServer),
+    Cluster(common::RabbitCluster),
+}
+
+impl Brokers {
+    fn start(interruption: Interruption) -> Brokers {
+        tokio::task::block_in_place(|| match interruption {
+            Interruption::LeaderKilled => {
+                Brokers::Cluster(common::RabbitCluster::start_with_streams())
+            }
+            _ => Brokers::Node(RabbitServer::start_with_streams()),
+        })
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Brokers::Node(node) => node.url(),
+            Brokers::Cluster(cluster) => cluster.url(1),
+        }
+    }
+
+    fn stream_port(&self) -> u16 {
+        match self {
+            Brokers::Node(node) => node.stream_port(),
+            Brokers::Cluster(cluster) => cluster.stream_port(1),
+        }
+    }
+
+    /// Creates `stream`: in the cluster through node 0 with the leader placed there, and
+    /// checked to be there, with a replica on each other node.
+    async fn create_stream(&self, stream: &str) {
+        let Brokers::Cluster(cluster) = self else {
+            return environment_at(self.stream_port())
+                .await
+                .stream_creator()
+                .create(stream)
+                .await
+                .expect("create the stream");
+        };
+        let leader_port = cluster.stream_port(0);
+        environment_at(leader_port)
+            .await
+            .stream_creator()
+            .leader_locator(rabbitmq_stream_client::types::LeaderLocator::ClientLocal)
+            .create(stream)
+            .await
+            .expect("create the stream");
+        let options = ClientOptions::builder()
+            .host("127.0.0.1")
+            .port(self.stream_port())
+            .build();
+        let client = Client::connect(options).await.expect("a stream client");
+        let metadata = client
+            .metadata(vec![stream.to_string()])
+            .await
+            .expect("the stream's metadata");
+        let _ = client.close().await;
+        let placed = &metadata[stream];
+        assert_eq!(
+            (placed.leader.port, placed.replicas.len()),
+            (u32::from(leader_port), 2),
+            "the stream led by node 0 and replicated on the two others: {placed:?}"
+        );
+    }
 }
 
 /// The relay delivers a 100,000-row backlog into a stream with a window of 1,024 and is
@@ -215,17 +293,13 @@ async fn delivered_once_in_order_after(interruption: Interruption) -> usize {
     // sees a tenth of it published.
     const ROWS: usize = 100_000;
     const WINDOW: &str = "1024";
-    let broker = tokio::task::block_in_place(RabbitServer::start_with_streams);
+    let broker = Brokers::start(interruption);
     let pg = &common::services().pg;
     let prefix = format!("stream_{interruption:?}").to_lowercase();
     let outbox = common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), &prefix).await;
-    let environment = environment(&broker).await;
     let stream = "outbox-stream";
-    environment
-        .stream_creator()
-        .create(stream)
-        .await
-        .expect("create the stream");
+    broker.create_stream(stream).await;
+    let environment = environment_at(broker.stream_port()).await;
     let oracle = format!("{prefix}_oracle");
     common::create_test_decoding_slot(&outbox.client, &oracle).await;
     let writes = |rows| common::outbox::write_concurrently(&outbox.db_url, 4, rows, 20);
@@ -273,14 +347,19 @@ async fn delivered_once_in_order_after(interruption: Interruption) -> usize {
             let relay = outbox.spawn_observed(&flags).0;
             (relay, published_before, acknowledged_then)
         }
-        Interruption::BrokerRestarted => {
+        Interruption::BrokerRestarted | Interruption::LeaderKilled => {
             let sessions = first.sessions();
-            tokio::task::block_in_place(|| broker.kill9());
+            tokio::task::block_in_place(|| match &broker {
+                Brokers::Node(node) => node.kill9(),
+                Brokers::Cluster(cluster) => cluster.kill9(0),
+            });
             let acknowledged_then = outbox.confirmed_flush().await;
-            tokio::task::block_in_place(|| broker.restart());
+            if let Brokers::Node(node) = &broker {
+                tokio::task::block_in_place(|| node.restart());
+            }
             assert!(
                 first.wait_new_session(sessions, MINUTE * 2).await.is_some(),
-                "a new session after the broker's restart; log:\n{}",
+                "a new session after the {interruption:?}; log:\n{}",
                 first.log()
             );
             (first, 0, acknowledged_then)
@@ -349,6 +428,14 @@ async fn the_relay_killed_at_full_speed_leaves_every_row_in_the_stream_once_in_c
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_stopped_mid_backlog_leaves_every_row_in_the_stream_once_in_commit_order() {
     delivered_once_in_order_after(Interruption::RelayStopped).await;
+}
+
+/// The stream's leader killed under the relay: the producer's connection (to the leader) is
+/// gone, and the next session finds the new leader through another node and resumes from
+/// the slot, skipping what the replicated stream holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_streams_leader_killed_mid_backlog_leaves_every_row_once_in_commit_order() {
+    delivered_once_in_order_after(Interruption::LeaderKilled).await;
 }
 
 /// The broker killed and restarted under the relay: the session fails (its confirms are

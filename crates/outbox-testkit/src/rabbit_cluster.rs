@@ -96,19 +96,35 @@ impl RabbitCluster {
             .unwrap_or_else(|e| panic!("the rabbitmq cluster failed to start: {e}"))
     }
 
+    /// A cluster of its own on this host whose nodes also speak the stream protocol, each on
+    /// a port of its own ([`RabbitCluster::stream_port`]). Panics if it does not form; stopped
+    /// by `Drop`.
+    pub fn start_with_streams() -> RabbitCluster {
+        Self::start_with(None, &[], Plugins::Streams)
+            .unwrap_or_else(|e| panic!("the rabbitmq cluster failed to start: {e}"))
+    }
+
     /// Boots and joins the nodes; once more from scratch (new names, ports and dirs, joining
     /// one node at a time) if that fails. Seen under load in 3.10, about one boot in ten: a
     /// joining node's `start_app` fails in mnesia (`{badmatch, {error, {normal, {mnesia_app,
     /// start, …}}}}`), again after a `reset` and a second join.
     fn start(hosts: Option<&[Host]>, extra_conf: &[&str]) -> Result<RabbitCluster, String> {
-        match Self::start_once(true, hosts, extra_conf) {
+        Self::start_with(hosts, extra_conf, Plugins::None)
+    }
+
+    fn start_with(
+        hosts: Option<&[Host]>,
+        extra_conf: &[&str],
+        plugins: Plugins,
+    ) -> Result<RabbitCluster, String> {
+        match Self::start_once(true, hosts, extra_conf, plugins) {
             Ok(cluster) => Ok(cluster),
             Err(e) => {
                 let first = e.lines().next().unwrap_or_default().to_string();
                 eprintln!(
                     "harness: the rabbitmq cluster failed to form ({first}); starting another"
                 );
-                Self::start_once(false, hosts, extra_conf)
+                Self::start_once(false, hosts, extra_conf, plugins)
             }
         }
     }
@@ -117,6 +133,7 @@ impl RabbitCluster {
         parallel_joins: bool,
         hosts: Option<&[Host]>,
         extra_conf: &[&str],
+        plugins: Plugins,
     ) -> Result<RabbitCluster, String> {
         let mut conf = vec![
             "cluster_partition_handling = pause_minority",
@@ -140,7 +157,7 @@ impl RabbitCluster {
                     let name_prefix = format!("{prefix}{i}-");
                     let dir = tempdir.path().join(format!("node{i}"));
                     let host = hosts.map(|hosts| &hosts[i]);
-                    scope.spawn(move || Node::start(&name_prefix, &dir, conf, host, Plugins::None))
+                    scope.spawn(move || Node::start(&name_prefix, &dir, conf, host, plugins))
                 })
                 .collect();
             boots
@@ -325,6 +342,14 @@ impl RabbitCluster {
     /// Node `i`'s AMQP port.
     pub fn port(&self, i: usize) -> u16 {
         self.nodes[i].amqp_port
+    }
+
+    /// Node `i`'s stream protocol port, in a cluster started with
+    /// [`RabbitCluster::start_with_streams`]; panics in any other.
+    pub fn stream_port(&self, i: usize) -> u16 {
+        self.nodes[i].stream_port.unwrap_or_else(|| {
+            panic!("RabbitCluster::stream_port: the cluster was not started with streams")
+        })
     }
 
     /// The node listening for AMQP on `port`, if any.
