@@ -17,7 +17,7 @@ use common::failover::{
 };
 use common::RabbitServer;
 use futures_util::StreamExt;
-use outbox_relay::observability::{MESSAGES_PUBLISHED_TOTAL, STREAM_SKIPPED_TOTAL};
+use outbox_relay::observability::{MESSAGES_PUBLISHED_TOTAL, STANDBY, STREAM_SKIPPED_TOTAL};
 use rabbitmq_stream_client::types::{Message, OffsetSpecification};
 use rabbitmq_stream_client::{Client, ClientOptions, Environment, NoDedup, Producer};
 
@@ -206,6 +206,8 @@ enum Interruption {
     RelayKilled,
     /// SIGTERM, then a new relay.
     RelayStopped,
+    /// kill -9 of the relay while a standby waits for its slot, which takes over.
+    StandbyTookOver,
     /// kill -9 of the broker and its restart, under the same relay.
     BrokerRestarted,
     /// kill -9 of the node that leads the stream, in a 3-node cluster that replicates it on
@@ -331,12 +333,24 @@ async fn delivered_once_in_order_after(interruption: Interruption) -> usize {
         first.log()
     );
     let (relay, published_before, acknowledged_then) = match interruption {
-        Interruption::RelayKilled | Interruption::RelayStopped => {
+        Interruption::RelayKilled | Interruption::RelayStopped | Interruption::StandbyTookOver => {
+            let standby = match interruption {
+                Interruption::StandbyTookOver => {
+                    let (standby, _) = outbox.spawn_observed(&flags);
+                    assert!(
+                        standby.wait_metric(STANDBY, MINUTE, |n| n == 1).await,
+                        "the second relay waits as a standby; log:\n{}",
+                        standby.log()
+                    );
+                    Some(standby)
+                }
+                _ => None,
+            };
             let published_before = published(&first);
-            if interruption == Interruption::RelayKilled {
-                first.kill9();
-            } else {
+            if interruption == Interruption::RelayStopped {
                 first.sigterm();
+            } else {
+                first.kill9();
             }
             assert!(
                 first.wait_exit(MINUTE).await.is_some(),
@@ -344,7 +358,7 @@ async fn delivered_once_in_order_after(interruption: Interruption) -> usize {
                 first.log()
             );
             let acknowledged_then = outbox.confirmed_flush().await;
-            let relay = outbox.spawn_observed(&flags).0;
+            let relay = standby.unwrap_or_else(|| outbox.spawn_observed(&flags).0);
             (relay, published_before, acknowledged_then)
         }
         Interruption::BrokerRestarted | Interruption::LeaderKilled => {
@@ -422,6 +436,17 @@ async fn the_relay_killed_at_full_speed_leaves_every_row_in_the_stream_once_in_c
     assert!(
         skipped > 0,
         "the restart read no row the stream held: the test proves no deduplication"
+    );
+}
+
+/// A standby relay takes the slot over from one killed at full speed: the same producer
+/// name, so it sends none of what the stream holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_taking_over_at_full_speed_leaves_every_row_in_the_stream_once_in_commit_order() {
+    let skipped = delivered_once_in_order_after(Interruption::StandbyTookOver).await;
+    assert!(
+        skipped > 0,
+        "the standby read no row the stream held: the test proves no deduplication"
     );
 }
 
