@@ -725,6 +725,92 @@ async fn a_stream_deleted_under_the_relay_is_waited_for_and_gets_the_rows_once_c
     assert_eq!(held, [Some(after)], "the new stream holds the row, once");
 }
 
+/// docs/consumers.md's stream consumer, as written there: a named consumer stores the offset
+/// of what it has applied, and the next one of that name resumes after it, neither skipping
+/// a row nor reading one again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_consumer_resumes_after_the_offset_it_stored() {
+    const ROWS: usize = 10;
+    const FIRST_RUN: usize = 4;
+    let broker = tokio::task::block_in_place(RabbitServer::start_with_streams);
+    let pg = &common::services().pg;
+    let outbox =
+        common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), "stream_offsets").await;
+    let environment = environment(&broker).await;
+    let stream = "offsets";
+    environment
+        .stream_creator()
+        .create(stream)
+        .await
+        .expect("create the stream");
+    let mut ids = Vec::new();
+    for n in 0..ROWS {
+        ids.push(outbox.insert("Numbered", &format!(r#"{{"n": {n}}}"#)).await);
+    }
+    let end = common::current_wal_lsn(&outbox.client).await;
+    let port = broker.stream_port().to_string();
+    let relay = outbox.spawn_relay(&["--stream", stream, "--stream-port", &port]);
+    assert!(
+        outbox.wait_confirmed_flush(end, MINUTE).await,
+        "the rows acknowledged; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+
+    // The consumer of docs/consumers.md, "Reading a stream", run twice.
+    async fn run_consumer(environment: &Environment, stream: &str, take: usize) -> Vec<String> {
+        let name = "billing";
+        let probe = environment
+            .consumer()
+            .name(name)
+            .offset(OffsetSpecification::First)
+            .build(stream)
+            .await
+            .expect("a consumer");
+        let start = match probe.query_offset().await {
+            Ok(stored) => OffsetSpecification::Offset(stored + 1),
+            Err(_) => OffsetSpecification::First,
+        };
+        let _ = probe.handle().close().await;
+        let mut consumer = environment
+            .consumer()
+            .name(name)
+            .offset(start)
+            .build(stream)
+            .await
+            .expect("the named consumer");
+        let mut applied = Vec::new();
+        while applied.len() < take {
+            let delivery = tokio::time::timeout(MINUTE, consumer.next())
+                .await
+                .expect("a message within a minute")
+                .expect("the consumer runs")
+                .expect("a delivery");
+            let message_id = delivery
+                .message()
+                .properties()
+                .and_then(|p| p.message_id.clone())
+                .and_then(|id| String::try_from(id).ok())
+                .expect("a message_id");
+            applied.push(message_id);
+            consumer
+                .store_offset(delivery.offset())
+                .await
+                .expect("store the offset");
+        }
+        let _ = consumer.handle().close().await;
+        applied
+    }
+    let first = run_consumer(&environment, stream, FIRST_RUN).await;
+    let rest = run_consumer(&environment, stream, ROWS - FIRST_RUN).await;
+    assert_eq!(first, ids[..FIRST_RUN], "the first run, from the start");
+    assert_eq!(
+        rest,
+        ids[FIRST_RUN..],
+        "the second run, after the stored offset"
+    );
+}
+
 /// What the stream destination cannot work with yet is refused at start, naming it, and a
 /// stream that does not exist stops the relay with the command that creates it: both are the
 /// configuration's to fix (exit code 3), and nothing is acknowledged.
