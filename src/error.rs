@@ -404,6 +404,13 @@ pub enum RelayError {
     StreamMissing { stream: String, vhost: String },
 
     #[error(
+        "The RabbitMQ super stream \"{super_stream}\" does not exist in virtual host \
+         \"{vhost}\" (no partitions): create it (rabbitmq-streams add_super_stream \
+         {super_stream} --partitions 3 --vhost {vhost}), or name another with --super-stream"
+    )]
+    SuperStreamMissing { super_stream: String, vhost: String },
+
+    #[error(
         "The transaction that committed at {commit_lsn} has more than {limit} outbox rows: \
          a stream's publishing ids hold at most that many per transaction; split it"
     )]
@@ -703,7 +710,7 @@ pub enum ConfigProblem {
 
     // ---- the stream destination ----
     /// `setting`: what the stream destination cannot work with yet; `why`: and why.
-    #[error("--stream does not work with {setting}: {why}")]
+    #[error("--stream and --super-stream do not work with {setting}: {why}")]
     StreamWith {
         setting: &'static str,
         why: &'static str,
@@ -974,6 +981,7 @@ impl RelayError {
             | NoReplicationPrivilege { .. }
             | SlotActive { .. }
             | StreamMissing { .. }
+            | SuperStreamMissing { .. }
             | PublicationNotOwned { .. } => ErrorKind::Provisioning,
             SlotLost { .. } => ErrorKind::SlotLost,
             PgTls { problem, .. } => match problem {

@@ -10,6 +10,7 @@
 
 use outbox_testkit as common;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use common::failover::{
@@ -291,25 +292,54 @@ impl Brokers {
 /// own. Returns how many rows the last relay read again that the stream held (and did not
 /// send them).
 async fn delivered_once_in_order_after(interruption: Interruption) -> usize {
+    delivered_once_in_order_into(interruption, None).await
+}
+
+/// [`delivered_once_in_order_after`] into a stream (`partitions` `None`), or into a super
+/// stream of that many partitions, the rows of 500 aggregates: then each partition holds its
+/// rows in commit order, each aggregate's rows in one partition, every row once in all.
+async fn delivered_once_in_order_into(
+    interruption: Interruption,
+    partitions: Option<usize>,
+) -> usize {
     // Enough that the relay, at about 30,000 rows/s, is still in the backlog when the test
     // sees a tenth of it published.
     const ROWS: usize = 100_000;
     const WINDOW: &str = "1024";
     let broker = Brokers::start(interruption);
     let pg = &common::services().pg;
-    let prefix = format!("stream_{interruption:?}").to_lowercase();
+    let into = partitions.map_or("", |_| "_super");
+    let prefix = format!("stream_{interruption:?}{into}").to_lowercase();
     let outbox = common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), &prefix).await;
     let stream = "outbox-stream";
-    broker.create_stream(stream).await;
     let environment = environment_at(broker.stream_port()).await;
+    let streams: Vec<String> = match partitions {
+        None => {
+            broker.create_stream(stream).await;
+            vec![stream.to_string()]
+        }
+        Some(partitions) => {
+            environment
+                .stream_creator()
+                .create_super_stream(stream, partitions, None)
+                .await
+                .expect("create the super stream");
+            // Named by their binding keys, 0 to partitions - 1.
+            (0..partitions).map(|i| format!("{stream}-{i}")).collect()
+        }
+    };
     let oracle = format!("{prefix}_oracle");
     common::create_test_decoding_slot(&outbox.client, &oracle).await;
-    let writes = |rows| common::outbox::write_concurrently(&outbox.db_url, 4, rows, 20);
-    writes(ROWS).await;
+    match partitions {
+        None => {
+            common::outbox::write_concurrently(&outbox.db_url, 4, ROWS, 20).await;
+        }
+        Some(_) => write_aggregates(&outbox.client, ROWS, 500).await,
+    }
     let end = common::current_wal_lsn(&outbox.client).await;
     let port = broker.stream_port().to_string();
     let flags = [
-        "--stream",
+        partitions.map_or("--stream", |_| "--super-stream"),
         stream,
         "--stream-port",
         &port,
@@ -400,25 +430,101 @@ async fn delivered_once_in_order_after(interruption: Interruption) -> usize {
         .flat_map(|txn| txn.inserted_ids("public.outbox"))
         .collect();
     assert_eq!(committed.len(), ROWS, "the oracle saw every row");
-    let held: Vec<String> = read_messages(&environment, stream)
-        .await
-        .into_iter()
-        .map(|(id, body)| id.unwrap_or_else(|| panic!("a message without a message_id: {body}")))
-        .collect();
+    let mut held = Vec::new();
+    for stream in &streams {
+        let ids: Vec<String> = read_messages(&environment, stream)
+            .await
+            .into_iter()
+            .map(|(id, body)| {
+                id.unwrap_or_else(|| panic!("a message without a message_id: {body}"))
+            })
+            .collect();
+        held.push(ids);
+    }
+    let in_all: usize = held.iter().map(Vec::len).sum();
     println!(
-        "stream after {interruption:?}: at least {published_in_all} handed on for {ROWS} rows \
-         (the first relay's count is read before the interruption), {skipped} of them read \
-         again and not sent (the stream held them), {} in the stream",
-        held.len()
+        "stream after {interruption:?}{into}: at least {published_in_all} handed on for {ROWS} \
+         rows (the first relay's count is read before the interruption), {skipped} of them \
+         read again and not sent (the stream held them), {in_all} in the stream ({:?} a \
+         partition)",
+        held.iter().map(Vec::len).collect::<Vec<_>>()
     );
-    let repeats = held.len().saturating_sub(committed.len());
-    assert_eq!(repeats, 0, "no row twice in the stream");
+    assert_eq!(
+        in_all.saturating_sub(committed.len()),
+        0,
+        "no row twice in the stream"
+    );
+    let Some(_) = partitions else {
+        assert!(
+            held[0] == committed,
+            "the stream holds the committed rows in commit order: first difference at {:?}",
+            held[0].iter().zip(&committed).position(|(a, b)| a != b)
+        );
+        return skipped;
+    };
+    let mut every: Vec<&String> = held.iter().flatten().collect();
+    every.sort();
+    let mut want: Vec<&String> = committed.iter().collect();
+    want.sort();
     assert!(
-        held == committed,
-        "the stream holds the committed rows in commit order: first difference at {:?}",
-        held.iter().zip(&committed).position(|(a, b)| a != b)
+        every == want,
+        "the partitions together hold every committed row once"
     );
+    let place: HashMap<&String, usize> = committed
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id, i))
+        .collect();
+    let aggregates: HashMap<String, String> = common::pg::first_column(
+        &outbox.client,
+        "SELECT id::text || ' ' || aggregate_id FROM outbox",
+        &[],
+    )
+    .await
+    .into_iter()
+    .filter_map(|line| {
+        let (id, aggregate) = line.split_once(' ')?;
+        Some((id.to_string(), aggregate.to_string()))
+    })
+    .collect();
+    let mut partition_of_aggregate: HashMap<&String, usize> = HashMap::new();
+    for (partition, ids) in held.iter().enumerate() {
+        assert!(!ids.is_empty(), "partition {partition} got rows");
+        assert!(
+            ids.windows(2).all(|pair| place[&pair[0]] < place[&pair[1]]),
+            "partition {partition} holds its rows in commit order"
+        );
+        for id in ids {
+            let aggregate = &aggregates[id];
+            let first = *partition_of_aggregate.entry(aggregate).or_insert(partition);
+            assert_eq!(
+                first, partition,
+                "aggregate {aggregate}'s rows in partitions {first} and {partition}"
+            );
+        }
+    }
     skipped
+}
+
+/// `rows` rows in transactions of up to 20, on one connection, each of one of `aggregates`
+/// aggregates (`agg-N`), spread over them.
+async fn write_aggregates(client: &tokio_postgres::Client, rows: usize, aggregates: usize) {
+    let mut script = String::new();
+    let mut written = 0;
+    while written < rows {
+        let n = 20.min(rows - written);
+        script += &format!(
+            "BEGIN; INSERT INTO outbox (event_type, payload, aggregate_type, aggregate_id) \
+             SELECT 'TestEvent', jsonb_build_object('g', g), 'order', \
+             'agg-' || ((g * 7919) % {aggregates}) \
+             FROM generate_series({written}, {written} + {n} - 1) AS g; COMMIT;"
+        );
+        written += n;
+    }
+    client
+        .batch_execute(&script)
+        .await
+        .expect("write the aggregates' rows");
 }
 
 /// A counter of `relay`'s /metrics.
@@ -453,6 +559,18 @@ async fn a_standby_taking_over_at_full_speed_leaves_every_row_in_the_stream_once
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_stopped_mid_backlog_leaves_every_row_in_the_stream_once_in_commit_order() {
     delivered_once_in_order_after(Interruption::RelayStopped).await;
+}
+
+/// kill -9 at full speed into a super stream of 3 partitions: each partition deduplicated on
+/// its own, each aggregate's rows in one partition, in commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_killed_at_full_speed_leaves_every_row_in_a_super_stream_once_in_order_per_partition(
+) {
+    let skipped = delivered_once_in_order_into(Interruption::RelayKilled, Some(3)).await;
+    assert!(
+        skipped > 0,
+        "the restart read no row the partitions held: the test proves no deduplication"
+    );
 }
 
 /// The stream's leader killed under the relay: the producer's connection (to the leader) is
@@ -695,7 +813,7 @@ async fn a_stream_deleted_under_the_relay_is_waited_for_and_gets_the_rows_once_c
         .expect("delete the stream");
     let after = outbox.insert("After", "{}").await;
     let end = common::current_wal_lsn(&outbox.client).await;
-    let gone = "the stream is gone, after this relay published into it";
+    let gone = "deleted is gone, after this relay published into it";
     assert!(
         relay.wait_for_log_count(gone, 2, MINUTE).await,
         "the relay waits for the stream, session after session; log:\n{}",
@@ -812,7 +930,8 @@ async fn a_named_consumer_resumes_after_the_offset_it_stored() {
 }
 
 /// What the stream destination cannot work with yet is refused at start, naming it, and a
-/// stream that does not exist stops the relay with the command that creates it: both are the
+/// stream or super stream that does not exist stops the relay with the command that creates
+/// it: both are the
 /// configuration's to fix (exit code 3), and nothing is acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_stream_and_what_a_stream_cannot_work_with_are_refused_naming_the_fix() {
@@ -832,11 +951,11 @@ async fn a_missing_stream_and_what_a_stream_cannot_work_with_are_refused_naming_
     for (extra, expected) in [
         (
             ["--on-slot-lost", "recreate"],
-            "--stream does not work with --on-slot-lost recreate",
+            "--stream and --super-stream do not work with --on-slot-lost recreate",
         ),
         (
             ["--on-unroutable", "dead-letter"],
-            "--stream does not work with --on-unroutable dead-letter",
+            "--stream and --super-stream do not work with --on-unroutable dead-letter",
         ),
     ] {
         let mut args = vec![
@@ -864,27 +983,43 @@ async fn a_missing_stream_and_what_a_stream_cannot_work_with_are_refused_naming_
 
     outbox.insert("Created", "{}").await;
     let before = outbox.confirmed_flush().await;
-    let out = outbox.run_command(&[
-        "run",
-        "--stream",
-        "nowhere",
-        "--stream-port",
-        &port,
-        "--metrics-addr",
-        "off",
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(i32::from(exit::CONFIG)),
-        "{}",
-        text(&out)
-    );
-    assert!(
-        text(&out).contains("The RabbitMQ stream \"nowhere\" does not exist")
-            && text(&out).contains("queue_type=stream"),
-        "{}",
-        text(&out)
-    );
+    for (flag, expected) in [
+        (
+            "--stream",
+            [
+                "The RabbitMQ stream \"nowhere\" does not exist",
+                "queue_type=stream",
+            ],
+        ),
+        (
+            "--super-stream",
+            [
+                "The RabbitMQ super stream \"nowhere\" does not exist",
+                "rabbitmq-streams add_super_stream nowhere",
+            ],
+        ),
+    ] {
+        let out = outbox.run_command(&[
+            "run",
+            flag,
+            "nowhere",
+            "--stream-port",
+            &port,
+            "--metrics-addr",
+            "off",
+        ]);
+        assert_eq!(
+            out.status.code(),
+            Some(i32::from(exit::CONFIG)),
+            "{}",
+            text(&out)
+        );
+        assert!(
+            expected.iter().all(|needle| text(&out).contains(needle)),
+            "{}",
+            text(&out)
+        );
+    }
     assert_eq!(
         outbox.confirmed_flush().await,
         before,

@@ -62,11 +62,18 @@ pub struct StreamArgs {
     /// order, so the broker drops what a restart re-publishes and the stream holds each row
     /// once (docs/architecture.md, "Streams"). The nodes, user and virtual host are
     /// --amqp-url's; rows' exchange and routing key are not used.
-    #[arg(long, env = "OUTBOX_STREAM")]
+    #[arg(long, env = "OUTBOX_STREAM", conflicts_with = "super_stream")]
     pub stream: Option<String>,
 
+    /// Deliver into this RabbitMQ super stream (it must exist), as --stream does into one
+    /// stream: each row goes to the partition its aggregate_id hashes to (its message_id when
+    /// it has none; murmur3, as the stream clients' producers route), so an aggregate's rows
+    /// keep their commit order in one partition, each partition deduplicated on its own.
+    #[arg(long, env = "OUTBOX_SUPER_STREAM")]
+    pub super_stream: Option<String>,
+
     /// The stream protocol's port on the first node --amqp-url names (the rabbitmq_stream
-    /// plugin's listener).
+    /// plugin's listener), for --stream and --super-stream.
     #[arg(long, env = "OUTBOX_STREAM_PORT", default_value_t = 5552)]
     pub stream_port: u16,
 }

@@ -108,6 +108,23 @@ fn held(holds: &[Held], position: Position, id: u64) -> bool {
     })
 }
 
+/// What the relay delivers into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamTarget {
+    /// One stream (`--stream`).
+    Stream(String),
+    /// A super stream's partitions (`--super-stream`), each row to the one its key hashes to.
+    SuperStream(String),
+}
+
+impl StreamTarget {
+    fn name(&self) -> &str {
+        match self {
+            StreamTarget::Stream(name) | StreamTarget::SuperStream(name) => name,
+        }
+    }
+}
+
 /// Where the stream is and who the relay is there.
 #[derive(Clone)]
 pub struct StreamAddress {
@@ -116,7 +133,7 @@ pub struct StreamAddress {
     pub user: String,
     pub password: String,
     pub vhost: String,
-    pub stream: String,
+    pub target: StreamTarget,
     /// Whether a session of this relay found the stream (shared by the address's clones): a
     /// stream missing after that is a broker still recovering it, or one deleted under the
     /// relay, and is waited for rather than taken for a wrong name.
@@ -124,10 +141,10 @@ pub struct StreamAddress {
 }
 
 impl StreamAddress {
-    /// The stream `stream` on the first of `nodes`, at the stream protocol's `port`, with the
+    /// `target` on the first of `nodes`, at the stream protocol's `port`, with the
     /// AMQP URL's user, password and virtual host. The client finds the stream's leader
     /// from there.
-    pub fn of(nodes: &BrokerNodes, port: u16, stream: &str) -> Result<Self, RelayError> {
+    pub fn of(nodes: &BrokerNodes, port: u16, target: StreamTarget) -> Result<Self, RelayError> {
         let Some(node) = nodes.nodes().first() else {
             return Err(ConfigProblem::NoAmqpUrl.into());
         };
@@ -147,7 +164,7 @@ impl StreamAddress {
             user: login.user,
             password: login.password,
             vhost: login.vhost,
-            stream: stream.to_string(),
+            target,
             found: Arc::default(),
         })
     }
@@ -155,7 +172,17 @@ impl StreamAddress {
 
 impl std::fmt::Display for StreamAddress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "stream {} at {}:{}", self.stream, self.host, self.port)
+        let kind = match self.target {
+            StreamTarget::Stream(_) => "stream",
+            StreamTarget::SuperStream(_) => "super stream",
+        };
+        write!(
+            f,
+            "{kind} {} at {}:{}",
+            self.target.name(),
+            self.host,
+            self.port
+        )
     }
 }
 
@@ -168,9 +195,12 @@ pub struct StreamDestination {
     naming: OnceLock<Naming>,
     /// Asks the broker what a producer name holds.
     queries: rabbitmq_stream_client::Client,
-    /// One producer per epoch, declared at its first publish (nearly always one), with
-    /// what the stream held for it then.
-    producers: Mutex<HashMap<u64, EpochProducer>>,
+    /// The streams rows go into: the one stream, or the super stream's partitions in the
+    /// broker's order.
+    partitions: Vec<String>,
+    /// One producer per partition and epoch, declared at its first publish (nearly always
+    /// one epoch), with what the partition held for it then.
+    producers: Mutex<HashMap<(usize, u64), EpochProducer>>,
     /// Becomes `true` when a producer's connection closes: every pending answer fails then.
     closed: watch::Sender<bool>,
     /// A stream connection is never blocked the way an AMQP one is: constant `false`.
@@ -202,16 +232,21 @@ impl StreamDestination {
         .await
         .map_err(connect_error)?
         .map_err(|e| connect_error(e.to_string()))?;
-        let destination = Self {
+        let mut destination = Self {
             environment,
             address,
             naming: OnceLock::new(),
             queries,
+            partitions: Vec::new(),
             producers: Mutex::new(HashMap::new()),
             closed: watch::Sender::new(false),
             never_blocked: watch::Sender::new(false),
         };
-        destination.check_stream().await?;
+        destination.partitions = destination.partitions().await?;
+        for stream in &destination.partitions {
+            destination.check_stream(stream).await?;
+        }
+        destination.address.found.store(true, Ordering::Relaxed);
         Ok(destination)
     }
 
@@ -229,37 +264,69 @@ impl StreamDestination {
     /// One the broker has but cannot serve yet (its leader starting after a restart) is a
     /// passing state: the session is retried; so is one missing after a session found it (a
     /// restarted broker answers so before it has recovered its streams).
-    async fn check_stream(&self) -> Result<(), RelayError> {
-        let code = bounded(self.queries.metadata(vec![self.address.stream.clone()]))
+    async fn check_stream(&self, stream: &str) -> Result<(), RelayError> {
+        let code = bounded(self.queries.metadata(vec![stream.to_string()]))
             .await
             .map_err(|e| self.connect_error(e))?
             .map_err(|e| self.connect_error(e))?
-            .get(&self.address.stream)
+            .get(stream)
             .map(|metadata| metadata.response_code.clone());
         match code {
-            Some(ResponseCode::Ok) => {
-                self.address.found.store(true, Ordering::Relaxed);
-                Ok(())
-            }
-            None | Some(ResponseCode::StreamDoesNotExist)
-                if self.address.found.load(Ordering::Relaxed) =>
-            {
-                Err(self.connect_error(format!(
-                    "the stream is gone, after this relay published into it: a broker still \
-                     recovering it after a restart (waited for), or the stream was deleted \
-                     (create it again: rabbitmqadmin declare queue name={} queue_type=stream \
-                     durable=true)",
-                    self.address.stream
-                )))
-            }
-            None | Some(ResponseCode::StreamDoesNotExist) => Err(RelayError::StreamMissing {
-                stream: self.address.stream.clone(),
-                vhost: self.address.vhost.clone(),
-            }),
+            Some(ResponseCode::Ok) => Ok(()),
+            None | Some(ResponseCode::StreamDoesNotExist) => Err(self.missing()),
             Some(other) => {
                 Err(self.connect_error(format!("the stream is not available ({other:?})")))
             }
         }
+    }
+
+    /// The streams rows go into: the one stream, or the super stream's partitions.
+    async fn partitions(&self) -> Result<Vec<String>, RelayError> {
+        let super_stream = match &self.address.target {
+            StreamTarget::Stream(stream) => return Ok(vec![stream.clone()]),
+            StreamTarget::SuperStream(super_stream) => super_stream,
+        };
+        let partitions = bounded(self.queries.partitions(super_stream.clone()))
+            .await
+            .map_err(|e| self.connect_error(e))?
+            .map_err(|e| self.connect_error(e))?
+            .streams;
+        match partitions.is_empty() {
+            true => Err(self.missing()),
+            false => Ok(partitions),
+        }
+    }
+
+    /// What a missing stream or super stream is: a wrong name, unless a session of this relay
+    /// found it before (a broker still recovering it after a restart, or one deleted under
+    /// the relay), which is waited for.
+    fn missing(&self) -> RelayError {
+        let vhost = self.address.vhost.clone();
+        match (
+            &self.address.target,
+            self.address.found.load(Ordering::Relaxed),
+        ) {
+            (target, true) => self.connect_error(format!(
+                "{} is gone, after this relay published into it: a broker still recovering \
+                 it after a restart (waited for), or it was deleted (create it again)",
+                target.name()
+            )),
+            (StreamTarget::Stream(stream), false) => RelayError::StreamMissing {
+                stream: stream.clone(),
+                vhost,
+            },
+            (StreamTarget::SuperStream(super_stream), false) => RelayError::SuperStreamMissing {
+                super_stream: super_stream.clone(),
+                vhost,
+            },
+        }
+    }
+
+    /// The partition `message` goes into: its aggregate_id's (else its message_id's)
+    /// murmur3 hash, modulo the partitions, as the stream clients' hash routing does; 0 for
+    /// one stream.
+    fn partition_of(&self, message: &Message) -> usize {
+        partition(message, self.partitions.len())
     }
 
     fn connect_error(&self, error: impl std::fmt::Display) -> RelayError {
@@ -271,24 +338,34 @@ impl StreamDestination {
 
     /// What the stream holds under the name of `timeline`'s producer for `epoch`: the
     /// broker's last id for it.
-    async fn last_id(&self, naming: &Naming, timeline: u32, epoch: u64) -> Result<u64, RelayError> {
+    async fn last_id(
+        &self,
+        stream: &str,
+        naming: &Naming,
+        timeline: u32,
+        epoch: u64,
+    ) -> Result<u64, RelayError> {
         let name = producer_name(&naming.slot, timeline, epoch);
         self.queries
-            .query_publisher_sequence(&name, &self.address.stream)
+            .query_publisher_sequence(&name, stream)
             .await
-            .map_err(|e| RelayError::Broker(format!("asking the stream what {name} holds: {e}")))
+            .map_err(|e| RelayError::Broker(format!("asking {stream} what {name} holds: {e}")))
     }
 
     /// Declares the producer for `epoch` unless `producers` has it, and learns what the
     /// stream holds under its name and under its ancestors' for the same epoch.
     async fn declare_producer(
         &self,
-        producers: &mut HashMap<u64, EpochProducer>,
+        producers: &mut HashMap<(usize, u64), EpochProducer>,
+        partition: usize,
         epoch: u64,
     ) -> Result<(), RelayError> {
-        if producers.contains_key(&epoch) {
+        if producers.contains_key(&(partition, epoch)) {
             return Ok(());
         }
+        let Some(stream) = self.partitions.get(partition) else {
+            return Err(RelayError::Bug(format!("no partition {partition}")));
+        };
         let Some(naming) = self.naming.get() else {
             return Err(RelayError::Bug(
                 "the stream producer was used before the session named it".into(),
@@ -296,12 +373,14 @@ impl StreamDestination {
         };
         let mut holds = vec![Held {
             below: None,
-            last_id: self.last_id(naming, naming.timeline, epoch).await?,
+            last_id: self.last_id(stream, naming, naming.timeline, epoch).await?,
         }];
         for ancestor in &naming.ancestors {
             holds.push(Held {
                 below: Some(ancestor.ended_at),
-                last_id: self.last_id(naming, ancestor.timeline, epoch).await?,
+                last_id: self
+                    .last_id(stream, naming, ancestor.timeline, epoch)
+                    .await?,
             });
         }
         let name = producer_name(&naming.slot, naming.timeline, epoch);
@@ -311,7 +390,7 @@ impl StreamDestination {
             .client_provided_name("outbox-relay")
             .name(&name)
             .on_closed(Box::new(ClosedSignal(self.closed.clone())))
-            .build(&self.address.stream)
+            .build(stream)
             .await
             .map_err(|e| RelayError::Broker(format!("declaring stream producer {name}: {e}")))?;
         let held: Vec<String> = holds
@@ -329,12 +408,12 @@ impl StreamDestination {
             })
             .collect();
         tracing::info!(
-            stream = %self.address.stream,
+            stream = %stream,
             producer = %name,
             holds = %if held.is_empty() { "nothing of this slot".to_string() } else { held.join(", ") },
             "stream producer declared; rows the stream holds are not sent again"
         );
-        producers.insert(epoch, EpochProducer { producer, holds });
+        producers.insert((partition, epoch), EpochProducer { producer, holds });
         Ok(())
     }
 
@@ -350,9 +429,12 @@ impl StreamDestination {
         let id = publishing_id(position)?;
         // Held across the send: the delivery loop starts publishes one at a time anyway, and
         // the send only queues the message for the client's batching task.
+        let partition = self.partition_of(&message);
         let mut producers = self.producers.lock().await;
-        self.declare_producer(&mut producers, id.epoch).await?;
-        let Some(EpochProducer { producer, holds }) = producers.get_mut(&id.epoch) else {
+        self.declare_producer(&mut producers, partition, id.epoch)
+            .await?;
+        let Some(EpochProducer { producer, holds }) = producers.get_mut(&(partition, id.epoch))
+        else {
             return Err(RelayError::Bug(
                 "a declared stream producer is missing".into(),
             ));
@@ -460,6 +542,21 @@ impl OnClosed for ClosedSignal {
     async fn on_closed(&self, _unconfirmed: Vec<StreamMessage>) {
         self.0.send_replace(true);
     }
+}
+
+/// The partition of `partitions` (at least 1) `message` goes into: the murmur3 hash (seed
+/// 104729, the stream clients' hash routing) of its aggregate_id, or of its message_id when it
+/// has none, modulo `partitions`.
+fn partition(message: &Message, partitions: usize) -> usize {
+    if partitions <= 1 {
+        return 0;
+    }
+    let key = match message.header(crate::contract::headers::AGGREGATE_ID) {
+        Some(HeaderValue::Text(aggregate)) => aggregate.as_str(),
+        _ => message.message_id.as_str(),
+    };
+    let hash = murmur3::murmur3_32(&mut std::io::Cursor::new(key.as_bytes()), 104_729).unwrap_or(0);
+    (hash as usize) % partitions
 }
 
 /// A message of the contract in the stream's AMQP 1.0 format: message_id, content_type,
@@ -701,6 +798,42 @@ mod tests {
             last_id: id(0x2000, 0).publishing_id,
         }];
         assert!(!held(&short, at(0x2800, 0), id(0x2800, 0).publishing_id));
+    }
+
+    fn with_aggregate(message_id: &str, aggregate: Option<&str>) -> Message {
+        let headers = aggregate
+            .map(|aggregate| {
+                (
+                    crate::contract::headers::AGGREGATE_ID.to_string(),
+                    HeaderValue::Text(aggregate.to_string()),
+                )
+            })
+            .into_iter()
+            .collect();
+        Message {
+            message_id: message_id.into(),
+            exchange: String::new(),
+            routing_key: String::new(),
+            event_type: None,
+            content_type: None,
+            timestamp: None,
+            headers,
+            body: bytes::Bytes::new(),
+            position: None,
+        }
+    }
+
+    #[test]
+    fn an_aggregate_s_rows_share_a_partition_and_the_aggregates_spread() {
+        let of = |id: &str, aggregate: Option<&str>| partition(&with_aggregate(id, aggregate), 3);
+        assert_eq!(of("a", Some("order-7")), of("b", Some("order-7")));
+        let used: std::collections::HashSet<usize> = (0..30)
+            .map(|n| of("x", Some(&format!("order-{n}"))))
+            .collect();
+        assert_eq!(used.len(), 3, "30 aggregates over 3 partitions: {used:?}");
+        // Without an aggregate the message_id decides.
+        assert_eq!(of("m-1", None), of("m-1", None));
+        assert_eq!(partition(&with_aggregate("m-1", Some("order-7")), 1), 0);
     }
 
     #[test]

@@ -45,7 +45,7 @@ use crate::assembly::{self, RelayParts, RelayPartsFlags};
 use crate::config::RunArgs;
 use crate::error::{ConfigProblem, RelayError};
 use crate::observability::{self, NotReady};
-use crate::publish::stream::StreamAddress;
+use crate::publish::stream::{StreamAddress, StreamTarget};
 use crate::supervisor::{supervise, Supervised, Supervision};
 use session::SessionContext;
 
@@ -156,8 +156,10 @@ fn stream_destination(
     brokers: &crate::publish::BrokerNodes,
     dead_letters: bool,
 ) -> Result<Option<StreamAddress>, RelayError> {
-    let Some(stream) = args.stream.stream.as_deref().map(str::trim) else {
-        return Ok(None);
+    let target = match (&args.stream.stream, &args.stream.super_stream) {
+        (Some(stream), _) => StreamTarget::Stream(stream.trim().to_string()),
+        (None, Some(super_stream)) => StreamTarget::SuperStream(super_stream.trim().to_string()),
+        (None, None) => return Ok(None),
     };
     if dead_letters {
         return Err(ConfigProblem::StreamWith {
@@ -174,7 +176,7 @@ fn stream_destination(
         }
         .into());
     }
-    StreamAddress::of(brokers, args.stream.stream_port, stream).map(Some)
+    StreamAddress::of(brokers, args.stream.stream_port, target).map(Some)
 }
 
 /// The WAL relay as the supervisor sees it: one replication session after another.
