@@ -25,13 +25,13 @@ use rabbitmq_stream_client::{Client, ClientOptions, Environment, NoDedup, Produc
 const MINUTE: Duration = Duration::from_secs(60);
 
 async fn environment(broker: &RabbitServer) -> Environment {
-    environment_at(broker.stream_port()).await
+    environment_at("127.0.0.1", broker.stream_port()).await
 }
 
-/// A client of the stream port `port` on this host.
-async fn environment_at(port: u16) -> Environment {
+/// A client of the stream port `port` at `host`.
+async fn environment_at(host: &str, port: u16) -> Environment {
     Environment::builder()
-        .host("127.0.0.1")
+        .host(host)
         .port(port)
         .build()
         .await
@@ -212,13 +212,13 @@ enum Interruption {
     /// kill -9 of the broker and its restart, under the same relay.
     BrokerRestarted,
     /// kill -9 of the node that leads the stream, in a 3-node cluster that replicates it on
-    /// every node; the relay reaches the cluster through another node.
+    /// every node; the first node the relay is given.
     LeaderKilled,
 }
 
 /// The broker a scenario runs on: a node of its own, or for [`Interruption::LeaderKilled`] a
-/// cluster of its own, whose node 0 leads the stream and node 1 is the relay's and the
-/// reader's.
+/// cluster of its own, whose node 0 leads the stream; the relay is given nodes 0 and 1, in
+/// that order, and the reader reads through node 1.
 enum Brokers {
     Node(RabbitServer),
     Cluster(common::RabbitCluster),
@@ -241,6 +241,24 @@ impl Brokers {
         }
     }
 
+    /// What the relay is given: the node, or nodes 0 and 1 of the cluster, tried in that
+    /// order (`--amqp-node-order listed`).
+    fn relay_urls(&self) -> String {
+        match self {
+            Brokers::Node(node) => node.url(),
+            Brokers::Cluster(cluster) => format!("{},{}", cluster.url(0), cluster.url(1)),
+        }
+    }
+
+    /// The reader's stream listener: the node's, or the cluster's node 1.
+    fn stream_host(&self) -> String {
+        match self {
+            Brokers::Node(_) => "127.0.0.1".to_string(),
+            Brokers::Cluster(cluster) => cluster.addr(1).to_string(),
+        }
+    }
+
+    /// The stream port (the same on every node of the cluster).
     fn stream_port(&self) -> u16 {
         match self {
             Brokers::Node(node) => node.stream_port(),
@@ -248,19 +266,24 @@ impl Brokers {
         }
     }
 
+    async fn environment(&self) -> Environment {
+        environment_at(&self.stream_host(), self.stream_port()).await
+    }
+
     /// Creates `stream`: in the cluster through node 0 with the leader placed there, and
     /// checked to be there, with a replica on each other node.
     async fn create_stream(&self, stream: &str) {
         let Brokers::Cluster(cluster) = self else {
-            return environment_at(self.stream_port())
+            return self
+                .environment()
                 .await
                 .stream_creator()
                 .create(stream)
                 .await
                 .expect("create the stream");
         };
-        let leader_port = cluster.stream_port(0);
-        environment_at(leader_port)
+        let leader = cluster.addr(0).to_string();
+        environment_at(&leader, self.stream_port())
             .await
             .stream_creator()
             .leader_locator(rabbitmq_stream_client::types::LeaderLocator::ClientLocal)
@@ -268,7 +291,7 @@ impl Brokers {
             .await
             .expect("create the stream");
         let options = ClientOptions::builder()
-            .host("127.0.0.1")
+            .host(&self.stream_host())
             .port(self.stream_port())
             .build();
         let client = Client::connect(options).await.expect("a stream client");
@@ -279,8 +302,8 @@ impl Brokers {
         let _ = client.close().await;
         let placed = &metadata[stream];
         assert_eq!(
-            (placed.leader.port, placed.replicas.len()),
-            (u32::from(leader_port), 2),
+            (placed.leader.host.as_str(), placed.replicas.len()),
+            (leader.as_str(), 2),
             "the stream led by node 0 and replicated on the two others: {placed:?}"
         );
     }
@@ -312,7 +335,7 @@ async fn delivered_once_in_order_into(
     let prefix = format!("stream_{interruption:?}{into}").to_lowercase();
     let outbox = common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), &prefix).await;
     let stream = "outbox-stream";
-    let environment = environment_at(broker.stream_port()).await;
+    let environment = broker.environment().await;
     let streams: Vec<String> = match partitions {
         None => {
             broker.create_stream(stream).await;
@@ -347,8 +370,20 @@ async fn delivered_once_in_order_into(
         WINDOW,
     ];
     let published = |relay: &common::RelayProcess| counter(relay, MESSAGES_PUBLISHED_TOTAL);
+    let relay_urls = broker.relay_urls();
+    let spawn = || {
+        let metrics_addr = format!("127.0.0.1:{}", common::free_port());
+        let mut args = vec![
+            "--metrics-addr",
+            metrics_addr.as_str(),
+            "--amqp-node-order",
+            "listed",
+        ];
+        args.extend(flags);
+        outbox.spawn("run", (&outbox.db_url, &relay_urls), &args, &[])
+    };
 
-    let (first, _) = outbox.spawn_observed(&flags);
+    let first = spawn();
     // Published, not acknowledged: the slot's position lags by a status interval, and the
     // relay drains the backlog in seconds.
     assert!(
@@ -366,7 +401,7 @@ async fn delivered_once_in_order_into(
         Interruption::RelayKilled | Interruption::RelayStopped | Interruption::StandbyTookOver => {
             let standby = match interruption {
                 Interruption::StandbyTookOver => {
-                    let (standby, _) = outbox.spawn_observed(&flags);
+                    let standby = spawn();
                     assert!(
                         standby.wait_metric(STANDBY, MINUTE, |n| n == 1).await,
                         "the second relay waits as a standby; log:\n{}",
@@ -388,7 +423,7 @@ async fn delivered_once_in_order_into(
                 first.log()
             );
             let acknowledged_then = outbox.confirmed_flush().await;
-            let relay = standby.unwrap_or_else(|| outbox.spawn_observed(&flags).0);
+            let relay = standby.unwrap_or_else(spawn);
             (relay, published_before, acknowledged_then)
         }
         Interruption::BrokerRestarted | Interruption::LeaderKilled => {

@@ -72,8 +72,9 @@ pub struct StreamArgs {
     #[arg(long, env = "OUTBOX_SUPER_STREAM")]
     pub super_stream: Option<String>,
 
-    /// The stream protocol's port on the first node --amqp-url names (the rabbitmq_stream
-    /// plugin's listener), for --stream and --super-stream.
+    /// The stream protocol's port (the rabbitmq_stream plugin's listener) on every node
+    /// --amqp-url names, for --stream and --super-stream: a session goes through the first
+    /// node that answers, in the relay's node order.
     #[arg(long, env = "OUTBOX_STREAM_PORT", default_value_t = 5552)]
     pub stream_port: u16,
 }

@@ -125,14 +125,21 @@ impl StreamTarget {
     }
 }
 
-/// Where the stream is and who the relay is there.
+/// One node's stream listener, and who the relay is there.
 #[derive(Clone)]
-pub struct StreamAddress {
+pub struct StreamNode {
     pub host: String,
     pub port: u16,
     pub user: String,
     pub password: String,
     pub vhost: String,
+}
+
+/// Where the stream is: the nodes to reach it through, in the relay's node order, and what
+/// is delivered into there.
+#[derive(Clone)]
+pub struct StreamAddress {
+    pub nodes: Vec<StreamNode>,
     pub target: StreamTarget,
     /// Whether a session of this relay found the stream (shared by the address's clones): a
     /// stream missing after that is a broker still recovering it, or one deleted under the
@@ -141,32 +148,49 @@ pub struct StreamAddress {
 }
 
 impl StreamAddress {
-    /// `target` on the first of `nodes`, at the stream protocol's `port`, with the
-    /// AMQP URL's user, password and virtual host. The client finds the stream's leader
-    /// from there.
+    /// `target` through each of `nodes` (in their order), at the stream protocol's `port`,
+    /// with each AMQP URL's user, password and virtual host. The client finds the stream's
+    /// leader from whichever node answers.
     pub fn of(nodes: &BrokerNodes, port: u16, target: StreamTarget) -> Result<Self, RelayError> {
-        let Some(node) = nodes.nodes().first() else {
-            return Err(ConfigProblem::NoAmqpUrl.into());
-        };
-        let login = node.login().map_err(|_| {
-            RelayError::Broker(format!("the AMQP URL of {} does not parse", node.address()))
-        })?;
-        if login.tls {
-            return Err(ConfigProblem::StreamWith {
-                setting: "an amqps:// URL",
-                why: "the stream destination does not speak TLS yet",
+        let mut stream_nodes = Vec::new();
+        for node in nodes.nodes() {
+            let login = node.login().map_err(|_| {
+                RelayError::Broker(format!("the AMQP URL of {} does not parse", node.address()))
+            })?;
+            if login.tls {
+                return Err(ConfigProblem::StreamWith {
+                    setting: "an amqps:// URL",
+                    why: "the stream destination does not speak TLS yet",
+                }
+                .into());
             }
-            .into());
+            stream_nodes.push(StreamNode {
+                host: login.host,
+                port,
+                user: login.user,
+                password: login.password,
+                vhost: login.vhost,
+            });
+        }
+        if stream_nodes.is_empty() {
+            return Err(ConfigProblem::NoAmqpUrl.into());
         }
         Ok(Self {
-            host: login.host,
-            port,
-            user: login.user,
-            password: login.password,
-            vhost: login.vhost,
+            nodes: stream_nodes,
             target,
             found: Arc::default(),
         })
+    }
+
+    /// The virtual host (the first node's: one stream lives in one).
+    fn vhost(&self) -> &str {
+        self.nodes.first().map_or("/", |node| node.vhost.as_str())
+    }
+}
+
+impl std::fmt::Display for StreamNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
     }
 }
 
@@ -176,13 +200,8 @@ impl std::fmt::Display for StreamAddress {
             StreamTarget::Stream(_) => "stream",
             StreamTarget::SuperStream(_) => "super stream",
         };
-        write!(
-            f,
-            "{kind} {} at {}:{}",
-            self.target.name(),
-            self.host,
-            self.port
-        )
+        let nodes: Vec<String> = self.nodes.iter().map(ToString::to_string).collect();
+        write!(f, "{kind} {} at {}", self.target.name(), nodes.join(", "))
     }
 }
 
@@ -208,30 +227,26 @@ pub struct StreamDestination {
 }
 
 impl StreamDestination {
-    /// Connects to the stream port and checks that the stream exists.
+    /// Connects to the stream port of the first node that answers and checks that the
+    /// stream exists.
     pub async fn connect(address: StreamAddress) -> Result<Self, RelayError> {
-        let connect_error = |reason: String| RelayError::StreamConnect {
-            address: address.to_string(),
-            reason,
+        let mut failures = Vec::new();
+        let mut connected = None;
+        for node in &address.nodes {
+            match connect_node(node).await {
+                Ok(both) => {
+                    connected = Some(both);
+                    break;
+                }
+                Err(reason) => failures.push(format!("{node}: {reason}")),
+            }
+        }
+        let Some((environment, queries)) = connected else {
+            return Err(RelayError::StreamConnect {
+                address: address.to_string(),
+                reason: failures.join("; "),
+            });
         };
-        let environment = Environment::builder()
-            .host(&address.host)
-            .port(address.port)
-            .username(&address.user)
-            .password(&address.password)
-            .virtual_host(&address.vhost)
-            .client_provided_name("outbox-relay")
-            .build();
-        let environment = bounded(environment)
-            .await
-            .map_err(connect_error)?
-            .map_err(|e| connect_error(e.to_string()))?;
-        let queries = bounded(rabbitmq_stream_client::Client::connect(client_options(
-            &address,
-        )))
-        .await
-        .map_err(connect_error)?
-        .map_err(|e| connect_error(e.to_string()))?;
         let mut destination = Self {
             environment,
             address,
@@ -301,7 +316,7 @@ impl StreamDestination {
     /// found it before (a broker still recovering it after a restart, or one deleted under
     /// the relay), which is waited for.
     fn missing(&self) -> RelayError {
-        let vhost = self.address.vhost.clone();
+        let vhost = self.address.vhost().to_string();
         match (
             &self.address.target,
             self.address.found.load(Ordering::Relaxed),
@@ -520,14 +535,31 @@ struct Naming {
     ancestors: Vec<Ancestor>,
 }
 
-fn client_options(address: &StreamAddress) -> rabbitmq_stream_client::ClientOptions {
-    rabbitmq_stream_client::ClientOptions::builder()
-        .host(&address.host)
-        .port(address.port)
-        .user(&address.user)
-        .password(&address.password)
-        .v_host(&address.vhost)
-        .build()
+/// The environment producers are made from, and a client for questions, both through
+/// `node`; or why not.
+async fn connect_node(
+    node: &StreamNode,
+) -> Result<(Environment, rabbitmq_stream_client::Client), String> {
+    let environment = Environment::builder()
+        .host(&node.host)
+        .port(node.port)
+        .username(&node.user)
+        .password(&node.password)
+        .virtual_host(&node.vhost)
+        .client_provided_name("outbox-relay")
+        .build();
+    let environment = bounded(environment).await?.map_err(|e| e.to_string())?;
+    let options = rabbitmq_stream_client::ClientOptions::builder()
+        .host(&node.host)
+        .port(node.port)
+        .user(&node.user)
+        .password(&node.password)
+        .v_host(&node.vhost)
+        .build();
+    let queries = bounded(rabbitmq_stream_client::Client::connect(options))
+        .await?
+        .map_err(|e| e.to_string())?;
+    Ok((environment, queries))
 }
 
 /// How long a polite close may wait.

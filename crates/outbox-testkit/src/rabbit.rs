@@ -271,7 +271,15 @@ pub(crate) fn watchdog_cleanup(node_prefix: &str, dir: &Path) -> String {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Plugins {
     None,
+    /// The stream protocol on a port of its own.
     Streams,
+    /// The stream protocol on `port`, and every listener on loopback address `addr`: nodes of
+    /// one cluster on this host that a client tells apart by address, as on machines of their
+    /// own, each with the stream port the relay's `--stream-port` names for all.
+    StreamsAt {
+        addr: Ipv4Addr,
+        port: u16,
+    },
 }
 
 /// One RabbitMQ node the harness launches: its name, ports and directory. Restarts reuse
@@ -282,6 +290,8 @@ pub(crate) struct Node {
     pub(crate) dist_port: u16,
     /// The stream protocol's listener, with [`Plugins::Streams`].
     pub(crate) stream_port: Option<u16>,
+    /// The loopback address its listeners bind, with [`Plugins::StreamsAt`].
+    pub(crate) loopback: Option<Ipv4Addr>,
     /// Owned by `rabbitmq`: `mnesia/`, `log/`, `pid`, `rabbitmq.conf`, `enabled_plugins`.
     pub(crate) dir: PathBuf,
     /// The test host it runs on ([`super::netns`]); `None`: the root namespace, on
@@ -304,7 +314,7 @@ impl Node {
         std::fs::create_dir_all(dir).expect("create the node's dir");
         let enabled = match plugins {
             Plugins::None => "[].\n",
-            Plugins::Streams => "[rabbitmq_stream].\n",
+            Plugins::Streams | Plugins::StreamsAt { .. } => "[rabbitmq_stream].\n",
         };
         std::fs::write(dir.join("enabled_plugins"), enabled).expect("write enabled_plugins");
         std::fs::create_dir_all(dir.join("log")).expect("mkdir log");
@@ -328,7 +338,15 @@ impl Node {
                 name: format!("{name_prefix}{attempt}@{host_part}"),
                 amqp_port: free_port(),
                 dist_port: free_port(),
-                stream_port: (plugins == Plugins::Streams).then(free_port),
+                stream_port: match plugins {
+                    Plugins::None => None,
+                    Plugins::Streams => Some(free_port()),
+                    Plugins::StreamsAt { port, .. } => Some(port),
+                },
+                loopback: match plugins {
+                    Plugins::StreamsAt { addr, .. } => Some(addr),
+                    _ => None,
+                },
                 dir: dir.to_path_buf(),
                 host: host.cloned(),
             };
@@ -372,9 +390,14 @@ impl Node {
         format!("amqp://guest:guest@{}:{}/%2f", self.addr(), self.amqp_port)
     }
 
-    /// Where its AMQP listener is: 127.0.0.1, or the test host's address.
+    /// Where its listeners are: 127.0.0.1, another loopback address of its own, or the test
+    /// host's address.
     pub(crate) fn addr(&self) -> Ipv4Addr {
-        self.host.as_ref().map_or(Ipv4Addr::LOCALHOST, Host::addr)
+        match (&self.host, self.loopback) {
+            (Some(host), _) => host.addr(),
+            (None, Some(loopback)) => loopback,
+            (None, None) => Ipv4Addr::LOCALHOST,
+        }
     }
 
     /// Whether its AMQP port accepts connections.

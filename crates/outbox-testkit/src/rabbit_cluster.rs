@@ -96,9 +96,10 @@ impl RabbitCluster {
             .unwrap_or_else(|e| panic!("the rabbitmq cluster failed to start: {e}"))
     }
 
-    /// A cluster of its own on this host whose nodes also speak the stream protocol, each on
-    /// a port of its own ([`RabbitCluster::stream_port`]). Panics if it does not form; stopped
-    /// by `Drop`.
+    /// A cluster of its own on this host whose nodes also speak the stream protocol: node `i`
+    /// listens on loopback address 127.0.0.(11 + i), all on one stream port
+    /// ([`RabbitCluster::stream_port`]), as nodes on machines of their own would. Panics if it
+    /// does not form; stopped by `Drop`.
     pub fn start_with_streams() -> RabbitCluster {
         Self::start_with(None, &[], Plugins::Streams)
             .unwrap_or_else(|e| panic!("the rabbitmq cluster failed to start: {e}"))
@@ -151,12 +152,20 @@ impl RabbitCluster {
         let prefix = node_prefix();
         // One watchdog for the three nodes: their names all start with `prefix`.
         let watchdog = spawn_watchdog(&watchdog_cleanup(&prefix, tempdir.path()));
+        let stream_port = super::free_port();
         let booted: Vec<Result<Node, String>> = std::thread::scope(|scope| {
             let boots: Vec<_> = (0..NODES)
                 .map(|i| {
                     let name_prefix = format!("{prefix}{i}-");
                     let dir = tempdir.path().join(format!("node{i}"));
                     let host = hosts.map(|hosts| &hosts[i]);
+                    let plugins = match plugins {
+                        Plugins::Streams => Plugins::StreamsAt {
+                            addr: std::net::Ipv4Addr::new(127, 0, 0, 11 + i as u8),
+                            port: stream_port,
+                        },
+                        other => other,
+                    };
                     scope.spawn(move || Node::start(&name_prefix, &dir, conf, host, plugins))
                 })
                 .collect();
@@ -344,8 +353,14 @@ impl RabbitCluster {
         self.nodes[i].amqp_port
     }
 
+    /// Node `i`'s address: 127.0.0.1, its loopback address in a cluster started with
+    /// [`RabbitCluster::start_with_streams`], or its test host's.
+    pub fn addr(&self, i: usize) -> std::net::Ipv4Addr {
+        self.nodes[i].addr()
+    }
+
     /// Node `i`'s stream protocol port, in a cluster started with
-    /// [`RabbitCluster::start_with_streams`]; panics in any other.
+    /// [`RabbitCluster::start_with_streams`] (the same on every node); panics in any other.
     pub fn stream_port(&self, i: usize) -> u16 {
         self.nodes[i].stream_port.unwrap_or_else(|| {
             panic!("RabbitCluster::stream_port: the cluster was not started with streams")
