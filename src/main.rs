@@ -1,8 +1,8 @@
 //! The binary: flags, logging, signals; everything else is in the library.
 //!
 //! It holds no relay logic: each command is one call into the library, and `run` and `poll`
-//! get a shutdown token that SIGTERM or SIGINT cancels, so a test can run the same code with a
-//! token of its own.
+//! get a shutdown token that SIGTERM or SIGINT cancels. Integration tests run this binary,
+//! not the library in their own process (docs/architecture.md, "Why this cut").
 
 #![forbid(unsafe_code)]
 
