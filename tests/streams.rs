@@ -4,9 +4,8 @@
 //! the broker: it keeps the highest id stored for that name and drops a publish whose id is
 //! not above it. That turns a relay's re-publish after a crash into nothing, and an id that
 //! goes backwards into a silent loss. These tests pin both down on the kit's broker (4.0),
-//! each read back from offset 0 with a client of its own. On 3.10 the broker closes the
-//! `rabbitmq-stream-client` 0.11 connection at connect (not yet looked into; 3.10 is out of
-//! support).
+//! each read back from offset 0 with a client of its own. They need 3.11 or later: 3.10
+//! closes the `rabbitmq-stream-client` 0.11 connection at its command-versions exchange.
 
 use outbox_testkit as common;
 

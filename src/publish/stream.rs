@@ -548,7 +548,7 @@ async fn connect_node(
         .virtual_host(&node.vhost)
         .client_provided_name("outbox-relay")
         .build();
-    let environment = bounded(environment).await?.map_err(|e| e.to_string())?;
+    let environment = bounded(environment).await?.map_err(|e| refusal(&e))?;
     let options = rabbitmq_stream_client::ClientOptions::builder()
         .host(&node.host)
         .port(node.port)
@@ -558,8 +558,21 @@ async fn connect_node(
         .build();
     let queries = bounded(rabbitmq_stream_client::Client::connect(options))
         .await?
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| refusal(&e))?;
     Ok((environment, queries))
+}
+
+/// Why a connection to a stream port failed, in words: a close during the handshake is what
+/// RabbitMQ 3.10 does to the client's command-versions exchange (3.11 added it), and says so.
+fn refusal(error: &rabbitmq_stream_client::error::ClientError) -> String {
+    match error {
+        rabbitmq_stream_client::error::ClientError::ConnectionClosed => {
+            "the broker closed the connection during the handshake: RabbitMQ 3.10 and older \
+             do (the stream destination needs RabbitMQ 3.11 or later)"
+                .to_string()
+        }
+        other => other.to_string(),
+    }
 }
 
 /// How long a polite close may wait.
@@ -866,6 +879,16 @@ mod tests {
         // Without an aggregate the message_id decides.
         assert_eq!(of("m-1", None), of("m-1", None));
         assert_eq!(partition(&with_aggregate("m-1", Some("order-7")), 1), 0);
+    }
+
+    #[test]
+    fn a_close_during_the_handshake_names_the_version_it_needs() {
+        use rabbitmq_stream_client::error::ClientError;
+        assert!(refusal(&ClientError::ConnectionClosed).contains("RabbitMQ 3.11 or later"));
+        assert_eq!(
+            refusal(&ClientError::AlreadyClosed),
+            "Client already closed"
+        );
     }
 
     #[test]
