@@ -157,7 +157,7 @@ impl Scenario {
         let amqp = amqp_url();
         let pair = blocking(|| FailoverPair::start(major, options, &[]));
         let outbox = pair.outbox(&amqp, "failover").await;
-        let db = database_of(&outbox).to_string();
+        let db = outbox.database().to_string();
         let oracle = match route {
             Route::Primary => Oracle::create(&outbox).await,
             Route::MultiHost | Route::Proxy => {
@@ -217,11 +217,6 @@ impl Scenario {
     }
 }
 
-/// The outbox's database name.
-fn database_of(outbox: &Outbox) -> &str {
-    outbox.db_url.rsplit('/').next().expect("a database")
-}
-
 /// Scenarios 1 and 2: a backlog drains with a full window and writers commit; the primary
 /// goes (`fault`) once 40 % of the backlog has arrived, the standby is promoted (and the proxy
 /// moved to it). Checks the time to stream again, L0, no phantom, the duplicate bound, ACK.
@@ -262,7 +257,7 @@ async fn failover(major: u32, route: Route, fault: Fault) {
     let copy = copy.unwrap_or_else(|| panic!("{name}: the standby has no copy of the slot"));
     assert!(copy.is_ready(), "{name}: {copy:?}");
     let resume_at = copy.confirmed_flush.expect("a synced position");
-    let client = s.pair.promote(database_of(&s.outbox)).await;
+    let client = s.pair.promote(s.outbox.database()).await;
     let promoted = Instant::now();
     if let Some(proxy) = &s.proxy {
         proxy.retarget(&format!("127.0.0.1:{}", s.pair.standby.port()));
@@ -642,7 +637,7 @@ async fn f4_pg17_without_synchronized_standby_slots_phantom_events_are_reported(
     blocking(|| s.pair.primary.stop_immediate());
     writers.stop().await;
     blocking(|| s.pair.standby.start_again());
-    let client = s.pair.promote(database_of(&s.outbox)).await;
+    let client = s.pair.promote(s.outbox.database()).await;
     let streaming = s.relay.wait_new_session(sessions, MINUTE).await;
     assert!(
         streaming.is_some(),

@@ -476,16 +476,6 @@ const FAST_BACKOFF: [&str; 2] = ["--max-backoff", "2s"];
 /// about 40 % of them delivered.
 const FAILOVER_BACKLOG: usize = 20_000;
 
-/// The database an outbox's URL names.
-fn database_of(outbox: &Outbox) -> &str {
-    outbox
-        .db_url
-        .rsplit('/')
-        .next()
-        .and_then(|tail| tail.split('?').next())
-        .expect("a database in the URL")
-}
-
 /// Waits until the server at `client` (a standby whose primary is gone) has replayed all
 /// the WAL it received: what it holds then is what a promotion starts from. Either replay
 /// reached what was received, or the startup process waits for more WAL: a primary killed
@@ -599,14 +589,14 @@ async fn t4_pg16_failover_mid_stream_recreate_backfills_and_stop_refuses() {
     let a = Outbox::on(&primary, &rabbit.url(), "fo16_recreate").await;
     let b = Outbox::on(&primary, &rabbit.url(), "fo16_stop").await;
     let (url_a, url_b) = (
-        pair.multi_host_url(database_of(&a)),
-        pair.multi_host_url(database_of(&b)),
+        pair.multi_host_url(a.database()),
+        pair.multi_host_url(b.database()),
     );
     // The commit-order oracle, on the standby itself: it survives the promotion.
     let oracle = Oracle {
         slot: format!("{}_oracle", a.slot),
     };
-    create_standby_oracle(&pair, database_of(&a), &oracle.slot).await;
+    create_standby_oracle(&pair, a.database(), &oracle.slot).await;
     let mut consumer_a = Consumer::start_with(&a.amqp_url, &a.queue, false).await;
     let mut consumer_b = Consumer::start_with(&b.amqp_url, &b.queue, false).await;
     let writers_a = Writers::start(&url_a, 2, MAX_TXN_ROWS, Duration::from_millis(2));
@@ -645,14 +635,14 @@ async fn t4_pg16_failover_mid_stream_recreate_backfills_and_stop_refuses() {
         backlog.iter().any(|id| !delivered_before.contains(id)),
         "the kill must land mid-stream"
     );
-    let standby = pair.standby.client(database_of(&a)).await;
+    let standby = pair.standby.client(a.database()).await;
     wait_replayed(&standby).await;
     assert!(
         slot_state(&standby, &a.slot).await.is_none(),
         "PostgreSQL 16 keeps no copy of the slot on the standby"
     );
 
-    let new_primary = pair.promote(database_of(&a)).await;
+    let new_primary = pair.promote(a.database()).await;
     let promoted = Instant::now();
     // What the recovery reads: the new session records anew only a cleanup interval after it
     // streams, long after this.
@@ -803,7 +793,7 @@ async fn t6_polling_follows_a_promoted_standby() {
     };
     let pair = blocking(|| FailoverPair::start(common::pg::pg_major(), options, &[]));
     let outbox = Outbox::on_poll(&pair.primary.url("postgres"), &rabbit.url(), "fo_poll").await;
-    let url = pair.multi_host_url(database_of(&outbox));
+    let url = pair.multi_host_url(outbox.database());
     let (backlog, _) = common::faults::seed_backlog(&outbox, FAILOVER_BACKLOG, None).await;
     let mut consumer = Consumer::start_with(&outbox.amqp_url, &outbox.queue, false).await;
     let writers = Writers::start(&url, 2, MAX_TXN_ROWS, Duration::from_millis(2));
@@ -838,7 +828,7 @@ async fn t6_polling_follows_a_promoted_standby() {
         "the kill must land mid-backlog"
     );
     // What the promotion starts from: the marks the standby has.
-    let standby = pair.standby.client(database_of(&outbox)).await;
+    let standby = pair.standby.client(outbox.database()).await;
     wait_replayed(&standby).await;
     let unmarked: HashSet<String> = common::pg::first_column(
         &standby,
@@ -850,7 +840,7 @@ async fn t6_polling_follows_a_promoted_standby() {
     .collect();
     let republished: HashSet<&String> = delivered_before.intersection(&unmarked).collect();
 
-    let new_primary = pair.promote(database_of(&outbox)).await;
+    let new_primary = pair.promote(outbox.database()).await;
     let promoted = Instant::now();
     let seen = consumer.received().len();
     consumer.wait_for(seen + 1, MINUTE).await;
@@ -904,7 +894,7 @@ async fn t6_polling_follows_a_promoted_standby() {
     // the crash bound covers (workers × batch). Marked there: commits asynchronous
     // replication lost, which no bound of the relay's covers.
     blocking(|| pair.primary.start_again());
-    let old_primary = pair.primary.client(database_of(&outbox)).await;
+    let old_primary = pair.primary.client(outbox.database()).await;
     let marked_on_old: HashSet<String> = common::pg::first_column(
         &old_primary,
         "SELECT id::text FROM outbox WHERE published_at IS NOT NULL",
@@ -1711,7 +1701,7 @@ async fn a_second_relay_waits_as_a_standby_during_anothers_backfill() {
     let url_b = format!(
         "postgres://postgres@127.0.0.1:{}/{}",
         proxy.port(),
-        database_of(&outbox)
+        outbox.database()
     );
 
     let a = outbox.spawn_relay(&recreate_flags());
@@ -2280,7 +2270,7 @@ async fn slot_recreation_gives_up_a_replication_connect_into_a_black_hole() {
     let url = format!(
         "postgres://postgres@127.0.0.1:{}/{}",
         proxy.port(),
-        database_of(&outbox)
+        outbox.database()
     );
 
     let relay = outbox.spawn_relay_via(&url, &outbox.amqp_url, &recreate_flags());

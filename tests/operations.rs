@@ -10,6 +10,7 @@ use outbox_relay::observability::{
     STATUS_LABEL, VERSION_LABEL,
 };
 use outbox_testkit as common;
+use outbox_testkit::output_text as text;
 
 use std::collections::BTreeSet;
 use std::process::Output;
@@ -62,14 +63,6 @@ async fn publication_exists(client: &Client, publication: &str) -> bool {
         .await
         .expect("read pg_publication")
         .is_some()
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
 }
 
 fn stdout(output: &Output) -> String {

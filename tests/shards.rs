@@ -10,9 +10,9 @@
 
 use outbox_relay::observability::{MESSAGES_CONFIRMED_TOTAL, SHARD_LABEL};
 use outbox_testkit as common;
+use outbox_testkit::output_text as text;
 
 use std::collections::{HashMap, HashSet};
-use std::process::Output;
 use std::time::Duration;
 
 use common::faults::{
@@ -54,14 +54,6 @@ async fn sharded_outbox(prefix: &str, shards: u32) -> Outbox {
         FieldTable::default(),
     )
     .await
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
 }
 
 /// Starts `run --shards <shards> --shard <shard>` publishing to `exchange`, with `extra`.

@@ -131,6 +131,41 @@ async fn read_messages(environment: &Environment, stream: &str) -> Vec<(Option<S
 /// The body of a read's marker, numbered per read.
 const MARKER_PREFIX: &str = "test-marker-";
 
+/// The message_id of every message in `stream` from offset 0 ([`read_messages`]); every
+/// message of the relay's has one.
+async fn stream_ids(environment: &Environment, stream: &str) -> Vec<String> {
+    read_messages(environment, stream)
+        .await
+        .into_iter()
+        .map(|(id, body)| id.unwrap_or_else(|| panic!("a message without a message_id: {body}")))
+        .collect()
+}
+
+/// The ids of the outbox rows the `test_decoding` slot `oracle` saw, in commit order.
+async fn committed_ids(client: &tokio_postgres::Client, oracle: &str) -> Vec<String> {
+    common::read_test_decoding(client, oracle)
+        .await
+        .iter()
+        .flat_map(|txn| txn.inserted_ids("public.outbox"))
+        .collect()
+}
+
+/// Each outbox row's aggregate_id, by the row's id.
+async fn aggregates_of(client: &tokio_postgres::Client) -> HashMap<String, String> {
+    common::pg::first_column(
+        client,
+        "SELECT id::text || ' ' || aggregate_id FROM outbox",
+        &[],
+    )
+    .await
+    .into_iter()
+    .filter_map(|line| {
+        let (id, aggregate) = line.split_once(' ')?;
+        Some((id.to_string(), aggregate.to_string()))
+    })
+    .collect()
+}
+
 /// The id the broker holds for producer `name` on `stream`.
 async fn last_id(broker: &RabbitServer, name: &str, stream: &str) -> u64 {
     let options = ClientOptions::builder()
@@ -458,21 +493,11 @@ async fn delivered_once_in_order_into(
     let skipped = counter(&relay, STREAM_SKIPPED_TOTAL);
     relay.stop().await;
 
-    let committed: Vec<String> = common::read_test_decoding(&outbox.client, &oracle)
-        .await
-        .iter()
-        .flat_map(|txn| txn.inserted_ids("public.outbox"))
-        .collect();
+    let committed = committed_ids(&outbox.client, &oracle).await;
     assert_eq!(committed.len(), ROWS, "the oracle saw every row");
     let mut held = Vec::new();
     for stream in &streams {
-        let ids: Vec<String> = read_messages(&environment, stream)
-            .await
-            .into_iter()
-            .map(|(id, body)| {
-                id.unwrap_or_else(|| panic!("a message without a message_id: {body}"))
-            })
-            .collect();
+        let ids = stream_ids(&environment, stream).await;
         held.push(ids);
     }
     let in_all: usize = held.iter().map(Vec::len).sum();
@@ -509,18 +534,7 @@ async fn delivered_once_in_order_into(
         .enumerate()
         .map(|(i, id)| (id, i))
         .collect();
-    let aggregates: HashMap<String, String> = common::pg::first_column(
-        &outbox.client,
-        "SELECT id::text || ' ' || aggregate_id FROM outbox",
-        &[],
-    )
-    .await
-    .into_iter()
-    .filter_map(|line| {
-        let (id, aggregate) = line.split_once(' ')?;
-        Some((id.to_string(), aggregate.to_string()))
-    })
-    .collect();
+    let aggregates = aggregates_of(&outbox.client).await;
     let mut partition_of_aggregate: HashMap<&String, usize> = HashMap::new();
     for (partition, ids) in held.iter().enumerate() {
         assert!(!ids.is_empty(), "partition {partition} got rows");
@@ -679,17 +693,9 @@ async fn two_shards_into_one_stream_one_killed_leave_every_row_once_each_aggrega
     again.stop().await;
     other.stop().await;
 
-    let committed: Vec<String> = common::read_test_decoding(&outbox.client, oracle)
-        .await
-        .iter()
-        .flat_map(|txn| txn.inserted_ids("public.outbox"))
-        .collect();
+    let committed = committed_ids(&outbox.client, oracle).await;
     assert_eq!(committed.len(), ROWS, "the oracle saw every row");
-    let held: Vec<String> = read_messages(&environment, stream)
-        .await
-        .into_iter()
-        .map(|(id, body)| id.unwrap_or_else(|| panic!("a message without a message_id: {body}")))
-        .collect();
+    let held = stream_ids(&environment, stream).await;
     println!(
         "two shards into one stream, shard 0's relay killed: {} in the stream for {ROWS} rows, \
          {skipped} read again by its restart and not sent",
@@ -701,18 +707,7 @@ async fn two_shards_into_one_stream_one_killed_leave_every_row_once_each_aggrega
     let mut want = committed.clone();
     want.sort();
     assert!(every == want, "the stream holds the committed rows");
-    let aggregates: HashMap<String, String> = common::pg::first_column(
-        &outbox.client,
-        "SELECT id::text || ' ' || aggregate_id FROM outbox",
-        &[],
-    )
-    .await
-    .into_iter()
-    .filter_map(|line| {
-        let (id, aggregate) = line.split_once(' ')?;
-        Some((id.to_string(), aggregate.to_string()))
-    })
-    .collect();
+    let aggregates = aggregates_of(&outbox.client).await;
     let by_aggregate = |ids: &[String]| {
         let mut of: HashMap<String, Vec<String>> = HashMap::new();
         for id in ids {
@@ -762,12 +757,7 @@ async fn a_postgres_failover_mid_backlog_leaves_every_row_in_the_stream_once_in_
     let broker = tokio::task::block_in_place(RabbitServer::start_with_streams);
     let pair = tokio::task::block_in_place(|| FailoverPair::start(18, PairOptions::default(), &[]));
     let outbox = pair.outbox(&broker.url(), "stream_failover").await;
-    let db = outbox
-        .db_url
-        .rsplit('/')
-        .next()
-        .expect("a database")
-        .to_string();
+    let db = outbox.database().to_string();
     let oracle = format!("{}_oracle", outbox.slot);
     create_standby_oracle(&pair, &db, &oracle).await;
     let environment = environment(&broker).await;
@@ -851,11 +841,7 @@ async fn a_postgres_failover_mid_backlog_leaves_every_row_in_the_stream_once_in_
         .filter(|txn| txn.end_lsn > resume_at)
         .count();
     assert!(read_again > 0, "nothing committed past the copy's position");
-    let held: Vec<String> = read_messages(&environment, stream)
-        .await
-        .into_iter()
-        .map(|(id, body)| id.unwrap_or_else(|| panic!("a message without a message_id: {body}")))
-        .collect();
+    let held = stream_ids(&environment, stream).await;
     println!(
         "stream after a PostgreSQL failover: {} rows on the new primary, {skipped} read again \
          on the new timeline and not sent (the old timeline's producer held them), {} in the \
@@ -921,17 +907,9 @@ async fn rows_of_a_hundred_kib_with_a_full_window_arrive_once_in_commit_order() 
         relay.log()
     );
     relay.stop().await;
-    let committed: Vec<String> = common::read_test_decoding(&outbox.client, oracle)
-        .await
-        .iter()
-        .flat_map(|txn| txn.inserted_ids("public.outbox"))
-        .collect();
+    let committed = committed_ids(&outbox.client, oracle).await;
     assert_eq!(committed.len(), ROWS, "the oracle saw every row");
-    let held: Vec<String> = read_messages(&environment, stream)
-        .await
-        .into_iter()
-        .map(|(id, body)| id.unwrap_or_else(|| panic!("a message without a message_id: {body}")))
-        .collect();
+    let held = stream_ids(&environment, stream).await;
     assert!(
         held == committed,
         "the stream holds each large row once, in commit order: {} held, {} committed",
@@ -1100,13 +1078,7 @@ async fn a_missing_stream_and_what_a_stream_cannot_work_with_are_refused_naming_
     let outbox =
         common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), "stream_refused").await;
     let port = broker.stream_port().to_string();
-    let text = |out: &std::process::Output| {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    };
+    let text = common::output_text;
     for (extra, expected) in [
         (
             ["--on-slot-lost", "recreate"],

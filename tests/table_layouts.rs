@@ -5,6 +5,7 @@
 
 use outbox_relay::observability::{HEADER_LABEL, TRACE_CONTEXT_DROPPED_TOTAL};
 use outbox_testkit as common;
+use outbox_testkit::output_text as text;
 
 use std::time::Duration;
 
@@ -41,14 +42,6 @@ const ROWS: [(&str, &str, &str, &str, &str); 2] = [
         r#"{"orderId": 1, "orderLineId": 1, "oldStatus": "ENTERED", "newStatus": "CANCELLED"}"#,
     ),
 ];
-
-fn text(output: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
 
 /// A database holding Debezium's outbox table (created as its users would, not by setup).
 async fn debezium_database(prefix: &str) -> String {

@@ -1129,12 +1129,7 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
         .batch_execute(WRITTEN_SQL)
         .await
         .expect("the written-rows table and its trigger");
-    let db = outbox
-        .db_url
-        .rsplit('/')
-        .next()
-        .expect("a database")
-        .to_string();
+    let db = outbox.database().to_string();
     // Two quorum queues on the outbox's exchange, led by different nodes: the consumers'
     // and the test's (read at the end only, so no fault can cut the test off from it).
     let consumer_queue = format!("{}_fx", outbox.queue);

@@ -307,6 +307,15 @@ fn to_base36(mut v: u64) -> String {
     String::from_utf8(out).expect("ascii")
 }
 
+/// What a finished command printed: its stdout, then its stderr.
+pub fn output_text(output: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago and that this process has not
 /// handed out before. Skips the well-known ports of the system services and the range
 /// `rabbitmqctl` binds for its own distribution listener (35672-35682).

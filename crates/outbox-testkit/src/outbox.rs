@@ -248,6 +248,11 @@ impl Outbox {
         self.spawn("poll", (&self.db_url, &self.amqp_url), extra, env)
     }
 
+    /// The outbox's database: the last part of its URL.
+    pub fn database(&self) -> &str {
+        self.db_url.rsplit('/').next().unwrap_or_default()
+    }
+
     pub async fn confirmed_flush(&self) -> u64 {
         slot_confirmed_flush(&self.client, &self.slot).await
     }
