@@ -166,6 +166,24 @@ async fn aggregates_of(client: &tokio_postgres::Client) -> HashMap<String, Strin
     .collect()
 }
 
+/// A broker of the test's own with the stream plugin, an outbox (`prefix`) relaying to it,
+/// a client of its stream port, and `stream` created there.
+async fn outbox_and_stream(
+    prefix: &str,
+    stream: &str,
+) -> (RabbitServer, common::outbox::Outbox, Environment) {
+    let broker = tokio::task::block_in_place(RabbitServer::start_with_streams);
+    let pg = &common::services().pg;
+    let outbox = common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), prefix).await;
+    let environment = environment(&broker).await;
+    environment
+        .stream_creator()
+        .create(stream)
+        .await
+        .expect("create the stream");
+    (broker, outbox, environment)
+}
+
 /// The id the broker holds for producer `name` on `stream`.
 async fn last_id(broker: &RabbitServer, name: &str, stream: &str) -> u64 {
     let options = ClientOptions::builder()
@@ -876,17 +894,8 @@ async fn a_postgres_failover_mid_backlog_leaves_every_row_in_the_stream_once_in_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_of_a_hundred_kib_with_a_full_window_arrive_once_in_commit_order() {
     const ROWS: usize = 200;
-    let broker = tokio::task::block_in_place(RabbitServer::start_with_streams);
-    let pg = &common::services().pg;
-    let outbox =
-        common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), "stream_large").await;
-    let environment = environment(&broker).await;
     let stream = "large";
-    environment
-        .stream_creator()
-        .create(stream)
-        .await
-        .expect("create the stream");
+    let (broker, outbox, environment) = outbox_and_stream("stream_large", stream).await;
     let oracle = "stream_large_oracle";
     common::create_test_decoding_slot(&outbox.client, oracle).await;
     outbox
@@ -924,17 +933,8 @@ async fn rows_of_a_hundred_kib_with_a_full_window_arrive_once_in_commit_order() 
 /// gets the rows committed meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_deleted_under_the_relay_is_waited_for_and_gets_the_rows_once_created_again() {
-    let broker = tokio::task::block_in_place(RabbitServer::start_with_streams);
-    let pg = &common::services().pg;
-    let outbox =
-        common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), "stream_deleted").await;
-    let environment = environment(&broker).await;
     let stream = "deleted";
-    environment
-        .stream_creator()
-        .create(stream)
-        .await
-        .expect("create the stream");
+    let (broker, outbox, environment) = outbox_and_stream("stream_deleted", stream).await;
     outbox.insert("Before", "{}").await;
     let end = common::current_wal_lsn(&outbox.client).await;
     let port = broker.stream_port().to_string();
@@ -987,17 +987,8 @@ async fn a_stream_deleted_under_the_relay_is_waited_for_and_gets_the_rows_once_c
 async fn a_named_consumer_resumes_after_the_offset_it_stored() {
     const ROWS: usize = 10;
     const FIRST_RUN: usize = 4;
-    let broker = tokio::task::block_in_place(RabbitServer::start_with_streams);
-    let pg = &common::services().pg;
-    let outbox =
-        common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), "stream_offsets").await;
-    let environment = environment(&broker).await;
     let stream = "offsets";
-    environment
-        .stream_creator()
-        .create(stream)
-        .await
-        .expect("create the stream");
+    let (broker, outbox, environment) = outbox_and_stream("stream_offsets", stream).await;
     let mut ids = Vec::new();
     for n in 0..ROWS {
         ids.push(outbox.insert("Numbered", &format!(r#"{{"n": {n}}}"#)).await);
@@ -1165,17 +1156,8 @@ async fn a_missing_stream_and_what_a_stream_cannot_work_with_are_refused_naming_
 async fn a_row_in_the_stream_carries_the_message_contract_for_both_protocols() {
     use lapin::options::{BasicConsumeOptions, BasicQosOptions};
     use lapin::types::{AMQPValue, FieldTable};
-    let broker = tokio::task::block_in_place(RabbitServer::start_with_streams);
-    let pg = &common::services().pg;
-    let outbox =
-        common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), "stream_contract").await;
-    let environment = environment(&broker).await;
     let stream = "contract";
-    environment
-        .stream_creator()
-        .create(stream)
-        .await
-        .expect("create the stream");
+    let (broker, outbox, environment) = outbox_and_stream("stream_contract", stream).await;
     let id = outbox.insert("OrderCreated", r#"{"order": 7}"#).await;
     let end = common::current_wal_lsn(&outbox.client).await;
     let port = broker.stream_port().to_string();
