@@ -98,19 +98,19 @@ pub struct SetupArgs {
     pub shards: ShardCount,
     /// Do not create the outbox table or the emit functions (a DBA created them); still
     /// checks that the table exists, and says whether the emit functions do.
-    #[arg(long, env = "OUTBOX_NO_CREATE_TABLE")]
+    #[arg(help_heading = "Setup", long, env = "OUTBOX_NO_CREATE_TABLE")]
     pub no_create_table: bool,
     /// Print the provisioning SQL for these names and exit, without connecting (for DBAs).
-    #[arg(long)]
+    #[arg(help_heading = "Setup", long)]
     pub print_sql: bool,
     /// How long to keep retrying the first connection to PostgreSQL and to RabbitMQ while it
     /// fails for a reason that can pass (not listening yet, still starting up), with
     /// backoff; then the error (e.g. 60s). 0 tries once. For a setup started together with
     /// its servers.
-    #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "0s", value_parser = parse_duration)]
+    #[arg(help_heading = "Setup", long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "0s", value_parser = parse_duration)]
     connect_timeout: Duration,
     /// --connect-timeout's variable as it was named before, in seconds.
-    #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT_SECS", hide = true, conflicts_with = "connect_timeout", value_parser = parse_duration)]
+    #[arg(help_heading = "Setup", long, env = "OUTBOX_CONNECT_TIMEOUT_SECS", hide = true, conflicts_with = "connect_timeout", value_parser = parse_duration)]
     connect_timeout_secs: Option<Duration>,
     #[command(flatten)]
     pub mode: ModeArgs,
@@ -161,11 +161,11 @@ pub struct RunArgs {
     /// "Recovering from a lost slot"), or `recreate`: create a new slot and re-publish from
     /// the table every row it will not deliver, from the last acknowledged commit recorded
     /// in the database (minus --recreate-margin), then stream it.
-    #[arg(long, env = "OUTBOX_ON_SLOT_LOST", value_enum, default_value_t = OnSlotLost::Stop)]
+    #[arg(help_heading = "Slot recovery", long, env = "OUTBOX_ON_SLOT_LOST", value_enum, default_value_t = OnSlotLost::Stop)]
     pub on_slot_lost: OnSlotLost,
     /// With --on-slot-lost recreate: how far before the last acknowledged commit the
     /// backfill starts (by created_at), to take in transactions that were open across it.
-    #[arg(long, env = "OUTBOX_RECREATE_MARGIN", default_value = "10m", value_parser = parse_duration)]
+    #[arg(help_heading = "Slot recovery", long, env = "OUTBOX_RECREATE_MARGIN", default_value = "10m", value_parser = parse_duration)]
     pub recreate_margin: Duration,
 }
 
@@ -202,45 +202,45 @@ pub struct PollArgs {
 
     /// Workers, each with its own database and broker connection, claiming batches in parallel.
     /// After a crash up to workers × batch size rows can be published again.
-    #[arg(long, env = "OUTBOX_WORKERS", default_value_t = DEFAULT_POLL_WORKERS, value_parser = clap::value_parser!(u32).range(1..=256))]
+    #[arg(help_heading = "Polling", long, env = "OUTBOX_WORKERS", default_value_t = DEFAULT_POLL_WORKERS, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub workers: u32,
 
     /// Rows a worker claims, publishes and marks in one transaction (at most: a claim takes
     /// what is there, so batches stay small unless there is a backlog).
-    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = DEFAULT_POLL_BATCH_SIZE, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(help_heading = "Polling", long, env = "OUTBOX_BATCH_SIZE", default_value_t = DEFAULT_POLL_BATCH_SIZE, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub batch_size: u32,
 
     /// What happens to a row once the broker confirmed it, in the claim's transaction:
     /// `mark` sets published_at (the cleanup deletes it after --retention); `delete` deletes
     /// it at once (no cleanup, no partial-index churn, but no record of what was sent and
     /// nothing for `resync`).
-    #[arg(long, env = "OUTBOX_ON_PUBLISHED", value_enum, default_value_t = OnPublished::Mark)]
+    #[arg(help_heading = "Polling", long, env = "OUTBOX_ON_PUBLISHED", value_enum, default_value_t = OnPublished::Mark)]
     pub on_published: OnPublished,
 
     /// A fixed wait after every poll that found no rows (e.g. 1s, 250ms, 1m): shorthand for
     /// --poll-interval-min and --poll-interval-max both set to it (no back-off).
-    #[arg(long, env = "OUTBOX_POLL_INTERVAL", value_parser = parse_duration, conflicts_with_all = ["poll_interval_min", "poll_interval_max"])]
+    #[arg(help_heading = "Polling", long, env = "OUTBOX_POLL_INTERVAL", value_parser = parse_duration, conflicts_with_all = ["poll_interval_min", "poll_interval_max"])]
     pub poll_interval: Option<Duration>,
 
     /// The wait after the first empty poll; each further empty poll doubles it up to
     /// --poll-interval-max, and a poll that finds rows resets it. A notification (--listen)
     /// wakes a waiting worker at once.
-    #[arg(long, env = "OUTBOX_POLL_INTERVAL_MIN", default_value = "100ms", value_parser = parse_duration)]
+    #[arg(help_heading = "Polling", long, env = "OUTBOX_POLL_INTERVAL_MIN", default_value = "100ms", value_parser = parse_duration)]
     pub poll_interval_min: Duration,
 
     /// The longest wait between two empty polls: what an idle outbox costs (one claim
     /// transaction per worker per interval) and, without --listen, the worst delay of a row
     /// written after a quiet spell. Below --poll-interval-min it is refused.
-    #[arg(long, env = "OUTBOX_POLL_INTERVAL_MAX", default_value = "1s", value_parser = parse_duration)]
+    #[arg(help_heading = "Polling", long, env = "OUTBOX_POLL_INTERVAL_MAX", default_value = "1s", value_parser = parse_duration)]
     pub poll_interval_max: Duration,
 
     /// LISTEN for notifications on --listen-channel and wake a worker on each one; the
     /// application sends NOTIFY after its commit (docs/polling.md).
-    #[arg(long, env = "OUTBOX_LISTEN")]
+    #[arg(help_heading = "Polling", long, env = "OUTBOX_LISTEN")]
     pub listen: bool,
 
     /// The channel --listen listens on.
-    #[arg(long, env = "OUTBOX_LISTEN_CHANNEL", default_value = "outbox", value_parser = parse_identifier)]
+    #[arg(help_heading = "Polling", long, env = "OUTBOX_LISTEN_CHANNEL", default_value = "outbox", value_parser = parse_identifier)]
     pub listen_channel: String,
 
     // Polling mode deletes rows by published_at (src/poll/cleanup.rs).
@@ -252,7 +252,7 @@ pub struct PollArgs {
 
     /// How often the backlog (unsent rows) and the oldest unsent row's age are read for
     /// /metrics, through the claim index (e.g. 5s; 0 turns it off).
-    #[arg(long, env = "OUTBOX_BACKLOG_POLL_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    #[arg(help_heading = "Observability", long, env = "OUTBOX_BACKLOG_POLL_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub backlog_poll_interval: Duration,
 
     #[command(flatten)]
@@ -323,7 +323,7 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub shards: ShardCount,
     /// Print one JSON object instead of the table.
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub json: bool,
     #[command(flatten)]
     pub mode: ModeArgs,
@@ -347,7 +347,7 @@ pub struct TeardownArgs {
     #[command(flatten)]
     pub shards: ShardCount,
     /// Really drop the slot and the publication.
-    #[arg(long)]
+    #[arg(help_heading = "Confirmation", long)]
     pub yes: bool,
 }
 
@@ -365,7 +365,7 @@ pub struct ResyncArgs {
     pub columns: ColumnArgs,
     /// Re-publish rows with created_at at or after this RFC 3339 time, e.g.
     /// 2024-05-01T12:00:00Z or 2024-05-01T14:00:00.5+02:00.
-    #[arg(long)]
+    #[arg(help_heading = "Resync", long)]
     pub since: String,
     #[command(flatten)]
     pub publishing: PublishLimits,

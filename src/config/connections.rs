@@ -10,6 +10,7 @@ use crate::error::{ConfigProblem, RelayError};
 use outbox_common::duration::{parse_duration, parse_peer_timeout};
 
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Connections")]
 pub struct DatabaseConnection {
     /// PostgreSQL URL, e.g. postgres://relay:secret@db:5432/app. `run` opens an ordinary
     /// connection and a logical replication connection with it; the other commands open
@@ -25,6 +26,7 @@ pub struct DatabaseConnection {
 /// Where the broker is: for the commands that publish or declare (`setup`, `run`, `poll`,
 /// `resync`; `status` and `teardown` never talk to RabbitMQ).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Connections")]
 pub struct BrokerConnection {
     /// RabbitMQ URL, e.g. amqp://user:secret@broker:5672/%2f (amqps:// for TLS). A cluster:
     /// its nodes' URLs separated by commas; the relay tries them in a shuffled order (see
@@ -56,6 +58,7 @@ pub struct BrokerConnection {
 
 /// The stream destination: `run` only (WAL mode), in place of the exchange.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Streams")]
 pub struct StreamArgs {
     /// Deliver into this RabbitMQ stream (it must exist) through the stream protocol, instead
     /// of publishing to an exchange: a named producer whose publishing ids follow the slot's
@@ -99,6 +102,7 @@ pub struct Connections {
 
 /// How soon a vanished peer is given up: every command.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Connections")]
 pub struct PeerTimeoutArgs {
     /// How long a peer (PostgreSQL, RabbitMQ) may leave what the relay sent unacknowledged,
     /// or its keepalive probes unanswered, before the connection is given up as dead (a host
@@ -113,6 +117,7 @@ pub struct PeerTimeoutArgs {
 
 /// How long a statement may run: the commands that run unattended (`run`, `poll`, `resync`).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Connections")]
 pub struct StatementTimeoutArgs {
     /// Longest a statement of the relay may run on PostgreSQL (statement_timeout on its
     /// ordinary connections: the backfill's reads, the state, the cleanup, polling's claims),

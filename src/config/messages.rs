@@ -14,6 +14,7 @@ pub const HEARTBEAT_PREFIX: &str = "outbox-relay:heartbeat";
 
 /// `setup --restrict-emit`: who may write events (docs/emit.md, "Who may emit").
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Emitted events")]
 pub struct RestrictEmitArgs {
     /// Restrict who may emit events (needs a superuser): revoke EXECUTE on both
     /// pg_logical_emit_message overloads from PUBLIC, make the emit functions SECURITY
@@ -43,6 +44,7 @@ impl RestrictEmitArgs {
 /// The table-less outbox (docs/emit.md): the prefix of this outbox's logical messages.
 /// `setup` writes it into the emit functions, `run` publishes the messages that carry it.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Emitted events")]
 pub struct EmitArgs {
     /// Prefix of the logical messages the emit functions write and `run` publishes
     /// (outbox_emit, docs/emit.md). Default: outbox-relay:emit:<schema>.<table>. Messages
@@ -75,6 +77,7 @@ pub enum MessageFormat {
 
 /// `--message-format` and the CloudEvents `source` (src/contract/cloudevents.rs, docs/emit.md).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Message format")]
 pub struct MessageFormatArgs {
     /// The body of every message: `plain` (the payload) or `cloudevents` (a CloudEvents 1.0
     /// JSON event in structured mode, content type application/cloudevents+json, the payload
@@ -95,6 +98,7 @@ fn parse_cloudevents_source(source: &str) -> Result<String, String> {
 
 /// Which exchanges a row may send its message to, and with which routing key.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Routing and dead letters")]
 pub struct ExchangePolicyArgs {
     /// Exchanges a row's `exchange` column (or an --exchange template) may name,
     /// comma-separated; a name ending in `*` allows every exchange that starts with the rest
@@ -139,6 +143,7 @@ pub enum OnUnroutable {
 
 /// The dead-letter policy (src/publish/dead_letter.rs, docs/recovery.md, "Dead letters").
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Routing and dead letters")]
 pub struct DeadLetterArgs {
     /// What to do with a message the broker returns as unroutable (no binding for its routing
     /// key), or one that cannot be published at all (over --max-message-size, or a row that

@@ -24,6 +24,7 @@ pub enum OnPublished {
 /// `--mode`, for the commands that serve both relays (`setup`, `status`); each says in its
 /// help what the mode changes for it.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Mode")]
 pub struct ModeArgs {
     /// Which relay the outbox is for: `wal` or `poll`.
     #[arg(long, env = "OUTBOX_MODE", value_enum, default_value_t = Mode::Wal)]
@@ -33,6 +34,7 @@ pub struct ModeArgs {
 /// `--shards`: how many row-filtered publications and slots the outbox is split into
 /// (src/shard.rs). `setup` and `teardown` handle every shard; `run` streams one.
 #[derive(Debug, Clone, Copy, Args)]
+#[command(next_help_heading = "Shards")]
 pub struct ShardCount {
     /// How many shards: N publications <publication>_<k>, each with a row filter that takes
     /// shard k's rows (by a hash of aggregate_id, so an aggregate's events stay in order),
@@ -44,6 +46,7 @@ pub struct ShardCount {
 
 /// `run`'s shard: `--shards` and `--shard`.
 #[derive(Debug, Clone, Copy, Args)]
+#[command(next_help_heading = "Shards")]
 pub struct RunShard {
     #[command(flatten)]
     pub count: ShardCount,
@@ -70,6 +73,7 @@ pub enum FailoverSlot {
 /// `--failover-slot` (`setup`, and `run`, which creates a slot under `--on-slot-lost
 /// recreate`).
 #[derive(Debug, Clone, Copy, Args)]
+#[command(next_help_heading = "Failover")]
 pub struct FailoverSlotArgs {
     /// Create the slot as a failover slot, and turn failover on for an existing one
     /// (ALTER_REPLICATION_SLOT, which waits while a relay streams from the slot: stop it

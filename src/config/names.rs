@@ -51,6 +51,7 @@ macro_rules! name_flag {
 
 /// `--table`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
+#[command(next_help_heading = "Outbox objects")]
 pub struct TableName {
     /// The outbox table (optionally schema-qualified).
     #[arg(id = "table", long = "table", value_name = "TABLE", env = "OUTBOX_TABLE", default_value = "outbox", value_parser = parse_table_name)]
@@ -60,6 +61,7 @@ name_flag!(TableName);
 
 /// `--publication`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
+#[command(next_help_heading = "Outbox objects")]
 pub struct PublicationName {
     /// The publication that feeds the slot (publish = 'insert', on the outbox table only).
     #[arg(id = "publication", long = "publication", value_name = "PUBLICATION", env = "OUTBOX_PUBLICATION", default_value = "outbox_pub", value_parser = parse_identifier)]
@@ -69,6 +71,7 @@ name_flag!(PublicationName);
 
 /// `--slot`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
+#[command(next_help_heading = "Outbox objects")]
 pub struct SlotName {
     /// The logical replication slot (plugin pgoutput).
     #[arg(id = "slot", long = "slot", value_name = "SLOT", env = "OUTBOX_SLOT", default_value = "outbox_slot", value_parser = parse_slot_name)]
@@ -78,6 +81,7 @@ name_flag!(SlotName);
 
 /// `--exchange`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
+#[command(next_help_heading = "Outbox objects")]
 pub struct ExchangeName {
     /// The exchange messages go to unless a row names its own (a durable topic exchange); or
     /// a template over the contract's fields, e.g. 'events.{aggregate_type}', which needs
@@ -101,6 +105,7 @@ pub enum TableLayout {
 /// and the columns mapped one by one over it (docs/table-layouts.md). Every command that
 /// reads the table takes it.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Table layout")]
 pub struct ColumnArgs {
     /// The outbox table's column names: `default` (the table `setup` creates) or `debezium`
     /// (Debezium's Outbox Event Router: id, aggregatetype, aggregateid, type, payload,
@@ -147,6 +152,7 @@ impl ColumnArgs {
 
 /// Every name: `setup` and `run`, which provision or use all of the objects.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Outbox objects")]
 pub struct OutboxNames {
     #[command(flatten)]
     pub table: TableName,
@@ -161,6 +167,7 @@ pub struct OutboxNames {
 /// The names of a command that reads the table and publishes, without a slot: `poll` and
 /// `resync`.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Outbox objects")]
 pub struct PublishNames {
     #[command(flatten)]
     pub table: TableName,
@@ -170,6 +177,7 @@ pub struct PublishNames {
 
 /// `status`'s names: the table (its backlog) and the slot (WAL mode).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Outbox objects")]
 pub struct StatusNames {
     #[command(flatten)]
     pub table: TableName,
@@ -179,6 +187,7 @@ pub struct StatusNames {
 
 /// `teardown`'s names: what it drops. The table and the exchange stay.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Outbox objects")]
 pub struct SlotNames {
     #[command(flatten)]
     pub publication: PublicationName,

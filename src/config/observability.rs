@@ -8,6 +8,7 @@ use outbox_common::duration::parse_duration;
 
 /// The HTTP endpoints, in both modes (src/observability/http.rs, docs/metrics.md).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Observability")]
 pub struct EndpointArgs {
     /// Address for /metrics, /healthz and /readyz (IP:port; in a container 0.0.0.0:9187 so
     /// probes reach it). Empty or `off` turns the endpoints off.
@@ -18,6 +19,7 @@ pub struct EndpointArgs {
 /// `run`'s HTTP endpoints and slot poller (src/observability/http.rs, src/wal/slot.rs,
 /// docs/metrics.md).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Observability")]
 pub struct ObservabilityArgs {
     #[command(flatten)]
     pub endpoints: EndpointArgs,
@@ -50,6 +52,7 @@ pub fn parse_metrics_addr(text: &str) -> Result<MetricsAddr, String> {
 /// The cleanup job: deletes delivered rows in small batches. The help here is WAL mode's
 /// (src/cleanup.rs); `poll` says in its own words what its cleanup deletes.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Cleanup")]
 pub struct CleanupArgs {
     /// How often rows older than --retention and than the last acknowledged commit are
     /// deleted (0 turns cleanup off). Only the relay that holds the slot runs it.

@@ -93,6 +93,26 @@ fn flag_reference_is_the_help() {
 /// The help of `--table-layout` (and of its values) names every column of each preset it
 /// offers, from the preset itself: a column added to a preset cannot be missing from it.
 /// `status --help` says the exit code a probe acts on, as src/exit.rs defines it.
+/// Each command's help groups its flags by topic: only clap's own (help, version) and the
+/// global --log-format stay under the unnamed "Options".
+#[test]
+fn every_flag_of_every_command_sits_under_a_heading() {
+    let cli = Cli::command();
+    for command in cli.get_subcommands() {
+        for arg in command.get_arguments() {
+            let id = arg.get_id().as_str();
+            if arg.is_hide_set() || ["help", "version", "log_format"].contains(&id) {
+                continue;
+            }
+            assert!(
+                arg.get_help_heading().is_some(),
+                "{} --{id} has no heading",
+                command.get_name()
+            );
+        }
+    }
+}
+
 #[test]
 fn the_status_help_names_the_unhealthy_exit_code() {
     let mut cli = Cli::command();

@@ -14,6 +14,7 @@ use outbox_common::duration::parse_duration;
 
 /// Throughput, latency and failure-handling knobs of the WAL relay.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Delivery")]
 pub struct Tuning {
     /// Most messages published and not yet confirmed by the broker. Larger windows raise
     /// throughput and the number of duplicates a crash can cause (docs/benchmarks.md).
@@ -45,6 +46,7 @@ pub struct Tuning {
 /// What every publishing command needs (`run`, `poll`, `resync`): the confirm timeout and
 /// the message size limit.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Delivery")]
 pub struct PublishLimits {
     /// How long a published message may stay unsettled (not yet confirmed, or its confirm not
     /// yet known to be free of a return) before the relay gives up on the connection and
@@ -68,6 +70,7 @@ pub struct PublishLimits {
 /// The knobs the two long-running relays share (`run`, `poll`): publishing, reconnects,
 /// shutdown. `resync` publishes once and stops at its first failure.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Delivery")]
 pub struct Delivery {
     #[command(flatten)]
     pub publishing: PublishLimits,
