@@ -94,7 +94,9 @@ fn flag_reference_is_the_help() {
 /// offers, from the preset itself: a column added to a preset cannot be missing from it.
 /// `status --help` says the exit code a probe acts on, as src/exit.rs defines it.
 /// Each command's help groups its flags by topic: only clap's own (help, version) and the
-/// global --log-format stay under the unnamed "Options".
+/// global --log-format stay under the unnamed "Options". Which heading each flag is under,
+/// the help snapshot pins (a flag declared after a flattened group takes that group's
+/// heading unless it names its own).
 #[test]
 fn every_flag_of_every_command_sits_under_a_heading() {
     let cli = Cli::command();
