@@ -156,8 +156,40 @@ pub fn parse_driver_url(url: &str) -> Result<Config, PgError> {
         // The error's own text names only the kind of problem; its source (left out) may
         // quote part of the URL, and the URL may hold a password.
         PgError::from(UrlProblem::DatabaseUrl {
-            problem: e.to_string(),
+            problem: url_mistake(url).unwrap_or_else(|| e.to_string()),
         })
+    })
+}
+
+/// What is wrong with a database URL the driver refused, where it can be told: the scheme,
+/// a missing `://`, or a port. Quotes only parts that come after the `@` or before the
+/// `://`, never the user or the password.
+fn url_mistake(url: &str) -> Option<String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        let looks_like_a_url = ["postgres", "postgresql"]
+            .iter()
+            .any(|scheme| url.starts_with(scheme) && !url.contains('='));
+        return looks_like_a_url.then(|| "no \"://\" after the scheme: postgres://...".to_string());
+    };
+    if !matches!(scheme, "postgres" | "postgresql") {
+        return Some(format!(
+            "the scheme \"{scheme}\" is not postgres or postgresql"
+        ));
+    }
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let hosts = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, hosts)| hosts);
+    hosts.split(',').find_map(|host| {
+        // An IPv6 address is in brackets; its port follows them.
+        let after_address = host.rsplit_once(']').map_or(host, |(_, rest)| rest);
+        let (_, port) = after_address.rsplit_once(':')?;
+        match port.parse::<u16>() {
+            Ok(port) if port > 0 => None,
+            _ => Some(format!(
+                "the port \"{port}\" is not a number from 1 to 65535"
+            )),
+        }
     })
 }
 
@@ -723,6 +755,33 @@ fn spawn_driver<S, T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn problem(url: &str) -> String {
+        match parse_driver_url(url) {
+            Err(PgError::Url(UrlProblem::DatabaseUrl { problem })) => problem,
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_bad_database_url_says_what_is_wrong_without_the_password() {
+        let cases = [
+            (
+                "postgres://u:secret@host:notaport/db",
+                "the port \"notaport\"",
+            ),
+            ("postgres://u:secret@host:99999/db", "the port \"99999\""),
+            ("postgres://u:secret@a:5432,b:x/db", "the port \"x\""),
+            ("mysql://u:secret@host/db", "the scheme \"mysql\""),
+            ("postgresql//u:secret@host/db", "no \"://\""),
+        ];
+        for (url, expected) in cases {
+            let problem = problem(url);
+            assert!(problem.contains(expected), "{url}: {problem}");
+            assert!(!problem.contains("secret"), "{url}: {problem}");
+        }
+        assert!(parse_driver_url("postgres://u:secret@[::1]:5432/db").is_ok());
+    }
 
     #[test]
     fn the_primary_found_last_is_asked_first_and_the_rest_keep_the_urls_order() {
