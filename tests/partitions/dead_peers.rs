@@ -755,9 +755,8 @@ pub(super) fn spawn_replica_with(
         sql,
         "--cleanup-interval",
         "0",
-        // The inbox's own flag, in seconds (it keeps its -secs names for now).
-        "--max-backoff-secs",
-        "2",
+        "--max-backoff",
+        "2s",
     ];
     let mut env = vec![
         ("RUST_LOG", "info,outbox_inbox=debug"),

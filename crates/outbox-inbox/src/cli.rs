@@ -39,7 +39,8 @@ pub enum Command {
     Setup(SetupArgs),
     /// Apply a queue's messages effectively once: a transaction that claims each message in
     /// the inbox and runs the effect statement for it, then the acks.
-    Consume(ConsumeArgs),
+    // Boxed: its flags make it far larger than the others.
+    Consume(Box<ConsumeArgs>),
     /// Delete inbox rows older than the retention, in bounded batches (once, or every
     /// --interval).
     Cleanup(CleanupArgs),
@@ -217,13 +218,19 @@ pub struct ConsumeArgs {
     pub dead_letter_exchange: Option<String>,
 
     /// Longest wait between reconnects, and between attempts of a batch held after an
-    /// error that can pass, in seconds.
-    #[arg(long, env = "OUTBOX_INBOX_MAX_BACKOFF_SECS", default_value_t = 30)]
-    pub max_backoff_secs: u64,
+    /// error that can pass (e.g. 30s, 2m).
+    #[arg(long, env = "OUTBOX_INBOX_MAX_BACKOFF", default_value = "30s", value_parser = parse_duration)]
+    max_backoff: Duration,
+    /// --max-backoff in seconds, as it was named before.
+    #[arg(long, env = "OUTBOX_INBOX_MAX_BACKOFF_SECS", hide = true, conflicts_with = "max_backoff", value_parser = parse_duration)]
+    max_backoff_secs: Option<Duration>,
 
-    /// How long SIGTERM may take to finish the messages handed to the workers, in seconds.
-    #[arg(long, env = "OUTBOX_INBOX_SHUTDOWN_TIMEOUT_SECS", default_value_t = 30)]
-    pub shutdown_timeout_secs: u64,
+    /// How long SIGTERM may take to finish the messages handed to the workers (e.g. 30s).
+    #[arg(long, env = "OUTBOX_INBOX_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    shutdown_timeout: Duration,
+    /// --shutdown-timeout in seconds, as it was named before.
+    #[arg(long, env = "OUTBOX_INBOX_SHUTDOWN_TIMEOUT_SECS", hide = true, conflicts_with = "shutdown_timeout", value_parser = parse_duration)]
+    shutdown_timeout_secs: Option<Duration>,
 
     #[command(flatten)]
     pub retention: Retention,
@@ -232,6 +239,16 @@ pub struct ConsumeArgs {
     /// `outbox-inbox cleanup` (or a job calling <table>_cleanup).
     #[arg(long, env = "OUTBOX_INBOX_CLEANUP_INTERVAL", default_value = "1m", value_parser = parse_duration)]
     pub cleanup_interval: Duration,
+}
+
+impl ConsumeArgs {
+    pub fn max_backoff(&self) -> Duration {
+        self.max_backoff_secs.unwrap_or(self.max_backoff)
+    }
+
+    pub fn shutdown_timeout(&self) -> Duration {
+        self.shutdown_timeout_secs.unwrap_or(self.shutdown_timeout)
+    }
 }
 
 impl Command {
@@ -317,6 +334,35 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The durations take a humantime value; their old names, in seconds (a bare number is
+    /// seconds), still work for this release, and both at once is refused.
+    #[test]
+    fn the_backoff_and_shutdown_durations_take_the_old_names_too() {
+        let consume = ["outbox-inbox", "consume", "--queue", "q", "--consumer", "c"];
+        let consume = [&consume[..], &["--effect-sql", "SELECT 1"]].concat();
+        let args = |flags: &[&str]| {
+            let cli = Cli::try_parse_from([&consume[..], flags].concat()).map_err(|e| e.kind())?;
+            match cli.command {
+                Command::Consume(args) => Ok((args.max_backoff(), args.shutdown_timeout())),
+                _ => panic!("consume"),
+            }
+        };
+        let secs = Duration::from_secs;
+        assert_eq!(args(&[]), Ok((secs(30), secs(30))));
+        assert_eq!(
+            args(&["--max-backoff", "2m", "--shutdown-timeout", "500ms"]),
+            Ok((secs(120), Duration::from_millis(500)))
+        );
+        assert_eq!(
+            args(&["--max-backoff-secs", "5", "--shutdown-timeout-secs", "7"]),
+            Ok((secs(5), secs(7)))
+        );
+        assert_eq!(
+            args(&["--max-backoff", "5s", "--max-backoff-secs", "5"]),
+            Err(clap::error::ErrorKind::ArgumentConflict)
+        );
     }
 
     #[test]

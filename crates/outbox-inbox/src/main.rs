@@ -41,7 +41,7 @@ fn main() -> ExitCode {
             Command::Setup(args) => commands::setup(args).await,
             Command::Consume(args) => {
                 tokio::spawn(stop_on_signal(shutdown.clone(), FINISHING));
-                commands::consume(args, shutdown).await
+                commands::consume(*args, shutdown).await
             }
             Command::Cleanup(args) => {
                 tokio::spawn(stop_on_signal(shutdown.clone(), FINISHING));

@@ -1896,8 +1896,8 @@ async fn a_transient_failure_outlasting_the_delivery_limit_loses_nothing_and_app
         "1",
         "--prefetch",
         "10",
-        "--max-backoff-secs",
-        "1",
+        "--max-backoff",
+        "1s",
     ];
     let consumer = db.consume(&amqp, &queue, &args, &[]);
 
@@ -2107,8 +2107,8 @@ async fn a_dead_letter_its_exchange_cannot_route_waits_for_a_bound_queue() {
         "1",
         "--batch-size",
         "1",
-        "--max-backoff-secs",
-        "1",
+        "--max-backoff",
+        "1s",
         "--dead-letter-exchange",
         &dead_letters,
     ];
