@@ -271,6 +271,12 @@ if [ -z "$matrix_only" ]; then
     cargo fmt --all -- --check
     # fuzz/ is a workspace of its own (it builds instrumented): --all does not reach it.
     cargo fmt --manifest-path fuzz/Cargo.toml -- --check
+    # The fuzz workspace builds the relay --locked: a dependency the relay gained and
+    # fuzz/Cargo.lock lacks would fail the fuzzing phase only after the suite. Say so now.
+    if ! cargo metadata --manifest-path fuzz/Cargo.toml --locked --format-version 1 >/dev/null; then
+        echo "fuzz/Cargo.lock is stale: cargo metadata --manifest-path fuzz/Cargo.toml updates it" >&2
+        exit 1
+    fi
     cargo clippy --workspace --all-targets -- -D warnings
     phase_done "fmt and clippy"
     cargo test --workspace --all-targets --no-run
