@@ -1057,6 +1057,54 @@ async fn a_named_consumer_resumes_after_the_offset_it_stored() {
     );
 }
 
+/// A broker that vanishes under an idle stream session (SIGSTOP: its sockets open and
+/// silent) is given up within about `--peer-timeout`, through the stream protocol's
+/// heartbeat, as on the AMQP side; once it is back, the relay delivers what was committed
+/// meanwhile. At the stream client's default heartbeat (60 s) it took 4 minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_vanishes_under_an_idle_stream_session_is_given_up_within_the_peer_timeout() {
+    let stream = "vanishing";
+    let (broker, outbox, environment) = outbox_and_stream("stream_vanishing", stream).await;
+    let port = broker.stream_port().to_string();
+    let relay = outbox.spawn_relay(&[
+        "--stream",
+        stream,
+        "--stream-port",
+        &port,
+        "--peer-timeout",
+        "5s",
+        "--max-backoff",
+        "1s",
+    ]);
+    // A row through first: the producer's connection is the one to lose.
+    let before = outbox.insert("Before", "{}").await;
+    let end = common::current_wal_lsn(&outbox.client).await;
+    assert!(
+        outbox.wait_confirmed_flush(end, MINUTE).await,
+        "the first row acknowledged; log:\n{}",
+        relay.log()
+    );
+    let failed = "session failed";
+    let failures = relay.log_count(failed);
+    tokio::task::block_in_place(|| broker.pause());
+    let given_up = relay.wait_for_log_count(failed, failures + 1, MINUTE).await;
+    tokio::task::block_in_place(|| broker.resume());
+    assert!(
+        given_up,
+        "the session given up within a minute of the broker's silence; log:\n{}",
+        relay.log()
+    );
+    let after = outbox.insert("After", "{}").await;
+    let end = common::current_wal_lsn(&outbox.client).await;
+    assert!(
+        outbox.wait_confirmed_flush(end, MINUTE * 2).await,
+        "the row committed after acknowledged once the broker is back; log:\n{}",
+        relay.log()
+    );
+    relay.stop().await;
+    assert_eq!(stream_ids(&environment, stream).await, [before, after]);
+}
+
 /// What the stream destination cannot work with yet is refused at start, naming it, and a
 /// stream or super stream that does not exist stops the relay with the command that creates
 /// it: both are the

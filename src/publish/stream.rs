@@ -488,11 +488,38 @@ impl StreamDestination {
         })
     }
 
-    /// Resolves once a producer's connection has closed.
+    /// Resolves once a producer's connection has closed, or the broker has not answered a
+    /// question for the peer timeout. The client notices a silent broker by its heartbeat,
+    /// but then waits for the broker to answer its close before it reports the connection
+    /// closed: a broker that vanished (a host gone, a process frozen) would hold the session
+    /// until it came back.
     pub async fn lost(&self) -> RelayError {
         let mut closed = self.closed.subscribe();
-        let _ = closed.wait_for(|closed| *closed).await;
-        connection_closed()
+        tokio::select! {
+            _ = closed.wait_for(|closed| *closed) => connection_closed(),
+            silent = self.silent() => silent,
+        }
+    }
+
+    /// Asks the broker something every half peer timeout, and resolves with the error once it
+    /// does not answer within the peer timeout.
+    async fn silent(&self) -> RelayError {
+        let timeout = outbox_common::liveness::policy().peer_timeout.get();
+        let stream = self.partitions.first().cloned().unwrap_or_default();
+        loop {
+            tokio::time::sleep(timeout / 2).await;
+            let asked = self.queries.metadata(vec![stream.clone()]);
+            match tokio::time::timeout(timeout, asked).await {
+                Ok(Ok(_)) => continue,
+                Ok(Err(e)) => return self.connect_error(e),
+                Err(_) => {
+                    return self.connect_error(format!(
+                        "the broker did not answer for {} s (--peer-timeout)",
+                        timeout.as_secs()
+                    ))
+                }
+            }
+        }
     }
 
     /// Closes every producer and the question's connection, politely and briefly.
@@ -540,12 +567,16 @@ struct Naming {
 async fn connect_node(
     node: &StreamNode,
 ) -> Result<(Environment, rabbitmq_stream_client::Client), String> {
+    let heartbeat = outbox_common::liveness::policy()
+        .peer_timeout
+        .stream_heartbeat();
     let environment = Environment::builder()
         .host(&node.host)
         .port(node.port)
         .username(&node.user)
         .password(&node.password)
         .virtual_host(&node.vhost)
+        .heartbeat(heartbeat)
         .client_provided_name("outbox-relay")
         .build();
     let environment = bounded(environment).await?.map_err(|e| refusal(&e))?;
@@ -555,6 +586,7 @@ async fn connect_node(
         .user(&node.user)
         .password(&node.password)
         .v_host(&node.vhost)
+        .heartbeat(heartbeat)
         .build();
     let queries = bounded(rabbitmq_stream_client::Client::connect(options))
         .await?

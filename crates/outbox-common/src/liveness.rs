@@ -173,6 +173,16 @@ impl PeerTimeout {
     pub fn amqp_heartbeat(self) -> u16 {
         u16::try_from(self.0.as_secs().div_ceil(2)).unwrap_or(u16::MAX)
     }
+
+    /// The stream protocol's heartbeat asked for, in seconds: a quarter of the timeout, at
+    /// least 1. The stream client (rabbitmq-stream-client 0.11) closes a connection silent
+    /// for four heartbeats, so a silent broker is given up after about the timeout (4 s at
+    /// the least); at its default of 60 s that took 4 minutes.
+    pub fn stream_heartbeat(self) -> u32 {
+        u32::try_from(self.0.as_secs() / 4)
+            .unwrap_or(u32::MAX)
+            .max(1)
+    }
 }
 
 /// What every connection of this process gets.
@@ -238,6 +248,16 @@ mod tests {
                 timeout < 5 || last_probe <= timeout,
                 "{timeout}: {last_probe}"
             );
+        }
+    }
+
+    #[test]
+    fn a_silent_stream_broker_is_given_up_after_about_the_timeout() {
+        for (timeout, heartbeat) in [(2, 1), (5, 1), (8, 2), (30, 7), (3600, 900)] {
+            let t = PeerTimeout::new(secs(timeout)).expect("in range");
+            assert_eq!(t.stream_heartbeat(), heartbeat, "{timeout}");
+            // The client closes after four silent heartbeats: the timeout, or its 4 s floor.
+            assert!(u64::from(4 * heartbeat) <= timeout.max(4), "{timeout}");
         }
     }
 

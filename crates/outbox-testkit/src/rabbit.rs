@@ -207,6 +207,17 @@ impl RabbitServer {
         self.private("kill9").node.kill9()
     }
 
+    /// SIGSTOP of the node: frozen, its sockets open and silent, as a host that vanished,
+    /// until [`RabbitServer::resume`].
+    pub fn pause(&self) {
+        self.private("pause").node.signal_node(libc::SIGSTOP);
+    }
+
+    /// SIGCONT of the node after [`RabbitServer::pause`].
+    pub fn resume(&self) {
+        self.private("resume").node.signal_node(libc::SIGCONT);
+    }
+
     /// Starts the node again on the same ports and data dir and waits for it.
     pub fn restart(&self) {
         self.private("restart").node.restart();
