@@ -162,35 +162,36 @@ pub fn parse_driver_url(url: &str) -> Result<Config, PgError> {
 }
 
 /// What is wrong with a database URL the driver refused, where it can be told: the scheme,
-/// a missing `://`, or a port. Quotes only parts that come after the `@` or before the
-/// `://`, never the user or the password.
+/// a missing `://`, or a port. Quotes nothing of the URL: a password may hold any of its
+/// characters, `/` and `@` included, so no part of it is surely not the password.
 fn url_mistake(url: &str) -> Option<String> {
     let Some((scheme, rest)) = url.split_once("://") else {
         let looks_like_a_url = ["postgres", "postgresql"]
             .iter()
             .any(|scheme| url.starts_with(scheme) && !url.contains('='));
-        return looks_like_a_url.then(|| "no \"://\" after the scheme: postgres://...".to_string());
+        return looks_like_a_url.then(|| "no \"://\" after the scheme postgres".to_string());
     };
-    if !matches!(scheme, "postgres" | "postgresql") {
-        return Some(format!(
-            "the scheme \"{scheme}\" is not postgres or postgresql"
-        ));
+    // A `://` inside a key=value string is not a scheme's.
+    if !scheme
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    {
+        return None;
     }
-    let authority = rest.split(['/', '?']).next().unwrap_or_default();
-    let hosts = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, hosts)| hosts);
-    hosts.split(',').find_map(|host| {
+    if !matches!(scheme, "postgres" | "postgresql") {
+        return Some("the scheme is not postgres:// or postgresql://".to_string());
+    }
+    // The hosts follow the last `@` (the user and password come before it).
+    let after_login = rest.rsplit_once('@').map_or(rest, |(_, hosts)| hosts);
+    let hosts = after_login.split(['/', '?']).next().unwrap_or_default();
+    let bad_port = hosts.split(',').any(|host| {
         // An IPv6 address is in brackets; its port follows them.
         let after_address = host.rsplit_once(']').map_or(host, |(_, rest)| rest);
-        let (_, port) = after_address.rsplit_once(':')?;
-        match port.parse::<u16>() {
-            Ok(port) if port > 0 => None,
-            _ => Some(format!(
-                "the port \"{port}\" is not a number from 1 to 65535"
-            )),
-        }
-    })
+        after_address
+            .rsplit_once(':')
+            .is_some_and(|(_, port)| !matches!(port.parse::<u16>(), Ok(port) if port > 0))
+    });
+    bad_port.then(|| "a port is not a number from 1 to 65535".to_string())
 }
 
 /// The URL's `sslmode` and `sslrootcert` as the TLS settings of both connections, and the
@@ -766,19 +767,21 @@ mod tests {
     #[test]
     fn a_bad_database_url_says_what_is_wrong_without_the_password() {
         let cases = [
-            (
-                "postgres://u:secret@host:notaport/db",
-                "the port \"notaport\"",
-            ),
-            ("postgres://u:secret@host:99999/db", "the port \"99999\""),
-            ("postgres://u:secret@a:5432,b:x/db", "the port \"x\""),
-            ("mysql://u:secret@host/db", "the scheme \"mysql\""),
+            ("postgres://u:secret@host:notaport/db", "a port is not"),
+            ("postgres://u:secret@host:99999/db", "a port is not"),
+            ("postgres://u:secret@a:5432,b:x/db", "a port is not"),
+            // A password with a `/` and an `@`: the hosts still follow the last `@`.
+            ("postgres://u:se/cr@et@host:x/db", "a port is not"),
+            ("mysql://u:secret@host/db", "the scheme is not"),
             ("postgresql//u:secret@host/db", "no \"://\""),
         ];
         for (url, expected) in cases {
             let problem = problem(url);
             assert!(problem.contains(expected), "{url}: {problem}");
-            assert!(!problem.contains("secret"), "{url}: {problem}");
+            assert!(
+                !problem.contains("secret") && !problem.contains("cr"),
+                "{url}: {problem}"
+            );
         }
         assert!(parse_driver_url("postgres://u:secret@[::1]:5432/db").is_ok());
     }
