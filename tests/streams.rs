@@ -15,6 +15,7 @@ use std::time::Duration;
 use common::failover::{
     create_standby_oracle, outbox_ids, seed_backlog, FailoverPair, PairOptions,
 };
+use common::faults::MARKER_PREFIX;
 use common::RabbitServer;
 use futures_util::StreamExt;
 use outbox_relay::observability::{MESSAGES_PUBLISHED_TOTAL, STANDBY, STREAM_SKIPPED_TOTAL};
@@ -28,7 +29,7 @@ async fn environment(broker: &RabbitServer) -> Environment {
 }
 
 /// A client of the stream port `port` at `host`.
-async fn environment_at(host: &str, port: u16) -> Environment {
+pub(crate) async fn environment_at(host: &str, port: u16) -> Environment {
     Environment::builder()
         .host(host)
         .port(port)
@@ -70,7 +71,10 @@ async fn read_all(environment: &Environment, stream: &str) -> Vec<String> {
 
 /// Every message in `stream` from offset 0 as (message_id if it has one, body), up to a marker an unnamed
 /// producer appends now; markers appended by earlier reads are left out.
-async fn read_messages(environment: &Environment, stream: &str) -> Vec<(Option<String>, String)> {
+pub(crate) async fn read_messages(
+    environment: &Environment,
+    stream: &str,
+) -> Vec<(Option<String>, String)> {
     static READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let read = READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let marker = format!("{MARKER_PREFIX}{read}");
@@ -127,9 +131,6 @@ async fn read_messages(environment: &Environment, stream: &str) -> Vec<(Option<S
         messages.push((id, body));
     }
 }
-
-/// The body of a read's marker, numbered per read.
-const MARKER_PREFIX: &str = "test-marker-";
 
 /// The message_id of every message in `stream` from offset 0 ([`read_messages`]); every
 /// message of the relay's has one.

@@ -62,15 +62,16 @@ use common::amqp::{
 };
 use common::failover::{FailoverPair, PairOptions, Rejoin};
 use common::faults::{
-    acks_before_markers, check_ack_of_commits, connect_retrying, report, secs, Commit, Tally,
-    WriteTo, Writers, MARKER_PREFIX,
+    acknowledged_rows_delivered, acks_before_markers, check_ack_of_commits, connect_retrying,
+    report, secs, Commit, Tally, WriteTo, Writers, MARKER_PREFIX,
 };
-use common::http::wait_http;
+use common::http::{http_get, metric_sum, wait_http};
 use common::lab::Lab;
 use common::nemesis::{Fault, FaultKind, Host, Plan, RelayRole, Schedule, Seed, Step, Topology};
-use common::outbox::Outbox;
+use common::outbox::{wait_slot_confirmed_flush, Outbox};
 use common::pg::{first_column, pg_connect, wait_count};
 use common::{Consumer, RelayProcess};
+use outbox_relay::observability::STREAM_SKIPPED_TOTAL;
 use tokio::time::Instant;
 
 /// Whether the campaign runs against relays broken on purpose (`OUTBOX_NEMESIS_BROKEN=1`,
@@ -144,6 +145,16 @@ struct Slot {
     metrics: Option<SocketAddrV4>,
 }
 
+/// Where a campaign's relays deliver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Destination {
+    /// The outbox's exchange, routing to two quorum queues: the consumers' and the test's.
+    Queues,
+    /// A stream replicated on the three nodes (`run --stream`), read whole at the end; no
+    /// consumers.
+    Stream,
+}
+
 /// What the faults act on.
 struct World {
     lab: &'static Lab,
@@ -154,6 +165,7 @@ struct World {
     outbox: Outbox,
     relay_url: String,
     brokers: String,
+    /// The consumers' database and queue (empty for a stream: no consumers).
     effects_url: String,
     consumer_queue: String,
     /// The relays' flags beyond the kit's: the cleanup, and the exchanges rows may name.
@@ -1066,13 +1078,27 @@ fn campaign_major() -> u32 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "campaigns on the partition lab: scripts/test.sh runs two short ones with the partitions, or a long one with --nemesis MINUTES"]
+#[ignore = "campaigns on the partition lab: scripts/test.sh runs a short one with the partitions, or a long one with --nemesis MINUTES"]
 async fn n1_a_seeded_campaign_of_mixed_faults_loses_nothing_and_applies_each_effect_once() {
+    campaigns(Destination::Queues).await;
+}
+
+/// The campaign with the relays delivering into a stream: its oracle is exactly once. The
+/// stream, read whole at the end, holds every row of the final primary once, each writer's
+/// rows in the order it committed them, and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "campaigns on the partition lab: scripts/test.sh runs a short one with the partitions, or a long one with --nemesis MINUTES"]
+async fn n2_a_seeded_campaign_of_mixed_faults_into_a_stream_stores_each_row_once_in_commit_order() {
+    campaigns(Destination::Stream).await;
+}
+
+/// The campaigns of `OUTBOX_NEMESIS_SEED`, one after the other, into `destination`.
+async fn campaigns(destination: Destination) {
     let seeds = Seed::list_from_env().unwrap_or_else(|e| panic!("{e}"));
     let minutes = campaign_minutes();
     let (lab, _lock) = exclusive().await;
     for seed in seeds {
-        campaign(lab, seed, minutes).await;
+        campaign(lab, seed, minutes, destination).await;
     }
 }
 
@@ -1111,10 +1137,14 @@ async fn take_ack_readings(world: Arc<World>, stop: Arc<AtomicBool>) -> AckReadi
     readings
 }
 
-async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
+async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64, destination: Destination) {
     let plan = Plan::new(seed, Duration::from_secs_f64(minutes * 60.0));
-    let schedule = Schedule::generate(plan, Topology::default());
-    println!("nemesis: {minutes} min\n{schedule}");
+    let topology = match destination {
+        Destination::Queues => Topology::default(),
+        Destination::Stream => Topology::stream(),
+    };
+    let schedule = Schedule::generate(plan, topology);
+    println!("nemesis into {destination:?}: {minutes} min\n{schedule}");
 
     let _pair_hosts = blocking(|| lab.lock_pg_pair());
     let began = Instant::now();
@@ -1130,32 +1160,50 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
         .await
         .expect("the written-rows table and its trigger");
     let db = outbox.database().to_string();
-    // Two quorum queues on the outbox's exchange, led by different nodes: the consumers'
-    // and the test's (read at the end only, so no fault can cut the test off from it).
-    let consumer_queue = format!("{}_fx", outbox.queue);
-    let tally_queue = format!("{}_tally", outbox.queue);
-    for (queue, node) in [(&consumer_queue, 0), (&tally_queue, 2)] {
-        let url = lab.cluster.url(node);
-        declare_bound_queue_with_args(&url, &outbox.exchange, queue, "#", quorum_queue_arguments())
-            .await;
-    }
-    delete_queue(&outbox.amqp_url, &outbox.queue).await;
-    outbox.queue = tally_queue;
-
-    let (effects_url, effects_client) = effects_database(lab, "nemesis_fx").await;
-
     let relay_url = pair.multi_host_url(&db);
     // Rows of an undeclared-exchange fault name `<exchange>.undeclared.<n>`, which the relays
     // may route to; nothing declares one before its fault's heal.
     let undeclared_prefix = format!("{}.undeclared.", outbox.exchange);
-    let relay_flags: Vec<String> = CLEANUP_FLAGS
-        .iter()
-        .map(|f| f.to_string())
-        .chain([
-            "--allowed-exchanges".into(),
-            format!("{undeclared_prefix}*"),
-        ])
-        .collect();
+    let mut relay_flags: Vec<String> = CLEANUP_FLAGS.iter().map(|f| f.to_string()).collect();
+    delete_queue(&outbox.amqp_url, &outbox.queue).await;
+    let (consumer_queue, effects_db) = match destination {
+        Destination::Queues => {
+            // Two quorum queues on the outbox's exchange, led by different nodes: the
+            // consumers' and the test's (read at the end only, so no fault can cut the test
+            // off from it).
+            let consumer_queue = format!("{}_fx", outbox.queue);
+            let tally_queue = format!("{}_tally", outbox.queue);
+            for (queue, node) in [(&consumer_queue, 0), (&tally_queue, 2)] {
+                let url = lab.cluster.url(node);
+                let arguments = quorum_queue_arguments();
+                declare_bound_queue_with_args(&url, &outbox.exchange, queue, "#", arguments).await;
+            }
+            outbox.queue = tally_queue;
+            relay_flags.extend([
+                "--allowed-exchanges".into(),
+                format!("{undeclared_prefix}*"),
+            ]);
+            let effects = effects_database(lab, "nemesis_fx").await;
+            (consumer_queue, Some(effects))
+        }
+        Destination::Stream => {
+            // The test's markers reach the stream the way they reach a queue: published to
+            // it by name over AMQP.
+            outbox.queue = format!("{}_stream", outbox.queue);
+            create_stream(lab, &outbox.queue).await;
+            relay_flags.extend([
+                "--stream".into(),
+                outbox.queue.clone(),
+                "--stream-port".into(),
+                lab.cluster.stream_port(0).to_string(),
+            ]);
+            (String::new(), None)
+        }
+    };
+    let (effects_url, effects_client) = match effects_db {
+        Some((url, client)) => (url, Some(client)),
+        None => (String::new(), None),
+    };
     let world = Arc::new(World {
         lab,
         pair: tokio::sync::RwLock::new(pair),
@@ -1189,7 +1237,7 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
     for i in 0..RELAY_HOSTS.len() {
         world.start_relay(i);
     }
-    for j in 0..CONSUMER_HOSTS.len() {
+    for j in 0..topology.consumers {
         world.start_consumer(j);
     }
     let ready = world
@@ -1205,21 +1253,24 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
         MAX_TXN_ROWS,
         WRITE_PAUSE,
     );
-    let applied = wait_count(
-        &effects_client,
-        "SELECT count(*) FROM effect",
-        MINUTE,
-        |n| n >= 200,
-    );
-    assert!(
-        applied.await.is_ok(),
-        "nemesis: effects are applied before the first fault"
-    );
+    match &effects_client {
+        Some(effects_client) => {
+            let sql = "SELECT count(*) FROM effect";
+            let applied = wait_count(effects_client, sql, MINUTE, |n| n >= 200);
+            assert!(
+                applied.await.is_ok(),
+                "nemesis: effects are applied before the first fault"
+            );
+        }
+        None => acknowledged_before_faults(&world, &writers).await,
+    }
     let setup_took = began.elapsed();
 
     // ACK while the faults run, read every few seconds and checked at the end.
     let readings_stop = Arc::new(AtomicBool::new(false));
     let reader = tokio::spawn(take_ack_readings(world.clone(), readings_stop.clone()));
+    let skips_stop = Arc::new(AtomicBool::new(false));
+    let skips = tokio::spawn(watch_skips(world.clone(), skips_stop.clone()));
 
     // The campaign: every step on a task of its own, overlapping as scheduled.
     let started = Instant::now();
@@ -1312,13 +1363,33 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
         }
     }
     tokio::time::sleep(common::nemesis::QUIET).await;
-    let commits = writers.stop_with_commits().await;
+    let by_writer = writers.stop_with_commits_by_writer().await;
+    let commits: Vec<Commit> = by_writer.iter().flatten().cloned().collect();
 
     // The final primary's rows are the truth (a commit in doubt during a fault may or may
     // not have happened): each has its effect exactly once, nothing else has one.
     let primary_url = world.pair.read().await.primary.url(&world.db);
     let primary = pg_connect(&primary_url).await;
     let rows = first_column(&primary, "SELECT id::text FROM outbox_written", &[]).await;
+    let Some(effects_client) = effects_client else {
+        let campaigned = Campaigned {
+            seed,
+            major,
+            minutes,
+            ran,
+            missed: missed.len(),
+            readings,
+            by_writer,
+            rows,
+            primary,
+            ready_after,
+            setup_took,
+            skips: (skips_stop, skips),
+            repairs: lab.cluster.repairs() - repairs_before,
+        };
+        return judge_stream(world, campaigned).await;
+    };
+    skips_stop.store(true, Ordering::Relaxed);
     let every = rows.len() as i64;
     let sql = "SELECT count(DISTINCT message_id) FROM effect";
     let applied = wait_count(&effects_client, sql, APPLIED_WITHIN, |n| n >= every).await;
@@ -1352,12 +1423,7 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
 
     // The test's queue: every row, nothing invented, repeats within the bound; ACK once the
     // relays are stopped.
-    for slot in &world.relays {
-        let process = slot.lock().unwrap().process.take();
-        if let Some(process) = process {
-            process.stop().await;
-        }
-    }
+    stop_relays(&world).await;
     for slot in &world.consumers {
         let process = slot.lock().unwrap().process.take();
         if let Some(process) = process {
@@ -1550,6 +1616,246 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64) {
             repeats.get(kind).copied().unwrap_or(0),
             replayable.get(kind).copied().unwrap_or(0),
             figures.taken_back
+        );
+    }
+}
+
+/// Creates `stream` through node 0, replicated on the three nodes (the broker's default).
+async fn create_stream(lab: &Lab, stream: &str) {
+    let port = lab.cluster.stream_port(0);
+    let environment = crate::streams::environment_at(&lab.cluster.addr(0).to_string(), port).await;
+    environment
+        .stream_creator()
+        .create(stream)
+        .await
+        .unwrap_or_else(|e| panic!("nemesis: create the stream {stream}: {e:?}"));
+}
+
+/// The stream campaign's start: 200 rows committed and acknowledged (the slot past them),
+/// so the relays deliver before the first fault.
+async fn acknowledged_before_faults(world: &World, writers: &Writers) {
+    assert!(
+        writers.wait_committed(200, MINUTE).await,
+        "nemesis: the writers committed 200 rows within a minute"
+    );
+    let primary = pg_connect(&world.pair.read().await.primary.url(&world.db)).await;
+    let written = common::pg::current_wal_lsn(&primary).await;
+    let slot = &world.outbox.slot;
+    if let Err(at) = wait_slot_confirmed_flush(&primary, slot, written, MINUTE).await {
+        panic!(
+            "nemesis: the slot is at {} a minute after 200 rows, short of {}; relay logs:\n{}",
+            common::pg::format_lsn(at),
+            common::pg::format_lsn(written),
+            relay_logs(world)
+        );
+    }
+}
+
+/// The rows the stream campaign's relays read again and did not send, because the stream
+/// held them: each relay process's `outbox_relay_stream_skipped_total`, read every second
+/// until `stop`, summed over the processes (by their metrics address; what a process
+/// skipped after its last reading, before a kill, goes uncounted).
+async fn watch_skips(world: Arc<World>, stop: Arc<AtomicBool>) -> usize {
+    let mut latest: HashMap<SocketAddrV4, usize> = HashMap::new();
+    loop {
+        let stopping = stop.load(Ordering::Relaxed);
+        for slot in &world.relays {
+            let at = slot.lock().unwrap().metrics;
+            let Some(at) = at else {
+                continue;
+            };
+            let Some((200, page)) = http_get(at, "/metrics").await else {
+                continue;
+            };
+            if let Some(skipped) = metric_sum(&page, STREAM_SKIPPED_TOTAL) {
+                latest.insert(at, skipped as usize);
+            }
+        }
+        if stopping {
+            return latest.values().sum();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Stops the relays that run (SIGTERM, then what `stop` does).
+async fn stop_relays(world: &World) {
+    for slot in &world.relays {
+        let process = slot.lock().unwrap().process.take();
+        if let Some(process) = process {
+            process.stop().await;
+        }
+    }
+}
+
+/// What a campaign hands its stream oracles.
+struct Campaigned {
+    seed: Seed,
+    major: u32,
+    minutes: f64,
+    ran: Vec<Ran>,
+    /// Steps that found no running target.
+    missed: usize,
+    readings: AckReadings,
+    /// Each main writer's commits, in its order.
+    by_writer: Vec<Vec<Commit>>,
+    /// The final primary's rows.
+    rows: Vec<String>,
+    primary: tokio_postgres::Client,
+    ready_after: Duration,
+    setup_took: Duration,
+    /// [`watch_skips`]: its stop and its task.
+    skips: (Arc<AtomicBool>, tokio::task::JoinHandle<usize>),
+    /// Paused nodes restarted after a heal.
+    repairs: usize,
+}
+
+/// The stream campaign's oracles, once every fault has healed: the slot reaches the final
+/// primary's WAL end (every row acknowledged), the relays stop, and the stream, read whole
+/// from offset 0, holds every row of the final primary exactly once and nothing else; each
+/// writer's rows in the order it committed them; every acknowledged commit (ACK, at the end
+/// and at the readings taken while the faults ran).
+async fn judge_stream(world: Arc<World>, run: Campaigned) {
+    let (lab, seed) = (world.lab, run.seed);
+    let slot = &world.outbox.slot;
+    let end = common::pg::current_wal_lsn(&run.primary).await;
+    if let Err(at) = wait_slot_confirmed_flush(&run.primary, slot, end, APPLIED_WITHIN).await {
+        panic!(
+            "nemesis ({seed}): the slot is at {} {} after the last fault, short of the WAL end \
+             {}; relay logs:\n{}",
+            common::pg::format_lsn(at),
+            secs(APPLIED_WITHIN),
+            common::pg::format_lsn(end),
+            relay_logs(&world)
+        );
+    }
+    let (skips_stop, skips) = run.skips;
+    skips_stop.store(true, Ordering::Relaxed);
+    let skipped = skips
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    stop_relays(&world).await;
+    let confirmed = common::pg::try_slot_confirmed_flush(&run.primary, slot)
+        .await
+        .expect("read the slot")
+        .expect("the slot has a position");
+
+    let node = lab.cluster.addr(2).to_string();
+    let environment = crate::streams::environment_at(&node, lab.cluster.stream_port(2)).await;
+    let messages = crate::streams::read_messages(&environment, &world.outbox.queue).await;
+    let arrivals: Vec<&str> = messages
+        .iter()
+        .enumerate()
+        .map(|(at, (id, _))| {
+            id.as_deref().unwrap_or_else(|| {
+                panic!("nemesis ({seed}): the stream's message {at} has no message_id")
+            })
+        })
+        .collect();
+    let tally = Tally::of_ids(arrivals.iter().copied());
+    common::faults::assert_nothing_lost_or_invented(&tally, &run.rows);
+    let mut twice: Vec<(&String, &usize)> = tally.counts.iter().filter(|(_, n)| **n > 1).collect();
+    twice.sort();
+    assert!(
+        twice.is_empty(),
+        "nemesis ({seed}): exactly once: {} rows are in the stream more than once ({} copies \
+         too many), e.g. {:?}",
+        twice.len(),
+        tally.duplicates(),
+        &twice[..twice.len().min(5)]
+    );
+    // Each writer's commits went in one after the other: their rows, in that order.
+    let position: HashMap<&str, usize> = arrivals
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (*id, i))
+        .collect();
+    for (writer, commits) in run.by_writer.iter().enumerate() {
+        let mut previous: Option<(&str, usize)> = None;
+        // A commit the final primary lacks is in no position (surviving_commits judges it).
+        for id in commits.iter().flat_map(|c| &c.ids) {
+            let Some(&at) = position.get(id.as_str()) else {
+                continue;
+            };
+            if let Some((before, was_at)) = previous {
+                assert!(
+                    at > was_at,
+                    "nemesis ({seed}): writer {writer} committed row {before} before row {id}, \
+                     but the stream holds {id} at {at}, before {before} at {was_at}"
+                );
+            }
+            previous = Some((id, at));
+        }
+    }
+    let commits: Vec<Commit> = run.by_writer.iter().flatten().cloned().collect();
+    let on_primary: std::collections::HashSet<&str> = run.rows.iter().map(String::as_str).collect();
+    let kinds: Vec<FaultKind> = run.ran.iter().map(|r| r.step.fault.kind()).collect();
+    let (surviving, vanished) = surviving_commits(&commits, &on_primary, &kinds)
+        .unwrap_or_else(|e| panic!("nemesis ({seed}): {e}"));
+    let delivered: std::collections::HashSet<String> = tally.counts.keys().cloned().collect();
+    let ended = surviving.iter().map(|c| (c.ended_by, &c.ids));
+    let acknowledged_rows = acknowledged_rows_delivered(confirmed, ended, &delivered)
+        .unwrap_or_else(|violation| {
+            panic!("nemesis ({seed}): {violation} but is not in the stream")
+        });
+    let readings_checked = acks_before_markers(&surviving, &arrivals, &run.readings.markers)
+        .unwrap_or_else(|violation| {
+            panic!(
+                "nemesis ({seed}): {violation} but was stored after the marker published once \
+                 the slot was read so, while the faults ran"
+            )
+        });
+    let rewound: usize = run
+        .ran
+        .iter()
+        .filter_map(|r| r.rewind)
+        .map(|w| w.rows(&commits))
+        .sum();
+    let crashes = kinds.iter().filter(|k| k.can_lose_commits()).count();
+    let mut by_kind: BTreeMap<FaultKind, usize> = BTreeMap::new();
+    for kind in &kinds {
+        *by_kind.entry(*kind).or_default() += 1;
+    }
+    report(
+        "n2 nemesis campaign into a stream",
+        &[
+            ("seed", seed.to_string()),
+            ("PostgreSQL", run.major.to_string()),
+            ("minutes", format!("{}", run.minutes)),
+            ("faults", run.ran.len().to_string()),
+            (
+                "faults that found no running target",
+                run.missed.to_string(),
+            ),
+            ("rows", run.rows.len().to_string()),
+            ("lost", "0".into()),
+            ("rows in the stream twice", "0".into()),
+            (
+                "rows read again and not sent (the stream held them)",
+                skipped.to_string(),
+            ),
+            ("rows PostgreSQL stops took back", rewound.to_string()),
+            (
+                "commits the writers saw succeed that the final primary lacks",
+                format!("{} (primary crashes: {crashes})", vanished.len()),
+            ),
+            ("last heal to a relay ready", secs(run.ready_after)),
+            ("acknowledged rows checked", acknowledged_rows.to_string()),
+            (
+                "ACK readings while the faults ran, checked",
+                format!("{readings_checked} of {}", run.readings.markers.len()),
+            ),
+            ("setup", secs(run.setup_took)),
+            (
+                "paused nodes restarted after a heal",
+                run.repairs.to_string(),
+            ),
+        ],
+    );
+    for (kind, count) in by_kind {
+        println!(
+            "FIGURES n2 nemesis into a stream {}: count {count}",
+            kind.name()
         );
     }
 }

@@ -203,8 +203,16 @@ impl Writers {
 
     /// [`Self::stop`], by transaction, with the positions if noted.
     pub async fn stop_with_commits(self) -> Vec<Commit> {
+        let by_writer = self.stop_with_commits_by_writer().await;
+        by_writer.into_iter().flatten().collect()
+    }
+
+    /// [`Self::stop_with_commits`], each writer's commits apart, in the order it made them:
+    /// a writer begins its next transaction only once its COMMIT returned, so that is their
+    /// commit order.
+    pub async fn stop_with_commits_by_writer(self) -> Vec<Vec<Commit>> {
         self.stop.store(true, Ordering::Relaxed);
-        let mut commits = Vec::new();
+        let mut by_writer = Vec::new();
         for task in self.tasks {
             let done = tokio::time::timeout(WRITER_STOP_TIMEOUT, task).await;
             let done = done.unwrap_or_else(|_| {
@@ -213,9 +221,9 @@ impl Writers {
                      its connection needs a timeout for a server that vanished"
                 )
             });
-            commits.extend(done.expect("writer task"));
+            by_writer.push(done.expect("writer task"));
         }
-        commits
+        by_writer
     }
 }
 
@@ -409,12 +417,17 @@ pub struct Tally {
 
 impl Tally {
     pub fn of(received: &[Received]) -> Tally {
-        let mut counts = HashMap::new();
-        for r in received {
-            let id = r
-                .message_id
+        Tally::of_ids(received.iter().map(|r| {
+            r.message_id
                 .as_deref()
-                .expect("every message has a message_id");
+                .expect("every message has a message_id")
+        }))
+    }
+
+    /// The tally of message ids in arrival order (a stream's, read from offset 0).
+    pub fn of_ids<'a>(ids: impl IntoIterator<Item = &'a str>) -> Tally {
+        let mut counts = HashMap::new();
+        for id in ids {
             if !id.starts_with(MARKER_PREFIX) {
                 *counts.entry(id.to_string()).or_insert(0) += 1;
             }

@@ -3,7 +3,8 @@
 //! ([`super::netns`]).
 //!
 //! ```text
-//!   rabbit0  rabbit1  rabbit2     a 3-node cluster (pause_minority, net_ticktime 10 s)
+//!   rabbit0  rabbit1  rabbit2     a 3-node cluster (pause_minority, net_ticktime 10 s,
+//!                                 the stream protocol on one port)
 //!   postgres                      PostgreSQL (wal_level=logical, wal_sender_timeout 5 s)
 //!   relay0 … relay13              one relay (or consumer replica) each (the tests start them)
 //!   pg1  pg2                      a test's own PostgreSQL failover pair (primary, standby),

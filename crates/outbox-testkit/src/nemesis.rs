@@ -621,6 +621,9 @@ pub struct Topology {
     pub rabbit_nodes: usize,
     pub relays: usize,
     pub consumers: usize,
+    /// Whether the relays route rows through exchanges (a queue destination): only then can
+    /// a row name an exchange nobody declared ([`FaultKind::UndeclaredExchange`]).
+    pub exchanges: bool,
 }
 
 impl Default for Topology {
@@ -629,6 +632,19 @@ impl Default for Topology {
             rabbit_nodes: 3,
             relays: 2,
             consumers: 2,
+            exchanges: true,
+        }
+    }
+}
+
+impl Topology {
+    /// The relays deliver into a stream, which the test reads at the end: no exchange to
+    /// route by, no consumers.
+    pub fn stream() -> Topology {
+        Topology {
+            consumers: 0,
+            exchanges: false,
+            ..Topology::default()
         }
     }
 }
@@ -810,7 +826,7 @@ fn draw_fault(rng: &mut Rng, kind: FaultKind, topology: &Topology) -> Option<Fau
         FaultKind::PgPrimaryCrash => Fault::PgPrimaryCrash,
         FaultKind::PgSwitchover => Fault::PgSwitchover,
         FaultKind::PgRestart => Fault::PgRestart,
-        FaultKind::UndeclaredExchange => Fault::UndeclaredExchange,
+        FaultKind::UndeclaredExchange => topology.exchanges.then_some(Fault::UndeclaredExchange)?,
         FaultKind::TableRename => Fault::TableRename,
         FaultKind::RabbitKill9 => Fault::RabbitKill9 {
             node: rng.index(topology.rabbit_nodes)?,
@@ -1209,6 +1225,9 @@ mod tests {
             {
                 return Err(format!("{step}: no host {host} in {topology:?}"));
             }
+            if matches!(step.fault, Fault::UndeclaredExchange) && !topology.exchanges {
+                return Err(format!("{step}: no exchange to route by in {topology:?}"));
+            }
         }
         for step in steps {
             let t = step.at;
@@ -1343,12 +1362,20 @@ mod tests {
 
     #[test]
     fn the_rules_hold_on_other_topologies_and_plans() {
-        let topologies = [(1, 1, 1), (2, 2, 1), (3, 3, 3), (5, 2, 4), (0, 0, 0)];
+        let topologies = [
+            (1, 1, 1),
+            (2, 2, 1),
+            (3, 3, 3),
+            (5, 2, 4),
+            (0, 0, 0),
+            (3, 2, 0),
+        ];
         for (n, &(rabbit_nodes, relays, consumers)) in topologies.iter().enumerate() {
             let topology = Topology {
                 rabbit_nodes,
                 relays,
                 consumers,
+                exchanges: n % 2 == 0,
             };
             for seed in 0..40 {
                 let plan = Plan {
@@ -1457,6 +1484,30 @@ mod tests {
             };
             assert!(check(&schedule).is_err(), "passed:\n{schedule}");
         }
+    }
+
+    #[test]
+    fn a_stream_topology_draws_no_consumer_fault_and_no_undeclared_exchange() {
+        for seed in 1..=20 {
+            let plan = Plan::new(Seed(seed), HOUR);
+            let schedule = Schedule::generate(plan, Topology::stream());
+            check(&schedule).unwrap_or_else(|broken| panic!("{}: {broken}", plan.seed));
+            let counts = schedule.counts();
+            for kind in [FaultKind::ConsumerKill9, FaultKind::UndeclaredExchange] {
+                assert_eq!(counts[&kind], 0, "{}:\n{schedule}", plan.seed);
+            }
+            assert!(counts[&FaultKind::TableRename] > 0, "{schedule}");
+        }
+        let held = Schedule {
+            plan: Plan::new(Seed(0), Duration::from_secs(600)),
+            topology: Topology::stream(),
+            steps: vec![Step {
+                at: Duration::from_secs(10),
+                fault: Fault::UndeclaredExchange,
+                lasts: Duration::from_secs(5),
+            }],
+        };
+        assert!(check(&held).is_err(), "passed:\n{held}");
     }
 
     #[test]

@@ -19,8 +19,8 @@
 //!
 //! [`RabbitCluster::start_on`] makes a cluster of its own on three test hosts
 //! ([`super::netns`]), each node named after its host (`…@rabbit0`) and listening on the
-//! host's address, for the partition tests ([`super::lab`]); `rabbitmqctl` then runs on the
-//! node's own host.
+//! host's address (AMQP, and the stream protocol for the nemesis's stream campaign), for the
+//! partition tests ([`super::lab`]); `rabbitmqctl` then runs on the node's own host.
 //!
 //! Tests share the cluster: the ones that kill nodes hold [`RabbitCluster::lock`], and every
 //! test calls [`RabbitCluster::ensure_healthy`] at its start and end, so it leaves the cluster
@@ -68,7 +68,7 @@ impl RabbitCluster {
     /// stopped when the process exits.
     pub fn shared() -> &'static RabbitCluster {
         let cluster = CLUSTER.get_or_init(|| {
-            let cluster = Self::start(None, &[])?;
+            let cluster = Self::start_with(None, &[], Plugins::None)?;
             static AT_EXIT: std::sync::Once = std::sync::Once::new();
             // SAFETY: registering a plain `extern "C" fn` with no arguments.
             AT_EXIT.call_once(|| unsafe {
@@ -84,15 +84,16 @@ impl RabbitCluster {
 
     /// A cluster of its own whose node `i` runs on test host `hosts[i]` ([`super::netns`];
     /// three hosts), with `extra_conf` lines in every node's `rabbitmq.conf` (e.g.
-    /// `"net_ticktime = 10"`). Panics if it does not form; stopped by `Drop` or
-    /// [`RabbitCluster::shutdown`].
+    /// `"net_ticktime = 10"`). Every node also speaks the stream protocol, on its host's
+    /// address and one port for all ([`RabbitCluster::stream_port`]). Panics if it does not
+    /// form; stopped by `Drop` or [`RabbitCluster::shutdown`].
     pub fn start_on(hosts: &[Host], extra_conf: &[&str]) -> RabbitCluster {
         assert_eq!(
             hosts.len(),
             NODES,
             "a cluster of {NODES} needs {NODES} hosts"
         );
-        Self::start(Some(hosts), extra_conf)
+        Self::start_with(Some(hosts), extra_conf, Plugins::Streams)
             .unwrap_or_else(|e| panic!("the rabbitmq cluster failed to start: {e}"))
     }
 
@@ -109,10 +110,6 @@ impl RabbitCluster {
     /// one node at a time) if that fails. Seen under load in 3.10, about one boot in ten: a
     /// joining node's `start_app` fails in mnesia (`{badmatch, {error, {normal, {mnesia_app,
     /// start, …}}}}`), again after a `reset` and a second join.
-    fn start(hosts: Option<&[Host]>, extra_conf: &[&str]) -> Result<RabbitCluster, String> {
-        Self::start_with(hosts, extra_conf, Plugins::None)
-    }
-
     fn start_with(
         hosts: Option<&[Host]>,
         extra_conf: &[&str],
@@ -360,7 +357,8 @@ impl RabbitCluster {
     }
 
     /// Node `i`'s stream protocol port, in a cluster started with
-    /// [`RabbitCluster::start_with_streams`] (the same on every node); panics in any other.
+    /// [`RabbitCluster::start_with_streams`] or [`RabbitCluster::start_on`] (the same on every
+    /// node); panics in any other.
     pub fn stream_port(&self, i: usize) -> u16 {
         self.nodes[i].stream_port.unwrap_or_else(|| {
             panic!("RabbitCluster::stream_port: the cluster was not started with streams")
