@@ -1,8 +1,10 @@
 //! The packaging files against the binary they package: every `outbox-relay` command, flag
-//! and environment variable that docker-compose.yml and the Dockerfile use must be one the
-//! binary's own `--help` lists, so neither file can drift from the code; the compose file is
-//! valid (`docker-compose config`, no Docker engine needed) and keeps the properties a
-//! first `docker compose up` depends on; its healthcheck works against a running relay.
+//! and environment variable that docker-compose.yml, the Dockerfile and the files of deploy/
+//! (Kubernetes manifests, the systemd unit) use must be one the binary's own `--help` lists,
+//! so none of them can drift from the code; the compose file is valid (`docker-compose
+//! config`, no Docker engine needed) and keeps the properties a first `docker compose up`
+//! depends on; its healthcheck works against a running relay; scripts/check-deploy.sh
+//! passes (the deploy files checked by promtool, kubernetes-validate and systemd-analyze).
 //!
 //! No servers: the relay in the healthcheck test points at closed ports and only serves its
 //! endpoints while it retries.
@@ -481,4 +483,166 @@ fn relay_variables(text: &str) -> BTreeSet<String> {
         })
         .map(String::from)
         .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// deploy/
+
+/// The Kubernetes manifests (deploy/kubernetes/, examples/ too): each file's name and text.
+fn kubernetes_files() -> Vec<(String, String)> {
+    fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("read deploy/kubernetes") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                yaml_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                out.push(path);
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    yaml_files(&repo_file("deploy/kubernetes"), &mut paths);
+    paths.sort();
+    paths
+        .iter()
+        .map(|path| {
+            let name = path
+                .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+                .expect("in the repository")
+                .display()
+                .to_string();
+            let text = read(&name);
+            (name, text)
+        })
+        .collect()
+}
+
+/// Every YAML document of a file.
+fn yaml_documents(name: &str, text: &str) -> Vec<Value> {
+    serde_yaml_ng::Deserializer::from_str(text)
+        .map(|document| {
+            <Value as serde::Deserialize>::deserialize(document)
+                .unwrap_or_else(|e| panic!("{name}: not YAML: {e}"))
+        })
+        .filter(|value| !value.is_null())
+        .collect()
+}
+
+#[test]
+fn deploy_files_use_only_commands_flags_and_variables_the_relay_has() {
+    let cli = Cli::load();
+    let files = kubernetes_files();
+    let documents: Vec<(&String, Value)> = files
+        .iter()
+        .flat_map(|(name, text)| {
+            yaml_documents(name, text)
+                .into_iter()
+                .map(move |doc| (name, doc))
+        })
+        .collect();
+    // Anywhere in the manifests (comments too): no variable the relay lost.
+    for (name, text) in &files {
+        for variable in relay_variables(text) {
+            assert!(
+                cli.any_reads(&variable),
+                "{name} names {variable}, which no outbox-relay command reads"
+            );
+        }
+    }
+    let config_maps: Vec<&Value> = documents
+        .iter()
+        .map(|(_, doc)| doc)
+        .filter(|doc| doc["kind"].as_str() == Some("ConfigMap"))
+        .collect();
+    let mut commands = BTreeSet::new();
+    for (file, doc) in &documents {
+        let containers = doc["spec"]["template"]["spec"]["containers"].as_sequence();
+        for container in containers.into_iter().flatten() {
+            let what = format!(
+                "{file} container {}",
+                container["name"].as_str().unwrap_or("?")
+            );
+            assert!(
+                container["command"].is_null(),
+                "{what}: the image's entrypoint runs the relay; give `args` only"
+            );
+            let mut args = strings(&container["args"]);
+            if args.is_empty() {
+                args = dockerfile_cmd();
+            }
+            cli.check_invocation(&args, &what);
+            for variable in container["env"].as_sequence().into_iter().flatten() {
+                let name = variable["name"].as_str().expect("env name");
+                cli.check_env(&args[0], name, &what);
+            }
+            // A ConfigMap's keys become variables of every container that takes it whole.
+            for source in container["envFrom"].as_sequence().into_iter().flatten() {
+                let name = source["configMapRef"]["name"]
+                    .as_str()
+                    .expect("configMapRef");
+                let map = config_maps
+                    .iter()
+                    .find(|map| map["metadata"]["name"].as_str() == Some(name))
+                    .unwrap_or_else(|| panic!("{what}: no ConfigMap {name} in deploy/kubernetes"));
+                for key in map["data"].as_mapping().into_iter().flat_map(|m| m.keys()) {
+                    let key = key.as_str().expect("ConfigMap key");
+                    cli.check_env(&args[0], key, &format!("{what} (ConfigMap {name})"));
+                }
+            }
+            commands.insert(args[0].clone());
+        }
+    }
+    assert!(
+        commands.contains("run") && commands.contains("setup"),
+        "deploy/kubernetes runs `run` and `setup`: {commands:?}"
+    );
+
+    // The systemd unit: ExecStart's arguments, Environment= names, and any variable it names.
+    let unit = read("deploy/systemd/outbox-relay.service");
+    let what = "deploy/systemd/outbox-relay.service";
+    let exec: Vec<String> = unit
+        .lines()
+        .find_map(|line| line.strip_prefix("ExecStart="))
+        .expect("ExecStart=")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    assert!(
+        exec[0].ends_with("/outbox-relay"),
+        "{what}: ExecStart runs {}",
+        exec[0]
+    );
+    cli.check_invocation(&exec[1..], what);
+    for assignment in unit
+        .lines()
+        .filter_map(|line| line.strip_prefix("Environment="))
+        .flat_map(str::split_whitespace)
+    {
+        let name = assignment.trim_matches('"').split('=').next().unwrap_or("");
+        cli.check_env(&exec[1], name, what);
+    }
+    for name in relay_variables(&unit) {
+        assert!(
+            cli.any_reads(&name),
+            "{what} names {name}, which no outbox-relay command reads"
+        );
+    }
+}
+
+/// scripts/check-deploy.sh: promtool, kubernetes-validate and systemd-analyze on deploy/,
+/// and the metric names of the alerts and the dashboard. It installs what it misses (as
+/// root on Debian 12) into /var/cache/outbox-relay.
+#[test]
+fn deploy_files_pass_check_deploy_sh() {
+    let out = Command::new("bash")
+        .arg(repo_file("scripts/check-deploy.sh"))
+        .env("OUTBOX_RELAY_BIN", common::relay::binary())
+        .output()
+        .expect("run scripts/check-deploy.sh");
+    assert!(
+        out.status.success(),
+        "scripts/check-deploy.sh failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
