@@ -426,7 +426,8 @@ fn config_fix(problem: &ConfigProblem) -> Option<String> {
         | ShardCount { .. }
         | TeardownUnconfirmed { .. }
         | PollIntervalsCrossed { .. }
-        | StreamWith { .. } => return None,
+        | StreamWith { .. }
+        | StreamTrust { .. } => return None,
     })
 }
 

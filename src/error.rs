@@ -715,6 +715,11 @@ pub enum ConfigProblem {
         setting: &'static str,
         why: &'static str,
     },
+
+    /// An amqps:// URL for the stream destination, whose TLS cannot verify the broker:
+    /// `reason` says why and what to do.
+    #[error("The stream destination cannot verify the broker over TLS (amqps://): {reason}")]
+    StreamTrust { reason: String },
 }
 
 /// What kind of row, emitted event or table the mapper cannot make a message of

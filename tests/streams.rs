@@ -1198,6 +1198,128 @@ async fn a_missing_stream_and_what_a_stream_cannot_work_with_are_refused_naming_
     );
 }
 
+/// `amqps://` URLs take the stream destination over TLS, as they take AMQP: to the stream
+/// plugin's TLS listener, verifying the broker's certificate against the CAs the system
+/// trusts, here `SSL_CERT_FILE`'s. Another CA fails every session naming the certificate
+/// (nothing stored); the right one stores every row once, in commit order;
+/// a CA file the stream client could not use stops the relay at start, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqps_urls_take_the_stream_over_tls_trusting_the_cas_of_ssl_cert_file() {
+    use common::tls::TestCerts;
+    const ROWS: usize = 2_000;
+    let certs = TestCerts::generate("rabbitmq");
+    let (amqps_port, tls_port) = (common::free_port(), common::free_port());
+    let path = |p: &std::path::Path| p.to_str().expect("utf-8").to_string();
+    let conf = [
+        format!("listeners.ssl.default = 127.0.0.1:{amqps_port}"),
+        format!("stream.listeners.ssl.1 = 127.0.0.1:{tls_port}"),
+        // What a TLS client is told the stream's leader listens on.
+        format!("stream.advertised_tls_port = {tls_port}"),
+        format!("ssl_options.cacertfile = {}", path(&certs.ca)),
+        format!("ssl_options.certfile = {}", path(&certs.server_cert)),
+        format!("ssl_options.keyfile = {}", path(&certs.server_key)),
+        "ssl_options.verify = verify_none".to_string(),
+        "ssl_options.fail_if_no_peer_cert = false".to_string(),
+    ];
+    let broker = tokio::task::block_in_place(|| {
+        let conf: Vec<&str> = conf.iter().map(String::as_str).collect();
+        RabbitServer::start_with_streams_and_config(&conf)
+    });
+    let pg = &common::services().pg;
+    let outbox = common::outbox::Outbox::on(&pg.url("postgres"), &broker.url(), "stream_tls").await;
+    // The test's own client, over the plain listener.
+    let environment = environment(&broker).await;
+    let stream = "tls";
+    environment
+        .stream_creator()
+        .create(stream)
+        .await
+        .expect("create the stream");
+    let oracle = "stream_tls_oracle";
+    common::create_test_decoding_slot(&outbox.client, oracle).await;
+    common::outbox::write_concurrently(&outbox.db_url, 2, ROWS, 20).await;
+    let end = common::current_wal_lsn(&outbox.client).await;
+    let amqps = format!("amqps://guest:guest@localhost:{amqps_port}/%2f");
+    let port = tls_port.to_string();
+    let flags = ["--stream", stream, "--stream-port", &port];
+    let spawn = |ca: &str| {
+        let urls = (outbox.db_url.as_str(), amqps.as_str());
+        outbox.spawn("run", urls, &flags, &[("SSL_CERT_FILE", ca)])
+    };
+
+    let relay = spawn(&path(&certs.wrong_ca));
+    assert!(
+        relay.wait_for_log("session failed", MINUTE).await,
+        "log:\n{}",
+        relay.log()
+    );
+    assert!(
+        relay.log().contains("certificate"),
+        "the error names the certificate; log:\n{}",
+        relay.log()
+    );
+    relay.kill9();
+    assert_eq!(
+        read_all(&environment, stream).await.len(),
+        0,
+        "nothing stored"
+    );
+
+    let relay = spawn(&path(&certs.ca));
+    if let Err(reached) =
+        common::outbox::wait_slot_confirmed_flush(&outbox.client, &outbox.slot, end, MINUTE * 2)
+            .await
+    {
+        panic!(
+            "every row acknowledged over TLS: the slot is at {}; log:\n{}",
+            common::format_lsn(reached),
+            relay.log()
+        );
+    }
+    relay.stop().await;
+    let committed = committed_ids(&outbox.client, oracle).await;
+    let held = stream_ids(&environment, stream).await;
+    assert_eq!(committed.len(), ROWS);
+    assert!(
+        held == committed,
+        "the stream holds every row once in commit order: {} held, {} committed, first \
+         difference at {:?}",
+        held.len(),
+        committed.len(),
+        held.iter().zip(&committed).position(|(a, b)| a != b)
+    );
+
+    // A CA file without a certificate: refused at start, before any session.
+    let empty = certs.dir().join("empty.pem");
+    std::fs::write(&empty, "").expect("write an empty CA file");
+    let out = std::process::Command::new(common::relay::binary())
+        .args([
+            "run",
+            "--stream",
+            stream,
+            "--stream-port",
+            &port,
+            "--metrics-addr",
+            "off",
+        ])
+        .args(outbox.flags_via("run", &outbox.db_url, &amqps))
+        .env("SSL_CERT_FILE", &empty)
+        .env_remove("DATABASE_URL")
+        .env_remove("AMQP_URL")
+        .output()
+        .expect("run outbox-relay");
+    let text = common::output_text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(i32::from(outbox_relay::exit::CONFIG)),
+        "{text}"
+    );
+    assert!(
+        text.contains("holds no PEM certificate") && text.contains("SSL_CERT_FILE"),
+        "{text}"
+    );
+}
+
 /// A row in the stream carries the message contract: over the stream protocol in the AMQP
 /// 1.0 sections, and read over AMQP 0-9-1 from the same stream with the properties and
 /// headers a queue's consumer sees (docs/consumers.md, "Reading a stream").

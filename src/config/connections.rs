@@ -77,9 +77,10 @@ pub struct StreamArgs {
 
     /// The stream protocol's port (the rabbitmq_stream plugin's listener) on every node
     /// --amqp-url names, for --stream and --super-stream: a session goes through the first
-    /// node that answers, in the relay's node order.
-    #[arg(long, env = "OUTBOX_STREAM_PORT", default_value_t = 5552)]
-    pub stream_port: u16,
+    /// node that answers, in the relay's node order. Default: 5552, or the plugin's TLS
+    /// port 5551 for an amqps:// URL (TLS as for AMQP: the system's CAs, or SSL_CERT_FILE's).
+    #[arg(long, env = "OUTBOX_STREAM_PORT", value_name = "PORT")]
+    pub stream_port: Option<u16>,
 }
 
 /// `--amqp-node-order`.

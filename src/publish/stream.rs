@@ -18,12 +18,15 @@
 //! checked, and the dead-letter policy does not apply (refused at start).
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use pgwire_replication::Lsn;
 use rabbitmq_stream_client::types::{Message as StreamMessage, ResponseCode, SimpleValue};
-use rabbitmq_stream_client::{Dedup, Environment, OnClosed, Producer};
+use rabbitmq_stream_client::{Dedup, Environment, OnClosed, Producer, TlsConfiguration};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::sync::{oneshot, watch, Mutex};
 
 use super::nodes::BrokerNodes;
@@ -125,6 +128,10 @@ impl StreamTarget {
     }
 }
 
+/// The stream plugin's listeners by default: plain, and TLS (for amqps:// URLs).
+const STREAM_PORT: u16 = 5552;
+const STREAM_TLS_PORT: u16 = 5551;
+
 /// One node's stream listener, and who the relay is there.
 #[derive(Clone)]
 pub struct StreamNode {
@@ -133,6 +140,8 @@ pub struct StreamNode {
     pub user: String,
     pub password: String,
     pub vhost: String,
+    /// Over TLS (an amqps:// URL): the PEM file of the CAs that verify the broker.
+    pub trust: Option<PathBuf>,
 }
 
 /// Where the stream is: the nodes to reach it through, in the relay's node order, and what
@@ -148,28 +157,63 @@ pub struct StreamAddress {
 }
 
 impl StreamAddress {
-    /// `target` through each of `nodes` (in their order), at the stream protocol's `port`,
-    /// with each AMQP URL's user, password and virtual host. The client finds the stream's
-    /// leader from whichever node answers.
-    pub fn of(nodes: &BrokerNodes, port: u16, target: StreamTarget) -> Result<Self, RelayError> {
+    /// `target` through each of `nodes` (in their order), at the stream protocol's `port`
+    /// (by default the plugin's: TLS for an amqps:// URL), with each AMQP URL's user,
+    /// password and virtual host. The client finds the stream's leader from whichever node
+    /// answers.
+    pub fn of(
+        nodes: &BrokerNodes,
+        port: Option<u16>,
+        target: StreamTarget,
+    ) -> Result<Self, RelayError> {
+        Self::trusting(nodes, port, target, trusted_roots)
+    }
+
+    /// [`StreamAddress::of`], with the CA file that TLS nodes trust from `roots` (asked once,
+    /// at the first of them).
+    fn trusting(
+        nodes: &BrokerNodes,
+        port: Option<u16>,
+        target: StreamTarget,
+        roots: impl FnOnce() -> Result<PathBuf, ConfigProblem>,
+    ) -> Result<Self, RelayError> {
+        let mut roots = Some(roots);
+        let mut trusted = None;
         let mut stream_nodes = Vec::new();
         for node in nodes.nodes() {
             let login = node.login().map_err(|_| {
                 RelayError::Broker(format!("the AMQP URL of {} does not parse", node.address()))
             })?;
-            if login.tls {
-                return Err(ConfigProblem::StreamWith {
-                    setting: "an amqps:// URL",
-                    why: "the stream destination does not speak TLS yet",
+            let trust = if login.tls {
+                if let Some(roots) = roots.take() {
+                    trusted = Some(roots()?);
                 }
-                .into());
-            }
+                // The client would panic on a host TLS cannot name.
+                if ServerName::try_from(login.host.as_str()).is_err() {
+                    return Err(ConfigProblem::StreamTrust {
+                        reason: format!(
+                            "{} is neither a host name nor an IP address a certificate can \
+                             name",
+                            login.host
+                        ),
+                    }
+                    .into());
+                }
+                trusted.clone()
+            } else {
+                None
+            };
+            let default_port = match login.tls {
+                true => STREAM_TLS_PORT,
+                false => STREAM_PORT,
+            };
             stream_nodes.push(StreamNode {
                 host: login.host,
-                port,
+                port: port.unwrap_or(default_port),
                 user: login.user,
                 password: login.password,
                 vhost: login.vhost,
+                trust,
             });
         }
         if stream_nodes.is_empty() {
@@ -570,6 +614,19 @@ async fn connect_node(
     let heartbeat = outbox_common::liveness::policy()
         .peer_timeout
         .stream_heartbeat();
+    let tls = match &node.trust {
+        None => TlsConfiguration::Disabled,
+        Some(roots) => {
+            // The client builds its TLS configuration on rustls' process-wide provider, and
+            // with two compiled in (ring, and aws-lc-rs through other crates) rustls picks
+            // none by itself. An error means one is installed already.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            TlsConfiguration::builder()
+                .add_root_certificates(roots)
+                .build()
+                .map_err(str::to_string)?
+        }
+    };
     let environment = Environment::builder()
         .host(&node.host)
         .port(node.port)
@@ -577,6 +634,7 @@ async fn connect_node(
         .password(&node.password)
         .virtual_host(&node.vhost)
         .heartbeat(heartbeat)
+        .tls(tls.clone())
         .client_provided_name("outbox-relay")
         .build();
     let environment = bounded(environment).await?.map_err(|e| refusal(&e))?;
@@ -587,11 +645,58 @@ async fn connect_node(
         .password(&node.password)
         .v_host(&node.vhost)
         .heartbeat(heartbeat)
+        .tls(tls)
         .build();
     let queries = bounded(rabbitmq_stream_client::Client::connect(options))
         .await?
         .map_err(|e| refusal(&e))?;
     Ok((environment, queries))
+}
+
+/// The CA file a TLS stream connection trusts: `SSL_CERT_FILE`, else the system's bundle
+/// where OpenSSL looks for it (the AMQP connection's verifier reads the same), checked by
+/// [`usable_roots`].
+fn trusted_roots() -> Result<PathBuf, ConfigProblem> {
+    let Some(path) = openssl_probe::probe().cert_file else {
+        return Err(ConfigProblem::StreamTrust {
+            reason: "no CA file: SSL_CERT_FILE is not set and no system bundle was found \
+                     (/etc/ssl/certs/ca-certificates.crt on Debian: install ca-certificates); \
+                     set SSL_CERT_FILE to a PEM file of the CAs that signed the broker's \
+                     certificate"
+                .into(),
+        });
+    };
+    usable_roots(&path)?;
+    Ok(path)
+}
+
+/// How many certificates the PEM file at `path` holds, each one rustls takes as a trust
+/// anchor: the stream client reads the file at every connection and panics on a certificate
+/// it cannot add, so a file that would make it do so is refused here, with the reason.
+fn usable_roots(path: &Path) -> Result<usize, ConfigProblem> {
+    let problem = |what: String| ConfigProblem::StreamTrust {
+        reason: format!(
+            "{what} (the CA file, from SSL_CERT_FILE or the system's: {}); point SSL_CERT_FILE \
+             at a PEM file of the CAs that signed the broker's certificate",
+            path.display()
+        ),
+    };
+    let pem = std::fs::read(path).map_err(|e| problem(format!("cannot read it: {e}")))?;
+    let mut store = rustls::RootCertStore::empty();
+    for (n, cert) in CertificateDer::pem_slice_iter(&pem).enumerate() {
+        let cert =
+            cert.map_err(|e| problem(format!("certificate {} does not parse: {e}", n + 1)))?;
+        store.add(cert).map_err(|e| {
+            problem(format!(
+                "certificate {} is no CA rustls can trust ({e})",
+                n + 1
+            ))
+        })?;
+    }
+    match store.len() {
+        0 => Err(problem("it holds no PEM certificate".into())),
+        n => Ok(n),
+    }
 }
 
 /// Why a connection to a stream port failed, in words: a close during the handshake is what
@@ -927,5 +1032,80 @@ mod tests {
     fn a_new_timeline_is_a_new_name() {
         assert_ne!(producer_name("s", 1, 0), producer_name("s", 2, 0));
         assert_ne!(producer_name("a", 1, 0), producer_name("b", 1, 0));
+    }
+
+    fn address(urls: &str, port: Option<u16>) -> Result<StreamAddress, RelayError> {
+        let nodes = BrokerNodes::parse_listed(urls).expect("valid URLs");
+        let target = StreamTarget::Stream("s".into());
+        StreamAddress::trusting(&nodes, port, target, || Ok(PathBuf::from("/ca.pem")))
+    }
+
+    #[test]
+    fn amqps_urls_reach_the_tls_listener_and_trust_the_ca_file() {
+        let plain_and_tls = "amqp://u:p@a:5672/%2f,amqps://u:p@b:5671/%2f";
+        let nodes = address(plain_and_tls, None).expect("an address").nodes;
+        let seen: Vec<(&str, u16, Option<&Path>)> = nodes
+            .iter()
+            .map(|n| (n.host.as_str(), n.port, n.trust.as_deref()))
+            .collect();
+        let ca = Some(Path::new("/ca.pem"));
+        assert_eq!(seen, [("a", 5552, None), ("b", 5551, ca)]);
+        // A port given is every node's.
+        let nodes = address(plain_and_tls, Some(6000))
+            .expect("an address")
+            .nodes;
+        assert!(nodes.iter().all(|n| n.port == 6000));
+    }
+
+    #[test]
+    fn a_tls_node_without_a_usable_ca_file_is_refused_naming_ssl_cert_file() {
+        let nodes = BrokerNodes::parse_listed("amqps://u:p@b:5671/%2f").expect("a valid URL");
+        let target = StreamTarget::Stream("s".into());
+        let no_file = || {
+            Err(ConfigProblem::StreamTrust {
+                reason: "no CA file".into(),
+            })
+        };
+        let refused = StreamAddress::trusting(&nodes, None, target, no_file).err();
+        assert!(
+            matches!(
+                &refused,
+                Some(RelayError::Configuration(ConfigProblem::StreamTrust { .. }))
+            ),
+            "{refused:?}"
+        );
+        // Plain nodes never ask for one.
+        let plain = BrokerNodes::parse_listed("amqp://u:p@a:5672/%2f").expect("a valid URL");
+        let target = StreamTarget::Stream("s".into());
+        let asked = StreamAddress::trusting(&plain, None, target, || panic!("asked for CAs"));
+        assert!(asked.is_ok());
+
+        let dir = std::env::temp_dir().join(format!("outbox-usable-roots-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        let file = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).expect("write the file");
+            path
+        };
+        let cases = [
+            (file("empty.pem", ""), "holds no PEM certificate"),
+            (
+                file(
+                    "garbage.pem",
+                    "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+                ),
+                "certificate 1 is no CA rustls can trust",
+            ),
+            (dir.join("missing.pem"), "cannot read it"),
+        ];
+        for (path, wanted) in cases {
+            let message = usable_roots(&path).expect_err("refused").to_string();
+            assert!(
+                message.contains(wanted) && message.contains("SSL_CERT_FILE"),
+                "{}: {message}",
+                path.display()
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -67,7 +67,13 @@ impl RabbitServer {
     /// its own ([`RabbitServer::stream_port`]) beside AMQP; its boot takes a second or two
     /// longer, which is why no other node enables it.
     pub fn start_with_streams() -> RabbitServer {
-        Self::boot(&[], Plugins::Streams)
+        Self::start_with_streams_and_config(&[])
+    }
+
+    /// [`RabbitServer::start_with_streams`] with extra `rabbitmq.conf` lines (e.g. a TLS
+    /// listener for the stream protocol, `stream.listeners.ssl.1 = 127.0.0.1:PORT`).
+    pub fn start_with_streams_and_config(extra_conf: &[&str]) -> RabbitServer {
+        Self::boot(extra_conf, Plugins::Streams)
     }
 
     fn boot(extra_conf: &[&str], plugins: Plugins) -> RabbitServer {
