@@ -23,6 +23,7 @@ mod failover_recovery;
 mod faults;
 mod harness_smoke;
 mod layout;
+mod migration_tables;
 mod negative_controls;
 mod operations;
 mod packaging;
