@@ -46,6 +46,8 @@
 # latency.svg, cpu.svg, window.svg: those the run has figures for) go to
 # target/bench/<timestamp>/. To draw the charts of an earlier run again, without running it:
 #   target/release/outbox-bench charts target/bench/<timestamp>.json [--out DIR]
+# A run worth keeping is copied by hand to crates/outbox-bench/lab/results/ and read in a
+# record in crates/outbox-bench/lab/records/ (crates/outbox-bench/lab/README.md).
 #
 # Any other argument is passed to `outbox-bench bench` (e.g. --rows 50000, --sweep 1024,4096,
 # --max-in-flight 4096; `target/release/outbox-bench bench --help` lists them).

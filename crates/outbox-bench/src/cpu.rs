@@ -122,7 +122,8 @@ pub struct Settle {
 /// core in each half second of the last two, so that no run starts while the broker still
 /// works for the one before (a run ends by deleting its queue, up to 200,000 messages).
 /// Processes that cannot be read are not waited for. The cluster's slow runs of 2026-12-05
-/// were not this but a Raft WAL rollover inside the run (docs/records/2026-12-05-pairs.md).
+/// were not this but a Raft WAL rollover inside the run
+/// (crates/outbox-bench/lab/records/2026-12-05-pairs.md).
 pub async fn wait_quiet(pids: &[u32], limit: Duration) -> Settle {
     const SAMPLE: Duration = Duration::from_millis(500);
     const QUIET_SAMPLES: u32 = 4;

@@ -43,7 +43,7 @@ enum Command {
 #[derive(Debug, clap::Args)]
 struct ChartsArgs {
     /// A results file: the PREFIX.json of `bench --out PREFIX` (e.g. target/bench/<stamp>.json
-    /// or docs/bench-results/<stamp>.json).
+    /// or crates/outbox-bench/lab/results/<stamp>.json).
     file: PathBuf,
 
     /// The directory the charts go to (default: beside the file, in a directory named like it

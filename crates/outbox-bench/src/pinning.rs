@@ -4,11 +4,12 @@
 //! On the benchmark's 2 cores every process shares the CPU, and a drain's rate follows the
 //! CPU all of them spend per message: in the run of 2026-12-05 every consumer-attached run,
 //! the relay's drains and the minimal publisher's alike, used 1.55-1.58 cores, and their ratio
-//! was the inverse ratio of their CPU per message (docs/records/2026-12-05-pairs.md). In
-//! production the broker has hosts of its own. Pinned, RabbitMQ's core is the limit, and the
-//! ratio says whether the relay keeps the broker as busy as a publisher with nothing to do
-//! but publish. Processes started later inherit their parent's CPUs: PostgreSQL's backends
-//! and walsenders the postmaster's, the relays this process's.
+//! was the inverse ratio of their CPU per message
+//! (crates/outbox-bench/lab/records/2026-12-05-pairs.md). In production the broker has hosts
+//! of its own. Pinned, RabbitMQ's core is the limit, and the ratio says whether the relay
+//! keeps the broker as busy as a publisher with nothing to do but publish. Processes started
+//! later inherit their parent's CPUs: PostgreSQL's backends and walsenders the postmaster's,
+//! the relays this process's.
 
 use std::process::{Command, Stdio};
 

@@ -1020,7 +1020,8 @@ impl Bench {
         // The seed's dirty pages are written now, not by the next checkpoint or the kernel's
         // writeback while the relay drains: a cluster's quorum queue with no consumer writes
         // every message to disk beside them, and the broker alone it is compared with runs
-        // with no seed behind it (docs/records/2026-12-04-cluster-drain-placement.md).
+        // with no seed behind it
+        // (crates/outbox-bench/lab/records/2026-12-04-cluster-drain-placement.md).
         client.batch_execute("CHECKPOINT").await?;
         self.say(&format!(
             "seeded {rows} {seed:?} in {transaction_rows}-row transactions in {:.1} s \

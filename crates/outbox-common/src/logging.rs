@@ -32,8 +32,9 @@ pub enum StartError {
 ///
 /// One thread for all of a process's tasks: per message the relay and the consumer do a few
 /// microseconds of work, and handing messages between worker threads (futex wake-ups, cache
-/// misses) cost more than the parallelism gave (docs/records/2026-12-01-relay-cpu.md, "One
-/// runtime thread"). lapin's I/O loop and blocking calls keep their own threads.
+/// misses) cost more than the parallelism gave
+/// (crates/outbox-bench/lab/records/2026-12-01-relay-cpu.md, "One runtime thread"). lapin's
+/// I/O loop and blocking calls keep their own threads.
 pub fn start(
     format: LogFormat,
     arm_failpoints: fn() -> Result<(), String>,

@@ -139,7 +139,7 @@ impl RabbitCluster {
             // up, a segment writer moves what it holds into the queues' segment files. At the
             // default 512 MiB that happened once every ~5 benchmark runs of 200,000 messages,
             // and the run it landed in drained up to 40 % slower. At 64 MiB every run pays its
-            // share (docs/records/2026-12-05-pairs.md).
+            // share (crates/outbox-bench/lab/records/2026-12-05-pairs.md).
             "raft.wal_max_size_bytes = 67108864",
         ];
         conf.extend_from_slice(extra_conf);

@@ -2,7 +2,7 @@
 //! every section (the suite with its drain of every setup, the cluster, --compare without a
 //! consumer, --shards-sweep, --emit), trimmed from real runs (the drain of every setup, which
 //! no full run had yet when it was written, from the --compare, --shards-sweep and --emit runs
-//! in docs/bench-results). The fixture must round-trip through [`Results`] exactly,
+//! in lab/results). The fixture must round-trip through [`Results`] exactly,
 //! so a renamed or dropped field fails here instead of silently emptying a chart; each chart
 //! must name every series and axis. No pixel is compared.
 
@@ -382,13 +382,13 @@ fn compare_setups_are_named_as_a_reader_knows_them() {
     assert_eq!(setup_name("kafka"), "kafka");
 }
 
-/// Every results file committed under docs/bench-results reads and draws: the charts can be
+/// Every results file committed under lab/results reads and draws: the charts can be
 /// redrawn from any of them.
 #[test]
 fn every_committed_results_file_draws() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench-results");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lab/results");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("docs/bench-results")
+        .expect("crates/outbox-bench/lab/results")
         .map(|e| e.expect("entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
         .collect();
