@@ -48,7 +48,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # MODULE::FILTER; each must match at least one test of that module and none of another):
 #   wal                commit order against a test_decoding oracle; SIGTERM and restart with
 #                      no duplicate; setup (idempotent) and run naming missing objects
-#   faults s01         kill -9 mid-stream, with the ACK check after each kill
+#   faults             kill -9 mid-stream, with the ACK check after each kill
 #   big_transaction    one 200,000-row transaction in bounded memory, on 18 only: about a
 #                      minute per version, and below ~150,000 rows its bound (a quarter of
 #                      the transaction) no longer clears the relay's own ~30 MiB; the
@@ -65,7 +65,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MATRIX_TESTS=(
     "wal: concurrent_writers_arrive_once_in_commit_order sigterm_mid_stream_then_restart
      setup_is_idempotent_and_run_names_missing_objects"
-    "faults: s01_relay_kill_9_repeatedly"
+    "faults: relay_kill_9_repeatedly"
     "big_transaction@18: million_row_transaction_streams_in_bounded_memory"
     "emit: emitted_events_arrive_once_in_commit_order_with_the_rows
      restrict_emit_lets_only_the_app_role_emit_and_keeps_the_heartbeats"
@@ -86,12 +86,12 @@ MATRIX_TESTS=(
 #   cluster            quorum queues: commit order, the relay's node killed, the leader killed
 RABBIT_MATRIX_TESTS=(
     "wal: concurrent_writers_arrive_once_in_commit_order"
-    "faults: s01_relay_kill_9_repeatedly s09_rabbitmq_kill_9 s13_binding_removed
-     s15b_full_speed_drain_into_a_filling_queue"
+    "faults: relay_kill_9_repeatedly rabbitmq_kill_9_with_confirms_in_flight binding_removed_while_publishing
+     full_speed_drain_into_a_filling_queue"
     "dead_letter: full_window_drain_of_a_tenth_unroutable refusals::a_body_over_the_brokers
      refusals::under_dead_letter_a_write_the_broker_denies"
     "credit_flow: a_connection_held_in_credit_flow"
-    "cluster: c1_quorum_queue c2_kill_9_of_the_relays_node c3_kill_9_of_the_quorum_leader"
+    "cluster: quorum_queue_20000_rows kill_9_of_the_relays_node_fails_over kill_9_of_the_quorum_leader"
 )
 RABBIT_MATRIX_SERIES=3.10
 # The series every other test runs on.
@@ -206,7 +206,7 @@ if [ -n "$nemesis_minutes" ]; then
     # The test build's relay has the switch (src/failpoint.rs); a campaign turns it on in
     # every relay it starts. Each campaign apart: one failing must not hide the other passing.
     uncaught=
-    for campaign in n1_ n2_; do
+    for campaign in a_seeded_campaign_of_mixed_faults_loses a_seeded_campaign_of_mixed_faults_into_a_stream; do
         if OUTBOX_NEMESIS_BROKEN=1 \
             cargo test --test main -- --ignored "partitions::nemesis::$campaign" --nocapture; then
             echo "=== campaign $campaign passed against a relay that acknowledges before the confirm: it cannot catch that" >&2

@@ -129,7 +129,7 @@ fn next(cluster: &RabbitCluster, i: usize) -> usize {
 // 0. The harness
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c0_cluster_forms_and_a_quorum_queue_serves_every_node() {
+async fn cluster_forms_and_a_quorum_queue_serves_every_node() {
     let (pg, cluster, _lock) = servers().await;
     assert_eq!(cluster.len(), 3);
     let (outbox, _oracle) = quorum_outbox(pg, cluster, 1, "smoke", &["setup"]).await;
@@ -149,7 +149,7 @@ async fn c0_cluster_forms_and_a_quorum_queue_serves_every_node() {
 // 1. A quorum queue, no fault
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c1_quorum_queue_20000_rows_from_writers_arrive_once_in_commit_order() {
+async fn quorum_queue_20000_rows_from_writers_arrive_once_in_commit_order() {
     const ROWS: usize = 20_000;
     let (pg, cluster, _lock) = servers().await;
     // Led by node 0, published to through node 1, consumed through node 2.
@@ -191,7 +191,7 @@ async fn c1_quorum_queue_20000_rows_from_writers_arrive_once_in_commit_order() {
 /// through it. An operator lists the node leading the outbox's quorum queues first, since a
 /// publish through another node is forwarded to the leader (docs/high-availability.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c1b_listed_node_order_connects_to_the_first_url_each_time() {
+async fn listed_node_order_connects_to_the_first_url_each_time() {
     const ROWS: usize = 2_000;
     let (pg, cluster, _lock) = servers().await;
     let (outbox, oracle) = quorum_outbox(pg, cluster, 2, "listed", &["setup"]).await;
@@ -234,7 +234,7 @@ async fn c1b_listed_node_order_connects_to_the_first_url_each_time() {
 // 2. The relay's node dies
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c2_kill_9_of_the_relays_node_fails_over_duplicates_within_w_plus_x() {
+async fn kill_9_of_the_relays_node_fails_over_duplicates_within_w_plus_x() {
     let (pg, cluster, _lock) = servers().await;
     let (mut outbox, oracle) = quorum_outbox(pg, cluster, 0, "relaynode", &["setup"]).await;
     // A backlog so the relay is mid-stream with a full window at the kill (it drains about
@@ -315,7 +315,7 @@ async fn c2_kill_9_of_the_relays_node_fails_over_duplicates_within_w_plus_x() {
 // 3. The quorum queue's leader dies
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c3_kill_9_of_the_quorum_leader_confirms_resume_after_the_election() {
+async fn kill_9_of_the_quorum_leader_confirms_resume_after_the_election() {
     let (pg, cluster, _lock) = servers().await;
     // Led by node 0; the relay publishes through node 1 only, the test consumes through 2.
     let (mut outbox, oracle) = quorum_outbox(pg, cluster, 0, "leader", &["setup"]).await;
@@ -391,7 +391,7 @@ async fn c3_kill_9_of_the_quorum_leader_confirms_resume_after_the_election() {
 // 4. A minority left: it pauses
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c4_two_nodes_killed_the_paused_survivor_holds_the_slot_and_the_relay_drains_after() {
+async fn two_nodes_killed_the_paused_survivor_holds_the_slot_and_the_relay_drains_after() {
     let (pg, cluster, _lock) = servers().await;
     let (mut outbox, oracle) = quorum_outbox(pg, cluster, 0, "minority", &["setup"]).await;
     write_concurrently(&outbox.db_url, 4, 5_000, MAX_TXN_ROWS).await;
@@ -511,7 +511,7 @@ async fn c4_two_nodes_killed_the_paused_survivor_holds_the_slot_and_the_relay_dr
 // 5. Polling mode: the relay's node dies
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c5_polling_kill_9_of_the_relays_node_fails_over_duplicates_within_workers_times_batch() {
+async fn polling_kill_9_of_the_relays_node_fails_over_duplicates_within_workers_times_batch() {
     const WORKERS: usize = 2;
     const BATCH: usize = 200;
     let (pg, cluster, _lock) = servers().await;
@@ -608,7 +608,7 @@ async fn c5_polling_kill_9_of_the_relays_node_fails_over_duplicates_within_worke
 /// Returns at full speed through the cluster: 100,000 rows, 1 % unroutable, dead-letter
 /// policy, the quorum queue and the dead-letter queue both quorum queues.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c6_full_speed_drain_with_one_percent_unroutable_dead_letters_exactly_those() {
+async fn full_speed_drain_with_one_percent_unroutable_dead_letters_exactly_those() {
     let (pg, cluster, _lock) = servers().await;
     let dead_letter_exchange = common::unique_name("stress_dlx");
     let setup = [
@@ -671,7 +671,7 @@ async fn c6_full_speed_drain_with_one_percent_unroutable_dead_letters_exactly_th
 /// The same drain under `halt` through the cluster: the relay stops at the first unroutable
 /// row in commit order and the slot never passes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c6b_full_speed_drain_with_one_percent_unroutable_halts_at_the_first_one() {
+async fn full_speed_drain_with_one_percent_unroutable_halts_at_the_first_one() {
     let (pg, cluster, _lock) = servers().await;
     let (outbox, oracle) = quorum_outbox(pg, cluster, 0, "halt_stress", &["setup"]).await;
     // Only Good.# is routed: the Nobody.… rows come back.

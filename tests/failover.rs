@@ -391,22 +391,22 @@ async fn failover(major: u32, route: Route, fault: Fault) {
 // 1. The primary killed, the standby promoted
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f1a_pg17_primary_killed_multi_host_url_follows_the_promoted_standby() {
+async fn pg17_primary_killed_multi_host_url_follows_the_promoted_standby() {
     failover(17, Route::MultiHost, Fault::Kill).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f1b_pg17_primary_killed_proxy_moved_to_the_promoted_standby() {
+async fn pg17_primary_killed_proxy_moved_to_the_promoted_standby() {
     failover(17, Route::Proxy, Fault::Kill).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f1c_pg18_primary_killed_multi_host_url_follows_the_promoted_standby() {
+async fn pg18_primary_killed_multi_host_url_follows_the_promoted_standby() {
     failover(18, Route::MultiHost, Fault::Kill).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f1d_pg18_primary_killed_proxy_moved_to_the_promoted_standby() {
+async fn pg18_primary_killed_proxy_moved_to_the_promoted_standby() {
     failover(18, Route::Proxy, Fault::Kill).await;
 }
 
@@ -414,7 +414,7 @@ async fn f1d_pg18_primary_killed_proxy_moved_to_the_promoted_standby() {
 // 2. A planned switchover
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f2_pg18_planned_switchover_clean_stop_then_promote() {
+async fn pg18_planned_switchover_clean_stop_then_promote() {
     failover(18, Route::MultiHost, Fault::CleanStop).await;
 }
 
@@ -427,7 +427,7 @@ async fn f2_pg18_planned_switchover_clean_stop_then_promote() {
 /// metrics and `status` name the standby slot it waits for. Once the standby is back, the
 /// relay drains: L0, ACK, no duplicate (nothing failed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f3_pg18_standby_down_publishes_nothing_past_it_and_readyz_names_it() {
+async fn pg18_standby_down_publishes_nothing_past_it_and_readyz_names_it() {
     let name = "18 standby down";
     let mut s = Scenario::start(name, 18, Route::Primary).await;
     let writers = Writers::start(&s.url, WRITERS, 1, WRITER_PAUSE);
@@ -616,7 +616,7 @@ async fn switch_point_on(client: &tokio_postgres::Client) -> u64 {
 /// history file), counting the failover as `phantom_events="possible"`; the scenarios above,
 /// with the setting, count theirs as "none".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f4_pg17_without_synchronized_standby_slots_phantom_events_are_reported() {
+async fn pg17_without_synchronized_standby_slots_phantom_events_are_reported() {
     let name = "17 phantoms";
     let options = PairOptions {
         synchronized_standby_slots: false,

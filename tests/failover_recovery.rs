@@ -277,7 +277,7 @@ async fn invalidate_slots(client: &Client, slots: &[&str]) -> usize {
 /// once. (b) `stop`: the relay exits non-zero naming the slot, the gap, the reason and the
 /// recovery, and the slot stays lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t5_slot_invalidated_while_stopped_recreate_backfills_and_stop_names_the_gap() {
+async fn slot_invalidated_while_stopped_recreate_backfills_and_stop_names_the_gap() {
     let rabbit = rabbit().await;
     let pg = blocking(|| PgServer::start_major(15, &[]));
     let server = pg.url("postgres");
@@ -579,7 +579,7 @@ impl FailoverCost {
 /// recovery is a WARN with its row count and counted once. (b) `stop` (the default): the
 /// relay exits non-zero with today's message, naming the slot and the fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t4_pg16_failover_mid_stream_recreate_backfills_and_stop_refuses() {
+async fn pg16_failover_mid_stream_recreate_backfills_and_stop_refuses() {
     let rabbit = rabbit().await;
     let options = PairOptions {
         synchronized_standby_slots: false,
@@ -786,7 +786,7 @@ const POLL_BATCH: usize = 1_000;
 /// whose committed mark the asynchronous replication lost (read on the old primary,
 /// started again alone at the end).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t6_polling_follows_a_promoted_standby() {
+async fn polling_follows_a_promoted_standby() {
     let rabbit = rabbit().await;
     let options = PairOptions {
         synchronized_standby_slots: false,

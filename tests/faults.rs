@@ -250,7 +250,7 @@ async fn assert_readyz_becomes(port: u16, relay: &RelayProcess, wanted: (u16, &s
 const KILL_BACKLOG: usize = 5_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s01_relay_kill_9_repeatedly_while_it_lags_with_writers_active() {
+async fn relay_kill_9_repeatedly_while_it_lags_with_writers_active() {
     let kills = env_usize("OUTBOX_TEST_KILLS", 3);
     let (outbox, oracle, mut consumer) = shared_observed("kills", false).await;
     let writers = Writers::start(&outbox.db_url, 2, MAX_TXN_ROWS, Duration::from_millis(2));
@@ -333,7 +333,7 @@ async fn s01_relay_kill_9_repeatedly_while_it_lags_with_writers_active() {
 // 3. A keepalive asking for a reply while confirms lag
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s03_keepalive_reply_while_confirms_lag_acknowledges_only_the_safe_lsn() {
+async fn keepalive_reply_while_confirms_lag_acknowledges_only_the_safe_lsn() {
     let pair = shared().await;
     let pg = blocking(|| PgServer::start(&[("wal_sender_timeout", "2s")]));
     let (outbox, oracle, mut consumer) =
@@ -415,7 +415,7 @@ async fn reply_time(client: &tokio_postgres::Client, slot: &str) -> Option<f64> 
 // 4. Idle outbox, busy database
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s04_idle_outbox_releases_wal_that_other_tables_write_after_a_checkpoint() {
+async fn idle_outbox_releases_wal_that_other_tables_write_after_a_checkpoint() {
     let outbox = shared_outbox("idle").await;
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
     let relay = outbox.spawn_relay(&[]);
@@ -489,7 +489,7 @@ async fn s04_idle_outbox_releases_wal_that_other_tables_write_after_a_checkpoint
 // 6. Multi-row INSERT and COPY
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s06_multi_row_insert_and_copy_deliver_every_row_once_with_distinct_ids() {
+async fn multi_row_insert_and_copy_deliver_every_row_once_with_distinct_ids() {
     use futures_util::SinkExt;
     let (outbox, oracle, mut consumer) = shared_observed("copy", true).await;
     let relay = outbox.spawn_relay(&[]);
@@ -557,7 +557,7 @@ async fn s06_multi_row_insert_and_copy_deliver_every_row_once_with_distinct_ids(
 // 8. PostgreSQL crash
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s08_postgres_immediate_stop_and_start_mid_stream_loses_nothing() {
+async fn postgres_immediate_stop_and_start_mid_stream_loses_nothing() {
     let pair = shared().await;
     let pg = blocking(|| PgServer::start(&[]));
     let (outbox, oracle, mut consumer) = observed_outbox(&pg, &pair.rabbit, "pgcrash", false).await;
@@ -606,7 +606,7 @@ async fn s08_postgres_immediate_stop_and_start_mid_stream_loses_nothing() {
 // 9. RabbitMQ crash
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s09_rabbitmq_kill_9_with_confirms_in_flight_duplicates_within_w_plus_x() {
+async fn rabbitmq_kill_9_with_confirms_in_flight_duplicates_within_w_plus_x() {
     let pair = shared().await;
     let rabbit = blocking(RabbitServer::start);
     let outbox = Outbox::on(&pair.pg.url("postgres"), &rabbit.url(), "rabbitcrash").await;
@@ -685,12 +685,12 @@ async fn s09_rabbitmq_kill_9_with_confirms_in_flight_duplicates_within_w_plus_x(
 // 10. Broker connection cut
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s10a_broker_connection_reset_is_detected_and_nothing_is_lost() {
+async fn broker_connection_reset_is_detected_and_nothing_is_lost() {
     broker_connection_cut_is_detected_and_nothing_is_lost(Cut::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s10b_broker_connection_black_hole_longer_than_the_heartbeat_is_detected() {
+async fn broker_connection_black_hole_longer_than_the_heartbeat_is_detected() {
     broker_connection_cut_is_detected_and_nothing_is_lost(Cut::BlackHole).await;
 }
 
@@ -788,7 +788,7 @@ async fn broker_connection_cut_is_detected_and_nothing_is_lost(cut: Cut) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s10c_broker_connect_into_a_black_hole_is_abandoned_and_retried() {
+async fn broker_connect_into_a_black_hole_is_abandoned_and_retried() {
     connect_into_a_black_hole_is_abandoned_and_retried(Hole::Broker).await;
 }
 
@@ -796,7 +796,7 @@ async fn s10c_broker_connect_into_a_black_hole_is_abandoned_and_retried() {
 // 11. Replication connection black hole
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s11_replication_connection_black_hole_is_noticed_and_nothing_is_lost() {
+async fn replication_connection_black_hole_is_noticed_and_nothing_is_lost() {
     let pair = shared().await;
     let pg = blocking(|| PgServer::start(&[("wal_sender_timeout", "2s")]));
     let (outbox, oracle, mut consumer) = observed_outbox(&pg, &pair.rabbit, "pghole", false).await;
@@ -859,7 +859,7 @@ async fn s11_replication_connection_black_hole_is_noticed_and_nothing_is_lost() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s11b_postgres_connect_into_a_black_hole_is_abandoned_and_retried() {
+async fn postgres_connect_into_a_black_hole_is_abandoned_and_retried() {
     connect_into_a_black_hole_is_abandoned_and_retried(Hole::Postgres).await;
 }
 
@@ -869,8 +869,7 @@ async fn s11b_postgres_connect_into_a_black_hole_is_abandoned_and_retried() {
 /// blocks it (before, it ended only once the alarm cleared and it had published up to 256
 /// buffered events: more duplicates of the replay).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s11c_replication_reset_while_blocked_ends_the_session_before_publishing_what_it_buffered()
-{
+async fn replication_reset_while_blocked_ends_the_session_before_publishing_what_it_buffered() {
     let rabbit = std::thread::spawn(RabbitServer::start);
     let pg = blocking(|| PgServer::start(&[]));
     let rabbit = blocking(|| rabbit.join()).expect("rabbitmq start");
@@ -971,7 +970,7 @@ async fn connect_into_a_black_hole_is_abandoned_and_retried(hole: Hole) {
 // 12. Broker memory alarm
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s12_broker_memory_alarm_pauses_publishing_without_a_reconnect_loop() {
+async fn broker_memory_alarm_pauses_publishing_without_a_reconnect_loop() {
     let rabbit = std::thread::spawn(RabbitServer::start);
     let pg = blocking(|| PgServer::start(&[("wal_sender_timeout", "2s")]));
     let rabbit = blocking(|| rabbit.join()).expect("rabbitmq start");
@@ -1036,7 +1035,7 @@ async fn s12_broker_memory_alarm_pauses_publishing_without_a_reconnect_loop() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s12b_broker_blocked_is_reported_by_readyz_and_a_gauge() {
+async fn broker_blocked_is_reported_by_readyz_and_a_gauge() {
     let pair = shared().await;
     let rabbit = blocking(RabbitServer::start);
     let outbox = Outbox::on(&pair.pg.url("postgres"), &rabbit.url(), "alarmready").await;
@@ -1075,7 +1074,7 @@ async fn s12b_broker_blocked_is_reported_by_readyz_and_a_gauge() {
 /// against the heartbeat (1 s) and the confirm timeout (3 s): with the merge taken out, 20 s
 /// queued 149,876 of them; 60 s proved no more and cost CI 40 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s12c_long_alarm_with_a_busy_database_keeps_queued_ack_points_bounded() {
+async fn long_alarm_with_a_busy_database_keeps_queued_ack_points_bounded() {
     const ALARM: Duration = Duration::from_secs(20);
     let pair = shared().await;
     let rabbit = blocking(RabbitServer::start);
@@ -1169,7 +1168,7 @@ fn assert_within_stop_bound(tally: &Tally, relay: &RelayProcess) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s13_binding_removed_while_publishing_holds_the_slot_until_rebound() {
+async fn binding_removed_while_publishing_holds_the_slot_until_rebound() {
     let (outbox, oracle, mut consumer) = shared_observed("unbind", false).await;
     let relay = outbox.spawn_relay(&FAST_BACKOFF);
     write_and_deliver(&outbox, &relay, &mut consumer, 200).await;
@@ -1212,7 +1211,7 @@ async fn s13_binding_removed_while_publishing_holds_the_slot_until_rebound() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s13b_returned_message_is_reported_by_readyz_and_metrics() {
+async fn returned_message_is_reported_by_readyz_and_metrics() {
     let outbox = shared_outbox("unbindready").await;
     let mut consumer = Consumer::start(&outbox.amqp_url, &outbox.queue).await;
     let (relay, port) = spawn_streaming_observed(&outbox, &mut consumer, &FAST_BACKOFF).await;
@@ -1241,7 +1240,7 @@ async fn s13b_returned_message_is_reported_by_readyz_and_metrics() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s14_exchange_deleted_is_a_clear_error_without_advance_until_redeclared() {
+async fn exchange_deleted_is_a_clear_error_without_advance_until_redeclared() {
     let (outbox, oracle, mut consumer) = shared_observed("noexchange", false).await;
     let relay = outbox.spawn_relay(&FAST_BACKOFF);
     write_and_deliver(&outbox, &relay, &mut consumer, 200).await;
@@ -1290,7 +1289,7 @@ async fn s14_exchange_deleted_is_a_clear_error_without_advance_until_redeclared(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s15_full_reject_publish_queue_nacks_back_off_and_everything_arrives_once_drained() {
+async fn full_reject_publish_queue_nacks_back_off_and_everything_arrives_once_drained() {
     full_queue_scenario("s15 reject-publish queue full", "full", 100, None).await;
 }
 
@@ -1298,7 +1297,7 @@ async fn s15_full_reject_publish_queue_nacks_back_off_and_everything_arrives_onc
 /// queue filling up in the middle of it, so the first nack lands inside a window of
 /// unconfirmed publishes (nacks of a multiple-nack frame, acks before them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s15b_full_speed_drain_into_a_filling_queue_never_acknowledges_past_the_first_nack() {
+async fn full_speed_drain_into_a_filling_queue_never_acknowledges_past_the_first_nack() {
     let rows = common::faults::stress_rows();
     let capacity = (rows / 4) as i64;
     full_queue_scenario(
@@ -1398,7 +1397,7 @@ async fn full_queue_scenario(scenario: &str, prefix: &str, capacity: i64, backlo
 // 16. Slot lost
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s16_lost_slot_stops_the_relay_on_reconnect_and_start_and_is_never_recreated() {
+async fn lost_slot_stops_the_relay_on_reconnect_and_start_and_is_never_recreated() {
     let pair = shared().await;
     let pg = blocking(|| PgServer::start(&[("max_slot_wal_keep_size", "1MB")]));
     let outbox = Outbox::on(&pg.url("postgres"), &pair.rabbit.url(), "lost").await;
@@ -1495,7 +1494,7 @@ async fn s16_lost_slot_stops_the_relay_on_reconnect_and_start_and_is_never_recre
 // 18. Schema change
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s18_added_column_maps_to_a_header_for_later_rows_only_across_a_reconnect() {
+async fn added_column_maps_to_a_header_for_later_rows_only_across_a_reconnect() {
     const HEADER: &str = "x-aggregate-id";
     // The column mapped to a header is added mid-stream: start without it.
     let (outbox, oracle, mut consumer) =
@@ -1613,7 +1612,7 @@ async fn s18_added_column_maps_to_a_header_for_later_rows_only_across_a_reconnec
 // 19. Bad rows
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s19a_one_megabyte_toasted_jsonb_payload_arrives_json_equal() {
+async fn one_megabyte_toasted_jsonb_payload_arrives_json_equal() {
     let (outbox, oracle, mut consumer) = shared_observed("toast", true).await;
     let relay = outbox.spawn_relay(&[]);
     let before = outbox.insert("Small", r#"{"n": 1}"#).await;
@@ -1725,7 +1724,7 @@ async fn assert_stops_on_bad_row(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s19b_null_event_type_stops_the_relay_naming_the_row() {
+async fn null_event_type_stops_the_relay_naming_the_row() {
     let (outbox, oracle, mut consumer) = shared_observed_after(
         "nulltype",
         "ALTER TABLE outbox ALTER COLUMN event_type DROP NOT NULL",
@@ -1744,7 +1743,7 @@ async fn s19b_null_event_type_stops_the_relay_naming_the_row() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s19c_twenty_megabyte_payload_stops_before_publishing_naming_the_row() {
+async fn twenty_megabyte_payload_stops_before_publishing_naming_the_row() {
     let (outbox, oracle, mut consumer) = shared_observed("toolarge", true).await;
     let (relay, line) = assert_stops_on_bad_row(
         &outbox,
@@ -1769,7 +1768,7 @@ async fn s19c_twenty_megabyte_payload_stops_before_publishing_naming_the_row() {
 // 20. Two relays, one slot
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s20_second_relay_waits_as_standby_and_takes_over_when_the_first_stops() {
+async fn second_relay_waits_as_standby_and_takes_over_when_the_first_stops() {
     let (outbox, oracle, mut consumer) = shared_observed("standby", false).await;
     let first = outbox.spawn_relay(&[]);
     assert!(
@@ -1830,7 +1829,7 @@ async fn s20_second_relay_waits_as_standby_and_takes_over_when_the_first_stops()
 // 21. Polling mode: a crash between the last confirm and COMMIT
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s21_polling_crash_between_confirms_and_commit_twice_loses_nothing() {
+async fn polling_crash_between_confirms_and_commit_twice_loses_nothing() {
     use std::os::unix::process::ExitStatusExt;
     const WORKERS: usize = 5;
     const BATCH: usize = 100;
@@ -1946,7 +1945,7 @@ async fn s21_polling_crash_between_confirms_and_commit_twice_loses_nothing() {
 // 22. Broker down: what an operator sees
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s22_broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_recover() {
+async fn broker_down_slot_and_heartbeat_lag_rise_readyz_says_why_and_all_recover() {
     let pair = shared().await;
     let rabbit = blocking(RabbitServer::start);
     let outbox = Outbox::on(&pair.pg.url("postgres"), &rabbit.url(), "brokerdown").await;
@@ -2256,18 +2255,18 @@ async fn standby_takeover(stop: Stop, prefix: &str) {
 const STOP_BURST: usize = 2_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s23a_standby_takes_over_after_sigterm_halfway_through_20000_rows() {
+async fn standby_takes_over_after_sigterm_halfway_through_20000_rows() {
     standby_takeover(Stop::Sigterm, "takeover_term").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s23b_standby_takes_over_after_kill_9_halfway_through_20000_rows() {
+async fn standby_takes_over_after_kill_9_halfway_through_20000_rows() {
     standby_takeover(Stop::Kill9, "takeover_kill").await;
 }
 
 /// Takeover is bounded by PostgreSQL noticing the dead walsender connection: here by
 /// wal_sender_timeout (5 s in this test, 60 s by default).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s23c_standby_takes_over_when_the_active_relays_host_vanishes() {
+async fn standby_takes_over_when_the_active_relays_host_vanishes() {
     standby_takeover(Stop::HostLost, "takeover_lost").await;
 }

@@ -390,7 +390,7 @@ fn report_within(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn s0_the_lab_forms_and_a_cut_drops_one_way_until_healed() {
+async fn the_lab_forms_and_a_cut_drops_one_way_until_healed() {
     let (lab, _lock) = shared().await;
     let (a, b, c) = (lab.relay_host(0), lab.relay_host(1), lab.relay_host(2));
     assert!(
@@ -429,7 +429,7 @@ async fn s0_the_lab_forms_and_a_cut_drops_one_way_until_healed() {
 /// so the next test finds the cluster whole and the figures say it happened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn s9_a_node_left_paused_is_restarted_by_the_kit() {
+async fn a_node_left_paused_is_restarted_by_the_kit() {
     let (lab, _lock) = exclusive().await;
     let before = lab.cluster.repairs();
     let stopped = blocking(|| lab.cluster.ctl(2, &["stop_app"]));
@@ -457,8 +457,7 @@ async fn s9_a_node_left_paused_is_restarted_by_the_kit() {
 /// the relay moves to a majority node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn x1_the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_moves_to_the_majority()
-{
+async fn the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_moves_to_the_majority() {
     let (lab, _lock) = exclusive().await;
     let began = Instant::now();
     let cluster = &lab.cluster;
@@ -571,7 +570,7 @@ async fn x1_the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_move
 /// relay moves to another node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn s2_the_relay_cut_off_silently_from_its_own_node_is_moved_by_the_amqp_heartbeat() {
+async fn the_relay_cut_off_silently_from_its_own_node_is_moved_by_the_amqp_heartbeat() {
     let (lab, _lock) = shared().await;
     let began = Instant::now();
     let cluster = &lab.cluster;
@@ -654,7 +653,7 @@ const ONE_WAY: Duration = Duration::from_secs(30);
 /// must be in the quorum queue, and every committed row must arrive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn x3_a_one_way_partition_between_two_broker_nodes_loses_no_confirmed_message() {
+async fn a_one_way_partition_between_two_broker_nodes_loses_no_confirmed_message() {
     let (lab, _lock) = exclusive().await;
     let began = Instant::now();
     let cluster = &lab.cluster;
@@ -780,7 +779,7 @@ const SEED_ENV: &str = "OUTBOX_TEST_PARTITION_SEED";
 /// with writers running. Nothing is lost, and the same relay process ends up streaming.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn x4_flapping_partitions_for_60_s_lose_nothing_and_the_relay_streams_on_without_a_restart() {
+async fn flapping_partitions_for_60_s_lose_nothing_and_the_relay_streams_on_without_a_restart() {
     let (lab, _lock) = exclusive().await;
     let began = Instant::now();
     let cluster = &lab.cluster;
@@ -894,7 +893,7 @@ const SPLIT: Duration = Duration::from_secs(2 * WAL_SENDER_TIMEOUT.as_secs());
 /// being sent at the cut (X rows).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn s5_split_brain_the_relay_cut_off_from_postgresql_loses_the_slot_to_its_standby() {
+async fn split_brain_the_relay_cut_off_from_postgresql_loses_the_slot_to_its_standby() {
     let (lab, _lock) = shared().await;
     let began = Instant::now();
     let (outbox, oracle) = quorum_outbox(lab, 2, "s5").await;
@@ -1061,7 +1060,7 @@ const ISOLATION: Duration = Duration::from_secs(20);
 /// the open transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn s6_the_relay_cut_off_from_postgresql_and_the_brokers_for_20_s_loses_nothing() {
+async fn the_relay_cut_off_from_postgresql_and_the_brokers_for_20_s_loses_nothing() {
     let (lab, _lock) = shared().await;
     let began = Instant::now();
     let cluster = &lab.cluster;

@@ -195,7 +195,7 @@ fn read_within(
 /// waited, both ways.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn d0_a_vanished_host_is_silent_to_its_peers_and_the_test_process_until_healed() {
+async fn a_vanished_host_is_silent_to_its_peers_and_the_test_process_until_healed() {
     let (lab, _lock) = shared().await;
     let (host, other) = (lab.relay_host(D0_HOSTS[0]), lab.relay_host(D0_HOSTS[1]));
     let third = lab.pg_host();
@@ -526,7 +526,7 @@ async fn primary_vanishes(scenario: &str, major: u32, load: Load) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn d1a_the_primarys_host_vanishes_idle_and_the_relay_streams_on_the_promoted_pg17_standby() {
+async fn the_primarys_host_vanishes_idle_and_the_relay_streams_on_the_promoted_pg17_standby() {
     primary_vanishes(
         "d1a primary's host vanishes, idle, PostgreSQL 17",
         17,
@@ -537,8 +537,8 @@ async fn d1a_the_primarys_host_vanishes_idle_and_the_relay_streams_on_the_promot
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn d1b_the_primarys_host_vanishes_mid_backlog_and_the_relay_streams_on_the_promoted_pg18_standby(
-) {
+async fn the_primarys_host_vanishes_mid_backlog_and_the_relay_streams_on_the_promoted_pg18_standby()
+{
     let scenario = "d1b primary's host vanishes, full speed, PostgreSQL 18";
     primary_vanishes(scenario, 18, Load::FullSpeed).await;
 }
@@ -672,7 +672,7 @@ async fn brokers_host_vanishes(scenario: &str, load: Load, leads: Leader) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn d2a_the_relays_broker_host_vanishes_idle_and_delivery_goes_on_through_another_node() {
+async fn the_relays_broker_host_vanishes_idle_and_delivery_goes_on_through_another_node() {
     brokers_host_vanishes(
         "d2a relay's broker node's host vanishes, idle",
         Load::Idle,
@@ -683,8 +683,7 @@ async fn d2a_the_relays_broker_host_vanishes_idle_and_delivery_goes_on_through_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn d2b_the_relays_broker_host_vanishes_mid_backlog_and_delivery_goes_on_through_another_node()
-{
+async fn the_relays_broker_host_vanishes_mid_backlog_and_delivery_goes_on_through_another_node() {
     let scenario = "d2b relay's broker node's host vanishes, full speed";
     brokers_host_vanishes(scenario, Load::FullSpeed, Leader::Elsewhere).await;
 }
@@ -694,7 +693,7 @@ async fn d2b_the_relays_broker_host_vanishes_mid_backlog_and_delivery_goes_on_th
 /// confirm timeout (30 s) ended the wait, 39 s after the vanish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn d2c_the_relays_broker_host_vanishes_leading_the_quorum_queue_and_delivery_goes_on_after_the_election(
+async fn the_relays_broker_host_vanishes_leading_the_quorum_queue_and_delivery_goes_on_after_the_election(
 ) {
     let scenario = "d2c relay's broker node, the quorum queue's leader, vanishes, full speed";
     brokers_host_vanishes(scenario, Load::FullSpeed, Leader::Vanishing).await;
@@ -1045,15 +1044,14 @@ async fn replica_vanishes(scenario: &str, load: Load, (a, b): (usize, usize)) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn d3a_a_consumer_replica_vanishes_holding_a_claim_idle_and_the_other_applies_it_once() {
+async fn a_consumer_replica_vanishes_holding_a_claim_idle_and_the_other_applies_it_once() {
     let scenario = "d3a consumer replica vanishes holding a claim, idle";
     replica_vanishes(scenario, Load::Idle, D3_IDLE_REPLICAS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn d3b_a_consumer_replica_vanishes_holding_a_claim_mid_backlog_and_the_other_applies_it_once()
-{
+async fn a_consumer_replica_vanishes_holding_a_claim_mid_backlog_and_the_other_applies_it_once() {
     let scenario = "d3b consumer replica vanishes holding a claim, full speed";
     replica_vanishes(scenario, Load::FullSpeed, D3_BACKLOG_REPLICAS).await;
 }
@@ -1114,7 +1112,7 @@ async fn holds_advisory_lock(client: &Client, host: &Host) -> bool {
 /// margin), at most once per backfill besides its first delivery; ACK on B's slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
-async fn d4_a_relay_vanishes_mid_backfill_of_a_lost_slot_and_its_standby_takes_the_recovery_over() {
+async fn a_relay_vanishes_mid_backfill_of_a_lost_slot_and_its_standby_takes_the_recovery_over() {
     let scenario = "d4 relay vanishes mid-backfill of a lost slot";
     let (lab, _lock) = shared().await;
     let began = Instant::now();

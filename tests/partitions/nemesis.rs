@@ -1079,7 +1079,7 @@ fn campaign_major() -> u32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "campaigns on the partition lab: scripts/test.sh runs a short one with the partitions, or a long one with --nemesis MINUTES"]
-async fn n1_a_seeded_campaign_of_mixed_faults_loses_nothing_and_applies_each_effect_once() {
+async fn a_seeded_campaign_of_mixed_faults_loses_nothing_and_applies_each_effect_once() {
     campaigns(Destination::Queues).await;
 }
 
@@ -1088,7 +1088,7 @@ async fn n1_a_seeded_campaign_of_mixed_faults_loses_nothing_and_applies_each_eff
 /// rows in the order it committed them, and nothing else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "campaigns on the partition lab: scripts/test.sh runs a short one with the partitions, or a long one with --nemesis MINUTES"]
-async fn n2_a_seeded_campaign_of_mixed_faults_into_a_stream_stores_each_row_once_in_commit_order() {
+async fn a_seeded_campaign_of_mixed_faults_into_a_stream_stores_each_row_once_in_commit_order() {
     campaigns(Destination::Stream).await;
 }
 
