@@ -515,3 +515,24 @@ fn unique_names_are_lowercase_identifiers() {
         );
     }
 }
+
+/// The kit reads some of the relay's metrics without linking the relay: each name it reads
+/// is the relay's own constant.
+#[test]
+fn the_metric_names_the_kit_reads_are_the_relays() {
+    use outbox_relay::observability as relay;
+    let kit_and_relay = [
+        (common::relay::SESSIONS, relay::SESSIONS_TOTAL),
+        (common::relay::RECONNECTS, relay::RECONNECTS_TOTAL),
+        (common::rabbit_cluster::BROKER_INFO, relay::BROKER_INFO),
+        (common::faults::SLOT_POLLS_TOTAL, relay::SLOT_POLLS_TOTAL),
+        (common::faults::SLOT_LAG_BYTES, relay::SLOT_LAG_BYTES),
+        (
+            common::faults::SLOT_RETAINED_WAL_BYTES,
+            relay::SLOT_RETAINED_WAL_BYTES,
+        ),
+    ];
+    for (kit, relay) in kit_and_relay {
+        assert_eq!(kit, relay);
+    }
+}

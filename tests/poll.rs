@@ -8,7 +8,8 @@
 
 use outbox_relay::observability::{
     BACKLOG_ROWS, BROKER_BLOCKED, EMPTY_POLLS_TOTAL, MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT,
-    MESSAGES_PUBLISHED_TOTAL, OLDEST_UNSENT_AGE_SECONDS, POLLS_TOTAL, RECONNECTS_TOTAL,
+    MESSAGES_PUBLISHED_TOTAL, OLDEST_UNSENT_AGE_SECONDS, POLLS_TOTAL, POLL_BATCH_ROWS,
+    POLL_BATCH_SECONDS, RECONNECTS_TOTAL,
 };
 use outbox_testkit as common;
 
@@ -909,20 +910,24 @@ async fn poll_mode_serves_metrics_readyz_and_status_with_the_unsent_backlog() {
     assert_eq!(value(MESSAGES_PUBLISHED_TOTAL), 1_000.0);
     assert_eq!(value(MESSAGES_CONFIRMED_TOTAL), 1_000.0);
     assert_eq!(value(MESSAGES_IN_FLIGHT), 0.0);
-    assert_eq!(value("outbox_relay_poll_batch_rows_sum"), 1_000.0);
+    let (rows_sum, rows_count) = (
+        format!("{POLL_BATCH_ROWS}_sum"),
+        format!("{POLL_BATCH_ROWS}_count"),
+    );
+    assert_eq!(value(&rows_sum), 1_000.0);
     assert_eq!(
-        value("outbox_relay_poll_batch_seconds_count"),
-        value("outbox_relay_poll_batch_rows_count")
+        value(&format!("{POLL_BATCH_SECONDS}_count")),
+        value(&rows_count)
     );
     assert!(
-        value(POLLS_TOTAL) > value("outbox_relay_poll_batch_rows_count"),
+        value(POLLS_TOTAL) > value(&rows_count),
         "{} polls, no more than the {} batches with rows:\n{metrics}",
         value(POLLS_TOTAL),
-        value("outbox_relay_poll_batch_rows_count")
+        value(&rows_count)
     );
     assert!(value(OLDEST_UNSENT_AGE_SECONDS) > 0.0, "{metrics}");
     assert!(
-        metrics.contains("outbox_relay_poll_batch_seconds_bucket{le=\"0.1\"}"),
+        metrics.contains(&format!("{POLL_BATCH_SECONDS}_bucket{{le=\"0.1\"}}")),
         "{metrics}"
     );
 

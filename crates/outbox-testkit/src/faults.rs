@@ -33,6 +33,12 @@ use super::relay::RelayProcess;
 /// The outbox table as `test_decoding` names it.
 pub const OUTBOX_TABLE: &str = "public.outbox";
 
+/// The relay's slot poller's metrics that [`scrape_slot_gauges`] reads (the kit does not link
+/// the relay: `tests/layout.rs` checks each against the relay's own constant).
+pub const SLOT_POLLS_TOTAL: &str = "outbox_relay_slot_polls_total";
+pub const SLOT_LAG_BYTES: &str = "outbox_relay_slot_lag_bytes";
+pub const SLOT_RETAINED_WAL_BYTES: &str = "outbox_relay_slot_retained_wal_bytes";
+
 /// Message ids of the barrier markers start with this; tallies ignore them.
 pub const MARKER_PREFIX: &str = "test-marker-";
 
@@ -1163,7 +1169,7 @@ pub struct SlotScrape {
 /// likewise with restart_lsn: the values come from one poll of the same view, not from the
 /// relay's own idea of its position.
 pub async fn scrape_slot_gauges(client: &Client, slot: &str, port: u16) -> SlotScrape {
-    let polls = |metrics: &str| metric_value(metrics, "outbox_relay_slot_polls_total");
+    let polls = |metrics: &str| metric_value(metrics, SLOT_POLLS_TOTAL);
     let scrape = || super::http::metrics(port);
     let before = SlotReading::read(client, slot).await;
     let start = polls(&scrape().await).unwrap_or(0.0);
@@ -1184,8 +1190,8 @@ pub async fn scrape_slot_gauges(client: &Client, slot: &str, port: u16) -> SlotS
         metric_value(&metrics, name).unwrap_or_else(|| panic!("{name} missing in:\n{metrics}"))
             as i128
     };
-    let lag = gauge("outbox_relay_slot_lag_bytes");
-    let retained = gauge("outbox_relay_slot_retained_wal_bytes");
+    let lag = gauge(SLOT_LAG_BYTES);
+    let retained = gauge(SLOT_RETAINED_WAL_BYTES);
     let between = |value: i128, position: fn(&SlotReading) -> u64| {
         let low = before.current as i128 - position(&after) as i128;
         let high = after.current as i128 - position(&before) as i128;

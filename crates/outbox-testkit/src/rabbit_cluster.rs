@@ -39,7 +39,7 @@ use super::{spawn_watchdog, stop_watchdog};
 /// Nodes in the cluster.
 const NODES: usize = 3;
 /// The relay's gauge naming the node it is connected to.
-const BROKER_INFO: &str = "outbox_relay_broker_info";
+pub const BROKER_INFO: &str = "outbox_relay_broker_info";
 /// How long the cluster may take to show every node running again (a paused node restarts
 /// its application once it sees a majority).
 const HEALTHY_TIMEOUT: Duration = Duration::from_secs(120);
