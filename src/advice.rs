@@ -67,6 +67,64 @@ pub enum Warning<'a> {
     OutboxRecreated,
     /// Rows written to the former outbox table, renamed, while another table has its name.
     FormerOutboxRows,
+    /// `max_slot_wal_keep_size = -1`: a stopped relay's slot retains WAL without limit.
+    SlotWalUnbounded,
+    /// `wal_sender_timeout` far above `--peer-timeout`: a standby takes over late.
+    WalSenderTimeoutLong,
+    /// The publication publishes more than inserts (the walsender sends what the relay skips).
+    PublicationNotInsertOnly { publication: &'a str },
+}
+
+/// What `check` finds that would make `setup` or the relay fail, where no error of the relay
+/// says it first (PostgreSQL's own words would, late): its fix, as an error's is here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shortfall<'a> {
+    /// Every replication slot of `max_replication_slots` is taken, and the relay's is missing.
+    NoFreeSlot,
+    /// Every WAL sender of `max_wal_senders` is busy.
+    NoFreeWalSender,
+    /// The role lacks privileges on the outbox table; `grant` lists them.
+    TablePrivileges {
+        grant: &'a str,
+        table: &'a str,
+        role: &'a str,
+    },
+    /// The publication does not publish inserts: the relay would get no row.
+    PublicationSkipsInserts { publication: &'a str },
+}
+
+/// A shortfall's text: what is wrong (`problem`, as `check` found it), then what to do.
+pub fn shortfall(problem: &str, shortfall: Shortfall<'_>) -> String {
+    with_fix(problem, &shortfall_fix(shortfall))
+}
+
+/// What to do about a shortfall `check` found.
+fn shortfall_fix(shortfall: Shortfall<'_>) -> String {
+    match shortfall {
+        Shortfall::NoFreeSlot => "drop a slot nothing uses \
+             (SELECT pg_drop_replication_slot('<name>'); look for active = false in \
+             pg_replication_slots), or raise max_replication_slots (ALTER SYSTEM SET \
+             max_replication_slots = …; then restart PostgreSQL)"
+            .into(),
+        Shortfall::NoFreeWalSender => "raise max_wal_senders (ALTER SYSTEM SET \
+             max_wal_senders = …; then restart PostgreSQL), or stop a replication client that \
+             should not run (pg_stat_replication lists them)"
+            .into(),
+        Shortfall::TablePrivileges { grant, table, role } => format!(
+            "GRANT {grant} ON TABLE {} TO {}; (sql/role.sql has the least-privilege role)",
+            sql_table(table),
+            sql_name(role)
+        ),
+        Shortfall::PublicationSkipsInserts { publication } => insert_only(publication),
+    }
+}
+
+/// The SQL that makes `publication` publish inserts and nothing else.
+fn insert_only(publication: &str) -> String {
+    format!(
+        "ALTER PUBLICATION {} SET (publish = 'insert')",
+        sql_name(publication)
+    )
 }
 
 /// A warning's text: what is wrong (`problem`, as the caller found it), then what to do.
@@ -105,7 +163,7 @@ fn warning_fix(warning: Warning<'_>) -> String {
              SELECT pg_reload_conf(); (or ALTER ROLE / ALTER DATABASE … RESET \
              wal_sender_timeout where it was set to 0 there): the relay reports every \
              --status-interval, so a live one never reaches it (docs/network-failures.md, \
-             \"Dead peers\")"
+             \"Dead peers: what a vanished host costs\")"
             .into(),
         Warning::OutboxRecreated => "if rows were written to the new table before it was \
              added to the publication, re-publish them with `outbox-relay resync --since \
@@ -115,6 +173,18 @@ fn warning_fix(warning: Warning<'_>) -> String {
              again with their ids (consumers drop what they already have); docs/deployment.md, \
              \"Renaming the outbox table\""
             .into(),
+        Warning::SlotWalUnbounded => "ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; \
+             SELECT pg_reload_conf(); sized as the WAL rate × the longest relay outage to ride \
+             out, below the WAL volume's free space, and alert on \
+             outbox_relay_slot_safe_wal_size_bytes (docs/recovery.md, \
+             \"max_slot_wal_keep_size\")"
+            .into(),
+        Warning::WalSenderTimeoutLong => "ALTER SYSTEM SET wal_sender_timeout = '10s'; \
+             SELECT pg_reload_conf(); the relay reports every --status-interval, so a live one \
+             never reaches it (docs/network-failures.md, \"Dead peers: what a vanished host \
+             costs\")"
+            .into(),
+        Warning::PublicationNotInsertOnly { publication } => insert_only(publication),
     }
 }
 
@@ -262,6 +332,11 @@ pub fn fix(error: &RelayError) -> Option<String> {
              these messages), or correct the row's exchange or the --exchange template; with \
              --on-unroutable dead-letter such messages go to the dead-letter exchange"
         ),
+        BrokerLoginRefused { .. } => "correct the user or password in --amqp-url (AMQP_URL, \
+             or the file AMQP_URL_FILE names; a `%` in the password is written %25), and give \
+             the user access to the URL's virtual host (rabbitmqctl set_permissions -p <vhost> \
+             <user> …); RabbitMQ's log names the refused login"
+            .into(),
         ExchangeMissing { .. } => "run `outbox-relay setup` with the same flags (it declares \
              the exchange and, under `--on-unroutable dead-letter`, the dead-letter exchange, \
              both durable topic exchanges) or declare it; the relay retries"

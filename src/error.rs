@@ -285,6 +285,12 @@ pub enum RelayError {
     #[error("RabbitMQ error: {0}")]
     Broker(String),
 
+    /// The broker refused the login (403 ACCESS_REFUSED when the connection opens): a wrong
+    /// user or password, or a user without access to the virtual host. Retried like any
+    /// broker failure (a password being rotated), but named, with its fix.
+    #[error("RabbitMQ at {node} refused the login: {reply_text}")]
+    BrokerLoginRefused { node: String, reply_text: String },
+
     /// The broker closed the publishing channel with a channel-level (soft) error, as the
     /// answer to the publishes in flight: one of them caused it. `publish/` tells which.
     #[error("RabbitMQ closed the publishing channel: {reply_code} {reply_text}")]
@@ -1011,7 +1017,9 @@ impl RelayError {
                 Endpoint::PostgreSql | Endpoint::Replication => ErrorKind::DatabaseConnectTimeout,
             },
             BrokerSetupTimeout { .. } => ErrorKind::BrokerConnectTimeout,
-            Broker(_) | ChannelClosed { .. } | StreamConnect { .. } => ErrorKind::BrokerDown,
+            Broker(_) | BrokerLoginRefused { .. } | ChannelClosed { .. } | StreamConnect { .. } => {
+                ErrorKind::BrokerDown
+            }
             PublishRefused { .. } | PublishRefusedAmong { .. } => ErrorKind::PublishRefused,
             RoutedToMissingExchange { .. } => ErrorKind::ExchangeMissing,
             ConfirmTimeout { .. } => ErrorKind::ConfirmTimeout,

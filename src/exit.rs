@@ -14,6 +14,10 @@ pub const CONFIG: u8 = 3;
 /// `status` found the relay unhealthy: its slot is missing or lost, or (`--mode poll`) the
 /// table cannot be read.
 pub const UNHEALTHY: u8 = 4;
+/// `check` found something to look at but nothing that stops the relay (WAL retention
+/// unbounded, a slow standby takeover): the relay runs, the fix is advised. `check` exits
+/// [`CONFIG`] when it found an error, since what it found is a configuration to fix.
+pub const WARNINGS: u8 = 5;
 
 /// The code a command that failed with `error` exits with. A table whose columns do not
 /// fit the column map is the configuration's problem, though the relay learns it from a

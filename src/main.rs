@@ -8,7 +8,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use outbox_common::error::chain;
@@ -23,7 +22,7 @@ const FINISHING: &str = "finishing the current transaction";
 
 fn main() -> ExitCode {
     // A usage error exits here, printed by clap: logging is not set up yet.
-    let cli = Cli::parse();
+    let cli = Cli::parse_all();
     let runtime = match start(cli.log_format, failpoint::init_from_env) {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -44,7 +43,7 @@ fn main() -> ExitCode {
         }
     }
     // `status` exits UNHEALTHY when the slot is missing or lost (poll mode: the table
-    // cannot be read), so that it can serve as a probe.
+    // cannot be read), so that it can serve as a probe; `check` by what it found.
     let mut exit_code = ExitCode::SUCCESS;
     let result = runtime.block_on(async {
         match cli.command {
@@ -66,6 +65,9 @@ fn main() -> ExitCode {
             }),
             Command::Teardown(args) => ops::teardown::run(args).await,
             Command::Resync(args) => ops::resync::run(args).await,
+            Command::Check(args) => ops::check::run(args).await.map(|verdict| {
+                exit_code = ExitCode::from(verdict.exit_code());
+            }),
         }
     });
     match result {

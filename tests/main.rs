@@ -13,6 +13,7 @@
 //! checks it, so a new file cannot drop out of the suite unseen.
 
 mod big_transaction;
+mod check;
 mod cluster;
 mod credit_flow;
 mod dead_letter;

@@ -13,7 +13,9 @@ use super::connections::{
 use super::messages::{
     DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormatArgs, RestrictEmitArgs,
 };
-use super::modes::{FailoverSlotArgs, ModeArgs, OnPublished, OnSlotLost, RunShard, ShardCount};
+use super::modes::{
+    FailoverSlotArgs, Mode, ModeArgs, OnPublished, OnSlotLost, RunShard, ShardCount,
+};
 use super::names::{
     parse_identifier, ColumnArgs, OutboxNames, PublishNames, SlotNames, StatusNames,
 };
@@ -62,6 +64,11 @@ pub enum Command {
     /// Re-publish the rows still in the table created at or after --since, in created_at
     /// order, for rows no slot will deliver (inserted before the slot existed, or lost with it).
     Resync(ResyncArgs),
+    /// Check a configuration before `setup` or `run`: the flags of `run` (with --mode poll,
+    /// of `poll`), then PostgreSQL and RabbitMQ as that command needs them. One line per
+    /// finding (ok, warn or error, with the fix); changes nothing. Exits 0 when all is ok, 5
+    /// on warnings, 3 on errors.
+    Check(CheckArgs),
 }
 
 impl Command {
@@ -76,7 +83,93 @@ impl Command {
             Command::Status(args) => (args.peer_timeout.peer_timeout, None),
             Command::Teardown(args) => (args.peer_timeout.peer_timeout, None),
             Command::Resync(args) => (args.peer_timeout.peer_timeout, args.statement_timeout.get()),
+            Command::Check(args) => match &args.relay {
+                Some(CheckedRelay::Run(run)) => {
+                    (run.peer_timeout.peer_timeout, run.statement_timeout.get())
+                }
+                Some(CheckedRelay::Poll(poll)) => {
+                    (poll.peer_timeout.peer_timeout, poll.statement_timeout.get())
+                }
+                // Not parsed yet (only `Cli::parse_all` fills it): the flag's default.
+                None => (DEFAULT_PEER_TIMEOUT, None),
+            },
         }
+    }
+}
+
+/// `--peer-timeout`'s default, for a `check` whose relay flags were not parsed.
+const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Cli {
+    /// The command line, with `check`'s relay flags parsed as `run`'s or `poll`'s: a usage
+    /// error among them exits here, printed by clap with that command's usage, like any other.
+    pub fn parse_all() -> Cli {
+        let mut cli = Cli::parse();
+        if let Command::Check(args) = &mut cli.command {
+            match args.parse_relay() {
+                Ok(relay) => args.relay = Some(relay),
+                Err(e) => e.exit(),
+            }
+        }
+        cli
+    }
+}
+
+/// `check`: a mode, and the flags of the command that runs it, passed through as they are.
+///
+/// The flags are parsed by `run`'s (or `poll`'s) own definition rather than a copy of it: a
+/// flag added to `run` is checked with no change here, and one `run` refuses, `check` refuses.
+#[derive(Debug, Clone, Args)]
+#[command(mut_arg("mode", |arg| arg.help(
+    "Which relay to check the configuration of: `wal` (the flags of `run`, then wal_level, \
+     slots, WAL senders, the role, the table, the publication and the slot) or `poll` (the \
+     flags of `poll`, then the table, published_at and the claim index). Before the relay's \
+     flags"
+)))]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub mode: ModeArgs,
+    /// The flags of `run` (or of `poll` with --mode poll), as that command takes them, with
+    /// its environment variables read as it reads them.
+    #[arg(
+        help_heading = "Relay",
+        value_name = "RELAY FLAGS",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub flags: Vec<String>,
+    /// The flags once parsed ([`Cli::parse_all`]).
+    #[arg(skip)]
+    pub relay: Option<CheckedRelay>,
+}
+
+/// The relay whose configuration `check` checks, with its flags.
+#[derive(Debug, Clone, Subcommand)]
+pub enum CheckedRelay {
+    Run(RunArgs),
+    Poll(PollArgs),
+}
+
+/// `check`'s relay flags, as a command line of their own.
+#[derive(Debug, Parser)]
+#[command(name = "outbox-relay check")]
+struct CheckedCommandLine {
+    #[command(subcommand)]
+    relay: CheckedRelay,
+}
+
+impl CheckArgs {
+    /// The relay flags, parsed as `run`'s or, under `--mode poll`, `poll`'s.
+    pub fn parse_relay(&self) -> Result<CheckedRelay, clap::Error> {
+        let command = match self.mode.mode {
+            Mode::Wal => "run",
+            Mode::Poll => "poll",
+        };
+        let argv = ["outbox-relay check", command]
+            .into_iter()
+            .map(str::to_string)
+            .chain(self.flags.iter().cloned());
+        CheckedCommandLine::try_parse_from(argv).map(|line| line.relay)
     }
 }
 
@@ -171,8 +264,8 @@ pub struct RunArgs {
 
 /// Polling workers by default: two overlap one's claim and commit with the other's confirms,
 /// and drained a backlog at 0.94× the WAL reader where one worker managed 0.62×
-/// (docs/records/2026-12-01-polling-levers.md, "Polling defaults: against the WAL reader in
-/// one run"). A crash re-publishes at most workers × batch.
+/// (crates/outbox-bench/lab/records/2026-12-01-polling-levers.md, "Polling defaults:
+/// against the WAL reader in one run"). A crash re-publishes at most workers × batch.
 pub const DEFAULT_POLL_WORKERS: u32 = 2;
 /// Rows per polling batch by default: fewer, larger batches cost PostgreSQL less per row (one
 /// worker: 22 against 32 µs at 500, same benchmark), while 2 × 1,000 keeps the crash bound

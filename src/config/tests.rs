@@ -17,7 +17,9 @@ fn cli_definition_is_consistent() {
 /// What `outbox-relay [COMMAND] -h` and `--help` print, every command, with the values of
 /// any `[env: NAME=value]` the environment sets left out (the names stay).
 fn help_texts() -> String {
-    let commands = ["", "setup", "run", "poll", "status", "teardown", "resync"];
+    let commands = [
+        "", "setup", "run", "poll", "status", "teardown", "resync", "check",
+    ];
     let mut out = String::new();
     for command in commands {
         for flag in ["-h", "--help"] {
@@ -205,7 +207,11 @@ fn flag_reference() -> String {
             }
         }
     }
-    for (row, names) in rows {
+    for (row, mut names) in rows {
+        // `check` takes the flags of `run` and `poll`, passed through to them (CheckArgs).
+        if names.iter().any(|n| ["run", "poll"].contains(n)) && !names.contains(&"check") {
+            names.push("check");
+        }
         let names = if names.len() == commands.len() {
             "every command".to_string()
         } else {
@@ -1198,7 +1204,7 @@ fn column_map_flags_reach_every_command_that_reads_the_table() {
             Command::Poll(args) => &args.columns,
             Command::Status(args) => &args.columns,
             Command::Resync(args) => &args.columns,
-            Command::Teardown(_) => unreachable!("not parsed"),
+            Command::Teardown(_) | Command::Check(_) => unreachable!("not parsed"),
         };
         let map = columns.map().expect("map");
         assert_eq!(map.column(EVENT_TYPE), Some("kind"), "{command}");
@@ -1223,4 +1229,46 @@ fn column_map_flags_reach_every_command_that_reads_the_table() {
         .expect_err("unknown contract column")
         .to_string();
     assert!(error.contains("--column \"evnt_type=type\""), "{error}");
+}
+
+/// `check` takes `run`'s flags (with `--mode poll`, `poll`'s) and parses them with that
+/// command's own definition: what it refuses, `check` refuses.
+#[test]
+fn check_parses_the_flags_of_the_relay_it_checks() {
+    let relay = |argv: &[&str]| {
+        let mut full = vec!["outbox-relay", "check"];
+        full.extend(argv);
+        let Command::Check(args) = Cli::try_parse_from(full).expect("check parses").command else {
+            unreachable!("check")
+        };
+        args.parse_relay()
+    };
+    let db = [
+        "--database-url",
+        "postgres://u@h/db",
+        "--amqp-url",
+        "amqp://h",
+    ];
+    let mut argv = db.to_vec();
+    argv.extend(["--slot", "s1", "--peer-timeout", "9s"]);
+    let Ok(CheckedRelay::Run(run)) = relay(&argv) else {
+        panic!("check without --mode takes run's flags")
+    };
+    assert_eq!(&*run.names.slot, "s1");
+    assert_eq!(run.peer_timeout.peer_timeout, Duration::from_secs(9));
+
+    let mut argv = vec!["--mode", "poll"];
+    argv.extend(db);
+    argv.extend(["--workers", "3"]);
+    let Ok(CheckedRelay::Poll(poll)) = relay(&argv) else {
+        panic!("check --mode poll takes poll's flags")
+    };
+    assert_eq!(poll.workers, 3);
+
+    // run's flag under poll, poll's under run, and a typo: refused, as the commands do.
+    let mut argv = vec!["--mode", "poll"];
+    argv.extend(["--slot", "s1"]);
+    assert!(relay(&argv).is_err());
+    assert!(relay(&["--workers", "3"]).is_err());
+    assert!(relay(&["--slott", "s1"]).is_err());
 }

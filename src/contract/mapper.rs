@@ -573,6 +573,13 @@ impl Mapper {
             })
     }
 
+    /// The routing key of a message whose row names none: `--routing-key` rendered from
+    /// `fields`, as [`Mapper::assemble`] renders it; `None` when a field it needs is NULL or
+    /// unmapped (`assemble` refuses that row, naming it).
+    pub fn default_routing_key(&self, fields: &Fields<'_>) -> Option<String> {
+        self.routing_key.render(fields).ok()
+    }
+
     /// The default exchange (`--exchange`).
     pub fn default_exchange(&self) -> &str {
         &self.default_exchange

@@ -1,11 +1,13 @@
 //! The operator's commands besides `setup`, `run` and `poll`: `status` (a probe of the slot and
-//! the backlog), `teardown` (drop the slot and the publication) and `resync` (re-publish rows
-//! from the table for what no slot will deliver). docs/recovery.md says when to use which.
+//! the backlog), `teardown` (drop the slot and the publication), `resync` (re-publish rows
+//! from the table for what no slot will deliver) and `check` (a configuration, and the servers
+//! as it needs them, before `setup` or `run`). docs/recovery.md says when to use which.
 //!
 //! Each runs once and exits, and none may change what a running relay delivers behind its
-//! back: `status` only reads, `teardown` refuses while a process streams from the slot, and
-//! `resync` only publishes (it never marks, deletes or acknowledges anything).
+//! back: `status` and `check` only read, `teardown` refuses while a process streams from the
+//! slot, and `resync` only publishes (it never marks, deletes or acknowledges anything).
 
+pub mod check;
 pub mod resync;
 pub mod status;
 pub mod teardown;

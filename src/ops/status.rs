@@ -683,7 +683,7 @@ fn shard_line(shard: &ShardSlot) -> String {
     }
 }
 
-fn human_bytes(value: i64) -> String {
+pub(crate) fn human_bytes(value: i64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     if value.unsigned_abs() < 1024 {
         return format!("{value} bytes");

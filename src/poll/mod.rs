@@ -37,6 +37,7 @@ use shared::{PollStats, Shared};
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -45,13 +46,23 @@ use tokio_util::sync::CancellationToken;
 
 use crate::assembly::{RelayParts, RelayPartsFlags};
 use crate::config::{OnPublished, PollArgs};
+use crate::contract::columns::ColumnMap;
 use crate::error::RelayError;
 use crate::observability::{self, PollMetrics, WorkerHealth};
 
-/// Runs the polling relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
-pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
-    // Checked before anything connects: what the map leaves unmapped must not be needed.
-    // published_at first: without it the command cannot run at all under mark.
+/// What `poll` makes of its flags before it connects to anything.
+pub struct Prepared {
+    pub parts: RelayParts,
+    pub columns: Arc<ColumnMap>,
+    /// The shortest and longest wait after an empty poll.
+    pub poll_intervals: (Duration, Duration),
+}
+
+/// Checks `poll`'s flags as far as they can be without a connection, and makes the relay's
+/// parts from them: the one validation of a `poll` configuration, which `check` reports.
+pub fn prepare(args: &PollArgs) -> Result<Prepared, RelayError> {
+    // What the map leaves unmapped must not be needed. published_at first: without it the
+    // command cannot run at all under mark.
     table::check_on_published(&args.columns.map()?, args.on_published)?;
     let cleanup =
         !args.cleanup.cleanup_interval.is_zero() && args.on_published == OnPublished::Mark;
@@ -60,15 +71,9 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
     } else {
         &[]
     };
-    let (poll_interval_min, poll_interval_max) = args.poll_intervals()?;
+    let poll_intervals = args.poll_intervals()?;
     let columns = crate::assembly::column_map(&args.columns, &args.names.table, created_at_for)?;
-    let RelayParts {
-        database_url,
-        brokers,
-        mapper,
-        dead_letter_exchange,
-        ..
-    } = RelayParts::new(RelayPartsFlags {
+    let parts = RelayParts::new(RelayPartsFlags {
         connections: &args.connections,
         table: &args.names.table,
         exchange: &args.names.exchange,
@@ -77,6 +82,27 @@ pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), Rela
         format: &args.format,
         dead_letter: Some(&args.dead_letter),
     })?;
+    Ok(Prepared {
+        parts,
+        columns,
+        poll_intervals,
+    })
+}
+
+/// Runs the polling relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
+pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
+    let Prepared {
+        parts:
+            RelayParts {
+                database_url,
+                brokers,
+                mapper,
+                dead_letter_exchange,
+                ..
+            },
+        columns,
+        poll_intervals: (poll_interval_min, poll_interval_max),
+    } = prepare(&args)?;
     // The endpoints and the backlog poller outlive the workers' graceful stop.
     let observing = CancellationToken::new();
     let _stop_observing = observing.clone().drop_guard();

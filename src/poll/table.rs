@@ -287,6 +287,11 @@ impl OutboxTable {
     }
 }
 
+/// What a table without the claim index costs (`poll` warns of it, `check` too).
+pub const NO_CLAIM_INDEX: &str = "no partial index on (created_at) WHERE published_at IS NULL \
+     (the columns the column map names): every claim reads past the published rows still in \
+     the table";
+
 /// The error for a column polling needs that the table lacks: it names the table's column,
 /// the contract's, and the fix.
 fn missing_column(outbox: &TableName, map: &ColumnMap, contract: &'static str) -> RelayError {

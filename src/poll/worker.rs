@@ -138,12 +138,7 @@ async fn session(
         tracing::warn!(
             table = %shared.names.table,
             "{}",
-            advice::warning(
-                "no partial index on (created_at) WHERE published_at IS NULL (the columns the \
-                 column map names): every claim reads past the published rows still in the \
-                 table",
-                Warning::NoClaimIndex
-            )
+            advice::warning(super::table::NO_CLAIM_INDEX, Warning::NoClaimIndex)
         );
     }
     let claim_batch = bounded(client.prepare(&table.claim_sql(shared.batch_size))).await?;

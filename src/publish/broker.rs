@@ -133,7 +133,13 @@ impl Broker {
             endpoint: Endpoint::RabbitMq,
             seconds: crate::db::CONNECT_TIMEOUT.as_secs(),
         })?
-        .map_err(RelayError::from)?;
+        .map_err(|e| match login_refused(&e) {
+            Some(reply_text) => RelayError::BrokerLoginRefused {
+                node: nodes.node(index).address().to_string(),
+                reply_text,
+            },
+            None => RelayError::from(e),
+        })?;
         let (blocked_tx, blocked) = watch::channel(false);
         let (lost_tx, lost) = watch::channel(None);
         let mut events = connection.events_listener();
@@ -421,6 +427,25 @@ const NOT_FOUND: u16 = 404;
 
 fn is_not_found(e: &lapin::Error) -> bool {
     matches!(e.kind(), lapin::ErrorKind::ProtocolError(error) if error.get_id() == NOT_FOUND)
+}
+
+/// AMQP reply code 403 ACCESS_REFUSED: what RabbitMQ closes a connection whose login it
+/// refused with (the client asks for it: `authentication_failure_close`).
+const ACCESS_REFUSED: u16 = 403;
+
+/// The broker's words when `e` is a refused login (without their full stop: the report
+/// adds its own).
+fn login_refused(e: &lapin::Error) -> Option<String> {
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(error) if error.get_id() == ACCESS_REFUSED => Some(
+            error
+                .get_message()
+                .as_str()
+                .trim_end_matches('.')
+                .to_string(),
+        ),
+        _ => None,
+    }
 }
 
 /// A publish in flight: its frames still being written, or waiting for the broker's answer.

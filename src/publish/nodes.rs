@@ -13,7 +13,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::error::{chain, ConfigProblem, RelayError};
 use crate::observability::metrics::{BROKER_INFO, NODE_LABEL};
@@ -140,6 +140,15 @@ impl BrokerNodes {
         if previous.is_ok() {
             tracing::warn!(limit, "RabbitMQ refuses message bodies over {limit} bytes (its max_message_size): larger ones are now handled as too large before they are published");
         }
+    }
+
+    /// Each node as a list of its own, in this order: for `check`, which connects to every
+    /// node instead of the first that answers.
+    pub fn singly(&self) -> Vec<Arc<BrokerNodes>> {
+        self.nodes
+            .iter()
+            .map(|node| Arc::new(Self::in_order(vec![node.clone()])))
+            .collect()
     }
 
     /// The nodes in the order this process tries them.

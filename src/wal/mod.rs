@@ -35,6 +35,7 @@ pub mod state;
 pub mod stream;
 pub mod timeline;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -42,10 +43,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::advice::report;
 use crate::assembly::{self, RelayParts, RelayPartsFlags};
-use crate::config::RunArgs;
+use crate::config::{OutboxNames, RunArgs};
+use crate::contract::columns::ColumnMap;
 use crate::error::{ConfigProblem, RelayError};
 use crate::observability::{self, NotReady};
 use crate::publish::stream::{StreamAddress, StreamTarget};
+use crate::shard::Shard;
 use crate::supervisor::{supervise, Supervised, Supervision};
 use session::SessionContext;
 
@@ -58,32 +61,21 @@ const HEALTHY_SESSION: Duration = Duration::from_secs(60);
 
 /// Runs the WAL relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
 pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
-    let RelayParts {
-        database_url,
-        role,
-        brokers,
-        mapper,
-        dead_letter_exchange,
-    } = RelayParts::new(RelayPartsFlags {
-        connections: &args.connections,
-        table: &args.names.table,
-        exchange: &args.names.exchange,
-        publishing: &args.tuning.delivery.publishing,
-        exchanges: &args.exchanges,
-        format: &args.format,
-        dead_letter: Some(&args.dead_letter),
-    })?;
-    let shard = assembly::shard(&args.shard)?;
-    let names = shard.names(&args.names)?;
-    let stream = stream_destination(&args, &brokers, dead_letter_exchange.is_some())?;
-    let mut created_at_for = Vec::new();
-    if !args.cleanup.cleanup_interval.is_zero() {
-        created_at_for.push(crate::cleanup::CLEANUP_NEEDS);
-    }
-    if args.on_slot_lost == crate::config::OnSlotLost::Recreate {
-        created_at_for.push(recovery::BACKFILL_NEEDS);
-    }
-    let columns = assembly::column_map(&args.columns, &args.names.table, &created_at_for)?;
+    let Prepared {
+        parts:
+            RelayParts {
+                database_url,
+                role,
+                brokers,
+                mapper,
+                dead_letter_exchange,
+            },
+        shard,
+        names,
+        stream,
+        columns,
+        ..
+    } = prepare(&args)?;
     if !columns.is_default() {
         tracing::info!(columns = %columns.describe(), "outbox columns mapped");
     }
@@ -146,6 +138,52 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
         role,
     };
     supervise(&mut relay, &supervision, &shutdown).await
+}
+
+/// What `run` makes of its flags before it connects to anything.
+pub struct Prepared {
+    pub parts: RelayParts,
+    pub shard: Shard,
+    /// The shard's names.
+    pub names: OutboxNames,
+    pub stream: Option<StreamAddress>,
+    pub columns: Arc<ColumnMap>,
+    /// Why `created_at` must be mapped, for each feature that is on and needs it.
+    pub created_at_for: Vec<&'static str>,
+}
+
+/// Checks `run`'s flags as far as they can be without a connection, and makes the relay's
+/// parts from them: the one validation of a `run` configuration, which `check` reports.
+pub fn prepare(args: &RunArgs) -> Result<Prepared, RelayError> {
+    let parts = RelayParts::new(RelayPartsFlags {
+        connections: &args.connections,
+        table: &args.names.table,
+        exchange: &args.names.exchange,
+        publishing: &args.tuning.delivery.publishing,
+        exchanges: &args.exchanges,
+        format: &args.format,
+        dead_letter: Some(&args.dead_letter),
+    })?;
+    let shard = assembly::shard(&args.shard)?;
+    let names = shard.names(&args.names)?;
+    let dead_letters = parts.dead_letter_exchange.is_some();
+    let stream = stream_destination(args, &parts.brokers, dead_letters)?;
+    let mut created_at_for = Vec::new();
+    if !args.cleanup.cleanup_interval.is_zero() {
+        created_at_for.push(crate::cleanup::CLEANUP_NEEDS);
+    }
+    if args.on_slot_lost == crate::config::OnSlotLost::Recreate {
+        created_at_for.push(recovery::BACKFILL_NEEDS);
+    }
+    let columns = assembly::column_map(&args.columns, &args.names.table, &created_at_for)?;
+    Ok(Prepared {
+        parts,
+        shard,
+        names,
+        stream,
+        columns,
+        created_at_for,
+    })
 }
 
 /// `--stream`'s destination, if given, with what it cannot work with yet refused: dead

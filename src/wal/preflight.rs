@@ -339,6 +339,11 @@ async fn warn_if_idle_slots_expire(client: &Client, slot: &str) -> Result<(), Re
     Ok(())
 }
 
+/// What a `wal_sender_timeout` of 0 costs (`run` warns of it at start, `check` too).
+pub const WAL_SENDER_TIMEOUT_OFF: &str = "wal_sender_timeout is 0 (off): if the relay's host \
+     vanishes, PostgreSQL keeps its walsender, and the slot, until TCP gives up (about 15 \
+     minutes with data in flight), and a standby relay cannot take over until then";
+
 /// Warns, once per process, that `wal_sender_timeout` is 0 (for the server, or the role or
 /// database the relay connects as, which its walsender takes too): then nothing ends the
 /// walsender of a relay whose host vanished but TCP giving up, about 15 minutes with data in
@@ -356,12 +361,7 @@ async fn warn_if_walsenders_never_time_out(client: &Client) -> Result<(), RelayE
     if setting == "0" && !WARNED.swap(true, Ordering::Relaxed) {
         tracing::warn!(
             "{}",
-            advice::warning(
-                "wal_sender_timeout is 0 (off): if the relay's host vanishes, PostgreSQL keeps \
-                 its walsender, and the slot, until TCP gives up (about 15 minutes with data \
-                 in flight), and a standby relay cannot take over until then",
-                Warning::WalSenderTimeoutOff
-            )
+            advice::warning(WAL_SENDER_TIMEOUT_OFF, Warning::WalSenderTimeoutOff)
         );
     }
     Ok(())
