@@ -1,23 +1,26 @@
 //! `outbox-bench`: drives the relay from outside, as an application and a consumer would.
 //!
-//! - [`writers`]: concurrent connections committing outbox rows; records every committed id.
-//! - the consumer, shared with the tests: [`outbox_testkit::arrivals`] records each
-//!   delivery's id, `x-outbox-seq` and receive time.
-//! - [`report`]: compares the two: missing, duplicates, commit order, rate, latency.
-//! - [`demo`]: the `demo` subcommand built from those three.
-//! - [`suite`]: the `bench` subcommand (docs/benchmarks.md): the relay as a child
-//!   process ([`relay`]: the test-kit's relay process, its CPU and memory from
-//!   [`outbox_testkit::procfs`]), the limits it is set against ([`limits`]: broker alone
-//!   and decoding alone through the relay's own code; [`independent`]: broker alone with a
-//!   minimal publisher and the walsender ceiling, which share no code with the relay), the
-//!   CPU each process spends per message ([`cpu`]), and the figures ([`results`]: JSON and
-//!   Markdown).
-//! - [`compare`]: `bench --compare`, setups of one relay binary drained in one run.
-//! - [`cost_growth`]: `bench --cost-growth`, the CPU per message by shards, payload and broker.
-//! - [`setups`]: the suite's drain of every setup, consumer attached and none.
-//! - [`pinning`]: `bench --pin-broker`, RabbitMQ on a CPU of its own.
-//! - [`recovery`]: `bench --recovery-rounds`, the time to stream again after a fault.
-//! - [`charts`]: SVG charts of a run's figures, from the results or their JSON.
+//! Three layers, one folder each:
+//!
+//! - [`scenarios`]: what is run. The `demo` subcommand ([`scenarios::demo`]) and the `bench`
+//!   subcommand ([`scenarios::suite`], docs/benchmarks.md): the suite's scenarios (drain,
+//!   latency, load, crash, limits, sweep, the drain of every setup, the cluster section), the
+//!   A/B, `--compare` ([`scenarios::compare`]: its setups), `--shards-sweep`, `--emit`,
+//!   `--cost-growth` and `--recovery-rounds`; the setups drained ([`scenarios::setups`]) and
+//!   `--pin-broker` ([`scenarios::pinning`]).
+//! - [`measurement`]: how a run is measured. Concurrent writers committing outbox rows
+//!   ([`measurement::writers`]); the relay as a child process ([`measurement::relay`]: the
+//!   test-kit's relay process, its CPU and memory from [`outbox_testkit::procfs`]); the consumer,
+//!   shared with the tests ([`outbox_testkit::arrivals`]); what arrived against what was
+//!   committed ([`measurement::delivery`]: missing, duplicates, commit order, rate, latency);
+//!   the limits the relay is set against ([`measurement::limits`]: broker alone and decoding
+//!   alone through the relay's own code; [`measurement::independent`]: broker alone with a
+//!   minimal publisher and the walsender ceiling, which share no code with the relay); the CPU
+//!   each process spends per message ([`measurement::cpu`]); and the figures
+//!   ([`measurement::figures`], [`measurement::results`]: what a run's JSON holds).
+//! - [`report`]: what is made of the figures. The Markdown report ([`report::summary`], with
+//!   the sections of `--compare`, `--cost-growth`, `--recovery-rounds`, the setups' and the CPU
+//!   tables) and the SVG charts ([`report::charts`], from the results or their JSON).
 //!
 //! A tool, not the daemon: errors are `anyhow`, with context saying what failed. It reaches
 //! the relay through `outbox_relay`'s public API and runs its binary as a child process; the
@@ -25,25 +28,9 @@
 //! The harness pieces it shares with the tests (private servers aside: scripts/bench.sh starts
 //! those) come from `outbox-testkit`; what only the benchmark needs stays here.
 
-pub mod charts;
-pub mod compare;
-pub mod cost_growth;
-pub mod cpu;
-pub mod cpu_table;
-pub mod demo;
-pub mod figures;
-pub mod independent;
-pub mod limits;
-pub mod pinning;
-pub mod recovery;
-pub mod relay;
+pub mod measurement;
 pub mod report;
-pub mod results;
-pub mod setup_table;
-pub mod setups;
-pub mod suite;
-pub mod summary;
-pub mod writers;
+pub mod scenarios;
 
 /// The PostgreSQL and RabbitMQ both subcommands drive (`bench` needs a PostgreSQL superuser:
 /// it creates and drops tables, slots and triggers).

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use outbox_bench::demo::{self, DemoArgs};
-use outbox_bench::suite::{self, BenchArgs};
+use outbox_bench::scenarios::demo::{self, DemoArgs};
+use outbox_bench::scenarios::suite::{self, BenchArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -105,7 +105,7 @@ fn main() -> ExitCode {
         }
         Command::Charts(args) => {
             let dir = args.out.unwrap_or_else(|| args.file.with_extension(""));
-            let drawn = outbox_bench::charts::read(&args.file)
+            let drawn = outbox_bench::report::charts::read(&args.file)
                 .and_then(|results| write_charts(&results, &dir));
             match drawn {
                 Ok(()) => ExitCode::SUCCESS,
@@ -119,8 +119,11 @@ fn main() -> ExitCode {
 }
 
 /// The run's charts into `dir`, each file named on stderr (or why it was not drawn).
-fn write_charts(results: &outbox_bench::results::Results, dir: &Path) -> anyhow::Result<()> {
-    for (path, skipped) in outbox_bench::charts::write(results, dir)? {
+fn write_charts(
+    results: &outbox_bench::measurement::results::Results,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    for (path, skipped) in outbox_bench::report::charts::write(results, dir)? {
         match skipped {
             None => eprintln!("bench: wrote {}", path.display()),
             Some(why) => eprintln!("bench: no {}: {why}", path.display()),
@@ -132,7 +135,7 @@ fn write_charts(results: &outbox_bench::results::Results, dir: &Path) -> anyhow:
 /// PREFIX.json (the figures) and PREFIX.md (the report).
 fn write_results(
     prefix: &Path,
-    results: &outbox_bench::results::Results,
+    results: &outbox_bench::measurement::results::Results,
     markdown: &str,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
