@@ -1389,7 +1389,11 @@ async fn campaign(lab: &'static Lab, seed: Seed, minutes: f64, destination: Dest
         };
         return judge_stream(world, campaigned).await;
     };
+    // The watcher holds a handle on the world, which the queue's oracles take whole below.
     skips_stop.store(true, Ordering::Relaxed);
+    skips
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
     let every = rows.len() as i64;
     let sql = "SELECT count(DISTINCT message_id) FROM effect";
     let applied = wait_count(&effects_client, sql, APPLIED_WITHIN, |n| n >= every).await;
