@@ -45,6 +45,7 @@ use common::http::{metric_sum, metric_value, metrics, wait_ready, wait_readyz};
 use common::lab::{Lab, NET_TICKTIME_SECS, WAL_SENDER_TIMEOUT};
 use common::netns::Host;
 use common::outbox::{write_concurrently, Outbox};
+use common::rabbit_cluster::DELIVERY_AFTER_HEAL as AFTER_HEAL;
 use common::{parse_lsn, Consumer, RelayProcess};
 use tokio::time::Instant;
 
@@ -519,7 +520,14 @@ async fn the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_moves_t
 
     cut.heal();
     let whole = wait_whole_in_background(lab);
-    let probe = delivered_after(&relay, &outbox.client, &mut consumer, MINUTE, "the heal").await;
+    let probe = delivered_after(
+        &relay,
+        &outbox.client,
+        &mut consumer,
+        AFTER_HEAL,
+        "the heal",
+    )
+    .await;
     writers.stop().await;
     let text = scrape(at).await;
     let causes = reconnect_causes(&text);
@@ -618,7 +626,14 @@ async fn the_relay_cut_off_silently_from_its_own_node_is_moved_by_the_amqp_heart
         relay.log()
     );
     cut.heal();
-    let probe = delivered_after(&relay, &outbox.client, &mut consumer, MINUTE, "the move").await;
+    let probe = delivered_after(
+        &relay,
+        &outbox.client,
+        &mut consumer,
+        AFTER_HEAL,
+        "the move",
+    )
+    .await;
     writers.stop().await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
     let bound = W + MAX_TXN_ROWS;
@@ -705,7 +720,7 @@ async fn a_one_way_partition_between_two_broker_nodes_loses_no_confirmed_message
         &relay,
         &outbox.client,
         &mut consumer,
-        MINUTE * 2,
+        AFTER_HEAL,
         "the heal",
     );
     let probe = probe.await;
@@ -842,7 +857,7 @@ async fn flapping_partitions_for_60_s_lose_nothing_and_the_relay_streams_on_with
         &relay,
         &outbox.client,
         &mut consumer,
-        MINUTE * 2,
+        AFTER_HEAL,
         "flapping",
     );
     let probe = probe.await;
@@ -1099,7 +1114,14 @@ async fn the_relay_cut_off_from_postgresql_and_the_brokers_for_20_s_loses_nothin
     let confirmed_in_cut = confirmed(&scrape(at).await);
     cut.heal();
     let again = wait_streaming_again(&relay, at, confirmed_in_cut, MINUTE * 2).await;
-    let probe = delivered_after(&relay, &outbox.client, &mut consumer, MINUTE, "the heal").await;
+    let probe = delivered_after(
+        &relay,
+        &outbox.client,
+        &mut consumer,
+        AFTER_HEAL,
+        "the heal",
+    )
+    .await;
     writers.stop().await;
     let text = scrape(at).await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;

@@ -68,6 +68,7 @@ use common::lab::Lab;
 use common::netns::{unacknowledged, Host};
 use common::outbox::Outbox;
 use common::pg::{drop_slot_once_released, pg_connect, query_value, wait_count};
+use common::rabbit_cluster::DELIVERY_AFTER_HEAL as AFTER_HEAL;
 use common::relay::inbox_binary;
 use common::{format_lsn, unique_name, Consumer, RelayProcess};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -635,7 +636,14 @@ async fn brokers_host_vanishes(scenario: &str, load: Load, leads: Leader) {
     let heartbeat = PEER_TIMEOUT;
     gone.heal();
     let whole = wait_whole_in_background(lab);
-    let probe = delivered_after(&relay, &outbox.client, &mut consumer, MINUTE, "the move").await;
+    let probe = delivered_after(
+        &relay,
+        &outbox.client,
+        &mut consumer,
+        AFTER_HEAL,
+        "the move",
+    )
+    .await;
     writers.stop().await;
     let text = scrape(at).await;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;

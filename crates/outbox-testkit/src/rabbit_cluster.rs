@@ -47,6 +47,11 @@ const HEALTHY_TIMEOUT: Duration = Duration::from_secs(120);
 /// [`RabbitCluster::ensure_healthy`] restarts it: every heal in the partition tests took
 /// under 15 s.
 const STUCK_PAUSE: Duration = Duration::from_secs(60);
+/// How long a test waits for a row to arrive after a partition heals: pause_minority may
+/// leave a node paused for good, which [`RabbitCluster::ensure_healthy`] restarts only after
+/// [`STUCK_PAUSE`] (the restart took 6 s in CI), and a quorum queue that needs that node
+/// confirms nothing until then.
+pub const DELIVERY_AFTER_HEAL: Duration = Duration::from_secs(STUCK_PAUSE.as_secs() + 60);
 
 /// Three clustered RabbitMQ nodes owned by this test process.
 pub struct RabbitCluster {
