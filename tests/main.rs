@@ -24,6 +24,7 @@ mod failover_recovery;
 mod faults;
 mod harness_smoke;
 mod layout;
+mod manual_commands;
 mod migration_tables;
 mod negative_controls;
 mod operations;

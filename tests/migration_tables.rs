@@ -14,83 +14,18 @@ use lapin::types::FieldTable;
 
 use common::faults::{settled, Upto};
 use common::outbox::Outbox;
-use common::{services, unique_name, Consumer, Received};
+use common::{manual, services, unique_name, Consumer, Received};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
-/// The text of docs/migrating.md's `### <heading…>` section, up to the next heading.
+/// The text of docs/migrating.md's `### <heading…>` section.
 fn guide_section(heading: &str) -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/migrating.md");
-    let page = std::fs::read_to_string(path).expect("read docs/migrating.md");
-    let start = page
-        .find(&format!("\n### {heading}"))
-        .unwrap_or_else(|| panic!("no section \"### {heading}\" in docs/migrating.md"));
-    let body = &page[start + 1..];
-    let end = body[4..]
-        .find("\n## ")
-        .into_iter()
-        .chain(body[4..].find("\n### "))
-        .min()
-        .map_or(body.len(), |at| at + 4);
-    body[..end].to_string()
+    manual::section("docs/migrating.md", heading)
 }
 
-/// The contents of the section's code blocks fenced as ```` ```lang ````, in order.
-fn blocks(section: &str, lang: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current: Option<String> = None;
-    for line in section.lines() {
-        let trimmed = line.trim_start();
-        match &mut current {
-            None if trimmed == format!("```{lang}") => current = Some(String::new()),
-            Some(_) if trimmed == "```" => out.extend(current.take()),
-            Some(block) => {
-                block.push_str(line);
-                block.push('\n');
-            }
-            None => {}
-        }
-    }
-    out
-}
-
-/// Shell words of one command line: whitespace-separated, single and double quotes taken
-/// literally (no escapes or expansions: the guides use none), `#` starting a comment.
-fn shell_words(line: &str) -> Vec<String> {
-    let mut words = Vec::new();
-    let mut word: Option<String> = None;
-    let mut quote: Option<char> = None;
-    for c in line.chars() {
-        match (quote, c) {
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), c) => word.get_or_insert_with(String::new).push(c),
-            (None, '\'' | '"') => {
-                quote = Some(c);
-                word.get_or_insert_with(String::new);
-            }
-            (None, c) if c.is_whitespace() => words.extend(word.take()),
-            (None, '#') if word.is_none() => break,
-            (None, c) => word.get_or_insert_with(String::new).push(c),
-        }
-    }
-    assert!(quote.is_none(), "unclosed quote in {line:?}");
-    words.extend(word);
-    words
-}
-
-/// Every `outbox-relay …` command of the section's `sh` blocks, continuation lines joined,
-/// as its arguments (the program name dropped).
+/// Every `outbox-relay …` command of the section's `sh` blocks, as its arguments.
 fn relay_commands(section: &str) -> Vec<Vec<String>> {
-    let mut commands = Vec::new();
-    for block in blocks(section, "sh") {
-        let joined = block.replace("\\\n", " ");
-        for line in joined.lines() {
-            let words = shell_words(line);
-            if words.first().map(String::as_str) == Some("outbox-relay") {
-                commands.push(words[1..].to_vec());
-            }
-        }
-    }
+    let commands = manual::commands_of(section, "outbox-relay");
     assert!(
         !commands.is_empty(),
         "no outbox-relay command in:\n{section}"
@@ -102,7 +37,7 @@ fn relay_commands(section: &str) -> Vec<Vec<String>> {
 async fn database_with_tables(section: &str, prefix: &str) -> String {
     let db_url = services().pg.create_database(&unique_name(prefix)).await;
     let client = common::pg::pg_connect(&db_url).await;
-    let ddl = blocks(section, "sql");
+    let ddl = manual::blocks(section, "sql");
     assert!(!ddl.is_empty(), "no sql block in:\n{section}");
     for sql in ddl {
         client
@@ -271,7 +206,7 @@ async fn nservicebus_outbox_table_is_refused_with_the_error_the_guide_quotes() {
     let db_url = database_with_tables(&section, "mig_nsb").await;
     let amqp_url = services().rabbit.url();
     let commands = relay_commands(&section);
-    let expected = blocks(&section, "text");
+    let expected = manual::blocks(&section, "text");
     assert_eq!(
         commands.len(),
         expected.len(),
@@ -347,26 +282,4 @@ async fn a_spring_modulith_event_publication_arrives_with_its_class_as_type_and_
         .expect("read the publication")
         .get(0);
     assert_eq!(completed, None);
-}
-
-#[test]
-fn the_guide_readers_split_blocks_and_shell_words_as_a_shell_would() {
-    assert_eq!(
-        shell_words("outbox-relay run --routing-key '{event_type}' --column created_at= # why"),
-        [
-            "outbox-relay",
-            "run",
-            "--routing-key",
-            "{event_type}",
-            "--column",
-            "created_at="
-        ]
-    );
-    let section =
-        "### X\n\n```sh\noutbox-relay setup --table t \\\n  --column a=b\nexport Y=1\n```\n";
-    assert_eq!(
-        relay_commands(section),
-        [["setup", "--table", "t", "--column", "a=b"]]
-    );
-    assert_eq!(blocks("```sql\nSELECT 1;\n```\n", "sql"), ["SELECT 1;\n"]);
 }

@@ -18,7 +18,7 @@ use common::{services, unique_name, Consumer};
 mod poll;
 
 /// Debezium's Outbox Event Router table, as its documentation gives it.
-const DEBEZIUM_TABLE: &str = "CREATE TABLE outbox (\
+pub(crate) const DEBEZIUM_TABLE: &str = "CREATE TABLE outbox (\
      id uuid PRIMARY KEY, \
      aggregatetype varchar(255) NOT NULL, \
      aggregateid varchar(255) NOT NULL, \

@@ -46,6 +46,7 @@ pub mod failover;
 pub mod faults;
 pub mod http;
 pub mod lab;
+pub mod manual;
 pub mod nemesis;
 pub mod netns;
 pub mod outbox;
