@@ -19,7 +19,7 @@ use common::amqp::{declare_bound_queue, declare_exchange, delete_queue, publish_
 use common::manual::{self, checkout, sh_commands};
 use common::pg::{pg_connect, query_value, wait_count};
 use common::relay::{binary, inbox_binary, TEST_LOG};
-use common::{services, unique_name, Consumer, RelayProcess};
+use common::{free_port, services, unique_name, Consumer, RelayProcess};
 use tokio_postgres::Client;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -307,6 +307,8 @@ struct Session {
     slot: String,
     exchange: String,
     queue: String,
+    /// Where a server serves /metrics: a port of its own, since the tests run side by side.
+    metrics_addr: String,
 }
 
 impl Session {
@@ -333,6 +335,7 @@ impl Session {
             slot: format!("{name}_slot"),
             exchange: format!("{name}_x"),
             queue: format!("{name}_q"),
+            metrics_addr: format!("127.0.0.1:{}", free_port()),
         }
     }
 
@@ -343,6 +346,7 @@ impl Session {
             ("AMQP_URL", self.amqp_url.as_str()),
             ("OUTBOX_SLOT", self.slot.as_str()),
             ("OUTBOX_EXCHANGE", self.exchange.as_str()),
+            ("OUTBOX_METRICS_ADDR", self.metrics_addr.as_str()),
             TEST_LOG,
         ]
     }
@@ -607,6 +611,13 @@ async fn table_layouts_commands_deliver_from_debeziums_table_in_both_modes() {
     let poll = session.start("outbox-relay", "poll");
     session.delivers(poll, &mut consumer, &row(1)).await;
 
+    // The page's second way starts from Debezium's table as it is: the first way's rows,
+    // marked in a column this way does not map, would be sent again.
+    session
+        .client
+        .batch_execute("DELETE FROM outbox")
+        .await
+        .expect("empty the table");
     session.run("outbox-relay", "setup");
     let poll = session.start("outbox-relay", "poll");
     session.delivers(poll, &mut consumer, &row(2)).await;
