@@ -5,6 +5,9 @@
 #   docker build -t outbox-relay .
 #   docker run --rm -e DATABASE_URL=... -e AMQP_URL=... outbox-relay run
 #
+# The consumer (crates/outbox-inbox) has its own image, the `inbox` stage:
+#   docker build --target inbox -t outbox-inbox .
+#
 # The benchmark tool (crates/outbox-bench) has its own image, the `bench` stage; the compose
 # file's `demo` service uses it for the end-to-end check:
 #   docker build --target bench -t outbox-bench .
@@ -34,6 +37,12 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked -p outbox-bench --bin outbox-bench \
     && install -s -m 0755 target/release/outbox-bench /usr/local/bin/
 
+FROM builder AS inbox-build
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p outbox-inbox --bin outbox-inbox \
+    && install -s -m 0755 target/release/outbox-inbox /usr/local/bin/
+
 FROM debian:bookworm-slim AS runtime
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
@@ -46,6 +55,13 @@ FROM runtime AS bench
 COPY --from=bench-build /usr/local/bin/outbox-bench /usr/local/bin/
 ENTRYPOINT ["outbox-bench"]
 CMD ["demo"]
+
+# The consumer's side (docs/consumers.md): `docker build --target inbox -t outbox-inbox .`,
+# then `docker run … outbox-inbox setup` once and `consume` (the default) per replica.
+FROM runtime AS inbox
+COPY --from=inbox-build /usr/local/bin/outbox-inbox /usr/local/bin/
+ENTRYPOINT ["outbox-inbox"]
+CMD ["consume"]
 
 # The relay: the default target, so it stays last. Its one binary, stripped; bash (for a
 # healthcheck on /healthz over /dev/tcp, as docker-compose.yml does) comes with the base.

@@ -46,17 +46,8 @@ root_dir() {
     echo "$CACHE/$1/root"
 }
 
-# The Debian mirror apt uses here (deb.debian.org unless the sources say otherwise).
-mirror() {
-    if [ -n "${OUTBOX_DEBIAN_MIRROR:-}" ]; then
-        echo "$OUTBOX_DEBIAN_MIRROR"
-        return 0
-    fi
-    local found
-    found=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null |
-        grep -oE 'https?://[^ ]+/debian/?( |$)' | head -n 1 | tr -d ' ' || true)
-    echo "${found:-http://deb.debian.org/debian}"
-}
+# shellcheck source=scripts/lib/debian.sh
+. "$REPO/scripts/lib/debian.sh"
 
 # The rabbitmq-server version installed in a root, e.g. 4.0.5-6+deb13u2.
 installed_version() {

@@ -16,6 +16,9 @@
 #   scripts/test.sh --rabbit-matrix  only the RabbitMQ matrix (RABBIT_MATRIX_TESTS on 3.10)
 #   scripts/test.sh --partitions     only tests/partitions.rs (real network partitions on
 #                                    network namespaces; about 8 minutes)
+#   scripts/test.sh --image          only the container images: built from the Dockerfile
+#                                    with podman (scripts/build-image.sh), then run for real
+#                                    (tests/packaging/image.rs; root, a few minutes)
 #   scripts/test.sh --nemesis MINUTES [--seed S]
 #                                    only the nemesis campaigns (tests/partitions/nemesis.rs:
 #                                    into queues, then into a stream), each this long, from
@@ -104,6 +107,7 @@ pg_majors_pinned() {
 matrix_only=
 rabbit_matrix_wanted=yes
 partitions_only=
+image_only=
 nemesis_minutes=
 nemesis_seed=
 nemesis_broken=
@@ -112,6 +116,9 @@ while [ $# -gt 0 ]; do
     case $1 in
         --partitions)
             partitions_only=yes
+            ;;
+        --image)
+            image_only=yes
             ;;
         --nemesis)
             [ $# -gt 1 ] || { echo "--nemesis needs MINUTES" >&2; exit 2; }
@@ -139,7 +146,7 @@ while [ $# -gt 0 ]; do
             matrix_majors=(none)
             ;;
         *)
-            echo "usage: scripts/test.sh [--matrix [MAJOR,...] | --rabbit-matrix | --partitions | --nemesis MINUTES [--seed S] [--broken]]" >&2
+            echo "usage: scripts/test.sh [--matrix [MAJOR,...] | --rabbit-matrix | --partitions | --image | --nemesis MINUTES [--seed S] [--broken]]" >&2
             exit 2
             ;;
     esac
@@ -224,6 +231,13 @@ fi
 # every run cost 2.5 minutes that CI's 35 do not have.
 export OUTBOX_NEMESIS_SEED=${OUTBOX_NEMESIS_SEED:-42}
 export OUTBOX_NEMESIS_MINUTES=${OUTBOX_NEMESIS_MINUTES:-1.5}
+
+if [ -n "$image_only" ]; then
+    # The images of the Dockerfile (podman, a debootstrapped base: scripts/build-image.sh),
+    # run against the suite's servers: tests/packaging/image.rs.
+    scripts/build-image.sh
+    OUTBOX_TEST_IMAGE_PREFIX=localhost exec cargo test --test main -- --ignored packaging::image
+fi
 
 if [ -n "$partitions_only" ]; then
     # Ignored in the default run (see tests/partitions.rs): run them, and only them. The

@@ -11,6 +11,8 @@
 
 use outbox_testkit as common;
 
+mod image;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
