@@ -19,8 +19,9 @@
 //! everything else is derived from that [`ErrorKind`]: the recovery the supervisor applies
 //! ([`ErrorKind::recovery`]), the `cause` label of logs and the reconnect metric
 //! ([`ErrorKind::label`]), which side of the relay is down for `/readyz`
-//! ([`ErrorKind::side`]). Causes that arrive as text (a replication error's SQLSTATE, a TLS
-//! failure) are parsed once, where the error is made. A definite error must never be classed
+//! ([`ErrorKind::side`]). Causes come as types or fields, never from an error's text (a
+//! replication error's SQLSTATE field, a TLS failure's kind), read once where the error is
+//! made. A definite error must never be classed
 //! as retry (the relay would loop on a row it can never deliver), nor a transient one as stop
 //! (an outage would end the relay).
 //!
@@ -246,7 +247,7 @@ pub enum RelayError {
 
     #[error("Replication stream error")]
     Replication {
-        /// The SQLSTATE the server sent, read once from the crate's text.
+        /// The SQLSTATE the server sent (the crate's `ServerError::code`).
         sqlstate: Option<SqlState>,
         #[source]
         source: pgwire_replication::PgWireError,
@@ -767,7 +768,7 @@ pub enum SlotProblem {
     OtherDatabase,
 }
 
-/// What went wrong setting up TLS with PostgreSQL, read once from the TLS library's text.
+/// What went wrong setting up TLS with PostgreSQL, by the kind the TLS layer gave it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TlsProblem {
     /// The certificate is not signed by the CA the relay trusts.
@@ -785,21 +786,16 @@ pub enum TlsProblem {
 }
 
 impl TlsProblem {
-    /// Classifies the TLS library's description of a failure.
-    pub fn of(reason: &str) -> TlsProblem {
-        let has = |needles: &[&str]| needles.iter().any(|needle| reason.contains(needle));
-        if has(&["UnknownIssuer", "BadSignature"]) {
-            TlsProblem::UnknownIssuer
-        } else if has(&["NotValidForName"]) {
-            TlsProblem::NameMismatch
-        } else if has(&["SSLRequest rejected"]) {
-            TlsProblem::Refused
-        } else if has(&["CA PEM", "CA certificates"]) {
-            TlsProblem::CaFile
-        } else if has(&["certificate", "Certificate", "config error", "Unix domain"]) {
-            TlsProblem::Definite
-        } else {
-            TlsProblem::Handshake
+    /// What the relay says and does about a TLS failure of `kind`.
+    pub fn of(kind: pgwire_replication::TlsErrorKind) -> TlsProblem {
+        use pgwire_replication::TlsErrorKind as Kind;
+        match kind {
+            Kind::UnknownIssuer => TlsProblem::UnknownIssuer,
+            Kind::NameMismatch => TlsProblem::NameMismatch,
+            Kind::Refused => TlsProblem::Refused,
+            Kind::CaFile => TlsProblem::CaFile,
+            Kind::Config | Kind::Certificate => TlsProblem::Definite,
+            Kind::Handshake => TlsProblem::Handshake,
         }
     }
 }
@@ -1072,12 +1068,9 @@ impl RelayError {
     /// A failed TLS setup on either PostgreSQL connection; `ca_given` says whether the URL
     /// named a CA (sslrootcert).
     pub fn pg_tls(error: pgwire_replication::PgWireError, ca_given: bool) -> RelayError {
-        let reason = match error {
-            pgwire_replication::PgWireError::Tls(reason) => reason,
-            other => other.to_string(),
-        };
+        let (kind, reason) = outbox_common::pg::tls_failure(error);
         RelayError::PgTls {
-            problem: TlsProblem::of(&reason),
+            problem: TlsProblem::of(kind),
             reason,
             ca_given,
         }
@@ -1141,8 +1134,12 @@ impl From<outbox_common::pg::PgError> for RelayError {
         use outbox_common::pg::PgError;
         match error {
             PgError::Url(problem) => ConfigProblem::DatabaseUrl(problem).into(),
-            PgError::Tls { reason, ca_given } => RelayError::PgTls {
-                problem: TlsProblem::of(&reason),
+            PgError::Tls {
+                kind,
+                reason,
+                ca_given,
+            } => RelayError::PgTls {
+                problem: TlsProblem::of(kind),
                 reason,
                 ca_given,
             },
@@ -1227,28 +1224,71 @@ mod tests {
         assert!(e.to_string().contains("a bug in outbox-relay"), "{e}");
     }
 
+    /// tokio-rustls's error for a handshake rustls refused with `error`.
+    fn handshake_error(error: rustls::Error) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, error)
+    }
+
     #[test]
-    fn tls_problems_are_read_once() {
+    fn tls_failures_are_classified_by_rustls_error_type() {
+        use pgwire_replication::TlsErrorKind as Kind;
+        use rustls::{AlertDescription, CertificateError, Error};
+        let kind = |error: Error| Kind::of_handshake(&handshake_error(error));
+        let certificate = |error: CertificateError| kind(Error::InvalidCertificate(error));
         assert_eq!(
-            TlsProblem::of("invalid peer certificate: UnknownIssuer"),
-            TlsProblem::UnknownIssuer
+            certificate(CertificateError::UnknownIssuer),
+            Kind::UnknownIssuer
         );
         assert_eq!(
-            TlsProblem::of("invalid peer certificate: NotValidForName"),
-            TlsProblem::NameMismatch
+            certificate(CertificateError::BadSignature),
+            Kind::UnknownIssuer
         );
-        assert_eq!(TlsProblem::of("SSLRequest rejected"), TlsProblem::Refused);
-        assert_eq!(TlsProblem::of("connection reset"), TlsProblem::Handshake);
-        let e = RelayError::pg_tls(
-            pgwire_replication::PgWireError::Tls("invalid peer certificate: Expired".into()),
-            false,
+        assert_eq!(
+            certificate(CertificateError::NotValidForName),
+            Kind::NameMismatch
         );
-        assert_eq!(e.recovery(), SupervisorAction::Stop);
-        let e = RelayError::pg_tls(
-            pgwire_replication::PgWireError::Tls("connection reset by peer".into()),
-            false,
+        assert_eq!(certificate(CertificateError::Expired), Kind::Certificate);
+        assert_eq!(
+            kind(Error::AlertReceived(AlertDescription::UnknownCA)),
+            Kind::Certificate
         );
-        assert_eq!(e.recovery(), SupervisorAction::Retry);
+        assert_eq!(kind(Error::DecryptError), Kind::Handshake);
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert_eq!(Kind::of_handshake(&reset), Kind::Handshake);
+        // A message that reads like a certificate problem is not classified by its words.
+        let worded = std::io::Error::other("invalid peer certificate: UnknownIssuer");
+        assert_eq!(Kind::of_handshake(&worded), Kind::Handshake);
+    }
+
+    #[test]
+    fn tls_problems_decide_the_recovery() {
+        use pgwire_replication::{PgWireError, TlsError, TlsErrorKind as Kind};
+        let pg_tls = |kind: Kind| {
+            RelayError::pg_tls(PgWireError::Tls(TlsError::new(kind, "some text")), false)
+        };
+        for definite in [
+            Kind::UnknownIssuer,
+            Kind::NameMismatch,
+            Kind::Refused,
+            Kind::CaFile,
+            Kind::Config,
+            Kind::Certificate,
+        ] {
+            assert_eq!(
+                pg_tls(definite).recovery(),
+                SupervisorAction::Stop,
+                "{definite:?}"
+            );
+        }
+        assert_eq!(pg_tls(Kind::Handshake).recovery(), SupervisorAction::Retry);
+        // The socket failing mid-handshake is a handshake failure: it may pass.
+        let io = PgWireError::Io(std::sync::Arc::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert_eq!(
+            RelayError::pg_tls(io, false).recovery(),
+            SupervisorAction::Retry
+        );
     }
 
     #[test]

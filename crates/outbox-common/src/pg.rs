@@ -60,6 +60,8 @@ pub enum PgError {
 
     #[error("Cannot set up TLS with PostgreSQL ({reason})")]
     Tls {
+        /// What kind of failure, by the TLS library's error type.
+        kind: pgwire_replication::TlsErrorKind,
         reason: String,
         /// The URL named a CA (`sslrootcert`).
         ca_given: bool,
@@ -102,11 +104,26 @@ pub enum Unreachable {
 impl PgError {
     /// A failed TLS handshake or setup, as its reason.
     fn tls(error: pgwire_replication::PgWireError, ca_given: bool) -> PgError {
-        let reason = match error {
-            pgwire_replication::PgWireError::Tls(reason) => reason,
-            other => other.to_string(),
-        };
-        PgError::Tls { reason, ca_given }
+        let (kind, reason) = tls_failure(error);
+        PgError::Tls {
+            kind,
+            reason,
+            ca_given,
+        }
+    }
+}
+
+/// A failed TLS setup as its kind and its text; an error of another kind (the socket failed
+/// during the handshake) as a handshake failure, which may pass.
+pub fn tls_failure(
+    error: pgwire_replication::PgWireError,
+) -> (pgwire_replication::TlsErrorKind, String) {
+    match error {
+        pgwire_replication::PgWireError::Tls(tls) => (tls.kind, tls.message),
+        other => (
+            pgwire_replication::TlsErrorKind::Handshake,
+            other.to_string(),
+        ),
     }
 }
 

@@ -39,6 +39,80 @@ impl std::fmt::Display for ServerError {
     }
 }
 
+/// What kind of TLS failure a [`TlsError`] is, so that a caller classifies it by type, never
+/// by its text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsErrorKind {
+    /// The server answered the SSLRequest with 'N': it does not accept TLS.
+    Refused,
+    /// The CA file (`TlsConfig::ca_pem_path`) cannot be read or holds no usable certificate.
+    CaFile,
+    /// The TLS configuration cannot work: half of a client certificate pair, verify-full on
+    /// an IP address, a Unix socket, an invalid SNI name, TLS support not built in.
+    Config,
+    /// The server's certificate is not signed by a trusted CA, or its signature is bad.
+    UnknownIssuer,
+    /// The server's certificate does not name the host.
+    NameMismatch,
+    /// Another certificate problem: expired, revoked, or one the peer refused.
+    Certificate,
+    /// Anything else during the handshake (a reset, a corrupt message): it may pass.
+    Handshake,
+}
+
+impl TlsErrorKind {
+    /// The kind of a failed handshake, from the error tokio-rustls returns: rustls's own error
+    /// inside it, by its variant.
+    #[cfg(feature = "tls-rustls")]
+    pub fn of_handshake(error: &std::io::Error) -> TlsErrorKind {
+        use rustls::{AlertDescription as Alert, CertificateError, Error as Rustls};
+        let Some(rustls) = error.get_ref().and_then(|e| e.downcast_ref::<Rustls>()) else {
+            return TlsErrorKind::Handshake;
+        };
+        match rustls {
+            Rustls::InvalidCertificate(CertificateError::UnknownIssuer)
+            | Rustls::InvalidCertificate(CertificateError::BadSignature) => {
+                TlsErrorKind::UnknownIssuer
+            }
+            Rustls::InvalidCertificate(CertificateError::NotValidForName)
+            | Rustls::InvalidCertificate(CertificateError::NotValidForNameContext { .. }) => {
+                TlsErrorKind::NameMismatch
+            }
+            Rustls::InvalidCertificate(_)
+            | Rustls::InvalidCertRevocationList(_)
+            | Rustls::NoCertificatesPresented
+            | Rustls::AlertReceived(
+                Alert::BadCertificate
+                | Alert::UnsupportedCertificate
+                | Alert::CertificateRevoked
+                | Alert::CertificateExpired
+                | Alert::CertificateUnknown
+                | Alert::UnknownCA
+                | Alert::CertificateRequired
+                | Alert::AccessDenied,
+            ) => TlsErrorKind::Certificate,
+            _ => TlsErrorKind::Handshake,
+        }
+    }
+}
+
+/// A failed TLS setup: its kind, and the text that explains it to a person.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{message}")]
+pub struct TlsError {
+    pub kind: TlsErrorKind,
+    pub message: String,
+}
+
+impl TlsError {
+    pub fn new(kind: TlsErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
 /// Error type for all pgwire-replication operations.
 ///
 /// This enum is `#[non_exhaustive]`: match on it with a `_` arm so that new
@@ -66,9 +140,9 @@ pub enum PgWireError {
     #[error("authentication error: {0}")]
     Auth(String),
 
-    /// TLS error - handshake failure, certificate validation, etc.
+    /// TLS error - handshake failure, certificate validation, etc., with its kind.
     #[error("tls error: {0}")]
-    Tls(String),
+    Tls(TlsError),
 
     /// Task error - worker panicked or terminated unexpectedly.
     #[error("task error: {0}")]

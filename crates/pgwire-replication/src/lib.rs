@@ -86,5 +86,5 @@ pub use client::{
     ReplicationEventReceiver, ReplicationMetrics, TimelineHistory,
 };
 pub use config::{Publication, ReplicationConfig, SslMode, TcpKeepalive, TlsConfig};
-pub use error::{PgWireError, Result, ServerError};
+pub use error::{PgWireError, Result, ServerError, TlsError, TlsErrorKind};
 pub use lsn::Lsn;

@@ -1,5 +1,5 @@
 use crate::config::ReplicationConfig;
-use crate::error::{PgWireError, Result};
+use crate::error::{PgWireError, Result, TlsError, TlsErrorKind};
 use crate::lsn::Lsn;
 
 use tokio::net::TcpStream;
@@ -496,9 +496,10 @@ async fn run_worker(worker: &mut WorkerState, cfg: &ReplicationConfig) -> Result
     #[cfg(unix)]
     if cfg.is_unix_socket() {
         if cfg.tls.mode.requires_tls() {
-            return Err(PgWireError::Tls(
-                "TLS is not supported over Unix domain sockets".into(),
-            ));
+            return Err(PgWireError::Tls(TlsError::new(
+                TlsErrorKind::Config,
+                "TLS is not supported over Unix domain sockets",
+            )));
         }
 
         let path = cfg.unix_socket_path();
@@ -531,7 +532,10 @@ async fn run_worker(worker: &mut WorkerState, cfg: &ReplicationConfig) -> Result
     #[cfg(not(feature = "tls-rustls"))]
     {
         if !matches!(cfg.tls.mode, SslMode::Disable) {
-            return Err(PgWireError::Tls("tls-rustls feature not enabled".into()));
+            return Err(PgWireError::Tls(TlsError::new(
+                TlsErrorKind::Config,
+                "tls-rustls feature not enabled",
+            )));
         }
         let mut s = tcp;
         worker.run_on_stream(&mut s).await

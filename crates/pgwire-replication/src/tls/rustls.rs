@@ -59,7 +59,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::{client::TlsStream, TlsConnector};
 
 use crate::config::{SslMode, TlsConfig};
-use crate::error::{PgWireError, Result};
+use crate::error::{PgWireError, Result, TlsError, TlsErrorKind};
 use crate::protocol::framing::write_ssl_request;
 
 /// A stream that may or may not be TLS-encrypted.
@@ -183,9 +183,10 @@ pub async fn maybe_upgrade_to_tls(
         // Server refused TLS
         return match tls.mode {
             SslMode::Prefer => Ok(MaybeTlsStream::Plain(tcp)),
-            _ => Err(PgWireError::Tls(
-                "server does not support TLS (SSLRequest rejected)".into(),
-            )),
+            _ => Err(PgWireError::Tls(TlsError::new(
+                TlsErrorKind::Refused,
+                "server does not support TLS (SSLRequest rejected)",
+            ))),
         };
     }
 
@@ -198,13 +199,19 @@ pub async fn maybe_upgrade_to_tls(
 
     // SNI hostname: use override if provided, otherwise use connection host
     let sni = tls.sni_hostname.as_deref().unwrap_or(host);
-    let server_name = rustls::pki_types::ServerName::try_from(sni.to_string())
-        .map_err(|_| PgWireError::Tls(format!("invalid SNI hostname '{sni}'")))?;
+    let server_name = rustls::pki_types::ServerName::try_from(sni.to_string()).map_err(|_| {
+        PgWireError::Tls(TlsError::new(
+            TlsErrorKind::Config,
+            format!("invalid SNI hostname '{sni}'"),
+        ))
+    })?;
 
-    let tls_stream = connector
-        .connect(server_name, tcp)
-        .await
-        .map_err(|e| PgWireError::Tls(format!("TLS handshake failed: {e}")))?;
+    let tls_stream = connector.connect(server_name, tcp).await.map_err(|e| {
+        PgWireError::Tls(TlsError::new(
+            TlsErrorKind::of_handshake(&e),
+            format!("TLS handshake failed: {e}"),
+        ))
+    })?;
 
     Ok(MaybeTlsStream::Tls(Box::new(tls_stream)))
 }
@@ -220,18 +227,24 @@ fn build_rustls_config(
     let has_cert = tls.client_cert_pem_path.is_some();
     let has_key = tls.client_key_pem_path.is_some();
     if has_cert ^ has_key {
-        return Err(PgWireError::Tls(format!(
+        return Err(PgWireError::Tls(TlsError::new(
+            TlsErrorKind::Config,
+            format!(
             "TLS config error: mTLS requires both client_cert_pem_path and client_key_pem_path \
              (got cert={has_cert} key={has_key})"
+        ),
         )));
     }
 
     // Operator hint: VerifyFull + IP literal is a common misconfiguration
     if verify_hostname && host.parse::<std::net::IpAddr>().is_ok() && tls.sni_hostname.is_none() {
-        return Err(PgWireError::Tls(format!(
-            "TLS config error: VerifyFull enabled but host '{host}' is an IP address. \
+        return Err(PgWireError::Tls(TlsError::new(
+            TlsErrorKind::Config,
+            format!(
+                "TLS config error: VerifyFull enabled but host '{host}' is an IP address. \
              Hint: use a DNS name matching the certificate, or set tls.sni_hostname, \
              or use VerifyCa mode."
+            ),
         )));
     }
 
@@ -253,7 +266,10 @@ fn build_rustls_config(
         builder
             .with_client_auth_cert(cert_chain, key)
             .map_err(|e| {
-                PgWireError::Tls(format!("TLS config error: invalid client cert/key: {e}"))
+                PgWireError::Tls(TlsError::new(
+                    TlsErrorKind::Config,
+                    format!("TLS config error: invalid client cert/key: {e}"),
+                ))
             })?
     } else {
         builder.with_no_client_auth()
@@ -271,7 +287,12 @@ fn build_rustls_config(
         // VerifyCa: verify certificate chain but ignore hostname mismatch
         let inner = rustls::client::WebPkiServerVerifier::builder(roots_arc)
             .build()
-            .map_err(|e| PgWireError::Tls(format!("TLS config error: build verifier: {e}")))?;
+            .map_err(|e| {
+                PgWireError::Tls(TlsError::new(
+                    TlsErrorKind::Config,
+                    format!("TLS config error: build verifier: {e}"),
+                ))
+            })?;
 
         cfg.dangerous()
             .set_certificate_verifier(Arc::new(VerifyChainOnly { inner }));
@@ -293,24 +314,33 @@ fn build_root_store(tls: &TlsConfig) -> Result<RootCertStore> {
 
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
             .map_err(|e| {
-                PgWireError::Tls(format!(
-                    "TLS config error: failed to open CA PEM '{}': {e}",
-                    path.display()
+                PgWireError::Tls(TlsError::new(
+                    TlsErrorKind::CaFile,
+                    format!(
+                        "TLS config error: failed to open CA PEM '{}': {e}",
+                        path.display()
+                    ),
                 ))
             })?
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| {
-                PgWireError::Tls(format!(
-                    "TLS config error: failed to parse CA PEM '{}': {e}",
-                    path.display()
+                PgWireError::Tls(TlsError::new(
+                    TlsErrorKind::CaFile,
+                    format!(
+                        "TLS config error: failed to parse CA PEM '{}': {e}",
+                        path.display()
+                    ),
                 ))
             })?;
 
         let (added, _ignored) = roots.add_parsable_certificates(certs);
         if added == 0 {
-            return Err(PgWireError::Tls(format!(
-                "TLS config error: no valid CA certificates found in '{}'",
-                path.display()
+            return Err(PgWireError::Tls(TlsError::new(
+                TlsErrorKind::CaFile,
+                format!(
+                    "TLS config error: no valid CA certificates found in '{}'",
+                    path.display()
+                ),
             )));
         }
     } else {
@@ -330,23 +360,32 @@ fn load_cert_chain(
 
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
         .map_err(|e| {
-            PgWireError::Tls(format!(
-                "TLS config error: failed to open client certificate '{}': {e}",
-                path.display()
+            PgWireError::Tls(TlsError::new(
+                TlsErrorKind::Config,
+                format!(
+                    "TLS config error: failed to open client certificate '{}': {e}",
+                    path.display()
+                ),
             ))
         })?
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| {
-            PgWireError::Tls(format!(
-                "TLS config error: failed to parse client certificate '{}': {e}",
-                path.display()
+            PgWireError::Tls(TlsError::new(
+                TlsErrorKind::Config,
+                format!(
+                    "TLS config error: failed to parse client certificate '{}': {e}",
+                    path.display()
+                ),
             ))
         })?;
 
     if certs.is_empty() {
-        return Err(PgWireError::Tls(format!(
-            "TLS config error: no certificates found in '{}'",
-            path.display()
+        return Err(PgWireError::Tls(TlsError::new(
+            TlsErrorKind::Config,
+            format!(
+                "TLS config error: no certificates found in '{}'",
+                path.display()
+            ),
         )));
     }
 
@@ -361,10 +400,13 @@ fn load_private_key(path: &std::path::Path) -> Result<rustls::pki_types::Private
     use rustls::pki_types::PrivateKeyDer;
 
     PrivateKeyDer::from_pem_file(path).map_err(|e| {
-        PgWireError::Tls(format!(
-            "TLS config error: failed to load private key from '{}': {e}. \
+        PgWireError::Tls(TlsError::new(
+            TlsErrorKind::Config,
+            format!(
+                "TLS config error: failed to load private key from '{}': {e}. \
              Supported formats: PKCS#8, PKCS#1 (RSA), SEC1 (EC)",
-            path.display()
+                path.display()
+            ),
         ))
     })
 }
