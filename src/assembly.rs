@@ -16,9 +16,9 @@ use crate::contract::columns::{self, ColumnMap};
 use crate::contract::headers;
 use crate::contract::mapper::{AllowedExchanges, Mapper};
 use crate::error::{ConfigProblem, RelayError};
-use crate::outbox_table::needs_created_at;
 use crate::publish::BrokerNodes;
 use crate::shard::Shard;
+use crate::table::outbox::needs_created_at;
 use crate::template::Template;
 
 /// What every publishing command (`run`, `poll`, `resync`) runs with: the database it reads,

@@ -13,7 +13,7 @@
 //!    returned rows to `publish::dead_letter` when asked, and hands back "acknowledged up to
 //!    token T" — to the stream reader in WAL mode.
 //!
-//! `poll` is the other way in: workers that claim rows from the table (`outbox_table` reads
+//! `poll` is the other way in: workers that claim rows from the table (`table::outbox` reads
 //! its columns) and hand each batch to the same delivery loop; `ops::resync` does the same
 //! for a time range. `setup` provisions; `config` and `error` hold the flags and the error
 //! classes (retry, standby, stop); `db` the connections and their pinned settings;
@@ -49,7 +49,6 @@ macro_rules! out {
 
 pub mod advice;
 pub mod assembly;
-pub mod cleanup;
 pub mod config;
 pub mod contract;
 pub mod db;
@@ -61,13 +60,13 @@ pub mod failpoint;
 pub mod fuzzing;
 pub mod observability;
 pub mod ops;
-pub mod outbox_table;
 pub mod pgoutput;
 pub mod poll;
 pub mod publish;
 pub mod setup;
 pub mod shard;
 pub mod supervisor;
+pub mod table;
 pub mod template;
 pub mod trace_context;
 pub mod wal;

@@ -919,7 +919,7 @@ async fn cleanup_deletes_only_rows_past_retention_and_the_last_acknowledged_comm
     let names = names(&outbox);
     let retention = Duration::from_secs(3600);
     let delete = |acknowledged: SystemTime, batch| {
-        let deleting = outbox_relay::cleanup::delete_batch(
+        let deleting = outbox_relay::wal::cleanup::delete_batch(
             &outbox.client,
             &names,
             retention,
@@ -960,7 +960,7 @@ async fn cleanup_statement_reads_the_created_at_index_not_the_table() {
     let seq_scan_allowed: String =
         common::pg::query_value(&outbox.client, "SHOW enable_seqscan").await;
     assert_eq!(seq_scan_allowed, "on", "the planner is free to choose");
-    let sql = outbox_relay::cleanup::delete_sql(&names(&outbox), 1000);
+    let sql = outbox_relay::wal::cleanup::delete_sql(&names(&outbox), 1000);
     // The worst case for the index: nearly every row qualifies.
     let retention = 60.0f64;
     let acknowledged = SystemTime::now() + Duration::from_secs(3600);

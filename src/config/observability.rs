@@ -50,7 +50,7 @@ pub fn parse_metrics_addr(text: &str) -> Result<MetricsAddr, String> {
 }
 
 /// The cleanup job: deletes delivered rows in small batches. The help here is WAL mode's
-/// (src/cleanup.rs); `poll` says in its own words what its cleanup deletes.
+/// (src/wal/cleanup.rs); `poll` says in its own words what its cleanup deletes.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Cleanup")]
 pub struct CleanupArgs {

@@ -1,6 +1,6 @@
 //! The SQL polling mode runs on the outbox table: claim a batch and mark it published, delete
 //! what was published long enough ago, read the backlog. Which columns it reads and how a row
-//! becomes a tuple for the mapper is `outbox_table`'s, shared with `resync`: this module
+//! becomes a tuple for the mapper is `table::outbox`'s, shared with `resync`: this module
 //! must never read the catalog for columns or convert rows itself, or the two ways of reading
 //! the table drift apart.
 
@@ -10,8 +10,8 @@ use crate::config::{OnPublished, TableName};
 use crate::contract::columns::{self, ColumnMap, COLUMN_FLAG, PUBLISHED_AT};
 use crate::contract::mapper::Layout;
 use crate::error::{ConfigProblem, RelayError};
-use crate::outbox_table::{needs_created_at, TextRelation};
 use crate::pgoutput::Tuple;
+use crate::table::outbox::{needs_created_at, TextRelation};
 use outbox_common::quote::quote_ident;
 
 /// Why the cleanup needs `created_at` (`poll`'s error when it is unmapped).
@@ -333,7 +333,7 @@ mod tests {
             .collect();
         let map = ColumnMap::resolve(Preset::Debezium, &overrides).expect("map");
         let columns = ["id", "aggregatetype", "aggregateid", "type", "payload"];
-        let text = crate::outbox_table::text_relation(&columns, &map);
+        let text = crate::table::outbox::text_relation(&columns, &map);
         OutboxTable::new(&TableName::from("outbox"), text, &map, on_published)
     }
 

@@ -23,6 +23,7 @@
 //! [`position`] comes back to [`stream`], which sends it to PostgreSQL. [`session`] wires one
 //! session; [`preflight`], [`heartbeat`] and [`slot`] serve it.
 
+pub mod cleanup;
 pub mod heartbeat;
 pub mod position;
 pub mod preflight;
@@ -170,7 +171,7 @@ pub fn prepare(args: &RunArgs) -> Result<Prepared, RelayError> {
     let stream = stream_destination(args, &parts.brokers, dead_letters)?;
     let mut created_at_for = Vec::new();
     if !args.cleanup.cleanup_interval.is_zero() {
-        created_at_for.push(crate::cleanup::CLEANUP_NEEDS);
+        created_at_for.push(crate::wal::cleanup::CLEANUP_NEEDS);
     }
     if args.on_slot_lost == crate::config::OnSlotLost::Recreate {
         created_at_for.push(recovery::BACKFILL_NEEDS);

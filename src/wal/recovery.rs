@@ -73,11 +73,11 @@ use crate::db::{self, Server};
 use crate::error::RelayError;
 use crate::failpoint::{failpoint, RECOVERY_BACKFILL_CONFIRMED};
 use crate::observability::SLOT_RECOVERIES_TOTAL;
-use crate::ops::resync::{backfill_report, publish_all, select_sql, Read, Resumed};
-use crate::outbox_table::{needs_created_at, TextRelation};
 use crate::publish::Broker;
 use crate::publish::BrokerNodes;
 use crate::shard::Shard;
+use crate::table::backfill::{backfill_report, publish_all, select_sql, Read, Resumed};
+use crate::table::outbox::{needs_created_at, TextRelation};
 use crate::wal::slot::read_slot;
 use crate::wal::state::{backfill_start, read_state, state_table, Backfilled, State};
 

@@ -590,7 +590,7 @@ struct Helpers {
 impl Helpers {
     fn start(ctx: &SessionContext, broker: &Destination) -> Self {
         Self {
-            _cleanup: AbortOnDropHandle::new(tokio::spawn(crate::cleanup::run_cleanup(
+            _cleanup: AbortOnDropHandle::new(tokio::spawn(crate::wal::cleanup::run_cleanup(
                 ctx.database_url.clone(),
                 (ctx.names.clone(), Arc::clone(&ctx.columns)),
                 (ctx.shard, ctx.backfill_margin()),

@@ -22,17 +22,6 @@ pub struct ServerError {
     pub code: Option<String>,
 }
 
-impl ServerError {
-    /// The ErrorResponse in `payload`.
-    pub fn parse(payload: &[u8]) -> Self {
-        let fields = crate::protocol::messages::ErrorFields::parse(payload);
-        Self {
-            message: fields.to_error_string(),
-            code: fields.code,
-        }
-    }
-}
-
 impl std::fmt::Display for ServerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)

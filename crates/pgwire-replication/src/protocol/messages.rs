@@ -74,6 +74,18 @@ impl ErrorFields {
     }
 }
 
+// Beside the fields it reads, so that the error types need nothing of the protocol's.
+impl crate::error::ServerError {
+    /// The ErrorResponse in `payload`.
+    pub fn parse(payload: &[u8]) -> Self {
+        let fields = ErrorFields::parse(payload);
+        Self {
+            message: fields.to_error_string(),
+            code: fields.code,
+        }
+    }
+}
+
 /// Parse an ErrorResponse payload into a human-readable string.
 ///
 /// For more detailed error information, use `ErrorFields::parse()` instead.
