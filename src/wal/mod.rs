@@ -24,6 +24,7 @@
 //! session; [`preflight`], [`heartbeat`] and [`slot`] serve it.
 
 pub mod cleanup;
+pub mod context;
 pub mod heartbeat;
 pub mod position;
 pub mod preflight;
@@ -51,7 +52,7 @@ use crate::observability::{self, NotReady};
 use crate::publish::stream::{StreamAddress, StreamTarget};
 use crate::shard::Shard;
 use crate::supervisor::{supervise, Supervised, Supervision};
-use session::SessionContext;
+use context::{RelayState, SessionConfig, SessionContext};
 
 /// How often a standby looks whether the slot's holder has gone, between retries: the
 /// takeover then follows the release of the slot within this much, not within a retry
@@ -115,26 +116,30 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
     };
     let mut relay = Relay {
         ctx: SessionContext {
-            database_url,
-            brokers,
-            names,
-            shard,
-            tuning: args.tuning,
-            mapper,
-            columns,
-            heartbeat: heartbeat::Heartbeat::new(),
-            health,
-            metrics: observability::RelayMetrics::new(),
-            cleanup: args.cleanup,
-            dead_letter_exchange,
-            emit_prefix,
-            failover: args.failover.failover_slot,
-            on_slot_lost: args.on_slot_lost,
-            recreate_margin: args.recreate_margin,
-            stream,
-            last_server: std::sync::Mutex::new(None),
-            handed_over: timeline::HandedOver::default(),
-            emitted_seen: state::EmittedSeen::default(),
+            config: SessionConfig {
+                database_url,
+                names,
+                shard,
+                tuning: args.tuning,
+                mapper,
+                columns,
+                heartbeat: heartbeat::Heartbeat::new(),
+                cleanup: args.cleanup,
+                dead_letter_exchange,
+                emit_prefix,
+                failover: args.failover.failover_slot,
+                on_slot_lost: args.on_slot_lost,
+                recreate_margin: args.recreate_margin,
+                stream,
+            },
+            state: RelayState {
+                brokers,
+                health,
+                metrics: observability::RelayMetrics::new(),
+                last_server: std::sync::Mutex::new(None),
+                handed_over: timeline::HandedOver::default(),
+                emitted_seen: state::EmittedSeen::default(),
+            },
         },
         role,
     };
@@ -233,7 +238,7 @@ impl Supervised for Relay {
     }
 
     fn failed(&mut self, error: &RelayError) {
-        self.ctx.health.set_not_ready(NotReady::after(error));
+        self.ctx.state.health.set_not_ready(NotReady::after(error));
     }
 
     fn progressed(&self, ran: Duration) -> bool {
@@ -250,9 +255,9 @@ impl Supervised for Relay {
     /// reader during the backfill, and may not exist yet: the recovery's lock is what says
     /// it is taken. A missing slot nobody recovers is this relay's to report or recover.
     async fn wait_as_standby(&self, at_most: Duration) {
-        let names = &self.ctx.names;
+        let names = &self.ctx.config.names;
         let watch = async {
-            let client = crate::db::connect(&self.ctx.database_url).await?;
+            let client = crate::db::connect(&self.ctx.config.database_url).await?;
             loop {
                 let held = slot::read_slot(&client, &names.slot)
                     .await?

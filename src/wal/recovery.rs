@@ -66,18 +66,17 @@ use std::time::Duration;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, IsolationLevel};
 
-use crate::config::{FailoverSlot, OutboxNames};
-use crate::contract::columns::{self, ColumnMap};
-use crate::contract::mapper::Mapper;
+use crate::config::OutboxNames;
+use crate::contract::columns::{self};
 use crate::db::{self, Server};
 use crate::error::RelayError;
 use crate::failpoint::{failpoint, RECOVERY_BACKFILL_CONFIRMED};
 use crate::observability::SLOT_RECOVERIES_TOTAL;
 use crate::publish::Broker;
 use crate::publish::BrokerNodes;
-use crate::shard::Shard;
 use crate::table::backfill::{backfill_report, publish_all, select_sql, Read, Resumed};
 use crate::table::outbox::{needs_created_at, TextRelation};
+use crate::wal::context::SessionConfig;
 use crate::wal::slot::read_slot;
 use crate::wal::state::{backfill_start, read_state, state_table, Backfilled, State};
 
@@ -87,24 +86,15 @@ pub const BACKFILL_NEEDS: &str =
     "--on-slot-lost recreate backfills the rows a new slot will not deliver by it";
 
 pub struct Recovery<'a> {
-    pub database_url: &'a str,
-    pub names: &'a OutboxNames,
-    pub shard: Shard,
-    pub failover: FailoverSlot,
-    pub recreate_margin: Duration,
+    pub config: &'a SessionConfig,
     pub brokers: &'a Arc<BrokerNodes>,
-    pub mapper: &'a Mapper,
-    /// Which of the table's columns holds each contract column.
-    pub columns: &'a ColumnMap,
-    pub dead_letter_exchange: Option<&'a str>,
-    pub confirm_timeout: Duration,
 }
 
 /// Replaces the slot and backfills what it will not deliver (see the module documentation).
 /// `server` is the primary the session uses. Returns the rows re-published.
 pub async fn recreate(ctx: &Recovery<'_>, server: &Server) -> Result<u64, RelayError> {
-    let names = &ctx.names;
-    let client = db::connect_to(ctx.database_url, server).await?;
+    let names = &ctx.config.names;
+    let client = db::connect_to(&ctx.config.database_url, server).await?;
     hold_the_recovery_lock(&client, names).await?;
     // The `recovering` mark is what makes a crash during the backfill safe: no mark, no
     // recovery.
@@ -131,7 +121,7 @@ pub async fn recreate(ctx: &Recovery<'_>, server: &Server) -> Result<u64, RelayE
         } => *backfill_from,
         state => state
             .acknowledged_commit
-            .map(|at| backfill_start(at, ctx.recreate_margin)),
+            .map(|at| backfill_start(at, ctx.config.recreate_margin)),
     };
     let backfilled = match resumable(&client, names, &state).await? {
         Some(progress) => {
@@ -360,14 +350,19 @@ async fn drop_old_slot(client: &Client, names: &OutboxNames) -> Result<(), Relay
 /// the recovery's lock, and every standby, for ever); only the creation itself waits as
 /// long as it must ([`wait_for_creation`]).
 async fn create_slot(ctx: &Recovery<'_>, server: &Server) -> Result<Created, RelayError> {
-    let names = &ctx.names;
-    let config = db::replication_config(ctx.database_url, server, &names.slot, &names.publication)?;
+    let names = &ctx.config.names;
+    let config = db::replication_config(
+        &ctx.config.database_url,
+        server,
+        &names.slot,
+        &names.publication,
+    )?;
     let (mut session, _) = db::connect_replication(config)
         .await?
         .map_err(RelayError::replication)?;
-    let client = db::connect_to(ctx.database_url, server).await?;
+    let client = db::connect_to(&ctx.config.database_url, server).await?;
     let version = db::server_version_num(&client).await?;
-    let failover = crate::wal::slot::failover_wanted(ctx.failover, version)?;
+    let failover = crate::wal::slot::failover_wanted(ctx.config.failover, version)?;
     let command = format!(
         "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'export'{})",
         names.slot,
@@ -509,15 +504,15 @@ async fn backfill(
     from: Option<SystemTime>,
     rows: Rows<'_>,
 ) -> Result<u64, RelayError> {
-    let names = &ctx.names;
-    let mut reader = db::connect_to(ctx.database_url, server).await?;
+    let names = &ctx.config.names;
+    let mut reader = db::connect_to(&ctx.config.database_url, server).await?;
     reader.batch_execute(db::PINNED_SET_STATEMENTS).await?;
     let text = TextRelation::discover(
         &reader,
         &names.table,
-        ctx.columns,
+        &ctx.config.columns,
         &[columns::CREATED_AT],
-        |_| needs_created_at(&names.table, ctx.columns, BACKFILL_NEEDS),
+        |_| needs_created_at(&names.table, &ctx.config.columns, BACKFILL_NEEDS),
     )
     .await?;
     let transaction = reader
@@ -555,18 +550,18 @@ async fn backfill(
         params.extend([created_at as &(dyn ToSql + Sync), id]);
     }
     let statement = transaction
-        .prepare(&select_sql(&names.table, &text, ctx.shard, resumed))
+        .prepare(&select_sql(&names.table, &text, ctx.config.shard, resumed))
         .await?;
     let portal = transaction.bind(&statement, &params).await?;
     let mut broker = Broker::connect(ctx.brokers).await?;
     broker
-        .prepare(&names.exchange, ctx.dead_letter_exchange)
+        .prepare(&names.exchange, ctx.config.dead_letter_exchange.as_deref())
         .await?;
     let read = Read {
         transaction: &transaction,
         portal: &portal,
         text: &text,
-        mapper: ctx.mapper,
+        mapper: &ctx.config.mapper,
     };
     // The key of the backfill's order, as text (discover checked both columns are there).
     let key = [columns::CREATED_AT, columns::ID].map(|column| text.column_index(column));
@@ -580,7 +575,13 @@ async fn backfill(
             None => Ok(()),
         }
     };
-    let published = publish_all(&read, &broker, ctx.confirm_timeout, progress).await;
+    let published = publish_all(
+        &read,
+        &broker,
+        ctx.config.tuning.delivery.publishing.confirm_timeout(),
+        progress,
+    )
+    .await;
     broker.close().await;
     let summary = published.map_err(|(e, _)| e)?;
     transaction.commit().await?;

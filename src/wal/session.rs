@@ -21,20 +21,14 @@ use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::config::{CleanupArgs, FailoverSlot, OnSlotLost, OutboxNames, Tuning};
-use crate::contract::columns::ColumnMap;
-use crate::contract::mapper::Mapper;
+use crate::config::OnSlotLost;
 use crate::db;
 use crate::error::{Endpoint, RelayError};
-use crate::observability::{
-    Health, RelayMetrics, StreamMetrics, HOST_LABEL, POSTGRES_INFO, SESSIONS_TOTAL,
-};
-use crate::publish::stream::{Ancestor, StreamAddress, StreamDestination};
-use crate::publish::{
-    deliver, Acked, Broker, BrokerNodes, DeliveryOptions, Destination, Input, Publisher,
-};
-use crate::shard::Shard;
-use crate::wal::heartbeat::{self, Heartbeat};
+use crate::observability::{Health, StreamMetrics, HOST_LABEL, POSTGRES_INFO, SESSIONS_TOTAL};
+use crate::publish::stream::{Ancestor, StreamDestination};
+use crate::publish::{deliver, Acked, Broker, DeliveryOptions, Destination, Input, Publisher};
+use crate::wal::context::{SeenServer, SessionContext};
+use crate::wal::heartbeat::{self};
 use crate::wal::position::AckPosition;
 use crate::wal::preflight;
 use crate::wal::relations::RelationCache;
@@ -51,66 +45,12 @@ pub const CLIENT_EVENT_BUFFER: usize = 256;
 /// Inputs (rows and ack points) handed from the stream reader to the delivery task.
 const INPUT_CHANNEL: usize = 256;
 
-/// What every session of one `run` shares.
-pub struct SessionContext {
-    pub database_url: String,
-    pub brokers: Arc<BrokerNodes>,
-    /// The names of this relay's shard (src/shard.rs): its publication and slot.
-    pub names: OutboxNames,
-    pub shard: Shard,
-    pub tuning: Tuning,
-    pub mapper: Mapper,
-    /// Which of the table's columns holds each contract column (`--table-layout`, `--column`).
-    pub columns: Arc<ColumnMap>,
-    pub heartbeat: Heartbeat,
-    pub health: Health,
-    pub metrics: RelayMetrics,
-    pub cleanup: CleanupArgs,
-    /// The dead-letter exchange under `--on-unroutable dead-letter`; `None` under halt.
-    pub dead_letter_exchange: Option<String>,
-    /// The prefix of this outbox's emitted events (`--emit-prefix`).
-    pub emit_prefix: String,
-    /// `--failover-slot`: what preflight expects of the slot, and how a recreated one is made.
-    pub failover: FailoverSlot,
-    /// `--on-slot-lost`, and the backfill's `--recreate-margin`.
-    pub on_slot_lost: OnSlotLost,
-    pub recreate_margin: std::time::Duration,
-    /// `--stream`: the stream WAL mode delivers into instead of the exchange.
-    pub stream: Option<StreamAddress>,
-    /// The PostgreSQL server the last session streamed from.
-    pub last_server: std::sync::Mutex<Option<SeenServer>>,
-    /// Commits of the transactions handed on from that server, for a failover's report.
-    pub handed_over: timeline::HandedOver,
-    /// Set once a session decoded an emitted event; the cleanup records it.
-    pub emitted_seen: state::EmittedSeen,
-}
-
-impl SessionContext {
-    /// How far before the recorded acknowledged commit the cleanup keeps rows: the backfill's
-    /// `--recreate-margin` where a lost slot is recreated; none under `stop`, where no
-    /// backfill reads them (a short `--retention` then deletes delivered rows promptly).
-    fn backfill_margin(&self) -> std::time::Duration {
-        match self.on_slot_lost {
-            OnSlotLost::Recreate => self.recreate_margin,
-            OnSlotLost::Stop => std::time::Duration::ZERO,
-        }
-    }
-}
-
-/// A server a session streamed from: where, and which one (IDENTIFY_SYSTEM).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SeenServer {
-    pub address: String,
-    pub system_id: String,
-    pub timeline: u32,
-}
-
 /// Runs one session. A message that failed in an earlier session (the health's stuck
 /// message) is published with a window of 1 until the broker confirms it, so a stuck message
 /// does not drag a full window of re-publishes along on every retry.
 pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<(), RelayError> {
     // Chosen afresh every session: after a failover the primary is another host.
-    let server = db::primary(&ctx.database_url).await?;
+    let server = db::primary(&ctx.config.database_url).await?;
     let (slot, outbox) = match preflight(ctx, &server).await {
         Err(e) if recreates(ctx, &e) => {
             recovery::recreate(&recovery_of(ctx), &server).await?;
@@ -119,7 +59,7 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
         checked => checked?,
     };
     let broker = Arc::new(connect_destination(ctx).await?);
-    let stuck = ctx.health.stuck();
+    let stuck = ctx.state.health.stuck();
     let streaming = match start_streaming(ctx, &server, slot.confirmed_flush).await {
         // Lost between the check and START_REPLICATION: the next session recovers it.
         Err(e) if recreates(ctx, &e) => return Err(slot_vanished(ctx)),
@@ -135,18 +75,18 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
             .into_iter()
             .map(|(timeline, ended_at)| Ancestor { timeline, ended_at })
             .collect();
-        stream.name_producers(&ctx.names.slot, streamed_timeline(ctx)?, ancestors);
+        stream.name_producers(&ctx.config.names.slot, streamed_timeline(ctx)?, ancestors);
     }
     let leaving = CancellationToken::new();
     let (unpublished, mut outbox_unpublished) = oneshot::channel();
     let _watch = watch_server(ctx, &server, leaving.clone(), (outbox, unpublished)).await?;
     tracing::info!(
-        slot = %ctx.names.slot,
+        slot = %ctx.config.names.slot,
         from = %slot.confirmed_flush,
-        window = if stuck.is_some() { 1 } else { ctx.tuning.max_in_flight },
+        window = if stuck.is_some() { 1 } else { ctx.config.tuning.max_in_flight },
         "streaming"
     );
-    ctx.health.set_ready();
+    ctx.state.health.set_ready();
     metrics::counter!(SESSIONS_TOTAL).increment(1);
     let _helpers = Helpers::start(ctx, &broker);
 
@@ -157,13 +97,13 @@ pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<()
         client,
         source: source_of(ctx, outbox),
         start: slot.confirmed_flush,
-        silence_limit: ctx.tuning.heartbeat_interval().map(|i| i * 3),
+        silence_limit: ctx.config.tuning.heartbeat_interval().map(|i| i * 3),
         feedback_sent,
-        health: ctx.health.clone(),
+        health: ctx.state.health.clone(),
         inputs,
         acked,
         delivery,
-        handed_over: ctx.handed_over.clone(),
+        handed_over: ctx.state.handed_over.clone(),
     });
     // A child: the real shutdown stops the reading too, and so does the server going away.
     let stopping = shutdown.child_token();
@@ -222,12 +162,12 @@ fn start_delivery(
 ) -> DeliveryTask {
     let broker = Arc::clone(broker);
     let options = DeliveryOptions {
-        window: ctx.tuning.max_in_flight as usize,
-        confirm_timeout: ctx.tuning.delivery.publishing.confirm_timeout(),
+        window: ctx.config.tuning.max_in_flight as usize,
+        confirm_timeout: ctx.config.tuning.delivery.publishing.confirm_timeout(),
         stuck,
-        health: Some(ctx.health.clone()),
+        health: Some(ctx.state.health.clone()),
     };
-    let metrics = ctx.metrics.clone();
+    let metrics = ctx.state.metrics.clone();
     AbortOnDropHandle::new(tokio::spawn(async move {
         deliver(&*broker, &options, &metrics, inputs, &acked).await
     }))
@@ -236,21 +176,21 @@ fn start_delivery(
 /// What turns this relay's share of the stream into delivery inputs; `outbox` is the table
 /// the configured name named at the session's start.
 fn source_of(ctx: &SessionContext, outbox: preflight::OutboxTable) -> Source {
-    let (schema, table) = ctx.names.table_parts();
+    let (schema, table) = ctx.config.names.table_parts();
     Source::new(
-        ctx.mapper.clone(),
-        RelationCache::new(schema, table, Arc::clone(&ctx.columns), outbox),
-        ctx.heartbeat.clone(),
-        ctx.emit_prefix.clone(),
-        ctx.shard,
+        ctx.config.mapper.clone(),
+        RelationCache::new(schema, table, Arc::clone(&ctx.config.columns), outbox),
+        ctx.config.heartbeat.clone(),
+        ctx.config.emit_prefix.clone(),
+        ctx.config.shard,
         StreamMetrics::new(),
     )
-    .noting_emitted(ctx.emitted_seen.clone())
+    .noting_emitted(ctx.state.emitted_seen.clone())
 }
 
 fn slot_vanished(ctx: &SessionContext) -> RelayError {
     RelayError::SlotVanished {
-        slot: ctx.names.slot.to_string(),
+        slot: ctx.config.names.slot.to_string(),
     }
 }
 
@@ -283,9 +223,9 @@ async fn watch_server(
     (outbox, unpublished): (preflight::OutboxTable, oneshot::Sender<RelayError>),
 ) -> Result<AbortOnDropHandle<()>, RelayError> {
     let (client, mut received) =
-        db::connect_to_for_notifications(&ctx.database_url, server).await?;
+        db::connect_to_for_notifications(&ctx.config.database_url, server).await?;
     let server = server.to_string();
-    let names = ctx.names.clone();
+    let names = ctx.config.names.clone();
     Ok(AbortOnDropHandle::new(tokio::spawn(async move {
         let mut unpublished = Some(unpublished);
         let mut gone_warned = false;
@@ -351,22 +291,14 @@ async fn watch_server(
 /// What a recovery of the slot needs of the session's context.
 fn recovery_of(ctx: &SessionContext) -> recovery::Recovery<'_> {
     recovery::Recovery {
-        database_url: &ctx.database_url,
-        names: &ctx.names,
-        shard: ctx.shard,
-        failover: ctx.failover,
-        recreate_margin: ctx.recreate_margin,
-        brokers: &ctx.brokers,
-        mapper: &ctx.mapper,
-        columns: &ctx.columns,
-        dead_letter_exchange: ctx.dead_letter_exchange.as_deref(),
-        confirm_timeout: ctx.tuning.delivery.publishing.confirm_timeout(),
+        config: &ctx.config,
+        brokers: &ctx.state.brokers,
     }
 }
 
 /// Whether `--on-slot-lost recreate` replaces the slot after `error`.
 fn recreates(ctx: &SessionContext, error: &RelayError) -> bool {
-    ctx.on_slot_lost == OnSlotLost::Recreate
+    ctx.config.on_slot_lost == OnSlotLost::Recreate
         && matches!(
             error,
             RelayError::SlotMissing { .. }
@@ -381,30 +313,39 @@ async fn preflight(
     ctx: &SessionContext,
     server: &db::Server,
 ) -> Result<(preflight::SlotState, preflight::OutboxTable), RelayError> {
-    let database = db::connect_to(&ctx.database_url, server).await?;
-    let slot =
-        preflight::check_all(&database, &ctx.names, ctx.shard, &ctx.columns, ctx.failover).await?;
-    if state::interrupted(&database, &ctx.names).await? {
+    let database = db::connect_to(&ctx.config.database_url, server).await?;
+    let slot = preflight::check_all(
+        &database,
+        &ctx.config.names,
+        ctx.config.shard,
+        &ctx.config.columns,
+        ctx.config.failover,
+    )
+    .await?;
+    if state::interrupted(&database, &ctx.config.names).await? {
         return Err(RelayError::RecoveryInterrupted {
-            slot: ctx.names.slot.to_string(),
+            slot: ctx.config.names.slot.to_string(),
         });
     }
-    preflight::check_emit_prefix(&database, &ctx.names, &ctx.emit_prefix).await?;
-    let outbox = preflight::outbox_table(&database, &ctx.names.table).await?;
+    preflight::check_emit_prefix(&database, &ctx.config.names, &ctx.config.emit_prefix).await?;
+    let outbox = preflight::outbox_table(&database, &ctx.config.names.table).await?;
     Ok((slot, outbox))
 }
 
 /// The destination's connection: the stream's, checked to exist; or the broker's, with the
 /// exchange checked and the dead-letter policy's channel.
 async fn connect_destination(ctx: &SessionContext) -> Result<Destination, RelayError> {
-    if let Some(stream) = &ctx.stream {
+    if let Some(stream) = &ctx.config.stream {
         return Ok(Destination::Stream(
             StreamDestination::connect(stream.clone()).await?,
         ));
     }
-    let mut broker = Broker::connect(&ctx.brokers).await?;
+    let mut broker = Broker::connect(&ctx.state.brokers).await?;
     broker
-        .prepare(&ctx.names.exchange, ctx.dead_letter_exchange.as_deref())
+        .prepare(
+            &ctx.config.names.exchange,
+            ctx.config.dead_letter_exchange.as_deref(),
+        )
         .await?;
     Ok(Destination::Exchange(broker))
 }
@@ -412,7 +353,8 @@ async fn connect_destination(ctx: &SessionContext) -> Result<Destination, RelayE
 /// The timeline of the server this session streams from (IDENTIFY_SYSTEM's): part of the
 /// stream producers' names.
 fn streamed_timeline(ctx: &SessionContext) -> Result<u32, RelayError> {
-    ctx.last_server
+    ctx.state
+        .last_server
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .as_ref()
@@ -443,20 +385,20 @@ async fn start_streaming(
         FeedbackObserver::new(move |_| feedback_sent.notify_one())
     };
     let config = db::replication_config(
-        &ctx.database_url,
+        &ctx.config.database_url,
         server,
-        &ctx.names.slot,
-        &ctx.names.publication,
+        &ctx.config.names.slot,
+        &ctx.config.names.publication,
     )?
     .with_start_lsn(from)
-    .with_status_interval(ctx.tuning.status_interval())
+    .with_status_interval(ctx.config.tuning.status_interval())
     .with_buffer_size(CLIENT_EVENT_BUFFER)
     .with_feedback_observer(observer);
     let ca_given = config.tls.ca_pem_path.is_some();
     let start_error = |e: PgWireError| async move {
         match e {
             PgWireError::Tls(_) => RelayError::pg_tls(e, ca_given),
-            e => slot::replication_error(e, &ctx.names, &ctx.database_url).await,
+            e => slot::replication_error(e, &ctx.config.names, &ctx.config.database_url).await,
         }
     };
     let (mut client, system) = match db::connect_replication(config).await? {
@@ -464,13 +406,13 @@ async fn start_streaming(
         Err(e) => return Err(start_error(e).await),
     };
     let before = note_server(ctx, server, system.system_id.clone(), system.timeline);
-    let handed_over = before.as_ref().and_then(|_| ctx.handed_over.take());
+    let handed_over = before.as_ref().and_then(|_| ctx.state.handed_over.take());
     let failover = before
         .filter(|before| before.system_id == system.system_id)
         .filter(|before| system.timeline > before.timeline);
     // A stream's producers are named by timeline: what the ancestors' names hold is read
     // from the same history.
-    let history = match (failover.is_some() || ctx.stream.is_some()) && system.timeline > 1 {
+    let history = match (failover.is_some() || ctx.config.stream.is_some()) && system.timeline > 1 {
         true => timeline::read_history(&mut client, system.timeline).await,
         false => None,
     };
@@ -520,6 +462,7 @@ fn note_server(
         timeline,
     };
     let mut last = ctx
+        .state
         .last_server
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -553,8 +496,8 @@ async fn conclude(ctx: &SessionContext, stop: Stop) -> Result<(), RelayError> {
             stream,
         } => {
             let reached = slot::wait_until_confirmed(
-                &ctx.database_url,
-                &ctx.names.slot,
+                &ctx.config.database_url,
+                &ctx.config.names.slot,
                 acknowledged,
                 FINAL_FEEDBACK_TIMEOUT,
             )
@@ -568,7 +511,7 @@ async fn conclude(ctx: &SessionContext, stop: Stop) -> Result<(), RelayError> {
         }
         Stop::Failed(e) => Err(e),
         Stop::StreamLost(StreamLoss::Error(e)) => {
-            Err(slot::replication_error(e, &ctx.names, &ctx.database_url).await)
+            Err(slot::replication_error(e, &ctx.config.names, &ctx.config.database_url).await)
         }
         Stop::StreamLost(StreamLoss::Ended) => Err(RelayError::StreamEnded),
         Stop::StreamLost(StreamLoss::Silent { seconds }) => {
@@ -591,27 +534,27 @@ impl Helpers {
     fn start(ctx: &SessionContext, broker: &Destination) -> Self {
         Self {
             _cleanup: AbortOnDropHandle::new(tokio::spawn(crate::wal::cleanup::run_cleanup(
-                ctx.database_url.clone(),
-                (ctx.names.clone(), Arc::clone(&ctx.columns)),
-                (ctx.shard, ctx.backfill_margin()),
-                ctx.cleanup.clone(),
-                (ctx.health.clone(), ctx.emitted_seen.clone()),
+                ctx.config.database_url.clone(),
+                (ctx.config.names.clone(), Arc::clone(&ctx.config.columns)),
+                (ctx.config.shard, ctx.config.backfill_margin()),
+                ctx.config.cleanup.clone(),
+                (ctx.state.health.clone(), ctx.state.emitted_seen.clone()),
                 CancellationToken::new(),
             ))),
             _state: AbortOnDropHandle::new(tokio::spawn(state::run_recorder(
-                ctx.database_url.clone(),
-                ctx.names.clone(),
-                (ctx.health.clone(), ctx.emitted_seen.clone()),
+                ctx.config.database_url.clone(),
+                ctx.config.names.clone(),
+                (ctx.state.health.clone(), ctx.state.emitted_seen.clone()),
                 CancellationToken::new(),
             ))),
             _blocked: AbortOnDropHandle::new(tokio::spawn(report_blocked(
-                ctx.health.clone(),
+                ctx.state.health.clone(),
                 broker.blocked(),
             ))),
-            _heartbeats: ctx.tuning.heartbeat_interval().map(|interval| {
+            _heartbeats: ctx.config.tuning.heartbeat_interval().map(|interval| {
                 AbortOnDropHandle::new(tokio::spawn(heartbeat::emit(
-                    ctx.database_url.clone(),
-                    ctx.heartbeat.clone(),
+                    ctx.config.database_url.clone(),
+                    ctx.config.heartbeat.clone(),
                     interval,
                 )))
             }),
