@@ -379,7 +379,13 @@ impl Session {
     /// Runs the page's next line, `program first …`, to its end: it must exit 0.
     fn run(&mut self, program: &str, first: &str) -> Output {
         let line = self.next(program, first);
-        let output = std::process::Command::new(Self::bin(program))
+        self.run_to_end(&line)
+    }
+
+    /// Runs `line` (a program and its arguments) to its end in this session's environment:
+    /// it must exit 0.
+    fn run_to_end(&self, line: &[String]) -> Output {
+        let output = std::process::Command::new(Self::bin(&line[0]))
             .args(&line[1..])
             .env_remove("DATABASE_URL")
             .env_remove("AMQP_URL")
@@ -396,6 +402,13 @@ impl Session {
             String::from_utf8_lossy(&output.stderr)
         );
         output
+    }
+
+    /// How many replication slots are named `slot_name LIKE pattern`.
+    async fn slots_like(&self, pattern: &str) -> i64 {
+        let sql =
+            format!("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE '{pattern}'");
+        query_value(&self.client, &sql).await
     }
 
     /// Starts the page's next line, `program first …`, a server.
@@ -522,14 +535,7 @@ async fn scalings_four_shards_set_up_deliver_report_and_tear_down() {
     session.delivers(relay, &mut consumer, &insert).await;
     session.run("outbox-relay", "status");
     session.run("outbox-relay", "teardown");
-    let slots: i64 = query_value(
-        &session.client,
-        &format!(
-            "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE '{}%'",
-            session.slot
-        ),
-    )
-    .await;
+    let slots = session.slots_like(&format!("{}%", session.slot)).await;
     assert_eq!(slots, 0, "teardown --shards 4 drops every shard's slot");
     session.finish().await;
 }
@@ -538,23 +544,9 @@ async fn scalings_four_shards_set_up_deliver_report_and_tear_down() {
 async fn deployments_teardown_drops_the_slot() {
     let mut session = Session::open("docs/deployment.md", "man_deploy").await;
     // The page tears down what the deployment's setup Job made: made here the same way.
-    let setup = std::process::Command::new(binary())
-        .arg("setup")
-        .env_remove("DATABASE_URL")
-        .env_remove("AMQP_URL")
-        .envs(session.env())
-        .output()
-        .expect("run setup");
-    assert!(setup.status.success(), "{setup:?}");
+    session.run_to_end(&["outbox-relay".to_string(), "setup".to_string()]);
     session.run("outbox-relay", "teardown");
-    let slots: i64 = query_value(
-        &session.client,
-        &format!(
-            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}'",
-            session.slot
-        ),
-    )
-    .await;
+    let slots = session.slots_like(&session.slot).await;
     assert_eq!(slots, 0, "teardown --yes drops the slot");
     session.finish().await;
 }
