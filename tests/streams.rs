@@ -343,17 +343,26 @@ impl Brokers {
             .create(stream)
             .await
             .expect("create the stream");
+        // The broker starts the replicas after it answers the create: the metadata lists
+        // them once they run (CI: none listed right after the create, once).
         let options = ClientOptions::builder()
             .host(&self.stream_host())
             .port(self.stream_port())
             .build();
         let client = Client::connect(options).await.expect("a stream client");
-        let metadata = client
-            .metadata(vec![stream.to_string()])
-            .await
-            .expect("the stream's metadata");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let placed = loop {
+            let mut metadata = client
+                .metadata(vec![stream.to_string()])
+                .await
+                .expect("the stream's metadata");
+            let placed = metadata.remove(stream).expect("the stream in its metadata");
+            if placed.replicas.len() == 2 || tokio::time::Instant::now() >= deadline {
+                break placed;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         let _ = client.close().await;
-        let placed = &metadata[stream];
         assert_eq!(
             (placed.leader.host.as_str(), placed.replicas.len()),
             (leader.as_str(), 2),
