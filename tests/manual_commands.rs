@@ -394,12 +394,11 @@ impl Session {
             .expect("run the command");
         assert!(
             output.status.success(),
-            "{}: `{}` exited {}:\n{}{}",
+            "{}: `{}` exited {}:\n{}",
             self.page,
             line.join(" "),
             output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
+            common::output_text(&output)
         );
         output
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::common;
 use common::amqp::{declare_bound_queue, declare_exchange, delete_queue, publish_confirmed};
 use common::http::wait_http;
+use common::output_text as text;
 use common::pg::{pg_connect, query_value, wait_count};
 use common::{free_port, services, unique_name, Consumer};
 
@@ -52,14 +53,6 @@ fn podman(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run podman")
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
 }
 
 /// A container's log, for a failure's message.
