@@ -262,6 +262,17 @@ impl RelayProcess {
         self.signal(libc::SIGINT);
     }
 
+    /// SIGSTOP: the relay frozen where it is, its window in flight and its sockets open,
+    /// while a test lays a fault that takes longer than the relay needs to drain a backlog.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT after [`RelayProcess::pause`].
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
     /// SIGKILL, and reap it.
     pub fn kill9(&self) {
         let mut guard = self.child.lock().unwrap_or_else(|e| e.into_inner());
