@@ -11,8 +11,8 @@
 //! Switches (`name=on`), the relay broken on purpose so that a test can show its oracle
 //! catches it:
 //! - `ack-before-confirm`: the delivery loop reports every ack point the moment it is queued,
-//!   before the broker confirmed what precedes it (invariant 1 broken; docs/reliability.md,
-//!   "Negative controls").
+//!   before the broker confirmed what precedes it (invariant 1 broken;
+//!   crates/outbox-bench/lab/scenarios.md, "Negative controls").
 
 pub use outbox_common::failpoint::{failpoint, switched_on};
 

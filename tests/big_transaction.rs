@@ -4,7 +4,7 @@
 //!
 //! `OUTBOX_TEST_BIG_ROWS` sets the size: 200,000 rows of ~1 KiB (about 200 MiB) by default,
 //! to keep the suite within its budget; the 1,000,000 rows (about 1 GiB) with
-//! `OUTBOX_TEST_BIG_ROWS=1000000` (measured: see docs/reliability.md).
+//! `OUTBOX_TEST_BIG_ROWS=1000000` (measured: see crates/outbox-bench/lab/scenarios.md).
 
 use outbox_testkit as common;
 

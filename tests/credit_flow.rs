@@ -1,13 +1,13 @@
-//! The confirm timeout against a broker that holds the relay's connection in credit flow
-//! (scenario x1 of docs/reliability.md): RabbitMQ stops reading the connection's socket, sends no
-//! `connection.blocked`, and neither side's heartbeat ends the connection. On one private node
-//! without a partition: the outbox's classic queue process is suspended (`sys:suspend`), so it
-//! takes no more messages and grants no more credit. A backlog committed then fills the
-//! relay's window: the channel publishing to the queue runs out of credit after 400 messages,
-//! the connection's reader after 400 more, and the connection shows as `flow` with the rest of
-//! the window unread in its socket. (Suspending the queue under a window that is already full
-//! is not enough: the queue took those messages before it stopped, owes only their confirms,
-//! and no credit runs out.)
+//! The confirm timeout against a broker that holds the relay's connection in credit flow (scenario
+//! x1 of crates/outbox-bench/lab/scenarios.md): RabbitMQ stops reading the connection's socket,
+//! sends no `connection.blocked`, and neither side's heartbeat ends the connection. On one private
+//! node without a partition: the outbox's classic queue process is suspended (`sys:suspend`), so it
+//! takes no more messages and grants no more credit. A backlog committed then fills the relay's
+//! window: the channel publishing to the queue runs out of credit after 400 messages, the
+//! connection's reader after 400 more, and the connection shows as `flow` with the rest of the
+//! window unread in its socket. (Suspending the queue under a window that is already full is not
+//! enough: the queue took those messages before it stopped, owes only their confirms, and no credit
+//! runs out.)
 //!
 //! Oracles from outside the relay: RabbitMQ's own view of the connection
 //! (`rabbitmqctl list_connections`), the relay's `/metrics` (reconnect causes, the blocked

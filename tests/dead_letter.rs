@@ -1,5 +1,5 @@
-//! The dead-letter policy (fault scenarios 13 and 19 of docs/reliability.md under
-//! `--on-unroutable dead-letter`), against real PostgreSQL and RabbitMQ.
+//! The dead-letter policy (fault scenarios 13 and 19 of crates/outbox-bench/lab/scenarios.md
+//! under `--on-unroutable dead-letter`), against real PostgreSQL and RabbitMQ.
 //!
 //! Oracles come from outside the relay: the `test_decoding` slot (which transaction ends
 //! where), the slot's `confirmed_flush_lsn`, the queues bound to the exchange and to the
@@ -784,7 +784,7 @@ const WHOLE_UNROUTABLE_EVERY: usize = 25;
 const UNROUTABLE_RUN_TRANSACTIONS: usize = 2 * W.div_ceil(LOAD_TXN_ROWS) + 5;
 /// Rows of the load tests' backlog (`OUTBOX_TEST_DEAD_LETTER_ROWS` overrides), the size of the
 /// other full-speed drains: one drain takes 12–21 s on two shared cores, a test about 30 s
-/// with the servers' start (docs/reliability.md, rows 13l).
+/// with the servers' start (crates/outbox-bench/lab/scenarios.md, rows 13l).
 const LOAD_ROWS: usize = 100_000;
 const FIVE_MINUTES: Duration = Duration::from_secs(300);
 const REASON: &str = "x-outbox-dead-letter-reason";

@@ -8,8 +8,9 @@
 //!   oracle: a COMMIT cut by the crash may or may not have committed);
 //! - **no phantom**: nothing arrived whose row is not on the new primary;
 //! - **DUP**: every row that arrives twice comes after the promoted slot's position, and the
-//!   duplicates stay within the bound of docs/reliability.md, "PostgreSQL failover": what
-//!   the standby's copy of the slot was behind the primary's (read from both servers), plus
+//!   duplicates stay within the bound of
+//!   crates/outbox-bench/lab/scenarios.md, "PostgreSQL failover": what the standby's copy
+//!   of the slot was behind the primary's (read from both servers), plus
 //!   W + rate × (the fault's duration + the report lag) + X;
 //! - **ACK**: with the relay stopped, every row of each transaction ending at or below the
 //!   new primary's `confirmed_flush_lsn` is in the queue (the commit-order oracle is a
@@ -25,8 +26,8 @@
 //!    primary killed and the standby promoted: the relay reports the phantom events it could
 //!    not prevent, with the switch point of the new timeline (1 and 2 report none).
 //!
-//! Every figure is printed (`--nocapture`) on a `FIGURES` line; docs/reliability.md collects
-//! them.
+//! Every figure is printed (`--nocapture`) on a `FIGURES` line;
+//! crates/outbox-bench/lab/scenarios.md collects them.
 
 use outbox_relay::observability::MESSAGES_IN_FLIGHT;
 use outbox_relay::observability::{
@@ -90,7 +91,8 @@ fn report(scenario: &str, figures: &[(&str, String)]) {
     eprintln!("FIGURES {scenario}: {}", text.join(", "));
 }
 
-/// docs/reliability.md, "PostgreSQL failover": the most duplicates one failover may cause.
+/// crates/outbox-bench/lab/scenarios.md, "PostgreSQL failover": the most duplicates one
+/// failover may cause.
 /// The relay resumes on the new primary from the standby's copy of the slot, which is behind
 /// the slot on the old primary by `copy_behind` rows (PostgreSQL's slot synchronization: one
 /// nap of its worker, read from the servers, not assumed). What the relay adds is a relay

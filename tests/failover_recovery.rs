@@ -18,8 +18,8 @@
 //! test reads that time where the recovery reads it, derives the exact set, and checks that
 //! every duplicate is in it.
 //!
-//! Each test prints its figures (`FIGURES …`), collected in docs/reliability.md, "Slot lost and
-//! failover without failover slots".
+//! Each test prints its figures (`FIGURES …`), collected in
+//! crates/outbox-bench/lab/scenarios.md, "Slot lost and failover without failover slots".
 
 use outbox_relay::observability::{
     BROKER_BLOCKED, CLEANUP_DELETED_ROWS_TOTAL, SLOT_RECOVERIES_TOTAL, STANDBY,

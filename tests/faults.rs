@@ -12,8 +12,8 @@
 //!
 //! Scenarios that neither kill nor reconfigure a server share one private pair ([`shared`]);
 //! the others start their own. Each prints a `FIGURES` line (lost, duplicates, recovery time)
-//! collected in docs/reliability.md. Scenarios 2, 5, 7 and 17 live in `tests/wal.rs` and
-//! `tests/big_transaction.rs`.
+//! collected in crates/outbox-bench/lab/scenarios.md. Scenarios 2, 5, 7 and 17 live in
+//! `tests/wal.rs` and `tests/big_transaction.rs`.
 //!
 //! `OUTBOX_TEST_KILLS` sets scenario 1's kill count (default 3; the run is 20).
 //! Crash windows that timing cannot hit are opened with the relay's failpoints

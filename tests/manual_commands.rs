@@ -6,7 +6,8 @@
 //! `OUTBOX_EXCHANGE`, so the command lines stay the page's. A command that serves (`run`,
 //! `poll`, `consume`) must deliver a row and exit 0 on SIGTERM; any other must exit 0.
 //! The other programs the pages show are listed in [`NOT_RUN_HERE`] with what checks them,
-//! and the `cargo test` filters the pages give must each name a test that exists.
+//! and the `cargo test` filters the pages (and the lab's scenario catalogue) give must each
+//! name a test that exists.
 
 use outbox_testkit as common;
 
@@ -231,6 +232,10 @@ fn cargo_test_filter(words: &[String]) -> Option<&str> {
 /// Where the benchmark's options (`scripts/bench.sh --…`) are declared.
 const BENCH_ARGS: &str = "crates/outbox-bench/src/scenarios/suite/args.rs";
 
+/// Pages outside the manual whose test filters and script options are checked too: the lab's
+/// catalogue of fault scenarios, which tells how to rerun each.
+const LAB_PAGES: &[&str] = &["crates/outbox-bench/lab/scenarios.md"];
+
 #[test]
 fn the_test_filters_script_options_and_fuzz_targets_the_manual_gives_exist() {
     let tests = test_names();
@@ -242,7 +247,8 @@ fn the_test_filters_script_options_and_fuzz_targets_the_manual_gives_exist() {
         std::fs::read_to_string(checkout().join(script)).unwrap_or_default()
     };
     let mut wrong = Vec::new();
-    for page in pages() {
+    let lab = LAB_PAGES.iter().map(|page| page.to_string());
+    for page in pages().into_iter().chain(lab) {
         for words in sh_commands(&manual::page(&page)) {
             let Some(program) = program(&words) else {
                 continue;

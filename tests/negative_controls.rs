@@ -1,6 +1,6 @@
 //! Negative controls: the relay broken on purpose, and the oracle that must catch it with its
 //! named verdict. An oracle never seen to fail a broken relay proves nothing
-//! (docs/reliability.md, "Negative controls").
+//! (crates/outbox-bench/lab/scenarios.md, "Negative controls").
 //!
 //! The breakage is a switch of the test build (`OUTBOX_FAILPOINTS=<switch>=on`,
 //! src/failpoint.rs): a release has none, and refuses the variable at start.

@@ -533,7 +533,7 @@ async fn the_relays_node_cut_off_from_the_other_two_pauses_and_the_relay_moves_t
     let causes = reconnect_causes(&text);
     // Each session that ends with a window in flight may leave it in the queue: the one the
     // pause closed, and one the new node held in flow until the confirm timeout gave it up
-    // (docs/reliability.md, "Found by the partition tests (fixed)").
+    // (crates/outbox-bench/lab/scenarios.md, "Found by the partition tests (fixed)").
     let reconnected = metric_sum(&text, RECONNECTS_TOTAL).unwrap_or(0.0) as usize;
     let (committed, tally) = finish(&outbox.client, &outbox, &oracle, &mut consumer, &relay).await;
     let whole = blocking(|| joined(whole));

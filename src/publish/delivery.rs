@@ -88,8 +88,8 @@ impl<T> Input<T> {
 /// The relay broken on purpose (the `ack-before-confirm` switch of a test build, never in a
 /// release): every ack point is acknowledged the moment it is queued, before the broker
 /// confirmed what precedes it. It exists to show that the oracles catch a relay that breaks
-/// invariant 1 (docs/reliability.md, "Negative controls"); without the `failpoints` feature
-/// this is a constant `false`.
+/// invariant 1 (crates/outbox-bench/lab/scenarios.md, "Negative controls"); without the
+/// `failpoints` feature this is a constant `false`.
 fn ack_before_confirm() -> bool {
     crate::failpoint::switched_on(crate::failpoint::ACK_BEFORE_CONFIRM)
 }

@@ -696,9 +696,9 @@ async fn the_relays_broker_host_vanishes_mid_backlog_and_delivery_goes_on_throug
     brokers_host_vanishes(scenario, Load::FullSpeed, Leader::Elsewhere).await;
 }
 
-/// The relay's node also leads the quorum queue (d2′ of docs/reliability.md): on 3.10 what the
-/// relay published on its new node before the election was never confirmed, and only the
-/// confirm timeout (30 s) ended the wait, 39 s after the vanish.
+/// The relay's node also leads the quorum queue (d2′ of crates/outbox-bench/lab/scenarios.md):
+/// on 3.10 what the relay published on its new node before the election was never confirmed,
+/// and only the confirm timeout (30 s) ended the wait, 39 s after the vanish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "8 minutes of waiting out partitions: scripts/test.sh runs them last, alone (or only them with --partitions)"]
 async fn the_relays_broker_host_vanishes_leading_the_quorum_queue_and_delivery_goes_on_after_the_election(

@@ -9,7 +9,7 @@
 //! Switches (`name=on`), the consumer broken on purpose so that a test can show its oracle
 //! catches it:
 //! - `ignore-claims`: a message its inbox has claimed already is applied again, as a consumer
-//!   without the claim would (docs/reliability.md, "Negative controls").
+//!   without the claim would (crates/outbox-bench/lab/scenarios.md, "Negative controls").
 
 pub use outbox_common::failpoint::{failpoint, switched_on};
 

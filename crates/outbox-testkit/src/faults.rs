@@ -1047,7 +1047,7 @@ pub fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
 }
 
-/// The figures one scenario prints (and docs/reliability.md collects).
+/// The figures one scenario prints (and crates/outbox-bench/lab/scenarios.md collects).
 pub fn report(scenario: &str, figures: &[(&str, String)]) {
     let text: Vec<String> = figures.iter().map(|(k, v)| format!("{k} {v}")).collect();
     println!("FIGURES {scenario}: {}", text.join(", "));

@@ -487,9 +487,9 @@ impl RabbitCluster {
     /// clustered: every test calls it at its start and end, so the next finds the cluster
     /// whole. A node that is alive but still not serving [`STUCK_PAUSE`] later is restarted
     /// too: RabbitMQ's pause_minority can leave a node paused for good after a partition
-    /// heals (its Mnesia stays partitioned: rabbitmq-server issue 17319; docs/reliability.md,
-    /// "Network partitions"), and a restart is what an operator does. Counted in
-    /// [`RabbitCluster::repairs`] and printed, so a test reports it.
+    /// heals (its Mnesia stays partitioned: rabbitmq-server issue 17319;
+    /// crates/outbox-bench/lab/scenarios.md, "Network partitions"), and a restart is what an
+    /// operator does. Counted in [`RabbitCluster::repairs`] and printed, so a test reports it.
     pub fn ensure_healthy(&self) {
         let dead: Vec<usize> = (0..NODES).filter(|&i| !self.nodes[i].is_alive()).collect();
         if !dead.is_empty() {
