@@ -391,13 +391,7 @@ impl Session {
     /// Runs `line` (a program and its arguments) to its end in this session's environment:
     /// it must exit 0.
     fn run_to_end(&self, line: &[String]) -> Output {
-        let output = std::process::Command::new(Self::bin(&line[0]))
-            .args(&line[1..])
-            .env_remove("DATABASE_URL")
-            .env_remove("AMQP_URL")
-            .envs(self.env())
-            .output()
-            .expect("run the command");
+        let output = self.output(line);
         assert!(
             output.status.success(),
             "{}: `{}` exited {}:\n{}",
@@ -407,6 +401,52 @@ impl Session {
             common::output_text(&output)
         );
         output
+    }
+
+    /// Runs `line` (a program and its arguments) to its end in this session's environment.
+    fn output(&self, line: &[String]) -> Output {
+        std::process::Command::new(Self::bin(&line[0]))
+            .args(&line[1..])
+            .env_remove("DATABASE_URL")
+            .env_remove("AMQP_URL")
+            .envs(self.env())
+            .output()
+            .expect("run the command")
+    }
+
+    /// Runs the page's next line, `outbox-relay check`, on a database and broker `setup` has
+    /// not seen: it exits with the configuration code, its errors are the table, publication,
+    /// slot and exchange, and each names `outbox-relay setup` as the fix.
+    fn check_before_setup(&mut self) {
+        let line = self.next("outbox-relay", "check");
+        let output = self.output(&line);
+        let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert_eq!(
+            output.status.code(),
+            Some(i32::from(outbox_relay::exit::CONFIG)),
+            "{}: `{}`:\n{}",
+            self.page,
+            line.join(" "),
+            common::output_text(&output)
+        );
+        let errors: Vec<&str> = printed.lines().filter(|l| l.starts_with("error")).collect();
+        let named: Vec<&str> = errors
+            .iter()
+            .filter_map(|l| l.split(':').next()?.split_whitespace().nth(1))
+            .collect();
+        assert_eq!(
+            named,
+            ["table", "publication", "slot", "exchange"],
+            "{}: check's errors before setup:\n{printed}",
+            self.page
+        );
+        for error in errors {
+            assert!(
+                error.contains("outbox-relay setup"),
+                "{}: an error without setup as its fix: {error}",
+                self.page
+            );
+        }
     }
 
     /// How many replication slots are named `slot_name LIKE pattern`.
@@ -473,9 +513,11 @@ impl Session {
 const ORDER_PLACED: &str =
     "INSERT INTO outbox (event_type, payload) VALUES ('OrderPlaced', '{\"order_id\": 42}')";
 
-/// README.md's and getting-started's quickstart: setup, then run, which delivers.
+/// README.md's and getting-started's quickstart: check, which names what setup creates as
+/// missing, then setup, then run, which delivers.
 async fn quickstart(page: &'static str, prefix: &str) {
     let mut session = Session::open(page, prefix).await;
+    session.check_before_setup();
     session.run("outbox-relay", "setup");
     let mut consumer = session.consume(&session.exchange).await;
     let relay = session.start("outbox-relay", "run");
