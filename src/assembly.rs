@@ -15,11 +15,11 @@ use crate::config::{
 use crate::contract::columns::{self, ColumnMap};
 use crate::contract::headers;
 use crate::contract::mapper::{AllowedExchanges, Mapper};
+use crate::contract::template::Template;
 use crate::error::{ConfigProblem, RelayError};
 use crate::publish::BrokerNodes;
 use crate::shard::Shard;
 use crate::table::outbox::needs_created_at;
-use crate::template::Template;
 
 /// What every publishing command (`run`, `poll`, `resync`) runs with: the database it reads,
 /// the broker nodes it publishes to, the mapper between them and the dead-letter exchange.

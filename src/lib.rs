@@ -15,14 +15,15 @@
 //!
 //! `poll` is the other way in: workers that claim rows from the table (`table::outbox` reads
 //! its columns) and hand each batch to the same delivery loop; `ops::resync` does the same
-//! for a time range. `setup` provisions; `config` and `error` hold the flags and the error
-//! classes (retry, standby, stop); `db` the connections and their pinned settings;
-//! `outbox_common::liveness` how every connection notices a peer that vanished
-//! (`--peer-timeout`). `observability` (metrics, health, the HTTP endpoints),
-//! `outbox_common::periodic` (timed database jobs: the slot and backlog pollers, both
-//! cleanups), `cleanup` (deleting delivered rows) and `ops` (`status`, `teardown`, `resync`)
-//! are for running it; `exit` the exit codes; `failpoint` opens crash windows for the fault
-//! tests.
+//! for a time range (`table::backfill`). `catalog` reads what PostgreSQL holds of the relay's
+//! objects (the slot, the preflight checks) for sessions, `setup` and `ops` alike. `setup`
+//! provisions; `config` and `error` hold the flags and the error classes (retry, standby,
+//! stop); `db` the connections and their pinned settings; `outbox_common::liveness` how every
+//! connection notices a peer that vanished (`--peer-timeout`). `observability` (metrics,
+//! health, the HTTP endpoints), `outbox_common::periodic` (timed database jobs: the slot and
+//! backlog pollers, both cleanups), `wal::cleanup` (deleting delivered rows) and `ops`
+//! (`status`, `teardown`, `resync`, `check`) are for running it; `exit` the exit codes;
+//! `failpoint` opens crash windows for the fault tests.
 //!
 //! The library must never hold `unsafe` code (forbidden below), and never depends on the
 //! benchmark or the test kit in crates/: they depend on it (or run its binary), not the
@@ -49,6 +50,7 @@ macro_rules! out {
 
 pub mod advice;
 pub mod assembly;
+pub mod catalog;
 pub mod config;
 pub mod contract;
 pub mod db;
@@ -67,6 +69,4 @@ pub mod setup;
 pub mod shard;
 pub mod supervisor;
 pub mod table;
-pub mod template;
-pub mod trace_context;
 pub mod wal;

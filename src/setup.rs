@@ -21,6 +21,8 @@ use tokio::time::Instant;
 use tokio_postgres::Client;
 
 use crate::advice::report;
+use crate::catalog::preflight;
+use crate::catalog::slot::{failover_wanted, read_slot};
 use crate::config::{FailoverSlot, Mode, OutboxNames, SetupArgs};
 use crate::contract::columns::{self, ColumnMap};
 use crate::db;
@@ -28,8 +30,6 @@ use crate::error::{ConfigProblem, RelayError, SupervisorAction};
 use crate::publish::Broker;
 use crate::shard::Shard;
 use crate::table::outbox::TextRelation;
-use crate::wal::preflight;
-use crate::wal::slot::{failover_wanted, read_slot};
 use outbox_common::backoff::Backoff;
 use outbox_common::quote::{quote_ident, quote_literal};
 
@@ -750,7 +750,7 @@ async fn declare_exchanges(args: &SetupArgs) -> Result<(), RelayError> {
     let dead_letter = args.dead_letter.exchange(&names.exchange)?;
     let nodes = crate::assembly::broker_nodes(&args.connections)?;
     let broker = within_connect_timeout(args, "RabbitMQ", || Broker::connect(&nodes)).await?;
-    if crate::template::is_template(&names.exchange) {
+    if crate::contract::template::is_template(&names.exchange) {
         outln!(
             "exchange {}: a template, not declared (declare the exchanges it renders to, \
              which --allowed-exchanges lists, before messages go there)",

@@ -123,9 +123,9 @@ pub struct ExchangePolicyArgs {
     pub routing_key: String,
 }
 
-/// `--routing-key`: a template that parses (src/template.rs).
+/// `--routing-key`: a template that parses (src/contract/template.rs).
 fn parse_routing_key(text: &str) -> Result<String, String> {
-    crate::template::Template::parse(text)?;
+    crate::contract::template::Template::parse(text)?;
     if text.len() > 255 {
         return Err("is over 255 bytes: AMQP allows at most 255 in a routing key".into());
     }

@@ -291,10 +291,10 @@ pub fn parse_exchange_name(name: &str) -> Result<String, String> {
     Ok(name.to_string())
 }
 
-/// `--exchange`: a name, or a template (src/template.rs) that parses: a brace makes it one.
+/// `--exchange`: a name, or a template (src/contract/template.rs) that parses: a brace makes it one.
 fn parse_exchange_or_template(text: &str) -> Result<String, String> {
     if text.contains(['{', '}']) {
-        crate::template::Template::parse(text)?;
+        crate::contract::template::Template::parse(text)?;
     }
     parse_exchange_name(text)
 }

@@ -16,7 +16,7 @@ pub struct EndpointArgs {
     pub metrics_addr: MetricsAddr,
 }
 
-/// `run`'s HTTP endpoints and slot poller (src/observability/http.rs, src/wal/slot.rs,
+/// `run`'s HTTP endpoints and slot poller (src/observability/http.rs, src/catalog/slot.rs,
 /// docs/metrics.md).
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Observability")]

@@ -41,7 +41,7 @@ pub struct Attributes<'a> {
     pub aggregate_id: Option<&'a str>,
     /// `x-outbox-seq` (WAL mode).
     pub seq: Option<String>,
-    /// W3C trace context, validated (src/trace_context.rs).
+    /// W3C trace context, validated (src/contract/trace_context.rs).
     pub traceparent: Option<&'a str>,
     pub tracestate: Option<&'a str>,
 }

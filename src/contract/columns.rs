@@ -17,7 +17,7 @@ pub const EXCHANGE: &str = "exchange";
 pub const ROUTING_KEY: &str = "routing_key";
 pub const AGGREGATE_TYPE: &str = "aggregate_type";
 pub const AGGREGATE_ID: &str = "aggregate_id";
-/// W3C trace context (src/trace_context.rs), sent as the headers of the same names.
+/// W3C trace context (src/contract/trace_context.rs), sent as the headers of the same names.
 pub const TRACEPARENT: &str = "traceparent";
 pub const TRACESTATE: &str = "tracestate";
 /// Debezium's trace context: java.util.Properties text with `traceparent` and `tracestate`.

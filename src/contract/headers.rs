@@ -5,7 +5,7 @@ use crate::contract::message::Headers;
 use crate::contract::position::Position;
 
 // The names are the consumer's too: they live in the crate both share.
-pub use crate::trace_context::{TRACEPARENT, TRACESTATE};
+pub use crate::contract::trace_context::{TRACEPARENT, TRACESTATE};
 pub use outbox_common::headers::{AGGREGATE_ID, AGGREGATE_TYPE, LSN, SEQ};
 
 /// The headers the relay sets itself: a header column may not take their names.

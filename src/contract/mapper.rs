@@ -31,10 +31,10 @@ use crate::contract::pg_text::{
 };
 use crate::contract::position::Position;
 use crate::contract::row_error::{ColumnLabel, MapError, RowRef};
+use crate::contract::template::{Fields, Template};
+use crate::contract::trace_context;
 use crate::error::ConfigProblem;
 use crate::pgoutput::{Relation, Tuple, TupleValue};
-use crate::template::{Fields, Template};
-use crate::trace_context;
 
 /// What a payload is, by its column type (or an emitted event's `payload_type`): it decides
 /// the content type.
@@ -241,7 +241,7 @@ impl AllowedExchanges {
     /// whose default exchange is `default_exchange` (`--exchange`; a template is no exchange
     /// of its own, and needs a list).
     pub fn parse(list: Option<&str>, default_exchange: &str) -> Result<Self, ConfigProblem> {
-        let template = crate::template::is_template(default_exchange);
+        let template = crate::contract::template::is_template(default_exchange);
         let Some(list) = list else {
             if template {
                 return Err(ConfigProblem::ExchangeTemplateUnlisted {
@@ -591,7 +591,7 @@ impl Mapper {
     }
 }
 
-/// The message's trace context (src/trace_context.rs) from `trace` and the `traceparent` and
+/// The message's trace context (src/contract/trace_context.rs) from `trace` and the `traceparent` and
 /// `tracestate` keys of its own headers, which are taken out: only a valid context goes on,
 /// under those names. A value dropped as invalid is counted, never an error.
 fn trace_headers(

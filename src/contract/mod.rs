@@ -19,7 +19,9 @@
 //! holds each (`--table-layout`, `--column`); headers.rs, the headers the relay adds and a
 //! row's stream position; row_error.rs, why a row cannot be mapped, naming the row and column;
 //! pg_text.rs, PostgreSQL's text forms (bytea, uuid, timestamptz) and a JSON object of
-//! headers; cloudevents.rs, the body under `--message-format cloudevents`.
+//! headers; cloudevents.rs, the body under `--message-format cloudevents`; template.rs, an
+//! exchange named by a template over the contract's fields (`events.{aggregate_type}`);
+//! trace_context.rs, the W3C trace context a row carries into `traceparent`.
 //!
 //! A source hands delivery a [`message::Message`], ready to publish, or a
 //! [`message::Unpublishable`]: what could be read of it and why it cannot be published (a
@@ -46,3 +48,5 @@ pub mod pg_text;
 pub mod position;
 pub mod row_error;
 pub mod salvage;
+pub mod template;
+pub mod trace_context;

@@ -5,7 +5,7 @@
 //!
 //! It owns the names and the recorder, not the values: whoever knows a value records it.
 //! It must never read a database or the network: the slot's gauges are set by
-//! [`crate::wal::slot`], the scrape-time gauges by [`super::health`].
+//! [`crate::catalog::slot`], the scrape-time gauges by [`super::health`].
 
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

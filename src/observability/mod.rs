@@ -5,7 +5,7 @@
 //! - [`http`]: the `/metrics`, `/healthz` and `/readyz` endpoints (axum on hyper, with a
 //!   connection limit) and the small client `status` asks them with.
 //!
-//! The slot's numbers come from PostgreSQL, read by the slot poller in `crate::wal::slot`,
+//! The slot's numbers come from PostgreSQL, read by the slot poller in `crate::catalog::slot`,
 //! which `run` starts beside the endpoints. This module reports on the relay: it must never
 //! decide anything the delivery depends on, and a failure here (a port that cannot be bound,
 //! a scrape that fails) never stops the relay.

@@ -4,7 +4,7 @@
 //! It parses the flags of the relay it checks with that command's own definition, validates
 //! them with that command's own validation (`wal::prepare`, `poll::prepare`), then asks
 //! PostgreSQL and every RabbitMQ node what the relay would find there, with the checks the
-//! relay itself runs where it has them (`wal::preflight`, the table's column discovery, the
+//! relay itself runs where it has them (`catalog::preflight`, the table's column discovery, the
 //! broker's passive declare). Each finding is one line: `ok`, `warn` (the relay runs, but
 //! something will cost you: the fix is advised) or `error` (it would not run, or not
 //! deliver: the fix), and the exit code says which was the worst (src/exit.rs).
@@ -25,10 +25,13 @@ use tokio_postgres::Client;
 
 use crate::advice::{self, report, Shortfall, Warning};
 use crate::assembly;
+use crate::catalog::preflight;
+use crate::catalog::slot::read_slot;
 use crate::config::{CheckArgs, CheckedRelay, OnPublished, OutboxNames, PollArgs, RunArgs};
 use crate::config::{ColumnArgs, TableName};
 use crate::contract::columns::{self, ColumnMap};
 use crate::contract::mapper::Mapper;
+use crate::contract::template::Fields;
 use crate::db;
 use crate::error::RelayError;
 use crate::exit;
@@ -36,9 +39,6 @@ use crate::ops::status::human_bytes;
 use crate::publish::{Broker, BrokerNodes};
 use crate::shard::Shard;
 use crate::table::outbox::{needs_created_at, TextRelation};
-use crate::template::Fields;
-use crate::wal::preflight;
-use crate::wal::slot::read_slot;
 use outbox_common::quote::quote_ident;
 
 /// How many of the newest rows the routing keys are taken from: enough to see every event
@@ -794,7 +794,7 @@ async fn check_brokers(target: &Target<'_>, findings: &mut Findings) {
 async fn exchanges(broker: &Broker, target: &Target<'_>, findings: &mut Findings) {
     let exchange = target.exchange.as_str();
     let what = format!("exchange {exchange}");
-    let outcome = match crate::template::is_template(exchange) {
+    let outcome = match crate::contract::template::is_template(exchange) {
         true => ok(
             "a template: each exchange it renders to is checked when the relay first \
              publishes to it",

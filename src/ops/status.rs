@@ -24,6 +24,10 @@ use serde::Serialize;
 use tokio_postgres::Client;
 
 use crate::advice;
+use crate::catalog::preflight::{idle_slot_timeout, synchronized_standby_slots};
+use crate::catalog::slot::{
+    failover_readiness, read_slot, read_standby_slots, Readiness, SlotReport,
+};
 use crate::config::{Mode, StatusArgs};
 use crate::contract::columns;
 use crate::db;
@@ -33,8 +37,6 @@ use crate::observability::metrics::{BROKER_INFO, HOST_LABEL, NODE_LABEL, POSTGRE
 use crate::observability::StandbyWait;
 use crate::poll::table::{Backlog, BacklogQuery};
 use crate::shard::Shard;
-use crate::wal::preflight::{idle_slot_timeout, synchronized_standby_slots};
-use crate::wal::slot::{failover_readiness, read_slot, read_standby_slots, Readiness, SlotReport};
 use outbox_common::quote::quote_ident;
 
 /// The probe's verdict.

@@ -22,11 +22,11 @@ use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
+use crate::catalog::slot::{read_slot, SlotReport};
 use crate::config::TeardownArgs;
 use crate::db;
 use crate::error::{ConfigProblem, RelayError};
 use crate::shard::Shard;
-use crate::wal::slot::{read_slot, SlotReport};
 use outbox_common::quote::quote_ident;
 
 pub async fn run(args: TeardownArgs) -> Result<(), RelayError> {

@@ -273,7 +273,7 @@ impl Broker {
     /// of its own: each message's rendered exchange is checked by its publish, as a row's
     /// `exchange` column is.
     pub async fn check_exchange(&self, exchange: &str) -> Result<(), RelayError> {
-        if crate::template::is_template(exchange) {
+        if crate::contract::template::is_template(exchange) {
             return Ok(());
         }
         self.declare_exchange(exchange, true).await?;

@@ -21,17 +21,16 @@
 //! [`source`] turns it into a delivery input (`pgoutput` decodes it, [`relations`] and the
 //! mapper make it a message); the input goes to `publish::delivery`, whose acknowledged
 //! [`position`] comes back to [`stream`], which sends it to PostgreSQL. [`session`] wires one
-//! session; [`preflight`], [`heartbeat`] and [`slot`] serve it.
+//! session; [`heartbeat`] serves it, and `catalog/` (the preflight checks, the slot's reads)
+//! tells it what PostgreSQL holds.
 
 pub mod cleanup;
 pub mod context;
 pub mod heartbeat;
 pub mod position;
-pub mod preflight;
 pub mod recovery;
 pub mod relations;
 pub mod session;
-pub mod slot;
 pub mod source;
 pub mod state;
 pub mod stream;
@@ -45,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::advice::report;
 use crate::assembly::{self, RelayParts, RelayPartsFlags};
+use crate::catalog::slot;
 use crate::config::{OutboxNames, RunArgs};
 use crate::contract::columns::ColumnMap;
 use crate::error::{ConfigProblem, RelayError};

@@ -66,6 +66,7 @@ use std::time::Duration;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, IsolationLevel};
 
+use crate::catalog::slot::read_slot;
 use crate::config::OutboxNames;
 use crate::contract::columns::{self};
 use crate::db::{self, Server};
@@ -77,7 +78,6 @@ use crate::publish::BrokerNodes;
 use crate::table::backfill::{backfill_report, publish_all, select_sql, Read, Resumed};
 use crate::table::outbox::{needs_created_at, TextRelation};
 use crate::wal::context::SessionConfig;
-use crate::wal::slot::read_slot;
 use crate::wal::state::{backfill_start, read_state, state_table, Backfilled, State};
 
 /// What a recovery needs of the relay's configuration.
@@ -362,7 +362,7 @@ async fn create_slot(ctx: &Recovery<'_>, server: &Server) -> Result<Created, Rel
         .map_err(RelayError::replication)?;
     let client = db::connect_to(&ctx.config.database_url, server).await?;
     let version = db::server_version_num(&client).await?;
-    let failover = crate::wal::slot::failover_wanted(ctx.config.failover, version)?;
+    let failover = crate::catalog::slot::failover_wanted(ctx.config.failover, version)?;
     let command = format!(
         "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'export'{})",
         names.slot,

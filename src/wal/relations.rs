@@ -34,11 +34,11 @@ use std::sync::Arc;
 use pgwire_replication::Lsn;
 
 use crate::advice::{self, Warning};
+use crate::catalog::preflight::OutboxTable;
 use crate::contract::columns::ColumnMap;
 use crate::contract::mapper::Layout;
 use crate::error::RelayError;
 use crate::pgoutput::Relation;
-use crate::wal::preflight::OutboxTable;
 
 pub enum Known<'a> {
     Outbox(&'a Layout),

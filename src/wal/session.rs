@@ -21,6 +21,8 @@ use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::catalog::preflight;
+use crate::catalog::slot;
 use crate::config::OnSlotLost;
 use crate::db;
 use crate::error::{Endpoint, RelayError};
@@ -30,13 +32,12 @@ use crate::publish::{deliver, Acked, Broker, DeliveryOptions, Destination, Input
 use crate::wal::context::{SeenServer, SessionContext};
 use crate::wal::heartbeat::{self};
 use crate::wal::position::AckPosition;
-use crate::wal::preflight;
 use crate::wal::relations::RelationCache;
 use crate::wal::source::Source;
 use crate::wal::stream::{
     DeliveryTask, ReaderParts, Stop, StreamLoss, StreamReader, FINAL_FEEDBACK_TIMEOUT,
 };
-use crate::wal::{recovery, slot, state, timeline};
+use crate::wal::{recovery, state, timeline};
 
 /// Events the replication client may buffer. Small: events there are in flight but invisible
 /// to the delivery side, and a large buffer hides rows (docs/architecture.md, "Tasks and

@@ -67,7 +67,7 @@ pub enum Stop {
 }
 
 /// A stream that stopped reading and is still open: closing it too early can lose the
-/// final position (see `crate::wal::slot::wait_until_confirmed`).
+/// final position (see `crate::catalog::slot::wait_until_confirmed`).
 pub struct OpenStream(ReplicationClient);
 
 impl std::fmt::Debug for OpenStream {

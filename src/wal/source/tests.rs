@@ -9,13 +9,13 @@ use bytes::Bytes;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use super::*;
+use crate::catalog::preflight::OutboxTable;
 use crate::config::HEARTBEAT_PREFIX;
 use crate::contract::headers;
 use crate::contract::mapper::AllowedExchanges;
 use crate::contract::message::{HeaderValue, Message, Rejection};
 use crate::pgoutput::encode;
 use crate::pgoutput::{Insert, Tuple, TupleValue};
-use crate::wal::preflight::OutboxTable;
 use crate::wal::relations;
 
 const EMIT_PREFIX: &str = "outbox-relay:emit:public.outbox";

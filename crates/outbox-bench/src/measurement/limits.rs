@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use crate::measurement::cpu::{self, CpuProbe, CpuSplit};
 use crate::measurement::delivery::{Latency, Report};
 use crate::measurement::writers::{CommittedRow, Written, ORDER_NOTE_LEN};
+use outbox_relay::catalog::preflight;
 use outbox_relay::config::TableName;
 use outbox_relay::contract::mapper::{AllowedExchanges, Layout, Mapper};
 use outbox_relay::contract::message::Message;
@@ -32,7 +33,6 @@ use outbox_relay::db;
 use outbox_relay::observability::RelayMetrics;
 use outbox_relay::pgoutput::{self, Column, LogicalMessage, Relation, Tuple, TupleValue};
 use outbox_relay::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions, Input};
-use outbox_relay::wal::preflight;
 use outbox_relay::wal::relations::{Known, RelationCache};
 use outbox_testkit::arrivals::{ArrivalConsumer, QueueSpec};
 

@@ -11,11 +11,11 @@ use pgwire_replication::Lsn;
 use tokio_postgres::Client;
 
 use crate::advice::{self, Warning};
+use crate::catalog::slot::read_slot;
 use crate::config::{FailoverSlot, OutboxNames, TableName};
 use crate::contract::columns::ColumnMap;
 use crate::error::{ConfigProblem, RelayError, SlotProblem};
 use crate::shard::Shard;
-use crate::wal::slot::read_slot;
 
 /// What the checks learned about the slot.
 #[derive(Debug, Clone)]
