@@ -26,13 +26,32 @@ pub mod names;
 pub mod observability;
 pub mod tuning;
 
-pub use cli::*;
-pub use connections::*;
-pub use messages::*;
-pub use modes::*;
-pub use names::*;
-pub use observability::*;
-pub use tuning::*;
+pub use cli::{
+    CheckArgs, CheckedRelay, Cli, Command, LogFormat, PollArgs, ResyncArgs, RunArgs, SetupArgs,
+    StatusArgs, TeardownArgs, DEFAULT_POLL_BATCH_SIZE, DEFAULT_POLL_WORKERS,
+};
+pub use connections::{
+    BrokerConnection, Connections, DatabaseConnection, NodeOrder, PeerTimeoutArgs,
+    StatementTimeoutArgs, StreamArgs,
+};
+pub use messages::{
+    DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormat, MessageFormatArgs, OnUnroutable,
+    RestrictEmitArgs, HEARTBEAT_PREFIX,
+};
+pub use modes::{
+    FailoverSlot, FailoverSlotArgs, Mode, ModeArgs, OnPublished, OnSlotLost, RunShard, ShardCount,
+    MAX_SHARDS,
+};
+pub use names::{
+    parse_exchange_name, parse_identifier, parse_slot_name, parse_table_name, ColumnArgs,
+    ExchangeName, OutboxNames, PublicationName, PublishNames, SlotName, SlotNames, StatusNames,
+    TableLayout, TableName,
+};
+pub use observability::{
+    parse_metrics_addr, CleanupArgs, EndpointArgs, MetricsAddr, ObservabilityArgs,
+    DEFAULT_METRICS_ADDR,
+};
+pub use tuning::{parse_size, Delivery, PublishLimits, Tuning};
 
 #[cfg(test)]
 mod tests;
