@@ -12,7 +12,8 @@
 
 use outbox_common::pg::{Unreachable, UrlProblem};
 
-use crate::error::{chain, ConfigProblem, MapProblem, RelayError, SlotProblem, TlsProblem};
+use crate::error::{ConfigProblem, MapProblem, RelayError, SlotProblem, TlsProblem};
+use outbox_common::error::chain;
 use outbox_common::quote::quote_ident;
 
 /// The error, its sources, and what to do about it, on one line.

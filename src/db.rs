@@ -18,9 +18,8 @@ use tokio_postgres::config::Host;
 use tokio_postgres::{Client, Config};
 
 use crate::error::{ConfigProblem, Endpoint, RelayError};
-pub use outbox_common::pg::{
-    key_value_params, parse_driver_url, split_tls, tls_warning, Notifications, Param, Server,
-    TlsOutcome, APPLICATION_NAME, CONNECT_TIMEOUT, PRIMARY_HEAD_START,
+use outbox_common::pg::{
+    parse_driver_url, split_tls, Notifications, Server, APPLICATION_NAME, CONNECT_TIMEOUT,
 };
 use outbox_common::quote::quote_ident;
 
@@ -169,6 +168,7 @@ pub fn replication_config(
 
 #[cfg(test)]
 mod tests {
+    use outbox_common::pg::{key_value_params, tls_warning, TlsOutcome};
     use std::path::PathBuf;
 
     use pgwire_replication::SslMode;

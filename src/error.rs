@@ -1124,9 +1124,6 @@ fn replication_kind(
     }
 }
 
-// The inbox logs its errors the same way: one function, in the crate both share.
-pub use outbox_common::error::chain;
-
 /// A connection error of the shared crate as the relay's error of the same text, which the
 /// advice knows what to do about.
 impl From<outbox_common::pg::PgError> for RelayError {

@@ -20,9 +20,9 @@ use crate::contract::mapper::{AllowedExchanges, Mapper};
 use crate::contract::message::{HeaderValue, Message, MAX_SHORT_TEXT};
 use crate::contract::pg_text::{self, headers_from_json};
 use crate::contract::position::Position;
-use crate::error::chain;
 use crate::pgoutput::{self, LogicalMessage, TupleValue};
 use crate::publish::BrokerNodes;
+use outbox_common::error::chain;
 
 /// A target: takes any input; panics on a finding.
 pub type Target = fn(&[u8]);
@@ -303,7 +303,7 @@ fn secret_is_the_database_password(url: &str) -> bool {
                 }),
             }
         }
-        None => crate::db::key_value_params(url).is_some_and(|params| {
+        None => outbox_common::pg::key_value_params(url).is_some_and(|params| {
             params
                 .iter()
                 .any(|p| p.key == "password" && p.value.contains(SECRET))

@@ -603,14 +603,18 @@ async fn turn_on_failover(
         .await
         .map_err(RelayError::replication)?;
     let command = format!("ALTER_REPLICATION_SLOT {} (FAILOVER true)", names.slot);
-    let altered = tokio::time::timeout(db::CONNECT_TIMEOUT, session.simple_query(&command)).await;
+    let altered = tokio::time::timeout(
+        outbox_common::pg::CONNECT_TIMEOUT,
+        session.simple_query(&command),
+    )
+    .await;
     session.abort();
     match altered {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(RelayError::replication(e)),
         Err(_) => Err(RelayError::ConnectTimeout {
             endpoint: crate::error::Endpoint::Replication,
-            seconds: db::CONNECT_TIMEOUT.as_secs(),
+            seconds: outbox_common::pg::CONNECT_TIMEOUT.as_secs(),
         }),
     }
 }

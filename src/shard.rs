@@ -18,7 +18,7 @@
 //! them, and cleanup deletes only its shard's rows by them. One shard, the default, is no
 //! sharding at all: the names as configured and no row filter.
 
-pub use crate::config::modes::MAX_SHARDS;
+use crate::config::modes::MAX_SHARDS;
 use crate::config::names::{parse_identifier, parse_slot_name, OutboxNames};
 use crate::contract::columns::{self, ColumnMap};
 use crate::error::{ConfigProblem, RelayError};

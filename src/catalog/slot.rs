@@ -153,7 +153,7 @@ async fn read_slot_now(database_url: &str, slot: &str) -> Option<Option<SlotRepo
         let client = db::connect(database_url).await?;
         read_slot(&client, slot).await
     };
-    match tokio::time::timeout(db::CONNECT_TIMEOUT, read).await {
+    match tokio::time::timeout(outbox_common::pg::CONNECT_TIMEOUT, read).await {
         Ok(Ok(report)) => Some(report),
         _ => None,
     }
@@ -526,13 +526,13 @@ pub async fn failover_readiness(database_url: &str, slot: &str) -> Vec<(String, 
     let mut found = Vec::with_capacity(servers.len());
     for server in &servers {
         let read = tokio::time::timeout(
-            db::CONNECT_TIMEOUT,
+            outbox_common::pg::CONNECT_TIMEOUT,
             readiness_of(database_url, server, slot),
         );
         let readiness = match read.await {
             Ok(Ok(readiness)) => readiness,
             Ok(Err(e)) => Readiness::Unknown {
-                why: crate::error::chain(&e),
+                why: outbox_common::error::chain(&e),
             },
             Err(_) => Readiness::Unknown {
                 why: "no answer within the connect timeout".into(),
@@ -545,7 +545,7 @@ pub async fn failover_readiness(database_url: &str, slot: &str) -> Vec<(String, 
 
 async fn readiness_of(
     database_url: &str,
-    server: &db::Server,
+    server: &outbox_common::pg::Server,
     slot: &str,
 ) -> Result<Readiness, RelayError> {
     let client = db::connect_to(database_url, server).await?;

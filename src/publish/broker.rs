@@ -71,7 +71,7 @@ pub type RoundTrip = Pin<Box<dyn Future<Output = Result<(), RelayError>> + Send 
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long one setup request (a channel, confirm mode, a declare) may wait for its answer.
-const SETUP_TIMEOUT: Duration = crate::db::CONNECT_TIMEOUT;
+const SETUP_TIMEOUT: Duration = outbox_common::pg::CONNECT_TIMEOUT;
 
 pub struct Broker {
     /// `nodes[index]` is the node this connection went to: for errors, and to move on from it.
@@ -125,13 +125,13 @@ impl Broker {
             ConnectionProperties::default().with_connection_name("outbox-relay".into());
         // A broker (or network) that accepts and goes silent would hold the handshake forever.
         let connection = tokio::time::timeout(
-            crate::db::CONNECT_TIMEOUT,
+            outbox_common::pg::CONNECT_TIMEOUT,
             outbox_common::amqp::open_connection(nodes.node(index).url(), properties),
         )
         .await
         .map_err(|_| RelayError::ConnectTimeout {
             endpoint: Endpoint::RabbitMq,
-            seconds: crate::db::CONNECT_TIMEOUT.as_secs(),
+            seconds: outbox_common::pg::CONNECT_TIMEOUT.as_secs(),
         })?
         .map_err(|e| match login_refused(&e) {
             Some(reply_text) => RelayError::BrokerLoginRefused {

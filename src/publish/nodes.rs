@@ -15,8 +15,9 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::error::{chain, ConfigProblem, RelayError};
+use crate::error::{ConfigProblem, RelayError};
 use crate::observability::metrics::{BROKER_INFO, NODE_LABEL};
+use outbox_common::error::chain;
 
 /// One broker URL and its `host:port` name.
 #[derive(Debug, Clone, PartialEq, Eq)]

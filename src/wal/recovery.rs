@@ -69,7 +69,7 @@ use tokio_postgres::{Client, IsolationLevel};
 use crate::catalog::slot::read_slot;
 use crate::config::OutboxNames;
 use crate::contract::columns::{self};
-use crate::db::{self, Server};
+use crate::db;
 use crate::error::RelayError;
 use crate::failpoint::{failpoint, RECOVERY_BACKFILL_CONFIRMED};
 use crate::observability::SLOT_RECOVERIES_TOTAL;
@@ -79,6 +79,7 @@ use crate::table::backfill::{backfill_report, publish_all, select_sql, Read, Res
 use crate::table::outbox::{needs_created_at, TextRelation};
 use crate::wal::context::SessionConfig;
 use crate::wal::state::{backfill_start, read_state, state_table, Backfilled, State};
+use outbox_common::pg::Server;
 
 /// What a recovery needs of the relay's configuration.
 /// Why `--on-slot-lost recreate` needs `created_at` (its error when the column is missing).

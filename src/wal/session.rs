@@ -219,7 +219,7 @@ const TABLE_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs
 /// by no slot.
 async fn watch_server(
     ctx: &SessionContext,
-    server: &db::Server,
+    server: &outbox_common::pg::Server,
     leaving: CancellationToken,
     (outbox, unpublished): (preflight::OutboxTable, oneshot::Sender<RelayError>),
 ) -> Result<AbortOnDropHandle<()>, RelayError> {
@@ -312,7 +312,7 @@ fn recreates(ctx: &SessionContext, error: &RelayError) -> bool {
 /// is.
 async fn preflight(
     ctx: &SessionContext,
-    server: &db::Server,
+    server: &outbox_common::pg::Server,
 ) -> Result<(preflight::SlotState, preflight::OutboxTable), RelayError> {
     let database = db::connect_to(&ctx.config.database_url, server).await?;
     let slot = preflight::check_all(
@@ -377,7 +377,7 @@ struct Streaming {
 /// one remembered from another server).
 async fn start_streaming(
     ctx: &SessionContext,
-    server: &db::Server,
+    server: &outbox_common::pg::Server,
     from: Lsn,
 ) -> Result<Streaming, RelayError> {
     let feedback_sent = Arc::new(Notify::new());
@@ -429,7 +429,7 @@ async fn start_streaming(
     if let Err(e) = client.start().await {
         return Err(start_error(e).await);
     }
-    match tokio::time::timeout(db::CONNECT_TIMEOUT, client.wait_started()).await {
+    match tokio::time::timeout(outbox_common::pg::CONNECT_TIMEOUT, client.wait_started()).await {
         Ok(Ok(())) => Ok(Streaming {
             client,
             feedback_sent,
@@ -440,7 +440,7 @@ async fn start_streaming(
             client.abort();
             Err(RelayError::ConnectTimeout {
                 endpoint: Endpoint::Replication,
-                seconds: db::CONNECT_TIMEOUT.as_secs(),
+                seconds: outbox_common::pg::CONNECT_TIMEOUT.as_secs(),
             })
         }
     }
@@ -453,7 +453,7 @@ async fn start_streaming(
 /// server when it was another.
 fn note_server(
     ctx: &SessionContext,
-    server: &db::Server,
+    server: &outbox_common::pg::Server,
     system_id: String,
     timeline: u32,
 ) -> Option<SeenServer> {

@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use pgwire_replication::{Lsn, ReplicationClient};
 
-use crate::db;
 use crate::observability::{PHANTOM_EVENTS_LABEL, POSTGRES_FAILOVERS_TOTAL};
 
 /// The newest commit among the transactions the stream handed rows of to delivery on the
@@ -86,7 +85,12 @@ pub fn switch_point(history: &str, timeline: u32) -> Option<Lsn> {
 /// The history file of `timeline` (TIMELINE_HISTORY), bounded like a connect; `None`, with
 /// a warning, when the server does not give it.
 pub async fn read_history(client: &mut ReplicationClient, timeline: u32) -> Option<String> {
-    match tokio::time::timeout(db::CONNECT_TIMEOUT, client.timeline_history(timeline)).await {
+    match tokio::time::timeout(
+        outbox_common::pg::CONNECT_TIMEOUT,
+        client.timeline_history(timeline),
+    )
+    .await
+    {
         Ok(Ok(history)) => Some(String::from_utf8_lossy(&history.content).into_owned()),
         Ok(Err(e)) => {
             tracing::warn!(timeline, error = %e, "TIMELINE_HISTORY failed");
