@@ -75,6 +75,15 @@ const NOT_RUN_HERE: &[(&str, &str)] = &[
         "broker policy; tests/dead_letter.rs sets the same policy",
     ),
     (
+        "rabbitmq-plugins",
+        "broker setup; the kit's stream nodes enable rabbitmq_stream in their enabled_plugins",
+    ),
+    (
+        "rabbitmq-streams",
+        "tests/streams.rs makes super streams over the stream protocol, and checks that the \
+         relay's error names this command",
+    ),
+    (
         "psql",
         "run here where the page runs one (docs/table-layouts.md)",
     ),

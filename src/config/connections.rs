@@ -63,7 +63,7 @@ pub struct StreamArgs {
     /// Deliver into this RabbitMQ stream (it must exist) through the stream protocol, instead
     /// of publishing to an exchange: a named producer whose publishing ids follow the slot's
     /// order, so the broker drops what a restart re-publishes and the stream holds each row
-    /// once (docs/architecture.md, "Streams"). The nodes, user and virtual host are
+    /// once (docs/streams.md). The nodes, user and virtual host are
     /// --amqp-url's; rows' exchange and routing key are not used.
     #[arg(long, env = "OUTBOX_STREAM", conflicts_with = "super_stream")]
     pub stream: Option<String>,
