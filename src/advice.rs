@@ -17,7 +17,7 @@ use outbox_common::error::chain;
 use outbox_common::quote::quote_ident;
 
 /// The error, its sources, and what to do about it, on one line.
-pub fn report(error: &RelayError) -> String {
+pub(crate) fn report(error: &RelayError) -> String {
     let text = chain(error);
     match fix(error) {
         Some(fix) => with_fix(&text, &fix),
@@ -47,7 +47,7 @@ fn with_fix(text: &str, fix: &str) -> String {
 /// A condition the relay warns about and runs on. The warning says what is wrong where it
 /// is found; what to do about it is here, as it is for errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Warning<'a> {
+pub(crate) enum Warning<'a> {
     /// A secret file (`path`) its group or others may read.
     SecretFileReadable { path: &'a str },
     /// Polling without the partial index its claims read through.
@@ -79,7 +79,7 @@ pub enum Warning<'a> {
 /// What `check` finds that would make `setup` or the relay fail, where no error of the relay
 /// says it first (PostgreSQL's own words would, late): its fix, as an error's is here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shortfall<'a> {
+pub(crate) enum Shortfall<'a> {
     /// Every replication slot of `max_replication_slots` is taken, and the relay's is missing.
     NoFreeSlot,
     /// Every WAL sender of `max_wal_senders` is busy.
@@ -95,7 +95,7 @@ pub enum Shortfall<'a> {
 }
 
 /// A shortfall's text: what is wrong (`problem`, as `check` found it), then what to do.
-pub fn shortfall(problem: &str, shortfall: Shortfall<'_>) -> String {
+pub(crate) fn shortfall(problem: &str, shortfall: Shortfall<'_>) -> String {
     with_fix(problem, &shortfall_fix(shortfall))
 }
 
@@ -129,7 +129,7 @@ fn insert_only(publication: &str) -> String {
 }
 
 /// A warning's text: what is wrong (`problem`, as the caller found it), then what to do.
-pub fn warning(problem: &str, warning: Warning<'_>) -> String {
+pub(crate) fn warning(problem: &str, warning: Warning<'_>) -> String {
     with_fix(problem, &warning_fix(warning))
 }
 
@@ -191,7 +191,7 @@ fn warning_fix(warning: Warning<'_>) -> String {
 
 /// What to do about `error`, when the relay knows.
 // A flat lookup table, one arm per error and no logic between them: long because the advice is.
-pub fn fix(error: &RelayError) -> Option<String> {
+pub(crate) fn fix(error: &RelayError) -> Option<String> {
     use RelayError::*;
     Some(match error {
         WalLevel { .. } => "ALTER SYSTEM SET wal_level = 'logical'; then restart PostgreSQL \

@@ -23,7 +23,7 @@ use crate::table::outbox::needs_created_at;
 
 /// What every publishing command (`run`, `poll`, `resync`) runs with: the database it reads,
 /// the broker nodes it publishes to, the mapper between them and the dead-letter exchange.
-pub struct RelayParts {
+pub(crate) struct RelayParts {
     /// Checked: a malformed URL is a definite error before anything starts, never an outage
     /// to retry.
     pub database_url: String,
@@ -36,7 +36,7 @@ pub struct RelayParts {
 }
 
 /// The flag groups a publishing command's [`RelayParts`] are made from.
-pub struct RelayPartsFlags<'a> {
+pub(crate) struct RelayPartsFlags<'a> {
     pub connections: &'a Connections,
     pub table: &'a TableName,
     pub exchange: &'a str,
@@ -48,7 +48,7 @@ pub struct RelayPartsFlags<'a> {
 }
 
 impl RelayParts {
-    pub fn new(flags: RelayPartsFlags<'_>) -> Result<RelayParts, RelayError> {
+    pub(crate) fn new(flags: RelayPartsFlags<'_>) -> Result<RelayParts, RelayError> {
         let database_url = flags.connections.database_url()?;
         let role = crate::db::parse_url(&database_url)?
             .get_user()
@@ -78,7 +78,7 @@ impl RelayParts {
 /// The column map (`--table-layout`, `--column`) of a command that reads the table, checked
 /// against what it will run, before anything connects: each of `created_at_for` (why a
 /// feature that is on needs `created_at`) refuses a map that leaves `created_at` unmapped.
-pub fn column_map(
+pub(crate) fn column_map(
     flags: &ColumnArgs,
     table: &TableName,
     created_at_for: &[&str],
@@ -105,7 +105,7 @@ pub fn column_map(
 }
 
 /// The RabbitMQ nodes `--amqp-url` names, every URL checked, in `--amqp-node-order`.
-pub fn broker_nodes(connections: &Connections) -> Result<Arc<BrokerNodes>, RelayError> {
+pub(crate) fn broker_nodes(connections: &Connections) -> Result<Arc<BrokerNodes>, RelayError> {
     let list = connections.amqp_url()?;
     match connections.broker.amqp_node_order() {
         NodeOrder::Shuffled => BrokerNodes::parse(&list),
@@ -115,7 +115,7 @@ pub fn broker_nodes(connections: &Connections) -> Result<Arc<BrokerNodes>, Relay
 }
 
 /// The shard `run` streams; [`Shard::UNSHARDED`] for `--shards 1`.
-pub fn shard(flags: &RunShard) -> Result<Shard, RelayError> {
+pub(crate) fn shard(flags: &RunShard) -> Result<Shard, RelayError> {
     let count = flags.count.shards;
     match flags.shard {
         Some(index) => Shard::new(index, count),
@@ -127,7 +127,7 @@ pub fn shard(flags: &RunShard) -> Result<Shard, RelayError> {
 }
 
 /// The emit prefix: the configured one, or the default for `table`.
-pub fn emit_prefix(flags: &EmitArgs, table: &TableName) -> String {
+pub(crate) fn emit_prefix(flags: &EmitArgs, table: &TableName) -> String {
     match &flags.emit_prefix {
         Some(prefix) => prefix.clone(),
         None => crate::contract::emit::default_prefix(table.table_parts()),

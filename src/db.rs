@@ -29,11 +29,11 @@ macro_rules! pinned_session_settings {
         /// Session settings pinned on the replication connection, as its startup options:
         /// protocol 1 sends column values as text shaped by them (docs/architecture.md, "Session settings"), and
         /// the mapper parses exactly these shapes.
-        pub const PINNED_SESSION_SETTINGS: &str =
+        pub(crate) const PINNED_SESSION_SETTINGS: &str =
             concat!("-c ", $name, "=", $value $(, " -c ", $names, "=", $values)*);
         /// The same settings as SET statements, for the ordinary connections whose rows the
         /// mapper reads as text (polling mode, `resync`).
-        pub const PINNED_SET_STATEMENTS: &str =
+        pub(crate) const PINNED_SET_STATEMENTS: &str =
             concat!("SET ", $name, " = '", $value, "';" $(, " SET ", $names, " = '", $values, "';")*);
     };
 }
@@ -51,7 +51,7 @@ pub fn parse_url(url: &str) -> Result<Config, RelayError> {
 }
 
 /// The servers the URL names, in its order (outbox_common::pg::servers).
-pub fn servers(url: &str) -> Result<Vec<Server>, RelayError> {
+pub(crate) fn servers(url: &str) -> Result<Vec<Server>, RelayError> {
     Ok(pg::servers(url)?)
 }
 
@@ -72,13 +72,15 @@ pub async fn connect_to(url: &str, server: &Server) -> Result<Client, RelayError
 
 /// [`connect`], for a connection that LISTENs: the same TLS and timeouts, and the
 /// notifications its driver receives.
-pub async fn connect_for_notifications(url: &str) -> Result<(Client, Notifications), RelayError> {
+pub(crate) async fn connect_for_notifications(
+    url: &str,
+) -> Result<(Client, Notifications), RelayError> {
     Ok(pg::connect_for_notifications(url).await?)
 }
 
 /// [`connect_to`], handing over what the connection receives and the error that ends it: for
 /// a connection kept open to learn why `server` closes it (a shutdown).
-pub async fn connect_to_for_notifications(
+pub(crate) async fn connect_to_for_notifications(
     url: &str,
     server: &Server,
 ) -> Result<(Client, Notifications), RelayError> {
@@ -86,7 +88,7 @@ pub async fn connect_to_for_notifications(
 }
 
 /// The server's version as a number (`server_version_num`: 170004 for 17.4).
-pub async fn server_version_num(client: &Client) -> Result<i32, RelayError> {
+pub(crate) async fn server_version_num(client: &Client) -> Result<i32, RelayError> {
     let row = client
         .query_one("SELECT current_setting('server_version_num')::int", &[])
         .await?;
@@ -100,7 +102,7 @@ pub async fn server_version_num(client: &Client) -> Result<i32, RelayError> {
 /// accepts and never answers holds the caller for ever. The timeout is the outer error
 /// (`ConnectTimeout`, the session aborted); what the server said is the inner one, for the
 /// caller to name.
-pub async fn connect_replication(
+pub(crate) async fn connect_replication(
     config: ReplicationConfig,
 ) -> Result<Result<(ReplicationClient, IdentifySystem), PgWireError>, RelayError> {
     let mut client = match ReplicationClient::connect_gated(config).await {

@@ -14,21 +14,21 @@
 //!   before the broker confirmed what precedes it (invariant 1 broken;
 //!   crates/outbox-bench/lab/scenarios.md, "Negative controls").
 
-pub use outbox_common::failpoint::{failpoint, switched_on};
+pub(crate) use outbox_common::failpoint::{failpoint, switched_on};
 
 /// The environment variable the failpoints are read from.
-pub const ENV: &str = "OUTBOX_FAILPOINTS";
+pub(crate) const ENV: &str = "OUTBOX_FAILPOINTS";
 
 /// Every failpoint the relay has; a name not in this list is a configuration error.
-pub const POINTS: [&str; 2] = [POLL_BEFORE_COMMIT, RECOVERY_BACKFILL_CONFIRMED];
+pub(crate) const POINTS: [&str; 2] = [POLL_BEFORE_COMMIT, RECOVERY_BACKFILL_CONFIRMED];
 /// Every switch the relay has.
-pub const SWITCHES: [&str; 1] = [ACK_BEFORE_CONFIRM];
+pub(crate) const SWITCHES: [&str; 1] = [ACK_BEFORE_CONFIRM];
 /// See the module documentation.
-pub const POLL_BEFORE_COMMIT: &str = "poll-before-commit";
+pub(crate) const POLL_BEFORE_COMMIT: &str = "poll-before-commit";
 /// See the module documentation.
-pub const RECOVERY_BACKFILL_CONFIRMED: &str = "recovery-backfill-confirmed";
+pub(crate) const RECOVERY_BACKFILL_CONFIRMED: &str = "recovery-backfill-confirmed";
 /// See the module documentation.
-pub const ACK_BEFORE_CONFIRM: &str = "ack-before-confirm";
+pub(crate) const ACK_BEFORE_CONFIRM: &str = "ack-before-confirm";
 
 /// Reads [`ENV`] and arms its points. Call once at startup; an invalid value is an error
 /// naming the problem (so a typo never silently disables a test's crash).

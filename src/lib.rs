@@ -30,6 +30,7 @@
 //! reverse, so the product's build and image leave them out.
 
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 /// `println!` that never panics: with stdout closed (`status | head -1`) the rest of the
 /// report is lost, not the exit code. The commands print their reports with it.
@@ -48,25 +49,54 @@ macro_rules! out {
     }};
 }
 
-pub mod advice;
-pub mod assembly;
-pub mod catalog;
-pub mod config;
-pub mod contract;
-pub mod db;
-pub mod error;
+mod advice;
+mod assembly;
+mod catalog;
+pub mod commands;
+mod config;
+mod contract;
+mod db;
+mod error;
 pub mod exit;
-pub mod failpoint;
+mod failpoint;
 // The fuzz targets' checks (fuzz/): test builds and the `fuzzing` feature only.
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
-pub mod observability;
-pub mod ops;
-pub mod pgoutput;
-pub mod poll;
-pub mod publish;
-pub mod setup;
-pub mod shard;
-pub mod supervisor;
-pub mod table;
-pub mod wal;
+mod observability;
+mod ops;
+mod pgoutput;
+mod poll;
+mod publish;
+mod setup;
+mod shard;
+mod supervisor;
+mod table;
+mod wal;
+
+/// Every metric the relay exports, by name (docs/metrics.md): for dashboards, alerts and tests.
+pub use observability::metrics;
+
+/// The parts the benchmark (crates/outbox-bench) and the integration tests drive in their own
+/// process: the delivery loop, the decoder, the mapper, the table's SQL. Named one by one; not
+/// a stable API.
+pub mod internals {
+    pub use crate::catalog::preflight::outbox_table;
+    pub use crate::config::cli::{DEFAULT_POLL_BATCH_SIZE, DEFAULT_POLL_WORKERS};
+    pub use crate::config::modes::OnPublished;
+    pub use crate::config::names::{OutboxNames, TableName};
+    pub use crate::contract::columns::ColumnMap;
+    pub use crate::contract::mapper::{AllowedExchanges, Layout, Mapper};
+    pub use crate::contract::message::Message;
+    pub use crate::contract::position::Position;
+    pub use crate::db::{connect, connect_to, parse_url, primary, replication_config};
+    pub use crate::observability::metrics::RelayMetrics;
+    pub use crate::pgoutput::{decode, Column, LogicalMessage, Relation, Tuple, TupleValue};
+    pub use crate::poll::table::OutboxTable;
+    pub use crate::publish::broker::Outgoing;
+    pub use crate::publish::delivery::{deliver, Acked, DeliveryOptions, Input};
+    pub use crate::publish::{Broker, BrokerNodes};
+    pub use crate::setup::{poll_script, publication_step, table_step};
+    pub use crate::wal::cleanup::{delete_batch, delete_sql};
+    pub use crate::wal::relations::{Known, RelationCache};
+    pub use crate::wal::session::CLIENT_EVENT_BUFFER;
+}

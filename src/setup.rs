@@ -85,7 +85,7 @@ pub fn publication_step(names: &OutboxNames) -> Step {
 
 /// [`publication_step`] for one shard: `names` are the shard's, and the publication takes
 /// only the shard's rows (its row filter, src/shard.rs, on the columns `map` names).
-pub fn shard_publication_step(names: &OutboxNames, shard: Shard, map: &ColumnMap) -> Step {
+pub(crate) fn shard_publication_step(names: &OutboxNames, shard: Shard, map: &ColumnMap) -> Step {
     let publication = quote_ident(&names.publication);
     let qualified = names.qualified_table();
     let (about, filter) = match shard.row_filter(map) {
@@ -114,7 +114,7 @@ pub fn shard_publication_step(names: &OutboxNames, shard: Shard, map: &ColumnMap
 
 /// The relay's state table (`wal/state.rs`): where `--on-slot-lost recreate` finds, on a
 /// promoted standby too, the last acknowledged commit to backfill from.
-pub fn state_step(names: &OutboxNames) -> Step {
+pub(crate) fn state_step(names: &OutboxNames) -> Step {
     Step {
         object: format!("state table {}", crate::wal::state::STATE_TABLE),
         about: "the relay's state: the last acknowledged commit (--on-slot-lost recreate \
@@ -131,7 +131,7 @@ pub fn state_step(names: &OutboxNames) -> Step {
 /// Top-level statements, never PL/pgSQL: on PostgreSQL 15 a slot created from a DO block
 /// failed now and then with "snapshot reference … is not owned by resource owner
 /// TopTransaction" while other sessions committed (seen in CI); the plain SELECT never did.
-pub fn slot_step(names: &OutboxNames, failover: FailoverSlot) -> Step {
+pub(crate) fn slot_step(names: &OutboxNames, failover: FailoverSlot) -> Step {
     let sql = match failover {
         FailoverSlot::Off => create_slot_sql(names, false),
         FailoverSlot::Auto | FailoverSlot::On => {
@@ -168,7 +168,7 @@ pub fn slot_step(names: &OutboxNames, failover: FailoverSlot) -> Step {
 /// One statement that creates the slot unless it exists; `failover` (17+ only: older
 /// servers reject the argument) makes it a failover slot. Named, as the 4th positional
 /// argument is two-phase.
-pub fn create_slot_sql(names: &OutboxNames, failover: bool) -> String {
+pub(crate) fn create_slot_sql(names: &OutboxNames, failover: bool) -> String {
     let slot = quote_literal(&names.slot);
     format!(
         "SELECT pg_catalog.pg_create_logical_replication_slot({slot}, 'pgoutput'{})\n\
@@ -185,7 +185,7 @@ pub fn create_slot_sql(names: &OutboxNames, failover: bool) -> String {
 /// `CREATE OR REPLACE`: they are code, not data, and a second run with the same flags changes
 /// nothing. WAL mode only: polling reads the table and never sees them.
 // Longer than the others: one function's SQL text, kept whole so it reads as the SQL it is.
-pub fn emit_step(names: &OutboxNames, prefix: &str) -> Step {
+pub(crate) fn emit_step(names: &OutboxNames, prefix: &str) -> Step {
     use crate::contract::emit::{fields, FUNCTION_SUFFIXES, VERSION};
     let (schema, table) = names.table_parts();
     let prefix = quote_literal(prefix);
@@ -280,7 +280,7 @@ pub fn emit_step(names: &OutboxNames, prefix: &str) -> Step {
 
 /// `setup --restrict-emit`: who may write events.
 #[derive(Debug, Clone, Copy)]
-pub struct Restrict<'a> {
+pub(crate) struct Restrict<'a> {
     /// The application's role: the only one granted the emit functions.
     pub emit_role: &'a str,
     /// The role `run` connects as (its heartbeats); `None`: the role running the SQL.
@@ -289,7 +289,7 @@ pub struct Restrict<'a> {
 
 /// The superuser check `--restrict-emit` starts with: a REVOKE by a role that does not own
 /// `pg_logical_emit_message` only warns, and would leave it callable by everyone.
-pub fn superuser_check_step() -> Step {
+pub(crate) fn superuser_check_step() -> Step {
     Step {
         object: "superuser check".into(),
         about: "restricting who may emit needs a superuser",
@@ -313,7 +313,7 @@ const SUPERUSER_NEEDED: &str = "restricting who may emit needs a superuser: a RE
 /// change) and callable by the application's role only. The overloads are found in the
 /// catalog: PostgreSQL 17 added a fourth argument (`flush`) to both, and the script is
 /// printed for DBAs without knowing the server.
-pub fn restrict_emit_step(names: &OutboxNames, restrict: Restrict<'_>) -> Step {
+pub(crate) fn restrict_emit_step(names: &OutboxNames, restrict: Restrict<'_>) -> Step {
     let (schema, table) = names.table_parts();
     let relay = restrict
         .relay_role
@@ -356,7 +356,7 @@ pub fn restrict_emit_step(names: &OutboxNames, restrict: Restrict<'_>) -> Step {
 
 /// Polling mode's claim index: only unpublished rows, in claim order, so the claim query
 /// stays an index scan however many published rows the table keeps (docs/polling.md).
-pub fn poll_index_step(names: &OutboxNames, map: &ColumnMap) -> Option<Step> {
+pub(crate) fn poll_index_step(names: &OutboxNames, map: &ColumnMap) -> Option<Step> {
     let published = map.sql(columns::PUBLISHED_AT)?;
     // Claims go in created_at order, or in id order where it is unmapped.
     let order = map
@@ -388,8 +388,13 @@ pub fn poll_script(names: &OutboxNames) -> String {
     text
 }
 
+#[cfg(test)]
 /// The provisioning SQL as a script, in order (unsharded).
-pub fn script(names: &OutboxNames, emit_prefix: &str, restrict: Option<Restrict<'_>>) -> String {
+pub(crate) fn script(
+    names: &OutboxNames,
+    emit_prefix: &str,
+    restrict: Option<Restrict<'_>>,
+) -> String {
     shards_script(
         names,
         &[(Shard::UNSHARDED, names.clone())],
@@ -404,7 +409,7 @@ pub fn script(names: &OutboxNames, emit_prefix: &str, restrict: Option<Restrict<
 /// functions. The emit functions come after the slots: an event emitted while no slot exists
 /// is in no slot, and nothing can bring it back. With `restrict`, the superuser check comes
 /// first, so a script run by another role stops before it has changed anything.
-pub fn shards_script(
+pub(crate) fn shards_script(
     names: &OutboxNames,
     shards: &[(Shard, OutboxNames)],
     emit_prefix: &str,
@@ -445,7 +450,7 @@ pub fn shards_script(
     text
 }
 
-pub async fn run(args: SetupArgs) -> Result<(), RelayError> {
+pub(crate) async fn run(args: SetupArgs) -> Result<(), RelayError> {
     let names = &args.names;
     // A bad dead-letter configuration is reported before anything is provisioned.
     args.dead_letter.exchange(&names.exchange)?;

@@ -25,17 +25,17 @@ use crate::error::{ConfigProblem, RelayError};
 
 /// One shard of `count` (`index` < `count`); `count` 1 is the unsharded outbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shard {
+pub(crate) struct Shard {
     index: u32,
     count: u32,
 }
 
 impl Shard {
     /// No sharding: one publication without a row filter and one slot, named as configured.
-    pub const UNSHARDED: Shard = Shard { index: 0, count: 1 };
+    pub(crate) const UNSHARDED: Shard = Shard { index: 0, count: 1 };
 
     /// Shard `index` of `count`; the error says what is wrong with them, naming the flags.
-    pub fn new(index: u32, count: u32) -> Result<Shard, RelayError> {
+    pub(crate) fn new(index: u32, count: u32) -> Result<Shard, RelayError> {
         if count == 0 || count > MAX_SHARDS {
             return Err(ConfigProblem::ShardCount {
                 count,
@@ -50,20 +50,20 @@ impl Shard {
     }
 
     /// Every shard of `count`, in order.
-    pub fn all(count: u32) -> Result<Vec<Shard>, RelayError> {
+    pub(crate) fn all(count: u32) -> Result<Vec<Shard>, RelayError> {
         Shard::new(0, count)?;
         Ok((0..count).map(|index| Shard { index, count }).collect())
     }
 
-    pub fn index(&self) -> u32 {
+    pub(crate) fn index(&self) -> u32 {
         self.index
     }
 
-    pub fn count(&self) -> u32 {
+    pub(crate) fn count(&self) -> u32 {
         self.count
     }
 
-    pub fn is_sharded(&self) -> bool {
+    pub(crate) fn is_sharded(&self) -> bool {
         self.count > 1
     }
 
@@ -71,7 +71,7 @@ impl Shard {
     /// shard's: the row filter's `hash % N = K`. Logical messages are not row-filtered, so
     /// every shard's walsender sends every event; an event without a readable hash (a
     /// malformed envelope) is shard 0's, which applies the dead-letter policy to it once.
-    pub fn takes_emitted(&self, hash: Option<u32>) -> bool {
+    pub(crate) fn takes_emitted(&self, hash: Option<u32>) -> bool {
         match hash {
             _ if !self.is_sharded() => true,
             Some(hash) => hash % self.count == self.index,
@@ -82,7 +82,7 @@ impl Shard {
     /// The row filter of this shard's publication (a boolean SQL expression on the outbox
     /// table's columns, under the names `map` gives them); `None` when unsharded. With
     /// `aggregate_id` unmapped every row spreads by its id.
-    pub fn row_filter(&self, map: &ColumnMap) -> Option<String> {
+    pub(crate) fn row_filter(&self, map: &ColumnMap) -> Option<String> {
         self.is_sharded().then(|| {
             // `id` is required: a map always has it.
             let id = map
@@ -105,7 +105,7 @@ impl Shard {
 
     /// This shard's names: `<publication>_<k>` and `<slot>_<k>` (the table and the exchange
     /// are every shard's); the names as they are when unsharded.
-    pub fn names(&self, names: &OutboxNames) -> Result<OutboxNames, RelayError> {
+    pub(crate) fn names(&self, names: &OutboxNames) -> Result<OutboxNames, RelayError> {
         Ok(OutboxNames {
             table: names.table.clone(),
             publication: self.publication(&names.publication)?.into(),
@@ -115,12 +115,12 @@ impl Shard {
     }
 
     /// This shard's publication: `<publication>_<k>`, or `publication` when unsharded.
-    pub fn publication(&self, publication: &str) -> Result<String, RelayError> {
+    pub(crate) fn publication(&self, publication: &str) -> Result<String, RelayError> {
         self.suffixed("--publication", publication, parse_identifier)
     }
 
     /// This shard's slot: `<slot>_<k>`, or `slot` when unsharded.
-    pub fn slot(&self, slot: &str) -> Result<String, RelayError> {
+    pub(crate) fn slot(&self, slot: &str) -> Result<String, RelayError> {
         self.suffixed("--slot", slot, parse_slot_name)
     }
 
@@ -148,7 +148,10 @@ impl Shard {
     }
 
     /// Every shard of `count` with its names, in order: what `setup` and `teardown` handle.
-    pub fn every(names: &OutboxNames, count: u32) -> Result<Vec<(Shard, OutboxNames)>, RelayError> {
+    pub(crate) fn every(
+        names: &OutboxNames,
+        count: u32,
+    ) -> Result<Vec<(Shard, OutboxNames)>, RelayError> {
         Shard::all(count)?
             .into_iter()
             .map(|shard| Ok((shard, shard.names(names)?)))

@@ -26,10 +26,10 @@ use outbox_common::backoff::Backoff;
 /// The first reconnect delay; it doubles up to the configured maximum.
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 /// How often a standby retries a slot held by another process, at the latest.
-pub const STANDBY_RETRY: Duration = Duration::from_secs(5);
+pub(crate) const STANDBY_RETRY: Duration = Duration::from_secs(5);
 
 /// What the supervisor runs: one kind of session, again and again.
-pub trait Supervised {
+pub(crate) trait Supervised {
     /// Runs one session until it fails (`Err`) or `shutdown` stops it gracefully (`Ok`).
     fn run(&mut self, shutdown: &CancellationToken)
         -> impl Future<Output = Result<(), RelayError>>;
@@ -52,7 +52,7 @@ pub trait Supervised {
 }
 
 /// How the supervisor runs its sessions.
-pub struct Supervision {
+pub(crate) struct Supervision {
     pub max_backoff: Duration,
     /// How long a session may take to stop after `shutdown`: past it, the supervisor
     /// abandons it (its open work is replayed on restart). `None`: wait for it.
@@ -60,7 +60,7 @@ pub struct Supervision {
 }
 
 /// Runs sessions of `supervised` until `shutdown` (`Ok`) or a definite error (`Err`).
-pub async fn supervise<S: Supervised>(
+pub(crate) async fn supervise<S: Supervised>(
     supervised: &mut S,
     supervision: &Supervision,
     shutdown: &CancellationToken,

@@ -18,7 +18,7 @@
 // runtime thread that the holder needs.
 #![allow(clippy::await_holding_lock)]
 
-use outbox_relay::observability::{MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT};
+use outbox_relay::metrics::{MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT};
 use outbox_testkit as common;
 
 use std::sync::MutexGuard;

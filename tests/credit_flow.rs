@@ -13,7 +13,7 @@
 //! (`rabbitmqctl list_connections`), the relay's `/metrics` (reconnect causes, the blocked
 //! gauge), the `test_decoding` slot, the queue, and the slot after the relay stopped (ACK).
 
-use outbox_relay::observability::{
+use outbox_relay::metrics::{
     BROKER_BLOCKED, CAUSE_LABEL, MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT, RECONNECTS_TOTAL,
 };
 use outbox_testkit as common;

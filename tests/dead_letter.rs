@@ -6,7 +6,7 @@
 //! dead-letter exchange, and the relay's own HTTP endpoints and `status` command for what it
 //! reports.
 
-use outbox_relay::observability::{
+use outbox_relay::metrics::{
     BLOCKED_ON_MESSAGE_SECONDS, DEAD_LETTERED_TOTAL, MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT,
     MESSAGES_RETURNED_TOTAL,
 };

@@ -294,7 +294,7 @@ fn the_polling_page_shows_the_default_batch_size() {
         .expect("a `LIMIT n -- --batch-size` line in docs/polling.md");
     assert_eq!(
         limit,
-        outbox_relay::config::DEFAULT_POLL_BATCH_SIZE.to_string(),
+        outbox_relay::internals::DEFAULT_POLL_BATCH_SIZE.to_string(),
         "docs/polling.md's claim shows LIMIT {limit}"
     );
 }

@@ -6,7 +6,7 @@
 //! functions returned to the writers, the outbox table itself, the queues and
 //! `pg_replication_slots`.
 
-use outbox_relay::observability::{
+use outbox_relay::metrics::{
     DEAD_LETTERED_TOTAL, DECODED_MESSAGES_TOTAL, HEARTBEAT_LAG_SECONDS,
     IGNORED_LOGICAL_MESSAGES_TOTAL, REASON_LABEL, SOURCE_LABEL,
 };

@@ -29,8 +29,8 @@
 //! Every figure is printed (`--nocapture`) on a `FIGURES` line;
 //! crates/outbox-bench/lab/scenarios.md collects them.
 
-use outbox_relay::observability::MESSAGES_IN_FLIGHT;
-use outbox_relay::observability::{
+use outbox_relay::metrics::MESSAGES_IN_FLIGHT;
+use outbox_relay::metrics::{
     FAILOVER_READY, HOST_LABEL, PHANTOM_EVENTS_LABEL, POSTGRES_FAILOVERS_TOTAL, SLOT_LABEL,
     WAITING_FOR_STANDBY,
 };

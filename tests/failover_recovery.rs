@@ -21,7 +21,7 @@
 //! Each test prints its figures (`FIGURES …`), collected in
 //! crates/outbox-bench/lab/scenarios.md, "Slot lost and failover without failover slots".
 
-use outbox_relay::observability::{
+use outbox_relay::metrics::{
     BROKER_BLOCKED, CLEANUP_DELETED_ROWS_TOTAL, SLOT_RECOVERIES_TOTAL, STANDBY,
 };
 use outbox_testkit as common;

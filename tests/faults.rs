@@ -20,7 +20,7 @@
 //! (`OUTBOX_FAILPOINTS`, src/failpoint.rs): scenario 21 aborts a polling worker just before
 //! its COMMIT.
 
-use outbox_relay::observability::{
+use outbox_relay::metrics::{
     ACK_POINTS_QUEUED, BROKER_BLOCKED, CAUSE_LABEL, HEARTBEAT_LAG_SECONDS,
     MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT, MESSAGES_RETURNED_TOTAL, READY, RECONNECTS_TOTAL,
     SLOT_LAG_BYTES, STANDBY,

@@ -520,7 +520,7 @@ fn unique_names_are_lowercase_identifiers() {
 /// is the relay's own constant.
 #[test]
 fn the_metric_names_the_kit_reads_are_the_relays() {
-    use outbox_relay::observability as relay;
+    use outbox_relay::metrics as relay;
     let kit_and_relay = [
         (common::relay::SESSIONS, relay::SESSIONS_TOTAL),
         (common::relay::RECONNECTS, relay::RECONNECTS_TOTAL),

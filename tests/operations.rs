@@ -5,7 +5,7 @@
 //! Oracles come from outside the relay: `pg_replication_slots` read by the test itself, the
 //! queue's contents, the table's rows, and `EXPLAIN`.
 
-use outbox_relay::observability::{
+use outbox_relay::metrics::{
     BUILD_INFO, MESSAGES_CONFIRMED_TOTAL, MODE_LABEL, READY, SLOT_ACTIVE, SLOT_WAL_STATUS,
     STATUS_LABEL, VERSION_LABEL,
 };
@@ -23,7 +23,7 @@ use common::pg::{first_column, psql};
 use common::{
     declare_bound_queue, free_port, pg_connect, services, unique_name, Consumer, RelayProcess,
 };
-use outbox_relay::config::OutboxNames;
+use outbox_relay::internals::OutboxNames;
 use tokio_postgres::Client;
 
 /// `status`'s exit code for a missing or lost slot.
@@ -919,7 +919,7 @@ async fn cleanup_deletes_only_rows_past_retention_and_the_last_acknowledged_comm
     let names = names(&outbox);
     let retention = Duration::from_secs(3600);
     let delete = |acknowledged: SystemTime, batch| {
-        let deleting = outbox_relay::wal::cleanup::delete_batch(
+        let deleting = outbox_relay::internals::delete_batch(
             &outbox.client,
             &names,
             retention,
@@ -960,7 +960,7 @@ async fn cleanup_statement_reads_the_created_at_index_not_the_table() {
     let seq_scan_allowed: String =
         common::pg::query_value(&outbox.client, "SHOW enable_seqscan").await;
     assert_eq!(seq_scan_allowed, "on", "the planner is free to choose");
-    let sql = outbox_relay::wal::cleanup::delete_sql(&names(&outbox), 1000);
+    let sql = outbox_relay::internals::delete_sql(&names(&outbox), 1000);
     // The worst case for the index: nearly every row qualifies.
     let retention = 60.0f64;
     let acknowledged = SystemTime::now() + Duration::from_secs(3600);
@@ -1013,8 +1013,8 @@ async fn role_outbox(prefix: &str, replication: bool) -> Option<RoleOutbox> {
         exchange: format!("{db}_x").into(),
     };
     for step in [
-        outbox_relay::setup::table_step(&names),
-        outbox_relay::setup::publication_step(&names),
+        outbox_relay::internals::table_step(&names),
+        outbox_relay::internals::publication_step(&names),
     ] {
         admin.batch_execute(&step.sql).await.expect("DBA step");
     }

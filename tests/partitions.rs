@@ -26,7 +26,7 @@
 // runtime of its own and takes the lock inside `block_in_place`.
 #![allow(clippy::await_holding_lock)]
 
-use outbox_relay::observability::{
+use outbox_relay::metrics::{
     MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT, RECONNECTS_TOTAL, STANDBY,
 };
 use outbox_testkit as common;

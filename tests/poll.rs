@@ -6,7 +6,7 @@
 //! the queue is FIFO with one consumer, so when the sentinel arrives, everything the relay
 //! ever published has arrived too, and counting duplicates needs no quiet period.
 
-use outbox_relay::observability::{
+use outbox_relay::metrics::{
     BACKLOG_ROWS, BROKER_BLOCKED, EMPTY_POLLS_TOTAL, MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT,
     MESSAGES_PUBLISHED_TOTAL, OLDEST_UNSENT_AGE_SECONDS, POLLS_TOTAL, POLL_BATCH_ROWS,
     POLL_BATCH_SECONDS, RECONNECTS_TOTAL,
@@ -22,12 +22,11 @@ use common::{
     declare_bound_queue, pg_connect, queue_message_count, services, unique_name, Consumer,
     RabbitServer, Received, RelayProcess,
 };
-use outbox_relay::config::{
+use outbox_relay::internals::ColumnMap;
+use outbox_relay::internals::{poll_script, OutboxTable};
+use outbox_relay::internals::{
     OnPublished, OutboxNames, DEFAULT_POLL_BATCH_SIZE, DEFAULT_POLL_WORKERS,
 };
-use outbox_relay::contract::columns::ColumnMap;
-use outbox_relay::poll::table::OutboxTable;
-use outbox_relay::setup;
 use tokio_postgres::Client;
 
 /// Generous bounds for events that normally take a fraction of them.
@@ -49,7 +48,7 @@ impl Outbox {
         let (db_url, exchange) = fresh(prefix).await;
         let client = pg_connect(&db_url).await;
         client
-            .batch_execute(&setup::poll_script(&names(&exchange)))
+            .batch_execute(&poll_script(&names(&exchange)))
             .await
             .expect("run the polling setup SQL");
         let queue = unique_name(&format!("{prefix}_q"));
@@ -668,7 +667,7 @@ async fn claim_query_uses_the_partial_index_on_a_mostly_published_table() {
         .await;
     let client = pg_connect(&db_url).await;
     client
-        .batch_execute(&setup::poll_script(&names("outbox")))
+        .batch_execute(&poll_script(&names("outbox")))
         .await
         .expect("setup SQL");
     client
@@ -743,7 +742,7 @@ async fn an_unroutable_row_stays_unpublished_until_a_queue_is_bound() {
     let (db_url, exchange) = fresh("poll_unroutable").await;
     let client = pg_connect(&db_url).await;
     client
-        .batch_execute(&setup::poll_script(&names(&exchange)))
+        .batch_execute(&poll_script(&names(&exchange)))
         .await
         .expect("setup SQL");
     let routed = unique_name("poll_routed_q");

@@ -8,7 +8,7 @@
 //! before the writers start, and the queues themselves (each shard's relay publishes to an
 //! exchange of its own, so a queue shows exactly what one relay delivered).
 
-use outbox_relay::observability::{MESSAGES_CONFIRMED_TOTAL, SHARD_LABEL};
+use outbox_relay::metrics::{MESSAGES_CONFIRMED_TOTAL, SHARD_LABEL};
 use outbox_testkit as common;
 use outbox_testkit::output_text as text;
 

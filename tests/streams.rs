@@ -18,7 +18,7 @@ use common::failover::{
 use common::faults::MARKER_PREFIX;
 use common::RabbitServer;
 use futures_util::StreamExt;
-use outbox_relay::observability::{MESSAGES_PUBLISHED_TOTAL, STANDBY, STREAM_SKIPPED_TOTAL};
+use outbox_relay::metrics::{MESSAGES_PUBLISHED_TOTAL, STANDBY, STREAM_SKIPPED_TOTAL};
 use rabbitmq_stream_client::types::{Message, OffsetSpecification};
 use rabbitmq_stream_client::{Client, ClientOptions, Environment, NoDedup, Producer};
 
@@ -451,7 +451,7 @@ async fn delivered_once_in_order_into(
     assert!(
         first
             .wait_metric(
-                outbox_relay::observability::MESSAGES_PUBLISHED_TOTAL,
+                outbox_relay::metrics::MESSAGES_PUBLISHED_TOTAL,
                 MINUTE * 2,
                 |published| published >= ROWS / 10
             )

@@ -3,7 +3,7 @@
 //! RabbitMQ. Debezium's documented outbox table, provisioned the way its users would:
 //! the table is theirs, `setup --no-create-table` checks it and makes the rest.
 
-use outbox_relay::observability::{HEADER_LABEL, TRACE_CONTEXT_DROPPED_TOTAL};
+use outbox_relay::metrics::{HEADER_LABEL, TRACE_CONTEXT_DROPPED_TOTAL};
 use outbox_testkit as common;
 use outbox_testkit::output_text as text;
 

@@ -5,5 +5,5 @@
 //! a session streams (`wal_level`, the publication and its row filter, the slot, the table's
 //! columns, the emit functions).
 
-pub mod preflight;
-pub mod slot;
+pub(crate) mod preflight;
+pub(crate) mod slot;

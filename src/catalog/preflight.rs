@@ -19,12 +19,12 @@ use crate::shard::Shard;
 
 /// What the checks learned about the slot.
 #[derive(Debug, Clone)]
-pub struct SlotState {
+pub(crate) struct SlotState {
     /// The slot's confirmed_flush_lsn: where streaming resumes.
     pub confirmed_flush: Lsn,
 }
 
-pub async fn check_wal_level(client: &Client) -> Result<(), RelayError> {
+pub(crate) async fn check_wal_level(client: &Client) -> Result<(), RelayError> {
     let row = client.query_one("SHOW wal_level", &[]).await?;
     let level: String = row.get(0);
     if level != "logical" {
@@ -33,7 +33,7 @@ pub async fn check_wal_level(client: &Client) -> Result<(), RelayError> {
     Ok(())
 }
 
-pub async fn check_table(client: &Client, names: &OutboxNames) -> Result<(), RelayError> {
+pub(crate) async fn check_table(client: &Client, names: &OutboxNames) -> Result<(), RelayError> {
     let (schema, table) = names.table_parts();
     let exists = client
         .query_opt(
@@ -49,7 +49,10 @@ pub async fn check_table(client: &Client, names: &OutboxNames) -> Result<(), Rel
     }
 }
 
-pub async fn check_publication(client: &Client, names: &OutboxNames) -> Result<(), RelayError> {
+pub(crate) async fn check_publication(
+    client: &Client,
+    names: &OutboxNames,
+) -> Result<(), RelayError> {
     let (schema, table) = names.table_parts();
     let publication = client
         .query_opt(
@@ -137,7 +140,7 @@ pub async fn outbox_table(client: &Client, outbox: &TableName) -> Result<OutboxT
 
 /// What became of the outbox table since the session started, by the catalog.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutboxNow {
+pub(crate) enum OutboxNow {
     /// A table of that name is in the publication (the same or, dropped and created again
     /// and added back, another: its Relation says so when its rows come).
     Published,
@@ -148,7 +151,7 @@ pub enum OutboxNow {
     Unpublished { recreated: bool },
 }
 
-pub async fn outbox_now(
+pub(crate) async fn outbox_now(
     client: &Client,
     names: &OutboxNames,
     outbox: OutboxTable,
@@ -184,7 +187,7 @@ pub async fn outbox_now(
 /// same columns: as the CHECK constraint of a temporary table made `LIKE` the outbox table,
 /// in a transaction that is rolled back (it needs only the TEMPORARY privilege, which every
 /// role has by default, and SELECT on the table).
-pub async fn check_row_filter(
+pub(crate) async fn check_row_filter(
     client: &Client,
     names: &OutboxNames,
     shard: Shard,
@@ -259,7 +262,7 @@ fn one_line(text: &str) -> String {
 
 /// The slot must exist in this database, use pgoutput, not be lost, and not be held by
 /// another process (then this relay is a standby).
-pub async fn check_slot(client: &Client, slot: &str) -> Result<SlotState, RelayError> {
+pub(crate) async fn check_slot(client: &Client, slot: &str) -> Result<SlotState, RelayError> {
     let Some(report) = read_slot(client, slot).await? else {
         return Err(RelayError::SlotMissing {
             slot: slot.to_string(),
@@ -302,7 +305,7 @@ pub async fn check_slot(client: &Client, slot: &str) -> Result<SlotState, RelayE
 /// PostgreSQL 18's `idle_replication_slot_timeout`, when it is set: the setting with its
 /// unit (read from pg_settings: the unit changed during 18's development). `None` on older
 /// servers and while it is 0 (off, the default).
-pub async fn idle_slot_timeout(client: &Client) -> Result<Option<String>, RelayError> {
+pub(crate) async fn idle_slot_timeout(client: &Client) -> Result<Option<String>, RelayError> {
     let row = client
         .query_opt(
             "SELECT setting, coalesce(unit, '') FROM pg_catalog.pg_settings \
@@ -340,7 +343,8 @@ async fn warn_if_idle_slots_expire(client: &Client, slot: &str) -> Result<(), Re
 }
 
 /// What a `wal_sender_timeout` of 0 costs (`run` warns of it at start, `check` too).
-pub const WAL_SENDER_TIMEOUT_OFF: &str = "wal_sender_timeout is 0 (off): if the relay's host \
+pub(crate) const WAL_SENDER_TIMEOUT_OFF: &str =
+    "wal_sender_timeout is 0 (off): if the relay's host \
      vanishes, PostgreSQL keeps its walsender, and the slot, until TCP gives up (about 15 \
      minutes with data in flight), and a standby relay cannot take over until then";
 
@@ -369,7 +373,9 @@ async fn warn_if_walsenders_never_time_out(client: &Client) -> Result<(), RelayE
 
 /// PostgreSQL 17's `synchronized_standby_slots` on this server: `Some("")` when the
 /// server has it unset, `None` before 17.
-pub async fn synchronized_standby_slots(client: &Client) -> Result<Option<String>, RelayError> {
+pub(crate) async fn synchronized_standby_slots(
+    client: &Client,
+) -> Result<Option<String>, RelayError> {
     let row = client
         .query_opt(
             "SELECT setting FROM pg_catalog.pg_settings WHERE name = 'synchronized_standby_slots'",
@@ -431,7 +437,7 @@ async fn warn_about_failover(
 }
 
 /// All checks `run` makes before it starts streaming; `names` are `shard`'s.
-pub async fn check_all(
+pub(crate) async fn check_all(
     client: &Client,
     names: &OutboxNames,
     shard: Shard,
@@ -452,7 +458,7 @@ pub async fn check_all(
 /// another prefix are skipped (and their position acknowledged with the next commit), and the
 /// WAL is their only copy, so a mismatch loses them. Missing functions are fine (the
 /// application may not emit, or a DBA has not created them yet).
-pub async fn check_emit_prefix(
+pub(crate) async fn check_emit_prefix(
     client: &Client,
     names: &OutboxNames,
     prefix: &str,

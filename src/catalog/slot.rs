@@ -45,7 +45,7 @@ use outbox_common::periodic::{self, Job};
 /// relay reports (read in one statement, so they belong together). Columns a server does not
 /// have are `None`.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct SlotReport {
+pub(crate) struct SlotReport {
     #[serde(rename(deserialize = "slot_name"))]
     pub slot: String,
     pub plugin: Option<String>,
@@ -93,7 +93,7 @@ impl SlotReport {
     /// Invalidated: it can never be streamed from again. PostgreSQL 15 and 16 say so with
     /// `wal_status = 'lost'` (16: or `conflicting`); from 17 `invalidation_reason` names the
     /// reason, also for invalidations that keep the WAL (`rows_removed`, `idle_timeout`).
-    pub fn is_lost(&self) -> bool {
+    pub(crate) fn is_lost(&self) -> bool {
         self.wal_status.as_deref() == Some("lost")
             || self.invalidation_reason.is_some()
             || self.conflicting == Some(true)
@@ -103,7 +103,7 @@ impl SlotReport {
     /// reason: any invalidated slot shows `wal_status = 'lost'`, and on 16 any invalidated
     /// logical slot also shows `conflicting`, even one whose WAL was removed. Removing WAL
     /// is the one invalidation that clears `restart_lsn`, so that tells them apart.
-    pub fn lost_reason(&self) -> Option<&str> {
+    pub(crate) fn lost_reason(&self) -> Option<&str> {
         if let Some(reason) = &self.invalidation_reason {
             return Some(reason);
         }
@@ -117,7 +117,7 @@ impl SlotReport {
     }
 
     /// The slot's confirmed position, once it has one.
-    pub fn confirmed_flush(&self) -> Option<Lsn> {
+    pub(crate) fn confirmed_flush(&self) -> Option<Lsn> {
         self.confirmed_flush_lsn
             .as_deref()
             .and_then(|text| Lsn::parse(text).ok())
@@ -125,7 +125,10 @@ impl SlotReport {
 }
 
 /// Reads the slot's row; `None` when no slot has this name.
-pub async fn read_slot(client: &Client, slot: &str) -> Result<Option<SlotReport>, RelayError> {
+pub(crate) async fn read_slot(
+    client: &Client,
+    slot: &str,
+) -> Result<Option<SlotReport>, RelayError> {
     let row = client
         .query_opt(
             "SELECT (to_jsonb(s) || jsonb_build_object( \
@@ -163,7 +166,7 @@ async fn read_slot_now(database_url: &str, slot: &str) -> Option<Option<SlotRepo
 /// problem it is; the catalog, not the message text, says which object: who holds the slot,
 /// whether the slot was invalidated, whether it is the slot or the publication that is
 /// missing.
-pub async fn replication_error(
+pub(crate) async fn replication_error(
     error: PgWireError,
     names: &OutboxNames,
     database_url: &str,
@@ -219,7 +222,7 @@ pub async fn replication_error(
 /// between its own writes, and closing the connection while it still sends (the relay has
 /// stopped reading) makes the kernel reset it, which discards whatever it had not read yet —
 /// the final position included. A standby would then replay what was already delivered.
-pub async fn wait_until_confirmed(
+pub(crate) async fn wait_until_confirmed(
     database_url: &str,
     slot: &str,
     target: Lsn,
@@ -242,7 +245,7 @@ pub async fn wait_until_confirmed(
 }
 
 /// Sets the slot gauges from one report.
-pub fn record_slot(report: &SlotReport) {
+pub(crate) fn record_slot(report: &SlotReport) {
     let bytes = |value: Option<i64>| value.map(|v| v as f64).unwrap_or(f64::NAN);
     metrics::gauge!(SLOT_LAG_BYTES).set(bytes(report.lag_bytes));
     metrics::gauge!(SLOT_RETAINED_WAL_BYTES).set(bytes(report.retained_wal_bytes));
@@ -294,7 +297,7 @@ pub fn record_slot(report: &SlotReport) {
 /// Reads the slot every `interval` until `shutdown`, setting the slot gauges and telling
 /// `health` when the slot is lost, or held back by a standby of `synchronized_standby_slots`
 /// (one more cheap query in the same round).
-pub async fn run_slot_poller(
+pub(crate) async fn run_slot_poller(
     database_url: String,
     slot: String,
     interval: Duration,
@@ -373,14 +376,14 @@ fn record_standby_waits(waits: &[StandbyWait], waited_on: &mut Vec<String>) {
 
 /// One physical slot that `synchronized_standby_slots` names, as the primary sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StandbySlot {
+pub(crate) struct StandbySlot {
     pub name: String,
     /// `None`: no slot of that name exists.
     pub state: Option<StandbySlotState>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StandbySlotState {
+pub(crate) struct StandbySlotState {
     /// Why it was invalidated, if it was.
     pub lost_reason: Option<String>,
     /// A walreceiver streams through it.
@@ -391,7 +394,7 @@ pub struct StandbySlotState {
 
 /// The standbys a failover slot waits for, read in one statement on the primary.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StandbySlots {
+pub(crate) struct StandbySlots {
     pub slots: Vec<StandbySlot>,
     /// The relay's slot's `confirmed_flush_lsn`.
     pub confirmed: Option<Lsn>,
@@ -404,7 +407,7 @@ impl StandbySlots {
     /// the `previous` poll while the primary's WAL is past it and the relay has confirmed
     /// everything up to it (so the relay waits for it, not for itself). A standby a few
     /// milliseconds behind at one poll is normal and is not reported.
-    pub fn waits(&self, previous: Option<&StandbySlots>) -> Vec<StandbyWait> {
+    pub(crate) fn waits(&self, previous: Option<&StandbySlots>) -> Vec<StandbyWait> {
         let flushed_before = |name: &str| {
             previous
                 .and_then(|p| p.slots.iter().find(|s| s.name == name))
@@ -450,7 +453,7 @@ impl StandbySlots {
 /// The physical slots `synchronized_standby_slots` names and the relay's slot's position, on
 /// the primary. `None` when nothing can hold the slot back: the setting is unset or unknown
 /// (before 17), or the relay's slot is not a failover slot (PostgreSQL waits only for those).
-pub async fn read_standby_slots(
+pub(crate) async fn read_standby_slots(
     client: &Client,
     slot: &str,
 ) -> Result<Option<StandbySlots>, RelayError> {
@@ -505,7 +508,7 @@ pub async fn read_standby_slots(
 /// How one server of the database URL stands for the next failover.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
-pub enum Readiness {
+pub(crate) enum Readiness {
     /// The primary: the slot the relay streams from.
     Primary,
     /// A standby whose copy of the slot is synced, persistent and valid: a promotion keeps it.
@@ -519,7 +522,7 @@ pub enum Readiness {
 /// Each server the database URL names, and whether a promotion of it would keep the slot
 /// (PostgreSQL 17+: `synced AND NOT temporary AND invalidation_reason IS NULL` on the
 /// standby). One read per server, each bounded by the connect timeout.
-pub async fn failover_readiness(database_url: &str, slot: &str) -> Vec<(String, Readiness)> {
+pub(crate) async fn failover_readiness(database_url: &str, slot: &str) -> Vec<(String, Readiness)> {
     let Ok(servers) = db::servers(database_url) else {
         return Vec::new();
     };
@@ -593,7 +596,7 @@ async fn readiness_of(
 
 /// Every `interval` until `shutdown`, when the database URL names more than one server:
 /// `outbox_relay_failover_ready{host}` for each standby (1: a promotion keeps the slot).
-pub async fn run_failover_poller(
+pub(crate) async fn run_failover_poller(
     database_url: String,
     slot: String,
     interval: Duration,
@@ -623,7 +626,7 @@ pub async fn run_failover_poller(
 
 /// Whether a slot made now on a server of `server_version_num` is a failover slot, as
 /// `--failover-slot` asks; `on` before 17 is an error that says so.
-pub fn failover_wanted(
+pub(crate) fn failover_wanted(
     failover: FailoverSlot,
     server_version_num: i32,
 ) -> Result<bool, RelayError> {

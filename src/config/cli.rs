@@ -42,7 +42,7 @@ pub struct Cli {
     pub log_format: LogFormat,
 }
 
-pub use outbox_common::logging::LogFormat;
+pub(crate) use outbox_common::logging::LogFormat;
 
 #[derive(Debug, Subcommand)]
 pub enum Command {

@@ -10,7 +10,7 @@ use crate::error::{ConfigProblem, RelayError};
 
 /// The prefix of the relay's WAL heartbeats (src/wal/heartbeat.rs). Owned here, where
 /// `--emit-prefix` is checked against it, so that configuration names no part it configures.
-pub const HEARTBEAT_PREFIX: &str = "outbox-relay:heartbeat";
+pub(crate) const HEARTBEAT_PREFIX: &str = "outbox-relay:heartbeat";
 
 /// `setup --restrict-emit`: who may write events (docs/emit.md, "Who may emit").
 #[derive(Debug, Clone, Args)]

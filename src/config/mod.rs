@@ -18,40 +18,26 @@
 //! heartbeat and shard limits; `crate::assembly` makes the relay's parts (the mapper, the
 //! shard, the broker nodes) from it.
 
-pub mod cli;
-pub mod connections;
-pub mod messages;
-pub mod modes;
-pub mod names;
-pub mod observability;
-pub mod tuning;
+pub(crate) mod cli;
+pub(crate) mod connections;
+pub(crate) mod messages;
+pub(crate) mod modes;
+pub(crate) mod names;
+pub(crate) mod observability;
+pub(crate) mod tuning;
 
-pub use cli::{
-    CheckArgs, CheckedRelay, Cli, Command, LogFormat, PollArgs, ResyncArgs, RunArgs, SetupArgs,
-    StatusArgs, TeardownArgs, DEFAULT_POLL_BATCH_SIZE, DEFAULT_POLL_WORKERS,
+pub(crate) use cli::{
+    CheckArgs, CheckedRelay, PollArgs, ResyncArgs, RunArgs, SetupArgs, StatusArgs, TeardownArgs,
 };
-pub use connections::{
-    BrokerConnection, Connections, DatabaseConnection, NodeOrder, PeerTimeoutArgs,
-    StatementTimeoutArgs, StreamArgs,
+pub(crate) use connections::{Connections, NodeOrder};
+pub(crate) use messages::{
+    DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormat, MessageFormatArgs,
+    HEARTBEAT_PREFIX,
 };
-pub use messages::{
-    DeadLetterArgs, EmitArgs, ExchangePolicyArgs, MessageFormat, MessageFormatArgs, OnUnroutable,
-    RestrictEmitArgs, HEARTBEAT_PREFIX,
-};
-pub use modes::{
-    FailoverSlot, FailoverSlotArgs, Mode, ModeArgs, OnPublished, OnSlotLost, RunShard, ShardCount,
-    MAX_SHARDS,
-};
-pub use names::{
-    parse_exchange_name, parse_identifier, parse_slot_name, parse_table_name, ColumnArgs,
-    ExchangeName, OutboxNames, PublicationName, PublishNames, SlotName, SlotNames, StatusNames,
-    TableLayout, TableName,
-};
-pub use observability::{
-    parse_metrics_addr, CleanupArgs, EndpointArgs, MetricsAddr, ObservabilityArgs,
-    DEFAULT_METRICS_ADDR,
-};
-pub use tuning::{parse_size, Delivery, PublishLimits, Tuning};
+pub(crate) use modes::{FailoverSlot, Mode, OnPublished, OnSlotLost, RunShard};
+pub(crate) use names::{ColumnArgs, OutboxNames, PublishNames, TableName};
+pub(crate) use observability::CleanupArgs;
+pub(crate) use tuning::{Delivery, PublishLimits, Tuning};
 
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@ use clap::{Args, ValueEnum};
 
 /// The most shards `--shards` takes. Each shard costs a slot and a walsender that decodes
 /// the whole WAL: far fewer are useful (docs/scaling.md, "Scaling out").
-pub const MAX_SHARDS: u32 = 64;
+pub(crate) const MAX_SHARDS: u32 = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Mode {

@@ -231,7 +231,7 @@ pub(super) fn check_name_text(name: &str) -> Result<(), String> {
 
 /// A PostgreSQL identifier (publication, schema, table, LISTEN channel): any text PostgreSQL
 /// takes quoted, up to 63 bytes, that [`check_name_text`] accepts.
-pub fn parse_identifier(name: &str) -> Result<String, String> {
+pub(crate) fn parse_identifier(name: &str) -> Result<String, String> {
     check_name_text(name)?;
     if name.len() > MAX_IDENTIFIER_BYTES {
         return Err(format!(
@@ -244,7 +244,7 @@ pub fn parse_identifier(name: &str) -> Result<String, String> {
 }
 
 /// `table` or `schema.table`, each part an identifier.
-pub fn parse_table_name(name: &str) -> Result<String, String> {
+pub(crate) fn parse_table_name(name: &str) -> Result<String, String> {
     check_name_text(name)?;
     let parts: Vec<&str> = name.split('.').collect();
     if parts.len() > 2 {
@@ -264,7 +264,7 @@ pub fn parse_table_name(name: &str) -> Result<String, String> {
 }
 
 /// A replication slot name: PostgreSQL allows only `[a-z0-9_]`, up to 63 bytes.
-pub fn parse_slot_name(name: &str) -> Result<String, String> {
+pub(crate) fn parse_slot_name(name: &str) -> Result<String, String> {
     check_name_text(name)?;
     if !name
         .bytes()
@@ -280,7 +280,7 @@ pub fn parse_slot_name(name: &str) -> Result<String, String> {
 }
 
 /// A RabbitMQ exchange name: up to 255 bytes, no control characters, no `$`.
-pub fn parse_exchange_name(name: &str) -> Result<String, String> {
+pub(crate) fn parse_exchange_name(name: &str) -> Result<String, String> {
     check_name_text(name)?;
     if name.len() > MAX_EXCHANGE_BYTES {
         return Err(format!(

@@ -30,14 +30,14 @@ pub struct ObservabilityArgs {
     pub slot_poll_interval: Duration,
 }
 
-pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9187";
+pub(crate) const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9187";
 
 /// Where the metrics endpoints listen; `None` when turned off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MetricsAddr(pub Option<std::net::SocketAddr>);
 
 /// An `IP:port`, or empty / `off` for none.
-pub fn parse_metrics_addr(text: &str) -> Result<MetricsAddr, String> {
+pub(crate) fn parse_metrics_addr(text: &str) -> Result<MetricsAddr, String> {
     let text = text.trim();
     if text.is_empty() || text.eq_ignore_ascii_case("off") {
         return Ok(MetricsAddr(None));

@@ -5,7 +5,11 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
 
+use super::cli::{Cli, Command, DEFAULT_POLL_BATCH_SIZE, DEFAULT_POLL_WORKERS};
 use super::connections::{readable_by_others, secret};
+use super::messages::OnUnroutable;
+use super::names::{parse_identifier, parse_slot_name};
+use super::observability::{parse_metrics_addr, MetricsAddr};
 use super::*;
 use outbox_common::duration::parse_duration;
 

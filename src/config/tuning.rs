@@ -137,7 +137,7 @@ fn parse_status_interval(text: &str) -> Result<Duration, String> {
 
 /// A size in bytes: a number, optionally with a unit: KiB, MiB, GiB (powers of 1024), kB,
 /// MB, GB (powers of 1000), B; e.g. `16MiB`. Units are read case-insensitively.
-pub fn parse_size(text: &str) -> Result<usize, String> {
+pub(crate) fn parse_size(text: &str) -> Result<usize, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())

@@ -19,10 +19,11 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 /// The content type of a structured-mode CloudEvent.
-pub const CONTENT_TYPE: &str = "application/cloudevents+json";
+pub(crate) const CONTENT_TYPE: &str = "application/cloudevents+json";
 
+#[cfg(test)]
 /// Our extension attributes, then the Distributed Tracing extension's.
-pub const EXTENSIONS: [&str; 5] = [
+pub(crate) const EXTENSIONS: [&str; 5] = [
     "aggregatetype",
     "aggregateid",
     "outboxseq",
@@ -31,7 +32,7 @@ pub const EXTENSIONS: [&str; 5] = [
 ];
 
 /// The attributes of one event, from the message the contract built.
-pub struct Attributes<'a> {
+pub(crate) struct Attributes<'a> {
     pub id: &'a str,
     pub source: &'a str,
     pub event_type: &'a str,
@@ -83,7 +84,11 @@ enum Data<'a> {
 /// The structured-mode body for a payload `body` of `content_type`: JSON stays JSON (as
 /// `data`), UTF-8 text becomes a JSON string, anything else `data_base64`; an empty body has
 /// no data.
-pub fn structured(attributes: &Attributes<'_>, body: &Bytes, content_type: Option<&str>) -> Bytes {
+pub(crate) fn structured(
+    attributes: &Attributes<'_>,
+    body: &Bytes,
+    content_type: Option<&str>,
+) -> Bytes {
     let json = content_type.is_some_and(|t| t == "application/json");
     let text = content_type.is_some_and(|t| t.starts_with("text/"));
     let raw = std::str::from_utf8(body).ok();
@@ -121,7 +126,7 @@ pub fn structured(attributes: &Attributes<'_>, body: &Bytes, content_type: Optio
 
 /// `urn:outbox-relay:<database>:<schema>.<table>`, each name percent-encoded so the result is
 /// a URI-reference whatever the names hold. Names only: never a user or a password.
-pub fn default_source(database: &str, (schema, table): (&str, &str)) -> String {
+pub(crate) fn default_source(database: &str, (schema, table): (&str, &str)) -> String {
     use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
     const KEEP: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'~');
     let part = |name| utf8_percent_encode(name, KEEP).to_string();
@@ -135,7 +140,7 @@ pub fn default_source(database: &str, (schema, table): (&str, &str)) -> String {
 
 /// `--cloudevents-source`: a URI-reference without credentials (a user or password in its
 /// authority would go out with every message).
-pub fn check_source(source: &str) -> Result<(), String> {
+pub(crate) fn check_source(source: &str) -> Result<(), String> {
     if source.is_empty() || source.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return Err(
             "the source must be a URI-reference: not empty, no spaces or control \

@@ -8,25 +8,25 @@
 //! connect, for SQL), never per row. A column the map leaves unmapped is absent, as if the
 //! table did not have it.
 
-pub const ID: &str = "id";
-pub const EVENT_TYPE: &str = "event_type";
-pub const PAYLOAD: &str = "payload";
-pub const HEADERS: &str = "headers";
-pub const CREATED_AT: &str = "created_at";
-pub const EXCHANGE: &str = "exchange";
-pub const ROUTING_KEY: &str = "routing_key";
-pub const AGGREGATE_TYPE: &str = "aggregate_type";
-pub const AGGREGATE_ID: &str = "aggregate_id";
+pub(crate) const ID: &str = "id";
+pub(crate) const EVENT_TYPE: &str = "event_type";
+pub(crate) const PAYLOAD: &str = "payload";
+pub(crate) const HEADERS: &str = "headers";
+pub(crate) const CREATED_AT: &str = "created_at";
+pub(crate) const EXCHANGE: &str = "exchange";
+pub(crate) const ROUTING_KEY: &str = "routing_key";
+pub(crate) const AGGREGATE_TYPE: &str = "aggregate_type";
+pub(crate) const AGGREGATE_ID: &str = "aggregate_id";
 /// W3C trace context (src/contract/trace_context.rs), sent as the headers of the same names.
-pub const TRACEPARENT: &str = "traceparent";
-pub const TRACESTATE: &str = "tracestate";
+pub(crate) const TRACEPARENT: &str = "traceparent";
+pub(crate) const TRACESTATE: &str = "tracestate";
 /// Debezium's trace context: java.util.Properties text with `traceparent` and `tracestate`.
-pub const TRACING_SPAN_CONTEXT: &str = "tracing_span_context";
+pub(crate) const TRACING_SPAN_CONTEXT: &str = "tracing_span_context";
 /// Polling mode only: marks a claimed row published (NULL until then).
-pub const PUBLISHED_AT: &str = "published_at";
+pub(crate) const PUBLISHED_AT: &str = "published_at";
 
 /// The columns a message is made of, read when the table has them; others are ignored.
-pub const CONTRACT: [&str; 12] = [
+pub(crate) const CONTRACT: [&str; 12] = [
     ID,
     EVENT_TYPE,
     PAYLOAD,
@@ -42,10 +42,10 @@ pub const CONTRACT: [&str; 12] = [
 ];
 
 /// The columns every message needs: a map cannot leave them unmapped.
-pub const REQUIRED: [&str; 2] = [ID, EVENT_TYPE];
+pub(crate) const REQUIRED: [&str; 2] = [ID, EVENT_TYPE];
 
 /// Every column a [`ColumnMap`] maps: the contract, then polling mode's `published_at`.
-pub const MAPPABLE: [&str; CONTRACT.len() + 1] = {
+pub(crate) const MAPPABLE: [&str; CONTRACT.len() + 1] = {
     let mut all = [PUBLISHED_AT; CONTRACT.len() + 1];
     let mut i = 0;
     while i < CONTRACT.len() {
@@ -56,10 +56,10 @@ pub const MAPPABLE: [&str; CONTRACT.len() + 1] = {
 };
 
 /// The flag that maps a column, for errors that tell how to map one.
-pub const COLUMN_FLAG: &str = "--column";
+pub(crate) const COLUMN_FLAG: &str = "--column";
 
 /// The flag that sends a column as a header.
-pub const HEADER_COLUMN_FLAG: &str = "--header-column";
+pub(crate) const HEADER_COLUMN_FLAG: &str = "--header-column";
 
 /// A column of the table sent as an AMQP header of every message (`--header-column`), as
 /// Debezium's `table.fields.additional.placement` does with `header`.

@@ -34,33 +34,33 @@ use crate::contract::row_error::{MapError, RowRef};
 use crate::contract::salvage::Readable;
 
 /// The envelope version this relay writes (in the emit functions) and reads.
-pub const VERSION: u64 = 1;
+pub(crate) const VERSION: u64 = 1;
 
 /// The envelope's fields, as the emit functions write them and docs/emit.md describes them.
-pub mod fields {
-    pub const VERSION: &str = "v";
-    pub const ID: &str = "id";
-    pub const EVENT_TYPE: &str = "event_type";
-    pub const CREATED_AT: &str = "created_at";
-    pub const PAYLOAD_TYPE: &str = "payload_type";
-    pub const PAYLOAD: &str = "payload";
-    pub const HEADERS: &str = "headers";
-    pub const AGGREGATE_TYPE: &str = "aggregate_type";
-    pub const AGGREGATE_ID: &str = "aggregate_id";
-    pub const EXCHANGE: &str = "exchange";
-    pub const ROUTING_KEY: &str = "routing_key";
-    pub const SHARD_HASH: &str = "shard_hash";
+pub(crate) mod fields {
+    pub(crate) const VERSION: &str = "v";
+    pub(crate) const ID: &str = "id";
+    pub(crate) const EVENT_TYPE: &str = "event_type";
+    pub(crate) const CREATED_AT: &str = "created_at";
+    pub(crate) const PAYLOAD_TYPE: &str = "payload_type";
+    pub(crate) const PAYLOAD: &str = "payload";
+    pub(crate) const HEADERS: &str = "headers";
+    pub(crate) const AGGREGATE_TYPE: &str = "aggregate_type";
+    pub(crate) const AGGREGATE_ID: &str = "aggregate_id";
+    pub(crate) const EXCHANGE: &str = "exchange";
+    pub(crate) const ROUTING_KEY: &str = "routing_key";
+    pub(crate) const SHARD_HASH: &str = "shard_hash";
 }
 
 /// The prefix of an outbox's events unless `--emit-prefix` says otherwise.
-pub fn default_prefix((schema, table): (&str, &str)) -> String {
+pub(crate) fn default_prefix((schema, table): (&str, &str)) -> String {
     format!("outbox-relay:emit:{schema}.{table}")
 }
 
 /// What the emit functions' names add to the table's name: `outbox` gets `outbox_emit`,
 /// `outbox_emit_text` and `outbox_emit_bytea`, and two outboxes in one schema keep theirs
 /// apart.
-pub const FUNCTION_SUFFIXES: [(&str, PayloadType); 3] = [
+pub(crate) const FUNCTION_SUFFIXES: [(&str, PayloadType); 3] = [
     ("_emit", PayloadType::Jsonb),
     ("_emit_text", PayloadType::Text),
     ("_emit_bytea", PayloadType::Bytea),
@@ -68,11 +68,11 @@ pub const FUNCTION_SUFFIXES: [(&str, PayloadType); 3] = [
 
 /// The longest suffix: a table name may be at most 63 bytes minus this, or PostgreSQL would
 /// cut the functions' names short.
-pub const LONGEST_SUFFIX: usize = "_emit_bytea".len();
+pub(crate) const LONGEST_SUFFIX: usize = "_emit_bytea".len();
 
 /// How an envelope carries its payload (`payload_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PayloadType {
+pub(crate) enum PayloadType {
     /// `payload` is the JSON value itself.
     Jsonb,
     /// `payload` is a JSON string: the text.
@@ -83,7 +83,7 @@ pub enum PayloadType {
 
 impl PayloadType {
     /// The SQL type of the emit function's payload parameter, and the envelope's name for it.
-    pub fn sql_type(self) -> &'static str {
+    pub(crate) fn sql_type(self) -> &'static str {
         match self {
             PayloadType::Jsonb => "jsonb",
             PayloadType::Text => "text",
@@ -161,7 +161,7 @@ struct ShardHashOnly {
 
 /// The envelope's shard hash (the row filter's hash, computed in SQL by the emit function);
 /// `None` when the content does not parse or has none in `0..=2147483647`.
-pub fn shard_hash(content: &[u8]) -> Option<u32> {
+pub(crate) fn shard_hash(content: &[u8]) -> Option<u32> {
     serde_json::from_slice::<ShardHashOnly>(content)
         .ok()?
         .shard_hash
@@ -351,7 +351,7 @@ fn rfc3339_seconds(text: &str) -> Option<time::OffsetDateTime> {
 /// cannot be published, and why. `transactional` is false for a message written with
 /// `pg_logical_emit_message(false, …)`: it is part of no transaction (written even if the
 /// writer rolled back), so it is never published as an event.
-pub fn map(
+pub(crate) fn map(
     mapper: &Mapper,
     content: &Bytes,
     transactional: bool,

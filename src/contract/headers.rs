@@ -5,11 +5,11 @@ use crate::contract::message::Headers;
 use crate::contract::position::Position;
 
 // The names are the consumer's too: they live in the crate both share.
-pub use crate::contract::trace_context::{TRACEPARENT, TRACESTATE};
-pub use outbox_common::headers::{AGGREGATE_ID, AGGREGATE_TYPE, LSN, SEQ};
+pub(crate) use crate::contract::trace_context::{TRACEPARENT, TRACESTATE};
+pub(crate) use outbox_common::headers::{AGGREGATE_ID, AGGREGATE_TYPE, LSN, SEQ};
 
 /// The headers the relay sets itself: a header column may not take their names.
-pub const RESERVED: [&str; 6] = [
+pub(crate) const RESERVED: [&str; 6] = [
     LSN,
     SEQ,
     AGGREGATE_TYPE,

@@ -39,7 +39,7 @@ use crate::pgoutput::{Relation, Tuple, TupleValue};
 /// What a payload is, by its column type (or an emitted event's `payload_type`): it decides
 /// the content type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyKind {
+pub(crate) enum BodyKind {
     Json,
     Jsonb,
     Bytea,
@@ -56,7 +56,7 @@ impl BodyKind {
         }
     }
 
-    pub fn content_type(self) -> &'static str {
+    pub(crate) fn content_type(self) -> &'static str {
         match self {
             BodyKind::Json | BodyKind::Jsonb => "application/json",
             BodyKind::Bytea => "application/octet-stream",

@@ -65,12 +65,12 @@ impl Message {
 }
 
 /// A message's headers, in the order they were added.
-pub type Headers = Vec<(String, HeaderValue)>;
+pub(crate) type Headers = Vec<(String, HeaderValue)>;
 
 /// AMQP's limit for a short string (the exchange, routing key, message id, type and header
 /// names): the contract checks it, so that a row over it is named like any other mapping
 /// error rather than failing at the broker.
-pub const MAX_SHORT_TEXT: usize = 255;
+pub(crate) const MAX_SHORT_TEXT: usize = 255;
 
 /// A header's value: what a JSON object of headers can hold (nested values travel as their
 /// JSON text).

@@ -34,19 +34,19 @@
 //! `publish/` name lapin).
 //! Values are parsed in exactly the shapes the pinned session settings produce (`db.rs`).
 
-pub mod cloudevents;
+pub(crate) mod cloudevents;
 /// Column names of the outbox table (docs/consumers.md, "The message contract") and the map
 /// to a table of another design.
-pub mod columns;
-pub mod emit;
+pub(crate) mod columns;
+pub(crate) mod emit;
 #[cfg(test)]
 mod fixtures;
-pub mod headers;
-pub mod mapper;
-pub mod message;
-pub mod pg_text;
-pub mod position;
-pub mod row_error;
-pub mod salvage;
-pub mod template;
-pub mod trace_context;
+pub(crate) mod headers;
+pub(crate) mod mapper;
+pub(crate) mod message;
+pub(crate) mod pg_text;
+pub(crate) mod position;
+pub(crate) mod row_error;
+pub(crate) mod salvage;
+pub(crate) mod template;
+pub(crate) mod trace_context;

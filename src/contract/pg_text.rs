@@ -10,21 +10,21 @@ use crate::contract::message::{HeaderValue, Headers, MAX_SHORT_TEXT};
 /// The type OIDs the contract reads a value by: they decide how its text is parsed and what
 /// its body or header becomes.
 pub(super) mod type_oid {
-    pub const BOOL: u32 = 16;
-    pub const INT8: u32 = 20;
-    pub const INT2: u32 = 21;
-    pub const INT4: u32 = 23;
-    pub const BYTEA: u32 = 17;
-    pub const TIMESTAMPTZ: u32 = 1184;
-    pub const JSON: u32 = 114;
-    pub const UUID: u32 = 2950;
-    pub const JSONB: u32 = 3802;
+    pub(crate) const BOOL: u32 = 16;
+    pub(crate) const INT8: u32 = 20;
+    pub(crate) const INT2: u32 = 21;
+    pub(crate) const INT4: u32 = 23;
+    pub(crate) const BYTEA: u32 = 17;
+    pub(crate) const TIMESTAMPTZ: u32 = 1184;
+    pub(crate) const JSON: u32 = 114;
+    pub(crate) const UUID: u32 = 2950;
+    pub(crate) const JSONB: u32 = 3802;
 }
 
 /// A JSON object of headers as message headers (string, number and bool values; nested
 /// values as their JSON text; nulls left out), or what is wrong with it. Rows' `headers`
 /// column and emitted events' `headers` field alike.
-pub fn headers_from_json(json: &[u8]) -> Result<Headers, String> {
+pub(crate) fn headers_from_json(json: &[u8]) -> Result<Headers, String> {
     let parsed: serde_json::Value =
         serde_json::from_slice(json).map_err(|e| format!("is not JSON: {e}"))?;
     let serde_json::Value::Object(object) = parsed else {
@@ -85,14 +85,15 @@ pub(crate) const ISO_TIMESTAMPTZ: &[time::format_description::BorrowedFormatItem
          [offset_hour sign:mandatory][optional [:[offset_minute]]][optional [:[offset_second]]]"
 );
 
+#[cfg(any(test, feature = "fuzzing"))]
 /// Seconds since the Unix epoch of a timestamptz in ISO output (the pinned DateStyle). AMQP
 /// timestamps have one-second resolution.
-pub fn parse_timestamptz(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_timestamptz(text: &str) -> Result<u64, String> {
     parse_timestamptz_at(text).map(|at| at.unix_timestamp().unsigned_abs())
 }
 
 /// [`parse_timestamptz`] as a point in time (at or after 1970).
-pub fn parse_timestamptz_at(text: &str) -> Result<time::OffsetDateTime, String> {
+pub(crate) fn parse_timestamptz_at(text: &str) -> Result<time::OffsetDateTime, String> {
     let at = match parse_iso_common(text.as_bytes()) {
         Some(at) => at,
         None => time::OffsetDateTime::parse(text, ISO_TIMESTAMPTZ)

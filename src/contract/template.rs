@@ -9,7 +9,7 @@
 use std::fmt;
 
 /// The fields a placeholder can name: the contract columns that are short texts.
-pub const FIELDS: [&str; 4] = ["event_type", "aggregate_type", "aggregate_id", "id"];
+pub(crate) const FIELDS: [&str; 4] = ["event_type", "aggregate_type", "aggregate_id", "id"];
 
 /// One message's values for the placeholders (`None`: NULL or unmapped).
 #[derive(Debug, Clone, Copy, Default)]
@@ -178,7 +178,7 @@ impl fmt::Display for Template {
 
 /// Whether `text` would parse as a template with placeholders (`--exchange` is a name or a
 /// template: a name has no unescaped `{`).
-pub fn is_template(text: &str) -> bool {
+pub(crate) fn is_template(text: &str) -> bool {
     Template::parse(text).is_ok_and(|t| t.has_placeholders())
 }
 

@@ -8,12 +8,12 @@
 //! stop: tracing is best effort, delivery is not.
 
 /// The header and CloudEvents extension names.
-pub const TRACEPARENT: &str = "traceparent";
-pub const TRACESTATE: &str = "tracestate";
+pub(crate) const TRACEPARENT: &str = "traceparent";
+pub(crate) const TRACESTATE: &str = "tracestate";
 
 /// `version-traceid-parentid-flags`, lowercase hex: `00-<32>-<16>-<2>`. Version `ff` and
 /// all-zero ids are invalid; a version above 00 may carry more fields after a `-`.
-pub fn valid_traceparent(value: &str) -> bool {
+pub(crate) fn valid_traceparent(value: &str) -> bool {
     let b = value.as_bytes();
     if b.len() < 55 {
         return false;
@@ -38,7 +38,7 @@ pub fn valid_traceparent(value: &str) -> bool {
 /// A `tracestate` list: at most 32 `key=value` members separated by commas, each key
 /// lowercase (`[a-z0-9_\-*/@]`, starting with a letter or digit), each value printable ASCII
 /// without `,` or `=`, at most 512 bytes in all.
-pub fn valid_tracestate(value: &str) -> bool {
+pub(crate) fn valid_tracestate(value: &str) -> bool {
     if value.len() > 512 {
         return false;
     }
@@ -75,7 +75,7 @@ pub fn valid_tracestate(value: &str) -> bool {
 /// `traceparent` and `tracestate` from Debezium's `tracingspancontext`: java.util.Properties
 /// text (`key=value` or `key:value` lines, `#`/`!` comments). Values are returned as found;
 /// the caller validates them.
-pub fn parse_span_context(text: &str) -> (Option<&str>, Option<&str>) {
+pub(crate) fn parse_span_context(text: &str) -> (Option<&str>, Option<&str>) {
     let (mut parent, mut state) = (None, None);
     for line in text.lines() {
         let line = line.trim_start();
@@ -109,7 +109,7 @@ pub struct Sources<'a> {
 /// The trace context a message carries, and the names of the values found invalid and left
 /// out.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Resolved<'a> {
+pub(crate) struct Resolved<'a> {
     pub traceparent: Option<&'a str>,
     pub tracestate: Option<&'a str>,
     pub dropped: Vec<&'static str>,
@@ -118,7 +118,7 @@ pub struct Resolved<'a> {
 /// The first source that has a `traceparent` gives the context, its `tracestate` with it (a
 /// `tracestate` means nothing without its parent: alone, it is left out, not counted). An
 /// invalid `traceparent` is dropped with its `tracestate`; an invalid `tracestate` alone.
-pub fn resolve<'a>(sources: &Sources<'a>) -> Resolved<'a> {
+pub(crate) fn resolve<'a>(sources: &Sources<'a>) -> Resolved<'a> {
     let from_span_context = sources.span_context.map(parse_span_context);
     let chosen = [
         Some(sources.columns),

@@ -291,7 +291,7 @@ fn set_stuck(state: &mut HealthState, message_id: Option<&str>) {
 
 /// What one polling worker reports about its connections.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WorkerState {
+pub(crate) enum WorkerState {
     /// Connecting for the first time.
     Starting,
     /// Both connections up; `blocked` while the broker blocks this connection's publishes.
@@ -306,13 +306,13 @@ pub enum WorkerState {
 /// so one blocked worker means the others are blocked at their next publish: "broker
 /// blocked" wins. Otherwise `/readyz` gives the reason of the first worker that is down.
 #[derive(Clone)]
-pub struct WorkerHealth {
+pub(crate) struct WorkerHealth {
     health: Health,
     workers: Arc<Mutex<Vec<WorkerState>>>,
 }
 
 impl WorkerHealth {
-    pub fn new(health: Health, workers: usize) -> Self {
+    pub(crate) fn new(health: Health, workers: usize) -> Self {
         Self {
             health,
             workers: Arc::new(Mutex::new(vec![WorkerState::Starting; workers])),
@@ -320,7 +320,7 @@ impl WorkerHealth {
     }
 
     /// Records `worker`'s state and updates the process's [`Health`].
-    pub fn set(&self, worker: usize, state: WorkerState) {
+    pub(crate) fn set(&self, worker: usize, state: WorkerState) {
         let mut workers = self.workers.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(slot) = workers.get_mut(worker) {
             *slot = state;

@@ -32,7 +32,7 @@ use super::health::Health;
 use super::metrics::{recorder, register_mode, set_build_info, update_process_metrics};
 
 /// Connections served at once; the next one is accepted when one of them closes.
-pub const MAX_CONNECTIONS: usize = 64;
+pub(crate) const MAX_CONNECTIONS: usize = 64;
 /// Longest request head the server reads (hyper's smallest buffer limit); anything larger
 /// is answered 431.
 const MAX_REQUEST: usize = 8 * 1024;
@@ -48,7 +48,7 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// What the HTTP endpoints read.
 #[derive(Clone)]
-pub struct Endpoints {
+pub(crate) struct Endpoints {
     pub metrics: PrometheusHandle,
     pub health: Health,
 }
@@ -56,7 +56,7 @@ pub struct Endpoints {
 /// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until `shutdown`. A port that
 /// cannot be bound is not fatal: delivering messages matters more than reporting on them,
 /// so the relay warns and keeps trying to bind every few seconds.
-pub async fn serve_on(addr: SocketAddr, endpoints: Endpoints, shutdown: CancellationToken) {
+pub(crate) async fn serve_on(addr: SocketAddr, endpoints: Endpoints, shutdown: CancellationToken) {
     let mut warned = false;
     let listener = loop {
         match TcpListener::bind(addr).await {
@@ -84,7 +84,11 @@ pub async fn serve_on(addr: SocketAddr, endpoints: Endpoints, shutdown: Cancella
 
 /// Serves the endpoints on a bound listener until `shutdown`: then it stops accepting,
 /// and the exchanges in progress finish on their own (each is one bounded request).
-pub async fn serve(listener: TcpListener, endpoints: Endpoints, shutdown: CancellationToken) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    endpoints: Endpoints,
+    shutdown: CancellationToken,
+) {
     let upkeep = {
         let handle = endpoints.metrics.clone();
         let shutdown = shutdown.clone();
@@ -201,7 +205,7 @@ async fn no_store(mut response: Response) -> Response {
 /// Installs the recorder and serves `/metrics`, `/healthz` and `/readyz` on `addr` (unless
 /// `None`) until `shutdown`, in either mode (`mode`: the command, `run` or `poll`, for
 /// [`super::metrics::BUILD_INFO`]). Returns the health behind `/readyz`.
-pub fn start_endpoints(
+pub(crate) fn start_endpoints(
     addr: Option<SocketAddr>,
     mode: &'static str,
     shutdown: &CancellationToken,
@@ -221,7 +225,7 @@ pub fn start_endpoints(
 }
 
 /// Fetches `path` from a running relay's endpoints (for `status`): the status code and body.
-pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+pub(crate) async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     let exchange = async {
         let mut stream = TcpStream::connect(addr).await?;
         let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");

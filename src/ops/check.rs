@@ -54,7 +54,7 @@ const SENDER_TIMEOUT_PEERS: u32 = 4;
 
 /// How a finding stands, from best to worst.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Level {
+pub(crate) enum Level {
     Ok,
     Warn,
     Error,
@@ -72,7 +72,7 @@ impl Level {
 
 /// What one check found, without its name.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub level: Level,
     /// What was found; for a warning or an error, with its fix.
     pub detail: String,
@@ -109,7 +109,7 @@ fn failed(error: &RelayError) -> Outcome {
 
 /// One line of the report.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finding {
+pub(crate) struct Finding {
     /// What was checked.
     pub what: String,
     pub outcome: Outcome,
@@ -125,7 +125,7 @@ impl fmt::Display for Finding {
 /// The findings so far, each printed as it is found (a node that does not answer holds the
 /// next line up to the connect timeout: the lines before it are already out).
 #[derive(Debug, Default)]
-pub struct Findings {
+pub(crate) struct Findings {
     list: Vec<Finding>,
     print: bool,
 }
@@ -154,7 +154,7 @@ impl Findings {
         self.add(what, result.unwrap_or_else(|e| failed(&e)));
     }
 
-    pub fn verdict(&self) -> Verdict {
+    pub(crate) fn verdict(&self) -> Verdict {
         match self.list.iter().map(|f| f.outcome.level).max() {
             Some(Level::Error) => Verdict::Errors,
             Some(Level::Warn) => Verdict::Warnings,
@@ -165,7 +165,7 @@ impl Findings {
 
 /// The worst of the findings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Ok,
     Warnings,
     Errors,
@@ -174,7 +174,7 @@ pub enum Verdict {
 impl Verdict {
     /// 0, [`exit::WARNINGS`], or [`exit::CONFIG`]: what was found is a configuration (or a
     /// provisioning) to fix, as when the relay stops on it.
-    pub fn exit_code(self) -> u8 {
+    pub(crate) fn exit_code(self) -> u8 {
         match self {
             Verdict::Ok => 0,
             Verdict::Warnings => exit::WARNINGS,
@@ -183,7 +183,7 @@ impl Verdict {
     }
 }
 
-pub async fn run(args: CheckArgs) -> Result<Verdict, RelayError> {
+pub(crate) async fn run(args: CheckArgs) -> Result<Verdict, RelayError> {
     let Some(relay) = args.relay else {
         return Err(RelayError::Bug(
             "check ran without its relay flags parsed".into(),
@@ -690,7 +690,7 @@ async fn routing_keys(client: &Client, target: &Target<'_>, findings: &mut Findi
 
 /// The routing keys of the newest rows.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct RecentKeys {
+pub(crate) struct RecentKeys {
     rows: usize,
     keys: BTreeSet<String>,
     /// Rows whose key `--routing-key` cannot render (a field NULL or unmapped).

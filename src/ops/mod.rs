@@ -7,7 +7,7 @@
 //! back: `status` and `check` only read, `teardown` refuses while a process streams from the
 //! slot, and `resync` only publishes (it never marks, deletes or acknowledges anything).
 
-pub mod check;
-pub mod resync;
-pub mod status;
-pub mod teardown;
+pub(crate) mod check;
+pub(crate) mod resync;
+pub(crate) mod status;
+pub(crate) mod teardown;

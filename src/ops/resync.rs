@@ -32,7 +32,7 @@ use crate::table::backfill::{publish_all, select_sql, Read, Summary};
 use crate::table::outbox::{needs_created_at, TextRelation};
 use outbox_common::quote::quote_ident;
 
-pub async fn run(args: ResyncArgs) -> Result<(), RelayError> {
+pub(crate) async fn run(args: ResyncArgs) -> Result<(), RelayError> {
     check_rfc3339(&args.since).map_err(RelayError::Config)?;
     let map = args.columns.map()?;
     let names = &args.names;
@@ -147,7 +147,7 @@ pub(crate) fn resync_report(summary: &Summary, since: &str, undated: u64) -> Str
 /// Accepts an RFC 3339 date-time (`2024-05-01T12:00:00Z`, `…12:00:00.250+02:00`; a space
 /// may stand for the `T`). An offset is required, so the time means one instant whatever
 /// the server's time zone; PostgreSQL then parses it exactly.
-pub fn check_rfc3339(text: &str) -> Result<(), String> {
+pub(crate) fn check_rfc3339(text: &str) -> Result<(), String> {
     // `time` takes any one character between date and time; PostgreSQL only these.
     let separator = matches!(text.as_bytes().get(10), Some(b'T' | b't' | b' '));
     match time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339) {

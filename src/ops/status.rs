@@ -41,7 +41,7 @@ use outbox_common::quote::quote_ident;
 
 /// The probe's verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Probe {
+pub(crate) enum Probe {
     /// The slot exists and is not lost.
     Healthy,
     /// The slot is missing or lost: exit code 4 (`exit::UNHEALTHY`).
@@ -52,7 +52,7 @@ pub enum Probe {
 
 /// Everything `status` reports; `--json` prints it as is.
 #[derive(Debug, Clone, Serialize)]
-pub struct Status {
+pub(crate) struct Status {
     /// `wal` or `poll` (`--mode`).
     pub mode: &'static str,
     pub slot: String,
@@ -124,7 +124,7 @@ pub struct Status {
 
 /// One server of a multi-host database URL, for `status`.
 #[derive(Debug, Clone, Serialize)]
-pub struct ServerState {
+pub(crate) struct ServerState {
     pub host: String,
     #[serde(flatten)]
     pub readiness: Readiness,
@@ -132,7 +132,7 @@ pub struct ServerState {
 
 /// One shard's slot, for `status --shards N`.
 #[derive(Debug, Clone, Serialize)]
-pub struct ShardSlot {
+pub(crate) struct ShardSlot {
     pub shard: u32,
     pub slot: String,
     /// `ok`, `missing` or `lost`.
@@ -182,7 +182,7 @@ async fn read_shard_slots(
 }
 
 impl Status {
-    pub fn probe(&self) -> Probe {
+    pub(crate) fn probe(&self) -> Probe {
         match (self.mode, self.slot_state) {
             ("poll", _) if self.table_error.is_some() => Probe::TableProblem,
             ("poll", _) | (_, "ok") => Probe::Healthy,
@@ -191,7 +191,7 @@ impl Status {
     }
 }
 
-pub async fn run(args: StatusArgs) -> Result<Probe, RelayError> {
+pub(crate) async fn run(args: StatusArgs) -> Result<Probe, RelayError> {
     // A malformed column map is refused before anything connects.
     args.columns.map()?;
     let url = args.connections.database_url()?;
@@ -217,7 +217,7 @@ pub async fn run(args: StatusArgs) -> Result<Probe, RelayError> {
 }
 
 /// Reads the slot, the table and the running relay's readiness.
-pub async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayError> {
+pub(crate) async fn gather(client: &Client, args: &StatusArgs) -> Result<Status, RelayError> {
     let poll = args.mode.mode == Mode::Poll;
     let slots = read_slots(client, args, poll).await?;
     let table = read_table(client, args, poll).await;
@@ -473,7 +473,7 @@ async fn backlog(client: &Client, args: &StatusArgs) -> Result<(i64, Option<f64>
 }
 
 /// The human table.
-pub fn render(status: &Status) -> String {
+pub(crate) fn render(status: &Status) -> String {
     let mut lines: Vec<(&str, String)> = Vec::new();
     slot_lines(status, &mut lines);
     server_lines(status, &mut lines);

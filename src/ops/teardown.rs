@@ -29,7 +29,7 @@ use crate::error::{ConfigProblem, RelayError};
 use crate::shard::Shard;
 use outbox_common::quote::quote_ident;
 
-pub async fn run(args: TeardownArgs) -> Result<(), RelayError> {
+pub(crate) async fn run(args: TeardownArgs) -> Result<(), RelayError> {
     let names = &args.names;
     let shards = Shard::all(args.shards.shards)?;
     let slots = shards

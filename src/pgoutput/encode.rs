@@ -62,7 +62,7 @@ impl Enc {
 }
 
 /// Encodes a message exactly as PostgreSQL (protocol 1) would send it.
-pub fn encode(m: &LogicalMessage) -> Bytes {
+pub(crate) fn encode(m: &LogicalMessage) -> Bytes {
     let e = Enc::default();
     match m {
         LogicalMessage::Begin(b) => e.u8(b'B').lsn(b.final_lsn).i64(b.commit_time).u32(b.xid),

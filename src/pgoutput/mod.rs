@@ -33,14 +33,14 @@ use bytes::Bytes;
 
 use cursor::Cursor;
 #[cfg(any(test, feature = "fuzzing"))]
-pub use encode::encode;
+pub(crate) use encode::encode;
 #[cfg(test)]
 pub(crate) use encode::Enc;
-pub use error::{DecodeError, Field, MessageKind};
-pub use messages::{
-    Begin, Column, Commit, Insert, LogicalDecodingMessage, LogicalMessage, Origin, Relation,
-    Truncate, Tuple, TupleValue, TypeMessage,
+pub(crate) use error::{DecodeError, Field, MessageKind};
+pub(crate) use messages::{
+    Begin, Commit, Insert, LogicalDecodingMessage, Origin, Truncate, TypeMessage,
 };
+pub use messages::{Column, LogicalMessage, Relation, Tuple, TupleValue};
 
 /// Decodes one pgoutput message (the payload of an XLogData frame). Value bytes in the result
 /// are slices of `data`.

@@ -30,7 +30,7 @@ mod backlog;
 mod cleanup;
 mod listen;
 mod shared;
-pub mod table;
+pub(crate) mod table;
 mod worker;
 
 use shared::{PollStats, Shared};
@@ -51,7 +51,7 @@ use crate::error::RelayError;
 use crate::observability::{self, PollMetrics, WorkerHealth};
 
 /// What `poll` makes of its flags before it connects to anything.
-pub struct Prepared {
+pub(crate) struct Prepared {
     pub parts: RelayParts,
     pub columns: Arc<ColumnMap>,
     /// The shortest and longest wait after an empty poll.
@@ -60,7 +60,7 @@ pub struct Prepared {
 
 /// Checks `poll`'s flags as far as they can be without a connection, and makes the relay's
 /// parts from them: the one validation of a `poll` configuration, which `check` reports.
-pub fn prepare(args: &PollArgs) -> Result<Prepared, RelayError> {
+pub(crate) fn prepare(args: &PollArgs) -> Result<Prepared, RelayError> {
     // What the map leaves unmapped must not be needed. published_at first: without it the
     // command cannot run at all under mark.
     table::check_on_published(&args.columns.map()?, args.on_published)?;
@@ -90,7 +90,7 @@ pub fn prepare(args: &PollArgs) -> Result<Prepared, RelayError> {
 }
 
 /// Runs the polling relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
-pub async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
+pub(crate) async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
     let Prepared {
         parts:
             RelayParts {

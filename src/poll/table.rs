@@ -15,13 +15,16 @@ use crate::table::outbox::{needs_created_at, TextRelation};
 use outbox_common::quote::quote_ident;
 
 /// Why the cleanup needs `created_at` (`poll`'s error when it is unmapped).
-pub const CLEANUP_NEEDS: &str = "the cleanup (--cleanup-interval) finds published rows \
+pub(crate) const CLEANUP_NEEDS: &str = "the cleanup (--cleanup-interval) finds published rows \
      through it; turn it off with --cleanup-interval 0, or delete rows once published with \
      --on-published delete";
 
 /// `--on-published mark` writes `published_at`: a map that leaves it unmapped can only be
 /// read under `--on-published delete` (every row still in the table is then unsent).
-pub fn check_on_published(map: &ColumnMap, on_published: OnPublished) -> Result<(), RelayError> {
+pub(crate) fn check_on_published(
+    map: &ColumnMap,
+    on_published: OnPublished,
+) -> Result<(), RelayError> {
     if on_published == OnPublished::Delete || map.column(PUBLISHED_AT).is_some() {
         return Ok(());
     }
@@ -34,7 +37,7 @@ pub fn check_on_published(map: &ColumnMap, on_published: OnPublished) -> Result<
 
 /// The rows polling mode has not sent yet (`published_at IS NULL`).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct Backlog {
+pub(crate) struct Backlog {
     pub unsent_rows: i64,
     /// `None` when there is no unsent row, or `created_at` is unmapped.
     pub oldest_unsent_age_seconds: Option<f64>,
@@ -43,7 +46,7 @@ pub struct Backlog {
 /// The backlog query of a table whose columns `map` names, built once (the backlog poller
 /// runs it every interval).
 #[derive(Debug, Clone)]
-pub struct BacklogQuery {
+pub(crate) struct BacklogQuery {
     /// `"schema"."table"`, quoted for SQL text.
     qualified: String,
     /// The table's `published_at` column; `None` when unmapped.
@@ -56,7 +59,7 @@ impl BacklogQuery {
     /// creation time its first one, so the query stays cheap however many sent rows the
     /// table keeps. With `published_at` unmapped every row is unsent (only `--on-published
     /// delete` reads such a table); with `created_at` unmapped the age is unknown.
-    pub fn new(outbox: &TableName, map: &ColumnMap) -> Self {
+    pub(crate) fn new(outbox: &TableName, map: &ColumnMap) -> Self {
         let qualified = outbox.qualified_table();
         let published = map.column(PUBLISHED_AT).map(str::to_string);
         let unsent = published
@@ -78,13 +81,13 @@ impl BacklogQuery {
     }
 
     /// The table's `published_at` column, when mapped (for errors).
-    pub fn published_column(&self) -> Option<&str> {
+    pub(crate) fn published_column(&self) -> Option<&str> {
         self.published.as_deref()
     }
 
     /// Reads the backlog; `None` when the table lacks the mapped `published_at` column (a
     /// WAL-mode table).
-    pub async fn read(&self, client: &Client) -> Result<Option<Backlog>, RelayError> {
+    pub(crate) async fn read(&self, client: &Client) -> Result<Option<Backlog>, RelayError> {
         if let Some(published) = &self.published {
             let has_column = client
                 .query_one(
@@ -288,7 +291,8 @@ impl OutboxTable {
 }
 
 /// What a table without the claim index costs (`poll` warns of it, `check` too).
-pub const NO_CLAIM_INDEX: &str = "no partial index on (created_at) WHERE published_at IS NULL \
+pub(crate) const NO_CLAIM_INDEX: &str =
+    "no partial index on (created_at) WHERE published_at IS NULL \
      (the columns the column map names): every claim reads past the published rows still in \
      the table";
 

@@ -61,11 +61,11 @@ impl From<lapin::Error> for RelayError {
 
 /// One basic.publish (lapin's future, boxed): its first poll queues the frames on the
 /// connection; it resolves to the confirm future once they are written.
-pub type BasicPublish =
+pub(crate) type BasicPublish =
     Pin<Box<dyn Future<Output = Result<PublisherConfirm, lapin::Error>> + Send + 'static>>;
 
 /// A [`Broker::round_trip`] in progress.
-pub type RoundTrip = Pin<Box<dyn Future<Output = Result<(), RelayError>> + Send + 'static>>;
+pub(crate) type RoundTrip = Pin<Box<dyn Future<Output = Result<(), RelayError>> + Send + 'static>>;
 
 /// How long a polite close may wait for the broker's close-ok.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);

@@ -28,21 +28,21 @@ use crate::contract::message::{HeaderValue, Message, Rejection};
 
 /// Headers a dead letter carries on top of the message's own (`x-outbox-lsn`, `x-outbox-seq`,
 /// the row's headers).
-pub mod headers {
+pub(crate) mod headers {
     /// Why it was dead-lettered, e.g. `unroutable: NO_ROUTE 312 exchange=outbox
     /// routing_key=OrderCreated`, `too large: N bytes > limit L`, `unmappable: <error>`.
-    pub const REASON: &str = "x-outbox-dead-letter-reason";
+    pub(crate) const REASON: &str = "x-outbox-dead-letter-reason";
     /// The exchange the message was meant for.
-    pub const ORIGINAL_EXCHANGE: &str = "x-outbox-original-exchange";
+    pub(crate) const ORIGINAL_EXCHANGE: &str = "x-outbox-original-exchange";
     /// The routing key the message was meant to carry.
-    pub const ORIGINAL_ROUTING_KEY: &str = "x-outbox-original-routing-key";
+    pub(crate) const ORIGINAL_ROUTING_KEY: &str = "x-outbox-original-routing-key";
     /// The size in bytes of a body that was dropped for being too large.
-    pub const ORIGINAL_SIZE: &str = "x-outbox-original-size";
+    pub(crate) const ORIGINAL_SIZE: &str = "x-outbox-original-size";
 }
 
 /// Why a message went to the dead-letter exchange.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// The broker returned it: no queue is bound for its routing key.
     Unroutable {
         reply_code: u16,
@@ -65,7 +65,7 @@ pub enum Reason {
 
 impl Reason {
     /// Why the broker returned `returned`, and where it was meant to go.
-    pub fn of_return(returned: &Returned) -> Self {
+    pub(crate) fn of_return(returned: &Returned) -> Self {
         Reason::Unroutable {
             reply_code: returned.reply_code,
             reply_text: returned.reply_text.clone(),
@@ -75,7 +75,7 @@ impl Reason {
     }
 
     /// The `reason` label of the dead-lettered metric.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             Reason::Unroutable { .. } => "unroutable",
             Reason::Rejected(rejection) => rejection.label(),
@@ -110,7 +110,7 @@ impl fmt::Display for Reason {
 }
 
 /// How often at most the delivery loop writes a WARN about dead letters.
-pub const REPORT_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const REPORT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// What the log says about dead letters: the first of a burst at WARN with its id and reason,
 /// then at most one line per [`REPORT_INTERVAL`], with the rest counted by reason. One WARN
@@ -118,7 +118,7 @@ pub const REPORT_INTERVAL: Duration = Duration::from_secs(10);
 /// `outbox_relay_messages_dead_lettered_total{reason}` counts each one, and every dead letter
 /// carries its reason in its headers.
 #[derive(Debug, Default)]
-pub struct DeadLetterLog {
+pub(crate) struct DeadLetterLog {
     last_line: Option<Instant>,
     /// Dead letters since the last line, by reason label.
     held: BTreeMap<&'static str, u64>,
@@ -126,7 +126,12 @@ pub struct DeadLetterLog {
 
 impl DeadLetterLog {
     /// A dead letter was confirmed at `now`: the line to log, if one is due.
-    pub fn record(&mut self, message_id: &str, reason: &Reason, now: Instant) -> Option<String> {
+    pub(crate) fn record(
+        &mut self,
+        message_id: &str,
+        reason: &Reason,
+        now: Instant,
+    ) -> Option<String> {
         let due = self
             .last_line
             .is_none_or(|last| now.duration_since(last) >= REPORT_INTERVAL);
@@ -145,7 +150,7 @@ impl DeadLetterLog {
     }
 
     /// What was counted and not reported yet, when the loop ends.
-    pub fn flush(&mut self) -> Option<String> {
+    pub(crate) fn flush(&mut self) -> Option<String> {
         self.take_held().map(|(total, by_reason)| {
             format!("{total} more messages dead-lettered since the last report ({by_reason})")
         })
@@ -170,7 +175,11 @@ impl DeadLetterLog {
 /// plus the reason and the original destination, published to `dead_letter_exchange` with
 /// the original routing key (a topic exchange can be bound per event type; bind `#` for all).
 /// Persistent like every message the relay publishes: the broker's conversion makes it so.
-pub fn dead_letter(dead_letter_exchange: &str, mut original: Message, reason: &Reason) -> Message {
+pub(crate) fn dead_letter(
+    dead_letter_exchange: &str,
+    mut original: Message,
+    reason: &Reason,
+) -> Message {
     let exchange = std::mem::replace(&mut original.exchange, dead_letter_exchange.to_string());
     let routing_key = original.routing_key.clone();
     original.set_header(headers::REASON, reason.to_string().into());

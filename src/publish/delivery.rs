@@ -186,7 +186,7 @@ pub async fn deliver<T: AckToken + Clone, P: Publisher>(
 /// included), or with the first failure: polling mode's and resync's whole delivery. Under
 /// the halt policy a batch holding an unpublishable row publishes nothing: the row stops the
 /// relay, naming it.
-pub async fn deliver_batch<P: Publisher>(
+pub(crate) async fn deliver_batch<P: Publisher>(
     publisher: &P,
     batch: Vec<Result<Message, Box<Unpublishable>>>,
     confirm_timeout: Duration,

@@ -12,7 +12,7 @@ use crate::error::RelayError;
 
 // One per session, behind an Arc: boxing a variant would save nothing that matters.
 #[allow(clippy::large_enum_variant)]
-pub enum Destination {
+pub(crate) enum Destination {
     Exchange(Broker),
     Stream(StreamDestination),
 }
@@ -21,7 +21,7 @@ impl Destination {
     /// Resolves when the connection is known lost, with the error that says so: the stream
     /// client's producer reports its connection's end. The AMQP broker's loss shows in its
     /// confirms instead, so for it this never resolves.
-    pub async fn lost(&self) -> RelayError {
+    pub(crate) async fn lost(&self) -> RelayError {
         match self {
             Destination::Exchange(_) => std::future::pending().await,
             Destination::Stream(stream) => stream.lost().await,
@@ -29,7 +29,7 @@ impl Destination {
     }
 
     /// Closes the connection, politely and briefly.
-    pub async fn close(&self) {
+    pub(crate) async fn close(&self) {
         match self {
             Destination::Exchange(broker) => broker.close().await,
             Destination::Stream(stream) => stream.close().await,
@@ -38,7 +38,7 @@ impl Destination {
 }
 
 /// A publish in flight to either destination.
-pub enum DestinationPending {
+pub(crate) enum DestinationPending {
     Exchange(<Broker as Publisher>::Pending),
     Stream(StreamPending),
 }

@@ -20,22 +20,21 @@
 //! side never touches PostgreSQL: a source learns what was delivered only from the token the
 //! delivery hands back.
 
-pub mod broker;
-pub mod dead_letter;
-pub mod delivery;
-pub mod destination;
-pub mod nodes;
+pub(crate) mod broker;
+pub(crate) mod dead_letter;
+pub(crate) mod delivery;
+pub(crate) mod destination;
+pub(crate) mod nodes;
 mod outgoing;
-pub mod publisher;
-pub mod queue;
-pub mod stream;
+pub(crate) mod publisher;
+pub(crate) mod queue;
+pub(crate) mod stream;
 #[cfg(test)]
-pub mod testing;
+pub(crate) mod testing;
 
 pub use broker::Broker;
-pub use delivery::{deliver, deliver_batch, Acked, DeliveryOptions, Input};
-pub use destination::Destination;
-pub use nodes::{BrokerNode, BrokerNodes};
-pub use outbox_common::amqp::open_connection;
-pub use publisher::Publisher;
-pub use queue::AckToken;
+pub(crate) use delivery::{deliver, deliver_batch, Acked, DeliveryOptions, Input};
+pub(crate) use destination::Destination;
+pub use nodes::BrokerNodes;
+pub(crate) use publisher::Publisher;
+pub(crate) use queue::AckToken;

@@ -62,13 +62,13 @@ impl AckToken for () {
 /// `x-outbox-seq` where the message carries it (WAL mode: unique along the stream), else the
 /// message id (polling and resync claim rows by a unique id).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PublishId {
+pub(crate) struct PublishId {
     pub message_id: String,
     stream_seq: Option<String>,
 }
 
 impl PublishId {
-    pub fn of(message: &Message) -> Self {
+    pub(crate) fn of(message: &Message) -> Self {
         let stream_seq = match message.header(outbox_common::headers::SEQ) {
             Some(HeaderValue::Text(seq)) => Some(seq.clone()),
             _ => None,
@@ -90,7 +90,7 @@ impl PublishId {
 /// order per channel, so a dead letter the broker is slow to confirm holds back no answer of
 /// the publishing channel (nor the returns that more dead letters are made of).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Channel {
+pub(crate) enum Channel {
     /// Every publish in stream order, a dead letter pushed as one included.
     Publishing,
     /// The dead letters of returned publishes (and of one refused alone).
@@ -110,7 +110,7 @@ impl Channel {
 
 /// Why the queue stopped at a publish. The publish stays at the front.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// A return named a publish already settled (or never queued): the broker broke the
     /// return-before-ack order, or the barrier argument does not hold. Stop before
     /// acknowledging anything more.
@@ -135,7 +135,7 @@ pub enum Failure {
 
 /// A publish the broker settled: delivered, or delivered to the dead-letter exchange.
 #[derive(Debug, PartialEq)]
-pub struct Settled<P> {
+pub(crate) struct Settled<P> {
     pub message_id: String,
     pub pending: P,
     /// `Some` when what the broker confirmed was the message's dead letter.
@@ -185,7 +185,7 @@ struct Barrier {
 
 /// `T` is the ack points' token; `P` is what the delivery task keeps for an unconfirmed
 /// publish (its confirm future); the queue only orders them.
-pub struct ConfirmQueue<T, P> {
+pub(crate) struct ConfirmQueue<T, P> {
     entries: VecDeque<Entry<T, P>>,
     /// Returns recorded and not yet met at the front, by [`PublishId`]'s key.
     returned: HashMap<String, Returned>,
@@ -215,7 +215,7 @@ impl<T: AckToken, P> Default for ConfirmQueue<T, P> {
 }
 
 impl<T: AckToken, P> ConfirmQueue<T, P> {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             entries: VecDeque::new(),
             returned: HashMap::new(),
@@ -232,12 +232,12 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         }
     }
 
-    pub fn push_publish(&mut self, id: PublishId, pending: P) {
+    pub(crate) fn push_publish(&mut self, id: PublishId, pending: P) {
         self.push(id, pending, None);
     }
 
     /// A publish that is the dead letter of a message that could not be published (`reason`).
-    pub fn push_dead_letter(&mut self, id: PublishId, reason: Reason, pending: P) {
+    pub(crate) fn push_dead_letter(&mut self, id: PublishId, reason: Reason, pending: P) {
         self.push(id, pending, Some(reason));
     }
 
@@ -280,14 +280,14 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     /// The oldest publish on `channel` the broker has not answered yet (skipping ack points,
     /// answered publishes and the other channel's): the one whose confirm the delivery task
     /// awaits there.
-    pub fn next_unresolved(&mut self, channel: Channel) -> Option<&mut P> {
+    pub(crate) fn next_unresolved(&mut self, channel: Channel) -> Option<&mut P> {
         let index = self.seek_unresolved(channel)?;
         self.entries.get_mut(index)?.pending_mut()
     }
 
     /// [`next_unresolved`](Self::next_unresolved) of both channels at once, publishing
     /// channel first: the delivery task awaits whichever answers first.
-    pub fn next_unresolved_each(&mut self) -> [Option<&mut P>; 2] {
+    pub(crate) fn next_unresolved_each(&mut self) -> [Option<&mut P>; 2] {
         let wanted = Channel::ALL.map(|channel| self.seek_unresolved(channel));
         // On every turn of the delivery loop: reach the two entries directly, never walk
         // the window.
@@ -324,7 +324,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     /// The broker answered the publish [`next_unresolved`](Self::next_unresolved)`(channel)`
     /// returned (`acked` true for basic.ack). Any return its confirm carried is recorded
     /// first, with [`record_return`](Self::record_return).
-    pub fn resolve_next(&mut self, channel: Channel, acked: bool) {
+    pub(crate) fn resolve_next(&mut self, channel: Channel, acked: bool) {
         let Some(index) = self.seek_unresolved(channel) else {
             return;
         };
@@ -345,7 +345,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     }
 
     /// Publishes resolved since the last barrier began wait for a new one.
-    pub fn needs_barrier(&self) -> bool {
+    pub(crate) fn needs_barrier(&self) -> bool {
         self.barrier.is_none() && self.observed > 0
     }
 
@@ -353,7 +353,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     /// broker answers (unless a publish pushed from now on resolves first, which witnesses the
     /// barrier too) and calls [`pass_barrier`](Self::pass_barrier) once it has the answer and
     /// has resolved every publish whose confirm is ready.
-    pub fn begin_barrier(&mut self) -> u64 {
+    pub(crate) fn begin_barrier(&mut self) -> u64 {
         let epoch = self.observing;
         self.barrier = Some(Barrier {
             epoch,
@@ -366,18 +366,18 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     }
 
     /// The barrier that began as `epoch`, if it is the one outstanding.
-    pub fn barrier_outstanding(&self) -> Option<u64> {
+    pub(crate) fn barrier_outstanding(&self) -> Option<u64> {
         self.barrier.map(|b| b.epoch)
     }
 
     /// A publish pushed after the outstanding barrier began has resolved: its ack frame came
     /// after every frame that resolved the barrier's publishes.
-    pub fn barrier_witnessed(&self) -> bool {
+    pub(crate) fn barrier_witnessed(&self) -> bool {
         self.barrier.is_some() && self.witnessed
     }
 
     /// The barrier begun as `epoch` passed: its publishes are settleable.
-    pub fn pass_barrier(&mut self, epoch: u64) {
+    pub(crate) fn pass_barrier(&mut self, epoch: u64) {
         if self.barrier.is_some_and(|b| b.epoch == epoch) {
             self.passed = epoch;
             self.barrier = None;
@@ -387,7 +387,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
 
     /// The broker's answer for the front publish once a passed barrier made it settleable:
     /// `Some(acked)` to hand to [`settle_front`](Self::settle_front).
-    pub fn settleable_front(&self) -> Option<bool> {
+    pub(crate) fn settleable_front(&self) -> Option<bool> {
         match self.entries.front() {
             Some(Entry::Publish {
                 resolution: Some(resolution),
@@ -401,7 +401,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     /// into it: both become acknowledgeable at the same moment, and while the front publish
     /// waits (a broker alarm can last hours) keepalives and heartbeats would otherwise pile
     /// up without bound.
-    pub fn push_ack_point(&mut self, token: T) {
+    pub(crate) fn push_ack_point(&mut self, token: T) {
         if let Some(Entry::AckPoint(newest)) = self.entries.back_mut() {
             newest.fold(token);
             return;
@@ -411,13 +411,13 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     }
 
     /// Ack points waiting for a publish before them.
-    pub fn ack_points(&self) -> usize {
+    pub(crate) fn ack_points(&self) -> usize {
         self.ack_points
     }
 
     /// Pops the ack points at the front (all their predecessors are settled) and folds them
     /// into the acknowledged token: `true` if there were any.
-    pub fn advance(&mut self) -> bool {
+    pub(crate) fn advance(&mut self) -> bool {
         let mut moved = false;
         while matches!(self.entries.front(), Some(Entry::AckPoint(_))) {
             if let Some(Entry::AckPoint(token)) = self.entries.pop_front() {
@@ -434,13 +434,13 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     }
 
     /// Everything acknowledged so far, folded into one token; `None` before the first.
-    pub fn acknowledged(&self) -> Option<&T> {
+    pub(crate) fn acknowledged(&self) -> Option<&T> {
         self.acknowledged.as_ref()
     }
 
     /// The oldest publish not settled yet: the front once [`advance`](Self::advance) has
     /// popped the ack points before it.
-    pub fn front_publish(&self) -> Option<&P> {
+    pub(crate) fn front_publish(&self) -> Option<&P> {
         self.entries.iter().find_map(|entry| match entry {
             Entry::Publish { pending, .. } => Some(pending),
             Entry::AckPoint(_) => None,
@@ -449,7 +449,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
 
     /// The publishes on `channel` the broker has not answered yet, oldest first, with their
     /// ids.
-    pub fn unresolved(&self, channel: Channel) -> impl Iterator<Item = (&str, &P)> {
+    pub(crate) fn unresolved(&self, channel: Channel) -> impl Iterator<Item = (&str, &P)> {
         self.entries.iter().filter_map(move |entry| match entry {
             Entry::Publish {
                 id,
@@ -469,7 +469,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         }
     }
 
-    pub fn front_message_id(&self) -> Option<&str> {
+    pub(crate) fn front_message_id(&self) -> Option<&str> {
         match self.entries.front() {
             Some(Entry::Publish { id, .. }) => Some(&id.message_id),
             _ => None,
@@ -481,7 +481,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     /// longer queued fails at once.
     // Returns are rare and the error ends the session: no point boxing it.
     #[allow(clippy::result_large_err)]
-    pub fn record_return(&mut self, returned: Returned) -> Result<(), Failure> {
+    pub(crate) fn record_return(&mut self, returned: Returned) -> Result<(), Failure> {
         let of = PublishId::of(&returned.message);
         let queued = self
             .entries
@@ -502,7 +502,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     /// The broker answered the front publish: `acked` true for basic.ack. Returns the settled
     /// publish (popped), or the failure that stops the queue (the publish stays at the
     /// front); `None` when the front is not a publish (call [`advance`](Self::advance) first).
-    pub fn settle_front(&mut self, acked: bool) -> Option<Result<Settled<P>, Failure>> {
+    pub(crate) fn settle_front(&mut self, acked: bool) -> Option<Result<Settled<P>, Failure>> {
         let Some(Entry::Publish {
             id, dead_letter, ..
         }) = self.entries.front()
@@ -553,7 +553,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     /// publish not answered or not past a barrier, a nack, or a dead letter that was itself
     /// returned: everything it takes lies before anything that fails the queue, and before
     /// every publish still waiting for its first answer.
-    pub fn take_returned(&mut self) -> Vec<(usize, Returned)> {
+    pub(crate) fn take_returned(&mut self) -> Vec<(usize, Returned)> {
         // Called on every turn of the delivery loop under the dead-letter policy: nothing to
         // scan for until a return was recorded.
         if self.returned.is_empty() {
@@ -606,7 +606,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
     /// re-publish; `None` unless `index` holds a publish that is not a dead letter already.
     /// It waits for its dead letter's confirm: it is unresolved again, and published now (a
     /// witness of any barrier begun before).
-    pub fn dead_letter_at(&mut self, index: usize, reason: Reason) -> Option<&mut P> {
+    pub(crate) fn dead_letter_at(&mut self, index: usize, reason: Reason) -> Option<&mut P> {
         let new_seq = self.next_seq;
         match self.entries.get_mut(index) {
             Some(Entry::Publish {
@@ -632,7 +632,7 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
 
     /// [`dead_letter_at`](Self::dead_letter_at) the front: a publish the broker refused by
     /// closing the channel while it was alone in flight.
-    pub fn dead_letter_front(&mut self, reason: Reason) -> Option<&mut P> {
+    pub(crate) fn dead_letter_front(&mut self, reason: Reason) -> Option<&mut P> {
         let front = self
             .entries
             .iter()
@@ -640,11 +640,11 @@ impl<T: AckToken, P> ConfirmQueue<T, P> {
         self.dead_letter_at(front, reason)
     }
 
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.in_flight
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 }

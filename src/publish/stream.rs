@@ -44,12 +44,12 @@ const EPOCH_BYTES: u64 = 1 << 47;
 /// Two commit records lie at least 32 bytes apart (a 24-byte record header and the 8-byte
 /// commit time, aligned), so a transaction owns the ids from its commit LSN's up to 32 bytes
 /// further: this many rows.
-pub const MAX_ROWS_PER_TRANSACTION: u64 = 32 << INDEX_BITS;
+pub(crate) const MAX_ROWS_PER_TRANSACTION: u64 = 32 << INDEX_BITS;
 
 /// Where a row goes in the stream's id space: the epoch (part of the producer's name) and the
 /// publishing id within it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StreamId {
+pub(crate) struct StreamId {
     pub epoch: u64,
     pub publishing_id: u64,
 }
@@ -57,7 +57,7 @@ pub struct StreamId {
 /// The publishing id of the row at `position`. Ids grow with the commit LSN, then with the
 /// index: the slot's order. Plus one: an id of 0 would not be above a fresh name's "nothing
 /// stored yet".
-pub fn publishing_id(position: Position) -> Result<StreamId, RelayError> {
+pub(crate) fn publishing_id(position: Position) -> Result<StreamId, RelayError> {
     let lsn = position.commit_lsn.as_u64();
     let index = u64::from(position.index);
     if index >= MAX_ROWS_PER_TRANSACTION {
@@ -77,14 +77,14 @@ pub fn publishing_id(position: Position) -> Result<StreamId, RelayError> {
 /// The producer name for one slot, timeline and epoch. A promoted standby continues the WAL
 /// on a new timeline from its switch point: under a new name, nothing the old primary
 /// published past that point (a phantom) can make the broker drop the new primary's rows.
-pub fn producer_name(slot: &str, timeline: u32, epoch: u64) -> String {
+pub(crate) fn producer_name(slot: &str, timeline: u32, epoch: u64) -> String {
     format!("outbox-relay.{slot}.tl{timeline}.e{epoch}")
 }
 
 /// A timeline the session's server descends from (its history file's), and where it ended:
 /// the rows below that point are the same rows, at the same positions, on both timelines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ancestor {
+pub(crate) struct Ancestor {
     pub timeline: u32,
     pub ended_at: Lsn,
 }
@@ -113,7 +113,7 @@ fn held(holds: &[Held], position: Position, id: u64) -> bool {
 
 /// What the relay delivers into.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StreamTarget {
+pub(crate) enum StreamTarget {
     /// One stream (`--stream`).
     Stream(String),
     /// A super stream's partitions (`--super-stream`), each row to the one its key hashes to.
@@ -134,7 +134,7 @@ const STREAM_TLS_PORT: u16 = 5551;
 
 /// One node's stream listener, and who the relay is there.
 #[derive(Clone)]
-pub struct StreamNode {
+pub(crate) struct StreamNode {
     pub host: String,
     pub port: u16,
     pub user: String,
@@ -147,7 +147,7 @@ pub struct StreamNode {
 /// Where the stream is: the nodes to reach it through, in the relay's node order, and what
 /// is delivered into there.
 #[derive(Clone)]
-pub struct StreamAddress {
+pub(crate) struct StreamAddress {
     pub nodes: Vec<StreamNode>,
     pub target: StreamTarget,
     /// Whether a session of this relay found the stream (shared by the address's clones): a
@@ -161,7 +161,7 @@ impl StreamAddress {
     /// (by default the plugin's: TLS for an amqps:// URL), with each AMQP URL's user,
     /// password and virtual host. The client finds the stream's leader from whichever node
     /// answers.
-    pub fn of(
+    pub(crate) fn of(
         nodes: &BrokerNodes,
         port: Option<u16>,
         target: StreamTarget,
@@ -250,7 +250,7 @@ impl std::fmt::Display for StreamAddress {
 }
 
 /// One connection's producers into one stream.
-pub struct StreamDestination {
+pub(crate) struct StreamDestination {
     environment: Environment,
     address: StreamAddress,
     /// Set once the session knows its timeline (after IDENTIFY_SYSTEM): the slot and
@@ -273,7 +273,7 @@ pub struct StreamDestination {
 impl StreamDestination {
     /// Connects to the stream port of the first node that answers and checks that the
     /// stream exists.
-    pub async fn connect(address: StreamAddress) -> Result<Self, RelayError> {
+    pub(crate) async fn connect(address: StreamAddress) -> Result<Self, RelayError> {
         let mut failures = Vec::new();
         let mut connected = None;
         for node in &address.nodes {
@@ -311,7 +311,7 @@ impl StreamDestination {
 
     /// Names this session's producers: call once, before the first publish. `ancestors`:
     /// the timelines `timeline` descends from.
-    pub fn name_producers(&self, slot: &str, timeline: u32, ancestors: Vec<Ancestor>) {
+    pub(crate) fn name_producers(&self, slot: &str, timeline: u32, ancestors: Vec<Ancestor>) {
         let _ = self.naming.set(Naming {
             slot: slot.to_string(),
             timeline,
@@ -537,7 +537,7 @@ impl StreamDestination {
     /// but then waits for the broker to answer its close before it reports the connection
     /// closed: a broker that vanished (a host gone, a process frozen) would hold the session
     /// until it came back.
-    pub async fn lost(&self) -> RelayError {
+    pub(crate) async fn lost(&self) -> RelayError {
         let mut closed = self.closed.subscribe();
         tokio::select! {
             _ = closed.wait_for(|closed| *closed) => connection_closed(),
@@ -567,7 +567,7 @@ impl StreamDestination {
     }
 
     /// Closes every producer and the question's connection, politely and briefly.
-    pub async fn close(&self) {
+    pub(crate) async fn close(&self) {
         let producers: Vec<_> = self
             .producers
             .lock()
@@ -745,7 +745,7 @@ fn partition(message: &Message, partitions: usize) -> usize {
 /// creation_time and subject (the event type) in the properties, the event type also as the
 /// `x-basic-type` annotation (RabbitMQ's name for AMQP 0-9-1's `type`); the headers, the
 /// relay's own included, as application properties.
-pub fn stream_message(message: &Message, publishing_id: u64) -> StreamMessage {
+pub(crate) fn stream_message(message: &Message, publishing_id: u64) -> StreamMessage {
     let mut properties = StreamMessage::builder()
         .properties()
         .message_id(message.message_id.clone());
@@ -793,7 +793,7 @@ fn connection_closed() -> RelayError {
 }
 
 /// A publish into the stream awaiting its confirm.
-pub struct StreamPending {
+pub(crate) struct StreamPending {
     answer: Option<oneshot::Receiver<Result<bool, String>>>,
     closed: watch::Receiver<bool>,
 }

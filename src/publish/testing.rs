@@ -26,7 +26,7 @@ use crate::error::RelayError;
 
 /// One publish the stand-in took.
 #[derive(Debug, Clone)]
-pub struct Publish {
+pub(crate) struct Publish {
     pub message: Message,
     /// Published on the dead-letter channel ([`Publisher::start_dead_letter`]).
     pub dead_letter_channel: bool,
@@ -34,7 +34,7 @@ pub struct Publish {
 
 /// A broker that answers only when told: see the module comment.
 #[derive(Clone)]
-pub struct StandInBroker {
+pub(crate) struct StandInBroker {
     shared: Arc<Shared>,
     dead_letter_exchange: Option<String>,
     /// Whether round trips come back (at once) or never: a broker that reads nothing more
@@ -78,7 +78,7 @@ impl Default for StandInBroker {
 
 impl StandInBroker {
     /// A broker without the dead-letter policy, whose round trips pass at once.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::default(),
@@ -97,26 +97,26 @@ impl StandInBroker {
     /// A broker whose publishing channel is closing once `count` publishes were taken: every
     /// later start fails with the channel's state, and the publishes in flight wait for the
     /// test to answer or fail them ([`close_channel`](Self::close_channel)).
-    pub fn closing_after(mut self, count: usize) -> Self {
+    pub(crate) fn closing_after(mut self, count: usize) -> Self {
         self.starts_fail_after = Some(count);
         self
     }
 
     /// Under the dead-letter policy, with `exchange` as the dead-letter exchange.
-    pub fn with_dead_letters(mut self, exchange: &str) -> Self {
+    pub(crate) fn with_dead_letters(mut self, exchange: &str) -> Self {
         self.dead_letter_exchange = Some(exchange.to_string());
         self
     }
 
     /// A broker that never answers a round trip: no barrier passes, unless a later publish
     /// witnesses it.
-    pub fn never_answering_round_trips(mut self) -> Self {
+    pub(crate) fn never_answering_round_trips(mut self) -> Self {
         self.round_trips_pass = false;
         self
     }
 
     /// A broker without `exchange`: [`Publisher::exchange_exists`] says so.
-    pub fn without_exchange(self, exchange: &str) -> Self {
+    pub(crate) fn without_exchange(self, exchange: &str) -> Self {
         lock(&self.shared.missing_exchanges).insert(exchange.to_string());
         self
     }
@@ -124,13 +124,13 @@ impl StandInBroker {
     /// The broker closes the publishing channel (`reply_code`, `reply_text`): every publish
     /// on it not answered yet fails with that, as lapin fails their confirms. Publishes on
     /// the dead-letter channel are not on it.
-    pub fn close_channel(&self, reply_code: u16, reply_text: &str) {
+    pub(crate) fn close_channel(&self, reply_code: u16, reply_text: &str) {
         self.close(false, reply_code, reply_text);
     }
 
     /// The broker closes the dead-letter channel: [`close_channel`](Self::close_channel)'s
     /// failure for the publishes on it.
-    pub fn close_dead_letter_channel(&self, reply_code: u16, reply_text: &str) {
+    pub(crate) fn close_dead_letter_channel(&self, reply_code: u16, reply_text: &str) {
         self.close(true, reply_code, reply_text);
     }
 
@@ -153,22 +153,22 @@ impl StandInBroker {
     }
 
     /// How many times the delivery loop opened the publishing channel again.
-    pub fn reopened(&self) -> usize {
+    pub(crate) fn reopened(&self) -> usize {
         *lock(&self.shared.reopened)
     }
 
     /// The body limit the delivery loop learned from a refusal, if any.
-    pub fn learned_max_message_size(&self) -> Option<usize> {
+    pub(crate) fn learned_max_message_size(&self) -> Option<usize> {
         *lock(&self.shared.max_message_size)
     }
 
     /// Blocks (`true`) or unblocks publishing, as connection.blocked / unblocked.
-    pub fn set_blocked(&self, blocked: bool) {
+    pub(crate) fn set_blocked(&self, blocked: bool) {
         self.shared.blocked.send_replace(blocked);
     }
 
     /// Returns once at least `count` publishes were taken.
-    pub async fn published_reaches(&self, count: usize) {
+    pub(crate) async fn published_reaches(&self, count: usize) {
         let mut published = self.shared.published.subscribe();
         // Err only if the stand-in is gone, and `self` is the stand-in.
         let _ = published.wait_for(|&taken| taken >= count).await;
@@ -178,7 +178,7 @@ impl StandInBroker {
     /// `returned` (a return may ride on any publish's answer, as lapin attaches it).
     ///
     /// Panics when that publish was never taken or is answered already: a test's mistake.
-    pub fn answer(&self, index: usize, acked: bool, returned: Option<Returned>) {
+    pub(crate) fn answer(&self, index: usize, acked: bool, returned: Option<Returned>) {
         let answer = self.state().unanswered.remove(&index);
         let Some(answer) = answer else {
             panic!("publish {index} was never taken or is answered already");
@@ -188,17 +188,17 @@ impl StandInBroker {
     }
 
     /// Acks publish `index`, nothing returned.
-    pub fn ack(&self, index: usize) {
+    pub(crate) fn ack(&self, index: usize) {
         self.answer(index, true, None);
     }
 
     /// Nacks publish `index`.
-    pub fn nack(&self, index: usize) {
+    pub(crate) fn nack(&self, index: usize) {
         self.answer(index, false, None);
     }
 
     /// Acks the `n` oldest publishes not answered yet.
-    pub fn ack_oldest(&self, n: usize) {
+    pub(crate) fn ack_oldest(&self, n: usize) {
         for index in self.unanswered().into_iter().take(n) {
             self.ack(index);
         }
@@ -206,7 +206,7 @@ impl StandInBroker {
 
     /// Publish `index` as the broker returns an unroutable message (312 NO_ROUTE): to ride
     /// on the answer of it or of another publish.
-    pub fn unroutable(&self, index: usize) -> Returned {
+    pub(crate) fn unroutable(&self, index: usize) -> Returned {
         Returned {
             message: self.publish(index).message,
             reply_code: 312,
@@ -215,42 +215,42 @@ impl StandInBroker {
     }
 
     /// Publish `index` as taken. Panics when there is none: a test's mistake.
-    pub fn publish(&self, index: usize) -> Publish {
+    pub(crate) fn publish(&self, index: usize) -> Publish {
         self.state().publishes[index].clone()
     }
 
     /// Every publish taken, in order.
-    pub fn published(&self) -> Vec<Publish> {
+    pub(crate) fn published(&self) -> Vec<Publish> {
         self.state().publishes.clone()
     }
 
-    pub fn published_count(&self) -> usize {
+    pub(crate) fn published_count(&self) -> usize {
         self.state().publishes.len()
     }
 
     /// (publishes taken, publishes not answered yet).
-    pub fn counts(&self) -> (usize, usize) {
+    pub(crate) fn counts(&self) -> (usize, usize) {
         let state = self.state();
         (state.publishes.len(), state.unanswered.len())
     }
 
     /// The places of the publishes not answered yet, oldest first.
-    pub fn unanswered(&self) -> Vec<usize> {
+    pub(crate) fn unanswered(&self) -> Vec<usize> {
         self.state().unanswered.keys().copied().collect()
     }
 
     /// The most publishes that were unanswered at once.
-    pub fn most_unanswered(&self) -> usize {
+    pub(crate) fn most_unanswered(&self) -> usize {
         self.state().most_unanswered
     }
 
     /// The most publishes on the dead-letter channel that were unanswered at once.
-    pub fn most_unanswered_dead_letters(&self) -> usize {
+    pub(crate) fn most_unanswered_dead_letters(&self) -> usize {
         self.state().most_unanswered_dead_letters
     }
 
     /// For each publish, how many were unanswered once it was taken (itself included).
-    pub fn unanswered_at(&self) -> Vec<usize> {
+    pub(crate) fn unanswered_at(&self) -> Vec<usize> {
         self.state().unanswered_at.clone()
     }
 
@@ -293,7 +293,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// A publish the stand-in took, until the test answers it.
-pub struct StandInPending(oneshot::Receiver<Result<Answer, RelayError>>);
+pub(crate) struct StandInPending(oneshot::Receiver<Result<Answer, RelayError>>);
 
 impl Pending for StandInPending {
     async fn answer(&mut self) -> Result<Answer, RelayError> {
@@ -304,7 +304,7 @@ impl Pending for StandInPending {
 }
 
 /// A round trip that passes at once, or never.
-pub struct StandInRoundTrip {
+pub(crate) struct StandInRoundTrip {
     passes: bool,
 }
 
@@ -386,7 +386,7 @@ impl Publisher for StandInBroker {
 /// (`#[tokio::test(start_paused = true)]`): the paused clock moves on only when no task can
 /// run, so the short sleep here ends exactly then, where counting `yield_now` rounds guesses.
 /// Each call moves the clock a millisecond.
-pub async fn until_idle() {
+pub(crate) async fn until_idle() {
     // Panics ("time is not frozen") on a running clock, which would make this a guess again.
     tokio::time::advance(Duration::ZERO).await;
     tokio::time::sleep(Duration::from_millis(1)).await;

@@ -3,4 +3,4 @@
 //! that publishes rows read that way ([`backfill`]).
 
 pub(crate) mod backfill;
-pub mod outbox;
+pub(crate) mod outbox;

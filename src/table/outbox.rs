@@ -27,7 +27,7 @@ use outbox_common::quote::quote_ident;
 /// The error of a command or feature that needs the `created_at` column (`why`: what for)
 /// when the table lacks it or the column map leaves it unmapped (`--table-layout
 /// debezium`): it names the column the map looked for and the flag that maps it.
-pub fn needs_created_at(outbox: &TableName, map: &ColumnMap, why: &str) -> RelayError {
+pub(crate) fn needs_created_at(outbox: &TableName, map: &ColumnMap, why: &str) -> RelayError {
     let contract = columns::CREATED_AT;
     let flag = columns::COLUMN_FLAG;
     let why = why.to_string();
@@ -77,7 +77,7 @@ pub(crate) fn text_relation(columns: &[&str], map: &ColumnMap) -> TextRelation {
 
 /// One column of the table as the catalog describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TableColumn {
+pub(crate) struct TableColumn {
     pub name: String,
     pub type_oid: u32,
     /// The type as SQL (`uuid`, `bigint`, …).
@@ -85,7 +85,7 @@ pub struct TableColumn {
 }
 
 /// The table's columns in order. `TableMissing` when the table does not exist.
-pub async fn table_columns(
+pub(crate) async fn table_columns(
     client: &Client,
     outbox: &TableName,
 ) -> Result<Vec<TableColumn>, RelayError> {
@@ -121,7 +121,7 @@ pub async fn table_columns(
 /// mapper's `Layout` for it. Learned from the catalog on each connect: a schema change is
 /// picked up at the next one.
 #[derive(Debug, Clone)]
-pub struct TextRelation {
+pub(crate) struct TextRelation {
     /// The columns read, in SELECT order, with their type OIDs.
     relation: Relation,
     layout: Layout,
@@ -137,7 +137,7 @@ impl TextRelation {
     /// unmapped one, or a mapped one the table lacks, reported by `missing`, naming what the
     /// caller needs it for; checked first); it lacks a column every message needs (`id`,
     /// `event_type`).
-    pub async fn discover(
+    pub(crate) async fn discover(
         client: &Client,
         outbox: &TableName,
         map: &ColumnMap,
@@ -177,7 +177,11 @@ impl TextRelation {
 
     /// For a relation already known (its columns under the table's names, which `map`
     /// maps); `MissingColumn` (naming the table) without `id` or `event_type`.
-    pub fn new(relation: Relation, map: &ColumnMap, id_type: String) -> Result<Self, MapError> {
+    pub(crate) fn new(
+        relation: Relation,
+        map: &ColumnMap,
+        id_type: String,
+    ) -> Result<Self, MapError> {
         let layout = Layout::for_relation(&relation, map)?;
         Ok(Self {
             relation,
@@ -188,38 +192,38 @@ impl TextRelation {
     }
 
     /// The table's column for `contract`, quoted for SQL; `None` when unmapped.
-    pub fn quoted(&self, contract: &str) -> Option<String> {
+    pub(crate) fn quoted(&self, contract: &str) -> Option<String> {
         self.map.column(contract).map(quote_ident)
     }
 
     /// The position of `contract`'s column in the relation (and in a selected row); `None`
     /// when unmapped or not in the table.
-    pub fn column_index(&self, contract: &str) -> Option<usize> {
+    pub(crate) fn column_index(&self, contract: &str) -> Option<usize> {
         self.map
             .column(contract)
             .and_then(|column| self.relation.column_index(column))
     }
 
     /// Which of the table's columns holds each contract column.
-    pub fn map(&self) -> &ColumnMap {
+    pub(crate) fn map(&self) -> &ColumnMap {
         &self.map
     }
 
-    pub fn relation(&self) -> &Relation {
+    pub(crate) fn relation(&self) -> &Relation {
         &self.relation
     }
 
-    pub fn layout(&self) -> &Layout {
+    pub(crate) fn layout(&self) -> &Layout {
         &self.layout
     }
 
     /// The id column's type as SQL (`uuid`, `bigint`, …).
-    pub fn id_type(&self) -> &str {
+    pub(crate) fn id_type(&self) -> &str {
         &self.id_type
     }
 
     /// The SELECT list: every column read, cast to text, in the relation's order.
-    pub fn select_list(&self) -> String {
+    pub(crate) fn select_list(&self) -> String {
         let select: Vec<String> = self
             .relation
             .columns
@@ -231,7 +235,7 @@ impl TextRelation {
 
     /// One row selected with [`select_list`](Self::select_list), as the decoder would have
     /// produced it: text values in column order.
-    pub fn tuple(&self, row: &Row) -> Result<Tuple, RelayError> {
+    pub(crate) fn tuple(&self, row: &Row) -> Result<Tuple, RelayError> {
         (0..self.relation.columns.len())
             .map(|i| {
                 let value: Option<&str> = row.try_get(i)?;

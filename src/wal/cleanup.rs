@@ -37,7 +37,8 @@ use outbox_common::periodic::{self, Job};
 use outbox_common::quote::quote_ident;
 
 /// Why the cleanup needs `created_at` (`run`'s error when it is unmapped).
-pub const CLEANUP_NEEDS: &str = "the cleanup (--cleanup-interval) deletes delivered rows by \
+pub(crate) const CLEANUP_NEEDS: &str =
+    "the cleanup (--cleanup-interval) deletes delivered rows by \
      it; turn it off with --cleanup-interval 0 if the table is cleaned otherwise";
 
 /// How long one cleanup statement may take before the round gives up (and retries at the
@@ -61,7 +62,12 @@ pub fn delete_sql(names: &OutboxNames, batch: u32) -> String {
 /// [`delete_sql`] for one shard's rows of a table whose columns `map` names: with the
 /// shard's row filter in the inner SELECT (the index scan then skips the other shards' rows).
 /// `run` refuses to start the cleanup with `created_at` unmapped ([`CLEANUP_NEEDS`]).
-pub fn shard_delete_sql(names: &OutboxNames, map: &ColumnMap, shard: Shard, batch: u32) -> String {
+pub(crate) fn shard_delete_sql(
+    names: &OutboxNames,
+    map: &ColumnMap,
+    shard: Shard,
+    batch: u32,
+) -> String {
     let (schema, table) = names.table_parts();
     let qualified = format!("{}.{}", quote_ident(schema), quote_ident(table));
     let quoted = |contract| quote_ident(map.column(contract).unwrap_or(contract));
@@ -147,7 +153,7 @@ async fn bounded<T>(
 /// (`wal/state.rs`): the acknowledged commit time and whether `emitted` events were seen;
 /// then it deletes rows created before that commit less `margin` (`--recreate-margin`), where
 /// a recovery from that record would start.
-pub async fn run_cleanup(
+pub(crate) async fn run_cleanup(
     database_url: String,
     (names, map): (OutboxNames, Arc<ColumnMap>),
     (shard, margin): (Shard, Duration),

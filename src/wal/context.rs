@@ -16,13 +16,13 @@ use crate::wal::heartbeat::Heartbeat;
 use crate::wal::{state, timeline};
 
 /// What every session of one `run` shares.
-pub struct SessionContext {
+pub(crate) struct SessionContext {
     pub config: SessionConfig,
     pub state: RelayState,
 }
 
 /// How the relay's sessions run: its flags, as the sessions use them. Never changes.
-pub struct SessionConfig {
+pub(crate) struct SessionConfig {
     pub database_url: String,
     /// The names of this relay's shard (src/shard.rs): its publication and slot.
     pub names: OutboxNames,
@@ -51,7 +51,7 @@ impl SessionConfig {
     /// How far before the recorded acknowledged commit the cleanup keeps rows: the backfill's
     /// `--recreate-margin` where a lost slot is recreated; none under `stop`, where no
     /// backfill reads them (a short `--retention` then deletes delivered rows promptly).
-    pub fn backfill_margin(&self) -> Duration {
+    pub(crate) fn backfill_margin(&self) -> Duration {
         match self.on_slot_lost {
             OnSlotLost::Recreate => self.recreate_margin,
             OnSlotLost::Stop => Duration::ZERO,
@@ -61,7 +61,7 @@ impl SessionConfig {
 
 /// What the sessions share and hand on: the broker nodes (and which one serves), readiness,
 /// the metrics, and what a session saw that the next one needs.
-pub struct RelayState {
+pub(crate) struct RelayState {
     pub brokers: Arc<BrokerNodes>,
     pub health: Health,
     pub metrics: RelayMetrics,
@@ -75,7 +75,7 @@ pub struct RelayState {
 
 /// A server a session streamed from: where, and which one (IDENTIFY_SYSTEM).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SeenServer {
+pub(crate) struct SeenServer {
     pub address: String,
     pub system_id: String,
     pub timeline: u32,

@@ -17,7 +17,7 @@ use crate::db;
 
 /// This process's heartbeat identity.
 #[derive(Debug, Clone)]
-pub struct Heartbeat {
+pub(crate) struct Heartbeat {
     nonce: String,
 }
 
@@ -28,7 +28,7 @@ impl Default for Heartbeat {
 }
 
 impl Heartbeat {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let started = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -44,7 +44,7 @@ impl Heartbeat {
     }
 
     /// The send time (Unix µs) of one of our own heartbeats; `None` for any other message.
-    pub fn parse_own(&self, prefix: &str, content: &[u8]) -> Option<u64> {
+    pub(crate) fn parse_own(&self, prefix: &str, content: &[u8]) -> Option<u64> {
         if prefix != PREFIX {
             return None;
         }
@@ -57,7 +57,7 @@ impl Heartbeat {
     }
 }
 
-pub fn unix_micros() -> u64 {
+pub(crate) fn unix_micros() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
@@ -67,7 +67,7 @@ pub fn unix_micros() -> u64 {
 /// Writes a heartbeat every `interval` until the task is dropped. Connection errors are
 /// retried on the next tick (the stream's own liveness check decides about reconnecting);
 /// a permission error (42501) disables heartbeats for this process with a loud warning.
-pub async fn emit(database_url: String, heartbeat: Heartbeat, interval: Duration) {
+pub(crate) async fn emit(database_url: String, heartbeat: Heartbeat, interval: Duration) {
     let mut client = None;
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

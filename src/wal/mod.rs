@@ -24,17 +24,17 @@
 //! session; [`heartbeat`] serves it, and `catalog/` (the preflight checks, the slot's reads)
 //! tells it what PostgreSQL holds.
 
-pub mod cleanup;
-pub mod context;
-pub mod heartbeat;
-pub mod position;
-pub mod recovery;
-pub mod relations;
-pub mod session;
-pub mod source;
-pub mod state;
-pub mod stream;
-pub mod timeline;
+pub(crate) mod cleanup;
+pub(crate) mod context;
+pub(crate) mod heartbeat;
+pub(crate) mod position;
+pub(crate) mod recovery;
+pub(crate) mod relations;
+pub(crate) mod session;
+pub(crate) mod source;
+pub(crate) mod state;
+pub(crate) mod stream;
+pub(crate) mod timeline;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,7 +62,7 @@ const STANDBY_WATCH: Duration = Duration::from_millis(250);
 const HEALTHY_SESSION: Duration = Duration::from_secs(60);
 
 /// Runs the WAL relay until `shutdown` is cancelled (`Ok`) or a definite error (`Err`).
-pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
+pub(crate) async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), RelayError> {
     let Prepared {
         parts:
             RelayParts {
@@ -147,7 +147,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> Result<(), Relay
 }
 
 /// What `run` makes of its flags before it connects to anything.
-pub struct Prepared {
+pub(crate) struct Prepared {
     pub parts: RelayParts,
     pub shard: Shard,
     /// The shard's names.
@@ -160,7 +160,7 @@ pub struct Prepared {
 
 /// Checks `run`'s flags as far as they can be without a connection, and makes the relay's
 /// parts from them: the one validation of a `run` configuration, which `check` reports.
-pub fn prepare(args: &RunArgs) -> Result<Prepared, RelayError> {
+pub(crate) fn prepare(args: &RunArgs) -> Result<Prepared, RelayError> {
     let parts = RelayParts::new(RelayPartsFlags {
         connections: &args.connections,
         table: &args.names.table,

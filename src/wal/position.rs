@@ -13,7 +13,7 @@ use pgwire_replication::Lsn;
 use crate::publish::AckToken;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AckPosition {
+pub(crate) struct AckPosition {
     pub lsn: Lsn,
     /// The commit time of the newest acknowledged transaction (µs since 2000-01-01).
     pub commit_time: Option<i64>,
@@ -23,7 +23,7 @@ pub struct AckPosition {
 
 impl AckPosition {
     /// A commit's end: acknowledging it says the whole transaction was delivered.
-    pub fn commit(lsn: Lsn, commit_time: i64) -> Self {
+    pub(crate) fn commit(lsn: Lsn, commit_time: i64) -> Self {
         Self {
             lsn,
             commit_time: Some(commit_time),
@@ -32,7 +32,7 @@ impl AckPosition {
     }
 
     /// A keepalive's WAL end, or someone else's non-transactional message.
-    pub fn idle(lsn: Lsn) -> Self {
+    pub(crate) fn idle(lsn: Lsn) -> Self {
         Self {
             lsn,
             commit_time: None,
@@ -41,7 +41,7 @@ impl AckPosition {
     }
 
     /// One of this relay's own heartbeats, written at `sent_at` (Unix µs).
-    pub fn heartbeat(lsn: Lsn, sent_at: u64) -> Self {
+    pub(crate) fn heartbeat(lsn: Lsn, sent_at: u64) -> Self {
         Self {
             lsn,
             commit_time: None,

@@ -83,17 +83,17 @@ use outbox_common::pg::Server;
 
 /// What a recovery needs of the relay's configuration.
 /// Why `--on-slot-lost recreate` needs `created_at` (its error when the column is missing).
-pub const BACKFILL_NEEDS: &str =
+pub(crate) const BACKFILL_NEEDS: &str =
     "--on-slot-lost recreate backfills the rows a new slot will not deliver by it";
 
-pub struct Recovery<'a> {
+pub(crate) struct Recovery<'a> {
     pub config: &'a SessionConfig,
     pub brokers: &'a Arc<BrokerNodes>,
 }
 
 /// Replaces the slot and backfills what it will not deliver (see the module documentation).
 /// `server` is the primary the session uses. Returns the rows re-published.
-pub async fn recreate(ctx: &Recovery<'_>, server: &Server) -> Result<u64, RelayError> {
+pub(crate) async fn recreate(ctx: &Recovery<'_>, server: &Server) -> Result<u64, RelayError> {
     let names = &ctx.config.names;
     let client = db::connect_to(&ctx.config.database_url, server).await?;
     hold_the_recovery_lock(&client, names).await?;
@@ -199,7 +199,7 @@ async fn hold_the_recovery_lock(client: &Client, names: &OutboxNames) -> Result<
 /// `pg_locks` without taking the lock: a standby waits while it is held (the new slot has
 /// no reader during the backfill, so "free" alone would send it into a session every turn).
 /// A bigint advisory key shows its high half as `classid` and its low half as `objid`.
-pub async fn another_is_recovering(
+pub(crate) async fn another_is_recovering(
     client: &Client,
     names: &OutboxNames,
 ) -> Result<bool, RelayError> {

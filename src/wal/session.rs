@@ -49,7 +49,10 @@ const INPUT_CHANNEL: usize = 256;
 /// Runs one session. A message that failed in an earlier session (the health's stuck
 /// message) is published with a window of 1 until the broker confirms it, so a stuck message
 /// does not drag a full window of re-publishes along on every retry.
-pub async fn run(ctx: &SessionContext, shutdown: CancellationToken) -> Result<(), RelayError> {
+pub(crate) async fn run(
+    ctx: &SessionContext,
+    shutdown: CancellationToken,
+) -> Result<(), RelayError> {
     // Chosen afresh every session: after a failover the primary is another host.
     let server = db::primary(&ctx.config.database_url).await?;
     let (slot, outbox) = match preflight(ctx, &server).await {

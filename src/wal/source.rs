@@ -44,7 +44,7 @@ impl From<pgoutput::DecodeError> for RelayError {
     }
 }
 
-pub struct Source {
+pub(crate) struct Source {
     mapper: Mapper,
     relations: RelationCache,
     heartbeat: Heartbeat,
@@ -66,7 +66,7 @@ struct Transaction {
 }
 
 impl Source {
-    pub fn new(
+    pub(crate) fn new(
         mapper: Mapper,
         relations: RelationCache,
         heartbeat: Heartbeat,
@@ -87,24 +87,24 @@ impl Source {
     }
 
     /// Notes every emitted event in `seen` (the session's, which the cleanup records).
-    pub fn noting_emitted(mut self, seen: EmittedSeen) -> Self {
+    pub(crate) fn noting_emitted(mut self, seen: EmittedSeen) -> Self {
         self.emitted_seen = seen;
         self
     }
 
     /// `true` between a Begin and its Commit: a graceful stop waits for the Commit.
-    pub fn in_transaction(&self) -> bool {
+    pub(crate) fn in_transaction(&self) -> bool {
         self.transaction.is_some()
     }
 
     /// Where the transaction being read commits (its Begin's final LSN).
-    pub fn transaction_commit_lsn(&self) -> Option<Lsn> {
+    pub(crate) fn transaction_commit_lsn(&self) -> Option<Lsn> {
         self.transaction.as_ref().map(|t| t.commit_lsn)
     }
 
     /// The delivery input this event makes, if any. An error is definite (a row that cannot
     /// be mapped, malformed input): nothing of this event may be acknowledged.
-    pub fn on_event(
+    pub(crate) fn on_event(
         &mut self,
         event: ReplicationEvent,
     ) -> Result<Option<Input<AckPosition>>, RelayError> {

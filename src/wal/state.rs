@@ -21,17 +21,17 @@ use outbox_common::periodic::{self, FailureLog, FirstRound, Job};
 use outbox_common::quote::quote_ident;
 
 /// The state table's name, in the outbox table's schema.
-pub const STATE_TABLE: &str = "outbox_relay_state";
+pub(crate) const STATE_TABLE: &str = "outbox_relay_state";
 
 /// `<schema>.outbox_relay_state`, quoted.
-pub fn state_table(names: &OutboxNames) -> String {
+pub(crate) fn state_table(names: &OutboxNames) -> String {
     let (schema, _) = names.table_parts();
     format!("{}.{}", quote_ident(schema), quote_ident(STATE_TABLE))
 }
 
 /// The state table, created if missing (setup, and sql/outbox.sql); the columns of a
 /// recovery's progress are added to one made before them.
-pub fn state_table_sql(names: &OutboxNames) -> String {
+pub(crate) fn state_table_sql(names: &OutboxNames) -> String {
     let table = state_table(names);
     format!(
         "CREATE TABLE IF NOT EXISTS {table} (\n\
@@ -58,14 +58,14 @@ pub fn state_table_sql(names: &OutboxNames) -> String {
 /// set by the stream, recorded by the cleanup. Such events were only ever in the WAL, so a
 /// recovery of the slot cannot backfill them. Cheap to clone (clones share it).
 #[derive(Debug, Clone, Default)]
-pub struct EmittedSeen(Arc<AtomicBool>);
+pub(crate) struct EmittedSeen(Arc<AtomicBool>);
 
 impl EmittedSeen {
-    pub fn note(&self) {
+    pub(crate) fn note(&self) {
         self.0.store(true, Ordering::Relaxed);
     }
 
-    pub fn get(&self) -> bool {
+    pub(crate) fn get(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
 }
@@ -74,7 +74,7 @@ impl EmittedSeen {
 /// events were seen (once set, it stays), where a promoted standby has them too (the table
 /// replicates like any other). `false` when there is no state table (a setup from before
 /// it): recovery then backfills the whole table.
-pub async fn record_acknowledged(
+pub(crate) async fn record_acknowledged(
     client: &Client,
     names: &OutboxNames,
     at: SystemTime,
@@ -117,7 +117,7 @@ struct Recorded {
 /// first acknowledged commit within a [`RECORDER_TICK`] of it, then a newer one every
 /// [`RECORD_EVERY`], with cleanup or without. Until `shutdown`; failures are logged, never
 /// fatal (the next tick tries again).
-pub async fn run_recorder(
+pub(crate) async fn run_recorder(
     database_url: String,
     names: OutboxNames,
     (health, emitted): (Health, EmittedSeen),
@@ -184,7 +184,7 @@ fn unavailable(e: &tokio_postgres::Error) -> bool {
 /// Where a recovery's backfill starts for a recorded acknowledged commit (by `created_at`):
 /// `margin` (`--recreate-margin`) before it, for transactions open across it. The cleanup
 /// never deletes past it.
-pub fn backfill_start(acknowledged_commit: SystemTime, margin: Duration) -> SystemTime {
+pub(crate) fn backfill_start(acknowledged_commit: SystemTime, margin: Duration) -> SystemTime {
     acknowledged_commit
         .checked_sub(margin)
         .unwrap_or(SystemTime::UNIX_EPOCH)
@@ -192,7 +192,7 @@ pub fn backfill_start(acknowledged_commit: SystemTime, margin: Duration) -> Syst
 
 /// What the state table says of the slot.
 #[derive(Debug, Clone, Default)]
-pub struct State {
+pub(crate) struct State {
     /// The slot has a row: a relay recorded it (at a session's start, at its first
     /// acknowledgement, at each cleanup round), and has watched for emitted events since.
     pub recorded: bool,
@@ -208,7 +208,7 @@ pub struct State {
 /// A recovery's progress (wal/recovery.rs): the slot it made, and the last row its backfill
 /// had confirmed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Backfilled {
+pub(crate) struct Backfilled {
     /// The slot's consistent point: its `confirmed_flush_lsn` until a session acknowledges
     /// something, which none does before the recovery finishes.
     pub slot_lsn: Lsn,
@@ -219,7 +219,10 @@ pub struct Backfilled {
     pub confirmed: Option<(String, String)>,
 }
 
-pub async fn read_state(client: &Client, names: &OutboxNames) -> Result<Option<State>, RelayError> {
+pub(crate) async fn read_state(
+    client: &Client,
+    names: &OutboxNames,
+) -> Result<Option<State>, RelayError> {
     let query = format!(
         "SELECT acknowledged_commit, emitted_events, recovering, backfill_from, \
          backfill_slot_lsn::text, backfill_until, backfill_confirmed_created_at, \
@@ -261,7 +264,7 @@ pub async fn read_state(client: &Client, names: &OutboxNames) -> Result<Option<S
 /// relay's recovery, a crash mid-backfill), and streaming that slot would lose the rows not
 /// yet re-published, so that is an error naming the grant. Only a missing table means no
 /// mark: a recovery refuses to start without one.
-pub async fn interrupted(client: &Client, names: &OutboxNames) -> Result<bool, RelayError> {
+pub(crate) async fn interrupted(client: &Client, names: &OutboxNames) -> Result<bool, RelayError> {
     let query = format!(
         "SELECT recovering FROM {} WHERE slot = $1",
         state_table(names)
@@ -282,7 +285,7 @@ pub async fn interrupted(client: &Client, names: &OutboxNames) -> Result<bool, R
 /// Records that a session of this relay holds the slot: the row exists from then on (a
 /// recovery tells "watched, no emitted event seen" from "never recorded" by it), with the
 /// emitted events seen so far. Nothing else changes; `false` without a usable state table.
-pub async fn record_session(
+pub(crate) async fn record_session(
     client: &Client,
     names: &OutboxNames,
     emitted: &EmittedSeen,

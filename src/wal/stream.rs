@@ -42,16 +42,16 @@ use crate::wal::source::Source;
 use crate::wal::timeline::HandedOver;
 
 /// How long a stopping session waits for its last acknowledged position to be sent.
-pub const FINAL_FEEDBACK_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const FINAL_FEEDBACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// The same after a failure: a little, since the session is being torn down anyway.
 const FAILURE_FEEDBACK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The delivery task's handle: its result once it has settled everything it took.
-pub type DeliveryTask = AbortOnDropHandle<Result<(), RelayError>>;
+pub(crate) type DeliveryTask = AbortOnDropHandle<Result<(), RelayError>>;
 
 /// How a reader's run ended.
 #[derive(Debug)]
-pub enum Stop {
+pub(crate) enum Stop {
     /// A graceful stop between transactions; the final position was sent (or the wait for
     /// it timed out, which was logged). The stream is still open: the session closes it
     /// once the slot has taken the position.
@@ -68,7 +68,7 @@ pub enum Stop {
 
 /// A stream that stopped reading and is still open: closing it too early can lose the
 /// final position (see `crate::catalog::slot::wait_until_confirmed`).
-pub struct OpenStream(ReplicationClient);
+pub(crate) struct OpenStream(ReplicationClient);
 
 impl std::fmt::Debug for OpenStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -78,7 +78,7 @@ impl std::fmt::Debug for OpenStream {
 
 impl OpenStream {
     /// Ends the stream cleanly.
-    pub async fn close(self) {
+    pub(crate) async fn close(self) {
         let mut client = self.0;
         client.stop();
         let _ = tokio::time::timeout(FINAL_FEEDBACK_TIMEOUT, client.shutdown()).await;
@@ -87,7 +87,7 @@ impl OpenStream {
 
 /// What broke the stream.
 #[derive(Debug)]
-pub enum StreamLoss {
+pub(crate) enum StreamLoss {
     /// The replication crate's error: the session explains it with the catalog.
     Error(PgWireError),
     /// The server closed the stream.
@@ -110,7 +110,7 @@ enum Step {
     Silent,
 }
 
-pub struct StreamReader {
+pub(crate) struct StreamReader {
     client: ReplicationClient,
     source: Source,
     /// With heartbeats on, the stream is dead if nothing arrives for this long while the
@@ -138,7 +138,7 @@ pub struct StreamReader {
 }
 
 /// What the reader is handed by its session.
-pub struct ReaderParts {
+pub(crate) struct ReaderParts {
     pub client: ReplicationClient,
     pub source: Source,
     /// The slot's confirmed position when the session started.
@@ -153,7 +153,7 @@ pub struct ReaderParts {
 }
 
 impl StreamReader {
-    pub fn new(parts: ReaderParts) -> Self {
+    pub(crate) fn new(parts: ReaderParts) -> Self {
         Self {
             client: parts.client,
             source: parts.source,
@@ -173,7 +173,7 @@ impl StreamReader {
 
     /// Runs until the stream fails, the delivery fails, the source finds a definite error,
     /// or `shutdown` stops it between transactions.
-    pub async fn run(mut self, shutdown: CancellationToken) -> Stop {
+    pub(crate) async fn run(mut self, shutdown: CancellationToken) -> Stop {
         let ended = self.read(&shutdown).await;
         self.finish(ended).await
     }

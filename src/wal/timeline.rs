@@ -21,16 +21,16 @@ use crate::observability::{PHANTOM_EVENTS_LABEL, POSTGRES_FAILOVERS_TOTAL};
 /// Commit). Set by the stream, taken when a session finds another server. Cheap to clone
 /// (clones share it).
 #[derive(Debug, Clone, Default)]
-pub struct HandedOver(Arc<AtomicU64>);
+pub(crate) struct HandedOver(Arc<AtomicU64>);
 
 impl HandedOver {
-    pub fn note(&self, commit_lsn: Lsn) {
+    pub(crate) fn note(&self, commit_lsn: Lsn) {
         self.0.fetch_max(commit_lsn.as_u64(), Ordering::Relaxed);
     }
 
     /// What was noted, and starts afresh: another server's positions are compared with its
     /// own history.
-    pub fn take(&self) -> Option<Lsn> {
+    pub(crate) fn take(&self) -> Option<Lsn> {
         let noted = self.0.swap(0, Ordering::Relaxed);
         (noted != 0).then(|| Lsn::from_u64(noted))
     }
@@ -38,7 +38,7 @@ impl HandedOver {
 
 /// What a failover did to the events already handed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phantoms {
+pub(crate) enum Phantoms {
     /// Every transaction handed on committed before the switch point.
     None { switch_point: Lsn },
     /// A transaction handed on committed at or past it: its events are phantoms, and so are
@@ -62,7 +62,7 @@ impl Phantoms {
 /// Every timeline a server's descends from, with where each ended, from its history file's
 /// text: its lines are `parent-timeline <tab> switch-point <tab> reason`, one per ancestor.
 /// Lines that do not parse are left out.
-pub fn ancestors(history: &str) -> Vec<(u32, Lsn)> {
+pub(crate) fn ancestors(history: &str) -> Vec<(u32, Lsn)> {
     history
         .lines()
         .filter_map(|line| {
@@ -76,7 +76,7 @@ pub fn ancestors(history: &str) -> Vec<(u32, Lsn)> {
 
 /// Where `timeline` ended, from a history file's text. `None` when no line names `timeline`
 /// (the server does not descend from it).
-pub fn switch_point(history: &str, timeline: u32) -> Option<Lsn> {
+pub(crate) fn switch_point(history: &str, timeline: u32) -> Option<Lsn> {
     ancestors(history)
         .into_iter()
         .find_map(|(parent, point)| (parent == timeline).then_some(point))
@@ -84,7 +84,7 @@ pub fn switch_point(history: &str, timeline: u32) -> Option<Lsn> {
 
 /// The history file of `timeline` (TIMELINE_HISTORY), bounded like a connect; `None`, with
 /// a warning, when the server does not give it.
-pub async fn read_history(client: &mut ReplicationClient, timeline: u32) -> Option<String> {
+pub(crate) async fn read_history(client: &mut ReplicationClient, timeline: u32) -> Option<String> {
     match tokio::time::timeout(
         outbox_common::pg::CONNECT_TIMEOUT,
         client.timeline_history(timeline),
@@ -106,7 +106,11 @@ pub async fn read_history(client: &mut ReplicationClient, timeline: u32) -> Opti
 /// Judges the events handed on while streaming from `old_timeline`. A commit record that
 /// starts at or past the switch point was not replayed; one that starts just before it and
 /// ends past it was not either, and goes unseen here (a few bytes' window).
-pub fn judge(history: Option<&str>, old_timeline: u32, handed_over: Option<Lsn>) -> Phantoms {
+pub(crate) fn judge(
+    history: Option<&str>,
+    old_timeline: u32,
+    handed_over: Option<Lsn>,
+) -> Phantoms {
     let Some(switch_point) = history.and_then(|text| switch_point(text, old_timeline)) else {
         return Phantoms::Unknown;
     };
@@ -123,7 +127,7 @@ pub fn judge(history: Option<&str>, old_timeline: u32, handed_over: Option<Lsn>)
 /// relay streamed from on `old_timeline`: from the history (`None` if the server did not give
 /// it), says what the failover did to the events handed on, and counts it. Never fails the
 /// session: the history only informs.
-pub fn report_failover(
+pub(crate) fn report_failover(
     history: Option<&str>,
     old_timeline: u32,
     timeline: u32,

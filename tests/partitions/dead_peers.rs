@@ -45,7 +45,7 @@ use super::{
     report_within, scrape, shared, wait_confirmed, wait_holder, wait_whole_in_background,
     MAX_TXN_ROWS, MESSAGES_IN_FLIGHT, MINUTE, RECONNECTS_TOTAL, RELAY_FLAGS, W,
 };
-use outbox_relay::observability::{PHANTOM_EVENTS_LABEL, POSTGRES_FAILOVERS_TOTAL};
+use outbox_relay::metrics::{PHANTOM_EVENTS_LABEL, POSTGRES_FAILOVERS_TOTAL};
 
 use std::collections::{HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};

@@ -71,7 +71,7 @@ use common::nemesis::{Fault, FaultKind, Host, Plan, RelayRole, Schedule, Seed, S
 use common::outbox::{wait_slot_confirmed_flush, Outbox};
 use common::pg::{first_column, pg_connect, wait_count};
 use common::{Consumer, RelayProcess};
-use outbox_relay::observability::STREAM_SKIPPED_TOTAL;
+use outbox_relay::metrics::STREAM_SKIPPED_TOTAL;
 use tokio::time::Instant;
 
 /// Whether the campaign runs against relays broken on purpose (`OUTBOX_NEMESIS_BROKEN=1`,

@@ -261,7 +261,7 @@ impl Bench {
         let (outbox, flags, end) = self.outbox(into_stream).await?;
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let (first, _) = outbox.spawn_observed(&flags);
-        let published = outbox_relay::observability::MESSAGES_PUBLISHED_TOTAL;
+        let published = outbox_relay::metrics::MESSAGES_PUBLISHED_TOTAL;
         if !first
             .wait_metric(published, PATIENCE, |n| n >= self.args.rows / 3)
             .await

@@ -420,8 +420,7 @@ mod tests {
             let mapped = rows.message(n).expect("mapped");
             let message_id = mapped.message_id.clone();
             // As the relay's broker side publishes it.
-            let relay =
-                outbox_relay::publish::broker::Outgoing::from_message(mapped).expect("fits AMQP");
+            let relay = outbox_relay::internals::Outgoing::from_message(mapped).expect("fits AMQP");
             let bare = bare_message("bench.q", n);
             assert_eq!(bare.message_id, message_id);
             assert_eq!(bare.routing_key, relay.routing_key.as_str());

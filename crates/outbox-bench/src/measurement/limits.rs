@@ -24,16 +24,12 @@ use tokio::time::Instant;
 use crate::measurement::cpu::{self, CpuProbe, CpuSplit};
 use crate::measurement::delivery::{Latency, Report};
 use crate::measurement::writers::{CommittedRow, Written, ORDER_NOTE_LEN};
-use outbox_relay::catalog::preflight;
-use outbox_relay::config::TableName;
-use outbox_relay::contract::mapper::{AllowedExchanges, Layout, Mapper};
-use outbox_relay::contract::message::Message;
-use outbox_relay::contract::position::Position;
-use outbox_relay::db;
-use outbox_relay::observability::RelayMetrics;
-use outbox_relay::pgoutput::{self, Column, LogicalMessage, Relation, Tuple, TupleValue};
-use outbox_relay::publish::{deliver, Acked, Broker, BrokerNodes, DeliveryOptions, Input};
-use outbox_relay::wal::relations::{Known, RelationCache};
+use outbox_relay::internals::{
+    connect_to, decode, deliver, outbox_table, primary, replication_config, Acked,
+    AllowedExchanges, Broker, BrokerNodes, Column, DeliveryOptions, Input, Known, Layout,
+    LogicalMessage, Mapper, Message, Position, Relation, RelationCache, RelayMetrics, TableName,
+    Tuple, TupleValue, CLIENT_EVENT_BUFFER,
+};
 use outbox_testkit::arrivals::{ArrivalConsumer, QueueSpec};
 
 /// How long a limit run may wait for its last message.
@@ -305,15 +301,14 @@ pub async fn decode_alone(
     exchange: &str,
     rows: u64,
 ) -> Result<DecodeRun> {
-    let server = db::primary(database_url).await?;
-    let config = db::replication_config(database_url, &server, slot, publication)?
-        .with_buffer_size(outbox_relay::wal::session::CLIENT_EVENT_BUFFER);
+    let server = primary(database_url).await?;
+    let config = replication_config(database_url, &server, slot, publication)?
+        .with_buffer_size(CLIENT_EVENT_BUFFER);
     // Which table is the outbox: decoding alone needs the cache the relay's session builds.
     let outbox = TableName {
         name: table.to_string(),
     };
-    let outbox =
-        preflight::outbox_table(&db::connect_to(database_url, &server).await?, &outbox).await?;
+    let outbox = outbox_table(&connect_to(database_url, &server).await?, &outbox).await?;
     let mut client = ReplicationClient::connect(config).await?;
     client.wait_started().await?;
     let started = Instant::now();
@@ -333,7 +328,7 @@ pub async fn decode_alone(
                 commit_lsn = final_lsn;
                 index = 0;
             }
-            Some(ReplicationEvent::XLogData { data, .. }) => match pgoutput::decode(&data)? {
+            Some(ReplicationEvent::XLogData { data, .. }) => match decode(&data)? {
                 LogicalMessage::Relation(relation) => {
                     relations.update(&relation, Some(commit_lsn))?
                 }

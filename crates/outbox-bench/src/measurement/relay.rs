@@ -193,9 +193,9 @@ mod tests {
 
     #[test]
     fn broker_nodes_from_the_log() {
-        let log = "2026-11-30T19:00:00Z  INFO outbox_relay::publish::nodes: connected to RabbitMQ node=127.0.0.1:40001 nodes=3\n\
+        let log = "2026-11-30T19:00:00Z  INFO outbox_relay::internals::nodes: connected to RabbitMQ node=127.0.0.1:40001 nodes=3\n\
                    2026-11-30T19:00:01Z  INFO outbox_relay::wal: streaming slot=s\n\
-                   2026-11-30T19:00:02Z  WARN outbox_relay::publish::nodes: moved to another RabbitMQ node node=127.0.0.1:40002 from=127.0.0.1:40001 reason=reconnect\n";
+                   2026-11-30T19:00:02Z  WARN outbox_relay::internals::nodes: moved to another RabbitMQ node node=127.0.0.1:40002 from=127.0.0.1:40001 reason=reconnect\n";
         assert_eq!(broker_nodes(log), ["127.0.0.1:40001", "127.0.0.1:40002"]);
         assert!(broker_nodes("no broker yet").is_empty());
     }

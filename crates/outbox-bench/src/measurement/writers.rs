@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_postgres::NoTls;
 
 use outbox_common::quote::quote_ident;
-use outbox_relay::db::parse_url;
+use outbox_relay::internals::parse_url;
 use outbox_testkit::SplitMix64;
 
 /// What the writers insert, and how much.

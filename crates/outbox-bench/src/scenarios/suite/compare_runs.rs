@@ -11,7 +11,7 @@ use crate::measurement::results::compare::{
 use crate::measurement::results::{load_average, Results};
 use crate::scenarios::compare::{check_distinct, CompareSetup};
 use crate::scenarios::setups::DrainSetup;
-use outbox_relay::db;
+use outbox_relay::internals::connect;
 use outbox_testkit::PgServer;
 
 impl Bench {
@@ -117,7 +117,7 @@ impl Bench {
             return run(self).await;
         };
         let url = servers.pg[i].url("postgres");
-        let admin = db::connect(&url).await?;
+        let admin = connect(&url).await?;
         let admin = std::mem::replace(&mut self.admin, admin);
         let url = std::mem::replace(&mut self.args.servers.database_url, url);
         self.relay.database_url = self.args.servers.database_url.clone();

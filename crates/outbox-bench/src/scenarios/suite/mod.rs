@@ -24,7 +24,7 @@ use crate::measurement::writers::{self};
 use crate::scenarios::compare::{CompareSetup, Layout};
 use crate::scenarios::pinning::Pinning;
 use crate::scenarios::setups::DrainSetup;
-use outbox_relay::db;
+use outbox_relay::internals::connect;
 use outbox_testkit::amqp::quorum_queue_arguments;
 use outbox_testkit::arrivals::{ArrivalConsumer, Outstanding};
 use outbox_testkit::RabbitCluster;
@@ -323,7 +323,7 @@ pub async fn run(args: BenchArgs) -> Result<Results> {
             relay.path.display()
         );
     }
-    let admin = db::connect(&args.servers.database_url).await?;
+    let admin = connect(&args.servers.database_url).await?;
     let endpoints = Endpoints::single(&args.servers.amqp_url);
     let mut bench = Bench {
         args,

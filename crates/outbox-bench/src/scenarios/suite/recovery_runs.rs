@@ -3,7 +3,7 @@
 //! the primary killed, a multi-host URL), set with the test kit's helpers and timed from the
 //! relay's /metrics. The kit panics on what it cannot do; each round turns that into an error.
 
-use outbox_relay::observability::{MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT};
+use outbox_relay::metrics::{MESSAGES_CONFIRMED_TOTAL, MESSAGES_IN_FLIGHT};
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 

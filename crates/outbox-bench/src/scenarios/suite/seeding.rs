@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::*;
 use crate::measurement::writers::ORDER_NOTE_LEN;
 use outbox_common::quote::{quote_ident, quote_literal};
-use outbox_relay::db;
+use outbox_relay::internals::connect;
 
 impl Bench {
     /// Commits `rows` rows into the table in `transaction_rows`-row transactions, server side
@@ -32,7 +32,7 @@ impl Bench {
         payload_bytes: Option<u32>,
     ) -> Result<()> {
         let started = Instant::now();
-        let client = db::connect(&self.args.servers.database_url).await?;
+        let client = connect(&self.args.servers.database_url).await?;
         // Durability of the seed is not what is measured; the WAL it writes is the same.
         client.batch_execute("SET synchronous_commit = off").await?;
         let table = quote_ident(&o.table);
