@@ -91,11 +91,11 @@ pub mod internals {
     pub use crate::db::{connect, connect_to, parse_url, primary, replication_config};
     pub use crate::observability::metrics::RelayMetrics;
     pub use crate::pgoutput::{decode, Column, LogicalMessage, Relation, Tuple, TupleValue};
-    pub use crate::poll::table::OutboxTable;
     pub use crate::publish::broker::Outgoing;
     pub use crate::publish::delivery::{deliver, Acked, DeliveryOptions, Input};
     pub use crate::publish::{Broker, BrokerNodes};
     pub use crate::setup::{poll_script, publication_step, table_step};
+    pub use crate::table::polling::OutboxTable;
     pub use crate::wal::cleanup::{delete_batch, delete_sql};
     pub use crate::wal::relations::{Known, RelationCache};
     pub use crate::wal::session::CLIENT_EVENT_BUFFER;

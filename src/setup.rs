@@ -917,7 +917,7 @@ async fn check_poll_columns(
         Some(_) => crate::config::OnPublished::Mark,
         None => crate::config::OnPublished::Delete,
     };
-    crate::poll::table::OutboxTable::discover(client, table, map, settle).await?;
+    crate::table::polling::OutboxTable::discover(client, table, map, settle).await?;
     match map.column(columns::PUBLISHED_AT) {
         Some(column) => outln!("published_at: marked in \"{column}\""),
         None => {

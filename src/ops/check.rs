@@ -609,7 +609,7 @@ async fn poll_table(client: &Client, args: &PollArgs, map: &ColumnMap, findings:
     }
     findings.record("privileges", table_privileges(client, table, &needed).await);
     let discovered =
-        crate::poll::table::OutboxTable::discover(client, table, map, args.on_published).await;
+        crate::table::polling::OutboxTable::discover(client, table, map, args.on_published).await;
     let outbox = match discovered {
         Ok(outbox) => outbox,
         Err(e) => return findings.add(format!("table {table}"), failed(&e)),
@@ -626,7 +626,7 @@ async fn poll_table(client: &Client, args: &PollArgs, map: &ColumnMap, findings:
     );
     let outcome = outbox.has_claim_index(client).await.map(|has| match has {
         true => ok("a partial index on the unsent rows serves the claims"),
-        false => warn(crate::poll::table::NO_CLAIM_INDEX, Warning::NoClaimIndex),
+        false => warn(crate::table::polling::NO_CLAIM_INDEX, Warning::NoClaimIndex),
     });
     findings.record("claim index", outcome);
 }

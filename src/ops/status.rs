@@ -35,8 +35,8 @@ use crate::error::{ConfigProblem, RelayError};
 use crate::observability::http_get;
 use crate::observability::metrics::{BROKER_INFO, HOST_LABEL, NODE_LABEL, POSTGRES_INFO};
 use crate::observability::StandbyWait;
-use crate::poll::table::{Backlog, BacklogQuery};
 use crate::shard::Shard;
+use crate::table::polling::{Backlog, BacklogQuery};
 use outbox_common::quote::quote_ident;
 
 /// The probe's verdict.

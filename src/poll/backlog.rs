@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::observability::{BACKLOG_POLL_ERRORS_TOTAL, BACKLOG_ROWS, OLDEST_UNSENT_AGE_SECONDS};
 use outbox_common::periodic::{self, Job};
 
-use super::table::{Backlog, BacklogQuery};
+use crate::table::polling::{Backlog, BacklogQuery};
 
 /// Reads the backlog every `interval` until `shutdown`.
 pub(crate) async fn run(

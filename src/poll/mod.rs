@@ -30,7 +30,6 @@ mod backlog;
 mod cleanup;
 mod listen;
 mod shared;
-pub(crate) mod table;
 mod worker;
 
 use shared::{PollStats, Shared};
@@ -63,11 +62,11 @@ pub(crate) struct Prepared {
 pub(crate) fn prepare(args: &PollArgs) -> Result<Prepared, RelayError> {
     // What the map leaves unmapped must not be needed. published_at first: without it the
     // command cannot run at all under mark.
-    table::check_on_published(&args.columns.map()?, args.on_published)?;
+    crate::table::polling::check_on_published(&args.columns.map()?, args.on_published)?;
     let cleanup =
         !args.cleanup.cleanup_interval.is_zero() && args.on_published == OnPublished::Mark;
     let created_at_for: &[&str] = if cleanup {
-        &[table::CLEANUP_NEEDS]
+        &[crate::table::polling::CLEANUP_NEEDS]
     } else {
         &[]
     };
@@ -141,7 +140,7 @@ pub(crate) async fn run(args: PollArgs, shutdown: CancellationToken) -> Result<(
     if !args.backlog_poll_interval.is_zero() {
         tokio::spawn(backlog::run(
             shared.database_url.clone(),
-            table::BacklogQuery::new(&shared.names.table, &shared.columns),
+            crate::table::polling::BacklogQuery::new(&shared.names.table, &shared.columns),
             args.backlog_poll_interval,
             observing.clone(),
         ));

@@ -14,7 +14,7 @@ use crate::error::RelayError;
 use crate::observability::{PollMetrics, WorkerHealth};
 use crate::publish::BrokerNodes;
 
-use super::table::OutboxTable;
+use crate::table::polling::OutboxTable;
 
 /// Counters of one `poll` run for its summary log line; each is also exported as a metric.
 pub(super) struct PollStats {

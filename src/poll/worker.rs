@@ -41,7 +41,7 @@ use crate::supervisor::{supervise, Supervised, Supervision};
 use outbox_common::backoff::Backoff;
 
 use super::shared::Shared;
-use super::table::OutboxTable;
+use crate::table::polling::OutboxTable;
 
 /// How long closing the broker connection may take when a session ends (it may be dead).
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -138,7 +138,7 @@ async fn session(
         tracing::warn!(
             table = %shared.names.table,
             "{}",
-            advice::warning(super::table::NO_CLAIM_INDEX, Warning::NoClaimIndex)
+            advice::warning(crate::table::polling::NO_CLAIM_INDEX, Warning::NoClaimIndex)
         );
     }
     let claim_batch = bounded(client.prepare(&table.claim_sql(shared.batch_size))).await?;
