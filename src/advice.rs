@@ -12,6 +12,7 @@
 
 use outbox_common::pg::{Unreachable, UrlProblem};
 
+use crate::error::{BrokerError, CatalogError, SlotError};
 use crate::error::{ConfigProblem, MapProblem, RelayError, SlotProblem, TlsProblem};
 use outbox_common::error::chain;
 use outbox_common::quote::quote_ident;
@@ -194,20 +195,22 @@ fn warning_fix(warning: Warning<'_>) -> String {
 pub(crate) fn fix(error: &RelayError) -> Option<String> {
     use RelayError::*;
     Some(match error {
-        WalLevel { .. } => "ALTER SYSTEM SET wal_level = 'logical'; then restart PostgreSQL \
+        Catalog(CatalogError::WalLevel { .. }) => {
+            "ALTER SYSTEM SET wal_level = 'logical'; then restart PostgreSQL \
              (or run `outbox-relay poll`, which needs no slot)"
-            .into(),
-        PublicationMissing { publication, table } => format!(
+                .into()
+        }
+        Catalog(CatalogError::PublicationMissing { publication, table }) => format!(
             "run `outbox-relay setup`, or CREATE PUBLICATION {} FOR TABLE {} WITH (publish = \
              'insert')",
             sql_name(publication),
             sql_table(table)
         ),
-        PublicationDoesNotCoverTable {
+        Catalog(CatalogError::PublicationDoesNotCoverTable {
             publication,
             table,
             covers,
-        } => format!(
+        }) => format!(
             "ALTER PUBLICATION {} ADD TABLE {}{}",
             sql_name(publication),
             sql_table(table),
@@ -218,16 +221,20 @@ pub(crate) fn fix(error: &RelayError) -> Option<String> {
                      rename it back instead (docs/deployment.md, \"Renaming the outbox table\")",
             }
         ),
-        ShardFilterMismatch { .. } => "give every relay the --shards (OUTBOX_SHARDS) that \
+        Catalog(CatalogError::ShardFilterMismatch { .. }) => {
+            "give every relay the --shards (OUTBOX_SHARDS) that \
              `outbox-relay setup --shards` made the publications with (a filter's `% N) = K` \
              names both); to change the number of shards, follow docs/scaling.md, \
              \"Scaling out\""
-            .into(),
-        SlotMissing { .. } => "run `outbox-relay setup` (it creates the slot after the \
+                .into()
+        }
+        Slot(SlotError::Missing { .. }) => {
+            "run `outbox-relay setup` (it creates the slot after the \
              publication). Rows inserted while no slot existed are not in any slot: re-publish \
              them with `outbox-relay resync --since <time>`"
-            .into(),
-        SlotUnusable { problem, .. } => match problem {
+                .into()
+        }
+        Slot(SlotError::Unusable { problem, .. }) => match problem {
             SlotProblem::WrongKind { .. } => {
                 "choose another --slot name, or drop it and run `outbox-relay setup`".into()
             }
@@ -235,24 +242,26 @@ pub(crate) fn fix(error: &RelayError) -> Option<String> {
                 "connect to the slot's database or choose another --slot name".into()
             }
         },
-        SlotLost { reason, .. } => format!(
+        Slot(SlotError::Lost { reason, .. }) => format!(
             "`outbox-relay teardown --yes`, `outbox-relay setup`, then `outbox-relay resync \
              --since <time of the last delivered message>` (docs/recovery.md, \"Recovering \
              from a lost slot\"), or run the relay with --on-slot-lost recreate, which does \
              that by itself; {}",
             lost_slot_prevention(reason.as_deref())
         ),
-        TableMissing { .. } => "run `outbox-relay setup` or create it from sql/".into(),
-        OutboxUnpublished {
+        Catalog(CatalogError::TableMissing { .. }) => {
+            "run `outbox-relay setup` or create it from sql/".into()
+        }
+        Catalog(CatalogError::OutboxUnpublished {
             publication, table, ..
-        } => format!(
+        }) => format!(
             "ALTER PUBLICATION {} ADD TABLE {}, start the relay again, and re-publish the rows \
              written to the table in between with `outbox-relay resync --since <when it left \
              the publication>` (docs/deployment.md, \"Renaming the outbox table\")",
             sql_name(publication),
             sql_table(table)
         ),
-        OutboxRenamed { from, to, .. } => format!(
+        Catalog(CatalogError::OutboxRenamed { from, to, .. }) => format!(
             "rename it back ({}) and start the relay again: it then delivers every row, those \
              written under the new name too. Or keep the new name: start the relay with \
              --table {}.{} (OUTBOX_TABLE). Not a new table under the old name: the relay would \
@@ -262,17 +271,19 @@ pub(crate) fn fix(error: &RelayError) -> Option<String> {
             to.0,
             to.1
         ),
-        RecoveryInterrupted { .. } => "run the relay with --on-slot-lost recreate \
+        Slot(SlotError::RecoveryInterrupted { .. }) => {
+            "run the relay with --on-slot-lost recreate \
              (OUTBOX_ON_SLOT_LOST) to finish it: it resumes the backfill after the last row the \
              broker confirmed (or, when the slot the interrupted recovery made is gone, makes \
              another and backfills again from the same point)"
-            .into(),
-        RecoveryUnrecordable { table, .. } => format!(
+                .into()
+        }
+        Slot(SlotError::RecoveryUnrecordable { table, .. }) => format!(
             "run `outbox-relay setup` (it creates {table}, or adds the columns it lacks) and \
              grant the relay's role SELECT, INSERT, UPDATE on it (sql/role.sql); until then \
              recover by hand (docs/recovery.md, \"Recovering from a lost slot\")"
         ),
-        RecoveryStateUnreadable { table, .. } => format!(
+        Slot(SlotError::RecoveryStateUnreadable { table, .. }) => format!(
             "GRANT SELECT, INSERT, UPDATE ON {table} TO <the relay's role>; (sql/role.sql \
              grants it to outbox_relay; a role made before the table existed lacks it)"
         ),
@@ -281,12 +292,14 @@ pub(crate) fn fix(error: &RelayError) -> Option<String> {
              primary's host to the database URL; the relay keeps trying every host"
                 .into()
         }
-        CannotBackfill { .. } => "recover by hand (docs/recovery.md, \"Recovering from a \
+        Slot(SlotError::CannotBackfill { .. }) => {
+            "recover by hand (docs/recovery.md, \"Recovering from a \
              lost slot\"): events emitted since the slot's last acknowledged position are \
              lost, rows of the table can be re-published with `resync --since`; or use \
              failover slots (PostgreSQL 17+) so a failover keeps the slot"
-            .into(),
-        NoReplicationPrivilege { role } => format!(
+                .into()
+        }
+        Catalog(CatalogError::NoReplicationPrivilege { role }) => format!(
             "ALTER ROLE {} REPLICATION (sql/role.sql has the least-privilege role), and allow \
              its replication connection in pg_hba.conf with a line for the database name \
              (logical replication connections match the database, not the `replication` \
@@ -295,7 +308,7 @@ pub(crate) fn fix(error: &RelayError) -> Option<String> {
                 .map(sql_name)
                 .unwrap_or_else(|| "<role>".into())
         ),
-        PublicationNotOwned { publication, .. } => format!(
+        Catalog(CatalogError::PublicationNotOwned { publication, .. }) => format!(
             "ask the owner to run: DROP PUBLICATION {};",
             quote_ident(publication)
         ),
@@ -306,42 +319,47 @@ pub(crate) fn fix(error: &RelayError) -> Option<String> {
              and a restart resumes from the slot. Please report this message (and the log \
              before it) to the outbox-relay maintainers"
             .into(),
-        Returned { .. } => {
+        Broker(BrokerError::Returned { .. }) => {
             "bind a queue; the relay retries and does not move past this message".into()
         }
-        ReturnedAfterSettle { .. } => {
+        Broker(BrokerError::ReturnedAfterSettle { .. }) => {
             "bind a queue for this routing key, and report the broker version".into()
         }
-        DeadLetterReturned { exchange, .. } => format!(
+        Broker(BrokerError::DeadLetterReturned { exchange, .. }) => format!(
             "bind a queue to \"{exchange}\" (with `#` for every dead letter); the relay retries \
              and does not move past this message"
         ),
-        PublishRefused {
+        Broker(BrokerError::PublishRefused {
             reply_code: 406, ..
-        } => "raise RabbitMQ's max_message_size, or \
+        }) => "raise RabbitMQ's max_message_size, or \
              store large payloads elsewhere and send a reference; the relay now checks bodies \
              against the limit the broker named, so under --on-unroutable dead-letter the next \
              attempt dead-letters the message (without its body), under halt it stops naming it"
             .into(),
-        PublishRefused { .. } | PublishRefusedAmong { .. } => "repair what the broker names \
+        Broker(BrokerError::PublishRefused { .. })
+        | Broker(BrokerError::PublishRefusedAmong { .. }) => "repair what the broker names \
              (declare the exchange, give the relay's user write access to it, raise its \
              max_message_size), or correct the message; with --on-unroutable dead-letter such \
              messages go to the dead-letter exchange"
             .into(),
-        RoutedToMissingExchange { exchange, .. } => format!(
+        Broker(BrokerError::RoutedToMissingExchange { exchange, .. }) => format!(
             "declare \"{exchange}\" (a durable topic exchange, bound to the queues that want \
              these messages), or correct the row's exchange or the --exchange template; with \
              --on-unroutable dead-letter such messages go to the dead-letter exchange"
         ),
-        BrokerLoginRefused { .. } => "correct the user or password in --amqp-url (AMQP_URL, \
+        Broker(BrokerError::LoginRefused { .. }) => {
+            "correct the user or password in --amqp-url (AMQP_URL, \
              or the file AMQP_URL_FILE names; a `%` in the password is written %25), and give \
              the user access to the URL's virtual host (rabbitmqctl set_permissions -p <vhost> \
              <user> …); RabbitMQ's log names the refused login"
-            .into(),
-        ExchangeMissing { .. } => "run `outbox-relay setup` with the same flags (it declares \
+                .into()
+        }
+        Broker(BrokerError::ExchangeMissing { .. }) => {
+            "run `outbox-relay setup` with the same flags (it declares \
              the exchange and, under `--on-unroutable dead-letter`, the dead-letter exchange, \
              both durable topic exchanges) or declare it; the relay retries"
-            .into(),
+                .into()
+        }
         Configuration(problem) => return config_fix(problem),
         Unpublishable { fault, .. } => return map_fix(*fault),
         _ => return None,
@@ -625,11 +643,11 @@ mod tests {
     fn a_renamed_outbox_is_told_how_to_rename_it_back() {
         let part = |s: &str| s.to_string();
         let renamed = |from: (&str, &str), to: (&str, &str)| {
-            report(&RelayError::OutboxRenamed {
+            report(&RelayError::Catalog(CatalogError::OutboxRenamed {
                 oid: 16385,
                 from: (part(from.0), part(from.1)),
                 to: (part(to.0), part(to.1)),
-            })
+            }))
         };
         let text = renamed(("public", "outbox"), ("public", "Outbox Old"));
         assert!(
@@ -656,48 +674,50 @@ mod tests {
     fn names_in_the_suggested_sql_are_quoted_where_needed() {
         let publication = "Pub; DROP TABLE users; --".to_string();
         let table = "My App.events".to_string();
-        let missing = report(&RelayError::PublicationMissing {
+        let missing = report(&RelayError::Catalog(CatalogError::PublicationMissing {
             publication: publication.clone(),
             table: table.clone(),
-        });
+        }));
         assert!(
             missing.contains(
                 "CREATE PUBLICATION \"Pub; DROP TABLE users; --\" FOR TABLE \"My App\".events"
             ),
             "{missing}"
         );
-        let uncovered = report(&RelayError::PublicationDoesNotCoverTable {
-            publication: publication.clone(),
-            table,
-            covers: Vec::new(),
-        });
+        let uncovered = report(&RelayError::Catalog(
+            CatalogError::PublicationDoesNotCoverTable {
+                publication: publication.clone(),
+                table,
+                covers: Vec::new(),
+            },
+        ));
         assert!(
             uncovered.contains(
                 "ALTER PUBLICATION \"Pub; DROP TABLE users; --\" ADD TABLE \"My App\".events"
             ),
             "{uncovered}"
         );
-        let not_owned = report(&RelayError::PublicationNotOwned {
+        let not_owned = report(&RelayError::Catalog(CatalogError::PublicationNotOwned {
             publication: "x\"; DROP TABLE users; --".into(),
             owner: "dba".into(),
             slot_note: String::new(),
-        });
+        }));
         assert!(
             not_owned.ends_with("DROP PUBLICATION \"x\"\"; DROP TABLE users; --\";"),
             "{not_owned}"
         );
-        let role = report(&RelayError::NoReplicationPrivilege {
+        let role = report(&RelayError::Catalog(CatalogError::NoReplicationPrivilege {
             role: Some("App Relay".into()),
-        });
+        }));
         assert!(
             role.contains("ALTER ROLE \"App Relay\" REPLICATION"),
             "{role}"
         );
         // Plain names stay as they were.
-        let plain = report(&RelayError::PublicationMissing {
+        let plain = report(&RelayError::Catalog(CatalogError::PublicationMissing {
             publication: "outbox_pub".into(),
             table: "outbox".into(),
-        });
+        }));
         assert!(
             plain.contains("CREATE PUBLICATION outbox_pub FOR TABLE outbox"),
             "{plain}"
@@ -706,9 +726,9 @@ mod tests {
 
     #[test]
     fn the_fix_follows_the_message_and_its_sources() {
-        let e = RelayError::ExchangeMissing {
+        let e = RelayError::Broker(BrokerError::ExchangeMissing {
             exchange: "outbox".into(),
-        };
+        });
         let text = report(&e);
         assert!(
             text.starts_with("The exchange \"outbox\" does not exist on the broker. Fix: run"),

@@ -26,6 +26,7 @@ use crate::catalog::slot::{failover_wanted, read_slot};
 use crate::config::{FailoverSlot, Mode, OutboxNames, SetupArgs};
 use crate::contract::columns::{self, ColumnMap};
 use crate::db;
+use crate::error::{CatalogError, SlotError};
 use crate::error::{ConfigProblem, RelayError, SupervisorAction};
 use crate::publish::Broker;
 use crate::shard::Shard;
@@ -528,7 +529,7 @@ async fn ensure_publication(
                 names.publication
             );
         }
-        Err(RelayError::PublicationMissing { .. }) => {
+        Err(RelayError::Catalog(CatalogError::PublicationMissing { .. })) => {
             client
                 .batch_execute(&shard_publication_step(names, shard, map).sql)
                 .await?;
@@ -559,8 +560,8 @@ async fn ensure_slot(
 ) -> Result<(), RelayError> {
     let failover = args.failover.failover_slot;
     let created = match preflight::check_slot(client, &names.slot).await {
-        Ok(_) | Err(RelayError::SlotInUse { .. }) => false,
-        Err(RelayError::SlotMissing { .. }) => {
+        Ok(_) | Err(RelayError::Slot(SlotError::InUse { .. })) => false,
+        Err(RelayError::Slot(SlotError::Missing { .. })) => {
             let version = db::server_version_num(client).await?;
             let sql = create_slot_sql(names, failover_wanted(failover, version)?);
             client.batch_execute(&sql).await?;
@@ -568,11 +569,11 @@ async fn ensure_slot(
         }
         Err(e) => return Err(e),
     };
-    let report = read_slot(client, &names.slot)
-        .await?
-        .ok_or_else(|| RelayError::SlotMissing {
+    let report = read_slot(client, &names.slot).await?.ok_or_else(|| {
+        RelayError::Slot(SlotError::Missing {
             slot: names.slot.to_string(),
-        })?;
+        })
+    })?;
     let done = if created { "created" } else { "exists" };
     match (report.failover, failover) {
         (None, FailoverSlot::On) => return Err(ConfigProblem::FailoverNeeds17.into()),

@@ -145,7 +145,7 @@ async fn run_session<S: Supervised>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Endpoint;
+    use crate::error::{Endpoint, SlotError};
 
     /// Sessions that fail with the given errors, in turn, and then stop gracefully.
     struct Scripted {
@@ -230,11 +230,11 @@ mod tests {
     async fn a_definite_error_stops_after_transient_ones() {
         let mut sessions = scripted(vec![
             RelayError::StreamEnded,
-            RelayError::SlotMissing { slot: "s".into() },
+            RelayError::Slot(SlotError::Missing { slot: "s".into() }),
         ]);
         let outcome = supervise(&mut sessions, &supervision(), &CancellationToken::new()).await;
         assert!(
-            matches!(outcome, Err(RelayError::SlotMissing { .. })),
+            matches!(outcome, Err(RelayError::Slot(SlotError::Missing { .. }))),
             "{outcome:?}"
         );
         assert_eq!(sessions.runs, 2);
@@ -242,10 +242,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_standby_waits_and_retries() {
-        let mut sessions = scripted(vec![RelayError::SlotInUse {
+        let mut sessions = scripted(vec![RelayError::Slot(SlotError::InUse {
             slot: "s".into(),
             pid: "7".into(),
-        }]);
+        })]);
         let started = Instant::now();
         let outcome = supervise(&mut sessions, &supervision(), &CancellationToken::new()).await;
         assert!(outcome.is_ok());

@@ -14,6 +14,7 @@ use crate::advice::{self, Warning};
 use crate::catalog::slot::read_slot;
 use crate::config::{FailoverSlot, OutboxNames, TableName};
 use crate::contract::columns::ColumnMap;
+use crate::error::{CatalogError, SlotError};
 use crate::error::{ConfigProblem, RelayError, SlotProblem};
 use crate::shard::Shard;
 
@@ -28,7 +29,9 @@ pub(crate) async fn check_wal_level(client: &Client) -> Result<(), RelayError> {
     let row = client.query_one("SHOW wal_level", &[]).await?;
     let level: String = row.get(0);
     if level != "logical" {
-        return Err(RelayError::WalLevel { actual: level });
+        return Err(RelayError::Catalog(CatalogError::WalLevel {
+            actual: level,
+        }));
     }
     Ok(())
 }
@@ -43,9 +46,9 @@ pub(crate) async fn check_table(client: &Client, names: &OutboxNames) -> Result<
         .await?;
     match exists {
         Some(_) => Ok(()),
-        None => Err(RelayError::TableMissing {
+        None => Err(RelayError::Catalog(CatalogError::TableMissing {
             table: names.table.to_string(),
-        }),
+        })),
     }
 }
 
@@ -61,10 +64,10 @@ pub(crate) async fn check_publication(
         )
         .await?;
     if publication.is_none() {
-        return Err(RelayError::PublicationMissing {
+        return Err(RelayError::Catalog(CatalogError::PublicationMissing {
             publication: names.publication.to_string(),
             table: names.table.to_string(),
-        });
+        }));
     }
     let covered = client
         .query_opt(
@@ -85,11 +88,13 @@ pub(crate) async fn check_publication(
             .iter()
             .map(|row| row.get(0))
             .collect();
-        return Err(RelayError::PublicationDoesNotCoverTable {
-            publication: names.publication.to_string(),
-            table: names.table.to_string(),
-            covers,
-        });
+        return Err(RelayError::Catalog(
+            CatalogError::PublicationDoesNotCoverTable {
+                publication: names.publication.to_string(),
+                table: names.table.to_string(),
+                covers,
+            },
+        ));
     }
     Ok(())
 }
@@ -132,9 +137,9 @@ pub async fn outbox_table(client: &Client, outbox: &TableName) -> Result<OutboxT
             oid: row.get(0),
             named_since,
         }),
-        None => Err(RelayError::TableMissing {
+        None => Err(RelayError::Catalog(CatalogError::TableMissing {
             table: outbox.to_string(),
-        }),
+        })),
     }
 }
 
@@ -209,7 +214,7 @@ pub(crate) async fn check_row_filter(
     if actual.as_deref() == Some(printed.as_str()) {
         return Ok(());
     }
-    Err(RelayError::ShardFilterMismatch {
+    Err(RelayError::Catalog(CatalogError::ShardFilterMismatch {
         publication: names.publication.to_string(),
         shard: shard.index(),
         shards: shard.count(),
@@ -218,7 +223,7 @@ pub(crate) async fn check_row_filter(
             None => "has no row filter".into(),
         },
         expected,
-    })
+    }))
 }
 
 /// `expression` on the outbox table's columns as PostgreSQL prints it (`pg_get_expr`).
@@ -264,13 +269,15 @@ fn one_line(text: &str) -> String {
 /// another process (then this relay is a standby).
 pub(crate) async fn check_slot(client: &Client, slot: &str) -> Result<SlotState, RelayError> {
     let Some(report) = read_slot(client, slot).await? else {
-        return Err(RelayError::SlotMissing {
+        return Err(RelayError::Slot(SlotError::Missing {
             slot: slot.to_string(),
-        });
+        }));
     };
-    let unusable = |problem: SlotProblem| RelayError::SlotUnusable {
-        slot: slot.to_string(),
-        problem,
+    let unusable = |problem: SlotProblem| {
+        RelayError::Slot(SlotError::Unusable {
+            slot: slot.to_string(),
+            problem,
+        })
     };
     if report.slot_type != "logical" || report.plugin.as_deref() != Some("pgoutput") {
         return Err(unusable(SlotProblem::WrongKind {
@@ -282,20 +289,20 @@ pub(crate) async fn check_slot(client: &Client, slot: &str) -> Result<SlotState,
         return Err(unusable(SlotProblem::OtherDatabase));
     }
     if report.is_lost() {
-        return Err(RelayError::SlotLost {
+        return Err(RelayError::Slot(SlotError::Lost {
             slot: slot.to_string(),
             confirmed_flush: report
                 .confirmed_flush_lsn
                 .clone()
                 .unwrap_or_else(|| "its last position".into()),
             reason: report.lost_reason().map(str::to_string),
-        });
+        }));
     }
     if let Some(pid) = report.active_pid {
-        return Err(RelayError::SlotInUse {
+        return Err(RelayError::Slot(SlotError::InUse {
             slot: slot.to_string(),
             pid: pid.to_string(),
-        });
+        }));
     }
     Ok(SlotState {
         confirmed_flush: report.confirmed_flush().unwrap_or(Lsn::ZERO),

@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::advice::{self, Warning};
 use crate::config::{FailoverSlot, OutboxNames};
 use crate::db;
+use crate::error::{CatalogError, SlotError};
 use crate::error::{ConfigProblem, RelayError};
 use time::format_description::well_known::Rfc3339;
 
@@ -191,28 +192,30 @@ pub(crate) async fn replication_error(
     }
     let slot = read_slot_now(database_url, &names.slot).await;
     match (sqlstate, slot) {
-        (SqlState::OBJECT_IN_USE, slot) => RelayError::SlotInUse {
+        (SqlState::OBJECT_IN_USE, slot) => RelayError::Slot(SlotError::InUse {
             slot: names.slot.to_string(),
             pid: slot
                 .flatten()
                 .and_then(|slot| slot.active_pid)
                 .map_or_else(|| "unknown".into(), |pid| pid.to_string()),
-        },
+        }),
         (SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, Some(Some(slot))) if slot.is_lost() => {
-            RelayError::SlotLost {
+            RelayError::Slot(SlotError::Lost {
                 slot: names.slot.to_string(),
                 confirmed_flush: "its last position".into(),
                 reason: slot.lost_reason().map(str::to_string),
-            }
+            })
         }
-        (SqlState::UNDEFINED_OBJECT, Some(None)) => RelayError::SlotMissing {
+        (SqlState::UNDEFINED_OBJECT, Some(None)) => RelayError::Slot(SlotError::Missing {
             slot: names.slot.to_string(),
-        },
+        }),
         // The slot exists: the object the walsender could not find is the publication.
-        (SqlState::UNDEFINED_OBJECT, Some(Some(_))) => RelayError::PublicationMissing {
-            publication: names.publication.to_string(),
-            table: names.table.to_string(),
-        },
+        (SqlState::UNDEFINED_OBJECT, Some(Some(_))) => {
+            RelayError::Catalog(CatalogError::PublicationMissing {
+                publication: names.publication.to_string(),
+                table: names.table.to_string(),
+            })
+        }
         _ => error,
     }
 }

@@ -366,6 +366,7 @@ fn combined(workers: &[WorkerState]) -> Result<(), NotReady> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::{BrokerError, SlotError};
     use crate::observability::pg_timestamp;
 
     #[test]
@@ -457,18 +458,18 @@ mod tests {
 
     #[test]
     fn failures_map_to_reasons() {
-        let returned = RelayError::Returned {
+        let returned = RelayError::Broker(BrokerError::Returned {
             message_id: "abc".into(),
             exchange: "x".into(),
             routing_key: "k".into(),
             reply_code: 312,
             reply_text: "NO_ROUTE".into(),
-        };
+        });
         assert_eq!(NotReady::after(&returned).to_string(), "stuck message abc");
-        let standby = RelayError::SlotInUse {
+        let standby = RelayError::Slot(SlotError::InUse {
             slot: "s".into(),
             pid: "1".into(),
-        };
+        });
         assert_eq!(NotReady::after(&standby), NotReady::Standby);
         let broker_timeout = RelayError::ConnectTimeout {
             endpoint: crate::error::Endpoint::RabbitMq,

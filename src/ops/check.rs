@@ -34,6 +34,7 @@ use crate::contract::mapper::Mapper;
 use crate::contract::template::Fields;
 use crate::db;
 use crate::error::RelayError;
+use crate::error::{CatalogError, SlotError};
 use crate::exit;
 use crate::ops::status::human_bytes;
 use crate::publish::{Broker, BrokerNodes};
@@ -493,7 +494,9 @@ impl WalChecks<'_> {
             (false, true) => ok(format!(
                 "{role} has REPLICATION (`run` streams with it, `setup` creates the slot)"
             )),
-            (false, false) => failed(&RelayError::NoReplicationPrivilege { role: Some(role) }),
+            (false, false) => failed(&RelayError::Catalog(CatalogError::NoReplicationPrivilege {
+                role: Some(role),
+            })),
         })
     }
 
@@ -545,15 +548,14 @@ impl WalChecks<'_> {
     async fn slot(&self) -> Result<Outcome, RelayError> {
         let slot: &str = &self.names.slot;
         match preflight::check_slot(self.client, slot).await {
-            Ok(_) | Err(RelayError::SlotInUse { .. }) => {}
+            Ok(_) | Err(RelayError::Slot(SlotError::InUse { .. })) => {}
             Err(e) => return Err(e),
         }
-        let report =
-            read_slot(self.client, slot)
-                .await?
-                .ok_or_else(|| RelayError::SlotMissing {
-                    slot: slot.to_string(),
-                })?;
+        let report = read_slot(self.client, slot).await?.ok_or_else(|| {
+            RelayError::Slot(SlotError::Missing {
+                slot: slot.to_string(),
+            })
+        })?;
         let holder = match report.active_pid {
             Some(pid) => format!(
                 "active (pid {pid}): a relay streams from it, and one started now waits as its \

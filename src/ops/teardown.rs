@@ -25,6 +25,7 @@ use tokio_postgres::Client;
 use crate::catalog::slot::{read_slot, SlotReport};
 use crate::config::TeardownArgs;
 use crate::db;
+use crate::error::{CatalogError, SlotError};
 use crate::error::{ConfigProblem, RelayError};
 use crate::shard::Shard;
 use outbox_common::quote::quote_ident;
@@ -74,11 +75,11 @@ pub(crate) async fn run(args: TeardownArgs) -> Result<(), RelayError> {
     let mut not_owned = None;
     for publication in &publications {
         match drop_publication(&client, publication, &slot_note).await {
-            Err(RelayError::PublicationNotOwned {
+            Err(RelayError::Catalog(CatalogError::PublicationNotOwned {
                 publication,
                 owner,
                 slot_note,
-            }) => {
+            })) => {
                 if publications.len() > 1 {
                     outln!(
                         "publication {publication}: not dropped (owned by {owner}, who must run \
@@ -86,11 +87,11 @@ pub(crate) async fn run(args: TeardownArgs) -> Result<(), RelayError> {
                         quote_ident(&publication)
                     );
                 }
-                not_owned.get_or_insert(RelayError::PublicationNotOwned {
+                not_owned.get_or_insert(RelayError::Catalog(CatalogError::PublicationNotOwned {
                     publication,
                     owner,
                     slot_note,
-                });
+                }));
             }
             result => result?,
         }
@@ -138,10 +139,10 @@ async fn read_slot_once_released(
 async fn refuse_if_active(client: &Client, slot: &str) -> Result<(), RelayError> {
     match read_slot_once_released(client, slot).await? {
         Some(report) => match report.active_pid {
-            Some(pid) => Err(RelayError::SlotActive {
+            Some(pid) => Err(RelayError::Slot(SlotError::Active {
                 slot: slot.to_string(),
                 pid: pid.to_string(),
-            }),
+            })),
             None => Ok(()),
         },
         None => Ok(()),
@@ -155,10 +156,10 @@ async fn drop_slot(client: &Client, slot: &str) -> Result<String, RelayError> {
         return Ok(format!("The slot \"{slot}\" did not exist."));
     };
     if let Some(pid) = report.active_pid {
-        return Err(RelayError::SlotActive {
+        return Err(RelayError::Slot(SlotError::Active {
             slot: slot.to_string(),
             pid: pid.to_string(),
-        });
+        }));
     }
     match client
         .execute("SELECT pg_catalog.pg_drop_replication_slot($1)", &[&slot])
@@ -169,13 +170,15 @@ async fn drop_slot(client: &Client, slot: &str) -> Result<String, RelayError> {
             Ok(format!("The slot \"{slot}\" was dropped."))
         }
         // A relay started between the check and the drop.
-        Err(e) if e.code() == Some(&SqlState::OBJECT_IN_USE) => Err(RelayError::SlotActive {
-            slot: slot.to_string(),
-            pid: e
-                .as_db_error()
-                .and_then(|db| db.message().split("PID ").nth(1).map(str::to_string))
-                .unwrap_or_else(|| "unknown".into()),
-        }),
+        Err(e) if e.code() == Some(&SqlState::OBJECT_IN_USE) => {
+            Err(RelayError::Slot(SlotError::Active {
+                slot: slot.to_string(),
+                pid: e
+                    .as_db_error()
+                    .and_then(|db| db.message().split("PID ").nth(1).map(str::to_string))
+                    .unwrap_or_else(|| "unknown".into()),
+            }))
+        }
         Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {
             outln!("slot {slot}: does not exist");
             Ok(format!("The slot \"{slot}\" did not exist."))
@@ -213,11 +216,11 @@ async fn drop_publication(
             Ok(())
         }
         Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-            Err(RelayError::PublicationNotOwned {
+            Err(RelayError::Catalog(CatalogError::PublicationNotOwned {
                 publication: publication.to_string(),
                 owner,
                 slot_note: slot_note.to_string(),
-            })
+            }))
         }
         Err(e) => Err(e.into()),
     }

@@ -49,13 +49,14 @@ use super::nodes::BrokerNodes;
 pub use super::outgoing::Outgoing;
 use super::publisher::{Answer, Pending, Publisher, Returned};
 use crate::contract::message::Message;
+use crate::error::BrokerError;
 use crate::error::{ConfigProblem, Endpoint, RelayError};
 
 /// Any failure of the AMQP client is the broker's: the connection or channel is gone (a
 /// passive declare's 404 is told apart before it gets here).
 impl From<lapin::Error> for RelayError {
     fn from(error: lapin::Error) -> Self {
-        RelayError::Broker(error.to_string())
+        RelayError::Broker(BrokerError::Failed(error.to_string()))
     }
 }
 
@@ -134,10 +135,10 @@ impl Broker {
             seconds: outbox_common::pg::CONNECT_TIMEOUT.as_secs(),
         })?
         .map_err(|e| match login_refused(&e) {
-            Some(reply_text) => RelayError::BrokerLoginRefused {
+            Some(reply_text) => RelayError::Broker(BrokerError::LoginRefused {
                 node: nodes.node(index).address().to_string(),
                 reply_text,
-            },
+            }),
             None => RelayError::from(e),
         })?;
         let (blocked_tx, blocked) = watch::channel(false);
@@ -298,7 +299,7 @@ impl Broker {
                 self.known_exchanges().insert(exchange.to_string());
                 Ok(true)
             }
-            Err(RelayError::ExchangeMissing { .. }) => Ok(false),
+            Err(RelayError::Broker(BrokerError::ExchangeMissing { .. })) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -354,9 +355,11 @@ impl Broker {
                     tokio::time::timeout(CLOSE_TIMEOUT, channel.close(200, "done".into())).await;
                 Ok(())
             }
-            Err(e) if passive && is_not_found(&e) => Err(RelayError::ExchangeMissing {
-                exchange: exchange.to_string(),
-            }),
+            Err(e) if passive && is_not_found(&e) => {
+                Err(RelayError::Broker(BrokerError::ExchangeMissing {
+                    exchange: exchange.to_string(),
+                }))
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -389,10 +392,12 @@ async fn setup<T>(
 ) -> Result<Result<T, lapin::Error>, RelayError> {
     tokio::time::timeout(SETUP_TIMEOUT, request)
         .await
-        .map_err(|_| RelayError::BrokerSetupTimeout {
-            node: address.to_string(),
-            step,
-            seconds: SETUP_TIMEOUT.as_secs(),
+        .map_err(|_| {
+            RelayError::Broker(BrokerError::SetupTimeout {
+                node: address.to_string(),
+                step,
+                seconds: SETUP_TIMEOUT.as_secs(),
+            })
         })
 }
 
@@ -484,17 +489,17 @@ impl Pending for Stage {
 }
 
 /// A publish's failure: the broker closing the channel with a channel-level (soft) error is
-/// the answer to one of the publishes in flight ([`RelayError::ChannelClosed`], which the
+/// the answer to one of the publishes in flight ([`BrokerError::ChannelClosed`], which the
 /// delivery loop attributes); anything else is the connection's.
 fn publish_error(error: lapin::Error) -> RelayError {
     match error.kind() {
         lapin::ErrorKind::ProtocolError(amqp)
             if matches!(amqp.kind(), lapin::protocol::AMQPErrorKind::Soft(_)) =>
         {
-            RelayError::ChannelClosed {
+            RelayError::Broker(BrokerError::ChannelClosed {
                 reply_code: amqp.get_id(),
                 reply_text: amqp.get_message().to_string(),
-            }
+            })
         }
         _ => error.into(),
     }

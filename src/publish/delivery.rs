@@ -43,6 +43,7 @@ use super::dead_letter::{self, DeadLetterLog, Reason};
 use super::publisher::{Answer, Pending, Publisher};
 use super::queue::{AckToken, Channel, ConfirmQueue, Failure, PublishId, Settled};
 use crate::contract::message::{Message, Rejection, Unpublishable};
+use crate::error::BrokerError;
 use crate::error::{ErrorKind, MapProblem, RelayError};
 use crate::observability::{Health, RelayMetrics, DEAD_LETTERED_TOTAL, REASON_LABEL};
 
@@ -331,10 +332,10 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
                     }
                 }
                 Event::ConfirmTimedOut => {
-                    return Err(RelayError::ConfirmTimeout {
+                    return Err(RelayError::Broker(BrokerError::ConfirmTimeout {
                         message_id: self.queue.front_message_id().unwrap_or_default().into(),
                         seconds: self.options.confirm_timeout.as_secs(),
-                    })
+                    }))
                 }
                 Event::BlockedChanged(open) => {
                     // The timeout restarts when the broker unblocks: waiting while blocked is
@@ -716,10 +717,12 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
                 message_id: Some(message_id),
                 fault: MapProblem::TooLarge,
             },
-            Reason::ExchangeMissing { exchange } => RelayError::RoutedToMissingExchange {
-                message_id,
-                exchange,
-            },
+            Reason::ExchangeMissing { exchange } => {
+                RelayError::Broker(BrokerError::RoutedToMissingExchange {
+                    message_id,
+                    exchange,
+                })
+            }
             other => {
                 return Err(RelayError::Bug(format!(
                     "refused before publishing for {other}"
@@ -735,10 +738,10 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
     /// [`Self::on_channel_closed`]). Any other failure ends the loop.
     async fn on_answer_failed(&mut self, error: RelayError) -> Result<(), RelayError> {
         match error {
-            RelayError::ChannelClosed {
+            RelayError::Broker(BrokerError::ChannelClosed {
                 reply_code,
                 reply_text,
-            } => self.on_channel_closed(reply_code, reply_text).await,
+            }) => self.on_channel_closed(reply_code, reply_text).await,
             other => Err(other),
         }
     }
@@ -749,16 +752,16 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
     /// answers the broker gave before it: those are taken in order until the close shows,
     /// so the error names what the broker refused and a 406 teaches its limit.
     async fn on_start_failed(&mut self, error: RelayError) -> RelayError {
-        if !matches!(error, RelayError::Broker(_)) {
+        if !matches!(error, RelayError::Broker(BrokerError::Failed(_))) {
             return error;
         }
         let deadline = Instant::now() + CLOSE_REASON_WAIT;
         while let Some(next) = self.queue.next_unresolved(Channel::Publishing) {
             match tokio::time::timeout_at(deadline, next.pending.answer()).await {
-                Ok(Err(RelayError::ChannelClosed {
+                Ok(Err(RelayError::Broker(BrokerError::ChannelClosed {
                     reply_code,
                     reply_text,
-                })) => {
+                }))) => {
                     self.learn_from_refusal(reply_code, &reply_text);
                     return self.refused_error(reply_code, &reply_text);
                 }
@@ -850,24 +853,24 @@ impl<'a, T: AckToken + Clone, P: Publisher> Delivery<'a, T, P> {
             _ => None,
         });
         if let Some((message_id, in_flight)) = culprit {
-            return RelayError::PublishRefused {
+            return RelayError::Broker(BrokerError::PublishRefused {
                 message_id: message_id.to_string(),
                 size: in_flight.body_len,
                 reply_code,
                 reply_text: reply_text.to_string(),
-            };
+            });
         }
         match unresolved.last() {
-            Some((newest, _)) => RelayError::PublishRefusedAmong {
+            Some((newest, _)) => RelayError::Broker(BrokerError::PublishRefusedAmong {
                 last_message_id: newest.to_string(),
                 unconfirmed: unresolved.len(),
                 reply_code,
                 reply_text: reply_text.to_string(),
-            },
-            None => RelayError::ChannelClosed {
+            }),
+            None => RelayError::Broker(BrokerError::ChannelClosed {
                 reply_code,
                 reply_text: reply_text.to_string(),
-            },
+            }),
         }
     }
 }
@@ -895,13 +898,13 @@ fn answer_on(channel: Channel, answer: Result<Answer, RelayError>) -> Result<Ans
     match (channel, answer) {
         (
             Channel::DeadLetters,
-            Err(RelayError::ChannelClosed {
+            Err(RelayError::Broker(BrokerError::ChannelClosed {
                 reply_code,
                 reply_text,
-            }),
-        ) => Err(RelayError::Broker(format!(
+            })),
+        ) => Err(RelayError::Broker(BrokerError::Failed(format!(
             "RabbitMQ closed the dead-letter channel: {reply_code} {reply_text}"
-        ))),
+        )))),
         (_, answer) => answer,
     }
 }
@@ -940,37 +943,37 @@ fn observe_ready<T: AckToken, S: Pending>(
 /// The error a [`Failure`] stops the pipeline with, when it is not dead-lettered.
 fn failure_error(failure: Failure) -> RelayError {
     match failure {
-        Failure::Nacked { message_id } => RelayError::Nacked { message_id },
+        Failure::Nacked { message_id } => RelayError::Broker(BrokerError::Nacked { message_id }),
         Failure::Returned {
             message_id,
             returned,
-        } => RelayError::Returned {
+        } => RelayError::Broker(BrokerError::Returned {
             message_id,
             exchange: returned.message.exchange,
             routing_key: returned.message.routing_key,
             reply_code: returned.reply_code,
             reply_text: returned.reply_text,
-        },
+        }),
         Failure::DeadLetterReturned {
             message_id,
             returned,
-        } => RelayError::DeadLetterReturned {
+        } => RelayError::Broker(BrokerError::DeadLetterReturned {
             message_id,
             exchange: returned.message.exchange,
             routing_key: returned.message.routing_key,
             reply_code: returned.reply_code,
             reply_text: returned.reply_text,
-        },
+        }),
         Failure::ReturnedAfterSettle {
             message_id,
             returned,
-        } => RelayError::ReturnedAfterSettle {
+        } => RelayError::Broker(BrokerError::ReturnedAfterSettle {
             message_id,
             exchange: returned.message.exchange,
             routing_key: returned.message.routing_key,
             reply_code: returned.reply_code,
             reply_text: returned.reply_text,
-        },
+        }),
     }
 }
 

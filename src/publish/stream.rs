@@ -33,6 +33,7 @@ use super::nodes::BrokerNodes;
 use super::publisher::{Answer, Pending, Publisher};
 use crate::contract::message::{HeaderValue, Message};
 use crate::contract::position::Position;
+use crate::error::{BrokerError, StreamError};
 use crate::error::{ConfigProblem, RelayError};
 use crate::observability::STREAM_SKIPPED_TOTAL;
 
@@ -61,10 +62,10 @@ pub(crate) fn publishing_id(position: Position) -> Result<StreamId, RelayError> 
     let lsn = position.commit_lsn.as_u64();
     let index = u64::from(position.index);
     if index >= MAX_ROWS_PER_TRANSACTION {
-        return Err(RelayError::StreamTransactionTooLarge {
+        return Err(RelayError::Stream(StreamError::TransactionTooLarge {
             commit_lsn: position.commit_lsn.to_string(),
             limit: MAX_ROWS_PER_TRANSACTION,
-        });
+        }));
     }
     let epoch = lsn / EPOCH_BYTES;
     let within = lsn % EPOCH_BYTES;
@@ -182,7 +183,10 @@ impl StreamAddress {
         let mut stream_nodes = Vec::new();
         for node in nodes.nodes() {
             let login = node.login().map_err(|_| {
-                RelayError::Broker(format!("the AMQP URL of {} does not parse", node.address()))
+                RelayError::Broker(BrokerError::Failed(format!(
+                    "the AMQP URL of {} does not parse",
+                    node.address()
+                )))
             })?;
             let trust = if login.tls {
                 if let Some(roots) = roots.take() {
@@ -286,10 +290,10 @@ impl StreamDestination {
             }
         }
         let Some((environment, queries)) = connected else {
-            return Err(RelayError::StreamConnect {
+            return Err(RelayError::Stream(StreamError::Connect {
                 address: address.to_string(),
                 reason: failures.join("; "),
-            });
+            }));
         };
         let mut destination = Self {
             environment,
@@ -370,14 +374,16 @@ impl StreamDestination {
                  it after a restart (waited for), or it was deleted (create it again)",
                 target.name()
             )),
-            (StreamTarget::Stream(stream), false) => RelayError::StreamMissing {
+            (StreamTarget::Stream(stream), false) => RelayError::Stream(StreamError::Missing {
                 stream: stream.clone(),
                 vhost,
-            },
-            (StreamTarget::SuperStream(super_stream), false) => RelayError::SuperStreamMissing {
-                super_stream: super_stream.clone(),
-                vhost,
-            },
+            }),
+            (StreamTarget::SuperStream(super_stream), false) => {
+                RelayError::Stream(StreamError::SuperStreamMissing {
+                    super_stream: super_stream.clone(),
+                    vhost,
+                })
+            }
         }
     }
 
@@ -389,10 +395,10 @@ impl StreamDestination {
     }
 
     fn connect_error(&self, error: impl std::fmt::Display) -> RelayError {
-        RelayError::StreamConnect {
+        RelayError::Stream(StreamError::Connect {
             address: self.address.to_string(),
             reason: error.to_string(),
-        }
+        })
     }
 
     /// What the stream holds under the name of `timeline`'s producer for `epoch`: the
@@ -408,7 +414,11 @@ impl StreamDestination {
         self.queries
             .query_publisher_sequence(&name, stream)
             .await
-            .map_err(|e| RelayError::Broker(format!("asking {stream} what {name} holds: {e}")))
+            .map_err(|e| {
+                RelayError::Broker(BrokerError::Failed(format!(
+                    "asking {stream} what {name} holds: {e}"
+                )))
+            })
     }
 
     /// Declares the producer for `epoch` unless `producers` has it, and learns what the
@@ -451,7 +461,11 @@ impl StreamDestination {
             .on_closed(Box::new(ClosedSignal(self.closed.clone())))
             .build(stream)
             .await
-            .map_err(|e| RelayError::Broker(format!("declaring stream producer {name}: {e}")))?;
+            .map_err(|e| {
+                RelayError::Broker(BrokerError::Failed(format!(
+                    "declaring stream producer {name}: {e}"
+                )))
+            })?;
         let held: Vec<String> = holds
             .iter()
             .zip(
@@ -479,11 +493,11 @@ impl StreamDestination {
     /// Declares the message's producer if need be and hands the message to the client.
     async fn queue(&self, message: Message) -> Result<StreamPending, RelayError> {
         let Some(position) = message.position else {
-            return Err(RelayError::Broker(format!(
+            return Err(RelayError::Broker(BrokerError::Failed(format!(
                 "message {} has no place in the slot's stream: only WAL mode's rows go into a \
                  stream",
                 message.message_id
-            )));
+            ))));
         };
         let id = publishing_id(position)?;
         // Held across the send: the delivery loop starts publishes one at a time anyway, and
@@ -522,7 +536,7 @@ impl StreamDestination {
         let mut closed = self.closed.subscribe();
         tokio::select! {
             sent = send => {
-                sent.map_err(|e| RelayError::Broker(format!("publishing into the stream: {e}")))?
+                sent.map_err(|e| RelayError::Broker(BrokerError::Failed(format!("publishing into the stream: {e}"))))?
             }
             _ = closed.wait_for(|closed| *closed) => return Err(connection_closed()),
         }
@@ -789,7 +803,7 @@ pub(crate) fn stream_message(message: &Message, publishing_id: u64) -> StreamMes
 }
 
 fn connection_closed() -> RelayError {
-    RelayError::Broker("the stream connection closed".into())
+    RelayError::Broker(BrokerError::Failed("the stream connection closed".into()))
 }
 
 /// A publish into the stream awaiting its confirm.
@@ -801,9 +815,9 @@ pub(crate) struct StreamPending {
 impl Pending for StreamPending {
     async fn answer(&mut self) -> Result<Answer, RelayError> {
         let Some(answer) = self.answer.as_mut() else {
-            return Err(RelayError::Broker(
+            return Err(RelayError::Broker(BrokerError::Failed(
                 "the stream publish was answered already".into(),
-            ));
+            )));
         };
         let outcome = tokio::select! {
             biased;
@@ -818,7 +832,7 @@ impl Pending for StreamPending {
                 acked,
                 returned: None,
             }),
-            Ok(Err(error)) => Err(RelayError::Broker(error)),
+            Ok(Err(error)) => Err(RelayError::Broker(BrokerError::Failed(error))),
             Err(_) => Err(connection_closed()),
         }
     }
@@ -833,18 +847,18 @@ impl Publisher for StreamDestination {
         tokio::time::timeout(START_TIMEOUT, self.queue(message))
             .await
             .unwrap_or_else(|_| {
-                Err(RelayError::Broker(format!(
+                Err(RelayError::Broker(BrokerError::Failed(format!(
                     "the stream client took no message for {} s",
                     START_TIMEOUT.as_secs()
-                )))
+                ))))
             })
     }
 
     async fn start_dead_letter(&self, message: Message) -> Result<StreamPending, RelayError> {
-        Err(RelayError::Broker(format!(
+        Err(RelayError::Broker(BrokerError::Failed(format!(
             "message {}: a stream destination has no dead-letter exchange",
             message.message_id
-        )))
+        ))))
     }
 
     fn dead_letter_exchange(&self) -> Option<&str> {
@@ -866,9 +880,9 @@ impl Publisher for StreamDestination {
     }
 
     async fn reopen(&self) -> Result<(), RelayError> {
-        Err(RelayError::Broker(
+        Err(RelayError::Broker(BrokerError::Failed(
             "the stream connection cannot be reopened within a session".into(),
-        ))
+        )))
     }
 
     fn max_message_size(&self) -> Option<usize> {
@@ -924,7 +938,10 @@ mod tests {
         assert!(last_of_one.publishing_id < first_of_next.publishing_id);
         let too_many = publishing_id(at(0x1000, MAX_ROWS_PER_TRANSACTION as u32));
         assert!(
-            matches!(too_many, Err(RelayError::StreamTransactionTooLarge { .. })),
+            matches!(
+                too_many,
+                Err(RelayError::Stream(StreamError::TransactionTooLarge { .. }))
+            ),
             "{too_many:?}"
         );
     }

@@ -22,6 +22,7 @@ use tokio::sync::{oneshot, watch};
 
 use super::publisher::{Answer, Pending, Publisher, Returned};
 use crate::contract::message::Message;
+use crate::error::BrokerError;
 use crate::error::RelayError;
 
 /// One publish the stand-in took.
@@ -144,10 +145,10 @@ impl StandInBroker {
             .collect();
         for index in on_channel {
             if let Some(answer) = state.unanswered.remove(&index) {
-                let _ = answer.send(Err(RelayError::ChannelClosed {
+                let _ = answer.send(Err(RelayError::Broker(BrokerError::ChannelClosed {
                     reply_code,
                     reply_text: reply_text.to_string(),
-                }));
+                })));
             }
         }
     }
@@ -331,7 +332,9 @@ impl Publisher for StandInBroker {
             .starts_fail_after
             .is_some_and(|count| self.state().publishes.len() >= count);
         std::future::ready(if closing {
-            Err(RelayError::Broker("invalid channel state: Closing".into()))
+            Err(RelayError::Broker(BrokerError::Failed(
+                "invalid channel state: Closing".into(),
+            )))
         } else {
             Ok(self.take(message, false))
         })

@@ -20,6 +20,7 @@ use crate::config::names::TableName;
 use crate::contract::columns::{self, ColumnMap};
 use crate::contract::mapper::Layout;
 use crate::contract::row_error::MapError;
+use crate::error::CatalogError;
 use crate::error::{ConfigProblem, RelayError};
 use crate::pgoutput::{Column, Relation, Tuple, TupleValue};
 use outbox_common::quote::quote_ident;
@@ -103,9 +104,9 @@ pub(crate) async fn table_columns(
         )
         .await?;
     if rows.is_empty() {
-        return Err(RelayError::TableMissing {
+        return Err(RelayError::Catalog(CatalogError::TableMissing {
             table: outbox.to_string(),
-        });
+        }));
     }
     Ok(rows
         .iter()

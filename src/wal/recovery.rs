@@ -71,6 +71,7 @@ use crate::config::OutboxNames;
 use crate::contract::columns::{self};
 use crate::db;
 use crate::error::RelayError;
+use crate::error::SlotError;
 use crate::failpoint::{failpoint, RECOVERY_BACKFILL_CONFIRMED};
 use crate::observability::SLOT_RECOVERIES_TOTAL;
 use crate::publish::Broker;
@@ -100,19 +101,19 @@ pub(crate) async fn recreate(ctx: &Recovery<'_>, server: &Server) -> Result<u64,
     // The `recovering` mark is what makes a crash during the backfill safe: no mark, no
     // recovery.
     let Some(state) = read_state(&client, names).await? else {
-        return Err(RelayError::RecoveryUnrecordable {
+        return Err(RelayError::Slot(SlotError::RecoveryUnrecordable {
             slot: names.slot.to_string(),
             table: state_table(names),
-        });
+        }));
     };
     let emit_functions = has_emit_functions(&client, names).await?;
     // Whether events were emitted is known only where a session recorded the state: it
     // watches for them from then on.
     let may_carry_events = state.emitted_events || !state.recorded;
     if emit_functions && may_carry_events {
-        return Err(RelayError::CannotBackfill {
+        return Err(RelayError::Slot(SlotError::CannotBackfill {
             slot: names.slot.to_string(),
-        });
+        }));
     }
     let from = match &state {
         State {
@@ -190,9 +191,9 @@ async fn hold_the_recovery_lock(client: &Client, names: &OutboxNames) -> Result<
     if locked {
         return Ok(());
     }
-    Err(RelayError::RecoveryInProgress {
+    Err(RelayError::Slot(SlotError::RecoveryInProgress {
         slot: names.slot.to_string(),
-    })
+    }))
 }
 
 /// Whether a relay holds the recovery lock of the slot (it is recreating it), read from
@@ -318,10 +319,10 @@ async fn resumable(
         return Ok(None);
     };
     if let Some(pid) = slot.active_pid {
-        return Err(RelayError::SlotInUse {
+        return Err(RelayError::Slot(SlotError::InUse {
             slot: names.slot.to_string(),
             pid: pid.to_string(),
-        });
+        }));
     }
     let made_by_it = !slot.is_lost() && slot.confirmed_flush() == Some(progress.slot_lsn);
     Ok(made_by_it.then(|| progress.clone()))
@@ -334,10 +335,10 @@ async fn drop_old_slot(client: &Client, names: &OutboxNames) -> Result<(), Relay
         return Ok(());
     };
     if let Some(pid) = old.active_pid {
-        return Err(RelayError::SlotInUse {
+        return Err(RelayError::Slot(SlotError::InUse {
             slot: names.slot.to_string(),
             pid: pid.to_string(),
-        });
+        }));
     }
     client
         .execute("SELECT pg_drop_replication_slot($1)", &[&names.slot.name])

@@ -37,6 +37,7 @@ use crate::advice::{self, Warning};
 use crate::catalog::preflight::OutboxTable;
 use crate::contract::columns::ColumnMap;
 use crate::contract::mapper::Layout;
+use crate::error::CatalogError;
 use crate::error::RelayError;
 use crate::pgoutput::Relation;
 
@@ -106,11 +107,11 @@ impl RelationCache {
                     Entry::Ignored
                 }
                 (_, false) => {
-                    return Err(RelayError::OutboxRenamed {
+                    return Err(RelayError::Catalog(CatalogError::OutboxRenamed {
                         oid,
                         from: (self.schema.clone(), self.table.clone()),
                         to: (relation.namespace.clone(), relation.name.clone()),
-                    })
+                    }))
                 }
             }
         } else {
@@ -255,7 +256,8 @@ pub(super) mod tests {
             .expect("its name back");
 
         let renamed = cache.update(&relation(1, "outbox_new", &columns), at(0x100));
-        let Err(RelayError::OutboxRenamed { oid, from, to }) = renamed else {
+        let Err(RelayError::Catalog(CatalogError::OutboxRenamed { oid, from, to })) = renamed
+        else {
             panic!("a rename after the start is an error");
         };
         assert_eq!(oid, 1);
@@ -267,12 +269,12 @@ pub(super) mod tests {
         let mut cache = session_cache(0x100);
         assert!(matches!(
             cache.update(&moved, at(0x200)),
-            Err(RelayError::OutboxRenamed { .. })
+            Err(RelayError::Catalog(CatalogError::OutboxRenamed { .. }))
         ));
         // Outside a transaction (pgoutput never sends it so) it is taken as the present.
         assert!(matches!(
             cache.update(&moved, None),
-            Err(RelayError::OutboxRenamed { .. })
+            Err(RelayError::Catalog(CatalogError::OutboxRenamed { .. }))
         ));
     }
 
@@ -303,7 +305,7 @@ pub(super) mod tests {
         assert!(matches!(cache.get(7), Ok(Known::Outbox(_))));
         assert!(matches!(
             cache.update(&relation(7, "outbox_x", &columns), at(0x300)),
-            Err(RelayError::OutboxRenamed { .. })
+            Err(RelayError::Catalog(CatalogError::OutboxRenamed { .. }))
         ));
     }
 }

@@ -25,6 +25,7 @@ use crate::catalog::preflight;
 use crate::catalog::slot;
 use crate::config::OnSlotLost;
 use crate::db;
+use crate::error::{CatalogError, SlotError};
 use crate::error::{Endpoint, RelayError};
 use crate::observability::{Health, StreamMetrics, HOST_LABEL, POSTGRES_INFO, SESSIONS_TOTAL};
 use crate::publish::stream::{Ancestor, StreamDestination};
@@ -193,9 +194,9 @@ fn source_of(ctx: &SessionContext, outbox: preflight::OutboxTable) -> Source {
 }
 
 fn slot_vanished(ctx: &SessionContext) -> RelayError {
-    RelayError::SlotVanished {
+    RelayError::Slot(SlotError::Vanished {
         slot: ctx.config.names.slot.to_string(),
-    }
+    })
 }
 
 /// How long a session whose server shuts down waits for its reader to stop between
@@ -252,11 +253,11 @@ async fn watch_server(
                     match now {
                         Ok(Ok(preflight::OutboxNow::Unpublished { recreated })) => {
                             let (schema, table) = names.table_parts();
-                            let error = RelayError::OutboxUnpublished {
+                            let error = RelayError::Catalog(CatalogError::OutboxUnpublished {
                                 publication: names.publication.to_string(),
                                 table: format!("{schema}.{table}"),
                                 recreated,
-                            };
+                            });
                             if let Some(sender) = unpublished.take() {
                                 let _ = sender.send(error);
                             }
@@ -305,9 +306,9 @@ fn recreates(ctx: &SessionContext, error: &RelayError) -> bool {
     ctx.config.on_slot_lost == OnSlotLost::Recreate
         && matches!(
             error,
-            RelayError::SlotMissing { .. }
-                | RelayError::SlotLost { .. }
-                | RelayError::RecoveryInterrupted { .. }
+            RelayError::Slot(SlotError::Missing { .. })
+                | RelayError::Slot(SlotError::Lost { .. })
+                | RelayError::Slot(SlotError::RecoveryInterrupted { .. })
         )
 }
 
@@ -327,9 +328,9 @@ async fn preflight(
     )
     .await?;
     if state::interrupted(&database, &ctx.config.names).await? {
-        return Err(RelayError::RecoveryInterrupted {
+        return Err(RelayError::Slot(SlotError::RecoveryInterrupted {
             slot: ctx.config.names.slot.to_string(),
-        });
+        }));
     }
     preflight::check_emit_prefix(&database, &ctx.config.names, &ctx.config.emit_prefix).await?;
     let outbox = preflight::outbox_table(&database, &ctx.config.names.table).await?;

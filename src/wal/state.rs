@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::advice::{self, Warning};
 use crate::config::OutboxNames;
 use crate::error::RelayError;
+use crate::error::SlotError;
 use crate::observability::Health;
 use outbox_common::periodic::{self, FailureLog, FirstRound, Job};
 use outbox_common::quote::quote_ident;
@@ -273,10 +274,10 @@ pub(crate) async fn interrupted(client: &Client, names: &OutboxNames) -> Result<
         Ok(row) => Ok(row.is_some_and(|row| row.get(0))),
         Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(false),
         Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-            Err(RelayError::RecoveryStateUnreadable {
+            Err(RelayError::Slot(SlotError::RecoveryStateUnreadable {
                 slot: names.slot.to_string(),
                 table: state_table(names),
-            })
+            }))
         }
         Err(e) => Err(e.into()),
     }

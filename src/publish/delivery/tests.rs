@@ -12,6 +12,7 @@ use bytes::Bytes;
 
 use super::*;
 use crate::contract::message::{HeaderValue, Rejection};
+use crate::error::BrokerError;
 use crate::error::MapProblem;
 use crate::publish::dead_letter::headers as dl;
 use crate::publish::publisher::Returned;
@@ -290,7 +291,7 @@ async fn a_nack_in_a_full_window_acknowledges_nothing_after_it() {
     let script = Script::new(&[("3-4", Plan::Nack)]);
     let run = run(StandInBroker::new(), script, stream(200, 7), 64, 3).await;
     assert!(
-        matches!(run.outcome, Err(RelayError::Nacked { ref message_id }) if message_id == "3-4"),
+        matches!(run.outcome, Err(RelayError::Broker(BrokerError::Nacked { ref message_id })) if message_id == "3-4"),
         "{:?}",
         run.outcome
     );
@@ -308,7 +309,7 @@ async fn a_return_riding_on_a_later_confirm_fails_the_returned_message() {
     let script = Script::new(&[("5-2", Plan::Return { later: 3 })]);
     let run = run(StandInBroker::new(), script, stream(100, 7), 64, 0).await;
     assert!(
-        matches!(run.outcome, Err(RelayError::Returned { ref message_id, .. }) if message_id == "5-2"),
+        matches!(run.outcome, Err(RelayError::Broker(BrokerError::Returned { ref message_id, .. })) if message_id == "5-2"),
         "{:?}",
         run.outcome
     );
@@ -391,7 +392,7 @@ async fn a_dead_letters_return_riding_on_a_later_dead_letters_confirm_stops_at_t
     assert!(
         matches!(
             run.outcome,
-            Err(RelayError::DeadLetterReturned { ref message_id, .. }) if message_id == "4-1"
+            Err(RelayError::Broker(BrokerError::DeadLetterReturned { ref message_id, .. })) if message_id == "4-1"
         ),
         "{:?}",
         run.outcome
@@ -615,7 +616,7 @@ async fn a_406_naming_a_size_names_the_message_of_that_size_and_teaches_the_limi
     )]);
     let run = run(StandInBroker::new(), script, stream_with_body(50), 64, 3).await;
     assert!(
-        matches!(&run.outcome, Err(RelayError::PublishRefused { message_id, size: 50, reply_code: 406, .. }) if message_id == "3-2"),
+        matches!(&run.outcome, Err(RelayError::Broker(BrokerError::PublishRefused { message_id, size: 50, reply_code: 406, .. })) if message_id == "3-2"),
         "{:?}",
         run.outcome
     );
@@ -675,7 +676,7 @@ async fn a_publish_that_finds_the_channel_closing_waits_past_earlier_acks_for_th
     };
     let run = run_timed(&broker, stream_with_body(50), 64, acts).await;
     assert!(
-        matches!(&run.outcome, Err(RelayError::PublishRefused { message_id, size: 50, reply_code: 406, .. }) if message_id == "3-2"),
+        matches!(&run.outcome, Err(RelayError::Broker(BrokerError::PublishRefused { message_id, size: 50, reply_code: 406, .. })) if message_id == "3-2"),
         "{:?}",
         run.outcome
     );
@@ -717,11 +718,11 @@ async fn a_close_among_many_names_the_newest_and_the_next_session_walks_them_alo
         )])
     };
     let run = run(StandInBroker::new(), script(), stream(100, 5), 64, 3).await;
-    let Err(RelayError::PublishRefusedAmong {
+    let Err(RelayError::Broker(BrokerError::PublishRefusedAmong {
         last_message_id,
         unconfirmed,
         ..
-    }) = &run.outcome
+    })) = &run.outcome
     else {
         panic!("{:?}", run.outcome);
     };
@@ -743,7 +744,7 @@ async fn a_close_among_many_names_the_newest_and_the_next_session_walks_them_alo
     let before = run.broker.published_count();
     let again = run_with(run.broker, script(), stream(100, 5), 64, 3, Some(newest)).await;
     assert!(
-        matches!(&again.outcome, Err(RelayError::PublishRefused { message_id, reply_code: 403, .. }) if message_id == "3-2"),
+        matches!(&again.outcome, Err(RelayError::Broker(BrokerError::PublishRefused { message_id, reply_code: 403, .. })) if message_id == "3-2"),
         "{:?}",
         again.outcome
     );
@@ -818,7 +819,7 @@ async fn a_message_to_a_missing_exchange_is_never_published_and_halts_naming_it(
     )
     .await;
     assert!(
-        matches!(&run.outcome, Err(RelayError::RoutedToMissingExchange { message_id, exchange }) if message_id == "4-1" && exchange == "events.gone"),
+        matches!(&run.outcome, Err(RelayError::Broker(BrokerError::RoutedToMissingExchange { message_id, exchange })) if message_id == "4-1" && exchange == "events.gone"),
         "{:?}",
         run.outcome
     );
@@ -953,7 +954,7 @@ async fn run_timed(
 /// is paused, so only the loop's own order of events can add to it).
 fn assert_timed_out(run: &Timed, message_id: &str, seconds: u64) {
     assert!(
-        matches!(&run.outcome, Err(RelayError::ConfirmTimeout { message_id: id, .. }) if id == message_id),
+        matches!(&run.outcome, Err(RelayError::Broker(BrokerError::ConfirmTimeout { message_id: id, .. })) if id == message_id),
         "{:?}",
         run.outcome
     );
@@ -1077,7 +1078,7 @@ async fn a_return_carried_by_a_later_confirm_of_the_same_ack_fails_the_returned_
     };
     let run = run_timed(&broker, stream(1, 3), 3, one_ack_frame).await;
     assert!(
-        matches!(&run.outcome, Err(RelayError::Returned { message_id, .. }) if message_id == "0-0"),
+        matches!(&run.outcome, Err(RelayError::Broker(BrokerError::Returned { message_id, .. })) if message_id == "0-0"),
         "{:?}",
         run.outcome
     );
@@ -1102,7 +1103,7 @@ async fn answers_out_of_order_settle_in_publish_order_and_a_nack_stops_at_its_ow
     };
     let run = run_timed(&broker, stream(2, 2), 2, answers).await;
     assert!(
-        matches!(&run.outcome, Err(RelayError::Nacked { message_id }) if message_id == "1-1"),
+        matches!(&run.outcome, Err(RelayError::Broker(BrokerError::Nacked { message_id })) if message_id == "1-1"),
         "{:?}",
         run.outcome
     );
@@ -1151,7 +1152,7 @@ async fn a_closed_dead_letter_channel_ends_the_session_as_a_broker_error_acknowl
     };
     let run = run_timed(&broker, stream(1, 5), 64, closes).await;
     assert!(
-        matches!(&run.outcome, Err(RelayError::Broker(text))
+        matches!(&run.outcome, Err(RelayError::Broker(BrokerError::Failed(text)))
             if text == "RabbitMQ closed the dead-letter channel: 404 NOT_FOUND - no exchange 'dlx' in vhost '/'"),
         "{:?}",
         run.outcome

@@ -14,6 +14,7 @@ use crate::config::HEARTBEAT_PREFIX;
 use crate::contract::headers;
 use crate::contract::mapper::AllowedExchanges;
 use crate::contract::message::{HeaderValue, Message, Rejection};
+use crate::error::CatalogError;
 use crate::pgoutput::encode;
 use crate::pgoutput::{Insert, Tuple, TupleValue};
 use crate::wal::relations;
@@ -529,7 +530,7 @@ fn a_renamed_outbox_stops_before_its_rows() {
     h.feed(vec![begin(SESSION_START), row("r2")]);
     assert!(matches!(
         h.source.on_event(renamed()),
-        Err(RelayError::OutboxRenamed { .. })
+        Err(RelayError::Catalog(CatalogError::OutboxRenamed { .. }))
     ));
 }
 
