@@ -1,7 +1,8 @@
 //! The manual's references hold: every relative link of README.md and docs/ names a file
 //! that exists and, with `#anchor`, a heading of it; every section a source file, SQL file,
 //! script or page names by title (`docs/operations.md, "The least-privilege role"`) is a
-//! heading of that page. Pure: reads the checkout only.
+//! heading of that page; every message docs/troubleshooting.md quotes is text the relay's
+//! source prints. Pure: reads the checkout only.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -297,4 +298,319 @@ fn the_polling_page_shows_the_default_batch_size() {
         outbox_relay::internals::DEFAULT_POLL_BATCH_SIZE.to_string(),
         "docs/polling.md's claim shows LIMIT {limit}"
     );
+}
+
+/// The page whose quoted messages [`every_message_the_troubleshooting_page_quotes_is_the_relays`]
+/// checks.
+const TROUBLESHOOTING: &str = "docs/troubleshooting.md";
+
+/// The shortest fragment of a quoted message that is checked: a shorter one ("(table OID")
+/// would be found in the source whatever the message said.
+const MIN_FRAGMENT: usize = 12;
+
+/// The most characters a placeholder of the source (`{slot}`, `{}`) stands for inside a
+/// fragment: a name or a number the page wrote out ("4" for `{SENDER_TIMEOUT_PEERS}`).
+const MAX_PLACEHOLDER: usize = 40;
+
+/// The messages a page quotes: every non-empty line of its ```` ```text ```` blocks.
+fn quoted_messages(markdown: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut in_text = false;
+    let mut fenced = false;
+    for line in markdown.lines() {
+        let trimmed = line.trim_start();
+        if let Some(info) = trimmed.strip_prefix("```") {
+            in_text = !fenced && info.trim() == "text";
+            fenced = !fenced;
+            continue;
+        }
+        if in_text && !line.trim().is_empty() {
+            out.push(line.trim().to_string());
+        }
+    }
+    out
+}
+
+/// The parts of a quoted message the source must hold: the text between its `…`s, without
+/// the spaces and colons at either end (the relay joins an error to its cause with ": "), and
+/// at least [`MIN_FRAGMENT`] characters long.
+fn fragments(message: &str) -> Vec<&str> {
+    message
+        .split('…')
+        .map(|part| part.trim_matches(|c: char| c.is_whitespace() || c == ':'))
+        .filter(|part| part.chars().count() >= MIN_FRAGMENT)
+        .collect()
+}
+
+/// The string literals of a Rust source, as the program sees them: escapes decoded, a line
+/// continuation (`\` at a line's end) joined without the next line's indentation. Comments,
+/// character literals and lifetimes are skipped; raw strings are read as written.
+fn string_literals(source: &str) -> Vec<String> {
+    let chars: Vec<char> = source.chars().collect();
+    let at = |i: usize| chars.get(i).copied().unwrap_or('\0');
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '/' && at(i + 1) == '/' {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && at(i + 1) == '*' {
+            i += 2;
+            while i < chars.len() && !(chars[i] == '*' && at(i + 1) == '/') {
+                i += 1;
+            }
+            i += 2;
+        } else if c == '\'' {
+            // A character literal ('x', '\n', '\u{2026}') or a lifetime ('a).
+            if at(i + 1) == '\\' {
+                i += 3;
+                while i < chars.len() && chars[i] != '\'' {
+                    i += 1;
+                }
+                i += 1;
+            } else if at(i + 2) == '\'' {
+                i += 3;
+            } else {
+                i += 1;
+            }
+        } else if c == 'r'
+            && (i == 0
+                || !ident(chars[i - 1])
+                || (chars[i - 1] == 'b' && (i < 2 || !ident(chars[i - 2]))))
+            && matches!(at(i + 1), '"' | '#')
+        {
+            let hashes = chars[i + 1..].iter().take_while(|&&c| c == '#').count();
+            let open = i + 1 + hashes;
+            if at(open) != '"' {
+                i += 1; // a raw identifier (r#type)
+                continue;
+            }
+            let closing: Vec<char> = std::iter::once('"')
+                .chain(std::iter::repeat_n('#', hashes))
+                .collect();
+            let mut j = open + 1;
+            while j < chars.len() && !chars[j..].starts_with(&closing) {
+                j += 1;
+            }
+            out.push(chars[open + 1..j.min(chars.len())].iter().collect());
+            i = j + closing.len();
+        } else if c == '"' {
+            let mut literal = String::new();
+            let mut j = i + 1;
+            while j < chars.len() && chars[j] != '"' {
+                if chars[j] != '\\' {
+                    literal.push(chars[j]);
+                    j += 1;
+                    continue;
+                }
+                let escaped = at(j + 1);
+                j += 2;
+                match escaped {
+                    '\n' | '\r' => {
+                        while j < chars.len() && chars[j].is_whitespace() {
+                            j += 1;
+                        }
+                    }
+                    'n' => literal.push('\n'),
+                    't' => literal.push('\t'),
+                    'r' => literal.push('\r'),
+                    '0' => literal.push('\0'),
+                    'x' => {
+                        let digits: String = chars[j..(j + 2).min(chars.len())].iter().collect();
+                        j += 2;
+                        let code = u32::from_str_radix(&digits, 16).unwrap_or(0xfffd);
+                        literal.push(char::from_u32(code).unwrap_or('\u{fffd}'));
+                    }
+                    'u' => {
+                        let digits: String = chars[j..]
+                            .iter()
+                            .skip(1)
+                            .take_while(|&&c| c != '}')
+                            .collect();
+                        j += digits.chars().count() + 2;
+                        let code = u32::from_str_radix(&digits, 16).unwrap_or(0xfffd);
+                        literal.push(char::from_u32(code).unwrap_or('\u{fffd}'));
+                    }
+                    other => literal.push(other),
+                }
+            }
+            out.push(literal);
+            i = j + 1;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// A literal split at its format placeholders (`{slot}`, `{}`, `{0}`, `{reason:?}`), with
+/// `{{` and `}}` read as the braces they print: the text between the placeholders.
+fn pieces(literal: &str) -> Vec<String> {
+    let mut pieces = vec![String::new()];
+    let mut chars = literal.chars().peekable();
+    while let Some(c) = chars.next() {
+        let doubled = matches!(c, '{' | '}') && chars.peek() == Some(&c);
+        if doubled {
+            chars.next();
+        } else if c == '{' {
+            let inside: String = chars.clone().take_while(|&c| c != '}').collect();
+            let closes = chars.clone().nth(inside.chars().count()) == Some('}');
+            let spec = |c: char| c.is_alphanumeric() || "_.:?#<>+-".contains(c);
+            if closes && inside.chars().all(spec) {
+                for _ in 0..=inside.chars().count() {
+                    chars.next();
+                }
+                pieces.push(String::new());
+                continue;
+            }
+        }
+        pieces.last_mut().expect("one piece at least").push(c);
+    }
+    pieces
+}
+
+/// Whether `fragment` runs across placeholders of a literal (its [`pieces`]), each standing
+/// for up to [`MAX_PLACEHOLDER`] characters of it; it begins and ends in the literal's own
+/// text. (A fragment within one piece is found by `contains`.)
+fn spans(fragment: &str, pieces: &[String]) -> bool {
+    pieces.iter().enumerate().any(|(n, piece)| {
+        piece.char_indices().any(|(start, _)| {
+            fragment
+                .strip_prefix(&piece[start..])
+                .is_some_and(|rest| continues(rest, &pieces[n + 1..]))
+        })
+    })
+}
+
+/// Whether `rest` is a placeholder's value, then the beginning of `pieces[0]` (or all of it,
+/// and the same again with the pieces after it).
+fn continues(rest: &str, pieces: &[String]) -> bool {
+    let Some((piece, later)) = pieces.split_first() else {
+        return false;
+    };
+    rest.char_indices()
+        .take(MAX_PLACEHOLDER + 1)
+        .any(|(at, _)| {
+            let after = &rest[at..];
+            piece.starts_with(after)
+                || after
+                    .strip_prefix(piece.as_str())
+                    .is_some_and(|more| !more.is_empty() && continues(more, later))
+        })
+}
+
+/// What is wrong with the messages quoted in `markdown`, against the literals of the source
+/// (each as its [`pieces`]): one line per fragment no literal holds, or per message with no
+/// fragment long enough to check.
+fn misquoted(markdown: &str, literals: &[Vec<String>]) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for message in quoted_messages(markdown) {
+        let parts = fragments(&message);
+        if parts.is_empty() {
+            wrong.push(format!(
+                "{message}\n    has no fragment of {MIN_FRAGMENT} characters to check"
+            ));
+        }
+        for part in parts {
+            // Most fragments lie within one piece: look for those first, in every literal.
+            let within = |pieces: &Vec<String>| pieces.iter().any(|p| p.contains(part));
+            if !literals.iter().any(within) && !literals.iter().any(|p| spans(part, p)) {
+                wrong.push(format!("{message}\n    no source literal holds {part:?}"));
+            }
+        }
+    }
+    wrong
+}
+
+/// Every message docs/troubleshooting.md quotes is one the relay prints. The page quotes
+/// messages one per line in ```` ```text ```` blocks, as the relay prints their fixed part,
+/// with `…` (U+2026) where a name, a number or a server's own words go. Split at the `…`s,
+/// each fragment of [`MIN_FRAGMENT`] characters or more must be text of a string literal under
+/// src/ or crates/outbox-common/src/ (escapes and line continuations read as the compiler does,
+/// `{{` as `{`), where a placeholder of the literal (`{slot}`, `{}`) may stand for a short
+/// value the page wrote out. A reworded message, or one the code no longer prints, fails here
+/// naming the message and its fragment.
+#[test]
+fn every_message_the_troubleshooting_page_quotes_is_the_relays() {
+    let root = repo();
+    let mut sources = Vec::new();
+    files(&root.join("src"), &[".rs"], &mut sources);
+    files(
+        &root.join("crates/outbox-common/src"),
+        &[".rs"],
+        &mut sources,
+    );
+    let literals: Vec<Vec<String>> = sources
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .flat_map(|text| string_literals(&text))
+        .map(|literal| pieces(&literal))
+        .collect();
+    let page = std::fs::read_to_string(root.join(TROUBLESHOOTING)).expect("troubleshooting.md");
+    let quoted = quoted_messages(&page).len();
+    assert!(quoted >= 20, "{TROUBLESHOOTING} quotes {quoted} messages");
+    let wrong = misquoted(&page, &literals);
+    assert!(
+        wrong.is_empty(),
+        "{} of the messages {TROUBLESHOOTING} quotes are not the relay's:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_message_checker_reads_literals_as_the_compiler_does() {
+    let source = r##"
+        // "a comment's quote is no literal"
+        fn f<'a>(x: &'a str) -> char {
+            let q = '"';
+            error!("The replication slot \"{slot}\" was invalidated ({}), so messages \
+                    committed after {confirmed_flush} may be missing");
+            let raw = r#"a "raw" {{literal}}"#;
+            '\''
+        }
+    "##;
+    let literals = string_literals(source);
+    assert_eq!(
+        literals,
+        [
+            "The replication slot \"{slot}\" was invalidated ({}), so messages committed after \
+             {confirmed_flush} may be missing",
+            "a \"raw\" {{literal}}",
+        ]
+    );
+    assert_eq!(
+        pieces(&literals[0]),
+        [
+            "The replication slot \"",
+            "\" was invalidated (",
+            "), so messages committed after ",
+            " may be missing"
+        ]
+    );
+    assert_eq!(pieces(&literals[1]), ["a \"raw\" {literal}"]);
+    let literals: Vec<Vec<String>> = literals.iter().map(|l| pieces(l)).collect();
+    let page = "```text\nThe replication slot \"…\" was invalidated (…), so messages committed \
+                after 0/16B3748 may be missing\n```\n";
+    assert!(
+        misquoted(page, &literals).is_empty(),
+        "{:?}",
+        misquoted(page, &literals)
+    );
+    let reworded = "```text\nThe replication slot \"…\" was dropped (…), so messages committed \
+                    after … may be missing\n```\n";
+    let wrong = misquoted(reworded, &literals);
+    assert_eq!(wrong.len(), 1, "{wrong:?}");
+    assert!(wrong[0].contains("\" was dropped ("), "{wrong:?}");
+    // A placeholder stands for a short value only, and the fragment must end in the text.
+    let long = format!(
+        "```text\nThe replication slot \"{}\" was invalidated\n```\n",
+        "x".repeat(MAX_PLACEHOLDER + 1)
+    );
+    assert_eq!(misquoted(&long, &literals).len(), 1);
+    assert_eq!(fragments("PostgreSQL error: …"), ["PostgreSQL error"]);
+    assert!(fragments("(table OID …)").is_empty());
 }
