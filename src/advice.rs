@@ -11,6 +11,7 @@
 //! (tests/layout.rs checks it).
 
 use outbox_common::pg::{Unreachable, UrlProblem};
+use tokio_postgres::error::SqlState;
 
 use crate::error::{BrokerError, CatalogError, SlotError};
 use crate::error::{ConfigProblem, MapProblem, RelayError, SlotProblem, TlsProblem};
@@ -349,9 +350,10 @@ pub(crate) fn fix(error: &RelayError) -> Option<String> {
         ),
         Broker(BrokerError::LoginRefused { .. }) => {
             "correct the user or password in --amqp-url (AMQP_URL, \
-             or the file AMQP_URL_FILE names; a `%` in the password is written %25), and give \
-             the user access to the URL's virtual host (rabbitmqctl set_permissions -p <vhost> \
-             <user> …); RabbitMQ's log names the refused login"
+             or the file AMQP_URL_FILE names; a `%` in the password is written %25), and the \
+             virtual host at the URL's end (the default `/` is written %2f): it must exist, \
+             and the user needs access to it (rabbitmqctl set_permissions -p <vhost> <user> \
+             …); RabbitMQ's log names the refused login"
                 .into()
         }
         Broker(BrokerError::ExchangeMissing { .. }) => {
@@ -362,6 +364,39 @@ pub(crate) fn fix(error: &RelayError) -> Option<String> {
         }
         Configuration(problem) => return config_fix(problem),
         Unpublishable { fault, .. } => return map_fix(*fault),
+        Database(e) => return e.code().and_then(refusal_fix).map(String::from),
+        Replication {
+            sqlstate: Some(code),
+            ..
+        } => return refusal_fix(code).map(String::from),
+        _ => return None,
+    })
+}
+
+/// What to do when PostgreSQL refused the relay's login or an operation by `code`; `None`
+/// for the codes of anything else.
+fn refusal_fix(code: &SqlState) -> Option<&'static str> {
+    Some(match code.code() {
+        // invalid_password
+        "28P01" => {
+            "correct the user or password in the database URL (DATABASE_URL, or the file \
+             DATABASE_URL_FILE names; a `%` in the password is written %25)"
+        }
+        // invalid_authorization_specification: no such role, or pg_hba.conf refused it
+        "28000" => {
+            "the role must exist (sql/role.sql creates the least-privilege one) and \
+             pg_hba.conf must let it connect to this database from the relay's host; a logical \
+             replication connection matches a line by its database name, not the \
+             `replication` keyword (docs/security.md, \"The least-privilege role\")"
+        }
+        // insufficient_privilege
+        "42501" => {
+            "grant the relay's role what it lacks: sql/role.sql grants what the relay uses \
+             (SELECT and DELETE on the outbox table, UPDATE too in polling mode, and \
+             REPLICATION), and `outbox-relay check` names each missing grant"
+        }
+        // invalid_catalog_name
+        "3D000" => "create the database, or correct its name at the end of the database URL",
         _ => return None,
     })
 }
@@ -470,8 +505,8 @@ fn config_fix(problem: &ConfigProblem) -> Option<String> {
             unmapped,
             ..
         } => match unmapped {
-            None => "run `outbox-relay setup --mode poll`, or add the column (see \
-                 sql/outbox_poll.sql)"
+            None => "add the column (sql/outbox_poll.sql has its type); `outbox-relay setup \
+                 --mode poll` creates a table only where none exists"
                 .into(),
             Some(unmapped) => format!(
                 "add the column, map \"{contract}\" to one the table has with {flag} \
@@ -479,9 +514,13 @@ fn config_fix(problem: &ConfigProblem) -> Option<String> {
                  {contract}= ({unmapped})"
             ),
         },
-        PollPublishedColumnMissing { .. } => "run `outbox-relay setup --mode poll`, add the \
-             column, or map published_at with --column published_at=COLUMN"
-            .into(),
+        PollPublishedColumnMissing { table, column } => format!(
+            "ALTER TABLE {} ADD COLUMN {} timestamptz; (`outbox-relay setup --mode poll` creates \
+             a table only where none exists), or map published_at to a timestamptz column the \
+             table has with --column published_at=COLUMN (OUTBOX_COLUMNS)",
+            sql_table(table),
+            sql_name(column)
+        ),
         EmitPrefixMismatch { .. } => "run `outbox-relay setup` with the same --emit-prefix \
              (OUTBOX_EMIT_PREFIX) as `run`"
             .into(),

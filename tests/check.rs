@@ -357,6 +357,50 @@ async fn a_missing_exchange_and_a_wrong_broker_password_are_errors() {
         &["refused the login", "Fix: correct the user or password"],
     );
     assert!(!checked.out.contains("wrong-secret"), "a password printed");
+
+    // A virtual host that does not exist: RabbitMQ's 530 NOT_ALLOWED, named with the fix.
+    let (base, _vhost) = outbox
+        .amqp_url
+        .rsplit_once('/')
+        .expect("a vhost in the URL");
+    let no_vhost = format!("{base}/chk_no_such_vhost");
+    let checked = check(&[], &flags(&outbox, "run", &[("--amqp-url", &no_vhost)]));
+    assert_eq!(checked.code, ERRORS, "{}", checked.out);
+    checked.assert_finding(
+        &format!("RabbitMQ {node}"),
+        "error",
+        &["refused the login", "chk_no_such_vhost", "the virtual host"],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_or_database_postgresql_refuses_is_named_with_its_fix() {
+    let outbox = tuned_outbox("chk_refused").await;
+    let url = |from: &str, to: &str| {
+        let url = outbox.db_url.replacen(from, to, 1);
+        assert_ne!(
+            url, outbox.db_url,
+            "{from} in the kit's URL {}",
+            outbox.db_url
+        );
+        url
+    };
+    let (user, database) = ("postgres@", format!("/{}", outbox.database()));
+    for (wrong, fix) in [
+        (url(user, "chk_no_such_role@"), "the role must exist"),
+        (url(&database, "/chk_no_such_db"), "create the database"),
+    ] {
+        let checked = check(&[], &flags(&outbox, "run", &[("--database-url", &wrong)]));
+        assert_eq!(checked.code, ERRORS, "{}", checked.out);
+        assert!(
+            checked
+                .out
+                .lines()
+                .any(|l| l.starts_with("error") && l.contains(fix)),
+            "no error line with \"{fix}\":\n{}",
+            checked.out
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -986,6 +986,49 @@ async fn poll_mode_serves_metrics_readyz_and_status_with_the_unsent_backlog() {
     );
 }
 
+/// A table without published_at: `status --mode poll` is unhealthy and names the column,
+/// and the SQL its fix gives, run as written, makes it healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_without_published_at_gets_a_fix_that_adds_it() {
+    let outbox = Outbox::new("poll_no_published", &services().rabbit.url()).await;
+    let client = outbox.client().await;
+    client
+        .batch_execute("ALTER TABLE outbox DROP COLUMN published_at CASCADE")
+        .await
+        .expect("drop published_at");
+    let status = || {
+        std::process::Command::new(common::relay::binary())
+            .args(["status", "--mode", "poll", "--metrics-addr", "off"])
+            .env("DATABASE_URL", &outbox.db_url)
+            .env_remove("OUTBOX_MODE")
+            .output()
+            .expect("run status")
+    };
+    let unhealthy = status();
+    let printed = String::from_utf8_lossy(&unhealthy.stdout).into_owned();
+    assert_eq!(
+        unhealthy.status.code(),
+        Some(i32::from(outbox_relay::exit::UNHEALTHY)),
+        "{printed}"
+    );
+    let fix = printed
+        .split_once("Fix: ")
+        .and_then(|(_, fix)| fix.split_once(';'))
+        .map(|(sql, _)| sql.to_string())
+        .unwrap_or_else(|| panic!("no fix with a statement:\n{printed}"));
+    assert!(fix.starts_with("ALTER TABLE"), "{fix}");
+    client
+        .batch_execute(&fix)
+        .await
+        .unwrap_or_else(|e| panic!("the fix as written: {fix}: {e}"));
+    let healthy = status();
+    assert!(
+        healthy.status.success(),
+        "{}",
+        String::from_utf8_lossy(&healthy.stdout)
+    );
+}
+
 #[test]
 fn a_failpoint_name_that_does_not_exist_stops_the_relay_naming_the_valid_ones() {
     let relay = RelayProcess::spawn(

@@ -23,8 +23,9 @@ pub enum BrokerError {
     #[error("RabbitMQ error: {0}")]
     Failed(String),
 
-    /// The broker refused the login (403 ACCESS_REFUSED when the connection opens): a wrong
-    /// user or password, or a user without access to the virtual host. Retried like any
+    /// The broker refused the login when the connection opened: 403 ACCESS_REFUSED for a
+    /// wrong user or password, 530 NOT_ALLOWED for a virtual host that does not exist or
+    /// that the user may not use. Retried like any
     /// broker failure (a password being rotated), but named, with its fix.
     #[error("RabbitMQ at {node} refused the login: {reply_text}")]
     LoginRefused { node: String, reply_text: String },

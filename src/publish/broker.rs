@@ -437,18 +437,25 @@ fn is_not_found(e: &lapin::Error) -> bool {
 /// AMQP reply code 403 ACCESS_REFUSED: what RabbitMQ closes a connection whose login it
 /// refused with (the client asks for it: `authentication_failure_close`).
 const ACCESS_REFUSED: u16 = 403;
+/// AMQP reply code 530 NOT_ALLOWED: what RabbitMQ closes a connection with when the URL's
+/// virtual host does not exist or the user may not use it.
+const NOT_ALLOWED: u16 = 530;
 
-/// The broker's words when `e` is a refused login (without their full stop: the report
-/// adds its own).
+/// The broker's words when `e` is a refused login or virtual host (without their full stop:
+/// the report adds its own).
 fn login_refused(e: &lapin::Error) -> Option<String> {
     match e.kind() {
-        lapin::ErrorKind::ProtocolError(error) if error.get_id() == ACCESS_REFUSED => Some(
-            error
-                .get_message()
-                .as_str()
-                .trim_end_matches('.')
-                .to_string(),
-        ),
+        lapin::ErrorKind::ProtocolError(error)
+            if matches!(error.get_id(), ACCESS_REFUSED | NOT_ALLOWED) =>
+        {
+            Some(
+                error
+                    .get_message()
+                    .as_str()
+                    .trim_end_matches('.')
+                    .to_string(),
+            )
+        }
         _ => None,
     }
 }
