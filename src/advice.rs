@@ -348,6 +348,14 @@ pub(crate) fn fix(error: &RelayError) -> Option<String> {
              these messages), or correct the row's exchange or the --exchange template; with \
              --on-unroutable dead-letter such messages go to the dead-letter exchange"
         ),
+        Broker(BrokerError::Unreachable { .. }) => {
+            "the relay retries (the next node first, for a cluster); check that RabbitMQ runs \
+             and listens at that address (5672, or 5671 for amqps://), and for a TLS failure \
+             (a certificate, a corrupt message) that the URL's scheme matches the port and \
+             SSL_CERT_FILE names the CA that signed the broker's certificate (docs/security.md, \
+             \"RabbitMQ\")"
+                .into()
+        }
         Broker(BrokerError::LoginRefused { .. }) => {
             "correct the user or password in --amqp-url (AMQP_URL, \
              or the file AMQP_URL_FILE names; a `%` in the password is written %25), and the \

@@ -358,6 +358,20 @@ async fn a_missing_exchange_and_a_wrong_broker_password_are_errors() {
     );
     assert!(!checked.out.contains("wrong-secret"), "a password printed");
 
+    // A port nothing listens on: the node is named, with what to check.
+    let closed = format!("127.0.0.1:{}", common::free_port());
+    let unreachable = wrong.replacen(node, &closed, 1);
+    let checked = check(&[], &flags(&outbox, "run", &[("--amqp-url", &unreachable)]));
+    assert_eq!(checked.code, ERRORS, "{}", checked.out);
+    checked.assert_finding(
+        &format!("RabbitMQ {closed}"),
+        "error",
+        &[
+            &format!("Cannot reach RabbitMQ at {closed}"),
+            "listens at that address",
+        ],
+    );
+
     // A virtual host that does not exist: RabbitMQ's 530 NOT_ALLOWED, named with the fix.
     let (base, _vhost) = outbox
         .amqp_url

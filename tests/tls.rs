@@ -262,6 +262,11 @@ async fn amqps_with_a_private_ca_named_by_ssl_cert_file() {
         "the error names the certificate problem; log:\n{}",
         relay.log()
     );
+    assert!(
+        relay.log().contains("Cannot reach RabbitMQ at") && relay.log().contains("SSL_CERT_FILE"),
+        "the error names the node, and the fix the CA file; log:\n{}",
+        relay.log()
+    );
     relay.kill9();
 
     let relay = spawn(&[("SSL_CERT_FILE", &path(&certs.ca))]);

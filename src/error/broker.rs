@@ -23,6 +23,11 @@ pub enum BrokerError {
     #[error("RabbitMQ error: {0}")]
     Failed(String),
 
+    /// The connection to a node could not be opened: nothing listens there, the network
+    /// refused it, or the TLS handshake failed. `reason` is the AMQP client's words.
+    #[error("Cannot reach RabbitMQ at {node}: {reason}")]
+    Unreachable { node: String, reason: String },
+
     /// The broker refused the login when the connection opened: 403 ACCESS_REFUSED for a
     /// wrong user or password, 530 NOT_ALLOWED for a virtual host that does not exist or
     /// that the user may not use. Retried like any
@@ -133,7 +138,9 @@ impl BrokerError {
         use BrokerError::*;
         match self {
             SetupTimeout { .. } => ErrorKind::BrokerConnectTimeout,
-            Failed(_) | LoginRefused { .. } | ChannelClosed { .. } => ErrorKind::BrokerDown,
+            Failed(_) | Unreachable { .. } | LoginRefused { .. } | ChannelClosed { .. } => {
+                ErrorKind::BrokerDown
+            }
             PublishRefused { .. } | PublishRefusedAmong { .. } => ErrorKind::PublishRefused,
             RoutedToMissingExchange { .. } | ExchangeMissing { .. } => ErrorKind::ExchangeMissing,
             ConfirmTimeout { .. } => ErrorKind::ConfirmTimeout,
@@ -160,6 +167,7 @@ impl BrokerError {
                 ..
             } => Some(message_id),
             Failed(_)
+            | Unreachable { .. }
             | LoginRefused { .. }
             | ChannelClosed { .. }
             | ExchangeMissing { .. }

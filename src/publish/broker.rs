@@ -139,7 +139,10 @@ impl Broker {
                 node: nodes.node(index).address().to_string(),
                 reply_text,
             }),
-            None => RelayError::from(e),
+            None => RelayError::Broker(BrokerError::Unreachable {
+                node: nodes.node(index).address().to_string(),
+                reason: e.to_string(),
+            }),
         })?;
         let (blocked_tx, blocked) = watch::channel(false);
         let (lost_tx, lost) = watch::channel(None);
