@@ -46,7 +46,7 @@ const HEALTHY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a node may stay paused once the cluster should be whole again before
 /// [`RabbitCluster::ensure_healthy`] restarts it: every heal in the partition tests took
 /// under 15 s.
-const STUCK_PAUSE: Duration = Duration::from_secs(60);
+pub const STUCK_PAUSE: Duration = Duration::from_secs(60);
 /// How long a test waits for a row to arrive after a partition heals: pause_minority may
 /// leave a node paused for good, which [`RabbitCluster::ensure_healthy`] restarts only after
 /// [`STUCK_PAUSE`] (the restart took 6 s in CI), and a quorum queue that needs that node
